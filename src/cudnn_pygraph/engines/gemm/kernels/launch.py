@@ -1,0 +1,148 @@
+"""Compile once, launch cheap.
+
+`compile_gemm(spec, knobs, device)` compiles the kernel for exactly (spec, knobs) through
+Triton's compile API (no JIT specialization guesses: every unit stride and alignment the
+kernel may assume is stated by the recipe), loads it, and lowers the recipe into one launch
+closure. Per call the closure fills the flat frame, tests the recipe's rules in a few integer
+operations, and calls Triton's C launcher with raw integer pointers; it does no attribute
+lookup, no import, no JIT argument binding, and takes no branch the build settled. A call
+that breaks a rule goes to `check_frame`, which names the rule and raises; nothing launches.
+
+The spec ("What a per-execute path costs") measured the same shape of path at 20 us per
+execute against 40 for re-deriving facts per call; the cost of this one on the H200's host is
+in bench/results/gemm.md.
+"""
+
+from __future__ import annotations
+
+from .knobs import GemmKnobs
+from .matmul import gemm_kernel
+from .spec import KERNEL_PARAMS, TMA_ALIGN_BYTES, GemmSpec, check_frame, recipe
+
+KNOB_CONSTEXPRS = ("TILE_M", "TILE_N", "TILE_K", "GROUP_M")
+
+
+def kernel_signature(spec: GemmSpec, knobs: GemmKnobs):
+    """(recipe, signature, constexprs, arg_plan, constants) of the kernel for (spec, knobs);
+    signature and constexprs are in the kernel's parameter order."""
+    rec = recipe(spec)
+    sig = dict(rec.signature)
+    cx = dict(rec.constexprs)
+    arg_plan = list(rec.arg_plan)
+    constants = list(rec.constants)
+    frame_len = len(rec.frame_names)
+    for name in KNOB_CONSTEXPRS:
+        sig[name] = "constexpr"
+        cx[name] = getattr(knobs, name)
+        arg_plan.append(frame_len + len(constants))
+        constants.append(cx[name])
+    order = gemm_kernel.arg_names
+    if tuple(sig) != tuple(order):
+        raise AssertionError(f"recipe parameter order {tuple(sig)} != kernel's {tuple(order)}")
+    return rec, sig, cx, tuple(arg_plan), tuple(constants)
+
+
+class CompiledGemm:
+    """One compiled kernel and its launch closure.
+
+    launch(a, b, c, epi, M, N, K, batch, strides, values, stream):
+      a, b, c   int device pointers of A [B, M, K], B [B, K, N], C [B, M, N]
+      epi       tuple of int pointers, one per tensor operand of the chain, in chain order
+      strides   tuple: s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cb, s_cm, s_cn, then
+                (sb, sm, sn) per epilogue tensor operand (in elements; 0 broadcasts)
+      values    tuple of floats, one per by-value operand of the chain
+      stream    int CUstream handle
+    """
+
+    def __init__(self, spec, knobs, rec, kernel, arg_plan, constants, scratch, num_sms):
+        self.spec = spec
+        self.knobs = knobs
+        self.recipe = rec
+        self.kernel = kernel
+        self.arg_plan = arg_plan
+        self.constants = constants
+        self.num_sms = num_sms
+        self._scratch = scratch  # keeps the descriptors' global scratch alive
+        scratch_ptr = scratch.data_ptr() if scratch is not None else None
+        self.launch = _lower(rec, knobs, kernel, arg_plan, constants, scratch_ptr, num_sms)
+
+    def check(self, a, b, c, epi, M, N, K, batch, strides, values) -> None:
+        """The checker, callable up front: raises ValueError naming the broken rule."""
+        frame = (a, b, c) + tuple(epi) + (M, N, K, batch) + tuple(strides) + tuple(values)
+        check_frame(self.recipe, frame)
+
+
+def _refuse(rec, frame):
+    check_frame(rec, frame[: len(rec.frame_names)])
+    raise AssertionError(f"GEMM launch test refused a frame no rule names: {frame}")
+
+
+def _lower(rec, knobs, kernel, arg_plan, constants, scratch_ptr, num_sms):
+    """The recipe, flattened into one closure (see the module docstring)."""
+    run = kernel.run  # loads the binary and builds Triton's C launcher, once
+    raw_launch = run.launch
+    function = kernel.function
+    packed_meta = kernel.packed_metadata
+    coop = run.launch_cooperative_grid
+    pdl = run.launch_pdl
+    constants = tuple(constants)
+    tile_m, tile_n = knobs.TILE_M, knobs.TILE_N
+    positive = tuple(r.frame_index for r in rec.rules if r.kind == "positive")
+    unit = tuple(r.frame_index for r in rec.rules if r.kind == "unit")
+    aligned = tuple(r.frame_index for r in rec.rules if r.kind == "aligned_ptr")
+    aligned_bytes = tuple(
+        (r.frame_index, r.elem_bytes) for r in rec.rules if r.kind == "aligned_stride"
+    )
+    align_mask = TMA_ALIGN_BYTES - 1
+
+    def launch(a, b, c, epi, M, N, K, batch, strides, values, stream):
+        frame = (a, b, c) + epi + (M, N, K, batch) + strides + values + constants
+        ok = True
+        for j in positive:
+            ok = ok and frame[j] >= 1
+        for j in unit:
+            ok = ok and frame[j] == 1
+        bits = 0
+        for j in aligned:
+            bits |= frame[j]
+        for j, nbytes in aligned_bytes:
+            bits |= frame[j] * nbytes
+        if not ok or bits & align_mask:
+            _refuse(rec, frame)
+        tiles = ((M + tile_m - 1) // tile_m) * ((N + tile_n - 1) // tile_n) * batch
+        raw_launch(
+            tiles if tiles < num_sms else num_sms, 1, 1, stream, function, coop, pdl,
+            scratch_ptr, None, packed_meta, None, None, None,
+            *[frame[j] for j in arg_plan],
+        )  # fmt: skip
+
+    return launch
+
+
+def compile_gemm(spec: GemmSpec, knobs: GemmKnobs, device=None) -> CompiledGemm:
+    """Compile and load the kernel for exactly (spec, knobs) on `device` (a torch device or
+    index; default the current CUDA device). Raises what Triton raises when the config does
+    not fit the device (shared memory, say)."""
+    import torch
+    import triton
+    from triton.compiler import ASTSource
+
+    rec, sig, cx, arg_plan, constants = kernel_signature(spec, knobs)
+    names = gemm_kernel.arg_names
+    attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in rec.aligned_params}
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    with torch.cuda.device(device):
+        target = triton.runtime.driver.active.get_current_target()
+        src = ASTSource(gemm_kernel, sig, cx, attrs)
+        options = {"num_warps": knobs.NUM_WARPS, "num_stages": knobs.NUM_STAGES}
+        kernel = triton.compile(src, target=target, options=options)
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        scratch = None
+        if kernel.metadata.global_scratch_size > 0:
+            # One slot per program; the grid never exceeds num_sms programs.
+            nbytes = num_sms * kernel.metadata.global_scratch_size
+            scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return CompiledGemm(spec, knobs, rec, kernel, arg_plan, constants, scratch, num_sms)
+
+
+assert set(KERNEL_PARAMS) <= set(gemm_kernel.arg_names)

@@ -1,0 +1,224 @@
+"""The Triton kernel: C[b] = epilogue(A[b] @ B[b]), persistent, for Hopper first.
+
+One source serves every layout class and every epilogue chain; both are compile-time
+constants (see chain.py for the chain's encoding and spec.py for what decides each
+constant), so the unrolled code of a given plan holds only the steps it needs.
+
+Schedule: a persistent grid (at most one program per SM) walks the output tiles of all
+batches; within a batch, tiles are visited in GROUP_M-tall strips so the B columns a strip
+reads stay in L2. A and B tiles come either through TMA tensor descriptors built on the
+device (USE_TMA: needs 16-byte aligned base pointers and strides, a unit stride on the
+contiguous axis) or through masked pointer loads (any strides, any alignment; also the
+only path under TRITON_INTERPRET=1). Accumulation is fp32.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Tile index -> (batch, tile row, tile column), grouped so GROUP_M consecutive tiles
+    share a column of B."""
+    tiles_per_batch = num_pid_m * num_pid_n
+    bidx = tile // tiles_per_batch
+    t = tile % tiles_per_batch
+    tiles_per_group = GROUP_M * num_pid_n
+    first_m = (t // tiles_per_group) * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (t % tiles_per_group) % group_rows
+    pid_n = (t % tiles_per_group) // group_rows
+    return bidx, pid_m, pid_n
+
+
+@triton.jit
+def _load_operand(KIND: tl.constexpr, ptr, sb, sm, sn, bidx, offs_m, offs_n, M, N):
+    """An epilogue operand as fp32, shaped to broadcast against the [TILE_M, TILE_N] tile."""
+    base = ptr + bidx.to(tl.int64) * sb
+    if KIND == "scalar":
+        v = tl.load(base).to(tl.float32)
+    elif KIND == "row":
+        v = tl.load(base + offs_m * sm, mask=offs_m < M, other=0.0).to(tl.float32)[:, None]
+    elif KIND == "col":
+        v = tl.load(base + offs_n * sn, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    else:
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        ptrs = base + offs_m[:, None] * sm + offs_n[None, :] * sn
+        v = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _tanh(x):
+    # exp-based so the interpreter and the GPU run the same formula; e = exp(-2|x|) never
+    # overflows.
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _activation(OP: tl.constexpr, x):
+    if OP == "relu":
+        y = tl.maximum(x, 0.0)
+    elif OP == "gelu":
+        y = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+    elif OP == "gelu_tanh":
+        # sqrt(2 / pi) = 0.7978845608028654
+        y = 0.5 * x * (1.0 + _tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+    elif OP == "silu":
+        y = x * tl.sigmoid(x)
+    elif OP == "sigmoid":
+        y = tl.sigmoid(x)
+    else:
+        tl.static_assert(OP == "tanh", "unknown epilogue activation")
+        y = _tanh(x)
+    return y
+
+
+@triton.jit
+def _round_to(DT: tl.constexpr, x):
+    if DT == "fp16":
+        y = x.to(tl.float16).to(tl.float32)
+    elif DT == "bf16":
+        y = x.to(tl.bfloat16).to(tl.float32)
+    else:
+        y = x
+    return y
+
+
+@triton.jit
+def gemm_kernel(
+    a_ptr, b_ptr, c_ptr,
+    M, N, K, BATCH,
+    s_ab, s_am, s_ak,
+    s_bb, s_bk, s_bn,
+    s_cb, s_cm, s_cn,
+    e0_ptr, e0_sb, e0_sm, e0_sn,
+    e1_ptr, e1_sb, e1_sm, e1_sn,
+    e2_ptr, e2_sb, e2_sm, e2_sn,
+    e3_ptr, e3_sb, e3_sm, e3_sn,
+    v0, v1,
+    EPI_OPS: tl.constexpr, EPI_KINDS: tl.constexpr, EPI_SLOTS: tl.constexpr,
+    EPI_CASTS: tl.constexpr,
+    A_MAJOR: tl.constexpr, B_MAJOR: tl.constexpr, C_MAJOR: tl.constexpr,
+    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TILE_M: tl.constexpr, TILE_N: tl.constexpr, TILE_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    num_pid_m = tl.cdiv(M, TILE_M)
+    num_pid_n = tl.cdiv(N, TILE_N)
+    k_tiles = tl.cdiv(K, TILE_K)
+    total_tiles = num_pid_m * num_pid_n * BATCH
+
+    if USE_TMA:
+        # Device-side descriptors, built once per program. A broadcast operand (batch stride
+        # 0) gets a batch extent of 1 and is always read at batch 0; its stride is then never
+        # used but must still be a 16-byte multiple, hence the stand-in 16.
+        a_nb = tl.where(s_ab == 0, 1, BATCH)
+        b_nb = tl.where(s_bb == 0, 1, BATCH)
+        a_sb = tl.where(s_ab == 0, 16, s_ab)
+        b_sb = tl.where(s_bb == 0, 16, s_bb)
+        if A_MAJOR == "row":
+            a_desc = tl.make_tensor_descriptor(
+                a_ptr, shape=[a_nb, M, K], strides=[a_sb, s_am, 1],
+                block_shape=[1, TILE_M, TILE_K],
+            )  # fmt: skip
+        else:
+            a_desc = tl.make_tensor_descriptor(
+                a_ptr, shape=[a_nb, K, M], strides=[a_sb, s_ak, 1],
+                block_shape=[1, TILE_K, TILE_M],
+            )  # fmt: skip
+        if B_MAJOR == "row":
+            b_desc = tl.make_tensor_descriptor(
+                b_ptr, shape=[b_nb, K, N], strides=[b_sb, s_bk, 1],
+                block_shape=[1, TILE_K, TILE_N],
+            )  # fmt: skip
+        else:
+            b_desc = tl.make_tensor_descriptor(
+                b_ptr, shape=[b_nb, N, K], strides=[b_sb, s_bn, 1],
+                block_shape=[1, TILE_N, TILE_K],
+            )  # fmt: skip
+        if C_MAJOR == "row":
+            c_desc = tl.make_tensor_descriptor(
+                c_ptr, shape=[BATCH, M, N], strides=[s_cb, s_cm, 1],
+                block_shape=[1, TILE_M, TILE_N],
+            )  # fmt: skip
+
+    # The epilogue recomputes its tile's coordinates from its own counter: with the loops
+    # flattened, the next tile's loads are issued before this tile's epilogue runs.
+    tile_c = pid - nprog
+    for tile in tl.range(pid, total_tiles, nprog, flatten=True):
+        bidx, pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * TILE_M
+        off_n = pid_n * TILE_N
+        acc = tl.zeros((TILE_M, TILE_N), dtype=tl.float32)
+        if USE_TMA:
+            ab = tl.where(s_ab == 0, 0, bidx)
+            bb = tl.where(s_bb == 0, 0, bidx)
+            for kt in range(k_tiles):
+                off_k = kt * TILE_K
+                if A_MAJOR == "row":
+                    a = a_desc.load([ab, off_m, off_k]).reshape(TILE_M, TILE_K)
+                else:
+                    a = a_desc.load([ab, off_k, off_m]).reshape(TILE_K, TILE_M).T
+                if B_MAJOR == "row":
+                    b = b_desc.load([bb, off_k, off_n]).reshape(TILE_K, TILE_N)
+                else:
+                    b = b_desc.load([bb, off_n, off_k]).reshape(TILE_N, TILE_K).T
+                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        else:
+            offs_am = off_m + tl.arange(0, TILE_M)
+            offs_bn = off_n + tl.arange(0, TILE_N)
+            offs_k = tl.arange(0, TILE_K)
+            a_rows = a_ptr + bidx.to(tl.int64) * s_ab + offs_am[:, None] * s_am
+            b_cols = b_ptr + bidx.to(tl.int64) * s_bb + offs_bn[None, :] * s_bn
+            for kt in range(k_tiles):
+                kk = kt * TILE_K + offs_k
+                a_mask = (offs_am[:, None] < M) & (kk[None, :] < K)
+                b_mask = (kk[:, None] < K) & (offs_bn[None, :] < N)
+                a = tl.load(a_rows + kk[None, :] * s_ak, mask=a_mask, other=0.0)
+                b = tl.load(b_cols + kk[:, None] * s_bk, mask=b_mask, other=0.0)
+                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+        tile_c += nprog
+        bidx_c, pid_m_c, pid_n_c = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
+        offs_m = pid_m_c * TILE_M + tl.arange(0, TILE_M)
+        offs_n = pid_n_c * TILE_N + tl.arange(0, TILE_N)
+        for i in tl.static_range(len(EPI_OPS)):
+            if EPI_OPS[i] == "mul" or EPI_OPS[i] == "add":
+                if EPI_KINDS[i] == "value":
+                    if EPI_SLOTS[i] == 0:
+                        v = v0
+                    else:
+                        v = v1
+                elif EPI_SLOTS[i] == 0:
+                    v = _load_operand(tl.constexpr(EPI_KINDS[i]), e0_ptr, e0_sb, e0_sm, e0_sn,
+                                      bidx_c, offs_m, offs_n, M, N)  # fmt: skip
+                elif EPI_SLOTS[i] == 1:
+                    v = _load_operand(tl.constexpr(EPI_KINDS[i]), e1_ptr, e1_sb, e1_sm, e1_sn,
+                                      bidx_c, offs_m, offs_n, M, N)  # fmt: skip
+                elif EPI_SLOTS[i] == 2:
+                    v = _load_operand(tl.constexpr(EPI_KINDS[i]), e2_ptr, e2_sb, e2_sm, e2_sn,
+                                      bidx_c, offs_m, offs_n, M, N)  # fmt: skip
+                else:
+                    v = _load_operand(tl.constexpr(EPI_KINDS[i]), e3_ptr, e3_sb, e3_sm, e3_sn,
+                                      bidx_c, offs_m, offs_n, M, N)  # fmt: skip
+                if EPI_OPS[i] == "mul":
+                    acc = acc * v
+                else:
+                    acc = acc + v
+            elif EPI_OPS[i] == "cast":
+                acc = _round_to(tl.constexpr(EPI_CASTS[i]), acc)
+            else:
+                acc = _activation(tl.constexpr(EPI_OPS[i]), acc)
+
+        out = acc.to(c_ptr.dtype.element_ty)
+        if USE_TMA and C_MAJOR == "row":
+            c_desc.store([bidx_c, pid_m_c * TILE_M, pid_n_c * TILE_N], out.reshape(1, TILE_M, TILE_N))
+        else:
+            c_ptrs = (c_ptr + bidx_c.to(tl.int64) * s_cb
+                      + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn)  # fmt: skip
+            tl.store(c_ptrs, out, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
