@@ -1,0 +1,100 @@
+"""Stage 1: the chunk-local cumulative gate (and the beta gate), forward and backward.
+
+The op's decay enters as a per-token log-decay gamma (docs: linear-attention.md "Gates"):
+  log domain     gamma = g
+  linear domain  gamma = log(g)                       (g holds alpha; dG is w.r.t. alpha)
+  safe_gate      gamma = -exp(a_log[h]) * softplus(g + dt_bias[h])
+Inside a chunk the kernels use G_i = sum_{j <= i} gamma_j (chunk-local cumulative sum), so
+exp(G_i - G_j) is the decay from token j to token i and exp(G_last) the whole chunk's decay.
+
+beta: plain, sigmoid(beta) (use_beta_sigmoid) or 2*sigmoid(beta) (allow_neg_eigval).
+
+These are @triton.jit helpers so that every family (gdn, kda, gdn2, gdp) applies the same
+transforms inside its own stage kernels without an extra pass over memory.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _softplus(x):
+    # max(x, 0) + log(1 + exp(-|x|)): no overflow for large |x|.
+    return tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def log_decay(g_raw, a_log_ptr, dt_bias_ptr, h,
+              LINEAR: tl.constexpr, SAFE: tl.constexpr, HAS_A: tl.constexpr,
+              HAS_DT: tl.constexpr):
+    """gamma from the caller's g values (any shape) for output head h, in fp32."""
+    x = g_raw.to(tl.float32)
+    if SAFE:
+        if HAS_DT:
+            x = x + tl.load(dt_bias_ptr + h).to(tl.float32)
+        gamma = -_softplus(x)
+        if HAS_A:
+            gamma = gamma * tl.exp(tl.load(a_log_ptr + h).to(tl.float32))
+    elif LINEAR:
+        gamma = tl.log(x)
+    else:
+        gamma = x
+    return gamma
+
+
+@triton.jit
+def log_decay_bwd(g_raw, d_gamma, a_log_ptr, dt_bias_ptr, h,
+                  LINEAR: tl.constexpr, SAFE: tl.constexpr, HAS_A: tl.constexpr,
+                  HAS_DT: tl.constexpr):
+    """(dL/dg_raw, dL/da_log per element, dL/ddt_bias per element), all fp32.
+
+    The last two are per-token contributions; the launcher reduces them over tokens."""
+    x = g_raw.to(tl.float32)
+    d_g = d_gamma
+    d_a = tl.zeros_like(d_gamma)
+    if SAFE:
+        if HAS_DT:
+            x = x + tl.load(dt_bias_ptr + h).to(tl.float32)
+        amplitude = 1.0
+        if HAS_A:
+            amplitude = tl.exp(tl.load(a_log_ptr + h).to(tl.float32))
+        # d gamma / d x = -exp(a_log) * sigmoid(x); d gamma / d a_log = gamma.
+        d_g = -d_gamma * amplitude * _sigmoid(x)
+        d_a = -d_gamma * amplitude * _softplus(x)
+    elif LINEAR:
+        d_g = d_gamma / x
+    return d_g, d_a, d_g
+
+
+@triton.jit
+def effective_beta(b_raw, SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr):
+    b = b_raw.to(tl.float32)
+    if SIGMOID:
+        b = _sigmoid(b)
+        if NEG_EIGVAL:
+            b = 2.0 * b
+    return b
+
+
+@triton.jit
+def effective_beta_bwd(b_raw, d_beta, SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr):
+    d = d_beta
+    if SIGMOID:
+        s = _sigmoid(b_raw.to(tl.float32))
+        d = d_beta * s * (1.0 - s)
+        if NEG_EIGVAL:
+            d = 2.0 * d
+    return d
+
+
+@triton.jit
+def reverse_cumsum(x):
+    """y_i = sum_{j >= i} x_j over a 1-D block: the backward of the chunk-local cumsum."""
+    return tl.sum(x, 0) - tl.cumsum(x, 0) + x

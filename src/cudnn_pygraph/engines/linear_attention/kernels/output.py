@@ -1,0 +1,197 @@
+"""Stage 4: the chunk output (inter-chunk + intra-chunk), forward and backward.
+
+Per chunk, with S_0 = h[c] the state at the chunk's start, E the corrections (stage 3),
+G the chunk-local cumulative log-decay and P = tril(Q K^T * exp(G_i - G_j)) (diagonal kept):
+  O = scale ((Q * exp(G)) S_0 + P E)
+Backward (one program per chunk and head; dS_C = dh[c] the gradient at the chunk's end):
+  dE_local = scale P^T dO                                  (dv_local_kernel, feeds stage 3)
+  dP  = scale dO E^T (masked, times the decay)             dQ = scale exp(G) dO S_0^T + dP K
+  dK  = dP^T Q + exp(g_last - G) E dS_C^T                  dw = -dE S_0^T
+  dG  = rowsum(dQ_inter * Q) + rowsum(dP * QK^T) - colsum(dP * QK^T) + the S_C terms
+Transposed operands are computed or read transposed (never tl.trans of a dot result fed to
+tl.dot: Triton 3.6 miscompiles that on Hopper, BRIEF.md).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .chunk_index import locate_chunk
+from .normalize import l2norm_rows, l2norm_rows_bwd
+from .tiles import load_rows, load_rows_t, load_vec, state_offsets, state_offsets_t, store_rows
+from .tiles import store_vec
+
+
+@triton.jit
+def _qk_tiles(q_ptr, k_ptr, t0, r, valid, H, HK, hq, hk, K: tl.constexpr,
+              L2NORM: tl.constexpr, EPS: tl.constexpr, TRANSPOSE_K: tl.constexpr):
+    """q [64, K] and k ([K, 64] if TRANSPOSE_K else [64, K]), normalized, fp32."""
+    q = load_rows(q_ptr, t0, r, valid, H * K, hq * K, K).to(tl.float32)
+    if TRANSPOSE_K:
+        k = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)
+    else:
+        k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)
+    if L2NORM:
+        q = l2norm_rows(q, 1, EPS)
+        k = l2norm_rows(k, 0 if TRANSPOSE_K else 1, EPS)
+    return q, k
+
+
+@triton.jit
+def _decay_mask(g_row, g_col, valid, LOWER: tl.constexpr):
+    """exp(G_row - G_col) where kept, else 0. LOWER keeps row >= col (P), else row <= col
+    (P^T, whose rows index keys)."""
+    r = tl.arange(0, 64)
+    if LOWER:
+        keep = (r[:, None] >= r[None, :]) & (r[:, None] < valid)
+        diff = g_row[:, None] - g_col[None, :]
+    else:
+        keep = (r[:, None] <= r[None, :]) & (r[None, :] < valid)
+        diff = g_col[None, :] - g_row[:, None]
+    return tl.where(keep, tl.exp(tl.where(keep, diff, 0.0)), 0.0)
+
+
+@triton.jit
+def output_fwd_kernel(
+    q_ptr, k_ptr, vnew_ptr, gc_ptr, h_ptr, o_ptr, cu_ptr, off_ptr, seq_ptr, N,
+    sh_c, sh_h, sh_v, sh_k,
+    scale, HO, H, HK,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    L2NORM: tl.constexpr, PREC: tl.constexpr, EPS: tl.constexpr,
+):
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    iv = tl.program_id(2)
+    n, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
+    if valid <= 0:
+        return
+    dt = vnew_ptr.dtype.element_ty
+    r = tl.arange(0, 64)
+    q, kt = _qk_tiles(q_ptr, k_ptr, t0, r, valid, H, HK, h // (HO // H), h // (HO // HK), K,
+                      L2NORM, EPS, True)
+    g = load_vec(gc_ptr, t0, r, valid, HO, h)
+    p = tl.dot(q.to(dt), kt.to(dt), input_precision=PREC) * _decay_mask(g, g, valid, True)
+    v_idx = iv * BV + tl.arange(0, BV)
+    s0 = tl.load(h_ptr + state_offsets(c.to(tl.int64) * sh_c + h * sh_h, v_idx, K, sh_v, sh_k))
+    e = load_rows(vnew_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
+    o = tl.dot((q * tl.exp(g)[:, None]).to(dt), s0.to(dt), input_precision=PREC)
+    o += tl.dot(p.to(dt), e, input_precision=PREC)
+    store_rows(o_ptr, o * scale, t0, r, valid, HO * V, h * V + iv * BV, BV)
+
+
+@triton.jit
+def dv_local_kernel(
+    q_ptr, k_ptr, gc_ptr, do_ptr, de_ptr, cu_ptr, off_ptr, seq_ptr, N,
+    scale, HO, H, HK,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    L2NORM: tl.constexpr, PREC: tl.constexpr, EPS: tl.constexpr,
+):
+    """dE_local = scale P^T dO (fp32), the intra-chunk part of the correction gradient."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    iv = tl.program_id(2)
+    n, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
+    if valid <= 0:
+        return
+    dt = q_ptr.dtype.element_ty
+    r = tl.arange(0, 64)
+    hq = h // (HO // H)
+    hk = h // (HO // HK)
+    k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)
+    qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K).to(tl.float32)
+    if L2NORM:
+        k = l2norm_rows(k, 1, EPS)
+        qt = l2norm_rows(qt, 0, EPS)
+    g = load_vec(gc_ptr, t0, r, valid, HO, h)
+    pt = tl.dot(k.to(dt), qt.to(dt), input_precision=PREC) * _decay_mask(g, g, valid, False)
+    do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
+    de = tl.dot(pt.to(dt), do.to(dt), input_precision=PREC) * scale
+    store_rows(de_ptr, de, t0, r, valid, HO * V, h * V + iv * BV, BV)
+
+
+@triton.jit
+def dqk_kernel(
+    q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, h_ptr, dh_ptr, do_ptr, de_ptr,
+    dq_ptr, dk_ptr, dw_ptr, dg_ptr, cu_ptr, off_ptr, seq_ptr, N,
+    sh_c, sh_h, sh_v, sh_k,
+    sd_c, sd_h, sd_v, sd_k,
+    scale, HO, H, HK,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    L2NORM: tl.constexpr, FINAL_DQ: tl.constexpr, PREC: tl.constexpr, EPS: tl.constexpr,
+):
+    """Writes dq (final if FINAL_DQ, else fp32 per output head), and fp32 partials dk, dw,
+    dG [T, HO] that the WY backward completes."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    n, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
+    if valid <= 0:
+        return
+    dt = w_ptr.dtype.element_ty
+    r = tl.arange(0, 64)
+    hq = h // (HO // H)
+    hk = h // (HO // HK)
+    row_ok = (r < valid)[:, None]
+    w = load_rows(w_ptr, t0, r, valid, HO * K, h * K, K)
+    wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
+    dp = tl.zeros([64, 64], dtype=tl.float32)
+    dpt = tl.zeros([64, 64], dtype=tl.float32)
+    dq_inter = tl.zeros([64, K], dtype=tl.float32)
+    dk_state = tl.zeros([64, K], dtype=tl.float32)
+    dw = tl.zeros([64, K], dtype=tl.float32)
+    s_dot = tl.zeros([], dtype=tl.float32)
+    for iv in range(V // BV):
+        v_idx = iv * BV + tl.arange(0, BV)
+        col0 = h * V + iv * BV
+        base = c.to(tl.int64) * sh_c + h * sh_h
+        s0 = tl.load(h_ptr + state_offsets(base, v_idx, K, sh_v, sh_k)).to(dt)
+        x0 = tl.load(h_ptr + state_offsets_t(base, v_idx, K, sh_v, sh_k)).to(dt)
+        dbase = c.to(tl.int64) * sd_c + h * sd_h
+        dxc = tl.load(dh_ptr + state_offsets_t(dbase, v_idx, K, sd_v, sd_k)).to(tl.float32)
+        u = load_rows(u_ptr, t0, r, valid, HO * V, col0, BV).to(tl.float32)
+        ut = load_rows_t(u_ptr, t0, r, valid, HO * V, col0, BV).to(tl.float32)
+        e = (u - tl.dot(w, s0, input_precision=PREC)).to(dt)
+        et = (ut - tl.dot(x0, wt, input_precision=PREC)).to(dt)
+        do = load_rows(do_ptr, t0, r, valid, HO * V, col0, BV).to(dt)
+        dot_ = load_rows_t(do_ptr, t0, r, valid, HO * V, col0, BV).to(dt)
+        de = load_rows(de_ptr, t0, r, valid, HO * V, col0, BV)
+        dp += tl.dot(do, et, input_precision=PREC)
+        dpt += tl.dot(e, dot_, input_precision=PREC)
+        dq_inter += tl.dot(do, x0, input_precision=PREC)
+        dk_state += tl.dot(e, dxc.to(dt), input_precision=PREC)
+        dw -= tl.dot(de.to(dt), x0, input_precision=PREC)
+        s_dot += tl.sum(tl.sum(dxc * x0.to(tl.float32), 1), 0)
+
+    g = load_vec(gc_ptr, t0, r, valid, HO, h)
+    g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
+    q_raw = load_rows(q_ptr, t0, r, valid, H * K, hq * K, K).to(tl.float32)
+    q, kt = _qk_tiles(q_ptr, k_ptr, t0, r, valid, H, HK, hq, hk, K, L2NORM, EPS, True)
+    k_raw = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)
+    qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K).to(tl.float32)
+    k = k_raw
+    if L2NORM:
+        k = l2norm_rows(k_raw, 1, EPS)
+        qt = l2norm_rows(qt, 0, EPS)
+    dpg = dp * scale * _decay_mask(g, g, valid, True)
+    dpgt = dpt * scale * _decay_mask(g, g, valid, False)
+    qk = tl.dot(q.to(dt), kt.to(dt), input_precision=PREC)
+    kq = tl.dot(k.to(dt), qt.to(dt), input_precision=PREC)
+
+    dq_inter = dq_inter * (scale * tl.exp(g))[:, None]
+    dq = dq_inter + tl.dot(dpg.to(dt), k.to(dt), input_precision=PREC)
+    decay_out = tl.where(r < valid, tl.exp(g_last - g), 0.0)
+    dk_state = dk_state * decay_out[:, None]
+    dk = tl.dot(dpgt.to(dt), q.to(dt), input_precision=PREC) + dk_state
+    term = tl.sum(k * dk_state, 1)
+    dg = tl.sum(dq_inter * q, 1) + tl.sum(dpg * qk, 1) - tl.sum(dpgt * kq, 1) - term
+    dg += tl.where(r == valid - 1, tl.exp(g_last) * s_dot + tl.sum(term, 0), 0.0)
+
+    if FINAL_DQ:
+        if L2NORM:
+            dq = l2norm_rows_bwd(q_raw, dq, EPS)
+        store_rows(dq_ptr, dq, t0, r, valid, H * K, hq * K, K)
+    else:
+        store_rows(dq_ptr, dq, t0, r, valid, HO * K, h * K, K)
+    store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K, K)
+    store_rows(dw_ptr, dw, t0, r, valid, HO * K, h * K, K)
+    store_vec(dg_ptr, dg, t0, r, valid, HO, h)

@@ -1,0 +1,141 @@
+"""Stage 3: the inter-chunk state recurrence, forward and backward.
+
+One program per (sequence, output head, V-block) walks the sequence's chunks in order.
+Columns of S (value channels) evolve independently, so V-blocks never talk; the split is
+fixed by (K, V) alone and a sequence's numbers never depend on the batch (batch_invariant).
+
+Registers hold S as [K, BV] (key channel rows) so that every product is a plain tl.dot;
+the stored buffers are V-major (X = S^T, [V, K]) with arbitrary strides, addressed
+transposed by pointer arithmetic.
+
+Forward, per chunk (G chunk-local cumulative log-decay, g_last = G of the chunk's last row):
+  h[c] = S                                        (state at the chunk's start)
+  E    = u - w S                                  (the delta-rule corrections, "v_new")
+  S    = exp(g_last) S + (K * exp(g_last - G))^T E
+Backward, per chunk in reverse, with dS the gradient at the chunk's end:
+  dh[c] = dS
+  dE    = dE_local + (K * exp(g_last - G)) dS     (dE_local = scale P^T dO, from stage 4)
+  dS    = exp(g_last) dS + scale (Q * exp(G))^T dO - w^T dE
+The program that reads a sequence's incoming state writes its outgoing state, after the
+read: initial and final state may be one buffer (overwrite_initial_state).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .normalize import l2norm_rows
+from .tiles import load_rows, load_rows_t, load_vec, state_offsets, store_rows
+
+
+@triton.jit
+def state_fwd_kernel(
+    k_ptr, w_ptr, u_ptr, gc_ptr, cu_ptr, off_ptr,
+    init_ptr, final_ptr, idx_ptr, h_ptr, vnew_ptr,
+    si_n, si_h, si_v, si_k,
+    sf_n, sf_h, sf_v, sf_k,
+    sh_c, sh_h, sh_v, sh_k,
+    HO, HK,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    HAS_INIT: tl.constexpr, HAS_FINAL: tl.constexpr, HAS_IDX: tl.constexpr,
+    STORE_H: tl.constexpr, STORE_VNEW: tl.constexpr, L2NORM: tl.constexpr,
+    PREC: tl.constexpr, EPS: tl.constexpr,
+):
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    iv = tl.program_id(2)
+    hk = h // (HO // HK)
+    dt = w_ptr.dtype.element_ty
+    bos = tl.load(cu_ptr + n).to(tl.int32)
+    eos = tl.load(cu_ptr + n + 1).to(tl.int32)
+    c0 = tl.load(off_ptr + n)
+    v_idx = iv * BV + tl.arange(0, BV)
+    r = tl.arange(0, 64)
+    slot = n
+    if HAS_IDX:
+        slot = tl.load(idx_ptr + n)
+    s = tl.zeros([K, BV], dtype=tl.float32)
+    if HAS_INIT:
+        offs = state_offsets(slot.to(tl.int64) * si_n + h * si_h, v_idx, K, si_v, si_k)
+        s = tl.load(init_ptr + offs).to(tl.float32)
+    n_chunks = (tl.maximum(eos - bos, 0) + 63) // 64
+    for i in range(n_chunks):
+        t0 = bos + i * 64
+        valid = tl.minimum(eos - t0, 64)
+        if STORE_H:
+            offs = state_offsets((c0 + i).to(tl.int64) * sh_c + h * sh_h, v_idx, K, sh_v, sh_k)
+            tl.store(h_ptr + offs, s.to(h_ptr.dtype.element_ty))
+        w = load_rows(w_ptr, t0, r, valid, HO * K, h * K, K)
+        u = load_rows(u_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
+        e = u.to(tl.float32) - tl.dot(w, s.to(dt), input_precision=PREC)
+        if STORE_VNEW:
+            store_rows(vnew_ptr, e, t0, r, valid, HO * V, h * V + iv * BV, BV)
+        g = load_vec(gc_ptr, t0, r, valid, HO, h)
+        g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
+        kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)
+        if L2NORM:
+            kt = l2norm_rows(kt, 0, EPS)
+        e = tl.where((r < valid)[:, None], e * tl.exp(g_last - g)[:, None], 0.0)
+        s = s * tl.exp(g_last) + tl.dot(kt.to(dt), e.to(dt), input_precision=PREC)
+    if HAS_FINAL:
+        offs = state_offsets(slot.to(tl.int64) * sf_n + h * sf_h, v_idx, K, sf_v, sf_k)
+        tl.store(final_ptr + offs, s.to(final_ptr.dtype.element_ty))
+
+
+@triton.jit
+def state_bwd_kernel(
+    q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, de_ptr, cu_ptr, off_ptr,
+    dfinal_ptr, dinit_ptr, dh_ptr,
+    sf_n, sf_h, sf_v, sf_k,
+    si_n, si_h, si_v, si_k,
+    sh_c, sh_h, sh_v, sh_k,
+    scale, HO, H, HK,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    HAS_DFINAL: tl.constexpr, HAS_DINIT: tl.constexpr, L2NORM: tl.constexpr,
+    PREC: tl.constexpr, EPS: tl.constexpr,
+):
+    """de_ptr holds dE_local on entry (fp32 [T, HO, V]) and dE on exit, in place."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    iv = tl.program_id(2)
+    hq = h // (HO // H)
+    hk = h // (HO // HK)
+    dt = w_ptr.dtype.element_ty
+    bos = tl.load(cu_ptr + n).to(tl.int32)
+    eos = tl.load(cu_ptr + n + 1).to(tl.int32)
+    c0 = tl.load(off_ptr + n)
+    v_idx = iv * BV + tl.arange(0, BV)
+    r = tl.arange(0, 64)
+    ds = tl.zeros([K, BV], dtype=tl.float32)
+    if HAS_DFINAL:
+        offs = state_offsets(n.to(tl.int64) * sf_n + h * sf_h, v_idx, K, sf_v, sf_k)
+        ds = tl.load(dfinal_ptr + offs).to(tl.float32)
+    n_chunks = (tl.maximum(eos - bos, 0) + 63) // 64
+    for j in range(n_chunks):
+        i = n_chunks - 1 - j
+        t0 = bos + i * 64
+        valid = tl.minimum(eos - t0, 64)
+        offs = state_offsets((c0 + i).to(tl.int64) * sh_c + h * sh_h, v_idx, K, sh_v, sh_k)
+        tl.store(dh_ptr + offs, ds.to(dh_ptr.dtype.element_ty))
+        g = load_vec(gc_ptr, t0, r, valid, HO, h)
+        g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
+        k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)
+        if L2NORM:
+            k = l2norm_rows(k, 1, EPS)
+        k = tl.where((r < valid)[:, None], k * tl.exp(g_last - g)[:, None], 0.0)
+        de = load_rows(de_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
+        de += tl.dot(k.to(dt), ds.to(dt), input_precision=PREC)
+        store_rows(de_ptr, de, t0, r, valid, HO * V, h * V + iv * BV, BV)
+        qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K).to(tl.float32)
+        if L2NORM:
+            qt = l2norm_rows(qt, 0, EPS)
+        qt = qt * (scale * tl.exp(g))[None, :]
+        do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
+        wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
+        ds = (ds * tl.exp(g_last)
+              + tl.dot(qt.to(dt), do.to(dt), input_precision=PREC)
+              - tl.dot(wt, de.to(dt), input_precision=PREC))
+    if HAS_DINIT:
+        offs = state_offsets(n.to(tl.int64) * si_n + h * si_h, v_idx, K, si_v, si_k)
+        tl.store(dinit_ptr + offs, ds.to(dinit_ptr.dtype.element_ty))

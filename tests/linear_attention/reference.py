@@ -1,0 +1,104 @@
+"""Float64 token-by-token Gated DeltaNet: the arithmetic of docs/spec linear-attention.md.
+
+Test-only (never imported by the package). Written as a plain per-token loop so that the
+reading is obviously the spec's recurrence; torch.autograd through it gives the exact
+gradients the kernels are held to.
+
+Shapes (THD): q/k [T, H|HK, K], v [T, HV, V], g/beta [T, HO], states [N, HO, V, K]
+(V-major: the buffer holds S^T, S in R^{K x V}).
+"""
+
+from __future__ import annotations
+
+import torch
+
+L2NORM_EPS = 1e-6
+
+
+def log_decay(g, h, *, gate_domain, safe_gate, a_log, dt_bias):
+    """gamma_t for output head h, from what the caller passed in g[:, h]."""
+    if safe_gate:
+        x = g[:, h]
+        if dt_bias is not None:
+            x = x + dt_bias[h]
+        amplitude = torch.exp(a_log[h]) if a_log is not None else 1.0
+        return -amplitude * torch.nn.functional.softplus(x)
+    if gate_domain == "linear":
+        return torch.log(g[:, h])
+    return g[:, h]
+
+
+def effective_beta(beta, h, *, use_beta_sigmoid, allow_neg_eigval):
+    b = beta[:, h]
+    if use_beta_sigmoid:
+        b = torch.sigmoid(b)
+        if allow_neg_eigval:
+            b = 2.0 * b
+    return b
+
+
+def l2norm(x):
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def gdn_reference(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    *,
+    scale,
+    initial_state=None,
+    use_qk_l2norm=False,
+    use_beta_sigmoid=False,
+    allow_neg_eigval=False,
+    safe_gate=False,
+    a_log=None,
+    dt_bias=None,
+    gate_domain="log",
+):
+    """Returns (o [T, HO, V], final_state [N, HO, V, K]) in float64, differentiable."""
+    q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
+    a_log = a_log.double() if a_log is not None else None
+    dt_bias = dt_bias.double() if dt_bias is not None else None
+    if use_qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+    total_t, n_q_heads, dim_k = q.shape
+    n_k_heads = k.shape[1]
+    n_v_heads, dim_v = v.shape[1], v.shape[2]
+    n_out_heads = max(n_q_heads, n_v_heads)
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    n_seqs = len(bounds) - 1
+    out_rows = [[None] * n_out_heads for _ in range(total_t)]
+    finals = []
+    for n in range(n_seqs):
+        per_head = []
+        for h in range(n_out_heads):
+            hq = h // (n_out_heads // n_q_heads)
+            hk = h // (n_out_heads // n_k_heads)
+            hv = h // (n_out_heads // n_v_heads)
+            gamma = log_decay(
+                g, h, gate_domain=gate_domain, safe_gate=safe_gate, a_log=a_log, dt_bias=dt_bias
+            )
+            b = effective_beta(
+                beta, h, use_beta_sigmoid=use_beta_sigmoid, allow_neg_eigval=allow_neg_eigval
+            )
+            if initial_state is not None:
+                s = initial_state[n, h].double().transpose(0, 1)  # S = X^T, [K, V]
+            else:
+                s = torch.zeros(dim_k, dim_v, dtype=torch.float64, device=q.device)
+            for t in range(bounds[n], bounds[n + 1]):
+                kt = k[t, hk]
+                s = torch.exp(gamma[t]) * s
+                s = s - b[t] * torch.outer(kt, kt @ s) + b[t] * torch.outer(kt, v[t, hv])
+                out_rows[t][h] = scale * (q[t, hq] @ s)
+            per_head.append(s.transpose(0, 1))
+        finals.append(torch.stack(per_head))
+    if total_t:
+        o = torch.stack([torch.stack(row) for row in out_rows])
+    else:
+        o = torch.zeros(0, n_out_heads, dim_v, dtype=torch.float64, device=q.device)
+    final = torch.stack(finals) if finals else torch.zeros(0, n_out_heads, dim_v, dim_k)
+    return o, final
