@@ -1,0 +1,122 @@
+"""The variant pack: one call's operands, normalized once at the top of execute.
+
+`graph.execute()` accepts, for any operand, a torch tensor, any ``__dlpack__`` or
+``__cuda_array_interface__`` producer (numpy on the CPU through ``__array_interface__``), an
+`OperandBuffer`, or a bare device address (int). It reads them ONCE into a `VariantPack`,
+and nothing below execute branches on what the caller's object was: an engine and the
+backend read the same slots, so one call cannot get two answers by plan selection.
+
+Everything here is native (``_variant_pack.c``); this module names it and states the
+contract. docs/variant-pack.md has the rules with examples.
+
+Declaration (once per graph)::
+
+    layout = DeclaredLayout(
+        [(uid, dims, strides, dtype_code, elem_bits), ...],  # uids ascending
+        names=None,                                          # optional, for error messages
+    )
+
+``dims``/``strides`` are the graph's declaration in cuDNN element units; ``dtype_code`` is a
+`cudnn_pygraph._types.data_type` value and ``elem_bits`` its width (`ELEMENT_BITS`). The
+layout holds every slot in STORAGE geometry: a dtype narrower than a byte (fp4, int4) packs
+``8 // elem_bits`` elements into one byte along its unit-stride axis, so that axis's extent
+and every other stride divide by that factor; a geometry without such a spelling (an odd
+fp4 unit-stride extent) is refused with a ValueError naming the uid. ``layout.slot(i)``
+returns ``(uid, dims, strides, dtype_code, elem_bits, span_bytes)`` in storage geometry.
+
+One call::
+
+    pack = VariantPack.from_objects(layout, objects, device_id=0)
+
+``objects`` is aligned with the layout's slots; None is an optional slot not supplied.
+Each object is read by the first of these it offers: ``type(obj).__dlpack_c_exchange_api__``
+(the DLPack C exchange table; torch tensors: no Python call per operand), ``__dlpack__``,
+``__cuda_array_interface__``, ``__array_interface__``; an exact `OperandBuffer` is copied
+and an int is a device address. ``device_id`` is the CUDA device of the operands that do
+not say (bare addresses, ``__cuda_array_interface__``). The pack holds a reference to every
+object for its lifetime.
+
+The rule, per slot (the spec's "The variant pack is normalized once"):
+
+1. A bare address lends the declaration outright: dims, strides and dtype are the
+   declaration's (graph-described).
+2. A buffer with the DECLARED extents keeps its own strides (a padded or transposed view of
+   this very tensor). It is read AS the declared dtype when its storage slot is as wide as
+   the declaration's (FlashInfer binds packed fp4 data and e4m3 scales as uint8), else it
+   keeps its own dtype.
+3. A DENSE buffer (row-major compact under its own extents) of OTHER extents whose bytes
+   cover the declared span is described FROM THE GRAPH: dims, strides and dtype of the
+   declaration (a 2-D matrix bound to [1, m, k], a flat blob bound to a reordered scale
+   tensor, a 0-d scalar bound to (1, 1, 1)) -- graph-described.
+4. A buffer SMALLER than the declared span keeps its own description and dtype: the engine
+   decides, and one that needs the declared extent calls `check_extent` and refuses.
+   Anything else (not dense, other extents, covers) keeps its own description and dtype.
+
+A buffer whose own dtype has no cuDNN name (int16, complex, numpy's bf16 ``V2``) is
+readable only where the declaration supplies the dtype (rules 2-as-declared and 3).
+
+The pack's vocabulary (positions are resolved once at build; buffers per call)::
+
+    pack.index_of(tensor_or_uid) -> int        # position; an int uid or an object's .uid
+    pack.operands(indices) -> list[OperandBuffer | None]
+    pack.address -> int                        # this pack's void*[len(layout)], uid order
+    pack.graph_described -> frozenset[int]     # uids of slots described from the graph
+    pack.override(uid, shape, strides)         # override_shapes/strides, graph axis order
+    pack.check_extent(index, name)             # OperandExtentError if smaller than declared
+    pack.missing(indices) -> tuple[int, ...]   # the positions among `indices` not supplied
+    pack.require(indices)                      # MissingOperandError naming all of them
+    pack.layout, len(pack)
+
+``address`` is what the backend's ``_execute_with_raw_ptrs(user_ptrs_array, n_user,
+workspace, handle, plan_index)`` takes (an unfilled slot is NULL). The array belongs to the
+pack, so two threads executing one graph with different buffers each pass their own.
+
+``override`` writes an override_shapes / override_strides entry (cuDNN element units, the
+graph's axis order) INTO the slot, converted to storage geometry, in the BUFFER's axis
+order: a slot that kept its own description of other extents (rule 4; a (b, n, k)
+allocation under a [b, k, n] declaration) gets the override permuted by stride rank, the
+way both orders rank their axes; every other slot is in the graph's order already. The
+pack then carries the shape about to RUN; the IR port still carries the shape the plan was
+built for.
+
+`OperandBuffer` is one operand described, non-owning of memory (it keeps the caller's
+object alive): ``ptr``, ``shape``, ``strides`` (storage slots), ``dtype`` (data_type),
+``elem_bits``, ``device_type``, ``device_id``, ``nbytes_span``. It is a DLPack producer:
+``torch.from_dlpack(buf)`` is a zero-copy view (an fp4 slot is exported as DLPack
+(float4_e2m1fn, 4 bits, 2 lanes), which torch reads as float4_e2m1fn_x2), and its type
+publishes ``__dlpack_c_exchange_api__``, so a kernel reads an operand through the same fast
+path it has for a framework tensor.
+
+Measured (bench/results/variant_pack_cpu.md): from_objects reads a torch tensor through
+the exchange table in ~0.11 us per operand on this CI CPU.
+"""
+
+from cudnn_pygraph.runtime._variant_pack import (
+    MAX_DIMS,
+    DeclaredLayout,
+    MissingOperandError,
+    OperandBuffer,
+    OperandExtentError,
+    UnknownOperandError,
+    UnreadableOperandError,
+    VariantPack,
+)
+
+__all__ = [
+    "MAX_DIMS",
+    "DeclaredLayout",
+    "MissingOperandError",
+    "OperandBuffer",
+    "OperandExtentError",
+    "UnknownOperandError",
+    "UnreadableOperandError",
+    "VariantPack",
+]
+
+# The error types, for readers of this module (they are raised from C):
+#   UnknownOperandError(LookupError)   a uid that is not an operand of the graph
+#   MissingOperandError(ValueError)    a required operand the caller did not supply
+#   OperandExtentError(ValueError)     a buffer smaller than what its declaration reads
+#   UnreadableOperandError(TypeError)  a producer or dtype that cannot be read
+# Every message begins with the operand: "operand 'q' (uid 3): ...". Bad addresses and
+# geometries without a slot spelling are plain ValueErrors, named the same way.
