@@ -1,0 +1,262 @@
+"""The public vocabulary: enums, the knob vocabulary and the error types.
+
+Every enum value equals the cuDNN backend's value of the same name (nvidia-cudnn-frontend
+1.32.0, `cudnn._pybind_module.<enum>`); conversion to the backend's objects happens only
+in `cudnn_pygraph.backend.lowering`. tests/test_backend_surface.py checks every value
+against the installed backend. This module imports nothing heavy.
+"""
+
+import enum
+
+
+class data_type(enum.IntEnum):
+    NOT_SET = 0
+    FLOAT = 1
+    DOUBLE = 2
+    HALF = 3
+    INT8 = 4
+    INT32 = 5
+    INT8x4 = 6
+    UINT8 = 7
+    UINT8x4 = 8
+    INT8x32 = 9
+    BFLOAT16 = 10
+    INT64 = 11
+    BOOLEAN = 12
+    FP8_E4M3 = 14
+    FP8_E5M2 = 15
+    FAST_FLOAT_FOR_FP8 = 16
+    FP8_E8M0 = 17
+    FP8_E5M3 = 18
+    FP4_E2M1 = 19
+    INT4 = 20
+
+
+# Width of one element in bits; the variant pack and alignment rules read it.
+ELEMENT_BITS = {
+    data_type.FLOAT: 32,
+    data_type.DOUBLE: 64,
+    data_type.HALF: 16,
+    data_type.INT8: 8,
+    data_type.INT32: 32,
+    data_type.INT8x4: 32,
+    data_type.UINT8: 8,
+    data_type.UINT8x4: 32,
+    data_type.INT8x32: 256,
+    data_type.BFLOAT16: 16,
+    data_type.INT64: 64,
+    data_type.BOOLEAN: 8,
+    data_type.FP8_E4M3: 8,
+    data_type.FP8_E5M2: 8,
+    data_type.FAST_FLOAT_FOR_FP8: 8,
+    data_type.FP8_E8M0: 8,
+    data_type.FP8_E5M3: 8,
+    data_type.FP4_E2M1: 4,
+    data_type.INT4: 4,
+}
+
+
+class heur_mode(enum.IntEnum):
+    A = 0
+    B = 1
+    FALLBACK = 2
+    # Mode A without the backend's recommendation: the python engines ARE the open-source
+    # implementation (spec: "Ranking and the one plan list").
+    OPENSOURCE = 3
+
+
+FRONTEND_KNOB_TYPE_BASE = 1000
+
+
+class knob_type(enum.IntEnum):
+    """ONE knob vocabulary for backend and python plans.
+
+    Backend band [0, FRONTEND_KNOB_TYPE_BASE): the backend's own names and values,
+    frozen (1.32.0 defines 0..20; the band is reserved up to 999 for its additions).
+    Frontend band [FRONTEND_KNOB_TYPE_BASE, ...): axes the backend has no word for.
+    Both bands are append-only. A python engine reuses a backend type when the meaning
+    matches (TILE_CGA_M / TILE_CGA_N / TILEK are NOT reused for Triton tiles: they mean
+    cluster tiles and a backend-internal K tile; Triton's block shapes are the
+    frontend's MMA_TILE_*).
+    """
+
+    NOT_SET = 0
+    SWIZZLE = 1
+    TILE_SIZE = 2
+    EDGE = 3
+    MULTIPLY = 4
+    SPLIT_K_BUF = 5
+    TILEK = 6
+    STAGES = 7
+    REDUCTION_MODE = 8
+    SPLIT_K_SLC = 9
+    IDX_MODE = 10
+    SPECFILT = 11
+    KERNEL_CFG = 12
+    WORKSPACE = 13
+    TILE_CGA_M = 14
+    TILE_CGA_N = 15
+    BLOCK_SIZE = 16
+    OCCUPANCY = 17
+    ARRAY_SIZE_PER_THREAD = 18
+    SPLIT_COLS = 19
+    TILE_ROWS = 20
+    # ---- frontend band: python engines only; never sent to the backend ----
+    SCHED_POLICY = FRONTEND_KNOB_TYPE_BASE + 0
+    PACK_GQA = FRONTEND_KNOB_TYPE_BASE + 1
+    SPLIT_KV = FRONTEND_KNOB_TYPE_BASE + 2
+    PIPELINE_ARCH = FRONTEND_KNOB_TYPE_BASE + 3
+    MMA_TILE_M = FRONTEND_KNOB_TYPE_BASE + 4
+    MMA_TILE_N = FRONTEND_KNOB_TYPE_BASE + 5
+    MMA_TILE_K = FRONTEND_KNOB_TYPE_BASE + 6
+    CTA_GROUP = FRONTEND_KNOB_TYPE_BASE + 7
+    WARPS_M = FRONTEND_KNOB_TYPE_BASE + 8
+    WARPS_N = FRONTEND_KNOB_TYPE_BASE + 9
+    # Triton launch parameters: pipelining depth and warps per program.
+    NUM_STAGES = FRONTEND_KNOB_TYPE_BASE + 10
+    NUM_WARPS = FRONTEND_KNOB_TYPE_BASE + 11
+    # Rows of output tiles walked together by a persistent GEMM (L2 reuse swizzle).
+    GROUP_M = FRONTEND_KNOB_TYPE_BASE + 12
+    SPLIT_K = FRONTEND_KNOB_TYPE_BASE + 13
+
+
+def is_frontend_knob_type(kt):
+    return int(kt) >= FRONTEND_KNOB_TYPE_BASE
+
+
+class norm_forward_phase(enum.IntEnum):
+    NOT_SET = 0
+    INFERENCE = 1
+    TRAINING = 2
+
+
+class reduction_mode(enum.IntEnum):
+    NOT_SET = 0
+    ADD = 1
+    MUL = 2
+    MIN = 3
+    MAX = 4
+    AMAX = 5
+    AVG = 6
+    NORM1 = 7
+    NORM2 = 8
+    MUL_NO_ZEROS = 9
+
+
+class tensor_reordering(enum.IntEnum):
+    NONE = 0
+    INT8x32 = 1
+    F16x16 = 2
+    F8_128x4 = 3
+
+
+class diagonal_alignment(enum.IntEnum):
+    TOP_LEFT = 0
+    BOTTOM_RIGHT = 1
+
+
+class attention_implementation(enum.IntEnum):
+    AUTO = 0
+    COMPOSITE = 1
+    UNIFIED = 2
+
+
+class scalar_type(enum.IntEnum):
+    RUNTIME_PARAM = 0
+    COMPILE_TIME_CONST = 1
+
+
+class reshape_mode(enum.IntEnum):
+    VIEW_ONLY = 1
+    LOGICAL = 2
+
+
+class moe_grouped_matmul_mode(enum.IntEnum):
+    NONE = 1
+    GATHER = 2
+    SCATTER = 3
+    COMBINE = 4
+
+
+class convolution_mode(enum.IntEnum):
+    CONVOLUTION = 1
+    CROSS_CORRELATION = 2
+
+
+class behavior_note(enum.IntEnum):
+    RUNTIME_COMPILATION = 1
+    REQUIRES_FILTER_INT8x32_REORDER = 2
+    REQUIRES_BIAS_INT8x32_REORDER = 3
+    SUPPORTS_CUDA_GRAPH_NATIVE_API = 4
+    CUBLASLT_DEPENDENCY = 5
+
+
+class numerical_note(enum.IntEnum):
+    TENSOR_CORE = 1
+    DOWN_CONVERT_INPUTS = 2
+    REDUCED_PRECISION_REDUCTION = 3
+    FFT = 4
+    NONDETERMINISTIC = 5
+    WINOGRAD = 6
+    WINOGRAD_TILE_4x4 = 7
+    WINOGRAD_TILE_6x6 = 8
+    WINOGRAD_TILE_13x13 = 9
+    STRICT_NAN_PROP = 10
+
+
+class build_plan_policy(enum.IntEnum):
+    HEURISTICS_CHOICE = 0
+    ALL = 1
+
+
+class cuda_graph_retention(enum.IntEnum):
+    PER_GRAPH = 0
+    NONE = 1
+
+
+# Every enum the op surface takes, by the name the backend gives it. The OpSpec tables,
+# the JSON form and lowering look enums up here: one table.
+ENUMS = {
+    cls.__name__: cls
+    for cls in (
+        data_type,
+        heur_mode,
+        knob_type,
+        norm_forward_phase,
+        reduction_mode,
+        tensor_reordering,
+        diagonal_alignment,
+        attention_implementation,
+        scalar_type,
+        reshape_mode,
+        moe_grouped_matmul_mode,
+        convolution_mode,
+        behavior_note,
+        numerical_note,
+        build_plan_policy,
+        cuda_graph_retention,
+    )
+}
+
+
+# ---------------------------------------------------------------- errors
+class cudnnGraphNotSupportedError(Exception):
+    """The classic error: this graph (or this engine, for this graph) is not supported.
+
+    Raised at validate() for a semantically invalid graph, and by an engine's
+    check_support() to decline.
+    """
+
+
+class GraphStateError(RuntimeError):
+    """A call not allowed in the graph's current lifecycle state (a mutation after the
+    freeze, a second create_execution_plans(), execute before build)."""
+
+
+class BackendUnavailableError(ImportError):
+    """The cuDNN backend (the `cudnn` extra) is not installed or cannot load here."""
+
+
+# The exception types a user mistake may surface as; anything else escaping the graph
+# API is a bug of ours (the property test in tests/test_graph_properties.py holds this).
+CLASSIC_ERRORS = (cudnnGraphNotSupportedError, TypeError, ValueError, GraphStateError)

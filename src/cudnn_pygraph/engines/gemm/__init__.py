@@ -1,0 +1,1 @@
+"""The gemm family's engines (named by the manifest, imported at planning)."""

@@ -1,0 +1,1 @@
+"""The linear_attention family's engines (named by the manifest, imported at planning)."""

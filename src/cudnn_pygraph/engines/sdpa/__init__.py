@@ -1,0 +1,1 @@
+"""The sdpa family's engines (named by the manifest, imported at planning)."""

@@ -1,0 +1,88 @@
+"""Node: one op application. Its ports and attributes are read-only mappings from the
+moment it is built; the only thing a caller may change before the freeze is its name."""
+
+import enum
+from types import MappingProxyType
+
+from .opspec import ShapeError
+from .tensor import Tensor
+
+
+class Node:
+    def __init__(self, graph, spec, name, inputs, attrs, outputs):
+        d = self.__dict__
+        d["_graph"] = graph
+        d["spec"] = spec
+        d["_name"] = name
+        d["inputs"] = MappingProxyType(dict(inputs))
+        d["attrs"] = MappingProxyType(dict(attrs))
+        d["outputs"] = MappingProxyType(dict(outputs))
+
+    @property
+    def op(self):
+        return self.spec.name
+
+    @property
+    def name(self):
+        return self._name
+
+    def __setattr__(self, item, value):
+        if item != "name":
+            raise AttributeError(f"node '{self._name}': {item!r} is not settable")
+        self._graph._state.require_mutable(f"renaming node '{self._name}'")
+        self.__dict__["_name"] = str(value)
+
+    # ------------------------------------------------------------ reading
+    def input_tensors(self):
+        """Every tensor this node reads, ports first, then tensors inside attributes
+        (sdpa's dropout seed/offset)."""
+        for value in self.inputs.values():
+            yield from _tensors_in(value)
+        for value in self.attrs.values():
+            yield from _tensors_in(value)
+
+    def output_tensors(self):
+        for value in self.outputs.values():
+            if value is not None:
+                yield value
+
+    def fail(self, port, rule):
+        """Raise the classic error for a violated rule, naming op, node and port."""
+        raise ShapeError(f"{self.op} node '{self.name}': {port}: {rule}")
+
+    def format_node(self):
+        """One line: `%O:HALF[2x4x64x32], %Stats = sdpa(q=%q, ..., attn_scale=0.125)`."""
+        outs = ", ".join(
+            f"%{t.name}:{t.data_type.name}[{'x'.join(map(str, t.dim)) or '?'}]"
+            for t in self.output_tensors()
+        )
+        args = [f"{k}={_fmt(v)}" for k, v in self.inputs.items() if v is not None]
+        for p in self.spec.attrs:
+            value = self.attrs.get(p.name)
+            if value is not None and value != p.default:
+                args.append(f"{p.name}={_fmt(value)}")
+        return f"{outs} = {self.op}({', '.join(args)})  # {self.name}"
+
+    def __repr__(self):
+        return f"Node({self.format_node()})"
+
+
+def _tensors_in(value):
+    if isinstance(value, Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _tensors_in(v)
+
+
+def _fmt(value):
+    if isinstance(value, Tensor):
+        return f"%{value.name}"
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    return repr(value)
+
+
+__all__ = ["Node", "ShapeError"]

@@ -1,0 +1,275 @@
+"""The python-only linear-attention ops: gdn, kda, gdn2, gdp, each with `_bwd`,
+`_summary` and `_summary_bwd` (16 ops). The backend has no builder for any of them; they
+never lower (a graph routed to the backend raises cudnnGraphNotSupportedError).
+
+The arithmetic is ../shared/spec/linear-attention.md's; this table is the declaration
+contract. THD only: q/k [total_T, H|HK, K], v [total_T, HV, V], HO = max(H, HV);
+per-family gate shapes below; states [N, HO, V, K] (V-major: the buffer holds S^T),
+fp32 or bf16; cu_seqlens int32/int64 [N + 1]. gdp's k/v/beta carry total_T * n rows.
+
+The whole family is generated from one row per family (_FAMILIES): the four op kinds
+differ only in which ports they take and write.
+"""
+
+import dataclasses
+
+from ..._types import data_type
+from ..opspec import REQUIRED, Inferred, OpGroup, OpSpec, OutputPort, Param, PortKind
+from . import rules
+
+F32, BF16, F16, I32, I64 = (data_type.FLOAT, data_type.BFLOAT16, data_type.HALF,
+                            data_type.INT32, data_type.INT64)  # fmt: skip
+IO_DTYPES = (F16, BF16, F32)
+GATE_DTYPES = (F32, BF16, F16)
+STATE_DTYPES = (F32, BF16)
+CHUNK = 64  # the chunk cadence checkpoints are counted in
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    name: str
+    gate_per_key: bool  # g is [T, HO, K] (kda, gdn2) rather than [T, HO]
+    beta_per_key: bool  # beta is [T, HO, K] (gdn2) rather than [T, HO]
+    write_gate: bool  # gdn2's w [T, HO, V]
+    householder: bool  # gdp's num_householder sub-tokens per token
+
+
+_FAMILIES = (
+    Family("gdn", gate_per_key=False, beta_per_key=False, write_gate=False, householder=False),
+    Family("kda", gate_per_key=True, beta_per_key=False, write_gate=False, householder=False),
+    Family("gdn2", gate_per_key=True, beta_per_key=True, write_gate=True, householder=False),
+    Family("gdp", gate_per_key=False, beta_per_key=False, write_gate=False, householder=True),
+)
+
+KINDS = ("", "_bwd", "_summary", "_summary_bwd")
+
+
+def _t(name):
+    return Param(name, PortKind.TENSOR)
+
+
+def _opt(name):
+    return Param(name, PortKind.OPTIONAL_TENSOR, None)
+
+
+def _attr(name, default, choices=None):
+    return Param(name, PortKind.ATTR, default, choices=choices)
+
+
+def _params(fam, kind):
+    ports = {
+        "": ["q", "k", "v", "g", "beta"],
+        "_bwd": ["q", "k", "v", "g", "beta"],
+        "_summary": ["k", "v", "g", "beta"],
+        "_summary_bwd": ["q", "k", "g", "beta"],
+    }[kind]
+    params = [_t(p) for p in ports]
+    if fam.write_gate and kind in ("", "_bwd", "_summary"):
+        params.append(_t("w"))
+    params.append(_t("cu_seqlens"))
+    if kind in ("_bwd", "_summary_bwd"):
+        params.append(_t("dO"))
+    if kind in ("", "_bwd"):
+        params.append(_opt("initial_state"))
+    if kind == "_bwd":
+        params += [_opt("d_final_state"), _opt("checkpoints")]
+    params += [_opt("a_log"), _opt("dt_bias")]
+    if kind == "":
+        params.append(_opt("state_indices"))
+    if kind != "_summary":
+        params.append(_attr("scale", None))
+    if kind == "":
+        params.append(_attr("output_final_state", False))
+    params += [
+        _attr("use_qk_l2norm", False),
+        _attr("use_beta_sigmoid", False),
+        _attr("allow_neg_eigval", False),
+        _attr("safe_gate", False),
+        _attr("gate_domain", "log", choices=("log", "linear")),
+    ]
+    if kind in ("", "_bwd"):
+        params += [_attr("checkpoint_every_n_tokens", 0), _attr("overwrite_initial_state", False)]
+    params.append(_attr("batch_invariant", False))
+    if kind == "_summary_bwd":
+        params.append(_attr("output_transition", False))
+    if fam.householder:
+        params.append(_attr("num_householder", 1))
+    params.append(_attr("compute_data_type", data_type.NOT_SET))
+    return tuple(params)
+
+
+def _given(port):
+    return lambda attrs, inputs: inputs.get(port) is not None
+
+
+def _safe_gate_and(port):
+    return lambda attrs, inputs: bool(attrs.get("safe_gate")) and inputs.get(port) is not None
+
+
+def _outputs(fam, kind):
+    if kind == "":
+        return (
+            OutputPort("O"),
+            OutputPort("final_state", lambda a, i: bool(a.get("output_final_state"))),
+            OutputPort("checkpoints", lambda a, i: a.get("checkpoint_every_n_tokens", 0) > 0),
+        )
+    if kind == "_bwd":
+        grads = ["dQ", "dK", "dV", "dG", "dBeta"] + (["dW"] if fam.write_gate else [])
+        return (
+            *(OutputPort(g) for g in grads),
+            OutputPort("d_initial_state", _given("initial_state")),
+            OutputPort("d_a_log", _safe_gate_and("a_log")),
+            OutputPort("d_dt_bias", _safe_gate_and("dt_bias")),
+        )
+    if kind == "_summary":
+        return (OutputPort("H"), OutputPort("M_buf"))
+    return (OutputPort("G"), OutputPort("transition", lambda a, i: bool(a.get("output_transition"))))
+
+
+# ---------------------------------------------------------------- the shape rule
+def _rule(fam, kind):
+    def rule(node):
+        a, inp = node.attrs, node.inputs
+        n = a.get("num_householder", 1) if fam.householder else 1
+        if n < 1:
+            node.fail("num_householder", f"must be >= 1, got {n}")
+        cu = rules.require_rank(node, "cu_seqlens", 1)
+        rules.require_dtype(node, "cu_seqlens", (I32, I64))
+        if cu[0] < 1:
+            node.fail("cu_seqlens", "needs N + 1 >= 1 entries")
+        nseq = cu[0] - 1
+        k = rules.require_rank(node, "k", 3)
+        T = k[0] // n
+        if k[0] != T * n:
+            node.fail("k", f"{k[0]} rows is not total_T * num_householder (n={n})")
+        K = k[2]
+        if "q" in inp:
+            q = rules.require_rank(node, "q", 3)
+            if q[0] != T:
+                node.fail("q", f"{q[0]} rows, expected total_T={T} (k has {k[0]} = total_T * {n})")
+            if q[2] != K:
+                node.fail("q", f"head dim {q[2]} differs from k's {K}")
+            H = q[1]
+        else:
+            H = k[1]
+        if "v" in inp:
+            v = rules.require_rank(node, "v", 3)
+            if v[0] != k[0]:
+                node.fail("v", f"{v[0]} rows differ from k's {k[0]}")
+            HV, V = v[1], v[2]
+        else:
+            dO = rules.require_rank(node, "dO", 3)
+            HV, V = dO[1], dO[2]
+        HO = max(H, HV)
+        if HO % H or HO % HV:
+            node.fail("v", f"heads H={H} and HV={HV} do not group into HO={HO}")
+        if k[1] not in (H, HV):
+            node.fail("k", f"HK={k[1]} must equal q's H={H} or v's HV={HV}")
+        for port in ("q", "k", "v", "dO"):
+            if port in inp:
+                rules.require_dtype(node, port, IO_DTYPES)
+        # gates, per family
+        g_dims = (T, HO, K) if fam.gate_per_key else (T, HO)
+        b_rows = T * n
+        b_dims = (b_rows, HO, K) if fam.beta_per_key else (b_rows, HO)
+        for port, want in (("g", g_dims), ("beta", b_dims)):
+            got = rules.require_declared(node, port)
+            if tuple(got) != want:
+                node.fail(port, f"dims {list(got)}, expected {list(want)}")
+            rules.require_dtype(node, port, GATE_DTYPES)
+        if fam.write_gate and "w" in inp:
+            if tuple(rules.require_declared(node, "w")) != (T, HO, V):
+                node.fail("w", f"dims {list(inp['w'].dim)}, expected {[T, HO, V]}")
+        # attribute rules
+        if a["allow_neg_eigval"] and not a["use_beta_sigmoid"]:
+            node.fail("allow_neg_eigval", "requires use_beta_sigmoid")
+        if a["safe_gate"] and a["gate_domain"] == "linear":
+            node.fail("safe_gate", 'cannot combine with gate_domain="linear"')
+        param_dims = (HO, K) if fam.gate_per_key else (HO,)
+        for port in ("a_log", "dt_bias"):
+            if inp.get(port) is not None:
+                if not a["safe_gate"]:
+                    node.fail(port, "is only read under safe_gate=True")
+                want = (HO,) if port == "a_log" else param_dims
+                if tuple(inp[port].dim) != want:
+                    node.fail(port, f"dims {list(inp[port].dim)}, expected {list(want)}")
+        state = (nseq, HO, V, K)
+        init = inp.get("initial_state")
+        if init is not None:
+            rules.require_dtype(node, "initial_state", STATE_DTYPES)
+            idx = inp.get("state_indices")
+            want = (init.dim[0], HO, V, K) if idx is not None else state
+            if tuple(init.dim) != want:
+                node.fail("initial_state", f"dims {list(init.dim)}, expected {list(want)} ([N, HO, V, K], V-major)")
+        if inp.get("state_indices") is not None:
+            if init is None:
+                node.fail("state_indices", "requires initial_state (the pool it indexes)")
+            if tuple(inp["state_indices"].dim) != (nseq,):
+                node.fail("state_indices", f"dims {list(inp['state_indices'].dim)}, expected [{nseq}] (one row per sequence)")
+            rules.require_dtype(node, "state_indices", (I32,))
+            if a.get("checkpoint_every_n_tokens", 0):
+                node.fail("state_indices", "cannot combine with checkpoint_every_n_tokens")
+        every = a.get("checkpoint_every_n_tokens", 0)
+        if every and (every < 0 or every % CHUNK):
+            node.fail("checkpoint_every_n_tokens", f"{every} is not a positive multiple of {CHUNK}")
+        if a.get("overwrite_initial_state"):
+            if init is None:
+                node.fail("overwrite_initial_state", "requires initial_state")
+            if kind == "" and not a["output_final_state"]:
+                node.fail("overwrite_initial_state", "requires output_final_state=True")
+            if kind == "_bwd" and inp.get("d_final_state") is None:
+                node.fail("overwrite_initial_state", "requires d_final_state in the backward")
+        state_dtype = init.data_type if init is not None else F32
+        io = inp["v"].data_type if "v" in inp else inp["dO"].data_type
+        return _infer_outputs(node, fam, kind, T, n, HO, K, V, nseq, state, state_dtype, io)
+
+    return rule
+
+
+def _infer_outputs(node, fam, kind, T, n, HO, K, V, nseq, state, state_dtype, io):
+    inp = node.inputs
+    if kind == "":
+        every = node.attrs["checkpoint_every_n_tokens"]
+        # Upper bound of checkpoints over all sequences: ceil(T / every) + N (each
+        # sequence's last partial span adds at most one). Slot j of sequence i is at
+        # row (cu_seqlens[i] // every) + i + j.
+        ckpt_rows = (-(-T * n // every) + nseq) if every else 0
+        out = {"O": Inferred((T, HO, V), io), "final_state": Inferred(state, state_dtype)}
+        if every:
+            out["checkpoints"] = Inferred((ckpt_rows, HO, V, K), F32)
+        return out
+    if kind == "_bwd":
+        out = {}
+        for port, src in (("dQ", "q"), ("dK", "k"), ("dV", "v"), ("dG", "g"), ("dBeta", "beta"), ("dW", "w")):
+            if src in inp:
+                out[port] = Inferred(tuple(inp[src].dim), inp[src].data_type)
+        if inp.get("initial_state") is not None:
+            out["d_initial_state"] = Inferred(tuple(inp["initial_state"].dim), state_dtype)
+        for port, src in (("d_a_log", "a_log"), ("d_dt_bias", "dt_bias")):
+            if inp.get(src) is not None:
+                out[port] = Inferred(tuple(inp[src].dim), F32)
+        return out
+    if kind == "_summary":
+        return {"H": Inferred(state, F32), "M_buf": Inferred((nseq, HO, K, K), F32)}
+    return {"G": Inferred(state, F32), "transition": Inferred((nseq, HO, K, K), F32)}
+
+
+def _spec(fam, kind):
+    name = fam.name + kind
+    params = _params(fam, kind)
+    return OpSpec(
+        name=name,
+        group=OpGroup.LINEAR_ATTENTION,
+        params=params,
+        outputs=_outputs(fam, kind),
+        returns_list=True,
+        shape_rule=_rule(fam, kind),
+        python_only_attrs=frozenset(p.name for p in params if p.kind is PortKind.ATTR),
+        backend_method=None,
+        doc=f"`{name}` (python-only linear attention; see docs/ops.md and linear-attention.md).",
+    )
+
+
+SPECS = tuple(_spec(fam, kind) for fam in _FAMILIES for kind in KINDS)
+FAMILIES = {fam.name: fam for fam in _FAMILIES}
+__all__ = ["SPECS", "FAMILIES", "KINDS", "REQUIRED"]

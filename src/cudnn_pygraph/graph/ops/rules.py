@@ -1,0 +1,71 @@
+"""Shape-rule building blocks shared by the op tables.
+
+A rule reads a node's declared inputs and returns {output port: Inferred}; it calls
+node.fail(port, rule) on a violation, which raises the classic error naming the op, the
+node and the port."""
+
+from ..._types import data_type
+from ..opspec import Inferred
+
+
+def dims(node, port):
+    t = node.inputs[port]
+    return tuple(t.dim) if t is not None else None
+
+
+def require_rank(node, port, rank):
+    d = dims(node, port)
+    if d is not None and len(d) != rank:
+        node.fail(port, f"expected rank {rank}, got dims {list(d)}")
+    return d
+
+
+def require_declared(node, port):
+    d = dims(node, port)
+    if not d:
+        node.fail(port, "dims are not declared (set_dim)")
+    return d
+
+
+def require_dtype(node, port, allowed):
+    t = node.inputs[port]
+    if t is not None and t.data_type not in allowed:
+        names = ", ".join(a.name for a in allowed)
+        node.fail(port, f"data_type {t.data_type.name} is not allowed here (allowed: {names})")
+
+
+def broadcast(node, ports):
+    """Elementwise broadcast: same rank, each extent equal or 1."""
+    shapes = [(p, dims(node, p)) for p in ports if node.inputs.get(p) is not None]
+    rank = len(shapes[0][1])
+    out = list(shapes[0][1])
+    for port, shape in shapes[1:]:
+        if len(shape) != rank:
+            node.fail(port, f"rank {len(shape)} does not match {shapes[0][0]}'s rank {rank}")
+        for i, (a, b) in enumerate(zip(out, shape)):
+            if a != b and 1 not in (a, b):
+                node.fail(port, f"dim {i}: extent {b} does not broadcast against {a}")
+            out[i] = max(a, b)
+    return tuple(out)
+
+
+def like(port, dtype=None):
+    """Rule factory: every output shaped like input `port`."""
+
+    def rule(node):
+        shape = require_declared(node, port)
+        return {o.name: Inferred(shape, dtype) for o in node.spec.outputs}
+
+    return rule
+
+
+def declared_by_caller(node):
+    """Outputs whose extents cannot follow from the inputs (reshape, reduction, dgrad):
+    the caller declares them; validation checks that it did."""
+    for port, t in node.outputs.items():
+        if t is not None and not t.is_user_set("dim"):
+            node.fail(port, "this op's output dims must be declared by the caller (set_dim)")
+    return {}
+
+
+FLOAT_STATS = data_type.FLOAT

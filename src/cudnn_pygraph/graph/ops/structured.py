@@ -1,0 +1,204 @@
+"""The structured table: norms and their backwards, reduction, block scale, MoE grouped
+matmul, conv, rope and the layout ops. One row per op: outputs (some conditional) and the
+shape rule; ports, attributes and defaults come from the backend's signatures."""
+
+from ..._types import data_type, norm_forward_phase
+from ..opspec import Inferred, OpGroup, OpSpec, OutputPort, backend_params
+from . import rules
+from .backend_signatures import SIGNATURES
+
+F32 = data_type.FLOAT
+
+
+def _training(attrs, inputs):
+    return attrs.get("norm_forward_phase") == norm_forward_phase.TRAINING
+
+
+def _has(port):
+    return lambda attrs, inputs: inputs.get(port) is not None
+
+
+def _flag(attr):
+    return lambda attrs, inputs: bool(attrs.get(attr))
+
+
+# ---------------------------------------------------------------- shape rules
+def _stats_dims(x, keep):
+    """Per-row statistics: keep the first `keep` dims, 1 elsewhere."""
+    return tuple(x[:keep]) + (1,) * (len(x) - keep)
+
+
+def _norm_fwd(keep):
+    def rule(node):
+        x = rules.require_declared(node, "input")
+        out = {"Y": Inferred(x, node.inputs["input"].data_type)}
+        for port in node.spec.outputs[1:]:
+            out[port.name] = Inferred(_stats_dims(x, keep), F32)
+        return out
+
+    return rule
+
+
+def _norm_bwd(node):
+    x = rules.require_declared(node, "input")
+    out = {"dX": Inferred(x, node.inputs["input"].data_type)}
+    scale = node.inputs.get("scale")
+    param_dims = tuple(scale.dim) if scale is not None else _stats_dims(x, 0)
+    for port in ("dscale", "dbias"):
+        if port in node.outputs:
+            out[port] = Inferred(param_dims, F32)
+    return out
+
+
+def _genstats(node):
+    x = rules.require_declared(node, "input")
+    stats = (1, x[1]) + (1,) * (len(x) - 2)
+    return {"mean": Inferred(stats, F32), "sq_sum": Inferred(stats, F32)}
+
+
+def _block_scale_quantize(node):
+    x = rules.require_declared(node, "input")
+    axis = node.attrs["axis"]
+    axis = len(x) - 1 if axis is None else axis
+    if not -len(x) <= axis < len(x):
+        node.fail("axis", f"{axis} is out of range for rank {len(x)}")
+    block = node.attrs["block_size"]
+    if block <= 0:
+        node.fail("block_size", f"must be positive, got {block}")
+    scale = list(x)
+    scale[axis] = -(-x[axis] // block)
+    return {"Y": Inferred(x), "scale": Inferred(tuple(scale))}
+
+
+def _concatenate(node):
+    inputs = node.inputs["inputs"]
+    if not inputs:
+        node.fail("inputs", "needs at least one tensor")
+    first = tuple(inputs[0].dim)
+    axis = node.attrs["axis"]
+    if not 0 <= axis < len(first):
+        node.fail("axis", f"{axis} is out of range for rank {len(first)}")
+    total = 0
+    for i, t in enumerate(inputs):
+        d = tuple(t.dim)
+        if len(d) != len(first) or any(a != b for j, (a, b) in enumerate(zip(d, first)) if j != axis):
+            node.fail(f"inputs[{i}]", f"dims {list(d)} differ from inputs[0] {list(first)} off axis {axis}")
+        total += d[axis]
+    out = list(first)
+    out[axis] = total
+    return {"output": Inferred(tuple(out), inputs[0].data_type)}
+
+
+def _conv_fprop(node):
+    x = rules.require_declared(node, "image")
+    w = rules.require_declared(node, "weight")
+    if len(x) != len(w) or len(x) < 3:
+        node.fail("weight", f"rank {len(w)} does not match image rank {len(x)} (>= 3)")
+    spatial = len(x) - 2
+    a = node.attrs
+
+    def per_dim(name, default):
+        v = tuple(a[name]) if a[name] else (default,) * spatial
+        if len(v) != spatial:
+            node.fail(name, f"expected {spatial} values, got {list(v)}")
+        return v
+
+    pre = per_dim("pre_padding", 0) if a["pre_padding"] else per_dim("padding", 0)
+    post = per_dim("post_padding", 0) if a["post_padding"] else per_dim("padding", 0)
+    stride = per_dim("stride", 1)
+    dil = per_dim("dilation", 1)
+    out = []
+    for i in range(spatial):
+        extent = x[2 + i] + pre[i] + post[i] - dil[i] * (w[2 + i] - 1) - 1
+        if extent < 0:
+            node.fail("weight", f"filter extent {w[2 + i]} exceeds padded image dim {2 + i}")
+        out.append(extent // stride[i] + 1)
+    return {"Y": Inferred((x[0], w[0], *out), node.inputs["image"].data_type)}
+
+
+def _transpose(node):
+    x = rules.require_declared(node, "input")
+    perm = tuple(node.attrs["permutation"])
+    if sorted(perm) != list(range(len(x))):
+        node.fail("permutation", f"{list(perm)} is not a permutation of {len(x)} axes")
+    return {"output": Inferred(tuple(x[p] for p in perm), node.inputs["input"].data_type)}
+
+
+def _slice(node):
+    x = rules.require_declared(node, "input")
+    slices = tuple(node.attrs["slices"])
+    if len(slices) > len(x):
+        node.fail("slices", f"{len(slices)} slices for rank {len(x)}")
+    out = list(x)
+    for i, s in enumerate(slices):
+        if not isinstance(s, slice):
+            node.fail("slices", f"entry {i} is not a slice: {s!r}")
+        out[i] = len(range(*s.indices(x[i])))
+    return {"output": Inferred(tuple(out), node.inputs["input"].data_type)}
+
+
+def _reduction(node):
+    x = rules.require_declared(node, "input")
+    rules.declared_by_caller(node)
+    y = tuple(node.outputs["output"].dim)
+    if len(y) != len(x) or any(b not in (a, 1) for a, b in zip(x, y)):
+        node.fail("output", f"dims {list(y)} are not a reduction of input {list(x)} (each extent equal or 1)")
+    return {}
+
+
+# ---------------------------------------------------------------- the table
+# name: (outputs, shape rule, output-direction kwargs)
+_ROWS = {
+    "adalayernorm": (("Y", ("mean", _training), ("inv_variance", _training)), _norm_fwd(1)),
+    "adalayernorm_backward": (("dX", "dscale", "dbias"), _norm_bwd),
+    "batchnorm": (
+        ("Y", "mean", "inv_variance",
+         ("next_running_mean", _has("in_running_mean")), ("next_running_var", _has("in_running_var"))),
+        _norm_fwd(2),
+    ),  # fmt: skip
+    "batchnorm_backward": (("dX", "dscale", "dbias"), _norm_bwd),
+    "batchnorm_inference": (("Y",), rules.like("input")),
+    "block_scale_dequantize": (("Y",), rules.like("input", F32)),
+    "block_scale_quantize": (("Y", "scale"), _block_scale_quantize),
+    "concatenate": (("output",), _concatenate),
+    "conv_dgrad": (("dX",), rules.declared_by_caller),
+    "conv_fprop": (("Y",), _conv_fprop),
+    "conv_wgrad": (("dW",), rules.declared_by_caller),
+    "gen_index": (("output",), rules.like("input", data_type.INT32)),
+    "genstats": (("mean", "sq_sum"), _genstats),
+    "instancenorm": (("Y", ("mean", _training), ("inv_variance", _training)), _norm_fwd(2)),
+    "instancenorm_backward": (("dX", "dscale", "dbias"), _norm_bwd),
+    "layernorm": (("Y", ("mean", _training), ("inv_variance", _training)), _norm_fwd(1)),
+    "layernorm_backward": (("dX", "dscale", "dbias"), _norm_bwd),
+    "moe_grouped_matmul": (("output",), rules.declared_by_caller),
+    "moe_grouped_matmul_bwd": (("output",), rules.declared_by_caller),
+    "reduction": (("output",), _reduction),
+    "reshape": (("output",), rules.declared_by_caller),
+    "rmsnorm": (("Y", ("inv_variance", _training)), _norm_fwd(1)),
+    "rmsnorm_backward": (("dX", ("dscale", _has("scale")), ("dbias", _flag("has_dbias"))), _norm_bwd),
+    "rope": (("output",), rules.like("input")),
+    "rope_backward": (("output",), rules.like("dY")),
+    "slice": (("output",), _slice),
+    "transpose": (("output",), _transpose),
+}
+
+
+def _outputs(names):
+    return tuple(OutputPort(*n) if isinstance(n, tuple) else OutputPort(n) for n in names)
+
+
+def _spec(name, outputs, rule):
+    params, returns_list = SIGNATURES[name]
+    return OpSpec(
+        name=name,
+        group=OpGroup.STRUCTURED,
+        params=backend_params(params),
+        outputs=_outputs(outputs),
+        returns_list=returns_list,
+        shape_rule=rule,
+        backend_method=name,
+        doc=f"`{name}`: returns {', '.join(o if isinstance(o, str) else o[0] for o in outputs)}.",
+    )
+
+
+SPECS = tuple(_spec(name, outputs, rule) for name, (outputs, rule) in _ROWS.items())

@@ -1,0 +1,380 @@
+"""pygraph: THE public graph class. The structure (nodes, tensors, op parameters) lives
+here, fully introspectable; op builders are generated from the OpSpecs (builders.py);
+planning, lowering and execution live in their own packages and are reached through the
+thin methods at the bottom of this class."""
+
+from .._types import (
+    GraphStateError,
+    cudnnGraphNotSupportedError,
+    data_type,
+    heur_mode,
+    tensor_reordering,
+)
+from . import lifecycle
+from .builders import bind, check_port, coerce_attr, make_builder
+from .node import Node
+from .opspec import PortKind
+from .ops import OPS
+from .tensor import Tensor, row_major_strides, to_data_type, to_int_tuple
+from .validate import apply_inference, validate_graph
+
+_NOT_SET = data_type.NOT_SET
+_CONTEXT_FIELDS = ("name", "io_data_type", "intermediate_data_type", "compute_data_type")
+
+
+class pygraph:  # noqa: N801 — the classic public name
+    """A cuDNN operation graph described in Python.
+
+    >>> import cudnn_pygraph as cudnn
+    >>> g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF,
+    ...                   compute_data_type=cudnn.data_type.FLOAT)
+    >>> A = g.tensor(dim=[1, 64, 32], stride=[64 * 32, 32, 1])
+    >>> B = g.tensor(dim=[1, 32, 16], stride=[32 * 16, 16, 1])
+    >>> C = g.matmul(A, B)
+    >>> C.set_output(True).dim
+    (1, 64, 16)
+    """
+
+    def __init__(
+        self,
+        name="test_graph",
+        io_data_type=data_type.NOT_SET,
+        intermediate_data_type=data_type.NOT_SET,
+        compute_data_type=data_type.NOT_SET,
+        handle=None,
+        sm_count=None,
+        sm_version=None,
+        kernel_cache=None,
+        device_property=None,
+        is_dynamic_shape_enabled=False,
+        is_override_shape_enabled=False,
+        cuda_graph_retention=None,
+    ):
+        d = self.__dict__
+        d["_context"] = {
+            "name": str(name),
+            "io_data_type": to_data_type(io_data_type, "io_data_type"),
+            "intermediate_data_type": to_data_type(intermediate_data_type, "intermediate_data_type"),
+            "compute_data_type": to_data_type(compute_data_type, "compute_data_type"),
+        }
+        # Backend-only construction options: kept verbatim and handed to lowering.
+        d["backend_options"] = {
+            "handle": handle,
+            "sm_count": sm_count,
+            "sm_version": sm_version,
+            "kernel_cache": kernel_cache,
+            "device_property": device_property,
+            "is_dynamic_shape_enabled": is_dynamic_shape_enabled,
+            "is_override_shape_enabled": is_override_shape_enabled,
+            "cuda_graph_retention": cuda_graph_retention,
+        }
+        d["_state"] = lifecycle.Building()
+        d["_nodes"] = []
+        d["_tensors"] = []
+        d["_by_uid"] = {}
+        d["_next_uid"] = 1
+        d["_candidates"] = None  # the planner's cached candidate list (dropped on mutation)
+        d["_planning"] = None  # planning.planner.PlanningRecord once planned
+        d["_lowered"] = None  # backend.lowering.LoweredGraph when lowered
+
+    # ------------------------------------------------------------ the graph context
+    def __getattr__(self, item):
+        ctx = self.__dict__.get("_context")
+        if ctx is not None and item in ctx:
+            return ctx[item]
+        raise AttributeError(f"pygraph has no attribute {item!r}")
+
+    def __setattr__(self, item, value):
+        if item.startswith("_"):  # the graph's own bookkeeping, never a public path
+            self.__dict__[item] = value
+            return
+        if item not in _CONTEXT_FIELDS:
+            raise AttributeError(f"pygraph: {item!r} is not settable")
+        self._state.require_mutable(f"setting the graph's {item}")
+        self._context[item] = value if item == "name" else to_data_type(value, item)
+        self._state.on_mutation(self)
+
+    @property
+    def state(self):
+        """The lifecycle state's name: building, validated, planned or built."""
+        return self._state.name
+
+    @property
+    def nodes(self):
+        return tuple(self._nodes)
+
+    @property
+    def tensors(self):
+        return tuple(self._tensors)
+
+    def tensor_by_uid(self, uid):
+        return self._by_uid[uid]
+
+    # ------------------------------------------------------------ tensors and uids
+    def _claim_uid(self, tensor, uid):
+        """uid ownership: a user uid landing on an auto-assigned one steals it (the
+        holder is renumbered); two user uids colliding raise."""
+        holder = self._by_uid.get(uid)
+        if holder is not None and holder is not tensor:
+            if holder.is_user_set("uid"):
+                raise ValueError(
+                    f"uid {uid} of tensor %{tensor.name} is already the user uid of %{holder.name}"
+                )
+            new = self._fresh_uid()
+            holder._fields["uid"] = new
+            self._by_uid[new] = holder
+        self._by_uid.pop(tensor.uid, None)
+        self._by_uid[uid] = tensor
+
+    def _fresh_uid(self):
+        while self._next_uid in self._by_uid:
+            self._next_uid += 1
+        return self._next_uid
+
+    def _new_tensor(self, name, dim=(), stride=(), dtype=data_type.NOT_SET):
+        uid = self._fresh_uid()
+        t = Tensor(self, uid, name or f"t{uid}", dim, stride, dtype)
+        self._by_uid[uid] = t
+        self._tensors.append(t)
+        return t
+
+    def tensor(
+        self,
+        dim,
+        stride=None,
+        data_type=data_type.NOT_SET,
+        is_virtual=False,
+        is_pass_by_value=False,
+        ragged_offset=None,
+        reordering_type=tensor_reordering.NONE,
+        name="",
+        uid=-1,
+        ragged_offset_multiplier=1,
+    ):
+        """Declare a graph input (or a caller-created output-direction tensor).
+        A missing stride is row-major."""
+        self._state.require_mutable("tensor()")
+        t = self._new_tensor(name)
+        dim = to_int_tuple(dim, f"tensor({name!r}): dim")
+        t.set_dim(dim)
+        t.set_stride(row_major_strides(dim) if stride is None else stride)
+        if data_type is not _NOT_SET:
+            t.set_data_type(data_type)
+        else:  # provisional: the graph's io_data_type, re-read at validate()
+            t._infer("data_type", self.io_data_type)
+        if is_virtual:
+            t.set_is_virtual(True)
+        if is_pass_by_value:
+            t.set_is_pass_by_value(True)
+        if ragged_offset is not None:
+            t.set_ragged_offset(ragged_offset)
+        if reordering_type != tensor_reordering.NONE:
+            t.set_reordering_type(reordering_type)
+        if uid != -1:
+            t.set_uid(uid)
+        if ragged_offset_multiplier != 1:
+            t.set_ragged_offset_multiplier(ragged_offset_multiplier)
+        return t
+
+    def tensor_like(self, input, name=""):
+        """A tensor declared like `input`: one of ours, or any framework tensor (read
+        through .shape / .stride() / .dtype, without importing the framework)."""
+        if isinstance(input, Tensor):
+            return self.tensor(input.dim, input.stride, input.data_type, name=name)
+        try:
+            dim, stride, dtype = tuple(input.shape), tuple(input.stride()), input.dtype
+        except AttributeError:
+            raise TypeError(f"tensor_like(): cannot read dims/strides/dtype of {type(input).__name__}") from None
+        return self.tensor(dim, stride, to_data_type(dtype, "tensor_like()"), name=name)
+
+    def tensor_scalar(self, value, scalar_type=None):
+        """A pass-by-value scalar (1, 1, 1, 1) holding `value`."""
+        dtype = data_type.FLOAT if isinstance(value, float) else data_type.INT64
+        t = self.tensor((1, 1, 1, 1), (1, 1, 1, 1), dtype, is_pass_by_value=True)
+        t.__dict__["value"] = value
+        return t
+
+    # ------------------------------------------------------------ nodes
+    def _add_node(self, spec, args, kwargs):
+        self._state.require_mutable(f"{spec.name}()")
+        bound = bind(spec, args, kwargs)
+        name = str(kwargs.get("name") or f"{spec.name}_{len(self._nodes)}")
+        inputs, attrs = {}, {}
+        for p in spec.params:
+            value = bound[p.name]
+            if p.kind is PortKind.ATTR:
+                attrs[p.name] = coerce_attr(spec, p, value)
+            else:
+                inputs[p.name] = check_port(self, spec, p, value)
+        outputs = {}
+        for port in spec.outputs:
+            if port.when is None or port.when(attrs, inputs):
+                t = self._new_tensor(f"{name}::{port.name}")
+                t._fields["is_virtual"] = True  # classic: outputs are virtual until set_output
+                outputs[port.name] = t
+            else:
+                outputs[port.name] = None
+        node = Node(self, spec, name, inputs, attrs, outputs)
+        for t in node.output_tensors():
+            t.__dict__["producer"] = node
+        for p in spec.ports:  # output-direction kwargs are written by this node
+            if p.kind is PortKind.OUTPUT_TENSOR and inputs[p.name] is not None:
+                inputs[p.name].__dict__["producer"] = node
+        self._nodes.append(node)
+        apply_inference(node, strict=False)  # provisional dims for introspection now
+        self._state.on_mutation(self)
+        results = [outputs[o.name] for o in spec.outputs]
+        return results if spec.returns_list else results[0]
+
+    # ------------------------------------------------------------ introspection
+    def __iter__(self):
+        return iter(self._nodes)
+
+    def __str__(self):
+        head = (
+            f"pygraph '{self.name}' [{self.state}] io={self.io_data_type.name} "
+            f"intermediate={self.intermediate_data_type.name} compute={self.compute_data_type.name}"
+        )
+        lines = [head]
+        for t in self._tensors:
+            if t.producer is None:
+                role = "scalar" if t.is_pass_by_value else "input"
+                lines.append(
+                    f"  {role} %{t.name}:{t.data_type.name}[{'x'.join(map(str, t.dim))}] "
+                    f"stride={list(t.stride)} uid={t.uid}"
+                )
+        for node in self._nodes:
+            lines.append("  " + node.format_node())
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def to_json(self):
+        """The IR's own JSON form (a dict); `pygraph.from_json` rebuilds it."""
+        from .json_form import graph_to_json
+
+        return graph_to_json(self)
+
+    @classmethod
+    def from_json(cls, doc):
+        from .json_form import graph_from_json
+
+        return graph_from_json(cls, doc)
+
+    # ------------------------------------------------------------ lifecycle
+    def validate(self):
+        """Native semantic validation; then freeze any graph the backend can lower
+        (classic error timing) unless it is python-only or its family validated it
+        natively with a python engine as a candidate (spec: The manifest)."""
+        if self._state.validated:
+            return
+        validate_graph(self)
+        from ..planning.planner import after_native_validation
+
+        after_native_validation(self)
+
+    def _freeze(self):
+        if self._state.mutable:
+            self.__dict__["_state"] = lifecycle.ValidatedFrozen()
+
+    def build_operation_graph(self):
+        self.validate()
+
+    def create_execution_plans(self, modes=(heur_mode.A,)):
+        from ..planning.planner import create_execution_plans
+
+        create_execution_plans(self, modes)
+
+    def check_support(self):
+        if not self._state.planned:
+            raise GraphStateError("check_support(): create_execution_plans() first")
+
+    def build_plans(self, policy=None):
+        from ..planning.planner import build_plans
+
+        build_plans(self, policy)
+
+    def build(self, modes=(heur_mode.A,)):
+        self.validate()
+        self.create_execution_plans(modes)
+        self.build_plans()
+
+    # the ONE ranked plan list and the classic at-index calls that address it
+    @property
+    def plans(self):
+        return self._require_planning().plans
+
+    def _require_planning(self):
+        if self._planning is None:
+            raise GraphStateError("no plan list yet: call create_execution_plans() first")
+        return self._planning
+
+    def get_execution_plan_count(self):
+        return len(self.plans)
+
+    def get_plan_name_at_index(self, index):
+        return self._require_planning().plan_name(index)
+
+    def get_engine_and_knobs_at_index(self, index):
+        return self._require_planning().engine_and_knobs(index)
+
+    def build_plan_at_index(self, index):
+        self._require_planning().build_at(index)
+
+    def get_workspace_size_plan_at_index(self, index):
+        return self._require_planning().workspace_size_at(index)
+
+    def get_workspace_size(self):
+        return self._require_planning().workspace_size()
+
+    def select_plan(self, index):
+        self._require_planning().select(index)
+
+    @property
+    def selected_plan(self):
+        return self._require_planning().selected
+
+    def create_execution_plan(self, engine_id, knobs=None):
+        """Replay a recorded (engine_id, {knob_type: int}) exactly."""
+        from ..planning.planner import create_execution_plan
+
+        create_execution_plan(self, engine_id, knobs or {})
+
+    def deselect_engines(self, names):
+        self._require_planning().deselect_engines(names)
+
+    def explain(self):
+        """Each candidate's verdict and reason from the last planning, and the backend's
+        per-mode outcome."""
+        return self._require_planning().explain()
+
+    def execute(self, variant_pack, workspace=None, handle=None, override_uids=None,
+                override_shapes=None, override_strides=None):
+        """Run the selected (built) plan on the caller's buffers: {uid or Tensor: buffer}."""
+        return self._require_planning().execute(
+            variant_pack, workspace, handle, override_uids, override_shapes, override_strides
+        )
+
+    def execute_plan_at_index(self, variant_pack, workspace, index, handle=None):
+        return self._require_planning().execute(variant_pack, workspace, handle, index=index)
+
+    def key(self):
+        from ..backend import adapter
+
+        return adapter.graph_key(self)
+
+    def serialize(self, as_bytes=False):
+        from ..backend import adapter
+
+        return adapter.serialize(self, as_bytes)
+
+
+def _install_builders():
+    for spec in OPS.values():
+        if spec.name in pygraph.__dict__:
+            raise RuntimeError(f"op {spec.name!r} collides with a pygraph method")
+        setattr(pygraph, spec.name, make_builder(spec))
+
+
+_install_builders()
+__all__ = ["pygraph", "cudnnGraphNotSupportedError"]

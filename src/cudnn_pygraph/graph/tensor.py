@@ -1,0 +1,225 @@
+"""Tensor: one declared operand or intermediate of a graph.
+
+dims/strides are sealed tuples; every write goes through the owning graph, which refuses
+it once the graph is frozen and otherwise drops a validation the write invalidates.
+"User-set" is tracked per field: only a caller's own dims/strides count as declared (the
+spec's output layout contract); what shape inference fills in is provisional.
+"""
+
+from .._types import data_type, tensor_reordering
+
+# torch dtype names -> ours, matched on str(dtype) so torch is never imported here.
+_FRAMEWORK_DTYPES = {
+    "torch.float32": data_type.FLOAT,
+    "torch.float": data_type.FLOAT,
+    "torch.float64": data_type.DOUBLE,
+    "torch.float16": data_type.HALF,
+    "torch.half": data_type.HALF,
+    "torch.bfloat16": data_type.BFLOAT16,
+    "torch.int8": data_type.INT8,
+    "torch.uint8": data_type.UINT8,
+    "torch.int32": data_type.INT32,
+    "torch.int64": data_type.INT64,
+    "torch.bool": data_type.BOOLEAN,
+    "torch.float8_e4m3fn": data_type.FP8_E4M3,
+    "torch.float8_e5m2": data_type.FP8_E5M2,
+    "torch.float8_e8m0fnu": data_type.FP8_E8M0,
+    "torch.float4_e2m1fn_x2": data_type.FP4_E2M1,
+}
+
+
+def to_data_type(value, what="data_type"):
+    """Our data_type from a data_type, its int value, its name, or a torch dtype."""
+    if isinstance(value, data_type):
+        return value
+    if isinstance(value, bool):
+        raise TypeError(f"{what}: expected a data_type, got {value!r}")
+    if isinstance(value, int):
+        return data_type(value)
+    if isinstance(value, str) and value in data_type.__members__:
+        return data_type[value]
+    found = _FRAMEWORK_DTYPES.get(str(value))
+    if found is None:
+        raise TypeError(f"{what}: {value!r} is not a data type cuDNN knows")
+    return found
+
+
+def to_int_tuple(value, what):
+    """dims/strides as a sealed tuple of ints (accepts lists, tuples, torch.Size)."""
+    try:
+        out = tuple(int(v) for v in value)
+    except TypeError:
+        raise TypeError(f"{what}: expected a sequence of ints, got {value!r}") from None
+    return out
+
+
+def row_major_strides(dim):
+    strides, acc = [], 1
+    for d in reversed(dim):
+        strides.append(acc)
+        acc *= max(int(d), 1)
+    return tuple(reversed(strides))
+
+
+class Tensor:
+    """A tensor of a pygraph. Readable always; writable until the graph freezes."""
+
+    _FIELDS = (
+        "name",
+        "dim",
+        "stride",
+        "data_type",
+        "is_virtual",
+        "is_pass_by_value",
+        "ragged_offset",
+        "reordering_type",
+        "uid",
+        "ragged_offset_multiplier",
+    )
+
+    def __init__(self, graph, uid, name, dim=(), stride=(), dtype=data_type.NOT_SET):
+        d = self.__dict__  # construction bypasses the write guard
+        d["_graph"] = graph
+        d["_fields"] = {
+            "name": name,
+            "dim": tuple(dim),
+            "stride": tuple(stride),
+            "data_type": dtype,
+            "is_virtual": False,
+            "is_pass_by_value": False,
+            "ragged_offset": None,
+            "reordering_type": tensor_reordering.NONE,
+            "uid": uid,
+            "ragged_offset_multiplier": 1,
+        }
+        # Which fields the CALLER set (declared) rather than inference (provisional).
+        d["_user_set"] = set()
+        d["producer"] = None  # the Node that writes this tensor, None for graph inputs
+        d["value"] = None  # a pass-by-value scalar's value
+
+    # ------------------------------------------------------------ reading
+    def __getattr__(self, item):
+        fields = self.__dict__.get("_fields")
+        if fields is not None and item in fields:
+            return fields[item]
+        raise AttributeError(f"Tensor has no attribute {item!r}")
+
+    def is_user_set(self, field):
+        return field in self._user_set
+
+    @property
+    def graph(self):
+        return self._graph
+
+    def get_name(self):
+        return self.name
+
+    def get_dim(self):
+        return list(self.dim)
+
+    def get_stride(self):
+        return list(self.stride)
+
+    def get_data_type(self):
+        return self.data_type
+
+    def get_uid(self):
+        return self.uid
+
+    def get_is_virtual(self):
+        return self.is_virtual
+
+    def get_is_pass_by_value(self):
+        return self.is_pass_by_value
+
+    def get_ragged_offset(self):
+        return self.ragged_offset
+
+    def get_ragged_offset_multiplier(self):
+        return self.ragged_offset_multiplier
+
+    def get_reordering_type(self):
+        return self.reordering_type
+
+    def __repr__(self):
+        dims = "x".join(str(d) for d in self.dim) or "?"
+        return f"Tensor(%{self.name} uid={self.uid} {self.data_type.name}[{dims}])"
+
+    # ------------------------------------------------------------ writing
+    def __setattr__(self, item, value):
+        if item not in self._FIELDS:
+            raise AttributeError(f"Tensor has no settable attribute {item!r}")
+        self._set(item, value)
+
+    def _set(self, field, value):
+        self._graph._state.require_mutable(f"setting {field} of tensor %{self.name}")
+        value = _coerce(field, value, self)
+        if field == "uid":
+            self._graph._claim_uid(self, value)
+        self._fields[field] = value
+        self._user_set.add(field)
+        self._graph._state.on_mutation(self._graph)
+        return self
+
+    def _infer(self, field, value):
+        """Inference writes a provisional value; it never overrides the caller's."""
+        if field not in self._user_set:
+            self._fields[field] = value
+
+    def set_name(self, name):
+        return self._set("name", name)
+
+    def set_dim(self, dim):
+        return self._set("dim", dim)
+
+    def set_stride(self, stride):
+        return self._set("stride", stride)
+
+    def set_data_type(self, dtype):
+        return self._set("data_type", dtype)
+
+    def set_uid(self, uid):
+        return self._set("uid", uid)
+
+    def set_is_virtual(self, flag):
+        return self._set("is_virtual", flag)
+
+    def set_output(self, flag):
+        """Classic: an output the caller binds a buffer to is not virtual."""
+        return self._set("is_virtual", not flag)
+
+    def set_is_pass_by_value(self, flag):
+        return self._set("is_pass_by_value", flag)
+
+    def set_ragged_offset(self, offset):
+        return self._set("ragged_offset", offset)
+
+    def set_ragged_offset_multiplier(self, mult):
+        return self._set("ragged_offset_multiplier", mult)
+
+    def set_reordering_type(self, reordering):
+        return self._set("reordering_type", reordering)
+
+
+def _coerce(field, value, tensor):
+    if field in ("dim", "stride"):
+        return to_int_tuple(value, f"tensor %{tensor.name}: {field}")
+    if field == "data_type":
+        return to_data_type(value, f"tensor %{tensor.name}: data_type")
+    if field in ("is_virtual", "is_pass_by_value"):
+        return bool(value)
+    if field == "reordering_type":
+        return tensor_reordering(value)
+    if field in ("uid", "ragged_offset_multiplier"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"tensor %{tensor.name}: {field} must be an int, got {value!r}")
+        if field == "uid" and value < 0:
+            raise ValueError(f"tensor %{tensor.name}: uid must be >= 0, got {value}")
+        return value
+    if field == "ragged_offset":
+        if value is not None and not isinstance(value, Tensor):
+            raise TypeError(f"tensor %{tensor.name}: ragged_offset must be a Tensor or None")
+        return value
+    if field == "name":
+        return str(value)
+    return value

@@ -1,0 +1,69 @@
+"""Native semantic validation: every node's shape rule, applied in order, and the
+declaration checks on the graph's inputs. Raises the classic cudnnGraphNotSupportedError
+naming the node, the port and the rule; imports nothing heavy."""
+
+from .._types import cudnnGraphNotSupportedError, data_type
+from .opspec import ShapeError
+from .tensor import row_major_strides
+
+
+def apply_inference(node, strict):
+    """Run the node's shape rule and land what it infers on the outputs. With
+    strict=False (while building) a rule that cannot answer yet leaves them alone."""
+    rule = node.spec.shape_rule
+    try:
+        inferred = rule(node) if rule is not None else {}
+    except ShapeError:
+        if strict:
+            raise
+        return
+    except (TypeError, IndexError, KeyError, AttributeError):
+        if strict:  # a declaration the rule could not read (e.g. no dims yet)
+            raise ShapeError(f"{node.op} node '{node.name}': inputs are not fully declared")
+        return
+    for port, info in inferred.items():
+        t = node.outputs.get(port)
+        if t is None:
+            continue
+        if t.is_user_set("dim"):
+            if strict and tuple(t.dim) != tuple(info.dim):
+                node.fail(port, f"declared dims {list(t.dim)} but the op produces {list(info.dim)}")
+        else:
+            t._infer("dim", tuple(info.dim))
+        if not t.is_user_set("stride"):
+            t._infer("stride", row_major_strides(t.dim))
+        if info.data_type is not None and not t.is_user_set("data_type"):
+            t._infer("data_type", info.data_type)
+
+
+def check_declaration(graph, tensor):
+    """A graph input (no producer) must be fully declared."""
+    if tensor.is_pass_by_value:
+        return
+    where = f"tensor %{tensor.name} (uid {tensor.uid})"
+    if not tensor.dim:
+        raise cudnnGraphNotSupportedError(f"{where}: dims are not set")
+    if len(tensor.stride) != len(tensor.dim):
+        raise cudnnGraphNotSupportedError(
+            f"{where}: {len(tensor.stride)} strides for {len(tensor.dim)} dims"
+        )
+    if any(d <= 0 for d in tensor.dim):
+        raise cudnnGraphNotSupportedError(f"{where}: dims must be positive, got {list(tensor.dim)}")
+    if tensor.data_type == data_type.NOT_SET and graph.io_data_type == data_type.NOT_SET:
+        raise cudnnGraphNotSupportedError(f"{where}: data_type is not set (nor the graph's io_data_type)")
+
+
+def validate_graph(graph):
+    if not graph.nodes:
+        raise cudnnGraphNotSupportedError(f"graph '{graph.name}' has no nodes")
+    for t in graph.tensors:
+        if t.producer is None:
+            if not t.is_user_set("data_type"):  # the graph's io type may have changed
+                t._infer("data_type", graph.io_data_type)
+            check_declaration(graph, t)
+    for node in graph.nodes:
+        apply_inference(node, strict=True)
+    for t in graph.tensors:  # outputs whose dtype nothing inferred take the graph's
+        if t.data_type == data_type.NOT_SET:
+            fallback = graph.intermediate_data_type if t.is_virtual else graph.io_data_type
+            t._infer("data_type", fallback)

@@ -1,0 +1,1 @@
+"""Planning: the manifest, engine ids, facts, ranking into ONE plan list, replay."""

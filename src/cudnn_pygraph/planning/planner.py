@@ -1,0 +1,294 @@
+"""The dispatch tree (spec: "The dispatch tree"), in order:
+
+  validate() -> finalize backend layout -> freeze -> attach facts
+  -> rank(candidates, backend entries, modes) = graph.plans, ONE list
+
+and the plan list's life after that: build_plans() walks it from the selected index and
+takes the first entry that builds; select_plan() pins; execute() runs the selected plan.
+Every entry has an executor, a python engine or the backend adapter, reached the same
+way (no special case for the backend)."""
+
+import dataclasses
+import logging
+import os
+
+from .._types import (
+    GraphStateError,
+    build_plan_policy,
+    cudnnGraphNotSupportedError,
+    heur_mode,
+    knob_type,
+)
+from ..engines.base import DECLINE_ERRORS, BuildContext, PlanConfig
+from ..graph import lifecycle
+from . import engine_ids, facts, heuristics, manifest
+
+log = logging.getLogger("cudnn_pygraph")
+if os.environ.get("CUDNN_PYGRAPH_LOG"):
+    logging.basicConfig()
+    log.setLevel(os.environ["CUDNN_PYGRAPH_LOG"].upper())
+
+
+@dataclasses.dataclass
+class Verdict:
+    """One candidate engine's answer for one graph."""
+
+    engine_id: int
+    name: str
+    accepted: bool
+    reason: str = ""
+
+    def __str__(self):
+        mark = "accepts" if self.accepted else "declines"
+        return f"{self.name} [{self.engine_id}] {mark}" + (f": {self.reason}" if self.reason else "")
+
+
+# ---------------------------------------------------------------- validation
+def after_native_validation(graph):
+    """validate()'s second half. A python-only graph, or one its family validated
+    natively with a python engine as a candidate, stays open (mutable until planning);
+    any other graph is lowered now when the backend is installed (the classic error
+    timing) and frozen."""
+    family = manifest.family_for(graph)
+    if _is_python_only(graph) or _natively_validated(graph, family):
+        graph.__dict__["_state"] = lifecycle.ValidatedOpen()
+        return
+    from ..backend import adapter
+
+    adapter.lower_for_validation(graph)  # no-op without the backend; raises its verdict
+    graph._freeze()
+
+
+def _is_python_only(graph):
+    return any(n.spec.backend_method is None for n in graph.nodes)
+
+
+def _natively_validated(graph, family):
+    if family is None or family.validator is None or not family.offered_slots():
+        return False
+    return bool(manifest.resolve(family.validator)(graph))
+
+
+# ---------------------------------------------------------------- candidates
+def candidate_verdicts(graph, family):
+    """Instantiate the family's offered engines and ask each check_support(graph)."""
+    verdicts, accepted = [], {}
+    if family is None:
+        return verdicts, accepted
+    offered = family.offered_slots()
+    for slot in family.slots:
+        eid = family.engine_id(slot)
+        if slot not in offered:
+            verdicts.append(Verdict(eid, slot.name, False, f"opt-in engine: set {manifest.OPT_IN_ENV}=1"))
+            continue
+        try:
+            engine = manifest.instantiate(family, slot)
+            engine.check_support(graph)
+        except DECLINE_ERRORS as exc:
+            verdicts.append(Verdict(eid, slot.name, False, str(exc) or type(exc).__name__))
+            log.info("engine %s declined graph '%s': %s", slot.name, graph.name, exc)
+            continue
+        accepted[eid] = engine
+        verdicts.append(Verdict(eid, slot.name, True))
+    return verdicts, accepted
+
+
+def _prepare(graph):
+    """validate -> finalize backend layout -> freeze -> attach facts."""
+    if graph._planning is not None:
+        raise GraphStateError("create_execution_plans() was already called: plan a new graph "
+                              "to plan differently, or switch plans with select_plan()")
+    graph.validate()
+    from ..backend import adapter
+
+    backend_decline = adapter.finalize_layout(graph)
+    graph._freeze()
+    family = manifest.family_for(graph)
+    record_facts = facts.family_facts(graph, family)
+    return family, record_facts, backend_decline, adapter
+
+
+def create_execution_plans(graph, modes):
+    modes = [heur_mode(m) for m in modes]
+    family, record_facts, backend_decline, adapter = _prepare(graph)
+    verdicts, accepted = candidate_verdicts(graph, family)
+    backend = adapter.BACKEND
+    backend_entries, backend_outcome = backend.plan_entries(graph, modes)
+    hook = manifest.resolve(family.heuristics) if family and family.heuristics and accepted else None
+    plans = heuristics.rank(graph, hook, record_facts, accepted, backend_entries, modes)
+    record = PlanningRecord(graph, family, accepted, backend, plans, verdicts, backend_outcome, backend_decline)
+    graph.__dict__["_planning"] = record
+    graph.__dict__["_state"] = lifecycle.Planned()
+    if not plans:
+        raise cudnnGraphNotSupportedError(
+            f"no plan for graph '{graph.name}': " + record.why_empty()
+        )
+
+
+def create_execution_plan(graph, engine_id, public_knobs):
+    """Replay (engine_id, {knob_type: int}) exactly: the one plan it names."""
+    knobs = {knob_type(int(k)): int(v) for k, v in _checked_knobs(public_knobs).items()}
+    family, _, backend_decline, adapter = _prepare(graph)
+    backend = adapter.BACKEND
+    if engine_ids.is_backend_id(engine_id):
+        plan = backend.replay_entry(graph, engine_id, knobs)
+        accepted, verdicts = {}, []
+    else:
+        fam, slot = manifest.engine_for_id(engine_id)
+        if family is None or fam.name != family.name:
+            raise cudnnGraphNotSupportedError(
+                f"engine id {engine_id} ({slot.name}) belongs to family '{fam.name}', "
+                f"not this graph's ({family.name if family else 'none'})"
+            )
+        engine = manifest.instantiate(fam, slot)
+        try:
+            engine.check_support(graph)
+        except DECLINE_ERRORS as exc:
+            raise cudnnGraphNotSupportedError(f"{slot.name} [{engine_id}] declines this graph: {exc}") from exc
+        plan = PlanConfig(engine_id, engine.knobs_from_public(knobs))
+        accepted, verdicts = {engine_id: engine}, [Verdict(engine_id, slot.name, True)]
+    record = PlanningRecord(graph, family, accepted, backend, [plan], verdicts, {}, backend_decline)
+    graph.__dict__["_planning"] = record
+    graph.__dict__["_state"] = lifecycle.Planned()
+
+
+def _checked_knobs(public):
+    for k in public:
+        try:
+            knob_type(int(k))
+        except (ValueError, TypeError):
+            raise ValueError(f"create_execution_plan(): {k!r} is not a knob_type") from None
+    return public
+
+
+def build_plans(graph, policy):
+    graph._require_planning().build_plans(policy)
+
+
+# ---------------------------------------------------------------- the plan list
+class PlanningRecord:
+    def __init__(self, graph, family, accepted, backend, plans, verdicts, backend_outcome, backend_decline):
+        self.graph = graph
+        self.family = family
+        self.engines = accepted  # {engine_id: engine}
+        self.backend = backend
+        self.plans = plans
+        self.verdicts = verdicts
+        self.backend_outcome = backend_outcome  # {heur_mode: "ok" | reason}
+        self.backend_decline = backend_decline  # the layout-inference decline, or None
+        self.built = {}  # identity -> CompiledPlan
+        self.build_errors = {}  # identity -> reason
+        self.selected = None
+        self.pinned = False
+        self.deselected = set()
+
+    # ---- names and knobs
+    def _check_index(self, index):
+        if not isinstance(index, int) or not 0 <= index < len(self.plans):
+            raise IndexError(f"plan index {index!r} is out of range: the list has {len(self.plans)} plans")
+        return self.plans[index]
+
+    def executor(self, plan):
+        if engine_ids.is_backend_id(plan.engine_id):
+            return self.backend
+        return self.engines[plan.engine_id]
+
+    def plan_name(self, index):
+        plan = self._check_index(index)
+        ex = self.executor(plan)
+        knobs = ex.knobs_to_public(plan.knobs)
+        inner = ", ".join(f"{k.name}={v}" for k, v in sorted(knobs.items(), key=lambda kv: kv[0].name))
+        return f"{ex.plan_label(plan) if hasattr(ex, 'plan_label') else ex.name}[{inner}]"
+
+    def engine_and_knobs(self, index):
+        plan = self._check_index(index)
+        return plan.engine_id, dict(self.executor(plan).knobs_to_public(plan.knobs))
+
+    # ---- building
+    def build_at(self, index):
+        plan = self._check_index(index)
+        compiled = self.built.get(plan.identity)
+        if compiled is None:
+            ctx = BuildContext(facts.graph_device(self.graph))
+            compiled = self.executor(plan).build_plan(self.graph, plan, ctx)
+            self.built[plan.identity] = compiled
+        return compiled
+
+    def select(self, index):
+        self._check_index(index)
+        self.selected, self.pinned = index, True
+
+    def deselect_engines(self, names):
+        self.deselected.update(names)
+
+    def build_plans(self, policy=None):
+        """Walk the list from the selected index and take the first entry that builds (a
+        decline advances); a pinned plan builds or raises. policy ALL builds every
+        entry from there (an autotuner's step)."""
+        policy = build_plan_policy.HEURISTICS_CHOICE if policy is None else build_plan_policy(policy)
+        start = self.selected if self.selected is not None else 0
+        indices = [start] if self.pinned else range(start, len(self.plans))
+        first_built, reasons = None, []
+        for index in indices:
+            name = self.plan_name(index)
+            if name.split("[")[0] in self.deselected:
+                reasons.append(f"#{index} {name}: deselected")
+                continue
+            try:
+                self.build_at(index)
+            except DECLINE_ERRORS as exc:
+                self.build_errors[self.plans[index].identity] = str(exc)
+                if self.pinned:
+                    raise cudnnGraphNotSupportedError(f"pinned plan #{index} {name} does not build: {exc}") from exc
+                reasons.append(f"#{index} {name}: {exc}")
+                continue
+            if first_built is None:
+                first_built = index
+            if policy is build_plan_policy.HEURISTICS_CHOICE:
+                break
+        if first_built is None:
+            raise cudnnGraphNotSupportedError("no plan builds: " + "; ".join(reasons))
+        self.selected = first_built
+        self.graph.__dict__["_state"] = lifecycle.Built()
+
+    def workspace_size_at(self, index):
+        return self.build_at(index).workspace_size
+
+    def workspace_size(self):
+        if self.selected is None:
+            raise GraphStateError("get_workspace_size(): build_plans() first")
+        return self.workspace_size_at(self.selected)
+
+    # ---- execution
+    def execute(self, variant_pack, workspace, handle, override_uids=None, override_shapes=None,
+                override_strides=None, index=None):
+        from ..runtime.execute import run_plan
+
+        if index is None:
+            if self.selected is None or self.plans[self.selected].identity not in self.built:
+                raise GraphStateError("execute(): no built plan selected; call build_plans() first")
+            index = self.selected
+        compiled = self.build_at(index) if index != self.selected else self.built[self.plans[index].identity]
+        overrides = (override_uids, override_shapes, override_strides)
+        return run_plan(self, compiled, variant_pack, workspace, handle, overrides)
+
+    # ---- explanation
+    def explain(self):
+        lines = [f"graph '{self.graph.name}': family {self.family.name if self.family else 'none (backend only)'}"]
+        lines += [f"  {v}" for v in self.verdicts] or ["  no python engine is a candidate"]
+        for mode, outcome in self.backend_outcome.items():
+            lines.append(f"  backend {heur_mode(mode).name}: {outcome}")
+        if self.backend_decline:
+            lines.append(f"  backend layout inference: {self.backend_decline}")
+        lines.append("plans:")
+        for i in range(len(self.plans)):
+            mark = "*" if i == self.selected else " "
+            lines.append(f" {mark}#{i} {self.plan_name(i)}  engine_id={self.plans[i].engine_id}")
+        return "\n".join(lines)
+
+    def why_empty(self):
+        parts = [str(v) for v in self.verdicts] or ["no python engine serves this kind of graph"]
+        parts += [f"backend {heur_mode(m).name}: {o}" for m, o in self.backend_outcome.items()]
+        if self.backend_decline:
+            parts.append(f"backend: {self.backend_decline}")
+        return "; ".join(parts)

@@ -1,0 +1,1 @@
+"""Execution: the variant pack (native), handles and streams, running a plan."""

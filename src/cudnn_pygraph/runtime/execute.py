@@ -1,0 +1,87 @@
+"""graph.execute(): the caller's operands normalized ONCE into a VariantPack at the top,
+then the plan's execute reads the pack. Nothing below this module branches on what the
+caller's objects are."""
+
+from .._types import ELEMENT_BITS, data_type
+from ..engines.base import ExecutionContext
+from .handle import resolve_stream
+
+
+class GraphLayout:
+    """The graph's operand slots (uid ascending) and their declaration, computed once.
+
+    The operand order has one source: for a python-only graph every wired port (is_virtual
+    there speaks of the backend's lowering, not of what the caller binds: a gdn graph's
+    O is virtual and the caller still passes it); for any other graph the non-virtual
+    tensors the caller fills (pass-by-value scalars are filled by the graph itself), which
+    is exactly the lowered graph's variant-pack template."""
+
+    def __init__(self, graph):
+        from .variant_pack import DeclaredLayout
+
+        python_only = any(n.spec.backend_method is None for n in graph.nodes)
+        required = set()
+        if python_only:
+            slots = set()
+            for node in graph.nodes:
+                for p in node.spec.ports:
+                    t = node.inputs.get(p.name)
+                    if t is not None:
+                        slots.add(t)
+                        if p.required:
+                            required.add(t.uid)
+                for t in node.output_tensors():
+                    slots.add(t)
+                    required.add(t.uid)
+            tensors = sorted(slots, key=lambda t: t.uid)
+        else:
+            tensors = [t for t in sorted(graph.tensors, key=lambda t: t.uid)
+                       if not t.is_virtual and not t.is_pass_by_value]
+            required = {t.uid for t in tensors}
+        self.tensors = tensors
+        self.position = {t.uid: i for i, t in enumerate(tensors)}
+        self.required = [i for i, t in enumerate(tensors) if t.uid in required]
+        self.declared = DeclaredLayout(
+            [(t.uid, t.dim, t.stride, int(t.data_type), _bits(t.data_type)) for t in tensors]
+        )
+
+    def pack(self, variant_pack):
+        from .variant_pack import VariantPack
+
+        objects = [None] * len(self.tensors)
+        position = self.position
+        for key, obj in variant_pack.items():
+            uid = key if type(key) is int else getattr(key, "uid", key)
+            pos = position.get(uid)
+            if pos is None:
+                raise ValueError(f"variant pack: uid {uid!r} is not an operand of this graph "
+                                 f"(operands: {sorted(position)})")
+            objects[pos] = obj
+        for i in self.required:
+            if objects[i] is None:
+                t = self.tensors[i]
+                raise ValueError(f"variant pack: missing operand %{t.name} (uid {t.uid})")
+        return VariantPack.from_objects(self.declared, objects)
+
+
+def _bits(dtype):
+    return ELEMENT_BITS.get(data_type(dtype), 8)
+
+
+def run_plan(record, compiled, variant_pack, workspace, handle, overrides):
+    layout = record.__dict__.get("layout")
+    if layout is None:
+        layout = record.layout = GraphLayout(record.graph)
+    pack = layout.pack(variant_pack)
+    override_uids, override_shapes, override_strides = overrides
+    if override_uids:
+        if not compiled.supports_overrides:
+            raise ValueError(
+                "override_shapes/override_strides: this python plan is compiled for the "
+                "declared shapes; build a graph for the new shapes (or use a backend plan)"
+            )
+        for i, uid in enumerate(override_uids):
+            pack.override(uid, override_shapes[i], override_strides[i])
+    graph = record.graph
+    ctx = ExecutionContext(handle, resolve_stream(handle, graph), workspace, None)
+    compiled.execute(graph, pack, ctx)
