@@ -358,6 +358,13 @@ class pygraph:  # noqa: N801 — the classic public name
     def execute_plan_at_index(self, variant_pack, workspace, index, handle=None):
         return self._require_planning().execute(variant_pack, workspace, handle, index=index)
 
+    def autotune(self, variant_pack, workspace=None, handle=None, **options):
+        """Build every plan in the list, time each, select the fastest and record
+        (engine_id, knobs) in the persistent autotune cache (planning/autotune.py)."""
+        from ..planning.autotune import autotune
+
+        return autotune(self, variant_pack, workspace, handle, **options)
+
     def key(self):
         from ..backend import adapter
 
