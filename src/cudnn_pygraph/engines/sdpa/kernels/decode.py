@@ -1,0 +1,239 @@
+"""Flash-decoding in Triton: a few query tokens per request over a long, paged K/V cache.
+
+Decode is bound by reading K/V once, so one program serves every query head of one kv head
+(GQA packed: the group's rows x the query tokens form the tile's M axis) and SPLIT_KV
+programs share one request's keys when batch x kv heads alone would not fill the GPU. With
+SPLIT_KV > 1 each program writes an fp32 partial output and its base-2 log-sum-exp to a
+workspace and a second launch merges them, each weighted by exp2(lse_i - max lse).
+
+Paged cache (chosen layout): K and V are logical [num_pages, page_size, H_kv, D] (the
+vLLM / FlashInfer "NHD" page) under ANY strides, so the "HND" page [num_pages, H_kv,
+page_size, D] is the permuted view ``cache.permute(0, 2, 1, 3)``. page_table [B, max_pages]
+int32 maps a request's logical page to a physical one; seq_len_kv [B] int32 is each
+request's length, read on the device. Queries are the last seq_q positions of the request
+(the causal option is bottom-right aligned).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .knobs import SUPPORTED_HEAD_DIMS, SdpaDecodeKnobs
+from .prefill import LOG2E, _check, _flat_lengths
+
+
+@triton.jit(do_not_specialize=["seq_q", "num_heads_q", "stride_lb", "stride_lh", "stride_ls"])
+def _sdpa_decode_kernel(
+    Q, KC, VC, PAGE_TABLE, SEQLEN_KV, O, LSE, O_PART, LSE_PART,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_kp, stride_kt, stride_kh, stride_kd,
+    stride_vp, stride_vt, stride_vh, stride_vd,
+    stride_pb, stride_pp,
+    stride_ob, stride_oh, stride_os, stride_od,
+    stride_lb, stride_lh, stride_ls,
+    seq_q, num_heads_q, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, SPLIT_KV: tl.constexpr,
+    CAUSAL: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    kv_head = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    split = tl.program_id(2)
+    seqlen = tl.load(SEQLEN_KV + pid_b)
+
+    rows = tl.arange(0, BLOCK_M)
+    q_pos = rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    row_ok = q_pos < seq_q
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    b64 = pid_b.to(tl.int64)
+    q_ptrs = (Q + b64 * stride_qb + q_pos[:, None] * stride_qs + head[:, None] * stride_qh
+              + offs_d[None, :] * stride_qd)
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+
+    # This split's key range, in whole TILE_N steps so a step never straddles two splits.
+    chunk = tl.cdiv(tl.cdiv(seqlen, SPLIT_KV), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(seqlen, start + chunk)
+    q_pos_aligned = q_pos + seqlen - seq_q
+    table = PAGE_TABLE + b64 * stride_pb
+    k_head = KC + kv_head * stride_kh
+    v_head = VC + kv_head * stride_vh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + offs_n
+        in_kv = cols < end
+        if BLOCK_N <= PAGE_SIZE:
+            # The step lies inside one page: one page-table read, contiguous tokens.
+            page = tl.load(table + (start_n // PAGE_SIZE) * stride_pp).to(tl.int64)
+            tok = (start_n % PAGE_SIZE) + offs_n
+            k_rows = page * stride_kp + tok * stride_kt
+            v_rows = page * stride_vp + tok * stride_vt
+        else:
+            pages = tl.load(table + (cols // PAGE_SIZE) * stride_pp, mask=in_kv, other=0)
+            pages = pages.to(tl.int64)
+            tok = cols % PAGE_SIZE
+            k_rows = pages * stride_kp + tok * stride_kt
+            v_rows = pages * stride_vp + tok * stride_vt
+        k_t = tl.load(k_head + k_rows[None, :] + offs_d[:, None] * stride_kd,
+                      mask=in_kv[None, :], other=0.0)
+        s = tl.dot(q, k_t) * qk_scale
+        keep = in_kv[None, :]
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= q_pos_aligned[:, None])
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_ref[:, None])
+        alpha = tl.math.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_head + v_rows[:, None] + offs_d[None, :] * stride_vd,
+                    mask=in_kv[:, None], other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+
+    seen = l_i > 0.0
+    l_ref = tl.where(seen, l_i, 1.0)
+    out = acc / l_ref[:, None]
+    lse2 = tl.where(seen, m_i + tl.math.log2(l_ref), float("-inf"))
+    if SPLIT_KV == 1:
+        o_ptrs = (O + b64 * stride_ob + q_pos[:, None] * stride_os + head[:, None] * stride_oh
+                  + offs_d[None, :] * stride_od)
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+        if WRITE_LSE:
+            tl.store(LSE + b64 * stride_lb + head * stride_lh + q_pos * stride_ls,
+                     lse2 * 0.6931471805599453, mask=row_ok)
+    else:
+        # Workspace rows are (b, head, q_pos, split), contiguous; D innermost for O_PART.
+        part = ((b64 * num_heads_q + head) * seq_q + q_pos) * SPLIT_KV + split
+        tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
+        tl.store(LSE_PART + part, lse2, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["seq_q", "num_heads_q", "stride_lb", "stride_lh", "stride_ls"])
+def _sdpa_decode_combine_kernel(
+    O_PART, LSE_PART, O, LSE,
+    stride_ob, stride_oh, stride_os, stride_od,
+    stride_lb, stride_lh, stride_ls,
+    seq_q, num_heads_q,
+    HEAD_DIM: tl.constexpr, SPLIT_KV: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    row = tl.program_id(0)  # head * seq_q + q_pos
+    pid_b = tl.program_id(1)
+    head = row // seq_q
+    q_pos = row % seq_q
+    b64 = pid_b.to(tl.int64)
+    part = (b64 * num_heads_q * seq_q + row) * SPLIT_KV + tl.arange(0, SPLIT_KV)
+    lse = tl.load(LSE_PART + part)
+    m = tl.max(lse, 0)
+    m_ref = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2(lse - m_ref)
+    total = tl.sum(w, 0)
+    offs_d = tl.arange(0, HEAD_DIM)
+    o = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :])
+    out = tl.sum(o * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(O + b64 * stride_ob + head * stride_oh + q_pos * stride_os + offs_d * stride_od,
+             out.to(O.dtype.element_ty))
+    if WRITE_LSE:
+        lse_out = tl.where(total > 0.0, (m_ref + tl.math.log2(total)) * 0.6931471805599453,
+                           float("-inf"))
+        tl.store(LSE + b64 * stride_lb + head * stride_lh + q_pos * stride_ls, lse_out)
+
+
+def decode_workspace_numel(batch: int, heads_q: int, seq_q: int, head_dim: int,
+                           knobs: SdpaDecodeKnobs) -> int:
+    """fp32 elements the split-KV partials need (0 when SPLIT_KV == 1)."""
+    if knobs.SPLIT_KV == 1:
+        return 0
+    return batch * heads_q * seq_q * knobs.SPLIT_KV * (head_dim + 1)
+
+
+def sdpa_decode(
+    q, k_cache, v_cache, page_table, seq_len_kv, out, *,
+    attn_scale: float,
+    knobs: SdpaDecodeKnobs,
+    causal: bool = False,
+    stats=None,
+    workspace=None,
+) -> None:
+    """Paged flash-decoding: out = softmax(attn_scale * q k^T) v over each request's pages.
+
+    q, out: [B, Hq, Sq, D], any strides (Sq small: the rows GROUP x Sq form one tile).
+    k_cache, v_cache: [num_pages, page_size, Hkv, D], any strides. page_table: int32
+    [B, max_pages]. seq_len_kv: int32 [B] (or [B, 1, 1, 1]), read on the device.
+    causal: query t of Sq sees keys <= seq_len_kv - Sq + t (bottom-right). stats: fp32
+    natural-log LSE [B, Hq, Sq(, 1)]. workspace: fp32, >= decode_workspace_numel(...)
+    elements, needed when SPLIT_KV > 1 (allocated here if omitted; pass one to keep a
+    CUDA graph's memory fixed).
+    """
+    import torch
+
+    tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "out": out}
+    for name, t in tensors.items():
+        _check(t.dim() == 4, f"{name}: expected rank 4, got shape {tuple(t.shape)}")
+        _check(t.dtype == q.dtype, f"{name}: dtype {t.dtype} differs from q's {q.dtype}")
+        _check(t.device == q.device, f"{name}: device {t.device} differs from q's {q.device}")
+    _check(q.dtype in (torch.float16, torch.bfloat16, torch.float32),
+           f"q: dtype must be float16, bfloat16 or float32, got {q.dtype}")
+    batch, heads_q, seq_q, head_dim = q.shape
+    _check(head_dim in SUPPORTED_HEAD_DIMS, f"q: head dim {head_dim} not in {SUPPORTED_HEAD_DIMS}")
+    _check(out.shape == q.shape, f"out: shape {tuple(out.shape)} must equal q's {tuple(q.shape)}")
+    _check(k_cache.shape == v_cache.shape,
+           f"v_cache: shape {tuple(v_cache.shape)} must equal k_cache's {tuple(k_cache.shape)}")
+    _, page_size, heads_kv, cache_d = k_cache.shape
+    _check(cache_d == head_dim, f"k_cache: head dim {cache_d} differs from q's {head_dim}")
+    _check(page_size > 0 and page_size & (page_size - 1) == 0,
+           f"k_cache: page size {page_size} must be a power of two")
+    _check(heads_kv > 0 and heads_q % heads_kv == 0,
+           f"k_cache: kv heads {heads_kv} must divide q heads {heads_q}")
+    group = heads_q // heads_kv
+    _check(page_table.dtype == torch.int32 and page_table.dim() == 2
+           and page_table.shape[0] == batch,
+           f"page_table: must be int32 [B={batch}, max_pages], got {page_table.dtype} "
+           f"{tuple(page_table.shape)}")
+    lengths = _flat_lengths(seq_len_kv, "seq_len_kv", batch)
+    block_m = max(16, triton.next_power_of_2(group * seq_q))
+    _check(block_m <= 128, f"q: {group} heads per kv head x {seq_q} tokens exceeds one tile (128)")
+    l_strides = (0, 0, 0)
+    if stats is not None:
+        _check(stats.dtype == torch.float32, f"stats: dtype must be float32, got {stats.dtype}")
+        _check(stats.dim() in (3, 4) and tuple(stats.shape[:3]) == (batch, heads_q, seq_q),
+               f"stats: must be [B, Hq, Sq, 1], got {tuple(stats.shape)}")
+        l_strides = (stats.stride(0), stats.stride(1), stats.stride(2))
+    split = knobs.SPLIT_KV
+    need = decode_workspace_numel(batch, heads_q, seq_q, head_dim, knobs)
+    if split > 1:
+        if workspace is None:
+            workspace = torch.empty(need, dtype=torch.float32, device=q.device)
+        _check(workspace.dtype == torch.float32 and workspace.numel() >= need
+               and workspace.is_contiguous(),
+               f"workspace: needs {need} contiguous float32 elements")
+        o_part = workspace[: batch * heads_q * seq_q * split * head_dim]
+        lse_part = workspace[batch * heads_q * seq_q * split * head_dim: need]
+    else:
+        o_part = lse_part = out  # never read (SPLIT_KV == 1 writes out directly)
+    if batch == 0 or seq_q == 0:
+        return
+    lse_arg = stats if stats is not None else out
+    _sdpa_decode_kernel[(heads_kv, batch, split)](
+        q, k_cache, v_cache, page_table, lengths, out, lse_arg, o_part, lse_part,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *page_table.stride(),
+        *out.stride(), *l_strides,
+        seq_q, heads_q, float(attn_scale) * LOG2E,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=knobs.TILE_N, PAGE_SIZE=page_size,
+        GROUP=group, SPLIT_KV=split, CAUSAL=causal, WRITE_LSE=stats is not None,
+        num_warps=knobs.NUM_WARPS, num_stages=knobs.NUM_STAGES,
+    )
+    if split > 1:
+        _sdpa_decode_combine_kernel[(heads_q * seq_q, batch)](
+            o_part, lse_part, out, lse_arg, *out.stride(), *l_strides, seq_q, heads_q,
+            HEAD_DIM=head_dim, SPLIT_KV=split, WRITE_LSE=stats is not None, num_warps=4,
+        )
+
+
+__all__ = ["sdpa_decode", "decode_workspace_numel"]

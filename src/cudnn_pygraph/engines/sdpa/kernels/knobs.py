@@ -1,0 +1,73 @@
+"""The tuning knobs of the SDPA forward kernels, as frozen records.
+
+Knobs are performance-only: every value computes the same function, so an autotuner may
+pick freely. Names follow the public knob vocabulary (TILE_M, TILE_N, NUM_STAGES,
+NUM_WARPS, PACK_GQA, SPLIT_KV); the engine converts them at the public boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Head dims the kernels compile for. Powers of two because the tile's D axis is a
+# Triton block (tl.arange needs a power of two); 16 and 32 exist for small CPU tests.
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
+# Page sizes of the paged K/V cache the decode kernel is tested with (any power of two works).
+SUPPORTED_PAGE_SIZES = (16, 32, 64, 128)
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+@dataclass(frozen=True)
+class SdpaFwdKnobs:
+    """Prefill kernel config.
+
+    TILE_M: query rows per program (with PACK_GQA, rows of the packed (seq x group) axis).
+    TILE_N: keys per inner-loop step. NUM_STAGES / NUM_WARPS: Triton's pipelining depth
+    and warps per program. PACK_GQA: one program serves all query heads of one kv head,
+    so a K/V tile is loaded once for the whole group.
+    """
+
+    TILE_M: int = 128
+    TILE_N: int = 64
+    NUM_STAGES: int = 2
+    NUM_WARPS: int = 8
+    PACK_GQA: bool = False
+
+    def __post_init__(self):
+        for name in ("TILE_M", "TILE_N"):
+            value = getattr(self, name)
+            if not (_is_pow2(value) and 16 <= value <= 256):
+                raise ValueError(f"SdpaFwdKnobs.{name}={value}: must be a power of two in 16..256")
+        if self.NUM_WARPS not in (1, 2, 4, 8, 16):
+            raise ValueError(f"SdpaFwdKnobs.NUM_WARPS={self.NUM_WARPS}: must be 1, 2, 4, 8 or 16")
+        if not 1 <= self.NUM_STAGES <= 6:
+            raise ValueError(f"SdpaFwdKnobs.NUM_STAGES={self.NUM_STAGES}: must be in 1..6")
+
+
+@dataclass(frozen=True)
+class SdpaDecodeKnobs:
+    """Decode (paged, split-KV) kernel config.
+
+    TILE_N: keys per inner-loop step (may span several pages or part of one).
+    SPLIT_KV: programs that share one request's keys; >1 adds a combine launch that merges
+    the partial results weighted by their log-sum-exp. The query heads of one kv head are
+    always packed into one program (decode is bound by reading K/V once).
+    """
+
+    TILE_N: int = 64
+    SPLIT_KV: int = 1
+    NUM_STAGES: int = 2
+    NUM_WARPS: int = 4
+
+    def __post_init__(self):
+        if not (_is_pow2(self.TILE_N) and 16 <= self.TILE_N <= 256):
+            raise ValueError(f"SdpaDecodeKnobs.TILE_N={self.TILE_N}: must be a power of two in 16..256")
+        if not (_is_pow2(self.SPLIT_KV) and self.SPLIT_KV <= 64):
+            raise ValueError(f"SdpaDecodeKnobs.SPLIT_KV={self.SPLIT_KV}: must be a power of two <= 64")
+        if self.NUM_WARPS not in (1, 2, 4, 8, 16):
+            raise ValueError(f"SdpaDecodeKnobs.NUM_WARPS={self.NUM_WARPS}: must be 1, 2, 4, 8 or 16")
+        if not 1 <= self.NUM_STAGES <= 6:
+            raise ValueError(f"SdpaDecodeKnobs.NUM_STAGES={self.NUM_STAGES}: must be in 1..6")

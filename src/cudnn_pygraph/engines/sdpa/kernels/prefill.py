@@ -1,0 +1,420 @@
+"""Flash-attention forward (prefill) in Triton: O = softmax(scale * Q K^T + mask) V.
+
+One program owns TILE_M query rows of one (batch, head) and walks the keys it can see in
+TILE_N steps with the online softmax (running max m, running sum l, fp32 accumulator).
+The softmax runs in base 2: log2(e) is folded into the scale so each step costs one exp2.
+
+Layout classes (compile-time): dense [B, H, S, D] under any strides (BHSD and BSHD are the
+same dims with different strides), and THD: packed tokens [T, H, D] with per-batch ragged
+offsets ([B + 1], cu_seqlens-style) for Q and for K/V. Batch, head counts, sequence
+lengths and token totals are runtime arguments and are excluded from Triton's value
+specialisation, so serving shapes with different b / qh / kh reuse one compiled kernel.
+Compile-time: D, dtypes, which mask terms exist, the GQA ratio, PACK_GQA, layout class.
+
+Masks are one diagonal band: a row at query position i (shifted by s_kv - s_q when the
+diagonal is aligned bottom-right) sees key j when  i' - window_left <= j <= i' + window_right.
+Causal is window_right = 0 with no left bound. Padding comes from per-batch seq_len tensors.
+Each program splits its key range into tiles that need no mask at all (every row sees every
+key) and the few edge tiles that do, so the causal diagonal and the tails pay for masking
+and the bulk does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+
+from .knobs import SUPPORTED_HEAD_DIMS, SdpaFwdKnobs
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@dataclass(frozen=True)
+class AttnMask:
+    """The diagonal-band mask, in key positions relative to the (aligned) diagonal.
+
+    window_left=None: no left bound. window_right=None: no right bound; 0 is causal.
+    Row i' (= i, or i + s_kv - s_q when bottom_right) sees keys j with
+    i' - window_left <= j <= i' + window_right. cuDNN's diagonal_band_left_bound L
+    (``j > i' - L``) is window_left = L - 1.
+    """
+
+    window_left: int | None = None
+    window_right: int | None = None
+    bottom_right: bool = False
+
+    @staticmethod
+    def causal(bottom_right: bool = False) -> "AttnMask":
+        return AttnMask(window_left=None, window_right=0, bottom_right=bottom_right)
+
+    def __post_init__(self):
+        for name in ("window_left", "window_right"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"AttnMask.{name}={value}: must be >= 0 or None")
+
+
+@triton.jit
+def _attend(
+    acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+    start, end, qk_scale, q_pos_aligned, seqlen_kv, window_left, window_right,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+):
+    """Online-softmax steps over keys [start, end), TILE_N at a time (start is aligned)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + offs_n
+        if MASKED:
+            in_kv = cols < seqlen_kv
+            k_t = tl.load(k_ptrs + start_n * stride_kn, mask=in_kv[None, :], other=0.0)
+        else:
+            k_t = tl.load(k_ptrs + start_n * stride_kn)
+        s = tl.dot(q, k_t)
+        if MASKED:
+            keep = in_kv[None, :]
+            if HAS_RIGHT:
+                keep = keep & (cols[None, :] <= q_pos_aligned[:, None] + window_right)
+            if HAS_LEFT:
+                keep = keep & (cols[None, :] >= q_pos_aligned[:, None] - window_left)
+            s = tl.where(keep, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # A row that has seen no key yet keeps m = -inf; exp2(-inf - -inf) would be NaN.
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - m_ref[:, None])
+            alpha = tl.math.exp2(m_i - m_ref)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            p = tl.math.exp2(s * qk_scale - m_new[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if MASKED:
+            v = tl.load(v_ptrs + start_n * stride_vn, mask=in_kv[:, None], other=0.0)
+        else:
+            v = tl.load(v_ptrs + start_n * stride_vn)
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit(
+    do_not_specialize=[
+        "seq_q", "seq_kv", "num_m_tiles", "window_left", "window_right",
+        "stride_lb", "stride_lh", "stride_ls",
+    ]
+)
+def _sdpa_fwd_kernel(
+    Q, K, V, O, LSE, SEQLEN_Q, SEQLEN_KV, OFFS_Q, OFFS_KV,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_ob, stride_oh, stride_os, stride_od,
+    stride_lb, stride_lh, stride_ls,
+    q_off_mul, k_off_mul, v_off_mul, o_off_mul, l_off_mul,
+    seq_q, seq_kv, num_m_tiles, qk_scale, window_left, window_right,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, PACK_GQA: tl.constexpr, IS_THD: tl.constexpr,
+    HAS_SEQLEN_Q: tl.constexpr, HAS_SEQLEN_KV: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    WRITE_LSE: tl.constexpr, LSE_PACKED: tl.constexpr,
+):
+    if HAS_RIGHT:
+        # Causal-like masks: the last query tiles see the most keys; launch them first.
+        pid_m = num_m_tiles - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    pid_b = tl.program_id(2)
+
+    # Per-batch lengths and base offsets (int64: token totals times strides can pass 2^31).
+    if IS_THD:
+        q_start = tl.load(OFFS_Q + pid_b).to(tl.int64)
+        kv_start = tl.load(OFFS_KV + pid_b).to(tl.int64)
+        q_base = q_start * q_off_mul
+        k_base = kv_start * k_off_mul
+        v_base = kv_start * v_off_mul
+        o_base = q_start * o_off_mul
+        if HAS_SEQLEN_Q:
+            seqlen_q = tl.load(SEQLEN_Q + pid_b)
+        else:
+            seqlen_q = (tl.load(OFFS_Q + pid_b + 1) - q_start).to(tl.int32)
+        if HAS_SEQLEN_KV:
+            seqlen_kv = tl.load(SEQLEN_KV + pid_b)
+        else:
+            seqlen_kv = (tl.load(OFFS_KV + pid_b + 1) - kv_start).to(tl.int32)
+    else:
+        b64 = pid_b.to(tl.int64)
+        q_base = b64 * stride_qb
+        k_base = b64 * stride_kb
+        v_base = b64 * stride_vb
+        o_base = b64 * stride_ob
+        if HAS_SEQLEN_Q:
+            seqlen_q = tl.minimum(tl.load(SEQLEN_Q + pid_b), seq_q)
+        else:
+            seqlen_q = seq_q
+        if HAS_SEQLEN_KV:
+            seqlen_kv = tl.minimum(tl.load(SEQLEN_KV + pid_b), seq_kv)
+        else:
+            seqlen_kv = seq_kv
+
+    row0 = pid_m * BLOCK_M
+    rows = row0 + tl.arange(0, BLOCK_M)
+    if PACK_GQA:
+        # Rows enumerate (query position, head within the group); one kv head per program.
+        q_pos = rows // GROUP
+        head = pid_h * GROUP + rows % GROUP
+        kv_head = pid_h
+        q_first = row0 // GROUP
+        q_last = (row0 + BLOCK_M - 1) // GROUP
+    else:
+        q_pos = rows
+        head = pid_h + tl.zeros([BLOCK_M], dtype=tl.int32)
+        kv_head = pid_h // GROUP
+        q_first = row0
+        q_last = row0 + BLOCK_M - 1
+    if q_first >= seqlen_q:
+        return
+    q_last = tl.minimum(q_last, seqlen_q - 1)
+    row_ok = q_pos < seqlen_q
+
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    q_ptrs = (Q + q_base + q_pos[:, None] * stride_qs + head[:, None] * stride_qh
+              + offs_d[None, :] * stride_qd)
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    k_ptrs = (K + k_base + kv_head * stride_kh + offs_n[None, :] * stride_ks
+              + offs_d[:, None] * stride_kd)
+    v_ptrs = (V + v_base + kv_head * stride_vh + offs_n[:, None] * stride_vs
+              + offs_d[None, :] * stride_vd)
+
+    # Key range of this tile, split into masked edges and an unmasked middle.
+    if BOTTOM_RIGHT:
+        shift = seqlen_kv - seqlen_q
+    else:
+        shift = 0
+    q_pos_aligned = q_pos + shift
+    lo = 0
+    full_lo = 0
+    if HAS_LEFT:
+        lo = tl.maximum(q_first + shift - window_left, 0)
+        full_lo = tl.maximum(q_last + shift - window_left, 0)
+    hi = seqlen_kv
+    full_hi = seqlen_kv
+    if HAS_RIGHT:
+        hi = tl.maximum(tl.minimum(q_last + shift + window_right + 1, seqlen_kv), 0)
+        full_hi = tl.maximum(tl.minimum(q_first + shift + window_right + 1, seqlen_kv), 0)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    hi_ceil = ((hi + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    full_start = ((full_lo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    full_end = (full_hi // BLOCK_N) * BLOCK_N
+    mid_start = tl.minimum(tl.maximum(full_start, lo), hi_ceil)
+    mid_end = tl.minimum(tl.maximum(full_end, mid_start), hi_ceil)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc, l_i, m_i = _attend(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, lo, mid_start, qk_scale,
+        q_pos_aligned, seqlen_kv, window_left, window_right,
+        BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
+    )
+    acc, l_i, m_i = _attend(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, mid_start, mid_end, qk_scale,
+        q_pos_aligned, seqlen_kv, window_left, window_right,
+        BLOCK_N, False, HAS_LEFT, HAS_RIGHT,
+    )
+    acc, l_i, m_i = _attend(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, mid_end, hi, qk_scale,
+        q_pos_aligned, seqlen_kv, window_left, window_right,
+        BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
+    )
+
+    # A row that saw no key (empty kv, band outside the sequence) outputs 0 and LSE -inf.
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    o_ptrs = (O + o_base + q_pos[:, None] * stride_os + head[:, None] * stride_oh
+              + offs_d[None, :] * stride_od)
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    if WRITE_LSE:
+        lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
+                       float("-inf"))
+        if LSE_PACKED:
+            l_base = q_start * l_off_mul
+        else:
+            l_base = pid_b.to(tl.int64) * stride_lb
+        tl.store(LSE + l_base + head * stride_lh + q_pos * stride_ls, lse, mask=row_ok)
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(message)
+
+
+def _flat_lengths(t, name: str, batch: int):
+    """A per-batch int32 length tensor ([B] or [B, 1, 1, 1]) as a [B] view (no copy)."""
+    import torch
+
+    _check(t.dtype == torch.int32, f"{name}: dtype must be int32, got {t.dtype}")
+    _check(t.numel() == batch, f"{name}: must hold one length per batch ({batch}), got {t.numel()}")
+    flat = t.reshape(-1)
+    _check(flat.data_ptr() == t.data_ptr() and (batch == 1 or flat.stride(0) == 1),
+           f"{name}: must be contiguous")
+    return flat
+
+
+def sdpa_prefill(
+    q, k, v, out, *,
+    attn_scale: float,
+    knobs: SdpaFwdKnobs,
+    mask: AttnMask = AttnMask(),
+    stats=None,
+    seq_len_q=None,
+    seq_len_kv=None,
+    ragged_offsets_q=None,
+    ragged_offsets_kv=None,
+    max_seqlen_q: int | None = None,
+    offsets_unit: str = "tokens",
+) -> None:
+    """Write softmax(attn_scale * q k^T + mask) v into ``out`` (and log-sum-exp into ``stats``).
+
+    Dense: q, out [B, Hq, Sq, D]; k, v [B, Hkv, Skv, D]; any strides (BSHD is a permuted
+    view). THD (ragged_offsets_q/kv given, int32 [B + 1]): q, out [Tq, Hq, D]; k, v
+    [Tkv, Hkv, D]; max_seqlen_q (host int) sizes the grid. offsets_unit "tokens" (cu_seqlens)
+    or "elements" (cuDNN ragged offsets, one element offset for every tensor; then the
+    lengths come from seq_len_q / seq_len_kv). seq_len_q / seq_len_kv: int32 device
+    tensors, one length per batch (padding). Hq must be a multiple of Hkv (GQA / MQA).
+    stats: fp32 natural-log LSE, dense [B, Hq, Sq(, 1)]; THD packed [Tq, Hq(, 1)] or padded
+    [B, Hq, S_max, 1]. Rows past a sequence's length are not written. Reads no device value
+    on the host, so it is CUDA-graph capturable.
+    """
+    import torch
+
+    is_thd = ragged_offsets_q is not None or ragged_offsets_kv is not None
+    tensors = {"q": q, "k": k, "v": v, "out": out}
+    rank = 3 if is_thd else 4
+    for name, t in tensors.items():
+        _check(t.dim() == rank, f"{name}: expected rank {rank} ({'THD' if is_thd else 'BHSD'}), "
+               f"got shape {tuple(t.shape)}")
+        _check(t.dtype == q.dtype, f"{name}: dtype {t.dtype} differs from q's {q.dtype}")
+        _check(t.device == q.device, f"{name}: device {t.device} differs from q's {q.device}")
+    _check(q.dtype in (torch.float16, torch.bfloat16, torch.float32),
+           f"q: dtype must be float16, bfloat16 or float32, got {q.dtype}")
+    head_dim = q.shape[-1]
+    _check(head_dim in SUPPORTED_HEAD_DIMS, f"q: head dim {head_dim} not in {SUPPORTED_HEAD_DIMS}")
+    for name in ("k", "v", "out"):
+        _check(tensors[name].shape[-1] == head_dim,
+               f"{name}: head dim {tensors[name].shape[-1]} differs from q's {head_dim}")
+    _check(out.shape == q.shape, f"out: shape {tuple(out.shape)} must equal q's {tuple(q.shape)}")
+    _check(k.shape == v.shape, f"v: shape {tuple(v.shape)} must equal k's {tuple(k.shape)}")
+    h_axis = 1
+    heads_q, heads_kv = q.shape[h_axis], k.shape[h_axis]
+    _check(heads_kv > 0 and heads_q % heads_kv == 0,
+           f"k: kv heads {heads_kv} must divide q heads {heads_q}")
+    group = heads_q // heads_kv
+    _check(offsets_unit in ("tokens", "elements"),
+           f"offsets_unit: must be 'tokens' or 'elements', got {offsets_unit!r}")
+
+    if is_thd:
+        _check(ragged_offsets_q is not None and ragged_offsets_kv is not None,
+               "ragged_offsets_q / ragged_offsets_kv: THD needs both")
+        _check(max_seqlen_q is not None and max_seqlen_q >= 0,
+               "max_seqlen_q: THD needs the largest query length as a host int")
+        for name, t in (("ragged_offsets_q", ragged_offsets_q),
+                        ("ragged_offsets_kv", ragged_offsets_kv)):
+            _check(t.dtype in (torch.int32, torch.int64), f"{name}: dtype must be int32 or int64")
+            _check(t.dim() == 1 or t.numel() == t.shape[0],
+                   f"{name}: must be [B + 1] (or [B + 1, 1, 1, 1])")
+        offs_q = ragged_offsets_q.reshape(-1)
+        offs_kv = ragged_offsets_kv.reshape(-1)
+        _check(offs_q.numel() == offs_kv.numel() and offs_q.numel() >= 2,
+               "ragged_offsets_q / ragged_offsets_kv: need the same length B + 1 >= 2")
+        batch = offs_q.numel() - 1
+        if offsets_unit == "elements":
+            _check(seq_len_q is not None and seq_len_kv is not None,
+                   "seq_len_q / seq_len_kv: required with element ragged offsets")
+        seq_q, seq_kv = int(max_seqlen_q), 0
+        # [T, H, D] -> (batch stride unused, head, token, dim)
+        qs = (0, q.stride(1), q.stride(0), q.stride(2))
+        ks = (0, k.stride(1), k.stride(0), k.stride(2))
+        vs = (0, v.stride(1), v.stride(0), v.stride(2))
+        os_ = (0, out.stride(1), out.stride(0), out.stride(2))
+        if offsets_unit == "tokens":
+            muls = (q.stride(0), k.stride(0), v.stride(0), out.stride(0))
+        else:
+            muls = (1, 1, 1, 1)
+    else:
+        batch, _, seq_q, _ = q.shape
+        _check(k.shape[0] == batch, f"k: batch {k.shape[0]} differs from q's {batch}")
+        seq_kv = k.shape[2]
+        offs_q = offs_kv = q  # placeholders, never read (IS_THD is False)
+        qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), out.stride()
+        muls = (0, 0, 0, 0)
+
+    lse_packed = False
+    l_strides = (0, 0, 0)
+    l_mul = 0
+    if stats is not None:
+        _check(stats.dtype == torch.float32, f"stats: dtype must be float32, got {stats.dtype}")
+        _check(stats.device == q.device, "stats: must be on q's device")
+        if is_thd and stats.dim() in (2, 3):
+            lse_packed = True
+            _check(stats.shape[0] >= q.shape[0] and stats.shape[1] == heads_q,
+                   f"stats: packed THD stats must be [Tq, Hq(, 1)], got {tuple(stats.shape)}")
+            _check(offsets_unit == "tokens", "stats: packed THD stats need token offsets")
+            l_strides = (0, stats.stride(1), stats.stride(0))
+            l_mul = stats.stride(0)
+        else:
+            _check(stats.dim() in (3, 4) and stats.shape[0] == batch and stats.shape[1] == heads_q
+                   and stats.shape[2] >= seq_q and (stats.dim() == 3 or stats.shape[3] == 1),
+                   f"stats: must be [B, Hq, S, 1] with S >= {seq_q}, got {tuple(stats.shape)}")
+            l_strides = (stats.stride(0), stats.stride(1), stats.stride(2))
+
+    len_q = _flat_lengths(seq_len_q, "seq_len_q", batch) if seq_len_q is not None else offs_q
+    len_kv = _flat_lengths(seq_len_kv, "seq_len_kv", batch) if seq_len_kv is not None else offs_q
+
+    rows = seq_q * group if knobs.PACK_GQA else seq_q
+    num_m_tiles = triton.cdiv(rows, knobs.TILE_M)
+    grid = (num_m_tiles, heads_kv if knobs.PACK_GQA else heads_q, batch)
+    if num_m_tiles == 0 or batch == 0:
+        return
+    window_left = mask.window_left if mask.window_left is not None else 0
+    window_right = mask.window_right if mask.window_right is not None else 0
+    _sdpa_fwd_kernel[grid](
+        q, k, v, out, stats if stats is not None else out, len_q, len_kv, offs_q, offs_kv,
+        *qs, *ks, *vs, *os_, *l_strides,
+        *muls, l_mul,
+        seq_q, seq_kv, num_m_tiles, float(attn_scale) * LOG2E, window_left, window_right,
+        HEAD_DIM=head_dim, BLOCK_M=knobs.TILE_M, BLOCK_N=knobs.TILE_N,
+        GROUP=group, PACK_GQA=knobs.PACK_GQA, IS_THD=is_thd,
+        HAS_SEQLEN_Q=seq_len_q is not None, HAS_SEQLEN_KV=seq_len_kv is not None,
+        HAS_LEFT=mask.window_left is not None, HAS_RIGHT=mask.window_right is not None,
+        BOTTOM_RIGHT=mask.bottom_right, WRITE_LSE=stats is not None, LSE_PACKED=lse_packed,
+        num_warps=knobs.NUM_WARPS, num_stages=knobs.NUM_STAGES,
+    )
+
+
+def prefill_flops(heads: int, head_dim: int, seqlens_q, seqlens_kv, mask: AttnMask) -> float:
+    """Useful FLOPs of a forward (two matmuls, 2 flops per MAC), counting visible keys only.
+
+    seqlens_q / seqlens_kv: one length per sequence (a dense batch repeats its S).
+    """
+    visible = 0
+    for s_q, s_kv in zip(seqlens_q, seqlens_kv):
+        if mask.window_left is None and mask.window_right is None:
+            visible += s_q * s_kv
+            continue
+        shift = s_kv - s_q if mask.bottom_right else 0
+        for i in range(s_q):
+            lo = 0 if mask.window_left is None else max(0, i + shift - mask.window_left)
+            hi = s_kv - 1
+            if mask.window_right is not None:
+                hi = min(hi, i + shift + mask.window_right)
+            visible += max(0, hi - lo + 1)
+    return 4.0 * visible * head_dim * heads
+
+
+__all__ = ["AttnMask", "sdpa_prefill", "prefill_flops", "LOG2E", "LN2"]
