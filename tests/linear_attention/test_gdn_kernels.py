@@ -1,0 +1,324 @@
+"""The gdn Triton kernels against the float64 token-by-token reference, on CPU.
+
+Runs under TRITON_INTERPRET=1 (set here before triton is imported when no GPU is present)
+in fp32 (and fp16 for the forward); tiny shapes so the file stays well under a minute or
+two on two cores. Every attribute and the legal combinations the engine serves are a row of
+a table; every output and every gradient is compared with a named tolerance.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks  # noqa: E402
+from cudnn_pygraph.engines.linear_attention.kernels.gdn import (  # noqa: E402
+    gdn_backward,
+    gdn_forward,
+    gdn_workspace_bytes,
+)
+
+from reference import gdn_reference  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# ||out - ref|| / ||ref|| bounds, per tensor, for fp32 inputs (measured ~1e-7..1e-6).
+FP32_TOL = {"o": 2e-5, "final_state": 2e-5, "dq": 1e-4, "dk": 1e-4, "dv": 1e-4, "dg": 1e-4,
+            "dbeta": 1e-4, "d_initial_state": 1e-4, "d_a_log": 1e-4, "d_dt_bias": 1e-4}
+# fp16 inputs (fp16 products, fp32 accumulation): a few fp16 ulps.
+FP16_TOL = {"o": 5e-3, "final_state": 5e-3}
+
+SEQLENS = (5, 70, 0, 1)  # partial chunk, two chunks with a tail, empty, length-1
+
+
+def make_inputs(*, seqlens=SEQLENS, heads=(2, 2, 2), dim_k=64, dim_v=64, dtype=torch.float32,
+                use_beta_sigmoid=False, safe_gate=False, gate_domain="log", has_a_log=False,
+                has_dt_bias=False, use_qk_l2norm=True, with_state=True, cu_dtype=torch.int32,
+                seed=0):
+    """Fresh random inputs for one case: (tensors dict, cu_seqlens)."""
+    gen = torch.Generator().manual_seed(seed)
+    n_q, n_k, n_v = heads
+    n_out = max(n_q, n_v)
+    total_t = sum(seqlens)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    k = randn(total_t, n_k, dim_k)
+    if not use_qk_l2norm:  # keep the recurrence contractive without the normalization
+        k = k / k.norm(dim=-1, keepdim=True)
+    if safe_gate:
+        g = randn(total_t, n_out)
+    elif gate_domain == "linear":
+        g = torch.exp(-0.5 * torch.rand(total_t, n_out, generator=gen))
+    else:
+        g = -0.5 * torch.rand(total_t, n_out, generator=gen)
+    beta = randn(total_t, n_out) if use_beta_sigmoid else torch.rand(total_t, n_out,
+                                                                      generator=gen)
+    x = {
+        "q": randn(total_t, n_q, dim_k),
+        "k": k,
+        "v": randn(total_t, n_v, dim_v),
+        "g": g,
+        "beta": beta,
+        "initial_state": 0.3 * randn(len(seqlens), n_out, dim_v, dim_k) if with_state else None,
+        "a_log": 0.3 * randn(n_out) if has_a_log else None,
+        "dt_bias": 0.3 * randn(n_out) if has_dt_bias else None,
+    }
+    x = {n: (t.to(DEVICE) if t is not None else None) for n, t in x.items()}
+    for n in ("q", "k", "v"):
+        x[n] = x[n].to(dtype)
+    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=cu_dtype,
+                      device=DEVICE)
+    return x, cu
+
+
+def rel_err(out, ref):
+    ref = ref.double()
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def nan_like(t, dtype=None):
+    return torch.full_like(t, float("nan"), dtype=dtype)
+
+
+def reference_with_grads(x, cu, scale, attrs, d_o, d_final):
+    """Float64 reference outputs and autograd gradients of sum(O*dO) + sum(final*dfinal)."""
+    leaves = {n: t.double().requires_grad_() for n, t in x.items() if t is not None}
+    o, final = gdn_reference(leaves["q"], leaves["k"], leaves["v"], leaves["g"],
+                             leaves["beta"], cu, scale=scale,
+                             initial_state=leaves.get("initial_state"),
+                             a_log=leaves.get("a_log"), dt_bias=leaves.get("dt_bias"), **attrs)
+    loss = (o * d_o.double()).sum() + (final * d_final.double()).sum()
+    loss.backward()
+    return o.detach(), final.detach(), {n: t.grad for n, t in leaves.items()}
+
+
+def run_kernels(x, cu, scale, attrs, d_o, d_final, *, checkpoints=None, workspace=None):
+    """Our forward and backward on the same inputs, outputs poisoned before the calls."""
+    n_seqs = cu.numel() - 1
+    total_t, _, dim_k = x["q"].shape
+    n_out = x["g"].shape[1]
+    dim_v = x["v"].shape[2]
+    o = nan_like(x["q"].new_empty(total_t, n_out, dim_v))
+    final = torch.full((n_seqs, n_out, dim_v, dim_k), float("nan"), device=DEVICE)
+    gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=scale, o=o,
+                initial_state=x["initial_state"], final_state=final, a_log=x["a_log"],
+                dt_bias=x["dt_bias"], checkpoints=checkpoints, workspace=workspace, **attrs)
+    grads = {n: nan_like(t) for n, t in x.items() if t is not None}
+    gdn_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, d_o.to(x["q"].dtype),
+                 scale=scale, dq=grads["q"], dk=grads["k"], dv=grads["v"], dg=grads["g"],
+                 dbeta=grads["beta"], initial_state=x["initial_state"],
+                 d_final_state=d_final, d_initial_state=grads.get("initial_state"),
+                 d_a_log=grads.get("a_log"), d_dt_bias=grads.get("dt_bias"),
+                 a_log=x["a_log"], dt_bias=x["dt_bias"], checkpoints=checkpoints, **attrs)
+    return o, final, grads
+
+
+GRAD_NAMES = {"q": "dq", "k": "dk", "v": "dv", "g": "dg", "beta": "dbeta",
+              "initial_state": "d_initial_state", "a_log": "d_a_log", "dt_bias": "d_dt_bias"}
+
+# id -> (make_inputs options, op attributes)
+CASES = {
+    "plain-nol2": ({"use_qk_l2norm": False}, {}),
+    "l2norm": ({}, {"use_qk_l2norm": True}),
+    "no-state": ({"with_state": False}, {"use_qk_l2norm": True}),
+    "beta-sigmoid": ({"use_beta_sigmoid": True}, {"use_qk_l2norm": True,
+                                                  "use_beta_sigmoid": True}),
+    "neg-eigval": ({"use_beta_sigmoid": True}, {"use_qk_l2norm": True, "use_beta_sigmoid": True,
+                                                "allow_neg_eigval": True}),
+    "safe-gate-unit": ({"safe_gate": True}, {"use_qk_l2norm": True, "safe_gate": True}),
+    "safe-gate-alog-dtbias": ({"safe_gate": True, "has_a_log": True, "has_dt_bias": True},
+                              {"use_qk_l2norm": True, "safe_gate": True}),
+    "safe-gate-dtbias-only": ({"safe_gate": True, "has_dt_bias": True},
+                              {"safe_gate": True, "use_qk_l2norm": True}),
+    "linear-gate": ({"gate_domain": "linear"}, {"use_qk_l2norm": True, "gate_domain": "linear"}),
+    "group-q1-k1-v2": ({"heads": (1, 1, 2)}, {"use_qk_l2norm": True}),
+    "group-q1-k2-v2": ({"heads": (1, 2, 2)}, {"use_qk_l2norm": True}),
+    "group-q2-k2-v1": ({"heads": (2, 2, 1)}, {"use_qk_l2norm": True}),
+    "K128-V64-int64cu": ({"dim_k": 128, "dim_v": 64, "cu_dtype": torch.int64, "heads": (1, 1, 1)},
+                         {"use_qk_l2norm": True}),
+    "K64-V128": ({"dim_v": 128, "heads": (1, 1, 1), "seqlens": (70, 1)},
+                 {"use_qk_l2norm": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_forward_and_backward_match_float64_reference(case):
+    opts, attrs = CASES[case]
+    x, cu = make_inputs(**opts)
+    dim_k = x["q"].shape[2]
+    scale = dim_k**-0.5
+    total_t, n_out = x["g"].shape
+    gen = torch.Generator().manual_seed(1)
+    d_o = torch.randn(total_t, n_out, x["v"].shape[2], generator=gen).to(DEVICE)
+    d_final = torch.randn(cu.numel() - 1, n_out, x["v"].shape[2], dim_k, generator=gen)
+    d_final = d_final.to(DEVICE)
+    ref_o, ref_final, ref_grads = reference_with_grads(x, cu, scale, attrs, d_o, d_final)
+    o, final, grads = run_kernels(x, cu, scale, attrs, d_o, d_final)
+    errors = {"o": rel_err(o, ref_o), "final_state": rel_err(final, ref_final)}
+    for name, grad in grads.items():
+        errors[GRAD_NAMES[name]] = rel_err(grad, ref_grads[name])
+    bad = {n: e for n, e in errors.items() if not e <= FP32_TOL[n]}
+    assert not bad, f"relative errors above tolerance: {bad} (all: {errors})"
+
+
+def test_fp16_forward_matches_reference():
+    x, cu = make_inputs(dtype=torch.float16)
+    o = nan_like(x["q"].new_empty(x["q"].shape[0], 2, 64))
+    final = torch.full((4, 2, 64, 64), float("nan"), device=DEVICE)
+    gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o,
+                initial_state=x["initial_state"], final_state=final, use_qk_l2norm=True)
+    ref_o, ref_final = gdn_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125,
+                                     initial_state=x["initial_state"], use_qk_l2norm=True)
+    assert rel_err(o, ref_o) <= FP16_TOL["o"]
+    assert rel_err(final, ref_final) <= FP16_TOL["final_state"]
+
+
+def test_checkpoints_are_chunk_states_and_feed_the_backward():
+    x, cu = make_inputs()
+    attrs = {"use_qk_l2norm": True}
+    total_t = x["q"].shape[0]
+    n_chunks = max_chunks(total_t, cu.numel() - 1)
+    checkpoints = torch.full((n_chunks, 2, 64, 64), float("nan"), device=DEVICE)
+    gen = torch.Generator().manual_seed(2)
+    d_o = torch.randn(total_t, 2, 64, generator=gen).to(DEVICE)
+    d_final = torch.randn(4, 2, 64, 64, generator=gen).to(DEVICE)
+    plain = run_kernels(x, cu, 0.125, attrs, d_o, d_final)
+    with_ckpt = run_kernels(x, cu, 0.125, attrs, d_o, d_final, checkpoints=checkpoints)
+    # The second chunk of sequence 1 (tokens 5+64..) starts from the state after 64 tokens.
+    _, ref_state = gdn_reference(x["q"][5:69], x["k"][5:69], x["v"][5:69], x["g"][5:69],
+                                 x["beta"][5:69], torch.tensor([0, 64]), scale=0.125,
+                                 initial_state=x["initial_state"][1:2], use_qk_l2norm=True)
+    assert rel_err(checkpoints[2], ref_state[0]) <= FP32_TOL["final_state"]
+    torch.testing.assert_close(with_ckpt[0], plain[0], rtol=0, atol=0)
+    for name in plain[2]:
+        assert rel_err(with_ckpt[2][name], plain[2][name]) <= 1e-6, name
+
+
+def test_state_indices_with_padded_pool_and_overwrite():
+    x, cu = make_inputs()
+    n_pool, slot_pad = 7, 16  # a slot stride padded past the dense [HO, V, K] block
+    storage = torch.randn(n_pool, 2 * 64 * 64 + slot_pad, device=DEVICE)
+    pool = storage[:, : 2 * 64 * 64].view(n_pool, 2, 64, 64)
+    indices = torch.tensor([5, 0, 3, 6], dtype=torch.int32, device=DEVICE)
+    before = pool.clone()
+    padding_before = storage[:, 2 * 64 * 64:].clone()
+    o = nan_like(x["q"].new_empty(x["q"].shape[0], 2, 64))
+    gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o,
+                initial_state=pool, final_state=pool, state_indices=indices, use_qk_l2norm=True)
+    ref_o, ref_final = gdn_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125,
+                                     initial_state=before[indices.long()], use_qk_l2norm=True)
+    assert rel_err(o, ref_o) <= FP32_TOL["o"]
+    assert rel_err(pool[indices.long()], ref_final) <= FP32_TOL["final_state"]
+    untouched = [i for i in range(n_pool) if i not in indices.tolist()]
+    assert torch.equal(pool[untouched], before[untouched])
+    assert torch.equal(storage[:, 2 * 64 * 64:], padding_before)
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_overwrite_and_k_major_states_equal_distinct_buffers(state_dtype):
+    x, cu = make_inputs()
+    init = x["initial_state"].to(state_dtype)
+    o_ref = nan_like(x["q"].new_empty(x["q"].shape[0], 2, 64))
+    final_ref = torch.full_like(init, float("nan"))
+    gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o_ref,
+                initial_state=init, final_state=final_ref, use_qk_l2norm=True)
+    # One buffer, K-major ([N, HO, K, V] memory, declared [N, HO, V, K] by strides).
+    shared = init.transpose(2, 3).contiguous().transpose(2, 3)
+    o = nan_like(o_ref)
+    gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o,
+                initial_state=shared, final_state=shared, use_qk_l2norm=True)
+    assert torch.equal(o, o_ref)
+    assert torch.equal(shared, final_ref)
+
+
+def test_backward_state_gradient_alias_equals_distinct_buffers():
+    x, cu = make_inputs()
+    gen = torch.Generator().manual_seed(3)
+    d_o = torch.randn(x["q"].shape[0], 2, 64, generator=gen).to(DEVICE)
+    d_final = torch.randn(4, 2, 64, 64, generator=gen).to(DEVICE)
+    _, _, grads = run_kernels(x, cu, 0.125, {"use_qk_l2norm": True}, d_o, d_final)
+    shared = d_final.clone()
+    dummy = {n: nan_like(x[n]) for n in ("q", "k", "v", "g", "beta")}
+    gdn_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, d_o, scale=0.125,
+                 dq=dummy["q"], dk=dummy["k"], dv=dummy["v"], dg=dummy["g"],
+                 dbeta=dummy["beta"], initial_state=x["initial_state"], d_final_state=shared,
+                 d_initial_state=shared, use_qk_l2norm=True)
+    assert torch.equal(shared, grads["initial_state"])
+
+
+def test_batch_invariant_one_sequence_alone_equals_inside_batch():
+    x, cu = make_inputs(seqlens=(3, 70, 20))
+    attrs = {"use_qk_l2norm": True}
+    gen = torch.Generator().manual_seed(4)
+    d_o = torch.randn(93, 2, 64, generator=gen).to(DEVICE)
+    d_final = torch.randn(3, 2, 64, 64, generator=gen).to(DEVICE)
+    o, final, grads = run_kernels(x, cu, 0.125, attrs, d_o, d_final)
+    alone = {n: (t[3:73] if n not in ("initial_state", "a_log", "dt_bias") else t)
+             for n, t in x.items()}
+    alone["initial_state"] = x["initial_state"][1:2].contiguous()
+    alone = {n: (t.contiguous() if t is not None else None) for n, t in alone.items()}
+    cu1 = torch.tensor([0, 70], dtype=torch.int32, device=DEVICE)
+    o1, final1, grads1 = run_kernels(alone, cu1, 0.125, attrs, d_o[3:73].contiguous(),
+                                     d_final[1:2].contiguous())
+    assert torch.equal(o1, o[3:73])
+    assert torch.equal(final1[0], final[1])
+    for name in ("q", "k", "v", "g", "beta"):
+        assert torch.equal(grads1[name], grads[name][3:73]), name
+    assert torch.equal(grads1["initial_state"][0], grads["initial_state"][1])
+
+
+def test_all_sequences_empty():
+    x, cu = make_inputs(seqlens=(0, 0))
+    o = x["q"].new_empty(0, 2, 64)
+    final = torch.full((2, 2, 64, 64), float("nan"), device=DEVICE)
+    gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o,
+                initial_state=x["initial_state"], final_state=final)
+    assert torch.equal(final, x["initial_state"])
+
+
+def test_explicit_workspace_is_used_and_sized():
+    x, cu = make_inputs()
+    nbytes = gdn_workspace_bytes(76, 4, 2, 2, 2, 64, 64, torch.float32, backward=False)
+    with pytest.raises(ValueError, match="workspace"):
+        gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125,
+                    o=torch.empty(76, 2, 64, device=DEVICE),
+                    workspace=torch.empty(nbytes - 1, dtype=torch.uint8, device=DEVICE))
+    o = torch.full((76, 2, 64), float("nan"), device=DEVICE)
+    gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o,
+                workspace=torch.empty(nbytes, dtype=torch.uint8, device=DEVICE))
+    ref_o, _ = gdn_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125)
+    assert rel_err(o, ref_o) <= FP32_TOL["o"]
+
+
+BAD_INPUTS = {
+    "neg-eigval-without-sigmoid": ({"allow_neg_eigval": True}, "allow_neg_eigval"),
+    "a_log-without-safe-gate": ({"a_log": "tensor"}, "a_log"),
+    "safe-gate-linear": ({"safe_gate": True, "gate_domain": "linear"}, "safe_gate"),
+    "bad-gate-domain": ({"gate_domain": "exp"}, "gate_domain"),
+    "state-indices-without-initial": ({"state_indices": "indices"}, "state_indices"),
+    "wrong-dim": ({"q_dim": 32}, "K=32"),
+    "float64-cu": ({"cu_dtype": torch.float64}, "cu_seqlens"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS), ids=list(BAD_INPUTS))
+def test_bad_input_raises_naming_the_argument(case):
+    change, message = BAD_INPUTS[case]
+    x, cu = make_inputs(seqlens=(5,), dim_k=change.pop("q_dim", 64) if "q_dim" in change else 64)
+    change = dict(change)
+    if change.get("a_log") == "tensor":
+        change["a_log"] = torch.zeros(2, device=DEVICE)
+    if change.get("state_indices") == "indices":
+        change["state_indices"] = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    if "cu_dtype" in change:
+        cu = cu.to(change.pop("cu_dtype"))
+    o = torch.empty(5, 2, 64, device=DEVICE)
+    with pytest.raises(ValueError, match=message):
+        gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o, **change)
