@@ -144,8 +144,9 @@ class BaseEngine:
         raise NotImplementedError(f"{self.name}: build_plan not implemented")
 
     def default_plans(self, graph):
-        """The plan a family without a heuristics hook lists for this engine."""
-        return [PlanConfig(self.engine_id, self.knobs_from_public({}))]
+        """The plan a family without a heuristics hook lists for this engine: its knob
+        class's defaults, a complete config."""
+        return [PlanConfig(self.engine_id, self.knob_class() if self.knob_class else ())]
 
     # ---- knobs at the public boundary: {knob_type: int} <-> the engine's knob object
     def knobs_to_public(self, knobs):
