@@ -102,3 +102,58 @@ def gdn_reference(
         o = torch.zeros(0, n_out_heads, dim_v, dtype=torch.float64, device=q.device)
     final = torch.stack(finals) if finals else torch.zeros(0, n_out_heads, dim_v, dim_k)
     return o, final
+
+
+def gdn_reference_batched(q, k, v, g, beta, cu_seqlens, *, scale, initial_state=None,
+                          use_qk_l2norm=False, use_beta_sigmoid=False, allow_neg_eigval=False,
+                          safe_gate=False, a_log=None, dt_bias=None, gate_domain="log"):
+    """The same recurrence, vectorized over sequences and heads (one loop over time): for
+    real sizes on the GPU. Checked against gdn_reference on CPU (test_gdn_kernels.py)."""
+    q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
+    a_log = a_log.double() if a_log is not None else None
+    dt_bias = dt_bias.double() if dt_bias is not None else None
+    if use_qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+    total_t, n_q, dim_k = q.shape
+    n_v, dim_v = v.shape[1], v.shape[2]
+    n_out = max(n_q, n_v)
+    q = q.repeat_interleave(n_out // n_q, dim=1)
+    k = k.repeat_interleave(n_out // k.shape[1], dim=1)
+    v = v.repeat_interleave(n_out // n_v, dim=1)
+    gamma = torch.stack([
+        log_decay(g, h, gate_domain=gate_domain, safe_gate=safe_gate, a_log=a_log,
+                  dt_bias=dt_bias) for h in range(n_out)], dim=1)
+    b = torch.stack([
+        effective_beta(beta, h, use_beta_sigmoid=use_beta_sigmoid,
+                       allow_neg_eigval=allow_neg_eigval) for h in range(n_out)], dim=1)
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    n_seqs = len(bounds) - 1
+    lengths = [bounds[i + 1] - bounds[i] for i in range(n_seqs)]
+    t_max = max(lengths, default=0)
+    # Token index of (sequence, step), clamped; steps past a sequence's end are masked.
+    steps = torch.arange(t_max, device=q.device)
+    starts = torch.tensor(bounds[:-1], device=q.device)
+    lens = torch.tensor(lengths, device=q.device)
+    tok = (starts[:, None] + steps[None, :]).clamp(max=max(total_t - 1, 0))
+    live = steps[None, :] < lens[:, None]
+    if initial_state is not None:
+        s = initial_state.double().transpose(-1, -2)  # [N, HO, K, V]
+    else:
+        s = torch.zeros(n_seqs, n_out, dim_k, dim_v, dtype=torch.float64, device=q.device)
+    o = torch.zeros(total_t, n_out, dim_v, dtype=torch.float64, device=q.device)
+    outs = []
+    for t in range(t_max):
+        idx = tok[:, t]
+        m = live[:, t][:, None, None, None]
+        kt, vt, qt = k[idx], v[idx], q[idx]  # [N, HO, D]
+        bt = b[idx][..., None, None]
+        decayed = torch.exp(gamma[idx])[..., None, None] * s
+        kts = torch.einsum("nhk,nhkv->nhv", kt, decayed)
+        new = decayed + bt * kt[..., :, None] * (vt - kts)[..., None, :]
+        s = torch.where(m, new, s)
+        outs.append((idx, live[:, t], scale * torch.einsum("nhk,nhkv->nhv", qt, s)))
+    if outs:
+        rows = torch.cat([i[m] for i, m, _ in outs])
+        vals = torch.cat([x[m] for _, m, x in outs])
+        o = o.index_put((rows,), vals)
+    return o, s.transpose(-1, -2)

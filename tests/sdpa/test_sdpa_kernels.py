@@ -83,6 +83,7 @@ KNOBS = {
     "m16-n32": SdpaFwdKnobs(TILE_M=16, TILE_N=32, NUM_STAGES=1, NUM_WARPS=4),
     "m32-n16": SdpaFwdKnobs(TILE_M=32, TILE_N=16, NUM_STAGES=2, NUM_WARPS=4),
     "m64-n64": SdpaFwdKnobs(TILE_M=64, TILE_N=64, NUM_STAGES=2, NUM_WARPS=8),
+    "m16-n16-tma": SdpaFwdKnobs(TILE_M=16, TILE_N=16, NUM_STAGES=2, NUM_WARPS=4, TMA=True),
 }
 
 
@@ -169,19 +170,20 @@ def cu(lengths):
     return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device=DEVICE)
 
 
-@pytest.mark.parametrize("pack", [False, True], ids=["nopack", "pack"])
+@pytest.mark.parametrize("pack,tma", [(False, False), (True, False), (True, True)],
+                         ids=["nopack", "pack", "pack-tma"])
 @pytest.mark.parametrize("mask", [MASKS["none"], MASKS["causal-br"], MASKS["window-l5-r3"]],
                          ids=["none", "causal-br", "window-l5-r3"])
 @pytest.mark.parametrize("lens", THD_LENS.values(), ids=THD_LENS.keys())
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-def test_prefill_thd(lens, mask, pack, dtype):
+def test_prefill_thd(lens, mask, pack, tma, dtype):
     lens_q, lens_kv = lens
     hq, hkv, d = 4, 2, 32
     tq, tkv = sum(lens_q), sum(lens_kv)
     q, k, v = rand(tq, hq, d, dtype=dtype), rand(tkv, hkv, d, dtype=dtype), rand(tkv, hkv, d, dtype=dtype)
     out = nan_like(q)
     stats = torch.full((tq, hq, 1), float("nan"), device=DEVICE)  # packed stats
-    knobs = SdpaFwdKnobs(TILE_M=16, TILE_N=16, NUM_STAGES=1, NUM_WARPS=4, PACK_GQA=pack)
+    knobs = SdpaFwdKnobs(TILE_M=16, TILE_N=16, NUM_STAGES=1, NUM_WARPS=4, PACK_GQA=pack, TMA=tma)
     sdpa_prefill(q, k, v, out, attn_scale=0.3, knobs=knobs, mask=mask, stats=stats,
                  ragged_offsets_q=cu(lens_q), ragged_offsets_kv=cu(lens_kv),
                  max_seqlen_q=max(lens_q))

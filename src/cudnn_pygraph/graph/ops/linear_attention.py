@@ -230,9 +230,10 @@ def _infer_outputs(node, fam, kind, T, n, HO, K, V, nseq, state, state_dtype, io
     inp = node.inputs
     if kind == "":
         every = node.attrs["checkpoint_every_n_tokens"]
-        # Upper bound of checkpoints over all sequences: ceil(T / every) + N (each
-        # sequence's last partial span adds at most one). Slot j of sequence i is at
-        # row (cu_seqlens[i] // every) + i + j.
+        # One checkpoint per span of `every` tokens (the state at the span's start),
+        # sequences back to back: sequence i's j-th is at row sum_{m<i} ceil(T_m/every) + j.
+        # That count depends on cu_seqlens' values, so the declaration takes its bound
+        # from shapes alone: ceil(T / every) + N (each sequence rounds up by < 1 span).
         ckpt_rows = (-(-T * n // every) + nseq) if every else 0
         out = {"O": Inferred((T, HO, V), io), "final_state": Inferred(state, state_dtype)}
         if every:

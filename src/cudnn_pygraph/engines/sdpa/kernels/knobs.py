@@ -27,7 +27,9 @@ class SdpaFwdKnobs:
     TILE_M: query rows per program (with PACK_GQA, rows of the packed (seq x group) axis).
     TILE_N: keys per inner-loop step. NUM_STAGES / NUM_WARPS: Triton's pipelining depth
     and warps per program. PACK_GQA: one program serves all query heads of one kv head,
-    so a K/V tile is loaded once for the whole group.
+    so a K/V tile is loaded once for the whole group. TMA: load K/V tiles through Hopper
+    tensor descriptors (the copy engine) where the layout allows it (unit D stride, 16-byte
+    aligned strides, token ragged offsets); elsewhere the same kernel uses pointer loads.
     """
 
     TILE_M: int = 128
@@ -35,6 +37,7 @@ class SdpaFwdKnobs:
     NUM_STAGES: int = 2
     NUM_WARPS: int = 8
     PACK_GQA: bool = False
+    TMA: bool = False
 
     def __post_init__(self):
         for name in ("TILE_M", "TILE_N"):

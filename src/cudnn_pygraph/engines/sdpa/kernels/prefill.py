@@ -59,20 +59,27 @@ class AttnMask:
 
 @triton.jit
 def _attend(
-    acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+    acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
     start, end, qk_scale, q_pos_aligned, seqlen_kv, window_left, window_right,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, TMA: tl.constexpr,
 ):
-    """Online-softmax steps over keys [start, end), TILE_N at a time (start is aligned)."""
+    """Online-softmax steps over keys [start, end), TILE_N at a time (start is aligned).
+
+    k_src / v_src are tensor descriptors (TMA: rows past seqlen_kv read as zeros) or
+    pointer tiles ([D, TILE_N] for K, [TILE_N, D] for V).
+    """
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         if MASKED:
             in_kv = cols < seqlen_kv
-            k_t = tl.load(k_ptrs + start_n * stride_kn, mask=in_kv[None, :], other=0.0)
+        if TMA:
+            k_t = k_src.load([start_n, 0]).T
+        elif MASKED:
+            k_t = tl.load(k_src + start_n * stride_kn, mask=in_kv[None, :], other=0.0)
         else:
-            k_t = tl.load(k_ptrs + start_n * stride_kn)
+            k_t = tl.load(k_src + start_n * stride_kn)
         s = tl.dot(q, k_t)
         if MASKED:
             keep = in_kv[None, :]
@@ -92,10 +99,12 @@ def _attend(
             alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        if MASKED:
-            v = tl.load(v_ptrs + start_n * stride_vn, mask=in_kv[:, None], other=0.0)
+        if TMA:
+            v = v_src.load([start_n, 0])
+        elif MASKED:
+            v = tl.load(v_src + start_n * stride_vn, mask=in_kv[:, None], other=0.0)
         else:
-            v = tl.load(v_ptrs + start_n * stride_vn)
+            v = tl.load(v_src + start_n * stride_vn)
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
     return acc, l_i, m_i
@@ -120,7 +129,7 @@ def _sdpa_fwd_kernel(
     GROUP: tl.constexpr, PACK_GQA: tl.constexpr, IS_THD: tl.constexpr,
     HAS_SEQLEN_Q: tl.constexpr, HAS_SEQLEN_KV: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-    WRITE_LSE: tl.constexpr, LSE_PACKED: tl.constexpr,
+    WRITE_LSE: tl.constexpr, LSE_PACKED: tl.constexpr, TMA: tl.constexpr,
 ):
     if HAS_RIGHT:
         # Causal-like masks: the last query tiles see the most keys; launch them first.
@@ -186,10 +195,19 @@ def _sdpa_fwd_kernel(
     q_ptrs = (Q + q_base + q_pos[:, None] * stride_qs + head[:, None] * stride_qh
               + offs_d[None, :] * stride_qd)
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
-    k_ptrs = (K + k_base + kv_head * stride_kh + offs_n[None, :] * stride_ks
-              + offs_d[:, None] * stride_kd)
-    v_ptrs = (V + v_base + kv_head * stride_vh + offs_n[:, None] * stride_vs
-              + offs_d[None, :] * stride_vd)
+    if TMA:
+        # Hopper's copy engine: one descriptor per (batch, kv head) K and V, bounded by the
+        # sequence, so ragged tails need no masks on the loads (the launcher checked the
+        # 16-byte alignment rules and a unit D stride).
+        k_src = tl.make_tensor_descriptor(K + k_base + kv_head * stride_kh, shape=[seqlen_kv, HEAD_DIM],
+                                          strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
+        v_src = tl.make_tensor_descriptor(V + v_base + kv_head * stride_vh, shape=[seqlen_kv, HEAD_DIM],
+                                          strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    else:
+        k_src = (K + k_base + kv_head * stride_kh + offs_n[None, :] * stride_ks
+                 + offs_d[:, None] * stride_kd)
+        v_src = (V + v_base + kv_head * stride_vh + offs_n[:, None] * stride_vs
+                 + offs_d[None, :] * stride_vd)
 
     # Key range of this tile, split into masked edges and an unmasked middle.
     if BOTTOM_RIGHT:
@@ -218,19 +236,19 @@ def _sdpa_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     acc, l_i, m_i = _attend(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, lo, mid_start, qk_scale,
+        acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs, lo, mid_start, qk_scale,
         q_pos_aligned, seqlen_kv, window_left, window_right,
-        BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
+        BLOCK_N, True, HAS_LEFT, HAS_RIGHT, TMA,
     )
     acc, l_i, m_i = _attend(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, mid_start, mid_end, qk_scale,
+        acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs, mid_start, mid_end, qk_scale,
         q_pos_aligned, seqlen_kv, window_left, window_right,
-        BLOCK_N, False, HAS_LEFT, HAS_RIGHT,
+        BLOCK_N, False, HAS_LEFT, HAS_RIGHT, TMA,
     )
     acc, l_i, m_i = _attend(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, mid_end, hi, qk_scale,
+        acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs, mid_end, hi, qk_scale,
         q_pos_aligned, seqlen_kv, window_left, window_right,
-        BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
+        BLOCK_N, True, HAS_LEFT, HAS_RIGHT, TMA,
     )
 
     # A row that saw no key (empty kv, band outside the sequence) outputs 0 and LSE -inf.
@@ -264,6 +282,41 @@ def _flat_lengths(t, name: str, batch: int):
     _check(flat.data_ptr() == t.data_ptr() and (batch == 1 or flat.stride(0) == 1),
            f"{name}: must be contiguous")
     return flat
+
+
+def _tma_eligible(q, kv, offsets_unit: str) -> bool:
+    """Tensor descriptors need a unit D stride and 16-byte aligned bases and row strides.
+
+    Element ragged offsets are device values, so their alignment cannot be checked here:
+    those calls use pointer loads.
+    """
+    if offsets_unit != "tokens":
+        return False
+    for t in kv:
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        if any((st * size) % 16 for st in t.stride()[:-1]):
+            return False
+    return True
+
+
+_SCRATCH_INSTALLED = False
+
+
+def _install_scratch_allocator() -> None:
+    """Device-side descriptors live in a per-launch global scratch that Triton asks for."""
+    global _SCRATCH_INSTALLED
+    if _SCRATCH_INSTALLED:
+        return
+    import torch
+
+    def alloc(size: int, alignment: int, stream):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return torch.empty(size, dtype=torch.int8, device=device)
+
+    triton.set_allocator(alloc)
+    _SCRATCH_INSTALLED = True
 
 
 def sdpa_prefill(
@@ -381,6 +434,9 @@ def sdpa_prefill(
     grid = (num_m_tiles, heads_kv if knobs.PACK_GQA else heads_q, batch)
     if num_m_tiles == 0 or batch == 0:
         return
+    use_tma = knobs.TMA and _tma_eligible(q, (k, v), offsets_unit)
+    if use_tma:
+        _install_scratch_allocator()
     window_left = mask.window_left if mask.window_left is not None else 0
     window_right = mask.window_right if mask.window_right is not None else 0
     _sdpa_fwd_kernel[grid](
@@ -393,7 +449,7 @@ def sdpa_prefill(
         HAS_SEQLEN_Q=seq_len_q is not None, HAS_SEQLEN_KV=seq_len_kv is not None,
         HAS_LEFT=mask.window_left is not None, HAS_RIGHT=mask.window_right is not None,
         BOTTOM_RIGHT=mask.bottom_right, WRITE_LSE=stats is not None, LSE_PACKED=lse_packed,
-        num_warps=knobs.NUM_WARPS, num_stages=knobs.NUM_STAGES,
+        TMA=use_tma, num_warps=knobs.NUM_WARPS, num_stages=knobs.NUM_STAGES,
     )
 
 
