@@ -235,7 +235,10 @@ def _infer_outputs(node, fam, kind, T, n, HO, K, V, nseq, state, state_dtype, io
         # That count depends on cu_seqlens' values, so the declaration takes its bound
         # from shapes alone: ceil(T / every) + N (each sequence rounds up by < 1 span).
         ckpt_rows = (-(-T * n // every) + nseq) if every else 0
-        out = {"O": Inferred((T, HO, V), io), "final_state": Inferred(state, state_dtype)}
+        # With state_indices the final state goes to the indexed rows of a pool shaped
+        # like initial_state's (the pool itself under overwrite_initial_state).
+        final = tuple(inp["initial_state"].dim) if inp.get("state_indices") is not None else state
+        out = {"O": Inferred((T, HO, V), io), "final_state": Inferred(final, state_dtype)}
         if every:
             out["checkpoints"] = Inferred((ckpt_rows, HO, V, K), F32)
         return out

@@ -1,0 +1,336 @@
+"""torch custom ops for Gated DeltaNet over cached gdn / gdn_bwd graphs.
+
+`gated_delta_net(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+use_qk_l2norm_in_kernel, ...)` follows the public GDN kernels' conventions (q/k/v
+[B, T, H, D], B == 1 with cu_seqlens; the state [N, H, K, V] K-major), so a model swaps in
+by changing one import. Underneath it builds, once per DECLARATION (shapes, strides,
+dtypes, attributes, device — never the data), a gdn graph whose states are declared V-major
+[N, HO, V, K] over the caller's K-major memory (transposed strides: no copy), plans it,
+builds the first plan that builds and executes it on the caller's buffers. Registered with
+torch.library (fake implementations included) so torch.compile traces it; autograd runs
+the gdn_bwd graph.
+
+dtype normalization happens here, on the torch side: gate parameters a_log / dt_bias are
+read as fp32, a state outside fp32/bf16 is carried in fp32.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .. import heur_mode
+from ..graph.pygraph import pygraph
+from ..graph.tensor import to_data_type
+from ..runtime.handle import create_handle, set_stream
+
+_LOCK = threading.Lock()
+_GRAPHS: dict = {}
+_HANDLES: dict = {}
+
+
+class _Built:
+    """A built graph and the uid of each port, so a call binds buffers by name."""
+
+    def __init__(self, graph, ports):
+        self.graph = graph
+        self.uids = {name: t.uid for name, t in ports.items() if t is not None}
+        self.workspace_size = graph.get_workspace_size()
+
+    def run(self, buffers):
+        pack = {self.uids[name]: t for name, t in buffers.items() if t is not None}
+        device = next(iter(buffers.values())).device
+        workspace = None
+        if self.workspace_size:
+            workspace = torch.empty(self.workspace_size, dtype=torch.uint8, device=device)
+        self.graph.execute(pack, workspace, handle=_handle(device))
+
+
+def _handle(device):
+    if device.type != "cuda":
+        return None
+    h = _HANDLES.get(device.index)
+    if h is None:
+        h = _HANDLES[device.index] = create_handle(device.index or 0)
+    set_stream(h, torch.cuda.current_stream(device).cuda_stream)
+    return h
+
+
+def _signature(tensors, attrs):
+    parts = []
+    for t in tensors:
+        parts.append(None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device))
+    return (tuple(parts), tuple(sorted(attrs.items())))
+
+
+def _cached(kind, tensors, attrs, make):
+    key = (kind, _signature(tensors, attrs))
+    built = _GRAPHS.get(key)
+    if built is None:
+        with _LOCK:
+            built = _GRAPHS.get(key)
+            if built is None:
+                built = _GRAPHS[key] = make()
+    return built
+
+
+def _declare(g, t, name):
+    if t is None:
+        return None
+    return g.tensor(tuple(t.shape), t.stride(), to_data_type(t.dtype), name=name)
+
+
+def _plan(g):
+    g.create_execution_plans([heur_mode.A, heur_mode.FALLBACK])
+    g.build_plans()
+
+
+# ---------------------------------------------------------------- graph builders
+def _build_fwd(q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, attrs):
+    """A gdn graph declared over these buffers (idx: state_indices or None; ht: the final
+    state buffer or None)."""
+    gr = pygraph(name="gdn_fwd", io_data_type=to_data_type(v.dtype))
+    ins = {n: _declare(gr, t, n) for n, t in
+           dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu, initial_state=h0,
+                a_log=a_log, dt_bias=dt_bias, state_indices=idx).items()}
+    O, final, _ = gr.gdn(ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"], ins["cu_seqlens"],
+                         initial_state=ins["initial_state"], a_log=ins["a_log"],
+                         dt_bias=ins["dt_bias"], state_indices=ins["state_indices"], **attrs)
+    O.set_dim(o.shape).set_stride(o.stride()).set_output(True)
+    ports = dict(ins, O=O)
+    if final is not None:
+        final.set_dim(ht.shape).set_stride(ht.stride()).set_data_type(to_data_type(ht.dtype))
+        ports["final_state"] = final.set_output(True)
+    _plan(gr)
+    return _Built(gr, ports)
+
+
+def _build_bwd(q, k, v, g, beta, cu, do, h0, dht, a_log, dt_bias, attrs):
+    gr = pygraph(name="gdn_bwd", io_data_type=to_data_type(v.dtype))
+    ins = {n: _declare(gr, t, n) for n, t in
+           dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu, dO=do, initial_state=h0,
+                d_final_state=dht, a_log=a_log, dt_bias=dt_bias).items()}
+    outs = gr.gdn_bwd(ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"], ins["cu_seqlens"],
+                      ins["dO"], initial_state=ins["initial_state"],
+                      d_final_state=ins["d_final_state"], a_log=ins["a_log"],
+                      dt_bias=ins["dt_bias"], **attrs)
+    names = ("dQ", "dK", "dV", "dG", "dBeta", "d_initial_state", "d_a_log", "d_dt_bias")
+    ports = dict(ins)
+    for name, t in zip(names, outs):
+        if t is not None:
+            ports[name] = t.set_output(True)
+    _plan(gr)
+    return _Built(gr, ports)
+
+
+# ---------------------------------------------------------------- the custom ops
+def _attrs(scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+           batch_invariant):
+    return dict(scale=scale, use_qk_l2norm=use_qk_l2norm, use_beta_sigmoid=use_beta_sigmoid,
+                allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, gate_domain=gate_domain,
+                batch_invariant=batch_invariant)
+
+
+def _state_view(state):
+    """A K-major [N, H, K, V] state as the graph's V-major [N, H, V, K] declaration."""
+    return None if state is None else state.transpose(-1, -2)
+
+
+@torch.library.custom_op("cudnn_pygraph::gdn_fwd", mutates_args=())
+def _gdn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+             beta: torch.Tensor, cu_seqlens: torch.Tensor, initial_state: torch.Tensor | None,
+             a_log: torch.Tensor | None, dt_bias: torch.Tensor | None, scale: float,
+             output_final_state: bool, use_qk_l2norm: bool, use_beta_sigmoid: bool,
+             allow_neg_eigval: bool, safe_gate: bool, gate_domain: str,
+             batch_invariant: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    T, HV, V = v.shape
+    HO, K = max(q.shape[1], HV), k.shape[2]
+    N = cu_seqlens.shape[0] - 1
+    o = torch.empty(T, HO, V, dtype=v.dtype, device=v.device)
+    state_dtype = initial_state.dtype if initial_state is not None else torch.float32
+    ht = torch.empty(N if output_final_state else 0, HO, K, V, dtype=state_dtype, device=v.device)
+    attrs = _attrs(scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate,
+                   gate_domain, batch_invariant)
+    attrs["output_final_state"] = output_final_state
+    h0, ht_v = _state_view(initial_state), _state_view(ht) if output_final_state else None
+    tensors = (q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias, o, ht_v)
+    built = _cached("fwd", tensors, attrs, lambda: _build_fwd(
+        q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias, None, o, ht_v, attrs))
+    built.run(dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=h0,
+                   a_log=a_log, dt_bias=dt_bias, O=o, final_state=ht_v))
+    return o, ht
+
+
+@_gdn_fwd.register_fake
+def _(q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, scale, output_final_state,
+      use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, batch_invariant):
+    T, HV, V = v.shape
+    HO, K = max(q.shape[1], HV), k.shape[2]
+    N = cu_seqlens.shape[0] - 1
+    dtype = initial_state.dtype if initial_state is not None else torch.float32
+    return (v.new_empty(T, HO, V),
+            v.new_empty(N if output_final_state else 0, HO, K, V, dtype=dtype))
+
+
+@torch.library.custom_op("cudnn_pygraph::gdn_bwd", mutates_args=())
+def _gdn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+             beta: torch.Tensor, cu_seqlens: torch.Tensor, do: torch.Tensor,
+             initial_state: torch.Tensor | None, d_final_state: torch.Tensor | None,
+             a_log: torch.Tensor | None, dt_bias: torch.Tensor | None, scale: float,
+             use_qk_l2norm: bool, use_beta_sigmoid: bool, allow_neg_eigval: bool,
+             safe_gate: bool, gate_domain: str, batch_invariant: bool) -> list[torch.Tensor]:
+    attrs = _attrs(scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate,
+                   gate_domain, batch_invariant)
+    h0, dht = _state_view(initial_state), _state_view(d_final_state)
+    outs = {
+        "dQ": torch.empty_like(q), "dK": torch.empty_like(k), "dV": torch.empty_like(v),
+        "dG": torch.empty_like(g), "dBeta": torch.empty_like(beta),
+        "d_initial_state": torch.empty_like(initial_state) if initial_state is not None else None,
+        "d_a_log": torch.empty_like(a_log) if safe_gate and a_log is not None else None,
+        "d_dt_bias": torch.empty_like(dt_bias) if safe_gate and dt_bias is not None else None,
+    }
+    tensors = (q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias)
+    built = _cached("bwd", tensors, attrs, lambda: _build_bwd(
+        q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias, attrs))
+    d_h0 = _state_view(outs["d_initial_state"])
+    built.run(dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, dO=do,
+                   initial_state=h0, d_final_state=dht, a_log=a_log, dt_bias=dt_bias,
+                   dQ=outs["dQ"], dK=outs["dK"], dV=outs["dV"], dG=outs["dG"],
+                   dBeta=outs["dBeta"], d_initial_state=d_h0, d_a_log=outs["d_a_log"],
+                   d_dt_bias=outs["d_dt_bias"]))
+    empty = q.new_empty(0)
+    return [t if t is not None else empty for t in outs.values()]
+
+
+@_gdn_bwd.register_fake
+def _(q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state, a_log, dt_bias, scale,
+      use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, batch_invariant):
+    empty = q.new_empty(0)
+    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
+            torch.empty_like(beta),
+            torch.empty_like(initial_state) if initial_state is not None else empty,
+            torch.empty_like(a_log) if safe_gate and a_log is not None else empty,
+            torch.empty_like(dt_bias) if safe_gate and dt_bias is not None else empty]
+
+
+_FWD_FLAGS = ("scale", "output_final_state", "use_qk_l2norm", "use_beta_sigmoid",
+              "allow_neg_eigval", "safe_gate", "gate_domain", "batch_invariant")
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, g, beta, cu, h0, a_log, dt_bias, *flags = inputs
+    ctx.save_for_backward(q, k, v, g, beta, cu, h0, a_log, dt_bias)
+    ctx.flags = dict(zip(_FWD_FLAGS, flags))
+
+
+def _backward(ctx, d_o, d_ht):
+    q, k, v, g, beta, cu, h0, a_log, dt_bias = ctx.saved_tensors
+    f = dict(ctx.flags)
+    output_final_state = f.pop("output_final_state")
+    d_final = d_ht if output_final_state and d_ht is not None and d_ht.numel() else None
+    grads = _gdn_bwd(q, k, v, g, beta, cu, d_o.contiguous(), h0, d_final, a_log, dt_bias,
+                     f["scale"], f["use_qk_l2norm"], f["use_beta_sigmoid"],
+                     f["allow_neg_eigval"], f["safe_gate"], f["gate_domain"],
+                     f["batch_invariant"])
+    dq, dk, dv, dg, dbeta, dh0, da, ddt = grads
+    none_if_empty = lambda t, ref: t if ref is not None and t.numel() else None  # noqa: E731
+    return (dq, dk, dv, dg, dbeta, None, none_if_empty(dh0, h0), none_if_empty(da, a_log),
+            none_if_empty(ddt, dt_bias)) + (None,) * len(_FWD_FLAGS)
+
+
+_gdn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------- the public op
+def gated_delta_net(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                    cu_seqlens=None, use_qk_l2norm_in_kernel=False, *, use_beta_sigmoid=False,
+                    allow_neg_eigval=False, safe_gate=False, a_log=None, dt_bias=None,
+                    gate_domain="log", batch_invariant=False):
+    """Gated DeltaNet. q/k [B, T, H, K], v [B, T, HV, V], g/beta [B, T, HO]; with
+    cu_seqlens (int32/int64 [N + 1]) B must be 1 and sequences are packed. Returns
+    (o [B, T, HO, V], final_state [N, HO, K, V] K-major, or None)."""
+    if q.dim() != 4:
+        raise ValueError(f"q: expected [B, T, H, K], got shape {tuple(q.shape)}")
+    B, T = q.shape[:2]
+    if cu_seqlens is None:
+        cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
+    elif B != 1:
+        raise ValueError(f"q: with cu_seqlens the batch must be 1 (packed tokens), got B={B}")
+    if allow_neg_eigval and not use_beta_sigmoid:
+        raise ValueError("allow_neg_eigval requires use_beta_sigmoid=True")
+    if (a_log is not None or dt_bias is not None) and not safe_gate:
+        raise ValueError("a_log / dt_bias are only read under safe_gate=True")
+    flat = lambda t: t.reshape(B * T, *t.shape[2:])  # noqa: E731
+    if initial_state is not None and initial_state.dtype not in (torch.float32, torch.bfloat16):
+        initial_state = initial_state.float()
+    f32 = lambda t: None if t is None else t.float()  # noqa: E731
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    o, ht = _gdn_fwd(flat(q), flat(k), flat(v), flat(g), flat(beta), cu_seqlens, initial_state,
+                     f32(a_log), f32(dt_bias), scale, bool(output_final_state),
+                     bool(use_qk_l2norm_in_kernel), bool(use_beta_sigmoid),
+                     bool(allow_neg_eigval), bool(safe_gate), str(gate_domain),
+                     bool(batch_invariant))
+    return o.reshape(B, T, *o.shape[1:]), (ht if output_final_state else None)
+
+
+
+@torch.library.custom_op("cudnn_pygraph::gdn_fwd_overwrite_state", mutates_args=("state",))
+def _gdn_fwd_overwrite_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             g: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor,
+                             state: torch.Tensor, state_indices: torch.Tensor | None,
+                             a_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                             scale: float, use_qk_l2norm: bool, use_beta_sigmoid: bool,
+                             allow_neg_eigval: bool, safe_gate: bool, gate_domain: str,
+                             batch_invariant: bool) -> torch.Tensor:
+    T, HV, V = v.shape
+    o = torch.empty(T, max(q.shape[1], HV), V, dtype=v.dtype, device=v.device)
+    attrs = _attrs(scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate,
+                   gate_domain, batch_invariant)
+    attrs.update(output_final_state=True, overwrite_initial_state=True)
+    pool = _state_view(state)
+    tensors = (q, k, v, g, beta, cu_seqlens, pool, a_log, dt_bias, state_indices, o)
+    built = _cached("fwd_overwrite", tensors, attrs, lambda: _build_fwd(
+        q, k, v, g, beta, cu_seqlens, pool, a_log, dt_bias, state_indices, o, pool, attrs))
+    built.run(dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=pool,
+                   a_log=a_log, dt_bias=dt_bias, state_indices=state_indices, O=o,
+                   final_state=pool))
+    return o
+
+
+@_gdn_fwd_overwrite_state.register_fake
+def _(q, k, v, g, beta, cu_seqlens, state, state_indices, a_log, dt_bias, scale, use_qk_l2norm,
+      use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, batch_invariant):
+    T, HV, V = v.shape
+    return v.new_empty(T, max(q.shape[1], HV), V)
+
+
+def gated_delta_net_overwrite_state(q, k, v, g, beta, state, cu_seqlens, state_indices=None,
+                                    scale=None, use_qk_l2norm_in_kernel=False, *,
+                                    use_beta_sigmoid=False, allow_neg_eigval=False,
+                                    safe_gate=False, a_log=None, dt_bias=None,
+                                    gate_domain="log", batch_invariant=False):
+    """Inference: run GDN and update `state` IN PLACE (K-major [N or N_pool, HO, K, V], fp32
+    or bf16). With state_indices (int32 [N]) `state` is a pool whose row state_indices[i]
+    seeds sequence i and receives its final state; other rows are untouched. No autograd.
+    q/k/v/g/beta as in gated_delta_net, B == 1 (packed tokens). Returns o [1, T, HO, V]."""
+    if q.dim() != 4 or q.shape[0] != 1:
+        raise ValueError(f"q: expected [1, T, H, K] (packed tokens), got shape {tuple(q.shape)}")
+    if state.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"state: dtype {state.dtype} is not fp32 or bf16 (updated in place, so it is not converted)")
+    if allow_neg_eigval and not use_beta_sigmoid:
+        raise ValueError("allow_neg_eigval requires use_beta_sigmoid=True")
+    if (a_log is not None or dt_bias is not None) and not safe_gate:
+        raise ValueError("a_log / dt_bias are only read under safe_gate=True")
+    if state_indices is not None and state_indices.dtype != torch.int32:
+        raise ValueError(f"state_indices: dtype {state_indices.dtype}, expected torch.int32")
+    f32 = lambda t: None if t is None else t.float()  # noqa: E731
+    o = _gdn_fwd_overwrite_state(
+        q[0], k[0], v[0], g[0], beta[0], cu_seqlens, state, state_indices, f32(a_log),
+        f32(dt_bias), float(q.shape[-1] ** -0.5 if scale is None else scale),
+        bool(use_qk_l2norm_in_kernel), bool(use_beta_sigmoid), bool(allow_neg_eigval),
+        bool(safe_gate), str(gate_domain), bool(batch_invariant))
+    return o.unsqueeze(0)
+
+
+__all__ = ["gated_delta_net", "gated_delta_net_overwrite_state"]
