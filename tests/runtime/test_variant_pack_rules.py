@@ -43,6 +43,16 @@ class ArrayInterfaceOnly:
         self.__array_interface__ = array.__array_interface__
 
 
+class LegacyDLPackOnly:
+    """A producer older than DLPack 1.0: __dlpack__() takes no max_version."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def __dlpack__(self):
+        return torch.utils.dlpack.to_dlpack(self.tensor)
+
+
 class CudaArrayInterfaceOnly:
     """A CUDA producer seen from the CPU: the pack reads the interface, never the memory."""
 
@@ -114,6 +124,12 @@ RULE_ROWS = [
     ("numpy-smaller-keeps-own", (*D3, data_type.FLOAT),
      lambda: np.random.rand(5).astype(np.float64),
      (False, (5,), (1,), data_type.DOUBLE)),
+    ("legacy-dlpack-producer-2d", (*D3, data_type.FLOAT),
+     lambda: LegacyDLPackOnly(torch.randn(4, 8)),
+     (True, (1, 4, 8), (32, 8, 1), data_type.FLOAT)),
+    ("legacy-dlpack-producer-transposed", (*D3, data_type.FLOAT),
+     lambda: LegacyDLPackOnly(torch.randn(1, 8, 4).transpose(1, 2)),
+     (False, (1, 4, 8), (32, 1, 4), data_type.FLOAT)),
     ("array-interface-only-2d", (*D3, data_type.FLOAT),
      lambda: ArrayInterfaceOnly(np.random.rand(4, 8).astype(np.float32)),
      (True, (1, 4, 8), (32, 8, 1), data_type.FLOAT)),
