@@ -48,21 +48,24 @@ class EngineFamily:
 
 
 _LA_ANALYZER = (f"{_PKG}.engines.linear_attention.analyzer", "analyze")
+_SDPA_ANALYZER = (f"{_PKG}.engines.sdpa.analyzer", "analyze")  # shared by fwd and bwd
 
 FAMILIES = (
     EngineFamily(
         "gemm",
         index=0,
         anchors=("matmul",),
+        analyzer=(f"{_PKG}.engines.gemm.analyzer", "analyze"),
         validator=(f"{_PKG}.graph.validators", "validate_gemm"),
     ),
     EngineFamily(
         "sdpa_fwd",
         index=1,
         anchors=("sdpa",),
+        analyzer=_SDPA_ANALYZER,
         validator=(f"{_PKG}.graph.validators", "validate_sdpa"),
     ),
-    EngineFamily("sdpa_bwd", index=2, anchors=("sdpa_backward",)),
+    EngineFamily("sdpa_bwd", index=2, anchors=("sdpa_backward",), analyzer=_SDPA_ANALYZER),
     EngineFamily(
         "gdn",
         index=3,

@@ -1,0 +1,103 @@
+"""SdpaGraphFacts: one record shared by the SDPA forward and backward families. Facts
+describe (has_bias=True is a fact, never an error); each engine's capability row judges.
+
+Vocabulary is framework-neutral: our data_type, the planning device descriptor."""
+
+import dataclasses
+
+from ...graph.ops.sdpa import stats_requested
+
+LAYOUT_BHSD, LAYOUT_BSHD, LAYOUT_THD, LAYOUT_OTHER = "BHSD", "BSHD", "THD", "strided"
+
+
+@dataclasses.dataclass(frozen=True)
+class SdpaGraphFacts:
+    op: str  # "sdpa" | "sdpa_backward" | ...
+    node: object
+    batch: int
+    heads_q: int
+    heads_k: int
+    heads_v: int
+    seq_q: int  # declared (max) query length; THD: the padded per-sequence bound
+    seq_kv: int
+    d_qk: int
+    d_v: int
+    layout: str  # of q: BHSD / BSHD / THD / strided
+    dtypes: tuple  # (q, k, v, O) data types
+    causal: str | None  # None | "top_left" | "bottom_right"
+    window: tuple  # (left_bound, right_bound), None where unbounded
+    padding: bool  # per-batch seq_len_q / seq_len_kv tensors
+    ragged: bool  # THD: ragged offsets on q (and k/v)
+    paged: bool  # K/V through page tables
+    page_size: int | None
+    has_bias: bool
+    has_dropout: bool
+    has_score_mod: bool
+    has_sink: bool
+    alibi: bool
+    block_mask: bool
+    stats: bool  # Stats (log-sum-exp) requested
+    stats_use_log2: bool
+    attn_scale: object  # a float, a Tensor, or None (1/sqrt(d))
+    gqa_ratio: int
+    device: object
+
+
+def _layout(t):
+    if t.ragged_offset is not None:
+        return LAYOUT_THD
+    b, h, s, d = t.stride
+    if d != 1:
+        return LAYOUT_OTHER
+    if h > s:
+        return LAYOUT_BHSD
+    return LAYOUT_BSHD
+
+
+def analyze(graph, device):
+    node = next(n for n in graph.nodes if n.op.startswith("sdpa"))
+    i, a = node.inputs, node.attrs
+    q, k, v = i["q"], i["k"], i["v"]
+    o = node.outputs.get("O") or i.get("o") or i.get("o_f16")
+    causal = None
+    if a.get("use_causal_mask_bottom_right"):
+        causal = "bottom_right"
+    elif a.get("use_causal_mask"):
+        causal = "top_left"
+    left = a.get("diagonal_band_left_bound", a.get("left_bound"))
+    right = a.get("diagonal_band_right_bound", a.get("right_bound"))
+    window = a.get("sliding_window_length", a.get("sliding_window"))
+    if window is not None and left is None:
+        left = window
+    paged = i.get("paged_attention_k_table") is not None
+    return SdpaGraphFacts(
+        op=node.op,
+        node=node,
+        batch=q.dim[0],
+        heads_q=q.dim[1],
+        heads_k=k.dim[1],
+        heads_v=v.dim[1],
+        seq_q=q.dim[2],
+        seq_kv=a.get("paged_attention_max_seq_len_kv") or k.dim[2] if paged else k.dim[2],
+        d_qk=q.dim[3],
+        d_v=v.dim[3],
+        layout=_layout(q),
+        dtypes=(q.data_type, k.data_type, v.data_type, o.data_type if o is not None else None),
+        causal=causal,
+        window=(left, right),
+        padding=bool(a.get("use_padding_mask")),
+        ragged=q.ragged_offset is not None,
+        paged=paged,
+        page_size=k.dim[2] if paged else None,
+        has_bias=i.get("bias") is not None,
+        has_dropout=a.get("dropout") is not None,
+        has_score_mod=a.get("score_mod") is not None,
+        has_sink=i.get("sink_token") is not None,
+        alibi=bool(a.get("use_alibi_mask")),
+        block_mask=i.get("block_mask") is not None,
+        stats=stats_requested(a) if node.op.startswith("sdpa") and "Stats" in node.outputs else False,
+        stats_use_log2=bool(a.get("stats_use_log2")),
+        attn_scale=a.get("attn_scale"),
+        gqa_ratio=q.dim[1] // max(k.dim[1], 1),
+        device=device,
+    )
