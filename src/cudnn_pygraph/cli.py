@@ -138,7 +138,7 @@ def doctor_report():
     for family in manifest.FAMILIES:
         lines.append(f"  {family.name} (anchors: {', '.join(family.anchors)})")
         if not family.slots:
-            lines.append("    no python engine yet: graphs of this family go to the backend")
+            lines.append("    no python engine yet: " + _without_engines(family))
         for slot, verdict in engine_availability(family, device):
             lines.append(f"    [{family.engine_id(slot)}] {slot.name:<28} {verdict}")
     from .backend import adapter
@@ -146,6 +146,14 @@ def doctor_report():
     backend = "installed" if adapter.backend_installed() else adapter.INSTALL_HINT
     lines.append(f"  cudnn backend: {backend}")
     return lines
+
+
+def _without_engines(family):
+    from .graph.ops import OPS
+
+    if all(a in OPS and OPS[a].backend_method is None for a in family.anchors):
+        return "its ops are python-only, so its graphs have no plan here"
+    return "its graphs go to the backend"
 
 
 def engine_availability(family, device):

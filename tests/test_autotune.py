@@ -1,0 +1,313 @@
+"""Autotune (planning/autotune.py): every plan built and timed, the fastest selected, the
+choice recorded and replayed by a LATER PROCESS with nothing timed; anything doubtful in
+the cache is a miss.
+
+Stand-in engines are injected as a manifest family (the path real engines take) for the
+python-only gdn op, so the backend never takes part. Their "kernel" sleeps for a time its
+knob names (the wall clock really measures it), or the timer is injected outright."""
+
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from cudnn_pygraph import heur_mode, knob_type
+from cudnn_pygraph._types import GraphStateError, cudnnGraphNotSupportedError
+from cudnn_pygraph.demo import gdn_example
+from cudnn_pygraph.engines.base import BaseEngine, Capabilities, CompiledPlan, PlanConfig
+from cudnn_pygraph.planning import autotune as at
+from cudnn_pygraph.planning import manifest
+from cudnn_pygraph.planning.device import DeviceProperties
+
+HERE = pathlib.Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+TILE = knob_type.MMA_TILE_M
+
+# What a stand-in plan's execute costs, per tile (ms), and the log of executions.
+DELAY_MS = {16: 12.0, 32: 1.0, 64: 6.0}
+EXECUTED = []
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    tile: int = 16
+
+
+class Sleepy(BaseEngine):
+    name = "standin_sleepy"
+    capabilities = Capabilities(sm_lo=0)
+    KNOB_FIELDS = {TILE: "tile"}
+    knob_class = Tile
+
+    def check_support(self, graph):
+        pass
+
+    def build_plan(self, graph, plan, ctx):
+        return SleepyPlan(plan.knobs.tile)
+
+
+class SleepyPlan(CompiledPlan):
+    def __init__(self, tile):
+        self.tile = tile
+
+    def execute(self, graph, pack, ctx):
+        EXECUTED.append(self.tile)
+        time.sleep(DELAY_MS[self.tile] / 1e3)
+
+
+class NoBuild(BaseEngine):
+    name = "standin_nobuild"
+
+    def check_support(self, graph):
+        pass
+
+    def build_plan(self, graph, plan, ctx):
+        raise NotImplementedError("stand-in: this config does not build here")
+
+
+class Decliner(BaseEngine):
+    name = "standin_decliner"
+
+    def check_support(self, graph):
+        raise NotImplementedError("stand-in: declines every graph")
+
+
+def recommend(kind, facts, offered):
+    """Sleepy's tiles in the listed order, then NoBuild (Decliner never accepts)."""
+    sleepy = [e for e in offered if e == FAMILY.engine_id(FAMILY.slots[0])]
+    nobuild = [e for e in offered if e == FAMILY.engine_id(FAMILY.slots[1])]
+    return [PlanConfig(e, Tile(t)) for e in sleepy for t in (16, 32, 64)] + [PlanConfig(e) for e in nobuild]
+
+
+FAMILY = manifest.EngineFamily(
+    "gdn",
+    index=3,
+    anchors=("gdn",),
+    slots=(
+        manifest.EngineSlot(0, Sleepy.name, __name__, "Sleepy"),
+        manifest.EngineSlot(1, NoBuild.name, __name__, "NoBuild"),
+        manifest.EngineSlot(2, Decliner.name, __name__, "Decliner"),
+    ),
+    heuristics=(__name__, "recommend"),
+)
+
+
+def planned_graph(device=None):
+    """(graph, variant pack): the small demo gdn graph planned against the stand-ins."""
+    ex = gdn_example()
+    if device is not None:
+        ex.graph.backend_options["device_property"] = device
+    gen = torch.Generator().manual_seed(0)
+    pack = {t: make(torch, "cpu", gen) for t, make in ex.inputs.items()}
+    pack[ex.output] = torch.full(tuple(ex.output.dim), float("nan"), dtype=torch.float16)
+    ex.graph.create_execution_plans([heur_mode.A])
+    return ex.graph, pack
+
+
+def table_timer(table):
+    """An injected timer: the i-th timed plan costs table[i] ms."""
+    calls = iter(table)
+
+    def timer(call, warmup, reps):
+        call(0)
+        return [next(calls)] * reps
+
+    return timer
+
+
+def forbidden_timer(call, warmup, reps):
+    raise AssertionError("a cache hit must not time anything")
+
+
+@pytest.fixture(autouse=True)
+def standins(tmp_path, monkeypatch):
+    monkeypatch.setenv(at.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(at.DISABLE_ENV, raising=False)
+    EXECUTED.clear()
+    with manifest.use_families([FAMILY]):
+        yield
+
+
+def tile_of(result):
+    return result.knobs.get(TILE)
+
+
+# ---------------------------------------------------------------- selection
+def test_wall_clock_selects_the_fastest_plan_and_skips_what_does_not_build():
+    graph, pack = planned_graph()
+    result = graph.autotune(pack, warmup=1, reps=3, use_cache=False)
+    assert tile_of(result) == 32  # 1 ms beats 6 and 12
+    assert graph.selected_plan == result.index
+    assert graph.get_engine_and_knobs_at_index(result.index) == (result.engine_id, {TILE: 32})
+    skipped = [t for t in result.timings if t.median_ms is None]
+    assert [t.name for t in skipped] == ["standin_nobuild[]"]
+    assert "does not build" in skipped[0].reason
+    assert sorted(set(EXECUTED)) == [16, 32, 64]  # every buildable plan ran
+    EXECUTED.clear()
+    graph.execute(pack)  # the selected plan is built and ready
+    assert EXECUTED == [32]
+
+
+@pytest.mark.parametrize(
+    "table, tile",
+    [([3.0, 1.0, 2.0], 32), ([1.0, 2.0, 3.0], 16), ([3.0, 2.0, 1.0], 64), ([2.0, 2.0, 5.0], 16)],
+    ids=["middle-fastest", "first-fastest", "last-fastest", "tie-keeps-rank-order"],
+)
+def test_selection_follows_the_timer(table, tile):
+    graph, pack = planned_graph()
+    result = graph.autotune(pack, use_cache=False, timer=table_timer(table))
+    assert tile_of(result) == tile
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"warmup": -1}, "warmup"), ({"reps": 0}, "reps")],
+    ids=["negative-warmup", "zero-reps"],
+)
+def test_bad_options_are_refused(kwargs, match):
+    graph, pack = planned_graph()
+    with pytest.raises(ValueError, match=match):
+        graph.autotune(pack, **kwargs)
+
+
+def test_an_unplanned_graph_is_refused():
+    ex = gdn_example()
+    with pytest.raises(GraphStateError, match="create_execution_plans"):
+        ex.graph.autotune({})
+
+
+def test_no_plan_that_runs_names_every_reason():
+    graph, pack = planned_graph()
+
+    def refusing(call, warmup, reps):
+        raise NotImplementedError("refused at execute")
+
+    with pytest.raises(cudnnGraphNotSupportedError, match="no plan runs here.*refused at execute.*does not build"):
+        graph.autotune(pack, use_cache=False, timer=refusing)
+
+
+# ---------------------------------------------------------------- the cache
+def test_a_second_process_replays_the_choice_without_timing(tmp_path):
+    graph, pack = planned_graph()
+    first = graph.autotune(pack, timer=table_timer([3.0, 2.0, 1.0]))  # tile 64, not rank-first
+    assert not first.from_cache and tile_of(first) == 64 and pathlib.Path(first.cache_path).is_file()
+    script = (
+        "import json, sys, torch\n"
+        f"sys.path.insert(0, {str(HERE)!r})\n"
+        "import test_autotune as t\n"
+        "from cudnn_pygraph.planning import manifest\n"
+        "with manifest.use_families([t.FAMILY]):\n"
+        "    graph, pack = t.planned_graph()\n"
+        "    r = graph.autotune(pack, timer=t.forbidden_timer)\n"
+        "    print(json.dumps({'from_cache': r.from_cache, 'tile': r.knobs.get(t.TILE),\n"
+        "                      'selected': graph.selected_plan, 'executed': t.EXECUTED}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    second = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert second == {"from_cache": True, "tile": 64, "selected": first.index, "executed": []}
+
+
+def _corrupt(path, how):
+    entry = json.loads(path.read_text())
+    if how == "truncated":
+        path.write_text(path.read_text()[:40])
+    elif how == "other-environment":
+        entry["key"]["environment"]["package"] = "0.0.0-other"
+        path.write_text(json.dumps(entry))
+    elif how == "plan-not-in-list":
+        entry["engine_id"] = 29_999
+        path.write_text(json.dumps(entry))
+    elif how == "unknown-knob":
+        entry["knobs"] = {"NO_SUCH_KNOB": 1}
+        path.write_text(json.dumps(entry))
+    elif how == "not-a-dict":
+        path.write_text("[1, 2, 3]")
+
+
+@pytest.mark.parametrize("how", ["truncated", "other-environment", "plan-not-in-list", "unknown-knob", "not-a-dict"])
+def test_anything_doubtful_is_a_miss_and_is_rewritten(how):
+    graph, pack = planned_graph()
+    first = graph.autotune(pack, timer=table_timer([3.0, 2.0, 1.0]))
+    _corrupt(pathlib.Path(first.cache_path), how)
+    graph2, pack2 = planned_graph()
+    again = graph2.autotune(pack2, timer=table_timer([1.0, 2.0, 3.0]))
+    assert not again.from_cache and tile_of(again) == 16
+    graph3, pack3 = planned_graph()
+    replay = graph3.autotune(pack3, timer=forbidden_timer)
+    assert replay.from_cache and tile_of(replay) == 16
+
+
+def test_writes_are_atomic_and_leave_no_temp_files(tmp_path):
+    graph, pack = planned_graph()
+    result = graph.autotune(pack, timer=table_timer([1.0, 2.0, 3.0]))
+    folder = pathlib.Path(result.cache_path).parent
+    assert [p.name for p in folder.iterdir()] == [pathlib.Path(result.cache_path).name]
+    entry = json.loads(pathlib.Path(result.cache_path).read_text())
+    assert entry["engine_id"] == result.engine_id and entry["knobs"] == {"MMA_TILE_M": 16}
+
+
+def test_an_unwritable_cache_is_not_an_error(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv(at.CACHE_ENV, str(blocker / "cache"))
+    graph, pack = planned_graph()
+    result = graph.autotune(pack, timer=table_timer([2.0, 1.0, 3.0]))
+    assert tile_of(result) == 32 and result.cache_path is None
+
+
+def test_the_disable_variable_turns_the_cache_off(monkeypatch, tmp_path):
+    monkeypatch.setenv(at.DISABLE_ENV, "1")
+    graph, pack = planned_graph()
+    assert graph.autotune(pack, timer=table_timer([1.0, 2.0, 3.0])).cache_path is None
+    graph2, pack2 = planned_graph()
+    assert not graph2.autotune(pack2, timer=table_timer([3.0, 1.0, 2.0])).from_cache
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"device": DeviceProperties("NVIDIA H200", 9, 0, 132, 60 * 2**20)},
+        {"device": DeviceProperties("NVIDIA H200", 9, 0, 66, 60 * 2**20)},  # a MIG slice
+    ],
+    ids=["other-device", "other-sm-count"],
+)
+def test_the_key_names_the_device(other):
+    graph, pack = planned_graph()
+    here = graph.autotune(pack, timer=table_timer([1.0, 2.0, 3.0]))
+    graph2, pack2 = planned_graph(device=other["device"])
+    there = graph2.autotune(pack2, timer=table_timer([3.0, 2.0, 1.0]))
+    assert not there.from_cache and here.cache_path != there.cache_path
+
+
+def test_the_key_names_the_declaration():
+    a, _ = planned_graph()
+    b = gdn_example(big=False).graph
+    b.tensors[0].set_name("renamed_q")  # any change of the declaration is another graph
+    assert at.graph_digest(a) != at.graph_digest(b)
+    c = gdn_example(big=False).graph
+    assert at.graph_digest(c) == at.graph_digest(gdn_example(big=False).graph)
+
+
+# ---------------------------------------------------------------- rotation
+@pytest.mark.parametrize(
+    "l2_bytes, copies",
+    [(0, 1), (512, 1), (4096, 8), (1 << 30, 8)],
+    ids=["no-l2-cpu", "pack-bigger-than-l2", "fits-rotates", "capped"],
+)
+def test_rotating_copies_only_when_the_pack_fits_in_l2(l2_bytes, copies):
+    pack = {"x": torch.randn(128), "y": torch.randn(128)}  # 1 KiB in all
+    packs = at.rotated_packs(pack, l2_bytes)
+    assert len(packs) == copies and packs[0] is pack
+    ptrs = {t.data_ptr() for p in packs for t in p.values()}
+    assert len(ptrs) == 2 * copies  # distinct allocations
+    for p in packs[1:]:
+        assert all(torch.equal(p[k], pack[k]) for k in pack)

@@ -1,0 +1,291 @@
+"""The `cudnn-pygraph` command: demo, doctor, plans, autotune --show/--clear, the error
+contract (one line on stderr, exit 2, no traceback unless --debug) and the planner's
+decline logging under CUDNN_PYGRAPH_LOG=info.
+
+Stand-in engines are injected as a manifest family for the python-only gdn op (the path
+real engines take; the backend never takes part): one computes the delta rule in torch,
+one is wrong on purpose, so the demo's execute-and-check path is exercised whatever the
+shipped manifest holds today."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from cudnn_pygraph import cli, demo
+from cudnn_pygraph.engines.base import BaseEngine, Capabilities, CompiledPlan
+from cudnn_pygraph.planning import autotune as at
+from cudnn_pygraph.planning import manifest
+
+HERE = pathlib.Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+
+
+# ---------------------------------------------------------------- stand-in engines
+class TorchDeltaRule(BaseEngine):
+    """Computes the demo's gdn graph in torch (through the pack's OperandBuffers);
+    `factor` != 1 makes it wrong on purpose."""
+
+    name = "standin_torch_gdn"
+    capabilities = Capabilities(sm_lo=0)
+    factor = 1.0
+
+    def check_support(self, graph):
+        if graph.nodes[0].attrs["gate_domain"] != "log":
+            raise NotImplementedError("stand-in: log-domain gates only")
+
+    def build_plan(self, graph, plan, ctx):
+        return DeltaRulePlan(graph, self.factor)
+
+
+class WrongDeltaRule(TorchDeltaRule):
+    name = "standin_wrong_gdn"
+    factor = 1.5
+
+
+class DeltaRulePlan(CompiledPlan):
+    def __init__(self, graph, factor):
+        node = graph.nodes[0]
+        self.ports = [node.inputs[p] for p in ("q", "k", "v", "g", "beta")]
+        self.out = node.outputs["O"]
+        self.scale = node.attrs["scale"]
+        self.factor = factor
+
+    def execute(self, graph, pack, ctx):
+        bufs = pack.operands([pack.index_of(t) for t in (*self.ports, self.out)])
+        q, k, v, g, beta, o = (torch.from_dlpack(b) for b in bufs)
+        length = 32  # the demo's small gdn graph: equal-length sequences of 32
+        bound = dict(zip(self.ports, (q, k, v, g, beta)))
+        ref = demo._gdn_reference(torch, bound, *self.ports, q.shape[0] // length, length, self.scale)
+        o.copy_(ref * self.factor)
+
+
+class NeedsNothingHere(BaseEngine):
+    name = "standin_gpu_only"
+    capabilities = Capabilities(sm_lo=90, runs_on_interpreter=False)
+
+    def check_support(self, graph):
+        from cudnn_pygraph.planning.facts import graph_device
+
+        self.capabilities.require(graph_device(graph))
+
+
+class NeedsAModule(BaseEngine):
+    name = "standin_needs_module"
+    requires = ("no_such_module_cudnn_pygraph_test",)
+
+
+def gdn_family(*engines, opt_in=()):
+    slots = tuple(
+        manifest.EngineSlot(i, e.__name__, __name__, e.__name__, opt_in=e.__name__ in opt_in)
+        for i, e in enumerate(engines)
+    )
+    return manifest.EngineFamily("gdn", index=3, anchors=("gdn",), slots=slots)
+
+
+def run_cli(capsys, *argv):
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# ---------------------------------------------------------------- demo
+def test_demo_runs_to_completion_with_the_shipped_manifest(capsys):
+    rc, out, err = run_cli(capsys, "demo", "--quick")
+    assert rc == 0, err
+    for name in demo.EXAMPLES:  # a progress line per step, the IR listing, an answer per graph
+        assert f"[{name}] 1/4 describe the graph" in out
+        assert f"[{name}] 2/4 plan with [A, FALLBACK]" in out
+        assert f"pygraph 'demo_{name}'" in out
+        assert any(line.startswith(f"  {name:<5} ") for line in out.splitlines())
+    assert "summary:" in out
+
+
+@pytest.mark.parametrize(
+    "engine, rc, verdict",
+    [(TorchDeltaRule, 0, "ok"), (WrongDeltaRule, 1, "MISMATCH")],
+    ids=["correct-engine-passes", "wrong-engine-is-caught"],
+)
+def test_demo_executes_the_first_plan_and_checks_it(capsys, engine, rc, verdict):
+    with manifest.use_families([gdn_family(engine)]):
+        got, out, err = run_cli(capsys, "demo", "--quick", "--only", "gdn")
+    assert got == rc, err
+    assert f"#0 {engine.name}[]: ran" in out
+    assert f"[gdn] 4/4 check against a float64 torch reference" in out
+    line = next(x for x in out.splitlines() if x.startswith("  gdn   ran"))
+    assert line.endswith(verdict)
+
+
+def test_demo_walks_past_a_plan_that_does_not_run(capsys):
+    class Refuses(TorchDeltaRule):
+        name = "standin_refuses"
+
+        def build_plan(self, graph, plan, ctx):
+            raise NotImplementedError("stand-in: no kernel for this here")
+
+    globals()["Refuses"] = Refuses  # the manifest resolves engines by module attribute
+    with manifest.use_families([gdn_family(Refuses, TorchDeltaRule)]):
+        rc, out, err = run_cli(capsys, "demo", "--quick", "--only", "gdn")
+    assert rc == 0, err
+    assert "#0 standin_refuses[]: did not run here (NotImplementedError: stand-in: no kernel" in out
+    assert "#1 standin_torch_gdn[]: ran" in out
+
+
+@pytest.mark.parametrize("blocked", ["torch", "triton"])
+def test_demo_without_an_optional_dependency_says_what_to_install(blocked):
+    script = (f"import sys; sys.modules[{blocked!r}] = None\n"
+              "from cudnn_pygraph.cli import main; sys.exit(main(['demo', '--quick']))")
+    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(SRC)},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"cudnn-pygraph: error: the demo needs {blocked}: pip install {blocked}"
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+# ---------------------------------------------------------------- plans
+def test_plans_of_an_example_and_of_its_json_form_agree(capsys, tmp_path):
+    path = tmp_path / "g.json"
+    with manifest.use_families([gdn_family(TorchDeltaRule)]):
+        rc1, out1, _ = run_cli(capsys, "plans", "--example", "gdn", "--write-json", str(path))
+        rc2, out2, _ = run_cli(capsys, "plans", str(path), "--modes", "A,FALLBACK")
+    assert rc1 == rc2 == 0
+    assert "#0 standin_torch_gdn[]  engine_id=20300" in out1
+    assert out1.splitlines()[1:] == out2.splitlines()[1:]  # all but the "source" line
+
+
+def test_plans_without_an_engine_shows_every_reason_and_exits_1(capsys):
+    with manifest.use_families([gdn_family(NeedsNothingHere, TorchDeltaRule, opt_in=("TorchDeltaRule",))]):
+        rc, out, _ = run_cli(capsys, "plans", "--example", "gdn", "--modes", "opensource")
+    assert rc == 1
+    assert "NeedsNothingHere [20300] declines: does not run under the Triton interpreter" in out
+    assert f"TorchDeltaRule [20301] declines: opt-in engine: set {manifest.OPT_IN_ENV}=1" in out
+    assert "backend OPENSOURCE: gdn node 'gdn_0' is a python-only op" in out
+
+
+def _gdn_doc():
+    return demo.gdn_example().graph.to_json()
+
+
+def _bad_inputs(tmp_path):
+    def write(name, text):
+        p = tmp_path / name
+        p.write_text(text)
+        return str(p)
+
+    unknown_op = _gdn_doc()
+    unknown_op["nodes"][0]["op"] = "gdn_turbo"
+    unknown_attr = _gdn_doc()
+    unknown_attr["nodes"][0]["attrs"]["chunk_size"] = 64
+    invalid = _gdn_doc()
+    invalid["tensors"][1]["dim"] = [64, 2, 16]  # k's head dim differs from q's
+    return {
+        "malformed-json": ([write("a.json", '{"schema": ')], "is not JSON: Expecting value at line 1"),
+        "not-an-ir-document": ([write("b.json", "[1, 2]")], "not a cudnn_pygraph IR document"),
+        "unknown-op": ([write("c.json", json.dumps(unknown_op))], "unknown op 'gdn_turbo'"),
+        "unknown-attribute": ([write("d.json", json.dumps(unknown_attr))], "unknown argument(s) ['chunk_size']"),
+        "invalid-graph": ([write("e.json", json.dumps(invalid))], "invalid graph: "),
+        "missing-file": ([str(tmp_path / "nope.json")], "cannot read"),
+        "unknown-mode": (["--example", "gdn", "--modes", "A,TURBO"], "--modes: unknown mode 'TURBO'"),
+        "file-and-example": ([write("f.json", "{}"), "--example", "gdn"], "either GRAPH.json or --example"),
+        "neither": ([], "either GRAPH.json or --example"),
+    }
+
+
+BAD = ["malformed-json", "not-an-ir-document", "unknown-op", "unknown-attribute", "invalid-graph",
+       "missing-file", "unknown-mode", "file-and-example", "neither"]
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, case):
+    argv, message = _bad_inputs(tmp_path)[case]
+    rc, out, err = run_cli(capsys, "plans", *argv)
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("cudnn-pygraph: error: ") and message in err, err
+    assert "Traceback" not in err
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text("{")
+    with pytest.raises(cli.UsageError, match="is not JSON"):
+        cli.main(["--debug", "plans", str(path)])
+
+
+# ---------------------------------------------------------------- doctor
+def test_doctor_reports_versions_device_and_why_each_engine_is_not_offered(capsys):
+    fam = gdn_family(TorchDeltaRule, NeedsNothingHere, NeedsAModule, WrongDeltaRule, opt_in=("WrongDeltaRule",))
+    broken = manifest.EngineFamily(
+        "kda", index=4, anchors=("kda",),
+        slots=(manifest.EngineSlot(0, "unloadable", "cudnn_pygraph.no_such_module", "Engine"),),
+    )
+    empty = manifest.EngineFamily("gemm", index=0, anchors=("matmul",))
+    with manifest.use_families([fam, broken, empty]):
+        rc, out, _ = run_cli(capsys, "doctor")
+    assert rc == 0
+    for field in ("cudnn_pygraph", "python", "torch", "triton", "backend (cudnn-fe)", "libcudnn"):
+        assert f"  {field} " in out
+    assert f"torch                  {torch.__version__}" in out
+    assert "Triton interpreter (CPU): no GPU" in out  # CI has no GPU
+    expected = {
+        "[20300] TorchDeltaRule": "offered",
+        "[20301] NeedsNothingHere": "not offered: does not run under the Triton interpreter",
+        "[20302] NeedsAModule": "not offered: missing optional dependency no_such_module_cudnn_pygraph_test",
+        "[20303] WrongDeltaRule": f"not offered: opt-in engine, set {manifest.OPT_IN_ENV}=1",
+        "[20400] unloadable": "not offered: cannot load (ModuleNotFoundError",
+    }
+    for slot, verdict in expected.items():
+        line = next(x for x in out.splitlines() if slot in x)
+        assert verdict in line, line
+    assert "gemm (anchors: matmul)\n    no python engine yet: its graphs go to the backend" in out
+
+
+# ---------------------------------------------------------------- autotune cache
+def test_autotune_show_and_clear(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv(at.CACHE_ENV, str(tmp_path / "cache"))
+    from cudnn_pygraph import heur_mode
+
+    with manifest.use_families([gdn_family(TorchDeltaRule)]):
+        ex = demo.gdn_example()
+        gen = torch.Generator().manual_seed(0)
+        pack = {t: make(torch, "cpu", gen) for t, make in ex.inputs.items()}
+        pack[ex.output] = torch.empty(tuple(ex.output.dim), dtype=torch.float16)
+        ex.graph.create_execution_plans([heur_mode.A])
+        ex.graph.autotune(pack, warmup=0, reps=1)
+    rc, out, _ = run_cli(capsys, "autotune", "--show")
+    assert rc == 0 and "1 entries" in out and "standin_torch_gdn[]  engine_id=20300" in out
+    assert "device=Triton interpreter (CPU)" in out
+    rc, out, _ = run_cli(capsys, "autotune", "--clear")
+    assert rc == 0 and out.startswith("removed 1 entries")
+    rc, out, _ = run_cli(capsys, "autotune", "--show")
+    assert "0 entries" in out
+
+
+# ---------------------------------------------------------------- logging, entry point
+def test_a_decline_is_logged_once_under_CUDNN_PYGRAPH_LOG():
+    script = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(HERE)!r})\n"
+        "import test_cli as t\n"
+        "from cudnn_pygraph.planning import manifest\n"
+        "from cudnn_pygraph.cli import main\n"
+        "with manifest.use_families([t.gdn_family(t.NeedsNothingHere, t.TorchDeltaRule)]):\n"
+        "    sys.exit(main(['plans', '--example', 'gdn']))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC), "CUDNN_PYGRAPH_LOG": "info"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    declines = [x for x in proc.stderr.splitlines() if "declined graph" in x]
+    assert declines == ["INFO:cudnn_pygraph:engine NeedsNothingHere declined graph 'demo_gdn': "
+                        "does not run under the Triton interpreter"]
+
+
+def test_python_dash_m_is_the_command():
+    proc = subprocess.run([sys.executable, "-m", "cudnn_pygraph", "--help"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=60)
+    assert proc.returncode == 0
+    for command in ("demo", "doctor", "plans", "autotune"):
+        assert command in proc.stdout
