@@ -3,8 +3,9 @@
     cd /work/main && PYTHONPATH=src python bench/variant_pack_cpu.py
 
 Times `VariantPack.from_objects` (the whole one-crossing read of a 3-operand pack: layout
-check, producer reads, the rule, the pointer array) for the bindings execute sees, plus the
-per-call reads an engine does afterwards. Each case is checked for the right pointers and
+check, producer reads, the rule, the pointer array) for the bindings execute sees,
+`VariantPack.from_mapping` (the same from execute's {uid or tensor: object} argument), and
+the per-call reads an engine does afterwards. Each case is checked for the right pointers and
 classification before it is timed. Reported: min and median over REPEATS of the mean of a
 LOOP-call burst, in ns per call and per operand. No GPU; needs the extension built
 (tests/runtime/build_variant_pack.py or the package build).
@@ -14,6 +15,7 @@ facts off a torch tensor in Python costs, the baseline the exchange table is the
 """
 
 import datetime
+import os
 import platform
 import statistics
 import sys
@@ -25,8 +27,8 @@ import torch
 from cudnn_pygraph._types import ELEMENT_BITS, data_type
 from cudnn_pygraph.runtime.variant_pack import DeclaredLayout, VariantPack
 
-LOOP = 20_000
-REPEATS = 15
+LOOP = 5_000
+REPEATS = 41  # short bursts, many: the min finds the quiet windows of a shared host
 M, N, K = 128, 256, 128  # the issue's matmul: A [1, M, K], B [1, K, N], C [1, M, N]
 BF16 = data_type.BFLOAT16
 
@@ -42,6 +44,8 @@ def matmul_layout():
 
 def time_per_call(fn):
     """(min, median) ns per call over REPEATS bursts of LOOP calls."""
+    for _ in range(LOOP):  # warm: caches, allocator free lists
+        fn()
     samples = []
     for _ in range(REPEATS):
         start = time.perf_counter_ns()
@@ -92,6 +96,21 @@ def main():
         best, median = time_per_call(lambda: from_objects(layout, objects))
         rows.append((f"from_objects: {name}", best, median, 3))
 
+    class Port:  # a graph tensor as execute's caller keys the map
+        def __init__(self, uid):
+            self.uid = uid
+
+    from_mapping = VariantPack.from_mapping
+    required = [0, 1, 2]
+    for name, mapping in [
+        ("{uid: torch tensor}", {1: a, 2: b, 3: c}),
+        ("{graph tensor: torch tensor}", {Port(1): a, Port(2): b, Port(3): c}),
+    ]:
+        pack = from_mapping(layout, mapping, required=required)
+        assert [buf.ptr for buf in pack.operands(required)] == addresses, name
+        best, median = time_per_call(lambda: from_mapping(layout, mapping, required=required))
+        rows.append((f"from_mapping: {name}, required checked", best, median, 3))
+
     pack = from_objects(layout, tensors)
     positions = [pack.index_of(uid) for uid in (1, 2, 3)]
     rows.append(("pack.operands(3 positions) -> OperandBuffers",
@@ -112,6 +131,9 @@ def main():
     print(f"- Python {platform.python_version()}, torch {torch.__version__}, "
           f"numpy {np.__version__}")
     print(f"- command: `{command}`")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"- host load average at the end: {load:.2f} on {os.cpu_count()} CPUs "
+          "(medians move with it; the min is the number to watch)")
     print(f"- method: min / median over {REPEATS} bursts of {LOOP} calls; pack of 3 operands "
           f"(bf16 matmul A [1,{M},{K}], B [1,{K},{N}], C [1,{M},{N}]); every case checked "
           "for pointers and graph_described before timing\n")

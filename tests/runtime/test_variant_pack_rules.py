@@ -306,3 +306,57 @@ def test_the_pack_keeps_the_callers_objects_alive():
     del pack
     gc.collect()
     assert alive() is None
+
+
+class Port:
+    """A graph tensor as execute's caller holds it: anything with a .uid."""
+
+    def __init__(self, uid):
+        self.uid = uid
+
+    def __hash__(self):
+        return hash(("port", self.uid))
+
+
+def _three_slots():
+    return DeclaredLayout(
+        [(1, (4,), (1,), data_type.FLOAT, 32), (3, (4,), (1,), data_type.FLOAT, 32),
+         (9, (4,), (1,), data_type.HALF, 16)],
+        names=["a", "b", "bias"],
+    )
+
+
+MAPPING_ROWS = [
+    ("int-keys", lambda a, b: {3: b, 1: a}),
+    ("port-keys", lambda a, b: {Port(1): a, Port(3): b}),
+    ("mixed-keys", lambda a, b: {Port(3): b, 1: a}),
+    ("not-a-dict", lambda a, b: __import__("types").MappingProxyType({1: a, 3: b})),
+]
+
+
+@pytest.mark.parametrize("make", [r[1] for r in MAPPING_ROWS], ids=[r[0] for r in MAPPING_ROWS])
+def test_from_mapping_places_by_uid_like_from_objects(make):
+    a, b = torch.randn(4), torch.randn(4)
+    layout = _three_slots()
+    pack = VariantPack.from_mapping(layout, make(a, b), required=[0, 1])
+    reference = VariantPack.from_objects(layout, [a, b, None])
+    held = [(x.ptr, x.shape) if x else None for x in pack.operands([0, 1, 2])]
+    assert held == [(x.ptr, x.shape) if x else None for x in reference.operands([0, 1, 2])]
+
+
+MAPPING_REFUSALS = [
+    ("unknown-uid", {1: 0x1000, 4: 0x2000}, UnknownOperandError, "uid 4 is not an operand"),
+    ("bound-twice", {1: 0x1000, Port(1): 0x2000}, ValueError,
+     r"operand 'a' \(uid 1\): bound twice"),
+    ("required-missing", {3: 0x1000}, MissingOperandError,
+     r"not supplied: operand 'a' \(uid 1\), operand 'bias' \(uid 9\)"),
+    ("unreadable", {1: "x", 3: 0x1000, 9: 0x1000}, UnreadableOperandError,
+     r"operand 'a' \(uid 1\)"),
+]
+
+
+@pytest.mark.parametrize("mapping, error, words", [r[1:] for r in MAPPING_REFUSALS],
+                         ids=[r[0] for r in MAPPING_REFUSALS])
+def test_from_mapping_refusals_name_the_operand(mapping, error, words):
+    with pytest.raises(error, match=words):
+        VariantPack.from_mapping(_three_slots(), mapping, required=[0, 1, 2])

@@ -911,6 +911,51 @@ static void pack_dealloc(PgPack *p)
     PyObject_Free(p);
 }
 
+/* The pack for items[0..n) (NULL or None: unfilled): the one crossing. */
+static PyObject *build_pack(PgLayout *lay, PyObject *const *items, int device_id)
+{
+    Py_ssize_t n = Py_SIZE(lay);
+    PgPack *p = PyObject_NewVar(PgPack, &PackType, n);
+    if (p == NULL) return NULL;
+    memset(p->slots, 0, (sizeof(PgSlot) + sizeof(void *)) * (size_t)n);
+    p->layout = (PgLayout *)Py_NewRef(lay);
+    p->graph_described = NULL;
+    void **ptrs = pack_ptrs(p);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (items[i] == NULL || items[i] == Py_None) continue;
+        if (fill_slot(p, i, items[i], device_id) < 0) {
+            Py_DECREF(p);
+            return NULL;
+        }
+        ptrs[i] = p->slots[i].view.ptr;
+    }
+    return (PyObject *)p;
+}
+
+/* Keyword-only arguments of the two constructors: device_id=0, required=None. */
+static int parse_keywords(const char *where, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames, int *device_id, PyObject **required)
+{
+    for (Py_ssize_t k = 0; kwnames && k < PyTuple_GET_SIZE(kwnames); k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        if (PyUnicode_CompareWithASCIIString(key, "device_id") == 0) {
+            *device_id = PyLong_AsLong(args[nargs + k]);
+            if (*device_id == -1 && PyErr_Occurred()) return -1;
+        } else if (required && PyUnicode_CompareWithASCIIString(key, "required") == 0) {
+            *required = args[nargs + k];
+        } else {
+            PyErr_Format(PyExc_TypeError, "%s: unexpected keyword %R", where, key);
+            return -1;
+        }
+    }
+    if (!PyObject_TypeCheck(args[0], &LayoutType)) {
+        PyErr_Format(PyExc_TypeError, "%s: layout must be a DeclaredLayout, not %.100s", where,
+                     Py_TYPE(args[0])->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *pack_from_objects(PyTypeObject *type, PyObject *const *args, Py_ssize_t nargs,
                                    PyObject *kwnames)
 {
@@ -919,53 +964,66 @@ static PyObject *pack_from_objects(PyTypeObject *type, PyObject *const *args, Py
         PyErr_SetString(PyExc_TypeError, "from_objects(layout, objects, *, device_id=0)");
         return NULL;
     }
-    if (kwnames) {
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
-            if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, k), "device_id") != 0) {
-                PyErr_Format(PyExc_TypeError, "from_objects: unexpected keyword %R",
-                             PyTuple_GET_ITEM(kwnames, k));
-                return NULL;
-            }
-            device_id = PyLong_AsLong(args[nargs + k]);
-            if (device_id == -1 && PyErr_Occurred()) return NULL;
-        }
-    }
-    if (!PyObject_TypeCheck(args[0], &LayoutType)) {
-        PyErr_Format(PyExc_TypeError, "from_objects: layout must be a DeclaredLayout, not "
-                     "%.100s", Py_TYPE(args[0])->tp_name);
+    if (parse_keywords("from_objects", args, nargs, kwnames, &device_id, NULL) < 0)
         return NULL;
-    }
     PgLayout *lay = (PgLayout *)args[0];
     PyObject *fast = PySequence_Fast(args[1], "from_objects: objects must be a sequence");
     if (fast == NULL) return NULL;
-    Py_ssize_t n = Py_SIZE(lay);
-    if (PySequence_Fast_GET_SIZE(fast) != n) {
+    if (PySequence_Fast_GET_SIZE(fast) != Py_SIZE(lay)) {
         PyErr_Format(PyExc_ValueError, "from_objects: %zd objects for a layout of %zd slots",
-                     PySequence_Fast_GET_SIZE(fast), n);
+                     PySequence_Fast_GET_SIZE(fast), Py_SIZE(lay));
         Py_DECREF(fast);
         return NULL;
     }
-    PgPack *p = PyObject_NewVar(PgPack, &PackType, n);
-    if (p == NULL) {
-        Py_DECREF(fast);
-        return NULL;
-    }
-    memset(p->slots, 0, (sizeof(PgSlot) + sizeof(void *)) * (size_t)n);
-    p->layout = (PgLayout *)Py_NewRef(lay);
-    p->graph_described = NULL;
-    PyObject **items = PySequence_Fast_ITEMS(fast);
-    void **ptrs = pack_ptrs(p);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (items[i] == Py_None) continue;
-        if (fill_slot(p, i, items[i], device_id) < 0) {
-            Py_DECREF(fast);
-            Py_DECREF(p);
-            return NULL;
-        }
-        ptrs[i] = p->slots[i].view.ptr;
-    }
+    PyObject *pack = build_pack(lay, PySequence_Fast_ITEMS(fast), device_id);
     Py_DECREF(fast);
-    return (PyObject *)p;
+    return pack;
+}
+
+static PyObject *raise_missing(PgLayout *lay, PyObject *const *items, PyObject *positions);
+
+/* The caller's {uid or tensor: object} map, placed by uid in C: execute's own argument,
+ * read without a Python loop over it. */
+static PyObject *pack_from_mapping(PyTypeObject *type, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames)
+{
+    int device_id = 0;
+    PyObject *required = Py_None;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError,
+                        "from_mapping(layout, mapping, *, required=None, device_id=0)");
+        return NULL;
+    }
+    if (parse_keywords("from_mapping", args, nargs, kwnames, &device_id, &required) < 0)
+        return NULL;
+    PgLayout *lay = (PgLayout *)args[0];
+    Py_ssize_t n = Py_SIZE(lay);
+    PyObject *dict = args[1], *pack = NULL, *key, *value;
+    PyObject **items = PyMem_Calloc(n ? (size_t)n : 1, sizeof(PyObject *));
+    if (items == NULL) return PyErr_NoMemory();
+    if (PyDict_Check(dict)) {
+        Py_INCREF(dict);
+    } else { /* any mapping: through dict() once */
+        dict = PyDict_New();
+        if (dict == NULL || PyDict_Merge(dict, args[1], 1) < 0) goto done;
+    }
+    Py_ssize_t cursor = 0;
+    while (PyDict_Next(dict, &cursor, &key, &value)) {
+        Py_ssize_t i = layout_find(lay, key);
+        if (i < 0) goto done;
+        if (items[i] != NULL) {
+            slot_error(PyExc_ValueError, lay, i, "bound twice in one variant pack");
+            goto done;
+        }
+        items[i] = Py_NewRef(value); /* a producer's __dlpack__ may run arbitrary code */
+    }
+    if (required != Py_None && raise_missing(lay, items, required) == NULL) goto done;
+    pack = build_pack(lay, items, device_id);
+done:
+    for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(items[i]);
+    PyMem_Free(items);
+    Py_XDECREF(dict);
+    return pack;
 }
 
 static Py_ssize_t pack_index(PgPack *p, PyObject *arg)
@@ -1098,16 +1156,29 @@ static PyObject *pack_check_extent(PgPack *p, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
-static PyObject *pack_missing(PgPack *p, PyObject *indices)
+/* The positions among `positions` whose item is unfilled, as a tuple. */
+static PyObject *unfilled_positions(PgLayout *lay, PyObject *const *items, PgPack *p,
+                                    PyObject *positions)
 {
-    PyObject *fast = PySequence_Fast(indices, "missing: indices must be a sequence");
+    PyObject *fast = PySequence_Fast(positions, "positions must be a sequence");
     if (fast == NULL) return NULL;
     PyObject *out = PyList_New(0);
     for (Py_ssize_t k = 0; out && k < PySequence_Fast_GET_SIZE(fast); k++) {
-        Py_ssize_t i = pack_index(p, PySequence_Fast_GET_ITEM(fast, k));
-        if (i < 0 || (p->slots[i].kind == PG_UNFILLED &&
-                      PyList_Append(out, PySequence_Fast_GET_ITEM(fast, k)) < 0))
+        PyObject *position = PySequence_Fast_GET_ITEM(fast, k);
+        Py_ssize_t i = PyLong_AsSsize_t(position);
+        if (i == -1 && PyErr_Occurred()) {
             Py_CLEAR(out);
+            break;
+        }
+        if (i < 0 || i >= Py_SIZE(lay)) {
+            PyErr_Format(PyExc_IndexError, "position %zd of a %zd-operand pack (positions "
+                         "come from index_of)", i, Py_SIZE(lay));
+            Py_CLEAR(out);
+            break;
+        }
+        int unfilled = p ? p->slots[i].kind == PG_UNFILLED
+                         : (items[i] == NULL || items[i] == Py_None);
+        if (unfilled && PyList_Append(out, position) < 0) Py_CLEAR(out);
     }
     Py_DECREF(fast);
     if (out == NULL) return NULL;
@@ -1115,16 +1186,19 @@ static PyObject *pack_missing(PgPack *p, PyObject *indices)
     return out;
 }
 
-static PyObject *pack_require(PgPack *p, PyObject *indices)
+/* Raise MissingOperandError naming every unfilled operand among `positions`; returns
+ * None when all are supplied. Reads items (a pack being built) or a built pack. */
+static PyObject *missing_error(PgLayout *lay, PyObject *const *items, PgPack *p,
+                               PyObject *positions)
 {
-    PyObject *absent = pack_missing(p, indices);
+    PyObject *absent = unfilled_positions(lay, items, p, positions);
     if (absent == NULL || PyTuple_GET_SIZE(absent) == 0) {
         Py_XDECREF(absent);
         return absent ? Py_NewRef(Py_None) : NULL;
     }
     PyObject *labels = PyList_New(0);
     for (Py_ssize_t k = 0; labels && k < PyTuple_GET_SIZE(absent); k++) {
-        PyObject *label = label_of(p->layout, PyLong_AsSsize_t(PyTuple_GET_ITEM(absent, k)));
+        PyObject *label = label_of(lay, PyLong_AsSsize_t(PyTuple_GET_ITEM(absent, k)));
         if (label == NULL || PyList_Append(labels, label) < 0) Py_CLEAR(labels);
         Py_XDECREF(label);
     }
@@ -1138,6 +1212,35 @@ static PyObject *pack_require(PgPack *p, PyObject *indices)
     Py_XDECREF(joined);
     Py_DECREF(labels);
     return NULL;
+}
+
+/* missing_error for a pack being built, without an allocation when nothing is missing
+ * (the common case: on execute's path). */
+static PyObject *raise_missing(PgLayout *lay, PyObject *const *items, PyObject *positions)
+{
+    if (PyList_CheckExact(positions) || PyTuple_CheckExact(positions)) {
+        PyObject *const *seq = PySequence_Fast_ITEMS(positions);
+        Py_ssize_t k, count = PySequence_Fast_GET_SIZE(positions);
+        for (k = 0; k < count; k++) {
+            Py_ssize_t i = PyLong_AsSsize_t(seq[k]);
+            if (i < 0 || i >= Py_SIZE(lay) || items[i] == NULL || items[i] == Py_None) break;
+        }
+        PyErr_Clear(); /* a bad position is reported by the slow path below */
+        if (k == count) return Py_None; /* borrowed: only compared against NULL */
+    }
+    PyObject *r = missing_error(lay, items, NULL, positions);
+    Py_XDECREF(r);
+    return r;
+}
+
+static PyObject *pack_missing(PgPack *p, PyObject *positions)
+{
+    return unfilled_positions(p->layout, NULL, p, positions);
+}
+
+static PyObject *pack_require(PgPack *p, PyObject *positions)
+{
+    return missing_error(p->layout, NULL, p, positions);
 }
 
 static PyObject *pack_graph_described(PgPack *p, void *unused)
@@ -1172,6 +1275,10 @@ static PyMethodDef pack_methods[] = {
     {"from_objects", (PyCFunction)(void (*)(void))pack_from_objects,
      METH_FASTCALL | METH_KEYWORDS | METH_CLASS,
      "from_objects(layout, objects, *, device_id=0): normalize one call's operands."},
+    {"from_mapping", (PyCFunction)(void (*)(void))pack_from_mapping,
+     METH_FASTCALL | METH_KEYWORDS | METH_CLASS,
+     "from_mapping(layout, mapping, *, required=None, device_id=0): the same from a "
+     "{uid or tensor: object} map."},
     {"index_of", (PyCFunction)pack_index_of, METH_O, "Position of a uid (or of x.uid)."},
     {"operands", (PyCFunction)pack_operands, METH_O,
      "OperandBuffers at the given positions (None where unfilled)."},

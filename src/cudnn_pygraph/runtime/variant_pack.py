@@ -29,6 +29,13 @@ One call::
     pack = VariantPack.from_objects(layout, objects, device_id=0)
 
 ``objects`` is aligned with the layout's slots; None is an optional slot not supplied.
+The same from execute's own argument, placed by uid in C (no Python loop over it)::
+
+    pack = VariantPack.from_mapping(layout, {uid_or_tensor: obj, ...}, required=positions,
+                                    device_id=0)
+
+raises UnknownOperandError for a key that is no slot's uid, ValueError for a slot bound
+twice, and MissingOperandError naming every required position left unfilled.
 Each object is read by the first of these it offers: ``type(obj).__dlpack_c_exchange_api__``
 (the DLPack C exchange table; torch tensors: no Python call per operand), ``__dlpack__``,
 ``__cuda_array_interface__``, ``__array_interface__``; an exact `OperandBuffer` is copied
