@@ -38,9 +38,13 @@ def _python_only_reason(graph):
 
 
 def lower_for_validation(graph):
-    """validate()'s classic timing: lower now and let the backend judge."""
+    """validate()'s classic timing: lower now and let the backend judge. A backend that
+    cannot run here (frontend without libcudnn) leaves the native validation standing."""
     if backend_installed() and _python_only_reason(graph) is None:
-        _lowering().lowered(graph)
+        try:
+            _lowering().lowered(graph)
+        except BackendUnavailableError:
+            pass
 
 
 def finalize_layout(graph):
@@ -53,7 +57,7 @@ def finalize_layout(graph):
         return INSTALL_HINT
     try:
         _lowering().lowered(graph).land_layout(graph)
-    except cudnnGraphNotSupportedError as exc:
+    except (cudnnGraphNotSupportedError, BackendUnavailableError) as exc:
         return str(exc)
     return None
 

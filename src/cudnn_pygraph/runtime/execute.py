@@ -13,8 +13,9 @@ class GraphLayout:
     The operand order has one source: for a python-only graph every wired port (is_virtual
     there speaks of the backend's lowering, not of what the caller binds: a gdn graph's
     O is virtual and the caller still passes it); for any other graph the non-virtual
-    tensors the caller fills (pass-by-value scalars are filled by the graph itself), which
-    is exactly the lowered graph's variant-pack template."""
+    tensors the caller fills (a pass-by-value scalar holding its value is filled by the graph
+    itself), which is exactly the lowered graph's variant-pack template (backend/
+    backend_plans.py checks the two agree at build)."""
 
     def __init__(self, graph):
         from .variant_pack import DeclaredLayout
@@ -35,8 +36,10 @@ class GraphLayout:
                     required.add(t.uid)
             tensors = sorted(slots, key=lambda t: t.uid)
         else:
+            # A pass-by-value scalar holding its value (tensor_scalar) is filled by the
+            # graph; one declared without a value is the caller's (a host buffer).
             tensors = [t for t in sorted(graph.tensors, key=lambda t: t.uid)
-                       if not t.is_virtual and not t.is_pass_by_value]
+                       if not t.is_virtual and not (t.is_pass_by_value and t.value is not None)]
             required = {t.uid for t in tensors}
         self.tensors = tensors
         self.position = {t.uid: i for i, t in enumerate(tensors)}
@@ -84,4 +87,6 @@ def run_plan(record, compiled, variant_pack, workspace, handle, overrides):
             pack.override(uid, override_shapes[i], override_strides[i])
     graph = record.graph
     ctx = ExecutionContext(handle, resolve_stream(handle, graph), workspace, None)
+    if override_uids:  # the backend's override path takes the lists themselves
+        ctx.overrides = overrides
     compiled.execute(graph, pack, ctx)

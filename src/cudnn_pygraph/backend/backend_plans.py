@@ -1,0 +1,304 @@
+"""The backend's side of the one plan list: its entries per heuristic mode, replaying a
+recorded (engine_id, knobs), building an entry, and executing it from the variant pack's
+pointer array. Reaches the frontend only through lowering.frontend().
+
+Spec ("Ranking and the one plan list"): one backend create_execution_plans PER MODE, the
+plan count read after each (its span), every entry tagged with its mode and carrying its
+cpp_index; the untagged delegating entry (BACKEND_HEURISTIC_ENGINE_ID) leads them when a
+mode succeeded — success tracked per call, since an OPENSOURCE query adds no plan. A
+plan's identity is (engine_id, knobs); cpp_index only says where the backend put it.
+"""
+
+import threading
+
+from .._types import (
+    FRONTEND_KNOB_TYPE_BASE,
+    BackendUnavailableError,
+    build_plan_policy,
+    cudnnGraphNotSupportedError,
+    heur_mode,
+    knob_type,
+)
+from ..engines.base import CompiledPlan, PlanConfig
+from ..planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, is_backend_id
+from .lowering import backend_enum, backend_error, frontend, lowered
+
+LABEL = "cudnn_backend"
+
+
+# ---------------------------------------------------------------- knobs
+class BackendOnlyKnob(int):
+    """A backend knob type our vocabulary does not name yet (nvidia-cudnn-frontend 1.32.0
+    has 0..32; cudnn_pygraph._types.knob_type stops at 20). Keeps the plan listable and
+    replayable under the backend's own name until the vocabulary gains the member."""
+
+    def __new__(cls, value, name):
+        obj = super().__new__(cls, value)
+        obj.name = name
+        return obj
+
+    def __repr__(self):
+        return f"<backend knob {self.name}: {int(self)}>"
+
+
+def _our_knob(theirs):
+    try:
+        return knob_type(int(theirs.value))
+    except ValueError:
+        return BackendOnlyKnob(int(theirs.value), theirs.name)
+
+
+def _their_knobs(fe, knobs):
+    out = {}
+    for k, v in dict(knobs).items():
+        if int(k) >= FRONTEND_KNOB_TYPE_BASE:
+            name = getattr(k, "name", str(int(k)))
+            raise ValueError(
+                f"create_execution_plan(): knob {name} is a frontend-band knob "
+                f"(>= {FRONTEND_KNOB_TYPE_BASE}): python engines only, never sent to the backend"
+            )
+        out[fe.module.knob_type(int(k))] = int(v)
+    return out
+
+
+# ---------------------------------------------------------------- plan entries
+def plan_entries(graph, modes):
+    """(entries, outcome): the backend's entries for `modes`, each tagged with its mode
+    and cpp_index, led by the delegating entry when a mode succeeded; outcome maps each
+    mode to "ok: n plans" or the reason it failed. ([], reasons) when the backend
+    declines the graph or cannot run here (build_operation_graph needs a GPU)."""
+    modes = [heur_mode(m) for m in modes]
+    try:
+        lg = lowered(graph)
+    except (cudnnGraphNotSupportedError, BackendUnavailableError) as exc:
+        return [], {m: str(exc) for m in modes}
+    reason = lg.build_operation_graph()
+    if reason is not None:
+        return [], {m: reason for m in modes}
+    backend, fe = lg.backend, lg.fe
+    entries, outcome, succeeded = [], {}, False
+    with lg.lock:
+        for mode in modes:
+            before = backend.get_execution_plan_count()
+            try:
+                backend.create_execution_plans([backend_enum(fe, mode)])
+            except fe.errors as exc:
+                outcome[mode] = str(backend_error(exc, f"create_execution_plans([{mode.name}])"))
+                continue
+            succeeded = True
+            after = backend.get_execution_plan_count()
+            for index in range(before, after):
+                entries.append(_entry_at(lg, index, mode))
+            outcome[mode] = f"ok: {after - before} plans"
+    if succeeded:
+        entries.insert(0, PlanConfig(BACKEND_HEURISTIC_ENGINE_ID, ()))
+    return entries, outcome
+
+
+def _entry_at(lg, index, mode):
+    engine_id, knobs = lg.backend.get_engine_and_knobs_at_index(index)
+    if not is_backend_id(int(engine_id)):
+        raise RuntimeError(
+            f"the backend reported engine id {engine_id} at index {index}, outside the backend "
+            "id range of planning/engine_ids.py"
+        )
+    public = frozenset((_our_knob(k), int(v)) for k, v in knobs.items())
+    return PlanConfig(int(engine_id), public, mode, index)
+
+
+def replay_entry(graph, engine_id, knobs):
+    """The one backend plan (engine_id, {knob_type: int}) names, created exactly."""
+    lg = lowered(graph)
+    backend, fe = lg.backend, lg.fe
+    if engine_id == BACKEND_HEURISTIC_ENGINE_ID:
+        if knobs:
+            raise ValueError("create_execution_plan(): the delegating backend entry takes no knobs")
+        entries, outcome = plan_entries(graph, [heur_mode.A])
+        if not entries:
+            raise cudnnGraphNotSupportedError(f"backend heuristic entry: {outcome[heur_mode.A]}")
+        return entries[0]
+    theirs = _their_knobs(fe, knobs)
+    reason = lg.build_operation_graph()
+    if reason is not None:
+        raise cudnnGraphNotSupportedError(f"engine {engine_id}: {reason}")
+    with lg.lock:
+        try:
+            backend.create_execution_plan(int(engine_id), theirs)
+        except fe.errors as exc:
+            raise backend_error(exc, f"create_execution_plan({engine_id})") from exc
+        index = backend.get_execution_plan_count() - 1
+    return PlanConfig(int(engine_id), frozenset(dict(knobs).items()), None, index)
+
+
+def plan_label(plan):
+    if plan.engine_id == BACKEND_HEURISTIC_ENGINE_ID:
+        return f"{LABEL}:heuristic"
+    return f"{LABEL}:eng{plan.engine_id}"
+
+
+# ---------------------------------------------------------------- build
+def build_plan(graph, plan, ctx):
+    lg = lowered(graph)
+    backend, fe = lg.backend, lg.fe
+    with lg.lock:
+        try:
+            if plan.engine_id == BACKEND_HEURISTIC_ENGINE_ID:
+                # The backend walks its own list (its OSS candidate first) and keeps the
+                # first that builds as its selection, which plan_index -1 executes.
+                backend.build_plans(backend_enum(fe, build_plan_policy.HEURISTICS_CHOICE))
+                index, workspace = -1, backend.get_workspace_size()
+            else:
+                if plan.cpp_index is None:
+                    raise cudnnGraphNotSupportedError(
+                        f"{plan_label(plan)}: no backend index (plan it with create_execution_plans "
+                        "or replay it with create_execution_plan)"
+                    )
+                backend.build_plan_at_index(plan.cpp_index)
+                index = plan.cpp_index
+                workspace = backend.get_workspace_size_plan_at_index(index)
+        except fe.errors as exc:
+            raise backend_error(exc, f"{plan_label(plan)}: build") from exc
+        slots = _check_template(lg, graph)
+    device = getattr(ctx.device, "ordinal", 0) if ctx is not None and ctx.device is not None else 0
+    return BackendPlan(lg, index, int(workspace), slots, max(device, 0))
+
+
+def _check_template(lg, graph):
+    """The backend's variant-pack template (the uids it expects in _execute_with_raw_ptrs'
+    array, ascending) must be GraphLayout's slot order: one order, two readers."""
+    from ..runtime.execute import GraphLayout
+
+    ours = [t.uid for t in GraphLayout(graph).tensors]
+    backend = lg.backend
+    if hasattr(backend, "_get_variant_pack_uids_sorted"):
+        if hasattr(backend, "_prepare_variant_pack_template"):
+            backend._prepare_variant_pack_template()
+        theirs = [int(u) for u in backend._get_variant_pack_uids_sorted()]
+        if theirs != ours:
+            raise RuntimeError(
+                f"graph '{graph.name}': the backend's variant-pack template {theirs} differs from "
+                f"GraphLayout's slots {ours}: the pointer array would bind the wrong buffers"
+            )
+    return len(ours)
+
+
+# ---------------------------------------------------------------- execute
+class BackendPlan(CompiledPlan):
+    """A built backend plan. execute() hands the pack's per-call pointer array to the
+    backend: no dict, no per-operand lookup; two threads with two packs pass two arrays."""
+
+    supports_overrides = True
+
+    def __init__(self, lg, index, workspace_size, n_slots, device):
+        self.lowered = lg
+        self.index = index
+        self.workspace_size = workspace_size
+        self.n_slots = n_slots
+        self.device = device
+        self._raw = lg.backend._execute_with_raw_ptrs
+        self._scratch = {}  # stream -> workspace we allocated (caller gave none)
+        self._scratch_lock = threading.Lock()
+
+    def execute(self, graph, pack, ctx):
+        handle = ctx.handle
+        if handle is None:
+            handle = graph.backend_options.get("handle") or default_handle(self.device)
+        bh = handle if type(handle) is int else handle.backend_handle()
+        ws = 0 if self.workspace_size == 0 else self._workspace(ctx)
+        overrides = getattr(ctx, "overrides", None)
+        if overrides:
+            self._execute_overridden(pack, ws, bh, overrides)
+            return
+        self._raw(pack.address, self.n_slots, ws, bh, self.index)
+
+    def _execute_overridden(self, pack, ws, bh, overrides):
+        """override_shapes/strides go through the backend's own override path, which takes
+        a {uid: address} map and the override lists in the graph's axis order."""
+        uids, shapes, strides = overrides
+        layout = pack.layout
+        buffers = pack.operands(list(range(len(pack))))
+        var_pack = {layout.slot(i)[0]: b.ptr for i, b in enumerate(buffers) if b is not None}
+        lists = (list(uids), [list(s) for s in shapes], [list(s) for s in strides])
+        backend = self.lowered.backend
+        try:
+            if self.index < 0:
+                backend._execute(var_pack, ws, bh, *lists)
+            else:
+                backend._execute_plan_at_index(var_pack, ws, self.index, bh, *lists)
+        except self.lowered.fe.errors as exc:
+            raise backend_error(exc, "execute() with overrides") from exc
+
+    def _workspace(self, ctx):
+        ws = ctx.workspace
+        if ws is None:
+            return self._scratch_for(ctx.stream)
+        if type(ws) is int:
+            return ws
+        ptr = getattr(ws, "ptr", None)  # an OperandBuffer
+        if ptr is not None:
+            return ptr
+        if hasattr(ws, "data_ptr"):  # a torch tensor: its bytes must cover the plan's
+            nbytes = ws.numel() * ws.element_size()
+            if nbytes < self.workspace_size:
+                raise ValueError(
+                    f"workspace: {nbytes} bytes given, this plan needs {self.workspace_size}"
+                )
+            return ws.data_ptr()
+        cai = getattr(ws, "__cuda_array_interface__", None)
+        if cai is not None:
+            return cai["data"][0]
+        raise TypeError(f"workspace: cannot read a device address from {type(ws).__name__}")
+
+    def _scratch_for(self, stream):
+        """A workspace per stream, kept: reuse on one stream is ordered by the stream."""
+        key = stream or 0
+        buf = self._scratch.get(key)
+        if buf is None:
+            import torch
+
+            with self._scratch_lock:
+                buf = self._scratch.get(key)
+                if buf is None:
+                    buf = torch.empty(self.workspace_size, dtype=torch.uint8, device=f"cuda:{self.device}")
+                    self._scratch[key] = buf
+        return buf.data_ptr()
+
+
+# ---------------------------------------------------------------- handles
+_DEFAULT_HANDLES = {}
+_HANDLE_LOCK = threading.Lock()
+
+
+def default_handle(device):
+    """Our Handle for `device` when the caller gave none: made once per device, on the
+    default stream."""
+    h = _DEFAULT_HANDLES.get(device)
+    if h is None:
+        from ..runtime.handle import Handle
+
+        with _HANDLE_LOCK:
+            h = _DEFAULT_HANDLES.setdefault(device, Handle(device=device))
+    return h
+
+
+def create_backend_handle(stream):
+    module = frontend().module
+    h = module.create_handle()
+    if stream:
+        set_backend_stream(h, stream)
+    return h
+
+
+def destroy_backend_handle(h):
+    module = frontend().module
+    destroy = getattr(module, "_raw_destroy_handle", None) or module.destroy_handle
+    destroy(h)
+
+
+def set_backend_stream(h, stream):
+    module = frontend().module
+    raw = getattr(module, "_raw_set_stream", None)
+    if raw is not None:
+        raw(h, stream or 0)
+    else:  # older layout
+        module.set_stream(handle=h, stream=stream or 0)

@@ -1,0 +1,465 @@
+"""Lowering: the ONE module that imports the cuDNN frontend's compiled module.
+
+A graph lowers once into the backend's graph builder (nvidia-cudnn-frontend 1.3x:
+`cudnn._pybind_module.backend_graph`; older releases: the pybind class `cudnn.pygraph`
+itself). Lowering reads the OpSpecs and nothing else — there is no second op table: each
+node calls `spec.backend_method` with kwargs built by walking `spec.params` (tensors become
+backend tensors, our enums the backend's member of the same name), and the returned
+tensors are mapped onto the node's outputs in `spec.outputs` order.
+
+Invariants held here (spec: "Key invariants"):
+  * uid ownership: every backend tensor is created with OUR uid pushed explicitly, so the
+    backend's auto-assignment never runs; a post-build assertion fails loudly otherwise.
+  * output layout contract: only the caller's own dims / strides / data_type of an output
+    are pushed; what our shape rules inferred is provisional and the backend's own layout
+    inference (channels-last conv, ...) lands back on the IR (`LoweredGraph.land_layout`).
+  * classic errors: a graph the backend refuses raises cudnnGraphNotSupportedError with the
+    backend's own message and the node named. A backend that cannot run HERE (libcudnn
+    missing, no device for a device query) raises BackendUnavailableError instead: that is
+    the environment, not the graph.
+
+The plan side (entries per heuristic mode, replay, build, execute, handles) lives in
+backend/backend_plans.py and reaches the frontend through `frontend()` below.
+
+Tested with nvidia-cudnn-frontend 1.32.0 (libcudnn 9.28.1 on CPU, 9.19 on the H200). The
+older layout is supported where it costs a getattr (builder class, `tensor()` + set_uid
+for `_make_tensor`); it is not tested.
+"""
+
+import enum
+import functools
+import threading
+from types import SimpleNamespace
+
+from .._types import (
+    BackendUnavailableError,
+    cudnnGraphNotSupportedError,
+    data_type,
+    tensor_reordering,
+)
+from ..graph.opspec import PortKind
+from ..graph.tensor import Tensor
+
+# Backend messages that speak of the machine, not of the graph: the library could not be
+# found or loaded, or a device query failed. Seen on 2026-11-29: "Unable to find symbol
+# cudnnCreate" (frontend without libcudnn), "CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED",
+# "cuda_get_device(&device) failed" (sdpa validate on a CPU machine without sm_version).
+_ENVIRONMENT_MARKERS = (
+    "Unable to find symbol",
+    "SUBLIBRARY_LOADING_FAILED",
+    "cuda_get_device",
+    "cudaGetDeviceCount",
+    "CUDA driver version is insufficient",
+    "no CUDA-capable device",
+)
+
+
+# ---------------------------------------------------------------- the frontend module
+@functools.lru_cache(maxsize=None)
+def _load_frontend():
+    """(frontend namespace, None) or (None, reason). Loaded once per process."""
+    try:
+        import cudnn
+    except ImportError as exc:  # includes a broken install
+        return None, f"the cuDNN frontend cannot be imported: {exc}"
+    module = getattr(cudnn, "_pybind_module", None) or getattr(cudnn, "_compiled_module", None)
+    builder = getattr(module, "backend_graph", None) if module is not None else None
+    if builder is None:  # the older layout: the pybind class is cudnn.pygraph itself
+        candidate = getattr(cudnn, "pygraph", None)
+        if candidate is not None and hasattr(candidate, "validate") and hasattr(candidate, "matmul"):
+            builder, module = candidate, module or cudnn
+    if builder is None:
+        return None, "the installed cuDNN frontend has no graph builder (backend_graph / pygraph)"
+    try:
+        version = module.backend_version()
+    except Exception as exc:  # noqa: BLE001 — libcudnn absent: the frontend says so here
+        return None, f"libcudnn cannot be loaded here ({exc}); install nvidia-cudnn-cu13 (or -cu12)"
+    errors = (RuntimeError, ValueError, TypeError)
+    native_error = getattr(module, "cudnnGraphNotSupportedError", None)
+    if isinstance(native_error, type) and issubclass(native_error, Exception):
+        errors = errors + (native_error,)
+    fe = SimpleNamespace(
+        module=module,
+        builder=builder,
+        frontend_version=getattr(cudnn, "__version__", "?"),
+        libcudnn_version=version,
+        errors=errors,
+        makes_tensor_with_uid=hasattr(builder, "_make_tensor"),
+    )
+    return fe, None
+
+
+def frontend():
+    """The frontend namespace (module, builder class, versions, error types), or
+    BackendUnavailableError saying why the backend cannot run here."""
+    fe, reason = _load_frontend()
+    if fe is None:
+        raise BackendUnavailableError(reason)
+    return fe
+
+
+def unavailable_reason():
+    """None when the backend can lower here, else why not (no exception)."""
+    return _load_frontend()[1]
+
+
+def backend_enum(fe, value):
+    """The backend's member of the same name as our enum member `value`."""
+    cls = getattr(fe.module, type(value).__name__)
+    try:
+        return cls.__members__[value.name]
+    except KeyError:
+        raise cudnnGraphNotSupportedError(
+            f"{type(value).__name__}.{value.name} has no backend member in "
+            f"nvidia-cudnn-frontend {fe.frontend_version}"
+        ) from None
+
+
+def backend_error(exc, where):
+    """A backend exception as ours: the environment's, or the classic graph error."""
+    text = str(exc) or type(exc).__name__
+    if any(marker in text for marker in _ENVIRONMENT_MARKERS):
+        return BackendUnavailableError(f"{where}: the backend cannot run here: {text}")
+    return cudnnGraphNotSupportedError(f"{where}: {text}")
+
+
+# ---------------------------------------------------------------- lowering
+def python_only_node(graph):
+    """The first node with no backend builder, or None."""
+    for node in graph.nodes:
+        if node.spec.backend_method is None:
+            return node
+    return None
+
+
+def lowered(graph):
+    """The graph's LoweredGraph, built, validated by the backend and cached on the graph
+    (`graph.__dict__["_lowered"]`). Raises cudnnGraphNotSupportedError naming the node
+    the backend refused, BackendUnavailableError when the backend cannot run here."""
+    cached = graph.__dict__.get("_lowered")
+    if cached is not None:
+        return cached
+    with _LOWERING_LOCK:
+        cached = graph.__dict__.get("_lowered")
+        if cached is None:
+            cached = construct(graph)
+            cached.validate(graph)
+            graph.__dict__["_lowered"] = cached
+    return cached
+
+
+_LOWERING_LOCK = threading.RLock()
+
+
+def construct(graph, nodes=None):
+    """Build the backend graph for `nodes` (all of the graph's by default) with every uid
+    pushed, WITHOUT the backend's validate(). The uid assertion runs here and again after
+    validate (where the backend would auto-assign)."""
+    node = python_only_node(graph)
+    if node is not None:
+        raise cudnnGraphNotSupportedError(
+            f"{node.op} node '{node.name}' is a python-only op: the cuDNN backend has no builder "
+            f"for it, so graph '{graph.name}' cannot lower"
+        )
+    fe = frontend()
+    try:
+        backend = fe.builder(**_context_kwargs(graph, fe))
+    except fe.errors as exc:
+        raise backend_error(exc, f"graph '{graph.name}': creating the backend graph") from exc
+    builder = _Builder(fe, backend)
+    for node in graph.nodes if nodes is None else nodes:
+        builder.lower_node(node)
+    result = LoweredGraph(fe, backend, builder.made, graph.name)
+    result.assert_uids()
+    return result
+
+
+def _context_kwargs(graph, fe):
+    """The backend graph's constructor kwargs: the graph context, then the backend-only
+    options the caller gave (only those set, so an older constructor is not handed
+    keywords it lacks)."""
+    kw = {"name": graph.name}
+    for field in ("io_data_type", "intermediate_data_type", "compute_data_type"):
+        kw[field] = backend_enum(fe, data_type(getattr(graph, field)))
+    opts = graph.backend_options
+    handle = opts.get("handle")
+    if handle is not None:
+        kw["handle"] = handle if isinstance(handle, int) else handle.backend_handle()
+    for field in ("sm_count", "sm_version", "kernel_cache"):
+        if opts.get(field) is not None:
+            kw[field] = opts[field]
+    prop = opts.get("device_property")
+    if prop is not None:
+        if isinstance(prop, getattr(fe.module, "device_properties", ())):
+            kw["device_property"] = prop
+        elif hasattr(prop, "sm") and not getattr(prop, "is_interpreter", False):
+            # Our DeviceProperties: the caller planned for that arch; the backend's
+            # deviceless spelling of the same request (its validate then needs no GPU).
+            kw.setdefault("sm_version", prop.sm)
+            kw.setdefault("sm_count", prop.sm_count)
+    for flag in ("is_dynamic_shape_enabled", "is_override_shape_enabled"):
+        if opts.get(flag):
+            kw[flag] = True
+    if opts.get("cuda_graph_retention") is not None:
+        kw["cuda_graph_retention"] = backend_enum(fe, opts["cuda_graph_retention"])
+    return kw
+
+
+class _Builder:
+    """One lowering pass: our tensors -> backend tensors (uid -> backend tensor)."""
+
+    def __init__(self, fe, backend):
+        self.fe = fe
+        self.backend = backend
+        self.made = {}
+
+    # ---- tensors
+    def tensor(self, t):
+        made = self.made.get(t.uid)
+        if made is not None:
+            return made
+        fe, backend = self.fe, self.backend
+        if t.is_pass_by_value and t.value is not None:
+            # A scalar the graph holds: the backend embeds the value and fills the slot
+            # itself, so the caller never binds it (runtime/execute.py GraphLayout).
+            made = backend.tensor_scalar(t.value, fe.module.scalar_type.RUNTIME_PARAM)
+            made.set_dim(list(t.dim)).set_stride(list(t.stride)).set_name(t.name)
+            made.set_data_type(backend_enum(fe, t.data_type))
+            made.set_uid(t.uid)
+        else:
+            kw = {
+                "dim": list(t.dim),
+                "stride": list(t.stride),
+                "data_type": backend_enum(fe, t.data_type),
+                "is_virtual": t.is_virtual,
+                "is_pass_by_value": t.is_pass_by_value,
+                "name": t.name,
+            }
+            if t.ragged_offset is not None:
+                kw["ragged_offset"] = self.tensor(t.ragged_offset)
+            if t.reordering_type != tensor_reordering.NONE:
+                kw["reordering_type"] = backend_enum(fe, t.reordering_type)
+            if t.ragged_offset_multiplier != 1:
+                kw["ragged_offset_multiplier"] = t.ragged_offset_multiplier
+            if fe.makes_tensor_with_uid:
+                made = backend._make_tensor(uid=t.uid, **kw)
+            else:
+                made = backend.tensor(**kw)
+                made.set_uid(t.uid)
+        self.made[t.uid] = made
+        return made
+
+    def output(self, ours, theirs):
+        """Map the backend's output tensor onto ours: uid, name, virtual/output, and ONLY
+        the fields the caller set (inferred ones are provisional)."""
+        theirs.set_uid(ours.uid)
+        theirs.set_name(ours.name)
+        theirs.set_is_virtual(ours.is_virtual)
+        if ours.is_user_set("dim"):
+            theirs.set_dim(list(ours.dim))
+        if ours.is_user_set("stride"):
+            theirs.set_stride(list(ours.stride))
+        if ours.is_user_set("data_type"):
+            theirs.set_data_type(backend_enum(self.fe, ours.data_type))
+        if ours.ragged_offset is not None:
+            theirs.set_ragged_offset(self.tensor(ours.ragged_offset))
+        if ours.ragged_offset_multiplier != 1:
+            theirs.set_ragged_offset_multiplier(ours.ragged_offset_multiplier)
+        if ours.reordering_type != tensor_reordering.NONE:
+            theirs.set_reordering_type(backend_enum(self.fe, ours.reordering_type))
+        self.made[ours.uid] = theirs
+
+    # ---- values
+    def value(self, v):
+        """An argument in the backend's vocabulary: tensors (also inside attribute tuples,
+        e.g. sdpa's dropout seed/offset), enums by member name, sequences as lists."""
+        if isinstance(v, Tensor):
+            return self.tensor(v)
+        if isinstance(v, (tuple, list)):
+            return [self.value(x) for x in v]
+        if isinstance(v, enum.Enum):
+            return backend_enum(self.fe, v)
+        if callable(v):
+            raise cudnnGraphNotSupportedError(
+                "a callable attribute (score_mod) cannot lower: it would create backend tensors "
+                "outside the IR's uid namespace; express the modification with graph ops"
+            )
+        return v
+
+    # ---- nodes
+    def kwargs(self, node):
+        """The builder's kwargs, from the OpSpec: every param the caller gave a value
+        other than its default (the backend's own defaults are ours: the surface test
+        holds that), so an overloaded builder (conv padding vs pre/post padding) is
+        handed one overload's keywords only."""
+        kw = {}
+        for p in node.spec.params:
+            v = node.attrs.get(p.name) if p.kind is PortKind.ATTR else node.inputs.get(p.name)
+            if not p.required and _is_default(v, p.default):
+                continue
+            where = f"{node.op} node '{node.name}': {p.name}"
+            try:
+                kw[p.name] = self.value(v)
+            except cudnnGraphNotSupportedError as exc:
+                raise cudnnGraphNotSupportedError(f"{where}: {exc}") from None
+        kw["name"] = node.name
+        return kw
+
+    def lower_node(self, node):
+        spec, where = node.spec, f"{node.op} node '{node.name}'"
+        kwargs = self.kwargs(node)
+        try:
+            result = getattr(self.backend, spec.backend_method)(**kwargs)
+        except self.fe.errors as exc:
+            raise backend_error(exc, where) from exc
+        results = list(result) if spec.returns_list else [result]
+        if len(results) != len(spec.outputs):
+            raise RuntimeError(
+                f"{where}: the backend's {spec.backend_method}() returned {len(results)} tensors, "
+                f"the OpSpec declares {len(spec.outputs)} ({[o.name for o in spec.outputs]}): "
+                "graph/ops is out of step with the installed frontend"
+            )
+        for port, theirs in zip(spec.outputs, results):
+            ours = node.outputs.get(port.name)
+            if ours is None:
+                continue  # a conditional output this node does not produce
+            if theirs is None:
+                raise cudnnGraphNotSupportedError(f"{where}: the backend produced no {port.name}")
+            self.output(ours, theirs)
+
+
+def _is_default(value, default):
+    if value is default:
+        return True
+    if isinstance(value, Tensor) or isinstance(default, Tensor):
+        return False
+    try:
+        return bool(value == default)
+    except Exception:  # noqa: BLE001 — a value that does not compare: pass it on
+        return False
+
+
+# ---------------------------------------------------------------- the lowered graph
+class LoweredGraph:
+    """The backend graph of one IR graph, and the facts about it lowering settled."""
+
+    def __init__(self, fe, backend, tensors, graph_name):
+        self.fe = fe
+        self.backend = backend
+        self.tensors = tensors  # {uid: backend tensor}
+        self.graph_name = graph_name
+        self.lock = threading.Lock()  # planning/build calls into the backend graph
+        self.operation_graph = None  # None: not built yet; True, or the reason it failed
+
+    def assert_uids(self):
+        """uid ownership, enforced: every backend tensor carries our uid."""
+        wrong = [(uid, t.get_uid()) for uid, t in self.tensors.items() if t.get_uid() != uid]
+        if wrong:
+            raise RuntimeError(
+                f"graph '{self.graph_name}': backend tensors carry uids other than the IR's "
+                f"(ours -> theirs: {wrong}); lowering must push every uid"
+            )
+
+    def validate(self, graph):
+        try:
+            self.backend.validate()
+        except self.fe.errors as exc:
+            raise _named_failure(graph, exc) from exc
+        self.assert_uids()
+
+    def land_layout(self, graph):
+        """The backend's inference lands on the IR, only on fields the caller left to
+        inference (e.g. a conv output's channels-last strides)."""
+        for node in graph.nodes:
+            for t in node.output_tensors():
+                theirs = self.tensors.get(t.uid)
+                if theirs is None:
+                    continue
+                dim, stride = tuple(theirs.get_dim()), tuple(theirs.get_stride())
+                if dim:
+                    t._infer("dim", dim)
+                if stride and len(stride) == len(t.dim):
+                    t._infer("stride", stride)
+                dtype = data_type(int(theirs.get_data_type().value))
+                if dtype != data_type.NOT_SET:
+                    t._infer("data_type", dtype)
+
+    def key(self):
+        return self.backend.key()
+
+    def serialize(self, as_bytes=False):
+        try:
+            return self.backend.serialize(as_bytes=as_bytes)
+        except self.fe.errors as exc:
+            raise backend_error(exc, f"graph '{self.graph_name}': serialize()") from exc
+
+    def build_operation_graph(self):
+        """Once per lowered graph; None when built, else why not (needs a GPU)."""
+        with self.lock:
+            if self.operation_graph is None:
+                try:
+                    self.backend.build_operation_graph()
+                    self.operation_graph = True
+                except self.fe.errors as exc:
+                    self.operation_graph = str(backend_error(exc, "build_operation_graph()"))
+        return None if self.operation_graph is True else self.operation_graph
+
+
+def _named_failure(graph, exc):
+    """The backend's refusal with the node named: by the node's name in the backend's
+    message when it says it, else by validating growing prefixes of the graph (only on
+    this error path) until one fails."""
+    text = str(exc)
+    for node in sorted(graph.nodes, key=lambda n: -len(n.name)):
+        if node.name and node.name in text:
+            return backend_error(exc, f"{node.op} node '{node.name}'")
+    nodes = list(graph.nodes)
+    culprit = nodes[-1]
+    for k in range(1, len(nodes)):
+        try:
+            construct(graph, nodes[:k]).backend.validate()
+        except Exception:  # noqa: BLE001 — any refusal of the prefix names its last node
+            culprit = nodes[k - 1]
+            break
+    return backend_error(exc, f"{culprit.op} node '{culprit.name}'")
+
+
+def deserialize(blob, handle=None):
+    """Not offered: a backend blob carries no IR to rebuild a pygraph from, and a pygraph
+    without its IR would be the C++ graph in disguise (pure-python or pure-C++)."""
+    raise NotImplementedError(
+        "deserialize(): a serialized backend graph cannot rebuild the Python IR; "
+        "rebuild the graph and reload its plan with create_execution_plan(engine_id, knobs)"
+    )
+
+
+# The plan side, reached through this module by adapter.py and runtime/handle.py.
+from .backend_plans import (  # noqa: E402
+    BackendPlan,
+    build_plan,
+    create_backend_handle,
+    default_handle,
+    destroy_backend_handle,
+    plan_entries,
+    plan_label,
+    replay_entry,
+    set_backend_stream,
+)
+
+__all__ = [
+    "BackendPlan",
+    "LoweredGraph",
+    "build_plan",
+    "construct",
+    "create_backend_handle",
+    "default_handle",
+    "deserialize",
+    "destroy_backend_handle",
+    "frontend",
+    "lowered",
+    "plan_entries",
+    "plan_label",
+    "replay_entry",
+    "set_backend_stream",
+    "unavailable_reason",
+]

@@ -1,0 +1,199 @@
+"""Lowering up to the backend's validate(), without a GPU.
+
+Needs the cuDNN frontend AND libcudnn (the frontend's validate() calls into it; seen
+2026-11-29: without libcudnn even the builder's constructor fails, "Unable to find symbol
+cudnnCreate"). Where libcudnn cannot load the lowering rows skip with that reason; the
+rows marked `anywhere` run on any machine."""
+
+import pytest
+
+import cudnn_pygraph as cudnn
+from backend_graphs import CASES, conv_fprop, matmul
+from cudnn_pygraph import heur_mode, knob_type
+from cudnn_pygraph.backend import adapter, lowering
+from cudnn_pygraph.planning import manifest
+from cudnn_pygraph.planning.device import detect_device
+
+REASON = lowering.unavailable_reason()
+needs_backend = pytest.mark.skipif(REASON is not None, reason=f"the backend cannot lower here: {REASON}")
+HAS_GPU = (detect_device() is not None) and not detect_device().is_interpreter
+
+
+def _touched(graph):
+    """uids of every tensor a node reads or writes, with their ragged offsets."""
+    tensors = {t for n in graph.nodes for t in (*n.input_tensors(), *n.output_tensors())}
+    tensors |= {t.ragged_offset for t in tensors if t.ragged_offset is not None}
+    return {t.uid: t for t in tensors}
+
+
+# ---------------------------------------------------------------- every case lowers
+@needs_backend
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_case_lowers_with_our_uids_and_our_shapes(case):
+    g, _ = CASES[case](deviceless=True)
+    g.validate()
+    lg = g._lowered
+    assert lg is not None, "validate() did not lower a graph the backend can lower"
+    assert not g._state.mutable
+    ours = _touched(g)
+    assert set(lg.tensors) == set(ours)
+    for uid, theirs in lg.tensors.items():
+        t = ours[uid]
+        assert theirs.get_uid() == uid
+        assert theirs.get_name() == t.name
+        assert theirs.get_is_virtual() == t.is_virtual, t.name
+    # our shape rules and the backend's inference agree on every output's dims
+    for node in g.nodes:
+        for t in node.output_tensors():
+            assert tuple(lg.tensors[t.uid].get_dim()) == tuple(t.dim), f"{node.name}: {t.name}"
+
+
+@needs_backend
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_backend_layout_lands_on_fields_the_caller_left(case):
+    g, _ = CASES[case](deviceless=True)
+    g.validate()
+    declared = {t.uid: {f: t.is_user_set(f) and getattr(t, f) for f in ("dim", "stride", "data_type")}
+                for n in g.nodes for t in n.output_tensors()}
+    assert adapter.finalize_layout(g) is None
+    lg = g._lowered
+    for n in g.nodes:
+        for t in n.output_tensors():
+            theirs = lg.tensors[t.uid]
+            assert tuple(t.stride) == tuple(theirs.get_stride()), t.name
+            theirs_dtype = theirs.get_data_type().value  # NOT_SET: decided at build (io type)
+            assert theirs_dtype in (0, int(t.data_type)), t.name
+            for field, value in declared[t.uid].items():
+                if value is not False:
+                    assert getattr(t, field) == value, f"{t.name}: the caller's {field} was replaced"
+
+
+@needs_backend
+@pytest.mark.parametrize("user_stride", [False, True], ids=["inferred-stride", "user-stride"])
+def test_conv_output_layout_contract(user_stride):
+    """Only a USER stride is pushed: left alone, the backend's channels-last layout lands
+    on the IR (our rule's row-major was provisional); set, the caller's survives."""
+    g, t = conv_fprop(deviceless=True, user_stride=user_stride)
+    g.validate()
+    adapter.finalize_layout(g)
+    k, h, w = 64, 16, 16
+    expect = (k * h * w, h * w, w, 1) if user_stride else (k * h * w, 1, w * k, k)
+    assert t["Y"].stride == expect
+    assert tuple(g._lowered.tensors[t["Y"].uid].get_stride()) == expect
+
+
+@needs_backend
+def test_conv_other_overload_lowers():
+    """pre/post padding is the builder's second overload: lowering hands only the
+    keywords the caller set, so pybind picks the right one."""
+    g, t = conv_fprop(deviceless=True, pre_post=True)
+    lg = lowering.lowered(g)
+    assert tuple(lg.tensors[t["Y"].uid].get_dim()) == (4, 64, 16, 16)
+
+
+# ---------------------------------------------------------------- uid ownership
+@needs_backend
+def test_user_uid_stealing_an_auto_uid_survives_lowering():
+    g, t = matmul(deviceless=True)
+    taken = t["B"].uid
+    t["A"].set_uid(taken)  # A takes B's auto uid; B is renumbered
+    t["C"].set_uid(1000)
+    assert t["B"].uid != taken
+    lg = lowering.lowered(g)
+    assert lg.tensors[taken].get_name() == "A"
+    assert lg.tensors[t["B"].uid].get_name() == "B"
+    assert lg.tensors[1000].get_name() == "C"
+    assert all(theirs.get_uid() == uid for uid, theirs in lg.tensors.items())
+
+
+@needs_backend
+def test_uid_not_pushed_fails_loudly(monkeypatch):
+    """The post-build assertion: a backend tensor whose uid is not ours (what C++
+    auto-assignment would give) stops lowering."""
+    pushing = lowering._Builder.output
+
+    def auto_assigned(self, ours, theirs):
+        pushing(self, ours, theirs)
+        theirs.set_uid(ours.uid + 500)
+
+    monkeypatch.setattr(lowering._Builder, "output", auto_assigned)
+    g, _ = matmul(deviceless=True)
+    with pytest.raises(RuntimeError, match="uids other than the IR's"):
+        lowering.lowered(g)
+
+
+# ---------------------------------------------------------------- refusals
+def test_python_only_graph_refused_at_lowering():  # anywhere: refused before the frontend
+    from test_graph_ir import gdn_graph
+
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="gdn node .* python-only op"):
+        lowering.lowered(gdn_graph())
+
+
+@needs_backend
+def test_backend_refusal_names_the_node():
+    """The backend's own message, the classic type, the node named even when the
+    message does not say it (found by validating growing prefixes)."""
+    g2 = cudnn.pygraph(name="alibi", io_data_type=cudnn.data_type.BFLOAT16,
+                       intermediate_data_type=cudnn.data_type.FLOAT,
+                       compute_data_type=cudnn.data_type.FLOAT, sm_version=90, sm_count=132)
+    q, k, v = (g2.tensor([1, 2, 64, 64], name=n) for n in "qkv")
+    x = g2.scale(q, g2.tensor([1, 1, 1, 1], name="s"), name="prescale")
+    o, _ = g2.sdpa(x, k, v, attn_scale=0.125, use_alibi_mask=True, name="attn_alibi")
+    g2.relu(o, name="after").set_output(True)
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError) as err:
+        lowering.lowered(g2)
+    assert "sdpa node 'attn_alibi'" in str(err.value)
+    assert "alibi" in str(err.value)  # the backend's own words
+
+
+@needs_backend
+def test_score_mod_callable_refused():
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, sm_version=90, sm_count=132)
+    q, k, v = (g.tensor([1, 2, 64, 64], name=n) for n in "qkv")
+    o, _ = g.sdpa(q, k, v, attn_scale=0.125, score_mod=lambda graph, s: s, name="attn")
+    o.set_output(True)
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="attn.*score_mod"):
+        lowering.lowered(g)
+
+
+# ---------------------------------------------------------------- key, plans, replay
+@needs_backend
+def test_key_follows_the_graph():
+    a, b = matmul(deviceless=True)[0], matmul(deviceless=True)[0]
+    other = matmul(M=64, deviceless=True)[0]
+    assert a.key() == b.key()
+    assert a.key() != other.key()
+
+
+@needs_backend
+@pytest.mark.skipif(HAS_GPU, reason="the no-GPU outcome; the GPU suite covers plans")
+def test_plan_entries_without_a_gpu_name_the_reason_per_mode():
+    g, _ = matmul(deviceless=True)
+    entries, outcome = lowering.plan_entries(g, [heur_mode.A, heur_mode.FALLBACK])
+    assert entries == []
+    assert set(outcome) == {heur_mode.A, heur_mode.FALLBACK}
+    assert all("build_operation_graph" in reason for reason in outcome.values())
+
+
+@needs_backend
+def test_replay_refuses_a_frontend_band_knob():
+    g, _ = matmul(deviceless=True)
+    with pytest.raises(ValueError, match="SPLIT_KV is a frontend-band knob"):
+        lowering.replay_entry(g, 7, {knob_type.SPLIT_KV: 2})
+
+
+def test_backend_unavailable_keeps_the_graph_api(monkeypatch):  # anywhere
+    """Frontend present, libcudnn absent (CI): validate stays native, the backend
+    offers nothing and says why, planning names the reason."""
+    reason = "libcudnn cannot be loaded here (test)"
+    monkeypatch.setattr(lowering, "_load_frontend", lambda: (None, reason))
+    g, _ = matmul()
+    g.validate()
+    assert g._lowered is None
+    assert reason in adapter.finalize_layout(g)
+    entries, outcome = adapter.BACKEND.plan_entries(g, [heur_mode.A])
+    assert entries == [] and reason in outcome[heur_mode.A]
+    with manifest.use_families([]):
+        with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="libcudnn cannot be loaded"):
+            matmul()[0].create_execution_plans([heur_mode.A])
