@@ -14,10 +14,13 @@ from setuptools import Distribution, Extension
 from setuptools.command.build_ext import build_ext
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+RUNTIME = "src/cudnn_pygraph/runtime"
 EXTENSION = Extension(
     "cudnn_pygraph.runtime._variant_pack",
-    ["src/cudnn_pygraph/runtime/_variant_pack.c"],
-    depends=["src/cudnn_pygraph/runtime/_dlpack.h"],
+    [f"{RUNTIME}/_variant_pack.c"],
+    depends=[  # headers of the one translation unit: a change rebuilds
+        str(p.relative_to(ROOT)) for p in sorted((ROOT / RUNTIME).glob("_*.h"))
+    ],
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
                         "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
 )

@@ -9,7 +9,7 @@ import importlib.machinery
 import pathlib
 
 _RUNTIME = pathlib.Path(__file__).resolve().parents[2] / "src" / "cudnn_pygraph" / "runtime"
-_SOURCES = [_RUNTIME / "_variant_pack.c", _RUNTIME / "_dlpack.h"]
+_SOURCES = [_RUNTIME / "_variant_pack.c", *sorted(_RUNTIME.glob("_*.h"))]
 
 
 def _built_is_current() -> bool:
