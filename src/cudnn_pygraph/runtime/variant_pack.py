@@ -94,8 +94,10 @@ object alive): ``ptr``, ``shape``, ``strides`` (storage slots), ``dtype`` (data_
 publishes ``__dlpack_c_exchange_api__``, so a kernel reads an operand through the same fast
 path it has for a framework tensor.
 
-Measured (bench/results/variant_pack_cpu.md): from_objects reads a torch tensor through
-the exchange table in ~0.11 us per operand on this CI CPU.
+Measured (bench/results/variant_pack_cpu.md, 2-core Xeon, Python 3.11, torch 2.13 CPU):
+a 3-operand pack of torch tensors costs 118 ns per operand through the exchange table
+(from_objects; 159 through from_mapping), bare addresses 40, against ~550-800 ns for
+reading the same facts off a torch tensor in Python.
 """
 
 from cudnn_pygraph.runtime._variant_pack import (
