@@ -97,6 +97,16 @@ def test_torch_is_read_through_its_exchange_table():
         tensor.data_ptr(), (2, 4), (8, 2))
 
 
+def test_a_torch_subclass_is_read_through_the_table_not_dunder_dlpack():
+    class NoDunderDLPack(torch.Tensor):
+        def __dlpack__(self, *args, **kwargs):
+            raise AssertionError("the exchange table is the path for torch tensors")
+
+    tensor = torch.randn(4, 8).as_subclass(NoDunderDLPack)
+    pack = pack_of(tensor, (1, 4, 8), (32, 8, 1))
+    assert pack.operands([0])[0].ptr == tensor.data_ptr()
+
+
 def _pointers(pack):
     return list((ctypes.c_void_p * len(pack)).from_address(pack.address))
 

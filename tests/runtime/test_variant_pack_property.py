@@ -44,8 +44,10 @@ def is_dense(shape, strides):
 
 
 def expected_slot(dims, strides, code, shape, buf_strides, buf_code, buf_width):
-    """The spec's rule: (graph_described, shape, strides, dtype) or "unreadable"."""
-    width = ELEMENT_BITS[code] // 8
+    """The spec's rule: (graph_described, shape, strides, dtype) or "unreadable".
+
+    dims/strides in storage slots; a sub-byte dtype's slot is one byte."""
+    width = max(ELEMENT_BITS[code] // 8, 1)
     declared = span_bytes(dims, strides, width)
     own = span_bytes(shape, buf_strides, buf_width)
     if tuple(shape) == tuple(dims):  # declared extents: own strides
@@ -110,3 +112,44 @@ def test_classification_matches_the_rule(case):
             pack.check_extent(0, "t")
     else:
         pack.check_extent(0, "t")
+
+
+@st.composite
+def fp4_binding(draw):
+    """An fp4 declaration (row-major, unit-stride axis last, even) against a byte buffer."""
+    rank = draw(st.integers(1, 3))
+    dims = tuple(draw(st.lists(st.integers(1, 3), min_size=rank - 1, max_size=rank - 1)))
+    dims += (2 * draw(st.integers(1, 4)),)
+    _, strides = draw(geometry(shape=dims[:-1] + (dims[-1] // 2,)))
+    if strides[-1] != 1:  # keep the packed (unit-stride) axis last, as FlashInfer's is
+        strides = dense_like(dims[:-1] + (dims[-1] // 2,))
+    if draw(st.booleans()):
+        shape, buf_strides = draw(geometry(shape=dims[:-1] + (dims[-1] // 2,)))
+    else:
+        shape, buf_strides = draw(geometry())
+    return dims, strides, shape, buf_strides
+
+
+def dense_like(shape):
+    strides, step = [], 1
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= extent
+    return tuple(reversed(strides))
+
+
+@settings(max_examples=200, deadline=None)
+@given(fp4_binding())
+def test_fp4_slots_classify_in_storage_geometry(case):
+    # The declaration in ELEMENTS; the pack compares the buffer's bytes against its slots.
+    dims, slot_strides, shape, buf_strides = case
+    slot_dims = dims[:-1] + (dims[-1] // 2,)
+    element_strides = tuple(s * 2 for s in slot_strides[:-1]) + (1,)
+    layout = DeclaredLayout([(7, dims, element_strides, data_type.FP4_E2M1, 4)])
+    assert layout.slot(0)[1:3] == (slot_dims, slot_strides)
+    tensor = torch.empty_strided(shape, buf_strides, dtype=torch.uint8)
+    expected = expected_slot(slot_dims, slot_strides, data_type.FP4_E2M1, shape, buf_strides,
+                             data_type.UINT8, 1)
+    pack = VariantPack.from_objects(layout, [tensor])
+    (buf,) = pack.operands([0])
+    assert (7 in pack.graph_described, buf.shape, buf.strides, buf.dtype) == expected
