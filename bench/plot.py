@@ -1,0 +1,187 @@
+"""Charts of the benchmark results: every Markdown table in bench/results/*.md that has
+ratio columns (ours vs the backend, ours vs the peer: headers like `ours/torch`,
+`ours/backend`, `fwd speedup vs fla`, cells like `1.23x`) becomes one PNG of grouped
+bars under docs/img/, and the results section of docs/benchmarks.md is rewritten to
+list every results file with its charts.
+
+    python bench/plot.py [--results bench/results] [--img docs/img] [--no-index]
+
+Installs nothing; needs matplotlib (`pip install matplotlib`). A results file that does
+not exist yet, or has no ratio table, is listed without a chart — never an error.
+The bars are the ratios exactly as the table prints them: the header says which way
+round (gemm's `ours/torch` is torch time over ours, > 1 = ours faster).
+"""
+
+import argparse
+import dataclasses
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+INDEX_BEGIN = "<!-- results:begin (bench/plot.py rewrites this section) -->"
+INDEX_END = "<!-- results:end -->"
+_RATIO_CELL = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*[x×]\s*$")
+# Leading columns up to the first of these are the row's label (shape, M/N/K, state).
+_MEASURE_WORDS = ("ms", "us", "config", "tflop", "tok", "err", "check", "gb/s")
+
+
+@dataclasses.dataclass
+class RatioTable:
+    title: str  # the heading above the table
+    labels: list  # one per row
+    series: dict  # column header -> [ratio or None per row]
+
+
+def _cells(line):
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _is_ratio_header(h):
+    h = h.lower()
+    return ("/" in h or "speedup" in h or h.startswith("vs ") or " vs " in h) and "own" not in h
+
+
+def _is_measure(h):
+    words = re.findall(r"[a-z/]+", h.lower())
+    return any(w in _MEASURE_WORDS or w.split("/")[0] in _MEASURE_WORDS for w in words)
+
+
+def parse_tables(text):
+    """Every Markdown table with at least one ratio column, as RatioTables."""
+    out, heading, lines = [], "", text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("#"):
+            heading = line.lstrip("#").strip()
+        if line.lstrip().startswith("|") and i + 1 < len(lines) and set(lines[i + 1].replace("|", "").strip()) <= set("-: "):
+            header = _cells(line)
+            rows = []
+            i += 2
+            while i < len(lines) and lines[i].lstrip().startswith("|"):
+                rows.append(_cells(lines[i]))
+                i += 1
+            table = _ratio_table(heading, header, rows)
+            if table is not None:
+                out.append(table)
+            continue
+        i += 1
+    return out
+
+
+def _ratio_table(title, header, rows):
+    ratio_cols = [j for j, h in enumerate(header) if _is_ratio_header(h)
+                  and any(_RATIO_CELL.match(r[j]) for r in rows if j < len(r))]
+    if not ratio_cols:
+        return None
+    n_label = next((j for j, h in enumerate(header) if j in ratio_cols or _is_measure(h)), 1) or 1
+    labels, series = [], {header[j]: [] for j in ratio_cols}
+    for r in rows:
+        labels.append(" x ".join(r[:n_label]) if all(c.isdigit() for c in r[:n_label]) else ", ".join(r[:n_label]))
+        for j in ratio_cols:
+            m = _RATIO_CELL.match(r[j]) if j < len(r) else None
+            series[header[j]].append(float(m.group(1)) if m else None)
+    return RatioTable(title, labels, series)
+
+
+def plot_table(table, path):
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display needed
+    import matplotlib.pyplot as plt
+
+    n_rows, n_series = len(table.labels), len(table.series)
+    fig, ax = plt.subplots(figsize=(8, 0.45 * n_rows * max(1, n_series) * 0.7 + 1.6))
+    height = 0.8 / n_series
+    for s, (name, values) in enumerate(table.series.items()):
+        ys = [r + s * height for r in range(n_rows)]
+        ax.barh(ys, [v if v is not None else 0 for v in values], height=height, label=name)
+        for y, v in zip(ys, values):
+            ax.text((v or 0) + 0.02, y, f"{v:.2f}x" if v is not None else "n/a", va="center", fontsize=7)
+    ax.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_yticks([r + 0.4 - height / 2 for r in range(n_rows)], table.labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("ratio, as the table's column header states it (dashed: parity)")
+    ax.set_title(table.title[:90], fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def chart_name(results_file, k):
+    return f"{results_file.stem}.png" if k == 0 else f"{results_file.stem}-{k + 1}.png"
+
+
+def index_section(results_dir, img_dir, charts, doc_dir):
+    """The generated list: every results file, each followed by its charts."""
+    lines = [INDEX_BEGIN, ""]
+    files = sorted(results_dir.glob("*.md")) if results_dir.is_dir() else []
+    if not files:
+        lines.append("No results are committed yet: run a benchmark under `bench/` on a GPU.")
+    for f in files:
+        rel = _rel(f, doc_dir)
+        lines.append(f"### [{f.stem}]({rel})")
+        lines.append("")
+        for png in charts.get(f, []):
+            lines.append(f"![{f.stem}]({_rel(png, doc_dir)})")
+            lines.append("")
+        if not charts.get(f):
+            lines.append("(no ratio table to chart)")
+            lines.append("")
+    lines.append(INDEX_END)
+    return "\n".join(lines)
+
+
+def _rel(path, start):
+    import os
+
+    return os.path.relpath(path, start).replace(os.sep, "/")
+
+
+def rewrite_index(doc, section):
+    text = doc.read_text() if doc.exists() else "# Benchmarks\n\n"
+    if INDEX_BEGIN in text and INDEX_END in text:
+        head, rest = text.split(INDEX_BEGIN, 1)
+        tail = rest.split(INDEX_END, 1)[1]
+        text = head + section + tail
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    doc.write_text(text)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="bench/results tables -> PNG charts under docs/img/")
+    p.add_argument("--results", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--img", default=str(ROOT / "docs" / "img"))
+    p.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
+    p.add_argument("--no-index", action="store_true", help="do not rewrite the docs page's results section")
+    args = p.parse_args(argv)
+    results, img, doc = pathlib.Path(args.results), pathlib.Path(args.img), pathlib.Path(args.doc)
+    tables = {f: parse_tables(f.read_text()) for f in sorted(results.glob("*.md"))} if results.is_dir() else {}
+    if any(tables.values()):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("bench/plot.py: error: needs matplotlib: pip install matplotlib", file=sys.stderr)
+            return 2
+    charts = {}
+    for f, found in tables.items():
+        for k, table in enumerate(found):
+            path = img / chart_name(f, k)
+            plot_table(table, path)
+            charts.setdefault(f, []).append(path)
+            print(f"{path}: {table.title or f.name} ({len(table.labels)} rows, {', '.join(table.series)})")
+        if not found:
+            print(f"{f}: no ratio table, no chart")
+    if not tables:
+        print(f"{results}: no results yet, nothing to chart")
+    if not args.no_index:
+        rewrite_index(doc, index_section(results, img, charts, doc.parent))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""The docs stay true: docs/ops.md is what tools/gen_op_reference.py renders from the
+OpSpec tables (stale -> this fails; regenerate it), every relative link in docs/ resolves,
+every module the architecture page names exists, and bench/plot.py turns results tables
+into charts (and copes with results that do not exist yet)."""
+
+import importlib.util
+import pathlib
+import re
+
+import pytest
+
+from cudnn_pygraph.graph.ops import OPS
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+
+def _load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gen = _load(ROOT / "tools" / "gen_op_reference.py", "gen_op_reference")
+plot = _load(ROOT / "bench" / "plot.py", "bench_plot")
+
+
+def test_op_reference_is_fresh():
+    assert (DOCS / "ops.md").read_text() == gen.render(), (
+        "docs/ops.md is stale: run PYTHONPATH=src python tools/gen_op_reference.py"
+    )
+
+
+def test_op_reference_has_every_op_with_its_parameters():
+    text = gen.render()
+    for name, spec in OPS.items():
+        section = text.split(f"### `{name}`\n", 1)[1].split("\n### ", 1)[0]
+        for p in spec.params:
+            assert f"| `{p.name}` |" in section, (name, p.name)
+        assert ("python-only (never lowers)" in section) == (spec.backend_method is None), name
+
+
+DOC_FILES = sorted(DOCS.glob("*.md"))
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=[d.name for d in DOC_FILES])
+def test_relative_links_resolve(doc):
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+        if "://" in target:
+            continue
+        assert (doc.parent / target).exists(), f"{doc.name}: broken link {target}"
+
+
+def test_architecture_names_modules_that_exist():
+    text = (DOCS / "architecture.md").read_text()
+    named = set(re.findall(r"`?((?:graph|planning|engines|backend|runtime)/[\w/]+\.py)", text))
+    named |= set(re.findall(r"\b((?:cli|demo|__main__)\.py)", text))
+    assert len(named) > 15
+    pkg = ROOT / "src" / "cudnn_pygraph"
+    missing = sorted(p for p in named if not (pkg / p).exists())
+    assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
+
+
+# ---------------------------------------------------------------- charts
+GEMM_TABLE = """# GEMM
+## bf16 GEMM
+| M | N | K | best config | ours ms | ours TFLOP/s | torch.matmul ms | torch TFLOP/s | ours/torch |
+|---|---|---|---|---|---|---|---|---|
+| 1024 | 1024 | 1024 | t | 0.0300 | 70 | 0.0280 | 76 | 0.93x |
+| 4096 | 4096 | 4096 | t | 0.2000 | 680 | 0.2200 | 620 | 1.10x |
+"""
+SDPA_TABLE = """## sdpa fwd
+| shape | ours best (config) | ours ms | backend ms | ours/torch | ours/backend |
+|---|---|---|---|---|---|
+| b4 s2048 | cfg | 1.0 | 0.9 | 1.20x | 0.90x |
+| b1 s8192 | cfg | 1.0 | 0.9 | — | 0.95x |
+"""
+GDN_TABLE = """| shape | init/final state | ours fwd ms | fla fwd ms | fwd speedup vs fla | fwd+bwd / own fwd |
+|---|---|---|---|---|---|
+| 4x2048 | yes | 1.0 | 1.5 | 1.50x | 3.10x |
+"""
+NO_RATIO = """| case | min ns/call |
+|---|---:|
+| from_objects | 355 |
+"""
+
+
+@pytest.mark.parametrize(
+    "text, labels, series",
+    [
+        (GEMM_TABLE, ["1024 x 1024 x 1024", "4096 x 4096 x 4096"], {"ours/torch": [0.93, 1.10]}),
+        (SDPA_TABLE, ["b4 s2048", "b1 s8192"], {"ours/torch": [1.20, None], "ours/backend": [0.90, 0.95]}),
+        (GDN_TABLE, ["4x2048, yes"], {"fwd speedup vs fla": [1.50]}),  # "/ own fwd" is not vs a peer
+        (NO_RATIO, None, None),
+    ],
+    ids=["gemm-mnk-label", "sdpa-missing-cell", "gdn-own-ratio-excluded", "no-ratio-column"],
+)
+def test_plot_reads_ratio_columns(text, labels, series):
+    tables = plot.parse_tables(text)
+    if labels is None:
+        assert tables == []
+        return
+    (table,) = tables
+    assert table.labels == labels and table.series == series
+
+
+def test_plot_charts_results_and_lists_them(tmp_path, capsys):
+    results, img, doc = tmp_path / "results", tmp_path / "img", tmp_path / "docs" / "benchmarks.md"
+    results.mkdir()
+    (results / "gemm.md").write_text(GEMM_TABLE + "\n" + SDPA_TABLE)
+    (results / "host.md").write_text(NO_RATIO)
+    doc.parent.mkdir()
+    doc.write_text(f"# Benchmarks\n\nintro\n\n{plot.INDEX_BEGIN}\nold\n{plot.INDEX_END}\n\ntail\n")
+    rc = plot.main(["--results", str(results), "--img", str(img), "--doc", str(doc)])
+    text = doc.read_text()
+    if importlib.util.find_spec("matplotlib") is None:
+        assert rc == 2 and "needs matplotlib: pip install matplotlib" in capsys.readouterr().err
+        return
+    assert rc == 0
+    for png in ("gemm.png", "gemm-2.png"):
+        assert (img / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"](../img/{png})" in text
+    assert "[host](../results/host.md)" in text and "(no ratio table to chart)" in text
+    assert text.startswith("# Benchmarks\n\nintro\n") and text.endswith("\ntail\n") and "old" not in text
+
+
+def test_plot_without_results_is_not_an_error(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    rc = plot.main(["--results", str(tmp_path / "none"), "--img", str(tmp_path / "img"), "--doc", str(doc)])
+    assert rc == 0 and "No results are committed yet" in doc.read_text()
+    assert not (tmp_path / "img").exists()
