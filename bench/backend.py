@@ -1,0 +1,249 @@
+"""The cuDNN backend through cudnn_pygraph vs NVIDIA's own `cudnn.pygraph`, same graphs,
+same process, same GPU.
+
+Host time per execute (a backend plan), from a drained queue, swept over burst sizes
+1/8/64/256 (min and median over 25 reps of one burst; per call = burst wall time / burst):
+  ours        graph.execute({Tensor: torch tensor})
+  ours-int    graph.execute({uid: device address})
+  theirs      NVIDIA cudnn.pygraph.execute({Tensor: torch tensor}) (nvidia-cudnn-frontend)
+  floor       the backend's _execute_with_raw_ptrs with a precomputed pointer array
+for a 128x256x128 bf16 matmul and a B=1,H=1,S=128,D=64 bf16 SDPA. Then kernel time
+(CUDA events, median of 20) of the first plan of [A, FALLBACK], ours vs theirs, for SDPA
+fwd B=2,H=16,S=8192,D=128 bf16 causal and matmul 8192^3 bf16.
+
+Run from the repository root (installs nothing; checks every path's output first):
+    PYTHONPATH=src python3 bench/backend.py [--out bench/results/backend.md] [--quick]
+Our graphs are planned with no python family in the table (manifest.use_families([])),
+so the plan list is the backend's: this measures our path to the backend, not a ranking.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import statistics
+import time
+
+import cudnn as nv  # NVIDIA's frontend: their pygraph, and the backend we lower to
+import torch
+
+import cudnn_pygraph as ours
+from cudnn_pygraph import heur_mode
+from cudnn_pygraph.planning import manifest
+
+BURSTS = (1, 8, 64, 256)
+REPS = 25
+
+
+# ---------------------------------------------------------------- graphs, both sides
+def _ours_graph(name):
+    return ours.pygraph(name=name, io_data_type=ours.data_type.BFLOAT16,
+                        intermediate_data_type=ours.data_type.FLOAT, compute_data_type=ours.data_type.FLOAT)
+
+
+def _theirs_graph(name):
+    return nv.pygraph(name=name, io_data_type=nv.data_type.BFLOAT16,
+                      intermediate_data_type=nv.data_type.FLOAT, compute_data_type=nv.data_type.FLOAT)
+
+
+def matmul_graph(side, M, N, K):
+    g = _ours_graph("mm") if side == "ours" else _theirs_graph("mm")
+    A = g.tensor([1, M, K], [M * K, K, 1], name="A")
+    B = g.tensor([1, K, N], [K * N, N, 1], name="B")
+    C = g.matmul(A, B, name="mm")
+    C.set_output(True).set_name("C")
+    if side == "theirs":
+        C.set_data_type(nv.data_type.BFLOAT16)
+    return g, {"A": A, "B": B, "C": C}
+
+
+def sdpa_graph(side, b, h, s, d, causal):
+    g = _ours_graph("sdpa") if side == "ours" else _theirs_graph("sdpa")
+    dims, strides = [b, h, s, d], [h * s * d, s * d, d, 1]
+    q, k, v = (g.tensor(dims, strides, name=n) for n in "qkv")
+    O, _ = g.sdpa(q, k, v, attn_scale=d**-0.5, generate_stats=False, use_causal_mask=causal, name="attn")
+    O.set_output(True).set_name("O").set_dim(dims).set_stride(strides)
+    if side == "theirs":
+        O.set_data_type(nv.data_type.BFLOAT16)
+    return g, {"q": q, "k": k, "v": v, "O": O}
+
+
+def plan(side, g, modes):
+    if side == "ours":
+        with manifest.use_families([]):
+            g.create_execution_plans(modes)
+        g.build_plans()
+    else:
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([getattr(nv.heur_mode, m.name) for m in modes])
+        g.check_support()
+        g.build_plans()
+
+
+# ---------------------------------------------------------------- timing
+def host_us(call, burst, reps=REPS):
+    for _ in range(10):
+        call()
+    samples = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(burst):
+            call()
+        samples.append((time.perf_counter() - t0) / burst * 1e6)
+    torch.cuda.synchronize()
+    return min(samples), statistics.median(samples)
+
+
+def kernel_ms(call, iters=20):
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def rel_err(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+# ---------------------------------------------------------------- one case, four paths
+def paths(kind, shape, modes):
+    """{path: call} for one graph, every path checked against a torch reference."""
+    torch.manual_seed(0)
+    if kind == "matmul":
+        M, N, K = shape
+        feeds = {"A": torch.randn(1, M, K, device="cuda").bfloat16(), "B": torch.randn(1, K, N, device="cuda").bfloat16()}
+        out_shape, ref = (1, M, N), (feeds["A"].double() @ feeds["B"].double())
+        build = lambda side: matmul_graph(side, M, N, K)  # noqa: E731
+    else:
+        b, h, s, d, causal = shape
+        feeds = {n: torch.randn(b, h, s, d, device="cuda").bfloat16() for n in "qkv"}
+        out_shape = (b, h, s, d)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            *(feeds[n].float() for n in "qkv"), is_causal=causal)
+        build = lambda side: sdpa_graph(side, *shape)  # noqa: E731
+    out_name = "C" if kind == "matmul" else "O"
+    calls, graphs = {}, {}
+    for side in ("ours", "theirs"):
+        g, t = build(side)
+        plan(side, g, modes)
+        out = torch.full(out_shape, float("nan"), device="cuda").bfloat16()
+        ws_size = g.get_workspace_size()
+        ws = torch.empty(max(ws_size, 1), dtype=torch.uint8, device="cuda") if ws_size else None
+        pack = {t[n]: v for n, v in feeds.items()}
+        pack[t[out_name]] = out
+        graphs[side] = (g, t, out)
+        if side == "ours":
+            calls["ours"] = lambda g=g, pack=pack, ws=ws: g.execute(pack, ws)
+            ints = {tensor.uid: buf.data_ptr() for tensor, buf in pack.items()}
+            calls["ours-int"] = lambda g=g, ints=ints, ws=ws: g.execute(ints, ws)
+            calls["floor"] = _floor(g, pack, ws)
+        else:
+            handle = nv.create_handle()
+            calls["theirs"] = lambda g=g, pack=pack, ws=ws, handle=handle: g.execute(pack, ws, handle=handle)
+    errs = {}
+    for name, call in calls.items():
+        side = "theirs" if name == "theirs" else "ours"
+        out = graphs[side][2]
+        out.fill_(float("nan"))
+        call()
+        torch.cuda.synchronize()
+        errs[name] = rel_err(out, ref)
+        assert errs[name] < 2e-2, f"{kind} {name}: rel err {errs[name]}"
+    return calls, graphs, errs
+
+
+def _floor(g, pack, ws):
+    """The backend's raw execute on OUR lowered graph and built plan, pointers precomputed."""
+    from cudnn_pygraph.runtime.execute import GraphLayout
+
+    compiled = g._planning.built[g.plans[g.selected_plan].identity]
+    layout_uids = [t.uid for t in GraphLayout(g).tensors]
+    by_uid = {t.uid: buf.data_ptr() for t, buf in pack.items()}
+    array = (ctypes.c_void_p * len(layout_uids))(*[by_uid[u] for u in layout_uids])
+    address, n = ctypes.addressof(array), len(layout_uids)
+    raw, index = compiled.lowered.backend._execute_with_raw_ptrs, compiled.index
+    from cudnn_pygraph.backend.lowering import default_handle
+
+    bh = default_handle(0).backend_handle()
+    ws_ptr = ws.data_ptr() if ws is not None else 0
+
+    def call(array=array):  # the array stays alive with the closure
+        raw(address, n, ws_ptr, bh, index)
+
+    return call
+
+
+# ---------------------------------------------------------------- main
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    global REPS
+    if args.quick:
+        REPS = 5
+    lines = []
+    p = torch.cuda.get_device_properties(0)
+    head = (f"# cuDNN backend: cudnn_pygraph vs NVIDIA cudnn.pygraph\n\n"
+            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {p.name} (sm_{p.major}{p.minor}), "
+            f"torch {torch.__version__}, nvidia-cudnn-frontend {nv.__version__}, "
+            f"libcudnn {nv.backend_version()}\n\n"
+            f"Command: `PYTHONPATH=src python3 bench/backend.py --out bench/results/backend.md`\n")
+    lines.append(head)
+
+    lines.append("## Host time per execute, backend plan (µs, min / median over "
+                 f"{REPS} reps of a burst, drained queue)\n")
+    lines.append("| graph | burst | ours | ours-int | theirs | floor | ours/theirs (min) | ours/floor (min) |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+    host_cases = {"matmul 128x256x128 bf16": ("matmul", (128, 256, 128)),
+                  "sdpa B1 H1 S128 D64 bf16": ("sdpa", (1, 1, 128, 64, False))}
+    for label, (kind, shape) in host_cases.items():
+        calls, _, errs = paths(kind, shape, [heur_mode.A])
+        for burst in BURSTS:
+            r = {name: host_us(call, burst) for name, call in calls.items()}
+            lines.append(
+                f"| {label} | {burst} | " + " | ".join(f"{r[n][0]:.1f} / {r[n][1]:.1f}"
+                                                     for n in ("ours", "ours-int", "theirs", "floor"))
+                + f" | {r['ours'][0] / r['theirs'][0]:.2f} | {r['ours'][0] / r['floor'][0]:.2f} |")
+        lines.append(f"|  | rel err | {errs['ours']:.1e} | {errs['ours-int']:.1e} | {errs['theirs']:.1e} | "
+                     f"{errs['floor']:.1e} | | |")
+        print("\n".join(lines[-len(BURSTS) - 1:]), flush=True)
+
+    lines.append("\n## Kernel time, first plan of [A, FALLBACK] (ms, CUDA events, median of 20)\n")
+    lines.append("| graph | ours | theirs | ours plan | theirs plan | ours vs theirs output |")
+    lines.append("|---|---:|---:|---|---|---|")
+    kernel_cases = {"sdpa fwd B2 H16 S8192 D128 bf16 causal": ("sdpa", (2, 16, 8192, 128, True)),
+                    "matmul 8192^3 bf16": ("matmul", (8192, 8192, 8192))}
+    for label, (kind, shape) in kernel_cases.items():
+        calls, graphs, _ = paths(kind, shape, [heur_mode.A, heur_mode.FALLBACK])
+        t_ours, t_theirs = kernel_ms(calls["ours"]), kernel_ms(calls["theirs"])
+        same = torch.equal(graphs["ours"][2], graphs["theirs"][2])
+        names = []
+        for side in ("ours", "theirs"):
+            g = graphs[side][0]
+            try:
+                names.append(g.get_plan_name_at_index(g.selected_plan if side == "ours" else 0))
+            except Exception as exc:  # noqa: BLE001 — a name is informative only
+                names.append(f"? ({type(exc).__name__})")
+        lines.append(f"| {label} | {t_ours:.3f} | {t_theirs:.3f} | {names[0]} | {names[1]} | "
+                     f"{'bit-identical' if same else 'differ'} |")
+        print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
