@@ -123,6 +123,11 @@ def doctor_report():
     lines.append(f"  {'libcudnn':<22} {cudnn_v + ' (' + where + ')' if cudnn_v else where}")
     lines.append(f"  TRITON_INTERPRET       {os.environ.get('TRITON_INTERPRET', '(unset)')}")
     lines.append(f"  {manifest.OPT_IN_ENV} {os.environ.get(manifest.OPT_IN_ENV, '(unset)')}")
+    lines.append(f"  CUDNN_PYGRAPH_LOG      {os.environ.get('CUDNN_PYGRAPH_LOG', '(unset)')}")
+    from .planning import autotune
+
+    state = "on" if autotune.cache_enabled() else f"off ({autotune.DISABLE_ENV}=1)"
+    lines.append(f"  autotune cache         {autotune.cache_root()} ({state})")
 
     device = detect_device()
     lines += ["", "device:"]
@@ -180,7 +185,7 @@ def engine_availability(family, device):
         elif arch:
             out.append((slot, f"not offered: {arch}"))
         else:
-            hi = "" if caps is None else f" (sm_{caps.sm_lo}..{caps.sm_hi or 'inf'})"
+            hi = "" if caps is None else f" (arch range sm_{caps.sm_lo}..{caps.sm_hi or 'inf'})"
             out.append((slot, "offered" + hi))
     return out
 

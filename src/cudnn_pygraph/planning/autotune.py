@@ -88,33 +88,36 @@ def wall_times(fn, warmup, reps):
     return out
 
 
-def cuda_event_times(fn, warmup, reps):
-    """Per-call device times in ms from CUDA events on the current stream, each rep
-    recorded between its own pair of events from a drained queue."""
+def cuda_event_times(fn, warmup, reps, stream=None):
+    """Per-call device times in ms from CUDA events, each rep between its own pair of
+    events, from a drained queue. `stream` (a raw cudaStream_t int) is where the plans
+    run when the caller's handle carries one; None is the current stream."""
     import torch
 
-    for _ in range(warmup):
-        fn(0)
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        starts[i].record()
-        fn(i)
-        ends[i].record()
-    torch.cuda.synchronize()
+    ctx = torch.cuda.stream(torch.cuda.ExternalStream(stream)) if stream else contextlib.nullcontext()
+    with ctx:
+        for _ in range(warmup):
+            fn(0)
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for i in range(reps):
+            starts[i].record()
+            fn(i)
+            ends[i].record()
+        torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
-def default_timer(device):
-    """CUDA events when the graph is planned for a GPU that torch can see; else the wall
-    clock (the Triton interpreter and CPU stand-ins)."""
+def default_timer(device, handle=None):
+    """CUDA events (on the handle's stream) when the graph is planned for a GPU that torch
+    can see; else the wall clock (the Triton interpreter and CPU stand-ins)."""
     if device is not None and not device.is_interpreter:
         try:
             import torch
 
             if torch.cuda.is_available():
-                return cuda_event_times
+                return functools.partial(cuda_event_times, stream=getattr(handle, "stream", None))
         except ImportError:
             pass
     return wall_times
@@ -337,7 +340,7 @@ def autotune(graph, variant_pack, workspace=None, handle=None, *, warmup=3, reps
                 return AutotuneResult(index, engine_id, knobs, graph.get_plan_name_at_index(index),
                                       True, [], str(path))
 
-    timer = timer or default_timer(device)
+    timer = timer or default_timer(device, handle)
     packs = rotated_packs(variant_pack, device.l2_bytes if device else 0) if rotate_inputs else [variant_pack]
     timings = []
     for index in range(graph.get_execution_plan_count()):
