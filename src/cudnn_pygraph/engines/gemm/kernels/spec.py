@@ -68,6 +68,13 @@ class GemmSpec:
     c_major: str = "row"
     chain: tuple = ()
     use_tma: bool = False
+    # Per tensor operand of the chain (in order): True when its contiguous axis (N for col
+    # and tile operands, M for row operands) has stride 1, so the kernel loads it in 16-byte
+    # vectors. Empty = no operand assumed contiguous.
+    operand_contiguous: tuple = ()
+    # tanh (and gelu_tanh) by the tanh.approx.f32 instruction: for 16-bit outputs on GPU only
+    # (not under the interpreter); see matmul._tanh for its error.
+    approx_tanh: bool = False
 
     def __post_init__(self):
         for name in ("a_dtype", "b_dtype"):
@@ -82,7 +89,14 @@ class GemmSpec:
                 raise ValueError(f"GemmSpec.{name}={getattr(self, name)!r}: must be one of {MAJORS}")
         if self.use_tma and "strided" in (self.a_major, self.b_major):
             raise ValueError("GemmSpec.use_tma: A and B must be row- or col-major (a unit stride)")
-        lower_chain(self.chain)  # raises naming the rule when the chain does not fit
+        lowered = lower_chain(self.chain)  # raises naming the rule when the chain does not fit
+        if self.operand_contiguous and len(self.operand_contiguous) != len(lowered.tensor_dtypes):
+            raise ValueError(
+                f"GemmSpec.operand_contiguous: {len(self.operand_contiguous)} flags for "
+                f"{len(lowered.tensor_dtypes)} tensor operands"
+            )
+        if self.approx_tanh and self.c_dtype == "fp32":
+            raise ValueError("GemmSpec.approx_tanh: only for fp16/bf16 outputs (its error is ~2^-11)")
 
 
 def major_of(stride_outer: int, stride_inner: int, rows: int, cols: int) -> str:
@@ -155,6 +169,11 @@ def recipe(spec: GemmSpec) -> Recipe:
 
     unit = {UNIT_STRIDE[(op, maj)] for op, maj in (("a", spec.a_major), ("b", spec.b_major),
                                                     ("c", spec.c_major)) if (op, maj) in UNIT_STRIDE}  # fmt: skip
+    operand_kinds = [k for k, sl in zip(lowered.kinds, lowered.slots) if sl >= 0 and k != "value"]
+    for i, contiguous in enumerate(spec.operand_contiguous):
+        inner = {"row": "sm", "col": "sn", "tile": "sn"}.get(operand_kinds[i])
+        if contiguous and inner:
+            unit.add(f"e{i}_{inner}")
     signature, constexprs = {}, {}
     for name in KERNEL_PARAMS:
         if name not in pos:  # an unused epilogue slot
@@ -187,6 +206,7 @@ def recipe(spec: GemmSpec) -> Recipe:
         "USE_TMA": spec.use_tma,
         # fp32 inputs compute in fp32 (the declared compute type), not tf32.
         "DOT_PRECISION": "ieee" if spec.a_dtype == "fp32" else "tf32",
+        "APPROX_TANH": spec.approx_tanh,
     }
     constexprs.update(tail)
     for name in tail:
