@@ -71,13 +71,17 @@ FRONTEND_KNOB_TYPE_BASE = 1000
 class knob_type(enum.IntEnum):
     """ONE knob vocabulary for backend and python plans.
 
-    Backend band [0, FRONTEND_KNOB_TYPE_BASE): the backend's own names and values,
-    frozen (1.32.0 defines 0..20; the band is reserved up to 999 for its additions).
-    Frontend band [FRONTEND_KNOB_TYPE_BASE, ...): axes the backend has no word for.
-    Both bands are append-only. A python engine reuses a backend type when the meaning
-    matches (TILE_CGA_M / TILE_CGA_N / TILEK are NOT reused for Triton tiles: they mean
-    cluster tiles and a backend-internal K tile; Triton's block shapes are the
-    frontend's MMA_TILE_*).
+    Backend band [0, FRONTEND_KNOB_TYPE_BASE): the backend's own names and values (0..32
+    in nvidia-cudnn-frontend 1.32.0), frozen. Frontend band [FRONTEND_KNOB_TYPE_BASE, ...):
+    axes the backend has no word for; the first ten are NVIDIA's own frontend-band names
+    and values. Both bands are append-only; a frontend-band value never reaches the
+    backend. A python engine reuses a backend type whenever the meaning matches, so each
+    knob type has one meaning:
+      TILE_M / TILE_N / TILEK   an output tile's rows / columns / the K step (Triton BLOCK_*)
+      STAGES                    software-pipelining depth (Triton num_stages)
+      SWIZZLE                   CTA rasterization for L2 reuse (a GEMM's GROUP_M)
+      SPLIT_K_SLC               split-K slices
+    and mints one only for an axis the backend cannot name (NUM_WARPS).
     """
 
     NOT_SET = 0
@@ -101,6 +105,18 @@ class knob_type(enum.IntEnum):
     ARRAY_SIZE_PER_THREAD = 18
     SPLIT_COLS = 19
     TILE_ROWS = 20
+    TILE_COLS = 21
+    LOAD_SIZE = 22
+    CTA_COUNT = 23
+    STREAM_K = 24
+    SPLIT_P_SLC = 25
+    TILE_M = 26
+    TILE_N = 27
+    WARP_SPEC_CFG = 28
+    SWAP_AB = 29
+    INPUT_TMA_ENABLE = 30
+    OUTPUT_TMA_ENABLE = 31
+    TILE_CGA = 32
     # ---- frontend band: python engines only; never sent to the backend ----
     SCHED_POLICY = FRONTEND_KNOB_TYPE_BASE + 0
     PACK_GQA = FRONTEND_KNOB_TYPE_BASE + 1
@@ -112,12 +128,8 @@ class knob_type(enum.IntEnum):
     CTA_GROUP = FRONTEND_KNOB_TYPE_BASE + 7
     WARPS_M = FRONTEND_KNOB_TYPE_BASE + 8
     WARPS_N = FRONTEND_KNOB_TYPE_BASE + 9
-    # Triton launch parameters: pipelining depth and warps per program.
-    NUM_STAGES = FRONTEND_KNOB_TYPE_BASE + 10
-    NUM_WARPS = FRONTEND_KNOB_TYPE_BASE + 11
-    # Rows of output tiles walked together by a persistent GEMM (L2 reuse swizzle).
-    GROUP_M = FRONTEND_KNOB_TYPE_BASE + 12
-    SPLIT_K = FRONTEND_KNOB_TYPE_BASE + 13
+    # ours: Triton's warps per program (the backend's WARP_SPEC_CFG means something else)
+    NUM_WARPS = FRONTEND_KNOB_TYPE_BASE + 10
 
 
 def is_frontend_knob_type(kt):

@@ -5,6 +5,7 @@ caller's objects are."""
 from .._types import ELEMENT_BITS, data_type
 from ..engines.base import ExecutionContext
 from .handle import resolve_stream
+from .variant_pack import DeclaredLayout, VariantPack
 
 
 class GraphLayout:
@@ -18,8 +19,6 @@ class GraphLayout:
     backend_plans.py checks the two agree at build)."""
 
     def __init__(self, graph):
-        from .variant_pack import DeclaredLayout
-
         python_only = any(n.spec.backend_method is None for n in graph.nodes)
         required = set()
         if python_only:
@@ -43,28 +42,16 @@ class GraphLayout:
             required = {t.uid for t in tensors}
         self.tensors = tensors
         self.position = {t.uid: i for i, t in enumerate(tensors)}
-        self.required = [i for i, t in enumerate(tensors) if t.uid in required]
+        self.required = tuple(i for i, t in enumerate(tensors) if t.uid in required)
         self.declared = DeclaredLayout(
-            [(t.uid, t.dim, t.stride, int(t.data_type), _bits(t.data_type)) for t in tensors]
+            [(t.uid, t.dim, t.stride, int(t.data_type), _bits(t.data_type)) for t in tensors],
+            names=[t.name for t in tensors],
         )
 
     def pack(self, variant_pack):
-        from .variant_pack import VariantPack
-
-        objects = [None] * len(self.tensors)
-        position = self.position
-        for key, obj in variant_pack.items():
-            uid = key if type(key) is int else getattr(key, "uid", key)
-            pos = position.get(uid)
-            if pos is None:
-                raise ValueError(f"variant pack: uid {uid!r} is not an operand of this graph "
-                                 f"(operands: {sorted(position)})")
-            objects[pos] = obj
-        for i in self.required:
-            if objects[i] is None:
-                t = self.tensors[i]
-                raise ValueError(f"variant pack: missing operand %{t.name} (uid {t.uid})")
-        return VariantPack.from_objects(self.declared, objects)
+        """{uid or Tensor: buffer} -> VariantPack, placed by uid in C: an unknown uid, a
+        slot bound twice and a missing required operand are refused there, named."""
+        return VariantPack.from_mapping(self.declared, variant_pack, required=self.required)
 
 
 def _bits(dtype):
