@@ -86,20 +86,35 @@ def _parse_list(text, allowed, flag):
 _LIBCUDNN = ("libcudnn.so.9", "libcudnn.so.8", "libcudnn.so")
 
 
+def _cudnn_version_text(v):
+    v = int(v)
+    major, minor, patch = (v // 10000, v // 100 % 100, v % 100) if v >= 90000 else (v // 1000, v // 100 % 10, v % 100)
+    return f"{major}.{minor}.{patch}"
+
+
 def libcudnn_version():
-    """(version string, where) of the libcudnn the dynamic loader finds, else (None, why)."""
+    """(version string, where) of libcudnn, else (None, why). Asked through the backend's
+    own loader when the frontend is installed (it finds the pip wheel's library); else the
+    dynamic loader, by ctypes."""
+    from .backend import adapter
+
+    if adapter.backend_installed():
+        from .backend import lowering
+
+        try:
+            return _cudnn_version_text(lowering.frontend().libcudnn_version), "as the backend loads it"
+        except Exception as exc:  # BackendUnavailableError, or a frontend that breaks on import
+            return None, str(exc)
     for name in _LIBCUDNN:
         try:
             lib = ctypes.CDLL(name)
         except OSError:
             continue
         try:
-            v = int(lib.cudnnGetVersion())
+            return _cudnn_version_text(lib.cudnnGetVersion()), name
         except AttributeError:
             return None, f"{name} has no cudnnGetVersion"
-        major, minor, patch = (v // 10000, v // 100 % 100, v % 100) if v >= 90000 else (v // 1000, v // 100 % 10, v % 100)
-        return f"{major}.{minor}.{patch}", name
-    return None, "not found by the loader (pip install nvidia-cudnn-cu12, or set LD_LIBRARY_PATH)"
+    return None, "not found by the loader (pip install nvidia-cudnn-cu13, or -cu12)"
 
 
 def doctor_report():
