@@ -70,7 +70,8 @@ BLOCKS = (1024, 256, 4096)  # the domain of the one tuning axis, default first
 class TritonSwishEngine(BaseEngine):
     name = "example_triton_swish"
     capabilities = Capabilities(sm_lo=70, dtypes=frozenset(SERVED))
-    KNOB_FIELDS = {cudnn.knob_type.BLOCK_SIZE: "block", cudnn.knob_type.NUM_WARPS: "num_warps"}
+    # Triton's BLOCK is a tile of the flattened output: TILE_M in the one knob vocabulary.
+    KNOB_FIELDS = {cudnn.knob_type.TILE_M: "block", cudnn.knob_type.NUM_WARPS: "num_warps"}
     knob_class = SwishKnobs
 
     def check_support(self, graph):

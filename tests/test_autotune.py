@@ -27,7 +27,7 @@ from cudnn_pygraph.planning.device import DeviceProperties
 
 HERE = pathlib.Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
-TILE = knob_type.MMA_TILE_M
+TILE = knob_type.TILE_M
 
 # What a stand-in plan's execute costs, per tile (ms), and the log of executions.
 DELAY_MS = {16: 12.0, 32: 1.0, 64: 6.0}
@@ -251,7 +251,7 @@ def test_writes_are_atomic_and_leave_no_temp_files(tmp_path):
     folder = pathlib.Path(result.cache_path).parent
     assert [p.name for p in folder.iterdir()] == [pathlib.Path(result.cache_path).name]
     entry = json.loads(pathlib.Path(result.cache_path).read_text())
-    assert entry["engine_id"] == result.engine_id and entry["knobs"] == {"MMA_TILE_M": 16}
+    assert entry["engine_id"] == result.engine_id and entry["knobs"] == {"TILE_M": 16}
 
 
 def test_an_unwritable_cache_is_not_an_error(tmp_path, monkeypatch):

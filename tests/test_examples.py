@@ -58,7 +58,7 @@ def test_plans_builds_and_executes(dtype, shape):
     g, x, y = ex.swish_graph(shape, dtype)
     g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     names = [g.get_plan_name_at_index(i) for i in range(g.get_execution_plan_count())]
-    assert names == [f"example_triton_swish[BLOCK_SIZE={b}, NUM_WARPS=4]" for b in ex.BLOCKS]
+    assert names == [f"example_triton_swish[NUM_WARPS=4, TILE_M={b}]" for b in ex.BLOCKS]
     g.build_plans()
     xs, ys = _bind(x, y, dtype)
     g.execute({x: xs, y: ys})
