@@ -156,11 +156,14 @@ def conv_wgrad(deviceless=False, io=F16):
 
 
 # ---------------------------------------------------------------- reduction
-def reduction(B=4, M=256, N=512, deviceless=False, io=F32):
+def reduction(N=4, C=64, H=16, W=16, deviceless=False, io=F32):
+    """Per-channel sum of an NHWC tensor (the bias-gradient pattern). Seen on the H200
+    (cuDNN 9.19): the backend's reduction engines want NHWC; a [B, M, N] row sum finds
+    no engine config ("!is_NHWC")."""
     g = new_graph(io, deviceless, "reduction")
-    x = g.tensor([B, M, N], name="x")
-    y = g.reduction(x, cudnn.reduction_mode.ADD, name="row_sum")
-    y.set_name("y").set_dim([B, M, 1]).set_stride([M, 1, 1]).set_data_type(F32)
+    x = g.tensor(*_nhwc(N, C, H, W), name="x")
+    y = g.reduction(x, cudnn.reduction_mode.ADD, name="channel_sum")
+    y.set_name("y").set_dim([1, C, 1, 1]).set_stride([C, 1, C, C]).set_data_type(F32)
     outputs(y)
     return g, {"x": x, "y": y}
 

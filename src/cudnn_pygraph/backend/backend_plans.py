@@ -196,14 +196,21 @@ class BackendPlan(CompiledPlan):
         self.n_slots = n_slots
         self.device = device
         self._raw = lg.backend._execute_with_raw_ptrs
+        self._default_bh = None  # the per-device default handle's, read once
         self._scratch = {}  # stream -> workspace we allocated (caller gave none)
         self._scratch_lock = threading.Lock()
 
     def execute(self, graph, pack, ctx):
+        # The hot path: every line here is paid per call (bench/results/backend.md).
         handle = ctx.handle
         if handle is None:
-            handle = graph.backend_options.get("handle") or default_handle(self.device)
-        bh = handle if type(handle) is int else handle.backend_handle()
+            handle = graph.backend_options["handle"]
+        if handle is None:
+            bh = self._default_bh
+            if bh is None:
+                bh = self._default_bh = default_handle(self.device).backend_handle()
+        else:
+            bh = handle if type(handle) is int else handle.backend_handle()
         ws = 0 if self.workspace_size == 0 else self._workspace(ctx)
         overrides = getattr(ctx, "overrides", None)
         if overrides:

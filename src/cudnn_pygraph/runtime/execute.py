@@ -73,7 +73,15 @@ def run_plan(record, compiled, variant_pack, workspace, handle, overrides):
         for i, uid in enumerate(override_uids):
             pack.override(uid, override_shapes[i], override_strides[i])
     graph = record.graph
+    if handle is None and workspace is None and not override_uids and graph.backend_options["handle"] is None:
+        # The common call (no handle, no workspace anywhere): one shared, never-written
+        # context saves building one per call (~0.4 us of a ~13 us backend execute).
+        compiled.execute(graph, pack, _DEFAULT_CTX)
+        return
     ctx = ExecutionContext(handle, resolve_stream(handle, graph), workspace, None)
     if override_uids:  # the backend's override path takes the lists themselves
         ctx.overrides = overrides
     compiled.execute(graph, pack, ctx)
+
+
+_DEFAULT_CTX = ExecutionContext(None, None, None, None)
