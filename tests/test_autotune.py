@@ -311,3 +311,19 @@ def test_rotating_copies_only_when_the_pack_fits_in_l2(l2_bytes, copies):
     assert len(ptrs) == 2 * copies  # distinct allocations
     for p in packs[1:]:
         assert all(torch.equal(p[k], pack[k]) for k in pack)
+
+
+@pytest.mark.parametrize("dead, cap, left", [(3, 32, 3), (5, 3, 2), (2, 1, 0)],
+                         ids=["under-the-cap", "oldest-go-first", "only-our-own-left"])
+def test_dead_environments_are_retired_oldest_first(monkeypatch, dead, cap, left):
+    monkeypatch.setenv(at.MAX_ENVS_ENV, str(cap))
+    root = at.cache_root() / "v1"
+    for i in range(dead):  # environments of other checkouts, oldest first
+        d = root / f"dead{i}"
+        d.mkdir(parents=True)
+        (d / "x.json").write_text("{}")
+        os.utime(d, (1000 + i, 1000 + i))
+    graph, pack = planned_graph()
+    ours = pathlib.Path(graph.autotune(pack, timer=table_timer([1.0, 2.0, 3.0])).cache_path).parent
+    remaining = sorted(d.name for d in root.iterdir() if d != ours)
+    assert remaining == [f"dead{i}" for i in range(dead - left, dead)] and ours.is_dir()

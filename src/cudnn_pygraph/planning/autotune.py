@@ -19,7 +19,8 @@ cache"):
     longer in the list) is a MISS, never an error.
 Location: CUDNN_PYGRAPH_AUTOTUNE_CACHE, else $XDG_CACHE_HOME/cudnn_pygraph/autotune
 (~/.cache when XDG_CACHE_HOME is unset); CUDNN_PYGRAPH_DISABLE_AUTOTUNE_CACHE=1 turns it
-off (every call times, nothing is read or written).
+off (every call times, nothing is read or written). A write retires the oldest dead
+environment directories beyond CUDNN_PYGRAPH_AUTOTUNE_CACHE_MAX_ENVS (32).
 """
 
 import contextlib
@@ -40,6 +41,7 @@ from ..engines.base import DECLINE_ERRORS
 
 CACHE_ENV = "CUDNN_PYGRAPH_AUTOTUNE_CACHE"
 DISABLE_ENV = "CUDNN_PYGRAPH_DISABLE_AUTOTUNE_CACHE"
+MAX_ENVS_ENV = "CUDNN_PYGRAPH_AUTOTUNE_CACHE_MAX_ENVS"
 _SCHEMA = "v1"  # bump on any incompatible change of the entry format or the key
 _PKG_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -247,7 +249,29 @@ def store_entry(key, engine_id, knobs, plan_name, timings):
             raise
     except OSError:
         return None
+    prune(keep=path.parent)
     return path
+
+
+def prune(keep, max_environments=None):
+    """Retire dead environments: every source edit and every release mints a new
+    environment directory that is never hit again. Whole environment directories go,
+    oldest first, beyond CUDNN_PYGRAPH_AUTOTUNE_CACHE_MAX_ENVS (32 by default); `keep`
+    (this process's own) never does. Returns how many went; never raises."""
+    if max_environments is None:
+        try:
+            max_environments = int(os.environ.get(MAX_ENVS_ENV, "32"))
+        except ValueError:
+            max_environments = 32
+    try:
+        envs = [d for d in (cache_root() / _SCHEMA).iterdir() if d.is_dir() and d != keep]
+        envs.sort(key=lambda d: d.stat().st_mtime)
+    except OSError:
+        return 0
+    doomed = envs[: max(0, len(envs) + 1 - max_environments)]
+    for d in doomed:
+        shutil.rmtree(d, ignore_errors=True)
+    return len(doomed)
 
 
 def list_entries():
