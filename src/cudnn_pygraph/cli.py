@@ -263,7 +263,7 @@ def cmd_plans(args):
         if graph._planning is None:  # the graph itself is invalid: bad input
             raise UsageError(f"{source}: invalid graph: {exc}") from None
         print(graph.explain())
-        print(f"no plan: {exc}")
+        print(f"no plan for graph '{graph.name}' here: nothing above accepts it")
         return 1
     print(graph.explain())
     return 0
