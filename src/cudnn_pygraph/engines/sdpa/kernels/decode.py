@@ -23,7 +23,10 @@ from .knobs import SUPPORTED_HEAD_DIMS, SdpaDecodeKnobs
 from .prefill import LOG2E, _check, _flat_lengths
 
 
-@triton.jit(do_not_specialize=["seq_q", "num_heads_q", "stride_lb", "stride_lh", "stride_ls"])
+# Batch- and head-dependent ints (and the page table's row stride, which is max_pages) are
+# not value-specialised, so serving shapes with other b / qh / kh reuse the kernel.
+@triton.jit(do_not_specialize=["seq_q", "num_heads_q", "stride_pb", "stride_lb", "stride_lh",
+                               "stride_ls"])
 def _sdpa_decode_kernel(
     Q, KC, VC, PAGE_TABLE, SEQLEN_KV, O, LSE, O_PART, LSE_PART,
     stride_qb, stride_qh, stride_qs, stride_qd,

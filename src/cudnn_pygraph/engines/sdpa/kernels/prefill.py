@@ -113,7 +113,7 @@ def _attend(
 @triton.jit(
     do_not_specialize=[
         "seq_q", "seq_kv", "num_m_tiles", "window_left", "window_right",
-        "stride_lb", "stride_lh", "stride_ls",
+        "stride_lb", "stride_lh", "stride_ls", "l_off_mul",
     ]
 )
 def _sdpa_fwd_kernel(

@@ -1,0 +1,411 @@
+"""SDPA forward on the GPU: our Triton prefill / paged decode vs torch flash vs the cuDNN backend.
+
+Checks every config against a float64 reference (a slice of heads / requests), times kernels
+with CUDA events (median of reps, queue pre-filled so host launch time is hidden) and prints
+Markdown tables: the side by side first, then every config timed. Installs nothing; the
+backend column needs NVIDIA's nvidia-cudnn-frontend on the path (else "n/a").
+
+    PYTHONPATH=src python bench/sdpa_fwd.py [--budget-s 150] [--out results.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if "--dry" in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+
+import torch
+import torch.nn.functional as F
+
+from cudnn_pygraph.engines.sdpa.kernels import (
+    AttnMask,
+    SdpaDecodeKnobs,
+    SdpaFwdKnobs,
+    prefill_flops,
+    recommend_decode,
+    recommend_prefill,
+    sdpa_decode,
+    sdpa_prefill,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "sdpa"))
+from sdpa_reference import attention_one, rel_err  # noqa: E402  (float64, tests only)
+
+# --dry: a CPU smoke run of every code path (TRITON_INTERPRET=1, tiny shapes, fp16, wall time).
+DRY = "--dry" in sys.argv
+DEV = "cpu" if DRY else "cuda"
+DT = torch.float16 if DRY else torch.bfloat16
+TOL_OUT = 1.5e-2  # bf16 output rounding is ~4e-3 relative; a wrong kernel is >> 1e-1
+START = time.time()
+
+
+def sync():
+    if not DRY:
+        torch.cuda.synchronize()
+
+
+def small(n: int) -> int:
+    return min(n, 48) if DRY else n
+
+
+def median_ms(fn, reps: int) -> float:
+    fn()
+    sync()
+    if DRY:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    pairs = []
+    torch.cuda._sleep(20_000_000)  # fill the queue: events then time the device, not the host
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        pairs.append((s, e))
+    sync()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+
+
+def K(m, n, st, w, pack=False, tma=False):
+    return SdpaFwdKnobs(TILE_M=m, TILE_N=n, NUM_STAGES=st, NUM_WARPS=w, PACK_GQA=pack, TMA=tma)
+
+
+def name(kn) -> str:
+    if isinstance(kn, SdpaFwdKnobs):
+        extra = ("+pack" if kn.PACK_GQA else "") + ("+tma" if kn.TMA else "")
+        return f"m{kn.TILE_M}n{kn.TILE_N}s{kn.NUM_STAGES}w{kn.NUM_WARPS}{extra}"
+    return f"n{kn.TILE_N}split{kn.SPLIT_KV}s{kn.NUM_STAGES}w{kn.NUM_WARPS}"
+
+
+def dedup(seq):
+    out = []
+    for x in seq:
+        if x not in out:
+            out.append(x)
+    return out
+
+
+# ---------------------------------------------------------------- competitors
+
+
+def torch_flash(q, k, v, causal, scale):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gqa = q.shape[1] != k.shape[1]
+
+    def run():
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                                  enable_gqa=gqa)
+    run()
+    return run
+
+
+def torch_flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale):
+    """torch's own FA2 varlen entry; GQA natively (K/V expanded if it refuses)."""
+    op = torch.ops.aten._flash_attention_forward
+
+    def make(kk, vv):
+        def run():
+            return op(q, kk, vv, cu_q, cu_k, max_q, max_k, 0.0, True, False, scale=scale)
+        run()
+        return run
+    try:
+        return make(k, v), ""
+    except Exception:  # noqa: BLE001 - older kernels want equal head counts
+        g = q.shape[1] // k.shape[1]
+        return make(k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)), " (K/V expanded)"
+
+
+def cudnn_backend(q, k, v, out, causal, scale):
+    """NVIDIA's pygraph with the backend's first heuristic plan, or (None, reason)."""
+    try:
+        import cudnn
+    except Exception as exc:  # noqa: BLE001
+        return None, f"no cudnn module ({type(exc).__name__})"
+    try:
+        handle = cudnn.create_handle()
+        g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16,
+                          intermediate_data_type=cudnn.data_type.FLOAT,
+                          compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+        tq, tk, tv = g.tensor_like(q), g.tensor_like(k), g.tensor_like(v)
+        o, _ = g.sdpa(name="sdpa", q=tq, k=tk, v=tv, generate_stats=False, attn_scale=scale,
+                      use_causal_mask=causal)
+        o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride()))
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        ws = torch.empty(max(1, g.get_workspace_size()), device=DEV, dtype=torch.uint8)
+        pack = {tq: q, tk: k, tv: v, o: out}
+
+        def run():
+            g.execute(pack, ws, handle=handle)
+        run()
+        sync()
+        return run, ""
+    except Exception as exc:  # noqa: BLE001
+        return None, f"{type(exc).__name__}: {str(exc)[:80]}"
+
+
+# ---------------------------------------------------------------- rows
+
+
+ROWS = []  # (shape, best config, ours ms, first-listed ms, torch ms, backend ms, work, kind, note)
+TIMINGS = []  # (shape, config, ms, err)
+
+
+def time_or_none(factory, reps):
+    """Median ms of a competitor, or (None, reason) when it refuses the shape."""
+    try:
+        run = factory()
+        return median_ms(run, reps), ""
+    except Exception as exc:  # noqa: BLE001
+        return None, f"{type(exc).__name__}: {str(exc)[:80]}"
+
+
+def over_budget(budget_s):
+    return time.time() - START > budget_s
+
+
+def try_configs(shape, configs, launch, check, reps, budget_s):
+    """Time each config (after a correctness check); returns {config: ms}."""
+    results = {}
+    for kn in configs:
+        if over_budget(budget_s) and results:
+            TIMINGS.append((shape, name(kn), None, "skipped: budget"))
+            continue
+        try:
+            launch(kn)
+            sync()
+            err = check()
+            ms = median_ms(lambda: launch(kn), reps)
+        except Exception as exc:  # noqa: BLE001 - a config that fails to compile is reported
+            TIMINGS.append((shape, name(kn), None, f"{type(exc).__name__}: {str(exc)[:60]}"))
+            print(f"  {shape} {name(kn)}: FAILED {exc!r:.200}", flush=True)
+            continue
+        ok = err <= TOL_OUT
+        TIMINGS.append((shape, name(kn), ms, f"{err:.1e}" + ("" if ok else " WRONG")))
+        print(f"  {shape} {name(kn)}: {ms:.3f} ms err {err:.1e} t={time.time() - START:.0f}s",
+              flush=True)
+        if ok:
+            results[kn] = ms
+    return results
+
+
+def dense_row(b, h, s, d, causal, candidates, budget_s, reps=10):
+    shape = f"B{b} H{h} S{s} D{d} {'causal' if causal else 'non-causal'}"
+    b, h, s = (small(x) for x in (b, h, s))
+    scale = 1.0 / math.sqrt(d)
+    q, k, v = (torch.randn(b, h, s, d, device=DEV, dtype=DT) for _ in range(3))
+    out = torch.empty_like(q)
+    mask = AttnMask.causal() if causal else AttnMask()
+    heads = [0, h - 1]
+    ref, _ = attention_one(q[0, heads], k[0, heads], v[0, heads], scale, None,
+                           0 if causal else None, False)
+
+    def launch(kn):
+        sdpa_prefill(q, k, v, out, attn_scale=scale, knobs=kn, mask=mask)
+
+    def check():
+        out.fill_(float("nan"))
+        launch(current[0])
+        sync()
+        return rel_err(out[0, heads], ref)
+
+    current = [None]
+
+    def launch_tracked(kn):
+        current[0] = kn
+        launch(kn)
+
+    first = recommend_prefill(head_dim=d, causal=causal)[0]
+    results = try_configs(shape, dedup([first] + candidates), launch_tracked, check, reps, budget_s)
+    flops = prefill_flops(h, d, [s] * b, [s] * b, mask)
+    t_ms, t_why = time_or_none(lambda: torch_flash(q, k, v, causal, scale), reps)
+    run_b, why = cudnn_backend(q, k, v, torch.empty_like(q), causal, scale)
+    b_ms = median_ms(run_b, reps) if run_b else None
+    why = "; ".join(x for x in (t_why and f"torch: {t_why}", why and f"backend: {why}") if x)
+    best = min(results, key=results.get) if results else None
+    ROWS.append((shape, best, results.get(best), results.get(first), t_ms, b_ms, flops, "prefill",
+                 why))
+    return sorted(results, key=results.get)
+
+
+def thd_row(candidates, budget_s, reps=10):
+    lens = [256, 8192, 512, 4096, 1024, 2048, 384, 6144, 768, 3072, 1536, 5120, 320, 7168, 640, 2560]
+    hq, hkv, d = 32, 8, 128
+    shape = f"THD 16 seqs {min(lens)}..{max(lens)} (sum {sum(lens)}) GQA {hq}/{hkv} D{d} causal"
+    lens = [small(n // 64) for n in lens] if DRY else lens
+    scale = 1.0 / math.sqrt(d)
+    total = sum(lens)
+    q = torch.randn(total, hq, d, device=DEV, dtype=DT)
+    k, v = (torch.randn(total, hkv, d, device=DEV, dtype=DT) for _ in range(2))
+    out = torch.empty_like(q)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=DEV)
+    offs = cu.tolist()
+    checks = [0, 1]  # the shortest and the longest sequence, kv head 0 (q heads 0..3)
+    refs = []
+    for i in checks:
+        sl = slice(offs[i], offs[i + 1])
+        refs.append(attention_one(q[sl, :4].transpose(0, 1), k[sl, :1].transpose(0, 1),
+                                  v[sl, :1].transpose(0, 1), scale, None, 0, False)[0])
+    current = [None]
+
+    def launch(kn):
+        current[0] = kn
+        sdpa_prefill(q, k, v, out, attn_scale=scale, knobs=kn, mask=AttnMask.causal(),
+                     ragged_offsets_q=cu, ragged_offsets_kv=cu, max_seqlen_q=max(lens))
+
+    def check():
+        out.fill_(float("nan"))
+        launch(current[0])
+        sync()
+        return max(rel_err(out[offs[i]: offs[i + 1], :4].transpose(0, 1), r)
+                   for i, r in zip(checks, refs))
+
+    first = recommend_prefill(head_dim=d, causal=True, group=hq // hkv, is_thd=True,
+                              max_seqlen_q=max(lens))[0]
+    results = try_configs(shape, dedup([first] + candidates), launch, check, reps, budget_s)
+    flops = prefill_flops(hq, d, lens, lens, AttnMask.causal())
+    varlen_note = [""]
+
+    def varlen():
+        run, varlen_note[0] = torch_flash_varlen(q, k, v, cu, cu, max(lens), max(lens), scale)
+        return run
+
+    t_ms, why = time_or_none(varlen, reps)
+    best = min(results, key=results.get) if results else None
+    ROWS.append((shape, best, results.get(best), results.get(first), t_ms, None, flops, "prefill",
+                 f"torch: aten varlen flash{varlen_note[0]} {why}; backend not run"))
+
+
+def decode_row(page, candidates, budget_s, reps=20):
+    b, hq, hkv, d, L = 64, 32, 8, 128, 4096
+    shape = f"decode {b} req x 1 q, {L} paged kv (page {page}), GQA {hq}/{hkv} D{d}"
+    if DRY:
+        b, L = 6, 192
+    scale = 1.0 / math.sqrt(d)
+    per = L // page
+    num_pages = b * per
+    kc, vc = (torch.randn(num_pages, page, hkv, d, device=DEV, dtype=DT) for _ in range(2))
+    table = torch.randperm(num_pages, device=DEV).to(torch.int32).reshape(b, per)
+    seq = torch.full((b,), L, dtype=torch.int32, device=DEV)
+    q = torch.randn(b, hq, 1, d, device=DEV, dtype=DT)
+    out = torch.empty_like(q)
+    # Dense copies (outside timing) for the reference and torch's column.
+    tok = torch.arange(L, device=DEV)
+    pages = table[:, tok // page].long()  # [b, L]
+    kd = kc[pages, (tok % page)[None, :]].permute(0, 2, 1, 3).contiguous()  # [b, hkv, L, d]
+    vd = vc[pages, (tok % page)[None, :]].permute(0, 2, 1, 3).contiguous()
+    checks = [0, b - 1]
+    refs = [attention_one(q[i], kd[i], vd[i], scale)[0] for i in checks]
+    ws = torch.empty(b * hq * 64 * (d + 1), device=DEV, dtype=torch.float32)
+    current = [None]
+
+    def launch(kn):
+        current[0] = kn
+        sdpa_decode(q, kc, vc, table, seq, out, attn_scale=scale, knobs=kn, workspace=ws)
+
+    def check():
+        out.fill_(float("nan"))
+        launch(current[0])
+        sync()
+        return max(rel_err(out[i], r) for i, r in zip(checks, refs))
+
+    first = recommend_decode(head_dim=d, page_size=page, batch=b, heads_kv=hkv)[0]
+    results = try_configs(shape, dedup([first] + candidates), launch, check, reps, budget_s)
+    t_ms, why = time_or_none(lambda: torch_flash(q, kd, vd, False, scale), reps)
+    kv_bytes = 2 * b * L * hkv * d * kd.element_size()
+    best = min(results, key=results.get) if results else None
+    ROWS.append((shape, best, results.get(best), results.get(first), t_ms, None, kv_bytes,
+                 "decode", f"torch: flash on a dense copy {why}; backend not run (brief: 250 us, page 64)"))
+
+
+# ---------------------------------------------------------------- report
+
+
+def fmt(x, spec):
+    return "—" if x is None else format(x, spec)
+
+
+def report() -> str:
+    dev = "CPU interpreter (dry run)" if DRY else torch.cuda.get_device_name()
+    import triton
+
+    lines = [
+        f"GPU: {dev}; torch {torch.__version__}; triton {triton.__version__}; bf16; "
+        f"CUDA-event medians; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        "",
+        "| shape | ours best (config) | ours ms | first-listed ms | torch flash ms | backend ms "
+        "| ours | torch | backend | ours/torch | ours/backend |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for shape, best, o_ms, f_ms, t_ms, b_ms, work, kind, note in ROWS:
+        if kind == "prefill":
+            rate = lambda ms: None if ms is None else work / (ms * 1e-3) / 1e12  # noqa: E731
+            unit = "TFLOP/s"
+        else:
+            rate = lambda ms: None if ms is None else work / (ms * 1e-3) / 1e12  # noqa: E731
+            unit = "TB/s"
+        ratio_t = None if (o_ms is None or t_ms is None) else t_ms / o_ms
+        ratio_b = None if (o_ms is None or b_ms is None) else b_ms / o_ms
+        lines.append(
+            f"| {shape} | {name(best) if best else '—'} | {fmt(o_ms, '.3f')} | {fmt(f_ms, '.3f')} "
+            f"| {fmt(t_ms, '.3f')} | {fmt(b_ms, '.3f')} | {fmt(rate(o_ms), '.0f')} {unit} "
+            f"| {fmt(rate(t_ms), '.0f')} | {fmt(rate(b_ms), '.0f')} | {fmt(ratio_t, '.2f')}x "
+            f"| {fmt(ratio_b, '.2f')}x |")
+    lines.append("")
+    for shape, *_rest, note in ROWS:
+        if note:
+            lines.append(f"- {shape}: {note}")
+    lines += ["", "Every config timed (err = ||out-ref||/||ref|| vs float64 on a slice):", "",
+              "| shape | config | ms | err |", "|---|---|---|---|"]
+    for shape, cfg, ms, err in TIMINGS:
+        lines.append(f"| {shape} | {cfg} | {fmt(ms, '.3f')} | {err} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget-s", type=float, default=150.0)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--dry", action="store_true", help="CPU smoke run under TRITON_INTERPRET=1")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    budget = args.budget_s
+    d128 = [K(128, 64, 3, 8), K(128, 128, 2, 8), K(128, 64, 3, 8, tma=True),
+            K(128, 128, 2, 8, tma=True)]
+    ranked = dense_row(2, 16, 8192, 128, True, d128, budget * 0.3)
+    dense_row(2, 16, 8192, 128, False, d128, budget * 0.5)
+    dense_row(8, 16, 2048, 64, True,
+              [K(128, 64, 3, 4), K(128, 128, 3, 8), K(128, 64, 3, 4, tma=True),
+               K(128, 128, 3, 8, tma=True)], budget * 0.62)
+    top = ranked[:2] or d128[:2]
+    thd = []
+    for kn in top:
+        thd += [kn, SdpaFwdKnobs(**{**kn.__dict__, "PACK_GQA": True})]
+    thd_row(dedup(thd), budget * 0.8)
+    dec = [SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=1, NUM_STAGES=3, NUM_WARPS=4),
+           SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=2, NUM_STAGES=3, NUM_WARPS=4),
+           SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=4, NUM_STAGES=3, NUM_WARPS=4),
+           SdpaDecodeKnobs(TILE_N=128, SPLIT_KV=2, NUM_STAGES=2, NUM_WARPS=8)]
+    decode_row(16, dec, budget * 0.9)
+    decode_row(64, dec, budget)
+    text = report()
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""SDPA Triton kernels on the GPU: bf16 against float64, CUDA-graph capture, one kernel per
+layout class over serving shapes. Skips without a CUDA device (the CPU interpreter tests are
+tests/sdpa/test_sdpa_kernels.py).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sdpa"))
+from sdpa_reference import attention_one, lse_err, rel_err  # noqa: E402
+
+from cudnn_pygraph.engines.sdpa.kernels import (  # noqa: E402
+    AttnMask,
+    SdpaDecodeKnobs,
+    SdpaFwdKnobs,
+    recommend_decode,
+    recommend_prefill,
+    sdpa_decode,
+    sdpa_prefill,
+)
+from cudnn_pygraph.engines.sdpa.kernels.decode import _sdpa_decode_kernel  # noqa: E402
+from cudnn_pygraph.engines.sdpa.kernels.prefill import _sdpa_fwd_kernel  # noqa: E402
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+TOL = {"out": 1.5e-2, "stats": 2e-2}  # bf16 inputs/outputs, fp32 softmax and accumulation
+
+MASKS = {
+    "none": AttnMask(),
+    "causal-tl": AttnMask.causal(),
+    "causal-br": AttnMask.causal(bottom_right=True),
+    "window-l100-r0": AttnMask(window_left=100, window_right=0),
+}
+PREFILL_KNOBS = {
+    "m128n64s3w8": SdpaFwdKnobs(TILE_M=128, TILE_N=64, NUM_STAGES=3, NUM_WARPS=8),
+    "m128n128s2w8-tma": SdpaFwdKnobs(TILE_M=128, TILE_N=128, NUM_STAGES=2, NUM_WARPS=8, TMA=True),
+    "m128n64s3w4": SdpaFwdKnobs(TILE_M=128, TILE_N=64, NUM_STAGES=3, NUM_WARPS=4),
+}
+
+
+def rnd(*shape):
+    return torch.randn(*shape, device=DEV, dtype=BF16)
+
+
+@pytest.mark.parametrize("knobs", PREFILL_KNOBS.values(), ids=PREFILL_KNOBS.keys())
+@pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
+@pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
+def test_prefill_dense_bf16(d, mask, knobs):
+    b, h, s_q, s_kv = 2, 3, 333, 517
+    q, k, v = rnd(b, h, s_q, d), rnd(b, h, s_kv, d), rnd(b, h, s_kv, d)
+    out = torch.full_like(q, float("nan"))
+    stats = torch.full((b, h, s_q, 1), float("nan"), device=DEV)
+    scale = 1 / math.sqrt(d)
+    sdpa_prefill(q, k, v, out, attn_scale=scale, knobs=knobs, mask=mask, stats=stats)
+    for i in range(b):
+        ref_o, ref_l = attention_one(q[i], k[i], v[i], scale, mask.window_left,
+                                     mask.window_right, mask.bottom_right)
+        assert rel_err(out[i], ref_o) <= TOL["out"]
+        assert lse_err(stats[i, ..., 0], ref_l) <= TOL["stats"]
+
+
+def _thd_case(lens, hq, hkv, d):
+    total = sum(lens)
+    q, k, v = rnd(total, hq, d), rnd(total, hkv, d), rnd(total, hkv, d)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=DEV)
+    return q, k, v, cu
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["nopack", "pack"])
+@pytest.mark.parametrize("tma", [False, True], ids=["ptr", "tma"])
+def test_prefill_thd_gqa_bf16(pack, tma):
+    lens, hq, hkv, d = [1, 300, 77, 1024], 8, 2, 128
+    q, k, v, cu = _thd_case(lens, hq, hkv, d)
+    out = torch.full_like(q, float("nan"))
+    stats = torch.full((q.shape[0], hq), float("nan"), device=DEV)
+    knobs = SdpaFwdKnobs(TILE_M=128, TILE_N=64, NUM_STAGES=3, NUM_WARPS=8, PACK_GQA=pack, TMA=tma)
+    sdpa_prefill(q, k, v, out, attn_scale=0.1, knobs=knobs, mask=AttnMask.causal(), stats=stats,
+                 ragged_offsets_q=cu, ragged_offsets_kv=cu, max_seqlen_q=max(lens))
+    offs = cu.tolist()
+    for i in range(len(lens)):
+        sl = slice(offs[i], offs[i + 1])
+        ref_o, ref_l = attention_one(q[sl].transpose(0, 1), k[sl].transpose(0, 1),
+                                     v[sl].transpose(0, 1), 0.1, None, 0, False)
+        assert rel_err(out[sl].transpose(0, 1), ref_o) <= TOL["out"]
+        assert lse_err(stats[sl].transpose(0, 1), ref_l) <= TOL["stats"]
+
+
+def _paged(lens, hkv, d, page):
+    per = max(1, max((n + page - 1) // page for n in lens))
+    num_pages = len(lens) * per + 5
+    kc, vc = rnd(num_pages, page, hkv, d), rnd(num_pages, page, hkv, d)
+    table = torch.randperm(num_pages, device=DEV)[: len(lens) * per].to(torch.int32)
+    table = table.reshape(len(lens), per)
+    dense = []
+    for i, n in enumerate(lens):
+        tok = torch.arange(n, device=DEV)
+        pages = table[i][tok // page].long()
+        dense.append((kc[pages, tok % page].transpose(0, 1), vc[pages, tok % page].transpose(0, 1)))
+    return kc, vc, table, dense
+
+
+DECODE_KNOBS = {
+    "n64-split1": SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=1, NUM_STAGES=3),
+    "n64-split4": SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=4, NUM_STAGES=3),
+    "n128-split2-w8": SdpaDecodeKnobs(TILE_N=128, SPLIT_KV=2, NUM_STAGES=2, NUM_WARPS=8),
+}
+
+
+@pytest.mark.parametrize("knobs", DECODE_KNOBS.values(), ids=DECODE_KNOBS.keys())
+@pytest.mark.parametrize("page", [16, 64], ids=["page16", "page64"])
+def test_decode_paged_bf16(page, knobs):
+    lens, hq, hkv, d = [1, 1000, 4096, 333], 32, 8, 128
+    kc, vc, table, dense = _paged(lens, hkv, d, page)
+    q = rnd(len(lens), hq, 1, d)
+    out = torch.full_like(q, float("nan"))
+    stats = torch.full((len(lens), hq, 1, 1), float("nan"), device=DEV)
+    seq = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    sdpa_decode(q, kc, vc, table, seq, out, attn_scale=0.08, knobs=knobs, stats=stats)
+    for i, (kd, vd) in enumerate(dense):
+        ref_o, ref_l = attention_one(q[i], kd, vd, 0.08)
+        assert rel_err(out[i], ref_o) <= TOL["out"]
+        assert lse_err(stats[i, ..., 0], ref_l) <= TOL["stats"]
+
+
+def test_cuda_graph_capture_and_replay():
+    """Prefill (THD, GQA) and split-KV decode captured once, replayed on new inputs."""
+    lens, hq, hkv, d = [5, 200, 64], 8, 2, 128
+    q, k, v, cu = _thd_case(lens, hq, hkv, d)
+    out = torch.empty_like(q)
+    kc, vc, table, dense = _paged([700, 64], hkv, d, 16)
+    seq = torch.tensor([700, 64], dtype=torch.int32, device=DEV)
+    qd = rnd(2, hq, 1, d)
+    outd = torch.empty_like(qd)
+    dknobs = SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=4)
+    ws = torch.empty(2 * hq * 4 * (d + 1), device=DEV, dtype=torch.float32)
+    pknobs = recommend_prefill(head_dim=d, causal=True, group=hq // hkv, is_thd=True,
+                               max_seqlen_q=max(lens))[0]
+
+    def step():
+        sdpa_prefill(q, k, v, out, attn_scale=0.1, knobs=pknobs, mask=AttnMask.causal(),
+                     ragged_offsets_q=cu, ragged_offsets_kv=cu, max_seqlen_q=max(lens))
+        sdpa_decode(qd, kc, vc, table, seq, outd, attn_scale=0.1, knobs=dknobs, workspace=ws)
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    q.copy_(torch.randn_like(q))
+    qd.copy_(torch.randn_like(qd))
+    out.fill_(float("nan"))
+    outd.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    offs = cu.tolist()
+    for i in range(len(lens)):
+        sl = slice(offs[i], offs[i + 1])
+        ref_o, _ = attention_one(q[sl].transpose(0, 1), k[sl].transpose(0, 1),
+                                 v[sl].transpose(0, 1), 0.1, None, 0, False)
+        assert rel_err(out[sl].transpose(0, 1), ref_o) <= TOL["out"]
+    for i, (kd, vd) in enumerate(dense):
+        assert rel_err(outd[i], attention_one(qd[i], kd, vd, 0.1)[0]) <= TOL["out"]
+
+
+def _compiled(kernel) -> int:
+    return sum(len(entry[0]) for entry in kernel.device_caches.values())
+
+
+def test_one_kernel_per_layout_class_over_serving_shapes():
+    """FlashInfer-like serving sweep (b, qh, kh vary; GQA ratio 4 fixed): one compile each."""
+    shapes = [(1, 8, 2), (3, 16, 4), (7, 32, 8), (2, 4, 1), (5, 12, 3)]
+    d = 128
+    knobs = SdpaFwdKnobs(TILE_M=128, TILE_N=64, NUM_STAGES=3, NUM_WARPS=8, PACK_GQA=True)
+    dknobs = recommend_decode(head_dim=d, page_size=16, batch=4, heads_kv=2)[0]
+    before_p, before_d = _compiled(_sdpa_fwd_kernel), _compiled(_sdpa_decode_kernel)
+    for n, (b, qh, kh) in enumerate(shapes):
+        lens = [17 + 31 * ((i + n) % 5) for i in range(b)]
+        q, k, v, cu = _thd_case(lens, qh, kh, d)
+        stats = torch.empty(q.shape[0], qh, 1, device=DEV)
+        sdpa_prefill(q, k, v, torch.empty_like(q), attn_scale=0.1, knobs=knobs,
+                     mask=AttnMask.causal(bottom_right=True), stats=stats,
+                     ragged_offsets_q=cu, ragged_offsets_kv=cu, max_seqlen_q=max(lens))
+        kc, vc, table, _ = _paged(lens, kh, d, 16)
+        qd = rnd(b, qh, 1, d)
+        seq = torch.tensor(lens, dtype=torch.int32, device=DEV)
+        sdpa_decode(qd, kc, vc, table, seq, torch.empty_like(qd), attn_scale=0.1, knobs=dknobs)
+    torch.cuda.synchronize()
+    assert _compiled(_sdpa_fwd_kernel) - before_p == 1
+    assert _compiled(_sdpa_decode_kernel) - before_d == 1
