@@ -121,7 +121,8 @@ def paths(kind, shape, modes):
     torch.manual_seed(0)
     if kind == "matmul":
         M, N, K = shape
-        feeds = {"A": torch.randn(1, M, K, device="cuda").bfloat16(), "B": torch.randn(1, K, N, device="cuda").bfloat16()}
+        feeds = {"A": torch.randn(1, M, K, device="cuda").bfloat16(),
+                 "B": torch.randn(1, K, N, device="cuda").bfloat16()}
         out_shape, ref = (1, M, N), (feeds["A"].double() @ feeds["B"].double())
         build = lambda side: matmul_graph(side, M, N, K)  # noqa: E731
     else:

@@ -266,7 +266,8 @@ class BackendPlan(CompiledPlan):
             with self._scratch_lock:
                 buf = self._scratch.get(key)
                 if buf is None:
-                    buf = torch.empty(self.workspace_size, dtype=torch.uint8, device=f"cuda:{self.device}")
+                    buf = torch.empty(self.workspace_size, dtype=torch.uint8,
+                                      device=f"cuda:{self.device}")
                     self._scratch[key] = buf
         return buf.data_ptr()
 

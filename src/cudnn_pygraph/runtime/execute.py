@@ -73,7 +73,8 @@ def run_plan(record, compiled, variant_pack, workspace, handle, overrides):
         for i, uid in enumerate(override_uids):
             pack.override(uid, override_shapes[i], override_strides[i])
     graph = record.graph
-    if handle is None and workspace is None and not override_uids and graph.backend_options["handle"] is None:
+    plain = handle is None and workspace is None and not override_uids
+    if plain and graph.backend_options["handle"] is None:
         # The common call (no handle, no workspace anywhere): one shared, never-written
         # context saves building one per call (~0.4 us of a ~13 us backend execute).
         compiled.execute(graph, pack, _DEFAULT_CTX)
