@@ -19,7 +19,7 @@ import torch
 
 from cudnn_pygraph import heur_mode, knob_type
 from cudnn_pygraph._types import GraphStateError, cudnnGraphNotSupportedError
-from cudnn_pygraph.demo import gdn_example
+from cudnn_pygraph.demo import gdn_example, gemm_example
 from cudnn_pygraph.engines.base import BaseEngine, Capabilities, CompiledPlan, PlanConfig
 from cudnn_pygraph.planning import autotune as at
 from cudnn_pygraph.planning import manifest
@@ -28,6 +28,7 @@ from cudnn_pygraph.planning.device import DeviceProperties
 HERE = pathlib.Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 TILE = knob_type.TILE_M
+SHIPPED_FAMILIES = manifest.FAMILIES  # before the stand-ins replace the table per test
 
 # What a stand-in plan's execute costs, per tile (ms), and the log of executions.
 DELAY_MS = {16: 12.0, 32: 1.0, 64: 6.0}
@@ -327,3 +328,42 @@ def test_dead_environments_are_retired_oldest_first(monkeypatch, dead, cap, left
     ours = pathlib.Path(graph.autotune(pack, timer=table_timer([1.0, 2.0, 3.0])).cache_path).parent
     remaining = sorted(d.name for d in root.iterdir() if d != ours)
     assert remaining == [f"dead{i}" for i in range(dead - left, dead)] and ours.is_dir()
+
+
+# ---------------------------------------------------------------- real plans (GPU)
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="real plans are timed on a GPU (H200 run)")
+REPLAY_GEMM = (
+    "import json, torch\n"
+    "from cudnn_pygraph import heur_mode\n"
+    "from cudnn_pygraph.demo import gemm_example\n"
+    "ex = gemm_example()\n"
+    "gen = torch.Generator().manual_seed(0)\n"
+    "pack = {t: make(torch, 'cuda', gen) for t, make in ex.inputs.items()}\n"
+    "pack[ex.output] = torch.empty(tuple(ex.output.dim), dtype=torch.float16, device='cuda')\n"
+    "ex.graph.create_execution_plans([heur_mode.A, heur_mode.FALLBACK])\n"
+    "def forbidden(call, warmup, reps):\n"
+    "    raise AssertionError('timed on a hit')\n"
+    "r = ex.graph.autotune(pack, timer=forbidden)\n"
+    "print(json.dumps({'from_cache': r.from_cache, 'index': r.index}))\n"
+)
+
+
+@GPU
+def test_gpu_real_plans_are_timed_selected_and_replayed_by_a_second_process():
+    ex = gemm_example()  # the demo's gemm + bias + gelu graph, every plan the shipped table lists
+    gen = torch.Generator().manual_seed(0)
+    bound = {t: make(torch, "cuda", gen) for t, make in ex.inputs.items()}
+    out = torch.full(tuple(ex.output.dim), float("nan"), dtype=torch.float16, device="cuda")
+    with manifest.use_families(SHIPPED_FAMILIES):
+        ex.graph.create_execution_plans([heur_mode.A, heur_mode.FALLBACK])
+        result = ex.graph.autotune({**bound, ex.output: out}, warmup=2, reps=5)
+        assert not result.from_cache and result.timings[result.index].median_ms > 0
+        out.fill_(float("nan"))
+        ex.graph.execute({**bound, ex.output: out})  # the chosen plan, selected and built
+        torch.cuda.synchronize()
+        ref = ex.reference(torch, bound)
+        assert float(torch.linalg.vector_norm(out.double() - ref) / torch.linalg.vector_norm(ref)) <= ex.tolerance
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.run([sys.executable, "-c", REPLAY_GEMM], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"from_cache": True, "index": result.index}
