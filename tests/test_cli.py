@@ -264,6 +264,23 @@ def test_autotune_show_and_clear(capsys, tmp_path, monkeypatch):
     assert "0 entries" in out
 
 
+def test_autotune_example_times_then_a_later_run_replays(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv(at.CACHE_ENV, str(tmp_path / "cache"))
+    with manifest.use_families([gdn_family(TorchDeltaRule)]):
+        rc1, out1, _ = run_cli(capsys, "autotune", "--example", "gdn", "--warmup", "0", "--reps", "1")
+        rc2, out2, _ = run_cli(capsys, "autotune", "--example", "gdn")
+    assert rc1 == rc2 == 0
+    assert " *#0 standin_torch_gdn[] " in out1 and " ms" in out1
+    assert "cache hit: #0 standin_torch_gdn[] (nothing timed)" in out2
+
+
+def test_autotune_example_without_a_plan_says_so(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv(at.CACHE_ENV, str(tmp_path / "cache"))
+    with manifest.use_families([gdn_family()]):
+        rc, out, _ = run_cli(capsys, "autotune", "--example", "gdn")
+    assert rc == 1 and "nothing to tune here: no plan for graph 'demo_gdn'" in out
+
+
 # ---------------------------------------------------------------- logging, entry point
 def test_a_decline_is_logged_once_under_CUDNN_PYGRAPH_LOG():
     script = (

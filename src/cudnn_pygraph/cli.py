@@ -5,6 +5,7 @@
   plans GRAPH.json | --example NAME       the ranked plan list of a graph, with reasons
         [--modes A,FALLBACK,OPENSOURCE] [--write-json PATH]
   autotune --show | --clear               the persistent autotune cache
+  autotune --example NAME [--reps N]      time every plan of an example graph, cache it
 
 Exit codes: 0 done; 1 the graph has no plan here / a demo check failed; 2 bad input or a
 missing optional dependency (one line on stderr saying what to fix); 3 an internal
@@ -278,6 +279,8 @@ def cmd_autotune(args):
     if args.clear:
         print(f"removed {autotune.clear()} entries from {root}")
         return 0
+    if args.example:
+        return _autotune_example(args)
     entries = autotune.list_entries()
     print(f"autotune cache: {root} ({state}), {len(entries)} entries")
     for path, entry in entries:
@@ -292,6 +295,36 @@ def cmd_autotune(args):
         print(f"  {path.parent.name}/{path.name[:16]}..  {entry.get('plan_name', '?')}  "
               f"engine_id={entry.get('engine_id')} knobs={{{knobs}}}  device={dev_name}  "
               f"written {entry.get('written', '?')}")
+    return 0
+
+
+def _autotune_example(args):
+    """Tune an example graph on this machine's buffers (the demo's small size without a
+    GPU): the first run times every plan, a later process replays the cached choice."""
+    require(["torch"], "autotune --example")
+    import torch
+
+    from ._types import cudnnGraphNotSupportedError
+    from .demo import DEMO_MODES, EXAMPLES
+    from .planning.device import detect_device
+
+    device = detect_device()
+    dev = "cuda" if device is not None and not device.is_interpreter and torch.cuda.is_available() else "cpu"
+    ex = EXAMPLES[args.example](dev == "cuda" and not args.quick)
+    gen = torch.Generator().manual_seed(0)
+    pack = {t: make(torch, dev, gen) for t, make in ex.inputs.items()}
+    pack[ex.output] = torch.empty(tuple(ex.output.dim), dtype=torch.float16, device=dev)
+    print(f"example '{args.example}': {ex.title}, on {dev}")
+    try:
+        ex.graph.create_execution_plans(list(DEMO_MODES))
+        result = ex.graph.autotune(pack, warmup=args.warmup, reps=args.reps)
+    except cudnnGraphNotSupportedError as exc:
+        if ex.graph._planning is not None:
+            print(ex.graph.explain())
+        print(f"nothing to tune here: {exc}")
+        return 1
+    print(result.table())
+    print(f"selected #{result.index} {result.plan_name}; cache entry: {result.cache_path or '(cache off)'}")
     return 0
 
 
@@ -317,10 +350,14 @@ def build_parser():
     pl.add_argument("--write-json", metavar="PATH", help="also write the graph's JSON form to PATH")
     pl.set_defaults(func=cmd_plans)
 
-    a = sub.add_parser("autotune", help="show or clear the persistent autotune cache")
+    a = sub.add_parser("autotune", help="show or clear the persistent autotune cache, or tune an example")
     g = a.add_mutually_exclusive_group(required=True)
-    g.add_argument("--show", action="store_true")
-    g.add_argument("--clear", action="store_true")
+    g.add_argument("--show", action="store_true", help="list the cache's entries")
+    g.add_argument("--clear", action="store_true", help="remove every entry")
+    g.add_argument("--example", choices=sorted(EXAMPLES), help="time every plan of an example graph here")
+    a.add_argument("--warmup", type=int, default=3)
+    a.add_argument("--reps", type=int, default=10)
+    a.add_argument("--quick", action="store_true", help="the small size on a GPU too")
     a.set_defaults(func=cmd_autotune)
     return p
 
