@@ -1,0 +1,186 @@
+"""The gemm family's Triton engine end to end under the Triton interpreter: injected
+through the manifest (the path production takes), it plans, builds and executes matmul +
+epilogue graphs against float64 references, and declines what it cannot fuse, naming why.
+
+The backend is hidden (adapter.backend_installed -> False): the subject is the engine."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import cudnn_pygraph as cudnn
+from cudnn_pygraph.backend import adapter
+from cudnn_pygraph.planning import manifest
+from cudnn_pygraph.planning.device import DeviceProperties
+
+from gemm_reference import rel_err
+
+HALF, FLOAT = cudnn.data_type.HALF, cudnn.data_type.FLOAT
+TORCH = {HALF: torch.float16, FLOAT: torch.float32}
+TOL = {HALF: 2e-3, FLOAT: 2e-5}
+ENGINE = "cudnn_pygraph.engines.gemm.engine"
+
+
+@pytest.fixture(autouse=True)
+def gemm_family(monkeypatch):
+    monkeypatch.setattr(adapter, "backend_installed", lambda: False)
+    fam = dataclasses.replace(
+        manifest.family_by_name("gemm"),
+        slots=(manifest.EngineSlot(0, "triton_gemm", ENGINE, "GemmTritonEngine"),),
+        heuristics=(ENGINE, "recommend"),
+    )
+    families = tuple(fam if f.name == "gemm" else f for f in manifest.FAMILIES)
+    with manifest.use_families(families):
+        yield
+
+
+def _graph(dtype=HALF):
+    return cudnn.pygraph(io_data_type=dtype, compute_data_type=FLOAT)
+
+
+def _rand(t, dtype, gen):
+    return torch.randn(tuple(t.dim), generator=gen).to(TORCH[dtype]).as_strided(tuple(t.dim), tuple(t.stride))
+
+
+CASES = ["plain", "bias-gelu_tanh", "scale-bias-relu", "residual-silu", "transposed-B", "batch-broadcast-A"]
+
+
+def _build(case, g, B, M, N, K, dtype):
+    """The graph for `case`; returns (inputs {tensor: role}, output, reference fn)."""
+    b_stride = [K * N, 1, K] if case == "transposed-B" else None
+    a = g.tensor([1 if case == "batch-broadcast-A" else B, M, K], name="A")
+    b = g.tensor([B, K, N], stride=b_stride, name="B")
+    x = g.matmul(a, b)
+    extra, ref = {}, lambda ta, tb, e: ta.double() @ tb.double()
+    if case == "bias-gelu_tanh":
+        bias = g.tensor([1, 1, N], name="bias")
+        x = g.gelu_approx_tanh(g.bias(x, bias))
+        extra["bias"] = bias
+        ref = lambda ta, tb, e: torch.nn.functional.gelu(ta.double() @ tb.double() + e["bias"].double(), approximate="tanh")  # noqa: E731
+    elif case == "scale-bias-relu":
+        alpha = g.tensor([1, 1, 1], name="alpha")  # a device scalar
+        bias = g.tensor([1, M, 1], name="rowbias")
+        x = g.relu(g.bias(g.scale(x, alpha), bias))
+        extra.update(alpha=alpha, bias=bias)
+        ref = lambda ta, tb, e: torch.relu(e["alpha"].double() * (ta.double() @ tb.double()) + e["bias"].double())  # noqa: E731
+    elif case == "residual-silu":
+        res = g.tensor([B, M, N], name="res")
+        x = g.swish(g.add(x, res))
+        extra["res"] = res
+        ref = lambda ta, tb, e: torch.nn.functional.silu(ta.double() @ tb.double() + e["res"].double())  # noqa: E731
+    x.set_output(True).set_data_type(dtype).set_name("C")
+    return a, b, x, extra, ref
+
+
+@pytest.mark.parametrize("dtype", [HALF, FLOAT], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("case", CASES)
+def test_plans_builds_and_executes(case, dtype):
+    B, M, N, K = 2, 37, 45, 29
+    g = _graph(dtype)
+    a, b, c, extra, ref = _build(case, g, B, M, N, K, dtype)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    assert g.get_plan_name_at_index(0).startswith("triton_gemm[")
+    g.build_plans()
+    gen = torch.Generator().manual_seed(0)
+    ta, tb = _rand(a, dtype, gen), _rand(b, dtype, gen)
+    te = {k: _rand(t, dtype, gen) for k, t in extra.items()}
+    tc = torch.full(tuple(c.dim), float("nan"), dtype=TORCH[dtype])
+    g.execute({a: ta, b: tb, c: tc, **{extra[k]: v for k, v in te.items()}})
+    err = rel_err(tc, ref(ta, tb, te).expand(tc.shape))
+    assert err < TOL[dtype], f"{case}: rel err {err}"
+
+
+def test_replays_a_recorded_plan_by_engine_id_and_knobs():
+    g = _graph()
+    a, b, c, _, _ = _build("plain", g, 1, 20, 24, 16, HALF)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    engine_id, knobs = g.get_engine_and_knobs_at_index(1)  # a runner-up: a complete config
+    g2 = _graph()
+    a2, b2, c2, _, _ = _build("plain", g2, 1, 20, 24, 16, HALF)
+    g2.create_execution_plan(engine_id, knobs)
+    assert g2.get_plan_name_at_index(0) == g.get_plan_name_at_index(1)
+    g2.build_plans()
+    ta, tb = torch.randn(1, 20, 16).half(), torch.randn(1, 16, 24).half()
+    tc = torch.full((1, 20, 24), float("nan")).half()
+    g2.execute({a2: ta, b2: tb, c2: tc})
+    assert rel_err(tc, ta.double() @ tb.double()) < TOL[HALF]
+
+
+def _intermediate_output(g):
+    x = g.matmul(g.tensor([1, 16, 8], name="A"), g.tensor([1, 8, 4], name="B"))
+    x.set_output(True).set_name("mm")
+    return g.relu(x)
+
+
+DECLINES = [
+    ("intermediate-output", _intermediate_output, "%mm is a graph output inside the fused chain"),
+    ("leaky-relu", lambda g: g.relu(g.matmul(g.tensor([1, 16, 8]), g.tensor([1, 8, 4])), negative_slope=0.1),
+     "leaky/clipped relu is not fused"),
+    ("mixed-dtypes", lambda g: g.matmul(g.tensor([1, 16, 8]), g.tensor([1, 8, 4], data_type=FLOAT)),
+     "mixed input dtypes are not served"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,build,reason", DECLINES, ids=[d[0] for d in DECLINES])
+def test_declines_name_the_rule(name, build, reason):
+    g = _graph()
+    build(g).set_output(True)
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="no plan"):
+        g.create_execution_plans([cudnn.heur_mode.A])
+    assert reason in g.explain()
+
+
+def _planned(case, B, M, N, K):
+    g = _graph()
+    a, b, c, extra, _ = _build(case, g, B, M, N, K, HALF)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    return g, a, b, c, extra
+
+
+H200 = DeviceProperties("NVIDIA H200", 9, 0, 132, 60 << 20)
+
+
+@pytest.mark.parametrize(
+    "case,shape,use_tma",
+    [("bias-gelu_tanh", (2, 64, 128, 64), True), ("bias-gelu_tanh", (2, 64, 128, 29), False),
+     ("transposed-B", (1, 64, 64, 64), True)],
+    ids=["aligned", "odd-K-row-stride", "transposed-B"],
+)  # fmt: skip
+def test_tma_is_decided_from_the_declaration(case, shape, use_tma):
+    from cudnn_pygraph.engines.gemm.analyzer import analyze
+    from cudnn_pygraph.engines.gemm.engine import describe_facts
+    from cudnn_pygraph.planning.facts import facts_for
+
+    g, *_ = _planned(case, *shape)
+    spec, _, _ = describe_facts(facts_for(g, analyze), H200)
+    assert spec.use_tma == use_tma
+
+
+def test_gpu_execute_closure_passes_pointers_and_strides_in_frame_order():
+    """The closure a GPU plan runs, fed a real pack of CPU tensors and a stand-in launch."""
+    from cudnn_pygraph.engines.gemm.analyzer import analyze
+    from cudnn_pygraph.engines.gemm.engine import _lower_execute, describe_facts
+    from cudnn_pygraph.engines.base import ExecutionContext
+    from cudnn_pygraph.planning.facts import facts_for
+    from cudnn_pygraph.runtime.execute import GraphLayout
+
+    B, M, N, K = 2, 32, 48, 16
+    g, a, b, c, extra = _planned("residual-silu", B, M, N, K)
+    facts = facts_for(g, analyze)
+    spec, stride_plan, values = describe_facts(facts, H200)
+    layout = GraphLayout(g)
+    tensors = (a, b, c, extra["res"])
+    calls = []
+    execute = _lower_execute(lambda *args: calls.append(args), [layout.position[t.uid] for t in tensors],
+                             [t.name for t in tensors], stride_plan, (M, N, K, B), values)  # fmt: skip
+    ta = torch.randn(B, M, K).half()
+    tb = torch.randn(B, N, K).half().transpose(1, 2)  # declared row-major; bound transposed
+    tc, tr = torch.empty(B, M, N).half(), torch.randn(B, M, N).half()
+    pack = layout.pack({a: ta, b: tb, c: tc, extra["res"]: tr})
+    execute(g, pack, ExecutionContext(None, 1234, None, None))
+    (args,) = calls
+    assert args[:3] == (ta.data_ptr(), tb.data_ptr(), tc.data_ptr()) and args[3] == (tr.data_ptr(),)
+    assert args[4:8] == (M, N, K, B) and args[10] == 1234
+    expect = (M * K, K, 1) + tuple(tb.stride()) + (M * N, N, 1) + (M * N, N, 1)
+    assert args[8] == expect  # the buffer's own strides: the kernel's rules judge them
