@@ -159,7 +159,7 @@ def example_graph(name, big=False):
 
 # ---------------------------------------------------------------- the run
 class Progress:
-    """One line per step, with the time the previous step took."""
+    """One line per step, stamped with the seconds since the demo started."""
 
     def __init__(self, out):
         self.out = out
@@ -200,7 +200,7 @@ def run(names=tuple(EXAMPLES), quick=False, out=None, seed=0):
     p.say(f"cudnn-pygraph demo: {where}")
     outcomes = []
     for name in names:
-        outcomes.append(_run_one(name, torch, device, on_gpu and not quick, on_gpu, p, seed))
+        outcomes.append(_run_one(name, torch, on_gpu and not quick, on_gpu, p, seed))
     p.say()
     p.say("summary:")
     for o in outcomes:
@@ -218,7 +218,7 @@ def summary_line(o):
     return line
 
 
-def _run_one(name, torch, device, big, on_gpu, p, seed):
+def _run_one(name, torch, big, on_gpu, p, seed):
     outcome = Outcome(name)
     try:
         ex = EXAMPLES[name](big)
@@ -238,9 +238,9 @@ def _run_one(name, torch, device, big, on_gpu, p, seed):
     dev = "cuda" if on_gpu else "cpu"
     gen = torch.Generator().manual_seed(seed)
     bound = {t: make(torch, dev, gen) for t, make in ex.inputs.items()}
-    result = torch.full(tuple(ex.output.dim), float("nan"), dtype=torch.float16, device=dev)  # poisoned
+    result = torch.empty(tuple(ex.output.dim), dtype=torch.float16, device=dev)
     pack = {**bound, ex.output: result}
-    index, tried = _first_plan_that_runs(ex.graph, pack, torch, dev)
+    index, tried = _first_plan_that_runs(ex.graph, pack, torch, dev, poison=lambda: result.fill_(float("nan")))
     for line in tried:
         p.say("  " + line)
     if index is None:
@@ -284,11 +284,14 @@ def plan_and_explain(graph, modes, say):
     return ""
 
 
-def _first_plan_that_runs(graph, pack, torch, dev):
-    """Walk the list in rank order: the first plan that builds AND executes here."""
+def _first_plan_that_runs(graph, pack, torch, dev, poison):
+    """Walk the list in rank order: the first plan that builds AND executes here. The
+    output is poisoned (NaN) before each attempt, so a plan that failed half-way cannot
+    leave numbers the next one is credited with."""
     tried = []
     for i in range(graph.get_execution_plan_count()):
         name = graph.get_plan_name_at_index(i)
+        poison()
         try:
             graph.build_plan_at_index(i)
             need = graph.get_workspace_size_plan_at_index(i)
