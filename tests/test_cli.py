@@ -188,7 +188,10 @@ def _bad_inputs(tmp_path):
         "unknown-op": ([write("c.json", json.dumps(unknown_op))], "unknown op 'gdn_turbo'"),
         "unknown-attribute": ([write("d.json", json.dumps(unknown_attr))], "unknown argument(s) ['chunk_size']"),
         "invalid-graph": ([write("e.json", json.dumps(invalid))], "invalid graph: "),
+        "graph-field-not-a-dict": ([write("g.json", json.dumps({**_gdn_doc(), "graph": [1]}))], "IR document"),
         "missing-file": ([str(tmp_path / "nope.json")], "cannot read"),
+        "unwritable-json-out": (["--example", "gdn", "--write-json", str(tmp_path / "no" / "dir.json")],
+                                "--write-json: cannot write"),
         "unknown-mode": (["--example", "gdn", "--modes", "A,TURBO"], "--modes: unknown mode 'TURBO'"),
         "file-and-example": ([write("f.json", "{}"), "--example", "gdn"], "either GRAPH.json or --example"),
         "neither": ([], "either GRAPH.json or --example"),
@@ -196,7 +199,8 @@ def _bad_inputs(tmp_path):
 
 
 BAD = ["malformed-json", "not-an-ir-document", "unknown-op", "unknown-attribute", "invalid-graph",
-       "missing-file", "unknown-mode", "file-and-example", "neither"]
+       "graph-field-not-a-dict", "missing-file", "unwritable-json-out", "unknown-mode", "file-and-example",
+       "neither"]
 
 
 @pytest.mark.parametrize("case", BAD)

@@ -235,8 +235,9 @@ def load_graph(path):
         raise UsageError(f"{path} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     try:
         return pygraph.from_json(doc)
-    except ValueError as exc:
-        raise UsageError(f"{path}: {exc} (write it with graph.to_json(), or see "
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # any malformed document
+        what = str(exc) if isinstance(exc, ValueError) else f"malformed IR document ({type(exc).__name__}: {exc})"
+        raise UsageError(f"{path}: {what} (write it with graph.to_json(), or see "
                          f"`{PROG} plans --example gemm --write-json FILE`)") from None
 
 
@@ -255,8 +256,11 @@ def cmd_plans(args):
         graph = load_graph(args.graph)
         source = args.graph
     if args.write_json:
-        with open(args.write_json, "w") as f:
-            json.dump(graph.to_json(), f, indent=1)
+        try:
+            with open(args.write_json, "w") as f:
+                json.dump(graph.to_json(), f, indent=1)
+        except OSError as exc:
+            raise UsageError(f"--write-json: cannot write {args.write_json}: {exc.strerror or exc}") from None
     print(f"{source}, modes [{', '.join(m.name for m in modes)}]:")
     try:
         graph.create_execution_plans(modes)
