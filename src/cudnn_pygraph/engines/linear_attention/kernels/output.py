@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .chunk_index import locate_chunk
 from .normalize import l2norm_rows, l2norm_rows_bwd
-from .tiles import load_rows, load_rows_t, load_vec, state_offsets, state_offsets_t, store_rows
+from .tiles import load_rows, load_rows_t, load_vec, state_block, state_block_t, store_rows
 from .tiles import store_vec
 
 
@@ -73,7 +73,7 @@ def output_fwd_kernel(
     g = load_vec(gc_ptr, t0, r, valid, HO, h)
     p = tl.dot(q.to(dt), kt.to(dt), input_precision=PREC) * _decay_mask(g, g, valid, True)
     v_idx = iv * BV + tl.arange(0, BV)
-    s0 = tl.load(h_ptr + state_offsets(c.to(tl.int64) * sh_c + h * sh_h, v_idx, K, sh_v, sh_k))
+    s0 = tl.load(state_block(h_ptr, c.to(tl.int64) * sh_c + h * sh_h, v_idx, K, sh_v, sh_k))
     e = load_rows(vnew_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
     o = tl.dot((q * tl.exp(g)[:, None]).to(dt), s0.to(dt), input_precision=PREC)
     o += tl.dot(p.to(dt), e, input_precision=PREC)
@@ -144,10 +144,10 @@ def dqk_kernel(
         v_idx = iv * BV + tl.arange(0, BV)
         col0 = h * V + iv * BV
         base = c.to(tl.int64) * sh_c + h * sh_h
-        s0 = tl.load(h_ptr + state_offsets(base, v_idx, K, sh_v, sh_k)).to(dt)
-        x0 = tl.load(h_ptr + state_offsets_t(base, v_idx, K, sh_v, sh_k)).to(dt)
+        s0 = tl.load(state_block(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)
+        x0 = tl.load(state_block_t(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)
         dbase = c.to(tl.int64) * sd_c + h * sd_h
-        dxc = tl.load(dh_ptr + state_offsets_t(dbase, v_idx, K, sd_v, sd_k)).to(tl.float32)
+        dxc = tl.load(state_block_t(dh_ptr, dbase, v_idx, K, sd_v, sd_k)).to(tl.float32)
         u = load_rows(u_ptr, t0, r, valid, HO * V, col0, BV).to(tl.float32)
         ut = load_rows_t(u_ptr, t0, r, valid, HO * V, col0, BV).to(tl.float32)
         e = (u - tl.dot(w, s0, input_precision=PREC)).to(dt)

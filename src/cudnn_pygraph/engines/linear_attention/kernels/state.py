@@ -25,8 +25,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .normalize import l2norm_rows
-from .tiles import load_rows, load_rows_t, load_vec, state_offsets, store_rows
+from .normalize import inv_norm, l2norm_rows
+from .tiles import load_rows, load_rows_t, load_vec, state_block, store_rows
 
 
 @triton.jit
@@ -57,15 +57,17 @@ def state_fwd_kernel(
         slot = tl.load(idx_ptr + n)
     s = tl.zeros([K, BV], dtype=tl.float32)
     if HAS_INIT:
-        offs = state_offsets(slot.to(tl.int64) * si_n + h * si_h, v_idx, K, si_v, si_k)
-        s = tl.load(init_ptr + offs).to(tl.float32)
+        init_ptrs = state_block(init_ptr, slot.to(tl.int64) * si_n + h * si_h, v_idx, K,
+                                si_v, si_k)
+        s = tl.load(init_ptrs).to(tl.float32)
     n_chunks = (tl.maximum(eos - bos, 0) + 63) // 64
     for i in range(n_chunks):
         t0 = bos + i * 64
         valid = tl.minimum(eos - t0, 64)
         if STORE_H:
-            offs = state_offsets((c0 + i).to(tl.int64) * sh_c + h * sh_h, v_idx, K, sh_v, sh_k)
-            tl.store(h_ptr + offs, s.to(h_ptr.dtype.element_ty))
+            base = (c0 + i).to(tl.int64) * sh_c + h * sh_h
+            h_ptrs = state_block(h_ptr, base, v_idx, K, sh_v, sh_k)
+            tl.store(h_ptrs, s.to(h_ptr.dtype.element_ty))
         w = load_rows(w_ptr, t0, r, valid, HO * K, h * K, K)
         u = load_rows(u_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
         e = u.to(tl.float32) - tl.dot(w, s.to(dt), input_precision=PREC)
@@ -73,14 +75,15 @@ def state_fwd_kernel(
             store_rows(vnew_ptr, e, t0, r, valid, HO * V, h * V + iv * BV, BV)
         g = load_vec(gc_ptr, t0, r, valid, HO, h)
         g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
-        kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)
-        if L2NORM:
-            kt = l2norm_rows(kt, 0, EPS)
-        e = tl.where((r < valid)[:, None], e * tl.exp(g_last - g)[:, None], 0.0)
+        kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
+        # k^T diag(rk * decay) E: the l2norm of k folded into the rows of E.
+        row_scale = tl.where(r < valid, tl.exp(g_last - g) * inv_norm(kt, 0, L2NORM, EPS), 0.0)
+        e = e * row_scale[:, None]
         s = s * tl.exp(g_last) + tl.dot(kt.to(dt), e.to(dt), input_precision=PREC)
     if HAS_FINAL:
-        offs = state_offsets(slot.to(tl.int64) * sf_n + h * sf_h, v_idx, K, sf_v, sf_k)
-        tl.store(final_ptr + offs, s.to(final_ptr.dtype.element_ty))
+        ptrs = state_block(final_ptr, slot.to(tl.int64) * sf_n + h * sf_h, v_idx, K, sf_v,
+                           sf_k)
+        tl.store(ptrs, s.to(final_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -109,15 +112,17 @@ def state_bwd_kernel(
     r = tl.arange(0, 64)
     ds = tl.zeros([K, BV], dtype=tl.float32)
     if HAS_DFINAL:
-        offs = state_offsets(n.to(tl.int64) * sf_n + h * sf_h, v_idx, K, sf_v, sf_k)
-        ds = tl.load(dfinal_ptr + offs).to(tl.float32)
+        dfinal_ptrs = state_block(dfinal_ptr, n.to(tl.int64) * sf_n + h * sf_h, v_idx, K,
+                                  sf_v, sf_k)
+        ds = tl.load(dfinal_ptrs).to(tl.float32)
     n_chunks = (tl.maximum(eos - bos, 0) + 63) // 64
     for j in range(n_chunks):
         i = n_chunks - 1 - j
         t0 = bos + i * 64
         valid = tl.minimum(eos - t0, 64)
-        offs = state_offsets((c0 + i).to(tl.int64) * sh_c + h * sh_h, v_idx, K, sh_v, sh_k)
-        tl.store(dh_ptr + offs, ds.to(dh_ptr.dtype.element_ty))
+        base = (c0 + i).to(tl.int64) * sh_c + h * sh_h
+        dh_ptrs = state_block(dh_ptr, base, v_idx, K, sh_v, sh_k)
+        tl.store(dh_ptrs, ds.to(dh_ptr.dtype.element_ty))
         g = load_vec(gc_ptr, t0, r, valid, HO, h)
         g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
         k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)
@@ -137,5 +142,6 @@ def state_bwd_kernel(
               + tl.dot(qt.to(dt), do.to(dt), input_precision=PREC)
               - tl.dot(wt, de.to(dt), input_precision=PREC))
     if HAS_DINIT:
-        offs = state_offsets(n.to(tl.int64) * si_n + h * si_h, v_idx, K, si_v, si_k)
-        tl.store(dinit_ptr + offs, ds.to(dinit_ptr.dtype.element_ty))
+        ptrs = state_block(dinit_ptr, n.to(tl.int64) * si_n + h * si_h, v_idx, K, si_v,
+                           si_k)
+        tl.store(ptrs, ds.to(dinit_ptr.dtype.element_ty))

@@ -84,8 +84,9 @@ def _mm(a, b):
 def _store_a_block(a_ptr, blk, t0, bi: tl.constexpr, bj: tl.constexpr, valid, HO, h):
     r = tl.arange(0, 16)
     rows = bi * 16 + r
-    offs = ((t0 + rows).to(tl.int64) * HO + h)[:, None] * 64 + bj * 16 + r[None, :]
-    tl.store(a_ptr + offs, blk, mask=(rows < valid)[:, None])
+    base = a_ptr + (t0.to(tl.int64) * HO + h) * 64
+    tl.store(base + rows[:, None] * (HO * 64) + bj * 16 + r[None, :], blk,
+             mask=(rows < valid)[:, None])
 
 
 @triton.jit
@@ -216,8 +217,8 @@ def _load_a(a_ptr, t0, valid, HO, h, TRANSPOSE: tl.constexpr):
         rows = r[:, None]
         cols = r[None, :]
     keep = (cols <= rows) & (rows < valid)
-    offs = ((t0 + rows).to(tl.int64) * HO + h) * 64 + cols
-    return tl.load(a_ptr + offs, mask=keep, other=0.0)
+    base = a_ptr + (t0.to(tl.int64) * HO + h) * 64
+    return tl.load(base + rows * (HO * 64) + cols, mask=keep, other=0.0)
 
 
 @triton.jit

@@ -1,0 +1,172 @@
+"""Gated DeltaNet forward / forward+backward: our Triton kernels vs fla-core's
+chunk_gated_delta_rule, side by side in one run (H200; bf16, H=HV=16, K=V=128, l2norm on).
+
+Checks correctness first (our O and final state against fla's, and our gradients finite),
+then times with CUDA events (median of REPS) and prints a Markdown table.
+
+  PYTHONPATH=src python bench/gdn.py            # needs fla-core 0.6.0 importable
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+
+from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
+    gdn_backward,
+    gdn_forward,
+    gdn_workspace_bytes,
+)
+
+H = 16
+DIM = 128
+REPS = 20
+WARMUP = 3
+
+
+def shapes():
+    gen = torch.Generator().manual_seed(0)
+    mixed = torch.randint(64, 2049, (64,), generator=gen).tolist()
+    return {
+        "(a) 8 x 4096": [4096] * 8,
+        "(b) 1 x 32768": [32768],
+        "(c) 64 mixed 64..2048": mixed,
+    }
+
+
+def make_inputs(seqlens, with_state):
+    total = sum(seqlens)
+    dev = "cuda"
+    bf = torch.bfloat16
+    x = {
+        "q": torch.randn(total, H, DIM, device=dev, dtype=bf),
+        "k": torch.randn(total, H, DIM, device=dev, dtype=bf),
+        "v": torch.randn(total, H, DIM, device=dev, dtype=bf),
+        "g": torch.nn.functional.logsigmoid(torch.randn(total, H, device=dev)).to(bf),
+        "beta": torch.rand(total, H, device=dev).to(bf),
+    }
+    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], device=dev,
+                      dtype=torch.int32)
+    init = (0.1 * torch.randn(len(seqlens), H, DIM, DIM, device=dev)) if with_state else None
+    return x, cu, init
+
+
+def median_ms(fn):
+    for _ in range(WARMUP):
+        fn()
+    times = []
+    for _ in range(REPS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+class Ours:
+    def __init__(self, x, cu, init):
+        self.x, self.cu, self.init = x, cu, init
+        total, n = x["q"].shape[0], cu.numel() - 1
+        fwd_ws = gdn_workspace_bytes(total, n, H, H, H, DIM, DIM, torch.bfloat16, backward=False)
+        bwd_ws = gdn_workspace_bytes(total, n, H, H, H, DIM, DIM, torch.bfloat16, backward=True)
+        self.ws = torch.empty(max(fwd_ws, bwd_ws), dtype=torch.uint8, device="cuda")
+        self.o = torch.empty_like(x["v"])
+        self.final = torch.empty_like(init) if init is not None else None
+        self.do = torch.randn_like(x["v"])
+        self.grads = {n: torch.empty_like(t) for n, t in x.items()}
+        self.dinit = torch.empty_like(init) if init is not None else None
+        self.dfinal = torch.randn_like(init) if init is not None else None
+
+    def forward(self):
+        x = self.x
+        gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], self.cu, scale=DIM**-0.5,
+                    o=self.o, initial_state=self.init, final_state=self.final,
+                    use_qk_l2norm=True, workspace=self.ws)
+
+    def backward(self):
+        x, d = self.x, self.grads
+        gdn_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], self.cu, self.do,
+                     scale=DIM**-0.5, dq=d["q"], dk=d["k"], dv=d["v"], dg=d["g"],
+                     dbeta=d["beta"], initial_state=self.init, d_final_state=self.dfinal,
+                     d_initial_state=self.dinit, use_qk_l2norm=True, workspace=self.ws)
+
+    def forward_backward(self):
+        self.forward()
+        self.backward()
+
+
+def fla_forward(x, cu, init):
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    h0 = init.transpose(-1, -2).contiguous() if init is not None else None  # fla: [N, H, K, V]
+    o, ht = chunk_gated_delta_rule(
+        x["q"][None], x["k"][None], x["v"][None], x["g"][None], x["beta"][None],
+        scale=DIM**-0.5, initial_state=h0, output_final_state=init is not None,
+        cu_seqlens=cu.long(), use_qk_l2norm_in_kernel=True)
+    return o[0], (ht.transpose(-1, -2) if ht is not None else None)
+
+
+def fla_forward_backward(x, cu, init):
+    leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
+    o, _ = fla_forward(leaves, cu, init)
+    o.backward(torch.ones_like(o))
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--no-fla", action="store_true")
+    parser.add_argument("--only", default=None, help="substring of a shape name")
+    args = parser.parse_args()
+    # Rows print as they complete (a partial run still leaves a table).
+    print("| shape | init/final state | ours fwd ms | ours fwd Mtok/s | fla fwd ms | fwd speedup "
+          "vs fla | ours fwd+bwd ms | fwd+bwd / own fwd | fla fwd+bwd ms | check |")
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    for name, seqlens in shapes().items():
+        if args.only and args.only not in name:
+            continue
+        tokens = sum(seqlens)
+        for with_state in (False, True):
+            torch.manual_seed(1)
+            x, cu, init = make_inputs(seqlens, with_state)
+            ours = Ours(x, cu, init)
+            ours.forward()
+            check = ""
+            fla_fwd_ms = fla_bwd = None
+            if not args.no_fla:
+                o_ref, ht_ref = fla_forward(x, cu, init)
+                check = f"O vs fla {rel(ours.o, o_ref):.1e}"
+                if init is not None:
+                    check += f", state {rel(ours.final, ht_ref):.1e}"
+                fla_fwd_ms = median_ms(lambda: fla_forward(x, cu, init))
+                try:
+                    fla_forward_backward(x, cu, init)
+                    fla_bwd = f"{median_ms(lambda: fla_forward_backward(x, cu, init)):.3f}"
+                except RuntimeError as err:
+                    fla_bwd = "refused"
+                    print(f"fla backward refused: {str(err)[:120]}", file=sys.stderr)
+            fwd_ms = median_ms(ours.forward)
+            try:
+                ours.backward()
+                finite = all(torch.isfinite(t).all().item() for t in ours.grads.values())
+                check += "" if finite else ", NON-FINITE GRADS"
+                fb_ms = median_ms(ours.forward_backward)
+            except Exception as err:  # report the row, keep measuring the others
+                print(f"our backward failed: {err}", file=sys.stderr)
+                fb_ms = float("nan")
+            ff_s = f"{fla_fwd_ms:.3f}" if fla_fwd_ms is not None else "-"
+            speedup = f"{fla_fwd_ms / fwd_ms:.2f}x" if fla_fwd_ms is not None else "-"
+            print(f"| {name} | {'yes' if with_state else 'no'} | {fwd_ms:.3f} | "
+                  f"{tokens / fwd_ms / 1e3:.1f} | {ff_s} | {speedup} | {fb_ms:.3f} | "
+                  f"{fb_ms / fwd_ms:.2f}x | {fla_bwd or '-'} | {check} |", flush=True)
+
+if __name__ == "__main__":
+    main()
