@@ -21,9 +21,12 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 INDEX_BEGIN = "<!-- results:begin (bench/plot.py rewrites this section) -->"
 INDEX_END = "<!-- results:end -->"
-_RATIO_CELL = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*[x×]\s*$")
-# Leading columns up to the first of these are the row's label (shape, M/N/K, state).
-_MEASURE_WORDS = ("ms", "us", "config", "tflop", "tok", "err", "check", "gb/s")
+_RATIO_CELL = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*[x×]?\s*$")
+_X_CELL = re.compile(r"^\s*[0-9]*\.?[0-9]+\s*[x×]\s*$")
+# Leading columns up to the first measurement are the row's label (shape, M/N/K, state,
+# burst): a measurement's header names a unit or a contender.
+_MEASURE_WORDS = ("ms", "us", "config", "tflop", "tok", "err", "check", "gb/s",
+                  "ours", "theirs", "torch", "backend", "fla", "peer", "floor")
 
 
 @dataclasses.dataclass
@@ -37,9 +40,15 @@ def _cells(line):
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
-def _is_ratio_header(h):
+def _is_ratio_column(h, cells):
+    """A ratio against someone else: `ours/theirs`, `x/ours`, `speedup`, `vs ...`, or any
+    `a/b` header whose cells read `1.23x`. Not a unit (`ns/call`) and not a ratio against
+    our own other number (`fwd+bwd / own fwd`)."""
     h = h.lower()
-    return ("/" in h or "speedup" in h or h.startswith("vs ") or " vs " in h) and "own" not in h
+    if "own" in h:
+        return False
+    named = re.search(r"\bours\s*/|/\s*ours\b", h) or "speedup" in h or h.startswith("vs ") or " vs " in h
+    return bool(named or ("/" in h and any(_X_CELL.match(c) for c in cells)))
 
 
 def _is_measure(h):
@@ -64,6 +73,8 @@ def parse_tables(text):
                 i += 1
             table = _ratio_table(heading, header, rows)
             if table is not None:
+                if any(t.title == table.title for t in out):  # the same heading again: a rerun
+                    table.title = f"(table {len(out) + 1} of the file) {table.title}"
                 out.append(table)
             continue
         i += 1
@@ -71,13 +82,16 @@ def parse_tables(text):
 
 
 def _ratio_table(title, header, rows):
-    ratio_cols = [j for j, h in enumerate(header) if _is_ratio_header(h)
-                  and any(_RATIO_CELL.match(r[j]) for r in rows if j < len(r))]
+    column = lambda j: [r[j] for r in rows if j < len(r)]  # noqa: E731
+    ratio_cols = [j for j, h in enumerate(header)
+                  if _is_ratio_column(h, column(j)) and any(_RATIO_CELL.match(c) for c in column(j))]
     if not ratio_cols:
         return None
     n_label = next((j for j, h in enumerate(header) if j in ratio_cols or _is_measure(h)), 1) or 1
     labels, series = [], {header[j]: [] for j in ratio_cols}
     for r in rows:
+        if not any(j < len(r) and _RATIO_CELL.match(r[j]) for j in ratio_cols):
+            continue  # a note row (rel err, ...) with no ratio in it
         labels.append(" x ".join(r[:n_label]) if all(c.isdigit() for c in r[:n_label]) else ", ".join(r[:n_label]))
         for j in ratio_cols:
             m = _RATIO_CELL.match(r[j]) if j < len(r) else None
@@ -100,6 +114,8 @@ def plot_table(table, path):
         for y, v in zip(ys, values):
             ax.text((v or 0) + 0.02, y, f"{v:.2f}x" if v is not None else "n/a", va="center", fontsize=7)
     ax.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
+    top = max([v for vs in table.series.values() for v in vs if v is not None] + [1.0])
+    ax.set_xlim(0, top * 1.15)  # room for the value labels
     ax.set_yticks([r + 0.4 - height / 2 for r in range(n_rows)], table.labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("ratio, as the table's column header states it (dashed: parity)")

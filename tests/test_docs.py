@@ -80,6 +80,11 @@ GDN_TABLE = """| shape | init/final state | ours fwd ms | fla fwd ms | fwd speed
 |---|---|---|---|---|---|
 | 4x2048 | yes | 1.0 | 1.5 | 1.50x | 3.10x |
 """
+BACKEND_TABLE = """| graph | burst | ours | theirs | ours/theirs (min) | ours/floor (min) |
+|---|---:|---:|---:|---:|---:|
+| matmul bf16 | 1 | 22.8 / 26.7 | 26.2 / 28.4 | 0.87 | 1.72 |
+|  | rel err | 1.7e-03 | 1.7e-03 | | |
+"""
 NO_RATIO = """| case | min ns/call |
 |---|---:|
 | from_objects | 355 |
@@ -92,9 +97,11 @@ NO_RATIO = """| case | min ns/call |
         (GEMM_TABLE, ["1024 x 1024 x 1024", "4096 x 4096 x 4096"], {"ours/torch": [0.93, 1.10]}),
         (SDPA_TABLE, ["b4 s2048", "b1 s8192"], {"ours/torch": [1.20, None], "ours/backend": [0.90, 0.95]}),
         (GDN_TABLE, ["4x2048, yes"], {"fwd speedup vs fla": [1.50]}),  # "/ own fwd" is not vs a peer
+        (BACKEND_TABLE, ["matmul bf16, 1"], {"ours/theirs (min)": [0.87], "ours/floor (min)": [1.72]}),
         (NO_RATIO, None, None),
     ],
-    ids=["gemm-mnk-label", "sdpa-missing-cell", "gdn-own-ratio-excluded", "no-ratio-column"],
+    ids=["gemm-mnk-label", "sdpa-missing-cell", "gdn-own-ratio-excluded", "plain-ratios-note-row-dropped",
+         "a-unit-is-not-a-ratio"],
 )
 def test_plot_reads_ratio_columns(text, labels, series):
     tables = plot.parse_tables(text)
