@@ -27,25 +27,10 @@ LABEL = "cudnn_backend"
 
 
 # ---------------------------------------------------------------- knobs
-class BackendOnlyKnob(int):
-    """A backend knob type our vocabulary does not name yet (nvidia-cudnn-frontend 1.32.0
-    has 0..32; cudnn_pygraph._types.knob_type stops at 20). Keeps the plan listable and
-    replayable under the backend's own name until the vocabulary gains the member."""
-
-    def __new__(cls, value, name):
-        obj = super().__new__(cls, value)
-        obj.name = name
-        return obj
-
-    def __repr__(self):
-        return f"<backend knob {self.name}: {int(self)}>"
-
-
 def _our_knob(theirs):
-    try:
-        return knob_type(int(theirs.value))
-    except ValueError:
-        return BackendOnlyKnob(int(theirs.value), theirs.name)
+    # Our vocabulary mirrors the backend band 0..32 value for value
+    # (tests/test_backend_surface.py holds it), so every backend knob has our name.
+    return knob_type(int(theirs.value))
 
 
 def _their_knobs(fe, knobs):

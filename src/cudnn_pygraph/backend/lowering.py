@@ -222,7 +222,7 @@ class _Builder:
         if t.is_pass_by_value and t.value is not None:
             # A scalar the graph holds: the backend embeds the value and fills the slot
             # itself, so the caller never binds it (runtime/execute.py GraphLayout).
-            made = backend.tensor_scalar(t.value, fe.module.scalar_type.RUNTIME_PARAM)
+            made = backend.tensor_scalar(t.value, backend_enum(fe, t.scalar_type))
             made.set_dim(list(t.dim)).set_stride(list(t.stride)).set_name(t.name)
             made.set_data_type(backend_enum(fe, t.data_type))
             made.set_uid(t.uid)

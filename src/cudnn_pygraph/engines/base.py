@@ -108,6 +108,8 @@ class ExecutionContext:
     stream: Any
     workspace: Any
     device: Any
+    # (override_uids, override_shapes, override_strides) for a plan that supports them
+    overrides: Any = None
 
 
 class CompiledPlan:

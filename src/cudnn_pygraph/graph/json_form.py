@@ -31,6 +31,7 @@ def graph_to_json(graph):
         fields["user_set"] = sorted(t._user_set)
         if t.value is not None:
             fields["value"] = t.value
+            fields["scalar_type"] = _value(t.scalar_type)
         tensors.append(fields)
     nodes = [
         {
@@ -79,6 +80,7 @@ def graph_from_json(cls, doc):
                 t._fields[k] = _load(tf[k], by_uid)
             t._user_set.update(tf["user_set"])
             t.__dict__["value"] = tf.get("value")
+            t.__dict__["scalar_type"] = _load(tf.get("scalar_type"), by_uid)
         for nf in doc["nodes"]:
             if nf["op"] not in OPS:
                 raise ValueError(f"node {nf.get('name')!r}: unknown op {nf['op']!r}")

@@ -8,6 +8,7 @@ from .._types import (
     cudnnGraphNotSupportedError,
     data_type,
     heur_mode,
+    scalar_type,
     tensor_reordering,
 )
 from . import lifecycle
@@ -19,6 +20,7 @@ from .tensor import Tensor, row_major_strides, to_data_type, to_int_tuple
 from .validate import apply_inference, validate_graph
 
 _NOT_SET = data_type.NOT_SET
+_scalar_type = scalar_type
 _CONTEXT_FIELDS = ("name", "io_data_type", "intermediate_data_type", "compute_data_type")
 
 
@@ -187,11 +189,14 @@ class pygraph:  # noqa: N801 — the classic public name
             raise TypeError(f"tensor_like(): cannot read dims/strides/dtype of {type(input).__name__}") from None
         return self.tensor(dim, stride, to_data_type(dtype, "tensor_like()"), name=name)
 
-    def tensor_scalar(self, value, scalar_type=None):
-        """A pass-by-value scalar (1, 1, 1, 1) holding `value`."""
+    def tensor_scalar(self, value, scalar_type=scalar_type.RUNTIME_PARAM):
+        """A pass-by-value scalar (1, 1, 1, 1) the graph holds: `value` travels with the
+        graph (RUNTIME_PARAM: bound at execute by the graph itself; COMPILE_TIME_CONST:
+        baked into the plan), so the caller never binds it."""
         dtype = data_type.FLOAT if isinstance(value, float) else data_type.INT64
         t = self.tensor((1, 1, 1, 1), (1, 1, 1, 1), dtype, is_pass_by_value=True)
         t.__dict__["value"] = value
+        t.__dict__["scalar_type"] = _scalar_type(scalar_type)
         return t
 
     # ------------------------------------------------------------ nodes

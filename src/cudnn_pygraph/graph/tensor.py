@@ -95,7 +95,8 @@ class Tensor:
         # Which fields the CALLER set (declared) rather than inference (provisional).
         d["_user_set"] = set()
         d["producer"] = None  # the Node that writes this tensor, None for graph inputs
-        d["value"] = None  # a pass-by-value scalar's value
+        d["value"] = None  # a graph-held pass-by-value scalar's value (tensor_scalar)
+        d["scalar_type"] = None  # and how the backend takes it
 
     # ------------------------------------------------------------ reading
     def __getattr__(self, item):

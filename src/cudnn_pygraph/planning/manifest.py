@@ -55,7 +55,9 @@ FAMILIES = (
         "gemm",
         index=0,
         anchors=("matmul",),
+        slots=(EngineSlot(0, "triton_gemm", f"{_PKG}.engines.gemm.engine", "GemmTritonEngine"),),
         analyzer=(f"{_PKG}.engines.gemm.analyzer", "analyze"),
+        heuristics=(f"{_PKG}.engines.gemm.engine", "recommend"),
         validator=(f"{_PKG}.graph.validators", "validate_gemm"),
     ),
     EngineFamily(

@@ -181,6 +181,7 @@ class PlanningRecord:
         self.selected = None
         self.pinned = False
         self.deselected = set()
+        self._runner = None  # the selected plan's execute path, made at first execute
 
     # ---- names and knobs
     def _check_index(self, index):
@@ -217,6 +218,7 @@ class PlanningRecord:
     def select(self, index):
         self._check_index(index)
         self.selected, self.pinned = index, True
+        self._runner = None
 
     def deselect_engines(self, names):
         self.deselected.update(names)
@@ -249,6 +251,7 @@ class PlanningRecord:
         if first_built is None:
             raise cudnnGraphNotSupportedError("no plan builds: " + "; ".join(reasons))
         self.selected = first_built
+        self._runner = None
         self.graph.__dict__["_state"] = lifecycle.Built()
 
     def workspace_size_at(self, index):
@@ -262,15 +265,21 @@ class PlanningRecord:
     # ---- execution
     def execute(self, variant_pack, workspace, handle, override_uids=None, override_shapes=None,
                 override_strides=None, index=None):
-        from ..runtime.execute import run_plan
+        overrides = None if not override_uids else (override_uids, override_shapes, override_strides)
+        runner = self._runner if index is None else None
+        if runner is None:
+            runner = self._make_runner(index)
+        runner(variant_pack, workspace, handle, overrides)
+
+    def _make_runner(self, index):
+        from ..runtime.execute import PlanRunner
 
         if index is None:
             if self.selected is None or self.plans[self.selected].identity not in self.built:
                 raise GraphStateError("execute(): no built plan selected; call build_plans() first")
-            index = self.selected
-        compiled = self.build_at(index) if index != self.selected else self.built[self.plans[index].identity]
-        overrides = (override_uids, override_shapes, override_strides)
-        return run_plan(self, compiled, variant_pack, workspace, handle, overrides)
+            self._runner = PlanRunner(self, self.built[self.plans[self.selected].identity])
+            return self._runner
+        return PlanRunner(self, self.build_at(index))
 
     # ---- explanation
     def explain(self):

@@ -58,31 +58,48 @@ def _bits(dtype):
     return ELEMENT_BITS.get(data_type(dtype), 8)
 
 
-def run_plan(record, compiled, variant_pack, workspace, handle, overrides):
-    layout = record.__dict__.get("layout")
-    if layout is None:
-        layout = record.layout = GraphLayout(record.graph)
-    pack = layout.pack(variant_pack)
-    override_uids, override_shapes, override_strides = overrides
-    if override_uids:
-        if not compiled.supports_overrides:
+class PlanRunner:
+    """The execute path of one built plan, with everything a call does not change
+    settled: the layout's pack method, the plan's execute, the graph. Made once per
+    selected plan (planning/planner.py caches it)."""
+
+    __slots__ = ("graph", "pack", "execute", "supports_overrides")
+
+    def __init__(self, record, compiled):
+        layout = record.__dict__.get("layout")
+        if layout is None:
+            layout = record.layout = GraphLayout(record.graph)
+        self.graph = record.graph
+        self.pack = layout.pack
+        self.execute = compiled.execute
+        self.supports_overrides = compiled.supports_overrides
+
+    def __call__(self, variant_pack, workspace, handle, overrides):
+        pack = self.pack(variant_pack)
+        graph = self.graph
+        if overrides is None:
+            if handle is None and workspace is None and graph.backend_options["handle"] is None:
+                # The common call: one shared, never-written context saves building one
+                # per call (~0.4 us of a ~13 us backend execute).
+                self.execute(graph, pack, _DEFAULT_CTX)
+                return
+            ctx = ExecutionContext(handle, resolve_stream(handle, graph), workspace, None)
+        else:
+            ctx = self._with_overrides(pack, workspace, handle, overrides)
+        self.execute(graph, pack, ctx)
+
+    def _with_overrides(self, pack, workspace, handle, overrides):
+        uids, shapes, strides = overrides
+        if not self.supports_overrides:
             raise ValueError(
                 "override_shapes/override_strides: this python plan is compiled for the "
                 "declared shapes; build a graph for the new shapes (or use a backend plan)"
             )
-        for i, uid in enumerate(override_uids):
-            pack.override(uid, override_shapes[i], override_strides[i])
-    graph = record.graph
-    plain = handle is None and workspace is None and not override_uids
-    if plain and graph.backend_options["handle"] is None:
-        # The common call (no handle, no workspace anywhere): one shared, never-written
-        # context saves building one per call (~0.4 us of a ~13 us backend execute).
-        compiled.execute(graph, pack, _DEFAULT_CTX)
-        return
-    ctx = ExecutionContext(handle, resolve_stream(handle, graph), workspace, None)
-    if override_uids:  # the backend's override path takes the lists themselves
-        ctx.overrides = overrides
-    compiled.execute(graph, pack, ctx)
+        for i, uid in enumerate(uids):
+            pack.override(uid, shapes[i], strides[i])
+        ctx = ExecutionContext(handle, resolve_stream(handle, self.graph), workspace, None)
+        ctx.overrides = overrides  # the backend's override path takes the lists themselves
+        return ctx
 
 
 _DEFAULT_CTX = ExecutionContext(None, None, None, None)

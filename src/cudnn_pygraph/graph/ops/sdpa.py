@@ -51,6 +51,9 @@ def _check_qkv(node):
 def _forward_rule(extra_scalars=()):
     def rule(node):
         q, _, v = _check_qkv(node)
+        a = node.attrs
+        if "is_inference" in a and (a["generate_stats"] is None) == (a["is_inference"] is None):
+            node.fail("generate_stats", "exactly one of generate_stats and is_inference must be set")
         out = {"O": Inferred((q[0], q[1], q[2], v[3]), node.inputs["q"].data_type)}
         if stats_requested(node.attrs):
             out["Stats"] = Inferred((q[0], q[1], q[2], 1), F32)
