@@ -40,21 +40,25 @@ MASKS = {
     "causal-br": AttnMask.causal(bottom_right=True),
     "window-l100-r0": AttnMask(window_left=100, window_right=0),
 }
-PREFILL_KNOBS = {
-    "m128n64s3w8": SdpaFwdKnobs(TILE_M=128, TILE_N=64, NUM_STAGES=3, NUM_WARPS=8),
-    "m128n128s2w8-tma": SdpaFwdKnobs(TILE_M=128, TILE_N=128, NUM_STAGES=2, NUM_WARPS=8, TMA=True),
-    "m128n64s3w4": SdpaFwdKnobs(TILE_M=128, TILE_N=64, NUM_STAGES=3, NUM_WARPS=4),
-}
+BASE = SdpaFwdKnobs(TILE_M=128, TILE_N=64, NUM_STAGES=3, NUM_WARPS=4)
+# (d, mask, knobs): every mask at both head dims on one config, then each knob variant once.
+DENSE_CASES = {f"d{d}-{m}-base": (d, MASKS[m], BASE) for d in (64, 128) for m in MASKS}
+DENSE_CASES.update({
+    "d128-causal-br-w8": (128, MASKS["causal-br"], SdpaFwdKnobs(128, 64, 3, 8)),
+    "d128-none-lazy": (128, MASKS["none"], SdpaFwdKnobs(128, 64, 3, 4, LAZY_RESCALE=True)),
+    "d128-window-tma-lazy": (128, MASKS["window-l100-r0"],
+                             SdpaFwdKnobs(128, 64, 3, 4, TMA=True, LAZY_RESCALE=True)),
+    "d64-causal-tl-n128-tma": (64, MASKS["causal-tl"], SdpaFwdKnobs(128, 128, 3, 8, TMA=True)),
+})
 
 
 def rnd(*shape):
     return torch.randn(*shape, device=DEV, dtype=BF16)
 
 
-@pytest.mark.parametrize("knobs", PREFILL_KNOBS.values(), ids=PREFILL_KNOBS.keys())
-@pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
-@pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
-def test_prefill_dense_bf16(d, mask, knobs):
+@pytest.mark.parametrize("case", DENSE_CASES.values(), ids=DENSE_CASES.keys())
+def test_prefill_dense_bf16(case):
+    d, mask, knobs = case
     b, h, s_q, s_kv = 2, 3, 333, 517
     q, k, v = rnd(b, h, s_q, d), rnd(b, h, s_kv, d), rnd(b, h, s_kv, d)
     out = torch.full_like(q, float("nan"))
@@ -75,14 +79,20 @@ def _thd_case(lens, hq, hkv, d):
     return q, k, v, cu
 
 
-@pytest.mark.parametrize("pack", [False, True], ids=["nopack", "pack"])
-@pytest.mark.parametrize("tma", [False, True], ids=["ptr", "tma"])
-def test_prefill_thd_gqa_bf16(pack, tma):
+THD_KNOBS = {
+    "nopack": SdpaFwdKnobs(128, 64, 3, 8),
+    "pack": SdpaFwdKnobs(128, 64, 3, 4, PACK_GQA=True),
+    "nopack-lazy": SdpaFwdKnobs(128, 64, 3, 4, LAZY_RESCALE=True),
+    "pack-tma-lazy": SdpaFwdKnobs(128, 64, 3, 4, PACK_GQA=True, TMA=True, LAZY_RESCALE=True),
+}
+
+
+@pytest.mark.parametrize("knobs", THD_KNOBS.values(), ids=THD_KNOBS.keys())
+def test_prefill_thd_gqa_bf16(knobs):
     lens, hq, hkv, d = [1, 300, 77, 1024], 8, 2, 128
     q, k, v, cu = _thd_case(lens, hq, hkv, d)
     out = torch.full_like(q, float("nan"))
     stats = torch.full((q.shape[0], hq), float("nan"), device=DEV)
-    knobs = SdpaFwdKnobs(TILE_M=128, TILE_N=64, NUM_STAGES=3, NUM_WARPS=8, PACK_GQA=pack, TMA=tma)
     sdpa_prefill(q, k, v, out, attn_scale=0.1, knobs=knobs, mask=AttnMask.causal(), stats=stats,
                  ragged_offsets_q=cu, ragged_offsets_kv=cu, max_seqlen_q=max(lens))
     offs = cu.tolist()

@@ -84,6 +84,7 @@ KNOBS = {
     "m32-n16": SdpaFwdKnobs(TILE_M=32, TILE_N=16, NUM_STAGES=2, NUM_WARPS=4),
     "m64-n64": SdpaFwdKnobs(TILE_M=64, TILE_N=64, NUM_STAGES=2, NUM_WARPS=8),
     "m16-n16-tma": SdpaFwdKnobs(TILE_M=16, TILE_N=16, NUM_STAGES=2, NUM_WARPS=4, TMA=True),
+    "m16-n16-lazy": SdpaFwdKnobs(TILE_M=16, TILE_N=16, NUM_STAGES=2, NUM_WARPS=4, LAZY_RESCALE=True),
 }
 
 
@@ -100,6 +101,24 @@ def test_prefill_tile_sizes(knobs, mask):
     sdpa_prefill(q, k, v, out, attn_scale=0.25, knobs=knobs, mask=mask)
     ref_o, _ = attention_one(q[0], k[0], v[0], 0.25, mask.window_left, mask.window_right, mask.bottom_right)
     check(out[0], ref_o, None, None, dtype)
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_prefill_growing_scores(dtype, lazy):
+    """Scores that grow along the keys, so the running max jumps by far more than 2^8 between
+    tiles: the lazy rescale must take its rescale branch, not just its stale-max branch."""
+    b, h, s, d = 1, 2, 20, 16
+    q = rand(b, h, s, d, dtype=dtype)
+    ramp = torch.linspace(0.05, 6.0, 70, device=DEVICE)[None, None, :, None]
+    k = (torch.randn(b, h, 70, d, device=DEVICE) * ramp).to(dtype)
+    v = rand(b, h, 70, d, dtype=dtype)
+    out = nan_like(q)
+    stats = torch.full((b, h, s), float("nan"), device=DEVICE)
+    knobs = SdpaFwdKnobs(TILE_M=16, TILE_N=16, NUM_STAGES=1, NUM_WARPS=4, LAZY_RESCALE=lazy)
+    sdpa_prefill(q, k, v, out, attn_scale=1.0, knobs=knobs, stats=stats)
+    ref_o, ref_l = attention_one(q[0], k[0], v[0], 1.0)
+    check(out[0], ref_o, stats[0], ref_l, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
@@ -330,6 +349,14 @@ BAD_PREFILL = {
     "seqlen-int64": (lambda: _dense(), {"seq_len_q": torch.tensor([8])}, "seq_len_q: dtype"),
     "stats-fp16": (lambda: _dense(), {"stats": torch.empty(1, 2, 8, 1, dtype=torch.float16)}, "stats: dtype"),
 }
+
+
+def test_prefill_tma_box_too_large_refused():
+    """A TMA box that crashes ptxas on sm_90 (measured) is refused before any launch."""
+    q, k, v, out = _dense(d=128)
+    knobs = SdpaFwdKnobs(TILE_M=128, TILE_N=128, NUM_STAGES=2, NUM_WARPS=8, TMA=True)
+    with pytest.raises(ValueError, match="TMA needs TILE_N x D <= 8192"):
+        sdpa_prefill(q, k, v, out, attn_scale=1.0, knobs=knobs)
 
 
 @pytest.mark.parametrize("case", BAD_PREFILL.values(), ids=BAD_PREFILL.keys())

@@ -28,7 +28,7 @@ def max_chunks(total_t: int, n_seqs: int) -> int:
     return triton.cdiv(total_t, CHUNK) + n_seqs
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _chunk_offsets_kernel(cu_ptr, off_ptr, N, BT: tl.constexpr, BLOCK: tl.constexpr):
     # One program: a running prefix sum over the sequences, BLOCK at a time.
     tl.store(off_ptr, 0)

@@ -11,6 +11,9 @@ Every launch grid is sized from shapes (total_T, N, heads): no device value is r
 host, so the launchers are sync-free and CUDA-graph capturable. Scratch comes from the
 caller's `workspace` (uint8) when given; gdn_workspace_bytes() says how much.
 
+Launch parameters that vary per batch (N, T) are not specialized on (do_not_specialize), so a
+new batch never recompiles.
+
 batch_invariant: the work split is one program per (chunk, head[, V-block]) or per
 (sequence, head, V-block), and the tile configuration depends on (K, V, dtype) only, so a
 sequence's numbers are the same alone or in any batch.

@@ -52,7 +52,7 @@ def _decay_mask(g_row, g_col, valid, LOWER: tl.constexpr):
     return tl.where(keep, tl.exp(tl.where(keep, diff, 0.0)), 0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def output_fwd_kernel(
     q_ptr, k_ptr, vnew_ptr, gc_ptr, h_ptr, o_ptr, cu_ptr, off_ptr, seq_ptr, N,
     sh_c, sh_h, sh_v, sh_k,
@@ -80,7 +80,7 @@ def output_fwd_kernel(
     store_rows(o_ptr, o * scale, t0, r, valid, HO * V, h * V + iv * BV, BV)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def dv_local_kernel(
     q_ptr, k_ptr, gc_ptr, do_ptr, de_ptr, cu_ptr, off_ptr, seq_ptr, N,
     scale, HO, H, HK,
@@ -110,7 +110,7 @@ def dv_local_kernel(
     store_rows(de_ptr, de, t0, r, valid, HO * V, h * V + iv * BV, BV)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def dqk_kernel(
     q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, h_ptr, dh_ptr, do_ptr, de_ptr,
     dq_ptr, dk_ptr, dw_ptr, dg_ptr, cu_ptr, off_ptr, seq_ptr, N,

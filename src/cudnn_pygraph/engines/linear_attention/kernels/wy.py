@@ -89,7 +89,7 @@ def _store_a_block(a_ptr, blk, t0, bi: tl.constexpr, bj: tl.constexpr, valid, HO
              mask=(rows < valid)[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def wy_fwd_kernel(
     k_ptr, v_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
     cu_ptr, off_ptr, seq_ptr, N,
@@ -221,7 +221,7 @@ def _load_a(a_ptr, t0, valid, HO, h, TRANSPOSE: tl.constexpr):
     return tl.load(base + rows * (HO * 64) + cols, mask=keep, other=0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def wy_bwd_kernel(
     k_ptr, v_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, gc_ptr, beff_ptr, a_ptr,
     dw_ptr, du_ptr, dk_part_ptr, dg_part_ptr,
@@ -326,7 +326,7 @@ def wy_bwd_kernel(
     tl.store(dbeta_ptr + offs, d_braw.to(dbeta_ptr.dtype.element_ty), mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def group_reduce_kernel(
     src_ptr, x_ptr, out_ptr, T, HO, HS,
     D: tl.constexpr, L2NORM: tl.constexpr, EPS: tl.constexpr,

@@ -30,6 +30,8 @@ class SdpaFwdKnobs:
     so a K/V tile is loaded once for the whole group. TMA: load K/V tiles through Hopper
     tensor descriptors (the copy engine) where the layout allows it (unit D stride, 16-byte
     aligned strides, token ragged offsets); elsewhere the same kernel uses pointer loads.
+    LAZY_RESCALE: in the unmasked key tiles, rescale the accumulator only when a row's
+    running max grows by more than 2^8 (same result up to fp32 rounding).
     """
 
     TILE_M: int = 128
@@ -38,6 +40,7 @@ class SdpaFwdKnobs:
     NUM_WARPS: int = 8
     PACK_GQA: bool = False
     TMA: bool = False
+    LAZY_RESCALE: bool = False
 
     def __post_init__(self):
         for name in ("TILE_M", "TILE_N"):

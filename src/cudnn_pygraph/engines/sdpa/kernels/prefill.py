@@ -62,7 +62,7 @@ def _attend(
     acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
     start, end, qk_scale, q_pos_aligned, seqlen_kv, window_left, window_right,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, TMA: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, TMA: tl.constexpr, LAZY_RESCALE: tl.constexpr,
 ):
     """Online-softmax steps over keys [start, end), TILE_N at a time (start is aligned).
 
@@ -93,12 +93,28 @@ def _attend(
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.math.exp2(s - m_ref[:, None])
             alpha = tl.math.exp2(m_i - m_ref)
+            l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        elif LAZY_RESCALE:
+            # Keep a stale running max until some row's max grows by more than 2^8: p then
+            # stays <= 256 (exact in fp32, fine in 16-bit) and most steps skip rescaling
+            # the [TILE_M, D] accumulator, which sits between the two matmuls.
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            if tl.max(m_new - m_i, 0) > 8.0:
+                alpha = tl.math.exp2(m_i - m_new)
+                l_i = l_i * alpha
+                acc = acc * alpha[:, None]
+                m_i = m_new
+            p = tl.math.exp2(s * qk_scale - m_i[:, None])
         else:
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
             p = tl.math.exp2(s * qk_scale - m_new[:, None])
             alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+            l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        l_i = l_i + tl.sum(p, 1)
         if TMA:
             v = v_src.load([start_n, 0])
         elif MASKED:
@@ -106,7 +122,6 @@ def _attend(
         else:
             v = tl.load(v_src + start_n * stride_vn)
         acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -130,6 +145,7 @@ def _sdpa_fwd_kernel(
     HAS_SEQLEN_Q: tl.constexpr, HAS_SEQLEN_KV: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     WRITE_LSE: tl.constexpr, LSE_PACKED: tl.constexpr, TMA: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,
 ):
     if HAS_RIGHT:
         # Causal-like masks: the last query tiles see the most keys; launch them first.
@@ -238,17 +254,17 @@ def _sdpa_fwd_kernel(
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs, lo, mid_start, qk_scale,
         q_pos_aligned, seqlen_kv, window_left, window_right,
-        BLOCK_N, True, HAS_LEFT, HAS_RIGHT, TMA,
+        BLOCK_N, True, HAS_LEFT, HAS_RIGHT, TMA, LAZY_RESCALE,
     )
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs, mid_start, mid_end, qk_scale,
         q_pos_aligned, seqlen_kv, window_left, window_right,
-        BLOCK_N, False, HAS_LEFT, HAS_RIGHT, TMA,
+        BLOCK_N, False, HAS_LEFT, HAS_RIGHT, TMA, LAZY_RESCALE,
     )
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs, mid_end, hi, qk_scale,
         q_pos_aligned, seqlen_kv, window_left, window_right,
-        BLOCK_N, True, HAS_LEFT, HAS_RIGHT, TMA,
+        BLOCK_N, True, HAS_LEFT, HAS_RIGHT, TMA, LAZY_RESCALE,
     )
 
     # A row that saw no key (empty kv, band outside the sequence) outputs 0 and LSE -inf.
@@ -434,6 +450,11 @@ def sdpa_prefill(
     grid = (num_m_tiles, heads_kv if knobs.PACK_GQA else heads_q, batch)
     if num_m_tiles == 0 or batch == 0:
         return
+    # Measured on the H200 (triton 3.6): TMA with a [128, 128] K/V box at D=128 makes ptxas
+    # crash (error -11); [64, 128] and [128, 64] compile and run.
+    _check(not (knobs.TMA and knobs.TILE_N * head_dim > 8192),
+           f"knobs: TMA needs TILE_N x D <= 8192 (got {knobs.TILE_N} x {head_dim}); "
+           "larger boxes crash ptxas in triton 3.6 on sm_90")
     use_tma = knobs.TMA and _tma_eligible(q, (k, v), offsets_unit)
     if use_tma:
         _install_scratch_allocator()
@@ -449,7 +470,7 @@ def sdpa_prefill(
         HAS_SEQLEN_Q=seq_len_q is not None, HAS_SEQLEN_KV=seq_len_kv is not None,
         HAS_LEFT=mask.window_left is not None, HAS_RIGHT=mask.window_right is not None,
         BOTTOM_RIGHT=mask.bottom_right, WRITE_LSE=stats is not None, LSE_PACKED=lse_packed,
-        TMA=use_tma, num_warps=knobs.NUM_WARPS, num_stages=knobs.NUM_STAGES,
+        TMA=use_tma, LAZY_RESCALE=knobs.LAZY_RESCALE, num_warps=knobs.NUM_WARPS, num_stages=knobs.NUM_STAGES,
     )
 
 
