@@ -51,7 +51,11 @@ SMALL_M = [
     GemmKnobs(128, 64, 64, 4, 4, 8),
     GemmKnobs(128, 64, 128, 4, 4, 8),
 ]
-FUSED_KNOBS = [GemmKnobs(128, 256, 64, 3, 8, 8), GemmKnobs(128, 256, 32, 5, 8, 8), GemmKnobs(256, 128, 64, 3, 8, 8)]
+FUSED_KNOBS = [
+    GemmKnobs(128, 256, 64, 3, 8, 8),
+    GemmKnobs(128, 256, 32, 5, 8, 8),
+    GemmKnobs(256, 128, 64, 3, 8, 8),
+]
 # Epilogue variants at 4096^3, to see what each part of the fused epilogue costs.
 # name: (chain, takes_bias, approx_tanh)
 FUSED_VARIANTS = {
@@ -108,8 +112,19 @@ class Plan:
         n_t = sum(1 for s in spec.chain if s.takes_tensor)
         ptrs = tuple(t.data_ptr() for t in frame[: 3 + n_t])
         rest = frame[3 + n_t :]
-        self.args = (ptrs[0], ptrs[1], ptrs[2], ptrs[3:], rest[0], rest[1], rest[2], rest[3],
-                     tuple(rest[4 : 13 + 3 * n_t]), tuple(rest[13 + 3 * n_t :]), stream)  # fmt: skip
+        self.args = (
+            ptrs[0],
+            ptrs[1],
+            ptrs[2],
+            ptrs[3:],
+            rest[0],
+            rest[1],
+            rest[2],
+            rest[3],
+            tuple(rest[4 : 13 + 3 * n_t]),
+            tuple(rest[13 + 3 * n_t :]),
+            stream,
+        )
         self.launch = plan.launch
 
     def __call__(self):
@@ -131,7 +146,9 @@ def main():
     def variant_spec(name):
         chain, takes_bias, approx = FUSED_VARIANTS[name]
         contiguous = (True,) if takes_bias else ()
-        return GemmSpec("bf16", "bf16", "bf16", "row", "row", "row", chain, True, contiguous, approx)
+        return GemmSpec(
+            "bf16", "bf16", "bf16", "row", "row", "row", chain, True, contiguous, approx
+        )
 
     shapes = SQUARE + ([] if args.quick else LLM)
     jobs = {(plain, k) for M, _, _ in shapes for k in candidates(M)}
@@ -139,7 +156,10 @@ def main():
     host_knobs = GemmKnobs(64, 128, 64, 4, 4, 8)
     jobs.add((plain, host_knobs))
     errors = precompile(sorted(jobs, key=str), workers=min(16, os.cpu_count() or 4))
-    print(f"precompiled {len(jobs)} kernels in {time.time() - t_start:.1f}s; errors: {errors}", flush=True)
+    print(
+        f"precompiled {len(jobs)} kernels in {time.time() - t_start:.1f}s; errors: {errors}",
+        flush=True,
+    )
 
     plans = {}
 
@@ -181,9 +201,12 @@ def main():
         best = min(times, key=times.get)
         raw[f"{M}x{N}x{K}"] = {"torch_ms": t_torch, **times}
         rows.append((M, N, K, best, times[best], t_torch, flop))
-        print(f"{M}x{N}x{K}: best {best} {tflops(flop, times[best]):.0f} TFLOP/s, torch "
-              f"{tflops(flop, t_torch):.0f}; all {json.dumps({k: round(v, 4) for k, v in times.items()})}",
-              flush=True)  # fmt: skip
+        rounded = json.dumps({k: round(v, 4) for k, v in times.items()})
+        print(
+            f"{M}x{N}x{K}: best {best} {tflops(flop, times[best]):.0f} TFLOP/s, torch "
+            f"{tflops(flop, t_torch):.0f}; all {rounded}",
+            flush=True,
+        )
         del a, b, c, ref
 
     # --- 2. matmul + bias + gelu_tanh, 4096^3: fused vs torch unfused -----------------------
@@ -231,7 +254,6 @@ def main():
     t_unfused = kernel_ms(torch_unfused, 50)
     t_torch_mm = kernel_ms(lambda: torch.matmul(a, b, out=c), 50)
     raw["fused_4096"] = {"torch_unfused_ms": t_unfused, "torch_matmul_ms": t_torch_mm, **variants}
-    del mm
 
     # --- 3. host time per launch at 128x256x128 ---------------------------------------------
     M, N, K = 128, 256, 128
@@ -286,32 +308,49 @@ def main():
         return min(per_call), statistics.median(per_call)
 
     host = {}
-    for name, fn in (("compiled launch (closure)", p), ("triton JIT launch, bound kwargs", bare_jit),
-                     ("torch_gemm.gemm JIT path (describe + JIT)", jit),
-                     ("torch.matmul", lambda: torch.matmul(a, b, out=c))):  # fmt: skip
+    for name, fn in (
+        ("compiled launch (closure)", p),
+        ("triton JIT launch, bound kwargs", bare_jit),
+        ("torch_gemm.gemm JIT path (describe + JIT)", jit),
+        ("torch.matmul", lambda: torch.matmul(a, b, out=c)),
+    ):
         host[name] = {burst: host_us(fn, burst) for burst in (1, 8, 64)}
 
     # --- report -----------------------------------------------------------------------------
     lines = []
     lines.append(f"# GEMM (Triton, ours) on {torch.cuda.get_device_name()}")
     lines.append("")
-    lines.append(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; torch {torch.__version__}, triton "
-                 f"{triton.__version__}, CUDA {torch.version.cuda}; `PYTHONPATH=src python3 bench/gemm.py`")  # fmt: skip
+    lines.append(
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+        f"torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}; "
+        "`PYTHONPATH=src python3 bench/gemm.py`"
+    )
     lines.append("")
-    lines.append("## bf16 GEMM, C = A @ B, row-major, best listed config per shape (CUDA-event medians)")
+    lines.append(
+        "## bf16 GEMM, C = A @ B, row-major, best listed config per shape (CUDA-event medians)"
+    )
     lines.append("")
-    lines.append("| M | N | K | best config | ours ms | ours TFLOP/s | torch.matmul ms | torch TFLOP/s | ours/torch |")
+    lines.append(
+        "| M | N | K | best config | ours ms | ours TFLOP/s | torch.matmul ms | torch TFLOP/s "
+        "| ours/torch |"
+    )
     lines.append("|---|---|---|---|---|---|---|---|---|")
     for M, N, K, best, t, tt, flop in rows:
-        lines.append(f"| {M} | {N} | {K} | {best} | {t:.4f} | {tflops(flop, t):.0f} | {tt:.4f} | "
-                     f"{tflops(flop, tt):.0f} | {tt / t:.2f}x |")  # fmt: skip
+        lines.append(
+            f"| {M} | {N} | {K} | {best} | {t:.4f} | {tflops(flop, t):.0f} | {tt:.4f} | "
+            f"{tflops(flop, tt):.0f} | {tt / t:.2f}x |"
+        )
     lines.append("")
     lines.append("## Fused epilogues, bf16, 4096^3 (best of the listed configs per epilogue)")
     lines.append("")
-    lines.append(f"torch unfused (matmul, + bias, gelu tanh): {t_unfused:.4f} ms; torch.matmul alone: "
-                 f"{t_torch_mm:.4f} ms")  # fmt: skip
+    lines.append(
+        f"torch unfused (matmul, + bias, gelu tanh): {t_unfused:.4f} ms; torch.matmul alone: "
+        f"{t_torch_mm:.4f} ms"
+    )
     lines.append("")
-    lines.append("| epilogue | best config | ours ms | TFLOP/s | rel err vs float64 | vs torch unfused |")
+    lines.append(
+        "| epilogue | best config | ours ms | TFLOP/s | rel err vs float64 | vs torch unfused |"
+    )
     lines.append("|---|---|---|---|---|---|")
     flop = 2.0 * 4096**3
     for vname, vt in variants.items():
@@ -320,11 +359,15 @@ def main():
             continue
         kb = min(vt, key=lambda k: vt[k][0])
         t, err = vt[kb]
-        lines.append(f"| {vname} | {kb} | {t:.4f} | {tflops(flop, t):.0f} | {err:.1e} | "
-                     f"{t_unfused / t:.2f}x |")  # fmt: skip
+        lines.append(
+            f"| {vname} | {kb} | {t:.4f} | {tflops(flop, t):.0f} | {err:.1e} | "
+            f"{t_unfused / t:.2f}x |"
+        )
     lines.append("")
-    lines.append(f"## host us per call, 128x256x128 bf16, {host_knobs.short()} (min / median of 25 reps, "
-                 "per call in a burst from a drained queue)")  # fmt: skip
+    lines.append(
+        f"## host us per call, 128x256x128 bf16, {host_knobs.short()} (min / median of 25 reps, "
+        "per call in a burst from a drained queue)"
+    )
     lines.append("")
     lines.append("| path | burst 1 | burst 8 | burst 64 |")
     lines.append("|---|---|---|---|")

@@ -46,7 +46,11 @@ def gemm_reference(a, b, chain, operands=(), values=(), batch=None):
     tensors, vals = iter(operands), iter(values)
     for s in chain:
         if s.op in ("scale", "mul", "bias", "add"):
-            v = float(next(vals)) if s.kind == "value" else broadcast_operand(s.kind, next(tensors), B, M, N)
+            v = (
+                float(next(vals))
+                if s.kind == "value"
+                else broadcast_operand(s.kind, next(tensors), B, M, N)
+            )
             x = x * v if s.op in ("scale", "mul") else x + v
         elif s.op == "cast":
             x = x.to(_NAMES[s.dtype]).double()

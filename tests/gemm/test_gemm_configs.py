@@ -26,7 +26,9 @@ MEASURED_FIRST = [
 ]
 
 
-@pytest.mark.parametrize("shape,first", MEASURED_FIRST, ids=["x".join(map(str, s)) for s, _ in MEASURED_FIRST])
+@pytest.mark.parametrize(
+    "shape,first", MEASURED_FIRST, ids=["x".join(map(str, s)) for s, _ in MEASURED_FIRST]
+)
 def test_first_config_is_the_measured_rule(shape, first):
     configs = recommend_configs(*shape, 1, ("bf16", "bf16"))
     assert configs[0].short() == first
@@ -37,7 +39,9 @@ def test_first_config_is_the_measured_rule(shape, first):
 @pytest.mark.parametrize("M", [16, 128, 192, 4096])
 def test_every_recommended_config_fits_shared_memory(M, out, tile_bytes):
     for knobs in recommend_configs(M, 4096, 4096, 1, ("bf16", out), tile_bytes):
-        assert shared_memory_bytes(knobs, 2, 4 if out == "fp32" else 2, tile_bytes) <= SMEM_LIMIT_BYTES
+        assert (
+            shared_memory_bytes(knobs, 2, 4 if out == "fp32" else 2, tile_bytes) <= SMEM_LIMIT_BYTES
+        )
 
 
 def test_estimate_matches_tritons_allocation_where_it_was_seen():
@@ -45,4 +49,6 @@ def test_estimate_matches_tritons_allocation_where_it_was_seen():
     # refused it: limit 232448); at 3 stages 229400 B, which fits.
     assert shared_memory_bytes(GemmKnobs(128, 128, 64, 4, 4, 8), 2, 4, 4) >= 262176
     assert shared_memory_bytes(GemmKnobs(128, 128, 64, 3, 4, 8), 2, 4, 4) >= 229400
-    assert recommend_configs(192, 320, 128, 4, ("bf16", "fp32"), 4)[0] == GemmKnobs(128, 128, 64, 3, 4, 8)
+    assert recommend_configs(192, 320, 128, 4, ("bf16", "fp32"), 4)[0] == GemmKnobs(
+        128, 128, 64, 3, 4, 8
+    )

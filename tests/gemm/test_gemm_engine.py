@@ -40,37 +40,53 @@ def _graph(dtype=HALF):
 
 
 def _rand(t, dtype, gen):
-    return torch.randn(tuple(t.dim), generator=gen).to(TORCH[dtype]).as_strided(tuple(t.dim), tuple(t.stride))
+    return (
+        torch.randn(tuple(t.dim), generator=gen)
+        .to(TORCH[dtype])
+        .as_strided(tuple(t.dim), tuple(t.stride))
+    )
 
 
-CASES = ["plain", "bias-gelu_tanh", "scale-bias-relu", "residual-silu", "transposed-B", "batch-broadcast-A"]
+CASES = [
+    "plain",
+    "bias-gelu_tanh",
+    "scale-bias-relu",
+    "residual-silu",
+    "transposed-B",
+    "batch-broadcast-A",
+]
+
+
+def _epilogue_reference(case, mm, e):
+    """float64: the case's epilogue applied to mm = A @ B; e holds the operands' tensors."""
+    if case == "bias-gelu_tanh":
+        return torch.nn.functional.gelu(mm + e["bias"].double(), approximate="tanh")
+    if case == "scale-bias-relu":
+        return torch.relu(e["alpha"].double() * mm + e["bias"].double())
+    if case == "residual-silu":
+        return torch.nn.functional.silu(mm + e["res"].double())
+    return mm
 
 
 def _build(case, g, B, M, N, K, dtype):
-    """The graph for `case`; returns (inputs {tensor: role}, output, reference fn)."""
+    """The graph for `case`: (A, B, C, {operand role: tensor})."""
     b_stride = [K * N, 1, K] if case == "transposed-B" else None
     a = g.tensor([1 if case == "batch-broadcast-A" else B, M, K], name="A")
     b = g.tensor([B, K, N], stride=b_stride, name="B")
     x = g.matmul(a, b)
-    extra, ref = {}, lambda ta, tb, e: ta.double() @ tb.double()
+    extra = {}
     if case == "bias-gelu_tanh":
-        bias = g.tensor([1, 1, N], name="bias")
-        x = g.gelu_approx_tanh(g.bias(x, bias))
-        extra["bias"] = bias
-        ref = lambda ta, tb, e: torch.nn.functional.gelu(ta.double() @ tb.double() + e["bias"].double(), approximate="tanh")  # noqa: E731
+        extra["bias"] = g.tensor([1, 1, N], name="bias")
+        x = g.gelu_approx_tanh(g.bias(x, extra["bias"]))
     elif case == "scale-bias-relu":
-        alpha = g.tensor([1, 1, 1], name="alpha")  # a device scalar
-        bias = g.tensor([1, M, 1], name="rowbias")
-        x = g.relu(g.bias(g.scale(x, alpha), bias))
-        extra.update(alpha=alpha, bias=bias)
-        ref = lambda ta, tb, e: torch.relu(e["alpha"].double() * (ta.double() @ tb.double()) + e["bias"].double())  # noqa: E731
+        extra["alpha"] = g.tensor([1, 1, 1], name="alpha")  # a device scalar
+        extra["bias"] = g.tensor([1, M, 1], name="rowbias")
+        x = g.relu(g.bias(g.scale(x, extra["alpha"]), extra["bias"]))
     elif case == "residual-silu":
-        res = g.tensor([B, M, N], name="res")
-        x = g.swish(g.add(x, res))
-        extra["res"] = res
-        ref = lambda ta, tb, e: torch.nn.functional.silu(ta.double() @ tb.double() + e["res"].double())  # noqa: E731
+        extra["res"] = g.tensor([B, M, N], name="res")
+        x = g.swish(g.add(x, extra["res"]))
     x.set_output(True).set_data_type(dtype).set_name("C")
-    return a, b, x, extra, ref
+    return a, b, x, extra
 
 
 @pytest.mark.parametrize("dtype", [HALF, FLOAT], ids=["fp16", "fp32"])
@@ -78,7 +94,7 @@ def _build(case, g, B, M, N, K, dtype):
 def test_plans_builds_and_executes(case, dtype):
     B, M, N, K = 2, 37, 45, 29
     g = _graph(dtype)
-    a, b, c, extra, ref = _build(case, g, B, M, N, K, dtype)
+    a, b, c, extra = _build(case, g, B, M, N, K, dtype)
     g.create_execution_plans([cudnn.heur_mode.A])
     assert g.get_plan_name_at_index(0).startswith("triton_gemm[")
     g.build_plans()
@@ -87,17 +103,18 @@ def test_plans_builds_and_executes(case, dtype):
     te = {k: _rand(t, dtype, gen) for k, t in extra.items()}
     tc = torch.full(tuple(c.dim), float("nan"), dtype=TORCH[dtype])
     g.execute({a: ta, b: tb, c: tc, **{extra[k]: v for k, v in te.items()}})
-    err = rel_err(tc, ref(ta, tb, te).expand(tc.shape))
+    ref = _epilogue_reference(case, ta.double() @ tb.double(), te)
+    err = rel_err(tc, ref.expand(tc.shape))
     assert err < TOL[dtype], f"{case}: rel err {err}"
 
 
 def test_replays_a_recorded_plan_by_engine_id_and_knobs():
     g = _graph()
-    a, b, c, _, _ = _build("plain", g, 1, 20, 24, 16, HALF)
+    a, b, c, _ = _build("plain", g, 1, 20, 24, 16, HALF)
     g.create_execution_plans([cudnn.heur_mode.A])
     engine_id, knobs = g.get_engine_and_knobs_at_index(1)  # a runner-up: a complete config
     g2 = _graph()
-    a2, b2, c2, _, _ = _build("plain", g2, 1, 20, 24, 16, HALF)
+    a2, b2, c2, _ = _build("plain", g2, 1, 20, 24, 16, HALF)
     g2.create_execution_plan(engine_id, knobs)
     assert g2.get_plan_name_at_index(0) == g.get_plan_name_at_index(1)
     g2.build_plans()
@@ -115,11 +132,17 @@ def _intermediate_output(g):
 
 DECLINES = [
     ("intermediate-output", _intermediate_output, "%mm is a graph output inside the fused chain"),
-    ("leaky-relu", lambda g: g.relu(g.matmul(g.tensor([1, 16, 8]), g.tensor([1, 8, 4])), negative_slope=0.1),
-     "leaky/clipped relu is not fused"),
-    ("mixed-dtypes", lambda g: g.matmul(g.tensor([1, 16, 8]), g.tensor([1, 8, 4], data_type=FLOAT)),
-     "mixed input dtypes are not served"),
-]  # fmt: skip
+    (
+        "leaky-relu",
+        lambda g: g.relu(g.matmul(g.tensor([1, 16, 8]), g.tensor([1, 8, 4])), negative_slope=0.1),
+        "leaky/clipped relu is not fused",
+    ),
+    (
+        "mixed-dtypes",
+        lambda g: g.matmul(g.tensor([1, 16, 8]), g.tensor([1, 8, 4], data_type=FLOAT)),
+        "mixed input dtypes are not served",
+    ),
+]
 
 
 @pytest.mark.parametrize("name,build,reason", DECLINES, ids=[d[0] for d in DECLINES])
@@ -133,7 +156,7 @@ def test_declines_name_the_rule(name, build, reason):
 
 def _planned(case, B, M, N, K):
     g = _graph()
-    a, b, c, extra, _ = _build(case, g, B, M, N, K, HALF)
+    a, b, c, extra = _build(case, g, B, M, N, K, HALF)
     g.create_execution_plans([cudnn.heur_mode.A])
     return g, a, b, c, extra
 
@@ -143,10 +166,13 @@ H200 = DeviceProperties("NVIDIA H200", 9, 0, 132, 60 << 20)
 
 @pytest.mark.parametrize(
     "case,shape,use_tma",
-    [("bias-gelu_tanh", (2, 64, 128, 64), True), ("bias-gelu_tanh", (2, 64, 128, 29), False),
-     ("transposed-B", (1, 64, 64, 64), True)],
+    [
+        ("bias-gelu_tanh", (2, 64, 128, 64), True),
+        ("bias-gelu_tanh", (2, 64, 128, 29), False),
+        ("transposed-B", (1, 64, 64, 64), True),
+    ],
     ids=["aligned", "odd-K-row-stride", "transposed-B"],
-)  # fmt: skip
+)
 def test_tma_is_decided_from_the_declaration(case, shape, use_tma):
     from cudnn_pygraph.engines.gemm.analyzer import analyze
     from cudnn_pygraph.engines.gemm.engine import describe_facts
@@ -172,8 +198,14 @@ def test_gpu_execute_closure_passes_pointers_and_strides_in_frame_order():
     layout = GraphLayout(g)
     tensors = (a, b, c, extra["res"])
     calls = []
-    execute = _lower_execute(lambda *args: calls.append(args), [layout.position[t.uid] for t in tensors],
-                             [t.name for t in tensors], stride_plan, (M, N, K, B), values)  # fmt: skip
+    execute = _lower_execute(
+        lambda *args: calls.append(args),
+        [layout.position[t.uid] for t in tensors],
+        [t.name for t in tensors],
+        stride_plan,
+        (M, N, K, B),
+        values,
+    )
     ta = torch.randn(B, M, K).half()
     tb = torch.randn(B, N, K).half().transpose(1, 2)  # declared row-major; bound transposed
     tc, tr = torch.empty(B, M, N).half(), torch.randn(B, M, N).half()

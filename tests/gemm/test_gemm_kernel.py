@@ -45,21 +45,28 @@ def _run(a, b, batch, M, N, chain, operands=(), values=(), out_dtype=torch.float
     return rel_err(c, ref.reshape(c.shape)), c
 
 
-SINGLE_STEPS = [
-    ("scale-value", step("scale", "value"), None),
-    ("scale-scalar", step("scale", "scalar", "fp32"), "scalar"),
-    ("scale-row", step("scale", "row", "fp32"), "row"),
-    ("scale-col", step("scale", "col", "fp16"), "col"),
-    ("mul-tile", step("mul", "tile", "fp16"), "tile"),
-    ("bias-col", step("bias", "col", "fp32"), "col"),
-    ("bias-row", step("bias", "row", "fp16"), "row"),
-    ("bias-tile", step("bias", "tile", "fp32"), "tile"),
-    ("add-tile", step("add", "tile", "fp16"), "tile"),
-    ("add-scalar", step("add", "scalar", "fp16"), "scalar"),
-    ("add-value", step("add", "value"), None),
-] + [(op, step(op), None) for op in ("relu", "gelu", "gelu_tanh", "silu", "swish", "sigmoid", "tanh")] + [
-    ("cast-fp16", step("cast", dtype="fp16"), None),
-]
+SINGLE_STEPS = (
+    [
+        ("scale-value", step("scale", "value"), None),
+        ("scale-scalar", step("scale", "scalar", "fp32"), "scalar"),
+        ("scale-row", step("scale", "row", "fp32"), "row"),
+        ("scale-col", step("scale", "col", "fp16"), "col"),
+        ("mul-tile", step("mul", "tile", "fp16"), "tile"),
+        ("bias-col", step("bias", "col", "fp32"), "col"),
+        ("bias-row", step("bias", "row", "fp16"), "row"),
+        ("bias-tile", step("bias", "tile", "fp32"), "tile"),
+        ("add-tile", step("add", "tile", "fp16"), "tile"),
+        ("add-scalar", step("add", "scalar", "fp16"), "scalar"),
+        ("add-value", step("add", "value"), None),
+    ]
+    + [
+        (op, step(op), None)
+        for op in ("relu", "gelu", "gelu_tanh", "silu", "swish", "sigmoid", "tanh")
+    ]
+    + [
+        ("cast-fp16", step("cast", dtype="fp16"), None),
+    ]
+)
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32], ids=["out-fp16", "out-fp32"])
@@ -79,13 +86,43 @@ def test_every_epilogue_step(name, st, kind, out_dtype):
 
 CHAINS = [
     ("bias-gelu_tanh", (step("bias", "col", "fp16"), step("gelu_tanh")), ("col",), ()),
-    ("scale-bias-relu", (step("scale", "value"), step("bias", "col", "fp32"), step("relu")), ("col",), (0.5,)),
-    ("bias-silu-add", (step("bias", "col", "fp16"), step("silu"), step("add", "tile", "fp16")), ("col", "tile"), ()),
-    ("rowscale-colscale-sigmoid", (step("scale", "row", "fp32"), step("scale", "col", "fp32"), step("sigmoid")), ("row", "col"), ()),
+    (
+        "scale-bias-relu",
+        (step("scale", "value"), step("bias", "col", "fp32"), step("relu")),
+        ("col",),
+        (0.5,),
+    ),
+    (
+        "bias-silu-add",
+        (step("bias", "col", "fp16"), step("silu"), step("add", "tile", "fp16")),
+        ("col", "tile"),
+        (),
+    ),
+    (
+        "rowscale-colscale-sigmoid",
+        (step("scale", "row", "fp32"), step("scale", "col", "fp32"), step("sigmoid")),
+        ("row", "col"),
+        (),
+    ),
     ("gelu-cast-tanh", (step("gelu"), step("cast", dtype="fp16"), step("tanh")), (), ()),
-    ("add-scale-add", (step("add", "tile", "fp32"), step("scale", "value"), step("add", "value")), ("tile",), (1.5, -0.25)),
-    ("4-tensor-operands", (step("scale", "scalar", "fp32"), step("bias", "col", "fp16"), step("mul", "row", "fp16"), step("add", "tile", "fp32")), ("scalar", "col", "row", "tile"), ()),
-]  # fmt: skip
+    (
+        "add-scale-add",
+        (step("add", "tile", "fp32"), step("scale", "value"), step("add", "value")),
+        ("tile",),
+        (1.5, -0.25),
+    ),
+    (
+        "4-tensor-operands",
+        (
+            step("scale", "scalar", "fp32"),
+            step("bias", "col", "fp16"),
+            step("mul", "row", "fp16"),
+            step("add", "tile", "fp32"),
+        ),
+        ("scalar", "col", "row", "tile"),
+        (),
+    ),
+]
 
 
 @pytest.mark.parametrize("per_batch", [False, True], ids=["shared-operands", "per-batch-operands"])
@@ -115,10 +152,17 @@ def _layout(t, major):
     return view
 
 
-LAYOUTS = [(a, b, c) for a in ("row", "col", "strided") for b in ("row", "col", "strided") for c in ("row", "col")]
+LAYOUTS = [
+    (a, b, c)
+    for a in ("row", "col", "strided")
+    for b in ("row", "col", "strided")
+    for c in ("row", "col")
+]
 
 
-@pytest.mark.parametrize("a_major,b_major,c_major", LAYOUTS, ids=["A{}-B{}-C{}".format(*x) for x in LAYOUTS])
+@pytest.mark.parametrize(
+    "a_major,b_major,c_major", LAYOUTS, ids=["A{}-B{}-C{}".format(*x) for x in LAYOUTS]
+)
 def test_layouts(a_major, b_major, c_major):
     batch, M, N, K = 2, 21, 18, 35
     a = _layout(torch.randn(batch, M, K, dtype=torch.float16, device=DEVICE), a_major)
@@ -165,7 +209,11 @@ def test_odd_shapes(M, N, K, in_dtype):
 
 @pytest.mark.parametrize(
     "knobs",
-    [GemmKnobs(32, 16, 16, 2, 4, 1), GemmKnobs(16, 32, 32, 3, 2, 8), GemmKnobs(64, 64, 16, 2, 4, 3)],
+    [
+        GemmKnobs(32, 16, 16, 2, 4, 1),
+        GemmKnobs(16, 32, 32, 3, 2, 8),
+        GemmKnobs(64, 64, 16, 2, 4, 3),
+    ],
     ids=lambda k: k.short(),
 )
 def test_knobs_compute_the_same_function(knobs):

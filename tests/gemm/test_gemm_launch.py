@@ -43,10 +43,18 @@ FLAVOURS = [
     ("plain", ()),
     ("bias-gelu_tanh", (step("bias", "col", "bf16"), step("gelu_tanh"))),
     ("scale-value-add-tile", (step("scale", "value"), step("add", "tile", "fp16"))),
-    ("four-operands-two-values", (step("scale", "scalar", "fp32"), step("scale", "value"),
-                                  step("bias", "col", "bf16"), step("mul", "row", "fp32"),
-                                  step("add", "value"), step("add", "tile", "bf16"))),
-]  # fmt: skip
+    (
+        "four-operands-two-values",
+        (
+            step("scale", "scalar", "fp32"),
+            step("scale", "value"),
+            step("bias", "col", "bf16"),
+            step("mul", "row", "fp32"),
+            step("add", "value"),
+            step("add", "tile", "bf16"),
+        ),
+    ),
+]
 
 
 @pytest.mark.parametrize("use_tma", [True, False], ids=["tma", "pointers"])
@@ -66,8 +74,18 @@ def test_one_arg_plan_loop_serves_every_flavour(name, chain, use_tma):
     assert grid == (min(tiles, NUM_SMS), 1, 1) and stream == 7 and scratch == 0x5000
     got = dict(zip(gemm_kernel.arg_names, args))
     assert len(args) == len(gemm_kernel.arg_names)
-    expect = {"a_ptr": 0xA000, "b_ptr": 0xB000, "c_ptr": 0xC000, "M": 300, "N": 4096, "K": 64,
-              "BATCH": 2, "s_am": 64, "s_bn": 64, "s_cb": 4096 * 300}  # fmt: skip
+    expect = {
+        "a_ptr": 0xA000,
+        "b_ptr": 0xB000,
+        "c_ptr": 0xC000,
+        "M": 300,
+        "N": 4096,
+        "K": 64,
+        "BATCH": 2,
+        "s_am": 64,
+        "s_bn": 64,
+        "s_cb": 4096 * 300,
+    }
     for i in range(T):
         expect[f"e{i}_ptr"] = epi[i]
         expect[f"e{i}_sm"] = 2000 + i
@@ -82,19 +100,36 @@ def test_one_arg_plan_loop_serves_every_flavour(name, chain, use_tma):
 def _legal_call():
     # bf16 A [2, 128, 64] row, B [2, 64, 256] col, C [2, 128, 256] row; all 16B aligned.
     return dict(
-        a=0xA000, b=0xB000, c=0xC000, epi=(), M=128, N=256, K=64, batch=2,
-        strides=(128 * 64, 64, 1, 256 * 64, 1, 64, 128 * 256, 256, 1), values=(), stream=0,
-    )  # fmt: skip
+        a=0xA000,
+        b=0xB000,
+        c=0xC000,
+        epi=(),
+        M=128,
+        N=256,
+        K=64,
+        batch=2,
+        strides=(128 * 64, 64, 1, 256 * 64, 1, 64, 128 * 256, 256, 1),
+        values=(),
+        stream=0,
+    )
 
 
 REFUSED = [
     ("tma-misaligned-a", dict(a=0xA002), "tma_pointer_alignment"),
     ("tma-misaligned-c", dict(c=0xC008), "tma_pointer_alignment"),
-    ("tma-odd-row-stride", dict(strides=(128 * 65, 65, 1, 256 * 64, 1, 64, 128 * 256, 256, 1)), "tma_stride_alignment"),
-    ("unit-stride-broken", dict(strides=(128 * 64, 64, 2, 256 * 64, 1, 64, 128 * 256, 256, 1)), "layout_unit_stride"),
+    (
+        "tma-odd-row-stride",
+        dict(strides=(128 * 65, 65, 1, 256 * 64, 1, 64, 128 * 256, 256, 1)),
+        "tma_stride_alignment",
+    ),
+    (
+        "unit-stride-broken",
+        dict(strides=(128 * 64, 64, 2, 256 * 64, 1, 64, 128 * 256, 256, 1)),
+        "layout_unit_stride",
+    ),
     ("zero-M", dict(M=0), "extent_positive"),
     ("zero-batch", dict(batch=0), "extent_positive"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("name,change,rule", REFUSED, ids=[r[0] for r in REFUSED])

@@ -44,7 +44,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,shape,a_major,b_major,knobs,expect_tma", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    "name,shape,a_major,b_major,knobs,expect_tma", CASES, ids=[c[0] for c in CASES]
+)
 def test_bf16_bias_gelu_tanh(name, shape, a_major, b_major, knobs, expect_tma):
     B, M, N, K = shape
     a = _mat((B, M, K), a_major)

@@ -41,8 +41,11 @@ def _product_strides(t, rows: int, cols: int, pinned: str | None, unit_batch: in
     descriptor needs a non-zero 16-byte multiple there)."""
     rank = len(t.dim)
     plan = []
-    for name, axis, extent in (("b", rank - 3, t.dim[-3] if rank >= 3 else 1),
-                               ("rows", rank - 2, rows), ("cols", rank - 1, cols)):  # fmt: skip
+    for name, axis, extent in (
+        ("b", rank - 3, t.dim[-3] if rank >= 3 else 1),
+        ("rows", rank - 2, rows),
+        ("cols", rank - 1, cols),
+    ):
         if extent > 1 and axis >= 0:
             plan.append((axis, 0))
         else:
@@ -101,11 +104,14 @@ class GemmTritonEngine(BaseEngine):
         for t in _intermediates(graph, c):
             if not t.is_virtual:
                 raise NotImplementedError(
-                    f"%{t.name} is a graph output inside the fused chain: only the last value is written"
+                    f"%{t.name} is a graph output inside the fused chain: "
+                    "only the last value is written"
                 )
         for name, t in (("A", a), ("B", b)):
             if len(t.dim) == 3 and t.dim[0] not in (1, facts.batch):
-                raise NotImplementedError(f"{name} batch {t.dim[0]} is neither 1 nor C's {facts.batch}")
+                raise NotImplementedError(
+                    f"{name} batch {t.dim[0]} is neither 1 nor C's {facts.batch}"
+                )
         try:
             lower_chain(facts.chain)
         except ValueError as exc:
@@ -118,7 +124,8 @@ class GemmTritonEngine(BaseEngine):
         if step.kind == "value":
             if t.value is None:
                 raise NotImplementedError(
-                    f"pass-by-value %{t.name} has no value at build: a host-side scalar is not fused"
+                    f"pass-by-value %{t.name} has no value at build: "
+                    "a host-side scalar is not fused"
                 )
             return
         rank = len(t.dim)
@@ -176,7 +183,9 @@ def _intermediates(graph, c):
 def first_config(facts) -> GemmKnobs:
     dtypes = (facts.dtypes[0], facts.dtypes[2])
     sms = getattr(facts.device, "sm_count", 0) or 132
-    return recommend_configs(facts.M, facts.N, facts.K, facts.batch, dtypes, _tile_operand_bytes(facts), sms)[0]
+    return recommend_configs(
+        facts.M, facts.N, facts.K, facts.batch, dtypes, _tile_operand_bytes(facts), sms
+    )[0]
 
 
 def recommend(kind, facts, offered):
@@ -184,9 +193,14 @@ def recommend(kind, facts, offered):
     (kernels/configs.py). The backend has not been timed against these shapes yet, so
     ours lead and the backend's block follows (the untimed default)."""
     configs = recommend_configs(
-        facts.M, facts.N, facts.K, facts.batch, (facts.dtypes[0], facts.dtypes[2]),
-        _tile_operand_bytes(facts), getattr(facts.device, "sm_count", 0) or 132,
-    )  # fmt: skip
+        facts.M,
+        facts.N,
+        facts.K,
+        facts.batch,
+        (facts.dtypes[0], facts.dtypes[2]),
+        _tile_operand_bytes(facts),
+        getattr(facts.device, "sm_count", 0) or 132,
+    )
     ours = [PlanConfig(eid, k) for eid in offered for k in configs]
     if kind is heur_mode.FALLBACK:
         return ours[:1] + [BACKEND]
@@ -217,20 +231,34 @@ def describe_facts(facts, device):
     pinned = {}
     for op, maj in (("a", a_major), ("b", b_major), ("c", c_major)):
         unit = UNIT_STRIDE.get((op, maj))
-        pinned[op] = {"s_ak": "cols", "s_bn": "cols", "s_cn": "cols",
-                      "s_am": "rows", "s_bk": "rows", "s_cm": "rows"}.get(unit)  # fmt: skip
+        pinned[op] = {
+            "s_ak": "cols",
+            "s_bn": "cols",
+            "s_cn": "cols",
+            "s_am": "rows",
+            "s_bk": "rows",
+            "s_cm": "rows",
+        }.get(unit)
     stride_plan = []
     for i, (op, t, rows, cols) in enumerate((("a", a, M, K), ("b", b, K, N), ("c", c, M, N))):
         unit_batch = 16 if op == "c" else 0
-        stride_plan += [(i, ax, const) for ax, const in _product_strides(t, rows, cols, pinned[op], unit_batch)]
-    tensor_steps = [(s, t) for s, t in zip(_operand_steps(facts), facts.operands) if s.kind != "value"]
+        stride_plan += [
+            (i, ax, const) for ax, const in _product_strides(t, rows, cols, pinned[op], unit_batch)
+        ]
+    tensor_steps = [
+        (s, t) for s, t in zip(_operand_steps(facts), facts.operands) if s.kind != "value"
+    ]
     contiguous = []
     for j, (s, t) in enumerate(tensor_steps):
         plan = _operand_plan(t, s.kind)
         stride_plan += [(3 + j, ax, const) for ax, const in plan]
         inner = {"row": 1, "col": 2, "tile": 2}.get(s.kind)
-        contiguous.append(inner is not None and plan[inner][0] is not None and t.stride[plan[inner][0]] == 1)
-    values = tuple(float(t.value) for s, t in zip(_operand_steps(facts), facts.operands) if s.kind == "value")
+        contiguous.append(
+            inner is not None and plan[inner][0] is not None and t.stride[plan[inner][0]] == 1
+        )
+    values = tuple(
+        float(t.value) for s, t in zip(_operand_steps(facts), facts.operands) if s.kind == "value"
+    )
     in_dtype = facts.dtypes[0]
     use_tma = (
         not device.is_interpreter
@@ -255,8 +283,11 @@ def describe_facts(facts, device):
 
 def _declared_tma_aligned(facts, majors) -> bool:
     """Every stride a TMA descriptor reads is a 16-byte multiple in the declaration."""
-    for t, maj, rows, cols in ((facts.a, majors[0], facts.M, facts.K), (facts.b, majors[1], facts.K, facts.N),
-                               (facts.c, majors[2], facts.M, facts.N)):  # fmt: skip
+    for t, maj, rows, cols in (
+        (facts.a, majors[0], facts.M, facts.K),
+        (facts.b, majors[1], facts.K, facts.N),
+        (facts.c, majors[2], facts.M, facts.N),
+    ):
         if t is facts.c and maj != "row":
             continue  # C stored by pointers: no descriptor
         nbytes = ELEM_BYTES[facts.dtypes[0] if t is not facts.c else facts.dtypes[2]]
@@ -278,7 +309,9 @@ class _CompiledGemmPlan(CompiledPlan):
 
     def __init__(self, compiled, positions, names, stride_plan, extents, values):
         self.compiled = compiled
-        self.execute = _lower_execute(compiled.launch, positions, names, stride_plan, extents, values)
+        self.execute = _lower_execute(
+            compiled.launch, positions, names, stride_plan, extents, values
+        )
 
 
 def _lower_execute(launch, positions, names, stride_plan, extents, values):
@@ -291,11 +324,24 @@ def _lower_execute(launch, positions, names, stride_plan, extents, values):
         for i, name in checks:
             pack.check_extent(i, name)  # a buffer smaller than declared: refused, nothing launched
         bufs = pack.operands(positions)
-        strides = tuple(bufs[o].strides[ax] if ax is not None else const for o, ax, const in stride_plan)
+        strides = tuple(
+            bufs[o].strides[ax] if ax is not None else const for o, ax, const in stride_plan
+        )
         ptrs = tuple(buf.ptr for buf in bufs)
         stream = ctx.stream
-        launch(ptrs[0], ptrs[1], ptrs[2], ptrs[3:], M, N, K, batch, strides, values,
-               0 if stream is None else stream)  # fmt: skip
+        launch(
+            ptrs[0],
+            ptrs[1],
+            ptrs[2],
+            ptrs[3:],
+            M,
+            N,
+            K,
+            batch,
+            strides,
+            values,
+            0 if stream is None else stream,
+        )
 
     return execute
 

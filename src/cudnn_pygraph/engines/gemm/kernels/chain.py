@@ -61,11 +61,14 @@ class EpilogueStep:
                     raise ValueError(f"EpilogueStep({self.op!r}): a by-value operand is fp32")
             elif self.dtype not in OPERAND_DTYPES:
                 raise ValueError(
-                    f"EpilogueStep({self.op!r}).dtype={self.dtype!r}: must be one of {OPERAND_DTYPES}"
+                    f"EpilogueStep({self.op!r}).dtype={self.dtype!r}: "
+                    f"must be one of {OPERAND_DTYPES}"
                 )
         elif self.op == CAST_OP:
             if self.kind or self.dtype not in CAST_DTYPES:
-                raise ValueError(f"EpilogueStep('cast').dtype={self.dtype!r}: must be one of {CAST_DTYPES}")
+                raise ValueError(
+                    f"EpilogueStep('cast').dtype={self.dtype!r}: must be one of {CAST_DTYPES}"
+                )
         elif self.kind or self.dtype:
             raise ValueError(f"EpilogueStep({self.op!r}) is unary: it takes no kind or dtype")
 
@@ -121,8 +124,13 @@ def lower_chain(chain: tuple) -> LoweredChain:
             slots.append(-1)
     if len(tensor_dtypes) > MAX_TENSOR_OPERANDS:
         raise ValueError(
-            f"chain: {len(tensor_dtypes)} tensor operands; the kernel has {MAX_TENSOR_OPERANDS} slots"
+            f"chain: {len(tensor_dtypes)} tensor operands; "
+            f"the kernel has {MAX_TENSOR_OPERANDS} slots"
         )
     if n_values > MAX_VALUE_OPERANDS:
-        raise ValueError(f"chain: {n_values} by-value operands; the kernel has {MAX_VALUE_OPERANDS} slots")
-    return LoweredChain(tuple(ops), tuple(kinds), tuple(slots), tuple(casts), tuple(tensor_dtypes), n_values)
+        raise ValueError(
+            f"chain: {n_values} by-value operands; the kernel has {MAX_VALUE_OPERANDS} slots"
+        )
+    return LoweredChain(
+        tuple(ops), tuple(kinds), tuple(slots), tuple(casts), tuple(tensor_dtypes), n_values
+    )

@@ -60,7 +60,9 @@ _RUNNERS_UP = (
 )
 
 
-def shared_memory_bytes(knobs: GemmKnobs, in_bytes: int, out_bytes: int, tile_operand_bytes: int = 0) -> int:
+def shared_memory_bytes(
+    knobs: GemmKnobs, in_bytes: int, out_bytes: int, tile_operand_bytes: int = 0
+) -> int:
     """Shared memory of the TMA kernel: the A/B stage ring, C's store staging tile, and one
     tile per [M, N] epilogue operand (`tile_operand_bytes` = the sum of their element sizes).
     Equal (to the 32-byte barrier block) to what Triton 3.6 allocates for sm_90 on the
@@ -82,9 +84,14 @@ def fit_shared_memory(knobs: GemmKnobs, in_bytes: int, out_bytes: int, tile_oper
 
 
 def recommend_configs(
-    M: int, N: int, K: int, batch: int, dtypes: tuple, tile_operand_bytes: int = 0,
+    M: int,
+    N: int,
+    K: int,
+    batch: int,
+    dtypes: tuple,
+    tile_operand_bytes: int = 0,
     num_sms: int = H200_SMS,
-) -> list:  # fmt: skip
+) -> list:
     """Configs in the order to try them: first = the measured winner's rule for the shape
     class, runners-up behind. dtypes = (input dtype, output dtype) names ("bf16", ...);
     tile_operand_bytes: summed element sizes of the chain's [M, N] operands (a residual)."""

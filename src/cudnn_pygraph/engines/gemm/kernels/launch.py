@@ -111,10 +111,21 @@ def _lower(rec, knobs, kernel, arg_plan, constants, scratch_ptr, num_sms):
             _refuse(rec, frame)
         tiles = ((M + tile_m - 1) // tile_m) * ((N + tile_n - 1) // tile_n) * batch
         raw_launch(
-            tiles if tiles < num_sms else num_sms, 1, 1, stream, function, coop, pdl,
-            scratch_ptr, None, packed_meta, None, None, None,
+            tiles if tiles < num_sms else num_sms,
+            1,
+            1,
+            stream,
+            function,
+            coop,
+            pdl,
+            scratch_ptr,
+            None,
+            packed_meta,
+            None,
+            None,
+            None,
             *[frame[j] for j in arg_plan],
-        )  # fmt: skip
+        )
 
     return launch
 
@@ -164,7 +175,11 @@ def compile_gemm(spec: GemmSpec, knobs: GemmKnobs, device=None) -> CompiledGemm:
     import triton
 
     src, options, rec, arg_plan, constants = _ast_source(spec, knobs)
-    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if device is None
+        else torch.device(device)
+    )
     with torch.cuda.device(device):
         target = triton.runtime.driver.active.get_current_target()
         kernel = triton.compile(src, target=target, options=options)

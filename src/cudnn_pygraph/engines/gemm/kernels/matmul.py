@@ -111,23 +111,55 @@ def _round_to(DT: tl.constexpr, x):
 
 @triton.jit
 def gemm_kernel(
-    a_ptr, b_ptr, c_ptr,
-    M, N, K, BATCH,
-    s_ab, s_am, s_ak,
-    s_bb, s_bk, s_bn,
-    s_cb, s_cm, s_cn,
-    e0_ptr, e0_sb, e0_sm, e0_sn,
-    e1_ptr, e1_sb, e1_sm, e1_sn,
-    e2_ptr, e2_sb, e2_sm, e2_sn,
-    e3_ptr, e3_sb, e3_sm, e3_sn,
-    v0, v1,
-    EPI_OPS: tl.constexpr, EPI_KINDS: tl.constexpr, EPI_SLOTS: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    BATCH,
+    s_ab,
+    s_am,
+    s_ak,
+    s_bb,
+    s_bk,
+    s_bn,
+    s_cb,
+    s_cm,
+    s_cn,
+    e0_ptr,
+    e0_sb,
+    e0_sm,
+    e0_sn,
+    e1_ptr,
+    e1_sb,
+    e1_sm,
+    e1_sn,
+    e2_ptr,
+    e2_sb,
+    e2_sm,
+    e2_sn,
+    e3_ptr,
+    e3_sb,
+    e3_sm,
+    e3_sn,
+    v0,
+    v1,
+    EPI_OPS: tl.constexpr,
+    EPI_KINDS: tl.constexpr,
+    EPI_SLOTS: tl.constexpr,
     EPI_CASTS: tl.constexpr,
-    A_MAJOR: tl.constexpr, B_MAJOR: tl.constexpr, C_MAJOR: tl.constexpr,
-    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, APPROX_TANH: tl.constexpr,
-    TILE_M: tl.constexpr, TILE_N: tl.constexpr, TILE_K: tl.constexpr,
+    A_MAJOR: tl.constexpr,
+    B_MAJOR: tl.constexpr,
+    C_MAJOR: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    APPROX_TANH: tl.constexpr,
+    TILE_M: tl.constexpr,
+    TILE_N: tl.constexpr,
+    TILE_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-):  # fmt: skip
+):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     num_pid_m = tl.cdiv(M, TILE_M)
@@ -145,29 +177,39 @@ def gemm_kernel(
         b_sb = tl.where(s_bb == 0, 16, s_bb)
         if A_MAJOR == "row":
             a_desc = tl.make_tensor_descriptor(
-                a_ptr, shape=[a_nb, M, K], strides=[a_sb, s_am, 1],
+                a_ptr,
+                shape=[a_nb, M, K],
+                strides=[a_sb, s_am, 1],
                 block_shape=[1, TILE_M, TILE_K],
-            )  # fmt: skip
+            )
         else:
             a_desc = tl.make_tensor_descriptor(
-                a_ptr, shape=[a_nb, K, M], strides=[a_sb, s_ak, 1],
+                a_ptr,
+                shape=[a_nb, K, M],
+                strides=[a_sb, s_ak, 1],
                 block_shape=[1, TILE_K, TILE_M],
-            )  # fmt: skip
+            )
         if B_MAJOR == "row":
             b_desc = tl.make_tensor_descriptor(
-                b_ptr, shape=[b_nb, K, N], strides=[b_sb, s_bk, 1],
+                b_ptr,
+                shape=[b_nb, K, N],
+                strides=[b_sb, s_bk, 1],
                 block_shape=[1, TILE_K, TILE_N],
-            )  # fmt: skip
+            )
         else:
             b_desc = tl.make_tensor_descriptor(
-                b_ptr, shape=[b_nb, N, K], strides=[b_sb, s_bn, 1],
+                b_ptr,
+                shape=[b_nb, N, K],
+                strides=[b_sb, s_bn, 1],
                 block_shape=[1, TILE_N, TILE_K],
-            )  # fmt: skip
+            )
         if C_MAJOR == "row":
             c_desc = tl.make_tensor_descriptor(
-                c_ptr, shape=[BATCH, M, N], strides=[s_cb, s_cm, 1],
+                c_ptr,
+                shape=[BATCH, M, N],
+                strides=[s_cb, s_cm, 1],
                 block_shape=[1, TILE_M, TILE_N],
-            )  # fmt: skip
+            )
 
     # The epilogue recomputes its tile's coordinates from its own counter: with the loops
     # flattened, the next tile's loads are issued before this tile's epilogue runs.
@@ -217,17 +259,57 @@ def gemm_kernel(
                     else:
                         v = v1
                 elif EPI_SLOTS[i] == 0:
-                    v = _load_operand(tl.constexpr(EPI_KINDS[i]), e0_ptr, e0_sb, e0_sm, e0_sn,
-                                      bidx_c, offs_m, offs_n, M, N)  # fmt: skip
+                    v = _load_operand(
+                        tl.constexpr(EPI_KINDS[i]),
+                        e0_ptr,
+                        e0_sb,
+                        e0_sm,
+                        e0_sn,
+                        bidx_c,
+                        offs_m,
+                        offs_n,
+                        M,
+                        N,
+                    )
                 elif EPI_SLOTS[i] == 1:
-                    v = _load_operand(tl.constexpr(EPI_KINDS[i]), e1_ptr, e1_sb, e1_sm, e1_sn,
-                                      bidx_c, offs_m, offs_n, M, N)  # fmt: skip
+                    v = _load_operand(
+                        tl.constexpr(EPI_KINDS[i]),
+                        e1_ptr,
+                        e1_sb,
+                        e1_sm,
+                        e1_sn,
+                        bidx_c,
+                        offs_m,
+                        offs_n,
+                        M,
+                        N,
+                    )
                 elif EPI_SLOTS[i] == 2:
-                    v = _load_operand(tl.constexpr(EPI_KINDS[i]), e2_ptr, e2_sb, e2_sm, e2_sn,
-                                      bidx_c, offs_m, offs_n, M, N)  # fmt: skip
+                    v = _load_operand(
+                        tl.constexpr(EPI_KINDS[i]),
+                        e2_ptr,
+                        e2_sb,
+                        e2_sm,
+                        e2_sn,
+                        bidx_c,
+                        offs_m,
+                        offs_n,
+                        M,
+                        N,
+                    )
                 else:
-                    v = _load_operand(tl.constexpr(EPI_KINDS[i]), e3_ptr, e3_sb, e3_sm, e3_sn,
-                                      bidx_c, offs_m, offs_n, M, N)  # fmt: skip
+                    v = _load_operand(
+                        tl.constexpr(EPI_KINDS[i]),
+                        e3_ptr,
+                        e3_sb,
+                        e3_sm,
+                        e3_sn,
+                        bidx_c,
+                        offs_m,
+                        offs_n,
+                        M,
+                        N,
+                    )
                 if EPI_OPS[i] == "mul":
                     acc = acc * v
                 else:
@@ -239,8 +321,11 @@ def gemm_kernel(
 
         out = acc.to(c_ptr.dtype.element_ty)
         if USE_TMA and C_MAJOR == "row":
-            c_desc.store([bidx_c, pid_m_c * TILE_M, pid_n_c * TILE_N], out.reshape(1, TILE_M, TILE_N))
+            c_desc.store(
+                [bidx_c, pid_m_c * TILE_M, pid_n_c * TILE_N], out.reshape(1, TILE_M, TILE_N)
+            )
         else:
-            c_ptrs = (c_ptr + bidx_c.to(tl.int64) * s_cb
-                      + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn)  # fmt: skip
+            c_ptrs = (
+                c_ptr + bidx_c.to(tl.int64) * s_cb + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
+            )
             tl.store(c_ptrs, out, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))

@@ -44,16 +44,21 @@ KERNEL_PARAMS = (
 MAIN_STRIDES = ("s_ab", "s_am", "s_ak", "s_bb", "s_bk", "s_bn", "s_cb", "s_cm", "s_cn")
 # The stride a layout class pins to 1, per operand.
 UNIT_STRIDE = {
-    ("a", "row"): "s_ak", ("a", "col"): "s_am",
-    ("b", "row"): "s_bn", ("b", "col"): "s_bk",
-    ("c", "row"): "s_cn", ("c", "col"): "s_cm",
-}  # fmt: skip
+    ("a", "row"): "s_ak",
+    ("a", "col"): "s_am",
+    ("b", "row"): "s_bn",
+    ("b", "col"): "s_bk",
+    ("c", "row"): "s_cn",
+    ("c", "col"): "s_cm",
+}
 # The strides a TMA descriptor of each operand reads (batch stride and the outer one).
 TMA_STRIDES = {
-    ("a", "row"): ("s_ab", "s_am"), ("a", "col"): ("s_ab", "s_ak"),
-    ("b", "row"): ("s_bb", "s_bk"), ("b", "col"): ("s_bb", "s_bn"),
+    ("a", "row"): ("s_ab", "s_am"),
+    ("a", "col"): ("s_ab", "s_ak"),
+    ("b", "row"): ("s_bb", "s_bk"),
+    ("b", "col"): ("s_bb", "s_bn"),
     ("c", "row"): ("s_cb", "s_cm"),
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -79,14 +84,20 @@ class GemmSpec:
     def __post_init__(self):
         for name in ("a_dtype", "b_dtype"):
             if getattr(self, name) not in INPUT_DTYPES:
-                raise ValueError(f"GemmSpec.{name}={getattr(self, name)!r}: must be one of {INPUT_DTYPES}")
+                raise ValueError(
+                    f"GemmSpec.{name}={getattr(self, name)!r}: must be one of {INPUT_DTYPES}"
+                )
         if self.a_dtype != self.b_dtype:
-            raise ValueError(f"GemmSpec: a_dtype={self.a_dtype} and b_dtype={self.b_dtype} must match")
+            raise ValueError(
+                f"GemmSpec: a_dtype={self.a_dtype} and b_dtype={self.b_dtype} must match"
+            )
         if self.c_dtype not in OUTPUT_DTYPES:
             raise ValueError(f"GemmSpec.c_dtype={self.c_dtype!r}: must be one of {OUTPUT_DTYPES}")
         for name in ("a_major", "b_major", "c_major"):
             if getattr(self, name) not in MAJORS:
-                raise ValueError(f"GemmSpec.{name}={getattr(self, name)!r}: must be one of {MAJORS}")
+                raise ValueError(
+                    f"GemmSpec.{name}={getattr(self, name)!r}: must be one of {MAJORS}"
+                )
         if self.use_tma and "strided" in (self.a_major, self.b_major):
             raise ValueError("GemmSpec.use_tma: A and B must be row- or col-major (a unit stride)")
         lowered = lower_chain(self.chain)  # raises naming the rule when the chain does not fit
@@ -96,7 +107,9 @@ class GemmSpec:
                 f"{len(lowered.tensor_dtypes)} tensor operands"
             )
         if self.approx_tanh and self.c_dtype == "fp32":
-            raise ValueError("GemmSpec.approx_tanh: only for fp16/bf16 outputs (its error is ~2^-11)")
+            raise ValueError(
+                "GemmSpec.approx_tanh: only for fp16/bf16 outputs (its error is ~2^-11)"
+            )
 
 
 def major_of(stride_outer: int, stride_inner: int, rows: int, cols: int) -> str:
@@ -167,8 +180,11 @@ def recipe(spec: GemmSpec) -> Recipe:
         pos[f"v{i}"] = base + i
     frame_len = base + V
 
-    unit = {UNIT_STRIDE[(op, maj)] for op, maj in (("a", spec.a_major), ("b", spec.b_major),
-                                                    ("c", spec.c_major)) if (op, maj) in UNIT_STRIDE}  # fmt: skip
+    unit = {
+        UNIT_STRIDE[(op, maj)]
+        for op, maj in (("a", spec.a_major), ("b", spec.b_major), ("c", spec.c_major))
+        if (op, maj) in UNIT_STRIDE
+    }
     operand_kinds = [k for k, sl in zip(lowered.kinds, lowered.slots) if sl >= 0 and k != "value"]
     for i, contiguous in enumerate(spec.operand_contiguous):
         inner = {"row": "sm", "col": "sn", "tile": "sn"}.get(operand_kinds[i])
@@ -234,7 +250,9 @@ def recipe(spec: GemmSpec) -> Recipe:
         for op, maj, dt in tma_ops:
             rules.append(Rule("tma_pointer_alignment", "aligned_ptr", pos[f"{op}_ptr"], op))
             for s in TMA_STRIDES[(op, maj)]:
-                rules.append(Rule("tma_stride_alignment", "aligned_stride", pos[s], s, ELEM_BYTES[dt]))
+                rules.append(
+                    Rule("tma_stride_alignment", "aligned_stride", pos[s], s, ELEM_BYTES[dt])
+                )
     return Recipe(
         spec=spec,
         n_tensors=T,
@@ -253,7 +271,9 @@ def check_frame(rec: Recipe, frame: tuple) -> None:
     Reads the same rules the launch closure tests."""
     names = rec.frame_names
     if len(frame) != len(names):
-        raise ValueError(f"GEMM call: {len(frame)} launch values, the plan takes {len(names)}: {names}")
+        raise ValueError(
+            f"GEMM call: {len(frame)} launch values, the plan takes {len(names)}: {names}"
+        )
     for r in rec.rules:
         x = frame[r.frame_index]
         if r.kind == "positive" and not x >= 1:
@@ -265,7 +285,8 @@ def check_frame(rec: Recipe, frame: tuple) -> None:
             )
         if r.kind == "aligned_ptr" and x % TMA_ALIGN_BYTES:
             raise ValueError(
-                f"GEMM call: operand {r.what!r} pointer {x:#x} is not {TMA_ALIGN_BYTES}-byte aligned; "
+                f"GEMM call: operand {r.what!r} pointer {x:#x} is not "
+                f"{TMA_ALIGN_BYTES}-byte aligned; "
                 f"this plan moves tiles by TMA (rule {r.name})"
             )
         if r.kind == "aligned_stride" and (x * r.elem_bytes) % TMA_ALIGN_BYTES:

@@ -123,13 +123,23 @@ def _tma_fits(a_major, b_major, a3, b3, c3, c_major, strides) -> bool:
     nbytes = [a3.element_size()] * 3 + [b3.element_size()] * 3 + [c3.element_size()] * 3
     ptrs = (a3.data_ptr(), b3.data_ptr(), c3.data_ptr() if c_major == "row" else 0)
     aligned = all(p % TMA_ALIGN_BYTES == 0 for p in ptrs)
-    return aligned and all((s * n) % TMA_ALIGN_BYTES == 0 for s, n in zip(strides[:9], nbytes) if s != 1)
+    return aligned and all(
+        (s * n) % TMA_ALIGN_BYTES == 0 for s, n in zip(strides[:9], nbytes) if s != 1
+    )
 
 
 def gemm(
-    a, b, c, chain=(), operands=(), values=(), knobs=None, use_tma=None, path="auto",
+    a,
+    b,
+    c,
+    chain=(),
+    operands=(),
+    values=(),
+    knobs=None,
+    use_tma=None,
+    path="auto",
     approx_tanh=False,
-):  # fmt: skip
+):
     """c[...] = chain(a @ b), written in place; returns c.
 
     a [M, K] or [B|1, M, K]; b [K, N] or [B|1, K, N]; c [M, N] or [B, M, N]; any strides.
@@ -154,10 +164,18 @@ def gemm(
         ptrs = tuple(t.data_ptr() for t in frame[: 3 + len(operands)])
         rest = frame[3 + len(operands) :]
         plan.launch(
-            ptrs[0], ptrs[1], ptrs[2], ptrs[3:], rest[0], rest[1], rest[2], rest[3],
-            tuple(rest[4 : 13 + 3 * len(operands)]), tuple(rest[13 + 3 * len(operands) :]),
+            ptrs[0],
+            ptrs[1],
+            ptrs[2],
+            ptrs[3:],
+            rest[0],
+            rest[1],
+            rest[2],
+            rest[3],
+            tuple(rest[4 : 13 + 3 * len(operands)]),
+            tuple(rest[13 + 3 * len(operands) :]),
             torch.cuda.current_stream(c.device).cuda_stream,
-        )  # fmt: skip
+        )
     elif path == "jit":
         jit_launch(spec, knobs, frame)
     else:
@@ -199,7 +217,9 @@ def jit_launch(spec: GemmSpec, knobs: GemmKnobs, frame: tuple, grid_limit: int |
     dev = frame[2].device
     limit = grid_limit
     if limit is None:
-        limit = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
+        limit = (
+            torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
+        )
     if spec.use_tma:
         _ensure_triton_allocator()
     gemm_kernel[(min(tiles, limit),)](
