@@ -131,6 +131,63 @@ class Plan:
         self.launch(*self.args)
 
 
+def graph_execute_paths(M: int, N: int, K: int) -> dict:
+    """{path name: fn} running graph.execute on a bf16 [1, M, K] @ [1, K, N] graph: through our
+    engine (its slot injected the way tests do; the lead's manifest row makes this the
+    shipped path) and through the backend's first plan when the backend is installed."""
+    import dataclasses
+
+    import cudnn_pygraph as cudnn
+    from cudnn_pygraph.planning import manifest
+
+    engine = "cudnn_pygraph.engines.gemm.engine"
+    fam = dataclasses.replace(
+        manifest.family_by_name("gemm"),
+        slots=(manifest.EngineSlot(0, "triton_gemm", engine, "GemmTritonEngine"),),
+        heuristics=(engine, "recommend"),
+    )
+    paths = {}
+    with manifest.use_families(tuple(fam if f.name == "gemm" else f for f in manifest.FAMILIES)):
+        g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16)
+        a = g.tensor([1, M, K], name="A")
+        b = g.tensor([1, K, N], name="B")
+        c = g.matmul(a, b)
+        c.set_output(True).set_data_type(cudnn.data_type.BFLOAT16)
+        g.create_execution_plans([cudnn.heur_mode.A])
+        names = [g.get_plan_name_at_index(i) for i in range(g.get_execution_plan_count())]
+        print(f"graph plans: {names}", flush=True)
+        ta = torch.randn(1, M, K, device="cuda", dtype=BF16)
+        tb = torch.randn(1, K, N, device="cuda", dtype=BF16)
+        tc = torch.full((1, M, N), float("nan"), device="cuda", dtype=BF16)
+        pack = {a: ta, b: tb, c: tc}
+        ours = next(i for i, n in enumerate(names) if n.startswith("triton_gemm["))
+        g.build_plan_at_index(ours)
+        g.execute_plan_at_index(pack, None, ours)
+        torch.cuda.synchronize()
+        assert rel_err(tc, ta.double() @ tb.double()) < 1e-2
+        paths[f"graph.execute, python plan {names[ours]}"] = lambda: g.execute_plan_at_index(
+            pack, None, ours
+        )
+        backend = [i for i, n in enumerate(names) if not n.startswith("triton_gemm[")]
+        if backend:
+            i = backend[0]
+            try:
+                g.build_plan_at_index(i)
+                ws = torch.empty(
+                    max(1, g.get_workspace_size_plan_at_index(i)), device="cuda", dtype=torch.uint8
+                )
+                tc.fill_(float("nan"))
+                g.execute_plan_at_index(pack, ws, i)
+                torch.cuda.synchronize()
+                assert rel_err(tc, ta.double() @ tb.double()) < 1e-2
+                paths[f"graph.execute, backend plan {names[i]}"] = lambda: g.execute_plan_at_index(
+                    pack, ws, i
+                )
+            except Exception as exc:
+                print(f"backend plan {names[i]}: {type(exc).__name__}: {exc}", flush=True)
+    return paths
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -315,6 +372,18 @@ def main():
         ("torch.matmul", lambda: torch.matmul(a, b, out=c)),
     ):
         host[name] = {burst: host_us(fn, burst) for burst in (1, 8, 64)}
+
+    # --- 3b. host time per graph.execute: our python plan, and the backend's first plan -----
+    try:
+        paths = graph_execute_paths(M, N, K)
+    except Exception as exc:  # the table above must still print
+        print(f"graph.execute paths: {type(exc).__name__}: {exc}", flush=True)
+        paths = {}
+    for name, fn in paths.items():
+        try:
+            host[name] = {burst: host_us(fn, burst) for burst in (1, 8, 64)}
+        except Exception as exc:  # reported in the table, never fatal to the bench
+            print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
 
     # --- report -----------------------------------------------------------------------------
     lines = []

@@ -113,3 +113,55 @@ def test_tma_plan_refuses_misaligned_pointer_naming_the_rule():
     c.fill_(float("nan"))
     gemm(a_off, b, c, knobs=SMALL, use_tma=False)
     assert rel_err(c, gemm_reference(a_off, b, ())) < TOL_BF16
+
+
+def _gemm_family():
+    """The gemm family with our engine in slot 0 (the manifest row the lead ships)."""
+    import dataclasses
+
+    from cudnn_pygraph.planning import manifest
+
+    engine = "cudnn_pygraph.engines.gemm.engine"
+    fam = dataclasses.replace(
+        manifest.family_by_name("gemm"),
+        slots=(manifest.EngineSlot(0, "triton_gemm", engine, "GemmTritonEngine"),),
+        heuristics=(engine, "recommend"),
+    )
+    return manifest.use_families(tuple(fam if f.name == "gemm" else f for f in manifest.FAMILIES))
+
+
+def test_engine_plans_builds_and_executes_bf16(monkeypatch):
+    """The whole path: graph -> plan (recommended knobs) -> build (compile) -> execute (the
+    closure), bf16 with a column-major B, a bias and gelu_tanh; then a misaligned buffer is
+    refused by name and nothing is written."""
+    import cudnn_pygraph as cudnn
+    from cudnn_pygraph.backend import adapter
+
+    monkeypatch.setattr(adapter, "backend_installed", lambda: False)
+    Bt, M, N, K = 2, 256, 384, 512
+    with _gemm_family():
+        g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16)
+        a = g.tensor([Bt, M, K], name="A")
+        b = g.tensor([Bt, K, N], stride=[K * N, 1, K], name="B")
+        bias = g.tensor([1, 1, N], name="bias")
+        c = g.gelu_approx_tanh(g.bias(g.matmul(a, b), bias))
+        c.set_output(True).set_data_type(cudnn.data_type.BFLOAT16)
+        g.create_execution_plans([cudnn.heur_mode.A])
+        assert g.get_plan_name_at_index(0).startswith("triton_gemm[")
+        g.build_plans()
+        ta = _mat((Bt, M, K), "row")
+        tb = _mat((Bt, K, N), "col")
+        tbias = torch.randn(1, 1, N, device="cuda", dtype=torch.bfloat16)
+        tc = torch.full((Bt, M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        g.execute({a: ta, b: tb, bias: tbias, c: tc})
+        torch.cuda.synchronize()
+        ref = gemm_reference(ta, tb, GELU_BIAS, (tbias.reshape(N),))
+        assert rel_err(tc, ref) < TOL_BF16
+        storage = torch.empty(ta.numel() + 1, device="cuda", dtype=torch.bfloat16)
+        ta_off = storage[1:].view(Bt, M, K)
+        ta_off.copy_(ta)
+        tc.fill_(float("nan"))
+        with pytest.raises(ValueError, match="tma_pointer_alignment"):
+            g.execute({a: ta_off, b: tb, bias: tbias, c: tc})
+        torch.cuda.synchronize()
+        assert torch.isnan(tc).all()
