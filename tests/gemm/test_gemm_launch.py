@@ -33,10 +33,19 @@ class _Recorder:
         self.run = _Run()
 
 
+class _FakeScratch(dict):
+    """Stands in for ScratchPerStream: a distinct address per stream."""
+
+    def __missing__(self, stream):
+        self[stream] = 0x5000 + 0x100 * stream
+        return self[stream]
+
+
 def _closure(spec):
     rec, sig, cx, arg_plan, constants = kernel_signature(spec, KNOBS)
     kernel = _Recorder()
-    return rec, cx, kernel, _lower(rec, KNOBS, kernel, arg_plan, constants, 0x5000, NUM_SMS)
+    scratch = _FakeScratch()
+    return rec, cx, kernel, _lower(rec, KNOBS, kernel, arg_plan, constants, scratch, NUM_SMS)
 
 
 FLAVOURS = [
@@ -71,7 +80,7 @@ def test_one_arg_plan_loop_serves_every_flavour(name, chain, use_tma):
     (call,) = kernel.calls
     grid, stream, scratch, args = call[:3], call[3], call[7], call[13:]
     tiles = 3 * 16 * 2  # ceil(300/128) * ceil(4096/256) * batch
-    assert grid == (min(tiles, NUM_SMS), 1, 1) and stream == 7 and scratch == 0x5000
+    assert grid == (min(tiles, NUM_SMS), 1, 1) and stream == 7 and scratch == 0x5000 + 0x700
     got = dict(zip(gemm_kernel.arg_names, args))
     assert len(args) == len(gemm_kernel.arg_names)
     expect = {
@@ -159,3 +168,13 @@ def test_spec_declines_a_chain_that_does_not_fit():
         GemmSpec("fp16", "bf16", "fp16")
     with pytest.raises(ValueError, match="use_tma"):
         GemmSpec("fp16", "fp16", "fp16", a_major="strided", use_tma=True)
+
+
+def test_descriptor_scratch_is_one_buffer_per_stream():
+    """Launches in flight on two streams must not share the descriptors' scratch."""
+    from cudnn_pygraph.engines.gemm.kernels.launch import ScratchPerStream
+
+    scratch = ScratchPerStream(132 * 384, "cpu")
+    first, other = scratch[7], scratch[8]
+    assert first != other and scratch[7] == first  # stable per stream, distinct across
+    assert ScratchPerStream(0, "cpu")[7] is None  # the pointer path needs none

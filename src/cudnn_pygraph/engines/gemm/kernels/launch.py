@@ -62,9 +62,8 @@ class CompiledGemm:
         self.arg_plan = arg_plan
         self.constants = constants
         self.num_sms = num_sms
-        self._scratch = scratch  # keeps the descriptors' global scratch alive
-        scratch_ptr = scratch.data_ptr() if scratch is not None else None
-        self.launch = _lower(rec, knobs, kernel, arg_plan, constants, scratch_ptr, num_sms)
+        self.scratch = scratch
+        self.launch = _lower(rec, knobs, kernel, arg_plan, constants, scratch, num_sms)
 
     def check(self, a, b, c, epi, M, N, K, batch, strides, values) -> None:
         """The checker, callable up front: raises ValueError naming the broken rule."""
@@ -77,8 +76,34 @@ def _refuse(rec, frame):
     raise AssertionError(f"GEMM launch test refused a frame no rule names: {frame}")
 
 
-def _lower(rec, knobs, kernel, arg_plan, constants, scratch_ptr, num_sms):
-    """The recipe, flattened into one closure (see the module docstring)."""
+class ScratchPerStream(dict):
+    """stream -> device address of the TMA descriptors' global scratch (one 128-byte slot
+    per descriptor per program). The device-side descriptors are written there at every
+    launch, so two launches in flight on different streams must not share it: each stream
+    gets its own, allocated on its first launch and kept for the plan's lifetime (Triton's
+    own launcher instead allocates per launch through a Python callback)."""
+
+    def __init__(self, nbytes: int, device):
+        super().__init__()
+        self.nbytes = nbytes
+        self.device = device
+        self._buffers = []
+
+    def __missing__(self, stream):
+        ptr = None
+        if self.nbytes > 0:
+            import torch
+
+            buf = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
+            self._buffers.append(buf)
+            ptr = buf.data_ptr()
+        self[stream] = ptr
+        return ptr
+
+
+def _lower(rec, knobs, kernel, arg_plan, constants, scratch, num_sms):
+    """The recipe, flattened into one closure (see the module docstring). `scratch` maps a
+    stream to its descriptor scratch address (ScratchPerStream)."""
     run = kernel.run  # loads the binary and builds Triton's C launcher, once
     raw_launch = run.launch
     function = kernel.function
@@ -118,7 +143,7 @@ def _lower(rec, knobs, kernel, arg_plan, constants, scratch_ptr, num_sms):
             function,
             coop,
             pdl,
-            scratch_ptr,
+            scratch[stream],
             None,
             packed_meta,
             None,
@@ -184,11 +209,8 @@ def compile_gemm(spec: GemmSpec, knobs: GemmKnobs, device=None) -> CompiledGemm:
         target = triton.runtime.driver.active.get_current_target()
         kernel = triton.compile(src, target=target, options=options)
         num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-        scratch = None
-        if kernel.metadata.global_scratch_size > 0:
-            # One slot per program; the grid never exceeds num_sms programs.
-            nbytes = num_sms * kernel.metadata.global_scratch_size
-            scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        # One slot per program; the grid never exceeds num_sms programs.
+        scratch = ScratchPerStream(num_sms * kernel.metadata.global_scratch_size, device)
         return CompiledGemm(spec, knobs, rec, kernel, arg_plan, constants, scratch, num_sms)
 
 
