@@ -192,7 +192,8 @@ def try_configs(shape, configs, launch, check, reps, budget_s):
             err = check()
             ms = median_ms(lambda: launch(kn), reps)
         except Exception as exc:  # noqa: BLE001 - a config that fails to compile is reported
-            TIMINGS.append((shape, name(kn), None, f"{type(exc).__name__}: {str(exc)[:60]}"))
+            first_line = str(exc).strip().splitlines()[0][:60] if str(exc).strip() else ""
+            TIMINGS.append((shape, name(kn), None, f"{type(exc).__name__}: {first_line}"))
             print(f"  {shape} {name(kn)}: FAILED {exc!r:.200}", flush=True)
             continue
         ok = err <= TOL_OUT
@@ -353,18 +354,15 @@ def report() -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for shape, best, o_ms, f_ms, t_ms, b_ms, work, kind, note in ROWS:
-        if kind == "prefill":
-            rate = lambda ms: None if ms is None else work / (ms * 1e-3) / 1e12  # noqa: E731
-            unit = "TFLOP/s"
-        else:
-            rate = lambda ms: None if ms is None else work / (ms * 1e-3) / 1e12  # noqa: E731
-            unit = "TB/s"
+        # work is FLOPs (prefill) or K/V bytes (decode): both print as 1e12 per second.
+        rate = lambda ms: None if ms is None else work / (ms * 1e-3) / 1e12  # noqa: E731
+        unit, spec = ("TFLOP/s", ".0f") if kind == "prefill" else ("TB/s", ".2f")
         ratio_t = None if (o_ms is None or t_ms is None) else t_ms / o_ms
         ratio_b = None if (o_ms is None or b_ms is None) else b_ms / o_ms
         lines.append(
             f"| {shape} | {name(best) if best else '—'} | {fmt(o_ms, '.3f')} | {fmt(f_ms, '.3f')} "
-            f"| {fmt(t_ms, '.3f')} | {fmt(b_ms, '.3f')} | {fmt(rate(o_ms), '.0f')} {unit} "
-            f"| {fmt(rate(t_ms), '.0f')} | {fmt(rate(b_ms), '.0f')} | {fmt(ratio_t, '.2f')}x "
+            f"| {fmt(t_ms, '.3f')} | {fmt(b_ms, '.3f')} | {fmt(rate(o_ms), spec)} {unit} "
+            f"| {fmt(rate(t_ms), spec)} | {fmt(rate(b_ms), spec)} | {fmt(ratio_t, '.2f')}x "
             f"| {fmt(ratio_b, '.2f')}x |")
     lines.append("")
     for shape, *_rest, note in ROWS:

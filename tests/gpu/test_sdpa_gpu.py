@@ -48,7 +48,7 @@ DENSE_CASES.update({
     "d128-none-lazy": (128, MASKS["none"], SdpaFwdKnobs(128, 64, 3, 4, LAZY_RESCALE=True)),
     "d128-window-tma-lazy": (128, MASKS["window-l100-r0"],
                              SdpaFwdKnobs(128, 64, 3, 4, TMA=True, LAZY_RESCALE=True)),
-    "d64-causal-tl-n128-tma": (64, MASKS["causal-tl"], SdpaFwdKnobs(128, 128, 3, 8, TMA=True)),
+    "d64-causal-tl-tma": (64, MASKS["causal-tl"], SdpaFwdKnobs(128, 64, 3, 4, TMA=True)),
 })
 
 

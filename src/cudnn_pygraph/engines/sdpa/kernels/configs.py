@@ -1,8 +1,11 @@
 """Which knobs to build for an SDPA forward, from facts alone (measured winner first).
 
 Each rule names its first choice and keeps runners-up behind it for a caller that
-autotunes. The cells were timed by bench/sdpa_fwd.py on the H200; the measurement is in
-the comment above each rule and in bench/results/sdpa_fwd.md. Imports neither torch nor
+autotunes. Timed cells: bench/sdpa_fwd.py on the H200, 2026-11-29 14:43 UTC (torch 2.11
+cu130, triton 3.6.0, bf16, CUDA-event medians); the table is bench/results/sdpa_fwd.md.
+A cell marked "untimed" keeps a reasoned guess, and says so. Only configs that ran right
+against the float64 reference on the H200 are listed: LAZY_RESCALE is tested on CPU but
+was not timed or checked on the GPU yet, so no rule lists it. Imports neither torch nor
 triton.
 """
 
@@ -12,13 +15,12 @@ from dataclasses import replace
 
 from .knobs import SdpaDecodeKnobs, SdpaFwdKnobs
 
-# H200: 132 SMs. Decode wants several waves of programs to hide the page-table gathers.
+# H200: 132 SMs.
 _DEFAULT_SM_COUNT = 132
 
 
-def _k(m, n, stages, warps, pack=False, tma=False) -> SdpaFwdKnobs:
-    return SdpaFwdKnobs(TILE_M=m, TILE_N=n, NUM_STAGES=stages, NUM_WARPS=warps,
-                        PACK_GQA=pack, TMA=tma)
+def _k(m, n, stages, warps, tma=False) -> SdpaFwdKnobs:
+    return SdpaFwdKnobs(TILE_M=m, TILE_N=n, NUM_STAGES=stages, NUM_WARPS=warps, TMA=tma)
 
 
 def recommend_prefill(
@@ -32,18 +34,25 @@ def recommend_prefill(
     """Complete prefill configs for one graph, first = the measured winner for its cell.
 
     head_dim: D of q/k/v. causal: any right-bounded band (causal, sliding window).
-    group: query heads per kv head (1 = MHA). is_thd: ragged packed layout.
-    max_seqlen_q: the longest query (short prefills pack GQA to fill the tile).
+    group: query heads per kv head (1 = MHA). is_thd: ragged packed layout (the timed THD
+    cell ranked like the dense one). max_seqlen_q: the longest query; a short one packs
+    the GQA group into the tile.
     """
     if head_dim <= 64:
-        ranked = [_k(128, 64, 3, 4), _k(128, 128, 3, 8), _k(64, 64, 3, 4)]
+        # B8 H16 S2048 D64 causal, ms: m128n64s3w4 0.221, +tma 0.233, m128n128s3w8 0.263.
+        ranked = [_k(128, 64, 3, 4), _k(128, 64, 3, 4, tma=True), _k(128, 128, 3, 8)]
     elif head_dim <= 128:
-        ranked = [_k(128, 64, 3, 8), _k(128, 128, 2, 8), _k(128, 64, 3, 4), _k(128, 128, 3, 8)]
+        # B2 H16 S8192 D128, ms causal / non-causal: m128n64s3w8 1.152 / 2.111,
+        # +tma 1.285 / 2.401, m128n128s2w8 1.307 / 2.343. THD GQA 32/8 causal (16 seqs
+        # 256..8192): m128n64s3w8 3.919, +pack 3.971, +tma 4.363.
+        base, tma, wide = _k(128, 64, 3, 8), _k(128, 64, 3, 8, tma=True), _k(128, 128, 2, 8)
+        ranked = [base, tma, wide] if causal else [base, wide, tma]
     else:
-        # D=256: a 128-row tile's accumulator alone is 128 KB of registers; halve M.
+        # D=256, untimed: a 128-row tile's fp32 accumulator alone is 128 KB; halve M.
         ranked = [_k(64, 64, 2, 4), _k(64, 32, 2, 4), _k(64, 64, 1, 8)]
     if group > 1 and max_seqlen_q is not None and max_seqlen_q * group <= ranked[0].TILE_M:
-        # Fewer query rows than one tile per head: packing the group fills the tile.
+        # Untimed: with fewer query rows than one tile per head, packing the group fills
+        # the tile (long prefills measured no gain from packing: 3.971 vs 3.919 ms above).
         ranked = [replace(r, PACK_GQA=True) for r in ranked] + ranked
     return ranked
 
@@ -58,20 +67,30 @@ def recommend_decode(
 ) -> list[SdpaDecodeKnobs]:
     """Complete decode configs, first = the measured winner for its cell.
 
-    The split count is chosen so batch x kv heads x SPLIT_KV fills the SMs a few times.
+    Timed cell: 64 requests x 1 query x 4096 keys, GQA 32/8, D=128 (512 programs before
+    splitting), us: page 16: split1 255, split2 263, n128split2w8 267, split4 270;
+    page 64: split2 262, n128split2w8 265, split4 273, split1 305 (4.1-4.2 TB/s at best).
+    When a TILE_N step lies inside one page the kernel reads one page id and then the keys
+    (a dependent load), so it wants more programs in flight: 6 waves there, 2 waves for the
+    gathered path (page < TILE_N). Other batch / head counts follow the waves rule, untimed.
     """
+    tile_n = 64 if head_dim <= 128 else 32
+    waves = 6 if page_size >= tile_n else 2
     programs = max(1, batch * heads_kv)
     split = 1
-    while programs * split < 2 * sm_count and split < 16:
+    while programs * split < waves * sm_count and split < 16:
         split *= 2
-    tile_n = 64 if head_dim <= 128 else 32
     first = SdpaDecodeKnobs(TILE_N=tile_n, SPLIT_KV=split, NUM_STAGES=3, NUM_WARPS=4)
     rest = [
         SdpaDecodeKnobs(TILE_N=tile_n, SPLIT_KV=max(1, split // 2), NUM_STAGES=3, NUM_WARPS=4),
+        SdpaDecodeKnobs(TILE_N=2 * tile_n, SPLIT_KV=max(2, split), NUM_STAGES=2, NUM_WARPS=8),
         SdpaDecodeKnobs(TILE_N=tile_n, SPLIT_KV=split * 2, NUM_STAGES=3, NUM_WARPS=4),
-        SdpaDecodeKnobs(TILE_N=2 * tile_n, SPLIT_KV=split, NUM_STAGES=2, NUM_WARPS=8),
     ]
-    return [first] + [r for r in rest if r != first]
+    ranked = [first]
+    for r in rest:
+        if r not in ranked:
+            ranked.append(r)
+    return ranked
 
 
 __all__ = ["recommend_prefill", "recommend_decode"]

@@ -450,11 +450,12 @@ def sdpa_prefill(
     grid = (num_m_tiles, heads_kv if knobs.PACK_GQA else heads_q, batch)
     if num_m_tiles == 0 or batch == 0:
         return
-    # Measured on the H200 (triton 3.6): TMA with a [128, 128] K/V box at D=128 makes ptxas
-    # crash (error -11); [64, 128] and [128, 64] compile and run.
-    _check(not (knobs.TMA and knobs.TILE_N * head_dim > 8192),
-           f"knobs: TMA needs TILE_N x D <= 8192 (got {knobs.TILE_N} x {head_dim}); "
-           "larger boxes crash ptxas in triton 3.6 on sm_90")
+    # Measured on the H200 (triton 3.6, 2026-11-29): TMA with TILE_N=128 made ptxas crash
+    # (SIGSEGV) at D=128 (m128 s2 w8) and at D=64 with Stats (m128 s2 w8); TILE_N=64 compiled
+    # and ran right at D=64 and D=128.
+    _check(not (knobs.TMA and knobs.TILE_N > 64),
+           f"knobs: TMA needs TILE_N <= 64 (got {knobs.TILE_N}); larger K/V boxes crash "
+           "ptxas in triton 3.6 on sm_90")
     use_tma = knobs.TMA and _tma_eligible(q, (k, v), offsets_unit)
     if use_tma:
         _install_scratch_allocator()
