@@ -1,0 +1,199 @@
+"""The gdn family's Triton engine: the gdn and gdn_bwd graph ops over the chunked kernels
+(kernels/gdn.py: cumulative gate, WY transform, state recurrence, output; forward and
+backward).
+
+check_support decides everything the declaration decides (one gdn / gdn_bwd node, head dims
+the kernels serve, dtypes, dense token-packed operands, the state dtype rule, the
+checkpoint cadence); whatever it accepts, build and execute serve. The plan carries no
+knobs: the kernels' tile configs are fixed per (K, V, dtype) (kernels/gdn.py
+KERNEL_CONFIGS, each one checked on the H200), which is also what makes batch_invariant
+hold without a special path. execute hands the caller's buffers (zero-copy torch views of
+the pack) straight to the launchers; scratch comes out of the caller's workspace
+(workspace_size), chunk tables are built on the device: no host sync, capturable.
+"""
+
+from __future__ import annotations
+
+from ..._types import data_type
+from ...planning.facts import facts_for, graph_device
+from ..base import BaseEngine, Capabilities, CompiledPlan, require_module
+from .analyzer import analyze
+
+IO_DTYPES = frozenset({data_type.HALF, data_type.BFLOAT16, data_type.FLOAT})
+STATE_DTYPES = (data_type.FLOAT, data_type.BFLOAT16)
+HEAD_DIMS = (64, 128)  # kernels/gdn.py SUPPORTED_HEAD_DIMS (not imported: no triton here)
+CHECKPOINT_CADENCE = 64  # the chunk size: one checkpoint per chunk
+# Ports the launchers read as dense row-major [total_T, heads(, dim)] tiles.
+DENSE_PORTS = ("q", "k", "v", "g", "beta", "dO", "O", "dQ", "dK", "dV", "dG", "dBeta")
+STATE_PORTS = ("initial_state", "final_state", "d_final_state", "d_initial_state")
+VECTOR_PORTS = ("cu_seqlens", "a_log", "dt_bias", "state_indices", "d_a_log", "d_dt_bias")
+FORWARD_INPUTS = ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state", "a_log",
+                  "dt_bias", "state_indices")
+FORWARD_OUTPUTS = ("O", "final_state", "checkpoints")
+BACKWARD_INPUTS = ("q", "k", "v", "g", "beta", "cu_seqlens", "dO", "initial_state",
+                   "d_final_state", "checkpoints", "a_log", "dt_bias")
+BACKWARD_OUTPUTS = ("dQ", "dK", "dV", "dG", "dBeta", "d_initial_state", "d_a_log", "d_dt_bias")
+
+
+def _row_major(dim):
+    strides, acc = [], 1
+    for d in reversed(dim):
+        strides.append(acc)
+        acc *= max(int(d), 1)
+    return tuple(reversed(strides))
+
+
+def _ports(node):
+    """{port name: tensor} over the node's wired inputs and outputs."""
+    ports = {name: t for name, t in node.inputs.items() if t is not None}
+    ports.update({name: t for name, t in node.outputs.items() if t is not None})
+    return ports
+
+
+class GdnTritonEngine(BaseEngine):
+    name = "triton_gdn"
+    # Run (and checked against the float64 reference) on the H200 only; the interpreter
+    # runs the same kernels in CI.
+    capabilities = Capabilities(sm_lo=90, dtypes=IO_DTYPES)
+    requires = ("triton", "torch")
+
+    def check_support(self, graph):
+        for module in self.requires:
+            require_module(module, self.name)
+        facts = facts_for(graph, analyze)
+        if facts is None or facts.family != "gdn":
+            raise NotImplementedError("serves a graph of exactly one gdn or gdn_bwd node")
+        if facts.kind not in ("", "_bwd"):
+            raise NotImplementedError(f"{facts.op}: the summary ops are not served")
+        node = graph.nodes[0]
+        ports = _ports(node)
+        io_ports = [p for p in ("q", "k", "v", "dO") if p in ports]
+        self.capabilities.require(
+            graph_device(graph), dtypes=[(p, ports[p].data_type) for p in io_ports]
+        )
+        if len({ports[p].data_type for p in io_ports}) != 1:
+            raise NotImplementedError(f"{', '.join(io_ports)} must share one dtype")
+        for dim, name in ((facts.head_dim_k, "K"), (facts.head_dim_v, "V")):
+            if dim not in HEAD_DIMS:
+                raise NotImplementedError(f"head dim {name}={dim} is not served ({HEAD_DIMS})")
+        for port in DENSE_PORTS:
+            t = ports.get(port)
+            if t is not None and tuple(t.stride) != _row_major(t.dim):
+                raise NotImplementedError(
+                    f"{port}: stride {list(t.stride)} is not dense row-major (THD tokens packed)"
+                )
+        for port in VECTOR_PORTS:
+            t = ports.get(port)
+            if t is not None and t.dim[0] > 1 and t.stride[0] != 1:
+                raise NotImplementedError(f"{port}: stride {t.stride[0]} is not 1")
+        state_dtypes = {ports[p].data_type for p in STATE_PORTS if p in ports}
+        for dtype in state_dtypes:
+            if dtype not in STATE_DTYPES:
+                raise NotImplementedError(f"states: dtype {data_type(dtype).name} is not served")
+        if len(state_dtypes) > 1:
+            raise NotImplementedError(
+                "initial_state, final_state and the state gradients must share one dtype"
+            )
+        every = node.attrs.get("checkpoint_every_n_tokens", 0)
+        if every not in (0, CHECKPOINT_CADENCE):
+            raise NotImplementedError(
+                f"checkpoint_every_n_tokens={every}: only the chunk cadence "
+                f"{CHECKPOINT_CADENCE} is served"
+            )
+        if "checkpoints" in ports and ports["checkpoints"].data_type != data_type.FLOAT:
+            raise NotImplementedError("checkpoints: must be fp32")
+        compute = node.attrs.get("compute_data_type", data_type.NOT_SET)
+        if compute not in (data_type.NOT_SET, data_type.FLOAT):
+            raise NotImplementedError(
+                f"compute_data_type={data_type(compute).name}: the kernels accumulate in fp32"
+            )
+
+    def build_plan(self, graph, plan, ctx):
+        facts = facts_for(graph, analyze)
+        node = graph.nodes[0]
+        device = ctx.device if ctx.device is not None else graph_device(graph)
+        backward = facts.kind == "_bwd"
+        ports = _ports(node)
+        names = (BACKWARD_INPUTS + BACKWARD_OUTPUTS) if backward else (
+            FORWARD_INPUTS + FORWARD_OUTPUTS)
+        names = tuple(n for n in names if n in ports)
+        from ...runtime.execute import GraphLayout
+        from .kernels.gdn import gdn_workspace_bytes
+
+        position = GraphLayout(graph).position
+        a = node.attrs
+        scale = a.get("scale")
+        flags = dict(
+            scale=facts.head_dim_k**-0.5 if scale is None else float(scale),
+            use_qk_l2norm=bool(a.get("use_qk_l2norm")),
+            use_beta_sigmoid=bool(a.get("use_beta_sigmoid")),
+            allow_neg_eigval=bool(a.get("allow_neg_eigval")),
+            safe_gate=bool(a.get("safe_gate")),
+            gate_domain=a.get("gate_domain", "log"),
+        )
+        import torch
+
+        io_dtype = {data_type.HALF: torch.float16, data_type.BFLOAT16: torch.bfloat16,
+                    data_type.FLOAT: torch.float32}[data_type(facts.io_dtype)]
+        nbytes = gdn_workspace_bytes(
+            facts.total_tokens, facts.num_seqs, facts.heads_q, facts.heads_k, facts.heads_v,
+            facts.head_dim_k, facts.head_dim_v, io_dtype, backward=backward,
+            has_checkpoints="checkpoints" in ports, safe_gate=flags["safe_gate"])
+        return GdnPlan(backward, names, [position[ports[n].uid] for n in names], flags,
+                       nbytes, device)
+
+
+class GdnPlan(CompiledPlan):
+    """execute: the pack's buffers as zero-copy torch views, by the positions settled at
+    build, handed to gdn_forward / gdn_backward with the caller's workspace."""
+
+    def __init__(self, backward, names, positions, flags, workspace_size, device):
+        self.backward = backward
+        self.names = names
+        self.positions = positions
+        self.flags = flags
+        self.workspace_size = workspace_size
+        self.on_cuda = not getattr(device, "is_interpreter", True)
+        self._streams = {}
+
+    def execute(self, graph, pack, ctx):
+        import torch
+
+        for i, name in zip(self.positions, self.names):
+            pack.check_extent(i, name)  # smaller than declared: refused, nothing launched
+        views = {name: torch.from_dlpack(buf) if buf is not None else None
+                 for name, buf in zip(self.names, pack.operands(self.positions))}
+        workspace = None
+        if ctx.workspace is not None and self.workspace_size:
+            workspace = torch.from_dlpack(ctx.workspace).reshape(-1).view(torch.uint8)
+        if self.on_cuda and ctx.stream is not None:
+            with torch.cuda.stream(self._external_stream(ctx.stream)):
+                self._launch(views, workspace)
+        else:
+            self._launch(views, workspace)
+
+    def _external_stream(self, stream):
+        import torch
+
+        s = self._streams.get(stream)
+        if s is None:
+            s = self._streams[stream] = torch.cuda.ExternalStream(stream)
+        return s
+
+    def _launch(self, t, workspace):
+        from .kernels.gdn import gdn_backward, gdn_forward
+
+        get = t.get
+        common = dict(initial_state=get("initial_state"), a_log=get("a_log"),
+                      dt_bias=get("dt_bias"), checkpoints=get("checkpoints"),
+                      workspace=workspace, **self.flags)
+        if self.backward:
+            gdn_backward(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"], t["dO"],
+                         dq=t["dQ"], dk=t["dK"], dv=t["dV"], dg=t["dG"], dbeta=t["dBeta"],
+                         d_final_state=get("d_final_state"),
+                         d_initial_state=get("d_initial_state"), d_a_log=get("d_a_log"),
+                         d_dt_bias=get("d_dt_bias"), **common)
+        else:
+            gdn_forward(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"], o=t["O"],
+                        final_state=get("final_state"), state_indices=get("state_indices"),
+                        **common)

@@ -1,0 +1,137 @@
+"""The gdn Triton engine through the graph API: plan, build, execute gdn and gdn_bwd graphs
+(the engine injected as the gdn family's slot, the path the manifest row will take) against
+the float64 reference, and declines that name their rule. CPU: the Triton interpreter."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import cudnn_pygraph as cudnn  # noqa: E402
+from cudnn_pygraph import data_type as dt  # noqa: E402
+from cudnn_pygraph._types import cudnnGraphNotSupportedError  # noqa: E402
+from cudnn_pygraph.planning import manifest  # noqa: E402
+
+from reference import gdn_reference  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ENGINE_MODULE = "cudnn_pygraph.engines.linear_attention.gdn_engine"
+FP32_TOL = 1e-4  # ||out - ref|| / ||ref||, fp32 (the kernel tests measure ~1e-7..1e-6)
+
+
+def with_gdn_engine():
+    families = []
+    for fam in manifest.FAMILIES:
+        if fam.name == "gdn" and not fam.slots:
+            slot = manifest.EngineSlot(0, "triton_gdn", ENGINE_MODULE, "GdnTritonEngine")
+            fam = dataclasses.replace(fam, slots=(slot,))
+        families.append(fam)
+    return manifest.use_families(families)
+
+
+def rel_err(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def inputs(seqlens=(5, 70, 0, 1), heads=2, dim=64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(seqlens)
+    x = {
+        "q": torch.randn(total, heads, dim, generator=gen),
+        "k": torch.randn(total, heads, dim, generator=gen),
+        "v": torch.randn(total, heads, dim, generator=gen),
+        "g": -0.5 * torch.rand(total, heads, generator=gen),
+        "beta": torch.rand(total, heads, generator=gen),
+        "initial_state": 0.3 * torch.randn(len(seqlens), heads, dim, dim, generator=gen),
+        "cu_seqlens": torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()],
+                                   dtype=torch.int32),
+    }
+    return {n: t.to(DEVICE) for n, t in x.items()}
+
+
+def declare(g, x):
+    return {n: g.tensor(list(t.shape), list(t.stride()), data_type=_dtype(t), name=n)
+            for n, t in x.items()}
+
+
+def _dtype(t):
+    return {torch.float32: dt.FLOAT, torch.int32: dt.INT32, torch.bfloat16: dt.BFLOAT16}[t.dtype]
+
+
+def run_graph(g, pack):
+    g.create_execution_plans([cudnn.heur_mode.A])
+    g.build_plans()
+    size = g.get_workspace_size()
+    workspace = torch.empty(size, dtype=torch.uint8, device=DEVICE) if size else None
+    g.execute(pack, workspace)
+    return g
+
+
+def test_gdn_and_gdn_bwd_graphs_execute_on_the_engine():
+    x = inputs()
+    attrs = dict(scale=0.125, use_qk_l2norm=True)
+    with with_gdn_engine():
+        g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
+        t = declare(g, x)
+        o, final, _ = g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
+                            initial_state=t["initial_state"], output_final_state=True, **attrs)
+        o.set_output(True)
+        final.set_output(True)
+        o_buf = torch.full((76, 2, 64), float("nan"), device=DEVICE)
+        final_buf = torch.full((4, 2, 64, 64), float("nan"), device=DEVICE)
+        run_graph(g, {**{t[n]: x[n] for n in x}, o: o_buf, final: final_buf})
+        assert "triton_gdn" in g.get_plan_name_at_index(g.selected_plan)
+
+        gen = torch.Generator().manual_seed(1)
+        d_o = torch.randn(76, 2, 64, generator=gen).to(DEVICE)
+        d_final = torch.randn(4, 2, 64, 64, generator=gen).to(DEVICE)
+        gb = cudnn.pygraph(name="gdn_bwd", io_data_type=dt.FLOAT)
+        tb = declare(gb, {**x, "dO": d_o, "d_final_state": d_final})
+        outs = gb.gdn_bwd(tb["q"], tb["k"], tb["v"], tb["g"], tb["beta"], tb["cu_seqlens"],
+                          tb["dO"], initial_state=tb["initial_state"],
+                          d_final_state=tb["d_final_state"], **attrs)
+        grads = {}
+        for name, port in zip(("q", "k", "v", "g", "beta", "initial_state"), outs):
+            port.set_output(True)
+            grads[name] = (port, torch.full_like(x[name], float("nan")))
+        pack = {tb[n]: b for n, b in {**x, "dO": d_o, "d_final_state": d_final}.items()}
+        pack.update({port: buf for port, buf in grads.values()})
+        run_graph(gb, pack)
+
+    leaves = {n: x[n].double().requires_grad_() for n in grads}
+    ref_o, ref_final = gdn_reference(leaves["q"], leaves["k"], leaves["v"], leaves["g"],
+                                     leaves["beta"], x["cu_seqlens"], scale=0.125,
+                                     initial_state=leaves["initial_state"], use_qk_l2norm=True)
+    ((ref_o * d_o.double()).sum() + (ref_final * d_final.double()).sum()).backward()
+    assert rel_err(o_buf, ref_o) <= FP32_TOL
+    assert rel_err(final_buf, ref_final) <= FP32_TOL
+    for name, (_, buf) in grads.items():
+        assert rel_err(buf, leaves[name].grad) <= FP32_TOL, name
+
+
+DECLINES = {
+    "head-dim-96": (dict(dim=96), {}, "head dim K=96"),
+    "checkpoint-every-128": (dict(), dict(checkpoint_every_n_tokens=128),
+                             "checkpoint_every_n_tokens=128"),
+}
+
+
+@pytest.mark.parametrize("case", list(DECLINES), ids=list(DECLINES))
+def test_engine_declines_naming_the_rule(case):
+    shape, attrs, reason = DECLINES[case]
+    x = inputs(seqlens=(70,), **shape)
+    with with_gdn_engine():
+        g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
+        t = declare(g, x)
+        o, _, _ = g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
+                        scale=0.125, **attrs)
+        o.set_output(True)
+        with pytest.raises(cudnnGraphNotSupportedError, match=f"triton_gdn .* declines: {reason}"):
+            g.create_execution_plans([cudnn.heur_mode.A])
+            g.build_plans()
