@@ -223,3 +223,26 @@ def test_knobs_compute_the_same_function(knobs):
     c = torch.full((2, M, N), float("nan"), dtype=torch.float32, device=DEVICE)
     gemm(a, b, c, chain=(step("silu"),), knobs=knobs)
     assert rel_err(c, gemm_reference(a, b, (step("silu"),))) < TOL[torch.float32]
+
+
+FP8 = [("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)]
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32], ids=["out-fp16", "out-fp32"])
+@pytest.mark.parametrize("name,fp8", FP8, ids=[f[0] for f in FP8])
+def test_fp8_inputs_with_per_tensor_scales(name, fp8, out_dtype):
+    """fp8 A and B, fp32 accumulation, dequantized by per-tensor scales given as device
+    scalars (two scale steps), then a bias: the shape of a cuDNN fp8 GEMM graph."""
+    batch, M, N, K = 2, 19, 40, 48
+    a = (torch.randn(batch, M, K, device=DEVICE) * 4).to(fp8)
+    b = (torch.randn(batch, K, N, device=DEVICE) * 4).to(fp8)
+    scale_a = torch.rand((), device=DEVICE) + 0.5
+    scale_b = torch.rand((), device=DEVICE) + 0.5
+    bias = torch.randn(N, dtype=torch.float16, device=DEVICE)
+    chain = (
+        step("scale", "scalar", "fp32"),
+        step("scale", "scalar", "fp32"),
+        step("bias", "col", "fp16"),
+    )
+    err, _ = _run(a, b, batch, M, N, chain, (scale_a, scale_b, bias), (), out_dtype)
+    assert err < TOL[out_dtype], f"{name}: rel err {err}"

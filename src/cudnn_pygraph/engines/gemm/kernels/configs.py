@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .knobs import GemmKnobs
+from .spec import ELEM_BYTES
 
 # The per-block shared-memory limit on H100/H200 (Triton reports it as "Hardware limit:
 # 232448" when a config exceeds it).
@@ -39,7 +40,6 @@ SMEM_LIMIT_BYTES = 232448
 # 64x128 on 132 SMs, 0.85 of a wave, beat 224 tiles of 64x64 by 28%).
 WAVE_FILL = 0.8
 H200_SMS = 132
-ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 _BIG = GemmKnobs(128, 256, 64, 3, 8, 8)
 _SQUARE = GemmKnobs(128, 128, 64, 4, 4, 8)

@@ -23,8 +23,14 @@ from dataclasses import dataclass
 from .chain import MAX_TENSOR_OPERANDS, MAX_VALUE_OPERANDS, lower_chain
 
 # Element sizes in bytes, by the dtype names the kernel signature uses.
-ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
-INPUT_DTYPES = ("fp16", "bf16", "fp32")
+ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8e4m3": 1, "fp8e5m2": 1}
+# fp8 inputs (OCP e4m3 / e5m2) take per-tensor scales as ordinary epilogue steps
+# (scale by a device scalar): the kernel multiplies the fp32 accumulator, as cuDNN's
+# dequantizing pointwise nodes do.
+INPUT_DTYPES = ("fp16", "bf16", "fp32", "fp8e4m3", "fp8e5m2")
+FP8_DTYPES = ("fp8e4m3", "fp8e5m2")
+# Our dtype names -> Triton's signature type names.
+TRITON_TYPES = {"fp8e4m3": "fp8e4nv", "fp8e5m2": "fp8e5"}
 OUTPUT_DTYPES = ("fp16", "bf16", "fp32")
 # Layout class of an operand, from its strides over its two matrix axes:
 #   row: the last axis is contiguous (A: K, B: N, C: N); col: the other one is;
@@ -87,7 +93,8 @@ class GemmSpec:
                 raise ValueError(
                     f"GemmSpec.{name}={getattr(self, name)!r}: must be one of {INPUT_DTYPES}"
                 )
-        if self.a_dtype != self.b_dtype:
+        both_fp8 = self.a_dtype in FP8_DTYPES and self.b_dtype in FP8_DTYPES
+        if self.a_dtype != self.b_dtype and not both_fp8:
             raise ValueError(
                 f"GemmSpec: a_dtype={self.a_dtype} and b_dtype={self.b_dtype} must match"
             )
@@ -154,7 +161,7 @@ class Recipe:
 
 
 def _ptr_type(dtype: str) -> str:
-    return "*" + dtype
+    return "*" + TRITON_TYPES.get(dtype, dtype)
 
 
 def recipe(spec: GemmSpec) -> Recipe:
@@ -198,8 +205,10 @@ def recipe(spec: GemmSpec) -> Recipe:
         elif name in unit:
             signature[name] = "constexpr"
             constexprs[name] = 1
-        elif name in ("a_ptr", "b_ptr"):
+        elif name == "a_ptr":
             signature[name] = _ptr_type(spec.a_dtype)
+        elif name == "b_ptr":
+            signature[name] = _ptr_type(spec.b_dtype)
         elif name == "c_ptr":
             signature[name] = _ptr_type(spec.c_dtype)
         elif name.endswith("_ptr"):

@@ -15,7 +15,13 @@ from .knobs import GemmKnobs
 from .matmul import gemm_kernel
 from .spec import GemmSpec, TMA_ALIGN_BYTES, check_frame, major_of, recipe
 
-TORCH_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+TORCH_DTYPE_NAMES = {
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float32: "fp32",
+    torch.float8_e4m3fn: "fp8e4m3",
+    torch.float8_e5m2: "fp8e5m2",
+}
 _COMPILED: dict = {}
 
 
