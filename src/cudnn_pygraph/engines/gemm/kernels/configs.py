@@ -4,8 +4,8 @@ Measured 2026-11-29 on one H200 (bench/gemm.py, bf16 row-major A and B, CUDA-eve
 ms; full table in bench/results/gemm.md):
 
   shape (M x N x K)     winner                 runner-up                 tiles of the winner
-  1024^3                128x128x64-s4-w4 .0269 128x256x64-s3-w8 .0286    64
-  4096^3                128x256x64-s3-w8 .1792 256x128x64-s3-w8 .2085    512
+  1024^3                128x128x64-s4-w4 .0269 128x256x64-w8-g16 .0286   64
+  4096^3 (two rows)     128x256x64-s3-w8 .1795 g4 .1792 / g8 .1801 g4 .1940 512
   8192^3                128x256x64-s3-w8 1.400 128x256x64-s3-w8-g4 1.556 2048
   4096 x 14336 x 4096   128x256x64-s3-w8 .6500 128x256x64-g4 .6914       1792
   4096 x 4096 x 14336   128x256x64-s3-w8 .6652 (g4 .6655)                512
@@ -24,6 +24,8 @@ the machine; when they cannot, a fuller wave of smaller tiles wins (1024^3: 64 t
 pays 8x the MMA and A loads: 16 x 14336 x 4096 at 128x128 is .0624 against .0397). GROUP_M=8
 is as good as 4 or 16 at 4096^3 and 11% better at 8192^3. Without split-K a long-K small-M
 problem (16 x 4096 x 14336, 64 tiles on 132 SMs) stays at 0.83x torch.matmul.
+The rule's first pick is the row's winner except at 16 x 4096 x K, where it is within 5%
+(64x64x128-s5: .0325 against .0310, .0589 against .0585).
 """
 
 from __future__ import annotations
