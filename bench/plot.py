@@ -17,6 +17,7 @@ import dataclasses
 import pathlib
 import re
 import sys
+import textwrap
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 INDEX_BEGIN = "<!-- results:begin (bench/plot.py rewrites this section) -->"
@@ -106,7 +107,7 @@ def plot_table(table, path):
     import matplotlib.pyplot as plt
 
     n_rows, n_series = len(table.labels), len(table.series)
-    fig, ax = plt.subplots(figsize=(8, 0.45 * n_rows * max(1, n_series) * 0.7 + 1.6))
+    fig, ax = plt.subplots(figsize=(10, 0.45 * n_rows * max(1, n_series) * 0.7 + 1.8))
     height = 0.8 / n_series
     for s, (name, values) in enumerate(table.series.items()):
         ys = [r + s * height for r in range(n_rows)]
@@ -116,10 +117,11 @@ def plot_table(table, path):
     ax.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
     top = max([v for vs in table.series.values() for v in vs if v is not None] + [1.0])
     ax.set_xlim(0, top * 1.15)  # room for the value labels
-    ax.set_yticks([r + 0.4 - height / 2 for r in range(n_rows)], table.labels, fontsize=7)
+    labels = [textwrap.fill(label, 36) for label in table.labels]  # long shapes wrap, not clip
+    ax.set_yticks([r + 0.4 - height / 2 for r in range(n_rows)], labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("ratio, as the table's column header states it (dashed: parity)")
-    ax.set_title(table.title[:90], fontsize=9)
+    ax.set_title(textwrap.fill(table.title, 100), fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
