@@ -201,8 +201,10 @@ def engine_availability(family, device):
         elif arch:
             out.append((slot, f"not offered: {arch}"))
         else:
-            hi = "" if caps is None else f" (arch range sm_{caps.sm_lo}..{caps.sm_hi or 'inf'})"
-            out.append((slot, "offered" + hi))
+            span = "" if caps is None else f"sm_{caps.sm_lo}..{caps.sm_hi or 'inf'}"
+            where = (f" (under the interpreter; on a GPU: {span})" if device is not None and device.is_interpreter
+                     else f" (arch range {span})" if span else "")
+            out.append((slot, "offered" + where))
     return out
 
 
