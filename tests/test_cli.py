@@ -142,7 +142,8 @@ def test_demo_without_an_optional_dependency_says_what_to_install(blocked):
     proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(SRC)},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"cudnn-pygraph: error: the demo needs {blocked}: pip install {blocked}"
+    assert proc.stderr.strip() == (f"cudnn-pygraph: error: the demo needs {blocked}: pip install {blocked} "
+                                   "(or pip install 'cudnn-pygraph[demo]')")
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 

@@ -54,7 +54,8 @@ def missing_modules(names):
 def require(names, what):
     missing = missing_modules(names)
     if missing:
-        raise UsageError(f"{what} needs {' and '.join(missing)}: pip install {' '.join(missing)}")
+        raise UsageError(f"{what} needs {' and '.join(missing)}: pip install {' '.join(missing)} "
+                         f"(or pip install 'cudnn-pygraph[demo]')")
 
 
 def dist_version(dist):
