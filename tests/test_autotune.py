@@ -239,11 +239,15 @@ def test_anything_doubtful_is_a_miss_and_is_rewritten(how):
     first = graph.autotune(pack, timer=table_timer([3.0, 2.0, 1.0]))
     _corrupt(pathlib.Path(first.cache_path), how)
     graph2, pack2 = planned_graph()
+    before = at.stats()
     again = graph2.autotune(pack2, timer=table_timer([1.0, 2.0, 3.0]))
     assert not again.from_cache and tile_of(again) == 16
     graph3, pack3 = planned_graph()
     replay = graph3.autotune(pack3, timer=forbidden_timer)
     assert replay.from_cache and tile_of(replay) == 16
+    after = at.stats()
+    assert {k: after[k] - before[k] for k in ("invalid", "written", "hits", "misses")} == {
+        "invalid": 1, "written": 1, "hits": 1, "misses": 0}
 
 
 def test_writes_are_atomic_and_leave_no_temp_files(tmp_path):

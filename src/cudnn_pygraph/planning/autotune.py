@@ -209,9 +209,22 @@ def entry_path(key):
     return cache_root() / _SCHEMA / _digest(key["environment"])[:24] / f"{key['graph']}.json"
 
 
+# This process's cache traffic: hits, misses (no entry), invalid (an entry that was there
+# but doubtful: unreadable, another key, a plan no longer listed), bypassed (cache off),
+# written, pruned (environment directories retired).
+_STATS = dict.fromkeys(("hits", "misses", "invalid", "bypassed", "written", "pruned"), 0)
+
+
+def stats():
+    """A copy of this process's cache counters."""
+    return dict(_STATS)
+
+
 def load_entry(key):
     """The recorded choice for `key`, or None (anything doubtful is a miss)."""
     path = entry_path(key)
+    if not path.exists():
+        return None
     try:
         entry = json.loads(path.read_text())
         if entry.get("key") != key:
@@ -249,7 +262,8 @@ def store_entry(key, engine_id, knobs, plan_name, timings):
             raise
     except OSError:
         return None
-    prune(keep=path.parent)
+    _STATS["written"] += 1
+    _STATS["pruned"] += prune(keep=path.parent)
     return path
 
 
@@ -361,8 +375,12 @@ def autotune(graph, variant_pack, workspace=None, handle=None, *, warmup=3, reps
             engine_id, knobs, path = hit
             index = _find_plan(graph, engine_id, knobs)
             if index is not None and _select_built(graph, record, index):
+                _STATS["hits"] += 1
                 return AutotuneResult(index, engine_id, knobs, graph.get_plan_name_at_index(index),
                                       True, [], str(path))
+        _STATS["invalid" if entry_path(key).exists() else "misses"] += 1
+    else:
+        _STATS["bypassed"] += 1
 
     timer = timer or default_timer(device, handle)
     packs = rotated_packs(variant_pack, device.l2_bytes if device else 0) if rotate_inputs else [variant_pack]
@@ -416,5 +434,5 @@ def _select_built(graph, record, index):
 __all__ = [
     "AutotuneResult", "PlanTiming", "autotune", "cache_root", "clear", "list_entries",
     "wall_times", "cuda_event_times", "default_timer", "source_digest", "graph_digest",
-    "environment_key", "CACHE_ENV", "DISABLE_ENV",
+    "environment_key", "stats", "prune", "CACHE_ENV", "DISABLE_ENV", "MAX_ENVS_ENV",
 ]
