@@ -48,8 +48,7 @@ def make_inputs(seqlens, with_state):
         "g": torch.nn.functional.logsigmoid(torch.randn(total, H, device=dev)).to(bf),
         "beta": torch.rand(total, H, device=dev).to(bf),
     }
-    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], device=dev,
-                      dtype=torch.int32)
+    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], device=dev, dtype=torch.int32)
     init = (0.1 * torch.randn(len(seqlens), H, DIM, DIM, device=dev)) if with_state else None
     return x, cu, init
 
@@ -84,16 +83,43 @@ class Ours:
 
     def forward(self):
         x = self.x
-        gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], self.cu, scale=DIM**-0.5,
-                    o=self.o, initial_state=self.init, final_state=self.final,
-                    use_qk_l2norm=True, workspace=self.ws)
+        gdn_forward(
+            x["q"],
+            x["k"],
+            x["v"],
+            x["g"],
+            x["beta"],
+            self.cu,
+            scale=DIM**-0.5,
+            o=self.o,
+            initial_state=self.init,
+            final_state=self.final,
+            use_qk_l2norm=True,
+            workspace=self.ws,
+        )
 
     def backward(self):
         x, d = self.x, self.grads
-        gdn_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], self.cu, self.do,
-                     scale=DIM**-0.5, dq=d["q"], dk=d["k"], dv=d["v"], dg=d["g"],
-                     dbeta=d["beta"], initial_state=self.init, d_final_state=self.dfinal,
-                     d_initial_state=self.dinit, use_qk_l2norm=True, workspace=self.ws)
+        gdn_backward(
+            x["q"],
+            x["k"],
+            x["v"],
+            x["g"],
+            x["beta"],
+            self.cu,
+            self.do,
+            scale=DIM**-0.5,
+            dq=d["q"],
+            dk=d["k"],
+            dv=d["v"],
+            dg=d["g"],
+            dbeta=d["beta"],
+            initial_state=self.init,
+            d_final_state=self.dfinal,
+            d_initial_state=self.dinit,
+            use_qk_l2norm=True,
+            workspace=self.ws,
+        )
 
     def forward_backward(self):
         self.forward()
@@ -105,9 +131,17 @@ def fla_forward(x, cu, init):
 
     h0 = init.transpose(-1, -2).contiguous() if init is not None else None  # fla: [N, H, K, V]
     o, ht = chunk_gated_delta_rule(
-        x["q"][None], x["k"][None], x["v"][None], x["g"][None], x["beta"][None],
-        scale=DIM**-0.5, initial_state=h0, output_final_state=init is not None,
-        cu_seqlens=cu.long(), use_qk_l2norm_in_kernel=True)
+        x["q"][None],
+        x["k"][None],
+        x["v"][None],
+        x["g"][None],
+        x["beta"][None],
+        scale=DIM**-0.5,
+        initial_state=h0,
+        output_final_state=init is not None,
+        cu_seqlens=cu.long(),
+        use_qk_l2norm_in_kernel=True,
+    )
     return o[0], (ht.transpose(-1, -2) if ht is not None else None)
 
 
@@ -127,8 +161,10 @@ def main():
     parser.add_argument("--only", default=None, help="substring of a shape name")
     args = parser.parse_args()
     # Rows print as they complete (a partial run still leaves a table).
-    print("| shape | init/final state | ours fwd ms | ours fwd Mtok/s | fla fwd ms | fwd speedup "
-          "vs fla | ours fwd+bwd ms | fwd+bwd / own fwd | fla fwd+bwd ms | check |")
+    print(
+        "| shape | init/final state | ours fwd ms | ours fwd Mtok/s | fla fwd ms | fwd speedup "
+        "vs fla | ours fwd+bwd ms | fwd+bwd / own fwd | fla fwd+bwd ms | check |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for name, seqlens in shapes().items():
         if args.only and args.only not in name:
@@ -146,10 +182,13 @@ def main():
                 check = f"O vs fla {rel(ours.o, o_ref):.1e}"
                 if init is not None:
                     check += f", state {rel(ours.final, ht_ref):.1e}"
-                fla_fwd_ms = median_ms(lambda: fla_forward(x, cu, init))
+                fla_fwd_ms = median_ms(lambda x=x, cu=cu, init=init: fla_forward(x, cu, init))
                 try:
                     fla_forward_backward(x, cu, init)
-                    fla_bwd = f"{median_ms(lambda: fla_forward_backward(x, cu, init)):.3f}"
+                    fla_bwd = median_ms(
+                        lambda x=x, cu=cu, init=init: fla_forward_backward(x, cu, init)
+                    )
+                    fla_bwd = f"{fla_bwd:.3f}"
                 except RuntimeError as err:
                     fla_bwd = "refused"
                     print(f"fla backward refused: {str(err)[:120]}", file=sys.stderr)
@@ -159,14 +198,18 @@ def main():
                 finite = all(torch.isfinite(t).all().item() for t in ours.grads.values())
                 check += "" if finite else ", NON-FINITE GRADS"
                 fb_ms = median_ms(ours.forward_backward)
-            except Exception as err:  # report the row, keep measuring the others
+            except Exception as err:  # noqa: BLE001 (any failure: report it, measure the rest)
                 print(f"our backward failed: {err}", file=sys.stderr)
                 fb_ms = float("nan")
             ff_s = f"{fla_fwd_ms:.3f}" if fla_fwd_ms is not None else "-"
             speedup = f"{fla_fwd_ms / fwd_ms:.2f}x" if fla_fwd_ms is not None else "-"
-            print(f"| {name} | {'yes' if with_state else 'no'} | {fwd_ms:.3f} | "
-                  f"{tokens / fwd_ms / 1e3:.1f} | {ff_s} | {speedup} | {fb_ms:.3f} | "
-                  f"{fb_ms / fwd_ms:.2f}x | {fla_bwd or '-'} | {check} |", flush=True)
+            print(
+                f"| {name} | {'yes' if with_state else 'no'} | {fwd_ms:.3f} | "
+                f"{tokens / fwd_ms / 1e3:.1f} | {ff_s} | {speedup} | {fb_ms:.3f} | "
+                f"{fb_ms / fwd_ms:.2f}x | {fla_bwd or '-'} | {check} |",
+                flush=True,
+            )
+
 
 if __name__ == "__main__":
     main()

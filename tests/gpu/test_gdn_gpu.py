@@ -18,16 +18,34 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "linear_attention"))
 
-from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod  # noqa: E402
-from reference import gdn_reference_batched  # noqa: E402
+from reference import gdn_reference_batched
+
+from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
 
 # ||out - ref|| / ||ref|| for bf16 inputs (bf16 products, fp32 accumulation; measured on the
 # H200 2026-11-29: O ~4e-3, states ~2e-3, gradients ~3e-3..1e-2, see bench/results/gdn.md).
-BF16_TOL = {"o": 1.5e-2, "final_state": 1.5e-2, "dq": 3e-2, "dk": 3e-2, "dv": 3e-2,
-            "dg": 3e-2, "dbeta": 3e-2, "d_initial_state": 3e-2, "d_a_log": 3e-2,
-            "d_dt_bias": 3e-2}
-GRAD_NAMES = {"q": "dq", "k": "dk", "v": "dv", "g": "dg", "beta": "dbeta",
-              "initial_state": "d_initial_state", "a_log": "d_a_log", "dt_bias": "d_dt_bias"}
+BF16_TOL = {
+    "o": 1.5e-2,
+    "final_state": 1.5e-2,
+    "dq": 3e-2,
+    "dk": 3e-2,
+    "dv": 3e-2,
+    "dg": 3e-2,
+    "dbeta": 3e-2,
+    "d_initial_state": 3e-2,
+    "d_a_log": 3e-2,
+    "d_dt_bias": 3e-2,
+}
+GRAD_NAMES = {
+    "q": "dq",
+    "k": "dk",
+    "v": "dv",
+    "g": "dg",
+    "beta": "dbeta",
+    "initial_state": "d_initial_state",
+    "a_log": "d_a_log",
+    "dt_bias": "d_dt_bias",
+}
 
 
 def rel_err(out, ref):
@@ -47,8 +65,11 @@ def make_inputs(seqlens, heads, dim, *, attrs, has_a_log=False, has_dt_bias=Fals
         g = torch.sigmoid(torch.randn(total, n_out, device=dev) + 3.0)
     else:
         g = torch.nn.functional.logsigmoid(torch.randn(total, n_out, device=dev) + 2.0)
-    beta = (torch.randn(total, n_out, device=dev) if attrs.get("use_beta_sigmoid")
-            else torch.rand(total, n_out, device=dev))
+    beta = (
+        torch.randn(total, n_out, device=dev)
+        if attrs.get("use_beta_sigmoid")
+        else torch.rand(total, n_out, device=dev)
+    )
     x = {
         "q": torch.randn(total, n_q, dim, device=dev, dtype=bf),
         "k": torch.randn(total, n_k, dim, device=dev, dtype=bf),
@@ -59,30 +80,57 @@ def make_inputs(seqlens, heads, dim, *, attrs, has_a_log=False, has_dt_bias=Fals
         "a_log": 0.3 * torch.randn(n_out, device=dev) if has_a_log else None,
         "dt_bias": 0.3 * torch.randn(n_out, device=dev) if has_dt_bias else None,
     }
-    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], device=dev,
-                      dtype=torch.int32)
+    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], device=dev, dtype=torch.int32)
     return x, cu
 
 
 def run_forward(x, cu, scale, attrs):
     total, n_out = x["g"].shape
-    o = torch.full((total, n_out, x["v"].shape[2]), float("nan"), device="cuda",
-                   dtype=x["q"].dtype)
+    o = torch.full((total, n_out, x["v"].shape[2]), float("nan"), device="cuda", dtype=x["q"].dtype)
     final = torch.full_like(x["initial_state"], float("nan"))
-    gdn_mod.gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=scale, o=o,
-                        initial_state=x["initial_state"], final_state=final, a_log=x["a_log"],
-                        dt_bias=x["dt_bias"], **attrs)
+    gdn_mod.gdn_forward(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        cu,
+        scale=scale,
+        o=o,
+        initial_state=x["initial_state"],
+        final_state=final,
+        a_log=x["a_log"],
+        dt_bias=x["dt_bias"],
+        **attrs,
+    )
     return o, final
 
 
 def run_backward(x, cu, scale, attrs, d_o, d_final):
     grads = {n: torch.full_like(t, float("nan")) for n, t in x.items() if t is not None}
     gdn_mod.gdn_backward(
-        x["q"], x["k"], x["v"], x["g"], x["beta"], cu, d_o.to(x["q"].dtype), scale=scale,
-        dq=grads["q"], dk=grads["k"], dv=grads["v"], dg=grads["g"], dbeta=grads["beta"],
-        initial_state=x["initial_state"], d_final_state=d_final,
-        d_initial_state=grads["initial_state"], d_a_log=grads.get("a_log"),
-        d_dt_bias=grads.get("dt_bias"), a_log=x["a_log"], dt_bias=x["dt_bias"], **attrs)
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        cu,
+        d_o.to(x["q"].dtype),
+        scale=scale,
+        dq=grads["q"],
+        dk=grads["k"],
+        dv=grads["v"],
+        dg=grads["g"],
+        dbeta=grads["beta"],
+        initial_state=x["initial_state"],
+        d_final_state=d_final,
+        d_initial_state=grads["initial_state"],
+        d_a_log=grads.get("a_log"),
+        d_dt_bias=grads.get("dt_bias"),
+        a_log=x["a_log"],
+        dt_bias=x["dt_bias"],
+        **attrs,
+    )
     return grads
 
 
@@ -97,19 +145,36 @@ def test_forward_real_size_bf16():
     x, cu = make_inputs([4096, 1000, 1, 0, 2047, 64], (16, 16, 16), 128, attrs=attrs)
     o, final = run_forward(x, cu, 128**-0.5, attrs)
     ref_o, ref_final = gdn_reference_batched(
-        x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=128**-0.5,
-        initial_state=x["initial_state"], **attrs)
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        cu,
+        scale=128**-0.5,
+        initial_state=x["initial_state"],
+        **attrs,
+    )
     check({"o": rel_err(o, ref_o), "final_state": rel_err(final, ref_final)})
 
 
 # Alternatives to the shipped KERNEL_CONFIGS, each checked in full (fwd + bwd).
 CONFIG_VARIANTS = {
     "shipped": {},
-    "bv32-w4": {"state_fwd": {"BV": 32, "num_warps": 4}, "output_fwd": {"BV": 32, "num_warps": 4},
-                "dv_local": {"BV": 32, "num_warps": 4}, "state_bwd": {"BV": 32, "num_warps": 4},
-                "dqk": {"BV": 32, "num_warps": 4}, "wy_bwd": {"num_warps": 8}},
-    "bv128-w8": {"output_fwd": {"BV": 128, "num_warps": 8}, "dv_local": {"BV": 128, "num_warps": 8},
-                 "state_bwd": {"BV": 128, "num_warps": 8}, "dqk": {"BV": 128, "num_warps": 8}},
+    "bv32-w4": {
+        "state_fwd": {"BV": 32, "num_warps": 4},
+        "output_fwd": {"BV": 32, "num_warps": 4},
+        "dv_local": {"BV": 32, "num_warps": 4},
+        "state_bwd": {"BV": 32, "num_warps": 4},
+        "dqk": {"BV": 32, "num_warps": 4},
+        "wy_bwd": {"num_warps": 8},
+    },
+    "bv128-w8": {
+        "output_fwd": {"BV": 128, "num_warps": 8},
+        "dv_local": {"BV": 128, "num_warps": 8},
+        "state_bwd": {"BV": 128, "num_warps": 8},
+        "dqk": {"BV": 128, "num_warps": 8},
+    },
 }
 
 
@@ -131,11 +196,11 @@ def test_forward_backward_bf16_at_each_config(variant, kernel_configs):
 
 
 ATTRIBUTE_CASES = {
-    "safe-gate-alog-dtbias-sigmoid": ({"use_qk_l2norm": True, "safe_gate": True,
-                                       "use_beta_sigmoid": True},
-                                      {"has_a_log": True, "has_dt_bias": True}),
-    "neg-eigval": ({"use_qk_l2norm": True, "use_beta_sigmoid": True, "allow_neg_eigval": True},
-                   {}),
+    "safe-gate-alog-dtbias-sigmoid": (
+        {"use_qk_l2norm": True, "safe_gate": True, "use_beta_sigmoid": True},
+        {"has_a_log": True, "has_dt_bias": True},
+    ),
+    "neg-eigval": ({"use_qk_l2norm": True, "use_beta_sigmoid": True, "allow_neg_eigval": True}, {}),
     "linear-gate": ({"use_qk_l2norm": True, "gate_domain": "linear"}, {}),
     "group-q2-v4-K64": ({"use_qk_l2norm": True}, {"heads": (2, 2, 4), "dim": 64}),
     "group-q4-v2": ({"use_qk_l2norm": True}, {"heads": (4, 4, 2)}),
@@ -163,9 +228,18 @@ def _check_fwd_bwd(seqlens, heads, dim, attrs, **opts):
     d_final = torch.randn_like(final)
     leaves = {n: t.detach().double().requires_grad_() for n, t in x.items() if t is not None}
     ref_o, ref_final = gdn_reference_batched(
-        leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"], cu, scale=scale,
-        initial_state=leaves["initial_state"], a_log=leaves.get("a_log"),
-        dt_bias=leaves.get("dt_bias"), **attrs)
+        leaves["q"],
+        leaves["k"],
+        leaves["v"],
+        leaves["g"],
+        leaves["beta"],
+        cu,
+        scale=scale,
+        initial_state=leaves["initial_state"],
+        a_log=leaves.get("a_log"),
+        dt_bias=leaves.get("dt_bias"),
+        **attrs,
+    )
     ((ref_o * d_o.double()).sum() + (ref_final * d_final.double()).sum()).backward()
     grads = run_backward(x, cu, scale, attrs, d_o, d_final)
     errors = {"o": rel_err(o, ref_o), "final_state": rel_err(final, ref_final)}
@@ -180,14 +254,24 @@ def test_cuda_graph_capture_and_replay():
     o_eager, final_eager = run_forward(x, cu, 128**-0.5, attrs)
     o = torch.empty_like(o_eager)
     final = torch.empty_like(final_eager)
-    nbytes = gdn_mod.gdn_workspace_bytes(370, 2, 4, 4, 4, 128, 128, torch.bfloat16,
-                                         backward=False)
+    nbytes = gdn_mod.gdn_workspace_bytes(370, 2, 4, 4, 4, 128, 128, torch.bfloat16, backward=False)
     ws = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
 
     def step():
-        gdn_mod.gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=128**-0.5,
-                            o=o, initial_state=x["initial_state"], final_state=final,
-                            workspace=ws, **attrs)
+        gdn_mod.gdn_forward(
+            x["q"],
+            x["k"],
+            x["v"],
+            x["g"],
+            x["beta"],
+            cu,
+            scale=128**-0.5,
+            o=o,
+            initial_state=x["initial_state"],
+            final_state=final,
+            workspace=ws,
+            **attrs,
+        )
 
     step()  # compile outside the capture
     graph = torch.cuda.CUDAGraph()

@@ -104,9 +104,24 @@ def gdn_reference(
     return o, final
 
 
-def gdn_reference_batched(q, k, v, g, beta, cu_seqlens, *, scale, initial_state=None,
-                          use_qk_l2norm=False, use_beta_sigmoid=False, allow_neg_eigval=False,
-                          safe_gate=False, a_log=None, dt_bias=None, gate_domain="log"):
+def gdn_reference_batched(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    *,
+    scale,
+    initial_state=None,
+    use_qk_l2norm=False,
+    use_beta_sigmoid=False,
+    allow_neg_eigval=False,
+    safe_gate=False,
+    a_log=None,
+    dt_bias=None,
+    gate_domain="log",
+):
     """The same recurrence, vectorized over sequences and heads (one loop over time): for
     real sizes on the GPU. Checked against gdn_reference on CPU (test_gdn_kernels.py)."""
     q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
@@ -120,12 +135,24 @@ def gdn_reference_batched(q, k, v, g, beta, cu_seqlens, *, scale, initial_state=
     q = q.repeat_interleave(n_out // n_q, dim=1)
     k = k.repeat_interleave(n_out // k.shape[1], dim=1)
     v = v.repeat_interleave(n_out // n_v, dim=1)
-    gamma = torch.stack([
-        log_decay(g, h, gate_domain=gate_domain, safe_gate=safe_gate, a_log=a_log,
-                  dt_bias=dt_bias) for h in range(n_out)], dim=1)
-    b = torch.stack([
-        effective_beta(beta, h, use_beta_sigmoid=use_beta_sigmoid,
-                       allow_neg_eigval=allow_neg_eigval) for h in range(n_out)], dim=1)
+    gamma = torch.stack(
+        [
+            log_decay(
+                g, h, gate_domain=gate_domain, safe_gate=safe_gate, a_log=a_log, dt_bias=dt_bias
+            )
+            for h in range(n_out)
+        ],
+        dim=1,
+    )
+    b = torch.stack(
+        [
+            effective_beta(
+                beta, h, use_beta_sigmoid=use_beta_sigmoid, allow_neg_eigval=allow_neg_eigval
+            )
+            for h in range(n_out)
+        ],
+        dim=1,
+    )
     bounds = [int(x) for x in cu_seqlens.tolist()]
     n_seqs = len(bounds) - 1
     lengths = [bounds[i + 1] - bounds[i] for i in range(n_seqs)]

@@ -13,12 +13,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import cudnn_pygraph as cudnn  # noqa: E402
-from cudnn_pygraph import data_type as dt  # noqa: E402
-from cudnn_pygraph._types import cudnnGraphNotSupportedError  # noqa: E402
-from cudnn_pygraph.planning import manifest  # noqa: E402
+from reference import gdn_reference
 
-from reference import gdn_reference  # noqa: E402
+import cudnn_pygraph as cudnn
+from cudnn_pygraph import data_type as dt
+from cudnn_pygraph._types import cudnnGraphNotSupportedError
+from cudnn_pygraph.planning import manifest
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ENGINE_MODULE = "cudnn_pygraph.engines.linear_attention.gdn_engine"
@@ -49,15 +49,18 @@ def inputs(seqlens=(5, 70, 0, 1), heads=2, dim=64, seed=0):
         "g": -0.5 * torch.rand(total, heads, generator=gen),
         "beta": torch.rand(total, heads, generator=gen),
         "initial_state": 0.3 * torch.randn(len(seqlens), heads, dim, dim, generator=gen),
-        "cu_seqlens": torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()],
-                                   dtype=torch.int32),
+        "cu_seqlens": torch.tensor(
+            [0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int32
+        ),
     }
     return {n: t.to(DEVICE) for n, t in x.items()}
 
 
 def declare(g, x):
-    return {n: g.tensor(list(t.shape), list(t.stride()), data_type=_dtype(t), name=n)
-            for n, t in x.items()}
+    return {
+        n: g.tensor(list(t.shape), list(t.stride()), data_type=_dtype(t), name=n)
+        for n, t in x.items()
+    }
 
 
 def _dtype(t):
@@ -75,12 +78,21 @@ def run_graph(g, pack):
 
 def test_gdn_and_gdn_bwd_graphs_execute_on_the_engine():
     x = inputs()
-    attrs = dict(scale=0.125, use_qk_l2norm=True)
+    attrs = {"scale": 0.125, "use_qk_l2norm": True}
     with with_gdn_engine():
         g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
         t = declare(g, x)
-        o, final, _ = g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
-                            initial_state=t["initial_state"], output_final_state=True, **attrs)
+        o, final, _ = g.gdn(
+            t["q"],
+            t["k"],
+            t["v"],
+            t["g"],
+            t["beta"],
+            t["cu_seqlens"],
+            initial_state=t["initial_state"],
+            output_final_state=True,
+            **attrs,
+        )
         o.set_output(True)
         final.set_output(True)
         o_buf = torch.full((76, 2, 64), float("nan"), device=DEVICE)
@@ -93,9 +105,18 @@ def test_gdn_and_gdn_bwd_graphs_execute_on_the_engine():
         d_final = torch.randn(4, 2, 64, 64, generator=gen).to(DEVICE)
         gb = cudnn.pygraph(name="gdn_bwd", io_data_type=dt.FLOAT)
         tb = declare(gb, {**x, "dO": d_o, "d_final_state": d_final})
-        outs = gb.gdn_bwd(tb["q"], tb["k"], tb["v"], tb["g"], tb["beta"], tb["cu_seqlens"],
-                          tb["dO"], initial_state=tb["initial_state"],
-                          d_final_state=tb["d_final_state"], **attrs)
+        outs = gb.gdn_bwd(
+            tb["q"],
+            tb["k"],
+            tb["v"],
+            tb["g"],
+            tb["beta"],
+            tb["cu_seqlens"],
+            tb["dO"],
+            initial_state=tb["initial_state"],
+            d_final_state=tb["d_final_state"],
+            **attrs,
+        )
         grads = {}
         for name, port in zip(("q", "k", "v", "g", "beta", "initial_state"), outs):
             port.set_output(True)
@@ -105,9 +126,17 @@ def test_gdn_and_gdn_bwd_graphs_execute_on_the_engine():
         run_graph(gb, pack)
 
     leaves = {n: x[n].double().requires_grad_() for n in grads}
-    ref_o, ref_final = gdn_reference(leaves["q"], leaves["k"], leaves["v"], leaves["g"],
-                                     leaves["beta"], x["cu_seqlens"], scale=0.125,
-                                     initial_state=leaves["initial_state"], use_qk_l2norm=True)
+    ref_o, ref_final = gdn_reference(
+        leaves["q"],
+        leaves["k"],
+        leaves["v"],
+        leaves["g"],
+        leaves["beta"],
+        x["cu_seqlens"],
+        scale=0.125,
+        initial_state=leaves["initial_state"],
+        use_qk_l2norm=True,
+    )
     ((ref_o * d_o.double()).sum() + (ref_final * d_final.double()).sum()).backward()
     assert rel_err(o_buf, ref_o) <= FP32_TOL
     assert rel_err(final_buf, ref_final) <= FP32_TOL
@@ -116,9 +145,12 @@ def test_gdn_and_gdn_bwd_graphs_execute_on_the_engine():
 
 
 DECLINES = {
-    "head-dim-96": (dict(dim=96), {}, "head dim K=96"),
-    "checkpoint-every-128": (dict(), dict(checkpoint_every_n_tokens=128),
-                             "checkpoint_every_n_tokens=128"),
+    "head-dim-96": ({"dim": 96}, {}, "head dim K=96"),
+    "checkpoint-every-128": (
+        {},
+        {"checkpoint_every_n_tokens": 128},
+        "checkpoint_every_n_tokens=128",
+    ),
 }
 
 
@@ -129,8 +161,9 @@ def test_engine_declines_naming_the_rule(case):
     with with_gdn_engine():
         g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
         t = declare(g, x)
-        o, _, _ = g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
-                        scale=0.125, **attrs)
+        o, _, _ = g.gdn(
+            t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"], scale=0.125, **attrs
+        )
         o.set_output(True)
         with pytest.raises(cudnnGraphNotSupportedError, match=f"triton_gdn .* declines: {reason}"):
             g.create_execution_plans([cudnn.heur_mode.A])

@@ -16,30 +16,53 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks  # noqa: E402
-from cudnn_pygraph.engines.linear_attention.kernels.gdn import (  # noqa: E402
+from reference import gdn_reference
+
+from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
+from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
     gdn_backward,
     gdn_forward,
     gdn_workspace_bytes,
 )
 
-from reference import gdn_reference  # noqa: E402
-
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 # ||out - ref|| / ||ref|| bounds, per tensor, for fp32 inputs (measured ~1e-7..1e-6).
-FP32_TOL = {"o": 2e-5, "final_state": 2e-5, "dq": 1e-4, "dk": 1e-4, "dv": 1e-4, "dg": 1e-4,
-            "dbeta": 1e-4, "d_initial_state": 1e-4, "d_a_log": 1e-4, "d_dt_bias": 1e-4}
+FP32_TOL = {
+    "o": 2e-5,
+    "final_state": 2e-5,
+    "dq": 1e-4,
+    "dk": 1e-4,
+    "dv": 1e-4,
+    "dg": 1e-4,
+    "dbeta": 1e-4,
+    "d_initial_state": 1e-4,
+    "d_a_log": 1e-4,
+    "d_dt_bias": 1e-4,
+}
 # fp16 inputs (fp16 products, fp32 accumulation): a few fp16 ulps.
 FP16_TOL = {"o": 5e-3, "final_state": 5e-3}
 
 SEQLENS = (5, 70, 0, 1)  # partial chunk, two chunks with a tail, empty, length-1
 
 
-def make_inputs(*, seqlens=SEQLENS, heads=(2, 2, 2), dim_k=64, dim_v=64, dtype=torch.float32,
-                use_beta_sigmoid=False, safe_gate=False, gate_domain="log", has_a_log=False,
-                has_dt_bias=False, use_qk_l2norm=True, with_state=True, cu_dtype=torch.int32,
-                seed=0):
+def make_inputs(
+    *,
+    seqlens=SEQLENS,
+    heads=(2, 2, 2),
+    dim_k=64,
+    dim_v=64,
+    dtype=torch.float32,
+    use_beta_sigmoid=False,
+    safe_gate=False,
+    gate_domain="log",
+    has_a_log=False,
+    has_dt_bias=False,
+    use_qk_l2norm=True,
+    with_state=True,
+    cu_dtype=torch.int32,
+    seed=0,
+):
     """Fresh random inputs for one case: (tensors dict, cu_seqlens)."""
     gen = torch.Generator().manual_seed(seed)
     n_q, n_k, n_v = heads
@@ -58,8 +81,7 @@ def make_inputs(*, seqlens=SEQLENS, heads=(2, 2, 2), dim_k=64, dim_v=64, dtype=t
         g = torch.exp(-0.5 * torch.rand(total_t, n_out, generator=gen))
     else:
         g = -0.5 * torch.rand(total_t, n_out, generator=gen)
-    beta = randn(total_t, n_out) if use_beta_sigmoid else torch.rand(total_t, n_out,
-                                                                      generator=gen)
+    beta = randn(total_t, n_out) if use_beta_sigmoid else torch.rand(total_t, n_out, generator=gen)
     x = {
         "q": randn(total_t, n_q, dim_k),
         "k": k,
@@ -73,8 +95,7 @@ def make_inputs(*, seqlens=SEQLENS, heads=(2, 2, 2), dim_k=64, dim_v=64, dtype=t
     x = {n: (t.to(DEVICE) if t is not None else None) for n, t in x.items()}
     for n in ("q", "k", "v"):
         x[n] = x[n].to(dtype)
-    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=cu_dtype,
-                      device=DEVICE)
+    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=cu_dtype, device=DEVICE)
     return x, cu
 
 
@@ -90,10 +111,19 @@ def nan_like(t, dtype=None):
 def reference_with_grads(x, cu, scale, attrs, d_o, d_final):
     """Float64 reference outputs and autograd gradients of sum(O*dO) + sum(final*dfinal)."""
     leaves = {n: t.double().requires_grad_() for n, t in x.items() if t is not None}
-    o, final = gdn_reference(leaves["q"], leaves["k"], leaves["v"], leaves["g"],
-                             leaves["beta"], cu, scale=scale,
-                             initial_state=leaves.get("initial_state"),
-                             a_log=leaves.get("a_log"), dt_bias=leaves.get("dt_bias"), **attrs)
+    o, final = gdn_reference(
+        leaves["q"],
+        leaves["k"],
+        leaves["v"],
+        leaves["g"],
+        leaves["beta"],
+        cu,
+        scale=scale,
+        initial_state=leaves.get("initial_state"),
+        a_log=leaves.get("a_log"),
+        dt_bias=leaves.get("dt_bias"),
+        **attrs,
+    )
     loss = (o * d_o.double()).sum() + (final * d_final.double()).sum()
     loss.backward()
     return o.detach(), final.detach(), {n: t.grad for n, t in leaves.items()}
@@ -107,44 +137,90 @@ def run_kernels(x, cu, scale, attrs, d_o, d_final, *, checkpoints=None, workspac
     dim_v = x["v"].shape[2]
     o = nan_like(x["q"].new_empty(total_t, n_out, dim_v))
     final = torch.full((n_seqs, n_out, dim_v, dim_k), float("nan"), device=DEVICE)
-    gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=scale, o=o,
-                initial_state=x["initial_state"], final_state=final, a_log=x["a_log"],
-                dt_bias=x["dt_bias"], checkpoints=checkpoints, workspace=workspace, **attrs)
+    gdn_forward(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        cu,
+        scale=scale,
+        o=o,
+        initial_state=x["initial_state"],
+        final_state=final,
+        a_log=x["a_log"],
+        dt_bias=x["dt_bias"],
+        checkpoints=checkpoints,
+        workspace=workspace,
+        **attrs,
+    )
     grads = {n: nan_like(t) for n, t in x.items() if t is not None}
-    gdn_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, d_o.to(x["q"].dtype),
-                 scale=scale, dq=grads["q"], dk=grads["k"], dv=grads["v"], dg=grads["g"],
-                 dbeta=grads["beta"], initial_state=x["initial_state"],
-                 d_final_state=d_final, d_initial_state=grads.get("initial_state"),
-                 d_a_log=grads.get("a_log"), d_dt_bias=grads.get("dt_bias"),
-                 a_log=x["a_log"], dt_bias=x["dt_bias"], checkpoints=checkpoints, **attrs)
+    gdn_backward(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        cu,
+        d_o.to(x["q"].dtype),
+        scale=scale,
+        dq=grads["q"],
+        dk=grads["k"],
+        dv=grads["v"],
+        dg=grads["g"],
+        dbeta=grads["beta"],
+        initial_state=x["initial_state"],
+        d_final_state=d_final,
+        d_initial_state=grads.get("initial_state"),
+        d_a_log=grads.get("a_log"),
+        d_dt_bias=grads.get("dt_bias"),
+        a_log=x["a_log"],
+        dt_bias=x["dt_bias"],
+        checkpoints=checkpoints,
+        **attrs,
+    )
     return o, final, grads
 
 
-GRAD_NAMES = {"q": "dq", "k": "dk", "v": "dv", "g": "dg", "beta": "dbeta",
-              "initial_state": "d_initial_state", "a_log": "d_a_log", "dt_bias": "d_dt_bias"}
+GRAD_NAMES = {
+    "q": "dq",
+    "k": "dk",
+    "v": "dv",
+    "g": "dg",
+    "beta": "dbeta",
+    "initial_state": "d_initial_state",
+    "a_log": "d_a_log",
+    "dt_bias": "d_dt_bias",
+}
 
 # id -> (make_inputs options, op attributes)
 CASES = {
     "plain-nol2": ({"use_qk_l2norm": False}, {}),
     "l2norm": ({}, {"use_qk_l2norm": True}),
     "no-state": ({"with_state": False}, {"use_qk_l2norm": True}),
-    "beta-sigmoid": ({"use_beta_sigmoid": True}, {"use_qk_l2norm": True,
-                                                  "use_beta_sigmoid": True}),
-    "neg-eigval": ({"use_beta_sigmoid": True}, {"use_qk_l2norm": True, "use_beta_sigmoid": True,
-                                                "allow_neg_eigval": True}),
+    "beta-sigmoid": ({"use_beta_sigmoid": True}, {"use_qk_l2norm": True, "use_beta_sigmoid": True}),
+    "neg-eigval": (
+        {"use_beta_sigmoid": True},
+        {"use_qk_l2norm": True, "use_beta_sigmoid": True, "allow_neg_eigval": True},
+    ),
     "safe-gate-unit": ({"safe_gate": True}, {"use_qk_l2norm": True, "safe_gate": True}),
-    "safe-gate-alog-dtbias": ({"safe_gate": True, "has_a_log": True, "has_dt_bias": True},
-                              {"use_qk_l2norm": True, "safe_gate": True}),
-    "safe-gate-dtbias-only": ({"safe_gate": True, "has_dt_bias": True},
-                              {"safe_gate": True, "use_qk_l2norm": True}),
+    "safe-gate-alog-dtbias": (
+        {"safe_gate": True, "has_a_log": True, "has_dt_bias": True},
+        {"use_qk_l2norm": True, "safe_gate": True},
+    ),
+    "safe-gate-dtbias-only": (
+        {"safe_gate": True, "has_dt_bias": True},
+        {"safe_gate": True, "use_qk_l2norm": True},
+    ),
     "linear-gate": ({"gate_domain": "linear"}, {"use_qk_l2norm": True, "gate_domain": "linear"}),
     "group-q1-k1-v2": ({"heads": (1, 1, 2)}, {"use_qk_l2norm": True}),
     "group-q1-k2-v2": ({"heads": (1, 2, 2)}, {"use_qk_l2norm": True}),
     "group-q2-k2-v1": ({"heads": (2, 2, 1)}, {"use_qk_l2norm": True}),
-    "K128-V64-int64cu": ({"dim_k": 128, "dim_v": 64, "cu_dtype": torch.int64, "heads": (1, 1, 1)},
-                         {"use_qk_l2norm": True}),
-    "K64-V128": ({"dim_v": 128, "heads": (1, 1, 1), "seqlens": (70, 1)},
-                 {"use_qk_l2norm": True}),
+    "K128-V64-int64cu": (
+        {"dim_k": 128, "dim_v": 64, "cu_dtype": torch.int64, "heads": (1, 1, 1)},
+        {"use_qk_l2norm": True},
+    ),
+    "K64-V128": ({"dim_v": 128, "heads": (1, 1, 1), "seqlens": (70, 1)}, {"use_qk_l2norm": True}),
 }
 
 
@@ -172,10 +248,30 @@ def test_fp16_forward_matches_reference():
     x, cu = make_inputs(dtype=torch.float16)
     o = nan_like(x["q"].new_empty(x["q"].shape[0], 2, 64))
     final = torch.full((4, 2, 64, 64), float("nan"), device=DEVICE)
-    gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o,
-                initial_state=x["initial_state"], final_state=final, use_qk_l2norm=True)
-    ref_o, ref_final = gdn_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125,
-                                     initial_state=x["initial_state"], use_qk_l2norm=True)
+    gdn_forward(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        cu,
+        scale=0.125,
+        o=o,
+        initial_state=x["initial_state"],
+        final_state=final,
+        use_qk_l2norm=True,
+    )
+    ref_o, ref_final = gdn_reference(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        cu,
+        scale=0.125,
+        initial_state=x["initial_state"],
+        use_qk_l2norm=True,
+    )
     assert rel_err(o, ref_o) <= FP16_TOL["o"]
     assert rel_err(final, ref_final) <= FP16_TOL["final_state"]
 
@@ -192,9 +288,17 @@ def test_checkpoints_are_chunk_states_and_feed_the_backward():
     plain = run_kernels(x, cu, 0.125, attrs, d_o, d_final)
     with_ckpt = run_kernels(x, cu, 0.125, attrs, d_o, d_final, checkpoints=checkpoints)
     # The second chunk of sequence 1 (tokens 5+64..) starts from the state after 64 tokens.
-    _, ref_state = gdn_reference(x["q"][5:69], x["k"][5:69], x["v"][5:69], x["g"][5:69],
-                                 x["beta"][5:69], torch.tensor([0, 64]), scale=0.125,
-                                 initial_state=x["initial_state"][1:2], use_qk_l2norm=True)
+    _, ref_state = gdn_reference(
+        x["q"][5:69],
+        x["k"][5:69],
+        x["v"][5:69],
+        x["g"][5:69],
+        x["beta"][5:69],
+        torch.tensor([0, 64]),
+        scale=0.125,
+        initial_state=x["initial_state"][1:2],
+        use_qk_l2norm=True,
+    )
     assert rel_err(checkpoints[2], ref_state[0]) <= FP32_TOL["final_state"]
     torch.testing.assert_close(with_ckpt[0], plain[0], rtol=0, atol=0)
     for name in plain[2]:
@@ -208,17 +312,38 @@ def test_state_indices_with_padded_pool_and_overwrite():
     pool = storage[:, : 2 * 64 * 64].view(n_pool, 2, 64, 64)
     indices = torch.tensor([5, 0, 3, 6], dtype=torch.int32, device=DEVICE)
     before = pool.clone()
-    padding_before = storage[:, 2 * 64 * 64:].clone()
+    padding_before = storage[:, 2 * 64 * 64 :].clone()
     o = nan_like(x["q"].new_empty(x["q"].shape[0], 2, 64))
-    gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o,
-                initial_state=pool, final_state=pool, state_indices=indices, use_qk_l2norm=True)
-    ref_o, ref_final = gdn_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125,
-                                     initial_state=before[indices.long()], use_qk_l2norm=True)
+    gdn_forward(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        cu,
+        scale=0.125,
+        o=o,
+        initial_state=pool,
+        final_state=pool,
+        state_indices=indices,
+        use_qk_l2norm=True,
+    )
+    ref_o, ref_final = gdn_reference(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        cu,
+        scale=0.125,
+        initial_state=before[indices.long()],
+        use_qk_l2norm=True,
+    )
     assert rel_err(o, ref_o) <= FP32_TOL["o"]
     assert rel_err(pool[indices.long()], ref_final) <= FP32_TOL["final_state"]
     untouched = [i for i in range(n_pool) if i not in indices.tolist()]
     assert torch.equal(pool[untouched], before[untouched])
-    assert torch.equal(storage[:, 2 * 64 * 64:], padding_before)
+    assert torch.equal(storage[:, 2 * 64 * 64 :], padding_before)
 
 
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -227,13 +352,35 @@ def test_overwrite_and_k_major_states_equal_distinct_buffers(state_dtype):
     init = x["initial_state"].to(state_dtype)
     o_ref = nan_like(x["q"].new_empty(x["q"].shape[0], 2, 64))
     final_ref = torch.full_like(init, float("nan"))
-    gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o_ref,
-                initial_state=init, final_state=final_ref, use_qk_l2norm=True)
+    gdn_forward(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        cu,
+        scale=0.125,
+        o=o_ref,
+        initial_state=init,
+        final_state=final_ref,
+        use_qk_l2norm=True,
+    )
     # One buffer, K-major ([N, HO, K, V] memory, declared [N, HO, V, K] by strides).
     shared = init.transpose(2, 3).contiguous().transpose(2, 3)
     o = nan_like(o_ref)
-    gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o,
-                initial_state=shared, final_state=shared, use_qk_l2norm=True)
+    gdn_forward(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        cu,
+        scale=0.125,
+        o=o,
+        initial_state=shared,
+        final_state=shared,
+        use_qk_l2norm=True,
+    )
     assert torch.equal(o, o_ref)
     assert torch.equal(shared, final_ref)
 
@@ -246,10 +393,25 @@ def test_backward_state_gradient_alias_equals_distinct_buffers():
     _, _, grads = run_kernels(x, cu, 0.125, {"use_qk_l2norm": True}, d_o, d_final)
     shared = d_final.clone()
     dummy = {n: nan_like(x[n]) for n in ("q", "k", "v", "g", "beta")}
-    gdn_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, d_o, scale=0.125,
-                 dq=dummy["q"], dk=dummy["k"], dv=dummy["v"], dg=dummy["g"],
-                 dbeta=dummy["beta"], initial_state=x["initial_state"], d_final_state=shared,
-                 d_initial_state=shared, use_qk_l2norm=True)
+    gdn_backward(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        cu,
+        d_o,
+        scale=0.125,
+        dq=dummy["q"],
+        dk=dummy["k"],
+        dv=dummy["v"],
+        dg=dummy["g"],
+        dbeta=dummy["beta"],
+        initial_state=x["initial_state"],
+        d_final_state=shared,
+        d_initial_state=shared,
+        use_qk_l2norm=True,
+    )
     assert torch.equal(shared, grads["initial_state"])
 
 
@@ -260,13 +422,15 @@ def test_batch_invariant_one_sequence_alone_equals_inside_batch():
     d_o = torch.randn(93, 2, 64, generator=gen).to(DEVICE)
     d_final = torch.randn(3, 2, 64, 64, generator=gen).to(DEVICE)
     o, final, grads = run_kernels(x, cu, 0.125, attrs, d_o, d_final)
-    alone = {n: (t[3:73] if n not in ("initial_state", "a_log", "dt_bias") else t)
-             for n, t in x.items()}
+    alone = {
+        n: (t[3:73] if n not in ("initial_state", "a_log", "dt_bias") else t) for n, t in x.items()
+    }
     alone["initial_state"] = x["initial_state"][1:2].contiguous()
     alone = {n: (t.contiguous() if t is not None else None) for n, t in alone.items()}
     cu1 = torch.tensor([0, 70], dtype=torch.int32, device=DEVICE)
-    o1, final1, grads1 = run_kernels(alone, cu1, 0.125, attrs, d_o[3:73].contiguous(),
-                                     d_final[1:2].contiguous())
+    o1, final1, grads1 = run_kernels(
+        alone, cu1, 0.125, attrs, d_o[3:73].contiguous(), d_final[1:2].contiguous()
+    )
     assert torch.equal(o1, o[3:73])
     assert torch.equal(final1[0], final[1])
     for name in ("q", "k", "v", "g", "beta"):
@@ -278,8 +442,18 @@ def test_all_sequences_empty():
     x, cu = make_inputs(seqlens=(0, 0))
     o = x["q"].new_empty(0, 2, 64)
     final = torch.full((2, 2, 64, 64), float("nan"), device=DEVICE)
-    gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o,
-                initial_state=x["initial_state"], final_state=final)
+    gdn_forward(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        cu,
+        scale=0.125,
+        o=o,
+        initial_state=x["initial_state"],
+        final_state=final,
+    )
     assert torch.equal(final, x["initial_state"])
 
 
@@ -287,12 +461,29 @@ def test_explicit_workspace_is_used_and_sized():
     x, cu = make_inputs()
     nbytes = gdn_workspace_bytes(76, 4, 2, 2, 2, 64, 64, torch.float32, backward=False)
     with pytest.raises(ValueError, match="workspace"):
-        gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125,
-                    o=torch.empty(76, 2, 64, device=DEVICE),
-                    workspace=torch.empty(nbytes - 1, dtype=torch.uint8, device=DEVICE))
+        gdn_forward(
+            x["q"],
+            x["k"],
+            x["v"],
+            x["g"],
+            x["beta"],
+            cu,
+            scale=0.125,
+            o=torch.empty(76, 2, 64, device=DEVICE),
+            workspace=torch.empty(nbytes - 1, dtype=torch.uint8, device=DEVICE),
+        )
     o = torch.full((76, 2, 64), float("nan"), device=DEVICE)
-    gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o,
-                workspace=torch.empty(nbytes, dtype=torch.uint8, device=DEVICE))
+    gdn_forward(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        cu,
+        scale=0.125,
+        o=o,
+        workspace=torch.empty(nbytes, dtype=torch.uint8, device=DEVICE),
+    )
     ref_o, _ = gdn_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125)
     assert rel_err(o, ref_o) <= FP32_TOL["o"]
 
@@ -328,13 +519,23 @@ def test_batched_reference_equals_token_by_token_reference():
     # The GPU suite checks against the batched reference; it must be the same arithmetic.
     from reference import gdn_reference_batched
 
-    x, cu = make_inputs(heads=(1, 2, 2), safe_gate=True, has_a_log=True, has_dt_bias=True,
-                        use_beta_sigmoid=True)
-    attrs = {"use_qk_l2norm": True, "safe_gate": True, "use_beta_sigmoid": True,
-             "allow_neg_eigval": True}
+    x, cu = make_inputs(
+        heads=(1, 2, 2), safe_gate=True, has_a_log=True, has_dt_bias=True, use_beta_sigmoid=True
+    )
+    attrs = {
+        "use_qk_l2norm": True,
+        "safe_gate": True,
+        "use_beta_sigmoid": True,
+        "allow_neg_eigval": True,
+    }
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], cu)
-    kw = {"scale": 0.125, "initial_state": x["initial_state"], "a_log": x["a_log"],
-          "dt_bias": x["dt_bias"], **attrs}
+    kw = {
+        "scale": 0.125,
+        "initial_state": x["initial_state"],
+        "a_log": x["a_log"],
+        "dt_bias": x["dt_bias"],
+        **attrs,
+    }
     o1, f1 = gdn_reference(*args, **kw)
     o2, f2 = gdn_reference_batched(*args, **kw)
     assert rel_err(o2, o1) <= 1e-12 and rel_err(f2, f1) <= 1e-12

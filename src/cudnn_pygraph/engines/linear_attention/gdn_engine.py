@@ -27,11 +27,33 @@ CHECKPOINT_CADENCE = 64  # the chunk size: one checkpoint per chunk
 DENSE_PORTS = ("q", "k", "v", "g", "beta", "dO", "O", "dQ", "dK", "dV", "dG", "dBeta")
 STATE_PORTS = ("initial_state", "final_state", "d_final_state", "d_initial_state")
 VECTOR_PORTS = ("cu_seqlens", "a_log", "dt_bias", "state_indices", "d_a_log", "d_dt_bias")
-FORWARD_INPUTS = ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state", "a_log",
-                  "dt_bias", "state_indices")
+FORWARD_INPUTS = (
+    "q",
+    "k",
+    "v",
+    "g",
+    "beta",
+    "cu_seqlens",
+    "initial_state",
+    "a_log",
+    "dt_bias",
+    "state_indices",
+)
 FORWARD_OUTPUTS = ("O", "final_state", "checkpoints")
-BACKWARD_INPUTS = ("q", "k", "v", "g", "beta", "cu_seqlens", "dO", "initial_state",
-                   "d_final_state", "checkpoints", "a_log", "dt_bias")
+BACKWARD_INPUTS = (
+    "q",
+    "k",
+    "v",
+    "g",
+    "beta",
+    "cu_seqlens",
+    "dO",
+    "initial_state",
+    "d_final_state",
+    "checkpoints",
+    "a_log",
+    "dt_bias",
+)
 BACKWARD_OUTPUTS = ("dQ", "dK", "dV", "dG", "dBeta", "d_initial_state", "d_a_log", "d_dt_bias")
 
 
@@ -114,8 +136,9 @@ class GdnTritonEngine(BaseEngine):
         device = ctx.device if ctx.device is not None else graph_device(graph)
         backward = facts.kind == "_bwd"
         ports = _ports(node)
-        names = (BACKWARD_INPUTS + BACKWARD_OUTPUTS) if backward else (
-            FORWARD_INPUTS + FORWARD_OUTPUTS)
+        names = (
+            (BACKWARD_INPUTS + BACKWARD_OUTPUTS) if backward else (FORWARD_INPUTS + FORWARD_OUTPUTS)
+        )
         names = tuple(n for n in names if n in ports)
         from ...runtime.execute import GraphLayout
         from .kernels.gdn import gdn_workspace_bytes
@@ -123,24 +146,37 @@ class GdnTritonEngine(BaseEngine):
         position = GraphLayout(graph).position
         a = node.attrs
         scale = a.get("scale")
-        flags = dict(
-            scale=facts.head_dim_k**-0.5 if scale is None else float(scale),
-            use_qk_l2norm=bool(a.get("use_qk_l2norm")),
-            use_beta_sigmoid=bool(a.get("use_beta_sigmoid")),
-            allow_neg_eigval=bool(a.get("allow_neg_eigval")),
-            safe_gate=bool(a.get("safe_gate")),
-            gate_domain=a.get("gate_domain", "log"),
-        )
+        flags = {
+            "scale": facts.head_dim_k**-0.5 if scale is None else float(scale),
+            "use_qk_l2norm": bool(a.get("use_qk_l2norm")),
+            "use_beta_sigmoid": bool(a.get("use_beta_sigmoid")),
+            "allow_neg_eigval": bool(a.get("allow_neg_eigval")),
+            "safe_gate": bool(a.get("safe_gate")),
+            "gate_domain": a.get("gate_domain", "log"),
+        }
         import torch
 
-        io_dtype = {data_type.HALF: torch.float16, data_type.BFLOAT16: torch.bfloat16,
-                    data_type.FLOAT: torch.float32}[data_type(facts.io_dtype)]
+        io_dtype = {
+            data_type.HALF: torch.float16,
+            data_type.BFLOAT16: torch.bfloat16,
+            data_type.FLOAT: torch.float32,
+        }[data_type(facts.io_dtype)]
         nbytes = gdn_workspace_bytes(
-            facts.total_tokens, facts.num_seqs, facts.heads_q, facts.heads_k, facts.heads_v,
-            facts.head_dim_k, facts.head_dim_v, io_dtype, backward=backward,
-            has_checkpoints="checkpoints" in ports, safe_gate=flags["safe_gate"])
-        return GdnPlan(backward, names, [position[ports[n].uid] for n in names], flags,
-                       nbytes, device)
+            facts.total_tokens,
+            facts.num_seqs,
+            facts.heads_q,
+            facts.heads_k,
+            facts.heads_v,
+            facts.head_dim_k,
+            facts.head_dim_v,
+            io_dtype,
+            backward=backward,
+            has_checkpoints="checkpoints" in ports,
+            safe_gate=flags["safe_gate"],
+        )
+        return GdnPlan(
+            backward, names, [position[ports[n].uid] for n in names], flags, nbytes, device
+        )
 
 
 class GdnPlan(CompiledPlan):
@@ -161,8 +197,10 @@ class GdnPlan(CompiledPlan):
 
         for i, name in zip(self.positions, self.names):
             pack.check_extent(i, name)  # smaller than declared: refused, nothing launched
-        views = {name: torch.from_dlpack(buf) if buf is not None else None
-                 for name, buf in zip(self.names, pack.operands(self.positions))}
+        views = {
+            name: torch.from_dlpack(buf) if buf is not None else None
+            for name, buf in zip(self.names, pack.operands(self.positions))
+        }
         workspace = None
         if ctx.workspace is not None and self.workspace_size:
             workspace = torch.from_dlpack(ctx.workspace).reshape(-1).view(torch.uint8)
@@ -184,16 +222,44 @@ class GdnPlan(CompiledPlan):
         from .kernels.gdn import gdn_backward, gdn_forward
 
         get = t.get
-        common = dict(initial_state=get("initial_state"), a_log=get("a_log"),
-                      dt_bias=get("dt_bias"), checkpoints=get("checkpoints"),
-                      workspace=workspace, **self.flags)
+        common = dict(
+            initial_state=get("initial_state"),
+            a_log=get("a_log"),
+            dt_bias=get("dt_bias"),
+            checkpoints=get("checkpoints"),
+            workspace=workspace,
+            **self.flags,
+        )
         if self.backward:
-            gdn_backward(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"], t["dO"],
-                         dq=t["dQ"], dk=t["dK"], dv=t["dV"], dg=t["dG"], dbeta=t["dBeta"],
-                         d_final_state=get("d_final_state"),
-                         d_initial_state=get("d_initial_state"), d_a_log=get("d_a_log"),
-                         d_dt_bias=get("d_dt_bias"), **common)
+            gdn_backward(
+                t["q"],
+                t["k"],
+                t["v"],
+                t["g"],
+                t["beta"],
+                t["cu_seqlens"],
+                t["dO"],
+                dq=t["dQ"],
+                dk=t["dK"],
+                dv=t["dV"],
+                dg=t["dG"],
+                dbeta=t["dBeta"],
+                d_final_state=get("d_final_state"),
+                d_initial_state=get("d_initial_state"),
+                d_a_log=get("d_a_log"),
+                d_dt_bias=get("d_dt_bias"),
+                **common,
+            )
         else:
-            gdn_forward(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"], o=t["O"],
-                        final_state=get("final_state"), state_indices=get("state_indices"),
-                        **common)
+            gdn_forward(
+                t["q"],
+                t["k"],
+                t["v"],
+                t["g"],
+                t["beta"],
+                t["cu_seqlens"],
+                o=t["O"],
+                final_state=get("final_state"),
+                state_indices=get("state_indices"),
+                **common,
+            )

@@ -31,9 +31,16 @@ def _sigmoid(x):
 
 
 @triton.jit
-def log_decay(g_raw, a_log_ptr, dt_bias_ptr, h,
-              LINEAR: tl.constexpr, SAFE: tl.constexpr, HAS_A: tl.constexpr,
-              HAS_DT: tl.constexpr):
+def log_decay(
+    g_raw,
+    a_log_ptr,
+    dt_bias_ptr,
+    h,
+    LINEAR: tl.constexpr,
+    SAFE: tl.constexpr,
+    HAS_A: tl.constexpr,
+    HAS_DT: tl.constexpr,
+):
     """gamma from the caller's g values (any shape) for output head h, in fp32."""
     x = g_raw.to(tl.float32)
     if SAFE:
@@ -50,9 +57,17 @@ def log_decay(g_raw, a_log_ptr, dt_bias_ptr, h,
 
 
 @triton.jit
-def log_decay_bwd(g_raw, d_gamma, a_log_ptr, dt_bias_ptr, h,
-                  LINEAR: tl.constexpr, SAFE: tl.constexpr, HAS_A: tl.constexpr,
-                  HAS_DT: tl.constexpr):
+def log_decay_bwd(
+    g_raw,
+    d_gamma,
+    a_log_ptr,
+    dt_bias_ptr,
+    h,
+    LINEAR: tl.constexpr,
+    SAFE: tl.constexpr,
+    HAS_A: tl.constexpr,
+    HAS_DT: tl.constexpr,
+):
     """(dL/dg_raw, dL/da_log per element, dL/ddt_bias per element), all fp32.
 
     The last two are per-token contributions; the launcher reduces them over tokens."""

@@ -61,8 +61,9 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _layout(total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, backward,
-            has_checkpoints, safe_gate):
+def _layout(
+    total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, backward, has_checkpoints, safe_gate
+):
     """[(name, dtype, shape)] of every scratch buffer, in carving order."""
     cdt = _compute_dtype(dtype)
     f32 = torch.float32
@@ -104,14 +105,36 @@ def _nbytes(dtype, shape):
     return n * torch.empty((), dtype=dtype).element_size()
 
 
-def gdn_workspace_bytes(total_t: int, n_seqs: int, n_q_heads: int, n_k_heads: int,
-                        n_v_heads: int, dim_k: int, dim_v: int, dtype: torch.dtype, *,
-                        backward: bool, has_checkpoints: bool = False,
-                        safe_gate: bool = False) -> int:
+def gdn_workspace_bytes(
+    total_t: int,
+    n_seqs: int,
+    n_q_heads: int,
+    n_k_heads: int,
+    n_v_heads: int,
+    dim_k: int,
+    dim_v: int,
+    dtype: torch.dtype,
+    *,
+    backward: bool,
+    has_checkpoints: bool = False,
+    safe_gate: bool = False,
+) -> int:
     """Bytes of scratch the gdn forward (backward=False) or backward launcher carves."""
     n_out = max(n_q_heads, n_v_heads)
-    rows = _layout(total_t, n_seqs, n_out, n_q_heads, n_k_heads, n_v_heads, dim_k, dim_v,
-                   dtype, backward, has_checkpoints, safe_gate)
+    rows = _layout(
+        total_t,
+        n_seqs,
+        n_out,
+        n_q_heads,
+        n_k_heads,
+        n_v_heads,
+        dim_k,
+        dim_v,
+        dtype,
+        backward,
+        has_checkpoints,
+        safe_gate,
+    )
     return sum(triton.cdiv(_nbytes(dt, shape), _ALIGN) * _ALIGN for _, dt, shape in rows)
 
 
@@ -121,12 +144,14 @@ def _carve(rows, workspace, device):
     if workspace is None:
         workspace = torch.empty(total, dtype=torch.uint8, device=device)
     elif workspace.dtype != torch.uint8 or workspace.numel() < total:
-        raise ValueError(f"workspace: needs a uint8 tensor of >= {total} bytes, got "
-                         f"{workspace.dtype} with {workspace.numel()} elements")
+        raise ValueError(
+            f"workspace: needs a uint8 tensor of >= {total} bytes, got "
+            f"{workspace.dtype} with {workspace.numel()} elements"
+        )
     out, offset = {}, 0
     for name, dt, shape in rows:
         nbytes = _nbytes(dt, shape)
-        out[name] = workspace[offset:offset + nbytes].view(dt).view(shape)
+        out[name] = workspace[offset : offset + nbytes].view(dt).view(shape)
         offset += triton.cdiv(nbytes, _ALIGN) * _ALIGN
     return out
 
@@ -136,13 +161,30 @@ def _check(name, cond, rule):
         raise ValueError(f"{name}: {rule}")
 
 
-def _validate(q, k, v, g, beta, cu_seqlens, scale, flags, initial_state, final_state,
-              state_indices, checkpoints, a_log, dt_bias):
+def _validate(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    scale,
+    flags,
+    initial_state,
+    final_state,
+    state_indices,
+    checkpoints,
+    a_log,
+    dt_bias,
+):
     use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain = flags
     _check("q", q.dim() == 3, "must be [total_T, H, K]")
     total_t, n_q, dim_k = q.shape
-    _check("k", k.dim() == 3 and k.shape[0] == total_t and k.shape[2] == dim_k,
-           "must be [total_T, HK, K] like q")
+    _check(
+        "k",
+        k.dim() == 3 and k.shape[0] == total_t and k.shape[2] == dim_k,
+        "must be [total_T, HK, K] like q",
+    )
     _check("v", v.dim() == 3 and v.shape[0] == total_t, "must be [total_T, HV, V]")
     n_k, n_v, dim_v = k.shape[1], v.shape[1], v.shape[2]
     n_out = max(n_q, n_v)
@@ -151,24 +193,36 @@ def _validate(q, k, v, g, beta, cu_seqlens, scale, flags, initial_state, final_s
     _check("k", n_k in (n_q, n_v), f"HK={n_k} must equal H={n_q} or HV={n_v}")
     _check("q", dim_k in SUPPORTED_HEAD_DIMS, f"K={dim_k} not in {SUPPORTED_HEAD_DIMS}")
     _check("v", dim_v in SUPPORTED_HEAD_DIMS, f"V={dim_v} not in {SUPPORTED_HEAD_DIMS}")
-    _check("q", q.dtype in (torch.float32, torch.bfloat16, torch.float16),
-           "dtype must be float32, bfloat16 or float16")
+    _check(
+        "q",
+        q.dtype in (torch.float32, torch.bfloat16, torch.float16),
+        "dtype must be float32, bfloat16 or float16",
+    )
     _check("k", k.dtype == q.dtype, "dtype must match q")
     _check("v", v.dtype == q.dtype, "dtype must match q")
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         _check(name, t.is_contiguous(), "must be contiguous")
     _check("g", tuple(g.shape) == (total_t, n_out), f"must be [total_T, HO] = {(total_t, n_out)}")
-    _check("beta", tuple(beta.shape) == (total_t, n_out),
-           f"must be [total_T, HO] = {(total_t, n_out)}")
-    _check("cu_seqlens", cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 1
-           and cu_seqlens.dtype in (torch.int32, torch.int64),
-           "must be a 1-D int32 or int64 tensor of N+1 offsets")
+    _check(
+        "beta", tuple(beta.shape) == (total_t, n_out), f"must be [total_T, HO] = {(total_t, n_out)}"
+    )
+    _check(
+        "cu_seqlens",
+        cu_seqlens.dim() == 1
+        and cu_seqlens.numel() >= 1
+        and cu_seqlens.dtype in (torch.int32, torch.int64),
+        "must be a 1-D int32 or int64 tensor of N+1 offsets",
+    )
     _check("scale", scale is not None, "is required")
     _check("gate_domain", gate_domain in _GATE_DOMAINS, f"must be one of {_GATE_DOMAINS}")
-    _check("allow_neg_eigval", not allow_neg_eigval or use_beta_sigmoid,
-           "requires use_beta_sigmoid")
-    _check("safe_gate", not safe_gate or gate_domain == "log",
-           "cannot combine with gate_domain='linear'")
+    _check(
+        "allow_neg_eigval", not allow_neg_eigval or use_beta_sigmoid, "requires use_beta_sigmoid"
+    )
+    _check(
+        "safe_gate",
+        not safe_gate or gate_domain == "log",
+        "cannot combine with gate_domain='linear'",
+    )
     _check("a_log", a_log is None or safe_gate, "is only used with safe_gate")
     _check("dt_bias", dt_bias is None or safe_gate, "is only used with safe_gate")
     for name, t in (("a_log", a_log), ("dt_bias", dt_bias)):
@@ -178,8 +232,11 @@ def _validate(q, k, v, g, beta, cu_seqlens, scale, flags, initial_state, final_s
     state_shape = (n_seqs, n_out, dim_v, dim_k)
     if state_indices is not None:
         _check("state_indices", initial_state is not None, "requires initial_state (the pool)")
-        _check("state_indices", state_indices.dtype == torch.int32
-               and tuple(state_indices.shape) == (n_seqs,), f"must be int32 [N] = [{n_seqs}]")
+        _check(
+            "state_indices",
+            state_indices.dtype == torch.int32 and tuple(state_indices.shape) == (n_seqs,),
+            f"must be int32 [N] = [{n_seqs}]",
+        )
         _check("state_indices", checkpoints is None, "cannot combine with checkpoints")
         state_shape = (initial_state.shape[0],) + state_shape[1:]
     for name, t in (("initial_state", initial_state), ("final_state", final_state)):
@@ -187,14 +244,21 @@ def _validate(q, k, v, g, beta, cu_seqlens, scale, flags, initial_state, final_s
             _check(name, tuple(t.shape) == state_shape, f"must be {state_shape} (V-major)")
             _check(name, t.dtype in (torch.float32, torch.bfloat16), "must be fp32 or bf16")
     if initial_state is not None and final_state is not None:
-        _check("final_state", final_state.dtype == initial_state.dtype,
-               "dtype must match initial_state")
+        _check(
+            "final_state",
+            final_state.dtype == initial_state.dtype,
+            "dtype must match initial_state",
+        )
     if checkpoints is not None:
         n_chunks = max_chunks(total_t, n_seqs)
-        _check("checkpoints", checkpoints.dtype == torch.float32 and checkpoints.dim() == 4
-               and checkpoints.shape[0] >= n_chunks
-               and tuple(checkpoints.shape[1:]) == (n_out, dim_v, dim_k),
-               f"must be fp32 [>= {n_chunks}, {n_out}, {dim_v}, {dim_k}]")
+        _check(
+            "checkpoints",
+            checkpoints.dtype == torch.float32
+            and checkpoints.dim() == 4
+            and checkpoints.shape[0] >= n_chunks
+            and tuple(checkpoints.shape[1:]) == (n_out, dim_v, dim_k),
+            f"must be fp32 [>= {n_chunks}, {n_out}, {dim_v}, {dim_k}]",
+        )
     return total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v
 
 
@@ -203,77 +267,226 @@ def _state_strides(t):
 
 
 def _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval):
-    return dict(LINEAR=gate_domain == "linear", SAFE=safe_gate, HAS_A=a_log is not None,
-                HAS_DT=dt_bias is not None, SIGMOID=use_beta_sigmoid,
-                NEG_EIGVAL=allow_neg_eigval)
+    return {
+        "LINEAR": gate_domain == "linear",
+        "SAFE": safe_gate,
+        "HAS_A": a_log is not None,
+        "HAS_DT": dt_bias is not None,
+        "SIGMOID": use_beta_sigmoid,
+        "NEG_EIGVAL": allow_neg_eigval,
+    }
 
 
-def _run_wy_and_state(q, k, v, g, beta, cu, ws, dims, *, scale, flags, l2norm, a_log,
-                      dt_bias, prec, store_a, initial_state, final_state, state_indices,
-                      h_buf, store_h, vnew):
-    total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
+def _run_wy_and_state(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cu,
+    ws,
+    dims,
+    *,
+    scale,
+    flags,
+    l2norm,
+    a_log,
+    dt_bias,
+    prec,
+    store_a,
+    initial_state,
+    final_state,
+    state_indices,
+    h_buf,
+    store_h,
+    vnew,
+):
+    total_t, n_seqs, _, n_k, n_v, n_out, dim_k, dim_v = dims
     n_chunks = max_chunks(total_t, n_seqs)
     dummy = ws["gc"]
     build_chunk_tables(cu, ws["chunk_offsets"], ws["chunk_seq"])
     wy_fwd_kernel[(n_chunks, n_out)](
-        k, v, g, beta, a_log if a_log is not None else dummy,
+        k,
+        v,
+        g,
+        beta,
+        a_log if a_log is not None else dummy,
         dt_bias if dt_bias is not None else dummy,
-        cu, ws["chunk_offsets"], ws["chunk_seq"], n_seqs,
-        ws["gc"], ws["beta_eff"], ws["w"], ws["u"], ws["a"] if store_a else dummy,
-        n_out, n_k, n_v, K=dim_k, V=dim_v, L2NORM=l2norm, **flags, STORE_A=store_a,
-        PREC=prec, EPS=L2NORM_EPS, **KERNEL_CONFIGS["wy_fwd"])
+        cu,
+        ws["chunk_offsets"],
+        ws["chunk_seq"],
+        n_seqs,
+        ws["gc"],
+        ws["beta_eff"],
+        ws["w"],
+        ws["u"],
+        ws["a"] if store_a else dummy,
+        n_out,
+        n_k,
+        n_v,
+        K=dim_k,
+        V=dim_v,
+        L2NORM=l2norm,
+        **flags,
+        STORE_A=store_a,
+        PREC=prec,
+        EPS=L2NORM_EPS,
+        **KERNEL_CONFIGS["wy_fwd"],
+    )
     if not store_h and final_state is None:
         return
     cfg = dict(KERNEL_CONFIGS["state_fwd"])
     bv = cfg.pop("BV")
     state_fwd_kernel[(n_seqs, n_out, dim_v // bv)](
-        k, ws["w"], ws["u"], ws["gc"], cu, ws["chunk_offsets"],
+        k,
+        ws["w"],
+        ws["u"],
+        ws["gc"],
+        cu,
+        ws["chunk_offsets"],
         initial_state if initial_state is not None else dummy,
         final_state if final_state is not None else dummy,
         state_indices if state_indices is not None else ws["chunk_offsets"],
-        h_buf if h_buf is not None else dummy, vnew if vnew is not None else dummy,
-        *_state_strides(initial_state), *_state_strides(final_state), *_state_strides(h_buf),
-        n_out, n_k, K=dim_k, V=dim_v, BV=bv,
-        HAS_INIT=initial_state is not None, HAS_FINAL=final_state is not None,
-        HAS_IDX=state_indices is not None, STORE_H=store_h, STORE_VNEW=vnew is not None,
-        L2NORM=l2norm, PREC=prec, EPS=L2NORM_EPS, **cfg)
+        h_buf if h_buf is not None else dummy,
+        vnew if vnew is not None else dummy,
+        *_state_strides(initial_state),
+        *_state_strides(final_state),
+        *_state_strides(h_buf),
+        n_out,
+        n_k,
+        K=dim_k,
+        V=dim_v,
+        BV=bv,
+        HAS_INIT=initial_state is not None,
+        HAS_FINAL=final_state is not None,
+        HAS_IDX=state_indices is not None,
+        STORE_H=store_h,
+        STORE_VNEW=vnew is not None,
+        L2NORM=l2norm,
+        PREC=prec,
+        EPS=L2NORM_EPS,
+        **cfg,
+    )
 
 
-def gdn_forward(q, k, v, g, beta, cu_seqlens, *, scale, o, initial_state=None,
-                final_state=None, use_qk_l2norm=False, use_beta_sigmoid=False,
-                allow_neg_eigval=False, safe_gate=False, a_log=None, dt_bias=None,
-                gate_domain="log", state_indices=None, checkpoints=None,
-                workspace=None) -> None:
+def gdn_forward(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    *,
+    scale,
+    o,
+    initial_state=None,
+    final_state=None,
+    use_qk_l2norm=False,
+    use_beta_sigmoid=False,
+    allow_neg_eigval=False,
+    safe_gate=False,
+    a_log=None,
+    dt_bias=None,
+    gate_domain="log",
+    state_indices=None,
+    checkpoints=None,
+    workspace=None,
+) -> None:
     """O [total_T, HO, V] (and final_state [N|pool, HO, V, K], checkpoints [chunks, HO, V, K]
     fp32: the state at each chunk's start) written in place. See the module docstring."""
-    dims = _validate(q, k, v, g, beta, cu_seqlens, scale,
-                     (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain),
-                     initial_state, final_state, state_indices, checkpoints, a_log, dt_bias)
+    dims = _validate(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        cu_seqlens,
+        scale,
+        (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain),
+        initial_state,
+        final_state,
+        state_indices,
+        checkpoints,
+        a_log,
+        dt_bias,
+    )
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
-    _check("o", tuple(o.shape) == (total_t, n_out, dim_v) and o.is_contiguous(),
-           f"must be contiguous [total_T, HO, V] = {(total_t, n_out, dim_v)}")
+    _check(
+        "o",
+        tuple(o.shape) == (total_t, n_out, dim_v) and o.is_contiguous(),
+        f"must be contiguous [total_T, HO, V] = {(total_t, n_out, dim_v)}",
+    )
     if total_t == 0:
         if final_state is not None and n_seqs > 0:
             _copy_states_for_empty(initial_state, final_state, state_indices)
         return
-    rows = _layout(total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, q.dtype, False,
-                   checkpoints is not None, safe_gate)
+    rows = _layout(
+        total_t,
+        n_seqs,
+        n_out,
+        n_q,
+        n_k,
+        n_v,
+        dim_k,
+        dim_v,
+        q.dtype,
+        False,
+        checkpoints is not None,
+        safe_gate,
+    )
     ws = _carve(rows, workspace, q.device)
     prec = _dot_precision(q.dtype)
-    flags = _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid,
-                        allow_neg_eigval)
+    flags = _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval)
     h_buf = checkpoints if checkpoints is not None else ws["h"]
-    _run_wy_and_state(q, k, v, g, beta, cu_seqlens, ws, dims, scale=scale, flags=flags,
-                      l2norm=use_qk_l2norm, a_log=a_log, dt_bias=dt_bias, prec=prec,
-                      store_a=False, initial_state=initial_state, final_state=final_state,
-                      state_indices=state_indices, h_buf=h_buf, store_h=True,
-                      vnew=ws["vnew"])
+    _run_wy_and_state(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        cu_seqlens,
+        ws,
+        dims,
+        scale=scale,
+        flags=flags,
+        l2norm=use_qk_l2norm,
+        a_log=a_log,
+        dt_bias=dt_bias,
+        prec=prec,
+        store_a=False,
+        initial_state=initial_state,
+        final_state=final_state,
+        state_indices=state_indices,
+        h_buf=h_buf,
+        store_h=True,
+        vnew=ws["vnew"],
+    )
     cfg = dict(KERNEL_CONFIGS["output_fwd"])
     bv = cfg.pop("BV")
     output_fwd_kernel[(max_chunks(total_t, n_seqs), n_out, dim_v // bv)](
-        q, k, ws["vnew"], ws["gc"], h_buf, o, cu_seqlens, ws["chunk_offsets"],
-        ws["chunk_seq"], n_seqs, *_state_strides(h_buf), scale, n_out, n_q, n_k,
-        K=dim_k, V=dim_v, BV=bv, L2NORM=use_qk_l2norm, PREC=prec, EPS=L2NORM_EPS, **cfg)
+        q,
+        k,
+        ws["vnew"],
+        ws["gc"],
+        h_buf,
+        o,
+        cu_seqlens,
+        ws["chunk_offsets"],
+        ws["chunk_seq"],
+        n_seqs,
+        *_state_strides(h_buf),
+        scale,
+        n_out,
+        n_q,
+        n_k,
+        K=dim_k,
+        V=dim_v,
+        BV=bv,
+        L2NORM=use_qk_l2norm,
+        PREC=prec,
+        EPS=L2NORM_EPS,
+        **cfg,
+    )
 
 
 def _copy_states_for_empty(initial_state, final_state, state_indices):
@@ -292,106 +505,261 @@ def _copy_states_for_empty(initial_state, final_state, state_indices):
         final_state.index_copy_(0, rows, initial_state.index_select(0, rows))
 
 
-def gdn_backward(q, k, v, g, beta, cu_seqlens, do, *, scale, dq, dk, dv, dg, dbeta,
-                 initial_state=None, d_final_state=None, d_initial_state=None,
-                 d_a_log=None, d_dt_bias=None, use_qk_l2norm=False, use_beta_sigmoid=False,
-                 allow_neg_eigval=False, safe_gate=False, a_log=None, dt_bias=None,
-                 gate_domain="log", checkpoints=None, workspace=None) -> None:
+def gdn_backward(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    do,
+    *,
+    scale,
+    dq,
+    dk,
+    dv,
+    dg,
+    dbeta,
+    initial_state=None,
+    d_final_state=None,
+    d_initial_state=None,
+    d_a_log=None,
+    d_dt_bias=None,
+    use_qk_l2norm=False,
+    use_beta_sigmoid=False,
+    allow_neg_eigval=False,
+    safe_gate=False,
+    a_log=None,
+    dt_bias=None,
+    gate_domain="log",
+    checkpoints=None,
+    workspace=None,
+) -> None:
     """Gradients of gdn_forward written in place: dq/dk/dv like q/k/v, dg/dbeta like g/beta
     (w.r.t. what was passed), d_initial_state like initial_state, d_a_log / d_dt_bias [HO]."""
-    dims = _validate(q, k, v, g, beta, cu_seqlens, scale,
-                     (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain),
-                     initial_state, None, None, checkpoints, a_log, dt_bias)
+    dims = _validate(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        cu_seqlens,
+        scale,
+        (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain),
+        initial_state,
+        None,
+        None,
+        checkpoints,
+        a_log,
+        dt_bias,
+    )
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
-    for name, grad, ref in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v), ("dg", dg, g),
-                            ("dbeta", dbeta, beta)):
-        _check(name, grad.shape == ref.shape and grad.is_contiguous(),
-               f"must be contiguous {tuple(ref.shape)}")
-    _check("do", tuple(do.shape) == (total_t, n_out, dim_v) and do.is_contiguous(),
-           f"must be contiguous [total_T, HO, V] = {(total_t, n_out, dim_v)}")
+    for name, grad, ref in (
+        ("dq", dq, q),
+        ("dk", dk, k),
+        ("dv", dv, v),
+        ("dg", dg, g),
+        ("dbeta", dbeta, beta),
+    ):
+        _check(
+            name,
+            grad.shape == ref.shape and grad.is_contiguous(),
+            f"must be contiguous {tuple(ref.shape)}",
+        )
+    _check(
+        "do",
+        tuple(do.shape) == (total_t, n_out, dim_v) and do.is_contiguous(),
+        f"must be contiguous [total_T, HO, V] = {(total_t, n_out, dim_v)}",
+    )
     state_shape = (n_seqs, n_out, dim_v, dim_k)
     for name, t in (("d_final_state", d_final_state), ("d_initial_state", d_initial_state)):
         if t is not None:
             _check(name, tuple(t.shape) == state_shape, f"must be {state_shape} (V-major)")
-    _check("d_initial_state", d_initial_state is None or initial_state is not None,
-           "is only produced when initial_state is given")
+    _check(
+        "d_initial_state",
+        d_initial_state is None or initial_state is not None,
+        "is only produced when initial_state is given",
+    )
     _check("d_a_log", (d_a_log is None) == (a_log is None), "is required iff a_log is given")
-    _check("d_dt_bias", (d_dt_bias is None) == (dt_bias is None),
-           "is required iff dt_bias is given")
+    _check(
+        "d_dt_bias", (d_dt_bias is None) == (dt_bias is None), "is required iff dt_bias is given"
+    )
     if total_t == 0:
         _empty_backward(d_final_state, d_initial_state, d_a_log, d_dt_bias)
         return
-    rows = _layout(total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, q.dtype, True,
-                   checkpoints is not None, safe_gate)
+    rows = _layout(
+        total_t,
+        n_seqs,
+        n_out,
+        n_q,
+        n_k,
+        n_v,
+        dim_k,
+        dim_v,
+        q.dtype,
+        True,
+        checkpoints is not None,
+        safe_gate,
+    )
     ws = _carve(rows, workspace, q.device)
     prec = _dot_precision(q.dtype)
-    flags = _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid,
-                        allow_neg_eigval)
+    flags = _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval)
     h_buf = checkpoints if checkpoints is not None else ws["h"]
-    _run_wy_and_state(q, k, v, g, beta, cu_seqlens, ws, dims, scale=scale, flags=flags,
-                      l2norm=use_qk_l2norm, a_log=a_log, dt_bias=dt_bias, prec=prec,
-                      store_a=True, initial_state=initial_state, final_state=None,
-                      state_indices=None, h_buf=h_buf, store_h=checkpoints is None,
-                      vnew=None)
+    _run_wy_and_state(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        cu_seqlens,
+        ws,
+        dims,
+        scale=scale,
+        flags=flags,
+        l2norm=use_qk_l2norm,
+        a_log=a_log,
+        dt_bias=dt_bias,
+        prec=prec,
+        store_a=True,
+        initial_state=initial_state,
+        final_state=None,
+        state_indices=None,
+        h_buf=h_buf,
+        store_h=checkpoints is None,
+        vnew=None,
+    )
     n_chunks = max_chunks(total_t, n_seqs)
     tables = (cu_seqlens, ws["chunk_offsets"], ws["chunk_seq"], n_seqs)
-    common = dict(K=dim_k, V=dim_v, L2NORM=use_qk_l2norm, PREC=prec, EPS=L2NORM_EPS)
+    common = {"K": dim_k, "V": dim_v, "L2NORM": use_qk_l2norm, "PREC": prec, "EPS": L2NORM_EPS}
     dummy = ws["gc"]
 
     cfg = dict(KERNEL_CONFIGS["dv_local"])
     bv = cfg.pop("BV")
     dv_local_kernel[(n_chunks, n_out, dim_v // bv)](
-        q, k, ws["gc"], do, ws["de"], *tables, scale, n_out, n_q, n_k, BV=bv, **common,
-        **cfg)
+        q, k, ws["gc"], do, ws["de"], *tables, scale, n_out, n_q, n_k, BV=bv, **common, **cfg
+    )
 
     cfg = dict(KERNEL_CONFIGS["state_bwd"])
     bv = cfg.pop("BV")
     state_bwd_kernel[(n_seqs, n_out, dim_v // bv)](
-        q, k, ws["w"], ws["gc"], do, ws["de"], cu_seqlens, ws["chunk_offsets"],
+        q,
+        k,
+        ws["w"],
+        ws["gc"],
+        do,
+        ws["de"],
+        cu_seqlens,
+        ws["chunk_offsets"],
         d_final_state if d_final_state is not None else dummy,
-        d_initial_state if d_initial_state is not None else dummy, ws["dh"],
-        *_state_strides(d_final_state), *_state_strides(d_initial_state),
-        *_state_strides(ws["dh"]), scale, n_out, n_q, n_k, BV=bv,
-        HAS_DFINAL=d_final_state is not None, HAS_DINIT=d_initial_state is not None,
-        **common, **cfg)
+        d_initial_state if d_initial_state is not None else dummy,
+        ws["dh"],
+        *_state_strides(d_final_state),
+        *_state_strides(d_initial_state),
+        *_state_strides(ws["dh"]),
+        scale,
+        n_out,
+        n_q,
+        n_k,
+        BV=bv,
+        HAS_DFINAL=d_final_state is not None,
+        HAS_DINIT=d_initial_state is not None,
+        **common,
+        **cfg,
+    )
 
     final_dq = n_q == n_out
     cfg = dict(KERNEL_CONFIGS["dqk"])
     bv = cfg.pop("BV")
     dqk_kernel[(n_chunks, n_out)](
-        q, k, ws["w"], ws["u"], ws["gc"], h_buf, ws["dh"], do, ws["de"],
-        dq if final_dq else ws["dq_group"], ws["dk_part"], ws["dw"], ws["dg_part"],
-        *tables, *_state_strides(h_buf), *_state_strides(ws["dh"]), scale, n_out, n_q, n_k,
-        BV=bv, FINAL_DQ=final_dq, **common, **cfg)
+        q,
+        k,
+        ws["w"],
+        ws["u"],
+        ws["gc"],
+        h_buf,
+        ws["dh"],
+        do,
+        ws["de"],
+        dq if final_dq else ws["dq_group"],
+        ws["dk_part"],
+        ws["dw"],
+        ws["dg_part"],
+        *tables,
+        *_state_strides(h_buf),
+        *_state_strides(ws["dh"]),
+        scale,
+        n_out,
+        n_q,
+        n_k,
+        BV=bv,
+        FINAL_DQ=final_dq,
+        **common,
+        **cfg,
+    )
 
     final_dk = n_k == n_out
     final_dv = n_v == n_out
     wy_bwd_kernel[(n_chunks, n_out)](
-        k, v, g, beta, a_log if a_log is not None else dummy,
-        dt_bias if dt_bias is not None else dummy, ws["gc"], ws["beta_eff"], ws["a"],
-        ws["dw"], ws["de"], ws["dk_part"], ws["dg_part"],
-        dk if final_dk else ws["dk_part"], dv if final_dv else ws["dv_group"], dg, dbeta,
-        ws["da_tok"] if safe_gate else dummy, ws["ddt_tok"] if safe_gate else dummy,
-        *tables, n_out, n_k, n_v, **flags, FINAL_DK=final_dk, FINAL_DV=final_dv, **common,
-        **KERNEL_CONFIGS["wy_bwd"])
+        k,
+        v,
+        g,
+        beta,
+        a_log if a_log is not None else dummy,
+        dt_bias if dt_bias is not None else dummy,
+        ws["gc"],
+        ws["beta_eff"],
+        ws["a"],
+        ws["dw"],
+        ws["de"],
+        ws["dk_part"],
+        ws["dg_part"],
+        dk if final_dk else ws["dk_part"],
+        dv if final_dv else ws["dv_group"],
+        dg,
+        dbeta,
+        ws["da_tok"] if safe_gate else dummy,
+        ws["ddt_tok"] if safe_gate else dummy,
+        *tables,
+        n_out,
+        n_k,
+        n_v,
+        **flags,
+        FINAL_DK=final_dk,
+        FINAL_DV=final_dv,
+        **common,
+        **KERNEL_CONFIGS["wy_bwd"],
+    )
 
-    reduce_grid = lambda heads: (triton.cdiv(total_t, CHUNK), heads)  # noqa: E731
+    reduce_grid = lambda heads: (triton.cdiv(total_t, CHUNK), heads)
     if not final_dq:
-        group_reduce_kernel[reduce_grid(n_q)](ws["dq_group"], q, dq, total_t, n_out, n_q,
-                                              D=dim_k, L2NORM=use_qk_l2norm, EPS=L2NORM_EPS)
+        group_reduce_kernel[reduce_grid(n_q)](
+            ws["dq_group"],
+            q,
+            dq,
+            total_t,
+            n_out,
+            n_q,
+            D=dim_k,
+            L2NORM=use_qk_l2norm,
+            EPS=L2NORM_EPS,
+        )
     if not final_dk:
-        group_reduce_kernel[reduce_grid(n_k)](ws["dk_part"], k, dk, total_t, n_out, n_k,
-                                              D=dim_k, L2NORM=use_qk_l2norm, EPS=L2NORM_EPS)
+        group_reduce_kernel[reduce_grid(n_k)](
+            ws["dk_part"], k, dk, total_t, n_out, n_k, D=dim_k, L2NORM=use_qk_l2norm, EPS=L2NORM_EPS
+        )
     if not final_dv:
-        group_reduce_kernel[reduce_grid(n_v)](ws["dv_group"], v, dv, total_t, n_out, n_v,
-                                              D=dim_v, L2NORM=False, EPS=L2NORM_EPS)
+        group_reduce_kernel[reduce_grid(n_v)](
+            ws["dv_group"], v, dv, total_t, n_out, n_v, D=dim_v, L2NORM=False, EPS=L2NORM_EPS
+        )
     # The parameter gradients: a fixed-order reduction over tokens (deterministic).
     if d_a_log is not None:
-        torch.sum(ws["da_tok"], dim=0, out=d_a_log) if d_a_log.dtype == torch.float32 else \
-            d_a_log.copy_(ws["da_tok"].sum(0))
+        torch.sum(
+            ws["da_tok"], dim=0, out=d_a_log
+        ) if d_a_log.dtype == torch.float32 else d_a_log.copy_(ws["da_tok"].sum(0))
     if d_dt_bias is not None:
-        torch.sum(ws["ddt_tok"], dim=0, out=d_dt_bias) if d_dt_bias.dtype == torch.float32 \
-            else d_dt_bias.copy_(ws["ddt_tok"].sum(0))
+        torch.sum(
+            ws["ddt_tok"], dim=0, out=d_dt_bias
+        ) if d_dt_bias.dtype == torch.float32 else d_dt_bias.copy_(ws["ddt_tok"].sum(0))
 
 
 def _empty_backward(d_final_state, d_initial_state, d_a_log, d_dt_bias):

@@ -19,13 +19,33 @@ import triton.language as tl
 
 from .chunk_index import locate_chunk
 from .normalize import l2norm_rows, l2norm_rows_bwd
-from .tiles import load_rows, load_rows_t, load_vec, state_block, state_block_t, store_rows
-from .tiles import store_vec
+from .tiles import (
+    load_rows,
+    load_rows_t,
+    load_vec,
+    state_block,
+    state_block_t,
+    store_rows,
+    store_vec,
+)
 
 
 @triton.jit
-def _qk_tiles(q_ptr, k_ptr, t0, r, valid, H, HK, hq, hk, K: tl.constexpr,
-              L2NORM: tl.constexpr, EPS: tl.constexpr, TRANSPOSE_K: tl.constexpr):
+def _qk_tiles(
+    q_ptr,
+    k_ptr,
+    t0,
+    r,
+    valid,
+    H,
+    HK,
+    hq,
+    hk,
+    K: tl.constexpr,
+    L2NORM: tl.constexpr,
+    EPS: tl.constexpr,
+    TRANSPOSE_K: tl.constexpr,
+):
     """q [64, K] and k ([K, 64] if TRANSPOSE_K else [64, K]), normalized, fp32."""
     q = load_rows(q_ptr, t0, r, valid, H * K, hq * K, K).to(tl.float32)
     if TRANSPOSE_K:
@@ -54,22 +74,42 @@ def _decay_mask(g_row, g_col, valid, LOWER: tl.constexpr):
 
 @triton.jit(do_not_specialize=["N"])
 def output_fwd_kernel(
-    q_ptr, k_ptr, vnew_ptr, gc_ptr, h_ptr, o_ptr, cu_ptr, off_ptr, seq_ptr, N,
-    sh_c, sh_h, sh_v, sh_k,
-    scale, HO, H, HK,
-    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    L2NORM: tl.constexpr, PREC: tl.constexpr, EPS: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    vnew_ptr,
+    gc_ptr,
+    h_ptr,
+    o_ptr,
+    cu_ptr,
+    off_ptr,
+    seq_ptr,
+    N,
+    sh_c,
+    sh_h,
+    sh_v,
+    sh_k,
+    scale,
+    HO,
+    H,
+    HK,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    L2NORM: tl.constexpr,
+    PREC: tl.constexpr,
+    EPS: tl.constexpr,
 ):
     c = tl.program_id(0)
     h = tl.program_id(1)
     iv = tl.program_id(2)
-    n, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
+    _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
     if valid <= 0:
         return
     dt = vnew_ptr.dtype.element_ty
     r = tl.arange(0, 64)
-    q, kt = _qk_tiles(q_ptr, k_ptr, t0, r, valid, H, HK, h // (HO // H), h // (HO // HK), K,
-                      L2NORM, EPS, True)
+    q, kt = _qk_tiles(
+        q_ptr, k_ptr, t0, r, valid, H, HK, h // (HO // H), h // (HO // HK), K, L2NORM, EPS, True
+    )
     g = load_vec(gc_ptr, t0, r, valid, HO, h)
     p = tl.dot(q.to(dt), kt.to(dt), input_precision=PREC) * _decay_mask(g, g, valid, True)
     v_idx = iv * BV + tl.arange(0, BV)
@@ -82,16 +122,31 @@ def output_fwd_kernel(
 
 @triton.jit(do_not_specialize=["N"])
 def dv_local_kernel(
-    q_ptr, k_ptr, gc_ptr, do_ptr, de_ptr, cu_ptr, off_ptr, seq_ptr, N,
-    scale, HO, H, HK,
-    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    L2NORM: tl.constexpr, PREC: tl.constexpr, EPS: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    gc_ptr,
+    do_ptr,
+    de_ptr,
+    cu_ptr,
+    off_ptr,
+    seq_ptr,
+    N,
+    scale,
+    HO,
+    H,
+    HK,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    L2NORM: tl.constexpr,
+    PREC: tl.constexpr,
+    EPS: tl.constexpr,
 ):
     """dE_local = scale P^T dO (fp32), the intra-chunk part of the correction gradient."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     iv = tl.program_id(2)
-    n, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
+    _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
     if valid <= 0:
         return
     dt = q_ptr.dtype.element_ty
@@ -112,26 +167,54 @@ def dv_local_kernel(
 
 @triton.jit(do_not_specialize=["N"])
 def dqk_kernel(
-    q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, h_ptr, dh_ptr, do_ptr, de_ptr,
-    dq_ptr, dk_ptr, dw_ptr, dg_ptr, cu_ptr, off_ptr, seq_ptr, N,
-    sh_c, sh_h, sh_v, sh_k,
-    sd_c, sd_h, sd_v, sd_k,
-    scale, HO, H, HK,
-    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    L2NORM: tl.constexpr, FINAL_DQ: tl.constexpr, PREC: tl.constexpr, EPS: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    w_ptr,
+    u_ptr,
+    gc_ptr,
+    h_ptr,
+    dh_ptr,
+    do_ptr,
+    de_ptr,
+    dq_ptr,
+    dk_ptr,
+    dw_ptr,
+    dg_ptr,
+    cu_ptr,
+    off_ptr,
+    seq_ptr,
+    N,
+    sh_c,
+    sh_h,
+    sh_v,
+    sh_k,
+    sd_c,
+    sd_h,
+    sd_v,
+    sd_k,
+    scale,
+    HO,
+    H,
+    HK,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    L2NORM: tl.constexpr,
+    FINAL_DQ: tl.constexpr,
+    PREC: tl.constexpr,
+    EPS: tl.constexpr,
 ):
     """Writes dq (final if FINAL_DQ, else fp32 per output head), and fp32 partials dk, dw,
     dG [T, HO] that the WY backward completes."""
     c = tl.program_id(0)
     h = tl.program_id(1)
-    n, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
+    _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
     if valid <= 0:
         return
     dt = w_ptr.dtype.element_ty
     r = tl.arange(0, 64)
     hq = h // (HO // H)
     hk = h // (HO // HK)
-    row_ok = (r < valid)[:, None]
     w = load_rows(w_ptr, t0, r, valid, HO * K, h * K, K)
     wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
     dp = tl.zeros([64, 64], dtype=tl.float32)

@@ -31,16 +31,42 @@ from .tiles import load_rows, load_rows_t, load_vec, state_block, store_rows
 
 @triton.jit
 def state_fwd_kernel(
-    k_ptr, w_ptr, u_ptr, gc_ptr, cu_ptr, off_ptr,
-    init_ptr, final_ptr, idx_ptr, h_ptr, vnew_ptr,
-    si_n, si_h, si_v, si_k,
-    sf_n, sf_h, sf_v, sf_k,
-    sh_c, sh_h, sh_v, sh_k,
-    HO, HK,
-    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    HAS_INIT: tl.constexpr, HAS_FINAL: tl.constexpr, HAS_IDX: tl.constexpr,
-    STORE_H: tl.constexpr, STORE_VNEW: tl.constexpr, L2NORM: tl.constexpr,
-    PREC: tl.constexpr, EPS: tl.constexpr,
+    k_ptr,
+    w_ptr,
+    u_ptr,
+    gc_ptr,
+    cu_ptr,
+    off_ptr,
+    init_ptr,
+    final_ptr,
+    idx_ptr,
+    h_ptr,
+    vnew_ptr,
+    si_n,
+    si_h,
+    si_v,
+    si_k,
+    sf_n,
+    sf_h,
+    sf_v,
+    sf_k,
+    sh_c,
+    sh_h,
+    sh_v,
+    sh_k,
+    HO,
+    HK,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    HAS_FINAL: tl.constexpr,
+    HAS_IDX: tl.constexpr,
+    STORE_H: tl.constexpr,
+    STORE_VNEW: tl.constexpr,
+    L2NORM: tl.constexpr,
+    PREC: tl.constexpr,
+    EPS: tl.constexpr,
 ):
     n = tl.program_id(0)
     h = tl.program_id(1)
@@ -57,8 +83,7 @@ def state_fwd_kernel(
         slot = tl.load(idx_ptr + n)
     s = tl.zeros([K, BV], dtype=tl.float32)
     if HAS_INIT:
-        init_ptrs = state_block(init_ptr, slot.to(tl.int64) * si_n + h * si_h, v_idx, K,
-                                si_v, si_k)
+        init_ptrs = state_block(init_ptr, slot.to(tl.int64) * si_n + h * si_h, v_idx, K, si_v, si_k)
         s = tl.load(init_ptrs).to(tl.float32)
     n_chunks = (tl.maximum(eos - bos, 0) + 63) // 64
     for i in range(n_chunks):
@@ -81,22 +106,47 @@ def state_fwd_kernel(
         e = e * row_scale[:, None]
         s = s * tl.exp(g_last) + tl.dot(kt.to(dt), e.to(dt), input_precision=PREC)
     if HAS_FINAL:
-        ptrs = state_block(final_ptr, slot.to(tl.int64) * sf_n + h * sf_h, v_idx, K, sf_v,
-                           sf_k)
+        ptrs = state_block(final_ptr, slot.to(tl.int64) * sf_n + h * sf_h, v_idx, K, sf_v, sf_k)
         tl.store(ptrs, s.to(final_ptr.dtype.element_ty))
 
 
 @triton.jit
 def state_bwd_kernel(
-    q_ptr, k_ptr, w_ptr, gc_ptr, do_ptr, de_ptr, cu_ptr, off_ptr,
-    dfinal_ptr, dinit_ptr, dh_ptr,
-    sf_n, sf_h, sf_v, sf_k,
-    si_n, si_h, si_v, si_k,
-    sh_c, sh_h, sh_v, sh_k,
-    scale, HO, H, HK,
-    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    HAS_DFINAL: tl.constexpr, HAS_DINIT: tl.constexpr, L2NORM: tl.constexpr,
-    PREC: tl.constexpr, EPS: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    w_ptr,
+    gc_ptr,
+    do_ptr,
+    de_ptr,
+    cu_ptr,
+    off_ptr,
+    dfinal_ptr,
+    dinit_ptr,
+    dh_ptr,
+    sf_n,
+    sf_h,
+    sf_v,
+    sf_k,
+    si_n,
+    si_h,
+    si_v,
+    si_k,
+    sh_c,
+    sh_h,
+    sh_v,
+    sh_k,
+    scale,
+    HO,
+    H,
+    HK,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_DFINAL: tl.constexpr,
+    HAS_DINIT: tl.constexpr,
+    L2NORM: tl.constexpr,
+    PREC: tl.constexpr,
+    EPS: tl.constexpr,
 ):
     """de_ptr holds dE_local on entry (fp32 [T, HO, V]) and dE on exit, in place."""
     n = tl.program_id(0)
@@ -112,8 +162,9 @@ def state_bwd_kernel(
     r = tl.arange(0, 64)
     ds = tl.zeros([K, BV], dtype=tl.float32)
     if HAS_DFINAL:
-        dfinal_ptrs = state_block(dfinal_ptr, n.to(tl.int64) * sf_n + h * sf_h, v_idx, K,
-                                  sf_v, sf_k)
+        dfinal_ptrs = state_block(
+            dfinal_ptr, n.to(tl.int64) * sf_n + h * sf_h, v_idx, K, sf_v, sf_k
+        )
         ds = tl.load(dfinal_ptrs).to(tl.float32)
     n_chunks = (tl.maximum(eos - bos, 0) + 63) // 64
     for j in range(n_chunks):
@@ -138,10 +189,11 @@ def state_bwd_kernel(
         qt = qt * (scale * tl.exp(g))[None, :]
         do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
         wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
-        ds = (ds * tl.exp(g_last)
-              + tl.dot(qt.to(dt), do.to(dt), input_precision=PREC)
-              - tl.dot(wt, de.to(dt), input_precision=PREC))
+        ds = (
+            ds * tl.exp(g_last)
+            + tl.dot(qt.to(dt), do.to(dt), input_precision=PREC)
+            - tl.dot(wt, de.to(dt), input_precision=PREC)
+        )
     if HAS_DINIT:
-        ptrs = state_block(dinit_ptr, n.to(tl.int64) * si_n + h * si_h, v_idx, K, si_v,
-                           si_k)
+        ptrs = state_block(dinit_ptr, n.to(tl.int64) * si_n + h * si_h, v_idx, K, si_v, si_k)
         tl.store(ptrs, ds.to(dinit_ptr.dtype.element_ty))

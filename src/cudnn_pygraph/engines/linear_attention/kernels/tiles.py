@@ -20,8 +20,9 @@ def load_rows(ptr, t0, rows, valid, stride_t, col0, D: tl.constexpr):
     """[R, D] tile of rows t0 + rows (rows >= valid read as 0)."""
     cols = tl.arange(0, D)
     base = ptr + t0.to(tl.int64) * stride_t + col0
-    return tl.load(base + rows[:, None] * stride_t + cols[None, :], mask=(rows < valid)[:, None],
-                   other=0.0)
+    return tl.load(
+        base + rows[:, None] * stride_t + cols[None, :], mask=(rows < valid)[:, None], other=0.0
+    )
 
 
 @triton.jit
@@ -30,16 +31,20 @@ def load_rows_t(ptr, t0, rows, valid, stride_t, col0, D: tl.constexpr):
     on register tiles (Triton 3.6 on Hopper miscompiles some tl.trans fed to tl.dot)."""
     cols = tl.arange(0, D)
     base = ptr + t0.to(tl.int64) * stride_t + col0
-    return tl.load(base + rows[None, :] * stride_t + cols[:, None], mask=(rows < valid)[None, :],
-                   other=0.0)
+    return tl.load(
+        base + rows[None, :] * stride_t + cols[:, None], mask=(rows < valid)[None, :], other=0.0
+    )
 
 
 @triton.jit
 def store_rows(ptr, x, t0, rows, valid, stride_t, col0, D: tl.constexpr):
     cols = tl.arange(0, D)
     base = ptr + t0.to(tl.int64) * stride_t + col0
-    tl.store(base + rows[:, None] * stride_t + cols[None, :], x.to(ptr.dtype.element_ty),
-             mask=(rows < valid)[:, None])
+    tl.store(
+        base + rows[:, None] * stride_t + cols[None, :],
+        x.to(ptr.dtype.element_ty),
+        mask=(rows < valid)[:, None],
+    )
 
 
 @triton.jit

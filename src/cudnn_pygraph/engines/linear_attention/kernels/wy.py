@@ -30,22 +30,38 @@ SUB = 16  # the diagonal-block size of the inversion
 
 
 @triton.jit
-def _gate_rows(g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, rows, valid, h, HO,
-               LINEAR: tl.constexpr, SAFE: tl.constexpr, HAS_A: tl.constexpr,
-               HAS_DT: tl.constexpr, SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr):
+def _gate_rows(
+    g_ptr,
+    beta_ptr,
+    a_log_ptr,
+    dt_bias_ptr,
+    t0,
+    rows,
+    valid,
+    h,
+    HO,
+    LINEAR: tl.constexpr,
+    SAFE: tl.constexpr,
+    HAS_A: tl.constexpr,
+    HAS_DT: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    NEG_EIGVAL: tl.constexpr,
+):
     m = rows < valid
     offs = (t0 + rows).to(tl.int64) * HO + h
     g_raw = tl.load(g_ptr + offs, mask=m, other=1.0)
-    gamma = tl.where(m, log_decay(g_raw, a_log_ptr, dt_bias_ptr, h, LINEAR, SAFE, HAS_A, HAS_DT),
-                     0.0)
+    gamma = tl.where(
+        m, log_decay(g_raw, a_log_ptr, dt_bias_ptr, h, LINEAR, SAFE, HAS_A, HAS_DT), 0.0
+    )
     b_raw = tl.load(beta_ptr + offs, mask=m, other=0.0)
     beta = tl.where(m, effective_beta(b_raw, SIGMOID, NEG_EIGVAL), 0.0)
     return gamma, beta
 
 
 @triton.jit
-def _key_rows(k_ptr, t0, rows, valid, stride_t, hk, K: tl.constexpr, L2NORM: tl.constexpr,
-              EPS: tl.constexpr):
+def _key_rows(
+    k_ptr, t0, rows, valid, stride_t, hk, K: tl.constexpr, L2NORM: tl.constexpr, EPS: tl.constexpr
+):
     x = load_rows(k_ptr, t0, rows, valid, stride_t, hk * K, K).to(tl.float32)
     if L2NORM:
         x = l2norm_rows(x, 1, EPS)
@@ -85,25 +101,48 @@ def _store_a_block(a_ptr, blk, t0, bi: tl.constexpr, bj: tl.constexpr, valid, HO
     r = tl.arange(0, 16)
     rows = bi * 16 + r
     base = a_ptr + (t0.to(tl.int64) * HO + h) * 64
-    tl.store(base + rows[:, None] * (HO * 64) + bj * 16 + r[None, :], blk,
-             mask=(rows < valid)[:, None])
+    tl.store(
+        base + rows[:, None] * (HO * 64) + bj * 16 + r[None, :], blk, mask=(rows < valid)[:, None]
+    )
 
 
 @triton.jit(do_not_specialize=["N"])
 def wy_fwd_kernel(
-    k_ptr, v_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
-    cu_ptr, off_ptr, seq_ptr, N,
-    gc_ptr, beff_ptr, w_ptr, u_ptr, a_ptr,
-    HO, HK, HV,
-    K: tl.constexpr, V: tl.constexpr,
-    L2NORM: tl.constexpr, LINEAR: tl.constexpr, SAFE: tl.constexpr, HAS_A: tl.constexpr,
-    HAS_DT: tl.constexpr, SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr,
-    STORE_A: tl.constexpr, PREC: tl.constexpr, EPS: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    a_log_ptr,
+    dt_bias_ptr,
+    cu_ptr,
+    off_ptr,
+    seq_ptr,
+    N,
+    gc_ptr,
+    beff_ptr,
+    w_ptr,
+    u_ptr,
+    a_ptr,
+    HO,
+    HK,
+    HV,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    L2NORM: tl.constexpr,
+    LINEAR: tl.constexpr,
+    SAFE: tl.constexpr,
+    HAS_A: tl.constexpr,
+    HAS_DT: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    NEG_EIGVAL: tl.constexpr,
+    STORE_A: tl.constexpr,
+    PREC: tl.constexpr,
+    EPS: tl.constexpr,
 ):
     """One program per (chunk, output head): writes G (stage 1), beta_eff, w, u (and A)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
-    n, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
+    _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
     if valid <= 0:
         return
     hk = h // (HO // HK)
@@ -114,14 +153,74 @@ def wy_fwd_kernel(
     r2 = r + 32
     r3 = r + 48
     # Stage 1 inline: gates and their chunk-local cumulative sum, 16 rows at a time.
-    gam0, b0 = _gate_rows(g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r0, valid, h, HO,
-                          LINEAR, SAFE, HAS_A, HAS_DT, SIGMOID, NEG_EIGVAL)
-    gam1, b1 = _gate_rows(g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r1, valid, h, HO,
-                          LINEAR, SAFE, HAS_A, HAS_DT, SIGMOID, NEG_EIGVAL)
-    gam2, b2 = _gate_rows(g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r2, valid, h, HO,
-                          LINEAR, SAFE, HAS_A, HAS_DT, SIGMOID, NEG_EIGVAL)
-    gam3, b3 = _gate_rows(g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r3, valid, h, HO,
-                          LINEAR, SAFE, HAS_A, HAS_DT, SIGMOID, NEG_EIGVAL)
+    gam0, b0 = _gate_rows(
+        g_ptr,
+        beta_ptr,
+        a_log_ptr,
+        dt_bias_ptr,
+        t0,
+        r0,
+        valid,
+        h,
+        HO,
+        LINEAR,
+        SAFE,
+        HAS_A,
+        HAS_DT,
+        SIGMOID,
+        NEG_EIGVAL,
+    )
+    gam1, b1 = _gate_rows(
+        g_ptr,
+        beta_ptr,
+        a_log_ptr,
+        dt_bias_ptr,
+        t0,
+        r1,
+        valid,
+        h,
+        HO,
+        LINEAR,
+        SAFE,
+        HAS_A,
+        HAS_DT,
+        SIGMOID,
+        NEG_EIGVAL,
+    )
+    gam2, b2 = _gate_rows(
+        g_ptr,
+        beta_ptr,
+        a_log_ptr,
+        dt_bias_ptr,
+        t0,
+        r2,
+        valid,
+        h,
+        HO,
+        LINEAR,
+        SAFE,
+        HAS_A,
+        HAS_DT,
+        SIGMOID,
+        NEG_EIGVAL,
+    )
+    gam3, b3 = _gate_rows(
+        g_ptr,
+        beta_ptr,
+        a_log_ptr,
+        dt_bias_ptr,
+        t0,
+        r3,
+        valid,
+        h,
+        HO,
+        LINEAR,
+        SAFE,
+        HAS_A,
+        HAS_DT,
+        SIGMOID,
+        NEG_EIGVAL,
+    )
     g0 = tl.cumsum(gam0, 0)
     g1 = tl.cumsum(gam1, 0) + tl.sum(gam0, 0)
     g2 = tl.cumsum(gam2, 0) + tl.sum(gam0, 0) + tl.sum(gam1, 0)
@@ -181,10 +280,17 @@ def wy_fwd_kernel(
     x3 = k3 * (b3 * tl.exp(g3))[:, None]
     w0 = tl.dot(a00, x0, input_precision=PREC)
     w1 = tl.dot(a10, x0, input_precision=PREC) + tl.dot(a11, x1, input_precision=PREC)
-    w2 = (tl.dot(a20, x0, input_precision=PREC) + tl.dot(a21, x1, input_precision=PREC)
-          + tl.dot(a22, x2, input_precision=PREC))
-    w3 = (tl.dot(a30, x0, input_precision=PREC) + tl.dot(a31, x1, input_precision=PREC)
-          + tl.dot(a32, x2, input_precision=PREC) + tl.dot(a33, x3, input_precision=PREC))
+    w2 = (
+        tl.dot(a20, x0, input_precision=PREC)
+        + tl.dot(a21, x1, input_precision=PREC)
+        + tl.dot(a22, x2, input_precision=PREC)
+    )
+    w3 = (
+        tl.dot(a30, x0, input_precision=PREC)
+        + tl.dot(a31, x1, input_precision=PREC)
+        + tl.dot(a32, x2, input_precision=PREC)
+        + tl.dot(a33, x3, input_precision=PREC)
+    )
     store_rows(w_ptr, w0, t0, r0, valid, HO * K, h * K, K)
     store_rows(w_ptr, w1, t0, r1, valid, HO * K, h * K, K)
     store_rows(w_ptr, w2, t0, r2, valid, HO * K, h * K, K)
@@ -195,10 +301,17 @@ def wy_fwd_kernel(
     y3 = load_rows(v_ptr, t0, r3, valid, HV * V, hv * V, V).to(tl.float32) * b3[:, None]
     u0 = tl.dot(a00, y0, input_precision=PREC)
     u1 = tl.dot(a10, y0, input_precision=PREC) + tl.dot(a11, y1, input_precision=PREC)
-    u2 = (tl.dot(a20, y0, input_precision=PREC) + tl.dot(a21, y1, input_precision=PREC)
-          + tl.dot(a22, y2, input_precision=PREC))
-    u3 = (tl.dot(a30, y0, input_precision=PREC) + tl.dot(a31, y1, input_precision=PREC)
-          + tl.dot(a32, y2, input_precision=PREC) + tl.dot(a33, y3, input_precision=PREC))
+    u2 = (
+        tl.dot(a20, y0, input_precision=PREC)
+        + tl.dot(a21, y1, input_precision=PREC)
+        + tl.dot(a22, y2, input_precision=PREC)
+    )
+    u3 = (
+        tl.dot(a30, y0, input_precision=PREC)
+        + tl.dot(a31, y1, input_precision=PREC)
+        + tl.dot(a32, y2, input_precision=PREC)
+        + tl.dot(a33, y3, input_precision=PREC)
+    )
     store_rows(u_ptr, u0, t0, r0, valid, HO * V, h * V, V)
     store_rows(u_ptr, u1, t0, r1, valid, HO * V, h * V, V)
     store_rows(u_ptr, u2, t0, r2, valid, HO * V, h * V, V)
@@ -223,15 +336,45 @@ def _load_a(a_ptr, t0, valid, HO, h, TRANSPOSE: tl.constexpr):
 
 @triton.jit(do_not_specialize=["N"])
 def wy_bwd_kernel(
-    k_ptr, v_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, gc_ptr, beff_ptr, a_ptr,
-    dw_ptr, du_ptr, dk_part_ptr, dg_part_ptr,
-    dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, da_tok_ptr, ddt_tok_ptr,
-    cu_ptr, off_ptr, seq_ptr, N,
-    HO, HK, HV,
-    K: tl.constexpr, V: tl.constexpr,
-    L2NORM: tl.constexpr, LINEAR: tl.constexpr, SAFE: tl.constexpr, HAS_A: tl.constexpr,
-    HAS_DT: tl.constexpr, SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr,
-    FINAL_DK: tl.constexpr, FINAL_DV: tl.constexpr, PREC: tl.constexpr, EPS: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    a_log_ptr,
+    dt_bias_ptr,
+    gc_ptr,
+    beff_ptr,
+    a_ptr,
+    dw_ptr,
+    du_ptr,
+    dk_part_ptr,
+    dg_part_ptr,
+    dk_ptr,
+    dv_ptr,
+    dg_ptr,
+    dbeta_ptr,
+    da_tok_ptr,
+    ddt_tok_ptr,
+    cu_ptr,
+    off_ptr,
+    seq_ptr,
+    N,
+    HO,
+    HK,
+    HV,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    L2NORM: tl.constexpr,
+    LINEAR: tl.constexpr,
+    SAFE: tl.constexpr,
+    HAS_A: tl.constexpr,
+    HAS_DT: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    NEG_EIGVAL: tl.constexpr,
+    FINAL_DK: tl.constexpr,
+    FINAL_DV: tl.constexpr,
+    PREC: tl.constexpr,
+    EPS: tl.constexpr,
 ):
     """Completes dk (from the partial of stage 4), writes dv, dG (w.r.t. the caller's g),
     dbeta (w.r.t. the caller's beta), and per-token safe-gate parameter contributions.
@@ -240,7 +383,7 @@ def wy_bwd_kernel(
     dL = -A^T dA A^T; L_ij = beta_i (k_i . k_j) exp(G_i - G_j) then gives dk, dbeta, dG."""
     c = tl.program_id(0)
     h = tl.program_id(1)
-    n, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
+    _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
     if valid <= 0:
         return
     hk = h // (HO // HK)
@@ -292,8 +435,7 @@ def wy_bwd_kernel(
     strict = (r[:, None] > r[None, :]) & (r[:, None] < valid)
     strict_t = (r[:, None] < r[None, :]) & (r[None, :] < valid)
     dm = tl.where(strict, dl * tl.exp(tl.where(strict, g[:, None] - g[None, :], 0.0)), 0.0)
-    dmt = tl.where(strict_t, dlt * tl.exp(tl.where(strict_t, g[None, :] - g[:, None], 0.0)),
-                   0.0)
+    dmt = tl.where(strict_t, dlt * tl.exp(tl.where(strict_t, g[None, :] - g[:, None], 0.0)), 0.0)
     kk = tl.dot(k, kt, input_precision=PREC)
     dbeta += tl.sum(dm * kk, 1)
     dm = dm * b[:, None]
@@ -313,8 +455,9 @@ def wy_bwd_kernel(
     d_gamma = reverse_cumsum(tl.where(row_ok, dg, 0.0))
     offs = (t0 + r).to(tl.int64) * HO + h
     g_raw = tl.load(g_ptr + offs, mask=row_ok, other=1.0)
-    d_graw, d_a, d_dt = log_decay_bwd(g_raw, d_gamma, a_log_ptr, dt_bias_ptr, h,
-                                      LINEAR, SAFE, HAS_A, HAS_DT)
+    d_graw, d_a, d_dt = log_decay_bwd(
+        g_raw, d_gamma, a_log_ptr, dt_bias_ptr, h, LINEAR, SAFE, HAS_A, HAS_DT
+    )
     tl.store(dg_ptr + offs, d_graw.to(dg_ptr.dtype.element_ty), mask=row_ok)
     if SAFE:
         if HAS_A:
@@ -328,8 +471,15 @@ def wy_bwd_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def group_reduce_kernel(
-    src_ptr, x_ptr, out_ptr, T, HO, HS,
-    D: tl.constexpr, L2NORM: tl.constexpr, EPS: tl.constexpr,
+    src_ptr,
+    x_ptr,
+    out_ptr,
+    T,
+    HO,
+    HS,
+    D: tl.constexpr,
+    L2NORM: tl.constexpr,
+    EPS: tl.constexpr,
 ):
     """out[t, hs] = sum of src[t, ho] over the HO/HS output heads that head hs serves
     (fixed order: deterministic), then the l2norm Jacobian against the raw x if asked."""
