@@ -43,6 +43,10 @@ class SdpaFwdKnobs:
     LAZY_RESCALE: bool = False
 
     def __post_init__(self):
+        # The public boundary hands ints ({knob_type: int}); keep one spelling per value so
+        # equal configs share one compiled kernel.
+        for name in ("PACK_GQA", "TMA", "LAZY_RESCALE"):
+            object.__setattr__(self, name, bool(getattr(self, name)))
         for name in ("TILE_M", "TILE_N"):
             value = getattr(self, name)
             if not (_is_pow2(value) and 16 <= value <= 256):

@@ -1,0 +1,494 @@
+"""The sdpa_fwd family's Triton engines: prefill (dense / THD) and paged decode.
+
+check_support reads the family's facts (analyzer.py) and decides everything the declaration
+decides; build_plan settles the operand positions, the mask and the launch's constant
+arguments for EXACTLY `plan.knobs`, and on a GPU compiles the kernel with a one-token
+launch on scratch tensors that carry the declared strides (the compiled key depends only on
+dtypes, constexprs and the strides' divisibility, never on batch, heads or lengths: the
+kernels keep those out of Triton's value specialisation). execute reads the pack's buffers
+by position as zero-copy torch views and launches on the caller's stream.
+
+Layouts served: q/k/v/O [b, h, s, d] under any strides (BHSD, BSHD, padded); THD when q,
+k, v, O carry ragged offsets (cuDNN's element offsets, multiplier 1; O shares q's offsets
+and v shares k's) with seq_len_q / seq_len_kv; paged K/V containers [num_pages, h_k,
+page_size, d] with one page table for K and V (decode engine, queries dense).
+"""
+
+from __future__ import annotations
+
+from ..._types import data_type, heur_mode, knob_type
+from ...planning import manifest
+from ...planning.facts import facts_for, graph_device
+from ...planning.heuristics import BACKEND
+from ..base import BaseEngine, Capabilities, CompiledPlan, PlanConfig, require_module
+from .analyzer import LAYOUT_THD, analyze
+from .kernels.configs import recommend_decode, recommend_prefill
+from .kernels.knobs import SdpaDecodeKnobs, SdpaFwdKnobs
+
+SERVED = frozenset({data_type.HALF, data_type.BFLOAT16})
+_TORCH_DTYPE = {data_type.HALF: "float16", data_type.BFLOAT16: "bfloat16"}
+# Head dims checked on the H200 (bf16 against float64; bench/results/sdpa_fwd.md). The
+# kernels also compile D=16/32/256, but only 64 and 128 ran on the GPU.
+HEAD_DIMS = frozenset({64, 128})
+PAGE_SIZES = frozenset({16, 32, 64, 128})
+# The kernels run on sm_90 (wgmma via tl.dot, TMA descriptors); only the H200 has run them.
+SM_LO = 90
+PREFILL_NAME = "triton_sdpa_prefill"
+DECODE_NAME = "triton_sdpa_decode"
+
+_PREFILL_KNOBS = {
+    knob_type.TILE_M: "TILE_M",
+    knob_type.TILE_N: "TILE_N",
+    knob_type.STAGES: "NUM_STAGES",
+    knob_type.NUM_WARPS: "NUM_WARPS",
+    knob_type.PACK_GQA: "PACK_GQA",
+    # the backend's own word for "load the inputs through TMA"
+    knob_type.INPUT_TMA_ENABLE: "TMA",
+}
+_DECODE_KNOBS = {
+    knob_type.TILE_N: "TILE_N",
+    knob_type.SPLIT_KV: "SPLIT_KV",
+    knob_type.STAGES: "NUM_STAGES",
+    knob_type.NUM_WARPS: "NUM_WARPS",
+}
+
+
+def _decline(reason: str):
+    raise NotImplementedError(reason)
+
+
+def _node_tensors(facts):
+    node = facts.node
+    i = node.inputs
+    return node, i["q"], i["k"], i["v"], node.outputs["O"], node.outputs.get("Stats")
+
+
+def _common_checks(engine, graph, facts):
+    """Rules both engines share: one sdpa node, served dtypes / head dims, no extra terms."""
+    for module in engine.requires:
+        require_module(module, engine.name)
+    if facts.op != "sdpa" or len(graph.nodes) != 1:
+        _decline("serves a graph of exactly one sdpa node")
+    node, q, k, v, o, stats = _node_tensors(facts)
+    engine.capabilities.require(
+        graph_device(graph),
+        dtypes=[("q", q.data_type), ("k", k.data_type), ("v", v.data_type), ("O", o.data_type)],
+        features=[("d_qk", facts.d_qk)],
+    )
+    if len({q.data_type, k.data_type, v.data_type, o.data_type}) != 1:
+        _decline("q, k, v and O must share one dtype")
+    if facts.d_v != facts.d_qk:
+        _decline(f"d_v={facts.d_v} differs from d_qk={facts.d_qk}: one head dim is served")
+    if facts.heads_k != facts.heads_v:
+        _decline(f"h_k={facts.heads_k} differs from h_v={facts.heads_v}")
+    for flag, what in (
+        (facts.has_bias, "an additive bias"),
+        (facts.has_dropout, "dropout"),
+        (facts.has_score_mod, "a score_mod"),
+        (facts.has_sink, "a sink token"),
+        (facts.alibi, "an ALiBi mask"),
+        (facts.block_mask, "a block mask"),
+        (facts.stats_use_log2, "base-2 Stats (stats_use_log2)"),
+    ):
+        if flag:
+            _decline(f"{what} is not served by this kernel (the backend serves it)")
+    if not (facts.attn_scale is None or isinstance(facts.attn_scale, (int, float))):
+        _decline("attn_scale given as a tensor: the kernel takes it at build")
+    for name, t in (("q", q), ("k", k), ("v", v), ("O", o)):
+        if getattr(t, "ragged_offset_multiplier", 1) not in (1, None):
+            _decline(f"{name}: ragged_offset_multiplier != 1")
+    if stats is not None and stats.data_type != data_type.FLOAT:
+        _decline("Stats must be FLOAT")
+    return node, q, k, v, o, stats
+
+
+def _attn_scale(facts) -> float:
+    # cuDNN's attn_scale defaults to 1.0 when the graph does not set it.
+    return 1.0 if facts.attn_scale is None else float(facts.attn_scale)
+
+
+def _mask(facts, node):
+    """The kernel's AttnMask from the graph, or a decline naming the unserved term."""
+    from .kernels.prefill import AttnMask
+
+    left, right = facts.window
+    if right is not None and int(right) != 0:
+        # right_bound = 0 is causal (keys j <= i'); other values are not yet matched
+        # against the backend's convention.
+        _decline(f"diagonal_band_right_bound={right}: only 0 (causal) is served")
+    bottom_right = facts.causal == "bottom_right" or int(
+        node.attrs.get("diagonal_alignment", 0) or 0) == 1
+    window_left = None
+    if left is not None:
+        # cuDNN's left bound L keeps keys j > i' - L: our inclusive band is L - 1.
+        if int(left) < 1:
+            _decline(f"diagonal_band_left_bound={left} must be >= 1")
+        window_left = int(left) - 1
+    window_right = 0 if facts.causal is not None or right is not None else None
+    if window_left is not None and window_right is None:
+        _decline("a left bound without causal masking (no right bound) is not served")
+    return AttnMask(window_left=window_left, window_right=window_right, bottom_right=bottom_right)
+
+
+# ------------------------------------------------------------------ prefill
+
+
+class SdpaPrefillEngine(BaseEngine):
+    name = PREFILL_NAME
+    capabilities = Capabilities(sm_lo=SM_LO, dtypes=SERVED, features={"d_qk": HEAD_DIMS})
+    KNOB_FIELDS = _PREFILL_KNOBS
+    knob_class = SdpaFwdKnobs
+    requires = ("triton", "torch")
+
+    def check_support(self, graph):
+        facts = facts_for(graph, analyze)
+        node, q, k, v, o, stats = _common_checks(self, graph, facts)
+        if facts.paged:
+            _decline("paged K/V: served by the decode engine (dense queries)")
+        _mask(facts, node)
+        if facts.layout == LAYOUT_THD or facts.ragged:
+            for name, t, ref in (("k", k, None), ("v", v, k), ("O", o, q)):
+                if t.ragged_offset is None:
+                    _decline(f"THD: {name} has no ragged offset")
+                if ref is not None and t.ragged_offset is not ref.ragged_offset:
+                    _decline(f"THD: {name}'s ragged offset is not {'k' if ref is k else 'q'}'s")
+            if node.inputs.get("seq_len_q") is None or node.inputs.get("seq_len_kv") is None:
+                _decline("THD: seq_len_q and seq_len_kv are required")
+            if stats is not None and stats.ragged_offset is not None:
+                _decline("THD: ragged Stats (padded [b, h, s, 1] Stats are served)")
+            for name, t in (("q", q), ("k", k), ("v", v), ("O", o)):
+                if t.stride[1] == 0 or t.stride[2] == 0:
+                    _decline(f"THD: {name} has a zero head or token stride")
+        else:
+            for name, t in (("k", k), ("v", v), ("O", o)):
+                if t.ragged_offset is not None:
+                    _decline(f"{name} is ragged while q is not")
+
+    def default_plans(self, graph):
+        return [PlanConfig(self.engine_id, _prefill_configs(facts_for(graph, analyze))[0])]
+
+    def build_plan(self, graph, plan, ctx):
+        facts = facts_for(graph, analyze)
+        knobs = plan.knobs
+        if not isinstance(knobs, SdpaFwdKnobs):
+            raise TypeError(f"{self.name}: plan knobs must be SdpaFwdKnobs, got {knobs!r}")
+        node, q, k, v, o, stats = _node_tensors(facts)
+        from ...runtime.execute import GraphLayout
+
+        position = GraphLayout(graph).position
+        thd = facts.ragged
+        slots = [("q", q), ("k", k), ("v", v), ("O", o)]
+        slots.append(("Stats", stats))
+        slots.append(("seq_len_q", node.inputs.get("seq_len_q") if facts.padding or thd else None))
+        slots.append(("seq_len_kv", node.inputs.get("seq_len_kv") if facts.padding or thd else None))
+        slots.append(("q ragged offset", q.ragged_offset if thd else None))
+        slots.append(("k ragged offset", k.ragged_offset if thd else None))
+        run = _PrefillPlan(
+            knobs=knobs,
+            mask=_mask(facts, node),
+            scale=_attn_scale(facts),
+            positions=[None if t is None else position[t.uid] for _, t in slots],
+            names=[n for n, _ in slots],
+            thd=thd,
+            declared=[None if t is None else (tuple(t.dim), tuple(t.stride)) for _, t in slots],
+            max_seqlen_q=facts.seq_q,
+            dtype=_TORCH_DTYPE[q.data_type],
+        )
+        device = ctx.device if ctx.device is not None else graph_device(graph)
+        if device is not None and not device.is_interpreter:
+            run.warm(device)
+        return run
+
+
+def _prefill_configs(facts):
+    return recommend_prefill(head_dim=facts.d_qk, causal=facts.causal is not None,
+                             group=facts.gqa_ratio, is_thd=facts.ragged,
+                             max_seqlen_q=facts.seq_q)
+
+
+def _view(buf, declared, thd):
+    """A zero-copy torch view of one operand: the buffer's own description, or for a THD
+    operand the packed [tokens, h, d] view under the DECLARED token / head / dim strides
+    (the buffer may be smaller than the padded declaration: it holds the packed tokens)."""
+    import torch
+
+    t = torch.from_dlpack(buf)
+    if not thd:
+        return t
+    dims, strides = declared
+    _, heads, _, d = dims
+    _, s_h, s_t, s_d = strides
+    elems = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+    tokens = max(1, (elems - (heads - 1) * s_h - (d - 1) * s_d - 1) // s_t + 1)
+    return t.as_strided((tokens, heads, d), (s_t, s_h, s_d), t.storage_offset())
+
+
+def _on_stream(stream, launch):
+    if stream is None:
+        launch()
+        return
+    import torch
+
+    with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
+        launch()
+
+
+class _PrefillPlan(CompiledPlan):
+    workspace_size = 0
+
+    def __init__(self, knobs, mask, scale, positions, names, thd, declared, max_seqlen_q, dtype):
+        self.knobs, self.mask, self.scale, self.thd = knobs, mask, scale, thd
+        self.dtype = dtype
+        self.positions, self.names, self.declared = positions, names, declared
+        self.max_seqlen_q = max_seqlen_q
+        self.present = [i for i, p in enumerate(positions) if p is not None]
+        # THD operands are packed (smaller than the padded declaration) by design.
+        self.checked = [(positions[i], names[i]) for i in self.present
+                        if not (thd and i in (0, 1, 2, 3))]
+
+    def _call(self, views):
+        from .kernels.prefill import sdpa_prefill
+
+        q, k, v, o, stats, len_q, len_kv, off_q, off_kv = views
+        sdpa_prefill(
+            q, k, v, o, attn_scale=self.scale, knobs=self.knobs, mask=self.mask, stats=stats,
+            seq_len_q=len_q, seq_len_kv=len_kv,
+            ragged_offsets_q=off_q, ragged_offsets_kv=off_kv,
+            max_seqlen_q=self.max_seqlen_q if self.thd else None,
+            offsets_unit="elements",
+        )
+
+    def execute(self, graph, pack, ctx):
+        for i, name in self.checked:
+            pack.check_extent(i, name)  # a buffer smaller than declared: refused, nothing launched
+        bufs = pack.operands([self.positions[i] for i in self.present])
+        views = [None] * len(self.positions)
+        for i, buf in zip(self.present, bufs):
+            views[i] = _view(buf, self.declared[i], self.thd and i < 4)
+        _on_stream(ctx.stream, lambda: self._call(views))
+
+    def warm(self, device):
+        """Compile at build: a one-token launch on scratch tensors with the declared strides."""
+        import torch
+
+        dev = torch.device("cuda", getattr(device, "ordinal", 0) or 0)
+        views = []
+        for i, decl in enumerate(self.declared):
+            if decl is None:
+                views.append(None)
+            elif i < 5:
+                dtype = torch.float32 if i == 4 else getattr(torch, self.dtype)
+                views.append(_scratch(decl, self.thd and i < 4, dtype, dev))
+            elif i < 7:
+                views.append(torch.ones(1, dtype=torch.int32, device=dev))
+            else:
+                views.append(torch.tensor([0, 1], dtype=torch.int32, device=dev))
+        saved, self.max_seqlen_q = self.max_seqlen_q, 1
+        try:
+            self._call(views)
+            torch.cuda.synchronize(dev)
+        finally:
+            self.max_seqlen_q = saved
+
+
+def _scratch(decl, thd, dtype, dev, shape=None):
+    """A tensor with the declared strides over batch 1, the declared heads, one token (or
+    `shape` in the declared axis order)."""
+    import torch
+
+    dims, strides = decl
+    if shape is not None:
+        st = tuple(strides)
+    elif thd:
+        shape = (1, dims[1], dims[3])
+        st = (strides[2], strides[1], strides[3])
+    else:
+        shape = (1, dims[1], 1, dims[3])
+        st = tuple(strides)
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, st))
+    return torch.zeros(span, dtype=dtype, device=dev).as_strided(shape, st)
+
+
+# ------------------------------------------------------------------ decode
+
+
+class SdpaDecodeEngine(BaseEngine):
+    name = DECODE_NAME
+    capabilities = Capabilities(sm_lo=SM_LO, dtypes=SERVED,
+                                features={"d_qk": HEAD_DIMS, "page_size": PAGE_SIZES})
+    KNOB_FIELDS = _DECODE_KNOBS
+    knob_class = SdpaDecodeKnobs
+    requires = ("triton", "torch")
+
+    def check_support(self, graph):
+        facts = facts_for(graph, analyze)
+        node, q, k, v, o, stats = _common_checks(self, graph, facts)
+        if not facts.paged:
+            _decline("contiguous K/V: served by the prefill engine")
+        self.capabilities.require(graph_device(graph), features=[("page_size", facts.page_size)])
+        i = node.inputs
+        if i.get("paged_attention_v_table") is not i.get("paged_attention_k_table"):
+            _decline("the K and V page tables are different tensors (one table is served)")
+        if facts.ragged or q.ragged_offset is not None or o.ragged_offset is not None:
+            _decline("ragged (THD) queries over paged K/V are not served yet")
+        if i.get("seq_len_kv") is None:
+            _decline("paged K/V need seq_len_kv")
+        if i.get("seq_len_q") is not None and facts.seq_q > 1:
+            _decline("per-request query lengths (seq_len_q) with s_q > 1 are not served")
+        if facts.window != (None, None):
+            _decline("a sliding window over paged K/V is not served")
+        if facts.causal == "top_left" and facts.seq_q > 1:
+            _decline("top-left causal decode: queries are the last s_q positions (bottom-right)")
+        if facts.gqa_ratio * facts.seq_q > 128:
+            _decline(f"{facts.gqa_ratio} heads per kv head x s_q={facts.seq_q} exceed one tile (128)")
+        table = i["paged_attention_k_table"]
+        if len(table.dim) != 4 or table.dim[1] != 1 or table.dim[3] != 1:
+            _decline(f"page table dims {list(table.dim)}: expected [b, 1, max_pages, 1]")
+        if table.data_type != data_type.INT32:
+            _decline("page table must be INT32")
+
+    def default_plans(self, graph):
+        return [PlanConfig(self.engine_id, _decode_configs(facts_for(graph, analyze))[0])]
+
+    def build_plan(self, graph, plan, ctx):
+        facts = facts_for(graph, analyze)
+        knobs = plan.knobs
+        if not isinstance(knobs, SdpaDecodeKnobs):
+            raise TypeError(f"{self.name}: plan knobs must be SdpaDecodeKnobs, got {knobs!r}")
+        node, q, k, v, o, stats = _node_tensors(facts)
+        from ...runtime.execute import GraphLayout
+        from .kernels.decode import decode_workspace_numel
+
+        position = GraphLayout(graph).position
+        slots = [("q", q), ("k", k), ("v", v), ("O", o), ("Stats", stats),
+                 ("page table", node.inputs["paged_attention_k_table"]),
+                 ("seq_len_kv", node.inputs["seq_len_kv"])]
+        numel = decode_workspace_numel(facts.batch, facts.heads_q, facts.seq_q, facts.d_qk, knobs)
+        run = _DecodePlan(
+            knobs=knobs,
+            scale=_attn_scale(facts),
+            causal=facts.causal is not None and facts.seq_q > 1,
+            positions=[None if t is None else position[t.uid] for _, t in slots],
+            names=[n for n, _ in slots],
+            workspace_numel=numel,
+        )
+        device = ctx.device if ctx.device is not None else graph_device(graph)
+        if device is not None and not device.is_interpreter:
+            declared = [None if t is None else (tuple(t.dim), tuple(t.stride)) for _, t in slots]
+            run.warm(device, declared, _TORCH_DTYPE[q.data_type], facts.gqa_ratio)
+        return run
+
+
+def _decode_configs(facts):
+    sms = getattr(facts.device, "sm_count", 0) or 132
+    return recommend_decode(head_dim=facts.d_qk, page_size=facts.page_size, batch=facts.batch,
+                            heads_kv=facts.heads_k, sm_count=sms)
+
+
+class _DecodePlan(CompiledPlan):
+    def __init__(self, knobs, scale, causal, positions, names, workspace_numel):
+        self.knobs, self.scale, self.causal = knobs, scale, causal
+        self.positions, self.names = positions, names
+        self.present = [i for i, p in enumerate(positions) if p is not None]
+        self.workspace_numel = workspace_numel
+        self.workspace_size = 4 * workspace_numel
+
+    def execute(self, graph, pack, ctx):
+        import torch
+
+        from .kernels.decode import sdpa_decode
+
+        for i in self.present:
+            pack.check_extent(self.positions[i], self.names[i])
+        bufs = pack.operands([self.positions[i] for i in self.present])
+        views = [None] * len(self.positions)
+        for i, buf in zip(self.present, bufs):
+            views[i] = torch.from_dlpack(buf)
+        self._call(views, ctx.workspace, ctx.stream)
+
+    def _call(self, views, workspace_buf, stream):
+        import torch
+
+        from .kernels.decode import sdpa_decode
+
+        q, k, v, o, stats, table, lengths = views
+        workspace = None
+        if self.workspace_numel:
+            if workspace_buf is None:
+                raise ValueError(f"workspace: this plan needs {self.workspace_size} bytes")
+            raw = workspace_buf if isinstance(workspace_buf, torch.Tensor) else torch.from_dlpack(workspace_buf)
+            raw = raw.reshape(-1)
+            if raw.numel() * raw.element_size() < self.workspace_size:
+                raise ValueError(f"workspace: needs {self.workspace_size} bytes, "
+                                 f"got {raw.numel() * raw.element_size()}")
+            workspace = raw.view(torch.uint8)[: self.workspace_size].view(torch.float32)
+
+        def launch():
+            sdpa_decode(
+                q, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), table[:, 0, :, 0], lengths, o,
+                attn_scale=self.scale, knobs=self.knobs, causal=self.causal, stats=stats,
+                workspace=workspace,
+            )
+
+        _on_stream(stream, launch)
+
+    def warm(self, device, declared, dtype, group):
+        """Compile at build: one request, one page, the declared strides."""
+        import torch
+
+        dev = torch.device("cuda", getattr(device, "ordinal", 0) or 0)
+        dt = getattr(torch, dtype)
+        (qd, qs), (kd, _), _, _, stats, _, _ = declared
+        one_q = (1, group, qd[2], qd[3])
+        page = (1, 1, kd[2], kd[3])
+        views = [
+            _scratch(declared[0], False, dt, dev, one_q),
+            _scratch(declared[1], False, dt, dev, page),
+            _scratch(declared[2], False, dt, dev, page),
+            _scratch(declared[3], False, dt, dev, one_q),
+            None if stats is None else _scratch(stats, False, torch.float32, dev, one_q[:3] + (1,)),
+            torch.zeros(1, 1, 1, 1, dtype=torch.int32, device=dev),
+            torch.ones(1, dtype=torch.int32, device=dev),
+        ]
+        scratch = torch.empty(max(1, self.workspace_size), dtype=torch.uint8, device=dev)
+        self._call(views, scratch, None)
+        torch.cuda.synchronize(dev)
+
+
+# ------------------------------------------------------------------ who goes first
+
+# Placement by measured shard (bench/results/sdpa_fwd.md, H200 2026-11-29): the backend
+# ran every timed prefill cell faster (ours 0.76x / 0.78x at D128 S8192 causal / not,
+# 0.83x at D64 S2048), and its page-64 paged decode takes 250 us (the brief's figure,
+# same H200 and day) against our 262 us: on those shards the backend's block leads.
+# Untimed shards keep ours first (the spec's rule for a cell nobody timed): THD / ragged
+# prefill, page sizes other than 64.
+_BACKEND_LEADS_PAGE_SIZES = frozenset({64})
+
+
+def _backend_leads(facts) -> bool:
+    if facts.paged:
+        return facts.page_size in _BACKEND_LEADS_PAGE_SIZES
+    return not facts.ragged
+
+
+def recommend(kind, facts, offered):
+    """Heuristics hook: complete configs from facts alone (kernels/configs.py, the measured
+    winner first), the BACKEND marker placed by the measured shards above."""
+    ours = []
+    for eid in offered:
+        _, slot = manifest.engine_for_id(eid)
+        if slot.name == PREFILL_NAME and not facts.paged:
+            ours += [PlanConfig(eid, kn) for kn in _prefill_configs(facts)]
+        elif slot.name == DECODE_NAME and facts.paged:
+            ours += [PlanConfig(eid, kn) for kn in _decode_configs(facts)]
+    if kind is heur_mode.OPENSOURCE:
+        return ours
+    if kind is heur_mode.FALLBACK:
+        ours = ours[:1]
+    if _backend_leads(facts):
+        return [BACKEND] + ours
+    return ours + [BACKEND]
+
+
+__all__ = ["SdpaPrefillEngine", "SdpaDecodeEngine", "recommend"]

@@ -1,0 +1,198 @@
+"""The sdpa_fwd family's Triton engines end to end under the Triton interpreter: injected
+through the manifest (the path production takes), they plan, build and execute sdpa graphs
+(BHSD, BSHD, THD with cuDNN ragged offsets, paged K/V) against float64 references, decline
+what they cannot serve naming the rule, and the hook places the backend per measured shard.
+
+The backend is hidden (adapter.backend_installed -> False): the subject is the engines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+import cudnn_pygraph as cudnn
+from cudnn_pygraph.backend import adapter
+from cudnn_pygraph.planning import manifest
+from sdpa_reference import attention_one, lse_err, rel_err
+
+ENGINE = "cudnn_pygraph.engines.sdpa.engines"
+DT = cudnn.data_type
+TOL = {"out": 4e-3, "stats": 4e-3}  # fp16 inputs, fp32 softmax
+
+
+@pytest.fixture(autouse=True)
+def sdpa_family(monkeypatch):
+    monkeypatch.setattr(adapter, "backend_installed", lambda: False)
+    fam = dataclasses.replace(
+        manifest.family_by_name("sdpa_fwd"),
+        slots=(
+            manifest.EngineSlot(0, "triton_sdpa_prefill", ENGINE, "SdpaPrefillEngine"),
+            manifest.EngineSlot(1, "triton_sdpa_decode", ENGINE, "SdpaDecodeEngine"),
+        ),
+        heuristics=(ENGINE, "recommend"),
+    )
+    families = tuple(fam if f.name == "sdpa_fwd" else f for f in manifest.FAMILIES)
+    with manifest.use_families(families):
+        yield
+
+
+def _graph():
+    return cudnn.pygraph(io_data_type=DT.HALF, compute_data_type=DT.FLOAT)
+
+
+def _plan_and_build(g):
+    g.create_execution_plans([cudnn.heur_mode.A])
+    g.build_plans()
+    return g
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_dense_graph_runs(layout, causal):
+    b, hq, hkv, s, d = 2, 4, 2, 40, 64
+    g = _graph()
+    if layout == "bshd":
+        qs, ks = [s * hq * d, d, hq * d, 1], [s * hkv * d, d, hkv * d, 1]
+    else:
+        qs, ks = None, None
+    q = g.tensor([b, hq, s, d], qs, name="q")
+    k = g.tensor([b, hkv, s, d], ks, name="k")
+    v = g.tensor([b, hkv, s, d], ks, name="v")
+    o, stats = g.sdpa(q, k, v, attn_scale=0.125, use_causal_mask=causal, generate_stats=True)
+    o.set_output(True).set_stride(qs or [hq * s * d, s * d, d, 1])
+    stats.set_output(True).set_data_type(DT.FLOAT)
+    _plan_and_build(g)
+    assert g.get_plan_name_at_index(0).startswith("triton_sdpa_prefill[")
+    tq, tk, tv = (torch.randn(*t.dim).half().as_strided(t.dim, t.stride) for t in (q, k, v))
+    to = torch.full(o.dim, float("nan")).half().as_strided(o.dim, o.stride)
+    ts = torch.full(stats.dim, float("nan"))
+    g.execute({q: tq, k: tk, v: tv, o: to, stats: ts})
+    for i in range(b):
+        ref_o, ref_l = attention_one(tq[i], tk[i], tv[i], 0.125, None, 0 if causal else None)
+        assert rel_err(to[i], ref_o) <= TOL["out"]
+        assert lse_err(ts[i, ..., 0], ref_l) <= TOL["stats"]
+
+
+def test_thd_graph_with_ragged_offsets_runs():
+    """FlashInfer's prefill binding: packed [T, h, d] buffers under a padded [b, h, s_max, d]
+    declaration with element ragged offsets, seq_len tensors and padded Stats."""
+    lens = [5, 1, 23]
+    b, hq, hkv, d, s_max = len(lens), 4, 2, 64, 32
+    g = _graph()
+    i32 = dict(data_type=DT.INT32)
+    off_q = g.tensor([b + 1, 1, 1, 1], **i32, name="off_q")
+    off_kv = g.tensor([b + 1, 1, 1, 1], **i32, name="off_kv")
+    len_t = g.tensor([b, 1, 1, 1], **i32, name="seq_len")
+    q = g.tensor([b, hq, s_max, d], [s_max * hq * d, d, hq * d, 1], ragged_offset=off_q, name="q")
+    kv_stride = [s_max * hkv * d, d, hkv * d, 1]
+    k = g.tensor([b, hkv, s_max, d], kv_stride, ragged_offset=off_kv, name="k")
+    v = g.tensor([b, hkv, s_max, d], kv_stride, ragged_offset=off_kv, name="v")
+    o, stats = g.sdpa(q, k, v, attn_scale=0.125, use_causal_mask=True, generate_stats=True,
+                      use_padding_mask=True, seq_len_q=len_t, seq_len_kv=len_t)
+    o.set_output(True).set_stride([s_max * hq * d, d, hq * d, 1]).set_ragged_offset(off_q)
+    stats.set_output(True).set_data_type(DT.FLOAT)
+    _plan_and_build(g)
+    total = sum(lens)
+    starts = [0, 5, 6]
+    tq = torch.randn(total, hq, d).half()
+    tk, tv = torch.randn(total, hkv, d).half(), torch.randn(total, hkv, d).half()
+    to = torch.full((total, hq, d), float("nan")).half()
+    ts = torch.full((b, hq, s_max, 1), float("nan"))
+    tl = torch.tensor(lens, dtype=torch.int32).reshape(b, 1, 1, 1)
+    toq = torch.tensor(starts + [total], dtype=torch.int32).reshape(b + 1, 1, 1, 1) * hq * d
+    tok = torch.tensor(starts + [total], dtype=torch.int32).reshape(b + 1, 1, 1, 1) * hkv * d
+    g.execute({q: tq, k: tk, v: tv, o: to, stats: ts, off_q: toq, off_kv: tok, len_t: tl})
+    for i, (s0, n) in enumerate(zip(starts, lens)):
+        sl = slice(s0, s0 + n)
+        ref_o, ref_l = attention_one(tq[sl].transpose(0, 1), tk[sl].transpose(0, 1),
+                                     tv[sl].transpose(0, 1), 0.125, None, 0)
+        assert rel_err(to[sl].transpose(0, 1), ref_o) <= TOL["out"]
+        assert lse_err(ts[i, :, :n, 0], ref_l) <= TOL["stats"]
+
+
+@pytest.mark.parametrize("page", [16, 64])
+def test_paged_decode_graph_runs(page):
+    lens = [1, 70, 130]
+    b, hq, hkv, d = len(lens), 8, 2, 64
+    max_pages = max((n + page - 1) // page for n in lens)
+    num_pages = b * max_pages + 2
+    g = _graph()
+    i32 = dict(data_type=DT.INT32)
+    q = g.tensor([b, hq, 1, d], name="q")
+    kc = g.tensor([num_pages, hkv, page, d], name="k_cache")
+    vc = g.tensor([num_pages, hkv, page, d], name="v_cache")
+    table = g.tensor([b, 1, max_pages, 1], **i32, name="page_table")
+    len_q = g.tensor([b, 1, 1, 1], **i32, name="seq_len_q")
+    len_kv = g.tensor([b, 1, 1, 1], **i32, name="seq_len_kv")
+    o, _ = g.sdpa(q, kc, vc, attn_scale=0.125, generate_stats=False, use_padding_mask=True,
+                  seq_len_q=len_q, seq_len_kv=len_kv, paged_attention_k_table=table,
+                  paged_attention_v_table=table, paged_attention_max_seq_len_kv=max(lens))
+    o.set_output(True)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    assert g.get_plan_name_at_index(0).startswith("triton_sdpa_decode[")
+    g.build_plans()
+    tq = torch.randn(b, hq, 1, d).half()
+    tkc, tvc = torch.randn(num_pages, hkv, page, d).half(), torch.randn(num_pages, hkv, page, d).half()
+    tt = torch.randperm(num_pages)[: b * max_pages].to(torch.int32).reshape(b, 1, max_pages, 1)
+    to = torch.full((b, hq, 1, d), float("nan")).half()
+    ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8)
+    g.execute({q: tq, kc: tkc, vc: tvc, table: tt, o: to,
+               len_q: torch.ones(b, 1, 1, 1, dtype=torch.int32),
+               len_kv: torch.tensor(lens, dtype=torch.int32).reshape(b, 1, 1, 1)}, ws)
+    for i, n in enumerate(lens):
+        tok = torch.arange(n)
+        pages = tt[i, 0, tok // page, 0].long()
+        kd = tkc[pages, :, tok % page].transpose(0, 1)  # [hkv, n, d]
+        vd = tvc[pages, :, tok % page].transpose(0, 1)
+        ref_o, _ = attention_one(tq[i], kd, vd, 0.125)
+        assert rel_err(to[i], ref_o) <= TOL["out"]
+
+
+def _with_bias(g):
+    q = g.tensor([1, 2, 16, 64])
+    bias = g.tensor([1, 2, 16, 16], name="bias")
+    return g.sdpa(q, q, q, bias=bias, generate_stats=False)[0]
+
+
+DECLINES = [
+    ("bias", _with_bias, "an additive bias is not served"),
+    ("head-dim-96", lambda g: g.sdpa(*[g.tensor([1, 2, 16, 96])] * 3, generate_stats=False)[0],
+     "d_qk=96 is outside the row's domain"),
+    ("right-bound-3", lambda g: g.sdpa(*[g.tensor([1, 2, 16, 64])] * 3, generate_stats=False,
+                                       diagonal_band_right_bound=3)[0],
+     "diagonal_band_right_bound=3: only 0 (causal) is served"),
+]
+
+
+@pytest.mark.parametrize("name,build,reason", DECLINES, ids=[d[0] for d in DECLINES])
+def test_declines_name_the_rule(name, build, reason):
+    g = _graph()
+    build(g).set_output(True)
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError):
+        g.create_execution_plans([cudnn.heur_mode.A])
+    assert reason in g.explain()
+
+
+def test_hook_places_backend_by_measured_shard():
+    """Dense prefill (timed: the backend was faster) puts the backend first; THD (untimed)
+    keeps ours first."""
+    from cudnn_pygraph.engines.sdpa.analyzer import SdpaGraphFacts
+    from cudnn_pygraph.engines.sdpa.engines import recommend
+    from cudnn_pygraph.planning.engine_ids import python_engine_id
+    from cudnn_pygraph.planning.heuristics import BACKEND
+
+    fields = {f.name: None for f in dataclasses.fields(SdpaGraphFacts)}
+    base = dict(fields, op="sdpa", batch=2, heads_q=16, heads_k=16, heads_v=16, seq_q=8192,
+                seq_kv=8192, d_qk=128, d_v=128, causal="top_left", window=(None, None),
+                ragged=False, paged=False, gqa_ratio=1)
+    prefill = python_engine_id(1, 0)
+    dense = recommend(cudnn.heur_mode.A, SdpaGraphFacts(**base), (prefill,))
+    assert dense[0] is BACKEND and len(dense) > 1
+    thd = recommend(cudnn.heur_mode.A, SdpaGraphFacts(**dict(base, ragged=True)), (prefill,))
+    assert thd[-1] is BACKEND and thd[0].engine_id == prefill
