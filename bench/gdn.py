@@ -5,6 +5,8 @@ Checks correctness first (our O and final state against fla's, and our gradients
 then times with CUDA events (median of REPS) and prints a Markdown table.
 
   PYTHONPATH=src python bench/gdn.py            # needs fla-core 0.6.0 importable
+  PYTHONPATH=src python bench/gdn.py --no-fla --profile --only "(a)"
+                                                # per-kernel CUDA time of ours (torch.profiler)
 """
 
 from __future__ import annotations
@@ -151,6 +153,21 @@ def fla_forward_backward(x, cu, init):
     o.backward(torch.ones_like(o))
 
 
+def profile_kernels(only):
+    """Per-kernel CUDA time of our forward and backward (torch.profiler), one shape."""
+    name, seqlens = next((n, s) for n, s in shapes().items() if not only or only in n)
+    x, cu, init = make_inputs(seqlens, with_state=False)
+    ours = Ours(x, cu, init)
+    ours.forward_backward()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            ours.forward_backward()
+        torch.cuda.synchronize()
+    print(f"{name}: 5 x (forward + backward)")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20))
+
+
 def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
@@ -159,7 +176,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--no-fla", action="store_true")
     parser.add_argument("--only", default=None, help="substring of a shape name")
+    parser.add_argument("--profile", action="store_true", help="per-kernel times, then exit")
     args = parser.parse_args()
+    if args.profile:
+        profile_kernels(args.only)
+        return
     # Rows print as they complete (a partial run still leaves a table).
     print(
         "| shape | init/final state | ours fwd ms | ours fwd Mtok/s | fla fwd ms | fwd speedup "
