@@ -84,8 +84,9 @@ def _chain(graph, mm, M, N):
             steps.append(EpilogueStep(_UNARY[node.op]))
         elif node.op == "identity" and not others:
             out = node.outputs["output"].data_type
-            if out in DTYPE_NAMES and DTYPE_NAMES[out] in ("fp16", "bf16", "fp32"):
-                steps.append(EpilogueStep("cast", dtype=DTYPE_NAMES[out]))
+            if DTYPE_NAMES.get(out) not in ("fp16", "bf16", "fp32"):
+                return f"identity node '{node.name}': a cast to {out.name} is not fused"
+            steps.append(EpilogueStep("cast", dtype=DTYPE_NAMES[out]))
         elif node.op in _BINARY and len(others) == 1:
             (x,) = others
             if x.producer is not None:

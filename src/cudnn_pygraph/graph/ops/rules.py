@@ -37,6 +37,11 @@ def require_dtype(node, port, allowed):
 def broadcast(node, ports):
     """Elementwise broadcast: same rank, each extent equal or 1."""
     shapes = [(p, dims(node, p)) for p in ports if node.inputs.get(p) is not None]
+    # A tensor of all-1 extents (a tensor_scalar, a 0-d constant) broadcasts at any rank.
+    full = [(p, d) for p, d in shapes if any(x != 1 for x in d)]
+    if full and len(full) < len(shapes):
+        rank = len(full[0][1])
+        shapes = full + [(p, (1,) * rank) for p, d in shapes if all(x == 1 for x in d)]
     rank = len(shapes[0][1])
     out = list(shapes[0][1])
     for port, shape in shapes[1:]:
