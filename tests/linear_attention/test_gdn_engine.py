@@ -168,3 +168,30 @@ def test_engine_declines_naming_the_rule(case):
         with pytest.raises(cudnnGraphNotSupportedError, match=f"triton_gdn .* declines: {reason}"):
             g.create_execution_plans([cudnn.heur_mode.A])
             g.build_plans()
+
+
+def test_build_time_warm_launch_runs_every_kernel_path():
+    # On a GPU, build_plan compiles by one warm launch on a one-token problem shaped like
+    # the declaration; here the same code runs under the interpreter, on a backward graph
+    # with a K-major state and grouped heads (every port kind the warm launch fabricates).
+    from cudnn_pygraph.engines.linear_attention.gdn_engine import (
+        GdnPlan,
+        _compile_by_warm_launch,
+    )
+
+    x = inputs(seqlens=(70,), heads=2)
+    x["q"] = x["q"][:, :1].contiguous()  # H=1 q head serving 2 output heads
+    x["k"] = x["k"][:, :1].contiguous()
+    x["initial_state"] = x["initial_state"].transpose(2, 3).contiguous().transpose(2, 3)
+    x["dO"] = torch.randn(70, 2, 64)
+    g = cudnn.pygraph(name="gdn_bwd", io_data_type=dt.FLOAT)
+    t = declare(g, x)
+    outs = g.gdn_bwd(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"], t["dO"],
+                     initial_state=t["initial_state"], scale=0.125)  # fmt: skip
+    ports = {**t}
+    for name, port in zip(("dQ", "dK", "dV", "dG", "dBeta", "d_initial_state"), outs):
+        ports[name] = port
+    flags = {"scale": 0.125, "use_qk_l2norm": True, "use_beta_sigmoid": False,
+             "allow_neg_eigval": False, "safe_gate": False, "gate_domain": "log"}  # fmt: skip
+    plan = GdnPlan(True, tuple(ports), [], flags, 0, None)
+    _compile_by_warm_launch(plan, ports, torch.device(DEVICE))
