@@ -245,7 +245,8 @@ def dense_row(b, h, s, d, causal, candidates, budget_s, reps=10):
 
 
 def thd_row(candidates, budget_s, reps=10):
-    lens = [256, 8192, 512, 4096, 1024, 2048, 384, 6144, 768, 3072, 1536, 5120, 320, 7168, 640, 2560]
+    lens = [256, 8192, 512, 4096, 1024, 2048, 384, 6144,
+            768, 3072, 1536, 5120, 320, 7168, 640, 2560]
     hq, hkv, d = 32, 8, 128
     shape = f"THD 16 seqs {min(lens)}..{max(lens)} (sum {sum(lens)}) GQA {hq}/{hkv} D{d} causal"
     lens = [small(n // 64) for n in lens] if DRY else lens
@@ -331,7 +332,8 @@ def decode_row(page, candidates, budget_s, reps=20):
     kv_bytes = 2 * b * L * hkv * d * kd.element_size()
     best = min(results, key=results.get) if results else None
     ROWS.append((shape, best, results.get(best), results.get(first), t_ms, None, kv_bytes,
-                 "decode", f"torch: flash on a dense copy {why}; backend not run (brief: 250 us, page 64)"))
+                 "decode",
+                 f"torch: flash on a dense copy {why}; backend not run (brief: 250 us, page 64)"))
 
 
 # ---------------------------------------------------------------- report
@@ -360,7 +362,8 @@ def report() -> str:
         ratio_t = None if (o_ms is None or t_ms is None) else t_ms / o_ms
         ratio_b = None if (o_ms is None or b_ms is None) else b_ms / o_ms
         lines.append(
-            f"| {shape} | {name(best) if best else '—'} | {fmt(o_ms, '.3f')} | {fmt(f_ms, '.3f')} "
+            f"| {shape} | {name(best) if best else '—'} | {fmt(o_ms, '.3f')} "
+            f"| {fmt(f_ms, '.3f')} "
             f"| {fmt(t_ms, '.3f')} | {fmt(b_ms, '.3f')} | {fmt(rate(o_ms), spec)} {unit} "
             f"| {fmt(rate(t_ms), spec)} | {fmt(rate(b_ms), spec)} | {fmt(ratio_t, '.2f')}x "
             f"| {fmt(ratio_b, '.2f')}x |")

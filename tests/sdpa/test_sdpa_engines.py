@@ -138,7 +138,7 @@ def test_paged_decode_graph_runs(page):
     assert g.get_plan_name_at_index(0).startswith("triton_sdpa_decode[")
     g.build_plans()
     tq = torch.randn(b, hq, 1, d).half()
-    tkc, tvc = torch.randn(num_pages, hkv, page, d).half(), torch.randn(num_pages, hkv, page, d).half()
+    tkc, tvc = (torch.randn(num_pages, hkv, page, d).half() for _ in range(2))
     tt = torch.randperm(num_pages)[: b * max_pages].to(torch.int32).reshape(b, 1, max_pages, 1)
     to = torch.full((b, hq, 1, d), float("nan")).half()
     ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8)
@@ -196,3 +196,88 @@ def test_hook_places_backend_by_measured_shard():
     assert dense[0] is BACKEND and len(dense) > 1
     thd = recommend(cudnn.heur_mode.A, SdpaGraphFacts(**dict(base, ragged=True)), (prefill,))
     assert thd[-1] is BACKEND and thd[0].engine_id == prefill
+
+
+def _built_plans(g):
+    """(prefill or decode plan) built straight from the engine, as build_plans would."""
+    from cudnn_pygraph.engines.base import BuildContext, PlanConfig
+    from cudnn_pygraph.engines.sdpa.engines import SdpaDecodeEngine, SdpaPrefillEngine
+    from cudnn_pygraph.engines.sdpa.kernels import SdpaDecodeKnobs, SdpaFwdKnobs
+    from cudnn_pygraph.planning.engine_ids import python_engine_id
+
+    g.create_execution_plans([cudnn.heur_mode.A])
+    prefill = SdpaPrefillEngine(python_engine_id(1, 0))
+    decode = SdpaDecodeEngine(python_engine_id(1, 1))
+    for engine, knobs in ((prefill, SdpaFwdKnobs(128, 64, 3, 4)),
+                          (decode, SdpaDecodeKnobs(TILE_N=32, SPLIT_KV=2))):
+        try:
+            engine.check_support(g)
+        except NotImplementedError:
+            continue
+        return engine.build_plan(g, PlanConfig(engine.engine_id, knobs), BuildContext(None))
+    raise AssertionError("no engine accepted the graph")
+
+
+def _thd_graph():
+    g = _graph()
+    i32 = dict(data_type=DT.INT32)
+    off = g.tensor([3, 1, 1, 1], **i32, name="off")
+    lens = g.tensor([2, 1, 1, 1], **i32, name="lens")
+    q = g.tensor([2, 4, 16, 64], [16 * 4 * 64, 64, 4 * 64, 1], ragged_offset=off, name="q")
+    kv = g.tensor([2, 2, 16, 64], [16 * 2 * 64, 64, 2 * 64, 1], ragged_offset=off, name="k")
+    o, st = g.sdpa(q, kv, kv, use_causal_mask=True, generate_stats=True, use_padding_mask=True,
+                   seq_len_q=lens, seq_len_kv=lens)
+    o.set_output(True).set_stride([16 * 4 * 64, 64, 4 * 64, 1]).set_ragged_offset(off)
+    st.set_output(True).set_data_type(DT.FLOAT)
+    return g
+
+
+def _paged_graph():
+    g = _graph()
+    i32 = dict(data_type=DT.INT32)
+    cache = g.tensor([6, 2, 16, 64], name="cache")
+    table = g.tensor([2, 1, 3, 1], **i32, name="table")
+    lens = g.tensor([2, 1, 1, 1], **i32, name="lens")
+    o, st = g.sdpa(g.tensor([2, 8, 1, 64], name="q"), cache, cache, generate_stats=True,
+                   use_padding_mask=True, seq_len_kv=lens, paged_attention_k_table=table,
+                   paged_attention_v_table=table, paged_attention_max_seq_len_kv=48)
+    o.set_output(True)
+    st.set_output(True).set_data_type(DT.FLOAT)
+    return g
+
+
+def _dense_graph():
+    g = _graph()
+    q = g.tensor([2, 4, 16, 64], [16 * 4 * 64, 64, 4 * 64, 1], name="q")  # BSHD
+    o, st = g.sdpa(q, q, q, use_causal_mask=True, generate_stats=True)
+    o.set_output(True)
+    st.set_output(True).set_data_type(DT.FLOAT)
+    return g
+
+
+@pytest.mark.parametrize("make", [_dense_graph, _thd_graph, _paged_graph],
+                         ids=["bshd", "thd", "paged"])
+def test_build_time_compile_launch_is_accepted(make):
+    """On a GPU build_plan compiles with a one-token launch on scratch tensors carrying the
+    declared strides; here the same launch runs under the interpreter, so its arguments are
+    held to the launchers' rules without a GPU."""
+    plan = _built_plans(make())
+    plan.warm("cpu")
+
+
+def test_deciding_imports_no_triton_or_torch():
+    """Capability checks and the tuning rules import neither triton nor torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import cudnn_pygraph.engines.sdpa.engines as e\n"
+        "from cudnn_pygraph.engines.sdpa.kernels.mask import AttnMask\n"
+        "e.recommend\n"
+        "print(sorted(m for m in ('triton', 'torch') if m in sys.modules))\n"
+    )
+    env = dict(os.environ)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True).stdout.strip()
+    assert out == "[]"

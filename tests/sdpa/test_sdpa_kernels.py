@@ -51,6 +51,10 @@ def rand(*shape, dtype):
     return torch.randn(*shape, dtype=dtype, device=DEVICE)
 
 
+def qkv(b, hq, hkv, s_q, s_kv, d, dtype):
+    return rand(b, hq, s_q, d, dtype=dtype), *(rand(b, hkv, s_kv, d, dtype=dtype) for _ in "kv")
+
+
 def nan_like(t):
     return torch.full_like(t, float("nan"))
 
@@ -69,7 +73,7 @@ def check(out, ref_out, lse, ref_lse, dtype):
 @pytest.mark.parametrize("s_q,s_kv", [(37, 45), (45, 29)], ids=["sq37-skv45", "sq45-skv29"])
 def test_prefill_dense_masks(mask, dtype, s_q, s_kv):
     b, h, d = 2, 2, 32
-    q, k, v = rand(b, h, s_q, d, dtype=dtype), rand(b, h, s_kv, d, dtype=dtype), rand(b, h, s_kv, d, dtype=dtype)
+    q, k, v = qkv(b, h, h, s_q, s_kv, d, dtype)
     out = nan_like(q)
     stats = torch.full((b, h, s_q, 1), float("nan"), device=DEVICE)
     sdpa_prefill(q, k, v, out, attn_scale=0.3, knobs=SMALL, mask=mask, stats=stats)
@@ -84,7 +88,8 @@ KNOBS = {
     "m32-n16": SdpaFwdKnobs(TILE_M=32, TILE_N=16, NUM_STAGES=2, NUM_WARPS=4),
     "m64-n64": SdpaFwdKnobs(TILE_M=64, TILE_N=64, NUM_STAGES=2, NUM_WARPS=8),
     "m16-n16-tma": SdpaFwdKnobs(TILE_M=16, TILE_N=16, NUM_STAGES=2, NUM_WARPS=4, TMA=True),
-    "m16-n16-lazy": SdpaFwdKnobs(TILE_M=16, TILE_N=16, NUM_STAGES=2, NUM_WARPS=4, LAZY_RESCALE=True),
+    "m16-n16-lazy": SdpaFwdKnobs(TILE_M=16, TILE_N=16, NUM_STAGES=2, NUM_WARPS=4,
+                                 LAZY_RESCALE=True),
 }
 
 
@@ -96,10 +101,11 @@ TILE_MASKS = ("causal-br", "window-l5-r3", "window-l33-only", "window-l40-r20-br
 def test_prefill_tile_sizes(knobs, mask):
     """Masked edge tiles and unmasked middle tiles meet at different places per tile size."""
     dtype, b, h, s_q, s_kv, d = torch.float32, 1, 2, 70, 83, 16
-    q, k, v = rand(b, h, s_q, d, dtype=dtype), rand(b, h, s_kv, d, dtype=dtype), rand(b, h, s_kv, d, dtype=dtype)
+    q, k, v = qkv(b, h, h, s_q, s_kv, d, dtype)
     out = nan_like(q)
     sdpa_prefill(q, k, v, out, attn_scale=0.25, knobs=knobs, mask=mask)
-    ref_o, _ = attention_one(q[0], k[0], v[0], 0.25, mask.window_left, mask.window_right, mask.bottom_right)
+    ref_o, _ = attention_one(q[0], k[0], v[0], 0.25, mask.window_left, mask.window_right,
+                             mask.bottom_right)
     check(out[0], ref_o, None, None, dtype)
 
 
@@ -140,7 +146,7 @@ def test_prefill_bshd_strided(dtype):
 def test_prefill_padding(mask):
     """seq_len_q / seq_len_kv device tensors; rows past seq_len_q stay untouched (NaN)."""
     dtype, b, h, s, d = torch.float32, 3, 2, 40, 16
-    q, k, v = rand(b, h, s, d, dtype=dtype), rand(b, h, s, d, dtype=dtype), rand(b, h, s, d, dtype=dtype)
+    q, k, v = qkv(b, h, h, s, s, d, dtype)
     len_q = torch.tensor([40, 1, 23], dtype=torch.int32, device=DEVICE)
     len_kv = torch.tensor([17, 40, 30], dtype=torch.int32, device=DEVICE).reshape(b, 1, 1, 1)
     out = nan_like(q)
@@ -186,7 +192,8 @@ THD_LENS = {
 
 
 def cu(lengths):
-    return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device=DEVICE)
+    offsets = [0] + list(torch.tensor(lengths).cumsum(0))
+    return torch.tensor(offsets, dtype=torch.int32, device=DEVICE)
 
 
 @pytest.mark.parametrize("pack,tma", [(False, False), (True, False), (True, True)],
@@ -199,7 +206,8 @@ def test_prefill_thd(lens, mask, pack, tma, dtype):
     lens_q, lens_kv = lens
     hq, hkv, d = 4, 2, 32
     tq, tkv = sum(lens_q), sum(lens_kv)
-    q, k, v = rand(tq, hq, d, dtype=dtype), rand(tkv, hkv, d, dtype=dtype), rand(tkv, hkv, d, dtype=dtype)
+    q = rand(tq, hq, d, dtype=dtype)
+    k, v = rand(tkv, hkv, d, dtype=dtype), rand(tkv, hkv, d, dtype=dtype)
     out = nan_like(q)
     stats = torch.full((tq, hq, 1), float("nan"), device=DEVICE)  # packed stats
     knobs = SdpaFwdKnobs(TILE_M=16, TILE_N=16, NUM_STAGES=1, NUM_WARPS=4, PACK_GQA=pack, TMA=tma)
@@ -226,7 +234,7 @@ def test_prefill_thd_element_offsets_padded_stats():
     lens = [5, 1, 19]
     starts = [0, 8, 12]  # tokens; sequence 0 leaves a gap of 3
     total = 32
-    q, k, v = rand(total, h, d, dtype=dtype), rand(total, h, d, dtype=dtype), rand(total, h, d, dtype=dtype)
+    q, k, v = (rand(total, h, d, dtype=dtype) for _ in "qkv")
     out = nan_like(q)
     offs = torch.tensor(starts + [total], dtype=torch.int32, device=DEVICE) * (h * d)
     seq = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
@@ -300,7 +308,8 @@ def test_decode_multi_token_causal_workspace(split):
     q = rand(len(lens), hq, 3, d, dtype=dtype)
     out = nan_like(q)
     knobs = SdpaDecodeKnobs(TILE_N=16, SPLIT_KV=split)
-    ws = torch.full((max(1, decode_workspace_numel(len(lens), hq, 3, d, knobs)),), float("nan"), device=DEVICE)
+    numel = max(1, decode_workspace_numel(len(lens), hq, 3, d, knobs))
+    ws = torch.full((numel,), float("nan"), device=DEVICE)
     seq = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     sdpa_decode(q, k_cache, v_cache, table, seq, out, attn_scale=0.3, knobs=knobs, causal=True,
                 workspace=ws)
@@ -347,7 +356,9 @@ BAD_PREFILL = {
         "max_seqlen_q",
     ),
     "seqlen-int64": (lambda: _dense(), {"seq_len_q": torch.tensor([8])}, "seq_len_q: dtype"),
-    "stats-fp16": (lambda: _dense(), {"stats": torch.empty(1, 2, 8, 1, dtype=torch.float16)}, "stats: dtype"),
+    "stats-fp16": (
+        lambda: _dense(), {"stats": torch.empty(1, 2, 8, 1, dtype=torch.float16)}, "stats: dtype"
+    ),
 }
 
 
@@ -377,7 +388,8 @@ def test_decode_bad_page_table():
                     attn_scale=1.0, knobs=SdpaDecodeKnobs(TILE_N=16))
 
 
-@pytest.mark.parametrize("bad", [dict(TILE_M=24), dict(TILE_N=8), dict(NUM_WARPS=3), dict(NUM_STAGES=0)],
+@pytest.mark.parametrize("bad", [dict(TILE_M=24), dict(TILE_N=8), dict(NUM_WARPS=3),
+                                 dict(NUM_STAGES=0)],
                          ids=["tile-m-24", "tile-n-8", "warps-3", "stages-0"])
 def test_knobs_reject_out_of_domain(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):

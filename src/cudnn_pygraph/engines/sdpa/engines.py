@@ -109,7 +109,7 @@ def _attn_scale(facts) -> float:
 
 def _mask(facts, node):
     """The kernel's AttnMask from the graph, or a decline naming the unserved term."""
-    from .kernels.prefill import AttnMask
+    from .kernels.mask import AttnMask
 
     left, right = facts.window
     if right is not None and int(right) != 0:
@@ -179,8 +179,9 @@ class SdpaPrefillEngine(BaseEngine):
         thd = facts.ragged
         slots = [("q", q), ("k", k), ("v", v), ("O", o)]
         slots.append(("Stats", stats))
-        slots.append(("seq_len_q", node.inputs.get("seq_len_q") if facts.padding or thd else None))
-        slots.append(("seq_len_kv", node.inputs.get("seq_len_kv") if facts.padding or thd else None))
+        lengths = facts.padding or thd
+        slots.append(("seq_len_q", node.inputs.get("seq_len_q") if lengths else None))
+        slots.append(("seq_len_kv", node.inputs.get("seq_len_kv") if lengths else None))
         slots.append(("q ragged offset", q.ragged_offset if thd else None))
         slots.append(("k ragged offset", k.ragged_offset if thd else None))
         run = _PrefillPlan(
@@ -196,7 +197,7 @@ class SdpaPrefillEngine(BaseEngine):
         )
         device = ctx.device if ctx.device is not None else graph_device(graph)
         if device is not None and not device.is_interpreter:
-            run.warm(device)
+            run.warm(f"cuda:{getattr(device, 'ordinal', 0) or 0}")
         return run
 
 
@@ -267,11 +268,11 @@ class _PrefillPlan(CompiledPlan):
             views[i] = _view(buf, self.declared[i], self.thd and i < 4)
         _on_stream(ctx.stream, lambda: self._call(views))
 
-    def warm(self, device):
+    def warm(self, torch_device):
         """Compile at build: a one-token launch on scratch tensors with the declared strides."""
         import torch
 
-        dev = torch.device("cuda", getattr(device, "ordinal", 0) or 0)
+        dev = torch.device(torch_device)
         views = []
         for i, decl in enumerate(self.declared):
             if decl is None:
@@ -286,7 +287,8 @@ class _PrefillPlan(CompiledPlan):
         saved, self.max_seqlen_q = self.max_seqlen_q, 1
         try:
             self._call(views)
-            torch.cuda.synchronize(dev)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
         finally:
             self.max_seqlen_q = saved
 
@@ -340,7 +342,8 @@ class SdpaDecodeEngine(BaseEngine):
         if facts.causal == "top_left" and facts.seq_q > 1:
             _decline("top-left causal decode: queries are the last s_q positions (bottom-right)")
         if facts.gqa_ratio * facts.seq_q > 128:
-            _decline(f"{facts.gqa_ratio} heads per kv head x s_q={facts.seq_q} exceed one tile (128)")
+            _decline(f"{facts.gqa_ratio} heads per kv head x s_q={facts.seq_q} exceed one "
+                     "tile (128 rows)")
         table = i["paged_attention_k_table"]
         if len(table.dim) != 4 or table.dim[1] != 1 or table.dim[3] != 1:
             _decline(f"page table dims {list(table.dim)}: expected [b, 1, max_pages, 1]")
@@ -372,10 +375,11 @@ class SdpaDecodeEngine(BaseEngine):
             names=[n for n, _ in slots],
             workspace_numel=numel,
         )
+        run.declared = [None if t is None else (tuple(t.dim), tuple(t.stride)) for _, t in slots]
+        run.dtype, run.group = _TORCH_DTYPE[q.data_type], facts.gqa_ratio
         device = ctx.device if ctx.device is not None else graph_device(graph)
         if device is not None and not device.is_interpreter:
-            declared = [None if t is None else (tuple(t.dim), tuple(t.stride)) for _, t in slots]
-            run.warm(device, declared, _TORCH_DTYPE[q.data_type], facts.gqa_ratio)
+            run.warm(f"cuda:{getattr(device, 'ordinal', 0) or 0}")
         return run
 
 
@@ -416,7 +420,9 @@ class _DecodePlan(CompiledPlan):
         if self.workspace_numel:
             if workspace_buf is None:
                 raise ValueError(f"workspace: this plan needs {self.workspace_size} bytes")
-            raw = workspace_buf if isinstance(workspace_buf, torch.Tensor) else torch.from_dlpack(workspace_buf)
+            raw = workspace_buf
+            if not isinstance(raw, torch.Tensor):
+                raw = torch.from_dlpack(raw)
             raw = raw.reshape(-1)
             if raw.numel() * raw.element_size() < self.workspace_size:
                 raise ValueError(f"workspace: needs {self.workspace_size} bytes, "
@@ -432,13 +438,14 @@ class _DecodePlan(CompiledPlan):
 
         _on_stream(stream, launch)
 
-    def warm(self, device, declared, dtype, group):
+    def warm(self, torch_device):
         """Compile at build: one request, one page, the declared strides."""
         import torch
 
-        dev = torch.device("cuda", getattr(device, "ordinal", 0) or 0)
-        dt = getattr(torch, dtype)
-        (qd, qs), (kd, _), _, _, stats, _, _ = declared
+        dev = torch.device(torch_device)
+        dt = getattr(torch, self.dtype)
+        declared, group = self.declared, self.group
+        (qd, _), (kd, _), _, _, stats, _, _ = declared
         one_q = (1, group, qd[2], qd[3])
         page = (1, 1, kd[2], kd[3])
         views = [
@@ -452,7 +459,8 @@ class _DecodePlan(CompiledPlan):
         ]
         scratch = torch.empty(max(1, self.workspace_size), dtype=torch.uint8, device=dev)
         self._call(views, scratch, None)
-        torch.cuda.synchronize(dev)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
 
 
 # ------------------------------------------------------------------ who goes first

@@ -13,7 +13,7 @@ _EXPORTS = {
     "SdpaDecodeKnobs": "knobs",
     "SUPPORTED_HEAD_DIMS": "knobs",
     "SUPPORTED_PAGE_SIZES": "knobs",
-    "AttnMask": "prefill",
+    "AttnMask": "mask",
     "sdpa_prefill": "prefill",
     "prefill_flops": "prefill",
     "sdpa_decode": "decode",

@@ -74,10 +74,13 @@ class SdpaDecodeKnobs:
 
     def __post_init__(self):
         if not (_is_pow2(self.TILE_N) and 16 <= self.TILE_N <= 256):
-            raise ValueError(f"SdpaDecodeKnobs.TILE_N={self.TILE_N}: must be a power of two in 16..256")
+            raise ValueError(
+                f"SdpaDecodeKnobs.TILE_N={self.TILE_N}: must be a power of two in 16..256")
         if not (_is_pow2(self.SPLIT_KV) and self.SPLIT_KV <= 64):
-            raise ValueError(f"SdpaDecodeKnobs.SPLIT_KV={self.SPLIT_KV}: must be a power of two <= 64")
+            raise ValueError(
+                f"SdpaDecodeKnobs.SPLIT_KV={self.SPLIT_KV}: must be a power of two <= 64")
         if self.NUM_WARPS not in (1, 2, 4, 8, 16):
-            raise ValueError(f"SdpaDecodeKnobs.NUM_WARPS={self.NUM_WARPS}: must be 1, 2, 4, 8 or 16")
+            raise ValueError(
+                f"SdpaDecodeKnobs.NUM_WARPS={self.NUM_WARPS}: must be 1, 2, 4, 8 or 16")
         if not 1 <= self.NUM_STAGES <= 6:
             raise ValueError(f"SdpaDecodeKnobs.NUM_STAGES={self.NUM_STAGES}: must be in 1..6")

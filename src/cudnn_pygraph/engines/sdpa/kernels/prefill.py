@@ -21,40 +21,14 @@ and the bulk does not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import triton
 import triton.language as tl
 
 from .knobs import SUPPORTED_HEAD_DIMS, SdpaFwdKnobs
+from .mask import AttnMask
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-
-
-@dataclass(frozen=True)
-class AttnMask:
-    """The diagonal-band mask, in key positions relative to the (aligned) diagonal.
-
-    window_left=None: no left bound. window_right=None: no right bound; 0 is causal.
-    Row i' (= i, or i + s_kv - s_q when bottom_right) sees keys j with
-    i' - window_left <= j <= i' + window_right. cuDNN's diagonal_band_left_bound L
-    (``j > i' - L``) is window_left = L - 1.
-    """
-
-    window_left: int | None = None
-    window_right: int | None = None
-    bottom_right: bool = False
-
-    @staticmethod
-    def causal(bottom_right: bool = False) -> "AttnMask":
-        return AttnMask(window_left=None, window_right=0, bottom_right=bottom_right)
-
-    def __post_init__(self):
-        for name in ("window_left", "window_right"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"AttnMask.{name}={value}: must be >= 0 or None")
 
 
 @triton.jit
@@ -215,10 +189,12 @@ def _sdpa_fwd_kernel(
         # Hopper's copy engine: one descriptor per (batch, kv head) K and V, bounded by the
         # sequence, so ragged tails need no masks on the loads (the launcher checked the
         # 16-byte alignment rules and a unit D stride).
-        k_src = tl.make_tensor_descriptor(K + k_base + kv_head * stride_kh, shape=[seqlen_kv, HEAD_DIM],
-                                          strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
-        v_src = tl.make_tensor_descriptor(V + v_base + kv_head * stride_vh, shape=[seqlen_kv, HEAD_DIM],
-                                          strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
+        k_src = tl.make_tensor_descriptor(
+            K + k_base + kv_head * stride_kh, shape=[seqlen_kv, HEAD_DIM],
+            strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
+        v_src = tl.make_tensor_descriptor(
+            V + v_base + kv_head * stride_vh, shape=[seqlen_kv, HEAD_DIM],
+            strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
     else:
         k_src = (K + k_base + kv_head * stride_kh + offs_n[None, :] * stride_ks
                  + offs_d[:, None] * stride_kd)
@@ -471,7 +447,8 @@ def sdpa_prefill(
         HAS_SEQLEN_Q=seq_len_q is not None, HAS_SEQLEN_KV=seq_len_kv is not None,
         HAS_LEFT=mask.window_left is not None, HAS_RIGHT=mask.window_right is not None,
         BOTTOM_RIGHT=mask.bottom_right, WRITE_LSE=stats is not None, LSE_PACKED=lse_packed,
-        TMA=use_tma, LAZY_RESCALE=knobs.LAZY_RESCALE, num_warps=knobs.NUM_WARPS, num_stages=knobs.NUM_STAGES,
+        TMA=use_tma, LAZY_RESCALE=knobs.LAZY_RESCALE,
+        num_warps=knobs.NUM_WARPS, num_stages=knobs.NUM_STAGES,
     )
 
 
