@@ -281,3 +281,58 @@ def test_deciding_imports_no_triton_or_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_paged_decode_with_packed_queries_runs():
+    """FlashInfer's decode binding: q / O packed [b, h, d] under a [b, h, 1, d] declaration
+    with element ragged offsets, paged K/V, padded Stats."""
+    lens, hq, hkv, d, page = [9, 40], 4, 2, 64, 16
+    b, max_pages = len(lens), 3
+    num_pages = b * max_pages
+    g = _graph()
+    i32 = dict(data_type=DT.INT32)
+    off = g.tensor([b + 1, 1, 1, 1], **i32, name="off_q")
+    q = g.tensor([b, hq, 1, d], [hq * d, d, hq * d, 1], ragged_offset=off, name="q")
+    kc = g.tensor([num_pages, hkv, page, d], name="k_cache")
+    vc = g.tensor([num_pages, hkv, page, d], name="v_cache")
+    table = g.tensor([b, 1, max_pages, 1], **i32, name="page_table")
+    len_kv = g.tensor([b, 1, 1, 1], **i32, name="seq_len_kv")
+    o, st = g.sdpa(q, kc, vc, attn_scale=0.125, generate_stats=True, use_padding_mask=True,
+                   seq_len_kv=len_kv, paged_attention_k_table=table,
+                   paged_attention_v_table=table, paged_attention_max_seq_len_kv=48)
+    o.set_output(True).set_stride([hq * d, d, hq * d, 1]).set_ragged_offset(off)
+    st.set_output(True).set_data_type(DT.FLOAT)
+    _plan_and_build(g)
+    assert g.get_plan_name_at_index(0).startswith("triton_sdpa_decode[")
+    tq = torch.randn(b, hq, d).half()
+    to = torch.full((b, hq, d), float("nan")).half()
+    ts = torch.full((b, hq, 1, 1), float("nan"))
+    tkc, tvc = (torch.randn(num_pages, hkv, page, d).half() for _ in range(2))
+    tt = torch.randperm(num_pages).to(torch.int32).reshape(b, 1, max_pages, 1)
+    toff = torch.arange(b + 1, dtype=torch.int32).reshape(b + 1, 1, 1, 1) * hq * d
+    ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8)
+    g.execute({q: tq, kc: tkc, vc: tvc, table: tt, o: to, st: ts, off: toff,
+               len_kv: torch.tensor(lens, dtype=torch.int32).reshape(b, 1, 1, 1)}, ws)
+    for i, n in enumerate(lens):
+        tok = torch.arange(n)
+        pages = tt[i, 0, tok // page, 0].long()
+        kd = tkc[pages, :, tok % page].transpose(0, 1)
+        vd = tvc[pages, :, tok % page].transpose(0, 1)
+        ref_o, ref_l = attention_one(tq[i][:, None], kd, vd, 0.125)
+        assert rel_err(to[i][:, None], ref_o) <= TOL["out"]
+        assert lse_err(ts[i, :, :, 0], ref_l) <= TOL["stats"]
+
+
+def test_build_time_compile_launch_with_packed_queries():
+    g = _graph()
+    i32 = dict(data_type=DT.INT32)
+    off = g.tensor([3, 1, 1, 1], **i32, name="off")
+    cache = g.tensor([6, 2, 16, 64], name="cache")
+    table = g.tensor([2, 1, 3, 1], **i32, name="table")
+    lens = g.tensor([2, 1, 1, 1], **i32, name="lens")
+    q = g.tensor([2, 8, 1, 64], [8 * 64, 64, 8 * 64, 1], ragged_offset=off, name="q")
+    o, _ = g.sdpa(q, cache, cache, generate_stats=False, use_padding_mask=True,
+                  seq_len_kv=lens, paged_attention_k_table=table,
+                  paged_attention_v_table=table, paged_attention_max_seq_len_kv=48)
+    o.set_output(True).set_stride([8 * 64, 64, 8 * 64, 1]).set_ragged_offset(off)
+    _built_plans(g).warm("cpu")

@@ -394,3 +394,24 @@ def test_decode_bad_page_table():
 def test_knobs_reject_out_of_domain(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SdpaFwdKnobs(**bad)
+
+
+@pytest.mark.parametrize("split", [1, 4], ids=["split1", "split4"])
+def test_decode_ragged_queries(split):
+    """Packed queries at cuDNN element offsets (with a gap); batch strides are ignored."""
+    dtype, lens, hq, hkv, d = torch.float32, [33, 5, 64], 4, 2, 16
+    k_cache, v_cache, table, dense = make_paged(lens, hkv, d, 16, dtype, hnd=False)
+    starts = [0, 2, 3]  # token slots; slot 1 is a gap that must stay untouched
+    store_q = rand(4, hq, d, dtype=dtype)
+    store_o = torch.full_like(store_q, float("nan"))
+    offs = torch.tensor(starts + [4], dtype=torch.int32, device=DEVICE) * hq * d
+    q = store_q.as_strided((3, hq, 1, d), (0, d, hq * d, 1))
+    out = store_o.as_strided((3, hq, 1, d), (0, d, hq * d, 1))
+    seq = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    sdpa_decode(q, k_cache, v_cache, table, seq, out, attn_scale=0.3,
+                knobs=SdpaDecodeKnobs(TILE_N=16, SPLIT_KV=split), ragged_offsets_q=offs)
+    for i, (kd, vd) in enumerate(dense):
+        qi = store_q[starts[i]][:, None, :]  # [hq, 1, d]
+        ref_o, _ = attention_one(qi.cpu(), kd, vd, 0.3)
+        check(store_o[starts[i]][:, None, :].cpu(), ref_o, None, None, dtype)
+    assert torch.isnan(store_o[1]).all(), "the gap between requests was written"

@@ -224,6 +224,13 @@ def _view(buf, declared, thd):
     return t.as_strided((tokens, heads, d), (s_t, s_h, s_d), t.storage_offset())
 
 
+def _batch_free_view(t, declared):
+    """[b, h, s, d] over a packed buffer with batch stride 0: the kernel adds each request's
+    ragged (element) offset itself."""
+    dims, strides = declared
+    return t.as_strided(tuple(dims), (0,) + tuple(strides[1:]), t.storage_offset())
+
+
 def _on_stream(stream, launch):
     if stream is None:
         launch()
@@ -331,8 +338,14 @@ class SdpaDecodeEngine(BaseEngine):
         i = node.inputs
         if i.get("paged_attention_v_table") is not i.get("paged_attention_k_table"):
             _decline("the K and V page tables are different tensors (one table is served)")
-        if facts.ragged or q.ragged_offset is not None or o.ragged_offset is not None:
-            _decline("ragged (THD) queries over paged K/V are not served yet")
+        if q.ragged_offset is not None or o.ragged_offset is not None:
+            # FlashInfer's decode binding: one packed query token per request.
+            if facts.seq_q != 1:
+                _decline("ragged (THD) queries over paged K/V: served for s_q = 1 only")
+            if o.ragged_offset is not q.ragged_offset:
+                _decline("ragged queries: O's ragged offset is not q's")
+            if tuple(o.stride[1:]) != tuple(q.stride[1:]):
+                _decline("ragged queries: O's head / token / dim strides differ from q's")
         if i.get("seq_len_kv") is None:
             _decline("paged K/V need seq_len_kv")
         if i.get("seq_len_q") is not None and facts.seq_q > 1:
@@ -365,7 +378,8 @@ class SdpaDecodeEngine(BaseEngine):
         position = GraphLayout(graph).position
         slots = [("q", q), ("k", k), ("v", v), ("O", o), ("Stats", stats),
                  ("page table", node.inputs["paged_attention_k_table"]),
-                 ("seq_len_kv", node.inputs["seq_len_kv"])]
+                 ("seq_len_kv", node.inputs["seq_len_kv"]),
+                 ("q ragged offset", q.ragged_offset)]
         numel = decode_workspace_numel(facts.batch, facts.heads_q, facts.seq_q, facts.d_qk, knobs)
         run = _DecodePlan(
             knobs=knobs,
@@ -394,6 +408,9 @@ class _DecodePlan(CompiledPlan):
         self.knobs, self.scale, self.causal = knobs, scale, causal
         self.positions, self.names = positions, names
         self.present = [i for i, p in enumerate(positions) if p is not None]
+        self.ragged = positions[7] is not None
+        # Packed (ragged) q / O are smaller than their padded declaration by design.
+        self.checked = [i for i in self.present if not (self.ragged and i in (0, 3))]
         self.workspace_numel = workspace_numel
         self.workspace_size = 4 * workspace_numel
 
@@ -402,12 +419,15 @@ class _DecodePlan(CompiledPlan):
 
         from .kernels.decode import sdpa_decode
 
-        for i in self.present:
+        for i in self.checked:
             pack.check_extent(self.positions[i], self.names[i])
         bufs = pack.operands([self.positions[i] for i in self.present])
         views = [None] * len(self.positions)
         for i, buf in zip(self.present, bufs):
             views[i] = torch.from_dlpack(buf)
+        if self.ragged:
+            for i in (0, 3):
+                views[i] = _batch_free_view(views[i], self.declared[i])
         self._call(views, ctx.workspace, ctx.stream)
 
     def _call(self, views, workspace_buf, stream):
@@ -415,7 +435,7 @@ class _DecodePlan(CompiledPlan):
 
         from .kernels.decode import sdpa_decode
 
-        q, k, v, o, stats, table, lengths = views
+        q, k, v, o, stats, table, lengths, offsets = views
         workspace = None
         if self.workspace_numel:
             if workspace_buf is None:
@@ -433,7 +453,7 @@ class _DecodePlan(CompiledPlan):
             sdpa_decode(
                 q, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), table[:, 0, :, 0], lengths, o,
                 attn_scale=self.scale, knobs=self.knobs, causal=self.causal, stats=stats,
-                workspace=workspace,
+                workspace=workspace, ragged_offsets_q=offsets,
             )
 
         _on_stream(stream, launch)
@@ -445,7 +465,7 @@ class _DecodePlan(CompiledPlan):
         dev = torch.device(torch_device)
         dt = getattr(torch, self.dtype)
         declared, group = self.declared, self.group
-        (qd, _), (kd, _), _, _, stats, _, _ = declared
+        (qd, _), (kd, _), _, _, stats, _, _, _ = declared
         one_q = (1, group, qd[2], qd[3])
         page = (1, 1, kd[2], kd[3])
         views = [
@@ -456,6 +476,7 @@ class _DecodePlan(CompiledPlan):
             None if stats is None else _scratch(stats, False, torch.float32, dev, one_q[:3] + (1,)),
             torch.zeros(1, 1, 1, 1, dtype=torch.int32, device=dev),
             torch.ones(1, dtype=torch.int32, device=dev),
+            torch.zeros(2, dtype=torch.int32, device=dev) if self.ragged else None,
         ]
         scratch = torch.empty(max(1, self.workspace_size), dtype=torch.uint8, device=dev)
         self._call(views, scratch, None)

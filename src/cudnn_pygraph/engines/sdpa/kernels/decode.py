@@ -28,7 +28,7 @@ from .prefill import LOG2E, _check, _flat_lengths
 @triton.jit(do_not_specialize=["seq_q", "num_heads_q", "stride_pb", "stride_lb", "stride_lh",
                                "stride_ls"])
 def _sdpa_decode_kernel(
-    Q, KC, VC, PAGE_TABLE, SEQLEN_KV, O, LSE, O_PART, LSE_PART,
+    Q, KC, VC, PAGE_TABLE, SEQLEN_KV, O, LSE, O_PART, LSE_PART, OFFS_Q,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kp, stride_kt, stride_kh, stride_kd,
     stride_vp, stride_vt, stride_vh, stride_vd,
@@ -38,7 +38,7 @@ def _sdpa_decode_kernel(
     seq_q, num_heads_q, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, SPLIT_KV: tl.constexpr,
-    CAUSAL: tl.constexpr, WRITE_LSE: tl.constexpr,
+    CAUSAL: tl.constexpr, WRITE_LSE: tl.constexpr, Q_RAGGED: tl.constexpr,
 ):
     kv_head = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -52,7 +52,14 @@ def _sdpa_decode_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
     b64 = pid_b.to(tl.int64)
-    q_ptrs = (Q + b64 * stride_qb + q_pos[:, None] * stride_qs + head[:, None] * stride_qh
+    if Q_RAGGED:
+        # Packed queries (cuDNN ragged offsets, in elements): O shares q's offsets.
+        q_base = tl.load(OFFS_Q + pid_b).to(tl.int64)
+        o_base = q_base
+    else:
+        q_base = b64 * stride_qb
+        o_base = b64 * stride_ob
+    q_ptrs = (Q + q_base + q_pos[:, None] * stride_qs + head[:, None] * stride_qh
               + offs_d[None, :] * stride_qd)
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
 
@@ -105,7 +112,7 @@ def _sdpa_decode_kernel(
     out = acc / l_ref[:, None]
     lse2 = tl.where(seen, m_i + tl.math.log2(l_ref), float("-inf"))
     if SPLIT_KV == 1:
-        o_ptrs = (O + b64 * stride_ob + q_pos[:, None] * stride_os + head[:, None] * stride_oh
+        o_ptrs = (O + o_base + q_pos[:, None] * stride_os + head[:, None] * stride_oh
                   + offs_d[None, :] * stride_od)
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
         if WRITE_LSE:
@@ -120,11 +127,12 @@ def _sdpa_decode_kernel(
 
 @triton.jit(do_not_specialize=["seq_q", "num_heads_q", "stride_lb", "stride_lh", "stride_ls"])
 def _sdpa_decode_combine_kernel(
-    O_PART, LSE_PART, O, LSE,
+    O_PART, LSE_PART, O, LSE, OFFS_Q,
     stride_ob, stride_oh, stride_os, stride_od,
     stride_lb, stride_lh, stride_ls,
     seq_q, num_heads_q,
     HEAD_DIM: tl.constexpr, SPLIT_KV: tl.constexpr, WRITE_LSE: tl.constexpr,
+    Q_RAGGED: tl.constexpr,
 ):
     row = tl.program_id(0)  # head * seq_q + q_pos
     pid_b = tl.program_id(1)
@@ -140,7 +148,11 @@ def _sdpa_decode_combine_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     o = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :])
     out = tl.sum(o * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(O + b64 * stride_ob + head * stride_oh + q_pos * stride_os + offs_d * stride_od,
+    if Q_RAGGED:
+        o_base = tl.load(OFFS_Q + pid_b).to(tl.int64)
+    else:
+        o_base = b64 * stride_ob
+    tl.store(O + o_base + head * stride_oh + q_pos * stride_os + offs_d * stride_od,
              out.to(O.dtype.element_ty))
     if WRITE_LSE:
         lse_out = tl.where(total > 0.0, (m_ref + tl.math.log2(total)) * 0.6931471805599453,
@@ -163,6 +175,7 @@ def sdpa_decode(
     causal: bool = False,
     stats=None,
     workspace=None,
+    ragged_offsets_q=None,
 ) -> None:
     """Paged flash-decoding: out = softmax(attn_scale * q k^T) v over each request's pages.
 
@@ -172,7 +185,9 @@ def sdpa_decode(
     causal: query t of Sq sees keys <= seq_len_kv - Sq + t (bottom-right). stats: fp32
     natural-log LSE [B, Hq, Sq(, 1)]. workspace: fp32, >= decode_workspace_numel(...)
     elements, needed when SPLIT_KV > 1 (allocated here if omitted; pass one to keep a
-    CUDA graph's memory fixed).
+    CUDA graph's memory fixed). ragged_offsets_q: int32/int64 [B + 1] (or [B]) element
+    offsets of each request's queries in q's and out's storage (cuDNN ragged offsets); the
+    batch strides of q and out are then ignored.
     """
     import torch
 
@@ -222,20 +237,28 @@ def sdpa_decode(
         o_part = lse_part = out  # never read (SPLIT_KV == 1 writes out directly)
     if batch == 0 or seq_q == 0:
         return
+    offs_q = lengths  # placeholder, never read without Q_RAGGED
+    if ragged_offsets_q is not None:
+        _check(ragged_offsets_q.dtype in (torch.int32, torch.int64),
+               "ragged_offsets_q: dtype must be int32 or int64")
+        offs_q = ragged_offsets_q.reshape(-1)
+        _check(offs_q.numel() >= batch, f"ragged_offsets_q: needs >= {batch} offsets")
     lse_arg = stats if stats is not None else out
     _sdpa_decode_kernel[(heads_kv, batch, split)](
-        q, k_cache, v_cache, page_table, lengths, out, lse_arg, o_part, lse_part,
+        q, k_cache, v_cache, page_table, lengths, out, lse_arg, o_part, lse_part, offs_q,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *page_table.stride(),
         *out.stride(), *l_strides,
         seq_q, heads_q, float(attn_scale) * LOG2E,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=knobs.TILE_N, PAGE_SIZE=page_size,
         GROUP=group, SPLIT_KV=split, CAUSAL=causal, WRITE_LSE=stats is not None,
+        Q_RAGGED=ragged_offsets_q is not None,
         num_warps=knobs.NUM_WARPS, num_stages=knobs.NUM_STAGES,
     )
     if split > 1:
         _sdpa_decode_combine_kernel[(heads_q * seq_q, batch)](
-            o_part, lse_part, out, lse_arg, *out.stride(), *l_strides, seq_q, heads_q,
-            HEAD_DIM=head_dim, SPLIT_KV=split, WRITE_LSE=stats is not None, num_warps=4,
+            o_part, lse_part, out, lse_arg, offs_q, *out.stride(), *l_strides, seq_q, heads_q,
+            HEAD_DIM=head_dim, SPLIT_KV=split, WRITE_LSE=stats is not None,
+            Q_RAGGED=ragged_offsets_q is not None, num_warps=4,
         )
 
 
