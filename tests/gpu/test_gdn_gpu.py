@@ -169,6 +169,10 @@ CONFIG_VARIANTS = {
         "dqk": {"BV": 32, "num_warps": 4},
         "wy_bwd": {"num_warps": 8},
     },
+    "bv64-output": {
+        "output_fwd": {"BV": 64, "num_warps": 8},
+        "dv_local": {"BV": 64, "num_warps": 4},
+    },
     "bv128-w8": {
         "output_fwd": {"BV": 128, "num_warps": 8},
         "dv_local": {"BV": 128, "num_warps": 8},

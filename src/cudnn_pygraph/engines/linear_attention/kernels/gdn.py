@@ -34,21 +34,29 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 _GATE_DOMAINS = ("log", "linear")
 _ALIGN = 256
 
-# (BV, num_warps) per kernel, chosen by ptxas spill counts for sm_90 (K = V = 128, bf16):
-# every one below compiles without spills except dqk (~600 B) and wy_bwd (~800 B); dqk at
-# BV=64 with 8 warps needs 248 KB of shared memory on the H200 (over the 227 KB limit).
-# tests/gpu/test_gdn_gpu.py checks these and two alternatives against the float64
-# reference on the H200 (Triton 3.6 on Hopper miscompiles some configs, BRIEF.md): change a
-# config only together with that test.
+# (BV, num_warps) per kernel. Every entry is one of the configs checked against the float64
+# reference on the H200 (tests/gpu/test_gdn_gpu.py runs these and two alternative sets;
+# Triton 3.6 on Hopper miscompiles some configs, BRIEF.md): change one only with that test.
+# Chosen by ptxas for sm_90 (K = V = 128, bf16), not by timing (not measured per kernel
+# yet): no spills except dqk (~600 B) and wy_bwd (~800 B); dqk at BV=64 with 8 warps needs
+# 248 KB of shared memory (over the H200's 227 KB). output_fwd and dv_local take the whole
+# V (BV=128): their per-chunk Q K^T product and decay mask do not depend on the V-block, so
+# a narrower BV recomputes them per block (output_fwd at BV=64 is ~1.8k SASS instructions
+# per program, most of them that shared work).
 KERNEL_CONFIGS = {
     "wy_fwd": {"num_warps": 4},
     "state_fwd": {"BV": 32, "num_warps": 8},
-    "output_fwd": {"BV": 64, "num_warps": 8},
-    "dv_local": {"BV": 64, "num_warps": 4},
+    "output_fwd": {"BV": 128, "num_warps": 8},
+    "dv_local": {"BV": 128, "num_warps": 8},
     "state_bwd": {"BV": 32, "num_warps": 8},
     "dqk": {"BV": 32, "num_warps": 8},
     "wy_bwd": {"num_warps": 8},
 }
+
+
+def _block_v(cfg: dict, dim_v: int) -> int:
+    """The config's V-block (popped from cfg), never wider than V itself (V=64 heads)."""
+    return min(cfg.pop("BV"), dim_v)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -336,7 +344,7 @@ def _run_wy_and_state(
     if not store_h and final_state is None:
         return
     cfg = dict(KERNEL_CONFIGS["state_fwd"])
-    bv = cfg.pop("BV")
+    bv = _block_v(cfg, dim_v)
     state_fwd_kernel[(n_seqs, n_out, dim_v // bv)](
         k,
         ws["w"],
@@ -462,7 +470,7 @@ def gdn_forward(
         vnew=ws["vnew"],
     )
     cfg = dict(KERNEL_CONFIGS["output_fwd"])
-    bv = cfg.pop("BV")
+    bv = _block_v(cfg, dim_v)
     output_fwd_kernel[(max_chunks(total_t, n_seqs), n_out, dim_v // bv)](
         q,
         k,
@@ -634,13 +642,13 @@ def gdn_backward(
     dummy = ws["gc"]
 
     cfg = dict(KERNEL_CONFIGS["dv_local"])
-    bv = cfg.pop("BV")
+    bv = _block_v(cfg, dim_v)
     dv_local_kernel[(n_chunks, n_out, dim_v // bv)](
         q, k, ws["gc"], do, ws["de"], *tables, scale, n_out, n_q, n_k, BV=bv, **common, **cfg
     )
 
     cfg = dict(KERNEL_CONFIGS["state_bwd"])
-    bv = cfg.pop("BV")
+    bv = _block_v(cfg, dim_v)
     state_bwd_kernel[(n_seqs, n_out, dim_v // bv)](
         q,
         k,
@@ -669,7 +677,7 @@ def gdn_backward(
 
     final_dq = n_q == n_out
     cfg = dict(KERNEL_CONFIGS["dqk"])
-    bv = cfg.pop("BV")
+    bv = _block_v(cfg, dim_v)
     dqk_kernel[(n_chunks, n_out)](
         q,
         k,
