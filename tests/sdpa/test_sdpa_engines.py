@@ -198,8 +198,9 @@ def test_hook_places_backend_by_measured_shard():
     assert thd[-1] is BACKEND and thd[0].engine_id == prefill
 
 
-def _built_plans(g):
-    """(prefill or decode plan) built straight from the engine, as build_plans would."""
+def _built_plans(g, which="prefill"):
+    """The prefill or decode engine's plan, built straight from the engine as build_plans
+    would (after check_support accepted)."""
     from cudnn_pygraph.engines.base import BuildContext, PlanConfig
     from cudnn_pygraph.engines.sdpa.engines import SdpaDecodeEngine, SdpaPrefillEngine
     from cudnn_pygraph.engines.sdpa.kernels import SdpaDecodeKnobs, SdpaFwdKnobs
@@ -208,14 +209,12 @@ def _built_plans(g):
     g.create_execution_plans([cudnn.heur_mode.A])
     prefill = SdpaPrefillEngine(python_engine_id(1, 0))
     decode = SdpaDecodeEngine(python_engine_id(1, 1))
-    for engine, knobs in ((prefill, SdpaFwdKnobs(128, 64, 3, 4)),
-                          (decode, SdpaDecodeKnobs(TILE_N=32, SPLIT_KV=2))):
-        try:
-            engine.check_support(g)
-        except NotImplementedError:
-            continue
-        return engine.build_plan(g, PlanConfig(engine.engine_id, knobs), BuildContext(None))
-    raise AssertionError("no engine accepted the graph")
+    engine, knobs = {
+        "prefill": (prefill, SdpaFwdKnobs(128, 64, 3, 4)),
+        "decode": (decode, SdpaDecodeKnobs(TILE_N=32, SPLIT_KV=2)),
+    }[which]
+    engine.check_support(g)
+    return engine.build_plan(g, PlanConfig(engine.engine_id, knobs), BuildContext(None))
 
 
 def _thd_graph():
@@ -255,13 +254,14 @@ def _dense_graph():
     return g
 
 
-@pytest.mark.parametrize("make", [_dense_graph, _thd_graph, _paged_graph],
-                         ids=["bshd", "thd", "paged"])
-def test_build_time_compile_launch_is_accepted(make):
+@pytest.mark.parametrize("make,which", [(_dense_graph, "prefill"), (_thd_graph, "prefill"),
+                                        (_paged_graph, "decode"), (_paged_graph, "prefill")],
+                         ids=["bshd", "thd", "paged-decode", "paged-prefill"])
+def test_build_time_compile_launch_is_accepted(make, which):
     """On a GPU build_plan compiles with a one-token launch on scratch tensors carrying the
     declared strides; here the same launch runs under the interpreter, so its arguments are
     held to the launchers' rules without a GPU."""
-    plan = _built_plans(make())
+    plan = _built_plans(make(), which)
     plan.warm("cpu")
 
 
@@ -335,4 +335,65 @@ def test_build_time_compile_launch_with_packed_queries():
                   seq_len_kv=lens, paged_attention_k_table=table,
                   paged_attention_v_table=table, paged_attention_max_seq_len_kv=48)
     o.set_output(True).set_stride([8 * 64, 64, 8 * 64, 1]).set_ragged_offset(off)
-    _built_plans(g).warm("cpu")
+    _built_plans(g, "decode").warm("cpu")
+
+
+def test_thd_prefill_over_paged_kv_runs():
+    """FlashInfer's prefill binding: packed THD queries (element offsets) over a paged cache
+    with one table for K and V, bottom-right causal (the queries end each request)."""
+    lens_q, lens_kv, hq, hkv, d, page = [7, 20], [30, 20], 4, 2, 64, 16
+    b, max_pages, s_max = 2, 2, 32
+    num_pages = b * max_pages + 1
+    g = _graph()
+    i32 = dict(data_type=DT.INT32)
+    off = g.tensor([b + 1, 1, 1, 1], **i32, name="off_q")
+    q = g.tensor([b, hq, s_max, d], [s_max * hq * d, d, hq * d, 1], ragged_offset=off, name="q")
+    kc = g.tensor([num_pages, hkv, page, d], name="k_cache")
+    vc = g.tensor([num_pages, hkv, page, d], name="v_cache")
+    table = g.tensor([b, 1, max_pages, 1], **i32, name="page_table")
+    len_q = g.tensor([b, 1, 1, 1], **i32, name="seq_len_q")
+    len_kv = g.tensor([b, 1, 1, 1], **i32, name="seq_len_kv")
+    o, _ = g.sdpa(q, kc, vc, attn_scale=0.125, generate_stats=False, use_padding_mask=True,
+                  use_causal_mask_bottom_right=True, seq_len_q=len_q, seq_len_kv=len_kv,
+                  paged_attention_k_table=table, paged_attention_v_table=table,
+                  paged_attention_max_seq_len_kv=s_max)
+    o.set_output(True).set_stride([s_max * hq * d, d, hq * d, 1]).set_ragged_offset(off)
+    _plan_and_build(g)
+    assert g.get_plan_name_at_index(0).startswith("triton_sdpa_prefill[")
+    total = sum(lens_q)
+    tq = torch.randn(total, hq, d).half()
+    to = torch.full((total, hq, d), float("nan")).half()
+    tkc, tvc = (torch.randn(num_pages, hkv, page, d).half() for _ in range(2))
+    tt = torch.randperm(num_pages)[: b * max_pages].to(torch.int32).reshape(b, 1, max_pages, 1)
+    starts = [0, lens_q[0]]
+    toff = torch.tensor(starts + [total], dtype=torch.int32).reshape(b + 1, 1, 1, 1) * hq * d
+    g.execute({q: tq, kc: tkc, vc: tvc, table: tt, o: to, off: toff,
+               len_q: torch.tensor(lens_q, dtype=torch.int32).reshape(b, 1, 1, 1),
+               len_kv: torch.tensor(lens_kv, dtype=torch.int32).reshape(b, 1, 1, 1)})
+    for i, (s0, nq, nk) in enumerate(zip(starts, lens_q, lens_kv)):
+        tok = torch.arange(nk)
+        pages = tt[i, 0, tok // page, 0].long()
+        kd = tkc[pages, :, tok % page].transpose(0, 1)
+        vd = tvc[pages, :, tok % page].transpose(0, 1)
+        ref_o, _ = attention_one(tq[s0: s0 + nq].transpose(0, 1), kd, vd, 0.125, None, 0, True)
+        assert rel_err(to[s0: s0 + nq].transpose(0, 1), ref_o) <= TOL["out"]
+
+
+def _paged_thd_graph():
+    g = _graph()
+    i32 = dict(data_type=DT.INT32)
+    off = g.tensor([3, 1, 1, 1], **i32, name="off")
+    cache = g.tensor([6, 2, 16, 64], name="cache")
+    table = g.tensor([2, 1, 3, 1], **i32, name="table")
+    lens = g.tensor([2, 1, 1, 1], **i32, name="lens")
+    q = g.tensor([2, 8, 24, 64], [24 * 8 * 64, 64, 8 * 64, 1], ragged_offset=off, name="q")
+    o, _ = g.sdpa(q, cache, cache, generate_stats=False, use_padding_mask=True,
+                  use_causal_mask_bottom_right=True, seq_len_q=lens, seq_len_kv=lens,
+                  paged_attention_k_table=table, paged_attention_v_table=table,
+                  paged_attention_max_seq_len_kv=48)
+    o.set_output(True).set_stride([24 * 8 * 64, 64, 8 * 64, 1]).set_ragged_offset(off)
+    return g
+
+
+def test_build_time_compile_launch_paged_prefill():
+    _built_plans(_paged_thd_graph()).warm("cpu")

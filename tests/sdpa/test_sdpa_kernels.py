@@ -415,3 +415,45 @@ def test_decode_ragged_queries(split):
         ref_o, _ = attention_one(qi.cpu(), kd, vd, 0.3)
         check(store_o[starts[i]][:, None, :].cpu(), ref_o, None, None, dtype)
     assert torch.isnan(store_o[1]).all(), "the gap between requests was written"
+
+
+PAGED_PREFILL = {
+    "thd-p16-causal-br": (True, 16, AttnMask.causal(bottom_right=True), False),
+    "thd-p64-window-pack": (True, 64, AttnMask(window_left=20, window_right=0, bottom_right=True),
+                            True),
+    "dense-p16-none": (False, 16, AttnMask(), False),
+}
+
+
+@pytest.mark.parametrize("case", PAGED_PREFILL.values(), ids=PAGED_PREFILL.keys())
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_prefill_over_paged_kv(case, dtype):
+    """Chunked prefill: new query tokens over a paged cache that already holds the context
+    (bottom-right alignment puts the queries at the end of each request)."""
+    thd, page, mask, pack = case
+    lens_q, lens_kv = [3, 17, 1], [40, 17, 70]
+    hq, hkv, d = 4, 2, 32
+    k_cache, v_cache, table, dense = make_paged(lens_kv, hkv, d, page, dtype, hnd=thd)
+    seq_kv = torch.tensor(lens_kv, dtype=torch.int32, device=DEVICE)
+    knobs = SdpaFwdKnobs(TILE_M=16, TILE_N=16, NUM_STAGES=1, NUM_WARPS=4, PACK_GQA=pack)
+    if thd:
+        q = rand(sum(lens_q), hq, d, dtype=dtype)
+        out = nan_like(q)
+        extra = dict(ragged_offsets_q=cu(lens_q), max_seqlen_q=max(lens_q))
+    else:
+        lens_q = [max(lens_q)] * 3
+        q = rand(3, hq, lens_q[0], d, dtype=dtype)
+        out = nan_like(q)
+        extra = {}
+    sdpa_prefill(q, k_cache, v_cache, out, attn_scale=0.3, knobs=knobs, mask=mask,
+                 seq_len_kv=seq_kv, page_table=table, **extra)
+    offs = cu(lens_q).tolist()
+    for i, (kd, vd) in enumerate(dense):
+        if thd:
+            qi = q[offs[i]: offs[i + 1]].transpose(0, 1)
+            oi = out[offs[i]: offs[i + 1]].transpose(0, 1)
+        else:
+            qi, oi = q[i], out[i]
+        ref_o, _ = attention_one(qi.cpu(), kd, vd, 0.3, mask.window_left, mask.window_right,
+                                 mask.bottom_right)
+        check(oi.cpu(), torch.nan_to_num(ref_o, nan=0.0), None, None, dtype)

@@ -35,20 +35,37 @@ LN2 = 0.6931471805599453
 def _attend(
     acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
     start, end, qk_scale, q_pos_aligned, seqlen_kv, window_left, window_right,
+    table, stride_tp, stride_kpage, stride_vpage, stride_kd, stride_vd,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, TMA: tl.constexpr, LAZY_RESCALE: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
     """Online-softmax steps over keys [start, end), TILE_N at a time (start is aligned).
 
-    k_src / v_src are tensor descriptors (TMA: rows past seqlen_kv read as zeros) or
-    pointer tiles ([D, TILE_N] for K, [TILE_N, D] for V).
+    k_src / v_src are tensor descriptors (TMA: rows past seqlen_kv read as zeros), pointer
+    tiles ([D, TILE_N] for K, [TILE_N, D] for V), or with PAGED the kv head's base pointers
+    into a page pool, each key's row found through this sequence's page-table row `table`.
     """
     offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         if MASKED:
             in_kv = cols < seqlen_kv
-        if TMA:
+        if PAGED:
+            if MASKED:
+                pages = tl.load(table + (cols // PAGE_SIZE) * stride_tp, mask=in_kv, other=0)
+            else:
+                pages = tl.load(table + (cols // PAGE_SIZE) * stride_tp)
+            pages = pages.to(tl.int64)
+            k_rows = pages * stride_kpage + (cols % PAGE_SIZE) * stride_kn
+            v_rows = pages * stride_vpage + (cols % PAGE_SIZE) * stride_vn
+            k_ptrs = k_src + k_rows[None, :] + offs_d[:, None] * stride_kd
+            if MASKED:
+                k_t = tl.load(k_ptrs, mask=in_kv[None, :], other=0.0)
+            else:
+                k_t = tl.load(k_ptrs)
+        elif TMA:
             k_t = k_src.load([start_n, 0]).T
         elif MASKED:
             k_t = tl.load(k_src + start_n * stride_kn, mask=in_kv[None, :], other=0.0)
@@ -89,7 +106,13 @@ def _attend(
             acc = acc * alpha[:, None]
             m_i = m_new
         l_i = l_i + tl.sum(p, 1)
-        if TMA:
+        if PAGED:
+            v_ptrs = v_src + v_rows[:, None] + offs_d[None, :] * stride_vd
+            if MASKED:
+                v = tl.load(v_ptrs, mask=in_kv[:, None], other=0.0)
+            else:
+                v = tl.load(v_ptrs)
+        elif TMA:
             v = v_src.load([start_n, 0])
         elif MASKED:
             v = tl.load(v_src + start_n * stride_vn, mask=in_kv[:, None], other=0.0)
@@ -102,16 +125,17 @@ def _attend(
 @triton.jit(
     do_not_specialize=[
         "seq_q", "seq_kv", "num_m_tiles", "window_left", "window_right",
-        "stride_lb", "stride_lh", "stride_ls", "l_off_mul",
+        "stride_lb", "stride_lh", "stride_ls", "l_off_mul", "stride_tb",
     ]
 )
 def _sdpa_fwd_kernel(
-    Q, K, V, O, LSE, SEQLEN_Q, SEQLEN_KV, OFFS_Q, OFFS_KV,
+    Q, K, V, O, LSE, SEQLEN_Q, SEQLEN_KV, OFFS_Q, OFFS_KV, PAGE_TABLE,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
     stride_ob, stride_oh, stride_os, stride_od,
     stride_lb, stride_lh, stride_ls,
+    stride_tb, stride_tp, stride_kpage, stride_vpage,
     q_off_mul, k_off_mul, v_off_mul, o_off_mul, l_off_mul,
     seq_q, seq_kv, num_m_tiles, qk_scale, window_left, window_right,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -119,7 +143,7 @@ def _sdpa_fwd_kernel(
     HAS_SEQLEN_Q: tl.constexpr, HAS_SEQLEN_KV: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     WRITE_LSE: tl.constexpr, LSE_PACKED: tl.constexpr, TMA: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
 ):
     if HAS_RIGHT:
         # Causal-like masks: the last query tiles see the most keys; launch them first.
@@ -132,11 +156,15 @@ def _sdpa_fwd_kernel(
     # Per-batch lengths and base offsets (int64: token totals times strides can pass 2^31).
     if IS_THD:
         q_start = tl.load(OFFS_Q + pid_b).to(tl.int64)
-        kv_start = tl.load(OFFS_KV + pid_b).to(tl.int64)
         q_base = q_start * q_off_mul
-        k_base = kv_start * k_off_mul
-        v_base = kv_start * v_off_mul
         o_base = q_start * o_off_mul
+        if PAGED:  # keys come through the page table; lengths from SEQLEN_KV
+            k_base = 0
+            v_base = 0
+        else:
+            kv_start = tl.load(OFFS_KV + pid_b).to(tl.int64)
+            k_base = kv_start * k_off_mul
+            v_base = kv_start * v_off_mul
         if HAS_SEQLEN_Q:
             seqlen_q = tl.load(SEQLEN_Q + pid_b)
         else:
@@ -185,7 +213,11 @@ def _sdpa_fwd_kernel(
     q_ptrs = (Q + q_base + q_pos[:, None] * stride_qs + head[:, None] * stride_qh
               + offs_d[None, :] * stride_qd)
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
-    if TMA:
+    table = PAGE_TABLE + pid_b.to(tl.int64) * stride_tb
+    if PAGED:
+        k_src = K + kv_head * stride_kh
+        v_src = V + kv_head * stride_vh
+    elif TMA:
         # Hopper's copy engine: one descriptor per (batch, kv head) K and V, bounded by the
         # sequence, so ragged tails need no masks on the loads (the launcher checked the
         # 16-byte alignment rules and a unit D stride).
@@ -230,17 +262,20 @@ def _sdpa_fwd_kernel(
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs, lo, mid_start, qk_scale,
         q_pos_aligned, seqlen_kv, window_left, window_right,
-        BLOCK_N, True, HAS_LEFT, HAS_RIGHT, TMA, LAZY_RESCALE,
+        table, stride_tp, stride_kpage, stride_vpage, stride_kd, stride_vd,
+        BLOCK_N, True, HAS_LEFT, HAS_RIGHT, TMA, LAZY_RESCALE, PAGED, PAGE_SIZE, HEAD_DIM,
     )
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs, mid_start, mid_end, qk_scale,
         q_pos_aligned, seqlen_kv, window_left, window_right,
-        BLOCK_N, False, HAS_LEFT, HAS_RIGHT, TMA, LAZY_RESCALE,
+        table, stride_tp, stride_kpage, stride_vpage, stride_kd, stride_vd,
+        BLOCK_N, False, HAS_LEFT, HAS_RIGHT, TMA, LAZY_RESCALE, PAGED, PAGE_SIZE, HEAD_DIM,
     )
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs, mid_end, hi, qk_scale,
         q_pos_aligned, seqlen_kv, window_left, window_right,
-        BLOCK_N, True, HAS_LEFT, HAS_RIGHT, TMA, LAZY_RESCALE,
+        table, stride_tp, stride_kpage, stride_vpage, stride_kd, stride_vd,
+        BLOCK_N, True, HAS_LEFT, HAS_RIGHT, TMA, LAZY_RESCALE, PAGED, PAGE_SIZE, HEAD_DIM,
     )
 
     # A row that saw no key (empty kv, band outside the sequence) outputs 0 and LSE -inf.
@@ -323,81 +358,115 @@ def sdpa_prefill(
     ragged_offsets_kv=None,
     max_seqlen_q: int | None = None,
     offsets_unit: str = "tokens",
+    page_table=None,
 ) -> None:
     """Write softmax(attn_scale * q k^T + mask) v into ``out`` (and log-sum-exp into ``stats``).
 
     Dense: q, out [B, Hq, Sq, D]; k, v [B, Hkv, Skv, D]; any strides (BSHD is a permuted
-    view). THD (ragged_offsets_q/kv given, int32 [B + 1]): q, out [Tq, Hq, D]; k, v
-    [Tkv, Hkv, D]; max_seqlen_q (host int) sizes the grid. offsets_unit "tokens" (cu_seqlens)
-    or "elements" (cuDNN ragged offsets, one element offset for every tensor; then the
-    lengths come from seq_len_q / seq_len_kv). seq_len_q / seq_len_kv: int32 device
-    tensors, one length per batch (padding). Hq must be a multiple of Hkv (GQA / MQA).
-    stats: fp32 natural-log LSE, dense [B, Hq, Sq(, 1)]; THD packed [Tq, Hq(, 1)] or padded
-    [B, Hq, S_max, 1]. Rows past a sequence's length are not written. Reads no device value
-    on the host, so it is CUDA-graph capturable.
+    view). THD (ragged_offsets_q given, int32/int64 [B + 1]): q, out [Tq, Hq, D]; k, v
+    [Tkv, Hkv, D] with ragged_offsets_kv; max_seqlen_q (host int) sizes the grid.
+    offsets_unit "tokens" (cu_seqlens) or "elements" (cuDNN ragged offsets, one element
+    offset for every tensor; then the lengths come from seq_len_q / seq_len_kv).
+    Paged K/V (page_table int32 [B, max_pages]): k, v are page pools [num_pages, page_size,
+    Hkv, D] under any strides, seq_len_kv is required, q dense or THD. seq_len_q /
+    seq_len_kv: int32 device tensors, one length per batch (padding). Hq must be a multiple
+    of Hkv (GQA / MQA). stats: fp32 natural-log LSE, dense [B, Hq, Sq(, 1)]; THD packed
+    [Tq, Hq(, 1)] or padded [B, Hq, S_max, 1]. Rows past a sequence's length are not
+    written. Reads no device value on the host, so it is CUDA-graph capturable.
     """
     import torch
 
-    is_thd = ragged_offsets_q is not None or ragged_offsets_kv is not None
-    tensors = {"q": q, "k": k, "v": v, "out": out}
-    rank = 3 if is_thd else 4
-    for name, t in tensors.items():
-        _check(t.dim() == rank, f"{name}: expected rank {rank} ({'THD' if is_thd else 'BHSD'}), "
-               f"got shape {tuple(t.shape)}")
+    is_thd = ragged_offsets_q is not None
+    paged = page_table is not None
+    q_rank = 3 if is_thd else 4
+    kv_rank = 4 if paged else q_rank
+    for name, t, rank in (("q", q, q_rank), ("k", k, kv_rank), ("v", v, kv_rank),
+                          ("out", out, q_rank)):
+        _check(t.dim() == rank, f"{name}: expected rank {rank}, got shape {tuple(t.shape)}")
         _check(t.dtype == q.dtype, f"{name}: dtype {t.dtype} differs from q's {q.dtype}")
         _check(t.device == q.device, f"{name}: device {t.device} differs from q's {q.device}")
     _check(q.dtype in (torch.float16, torch.bfloat16, torch.float32),
            f"q: dtype must be float16, bfloat16 or float32, got {q.dtype}")
     head_dim = q.shape[-1]
     _check(head_dim in SUPPORTED_HEAD_DIMS, f"q: head dim {head_dim} not in {SUPPORTED_HEAD_DIMS}")
-    for name in ("k", "v", "out"):
-        _check(tensors[name].shape[-1] == head_dim,
-               f"{name}: head dim {tensors[name].shape[-1]} differs from q's {head_dim}")
+    for name, t in (("k", k), ("v", v), ("out", out)):
+        _check(t.shape[-1] == head_dim,
+               f"{name}: head dim {t.shape[-1]} differs from q's {head_dim}")
     _check(out.shape == q.shape, f"out: shape {tuple(out.shape)} must equal q's {tuple(q.shape)}")
     _check(k.shape == v.shape, f"v: shape {tuple(v.shape)} must equal k's {tuple(k.shape)}")
-    h_axis = 1
-    heads_q, heads_kv = q.shape[h_axis], k.shape[h_axis]
+    heads_q = q.shape[1]
+    heads_kv = k.shape[2] if paged else k.shape[1]
     _check(heads_kv > 0 and heads_q % heads_kv == 0,
            f"k: kv heads {heads_kv} must divide q heads {heads_q}")
     group = heads_q // heads_kv
     _check(offsets_unit in ("tokens", "elements"),
            f"offsets_unit: must be 'tokens' or 'elements', got {offsets_unit!r}")
+    _check(ragged_offsets_kv is None or is_thd,
+           "ragged_offsets_kv: given without ragged_offsets_q (THD needs both)")
 
+    offs_kv = None
     if is_thd:
-        _check(ragged_offsets_q is not None and ragged_offsets_kv is not None,
-               "ragged_offsets_q / ragged_offsets_kv: THD needs both")
+        _check(paged or ragged_offsets_kv is not None,
+               "ragged_offsets_q / ragged_offsets_kv: THD needs both (or paged K/V)")
         _check(max_seqlen_q is not None and max_seqlen_q >= 0,
                "max_seqlen_q: THD needs the largest query length as a host int")
-        for name, t in (("ragged_offsets_q", ragged_offsets_q),
-                        ("ragged_offsets_kv", ragged_offsets_kv)):
+        named = [("ragged_offsets_q", ragged_offsets_q)]
+        if not paged:
+            named.append(("ragged_offsets_kv", ragged_offsets_kv))
+        for name, t in named:
             _check(t.dtype in (torch.int32, torch.int64), f"{name}: dtype must be int32 or int64")
             _check(t.dim() == 1 or t.numel() == t.shape[0],
                    f"{name}: must be [B + 1] (or [B + 1, 1, 1, 1])")
         offs_q = ragged_offsets_q.reshape(-1)
-        offs_kv = ragged_offsets_kv.reshape(-1)
-        _check(offs_q.numel() == offs_kv.numel() and offs_q.numel() >= 2,
-               "ragged_offsets_q / ragged_offsets_kv: need the same length B + 1 >= 2")
+        _check(offs_q.numel() >= 2, "ragged_offsets_q: needs B + 1 >= 2 offsets")
         batch = offs_q.numel() - 1
+        if not paged:
+            offs_kv = ragged_offsets_kv.reshape(-1)
+            _check(offs_kv.numel() == offs_q.numel(),
+                   "ragged_offsets_kv: needs as many offsets as ragged_offsets_q")
         if offsets_unit == "elements":
             _check(seq_len_q is not None and seq_len_kv is not None,
                    "seq_len_q / seq_len_kv: required with element ragged offsets")
         seq_q, seq_kv = int(max_seqlen_q), 0
         # [T, H, D] -> (batch stride unused, head, token, dim)
         qs = (0, q.stride(1), q.stride(0), q.stride(2))
-        ks = (0, k.stride(1), k.stride(0), k.stride(2))
-        vs = (0, v.stride(1), v.stride(0), v.stride(2))
         os_ = (0, out.stride(1), out.stride(0), out.stride(2))
         if offsets_unit == "tokens":
             muls = (q.stride(0), k.stride(0), v.stride(0), out.stride(0))
         else:
             muls = (1, 1, 1, 1)
+        if not paged:
+            ks = (0, k.stride(1), k.stride(0), k.stride(2))
+            vs = (0, v.stride(1), v.stride(0), v.stride(2))
     else:
         batch, _, seq_q, _ = q.shape
-        _check(k.shape[0] == batch, f"k: batch {k.shape[0]} differs from q's {batch}")
-        seq_kv = k.shape[2]
-        offs_q = offs_kv = q  # placeholders, never read (IS_THD is False)
-        qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), out.stride()
+        seq_kv = 0
+        offs_q = q  # placeholder, never read (IS_THD is False)
+        qs, os_ = q.stride(), out.stride()
         muls = (0, 0, 0, 0)
+        if not paged:
+            _check(k.shape[0] == batch, f"k: batch {k.shape[0]} differs from q's {batch}")
+            seq_kv = k.shape[2]
+            ks, vs = k.stride(), v.stride()
+    t_strides = (0, 0, 0, 0)
+    page_size = 1
+    if paged:
+        page_size = k.shape[1]
+        _check(page_size > 0 and page_size & (page_size - 1) == 0,
+               f"k: page size {page_size} must be a power of two")
+        _check(page_table.dtype == torch.int32 and page_table.dim() == 2
+               and page_table.shape[0] == batch,
+               f"page_table: must be int32 [B={batch}, max_pages], got {page_table.dtype} "
+               f"{tuple(page_table.shape)}")
+        _check(seq_len_kv is not None, "seq_len_kv: required with paged K/V")
+        # pool [pages, page_size, H, D] -> (batch unused, head, token-in-page, dim)
+        ks = (0, k.stride(2), k.stride(1), k.stride(3))
+        vs = (0, v.stride(2), v.stride(1), v.stride(3))
+        t_strides = (page_table.stride(0), page_table.stride(1), k.stride(0), v.stride(0))
+        offs_kv = offs_q  # placeholder, never read with PAGED
+        seq_kv = page_table.shape[1] * page_size
+    if offs_kv is None:
+        offs_kv = offs_q
 
     lse_packed = False
     l_strides = (0, 0, 0)
@@ -432,14 +501,16 @@ def sdpa_prefill(
     _check(not (knobs.TMA and knobs.TILE_N > 64),
            f"knobs: TMA needs TILE_N <= 64 (got {knobs.TILE_N}); larger K/V boxes crash "
            "ptxas in triton 3.6 on sm_90")
-    use_tma = knobs.TMA and _tma_eligible(q, (k, v), offsets_unit)
+    # Paged keys are gathered row by row through the page table: pointer loads there.
+    use_tma = knobs.TMA and not paged and _tma_eligible(q, (k, v), offsets_unit)
     if use_tma:
         _install_scratch_allocator()
     window_left = mask.window_left if mask.window_left is not None else 0
     window_right = mask.window_right if mask.window_right is not None else 0
     _sdpa_fwd_kernel[grid](
         q, k, v, out, stats if stats is not None else out, len_q, len_kv, offs_q, offs_kv,
-        *qs, *ks, *vs, *os_, *l_strides,
+        page_table if paged else offs_q,
+        *qs, *ks, *vs, *os_, *l_strides, *t_strides,
         *muls, l_mul,
         seq_q, seq_kv, num_m_tiles, float(attn_scale) * LOG2E, window_left, window_right,
         HEAD_DIM=head_dim, BLOCK_M=knobs.TILE_M, BLOCK_N=knobs.TILE_N,
@@ -447,7 +518,7 @@ def sdpa_prefill(
         HAS_SEQLEN_Q=seq_len_q is not None, HAS_SEQLEN_KV=seq_len_kv is not None,
         HAS_LEFT=mask.window_left is not None, HAS_RIGHT=mask.window_right is not None,
         BOTTOM_RIGHT=mask.bottom_right, WRITE_LSE=stats is not None, LSE_PACKED=lse_packed,
-        TMA=use_tma, LAZY_RESCALE=knobs.LAZY_RESCALE,
+        TMA=use_tma, LAZY_RESCALE=knobs.LAZY_RESCALE, PAGED=paged, PAGE_SIZE=page_size,
         num_warps=knobs.NUM_WARPS, num_stages=knobs.NUM_STAGES,
     )
 
