@@ -206,3 +206,72 @@ def test_one_kernel_per_layout_class_over_serving_shapes():
     torch.cuda.synchronize()
     assert _compiled(_sdpa_fwd_kernel) - before_p == 1
     assert _compiled(_sdpa_decode_kernel) - before_d == 1
+
+
+@pytest.mark.parametrize("page", [16, 64], ids=["page16", "page64"])
+def test_prefill_thd_over_paged_kv_bf16(page):
+    """Chunked prefill (FlashInfer's prefill binding): packed queries over a paged cache."""
+    lens_q, lens_kv, hq, hkv, d = [1, 200, 64], [900, 200, 1000], 32, 8, 128
+    kc, vc, table, dense = _paged(lens_kv, hkv, d, page)
+    total = sum(lens_q)
+    q = rnd(total, hq, d)
+    out = torch.full_like(q, float("nan"))
+    cu = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=DEV)
+    seq_kv = torch.tensor(lens_kv, dtype=torch.int32, device=DEV)
+    knobs = recommend_prefill(head_dim=d, causal=True, group=4, is_thd=True,
+                              max_seqlen_q=max(lens_q))[0]
+    sdpa_prefill(q, kc, vc, out, attn_scale=0.08, knobs=knobs,
+                 mask=AttnMask.causal(bottom_right=True), seq_len_kv=seq_kv, page_table=table,
+                 ragged_offsets_q=cu, max_seqlen_q=max(lens_q))
+    offs = cu.tolist()
+    for i, (kd, vd) in enumerate(dense):
+        sl = slice(offs[i], offs[i + 1])
+        ref_o, _ = attention_one(q[sl].transpose(0, 1), kd, vd, 0.08, None, 0, True)
+        assert rel_err(out[sl].transpose(0, 1), ref_o) <= TOL["out"]
+
+
+def test_engines_plan_build_execute_on_gpu():
+    """The engines through the manifest on the GPU: build compiles (warm launch on scratch
+    tensors), execute runs on the caller's stream; dense causal prefill and paged decode."""
+    import dataclasses
+
+    import cudnn_pygraph as cudnn
+    from cudnn_pygraph.backend import adapter
+    from cudnn_pygraph.planning import manifest
+
+    engine = "cudnn_pygraph.engines.sdpa.engines"
+    fam = dataclasses.replace(
+        manifest.family_by_name("sdpa_fwd"),
+        slots=(manifest.EngineSlot(0, "triton_sdpa_prefill", engine, "SdpaPrefillEngine"),
+               manifest.EngineSlot(1, "triton_sdpa_decode", engine, "SdpaDecodeEngine")),
+        heuristics=(engine, "recommend"),
+    )
+    families = tuple(fam if f.name == "sdpa_fwd" else f for f in manifest.FAMILIES)
+    saved = adapter.backend_installed
+    adapter.backend_installed = lambda: False
+    try:
+        with manifest.use_families(families):
+            dt = cudnn.data_type
+            g = cudnn.pygraph(io_data_type=dt.BFLOAT16, compute_data_type=dt.FLOAT)
+            b, h, s, d = 2, 8, 300, 128
+            q = g.tensor([b, h, s, d], [s * h * d, d, h * d, 1], name="q")  # BSHD
+            k = g.tensor([b, h, s, d], name="k")
+            v = g.tensor([b, h, s, d], name="v")
+            o, _ = g.sdpa(q, k, v, attn_scale=0.09, use_causal_mask=True, generate_stats=False)
+            o.set_output(True)
+            g.create_execution_plans([cudnn.heur_mode.A])
+            g.build_plans()
+            tq = rnd(b, s, h, d).transpose(1, 2)
+            tk, tv = rnd(b, h, s, d), rnd(b, h, s, d)
+            to = torch.full((b, h, s, d), float("nan"), device=DEV, dtype=BF16)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            handle = cudnn.create_handle()
+            cudnn.set_stream(handle=handle, stream=stream.cuda_stream)
+            g.execute({q: tq, k: tk, v: tv, o: to}, handle=handle)
+            stream.synchronize()
+            for i in range(b):
+                ref_o, _ = attention_one(tq[i], tk[i], tv[i], 0.09, None, 0)
+                assert rel_err(to[i], ref_o) <= TOL["out"]
+    finally:
+        adapter.backend_installed = saved
