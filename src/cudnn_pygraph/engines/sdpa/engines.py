@@ -201,10 +201,10 @@ class SdpaPrefillEngine(BaseEngine):
         thd = facts.ragged
         slots = [("q", q), ("k", k), ("v", v), ("O", o)]
         slots.append(("Stats", stats))
-        lengths = facts.padding or thd
+        paged = facts.paged
+        lengths = facts.padding or thd or paged  # paged K/V always read seq_len_kv
         slots.append(("seq_len_q", node.inputs.get("seq_len_q") if lengths else None))
         slots.append(("seq_len_kv", node.inputs.get("seq_len_kv") if lengths else None))
-        paged = facts.paged
         slots.append(("q ragged offset", q.ragged_offset if thd else None))
         slots.append(("k ragged offset", k.ragged_offset if thd and not paged else None))
         slots.append(("page table", node.inputs["paged_attention_k_table"] if paged else None))
