@@ -45,7 +45,7 @@ def analyze(graph, device):
     inp, a = node.inputs, node.attrs
     n = a.get("num_householder", 1)
     k = inp["k"].dim
-    heads_v, head_dim_v = (inp["v"].dim[1:] if "v" in inp else inp["dO"].dim[1:])
+    heads_v, head_dim_v = inp["v"].dim[1:] if "v" in inp else inp["dO"].dim[1:]
     heads_q = inp["q"].dim[1] if "q" in inp else k[1]
     init = inp.get("initial_state")
     return LinearAttentionFacts(

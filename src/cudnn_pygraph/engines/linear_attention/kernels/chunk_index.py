@@ -5,6 +5,14 @@ head and V-block) or chunks (everything else: one program per 64-token chunk and
 A chunk program needs to know which sequence it belongs to; that mapping depends on the
 device values of cu_seqlens, so it is built here by two tiny kernels:
 
+  cu_safe       [N + 1] int32: cu_seqlens made a valid partition of [0, total_T] (each
+                               entry clamped into [previous entry, total_T], the first 0).
+                               Every stage reads this copy, so a malformed cu_seqlens can
+                               never make a kernel read or write outside its tensors.
+  cu_error      [1] int32: 1 when cu_seqlens was not already valid (not starting at 0,
+                               decreasing, or not ending at total_T), else 0. Checked on
+                               the device without a host sync; the caller reads it at its
+                               next sync point (the launchers' `cu_seqlens_error`).
   chunk_offsets [N + 1] int32: the global index of each sequence's first chunk
                                (sum of ceil(T_m / BT) over m < n); chunk_offsets[N] is the
                                number of chunks.
@@ -28,17 +36,42 @@ def max_chunks(total_t: int, n_seqs: int) -> int:
     return triton.cdiv(total_t, CHUNK) + n_seqs
 
 
-@triton.jit(do_not_specialize=["N"])
-def _chunk_offsets_kernel(cu_ptr, off_ptr, N, BT: tl.constexpr, BLOCK: tl.constexpr):
-    # One program: a running prefix sum over the sequences, BLOCK at a time.
+@triton.jit
+def _running_max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit(do_not_specialize=["N", "T"])
+def _chunk_offsets_kernel(
+    cu_ptr, safe_ptr, off_ptr, err_ptr, N, T, BT: tl.constexpr, BLOCK: tl.constexpr
+):
+    # One program, two sequential passes over the sequences, BLOCK at a time.
+    # Pass 1: cu_safe = running max of cu clamped into [0, T]; flag what changed.
+    first = tl.load(cu_ptr).to(tl.int32)
+    tl.store(safe_ptr, 0)
+    bad = (first != 0).to(tl.int32)
+    prev = tl.zeros([], dtype=tl.int32)
+    for start in range(0, N, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        valid = idx < N
+        raw = tl.load(cu_ptr + idx + 1, mask=valid, other=0).to(tl.int32)
+        clamped = tl.minimum(tl.maximum(raw, 0), T)
+        safe = tl.maximum(tl.associative_scan(clamped, 0, _running_max), prev)
+        tl.store(safe_ptr + idx + 1, safe, mask=valid)
+        bad = tl.maximum(bad, tl.max(tl.where(valid & (raw != safe), 1, 0), 0))
+        prev = tl.maximum(prev, tl.max(tl.where(valid, safe, 0), 0))
+    bad = tl.maximum(bad, (prev != T).to(tl.int32))
+    tl.store(err_ptr, bad)
+    tl.debug_barrier()  # pass 2 reads what other threads of this program stored
+    # Pass 2: chunk_offsets = prefix sum of ceil(T_n / BT) over cu_safe.
     tl.store(off_ptr, 0)
     carry = tl.zeros([], dtype=tl.int32)
     for start in range(0, N, BLOCK):
         idx = start + tl.arange(0, BLOCK)
         valid = idx < N
-        bos = tl.load(cu_ptr + idx, mask=valid, other=0).to(tl.int32)
-        eos = tl.load(cu_ptr + idx + 1, mask=valid, other=0).to(tl.int32)
-        n_chunks = (tl.maximum(eos - bos, 0) + BT - 1) // BT
+        bos = tl.load(safe_ptr + idx, mask=valid, other=0)
+        eos = tl.load(safe_ptr + idx + 1, mask=valid, other=0)
+        n_chunks = (eos - bos + BT - 1) // BT
         tl.store(off_ptr + idx + 1, tl.cumsum(n_chunks, 0) + carry, mask=valid)
         carry += tl.sum(n_chunks, 0)
 
@@ -53,10 +86,13 @@ def _chunk_seq_kernel(off_ptr, seq_ptr, BLOCK: tl.constexpr):
         tl.store(seq_ptr + idx, tl.zeros([BLOCK], dtype=tl.int32) + n, mask=idx < last)
 
 
-def build_chunk_tables(cu_seqlens, chunk_offsets, chunk_seq) -> None:
-    """Fill chunk_offsets [N+1] and chunk_seq [>= max_chunks] (int32 device tensors)."""
+def build_chunk_tables(cu_seqlens, total_t, cu_safe, cu_error, chunk_offsets, chunk_seq) -> None:
+    """Fill cu_safe [N+1], cu_error [1], chunk_offsets [N+1] and chunk_seq [>= max_chunks]
+    (int32 device tensors) from cu_seqlens (int32 or int64)."""
     n_seqs = cu_seqlens.shape[0] - 1
-    _chunk_offsets_kernel[(1,)](cu_seqlens, chunk_offsets, n_seqs, BT=CHUNK, BLOCK=1024)
+    _chunk_offsets_kernel[(1,)](
+        cu_seqlens, cu_safe, chunk_offsets, cu_error, n_seqs, total_t, BT=CHUNK, BLOCK=1024
+    )
     if n_seqs > 0:
         _chunk_seq_kernel[(n_seqs,)](chunk_offsets, chunk_seq, BLOCK=256)
 

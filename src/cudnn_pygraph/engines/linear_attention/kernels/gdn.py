@@ -7,6 +7,11 @@ Backward: chunk tables -> wy_fwd (+ A) -> state_fwd (h; skipped when checkpoints
           -> dqk (dq, partial dk / dG, dw) -> wy_bwd (dk, dv, dG, dbeta)
           [-> group_reduce for grouped heads] [-> d_a_log / d_dt_bias sums]
 
+cu_seqlens is not validated on the host (that would sync): the first kernel clamps it into a
+valid partition of [0, total_T] that every stage reads, so a malformed cu_seqlens never
+makes a kernel touch memory outside its tensors, and it sets a device flag (written to
+`cu_seqlens_error` when given) that the caller checks at its next sync point.
+
 Every launch grid is sized from shapes (total_T, N, heads): no device value is read on the
 host, so the launchers are sync-free and CUDA-graph capturable. Scratch comes from the
 caller's `workspace` (uint8) when given; gdn_workspace_bytes() says how much.
@@ -77,6 +82,8 @@ def _layout(
     f32 = torch.float32
     n_chunks = max_chunks(total_t, n_seqs)
     rows = [
+        ("cu_safe", torch.int32, (n_seqs + 1,)),
+        ("cu_error", torch.int32, (1,)),
         ("chunk_offsets", torch.int32, (n_seqs + 1,)),
         ("chunk_seq", torch.int32, (n_chunks,)),
         ("gc", f32, (total_t, n_out)),
@@ -308,11 +315,14 @@ def _run_wy_and_state(
     h_buf,
     store_h,
     vnew,
+    cu_error,
 ):
     total_t, n_seqs, _, n_k, n_v, n_out, dim_k, dim_v = dims
     n_chunks = max_chunks(total_t, n_seqs)
     dummy = ws["gc"]
-    build_chunk_tables(cu, ws["chunk_offsets"], ws["chunk_seq"])
+    error = cu_error if cu_error is not None else ws["cu_error"]
+    build_chunk_tables(cu, total_t, ws["cu_safe"], error, ws["chunk_offsets"], ws["chunk_seq"])
+    cu = ws["cu_safe"]  # every stage reads the sanitized copy (memory-safe on bad input)
     wy_fwd_kernel[(n_chunks, n_out)](
         k,
         v,
@@ -399,6 +409,7 @@ def gdn_forward(
     state_indices=None,
     checkpoints=None,
     workspace=None,
+    cu_seqlens_error=None,
 ) -> None:
     """O [total_T, HO, V] (and final_state [N|pool, HO, V, K], checkpoints [chunks, HO, V, K]
     fp32: the state at each chunk's start) written in place. See the module docstring."""
@@ -424,7 +435,9 @@ def gdn_forward(
         tuple(o.shape) == (total_t, n_out, dim_v) and o.is_contiguous(),
         f"must be contiguous [total_T, HO, V] = {(total_t, n_out, dim_v)}",
     )
+    _check_error_flag(cu_seqlens_error, cu_seqlens.device)
     if total_t == 0:
+        _flag_for_empty(cu_seqlens, cu_seqlens_error)
         if final_state is not None and n_seqs > 0:
             _copy_states_for_empty(initial_state, final_state, state_indices)
         return
@@ -468,6 +481,7 @@ def gdn_forward(
         h_buf=h_buf,
         store_h=True,
         vnew=ws["vnew"],
+        cu_error=cu_seqlens_error,
     )
     cfg = dict(KERNEL_CONFIGS["output_fwd"])
     bv = _block_v(cfg, dim_v)
@@ -478,7 +492,7 @@ def gdn_forward(
         ws["gc"],
         h_buf,
         o,
-        cu_seqlens,
+        ws["cu_safe"],
         ws["chunk_offsets"],
         ws["chunk_seq"],
         n_seqs,
@@ -495,6 +509,20 @@ def gdn_forward(
         EPS=L2NORM_EPS,
         **cfg,
     )
+
+
+def _check_error_flag(flag, device):
+    _check(
+        "cu_seqlens_error",
+        flag is None or (flag.dtype == torch.int32 and flag.numel() == 1 and flag.device == device),
+        "must be an int32 tensor of one element on cu_seqlens' device",
+    )
+
+
+def _flag_for_empty(cu_seqlens, flag):
+    # No tokens: cu_seqlens is valid iff every entry is 0 (device-side, no sync).
+    if flag is not None:
+        flag.copy_((cu_seqlens != 0).any().to(torch.int32).reshape(flag.shape))
 
 
 def _copy_states_for_empty(initial_state, final_state, state_indices):
@@ -542,6 +570,7 @@ def gdn_backward(
     gate_domain="log",
     checkpoints=None,
     workspace=None,
+    cu_seqlens_error=None,
 ) -> None:
     """Gradients of gdn_forward written in place: dq/dk/dv like q/k/v, dg/dbeta like g/beta
     (w.r.t. what was passed), d_initial_state like initial_state, d_a_log / d_dt_bias [HO]."""
@@ -592,7 +621,9 @@ def gdn_backward(
     _check(
         "d_dt_bias", (d_dt_bias is None) == (dt_bias is None), "is required iff dt_bias is given"
     )
+    _check_error_flag(cu_seqlens_error, cu_seqlens.device)
     if total_t == 0:
+        _flag_for_empty(cu_seqlens, cu_seqlens_error)
         _empty_backward(d_final_state, d_initial_state, d_a_log, d_dt_bias)
         return
     rows = _layout(
@@ -635,9 +666,10 @@ def gdn_backward(
         h_buf=h_buf,
         store_h=checkpoints is None,
         vnew=None,
+        cu_error=cu_seqlens_error,
     )
     n_chunks = max_chunks(total_t, n_seqs)
-    tables = (cu_seqlens, ws["chunk_offsets"], ws["chunk_seq"], n_seqs)
+    tables = (ws["cu_safe"], ws["chunk_offsets"], ws["chunk_seq"], n_seqs)
     common = {"K": dim_k, "V": dim_v, "L2NORM": use_qk_l2norm, "PREC": prec, "EPS": L2NORM_EPS}
     dummy = ws["gc"]
 
@@ -656,7 +688,7 @@ def gdn_backward(
         ws["gc"],
         do,
         ws["de"],
-        cu_seqlens,
+        ws["cu_safe"],
         ws["chunk_offsets"],
         d_final_state if d_final_state is not None else dummy,
         d_initial_state if d_initial_state is not None else dummy,
