@@ -34,14 +34,21 @@ HEAVY = ("torch", "triton", "numpy", "cudnn")
 
 
 def test_graph_api_imports_nothing_heavy():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, check=True)
+    # The sdpa graph validates natively (no backend lowering) because a python SDPA engine
+    # is offered: the Triton engines are opt-in until their GPU gate passes, so opt in.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), CUDNN_PYGRAPH_ENABLE_OPT_IN_ENGINES="1")
+    # Time what a user pays: with bytecode caches (an installed package has them). The
+    # first run writes them; compiling our sources adds ~20 ms on the 2-core CI box.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, check=True)
     report = json.loads(out.stdout.strip().splitlines()[-1])
     heavy = [m for m in report["modules"] if m.split(".")[0] in HEAVY]
     assert heavy == [], f"the graph API imported {heavy}"
     ours = [m for m in report["modules"] if m.startswith("cudnn_pygraph")]
     print(f"\nimport + describe + validate sdpa and gdn graphs: {report['seconds'] * 1e3:.1f} ms, "
           f"{len(report['modules'])} modules over an empty interpreter ({len(ours)} of ours)")
-    # Aim (issue 2): under 30 ms and 40 modules; asserted with headroom for a slow CI box.
-    assert len(report["modules"]) < 60
-    assert report["seconds"] < 0.5
+    # Aim (issue 2): under 30 ms and 40 modules (measured here: ~20 ms, 36 modules); the
+    # time is asserted with headroom for a loaded CI box, the module count exactly.
+    assert len(report["modules"]) < 40
+    assert report["seconds"] < 0.2

@@ -13,9 +13,10 @@ Accept means run: everything decidable from the DECLARATION is decided in
 check_support; a plan that accepted builds and executes on buffers bound as declared.
 """
 
+from __future__ import annotations  # annotations stay text: no typing import
+
 import dataclasses
 import importlib.util
-from typing import Any, Mapping
 
 from .._types import cudnnGraphNotSupportedError, data_type, knob_type
 

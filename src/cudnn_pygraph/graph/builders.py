@@ -5,7 +5,7 @@ Binding is done here rather than by inspect.Signature.bind because the backend h
 required parameters after defaulted ones (layernorm's `epsilon`), which a Python
 signature cannot spell but a pybind call accepts positionally or by keyword."""
 
-import inspect
+import types
 
 from .opspec import REQUIRED, PortKind
 from .tensor import Tensor, to_data_type
@@ -83,16 +83,37 @@ class _Element:
 _ELEMENT = _Element()
 
 
-def make_builder(spec):
-    def builder(self, *args, **kwargs):
-        return self._add_node(spec, args, kwargs)
+class Builder:
+    """A pygraph op builder generated from one OpSpec. A descriptor rather than a plain
+    function so that its signature (the backend's names, order and defaults, for help()
+    and inspect) is computed only when asked: building it needs `inspect`, which a graph
+    that is only described and validated never imports."""
 
-    builder.__name__ = builder.__qualname__ = spec.name
-    builder.__doc__ = spec.doc
-    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)]
-    for p in spec.params:
-        default = inspect.Parameter.empty if p.default is REQUIRED else p.default
-        params.append(inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default))
-    params.append(inspect.Parameter("name", inspect.Parameter.KEYWORD_ONLY, default=""))
-    builder.__signature__ = inspect.Signature(params, __validate_parameters__=False)
-    return builder
+    def __init__(self, spec):
+        self.spec = spec
+        self.__name__ = self.__qualname__ = spec.name
+        self.__doc__ = spec.doc
+
+    def __get__(self, graph, owner=None):
+        if graph is None:
+            return self
+        return types.MethodType(self, graph)
+
+    def __call__(self, graph, *args, **kwargs):
+        return graph._add_node(self.spec, args, kwargs)
+
+    @property
+    def __signature__(self):
+        import inspect
+
+        P = inspect.Parameter
+        params = [P("self", P.POSITIONAL_ONLY)]
+        for p in self.spec.params:
+            default = P.empty if p.default is REQUIRED else p.default
+            params.append(P(p.name, P.POSITIONAL_OR_KEYWORD, default=default))
+        params.append(P("name", P.KEYWORD_ONLY, default=""))
+        return inspect.Signature(params, __validate_parameters__=False)
+
+
+def make_builder(spec):
+    return Builder(spec)

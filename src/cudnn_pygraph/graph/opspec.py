@@ -8,9 +8,10 @@ backend has no word for (python_only_attrs) and which backend builder it lowers 
 Adding an op is adding a record to one table under graph/ops/.
 """
 
+from __future__ import annotations  # annotations stay text: no typing import
+
 import dataclasses
 import enum
-from typing import Any, Callable, Mapping
 
 from .._types import ENUMS, cudnnGraphNotSupportedError
 

@@ -274,7 +274,7 @@ class pygraph:  # noqa: N801 — the classic public name
         if self._state.validated:
             return
         validate_graph(self)
-        from ..planning.planner import after_native_validation
+        from ..planning.validation import after_native_validation
 
         after_native_validation(self)
 

@@ -64,7 +64,14 @@ FAMILIES = (
         "sdpa_fwd",
         index=1,
         anchors=("sdpa",),
+        # Opt-in until the GPU gate (tests/gpu/test_sdpa_gpu.py: THD, paged decode, CUDA
+        # graph capture) has passed on the H200; dense prefill and decode numerics have.
+        slots=(
+            EngineSlot(0, "triton_sdpa_prefill", f"{_PKG}.engines.sdpa.engines", "SdpaPrefillEngine", opt_in=True),
+            EngineSlot(1, "triton_sdpa_decode", f"{_PKG}.engines.sdpa.engines", "SdpaDecodeEngine", opt_in=True),
+        ),
         analyzer=_SDPA_ANALYZER,
+        heuristics=(f"{_PKG}.engines.sdpa.engines", "recommend"),
         validator=(f"{_PKG}.graph.validators", "validate_sdpa"),
     ),
     EngineFamily("sdpa_bwd", index=2, anchors=("sdpa_backward",), analyzer=_SDPA_ANALYZER),

@@ -43,32 +43,6 @@ class Verdict:
         return f"{self.name} [{self.engine_id}] {mark}" + (f": {self.reason}" if self.reason else "")
 
 
-# ---------------------------------------------------------------- validation
-def after_native_validation(graph):
-    """validate()'s second half. A python-only graph, or one its family validated
-    natively with a python engine as a candidate, stays open (mutable until planning);
-    any other graph is lowered now when the backend is installed (the classic error
-    timing) and frozen."""
-    family = manifest.family_for(graph)
-    if _is_python_only(graph) or _natively_validated(graph, family):
-        graph.__dict__["_state"] = lifecycle.ValidatedOpen()
-        return
-    from ..backend import adapter
-
-    adapter.lower_for_validation(graph)  # no-op without the backend; raises its verdict
-    graph._freeze()
-
-
-def _is_python_only(graph):
-    return any(n.spec.backend_method is None for n in graph.nodes)
-
-
-def _natively_validated(graph, family):
-    if family is None or family.validator is None or not family.offered_slots():
-        return False
-    return bool(manifest.resolve(family.validator)(graph))
-
-
 # ---------------------------------------------------------------- candidates
 def candidate_verdicts(graph, family):
     """Instantiate the family's offered engines and ask each check_support(graph)."""
