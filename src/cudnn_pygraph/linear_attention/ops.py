@@ -199,19 +199,18 @@ def _gdn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                    dQ=outs["dQ"], dK=outs["dK"], dV=outs["dV"], dG=outs["dG"],
                    dBeta=outs["dBeta"], d_initial_state=d_h0, d_a_log=outs["d_a_log"],
                    d_dt_bias=outs["d_dt_bias"]))
-    empty = q.new_empty(0)
-    return [t if t is not None else empty for t in outs.values()]
+    # an absent gradient is an empty tensor of its own (returns may not alias)
+    return [t if t is not None else q.new_empty(0) for t in outs.values()]
 
 
 @_gdn_bwd.register_fake
 def _(q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state, a_log, dt_bias, scale,
       use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, batch_invariant):
-    empty = q.new_empty(0)
     return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
             torch.empty_like(beta),
-            torch.empty_like(initial_state) if initial_state is not None else empty,
-            torch.empty_like(a_log) if safe_gate and a_log is not None else empty,
-            torch.empty_like(dt_bias) if safe_gate and dt_bias is not None else empty]
+            torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0),
+            torch.empty_like(a_log) if safe_gate and a_log is not None else q.new_empty(0),
+            torch.empty_like(dt_bias) if safe_gate and dt_bias is not None else q.new_empty(0)]
 
 
 _FWD_FLAGS = ("scale", "output_final_state", "use_qk_l2norm", "use_beta_sigmoid",

@@ -79,6 +79,7 @@ FAMILIES = (
         "gdn",
         index=3,
         anchors=("gdn", "gdn_bwd", "gdn_summary", "gdn_summary_bwd"),
+        slots=(EngineSlot(0, "triton_gdn", f"{_PKG}.engines.linear_attention.gdn_engine", "GdnTritonEngine"),),
         analyzer=_LA_ANALYZER,
     ),
     EngineFamily("kda", index=4, anchors=("kda", "kda_bwd", "kda_summary", "kda_summary_bwd"), analyzer=_LA_ANALYZER),
