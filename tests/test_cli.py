@@ -167,6 +167,19 @@ def test_plans_without_an_engine_shows_every_reason_and_exits_1(capsys):
     assert "backend OPENSOURCE: gdn node 'gdn_0' is a python-only op" in out
 
 
+@pytest.mark.parametrize("flag", [[], ["--opt-in"]], ids=["gate-closed", "opt-in-flag"])
+def test_opt_in_engines_are_one_flag_away(capsys, monkeypatch, flag):
+    monkeypatch.setenv(manifest.OPT_IN_ENV, "0")  # restored after the test, whatever main sets
+    with manifest.use_families([gdn_family(TorchDeltaRule, opt_in=("TorchDeltaRule",))]):
+        rc, out, _ = run_cli(capsys, "demo", "--quick", "--only", "gdn", *flag)
+    assert rc == 0
+    if flag:
+        assert "TorchDeltaRule [20300] accepts" in out and "#0 standin_torch_gdn[]: ran" in out
+    else:
+        assert "hint: rerun with --opt-in to include the opt-in engines" in out
+        assert "gdn   not executed here" in out
+
+
 def _gdn_doc():
     return demo.gdn_example().graph.to_json()
 

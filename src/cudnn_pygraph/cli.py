@@ -1,6 +1,7 @@
 """The `cudnn-pygraph` command (also `python -m cudnn_pygraph`).
 
   demo [--quick] [--only gemm,sdpa,gdn]   the whole idea on this machine (demo.py)
+  (demo, doctor, plans and autotune take --opt-in: include the opt-in engines)
   doctor                                  versions, device, which engines are offered here
   plans GRAPH.json | --example NAME       the ranked plan list of a graph, with reasons
         [--modes A,FALLBACK,OPENSOURCE] [--write-json PATH]
@@ -343,21 +344,28 @@ def build_parser():
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="run the demo (a small size without a GPU)")
+    # Opt-in engines (manifest.OPT_IN_ENV) for this run: on every command that plans.
+    opt_in = argparse.ArgumentParser(add_help=False)
+    opt_in.add_argument("--opt-in", action="store_true",
+                        help="include the opt-in engines (sets CUDNN_PYGRAPH_ENABLE_OPT_IN_ENGINES=1)")
+
+    d = sub.add_parser("demo", parents=[opt_in], help="run the demo (a small size without a GPU)")
     d.add_argument("--quick", action="store_true", help="the small size everywhere (what CI runs)")
     d.add_argument("--only", help=f"comma-separated subset of {','.join(EXAMPLES)}")
     d.set_defaults(func=cmd_demo)
 
-    sub.add_parser("doctor", help="versions, device, engines offered here (for bug reports)").set_defaults(func=cmd_doctor)
+    sub.add_parser("doctor", parents=[opt_in], help="versions, device, engines offered here (for bug reports)"
+                   ).set_defaults(func=cmd_doctor)
 
-    pl = sub.add_parser("plans", help="print a graph's ranked plan list with every reason")
+    pl = sub.add_parser("plans", parents=[opt_in], help="print a graph's ranked plan list with every reason")
     pl.add_argument("graph", nargs="?", metavar="GRAPH.json", help="the IR's JSON form (graph.to_json())")
     pl.add_argument("--example", choices=sorted(EXAMPLES), help="plan an example graph instead")
     pl.add_argument("--modes", default="A,FALLBACK", help="heuristic modes, in order (default A,FALLBACK)")
     pl.add_argument("--write-json", metavar="PATH", help="also write the graph's JSON form to PATH")
     pl.set_defaults(func=cmd_plans)
 
-    a = sub.add_parser("autotune", help="show or clear the persistent autotune cache, or tune an example")
+    a = sub.add_parser("autotune", parents=[opt_in],
+                       help="show or clear the persistent autotune cache, or tune an example")
     g = a.add_mutually_exclusive_group(required=True)
     g.add_argument("--show", action="store_true", help="list the cache's entries")
     g.add_argument("--clear", action="store_true", help="remove every entry")
@@ -372,6 +380,10 @@ def build_parser():
 def main(argv=None):
     use_interpreter_without_gpu()
     args = build_parser().parse_args(argv)
+    if getattr(args, "opt_in", False):
+        from .planning.manifest import OPT_IN_ENV
+
+        os.environ[OPT_IN_ENV] = "1"  # read live by the manifest, for this process
     try:
         return args.func(args)
     except UsageError as exc:

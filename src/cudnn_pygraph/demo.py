@@ -68,7 +68,7 @@ def gemm_example(big=False):
 
 def sdpa_example(big=False):
     """O = softmax(q k^T * scale, causal) v, BHSD."""
-    b, h, s, d = (4, 16, 2048, 128) if big else (1, 2, 64, 32)
+    b, h, s, d = (4, 16, 2048, 128) if big else (1, 2, 64, 64)  # the engines serve d 64 and 128
     scale = d ** -0.5
     g = _pygraph("demo_sdpa")
     q = g.tensor([b, h, s, d], name="q")
@@ -90,8 +90,9 @@ def sdpa_example(big=False):
 def gdn_example(big=False):
     """Gated DeltaNet forward over equal-length sequences (THD), l2-normalized q/k."""
     # Head dims 64 and 128 are what the chunked kernels serve. Measured under the Triton
-    # interpreter on the 2-core CI CPU, the small size runs gdn_forward in 1.2 s and matches
-    # the reference below to 4.6e-4 (sdpa_prefill: 0.13 s, 2.3e-4; the gemm: 0.13 s, 2.0e-4).
+    # interpreter on the 2-core CI CPU through the engines, the small sizes run in ~1.1 s
+    # (gdn), ~0.1 s (sdpa), ~0.2 s (gemm) and match the references here to 4.6e-4, 2.4e-4
+    # and 2.0e-4.
     nseq, length, h, dk, dv = (4, 2048, 16, 128, 128) if big else (2, 32, 2, 64, 64)
     t_total = nseq * length
     scale = dk ** -0.5
@@ -276,6 +277,8 @@ def plan_and_explain(graph, modes, say):
         family = graph._planning.family
         if family is not None and not family.slots:
             say(f"  the {family.name} family has no python engine in the manifest yet")
+        if any(not v.accepted and v.reason.startswith("opt-in engine") for v in graph._planning.verdicts):
+            say("  hint: rerun with --opt-in to include the opt-in engines")
         return "no plan for this graph here (reasons above)"
     except Exception as exc:  # a component that is not there yet; report and go on
         say(f"  planning failed: {type(exc).__name__}: {exc}")
