@@ -30,14 +30,20 @@ import torch
 import triton
 
 from .chunk_index import CHUNK, build_chunk_tables, max_chunks
+from .gdn_checks import SUPPORTED_HEAD_DIMS, _check, _validate
+from .gdn_workspace import _carve, _layout, gdn_workspace_bytes
 from .normalize import L2NORM_EPS
 from .output import dqk_kernel, dv_local_kernel, output_fwd_kernel
 from .state import state_bwd_kernel, state_fwd_kernel
 from .wy import group_reduce_kernel, wy_bwd_kernel, wy_fwd_kernel
 
-SUPPORTED_HEAD_DIMS = (64, 128)
-_GATE_DOMAINS = ("log", "linear")
-_ALIGN = 256
+__all__ = [
+    "KERNEL_CONFIGS",
+    "SUPPORTED_HEAD_DIMS",
+    "gdn_backward",
+    "gdn_forward",
+    "gdn_workspace_bytes",
+]
 
 # (BV, num_warps) per kernel. Every entry is one of the configs checked against the float64
 # reference on the H200 (tests/gpu/test_gdn_gpu.py runs these and two alternative sets;
@@ -59,222 +65,15 @@ KERNEL_CONFIGS = {
 }
 
 
-def _block_v(cfg: dict, dim_v: int) -> int:
-    """The config's V-block (popped from cfg), never wider than V itself (V=64 heads)."""
-    return min(cfg.pop("BV"), dim_v)
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
-
-
 def _dot_precision(dtype: torch.dtype) -> str:
     # fp32 runs are the accuracy reference: exact fp32 products. 16-bit runs feed 16-bit
     # operands to the big products; the fp32 ones (the WY solves) use tf32.
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _layout(
-    total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, backward, has_checkpoints, safe_gate
-):
-    """[(name, dtype, shape)] of every scratch buffer, in carving order."""
-    cdt = _compute_dtype(dtype)
-    f32 = torch.float32
-    n_chunks = max_chunks(total_t, n_seqs)
-    rows = [
-        ("cu_safe", torch.int32, (n_seqs + 1,)),
-        ("cu_error", torch.int32, (1,)),
-        ("chunk_offsets", torch.int32, (n_seqs + 1,)),
-        ("chunk_seq", torch.int32, (n_chunks,)),
-        ("gc", f32, (total_t, n_out)),
-        ("beta_eff", f32, (total_t, n_out)),
-        ("w", cdt, (total_t, n_out, dim_k)),
-        ("u", cdt, (total_t, n_out, dim_v)),
-    ]
-    if not has_checkpoints:
-        rows.append(("h", cdt, (n_chunks, n_out, dim_v, dim_k)))
-    if not backward:
-        rows.append(("vnew", cdt, (total_t, n_out, dim_v)))
-        return rows
-    rows += [
-        ("a", f32, (total_t, n_out, CHUNK)),
-        ("de", f32, (total_t, n_out, dim_v)),
-        ("dh", cdt, (n_chunks, n_out, dim_v, dim_k)),
-        ("dk_part", f32, (total_t, n_out, dim_k)),
-        ("dw", f32, (total_t, n_out, dim_k)),
-        ("dg_part", f32, (total_t, n_out)),
-    ]
-    if n_q != n_out:
-        rows.append(("dq_group", f32, (total_t, n_out, dim_k)))
-    if n_v != n_out:
-        rows.append(("dv_group", f32, (total_t, n_out, dim_v)))
-    if safe_gate:
-        rows += [("da_tok", f32, (total_t, n_out)), ("ddt_tok", f32, (total_t, n_out))]
-    return rows
-
-
-def _nbytes(dtype, shape):
-    n = 1
-    for s in shape:
-        n *= s
-    return n * torch.empty((), dtype=dtype).element_size()
-
-
-def gdn_workspace_bytes(
-    total_t: int,
-    n_seqs: int,
-    n_q_heads: int,
-    n_k_heads: int,
-    n_v_heads: int,
-    dim_k: int,
-    dim_v: int,
-    dtype: torch.dtype,
-    *,
-    backward: bool,
-    has_checkpoints: bool = False,
-    safe_gate: bool = False,
-) -> int:
-    """Bytes of scratch the gdn forward (backward=False) or backward launcher carves."""
-    n_out = max(n_q_heads, n_v_heads)
-    rows = _layout(
-        total_t,
-        n_seqs,
-        n_out,
-        n_q_heads,
-        n_k_heads,
-        n_v_heads,
-        dim_k,
-        dim_v,
-        dtype,
-        backward,
-        has_checkpoints,
-        safe_gate,
-    )
-    return sum(triton.cdiv(_nbytes(dt, shape), _ALIGN) * _ALIGN for _, dt, shape in rows)
-
-
-def _carve(rows, workspace, device):
-    """Views into `workspace` (or fresh allocations when None), by name."""
-    total = sum(triton.cdiv(_nbytes(dt, shape), _ALIGN) * _ALIGN for _, dt, shape in rows)
-    if workspace is None:
-        workspace = torch.empty(total, dtype=torch.uint8, device=device)
-    elif workspace.dtype != torch.uint8 or workspace.numel() < total:
-        raise ValueError(
-            f"workspace: needs a uint8 tensor of >= {total} bytes, got "
-            f"{workspace.dtype} with {workspace.numel()} elements"
-        )
-    out, offset = {}, 0
-    for name, dt, shape in rows:
-        nbytes = _nbytes(dt, shape)
-        out[name] = workspace[offset : offset + nbytes].view(dt).view(shape)
-        offset += triton.cdiv(nbytes, _ALIGN) * _ALIGN
-    return out
-
-
-def _check(name, cond, rule):
-    if not cond:
-        raise ValueError(f"{name}: {rule}")
-
-
-def _validate(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    cu_seqlens,
-    scale,
-    flags,
-    initial_state,
-    final_state,
-    state_indices,
-    checkpoints,
-    a_log,
-    dt_bias,
-):
-    use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain = flags
-    _check("q", q.dim() == 3, "must be [total_T, H, K]")
-    total_t, n_q, dim_k = q.shape
-    _check(
-        "k",
-        k.dim() == 3 and k.shape[0] == total_t and k.shape[2] == dim_k,
-        "must be [total_T, HK, K] like q",
-    )
-    _check("v", v.dim() == 3 and v.shape[0] == total_t, "must be [total_T, HV, V]")
-    n_k, n_v, dim_v = k.shape[1], v.shape[1], v.shape[2]
-    n_out = max(n_q, n_v)
-    _check("q", n_out % n_q == 0, f"H={n_q} must divide HO=max(H, HV)={n_out}")
-    _check("v", n_out % n_v == 0, f"HV={n_v} must divide HO=max(H, HV)={n_out}")
-    _check("k", n_k in (n_q, n_v), f"HK={n_k} must equal H={n_q} or HV={n_v}")
-    _check("q", dim_k in SUPPORTED_HEAD_DIMS, f"K={dim_k} not in {SUPPORTED_HEAD_DIMS}")
-    _check("v", dim_v in SUPPORTED_HEAD_DIMS, f"V={dim_v} not in {SUPPORTED_HEAD_DIMS}")
-    _check(
-        "q",
-        q.dtype in (torch.float32, torch.bfloat16, torch.float16),
-        "dtype must be float32, bfloat16 or float16",
-    )
-    _check("k", k.dtype == q.dtype, "dtype must match q")
-    _check("v", v.dtype == q.dtype, "dtype must match q")
-    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        _check(name, t.is_contiguous(), "must be contiguous")
-    _check("g", tuple(g.shape) == (total_t, n_out), f"must be [total_T, HO] = {(total_t, n_out)}")
-    _check(
-        "beta", tuple(beta.shape) == (total_t, n_out), f"must be [total_T, HO] = {(total_t, n_out)}"
-    )
-    _check(
-        "cu_seqlens",
-        cu_seqlens.dim() == 1
-        and cu_seqlens.numel() >= 1
-        and cu_seqlens.dtype in (torch.int32, torch.int64),
-        "must be a 1-D int32 or int64 tensor of N+1 offsets",
-    )
-    _check("scale", scale is not None, "is required")
-    _check("gate_domain", gate_domain in _GATE_DOMAINS, f"must be one of {_GATE_DOMAINS}")
-    _check(
-        "allow_neg_eigval", not allow_neg_eigval or use_beta_sigmoid, "requires use_beta_sigmoid"
-    )
-    _check(
-        "safe_gate",
-        not safe_gate or gate_domain == "log",
-        "cannot combine with gate_domain='linear'",
-    )
-    _check("a_log", a_log is None or safe_gate, "is only used with safe_gate")
-    _check("dt_bias", dt_bias is None or safe_gate, "is only used with safe_gate")
-    for name, t in (("a_log", a_log), ("dt_bias", dt_bias)):
-        if t is not None:
-            _check(name, t.shape == (n_out,) and t.is_contiguous(), f"must be [HO] = [{n_out}]")
-    n_seqs = cu_seqlens.numel() - 1
-    state_shape = (n_seqs, n_out, dim_v, dim_k)
-    if state_indices is not None:
-        _check("state_indices", initial_state is not None, "requires initial_state (the pool)")
-        _check(
-            "state_indices",
-            state_indices.dtype == torch.int32 and tuple(state_indices.shape) == (n_seqs,),
-            f"must be int32 [N] = [{n_seqs}]",
-        )
-        _check("state_indices", checkpoints is None, "cannot combine with checkpoints")
-        state_shape = (initial_state.shape[0],) + state_shape[1:]
-    for name, t in (("initial_state", initial_state), ("final_state", final_state)):
-        if t is not None:
-            _check(name, tuple(t.shape) == state_shape, f"must be {state_shape} (V-major)")
-            _check(name, t.dtype in (torch.float32, torch.bfloat16), "must be fp32 or bf16")
-    if initial_state is not None and final_state is not None:
-        _check(
-            "final_state",
-            final_state.dtype == initial_state.dtype,
-            "dtype must match initial_state",
-        )
-    if checkpoints is not None:
-        n_chunks = max_chunks(total_t, n_seqs)
-        _check(
-            "checkpoints",
-            checkpoints.dtype == torch.float32
-            and checkpoints.dim() == 4
-            and checkpoints.shape[0] >= n_chunks
-            and tuple(checkpoints.shape[1:]) == (n_out, dim_v, dim_k),
-            f"must be fp32 [>= {n_chunks}, {n_out}, {dim_v}, {dim_k}]",
-        )
-    return total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v
+def _block_v(cfg: dict, dim_v: int) -> int:
+    """The config's V-block (popped from cfg), never wider than V itself (V=64 heads)."""
+    return min(cfg.pop("BV"), dim_v)
 
 
 def _state_strides(t):

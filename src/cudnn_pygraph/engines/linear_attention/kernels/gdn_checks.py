@@ -1,0 +1,117 @@
+"""Argument checks of the gdn launchers: every rule names the argument, and all of them run
+before anything launches (device values are never read: that would sync)."""
+
+from __future__ import annotations
+
+import torch
+
+from .chunk_index import max_chunks
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+_GATE_DOMAINS = ("log", "linear")
+
+
+def _check(name, cond, rule):
+    if not cond:
+        raise ValueError(f"{name}: {rule}")
+
+
+def _validate(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    scale,
+    flags,
+    initial_state,
+    final_state,
+    state_indices,
+    checkpoints,
+    a_log,
+    dt_bias,
+):
+    use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain = flags
+    _check("q", q.dim() == 3, "must be [total_T, H, K]")
+    total_t, n_q, dim_k = q.shape
+    _check(
+        "k",
+        k.dim() == 3 and k.shape[0] == total_t and k.shape[2] == dim_k,
+        "must be [total_T, HK, K] like q",
+    )
+    _check("v", v.dim() == 3 and v.shape[0] == total_t, "must be [total_T, HV, V]")
+    n_k, n_v, dim_v = k.shape[1], v.shape[1], v.shape[2]
+    n_out = max(n_q, n_v)
+    _check("q", n_out % n_q == 0, f"H={n_q} must divide HO=max(H, HV)={n_out}")
+    _check("v", n_out % n_v == 0, f"HV={n_v} must divide HO=max(H, HV)={n_out}")
+    _check("k", n_k in (n_q, n_v), f"HK={n_k} must equal H={n_q} or HV={n_v}")
+    _check("q", dim_k in SUPPORTED_HEAD_DIMS, f"K={dim_k} not in {SUPPORTED_HEAD_DIMS}")
+    _check("v", dim_v in SUPPORTED_HEAD_DIMS, f"V={dim_v} not in {SUPPORTED_HEAD_DIMS}")
+    _check(
+        "q",
+        q.dtype in (torch.float32, torch.bfloat16, torch.float16),
+        "dtype must be float32, bfloat16 or float16",
+    )
+    _check("k", k.dtype == q.dtype, "dtype must match q")
+    _check("v", v.dtype == q.dtype, "dtype must match q")
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        _check(name, t.is_contiguous(), "must be contiguous")
+    _check("g", tuple(g.shape) == (total_t, n_out), f"must be [total_T, HO] = {(total_t, n_out)}")
+    _check(
+        "beta", tuple(beta.shape) == (total_t, n_out), f"must be [total_T, HO] = {(total_t, n_out)}"
+    )
+    _check(
+        "cu_seqlens",
+        cu_seqlens.dim() == 1
+        and cu_seqlens.numel() >= 1
+        and cu_seqlens.dtype in (torch.int32, torch.int64),
+        "must be a 1-D int32 or int64 tensor of N+1 offsets",
+    )
+    _check("scale", scale is not None, "is required")
+    _check("gate_domain", gate_domain in _GATE_DOMAINS, f"must be one of {_GATE_DOMAINS}")
+    _check(
+        "allow_neg_eigval", not allow_neg_eigval or use_beta_sigmoid, "requires use_beta_sigmoid"
+    )
+    _check(
+        "safe_gate",
+        not safe_gate or gate_domain == "log",
+        "cannot combine with gate_domain='linear'",
+    )
+    _check("a_log", a_log is None or safe_gate, "is only used with safe_gate")
+    _check("dt_bias", dt_bias is None or safe_gate, "is only used with safe_gate")
+    for name, t in (("a_log", a_log), ("dt_bias", dt_bias)):
+        if t is not None:
+            _check(name, t.shape == (n_out,) and t.is_contiguous(), f"must be [HO] = [{n_out}]")
+    n_seqs = cu_seqlens.numel() - 1
+    state_shape = (n_seqs, n_out, dim_v, dim_k)
+    if state_indices is not None:
+        _check("state_indices", initial_state is not None, "requires initial_state (the pool)")
+        _check(
+            "state_indices",
+            state_indices.dtype == torch.int32 and tuple(state_indices.shape) == (n_seqs,),
+            f"must be int32 [N] = [{n_seqs}]",
+        )
+        _check("state_indices", checkpoints is None, "cannot combine with checkpoints")
+        state_shape = (initial_state.shape[0],) + state_shape[1:]
+    for name, t in (("initial_state", initial_state), ("final_state", final_state)):
+        if t is not None:
+            _check(name, tuple(t.shape) == state_shape, f"must be {state_shape} (V-major)")
+            _check(name, t.dtype in (torch.float32, torch.bfloat16), "must be fp32 or bf16")
+    if initial_state is not None and final_state is not None:
+        _check(
+            "final_state",
+            final_state.dtype == initial_state.dtype,
+            "dtype must match initial_state",
+        )
+    if checkpoints is not None:
+        n_chunks = max_chunks(total_t, n_seqs)
+        _check(
+            "checkpoints",
+            checkpoints.dtype == torch.float32
+            and checkpoints.dim() == 4
+            and checkpoints.shape[0] >= n_chunks
+            and tuple(checkpoints.shape[1:]) == (n_out, dim_v, dim_k),
+            f"must be fp32 [>= {n_chunks}, {n_out}, {dim_v}, {dim_k}]",
+        )
+    return total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v

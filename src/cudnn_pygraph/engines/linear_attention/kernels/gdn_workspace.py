@@ -1,0 +1,115 @@
+"""Scratch of the gdn launchers: what they carve from the caller's workspace, and how much.
+
+One table (_layout) names every buffer with its dtype and shape, in carving order; the size
+query and the carving both read it, so they cannot disagree. Buffers are 256-byte aligned.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .chunk_index import CHUNK, max_chunks
+
+_ALIGN = 256
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
+def _layout(
+    total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, backward, has_checkpoints, safe_gate
+):
+    """[(name, dtype, shape)] of every scratch buffer, in carving order."""
+    cdt = _compute_dtype(dtype)
+    f32 = torch.float32
+    n_chunks = max_chunks(total_t, n_seqs)
+    rows = [
+        ("cu_safe", torch.int32, (n_seqs + 1,)),
+        ("cu_error", torch.int32, (1,)),
+        ("chunk_offsets", torch.int32, (n_seqs + 1,)),
+        ("chunk_seq", torch.int32, (n_chunks,)),
+        ("gc", f32, (total_t, n_out)),
+        ("beta_eff", f32, (total_t, n_out)),
+        ("w", cdt, (total_t, n_out, dim_k)),
+        ("u", cdt, (total_t, n_out, dim_v)),
+    ]
+    if not has_checkpoints:
+        rows.append(("h", cdt, (n_chunks, n_out, dim_v, dim_k)))
+    if not backward:
+        rows.append(("vnew", cdt, (total_t, n_out, dim_v)))
+        return rows
+    rows += [
+        ("a", f32, (total_t, n_out, CHUNK)),
+        ("de", f32, (total_t, n_out, dim_v)),
+        ("dh", cdt, (n_chunks, n_out, dim_v, dim_k)),
+        ("dk_part", f32, (total_t, n_out, dim_k)),
+        ("dw", f32, (total_t, n_out, dim_k)),
+        ("dg_part", f32, (total_t, n_out)),
+    ]
+    if n_q != n_out:
+        rows.append(("dq_group", f32, (total_t, n_out, dim_k)))
+    if n_v != n_out:
+        rows.append(("dv_group", f32, (total_t, n_out, dim_v)))
+    if safe_gate:
+        rows += [("da_tok", f32, (total_t, n_out)), ("ddt_tok", f32, (total_t, n_out))]
+    return rows
+
+
+def _nbytes(dtype, shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n * torch.empty((), dtype=dtype).element_size()
+
+
+def gdn_workspace_bytes(
+    total_t: int,
+    n_seqs: int,
+    n_q_heads: int,
+    n_k_heads: int,
+    n_v_heads: int,
+    dim_k: int,
+    dim_v: int,
+    dtype: torch.dtype,
+    *,
+    backward: bool,
+    has_checkpoints: bool = False,
+    safe_gate: bool = False,
+) -> int:
+    """Bytes of scratch the gdn forward (backward=False) or backward launcher carves."""
+    n_out = max(n_q_heads, n_v_heads)
+    rows = _layout(
+        total_t,
+        n_seqs,
+        n_out,
+        n_q_heads,
+        n_k_heads,
+        n_v_heads,
+        dim_k,
+        dim_v,
+        dtype,
+        backward,
+        has_checkpoints,
+        safe_gate,
+    )
+    return sum(triton.cdiv(_nbytes(dt, shape), _ALIGN) * _ALIGN for _, dt, shape in rows)
+
+
+def _carve(rows, workspace, device):
+    """Views into `workspace` (or fresh allocations when None), by name."""
+    total = sum(triton.cdiv(_nbytes(dt, shape), _ALIGN) * _ALIGN for _, dt, shape in rows)
+    if workspace is None:
+        workspace = torch.empty(total, dtype=torch.uint8, device=device)
+    elif workspace.dtype != torch.uint8 or workspace.numel() < total:
+        raise ValueError(
+            f"workspace: needs a uint8 tensor of >= {total} bytes, got "
+            f"{workspace.dtype} with {workspace.numel()} elements"
+        )
+    out, offset = {}, 0
+    for name, dt, shape in rows:
+        nbytes = _nbytes(dt, shape)
+        out[name] = workspace[offset : offset + nbytes].view(dt).view(shape)
+        offset += triton.cdiv(nbytes, _ALIGN) * _ALIGN
+    return out
