@@ -136,6 +136,9 @@ class BaseEngine:
     # Knob axes this engine's plans carry, as {public knob_type: knob-object field}.
     KNOB_FIELDS: Mapping = {}
     knob_class = None  # the engine's frozen knob dataclass, or None (no tuning axis)
+    # Optional modules the engine needs to build and run (probed, never imported, by
+    # check_support and by `cudnn-pygraph doctor`).
+    requires = ()
 
     def __init__(self, engine_id):
         self.engine_id = engine_id

@@ -100,6 +100,6 @@ def graph_from_json(cls, doc):
             for t in node.output_tensors():
                 t.__dict__["producer"] = node
             graph._nodes.append(node)
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"malformed IR document: missing or wrong field {exc}") from None
     return graph

@@ -363,12 +363,16 @@ class pygraph:  # noqa: N801 — the classic public name
     def execute_plan_at_index(self, variant_pack, workspace, index, handle=None):
         return self._require_planning().execute(variant_pack, workspace, handle, index=index)
 
-    def autotune(self, variant_pack, workspace=None, handle=None, **options):
-        """Build every plan in the list, time each, select the fastest and record
-        (engine_id, knobs) in the persistent autotune cache (planning/autotune.py)."""
+    def autotune(self, variant_pack, workspace=None, handle=None, *, warmup=3, reps=10,
+                 rotate_inputs=True, use_cache=True, timer=None):
+        """Build every plan in the list, time each (CUDA events on a GPU; `timer` replaces
+        the clock), select the fastest and record (engine_id, knobs) in the persistent
+        autotune cache, which a later process replays without timing
+        (planning/autotune.py)."""
         from ..planning.autotune import autotune
 
-        return autotune(self, variant_pack, workspace, handle, **options)
+        return autotune(self, variant_pack, workspace, handle, warmup=warmup, reps=reps,
+                        rotate_inputs=rotate_inputs, use_cache=use_cache, timer=timer)
 
     def key(self):
         from ..backend import adapter

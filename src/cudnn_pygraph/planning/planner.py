@@ -156,6 +156,7 @@ class PlanningRecord:
         self.pinned = False
         self.deselected = set()
         self._runner = None  # the selected plan's execute path, made at first execute
+        self.device = facts.graph_device(graph)  # what engines see as ctx.device
 
     # ---- names and knobs
     def _check_index(self, index):
@@ -184,7 +185,7 @@ class PlanningRecord:
         plan = self._check_index(index)
         compiled = self.built.get(plan.identity)
         if compiled is None:
-            ctx = BuildContext(facts.graph_device(self.graph))
+            ctx = BuildContext(self.device)
             compiled = self.executor(plan).build_plan(self.graph, plan, ctx)
             self.built[plan.identity] = compiled
         return compiled
@@ -263,7 +264,7 @@ class PlanningRecord:
             lines.append(f"  backend {heur_mode(mode).name}: {outcome}")
         if self.backend_decline:
             lines.append(f"  backend layout inference: {self.backend_decline}")
-        lines.append("plans:")
+        lines.append("plans:" if self.plans else "plans: (none)")
         for i in range(len(self.plans)):
             mark = "*" if i == self.selected else " "
             lines.append(f" {mark}#{i} {self.plan_name(i)}  engine_id={self.plans[i].engine_id}")
