@@ -144,6 +144,42 @@ def test_gdn_and_gdn_bwd_graphs_execute_on_the_engine():
         assert rel_err(buf, leaves[name].grad) <= FP32_TOL, name
 
 
+def test_checkpoints_flow_from_the_gdn_graph_into_the_gdn_bwd_graph():
+    # checkpoint_every_n_tokens=64: the forward graph writes per-chunk states; a backward
+    # graph given them reads them instead of recomputing, with the same gradients.
+    x = inputs(seqlens=(70, 3))
+    attrs = {"scale": 0.125, "use_qk_l2norm": True}
+    with with_gdn_engine():
+        g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
+        t = declare(g, x)
+        o, _, ckpt = g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
+                           initial_state=t["initial_state"], checkpoint_every_n_tokens=64,
+                           **attrs)  # fmt: skip
+        o.set_output(True)
+        ckpt.set_output(True)
+        ckpt_buf = torch.full(list(ckpt.dim), float("nan"), device=DEVICE)
+        o_buf = torch.empty(73, 2, 64, device=DEVICE)
+        run_graph(g, {**{t[n]: x[n] for n in x}, o: o_buf, ckpt: ckpt_buf})
+
+        d_o = torch.randn(73, 2, 64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+        results = []
+        for with_ckpt in (False, True):
+            gb = cudnn.pygraph(name="gdn_bwd", io_data_type=dt.FLOAT)
+            extra = {"dO": d_o, **({"checkpoints": ckpt_buf} if with_ckpt else {})}
+            tb = declare(gb, {**x, **extra})
+            outs = gb.gdn_bwd(tb["q"], tb["k"], tb["v"], tb["g"], tb["beta"], tb["cu_seqlens"],
+                              tb["dO"], initial_state=tb["initial_state"],
+                              checkpoints=tb.get("checkpoints"), **attrs)  # fmt: skip
+            bufs = {}
+            for name, port in zip(("q", "k", "v", "g", "beta", "initial_state"), outs):
+                port.set_output(True)
+                bufs[port] = torch.full_like(x[name], float("nan"))
+            run_graph(gb, {**{tb[n]: b for n, b in {**x, **extra}.items()}, **bufs})
+            results.append(list(bufs.values()))
+    for plain, from_ckpt in zip(*results):
+        assert rel_err(from_ckpt, plain) <= 1e-6
+
+
 DECLINES = {
     "head-dim-96": ({"dim": 96}, {}, "head dim K=96"),
     "checkpoint-every-128": (
