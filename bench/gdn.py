@@ -7,6 +7,10 @@ then times with CUDA events (median of REPS) and prints a Markdown table.
   PYTHONPATH=src python bench/gdn.py            # needs fla-core 0.6.0 importable
   PYTHONPATH=src python bench/gdn.py --no-fla --profile --only "(a)"
                                                 # per-kernel CUDA time of ours (torch.profiler)
+  PYTHONPATH=src python bench/gdn.py --no-fla --sweep --only "(a)"
+                                                # alternative kernel configs: time + agreement
+                                                # (a faster one ships only after
+                                                # tests/gpu/test_gdn_gpu.py proves it)
 """
 
 from __future__ import annotations
@@ -168,6 +172,51 @@ def profile_kernels(only):
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20))
 
 
+# Alternatives to kernels/gdn.py KERNEL_CONFIGS, one change each.
+SWEEP = {
+    "shipped": {},
+    "wy_fwd w2": {"wy_fwd": {"num_warps": 2}},
+    "wy_fwd w8": {"wy_fwd": {"num_warps": 8}},
+    "state_fwd BV64 w8": {"state_fwd": {"BV": 64, "num_warps": 8}},
+    "state_fwd BV16 w4": {"state_fwd": {"BV": 16, "num_warps": 4}},
+    "output_fwd BV64 w4": {"output_fwd": {"BV": 64, "num_warps": 4}},
+    "state_bwd BV64 w8": {"state_bwd": {"BV": 64, "num_warps": 8}},
+    "dqk BV64 w4": {"dqk": {"BV": 64, "num_warps": 4}},
+}
+
+
+def sweep_configs(only):
+    """Time our forward and forward+backward under each SWEEP entry on one shape, with the
+    largest relative difference of O and of every gradient from the shipped configs."""
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn
+
+    name, seqlens = next((n, s) for n, s in shapes().items() if not only or only in n)
+    torch.manual_seed(1)
+    x, cu, init = make_inputs(seqlens, with_state=True)
+    shipped = {k: dict(v) for k, v in gdn.KERNEL_CONFIGS.items()}
+    print(f"{name}: | configs | fwd ms | fwd+bwd ms | max rel diff vs shipped (O, grads) |")
+    print("|---|---|---|---|")
+    base = None
+    for label, change in SWEEP.items():
+        gdn.KERNEL_CONFIGS.clear()
+        gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in shipped.items()})
+        gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in change.items()})
+        ours = Ours(x, cu, init)
+        ours.do = torch.ones_like(ours.do)  # the same dO for every entry
+        ours.dfinal = torch.ones_like(ours.dfinal)
+        try:
+            ours.forward_backward()
+            outs = [ours.o.clone()] + [t.clone() for t in ours.grads.values()]
+            base = base or outs
+            diff = max(rel(a, b) for a, b in zip(outs, base))
+            fwd, fb = median_ms(ours.forward), median_ms(ours.forward_backward)
+            print(f"| {label} | {fwd:.3f} | {fb:.3f} | {diff:.1e} |", flush=True)
+        except Exception as err:  # noqa: BLE001 (a config that does not fit: report it)
+            print(f"| {label} | failed: {str(err)[:80]} | | |", flush=True)
+    gdn.KERNEL_CONFIGS.clear()
+    gdn.KERNEL_CONFIGS.update(shipped)
+
+
 def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
@@ -177,9 +226,13 @@ def main():
     parser.add_argument("--no-fla", action="store_true")
     parser.add_argument("--only", default=None, help="substring of a shape name")
     parser.add_argument("--profile", action="store_true", help="per-kernel times, then exit")
+    parser.add_argument("--sweep", action="store_true", help="alternative configs, then exit")
     args = parser.parse_args()
     if args.profile:
         profile_kernels(args.only)
+        return
+    if args.sweep:
+        sweep_configs(args.only)
         return
     # Rows print as they complete (a partial run still leaves a table).
     print(
