@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call that checks and times every topic on the H200, in priority order, each
+# step under its own time cap so the whole call ends inside the device limit. Results and
+# logs land in $OUT (the device tool brings them back):
+#   gpu_tests.log  tests/gpu + the GPU autotune case (the correctness gate)
+#   demo.log       the demo executing for real (`python -m cudnn_pygraph demo --opt-in`)
+#   backend.md     host time per execute (backend and python GEMM plans) vs NVIDIA's pygraph
+#   gdn.md         GDN vs fla-core 0.6.0
+#   sdpa_fwd.md    SDPA prefill/decode vs torch flash and the backend
+# Run from the repository root with the wheels in .whl/ (../shared/tools/device-wheels).
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 CUDNN_PYGRAPH_ENABLE_OPT_IN_ENGINES=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests
+gcc --version | head -1
+python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
+nvidia-smi -L
+python3 -c "import torch, triton, cudnn; print('torch', torch.__version__, 'triton', triton.__version__, 'frontend', cudnn.__version__, 'libcudnn', cudnn.backend_version())"
+
+step() {  # step NAME CAP_SECONDS COMMAND...
+  local name=$1 cap=$2; shift 2
+  local t0=$SECONDS
+  timeout "$cap" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name: rc=$? in $((SECONDS - t0)) s (cap $cap)"
+  tail -4 "$OUT/$name.log"
+}
+
+step gpu_tests 170 python3 -m pytest -q -p no:cacheprovider tests/gpu \
+  "tests/test_autotune.py::test_gpu_real_plans_are_timed_selected_and_replayed_by_a_second_process"
+step demo 45 python3 -m cudnn_pygraph demo --opt-in
+step backend 60 python3 bench/backend.py --quick --out "$OUT/backend.md"
+step gdn 120 python3 bench/gdn.py
+step sdpa 110 python3 bench/sdpa_fwd.py --budget-s 90 --out "$OUT/sdpa_fwd.md"
+cp "$OUT/gdn.log" "$OUT/gdn.md" 2>/dev/null
+grep -E "passed|failed|error" "$OUT/gpu_tests.log" | tail -3
