@@ -2,7 +2,7 @@
 # One device call that checks and times every topic on the H200, in priority order, each
 # step under its own time cap so the whole call ends inside the device limit. Results and
 # logs land in $OUT (the device tool brings them back):
-#   gpu_tests.log  tests/gpu + the GPU autotune case (the correctness gate)
+#   gpu_*.log      tests/gpu, one suite each, + the GPU autotune case (the correctness gate)
 #   demo.log       the demo executing for real (`python -m cudnn_pygraph demo --opt-in`)
 #   backend.md     host time per execute (backend and python GEMM plans) vs NVIDIA's pygraph
 #   gdn.md         GDN vs fla-core 0.6.0
@@ -28,11 +28,17 @@ step() {  # step NAME CAP_SECONDS COMMAND...
   tail -4 "$OUT/$name.log"
 }
 
-step gpu_tests 170 python3 -m pytest -q -p no:cacheprovider tests/gpu \
+# the correctness gate, one suite per step so a slow compile cannot hide the others
+step gpu_gdn 45 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gdn_gpu.py
+step gpu_sdpa 55 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sdpa_gpu.py
+step gpu_gemm 35 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm_gpu.py
+step gpu_backend 35 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_native_backend_lowering.py
+step gpu_autotune 20 python3 -m pytest -q -p no:cacheprovider \
   "tests/test_autotune.py::test_gpu_real_plans_are_timed_selected_and_replayed_by_a_second_process"
-step demo 45 python3 -m cudnn_pygraph demo --opt-in
-step backend 60 python3 bench/backend.py --quick --out "$OUT/backend.md"
-step gdn 120 python3 bench/gdn.py
-step sdpa 110 python3 bench/sdpa_fwd.py --budget-s 90 --out "$OUT/sdpa_fwd.md"
+step demo 40 python3 -m cudnn_pygraph demo --opt-in
+step backend 50 python3 bench/backend.py --quick --out "$OUT/backend.md"
+step gdn 110 python3 bench/gdn.py
+step gdn_profile 25 python3 bench/gdn.py --no-fla --profile --only "(a)"
+step sdpa 100 python3 bench/sdpa_fwd.py --budget-s 80 --out "$OUT/sdpa_fwd.md"
 cp "$OUT/gdn.log" "$OUT/gdn.md" 2>/dev/null
-grep -E "passed|failed|error" "$OUT/gpu_tests.log" | tail -3
+tail -n 2 "$OUT"/gpu_*.log
