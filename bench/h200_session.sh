@@ -10,22 +10,23 @@
 # Run from the repository root with the wheels in .whl/ (../shared/tools/device-wheels).
 set -u
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+LOG=/tmp/session
+mkdir -p "$OUT" "$LOG"
 export PYTHONUNBUFFERED=1 CUDNN_PYGRAPH_ENABLE_OPT_IN_ENGINES=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests
 gcc --version | head -1
-python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
+python3 setup.py -q build_ext --inplace > "$LOG/build.log" 2>&1 || { cat "$LOG/build.log"; exit 1; }
 nvidia-smi -L
 python3 -c "import torch, triton, cudnn; print('torch', torch.__version__, 'triton', triton.__version__, 'frontend', cudnn.__version__, 'libcudnn', cudnn.backend_version())"
 
 step() {  # step NAME CAP_SECONDS COMMAND...
   local name=$1 cap=$2; shift 2
   local t0=$SECONDS
-  timeout "$cap" "$@" > "$OUT/$name.log" 2>&1
+  timeout "$cap" "$@" > "$LOG/$name.log" 2>&1
   echo "== $name: rc=$? in $((SECONDS - t0)) s (cap $cap)"
-  tail -4 "$OUT/$name.log"
+  tail -4 "$LOG/$name.log"
 }
 
 # the correctness gate, one suite per step so a slow compile cannot hide the others
@@ -36,9 +37,9 @@ step gpu_backend 35 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nati
 step gpu_autotune 20 python3 -m pytest -q -p no:cacheprovider \
   "tests/test_autotune.py::test_gpu_real_plans_are_timed_selected_and_replayed_by_a_second_process"
 step demo 40 python3 -m cudnn_pygraph demo --opt-in
-step backend 50 python3 bench/backend.py --quick --out "$OUT/backend.md"
+step backend 50 python3 bench/backend.py --quick --out "$LOG/backend.md"
 step gdn 110 python3 bench/gdn.py
 step gdn_profile 25 python3 bench/gdn.py --no-fla --profile --only "(a)"
-step sdpa 100 python3 bench/sdpa_fwd.py --budget-s 80 --out "$OUT/sdpa_fwd.md"
-cp "$OUT/gdn.log" "$OUT/gdn.md" 2>/dev/null
-tail -n 2 "$OUT"/gpu_*.log
+step sdpa 100 python3 bench/sdpa_fwd.py --budget-s 80 --out "$LOG/sdpa_fwd.md"
+tail -n 2 "$LOG"/gpu_*.log
+tar czf "$OUT/session.tgz" -C "$LOG" .
