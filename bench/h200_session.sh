@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and times every topic on the H200, in priority order, each
 # step under its own time cap so the whole call ends inside the device limit. Results and
-# logs land in $OUT (the device tool brings them back):
+# results are packed into $OUT/session.tgz (the device tool brings back at most 8 files):
 #   gpu_*.log      tests/gpu, one suite each, + the GPU autotune case (the correctness gate)
 #   demo.log       the demo executing for real (`python -m cudnn_pygraph demo --opt-in`)
 #   backend.md     host time per execute (backend and python GEMM plans) vs NVIDIA's pygraph
