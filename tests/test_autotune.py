@@ -209,7 +209,8 @@ def test_a_second_process_replays_the_choice_without_timing(tmp_path):
         "    print(json.dumps({'from_cache': r.from_cache, 'tile': r.knobs.get(t.TILE),\n"
         "                      'selected': graph.selected_plan, 'executed': t.EXECUTED}))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    # the second process sees the same packages (the backend too: its version is in the key)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     second = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -367,7 +368,8 @@ def test_gpu_real_plans_are_timed_selected_and_replayed_by_a_second_process():
         torch.cuda.synchronize()
         ref = ex.reference(torch, bound)
         assert float(torch.linalg.vector_norm(out.double() - ref) / torch.linalg.vector_norm(ref)) <= ex.tolerance
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    # the second process sees the same packages (the backend too: its version is in the key)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", REPLAY_GEMM], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"from_cache": True, "index": result.index}

@@ -83,7 +83,7 @@ THD_KNOBS = {
     "nopack": SdpaFwdKnobs(128, 64, 3, 8),
     "pack": SdpaFwdKnobs(128, 64, 3, 4, PACK_GQA=True),
     "nopack-lazy": SdpaFwdKnobs(128, 64, 3, 4, LAZY_RESCALE=True),
-    "pack-tma-lazy": SdpaFwdKnobs(128, 64, 3, 4, PACK_GQA=True, TMA=True, LAZY_RESCALE=True),
+    "pack-tma": SdpaFwdKnobs(128, 64, 3, 4, PACK_GQA=True, TMA=True),
 }
 
 

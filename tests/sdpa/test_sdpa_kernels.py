@@ -362,12 +362,20 @@ BAD_PREFILL = {
 }
 
 
-def test_prefill_tma_box_too_large_refused():
-    """A TMA box that crashes ptxas on sm_90 (measured) is refused before any launch."""
-    q, k, v, out = _dense(d=128)
-    knobs = SdpaFwdKnobs(TILE_M=128, TILE_N=128, NUM_STAGES=2, NUM_WARPS=8, TMA=True)
-    with pytest.raises(ValueError, match="TMA needs TILE_N <= 64"):
-        sdpa_prefill(q, k, v, out, attn_scale=1.0, knobs=knobs)
+@pytest.mark.parametrize(
+    "knobs,match",
+    [
+        (dict(TILE_M=128, TILE_N=128, NUM_STAGES=2, NUM_WARPS=8, TMA=True), "TMA needs TILE_N <= 64"),
+        (dict(TILE_M=128, TILE_N=64, NUM_STAGES=3, NUM_WARPS=4, TMA=True, LAZY_RESCALE=True,
+              PACK_GQA=True), "LAZY_RESCALE and PACK_GQA"),
+    ],
+    ids=["tma-n128", "tma-lazy-pack"],
+)
+def test_configs_that_crash_ptxas_are_refused_where_named(knobs, match):
+    """A config that crashes ptxas on sm_90 (measured) is refused when it is named, so no
+    plan can list it and a replay of it fails with the rule, before any compile."""
+    with pytest.raises(ValueError, match=match):
+        SdpaFwdKnobs(**knobs)
 
 
 @pytest.mark.parametrize("case", BAD_PREFILL.values(), ids=BAD_PREFILL.keys())

@@ -55,6 +55,16 @@ class SdpaFwdKnobs:
             raise ValueError(f"SdpaFwdKnobs.NUM_WARPS={self.NUM_WARPS}: must be 1, 2, 4, 8 or 16")
         if not 1 <= self.NUM_STAGES <= 6:
             raise ValueError(f"SdpaFwdKnobs.NUM_STAGES={self.NUM_STAGES}: must be in 1..6")
+        # Measured on the H200 (triton 3.6, 2026-11-29): ptxas dies (SIGSEGV) compiling TMA
+        # loads with TILE_N=128 (D=64 and D=128) and TMA + LAZY_RESCALE + PACK_GQA (THD,
+        # m128 n64 s3 w4; TMA + LAZY_RESCALE alone compiled and ran right on a dense window
+        # mask). A config that cannot compile is refused where it is named.
+        if self.TMA and self.TILE_N > 64:
+            raise ValueError(f"SdpaFwdKnobs: TMA needs TILE_N <= 64 (got {self.TILE_N}): "
+                             "larger K/V boxes crash ptxas in triton 3.6 on sm_90")
+        if self.TMA and self.LAZY_RESCALE and self.PACK_GQA:
+            raise ValueError("SdpaFwdKnobs: TMA with LAZY_RESCALE and PACK_GQA crashes ptxas in "
+                             "triton 3.6 on sm_90")
 
 
 @dataclass(frozen=True)

@@ -495,12 +495,6 @@ def sdpa_prefill(
     grid = (num_m_tiles, heads_kv if knobs.PACK_GQA else heads_q, batch)
     if num_m_tiles == 0 or batch == 0:
         return
-    # Measured on the H200 (triton 3.6, 2026-11-29): TMA with TILE_N=128 made ptxas crash
-    # (SIGSEGV) at D=128 (m128 s2 w8) and at D=64 with Stats (m128 s2 w8); TILE_N=64 compiled
-    # and ran right at D=64 and D=128.
-    _check(not (knobs.TMA and knobs.TILE_N > 64),
-           f"knobs: TMA needs TILE_N <= 64 (got {knobs.TILE_N}); larger K/V boxes crash "
-           "ptxas in triton 3.6 on sm_90")
     # Paged keys are gathered row by row through the page table: pointer loads there.
     use_tma = knobs.TMA and not paged and _tma_eligible(q, (k, v), offsets_unit)
     if use_tma:
