@@ -46,8 +46,7 @@ DENSE_CASES = {f"d{d}-{m}-base": (d, MASKS[m], BASE) for d in (64, 128) for m in
 DENSE_CASES.update({
     "d128-causal-br-w8": (128, MASKS["causal-br"], SdpaFwdKnobs(128, 64, 3, 8)),
     "d128-none-lazy": (128, MASKS["none"], SdpaFwdKnobs(128, 64, 3, 4, LAZY_RESCALE=True)),
-    "d128-window-tma-lazy": (128, MASKS["window-l100-r0"],
-                             SdpaFwdKnobs(128, 64, 3, 4, TMA=True, LAZY_RESCALE=True)),
+    "d128-window-lazy": (128, MASKS["window-l100-r0"], SdpaFwdKnobs(128, 64, 3, 4, LAZY_RESCALE=True)),
     "d64-causal-tl-tma": (64, MASKS["causal-tl"], SdpaFwdKnobs(128, 64, 3, 4, TMA=True)),
 })
 

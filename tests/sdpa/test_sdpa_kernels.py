@@ -366,10 +366,10 @@ BAD_PREFILL = {
     "knobs,match",
     [
         (dict(TILE_M=128, TILE_N=128, NUM_STAGES=2, NUM_WARPS=8, TMA=True), "TMA needs TILE_N <= 64"),
-        (dict(TILE_M=128, TILE_N=64, NUM_STAGES=3, NUM_WARPS=4, TMA=True, LAZY_RESCALE=True,
-              PACK_GQA=True), "LAZY_RESCALE and PACK_GQA"),
+        (dict(TILE_M=128, TILE_N=64, NUM_STAGES=3, NUM_WARPS=4, TMA=True, LAZY_RESCALE=True),
+         "TMA with LAZY_RESCALE"),
     ],
-    ids=["tma-n128", "tma-lazy-pack"],
+    ids=["tma-n128", "tma-lazy"],
 )
 def test_configs_that_crash_ptxas_are_refused_where_named(knobs, match):
     """A config that crashes ptxas on sm_90 (measured) is refused when it is named, so no

@@ -56,15 +56,14 @@ class SdpaFwdKnobs:
         if not 1 <= self.NUM_STAGES <= 6:
             raise ValueError(f"SdpaFwdKnobs.NUM_STAGES={self.NUM_STAGES}: must be in 1..6")
         # Measured on the H200 (triton 3.6, 2026-11-29): ptxas dies (SIGSEGV) compiling TMA
-        # loads with TILE_N=128 (D=64 and D=128) and TMA + LAZY_RESCALE + PACK_GQA (THD,
-        # m128 n64 s3 w4; TMA + LAZY_RESCALE alone compiled and ran right on a dense window
-        # mask). A config that cannot compile is refused where it is named.
+        # loads with TILE_N=128 (D=64 and D=128), and TMA with LAZY_RESCALE at D=128 (causal,
+        # no mask, THD with PACK_GQA; it compiled at D=64 and under a window mask, which is
+        # not enough to keep it). A config that cannot compile is refused where it is named.
         if self.TMA and self.TILE_N > 64:
             raise ValueError(f"SdpaFwdKnobs: TMA needs TILE_N <= 64 (got {self.TILE_N}): "
                              "larger K/V boxes crash ptxas in triton 3.6 on sm_90")
-        if self.TMA and self.LAZY_RESCALE and self.PACK_GQA:
-            raise ValueError("SdpaFwdKnobs: TMA with LAZY_RESCALE and PACK_GQA crashes ptxas in "
-                             "triton 3.6 on sm_90")
+        if self.TMA and self.LAZY_RESCALE:
+            raise ValueError("SdpaFwdKnobs: TMA with LAZY_RESCALE crashes ptxas in triton 3.6 on sm_90")
 
 
 @dataclass(frozen=True)
