@@ -119,8 +119,8 @@ class CompiledPlan:
     breaks a rule through a checker that names the rule, launching nothing."""
 
     workspace_size = 0
-    # Migration flag (spec): a plan that reads the VariantPack. Every engine of ours does.
-    takes_variant_pack = True
+    # No `takes_variant_pack` migration flag and no `resolve_node_buffers`: every plan here
+    # was written against the VariantPack from the start, so nothing is left to migrate.
     # A python plan is compiled for the declared shapes; dynamic overrides are refused.
     supports_overrides = False
 
