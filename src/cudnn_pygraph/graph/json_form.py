@@ -27,7 +27,7 @@ def _value(v):
 def graph_to_json(graph):
     tensors = []
     for t in graph.tensors:
-        fields = {k: _value(t._fields[k]) for k in Tensor._FIELDS}
+        fields = {k: _value(t.__dict__[k]) for k in Tensor._FIELDS}
         fields["user_set"] = sorted(t._user_set)
         if t.value is not None:
             fields["value"] = t.value
@@ -77,7 +77,7 @@ def graph_from_json(cls, doc):
         for tf in doc["tensors"]:
             t = by_uid[tf["uid"]]
             for k in Tensor._FIELDS:
-                t._fields[k] = _load(tf[k], by_uid)
+                t.__dict__[k] = _load(tf[k], by_uid)
             t._user_set.update(tf["user_set"])
             t.__dict__["value"] = tf.get("value")
             t.__dict__["scalar_type"] = _load(tf.get("scalar_type"), by_uid)

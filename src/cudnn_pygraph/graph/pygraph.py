@@ -123,7 +123,7 @@ class pygraph:  # noqa: N801 — the classic public name
                     f"uid {uid} of tensor %{tensor.name} is already the user uid of %{holder.name}"
                 )
             new = self._fresh_uid()
-            holder._fields["uid"] = new
+            holder.__dict__["uid"] = new
             self._by_uid[new] = holder
         self._by_uid.pop(tensor.uid, None)
         self._by_uid[uid] = tensor
@@ -215,7 +215,7 @@ class pygraph:  # noqa: N801 — the classic public name
         for port in spec.outputs:
             if port.when is None or port.when(attrs, inputs):
                 t = self._new_tensor(f"{name}::{port.name}")
-                t._fields["is_virtual"] = True  # classic: outputs are virtual until set_output
+                t.__dict__["is_virtual"] = True  # classic: outputs are virtual until set_output
                 outputs[port.name] = t
             else:
                 outputs[port.name] = None

