@@ -356,6 +356,10 @@ class pygraph:  # noqa: N801 — the classic public name
     def execute(self, variant_pack, workspace=None, handle=None, override_uids=None,
                 override_shapes=None, override_strides=None):
         """Run the selected (built) plan on the caller's buffers: {uid or Tensor: buffer}."""
+        planning = self._planning
+        runner = planning._runner if planning is not None else None
+        if runner is not None and override_uids is None:  # the hot path: one call down
+            return runner(variant_pack, workspace, handle, None)
         return self._require_planning().execute(
             variant_pack, workspace, handle, override_uids, override_shapes, override_strides
         )
