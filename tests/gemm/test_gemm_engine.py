@@ -28,7 +28,7 @@ def gemm_family(monkeypatch):
     fam = dataclasses.replace(
         manifest.family_by_name("gemm"),
         slots=(manifest.EngineSlot(0, "triton_gemm", ENGINE, "GemmTritonEngine"),),
-        heuristics=(ENGINE, "recommend"),
+        heuristics=("cudnn_pygraph.engines.gemm.heuristics", "recommend"),
     )
     families = tuple(fam if f.name == "gemm" else f for f in manifest.FAMILIES)
     with manifest.use_families(families):

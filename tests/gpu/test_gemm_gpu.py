@@ -125,7 +125,7 @@ def _gemm_family():
     fam = dataclasses.replace(
         manifest.family_by_name("gemm"),
         slots=(manifest.EngineSlot(0, "triton_gemm", engine, "GemmTritonEngine"),),
-        heuristics=(engine, "recommend"),
+        heuristics=("cudnn_pygraph.engines.gemm.heuristics", "recommend"),
     )
     return manifest.use_families(tuple(fam if f.name == "gemm" else f for f in manifest.FAMILIES))
 

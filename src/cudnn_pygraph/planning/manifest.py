@@ -57,7 +57,7 @@ FAMILIES = (
         anchors=("matmul",),
         slots=(EngineSlot(0, "triton_gemm", f"{_PKG}.engines.gemm.engine", "GemmTritonEngine"),),
         analyzer=(f"{_PKG}.engines.gemm.analyzer", "analyze"),
-        heuristics=(f"{_PKG}.engines.gemm.engine", "recommend"),
+        heuristics=(f"{_PKG}.engines.gemm.heuristics", "recommend"),
         validator=(f"{_PKG}.graph.validators", "validate_gemm"),
     ),
     EngineFamily(

@@ -13,13 +13,12 @@ Triton's JIT on zero-copy torch views of the buffers.
 
 from __future__ import annotations
 
-from ..._types import data_type, heur_mode, knob_type
+from ..._types import data_type, knob_type
 from ...planning.facts import facts_for, graph_device
-from ...planning.heuristics import BACKEND
 from ..base import BaseEngine, Capabilities, CompiledPlan, PlanConfig, require_module
 from .analyzer import analyze
 from .kernels.chain import lower_chain
-from .kernels.configs import recommend_configs
+from .heuristics import configs_for
 from .kernels.knobs import GemmKnobs
 from .kernels.spec import ELEM_BYTES, TMA_ALIGN_BYTES, UNIT_STRIDE, GemmSpec, major_of
 
@@ -149,7 +148,7 @@ class GemmTritonEngine(BaseEngine):
     # ------------------------------------------------------------------ plans
     def default_plans(self, graph):
         """The measured rule's first config (kernels/configs.py), fitted to shared memory."""
-        return [PlanConfig(self.engine_id, first_config(facts_for(graph, analyze)))]
+        return [PlanConfig(self.engine_id, configs_for(facts_for(graph, analyze))[0])]
 
     def build_plan(self, graph, plan, ctx):
         facts = facts_for(graph, analyze)
@@ -192,42 +191,9 @@ def _intermediates(graph, c):
     return out
 
 
-def first_config(facts) -> GemmKnobs:
-    dtypes = (facts.dtypes[0], facts.dtypes[2])
-    sms = getattr(facts.device, "sm_count", 0) or 132
-    return recommend_configs(
-        facts.M, facts.N, facts.K, facts.batch, dtypes, _tile_operand_bytes(facts), sms
-    )[0]
-
-
-def recommend(kind, facts, offered):
-    """Heuristics hook: complete configs from facts alone, in the measured rule's order
-    (kernels/configs.py). The backend has not been timed against these shapes yet, so
-    ours lead and the backend's block follows (the untimed default)."""
-    configs = recommend_configs(
-        facts.M,
-        facts.N,
-        facts.K,
-        facts.batch,
-        (facts.dtypes[0], facts.dtypes[2]),
-        _tile_operand_bytes(facts),
-        getattr(facts.device, "sm_count", 0) or 132,
-    )
-    ours = [PlanConfig(eid, k) for eid in offered for k in configs]
-    if kind is heur_mode.FALLBACK:
-        return ours[:1] + [BACKEND]
-    if kind is heur_mode.OPENSOURCE:
-        return ours
-    return ours + [BACKEND]
-
-
 def _operand_steps(facts):
     """The chain's steps that read an operand, aligned with facts.operands."""
     return [s for s in facts.chain if s.takes_tensor or s.takes_value]
-
-
-def _tile_operand_bytes(facts) -> int:
-    return sum(ELEM_BYTES[s.dtype] for s in facts.chain if s.takes_tensor and s.kind == "tile")
 
 
 def describe_facts(facts, device):
