@@ -232,12 +232,11 @@ def _prefill_configs(facts):
                              max_seqlen_q=facts.seq_q)
 
 
-def _view(buf, declared, thd):
+def _view(torch, buf, declared, thd):
     """A zero-copy torch view of one operand: the buffer's own description, or for a THD
     operand the packed [tokens, h, d] view under the DECLARED token / head / dim strides
-    (the buffer may be smaller than the padded declaration: it holds the packed tokens)."""
-    import torch
-
+    (the buffer may be smaller than the padded declaration: it holds the packed tokens).
+    `torch` is the module the plan resolved at build (no import on the per-call path)."""
     t = torch.from_dlpack(buf)
     if not thd:
         return t
@@ -256,12 +255,10 @@ def _batch_free_view(t, declared):
     return t.as_strided(tuple(dims), (0,) + tuple(strides[1:]), t.storage_offset())
 
 
-def _on_stream(stream, launch):
+def _on_stream(torch, stream, launch):
     if stream is None:
         launch()
         return
-    import torch
-
     with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
         launch()
 
@@ -280,14 +277,18 @@ class _PrefillPlan(CompiledPlan):
         # declaration by design.
         self.packed = {0, 3} | (set() if paged else {1, 2}) if thd else set()
         self.checked = [(positions[i], names[i]) for i in self.present if i not in self.packed]
+        # Resolved once: an import inside the per-call path costs ~1 us a call.
+        import torch
 
-    def _call(self, views):
         from .kernels.prefill import sdpa_prefill
 
+        self._torch, self._prefill = torch, sdpa_prefill
+
+    def _call(self, views):
         q, k, v, o, stats, len_q, len_kv, off_q, off_kv, table = views
         if self.paged:  # pools are declared [pages, h_k, page_size, d]; tables [b, 1, n, 1]
             k, v, table = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), table[:, 0, :, 0]
-        sdpa_prefill(
+        self._prefill(
             q, k, v, o, attn_scale=self.scale, knobs=self.knobs, mask=self.mask, stats=stats,
             seq_len_q=len_q, seq_len_kv=len_kv,
             ragged_offsets_q=off_q, ragged_offsets_kv=off_kv,
@@ -301,8 +302,8 @@ class _PrefillPlan(CompiledPlan):
         bufs = pack.operands([self.positions[i] for i in self.present])
         views = [None] * len(self.positions)
         for i, buf in zip(self.present, bufs):
-            views[i] = _view(buf, self.declared[i], i in self.packed)
-        _on_stream(ctx.stream, lambda: self._call(views))
+            views[i] = _view(self._torch, buf, self.declared[i], i in self.packed)
+        _on_stream(self._torch, ctx.stream, lambda: self._call(views))
 
     def warm(self, torch_device):
         """Compile at build: a one-token launch on scratch tensors with the declared strides."""
@@ -439,12 +440,15 @@ class _DecodePlan(CompiledPlan):
         self.checked = [i for i in self.present if not (self.ragged and i in (0, 3))]
         self.workspace_numel = workspace_numel
         self.workspace_size = 4 * workspace_numel
-
-    def execute(self, graph, pack, ctx):
+        # Resolved once: an import inside the per-call path costs ~1 us a call.
         import torch
 
         from .kernels.decode import sdpa_decode
 
+        self._torch, self._decode = torch, sdpa_decode
+
+    def execute(self, graph, pack, ctx):
+        torch = self._torch
         for i in self.checked:
             pack.check_extent(self.positions[i], self.names[i])
         bufs = pack.operands([self.positions[i] for i in self.present])
@@ -457,10 +461,7 @@ class _DecodePlan(CompiledPlan):
         self._call(views, ctx.workspace, ctx.stream)
 
     def _call(self, views, workspace_buf, stream):
-        import torch
-
-        from .kernels.decode import sdpa_decode
-
+        torch = self._torch
         q, k, v, o, stats, table, lengths, offsets = views
         workspace = None
         if self.workspace_numel:
@@ -476,13 +477,13 @@ class _DecodePlan(CompiledPlan):
             workspace = raw.view(torch.uint8)[: self.workspace_size].view(torch.float32)
 
         def launch():
-            sdpa_decode(
+            self._decode(
                 q, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), table[:, 0, :, 0], lengths, o,
                 attn_scale=self.scale, knobs=self.knobs, causal=self.causal, stats=stats,
                 workspace=workspace, ragged_offsets_q=offsets,
             )
 
-        _on_stream(stream, launch)
+        _on_stream(torch, stream, launch)
 
     def warm(self, torch_device):
         """Compile at build: one request, one page, the declared strides."""
