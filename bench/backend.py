@@ -267,7 +267,7 @@ def main():
         lines.append(f"| matmul 128x256x128 bf16 | {burst} | "
                      + " | ".join(f"{r[n][0]:.1f} / {r[n][1]:.1f}" for n in calls)
                      + f" | {r['ours-triton'][0] / r['triton-bare'][0]:.2f} |")
-    lines.append(f"|  | rel err | " + " | ".join(f"{errs[n]:.1e}" for n in calls) + f" | plan {plan_name} |")
+    lines.append("|  | rel err | " + " | ".join(f"{errs[n]:.1e}" for n in calls) + f" | plan {plan_name} |")
     print("\n".join(lines[-len(BURSTS) - 1:]), flush=True)
 
     lines.append("\n## Kernel time, first plan of [A, FALLBACK] (ms, CUDA events, median of 20)\n")

@@ -115,7 +115,7 @@ def test_demo_executes_the_first_plan_and_checks_it(capsys, engine, rc, verdict)
         got, out, err = run_cli(capsys, "demo", "--quick", "--only", "gdn")
     assert got == rc, err
     assert f"#0 {engine.name}[]: ran" in out
-    assert f"[gdn] 4/4 check against a float64 torch reference" in out
+    assert "[gdn] 4/4 check against a float64 torch reference" in out
     line = next(x for x in out.splitlines() if x.startswith("  gdn   ran"))
     assert line.endswith(verdict)
 

@@ -36,6 +36,43 @@ from ._types import (  # the vocabulary is tiny and always needed
 
 __version__ = "0.1.0"
 
+__all__ = [
+    "BackendUnavailableError",
+    "CLASSIC_ERRORS",
+    "DeviceProperties",
+    "FRONTEND_KNOB_TYPE_BASE",
+    "GraphStateError",
+    "Node",
+    "OPS",
+    "Tensor",
+    "__version__",
+    "attention_implementation",
+    "behavior_note",
+    "build_plan_policy",
+    "convolution_mode",
+    "create_device_properties",
+    "create_handle",
+    "cuda_graph_retention",
+    "cudnnGraphNotSupportedError",
+    "data_type",
+    "destroy_handle",
+    "diagonal_alignment",
+    "get_stream",
+    "heur_mode",
+    "is_frontend_knob_type",
+    "knob_type",
+    "linear_attention",
+    "moe_grouped_matmul_mode",
+    "norm_forward_phase",
+    "numerical_note",
+    "pygraph",
+    "reduction_mode",
+    "reshape_mode",
+    "scalar_type",
+    "set_stream",
+    "tensor_reordering",
+]
+
 _LAZY = {
     "pygraph": ("cudnn_pygraph.graph.pygraph", "pygraph"),
     "Tensor": ("cudnn_pygraph.graph.tensor", "Tensor"),

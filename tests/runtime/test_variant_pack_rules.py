@@ -14,7 +14,6 @@ from cudnn_pygraph._types import ELEMENT_BITS, data_type
 from cudnn_pygraph.runtime.variant_pack import (
     DeclaredLayout,
     MissingOperandError,
-    OperandExtentError,
     UnknownOperandError,
     UnreadableOperandError,
     VariantPack,

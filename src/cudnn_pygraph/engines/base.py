@@ -15,6 +15,8 @@ check_support; a plan that accepted builds and executes on buffers bound as decl
 
 from __future__ import annotations  # annotations stay text: no typing import
 
+from collections.abc import Mapping  # already loaded by the interpreter
+
 import dataclasses
 import importlib.util
 
@@ -31,8 +33,8 @@ class PlanConfig:
     backend; () when the plan has no tuning axis."""
 
     engine_id: int
-    knobs: Any = ()
-    mode: Any = None  # the heur_mode that produced a backend entry; not identity
+    knobs: object = ()
+    mode: object = None  # the heur_mode that produced a backend entry; not identity
     cpp_index: int | None = None  # where the backend's own list holds it; not identity
 
     @property
@@ -97,7 +99,7 @@ class Capabilities:
 class BuildContext:
     """What build_plan may use: the device the graph was planned for."""
 
-    device: Any
+    device: object
 
 
 @dataclasses.dataclass
@@ -105,12 +107,12 @@ class ExecutionContext:
     """Explicit per-call context: the handle, the stream it carries (None = the default
     stream), the caller's workspace as an OperandBuffer (or None) and the device."""
 
-    handle: Any
-    stream: Any
-    workspace: Any
-    device: Any
+    handle: object
+    stream: object
+    workspace: object
+    device: object
     # (override_uids, override_shapes, override_strides) for a plan that supports them
-    overrides: Any = None
+    overrides: object = None
 
 
 class CompiledPlan:

@@ -114,6 +114,3 @@ class Builder:
         params.append(P("name", P.KEYWORD_ONLY, default=""))
         return inspect.Signature(params, __validate_parameters__=False)
 
-
-def make_builder(spec):
-    return Builder(spec)

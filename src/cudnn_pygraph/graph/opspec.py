@@ -10,6 +10,8 @@ Adding an op is adding a record to one table under graph/ops/.
 
 from __future__ import annotations  # annotations stay text: no typing import
 
+from collections.abc import Callable, Mapping  # already loaded by the interpreter
+
 import dataclasses
 import enum
 
@@ -50,7 +52,7 @@ class Param:
 
     name: str
     kind: PortKind
-    default: Any = REQUIRED
+    default: object = REQUIRED
     enum: type | None = None  # an attribute that takes one of our enums
     choices: tuple | None = None  # an attribute restricted to a few plain values
 
@@ -82,7 +84,7 @@ class Inferred:
     dtype. Strides are provisional row-major unless the caller set them."""
 
     dim: tuple
-    data_type: Any = None
+    data_type: object = None
 
 
 @dataclasses.dataclass(frozen=True)

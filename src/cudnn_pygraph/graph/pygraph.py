@@ -12,7 +12,7 @@ from .._types import (
     tensor_reordering,
 )
 from . import lifecycle
-from .builders import bind, check_port, coerce_attr, make_builder
+from .builders import Builder, bind, check_port, coerce_attr
 from .node import Node
 from .opspec import PortKind
 from .ops import OPS
@@ -393,7 +393,7 @@ def _install_builders():
     for spec in OPS.values():
         if spec.name in pygraph.__dict__:
             raise RuntimeError(f"op {spec.name!r} collides with a pygraph method")
-        setattr(pygraph, spec.name, make_builder(spec))
+        setattr(pygraph, spec.name, Builder(spec))
 
 
 _install_builders()

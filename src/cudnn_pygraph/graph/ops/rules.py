@@ -4,7 +4,6 @@ A rule reads a node's declared inputs and returns {output port: Inferred}; it ca
 node.fail(port, rule) on a violation, which raises the classic error naming the op, the
 node and the port."""
 
-from ..._types import data_type
 from ..opspec import Inferred
 
 
@@ -72,5 +71,3 @@ def declared_by_caller(node):
             node.fail(port, "this op's output dims must be declared by the caller (set_dim)")
     return {}
 
-
-FLOAT_STATS = data_type.FLOAT
