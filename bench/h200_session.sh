@@ -8,7 +8,9 @@
 #   gdn.md         GDN vs fla-core 0.6.0
 #   sdpa_fwd.md    SDPA prefill/decode vs torch flash and the backend
 # Run from the repository root with the wheels in .whl/ (../shared/tools/device-wheels).
+# `bash bench/h200_session.sh --gate` runs the correctness gate and the demo only (~5 min).
 set -u
+GATE_ONLY=0; [ "${1:-}" = "--gate" ] && GATE_ONLY=1
 OUT=${OUT:-/tmp/out}
 LOG=/tmp/session
 mkdir -p "$OUT" "$LOG"
@@ -30,13 +32,17 @@ step() {  # step NAME CAP_SECONDS COMMAND...
 }
 
 # the correctness gate, one suite per step so a slow compile cannot hide the others
-step gpu_gdn 45 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gdn_gpu.py
-step gpu_sdpa 55 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sdpa_gpu.py
-step gpu_gemm 35 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm_gpu.py
-step gpu_backend 35 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_native_backend_lowering.py
-step gpu_autotune 20 python3 -m pytest -q -p no:cacheprovider \
+step gpu_gdn 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gdn_gpu.py
+step gpu_sdpa 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/*sdpa*.py
+step gpu_gemm 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm_gpu.py
+step gpu_backend 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_native_backend_lowering.py
+step gpu_autotune 45 python3 -m pytest -q -p no:cacheprovider \
   "tests/test_autotune.py::test_gpu_real_plans_are_timed_selected_and_replayed_by_a_second_process"
-step demo 40 python3 -m cudnn_pygraph demo --opt-in
+step demo 60 python3 -m cudnn_pygraph demo --opt-in
+if [ "$GATE_ONLY" = 1 ]; then
+  tail -n 2 "$LOG"/gpu_*.log; tail -n 4 "$LOG/demo.log"
+  tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
+fi
 step backend 50 python3 bench/backend.py --quick --out "$LOG/backend.md"
 step gdn 110 python3 bench/gdn.py
 step gdn_profile 25 python3 bench/gdn.py --no-fla --profile --only "(a)"
