@@ -160,6 +160,17 @@ def _with_bias(g):
     return g.sdpa(q, q, q, bias=bias, generate_stats=False)[0]
 
 
+def _paged_tables_of_other_dims(g):
+    i32 = dict(data_type=DT.INT32)
+    cache = g.tensor([6, 2, 16, 64], name="cache")
+    tk = g.tensor([2, 1, 3, 1], **i32, name="table_k")
+    tv = g.tensor([2, 1, 2, 1], **i32, name="table_v")
+    return g.sdpa(g.tensor([2, 8, 1, 64], name="q"), cache, cache, generate_stats=False,
+                  use_padding_mask=True, seq_len_kv=g.tensor([2, 1, 1, 1], **i32),
+                  paged_attention_k_table=tk, paged_attention_v_table=tv,
+                  paged_attention_max_seq_len_kv=48)[0]
+
+
 DECLINES = [
     ("bias", _with_bias, "an additive bias is not served"),
     ("head-dim-96", lambda g: g.sdpa(*[g.tensor([1, 2, 16, 96])] * 3, generate_stats=False)[0],
@@ -167,6 +178,8 @@ DECLINES = [
     ("right-bound-3", lambda g: g.sdpa(*[g.tensor([1, 2, 16, 64])] * 3, generate_stats=False,
                                        diagonal_band_right_bound=3)[0],
      "diagonal_band_right_bound=3: only 0 (causal) is served"),
+    ("paged-v-table-dims", _paged_tables_of_other_dims,
+     "V page table dims [2, 1, 2, 1] differ from K's [2, 1, 3, 1]"),
 ]
 
 
@@ -231,6 +244,39 @@ def _thd_graph():
     return g
 
 
+def _thd_own_offsets_graph():
+    """FlashInfer's ragged prefill: v, O and packed Stats each under their own offsets."""
+    g = _graph()
+    i32 = dict(data_type=DT.INT32)
+    off_q, off_k, off_v, off_o, off_l = (g.tensor([3, 1, 1, 1], **i32, name=n)
+                                         for n in ("off_q", "off_k", "off_v", "off_o", "off_l"))
+    lens = g.tensor([2, 1, 1, 1], **i32, name="lens")
+    q = g.tensor([2, 4, 16, 64], [16 * 4 * 64, 64, 4 * 64, 1], ragged_offset=off_q, name="q")
+    kv_st = [16 * 2 * 64, 64, 2 * 64, 1]
+    k = g.tensor([2, 2, 16, 64], kv_st, ragged_offset=off_k, name="k")
+    v = g.tensor([2, 2, 16, 64], kv_st, ragged_offset=off_v, name="v")
+    o, st = g.sdpa(q, k, v, use_causal_mask_bottom_right=True, generate_stats=True,
+                   use_padding_mask=True, seq_len_q=lens, seq_len_kv=lens)
+    o.set_output(True).set_stride([16 * 4 * 64, 64, 4 * 64, 1]).set_ragged_offset(off_o)
+    st.set_output(True).set_data_type(DT.FLOAT).set_ragged_offset(off_l)
+    st.set_dim([2, 4, 16, 1]).set_stride([16 * 4, 1, 4, 1])
+    return g
+
+
+def _paged_two_tables_graph():
+    g = _graph()
+    i32 = dict(data_type=DT.INT32)
+    kc, vc = g.tensor([6, 2, 16, 64], name="k_cache"), g.tensor([6, 2, 16, 64], name="v_cache")
+    tk, tv = g.tensor([2, 1, 3, 1], **i32, name="tk"), g.tensor([2, 1, 3, 1], **i32, name="tv")
+    lens = g.tensor([2, 1, 1, 1], **i32, name="lens")
+    o, st = g.sdpa(g.tensor([2, 8, 1, 64], name="q"), kc, vc, generate_stats=True,
+                   use_padding_mask=True, seq_len_kv=lens, paged_attention_k_table=tk,
+                   paged_attention_v_table=tv, paged_attention_max_seq_len_kv=48)
+    o.set_output(True)
+    st.set_output(True).set_data_type(DT.FLOAT)
+    return g
+
+
 def _paged_graph():
     g = _graph()
     i32 = dict(data_type=DT.INT32)
@@ -255,8 +301,12 @@ def _dense_graph():
 
 
 @pytest.mark.parametrize("make,which", [(_dense_graph, "prefill"), (_thd_graph, "prefill"),
-                                        (_paged_graph, "decode"), (_paged_graph, "prefill")],
-                         ids=["bshd", "thd", "paged-decode", "paged-prefill"])
+                                        (_thd_own_offsets_graph, "prefill"),
+                                        (_paged_graph, "decode"), (_paged_graph, "prefill"),
+                                        (_paged_two_tables_graph, "decode"),
+                                        (_paged_two_tables_graph, "prefill")],
+                         ids=["bshd", "thd", "thd-own-offsets", "paged-decode", "paged-prefill",
+                              "paged-two-tables-decode", "paged-two-tables-prefill"])
 def test_build_time_compile_launch_is_accepted(make, which):
     """On a GPU build_plan compiles with a one-token launch on scratch tensors carrying the
     declared strides; here the same launch runs under the interpreter, so its arguments are

@@ -9,11 +9,14 @@ kernels keep those out of Triton's value specialisation). execute reads the pack
 by position as zero-copy torch views and launches on the caller's stream.
 
 Layouts served: q/k/v/O [b, h, s, d] under any strides (BHSD, BSHD, padded); THD when q,
-k, v, O carry ragged offsets (cuDNN's element offsets, multiplier 1; O shares q's offsets
-and v shares k's) with seq_len_q / seq_len_kv; paged K/V containers [num_pages, h_k,
-page_size, d] with one page table for K and V: the decode engine for a few queries per
-request (dense, or one packed token per request), the prefill engine for longer (dense or
-THD) queries over the cache (chunked prefill, FlashInfer's prefill binding).
+k, v, O carry ragged offsets (cuDNN's element offsets, multiplier 1; each tensor its own
+offset tensor, or one shared, as FlashInfer declares them) with seq_len_q / seq_len_kv, and
+Stats padded [b, h, s, 1] or packed under its own ragged offset; paged K/V containers
+[num_pages, h_k, page_size, d] with a page table each for K and V (one tensor or two): the
+decode engine for a few queries per request (dense, or one packed token per request), the
+prefill engine for longer (dense or THD) queries over the cache (chunked prefill,
+FlashInfer's prefill binding). The kernels take every offset and table as its own pointer,
+so aliasing is a runtime fact and never a second compiled kernel.
 """
 
 from __future__ import annotations
@@ -139,15 +142,20 @@ def _paged_checks(engine, graph, node, facts):
     """Rules of a paged K/V graph, shared by both engines."""
     engine.capabilities.require(graph_device(graph), features=[("page_size", facts.page_size)])
     i = node.inputs
-    if i.get("paged_attention_v_table") is not i.get("paged_attention_k_table"):
-        _decline("the K and V page tables are different tensors (one table is served)")
     if i.get("seq_len_kv") is None:
         _decline("paged K/V need seq_len_kv")
-    table = i["paged_attention_k_table"]
-    if len(table.dim) != 4 or table.dim[1] != 1 or table.dim[3] != 1:
-        _decline(f"page table dims {list(table.dim)}: expected [b, 1, max_pages, 1]")
-    if table.data_type != data_type.INT32:
-        _decline("page table must be INT32")
+    k_table, v_table = i["paged_attention_k_table"], i.get("paged_attention_v_table")
+    if v_table is None:
+        _decline("paged K/V need a V page table (paged_attention_v_table)")
+    for which, table in (("K", k_table), ("V", v_table)):
+        if len(table.dim) != 4 or table.dim[1] != 1 or table.dim[3] != 1:
+            _decline(f"{which} page table dims {list(table.dim)}: expected [b, 1, max_pages, 1]")
+        if table.data_type != data_type.INT32:
+            _decline(f"{which} page table must be INT32")
+    if tuple(v_table.dim) != tuple(k_table.dim):
+        _decline(f"V page table dims {list(v_table.dim)} differ from K's {list(k_table.dim)}")
+    if tuple(node.inputs["v"].dim) != tuple(node.inputs["k"].dim):
+        _decline("paged K and V containers must have the same dims")
 
 
 class SdpaPrefillEngine(BaseEngine):
@@ -165,25 +173,29 @@ class SdpaPrefillEngine(BaseEngine):
             _paged_checks(self, graph, node, facts)
         _mask(facts, node)
         if facts.layout == LAYOUT_THD or facts.ragged:
-            ragged = (("O", o, q),) if facts.paged else (("k", k, None), ("v", v, k), ("O", o, q))
-            for name, t, ref in ragged:
+            # Each packed tensor reads its own offsets (it may share another's tensor).
+            for name, t in (("O", o),) if facts.paged else (("k", k), ("v", v), ("O", o)):
                 if t.ragged_offset is None:
                     _decline(f"THD: {name} has no ragged offset")
-                if ref is not None and t.ragged_offset is not ref.ragged_offset:
-                    _decline(f"THD: {name}'s ragged offset is not {'k' if ref is k else 'q'}'s")
+            if facts.paged and any(t.ragged_offset is not None for t in (k, v)):
+                _decline("THD over paged K/V: k / v carry ragged offsets (pages address them)")
             if node.inputs.get("seq_len_q") is None or node.inputs.get("seq_len_kv") is None:
                 _decline("THD: seq_len_q and seq_len_kv are required")
-            if stats is not None and stats.ragged_offset is not None:
-                _decline("THD: ragged Stats (padded [b, h, s, 1] Stats are served)")
             packed = (("q", q), ("O", o))
             if not facts.paged:
                 packed += (("k", k), ("v", v))
             for name, t in packed:
                 if t.stride[1] == 0 or t.stride[2] == 0:
                     _decline(f"THD: {name} has a zero head or token stride")
+            if stats is not None and stats.ragged_offset is not None:
+                # Packed Stats [tokens, h] under its own offsets (FlashInfer's binding).
+                if len(stats.dim) != 4 or stats.dim[3] != 1:
+                    _decline(f"THD: ragged Stats dims {list(stats.dim)}: expected [b, h, s, 1]")
+                if stats.stride[1] == 0 or stats.stride[2] == 0:
+                    _decline("THD: ragged Stats has a zero head or token stride")
         else:
-            for name, t in (("k", k), ("v", v), ("O", o)):
-                if t.ragged_offset is not None:
+            for name, t in (("k", k), ("v", v), ("O", o), ("Stats", stats)):
+                if t is not None and t.ragged_offset is not None:
                     _decline(f"{name} is ragged while q is not")
 
     def default_plans(self, graph):
@@ -208,6 +220,11 @@ class SdpaPrefillEngine(BaseEngine):
         slots.append(("q ragged offset", q.ragged_offset if thd else None))
         slots.append(("k ragged offset", k.ragged_offset if thd and not paged else None))
         slots.append(("page table", node.inputs["paged_attention_k_table"] if paged else None))
+        slots.append(("v ragged offset", v.ragged_offset if thd and not paged else None))
+        slots.append(("O ragged offset", o.ragged_offset if thd else None))
+        ragged_stats = thd and stats is not None and stats.ragged_offset is not None
+        slots.append(("Stats ragged offset", stats.ragged_offset if ragged_stats else None))
+        slots.append(("V page table", node.inputs["paged_attention_v_table"] if paged else None))
         run = _PrefillPlan(
             knobs=knobs,
             mask=_mask(facts, node),
@@ -219,6 +236,7 @@ class SdpaPrefillEngine(BaseEngine):
             max_seqlen_q=facts.seq_q,
             dtype=_TORCH_DTYPE[q.data_type],
             paged=paged,
+            ragged_stats=ragged_stats,
         )
         device = ctx.device if ctx.device is not None else graph_device(graph)
         if device is not None and not device.is_interpreter:
@@ -266,16 +284,19 @@ def _on_stream(torch, stream, launch):
 class _PrefillPlan(CompiledPlan):
     workspace_size = 0
 
+    # Slot order (build_plan's `slots`): the tensors, lengths, offsets and tables.
     def __init__(self, knobs, mask, scale, positions, names, thd, declared, max_seqlen_q, dtype,
-                 paged):
+                 paged, ragged_stats=False):
         self.knobs, self.mask, self.scale, self.thd = knobs, mask, scale, thd
         self.dtype, self.paged = dtype, paged
         self.positions, self.names, self.declared = positions, names, declared
         self.max_seqlen_q = max_seqlen_q
         self.present = [i for i, p in enumerate(positions) if p is not None]
-        # Packed THD operands (q, O; k, v unless paged) are smaller than their padded
-        # declaration by design.
-        self.packed = {0, 3} | (set() if paged else {1, 2}) if thd else set()
+        # Packed THD operands (q, O; k, v unless paged; ragged Stats) are smaller than their
+        # padded declaration by design.
+        self.packed = set()
+        if thd:
+            self.packed = {0, 3} | (set() if paged else {1, 2}) | ({4} if ragged_stats else set())
         self.checked = [(positions[i], names[i]) for i in self.present if i not in self.packed]
         # Resolved once: an import inside the per-call path costs ~1 us a call.
         import torch
@@ -285,15 +306,19 @@ class _PrefillPlan(CompiledPlan):
         self._torch, self._prefill = torch, sdpa_prefill
 
     def _call(self, views):
-        q, k, v, o, stats, len_q, len_kv, off_q, off_kv, table = views
+        q, k, v, o, stats, len_q, len_kv, off_q, off_kv, table, off_v, off_o, off_l, table_v = views
         if self.paged:  # pools are declared [pages, h_k, page_size, d]; tables [b, 1, n, 1]
-            k, v, table = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), table[:, 0, :, 0]
+            k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
+            table, table_v = table[:, 0, :, 0], table_v[:, 0, :, 0]
+        if off_l is not None:
+            stats = stats[:, :, 0]  # packed [tokens, h, 1] -> [tokens, h]
         self._prefill(
             q, k, v, o, attn_scale=self.scale, knobs=self.knobs, mask=self.mask, stats=stats,
             seq_len_q=len_q, seq_len_kv=len_kv,
-            ragged_offsets_q=off_q, ragged_offsets_kv=off_kv,
+            ragged_offsets_q=off_q, ragged_offsets_kv=off_kv, ragged_offsets_v=off_v,
+            ragged_offsets_o=off_o, ragged_offsets_stats=off_l,
             max_seqlen_q=self.max_seqlen_q if self.thd else None,
-            offsets_unit="elements", page_table=table,
+            offsets_unit="elements", page_table=table, page_table_v=table_v,
         )
 
     def execute(self, graph, pack, ctx):
@@ -323,10 +348,10 @@ class _PrefillPlan(CompiledPlan):
                 views.append(_scratch(decl, i in self.packed, dtype, dev))
             elif i < 7:
                 views.append(torch.ones(1, dtype=torch.int32, device=dev))
-            elif i < 9:
-                views.append(torch.tensor([0, 1], dtype=torch.int32, device=dev))
-            else:
+            elif self.names[i].endswith("page table"):
                 views.append(torch.zeros(1, 1, 1, 1, dtype=torch.int32, device=dev))
+            else:  # ragged offsets
+                views.append(torch.tensor([0, 1], dtype=torch.int32, device=dev))
         saved, self.max_seqlen_q = self.max_seqlen_q, 1
         try:
             self._call(views)
@@ -376,10 +401,10 @@ class SdpaDecodeEngine(BaseEngine):
             # FlashInfer's decode binding: one packed query token per request.
             if facts.seq_q != 1:
                 _decline("ragged (THD) queries over paged K/V: served for s_q = 1 only")
-            if o.ragged_offset is not q.ragged_offset:
-                _decline("ragged queries: O's ragged offset is not q's")
-            if tuple(o.stride[1:]) != tuple(q.stride[1:]):
-                _decline("ragged queries: O's head / token / dim strides differ from q's")
+            if q.ragged_offset is None or o.ragged_offset is None:
+                _decline("ragged decode: q and O both need ragged offsets (one of them has none)")
+        if stats is not None and stats.ragged_offset is not None:
+            _decline("ragged Stats in decode (the prefill engine serves it)")
         if i.get("seq_len_q") is not None and facts.seq_q > 1:
             _decline("per-request query lengths (seq_len_q) with s_q > 1 are not served")
         if facts.window != (None, None):
@@ -406,7 +431,9 @@ class SdpaDecodeEngine(BaseEngine):
         slots = [("q", q), ("k", k), ("v", v), ("O", o), ("Stats", stats),
                  ("page table", node.inputs["paged_attention_k_table"]),
                  ("seq_len_kv", node.inputs["seq_len_kv"]),
-                 ("q ragged offset", q.ragged_offset)]
+                 ("q ragged offset", q.ragged_offset),
+                 ("V page table", node.inputs["paged_attention_v_table"]),
+                 ("O ragged offset", o.ragged_offset)]
         numel = decode_workspace_numel(facts.batch, facts.heads_q, facts.seq_q, facts.d_qk, knobs)
         run = _DecodePlan(
             knobs=knobs,
@@ -462,7 +489,7 @@ class _DecodePlan(CompiledPlan):
 
     def _call(self, views, workspace_buf, stream):
         torch = self._torch
-        q, k, v, o, stats, table, lengths, offsets = views
+        q, k, v, o, stats, table, lengths, offsets, table_v, offsets_o = views
         workspace = None
         if self.workspace_numel:
             if workspace_buf is None:
@@ -480,7 +507,8 @@ class _DecodePlan(CompiledPlan):
             self._decode(
                 q, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), table[:, 0, :, 0], lengths, o,
                 attn_scale=self.scale, knobs=self.knobs, causal=self.causal, stats=stats,
-                workspace=workspace, ragged_offsets_q=offsets,
+                workspace=workspace, ragged_offsets_q=offsets, page_table_v=table_v[:, 0, :, 0],
+                ragged_offsets_o=offsets_o,
             )
 
         _on_stream(torch, stream, launch)
@@ -492,7 +520,7 @@ class _DecodePlan(CompiledPlan):
         dev = torch.device(torch_device)
         dt = getattr(torch, self.dtype)
         declared, group = self.declared, self.group
-        (qd, _), (kd, _), _, _, stats, _, _, _ = declared
+        (qd, _), (kd, _), _, _, stats, _, _, _, _, _ = declared
         one_q = (1, group, qd[2], qd[3])
         page = (1, 1, kd[2], kd[3])
         views = [
@@ -503,6 +531,8 @@ class _DecodePlan(CompiledPlan):
             None if stats is None else _scratch(stats, False, torch.float32, dev, one_q[:3] + (1,)),
             torch.zeros(1, 1, 1, 1, dtype=torch.int32, device=dev),
             torch.ones(1, dtype=torch.int32, device=dev),
+            torch.zeros(2, dtype=torch.int32, device=dev) if self.ragged else None,
+            torch.zeros(1, 1, 1, 1, dtype=torch.int32, device=dev),
             torch.zeros(2, dtype=torch.int32, device=dev) if self.ragged else None,
         ]
         scratch = torch.empty(max(1, self.workspace_size), dtype=torch.uint8, device=dev)

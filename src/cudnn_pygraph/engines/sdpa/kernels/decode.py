@@ -25,14 +25,14 @@ from .prefill import LOG2E, _check, _flat_lengths
 
 # Batch- and head-dependent ints (and the page table's row stride, which is max_pages) are
 # not value-specialised, so serving shapes with other b / qh / kh reuse the kernel.
-@triton.jit(do_not_specialize=["seq_q", "num_heads_q", "stride_pb", "stride_lb", "stride_lh",
-                               "stride_ls"])
+@triton.jit(do_not_specialize=["seq_q", "num_heads_q", "stride_pb", "stride_vpb", "stride_lb",
+                               "stride_lh", "stride_ls"])
 def _sdpa_decode_kernel(
-    Q, KC, VC, PAGE_TABLE, SEQLEN_KV, O, LSE, O_PART, LSE_PART, OFFS_Q,
+    Q, KC, VC, PAGE_TABLE, PAGE_TABLE_V, SEQLEN_KV, O, LSE, O_PART, LSE_PART, OFFS_Q, OFFS_O,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kp, stride_kt, stride_kh, stride_kd,
     stride_vp, stride_vt, stride_vh, stride_vd,
-    stride_pb, stride_pp,
+    stride_pb, stride_pp, stride_vpb, stride_vpp,
     stride_ob, stride_oh, stride_os, stride_od,
     stride_lb, stride_lh, stride_ls,
     seq_q, num_heads_q, qk_scale,
@@ -53,9 +53,10 @@ def _sdpa_decode_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     b64 = pid_b.to(tl.int64)
     if Q_RAGGED:
-        # Packed queries (cuDNN ragged offsets, in elements): O shares q's offsets.
+        # Packed queries (cuDNN ragged offsets, in elements); O reads its own offsets
+        # (OFFS_O may alias OFFS_Q).
         q_base = tl.load(OFFS_Q + pid_b).to(tl.int64)
-        o_base = q_base
+        o_base = tl.load(OFFS_O + pid_b).to(tl.int64)
     else:
         q_base = b64 * stride_qb
         o_base = b64 * stride_ob
@@ -68,7 +69,9 @@ def _sdpa_decode_kernel(
     start = split * chunk
     end = tl.minimum(seqlen, start + chunk)
     q_pos_aligned = q_pos + seqlen - seq_q
+    # K and V each have a page table (FlashInfer declares two; they may be one tensor).
     table = PAGE_TABLE + b64 * stride_pb
+    table_v = PAGE_TABLE_V + b64 * stride_vpb
     k_head = KC + kv_head * stride_kh
     v_head = VC + kv_head * stride_vh
 
@@ -81,15 +84,16 @@ def _sdpa_decode_kernel(
         if BLOCK_N <= PAGE_SIZE:
             # The step lies inside one page: one page-table read, contiguous tokens.
             page = tl.load(table + (start_n // PAGE_SIZE) * stride_pp).to(tl.int64)
+            page_v = tl.load(table_v + (start_n // PAGE_SIZE) * stride_vpp).to(tl.int64)
             tok = (start_n % PAGE_SIZE) + offs_n
             k_rows = page * stride_kp + tok * stride_kt
-            v_rows = page * stride_vp + tok * stride_vt
+            v_rows = page_v * stride_vp + tok * stride_vt
         else:
             pages = tl.load(table + (cols // PAGE_SIZE) * stride_pp, mask=in_kv, other=0)
-            pages = pages.to(tl.int64)
+            pages_v = tl.load(table_v + (cols // PAGE_SIZE) * stride_vpp, mask=in_kv, other=0)
             tok = cols % PAGE_SIZE
-            k_rows = pages * stride_kp + tok * stride_kt
-            v_rows = pages * stride_vp + tok * stride_vt
+            k_rows = pages.to(tl.int64) * stride_kp + tok * stride_kt
+            v_rows = pages_v.to(tl.int64) * stride_vp + tok * stride_vt
         k_t = tl.load(k_head + k_rows[None, :] + offs_d[:, None] * stride_kd,
                       mask=in_kv[None, :], other=0.0)
         s = tl.dot(q, k_t) * qk_scale
@@ -127,7 +131,7 @@ def _sdpa_decode_kernel(
 
 @triton.jit(do_not_specialize=["seq_q", "num_heads_q", "stride_lb", "stride_lh", "stride_ls"])
 def _sdpa_decode_combine_kernel(
-    O_PART, LSE_PART, O, LSE, OFFS_Q,
+    O_PART, LSE_PART, O, LSE, OFFS_O,
     stride_ob, stride_oh, stride_os, stride_od,
     stride_lb, stride_lh, stride_ls,
     seq_q, num_heads_q,
@@ -149,7 +153,7 @@ def _sdpa_decode_combine_kernel(
     o = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :])
     out = tl.sum(o * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
     if Q_RAGGED:
-        o_base = tl.load(OFFS_Q + pid_b).to(tl.int64)
+        o_base = tl.load(OFFS_O + pid_b).to(tl.int64)
     else:
         o_base = b64 * stride_ob
     tl.store(O + o_base + head * stride_oh + q_pos * stride_os + offs_d * stride_od,
@@ -158,6 +162,15 @@ def _sdpa_decode_combine_kernel(
         lse_out = tl.where(total > 0.0, (m_ref + tl.math.log2(total)) * 0.6931471805599453,
                            float("-inf"))
         tl.store(LSE + b64 * stride_lb + head * stride_lh + q_pos * stride_ls, lse_out)
+
+
+def _offsets(t, name: str, batch: int):
+    import torch
+
+    _check(t.dtype in (torch.int32, torch.int64), f"{name}: dtype must be int32 or int64")
+    flat = t.reshape(-1)
+    _check(flat.numel() >= batch, f"{name}: needs >= {batch} offsets")
+    return flat
 
 
 def decode_workspace_numel(batch: int, heads_q: int, seq_q: int, head_dim: int,
@@ -176,6 +189,8 @@ def sdpa_decode(
     stats=None,
     workspace=None,
     ragged_offsets_q=None,
+    page_table_v=None,
+    ragged_offsets_o=None,
 ) -> None:
     """Paged flash-decoding: out = softmax(attn_scale * q k^T) v over each request's pages.
 
@@ -186,8 +201,9 @@ def sdpa_decode(
     natural-log LSE [B, Hq, Sq(, 1)]. workspace: fp32, >= decode_workspace_numel(...)
     elements, needed when SPLIT_KV > 1 (allocated here if omitted; pass one to keep a
     CUDA graph's memory fixed). ragged_offsets_q: int32/int64 [B + 1] (or [B]) element
-    offsets of each request's queries in q's and out's storage (cuDNN ragged offsets); the
-    batch strides of q and out are then ignored.
+    offsets of each request's queries in q's storage (cuDNN ragged offsets); the batch
+    strides of q and out are then ignored. ragged_offsets_o: out's own offsets (omitted:
+    out shares q's). page_table_v: v's own table (same shape; omitted: v uses page_table).
     """
     import torch
 
@@ -214,6 +230,12 @@ def sdpa_decode(
            and page_table.shape[0] == batch,
            f"page_table: must be int32 [B={batch}, max_pages], got {page_table.dtype} "
            f"{tuple(page_table.shape)}")
+    if page_table_v is None:
+        page_table_v = page_table
+    _check(page_table_v.dtype == torch.int32 and page_table_v.dim() == 2
+           and page_table_v.shape[0] == batch,
+           f"page_table_v: must be int32 [B={batch}, max_pages], got {page_table_v.dtype} "
+           f"{tuple(page_table_v.shape)}")
     lengths = _flat_lengths(seq_len_kv, "seq_len_kv", batch)
     block_m = max(16, triton.next_power_of_2(group * seq_q))
     _check(block_m <= 128, f"q: {group} heads per kv head x {seq_q} tokens exceeds one tile (128)")
@@ -237,16 +259,20 @@ def sdpa_decode(
         o_part = lse_part = out  # never read (SPLIT_KV == 1 writes out directly)
     if batch == 0 or seq_q == 0:
         return
-    offs_q = lengths  # placeholder, never read without Q_RAGGED
+    offs_q = offs_o = lengths  # placeholders, never read without Q_RAGGED
+    _check(ragged_offsets_o is None or ragged_offsets_q is not None,
+           "ragged_offsets_o: given without ragged_offsets_q")
     if ragged_offsets_q is not None:
-        _check(ragged_offsets_q.dtype in (torch.int32, torch.int64),
-               "ragged_offsets_q: dtype must be int32 or int64")
-        offs_q = ragged_offsets_q.reshape(-1)
-        _check(offs_q.numel() >= batch, f"ragged_offsets_q: needs >= {batch} offsets")
+        offs_q = _offsets(ragged_offsets_q, "ragged_offsets_q", batch)
+        offs_o = offs_q
+        if ragged_offsets_o is not None:
+            offs_o = _offsets(ragged_offsets_o, "ragged_offsets_o", batch)
     lse_arg = stats if stats is not None else out
     _sdpa_decode_kernel[(heads_kv, batch, split)](
-        q, k_cache, v_cache, page_table, lengths, out, lse_arg, o_part, lse_part, offs_q,
+        q, k_cache, v_cache, page_table, page_table_v, lengths, out, lse_arg, o_part, lse_part,
+        offs_q, offs_o,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *page_table.stride(),
+        *page_table_v.stride(),
         *out.stride(), *l_strides,
         seq_q, heads_q, float(attn_scale) * LOG2E,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=knobs.TILE_N, PAGE_SIZE=page_size,
@@ -256,7 +282,7 @@ def sdpa_decode(
     )
     if split > 1:
         _sdpa_decode_combine_kernel[(heads_q * seq_q, batch)](
-            o_part, lse_part, out, lse_arg, offs_q, *out.stride(), *l_strides, seq_q, heads_q,
+            o_part, lse_part, out, lse_arg, offs_o, *out.stride(), *l_strides, seq_q, heads_q,
             HEAD_DIM=head_dim, SPLIT_KV=split, WRITE_LSE=stats is not None,
             Q_RAGGED=ragged_offsets_q is not None, num_warps=4,
         )

@@ -35,7 +35,7 @@ LN2 = 0.6931471805599453
 def _attend(
     acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
     start, end, qk_scale, q_pos_aligned, seqlen_kv, window_left, window_right,
-    table, stride_tp, stride_kpage, stride_vpage, stride_kd, stride_vd,
+    table_k, table_v, stride_tkp, stride_tvp, stride_kpage, stride_vpage, stride_kd, stride_vd,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, TMA: tl.constexpr, LAZY_RESCALE: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -44,7 +44,9 @@ def _attend(
 
     k_src / v_src are tensor descriptors (TMA: rows past seqlen_kv read as zeros), pointer
     tiles ([D, TILE_N] for K, [TILE_N, D] for V), or with PAGED the kv head's base pointers
-    into a page pool, each key's row found through this sequence's page-table row `table`.
+    into a page pool, each key's row found through this sequence's K page-table row
+    `table_k` and its value row through `table_v` (FlashInfer declares two tables; they may
+    be one tensor at runtime, which costs a second read of an L1-resident row).
     """
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -53,13 +55,15 @@ def _attend(
         if MASKED:
             in_kv = cols < seqlen_kv
         if PAGED:
+            logical = cols // PAGE_SIZE
             if MASKED:
-                pages = tl.load(table + (cols // PAGE_SIZE) * stride_tp, mask=in_kv, other=0)
+                pages_k = tl.load(table_k + logical * stride_tkp, mask=in_kv, other=0)
+                pages_v = tl.load(table_v + logical * stride_tvp, mask=in_kv, other=0)
             else:
-                pages = tl.load(table + (cols // PAGE_SIZE) * stride_tp)
-            pages = pages.to(tl.int64)
-            k_rows = pages * stride_kpage + (cols % PAGE_SIZE) * stride_kn
-            v_rows = pages * stride_vpage + (cols % PAGE_SIZE) * stride_vn
+                pages_k = tl.load(table_k + logical * stride_tkp)
+                pages_v = tl.load(table_v + logical * stride_tvp)
+            k_rows = pages_k.to(tl.int64) * stride_kpage + (cols % PAGE_SIZE) * stride_kn
+            v_rows = pages_v.to(tl.int64) * stride_vpage + (cols % PAGE_SIZE) * stride_vn
             k_ptrs = k_src + k_rows[None, :] + offs_d[:, None] * stride_kd
             if MASKED:
                 k_t = tl.load(k_ptrs, mask=in_kv[None, :], other=0.0)
@@ -125,17 +129,18 @@ def _attend(
 @triton.jit(
     do_not_specialize=[
         "seq_q", "seq_kv", "num_m_tiles", "window_left", "window_right",
-        "stride_lb", "stride_lh", "stride_ls", "l_off_mul", "stride_tb",
+        "stride_lb", "stride_lh", "stride_ls", "l_off_mul", "stride_tb", "stride_tvb",
     ]
 )
 def _sdpa_fwd_kernel(
-    Q, K, V, O, LSE, SEQLEN_Q, SEQLEN_KV, OFFS_Q, OFFS_KV, PAGE_TABLE,
+    Q, K, V, O, LSE, SEQLEN_Q, SEQLEN_KV, OFFS_Q, OFFS_KV, OFFS_V, OFFS_O, OFFS_L,
+    PAGE_TABLE, PAGE_TABLE_V,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
     stride_ob, stride_oh, stride_os, stride_od,
     stride_lb, stride_lh, stride_ls,
-    stride_tb, stride_tp, stride_kpage, stride_vpage,
+    stride_tb, stride_tp, stride_tvb, stride_tvp, stride_kpage, stride_vpage,
     q_off_mul, k_off_mul, v_off_mul, o_off_mul, l_off_mul,
     seq_q, seq_kv, num_m_tiles, qk_scale, window_left, window_right,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -154,17 +159,19 @@ def _sdpa_fwd_kernel(
     pid_b = tl.program_id(2)
 
     # Per-batch lengths and base offsets (int64: token totals times strides can pass 2^31).
+    # Every THD tensor reads its own offsets (OFFS_V / OFFS_O / OFFS_L may alias OFFS_KV /
+    # OFFS_Q: the launcher passes the same pointer when the caller declares no separate one).
     if IS_THD:
         q_start = tl.load(OFFS_Q + pid_b).to(tl.int64)
         q_base = q_start * q_off_mul
-        o_base = q_start * o_off_mul
+        o_base = tl.load(OFFS_O + pid_b).to(tl.int64) * o_off_mul
         if PAGED:  # keys come through the page table; lengths from SEQLEN_KV
             k_base = 0
             v_base = 0
         else:
             kv_start = tl.load(OFFS_KV + pid_b).to(tl.int64)
             k_base = kv_start * k_off_mul
-            v_base = kv_start * v_off_mul
+            v_base = tl.load(OFFS_V + pid_b).to(tl.int64) * v_off_mul
         if HAS_SEQLEN_Q:
             seqlen_q = tl.load(SEQLEN_Q + pid_b)
         else:
@@ -213,7 +220,8 @@ def _sdpa_fwd_kernel(
     q_ptrs = (Q + q_base + q_pos[:, None] * stride_qs + head[:, None] * stride_qh
               + offs_d[None, :] * stride_qd)
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
-    table = PAGE_TABLE + pid_b.to(tl.int64) * stride_tb
+    table_k = PAGE_TABLE + pid_b.to(tl.int64) * stride_tb
+    table_v = PAGE_TABLE_V + pid_b.to(tl.int64) * stride_tvb
     if PAGED:
         k_src = K + kv_head * stride_kh
         v_src = V + kv_head * stride_vh
@@ -262,19 +270,19 @@ def _sdpa_fwd_kernel(
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs, lo, mid_start, qk_scale,
         q_pos_aligned, seqlen_kv, window_left, window_right,
-        table, stride_tp, stride_kpage, stride_vpage, stride_kd, stride_vd,
+        table_k, table_v, stride_tp, stride_tvp, stride_kpage, stride_vpage, stride_kd, stride_vd,
         BLOCK_N, True, HAS_LEFT, HAS_RIGHT, TMA, LAZY_RESCALE, PAGED, PAGE_SIZE, HEAD_DIM,
     )
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs, mid_start, mid_end, qk_scale,
         q_pos_aligned, seqlen_kv, window_left, window_right,
-        table, stride_tp, stride_kpage, stride_vpage, stride_kd, stride_vd,
+        table_k, table_v, stride_tp, stride_tvp, stride_kpage, stride_vpage, stride_kd, stride_vd,
         BLOCK_N, False, HAS_LEFT, HAS_RIGHT, TMA, LAZY_RESCALE, PAGED, PAGE_SIZE, HEAD_DIM,
     )
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs, mid_end, hi, qk_scale,
         q_pos_aligned, seqlen_kv, window_left, window_right,
-        table, stride_tp, stride_kpage, stride_vpage, stride_kd, stride_vd,
+        table_k, table_v, stride_tp, stride_tvp, stride_kpage, stride_vpage, stride_kd, stride_vd,
         BLOCK_N, True, HAS_LEFT, HAS_RIGHT, TMA, LAZY_RESCALE, PAGED, PAGE_SIZE, HEAD_DIM,
     )
 
@@ -288,7 +296,7 @@ def _sdpa_fwd_kernel(
         lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
                        float("-inf"))
         if LSE_PACKED:
-            l_base = q_start * l_off_mul
+            l_base = tl.load(OFFS_L + pid_b).to(tl.int64) * l_off_mul
         else:
             l_base = pid_b.to(tl.int64) * stride_lb
         tl.store(LSE + l_base + head * stride_lh + q_pos * stride_ls, lse, mask=row_ok)
@@ -308,6 +316,19 @@ def _flat_lengths(t, name: str, batch: int):
     flat = t.reshape(-1)
     _check(flat.data_ptr() == t.data_ptr() and (batch == 1 or flat.stride(0) == 1),
            f"{name}: must be contiguous")
+    return flat
+
+
+def _own_offsets(t, name: str, batch: int, default):
+    """A tensor's own ragged offsets as a flat view (>= B entries), or `default`."""
+    import torch
+
+    if t is None:
+        return default
+    _check(t.dtype in (torch.int32, torch.int64), f"{name}: dtype must be int32 or int64")
+    _check(t.dim() == 1 or t.numel() == t.shape[0], f"{name}: must be [B + 1] (or [B + 1, 1, 1, 1])")
+    flat = t.reshape(-1)
+    _check(flat.numel() >= batch, f"{name}: needs at least B={batch} offsets, got {flat.numel()}")
     return flat
 
 
@@ -359,6 +380,10 @@ def sdpa_prefill(
     max_seqlen_q: int | None = None,
     offsets_unit: str = "tokens",
     page_table=None,
+    page_table_v=None,
+    ragged_offsets_v=None,
+    ragged_offsets_o=None,
+    ragged_offsets_stats=None,
 ) -> None:
     """Write softmax(attn_scale * q k^T + mask) v into ``out`` (and log-sum-exp into ``stats``).
 
@@ -367,8 +392,12 @@ def sdpa_prefill(
     [Tkv, Hkv, D] with ragged_offsets_kv; max_seqlen_q (host int) sizes the grid.
     offsets_unit "tokens" (cu_seqlens) or "elements" (cuDNN ragged offsets, one element
     offset for every tensor; then the lengths come from seq_len_q / seq_len_kv).
+    ragged_offsets_v / ragged_offsets_o / ragged_offsets_stats: v's, out's and packed
+    stats' own offsets (same unit, [B + 1]); omitted, v shares k's and out shares q's; packed
+    stats share q's token offsets (with element offsets they must be given).
     Paged K/V (page_table int32 [B, max_pages]): k, v are page pools [num_pages, page_size,
-    Hkv, D] under any strides, seq_len_kv is required, q dense or THD. seq_len_q /
+    Hkv, D] under any strides, seq_len_kv is required, q dense or THD. page_table_v: v's
+    own table (same shape; omitted, v uses page_table). seq_len_q /
     seq_len_kv: int32 device tensors, one length per batch (padding). Hq must be a multiple
     of Hkv (GQA / MQA). stats: fp32 natural-log LSE, dense [B, Hq, Sq(, 1)]; THD packed
     [Tq, Hq(, 1)] or padded [B, Hq, S_max, 1]. Rows past a sequence's length are not
@@ -392,8 +421,13 @@ def sdpa_prefill(
     for name, t in (("k", k), ("v", v), ("out", out)):
         _check(t.shape[-1] == head_dim,
                f"{name}: head dim {t.shape[-1]} differs from q's {head_dim}")
-    _check(out.shape == q.shape, f"out: shape {tuple(out.shape)} must equal q's {tuple(q.shape)}")
-    _check(k.shape == v.shape, f"v: shape {tuple(v.shape)} must equal k's {tuple(k.shape)}")
+    # THD: out (and v) may pack their tokens apart from q (k) under their own offsets.
+    lead = 1 if is_thd else 0
+    _check(out.shape[lead:] == q.shape[lead:],
+           f"out: shape {tuple(out.shape)} must match q's {tuple(q.shape)}")
+    kv_lead = 1 if is_thd and not paged else 0
+    _check(v.shape[kv_lead:] == k.shape[kv_lead:],
+           f"v: shape {tuple(v.shape)} must match k's {tuple(k.shape)}")
     heads_q = q.shape[1]
     heads_kv = k.shape[2] if paged else k.shape[1]
     _check(heads_kv > 0 and heads_q % heads_kv == 0,
@@ -424,6 +458,12 @@ def sdpa_prefill(
             offs_kv = ragged_offsets_kv.reshape(-1)
             _check(offs_kv.numel() == offs_q.numel(),
                    "ragged_offsets_kv: needs as many offsets as ragged_offsets_q")
+        # B offsets suffice for v / out / stats: only each batch's start is read.
+        _check(not (paged and ragged_offsets_v is not None),
+               "ragged_offsets_v: paged v is addressed through page_table_v")
+        offs_v = _own_offsets(ragged_offsets_v, "ragged_offsets_v", batch,
+                              offs_q if paged else offs_kv)
+        offs_o = _own_offsets(ragged_offsets_o, "ragged_offsets_o", batch, offs_q)
         if offsets_unit == "elements":
             _check(seq_len_q is not None and seq_len_kv is not None,
                    "seq_len_q / seq_len_kv: required with element ragged offsets")
@@ -448,7 +488,7 @@ def sdpa_prefill(
             _check(k.shape[0] == batch, f"k: batch {k.shape[0]} differs from q's {batch}")
             seq_kv = k.shape[2]
             ks, vs = k.stride(), v.stride()
-    t_strides = (0, 0, 0, 0)
+    t_strides = (0, 0, 0, 0, 0, 0)
     page_size = 1
     if paged:
         page_size = k.shape[1]
@@ -462,11 +502,27 @@ def sdpa_prefill(
         # pool [pages, page_size, H, D] -> (batch unused, head, token-in-page, dim)
         ks = (0, k.stride(2), k.stride(1), k.stride(3))
         vs = (0, v.stride(2), v.stride(1), v.stride(3))
-        t_strides = (page_table.stride(0), page_table.stride(1), k.stride(0), v.stride(0))
         offs_kv = offs_q  # placeholder, never read with PAGED
         seq_kv = page_table.shape[1] * page_size
+        if page_table_v is None:
+            page_table_v = page_table
+        _check(page_table_v.dtype == torch.int32 and page_table_v.dim() == 2
+               and page_table_v.shape[0] == batch,
+               f"page_table_v: must be int32 [B={batch}, max_pages], got {page_table_v.dtype} "
+               f"{tuple(page_table_v.shape)}")
+        t_strides = (page_table.stride(0), page_table.stride(1), page_table_v.stride(0),
+                     page_table_v.stride(1), k.stride(0), v.stride(0))
+    else:
+        _check(page_table_v is None, "page_table_v: given without page_table")
     if offs_kv is None:
         offs_kv = offs_q
+    if not is_thd:
+        for name, t in (("ragged_offsets_v", ragged_offsets_v),
+                        ("ragged_offsets_o", ragged_offsets_o),
+                        ("ragged_offsets_stats", ragged_offsets_stats)):
+            _check(t is None, f"{name}: given without ragged_offsets_q (THD)")
+        offs_v = offs_o = offs_q  # placeholders, never read without IS_THD
+    offs_l = offs_q
 
     lse_packed = False
     l_strides = (0, 0, 0)
@@ -476,12 +532,22 @@ def sdpa_prefill(
         _check(stats.device == q.device, "stats: must be on q's device")
         if is_thd and stats.dim() in (2, 3):
             lse_packed = True
-            _check(stats.shape[0] >= q.shape[0] and stats.shape[1] == heads_q,
+            _check(stats.shape[1] == heads_q,
                    f"stats: packed THD stats must be [Tq, Hq(, 1)], got {tuple(stats.shape)}")
-            _check(offsets_unit == "tokens", "stats: packed THD stats need token offsets")
             l_strides = (0, stats.stride(1), stats.stride(0))
-            l_mul = stats.stride(0)
+            if ragged_offsets_stats is not None:
+                offs_l = _own_offsets(ragged_offsets_stats, "ragged_offsets_stats", batch, None)
+                l_mul = stats.stride(0) if offsets_unit == "tokens" else 1
+            else:
+                _check(offsets_unit == "tokens",
+                       "ragged_offsets_stats: packed THD stats with element offsets need their own")
+                _check(stats.shape[0] >= q.shape[0],
+                       f"stats: packed THD stats must hold q's {q.shape[0]} tokens, "
+                       f"got {tuple(stats.shape)}")
+                l_mul = stats.stride(0)
         else:
+            _check(ragged_offsets_stats is None,
+                   "ragged_offsets_stats: given with padded [B, Hq, S, 1] stats")
             _check(stats.dim() in (3, 4) and stats.shape[0] == batch and stats.shape[1] == heads_q
                    and stats.shape[2] >= seq_q and (stats.dim() == 3 or stats.shape[3] == 1),
                    f"stats: must be [B, Hq, S, 1] with S >= {seq_q}, got {tuple(stats.shape)}")
@@ -503,7 +569,8 @@ def sdpa_prefill(
     window_right = mask.window_right if mask.window_right is not None else 0
     _sdpa_fwd_kernel[grid](
         q, k, v, out, stats if stats is not None else out, len_q, len_kv, offs_q, offs_kv,
-        page_table if paged else offs_q,
+        offs_v, offs_o, offs_l, page_table if paged else offs_q,
+        page_table_v if paged else offs_q,
         *qs, *ks, *vs, *os_, *l_strides, *t_strides,
         *muls, l_mul,
         seq_q, seq_kv, num_m_tiles, float(attn_scale) * LOG2E, window_left, window_right,
