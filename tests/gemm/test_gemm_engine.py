@@ -5,12 +5,15 @@ epilogue graphs against float64 references, and declines what it cannot fuse, na
 The backend is hidden (adapter.backend_installed -> False): the subject is the engine."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph.backend import adapter
+from cudnn_pygraph.engines.base import ExecutionContext
+from cudnn_pygraph.engines.gemm.kernels.knobs import GemmKnobs
 from cudnn_pygraph.planning import manifest
 from cudnn_pygraph.planning.device import DeviceProperties
 
@@ -191,36 +194,129 @@ def test_tma_is_decided_from_the_declaration(case, shape, use_tma):
     assert spec.use_tma == use_tma
 
 
-def test_gpu_execute_closure_passes_pointers_and_strides_in_frame_order():
-    """The closure a GPU plan runs, fed a real pack of CPU tensors and a stand-in launch."""
+KNOBS_H200 = GemmKnobs(64, 64, 64, 3, 4, 8)
+
+
+class _RecordingKernel:
+    """Stands in for Triton's compiled kernel: `run.launch` records what it is handed."""
+
+    def __init__(self):
+        self.calls = []
+        self.function, self.packed_metadata = 0xF00, (4, 1, 0)
+        self.run = SimpleNamespace(
+            launch=lambda *args: self.calls.append(args),
+            launch_cooperative_grid=False,
+            launch_pdl=False,
+        )
+
+
+class _Scratch(dict):
+    device = "cpu"
+
+    def __missing__(self, stream):
+        self[stream] = 0x5000 + stream
+        return self[stream]
+
+
+def _gpu_execute(case, B, M, N, K, knobs=KNOBS_H200):
+    """The closure a GPU plan runs (engine -> launch.lower_pack_execute), over a recording
+    kernel: (graph, tensors, execute, kernel)."""
     from cudnn_pygraph.engines.gemm.analyzer import analyze
-    from cudnn_pygraph.engines.gemm.engine import _lower_execute, describe_facts
-    from cudnn_pygraph.engines.base import ExecutionContext
+    from cudnn_pygraph.engines.gemm.engine import describe_facts
+    from cudnn_pygraph.engines.gemm.kernels.launch import kernel_signature, lower_pack_execute
     from cudnn_pygraph.planning.facts import facts_for
     from cudnn_pygraph.runtime.execute import GraphLayout
 
-    B, M, N, K = 2, 32, 48, 16
-    g, a, b, c, extra = _planned("residual-silu", B, M, N, K)
+    g, a, b, c, extra = _planned(case, B, M, N, K)
     facts = facts_for(g, analyze)
     spec, stride_plan, values = describe_facts(facts, H200)
+    rec, _, _, arg_plan, constants = kernel_signature(spec, knobs)
+    kernel = _RecordingKernel()
+    compiled = SimpleNamespace(recipe=rec, knobs=knobs, kernel=kernel, arg_plan=arg_plan,
+                               constants=constants, scratch=_Scratch(), num_sms=132)  # fmt: skip
     layout = GraphLayout(g)
-    tensors = (a, b, c, extra["res"])
-    calls = []
-    execute = _lower_execute(
-        lambda *args: calls.append(args),
+    tensors = (a, b, c) + tuple(extra.values())
+    execute = lower_pack_execute(
+        compiled,
         [layout.position[t.uid] for t in tensors],
         [t.name for t in tensors],
+        [len(t.stride) for t in tensors],
         stride_plan,
         (M, N, K, B),
         values,
     )
+    return g, layout, tensors, execute, kernel
+
+
+
+def test_gpu_execute_closure_passes_pointers_and_strides_in_kernel_order():
+    """The generated execute of a GPU plan, fed a real pack of CPU tensors: every kernel
+    argument lands in its parameter's position, the buffers' own strides included."""
+    from cudnn_pygraph.engines.gemm.kernels.matmul import gemm_kernel
+
+    B, M, N, K = 2, 32, 48, 16
+    g, layout, (a, b, c, res), execute, kernel = _gpu_execute("residual-silu", B, M, N, K)
     ta = torch.randn(B, M, K).half()
     tb = torch.randn(B, N, K).half().transpose(1, 2)  # declared row-major; bound transposed
     tc, tr = torch.empty(B, M, N).half(), torch.randn(B, M, N).half()
-    pack = layout.pack({a: ta, b: tb, c: tc, extra["res"]: tr})
-    execute(g, pack, ExecutionContext(None, 1234, None, None))
-    (args,) = calls
-    assert args[:3] == (ta.data_ptr(), tb.data_ptr(), tc.data_ptr()) and args[3] == (tr.data_ptr(),)
-    assert args[4:8] == (M, N, K, B) and args[10] == 1234
-    expect = (M * K, K, 1) + tuple(tb.stride()) + (M * N, N, 1) + (M * N, N, 1)
-    assert args[8] == expect  # the buffer's own strides: the kernel's rules judge them
+    pack = layout.pack({a: ta, b: tb, c: tc, res: tr})
+    # B bound transposed breaks the plan's unit stride on N: refused by name, not launched.
+    with pytest.raises(ValueError, match="layout_unit_stride"):
+        execute(g, pack, ExecutionContext(None, 1234, None, None))
+    assert kernel.calls == []
+    tb = tb.contiguous()
+    execute(g, layout.pack({a: ta, b: tb, c: tc, res: tr}), ExecutionContext(None, 7, None, None))
+    (call,) = kernel.calls
+    assert call[:4] == (min(132, B * 1 * 1), 1, 1, 7) and call[7] == 0x5007
+    got = dict(zip(gemm_kernel.arg_names, call[13:]))
+    assert len(call) - 13 == len(gemm_kernel.arg_names)
+    expect = {"a_ptr": ta.data_ptr(), "b_ptr": tb.data_ptr(), "c_ptr": tc.data_ptr(),
+              "e0_ptr": tr.data_ptr(), "M": M, "N": N, "K": K, "BATCH": B,
+              "s_ab": M * K, "s_am": K, "s_bb": K * N, "s_bk": N, "s_cb": M * N, "s_cm": N,
+              "e0_sb": M * N, "e0_sm": N, "SPLIT_K": 1, "TILE_M": 64}  # fmt: skip
+    for name, value in expect.items():
+        assert got[name] == value, name
+
+
+def test_gpu_execute_refuses_a_misaligned_buffer_naming_the_rule():
+    B, M, N, K = 1, 64, 64, 64
+    g, layout, (a, b, c), execute, kernel = _gpu_execute("plain", B, M, N, K)
+    storage = torch.randn(B * M * K + 1).half()
+    ta = storage[1:].view(B, M, K)  # 2 bytes past the allocation's alignment
+    tb, tc = torch.randn(B, K, N).half(), torch.empty(B, M, N).half()
+    with pytest.raises(ValueError, match="tma_pointer_alignment"):
+        execute(g, layout.pack({a: ta, b: tb, c: tc}), ExecutionContext(None, None, None, None))
+    assert kernel.calls == []
+
+
+def test_gpu_execute_split_k_passes_its_workspace_per_stream(monkeypatch):
+    from cudnn_pygraph.engines.gemm.kernels import launch
+
+    allocated = []
+
+    class _Workspace(dict):
+        def __init__(self, nbytes, device):
+            super().__init__()
+            allocated.append(nbytes)
+
+        def __missing__(self, stream):
+            self[stream] = (0x7000 + stream, 0x8000 + stream)
+            return self[stream]
+
+    monkeypatch.setattr(launch, "SplitKWorkspacePerStream", _Workspace)
+    B, M, N, K = 1, 16, 128, 512
+    knobs = GemmKnobs(64, 64, 64, 3, 4, 8, SPLIT_K=4)
+    g, layout, (a, b, c), execute, kernel = _gpu_execute("plain", B, M, N, K, knobs)
+    pack = layout.pack({a: torch.randn(B, M, K).half(), b: torch.randn(B, K, N).half(),
+                        c: torch.empty(B, M, N).half()})  # fmt: skip
+    for stream in (3, 4):
+        execute(g, pack, ExecutionContext(None, stream, None, None))
+    tiles = 1 * 2  # ceil(16/64) * ceil(128/64)
+    assert allocated == [(tiles * 4 * 64 * 64 * 4, tiles * 4)]
+    from cudnn_pygraph.engines.gemm.kernels.matmul import gemm_kernel
+
+    for stream, call in zip((3, 4), kernel.calls):
+        got = dict(zip(gemm_kernel.arg_names, call[13:]))
+        assert call[0] == tiles * 4  # one program per (tile, slice)
+        assert (got["ws_ptr"], got["lock_ptr"], got["SPLIT_K"]) == (
+            0x7000 + stream, 0x8000 + stream, 4)  # fmt: skip

@@ -227,6 +227,42 @@ def test_knobs_compute_the_same_function(knobs):
     assert rel_err(c, gemm_reference(a, b, (step("silu"),))) < TOL[torch.float32]
 
 
+SPLIT_K = [
+    # name, (batch, M, N, K), knobs: K steps of 16 split 2, 3 (uneven: 5/5/4 of 14) and 4 ways;
+    # more slices than K steps leaves empty slices, which must add nothing.
+    ("k2", (2, 19, 40, 70), GemmKnobs(16, 16, 16, 2, 4, 2, SPLIT_K=2)),
+    ("k3-uneven", (1, 33, 17, 222), GemmKnobs(32, 16, 16, 2, 4, 1, SPLIT_K=3)),
+    ("k4-batch3", (3, 8, 24, 100), GemmKnobs(16, 16, 32, 2, 4, 8, SPLIT_K=4)),
+    ("k8-empty-slices", (1, 16, 16, 40), GemmKnobs(16, 16, 16, 2, 4, 8, SPLIT_K=8)),
+]
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32], ids=["out-fp16", "out-fp32"])
+@pytest.mark.parametrize("name,shape,knobs", SPLIT_K, ids=[s[0] for s in SPLIT_K])
+def test_split_k_sums_slices_then_runs_the_epilogue_once(name, shape, knobs, out_dtype):
+    """Split-K with a bias + gelu_tanh epilogue: the epilogue sees the whole sum (applied to
+    a partial sum it would give another function); the same workspace serves the next launch
+    (its counters are left zero) and gives the same bits (the slices sum in slice order)."""
+    from cudnn_pygraph.engines.gemm.kernels.torch_gemm import describe, jit_launch, split_k_workspace
+
+    batch, M, N, K = shape
+    a = torch.randn(batch, M, K, dtype=torch.float16, device=DEVICE)
+    b = torch.randn(batch, K, N, dtype=torch.float16, device=DEVICE)
+    bias = torch.randn(N, dtype=torch.float16, device=DEVICE)
+    chain = (step("bias", "col", "fp16"), step("gelu_tanh"))
+    workspace = split_k_workspace(knobs, M, N, batch, DEVICE)
+    ref = gemm_reference(a, b, chain, (bias,))
+    outs = []
+    for _ in range(2):
+        c = torch.full((batch, M, N), float("nan"), dtype=out_dtype, device=DEVICE)
+        spec, frame = describe(a, b, c, chain, (bias,))
+        jit_launch(spec, knobs, frame, workspace=workspace)
+        assert rel_err(c, ref) < TOL[out_dtype], f"{name}: rel err {rel_err(c, ref)}"
+        assert not workspace[1].any(), "a launch left a split-K counter non-zero"
+        outs.append(c)
+    assert torch.equal(outs[0], outs[1])
+
+
 FP8 = [("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)]
 
 

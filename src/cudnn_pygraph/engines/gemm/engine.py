@@ -74,7 +74,8 @@ class GemmTritonEngine(BaseEngine):
     name = "triton_gemm"
     capabilities = Capabilities(sm_lo=SM_LO, dtypes=SERVED)
     # Backend types where the meaning matches (_types.knob_type): the output tile, the K
-    # step, the pipelining depth, the CTA rasterization (GROUP_M); NUM_WARPS is ours.
+    # step, the pipelining depth, the CTA rasterization (GROUP_M), the split-K slices;
+    # NUM_WARPS is ours.
     KNOB_FIELDS = {
         knob_type.TILE_M: "TILE_M",
         knob_type.TILE_N: "TILE_N",
@@ -82,6 +83,7 @@ class GemmTritonEngine(BaseEngine):
         knob_type.STAGES: "NUM_STAGES",
         knob_type.NUM_WARPS: "NUM_WARPS",
         knob_type.SWIZZLE: "GROUP_M",
+        knob_type.SPLIT_K_SLC: "SPLIT_K",
     }
     knob_class = GemmKnobs
     requires = ("triton", "torch")
@@ -178,7 +180,8 @@ class GemmTritonEngine(BaseEngine):
             if type(exc).__name__ == "OutOfResources":  # the config does not fit this device
                 raise NotImplementedError(f"{self.name}[{knobs.short()}]: {exc}") from None
             raise
-        return _CompiledGemmPlan(compiled, positions, names, stride_plan, extents, values)
+        ranks = [len(t.stride) for t in tensors]
+        return _CompiledGemmPlan(compiled, positions, names, ranks, stride_plan, extents, values)
 
 
 def _intermediates(graph, c):
@@ -280,48 +283,19 @@ def _read_strides(bufs, stride_plan):
 
 
 class _CompiledGemmPlan(CompiledPlan):
-    """execute = one closure: buffers by position, strides through the flat stride plan,
-    then the kernel's launch closure (which refuses an illegal call by rule name)."""
+    """execute = one closure over the compiled kernel (kernels/launch.lower_pack_execute):
+    buffers by position, their pointers and strides into the launch table's source, the
+    rules tested in C, then Triton's launcher; a refused call names its rule."""
 
     workspace_size = 0
 
-    def __init__(self, compiled, positions, names, stride_plan, extents, values):
+    def __init__(self, compiled, positions, names, ranks, stride_plan, extents, values):
+        from .kernels.launch import lower_pack_execute
+
         self.compiled = compiled
-        self.execute = _lower_execute(
-            compiled.launch, positions, names, stride_plan, extents, values
+        self.execute = lower_pack_execute(
+            compiled, positions, names, ranks, stride_plan, extents, values
         )
-
-
-def _lower_execute(launch, positions, names, stride_plan, extents, values):
-    positions = list(positions)
-    checks = tuple(zip(positions, names))
-    M, N, K, batch = extents
-    values = tuple(values)
-
-    def execute(graph, pack, ctx):
-        for i, name in checks:
-            pack.check_extent(i, name)  # a buffer smaller than declared: refused, nothing launched
-        bufs = pack.operands(positions)
-        strides = tuple(
-            bufs[o].strides[ax] if ax is not None else const for o, ax, const in stride_plan
-        )
-        ptrs = tuple(buf.ptr for buf in bufs)
-        stream = ctx.stream
-        launch(
-            ptrs[0],
-            ptrs[1],
-            ptrs[2],
-            ptrs[3:],
-            M,
-            N,
-            K,
-            batch,
-            strides,
-            values,
-            0 if stream is None else stream,
-        )
-
-    return execute
 
 
 class _InterpretedGemmPlan(CompiledPlan):

@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+# The fixup sums the slices unrolled, and each slice's partial tile costs workspace.
+MAX_SPLIT_K = 16
+
+
 def _is_pow2(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
 
@@ -30,6 +34,7 @@ class GemmKnobs:
     NUM_STAGES: int = 3
     NUM_WARPS: int = 8
     GROUP_M: int = 8
+    SPLIT_K: int = 1
 
     def __post_init__(self):
         for name in ("TILE_M", "TILE_N", "TILE_K"):
@@ -42,10 +47,14 @@ class GemmKnobs:
             raise ValueError(f"GemmKnobs.NUM_STAGES={self.NUM_STAGES}: must be in 1..7")
         if not 1 <= self.GROUP_M <= 64:
             raise ValueError(f"GemmKnobs.GROUP_M={self.GROUP_M}: must be in 1..64")
+        if not 1 <= self.SPLIT_K <= MAX_SPLIT_K:
+            raise ValueError(f"GemmKnobs.SPLIT_K={self.SPLIT_K}: must be in 1..{MAX_SPLIT_K}")
 
     def short(self) -> str:
-        """128x256x64-s3-w8-g8: the id used in benchmark tables and test ids."""
+        """128x256x64-s3-w8-g8 (+ -k4 for SPLIT_K=4): the id in benchmark tables and
+        test ids."""
+        split = f"-k{self.SPLIT_K}" if self.SPLIT_K > 1 else ""
         return (
             f"{self.TILE_M}x{self.TILE_N}x{self.TILE_K}"
-            f"-s{self.NUM_STAGES}-w{self.NUM_WARPS}-g{self.GROUP_M}"
+            f"-s{self.NUM_STAGES}-w{self.NUM_WARPS}-g{self.GROUP_M}{split}"
         )

@@ -2,31 +2,49 @@
 
 `compile_gemm(spec, knobs, device)` compiles the kernel for exactly (spec, knobs) through
 Triton's compile API (no JIT specialization guesses: every unit stride and alignment the
-kernel may assume is stated by the recipe), loads it, and lowers the recipe into one launch
-closure. Per call the closure fills the flat frame, tests the recipe's rules in a few integer
-operations, and calls Triton's C launcher with raw integer pointers; it does no attribute
+kernel may assume is stated by the recipe), loads it, and lowers the recipe into a launch
+table: the recipe's arg_plan and rules re-indexed onto one flat SOURCE tuple a caller builds
+per call, read by `operator.itemgetter`s (C), so a call does no Python loop, no attribute
 lookup, no import, no JIT argument binding, and takes no branch the build settled. A call
 that breaks a rule goes to `check_frame`, which names the rule and raises; nothing launches.
 
-The spec ("What a per-execute path costs") measured the same shape of path at 20 us per
-execute against 40 for re-deriving facts per call; the cost of this one on the H200's host is
-in bench/results/gemm.md.
+Two callers: `CompiledGemm.launch` (the torch entry and benchmarks: pointers, extents and
+strides as arguments) reads the table through the getters; `lower_pack_execute` (an engine
+plan: everything but the pack's pointers and strides settled at build) generates its
+straight-line body from the same table. Measured on the 2-core CI CPU with a no-op C
+launcher (bench/gemm.py has the H200 figures): an engine execute from a built pack went
+4.3 -> 1.2 us (the stride-plan generator, the frame's rule loops and the 48-entry arg
+gather were the cost; the same table read through itemgetters was 3.0).
 """
 
 from __future__ import annotations
 
+import math
 import operator
 
 from .knobs import GemmKnobs
 from .matmul import gemm_kernel
-from .spec import KERNEL_PARAMS, TMA_ALIGN_BYTES, GemmSpec, check_frame, recipe
+from .spec import (
+    KERNEL_PARAMS,
+    SPLIT_K_PARAMS,
+    TMA_ALIGN_BYTES,
+    GemmSpec,
+    check_frame,
+    recipe,
+)
 
-KNOB_CONSTEXPRS = ("TILE_M", "TILE_N", "TILE_K", "GROUP_M")
+KNOB_CONSTEXPRS = ("TILE_M", "TILE_N", "TILE_K", "GROUP_M", "SPLIT_K")
+# A source tuple starts with the values Triton's launcher takes before the kernel's own
+# arguments that vary per call: src[0:5] = stream, descriptor scratch, split-K workspace,
+# split-K counters, grid size (programs).
+SRC_STREAM, SRC_SCRATCH, SRC_WS, SRC_LOCKS, SRC_GRID = range(5)
+SRC_PREFIX = 5
 
 
 def kernel_signature(spec: GemmSpec, knobs: GemmKnobs):
     """(recipe, signature, constexprs, arg_plan, constants) of the kernel for (spec, knobs);
-    signature and constexprs are in the kernel's parameter order."""
+    signature and constexprs are in the kernel's parameter order. The launch frame is the
+    recipe's frame, then `constants`, then (split-K workspace, counters) when SPLIT_K > 1."""
     rec = recipe(spec)
     sig = dict(rec.signature)
     cx = dict(rec.constexprs)
@@ -39,21 +57,42 @@ def kernel_signature(spec: GemmSpec, knobs: GemmKnobs):
         arg_plan.append(frame_len + len(constants))
         constants.append(cx[name])
     order = gemm_kernel.arg_names
+    if knobs.SPLIT_K > 1:
+        for j, (name, ty) in enumerate(zip(SPLIT_K_PARAMS, ("*fp32", "*i32"))):
+            sig[name] = ty
+            del cx[name]
+            arg_plan[order.index(name)] = frame_len + len(constants) + j
     if tuple(sig) != tuple(order):
         raise AssertionError(f"recipe parameter order {tuple(sig)} != kernel's {tuple(order)}")
     return rec, sig, cx, tuple(arg_plan), tuple(constants)
 
 
+def split_k_workspace_bytes(knobs: GemmKnobs, M: int, N: int, batch: int) -> tuple:
+    """(partials, counters) bytes of the split-K workspace for one launch (0, 0 without)."""
+    if knobs.SPLIT_K == 1:
+        return 0, 0
+    tiles = -(-M // knobs.TILE_M) * -(-N // knobs.TILE_N) * batch
+    return tiles * knobs.SPLIT_K * knobs.TILE_M * knobs.TILE_N * 4, tiles * 4
+
+
+def grid_size(knobs: GemmKnobs, M: int, N: int, batch: int, num_sms: int) -> int:
+    """Programs of the persistent grid: one per work item (tile x split), at most one per SM."""
+    items = -(-M // knobs.TILE_M) * -(-N // knobs.TILE_N) * batch * knobs.SPLIT_K
+    return items if items < num_sms else num_sms
+
+
 class CompiledGemm:
     """One compiled kernel and its launch closure.
 
-    launch(a, b, c, epi, M, N, K, batch, strides, values, stream):
+    launch(a, b, c, epi, M, N, K, batch, strides, values, stream, workspace=(0, 0)):
       a, b, c   int device pointers of A [B, M, K], B [B, K, N], C [B, M, N]
       epi       tuple of int pointers, one per tensor operand of the chain, in chain order
       strides   tuple: s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cb, s_cm, s_cn, then
                 (sb, sm, sn) per epilogue tensor operand (in elements; 0 broadcasts)
       values    tuple of floats, one per by-value operand of the chain
       stream    int CUstream handle
+      workspace (partials, counters) pointers when SPLIT_K > 1: split_k_workspace_bytes of
+                memory each, the counters zeroed once (every launch leaves them zero)
     """
 
     def __init__(self, spec, knobs, rec, kernel, arg_plan, constants, scratch, num_sms):
@@ -71,11 +110,6 @@ class CompiledGemm:
         """The checker, callable up front: raises ValueError naming the broken rule."""
         frame = (a, b, c) + tuple(epi) + (M, N, K, batch) + tuple(strides) + tuple(values)
         check_frame(self.recipe, frame)
-
-
-def _refuse(rec, frame):
-    check_frame(rec, frame[: len(rec.frame_names)])
-    raise AssertionError(f"GEMM launch test refused a frame no rule names: {frame}")
 
 
 class ScratchPerStream(dict):
@@ -103,61 +137,277 @@ class ScratchPerStream(dict):
         return ptr
 
 
-def _lower(rec, knobs, kernel, arg_plan, constants, scratch, num_sms):
-    """The recipe, flattened into one closure (see the module docstring). `scratch` maps a
-    stream to its descriptor scratch address (ScratchPerStream)."""
-    run = kernel.run  # loads the binary and builds Triton's C launcher, once
-    raw_launch = run.launch
-    function = kernel.function
-    packed_meta = kernel.packed_metadata
-    coop = run.launch_cooperative_grid
-    pdl = run.launch_pdl
-    constants = tuple(constants)
-    tile_m, tile_n = knobs.TILE_M, knobs.TILE_N
-    positive = tuple(r.frame_index for r in rec.rules if r.kind == "positive")
-    unit = tuple(r.frame_index for r in rec.rules if r.kind == "unit")
-    aligned = tuple(r.frame_index for r in rec.rules if r.kind == "aligned_ptr")
-    aligned_bytes = tuple(
-        (r.frame_index, r.elem_bytes) for r in rec.rules if r.kind == "aligned_stride"
-    )
-    align_mask = TMA_ALIGN_BYTES - 1
-    # The arg_plan loop, run in C: 0.57 us against 0.92 for the list comprehension over the
-    # 48 kernel parameters (timeit, this repo's 2-core CI-class CPU).
-    pick_args = operator.itemgetter(*arg_plan)
+class SplitKWorkspacePerStream(dict):
+    """stream -> (partials, counters) addresses of one plan's split-K workspace, allocated on
+    the stream's first launch (counters zeroed; each launch leaves them zero). Per stream for
+    the reason ScratchPerStream gives: two launches in flight must not share partials."""
 
-    def launch(a, b, c, epi, M, N, K, batch, strides, values, stream):
-        frame = (a, b, c) + epi + (M, N, K, batch) + strides + values + constants
-        ok = True
-        for j in positive:
-            ok = ok and frame[j] >= 1
-        for j in unit:
-            ok = ok and frame[j] == 1
-        bits = 0
-        for j in aligned:
-            bits |= frame[j]
-        for j, nbytes in aligned_bytes:
-            bits |= frame[j] * nbytes
-        if not ok or bits & align_mask:
-            _refuse(rec, frame)
-        tiles = ((M + tile_m - 1) // tile_m) * ((N + tile_n - 1) // tile_n) * batch
-        raw_launch(
-            tiles if tiles < num_sms else num_sms,
-            1,
-            1,
-            stream,
-            function,
-            coop,
-            pdl,
-            scratch[stream],
-            None,
-            packed_meta,
-            None,
-            None,
-            None,
-            *pick_args(frame),
-        )
+    def __init__(self, nbytes: tuple, device):
+        super().__init__()
+        self.nbytes = nbytes
+        self.device = device
+        self._buffers = []
+
+    def __missing__(self, stream):
+        import torch
+
+        ws = torch.empty(self.nbytes[0], dtype=torch.uint8, device=self.device)
+        locks = torch.zeros(self.nbytes[1], dtype=torch.uint8, device=self.device)
+        self._buffers += [ws, locks]
+        self[stream] = (ws.data_ptr(), locks.data_ptr())
+        return self[stream]
+
+
+class LaunchTable:
+    """The recipe's arg_plan and per-call rules, re-indexed onto a caller's source tuple.
+
+    A caller describes its frame as a FULL source (stream, scratch, ws, locks, grid,
+    *var, *consts): `var` the n_var values that change per call, `consts` the rest;
+    where[f] is the full-source index of kernel-frame entry f (the recipe frame, the
+    constants, then the split-K pair). Per call it builds only the SHORT source
+    (stream, scratch, ws, locks, grid, *var, *self.head_consts): the launcher's argument
+    list is then `self.head(src) + self.const_tail` (every kernel argument after the last
+    varying one is a constant, fixed here), and the rules are two getters: unit strides
+    compared to a tuple of ones, alignments ANDed with their masks. Two sentinels (1, 0)
+    in head_consts keep every getter tuple-valued."""
+
+    def __init__(self, rec, kernel, arg_plan, where, n_var, consts):
+        run = kernel.run  # loads the binary and builds Triton's C launcher, once
+        self.raw_launch = run.launch
+        self.rec = rec
+        n_head = SRC_PREFIX + n_var
+        launcher_consts = (1, 0, kernel.function, run.launch_cooperative_grid, run.launch_pdl,
+                           None, kernel.packed_metadata)  # fmt: skip
+        full_consts = tuple(consts) + launcher_consts
+        self.full_consts = full_consts
+        one, zero, fn, coop, pdl, none, meta = range(n_head + len(consts), n_head + len(full_consts))
+        launcher = (SRC_GRID, one, one, SRC_STREAM, fn, coop, pdl, SRC_SCRATCH, none, meta)
+        full_args = list(launcher + (none, none, none)) + [where[j] for j in arg_plan]
+        last_var = max(i for i, at in enumerate(full_args) if at < n_head)
+        self.const_tail = tuple(full_consts[at - n_head] for at in full_args[last_var + 1:])
+        unit = [where[r.frame_index] for r in rec.rules if r.kind == "unit"] + [one, one]
+        aligned, masks = [], []
+        for r in rec.rules:
+            if r.kind == "aligned_ptr":
+                aligned.append(where[r.frame_index])
+                masks.append(TMA_ALIGN_BYTES - 1)
+            elif r.kind == "aligned_stride":
+                # stride * elem_bytes % 16 == 0  <=>  stride % (16 / gcd(16, elem_bytes)) == 0
+                aligned.append(where[r.frame_index])
+                masks.append(TMA_ALIGN_BYTES // math.gcd(TMA_ALIGN_BYTES, r.elem_bytes) - 1)
+        # Full-source indices, kept for lower_pack_execute's generated body.
+        self.full_args, self.last_var = full_args, last_var
+        self.unit_at, self.aligned_at, self.aligned_masks = unit[:-2], aligned[:], masks[:]
+        aligned += [zero, zero]
+        positive = [where[r.frame_index] for r in rec.rules if r.kind == "positive"] + [one, one]
+        # The constants the short source keeps: those the head and the rules read.
+        used = sorted({at for at in full_args[: last_var + 1] + unit + aligned + positive
+                       if at >= n_head})  # fmt: skip
+        self.head_consts = tuple(full_consts[at - n_head] for at in used)
+        short = {at: n_head + k for k, at in enumerate(used)}
+        remap = lambda ats: [short.get(at, at) for at in ats]  # noqa: E731
+        self.head = operator.itemgetter(*remap(full_args[: last_var + 1]))
+        self.unit = operator.itemgetter(*remap(unit))
+        self.ones = (1,) * len(unit)
+        self.aligned = operator.itemgetter(*remap(aligned))
+        self.masks = tuple(masks) + (0, 0)
+        self.positive = operator.itemgetter(*remap(positive))
+        self.n_short = n_head + len(used)
+        self.n_head = n_head
+        self.frame = operator.itemgetter(*where[: len(rec.frame_names)])
+
+    def refuse(self, src):
+        """Name the rule a short source breaks and raise ValueError; nothing launched."""
+        full = src[: self.n_head] + self.full_consts
+        check_frame(self.rec, self.frame(full))
+        raise AssertionError(f"GEMM launch test refused a source no rule names: {src}")
+
+
+def _lower(rec, knobs, kernel, arg_plan, constants, scratch, num_sms):
+    """The torch entry's launch closure (see CompiledGemm). `scratch` maps a stream to its
+    descriptor scratch address (ScratchPerStream)."""
+    n_var = len(rec.frame_names)
+    where = [SRC_PREFIX + f for f in range(n_var + len(constants))]
+    if knobs.SPLIT_K > 1:
+        where += [SRC_WS, SRC_LOCKS]
+    table = LaunchTable(rec, kernel, arg_plan, where, n_var, constants)
+    raw_launch, head, const_tail, head_consts = (
+        table.raw_launch, table.head, table.const_tail, table.head_consts
+    )
+    pick_unit, ones, pick_aligned, masks = table.unit, table.ones, table.aligned, table.masks
+    pick_positive, n_short = table.positive, table.n_short
+    tile_m, tile_n, split_k = knobs.TILE_M, knobs.TILE_N, knobs.SPLIT_K
+    and_ = operator.and_
+
+    def launch(a, b, c, epi, M, N, K, batch, strides, values, stream, workspace=(0, 0)):
+        items = ((M + tile_m - 1) // tile_m) * ((N + tile_n - 1) // tile_n) * batch * split_k
+        src = (stream, scratch[stream], *workspace, items if items < num_sms else num_sms,
+               a, b, c, *epi, M, N, K, batch, *strides, *values, *head_consts)  # fmt: skip
+        if (
+            len(src) != n_short
+            or min(pick_positive(src)) < 1
+            or pick_unit(src) != ones
+            or any(map(and_, pick_aligned(src), masks))
+        ):
+            _refuse_call(table, src)
+        raw_launch(*(head(src) + const_tail))
 
     return launch
+
+
+def _refuse_call(table, src):
+    if len(src) != table.n_short:
+        raise ValueError(
+            f"GEMM call: {len(src) - len(table.head_consts) - SRC_PREFIX + 2} launch values "
+            f"(with the split-K workspace pair), the plan takes {len(table.rec.frame_names)} "
+            f"and the pair: {table.rec.frame_names}"
+        )
+    table.refuse(src)
+
+
+def lower_pack_execute(compiled, positions, names, ranks, stride_plan, extents, values):
+    """An engine plan's execute(graph, pack, ctx) over this compiled kernel.
+
+    Per call it reads the pack's buffers at `positions` (A, B, C, then the chain's tensor
+    operands; `names` for errors; `ranks` their declared ranks), refuses a buffer smaller
+    than its declaration (pack.check_extent), and builds the source from the buffers'
+    pointers and strides; everything else (extents, by-value scalars, constant strides,
+    the grid, the split-K workspace per stream) was settled here. stride_plan: per kernel
+    stride, (operand index, axis, const) as engine.describe_facts gives it."""
+    rec, knobs = compiled.recipe, compiled.knobs
+    M, N, K, batch = extents
+    n_ptr = len(positions)
+    offsets = [n_ptr]
+    for r in ranks:
+        offsets.append(offsets[-1] + r)
+    n_strides = offsets[-1] - n_ptr
+    consts = [M, N, K, batch]
+    stride_at = []
+    for o, ax, const in stride_plan:
+        if ax is None:
+            stride_at.append(None)
+            consts.append(const)
+        else:
+            stride_at.append(SRC_PREFIX + offsets[o] + ax)
+    consts_base = SRC_PREFIX + n_ptr + n_strides
+    # Frame order: pointers, M N K BATCH, strides, values, then constants (+ split-K pair).
+    where = [SRC_PREFIX + i for i in range(n_ptr)]
+    where += [consts_base + j for j in range(4)]
+    k = 4
+    for at in stride_at:
+        if at is None:
+            at = consts_base + k
+            k += 1
+        where.append(at)
+    consts += list(values) + list(compiled.constants)
+    where += [consts_base + k + j for j in range(len(values) + len(compiled.constants))]
+    if knobs.SPLIT_K > 1:
+        where += [SRC_WS, SRC_LOCKS]
+    table = LaunchTable(rec, compiled.kernel, compiled.arg_plan, where, n_ptr + n_strides, consts)
+    if min(extents) < 1:  # constants of the plan: their rule is settled here, once
+        raise ValueError(
+            f"GEMM plan: M, N, K, BATCH = {tuple(extents)} must be >= 1 (rule extent_positive)"
+        )
+    grid = grid_size(knobs, M, N, batch, compiled.num_sms)
+    if knobs.SPLIT_K > 1:
+        workspace = SplitKWorkspacePerStream(
+            split_k_workspace_bytes(knobs, M, N, batch), compiled.scratch.device
+        )
+    else:
+        workspace = None
+    source = _execute_source(table, positions, names, offsets, ranks, workspace is not None)
+    env = {
+        "raw_launch": table.raw_launch,
+        "scratch": compiled.scratch,
+        "workspace": workspace,
+        "TAIL": table.const_tail,
+        "POSITIONS": tuple(positions),
+        "refuse": _refuse_pack,
+        "table": table,
+        "names": tuple(names),
+        "ranks": tuple(ranks),
+        "grid": grid,
+    }
+    for k, value in enumerate(table.full_consts):
+        env[f"C{k}"] = value
+    exec(compile(source, f"<gemm execute {knobs.short()}>", "exec"), env)
+    execute = env["execute"]
+    execute.table, execute.source = table, source
+    return execute
+
+
+def _execute_source(table, positions, names, offsets, ranks, split_k):
+    """The body of an engine plan's execute, generated from the launch table (one generator
+    for every epilogue flavour: the spec's "source codegen off the same table"). Reading
+    the table through itemgetters cost 3.0 us per call on the CI CPU; this straight line
+    1.1 (no-op launcher, bench/gemm.py has the H200 figures). Per call: check_extent per
+    operand, the buffers' pointers and strides, the unit-stride and alignment rules as a
+    few integer tests, then Triton's launcher with every other argument a constant."""
+    n_head, n_ptr = table.n_head, len(positions)
+    for at, want in [(at, "unit") for at in table.unit_at] + list(
+        zip(table.aligned_at, table.aligned_masks)
+    ):
+        if at >= n_head:  # a constant of the plan: its rule is settled here
+            value = table.full_consts[at - n_head]
+            if (value != 1) if want == "unit" else (value & want):
+                raise AssertionError(f"GEMM plan: constant {value} breaks a rule at build")
+
+    def expr(at):
+        if at == SRC_STREAM:
+            return "stream"
+        if at == SRC_SCRATCH:
+            return "scr"
+        if at in (SRC_WS, SRC_LOCKS):
+            return f"ws[{at - SRC_WS}]"
+        if at == SRC_GRID:
+            return "grid"
+        if at < SRC_PREFIX + n_ptr:
+            return f"p{at - SRC_PREFIX}"
+        if at < n_head:
+            flat = at - SRC_PREFIX
+            o = max(i for i in range(len(ranks)) if offsets[i] <= flat)
+            return f"s{o}[{flat - offsets[o]}]"
+        value = table.full_consts[at - n_head]
+        if value is None or type(value) in (bool, int, float, str):
+            return repr(value)
+        return f"C{at - n_head}"
+
+    ops = range(n_ptr)
+    lines = ["def execute(graph, pack, ctx):"]
+    lines += [f"    pack.check_extent({positions[i]}, {names[i]!r})" for i in ops]
+    lines.append("    " + "".join(f"b{i}, " for i in ops) + "= pack.operands(POSITIONS)")
+    lines += [f"    p{i} = b{i}.ptr" for i in ops]
+    lines += [f"    s{i} = b{i}.strides" for i in ops]
+    lines.append("    stream = ctx.stream or 0")
+    lines.append("    scr = scratch[stream]")
+    if split_k:
+        lines.append("    ws = workspace[stream]")
+    tests = [f"len(s{i}) != {r}" for i, r in enumerate(ranks)]
+    tests += [f"{expr(at)} != 1" for at in table.unit_at if at < n_head]
+    by_mask = {}
+    for at, mask in zip(table.aligned_at, table.aligned_masks):
+        if at < n_head:
+            by_mask.setdefault(mask, []).append(expr(at))
+    tests += [f"({' | '.join(es)}) & {mask}" for mask, es in sorted(by_mask.items())]
+    lines.append("    if " + " or ".join(tests) + ":")
+    src = ", ".join(["stream", "scr", "ws[0], ws[1]" if split_k else "0, 0", "grid"]
+                    + [f"p{i}" for i in ops] + [f"*s{i}" for i in ops])  # fmt: skip
+    lines.append(f"        refuse(table, ({src}) + table.head_consts, {tuple(f'b{i}' for i in ops)}"
+                 .replace("'", "") + ", names, ranks)")  # fmt: skip
+    args = ", ".join(expr(at) for at in table.full_args[: table.last_var + 1])
+    lines.append(f"    raw_launch({args}, *TAIL)")
+    return "\n".join(lines) + "\n"
+
+
+def _refuse_pack(table, src, bufs, names, ranks):
+    if len(src) != table.n_short:
+        for buf, name, rank in zip(bufs, names, ranks):
+            if len(buf.strides) != rank:
+                raise ValueError(
+                    f"operand {name!r}: the buffer has {len(buf.strides)} axes, the plan reads "
+                    f"the declared {rank} (bind a view with the declared extents)"
+                )
+    table.refuse(src)
 
 
 def _ast_source(spec: GemmSpec, knobs: GemmKnobs):

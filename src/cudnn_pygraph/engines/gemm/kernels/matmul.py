@@ -110,6 +110,33 @@ def _round_to(DT: tl.constexpr, x):
 
 
 @triton.jit
+def _split_k_fixup(acc, ws_ptr, lock_ptr, tile, split, SPLIT_K: tl.constexpr,
+                   TILE_M: tl.constexpr, TILE_N: tl.constexpr):
+    """Split-K, deterministically: every split stores its fp32 partial tile to the workspace
+    and counts itself in on the tile's counter; the split that arrives last sums the
+    SPLIT_K partials IN SPLIT ORDER (so the result does not depend on which one that was),
+    resets the counter for the next launch, and returns last=True to run the epilogue.
+    Workspace: SPLIT_K * TILE_M * TILE_N fp32 per output tile; counters: one int32 per
+    tile, zero before the launch (each launch leaves them zero)."""
+    offs = tl.arange(0, TILE_M)[:, None] * TILE_N + tl.arange(0, TILE_N)[None, :]
+    tile_ws = ws_ptr + tile.to(tl.int64) * (SPLIT_K * TILE_M * TILE_N)
+    tl.store(tile_ws + split * (TILE_M * TILE_N) + offs, acc)
+    # Every thread's partial is written before the one atomic releases it (the barrier
+    # orders the CTA; acq_rel at gpu scope publishes it to the other CTAs).
+    tl.debug_barrier()
+    arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    last = arrived == SPLIT_K - 1
+    if last:
+        total = tl.zeros((TILE_M, TILE_N), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            # .cg: read at L2, where the other CTAs' partials are (L1 is not coherent).
+            total += tl.load(tile_ws + s * (TILE_M * TILE_N) + offs, cache_modifier=".cg")
+        acc = total
+        tl.store(lock_ptr + tile, 0)
+    return acc, last
+
+
+@triton.jit
 def gemm_kernel(
     a_ptr,
     b_ptr,
@@ -145,6 +172,8 @@ def gemm_kernel(
     e3_sn,
     v0,
     v1,
+    ws_ptr,
+    lock_ptr,
     EPI_OPS: tl.constexpr,
     EPI_KINDS: tl.constexpr,
     EPI_SLOTS: tl.constexpr,
@@ -159,6 +188,7 @@ def gemm_kernel(
     TILE_N: tl.constexpr,
     TILE_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -166,6 +196,9 @@ def gemm_kernel(
     num_pid_n = tl.cdiv(N, TILE_N)
     k_tiles = tl.cdiv(K, TILE_K)
     total_tiles = num_pid_m * num_pid_n * BATCH
+    # Split-K: each output tile is SPLIT_K work items, item s summing K-steps
+    # [s * k_per, (s + 1) * k_per); consecutive items of one tile run side by side.
+    k_per = tl.cdiv(k_tiles, SPLIT_K)
 
     if USE_TMA:
         # Device-side descriptors, built once per program. A broadcast operand (batch stride
@@ -213,8 +246,13 @@ def gemm_kernel(
 
     # The epilogue recomputes its tile's coordinates from its own counter: with the loops
     # flattened, the next tile's loads are issued before this tile's epilogue runs.
-    tile_c = pid - nprog
-    for tile in tl.range(pid, total_tiles, nprog, flatten=True):
+    work_c = pid - nprog
+    # Flattening overlaps the next tile's loads with this one's epilogue; the split-K fixup
+    # (a branch on a counter read back from memory) is kept out of a flattened loop.
+    for work in tl.range(pid, total_tiles * SPLIT_K, nprog, flatten=SPLIT_K == 1):
+        tile = work // SPLIT_K
+        k_lo = (work % SPLIT_K) * k_per
+        k_hi = tl.minimum(k_lo + k_per, k_tiles)
         bidx, pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * TILE_M
         off_n = pid_n * TILE_N
@@ -222,7 +260,7 @@ def gemm_kernel(
         if USE_TMA:
             ab = tl.where(s_ab == 0, 0, bidx)
             bb = tl.where(s_bb == 0, 0, bidx)
-            for kt in range(k_tiles):
+            for kt in range(k_lo, k_hi):
                 off_k = kt * TILE_K
                 if A_MAJOR == "row":
                     a = a_desc.load([ab, off_m, off_k]).reshape(TILE_M, TILE_K)
@@ -239,7 +277,7 @@ def gemm_kernel(
             offs_k = tl.arange(0, TILE_K)
             a_rows = a_ptr + bidx.to(tl.int64) * s_ab + offs_am[:, None] * s_am
             b_cols = b_ptr + bidx.to(tl.int64) * s_bb + offs_bn[None, :] * s_bn
-            for kt in range(k_tiles):
+            for kt in range(k_lo, k_hi):
                 kk = kt * TILE_K + offs_k
                 a_mask = (offs_am[:, None] < M) & (kk[None, :] < K)
                 b_mask = (kk[:, None] < K) & (offs_bn[None, :] < N)
@@ -247,85 +285,92 @@ def gemm_kernel(
                 b = tl.load(b_cols + kk[:, None] * s_bk, mask=b_mask, other=0.0)
                 acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
-        tile_c += nprog
+        work_c += nprog
+        tile_c = work_c // SPLIT_K
         bidx_c, pid_m_c, pid_n_c = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m_c * TILE_M + tl.arange(0, TILE_M)
         offs_n = pid_n_c * TILE_N + tl.arange(0, TILE_N)
-        for i in tl.static_range(len(EPI_OPS)):
-            if EPI_OPS[i] == "mul" or EPI_OPS[i] == "add":
-                if EPI_KINDS[i] == "value":
-                    if EPI_SLOTS[i] == 0:
-                        v = v0
-                    else:
-                        v = v1
-                elif EPI_SLOTS[i] == 0:
-                    v = _load_operand(
-                        tl.constexpr(EPI_KINDS[i]),
-                        e0_ptr,
-                        e0_sb,
-                        e0_sm,
-                        e0_sn,
-                        bidx_c,
-                        offs_m,
-                        offs_n,
-                        M,
-                        N,
-                    )
-                elif EPI_SLOTS[i] == 1:
-                    v = _load_operand(
-                        tl.constexpr(EPI_KINDS[i]),
-                        e1_ptr,
-                        e1_sb,
-                        e1_sm,
-                        e1_sn,
-                        bidx_c,
-                        offs_m,
-                        offs_n,
-                        M,
-                        N,
-                    )
-                elif EPI_SLOTS[i] == 2:
-                    v = _load_operand(
-                        tl.constexpr(EPI_KINDS[i]),
-                        e2_ptr,
-                        e2_sb,
-                        e2_sm,
-                        e2_sn,
-                        bidx_c,
-                        offs_m,
-                        offs_n,
-                        M,
-                        N,
-                    )
-                else:
-                    v = _load_operand(
-                        tl.constexpr(EPI_KINDS[i]),
-                        e3_ptr,
-                        e3_sb,
-                        e3_sm,
-                        e3_sn,
-                        bidx_c,
-                        offs_m,
-                        offs_n,
-                        M,
-                        N,
-                    )
-                if EPI_OPS[i] == "mul":
-                    acc = acc * v
-                else:
-                    acc = acc + v
-            elif EPI_OPS[i] == "cast":
-                acc = _round_to(tl.constexpr(EPI_CASTS[i]), acc)
-            else:
-                acc = _activation(tl.constexpr(EPI_OPS[i]), acc, APPROX_TANH)
-
-        out = acc.to(c_ptr.dtype.element_ty)
-        if USE_TMA and C_MAJOR == "row":
-            c_desc.store(
-                [bidx_c, pid_m_c * TILE_M, pid_n_c * TILE_N], out.reshape(1, TILE_M, TILE_N)
-            )
+        if SPLIT_K > 1:
+            acc, last = _split_k_fixup(acc, ws_ptr, lock_ptr, tile_c, work_c % SPLIT_K,
+                                       SPLIT_K, TILE_M, TILE_N)
         else:
-            c_ptrs = (
-                c_ptr + bidx_c.to(tl.int64) * s_cb + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
-            )
-            tl.store(c_ptrs, out, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+            last = True
+        if last:
+            for i in tl.static_range(len(EPI_OPS)):
+                if EPI_OPS[i] == "mul" or EPI_OPS[i] == "add":
+                    if EPI_KINDS[i] == "value":
+                        if EPI_SLOTS[i] == 0:
+                            v = v0
+                        else:
+                            v = v1
+                    elif EPI_SLOTS[i] == 0:
+                        v = _load_operand(
+                            tl.constexpr(EPI_KINDS[i]),
+                            e0_ptr,
+                            e0_sb,
+                            e0_sm,
+                            e0_sn,
+                            bidx_c,
+                            offs_m,
+                            offs_n,
+                            M,
+                            N,
+                        )
+                    elif EPI_SLOTS[i] == 1:
+                        v = _load_operand(
+                            tl.constexpr(EPI_KINDS[i]),
+                            e1_ptr,
+                            e1_sb,
+                            e1_sm,
+                            e1_sn,
+                            bidx_c,
+                            offs_m,
+                            offs_n,
+                            M,
+                            N,
+                        )
+                    elif EPI_SLOTS[i] == 2:
+                        v = _load_operand(
+                            tl.constexpr(EPI_KINDS[i]),
+                            e2_ptr,
+                            e2_sb,
+                            e2_sm,
+                            e2_sn,
+                            bidx_c,
+                            offs_m,
+                            offs_n,
+                            M,
+                            N,
+                        )
+                    else:
+                        v = _load_operand(
+                            tl.constexpr(EPI_KINDS[i]),
+                            e3_ptr,
+                            e3_sb,
+                            e3_sm,
+                            e3_sn,
+                            bidx_c,
+                            offs_m,
+                            offs_n,
+                            M,
+                            N,
+                        )
+                    if EPI_OPS[i] == "mul":
+                        acc = acc * v
+                    else:
+                        acc = acc + v
+                elif EPI_OPS[i] == "cast":
+                    acc = _round_to(tl.constexpr(EPI_CASTS[i]), acc)
+                else:
+                    acc = _activation(tl.constexpr(EPI_OPS[i]), acc, APPROX_TANH)
+
+            out = acc.to(c_ptr.dtype.element_ty)
+            if USE_TMA and C_MAJOR == "row":
+                c_desc.store(
+                    [bidx_c, pid_m_c * TILE_M, pid_n_c * TILE_N], out.reshape(1, TILE_M, TILE_N)
+                )
+            else:
+                c_ptrs = (
+                    c_ptr + bidx_c.to(tl.int64) * s_cb + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
+                )
+                tl.store(c_ptrs, out, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))

@@ -40,12 +40,16 @@ MAJORS = ("row", "col", "strided")
 # multiples of 16 (CUDA driver API, cuTensorMapEncodeTiled).
 TMA_ALIGN_BYTES = 16
 
+# The split-K workspace (fp32 partial tiles) and its per-tile counters: pointers when the
+# knobs ask for SPLIT_K > 1 (launch.kernel_signature), unused constexprs otherwise.
+SPLIT_K_PARAMS = ("ws_ptr", "lock_ptr")
 # Kernel parameters, in signature order (matmul.gemm_kernel), before the constexprs.
 KERNEL_PARAMS = (
     ("a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "BATCH")
     + ("s_ab", "s_am", "s_ak", "s_bb", "s_bk", "s_bn", "s_cb", "s_cm", "s_cn")
     + tuple(f"e{i}_{p}" for i in range(MAX_TENSOR_OPERANDS) for p in ("ptr", "sb", "sm", "sn"))
     + tuple(f"v{i}" for i in range(MAX_VALUE_OPERANDS))
+    + SPLIT_K_PARAMS
 )
 MAIN_STRIDES = ("s_ab", "s_am", "s_ak", "s_bb", "s_bk", "s_bn", "s_cb", "s_cm", "s_cn")
 # The stride a layout class pins to 1, per operand.

@@ -169,6 +169,7 @@ def gemm(
             plan = _COMPILED[key] = compile_gemm(spec, knobs, c.device)
         ptrs = tuple(t.data_ptr() for t in frame[: 3 + len(operands)])
         rest = frame[3 + len(operands) :]
+        ws, locks = split_k_workspace(knobs, rest[0], rest[1], rest[3], c.device)
         plan.launch(
             ptrs[0],
             ptrs[1],
@@ -181,6 +182,7 @@ def gemm(
             tuple(rest[4 : 13 + 3 * len(operands)]),
             tuple(rest[13 + 3 * len(operands) :]),
             torch.cuda.current_stream(c.device).cuda_stream,
+            (0, 0) if ws is None else (ws.data_ptr(), locks.data_ptr()),
         )
     elif path == "jit":
         jit_launch(spec, knobs, frame)
@@ -201,9 +203,12 @@ def _default_knobs(spec, frame) -> GemmKnobs:
     return recommend_configs(M, N, K, batch, (spec.a_dtype, spec.c_dtype), tile_bytes)[0]
 
 
-def jit_launch(spec: GemmSpec, knobs: GemmKnobs, frame: tuple, grid_limit: int | None = None):
+def jit_launch(
+    spec: GemmSpec, knobs: GemmKnobs, frame: tuple, grid_limit: int | None = None, workspace=None
+):
     """Triton's ordinary launch of the same kernel (argument binding and specialization per
-    call). Tensors in the pointer positions of `frame`."""
+    call). Tensors in the pointer positions of `frame`. workspace: the split-K (partials,
+    counters) tensors to use (default: fresh ones per call)."""
     rec = recipe(spec)
     check_frame(rec, tuple(t.data_ptr() if isinstance(t, torch.Tensor) else t for t in frame))
     names = rec.frame_names
@@ -221,6 +226,9 @@ def jit_launch(spec: GemmSpec, knobs: GemmKnobs, frame: tuple, grid_limit: int |
     M, N, batch = frame[pos["M"]], frame[pos["N"]], frame[pos["BATCH"]]
     tiles = triton_cdiv(M, knobs.TILE_M) * triton_cdiv(N, knobs.TILE_N) * batch
     dev = frame[2].device
+    if workspace is None:
+        workspace = split_k_workspace(knobs, M, N, batch, dev)
+    kwargs["ws_ptr"], kwargs["lock_ptr"] = workspace
     limit = grid_limit
     if limit is None:
         limit = (
@@ -228,15 +236,28 @@ def jit_launch(spec: GemmSpec, knobs: GemmKnobs, frame: tuple, grid_limit: int |
         )
     if spec.use_tma:
         _ensure_triton_allocator()
-    gemm_kernel[(min(tiles, limit),)](
+    gemm_kernel[(min(tiles * knobs.SPLIT_K, limit),)](
         **kwargs,
         TILE_M=knobs.TILE_M,
         TILE_N=knobs.TILE_N,
         TILE_K=knobs.TILE_K,
         GROUP_M=knobs.GROUP_M,
+        SPLIT_K=knobs.SPLIT_K,
         num_warps=knobs.NUM_WARPS,
         num_stages=knobs.NUM_STAGES,
     )
+
+
+def split_k_workspace(knobs: GemmKnobs, M: int, N: int, batch: int, device):
+    """(partials, counters) tensors for one split-K launch, or (None, None) without split-K.
+    Per call: the caching allocator keeps this cheap, and stream order keeps it safe."""
+    if knobs.SPLIT_K == 1:
+        return None, None
+    from .launch import split_k_workspace_bytes
+
+    ws_bytes, lock_bytes = split_k_workspace_bytes(knobs, M, N, batch)
+    ws = torch.empty(ws_bytes // 4, dtype=torch.float32, device=device)
+    return ws, torch.zeros(lock_bytes // 4, dtype=torch.int32, device=device)
 
 
 def triton_cdiv(x: int, y: int) -> int:
