@@ -261,13 +261,20 @@ def main():
     lines.append("\n## Host time per execute, our Triton GEMM plan (µs, min / median, same protocol)\n")
     lines.append("| graph | burst | ours-triton | ours-triton-int | triton-bare | ours-triton/triton-bare (min) |")
     lines.append("|---|---:|---:|---:|---:|---:|")
-    calls, errs, plan_name = python_gemm_calls(128, 256, 128)
-    for burst in BURSTS:
-        r = {name: host_us(call, burst) for name, call in calls.items()}
-        lines.append(f"| matmul 128x256x128 bf16 | {burst} | "
-                     + " | ".join(f"{r[n][0]:.1f} / {r[n][1]:.1f}" for n in calls)
-                     + f" | {r['ours-triton'][0] / r['triton-bare'][0]:.2f} |")
-    lines.append("|  | rel err | " + " | ".join(f"{errs[n]:.1e}" for n in calls) + f" | plan {plan_name} |")
+    try:  # the GEMM engine's launch signature is that engine's: a change there is reported
+        calls, errs, plan_name = python_gemm_calls(128, 256, 128)
+    except Exception as exc:  # noqa: BLE001 — the backend tables above and below still stand
+        lines.append(f"| matmul 128x256x128 bf16 | — | not measured: {type(exc).__name__}: "
+                     f"{str(exc)[:160]} | | | |")
+        calls = None
+    if calls is not None:
+        for burst in BURSTS:
+            r = {name: host_us(call, burst) for name, call in calls.items()}
+            lines.append(f"| matmul 128x256x128 bf16 | {burst} | "
+                         + " | ".join(f"{r[n][0]:.1f} / {r[n][1]:.1f}" for n in calls)
+                         + f" | {r['ours-triton'][0] / r['triton-bare'][0]:.2f} |")
+        lines.append("|  | rel err | " + " | ".join(f"{errs[n]:.1e}" for n in calls)
+                     + f" | plan {plan_name} |")
     print("\n".join(lines[-len(BURSTS) - 1:]), flush=True)
 
     lines.append("\n## Kernel time, first plan of [A, FALLBACK] (ms, CUDA events, median of 20)\n")

@@ -1,12 +1,15 @@
-"""Host cost of graph.execute's own path, on the CPU, with a null plan (a stand-in engine
-whose execute does nothing), so the number is ours alone: the pack, the runner, the calls.
+"""Host cost of graph.execute's own path, on the CPU, so the number is ours alone: the
+pack, the runner, the calls.
 
     PYTHONPATH=src python bench/execute_path_cpu.py [--out bench/results/execute_path_cpu.md]
 
-Rows: graph.execute keyed by uid with bare addresses; keyed by our IR Tensors with torch
-CPU tensors (the classic spelling); the selected plan's runner called directly; the pack
-alone. Min over 5 rounds of 20k calls, µs per call. No GPU needed (the device descriptor
-is constructed; the engine never launches).
+Two plans. A null python plan (a stand-in engine whose execute does nothing): graph.execute
+keyed by uid with bare addresses; keyed by our IR Tensors with torch CPU tensors (the
+classic spelling); the selected plan's closure called directly; the pack alone. And a
+BackendPlan whose backend raw call is a stand-in C builtin taking the same five integers
+(`max`), against the floor: that stand-in called with a precomputed pointer array, as
+bench/backend.py's floor calls the real one. Min over 15 rounds of 5k calls, µs per call.
+No GPU needed (the device descriptor is constructed; nothing launches).
 """
 
 import argparse
@@ -67,7 +70,7 @@ def _graph():
     return g, (a, b, c)
 
 
-def _us(call, n=20000, rounds=5):
+def _us(call, n=5000, rounds=15):
     for _ in range(1000):
         call()
     best = float("inf")
@@ -77,6 +80,58 @@ def _us(call, n=20000, rounds=5):
             call()
         best = min(best, (time.perf_counter() - t0) / n * 1e6)
     return best
+
+
+class _StandInBackend:
+    # A C builtin taking five ints: the same call shape as _execute_with_raw_ptrs(
+    # pointer array, n, workspace, handle, plan index), doing ~nothing.
+    _execute_with_raw_ptrs = staticmethod(max)
+
+
+class _StandInLowered:
+    backend = _StandInBackend()
+
+
+WORKSPACE_BYTES = 4096
+
+
+def _backend_graph():
+    """The same graph, its plan a BackendPlan over the stand-in backend."""
+    from cudnn_pygraph.backend.lowering import BackendPlan
+
+    def build_plan(self, graph, plan, ctx):
+        compiled = BackendPlan(_StandInLowered(), 0, WORKSPACE_BYTES, 3, 0)
+        compiled._default_bh = 1  # no backend handle to create on a CPU machine
+        return compiled
+
+    original = _NullEngine.build_plan
+    _NullEngine.build_plan = build_plan
+    try:
+        return _graph()
+    finally:
+        _NullEngine.build_plan = original
+
+
+def _backend_rows(torch_tensor):
+    g, (a, b, c) = _backend_graph()
+    ints = {a.uid: 1 << 20, b.uid: 2 << 20, c.uid: 3 << 20}
+    tensors = {a: torch_tensor(1, 128, 128), b: torch_tensor(1, 128, 256), c: torch_tensor(1, 128, 256)}
+    ws = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8)
+    g.execute(ints, ws)
+    import ctypes
+
+    array = (ctypes.c_void_p * 3)(1 << 20, 2 << 20, 3 << 20)
+    address, raw = ctypes.addressof(array), max
+    floor = _us(lambda: raw(address, 3, 1 << 30, 1, 0))
+    rows = [
+        ("backend plan: floor (the raw call, pointers precomputed)", floor),
+        ("backend plan: graph.execute({uid: address}, workspace address)",
+         _us(lambda: g.execute(ints, 1 << 30))),
+        ("backend plan: graph.execute({uid: address}, workspace tensor)", _us(lambda: g.execute(ints, ws))),
+        ("backend plan: graph.execute({Tensor: torch tensor}, workspace tensor)",
+         _us(lambda: g.execute(tensors, ws))),
+    ]
+    return [(name, us, us - floor) for name, us in rows]
 
 
 def main():
@@ -89,25 +144,26 @@ def main():
                c: torch.empty(1, 128, 256, dtype=torch.half)}
     g.execute(ints)
     record = g._planning
-    runner = record._runner
+    call = record._runner.call
     rows = [
-        ("graph.execute({uid: address})", _us(lambda: g.execute(ints))),
-        ("graph.execute({Tensor: torch tensor})", _us(lambda: g.execute(tensors))),
-        ("the plan's runner, addresses", _us(lambda: runner(ints, None, None, None))),
-        ("the pack alone, addresses", _us(lambda: record.layout.pack(ints))),
-        ("the pack alone, Tensor -> torch tensor", _us(lambda: record.layout.pack(tensors))),
+        ("null plan: graph.execute({uid: address})", _us(lambda: g.execute(ints)), None),
+        ("null plan: graph.execute({Tensor: torch tensor})", _us(lambda: g.execute(tensors)), None),
+        ("null plan: the plan's closure, addresses", _us(lambda: call(ints)), None),
+        ("null plan: the pack alone, addresses", _us(lambda: record.layout.pack(ints)), None),
+        ("null plan: the pack alone, Tensor -> torch tensor", _us(lambda: record.layout.pack(tensors)), None),
     ]
+    rows += _backend_rows(lambda *shape: torch.empty(*shape, dtype=torch.half))
     lines = [
         "# graph.execute's own host path, null plan (CPU)",
         "",
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.processor() or platform.machine()}, "
         f"Python {platform.python_version()}, torch {torch.__version__}. "
         "Command: `PYTHONPATH=src python bench/execute_path_cpu.py --out bench/results/execute_path_cpu.md`. "
-        "3 operands (a 128x256x128 matmul declaration), min over 5 rounds of 20k calls.",
+        "3 operands (a 128x256x128 matmul declaration), min over 15 rounds of 5k calls.",
         "",
-        "| path | µs per call |",
-        "|---|---:|",
-        *[f"| {name} | {us:.2f} |" for name, us in rows],
+        "| path | µs per call | over the floor |",
+        "|---|---:|---:|",
+        *[f"| {name} | {us:.2f} | {'' if over is None else f'{over:+.2f}'} |" for name, us, over in rows],
         "",
     ]
     text = "\n".join(lines)

@@ -370,3 +370,122 @@ def test_backend_entries_per_mode_and_the_delegate():
     replay.build_plans()
     assert replay.plans[0].identity == plans[1].identity
     print("\n" + g.explain())
+
+
+# ---------------------------------------------------------------- classic parity calls
+def _driver():
+    """The CUDA driver (libcuda.so.1, present wherever a GPU is) for CUDA-graph handles."""
+    import ctypes
+
+    drv = ctypes.CDLL("libcuda.so.1")
+
+    def check(rc, what):
+        assert rc == 0, f"{what} returned CUresult {rc}"
+
+    def new_graph():
+        h = ctypes.c_void_p()
+        check(drv.cuGraphCreate(ctypes.byref(h), ctypes.c_uint(0)), "cuGraphCreate")
+        return h
+
+    def launch(graph):
+        exe = ctypes.c_void_p()
+        check(drv.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, ctypes.c_ulonglong(0)),
+              "cuGraphInstantiateWithFlags")
+        check(drv.cuGraphLaunch(exe, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)),
+              "cuGraphLaunch")
+        torch.cuda.synchronize()
+        check(drv.cuGraphExecDestroy(exe), "cuGraphExecDestroy")
+
+    return new_graph, launch, lambda h: check(drv.cuGraphDestroy(h), "cuGraphDestroy")
+
+
+def test_cuda_graph_populate_update_replay_with_new_buffers():
+    """The behaviour-note filter picks a plan that supports the native CUDA-graph API;
+    populate records it, a replay answers for the first buffers, update_cuda_graph
+    re-points it and a replay answers for the second set without touching the first."""
+    torch.manual_seed(21)
+    g, t = bg.sdpa("causal")
+    g.select_behavior_notes([cudnn.behavior_note.SUPPORTS_CUDA_GRAPH_NATIVE_API])
+    plan_on_backend(g)
+    ws = torch.empty(max(g.get_workspace_size(), 1), dtype=torch.uint8, device="cuda")
+    scale = t["q"].dim[3] ** -0.5
+    sets = []
+    for _ in range(2):
+        q, k, v = randn(t["q"]), randn(t["k"]), randn(t["v"])
+        out = {n: empty_like_ir(t[n]) for n in ("O", "stats")}
+        pack = {t["q"]: q, t["k"]: k, t["v"]: v, t["O"]: out["O"], t["stats"]: out["stats"]}
+        sets.append((pack, out, _attention_ref(q, k, v, scale, True)[0]))
+    new_graph, launch, destroy = _driver()
+    graph = new_graph()
+    try:
+        g.populate_cuda_graph(None, sets[0][0], ws, graph.value)
+        launch(graph)
+        assert rel_err(sets[0][1]["O"], sets[0][2]) < TOL_SDPA_O
+        sets[0][1]["O"].fill_(float("nan"))
+        g.update_cuda_graph(None, sets[1][0], ws, graph.value)
+        launch(graph)
+        assert rel_err(sets[1][1]["O"], sets[1][2]) < TOL_SDPA_O
+        assert torch.isnan(sets[0][1]["O"]).all(), "the updated graph still wrote the first buffers"
+    finally:
+        destroy(graph)
+
+
+def test_numeric_note_filter_changes_the_built_plan():
+    """Without a filter the walk builds plan P; deselecting P's numerical notes (tensor
+    cores, for a bf16 matmul) must build another plan or refuse: never P again."""
+    g0, _ = bg.matmul(None)
+    plan_on_backend(g0)
+    first = g0.get_plan_name_at_index(g0.selected_plan)
+    g, t = bg.matmul(None)
+    g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
+    with manifest.use_families([]):
+        g.create_execution_plans([heur_mode.A, heur_mode.FALLBACK])
+    try:
+        g.build_plans()
+    except cudnn.cudnnGraphNotSupportedError as exc:
+        print(f"\n[note filter] every plan carries TENSOR_CORE: {str(exc)[:200]}")
+        return
+    built = g._planning.built[g.plans[g.selected_plan].identity]
+    assert built.lowered.backend.get_execution_plan_count() > 0
+    a, b = randn(t["A"]), randn(t["B"])
+    c = empty_like_ir(t["C"])
+    ws = torch.empty(max(g.get_workspace_size(), 1), dtype=torch.uint8, device="cuda")
+    g.execute({t["A"]: a, t["B"]: b, t["C"]: c}, ws)
+    torch.cuda.synchronize()
+    assert rel_err(c, a.double() @ b.double()) < TOL_BF16
+    print(f"\n[note filter] {first} without the filter; "
+          f"{g.get_plan_name_at_index(g.selected_plan)} with TENSOR_CORE deselected")
+
+
+def test_workspace_limit_zero_builds_a_plan_without_workspace():
+    g, t = bg.matmul("bias", M=512, N=512, K=512)
+    g.deselect_workspace_greater_than(0)
+    plan_on_backend(g)
+    assert g.get_workspace_size() == 0
+    a, b, bias = randn(t["A"]), randn(t["B"]), randn(t["bias"])
+    c = empty_like_ir(t["C"])
+    g.execute({t["A"]: a, t["B"]: b, t["bias"]: bias, t["C"]: c})
+    torch.cuda.synchronize()
+    assert rel_err(c, a.double() @ b.double() + bias.double()) < TOL_BF16
+
+
+@pytest.mark.parametrize("form", ["bytes", "list", "handle-first"])
+def test_serialize_then_deserialize_executes(form):
+    torch.manual_seed(23)
+    g, t = bg.matmul("bias")
+    plan_on_backend(g)
+    blob = g.serialize(as_bytes=form != "list")
+    restored = cudnn.pygraph()
+    if form == "handle-first":
+        restored.deserialize(cudnn.create_handle(), blob)
+    else:
+        restored.deserialize(blob)
+    assert restored.state == "built" and restored.get_execution_plan_count() == 1
+    a, b, bias = randn(t["A"]), randn(t["B"]), randn(t["bias"])
+    c = empty_like_ir(t["C"])
+    ws = torch.empty(max(restored.get_workspace_size(), 1), dtype=torch.uint8, device="cuda")
+    for _ in range(2):  # the general path, then the installed closure
+        c.fill_(float("nan"))
+        restored.execute({t["A"].uid: a, t["B"].uid: b, t["bias"].uid: bias, t["C"].uid: c}, ws)
+        torch.cuda.synchronize()
+        assert rel_err(c, a.double() @ b.double() + bias.double()) < TOL_BF16

@@ -21,6 +21,9 @@ from .._types import (
 )
 from ..engines.base import CompiledPlan, PlanConfig
 from ..planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, is_backend_id
+from ..runtime.execute import through_record
+from ..runtime.variant_pack import VariantPack, workspace_address
+from . import classic_parity
 from .lowering import backend_enum, backend_error, frontend, lowered
 
 LABEL = "cudnn_backend"
@@ -77,6 +80,8 @@ def plan_entries(graph, modes):
             outcome[mode] = f"ok: {after - before} plans"
     if succeeded:
         entries.insert(0, PlanConfig(BACKEND_HEURISTIC_ENGINE_ID, ()))
+        # Note filters mark indices into the backend's plan list: it exists only now.
+        classic_parity.forward_to_backend(graph)
     return entries, outcome
 
 
@@ -125,6 +130,7 @@ def plan_label(plan):
 def build_plan(graph, plan, ctx):
     lg = lowered(graph)
     backend, fe = lg.backend, lg.fe
+    classic_parity.forward_to_backend(graph)  # a replayed plan has not seen the filters
     with lg.lock:
         try:
             if plan.engine_id == BACKEND_HEURISTIC_ENGINE_ID:
@@ -185,15 +191,67 @@ class BackendPlan(CompiledPlan):
         self._scratch = {}  # stream -> workspace we allocated (caller gave none)
         self._scratch_lock = threading.Lock()
 
+    def make_call(self, runner):
+        """graph.execute's hot path for this plan (runtime/execute.py PlanRunner.call):
+        the pack's pointer array straight to the backend, with everything a call does not
+        change captured here. What it does not serve (overrides, a graph constructed with
+        its own handle, a runner no longer the selected one) goes back to record.execute.
+
+        Per call: one C crossing for the pack, one for a workspace object
+        (workspace_address), the default handle read from a cell
+        (bench/results/execute_path_cpu.md has the cost against the raw call)."""
+        record = runner.record
+        layout = runner.layout
+        from_mapping, declared, required = VariantPack.from_mapping, layout.declared, layout.required
+        raw, n_slots, index, need = self._raw, self.n_slots, self.index, self.workspace_size
+        scratch_for = self._scratch_for
+        default_bh = self._default_bh
+        if runner.graph.backend_options["handle"] is not None:
+            return through_record(record)  # the graph's own handle: the general path
+
+        def call(variant_pack, workspace=None, handle=None, override_uids=None,
+                 override_shapes=None, override_strides=None):
+            """graph.execute, served by the selected backend plan's closure."""
+            nonlocal default_bh
+            if override_uids is not None or record._runner is not runner:
+                record.execute(variant_pack, workspace, handle, override_uids, override_shapes,
+                               override_strides)
+                return
+            pack = from_mapping(declared, variant_pack, required=required)
+            if handle is None:
+                bh = default_bh
+                if bh is None:
+                    bh = default_bh = self._default_backend_handle()
+                stream = None
+            elif type(handle) is int:  # the backend's own cudnnHandle_t
+                bh, stream = handle, ("backend handle", handle)
+            else:
+                bh, stream = handle.backend_handle(), handle.stream
+            if need == 0:
+                ws = 0
+            elif workspace is None:
+                ws = scratch_for(stream)
+            else:
+                ws = workspace_address(workspace, need)
+            # `pack` stays a live local until raw returns: raw reads the array it owns.
+            raw(pack.address, n_slots, ws, bh, index)
+
+        return call
+
+    def _default_backend_handle(self):
+        bh = self._default_bh
+        if bh is None:
+            bh = self._default_bh = default_handle(self.device).backend_handle()
+        return bh
+
     def execute(self, graph, pack, ctx):
-        # The hot path: every line here is paid per call (bench/results/backend.md).
+        """The general path (an index-addressed execute, overrides): the same call as
+        make_call's closure, from an ExecutionContext."""
         handle = ctx.handle
         if handle is None:
             handle = graph.backend_options["handle"]
         if handle is None:
-            bh = self._default_bh
-            if bh is None:
-                bh = self._default_bh = default_handle(self.device).backend_handle()
+            bh = self._default_backend_handle()
         else:
             bh = handle if type(handle) is int else handle.backend_handle()
         ws = 0 if self.workspace_size == 0 else self._workspace(ctx)
@@ -224,22 +282,7 @@ class BackendPlan(CompiledPlan):
         ws = ctx.workspace
         if ws is None:
             return self._scratch_for(ctx.stream)
-        if type(ws) is int:
-            return ws
-        ptr = getattr(ws, "ptr", None)  # an OperandBuffer
-        if ptr is not None:
-            return ptr
-        if hasattr(ws, "data_ptr"):  # a torch tensor: its bytes must cover the plan's
-            nbytes = ws.numel() * ws.element_size()
-            if nbytes < self.workspace_size:
-                raise ValueError(
-                    f"workspace: {nbytes} bytes given, this plan needs {self.workspace_size}"
-                )
-            return ws.data_ptr()
-        cai = getattr(ws, "__cuda_array_interface__", None)
-        if cai is not None:
-            return cai["data"][0]
-        raise TypeError(f"workspace: cannot read a device address from {type(ws).__name__}")
+        return workspace_address(ws, self.workspace_size)
 
     def _scratch_for(self, stream):
         """A workspace per stream, kept: reuse on one stream is ordered by the stream."""
@@ -275,8 +318,11 @@ def default_handle(device):
 
 
 def create_backend_handle(stream):
-    module = frontend().module
-    h = module.create_handle()
+    fe = frontend()
+    try:
+        h = fe.module.create_handle()
+    except fe.errors as exc:  # no device here: the environment's error, said so
+        raise backend_error(exc, "creating the backend's cudnnHandle") from exc
     if stream:
         set_backend_stream(h, stream)
     return h

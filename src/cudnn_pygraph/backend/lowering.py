@@ -424,15 +424,6 @@ def _named_failure(graph, exc):
     return backend_error(exc, f"{culprit.op} node '{culprit.name}'")
 
 
-def deserialize(blob, handle=None):
-    """Not offered: a backend blob carries no IR to rebuild a pygraph from, and a pygraph
-    without its IR would be the C++ graph in disguise (pure-python or pure-C++)."""
-    raise NotImplementedError(
-        "deserialize(): a serialized backend graph cannot rebuild the Python IR; "
-        "rebuild the graph and reload its plan with create_execution_plan(engine_id, knobs)"
-    )
-
-
 # The plan side, reached through this module by adapter.py and runtime/handle.py.
 from .backend_plans import (  # noqa: E402
     BackendPlan,
@@ -453,7 +444,6 @@ __all__ = [
     "construct",
     "create_backend_handle",
     "default_handle",
-    "deserialize",
     "destroy_backend_handle",
     "frontend",
     "lowered",

@@ -286,18 +286,20 @@ class pygraph:  # noqa: N801 — the classic public name
         self.validate()
 
     def create_execution_plans(self, modes=(heur_mode.A,)):
+        from ..backend import classic_parity
         from ..planning.planner import create_execution_plans
 
         create_execution_plans(self, modes)
+        classic_parity.bar_python_plans(self)  # filters set before planning
 
     def check_support(self):
         if not self._state.planned:
             raise GraphStateError("check_support(): create_execution_plans() first")
 
     def build_plans(self, policy=None):
-        from ..planning.planner import build_plans
+        from ..backend import classic_parity
 
-        build_plans(self, policy)
+        classic_parity.build_within_limits(self, policy)
 
     def build(self, modes=(heur_mode.A,)):
         self.validate()
@@ -324,7 +326,12 @@ class pygraph:  # noqa: N801 — the classic public name
         return self._require_planning().engine_and_knobs(index)
 
     def build_plan_at_index(self, index):
+        from ..backend import classic_parity
+
         self._require_planning().build_at(index)
+        reason = classic_parity.over_limit(self, index)
+        if reason is not None:
+            raise cudnnGraphNotSupportedError(f"build_plan_at_index(): {reason}")
 
     def get_workspace_size_plan_at_index(self, index):
         return self._require_planning().workspace_size_at(index)
@@ -348,6 +355,59 @@ class pygraph:  # noqa: N801 — the classic public name
     def deselect_engines(self, names):
         self._require_planning().deselect_engines(names)
 
+    # classic plan filters and the backend-plan calls (backend/classic_parity.py says what a
+    # python plan answers to each: a documented filter or a clear error)
+    def select_numeric_notes(self, notes):
+        """Keep only plans carrying every note in `notes` (numerical_note)."""
+        from ..backend import classic_parity
+
+        classic_parity.filter_notes(self, "numeric", notes, keep=True)
+
+    def deselect_numeric_notes(self, notes):
+        """Exclude plans carrying any note in `notes` (numerical_note)."""
+        from ..backend import classic_parity
+
+        classic_parity.filter_notes(self, "numeric", notes, keep=False)
+
+    def select_behavior_notes(self, notes):
+        """Keep only plans carrying every note in `notes` (behavior_note)."""
+        from ..backend import classic_parity
+
+        classic_parity.filter_notes(self, "behavior", notes, keep=True)
+
+    def deselect_behavior_notes(self, notes):
+        """Exclude plans carrying any note in `notes` (behavior_note)."""
+        from ..backend import classic_parity
+
+        classic_parity.filter_notes(self, "behavior", notes, keep=False)
+
+    def deselect_workspace_greater_than(self, limit):
+        """Exclude plans needing more than `limit` workspace bytes."""
+        from ..backend import classic_parity
+
+        classic_parity.limit_workspace(self, limit)
+
+    def populate_cuda_graph(self, handle, variant_pack, workspace, cuda_graph):
+        """Record the selected BACKEND plan into `cuda_graph` (a cudaGraph_t as an int)."""
+        from ..backend import classic_parity
+
+        classic_parity.cuda_graph_call(self, "populate_cuda_graph", handle, variant_pack,
+                                       workspace, cuda_graph)
+
+    def update_cuda_graph(self, handle, variant_pack, workspace, cuda_graph):
+        """Point a populated `cuda_graph` at new buffers (backend plans only)."""
+        from ..backend import classic_parity
+
+        classic_parity.cuda_graph_call(self, "update_cuda_graph", handle, variant_pack,
+                                       workspace, cuda_graph)
+
+    def deserialize(self, *args, **kwargs):
+        """Restore a serialize()d backend plan into this EMPTY graph: deserialize(data) or
+        deserialize(handle, data); it then executes with {uid: buffer} packs."""
+        from ..backend import classic_parity
+
+        classic_parity.deserialize(self, args, kwargs)
+
     def explain(self):
         """Each candidate's verdict and reason from the last planning, and the backend's
         per-mode outcome."""
@@ -355,14 +415,19 @@ class pygraph:  # noqa: N801 — the classic public name
 
     def execute(self, variant_pack, workspace=None, handle=None, override_uids=None,
                 override_shapes=None, override_strides=None):
-        """Run the selected (built) plan on the caller's buffers: {uid or Tensor: buffer}."""
-        planning = self._planning
-        runner = planning._runner if planning is not None else None
-        if runner is not None and override_uids is None:  # the hot path: one call down
-            return runner(variant_pack, workspace, handle, None)
-        return self._require_planning().execute(
-            variant_pack, workspace, handle, override_uids, override_shapes, override_strides
-        )
+        """Run the selected (built) plan on the caller's buffers: {uid or Tensor: buffer}.
+
+        After this first call the graph's `execute` IS the selected plan's closure
+        (runtime/execute.py PlanRunner.call, set on the instance): one Python frame from
+        the caller to the C pack and the plan, ~0.2 us less per call than this method
+        (bench/results/execute_path_cpu.md). The closure checks that it is still the
+        selected plan's and sends anything it does not serve back through the record."""
+        planning = self._require_planning()
+        planning.execute(variant_pack, workspace, handle, override_uids, override_shapes,
+                         override_strides)
+        runner = planning._runner
+        if runner is not None:
+            self.__dict__["execute"] = runner.call
 
     def execute_plan_at_index(self, variant_pack, workspace, index, handle=None):
         return self._require_planning().execute(variant_pack, workspace, handle, index=index)

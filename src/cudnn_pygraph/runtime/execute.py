@@ -48,6 +48,24 @@ class GraphLayout:
             names=[t.name for t in tensors],
         )
 
+    @classmethod
+    def from_uids(cls, uids):
+        """The layout of a graph with no IR (a deserialized backend plan): the backend's
+        variant-pack template, every slot required. With no declaration to compare
+        against, each slot is declared as one byte: a bare address lends it, a dense
+        buffer covers it, a strided one keeps its own description; the backend reads the
+        pointer either way."""
+        self = cls.__new__(cls)
+        uids = sorted(int(u) for u in uids)
+        self.tensors = []
+        self.position = {u: i for i, u in enumerate(uids)}
+        self.required = tuple(range(len(uids)))
+        self.declared = DeclaredLayout(
+            [(u, (1,), (1,), int(data_type.UINT8), 8) for u in uids],
+            names=[f"uid {u}" for u in uids],
+        )
+        return self
+
     def pack(self, variant_pack):
         """{uid or Tensor: buffer} -> VariantPack, placed by uid in C: an unknown uid, a
         slot bound twice and a missing required operand are refused there, named."""
@@ -60,26 +78,40 @@ def _bits(dtype):
 
 class PlanRunner:
     """The execute path of one built plan, with everything a call does not change
-    settled: the layout's pack method, the plan's execute, the graph. Made once per
-    selected plan (planning/planner.py caches it)."""
+    settled: the layout, the plan's execute, the graph, the graph's handle. Made once per
+    selected plan (planning/planner.py caches it as record._runner; a new selection or
+    build drops it).
 
-    __slots__ = ("graph", "pack", "execute", "supports_overrides", "device", "default_ctx")
+    `call` is the hot path: a closure with graph.execute's own signature, which the graph
+    installs as its `execute` after the first call (graph/pygraph.py), so a call is ONE
+    Python frame down to the C pack and the plan. It serves the plain call (no
+    overrides) while it is still the selected plan's runner; anything else goes back to
+    record.execute, which routes it. A compiled plan that offers `make_call(runner)`
+    supplies its own closure (the backend plan: the pointer array straight to the
+    backend); others get `_plain_call`. `__call__` is the general path: every argument
+    form (handles, workspaces, overrides)."""
+
+    __slots__ = ("record", "graph", "layout", "execute", "supports_overrides", "device",
+                 "default_ctx", "call")
 
     def __init__(self, record, compiled):
         layout = record.__dict__.get("layout")
         if layout is None:
             layout = record.layout = GraphLayout(record.graph)
+        self.record = record
         self.graph = record.graph
-        self.pack = layout.pack
+        self.layout = layout
         self.execute = compiled.execute
         self.supports_overrides = compiled.supports_overrides
         self.device = record.device
         # The common call (no handle, no workspace anywhere) shares one never-written
         # context: building one per call is ~0.4 us of a ~13 us backend execute.
         self.default_ctx = ExecutionContext(None, None, None, record.device)
+        make_call = getattr(compiled, "make_call", None)
+        self.call = make_call(self) if make_call is not None else _plain_call(self)
 
     def __call__(self, variant_pack, workspace, handle, overrides):
-        pack = self.pack(variant_pack)
+        pack = self.layout.pack(variant_pack)
         graph = self.graph
         if overrides is None:
             if handle is None and workspace is None and graph.backend_options["handle"] is None:
@@ -103,3 +135,35 @@ class PlanRunner:
         ctx.overrides = overrides  # the backend's override path takes the lists themselves
         return ctx
 
+
+def _plain_call(runner):
+    """A python plan's hot path: the pack, then the plan's execute with the shared
+    context. The graph is frozen once planned, so its handle is read here, once."""
+    record, graph, execute, ctx = runner.record, runner.graph, runner.execute, runner.default_ctx
+    from_mapping, declared = VariantPack.from_mapping, runner.layout.declared
+    required = runner.layout.required
+    if graph.backend_options["handle"] is not None:
+        return through_record(record)  # the graph's own handle: the general path
+
+    def call(variant_pack, workspace=None, handle=None, override_uids=None,
+             override_shapes=None, override_strides=None):
+        """graph.execute, served by the selected plan's closure (runtime/execute.py)."""
+        if (handle is None and workspace is None and override_uids is None
+                and record._runner is runner):
+            execute(graph, from_mapping(declared, variant_pack, required=required), ctx)
+            return
+        record.execute(variant_pack, workspace, handle, override_uids, override_shapes,
+                       override_strides)
+
+    return call
+
+
+def through_record(record):
+    """graph.execute's signature, every call routed by the record (the general path)."""
+
+    def call(variant_pack, workspace=None, handle=None, override_uids=None,
+             override_shapes=None, override_strides=None):
+        record.execute(variant_pack, workspace, handle, override_uids, override_shapes,
+                       override_strides)
+
+    return call

@@ -109,6 +109,7 @@ from cudnn_pygraph.runtime._variant_pack import (
     UnknownOperandError,
     UnreadableOperandError,
     VariantPack,
+    workspace_address,
 )
 
 __all__ = [
@@ -120,6 +121,7 @@ __all__ = [
     "UnknownOperandError",
     "UnreadableOperandError",
     "VariantPack",
+    "workspace_address",
 ]
 
 # The error types, for readers of this module (they are raised from C):

@@ -1,0 +1,316 @@
+"""The classic calls whose subject is the backend's plan: note filters, the workspace
+filter, CUDA-graph population, deserialize. graph/pygraph.py passes them through here.
+
+The rule for a python plan (spec, "Classic parity"): it answers a backend-only request
+with a documented filter or a clear error, never a silent no-op.
+
+* Note filters (select/deselect_numeric_notes, select/deselect_behavior_notes) act on
+  the notes a plan carries. A backend plan's notes are the backend's: the filter is
+  forwarded and the backend refuses to build a barred entry, which the build walk takes
+  as a decline. A python plan carries the notes its engine declares in `numerical_notes`
+  / `behavior_notes` (none when it declares none): select_* bars a python plan without
+  the note, deselect_* one with it. The planner excludes by engine name, so the bar
+  covers every config of that engine (engines declare notes per engine anyway).
+* deselect_workspace_greater_than: forwarded to the backend (it refuses a plan over the
+  limit at build); a python plan's workspace is known once built, so a selected python
+  plan over the limit bars its engine and the walk goes on (build_plan_at_index raises).
+* populate_cuda_graph / update_cuda_graph record the BACKEND's plan into a cudaGraph_t;
+  a selected python plan is a clear error (capture graph.execute on a stream instead).
+* deserialize restores a serialized backend plan into an EMPTY graph whose one plan is
+  that backend plan; it executes through the same variant pack, keyed by uid.
+
+Filters are recorded on the graph (`graph._plan_filters`) so that a call made before
+planning still reaches both sides: the backend's note filters mark indices into its plan
+list, so backend_plans.plan_entries replays them once that list exists.
+"""
+
+import dataclasses
+
+from .._types import (
+    BackendUnavailableError,
+    GraphStateError,
+    behavior_note,
+    cudnnGraphNotSupportedError,
+    numerical_note,
+)
+from ..planning import engine_ids
+
+_NOTE_ENUMS = {"numeric": numerical_note, "behavior": behavior_note}
+_ENGINE_NOTES = {"numeric": "numerical_notes", "behavior": "behavior_notes"}
+
+
+@dataclasses.dataclass
+class PlanFilters:
+    """The classic filters one graph carries, in call order."""
+
+    notes: list = dataclasses.field(default_factory=list)  # (kind, note, keep)
+    workspace_limit: int | None = None
+
+
+def filters_of(graph):
+    """The graph's PlanFilters, or None when no filter was ever set."""
+    return graph.__dict__.get("_plan_filters")
+
+
+def _filters(graph):
+    f = graph.__dict__.get("_plan_filters")
+    if f is None:
+        f = graph.__dict__["_plan_filters"] = PlanFilters()
+    return f
+
+
+def _before_build(graph, where):
+    if graph.state == "built":
+        raise GraphStateError(
+            f"{where}: the plan is built; a filter decides which plan the build walk takes, "
+            "so set it before build_plans()"
+        )
+
+
+# ---------------------------------------------------------------- note filters
+def filter_notes(graph, kind, notes, keep):
+    """select_* (keep=True) / deselect_* (keep=False) for `kind` "numeric" or "behavior"."""
+    where = f"{'select' if keep else 'deselect'}_{kind}_notes()"
+    notes = _parse_notes(where, kind, notes)
+    _before_build(graph, where)
+    _filters(graph).notes.extend((kind, note, keep) for note in notes)
+    if graph._planning is not None:
+        bar_python_plans(graph)
+        forward_to_backend(graph)
+
+
+def _parse_notes(where, kind, notes):
+    enum = _NOTE_ENUMS[kind]
+    if isinstance(notes, (str, bytes)) or not hasattr(notes, "__iter__"):
+        raise TypeError(f"{where}: notes must be a list of {enum.__name__}, got {type(notes).__name__}")
+    out = []
+    for i, note in enumerate(notes):
+        name = getattr(note, "name", None)  # ours, or the frontend's member of that name
+        try:
+            out.append(enum[name] if isinstance(name, str) and not isinstance(note, int) else enum(note))
+        except (KeyError, ValueError, TypeError):
+            raise ValueError(f"{where}: notes[{i}] = {note!r} is not a {enum.__name__}") from None
+    return out
+
+
+def _engine_notes(engine, kind):
+    return frozenset(getattr(engine, _ENGINE_NOTES[kind], ()) or ())
+
+
+def bar_python_plans(graph):
+    """Apply the recorded note filters to the python plans of the graph's list."""
+    filters, record = filters_of(graph), graph._planning
+    if filters is None or record is None or not filters.notes:
+        return
+    barred = set()
+    for i, plan in enumerate(record.plans):
+        if engine_ids.is_backend_id(plan.engine_id):
+            continue  # the backend filters its own entries
+        engine = record.engines[plan.engine_id]
+        for kind, note, keep in filters.notes:
+            if (note in _engine_notes(engine, kind)) != keep:
+                barred.add(_engine_name(record, i))
+    if barred:
+        record.deselect_engines(sorted(barred))
+
+
+def _engine_name(record, index):
+    return record.plan_name(index).split("[")[0]
+
+
+# ---------------------------------------------------------------- the backend side
+def forward_to_backend(graph):
+    """Push the recorded filters to the lowered backend graph, once it has plans for a
+    note filter to mark (its filters index its own plan list). Idempotent: replaying a
+    filter marks the same entries again. Called again by plan_entries after planning."""
+    filters, lg = filters_of(graph), graph.__dict__.get("_lowered")
+    if filters is None or lg is None:
+        return
+    from .lowering import backend_enum, backend_error
+
+    backend, fe = lg.backend, lg.fe
+    with lg.lock:
+        try:
+            if filters.workspace_limit is not None:
+                backend.deselect_workspace_greater_than(int(filters.workspace_limit))
+            if filters.notes and backend.get_execution_plan_count() > 0:
+                for kind, note, keep in filters.notes:
+                    method = f"{'select' if keep else 'deselect'}_{kind}_notes"
+                    getattr(backend, method)([backend_enum(fe, note)])
+        except fe.errors as exc:
+            raise backend_error(exc, "plan filters") from exc
+
+
+# ---------------------------------------------------------------- workspace
+def limit_workspace(graph, limit):
+    where = "deselect_workspace_greater_than()"
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"{where}: the limit must be a byte count >= 0, got {limit!r}")
+    _before_build(graph, where)
+    _filters(graph).workspace_limit = limit
+    forward_to_backend(graph)
+
+
+def over_limit(graph, index):
+    """Why the built plan at `index` breaks the workspace limit, or None."""
+    filters, record = filters_of(graph), graph._planning
+    if filters is None or filters.workspace_limit is None:
+        return None
+    need = record.workspace_size_at(index)
+    if need > filters.workspace_limit:
+        return (f"plan #{index} {record.plan_name(index)} needs {need} workspace bytes, over the "
+                f"deselect_workspace_greater_than({filters.workspace_limit}) limit")
+    return None
+
+
+def build_within_limits(graph, policy):
+    """graph.build_plans(): the planner's walk, and a python plan it selects over the
+    workspace limit bars its engine and walks on (the backend refuses its own plans over
+    the limit at build, so they never get here)."""
+    record = graph._require_planning()
+    bar_python_plans(graph)
+    while True:
+        record.build_plans(policy)
+        reason = over_limit(graph, record.selected)
+        if reason is None:
+            return
+        if record.pinned:
+            raise cudnnGraphNotSupportedError(f"build_plans(): the pinned {reason}")
+        record.deselect_engines([_engine_name(record, record.selected)])
+
+
+# ---------------------------------------------------------------- CUDA graphs
+def cuda_graph_call(graph, name, handle, variant_pack, workspace, cuda_graph):
+    """populate_cuda_graph / update_cuda_graph on the selected backend plan."""
+    from ..runtime.variant_pack import workspace_address
+    from .lowering import BackendPlan, backend_error
+
+    record = graph._require_planning()
+    if record.selected is None or record.plans[record.selected].identity not in record.built:
+        raise GraphStateError(f"{name}(): no built plan selected; call build_plans() first")
+    plan = record.plans[record.selected]
+    compiled = record.built[plan.identity]
+    if not isinstance(compiled, BackendPlan):
+        raise cudnnGraphNotSupportedError(
+            f"{name}() records a cuDNN backend plan into a CUDA graph; the selected plan "
+            f"#{record.selected} {record.plan_name(record.selected)} is a python plan: capture "
+            "graph.execute() on a stream instead (torch.cuda.graph), or select a backend plan"
+        )
+    if isinstance(cuda_graph, bool) or not isinstance(cuda_graph, int) or cuda_graph == 0:
+        raise TypeError(f"{name}(): cuda_graph must be a cudaGraph_t as a non-zero int, "
+                        f"got {cuda_graph!r}")
+    layout = record.__dict__.get("layout")
+    if layout is None:
+        from ..runtime.execute import GraphLayout
+
+        layout = record.layout = GraphLayout(graph)
+    pack = layout.pack(variant_pack)
+    buffers = pack.operands(list(range(len(pack))))
+    uids = layout.declared.uids
+    var_pack = {uids[i]: b.ptr for i, b in enumerate(buffers) if b is not None}
+    if handle is None:
+        handle = graph.backend_options["handle"]
+    if handle is None:
+        bh, stream = compiled._default_backend_handle(), None
+    elif isinstance(handle, int):
+        bh, stream = handle, ("backend handle", handle)
+    else:
+        bh, stream = handle.backend_handle(), handle.stream
+    need = compiled.workspace_size
+    if need == 0:
+        ws = 0
+    elif workspace is None:
+        ws = compiled._scratch_for(stream)
+    else:
+        ws = workspace_address(workspace, need)
+    lg = compiled.lowered
+    with lg.lock:
+        try:
+            if compiled.index >= 0:
+                # The backend records its CANDIDATE plan; building an index makes it the
+                # candidate (a no-op rebuild when built), so this is the plan we selected.
+                lg.backend.build_plan_at_index(compiled.index)
+            getattr(lg.backend, name)(bh, var_pack, ws, cuda_graph)
+        except lg.fe.errors as exc:
+            raise backend_error(exc, f"{name}()") from exc
+
+
+# ---------------------------------------------------------------- deserialize
+def deserialize(graph, args, kwargs):
+    """Restore a serialized backend graph into `graph`, which must be empty: its one plan
+    is the restored backend plan, built and selected; graph.execute binds operands by uid.
+    Classic forms: deserialize(data), deserialize(handle, data), handle_=...,
+    enforce_precompiled=..."""
+    from ..engines.base import PlanConfig
+    from ..graph import lifecycle
+    from ..planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID
+    from ..planning.planner import PlanningRecord
+    from ..runtime.execute import GraphLayout
+    from .adapter import BACKEND
+    from .lowering import BackendPlan, LoweredGraph, backend_error, frontend
+
+    handle, data, enforce = _deserialize_args(args, kwargs)
+    if graph.nodes or graph._planning is not None or graph.__dict__.get("_lowered") is not None:
+        raise GraphStateError(
+            f"deserialize(): graph '{graph.name}' already has nodes or plans; deserialize into "
+            "a new, empty pygraph()"
+        )
+    fe = frontend()
+    opts = graph.backend_options
+    if handle is None:
+        handle = opts["handle"]
+    kw = {"name": graph.name}
+    for field in ("kernel_cache", "device_property"):
+        if opts.get(field) is not None and not hasattr(opts[field], "is_interpreter"):
+            kw[field] = opts[field]
+    try:
+        if handle is None:
+            from .lowering import default_handle
+
+            bh = default_handle(0).backend_handle()
+        else:
+            bh = handle if isinstance(handle, int) else handle.backend_handle()
+    except BackendUnavailableError as exc:
+        raise BackendUnavailableError(f"graph '{graph.name}': deserialize(): {exc}") from exc
+    try:
+        backend = fe.builder(**kw)
+        backend.deserialize(bh, data, enforce_precompiled=enforce)
+        if hasattr(backend, "_prepare_variant_pack_template"):
+            backend._prepare_variant_pack_template()
+        uids = [int(u) for u in backend._get_variant_pack_uids_sorted()]
+        workspace = int(backend.get_workspace_size())
+    except fe.errors as exc:
+        raise backend_error(exc, f"graph '{graph.name}': deserialize()") from exc
+    lg = LoweredGraph(fe, backend, {}, graph.name)
+    lg.operation_graph = True
+    graph.__dict__["_lowered"] = lg
+    plan = PlanConfig(BACKEND_HEURISTIC_ENGINE_ID, ())
+    record = PlanningRecord(graph, None, {}, BACKEND, [plan], [], {}, None)
+    record.layout = GraphLayout.from_uids(uids)
+    device = getattr(record.device, "ordinal", 0) if record.device is not None else 0
+    record.built[plan.identity] = BackendPlan(lg, -1, workspace, len(uids), max(device or 0, 0))
+    record.selected = 0
+    graph.__dict__["_planning"] = record
+    graph.__dict__["_state"] = lifecycle.Built()
+
+
+def _deserialize_args(args, kwargs):
+    kwargs = dict(kwargs)
+    enforce = bool(kwargs.pop("enforce_precompiled", False))
+    handle = kwargs.pop("handle_", kwargs.pop("handle", None))
+    data = kwargs.pop("data", kwargs.pop("pyobj", None))
+    if kwargs:
+        raise TypeError(f"deserialize(): unexpected keyword(s) {sorted(kwargs)}")
+    args = list(args)
+    if len(args) == 2:
+        handle, data = args
+    elif len(args) == 1:
+        data = args[0]
+    elif args:
+        raise TypeError("deserialize(data) or deserialize(handle, data)")
+    if data is None:
+        raise TypeError("deserialize(): no serialized data given")
+    if not isinstance(data, (bytes, bytearray, list, str)):
+        raise TypeError(f"deserialize(): data must be bytes or a list of byte values (what "
+                        f"serialize() returns), got {type(data).__name__}")
+    return handle, data, enforce
