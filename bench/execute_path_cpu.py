@@ -154,7 +154,7 @@ def main():
     ]
     rows += _backend_rows(lambda *shape: torch.empty(*shape, dtype=torch.half))
     lines = [
-        "# graph.execute's own host path, null plan (CPU)",
+        "# graph.execute's own host path (CPU): a null plan and a stand-in backend plan",
         "",
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.processor() or platform.machine()}, "
         f"Python {platform.python_version()}, torch {torch.__version__}. "

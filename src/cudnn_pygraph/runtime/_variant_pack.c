@@ -670,7 +670,7 @@ static PyObject *via_exchange_api(PyObject *mod, PyObject *const *args, Py_ssize
  * workspace here, in one crossing: an int is the address itself; anything an operand may
  * be (a tensor through its exchange table, an OperandBuffer, a DLPack or array-interface
  * producer) gives its data pointer, refused when it spans fewer than `nbytes` bytes.
- * Measured on the CI CPU: a torch tensor 0.09 us here against 0.45 us for
+ * Measured on the CI CPU: a torch tensor 0.12 us here against 0.33 us for hasattr,
  * numel() * element_size() and data_ptr() in Python. */
 static PyObject *workspace_address(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
