@@ -21,6 +21,7 @@ import sys
 
 import torch
 
+from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
     gdn_backward,
     gdn_forward,
@@ -31,6 +32,7 @@ H = 16
 DIM = 128
 REPS = 20
 WARMUP = 3
+REPS_HOST = 200
 
 
 def shapes():
@@ -86,6 +88,8 @@ class Ours:
         self.grads = {n: torch.empty_like(t) for n, t in x.items()}
         self.dinit = torch.empty_like(init) if init is not None else None
         self.dfinal = torch.randn_like(init) if init is not None else None
+        self.ckpt = torch.empty(max_chunks(total, n), H, DIM, DIM, device="cuda")
+        self.use_ckpt = False
 
     def forward(self):
         x = self.x
@@ -102,6 +106,7 @@ class Ours:
             final_state=self.final,
             use_qk_l2norm=True,
             workspace=self.ws,
+            checkpoints=self.ckpt if self.use_ckpt else None,
         )
 
     def backward(self):
@@ -125,11 +130,22 @@ class Ours:
             d_initial_state=self.dinit,
             use_qk_l2norm=True,
             workspace=self.ws,
+            checkpoints=self.ckpt if self.use_ckpt else None,
         )
 
     def forward_backward(self):
         self.forward()
         self.backward()
+
+    def forward_backward_ckpt(self):
+        """The forward saves the per-chunk states (checkpoint_every_n_tokens=64) and the
+        backward reads them instead of recomputing the state recurrence."""
+        self.use_ckpt = True
+        try:
+            self.forward()
+            self.backward()
+        finally:
+            self.use_ckpt = False
 
 
 def fla_forward(x, cu, init):
@@ -175,46 +191,140 @@ def profile_kernels(only):
 # Alternatives to kernels/gdn.py KERNEL_CONFIGS, one change each.
 SWEEP = {
     "shipped": {},
-    "wy_fwd w2": {"wy_fwd": {"num_warps": 2}},
-    "wy_fwd w8": {"wy_fwd": {"num_warps": 8}},
+    "wy_solve w1": {"wy_solve": {"BK": 64, "num_warps": 1}},
+    "wy_solve w4": {"wy_solve": {"BK": 64, "num_warps": 4}},
+    "wy_solve BK32 w2": {"wy_solve": {"BK": 32, "num_warps": 2}},
+    "wy_solve BK128 w4": {"wy_solve": {"BK": 128, "num_warps": 4}},
+    "wy_apply w2": {"wy_apply": {"BK": 64, "BV": 64, "num_warps": 2}},
+    "wy_apply w8": {"wy_apply": {"BK": 64, "BV": 64, "num_warps": 8}},
+    "wy_apply 128 w8": {"wy_apply": {"BK": 128, "BV": 128, "num_warps": 8}},
+    "wy_apply 32 w2": {"wy_apply": {"BK": 32, "BV": 32, "num_warps": 2}},
     "state_fwd BV64 w8": {"state_fwd": {"BV": 64, "num_warps": 8}},
     "state_fwd BV16 w4": {"state_fwd": {"BV": 16, "num_warps": 4}},
+    "state_fwd BV32 w4": {"state_fwd": {"BV": 32, "num_warps": 4}},
     "output_fwd BV64 w4": {"output_fwd": {"BV": 64, "num_warps": 4}},
-    "state_bwd BV64 w8": {"state_bwd": {"BV": 64, "num_warps": 8}},
-    "dqk BV64 w4": {"dqk": {"BV": 64, "num_warps": 4}},
+    "output_fwd BV128 w4": {"output_fwd": {"BV": 128, "num_warps": 4}},
 }
 
 
 def sweep_configs(only):
-    """Time our forward and forward+backward under each SWEEP entry on one shape, with the
-    largest relative difference of O and of every gradient from the shipped configs."""
+    """Time our forward and forward+backward under each SWEEP entry on the shapes whose name
+    holds one of the comma-separated `only` substrings, with the largest relative difference
+    of O and of every gradient from the shipped configs."""
     from cudnn_pygraph.engines.linear_attention.kernels import gdn
 
-    name, seqlens = next((n, s) for n, s in shapes().items() if not only or only in n)
-    torch.manual_seed(1)
-    x, cu, init = make_inputs(seqlens, with_state=True)
     shipped = {k: dict(v) for k, v in gdn.KERNEL_CONFIGS.items()}
-    print(f"{name}: | configs | fwd ms | fwd+bwd ms | max rel diff vs shipped (O, grads) |")
-    print("|---|---|---|---|")
-    base = None
-    for label, change in SWEEP.items():
-        gdn.KERNEL_CONFIGS.clear()
-        gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in shipped.items()})
-        gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in change.items()})
-        ours = Ours(x, cu, init)
-        ours.do = torch.ones_like(ours.do)  # the same dO for every entry
-        ours.dfinal = torch.ones_like(ours.dfinal)
-        try:
-            ours.forward_backward()
-            outs = [ours.o.clone()] + [t.clone() for t in ours.grads.values()]
-            base = base or outs
-            diff = max(rel(a, b) for a, b in zip(outs, base))
-            fwd, fb = median_ms(ours.forward), median_ms(ours.forward_backward)
-            print(f"| {label} | {fwd:.3f} | {fb:.3f} | {diff:.1e} |", flush=True)
-        except Exception as err:  # noqa: BLE001 (a config that does not fit: report it)
-            print(f"| {label} | failed: {str(err)[:80]} | | |", flush=True)
+    wanted = only.split(",") if only else [""]
+    for name, seqlens in shapes().items():
+        if not any(w in name for w in wanted):
+            continue
+        torch.manual_seed(1)
+        x, cu, init = make_inputs(seqlens, with_state=True)
+        print(f"{name}: | configs | fwd ms | fwd+bwd ms | max rel diff vs shipped (O, grads) |")
+        print("|---|---|---|---|")
+        base = None
+        for label, change in SWEEP.items():
+            gdn.KERNEL_CONFIGS.clear()
+            gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in shipped.items()})
+            gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in change.items()})
+            ours = Ours(x, cu, init)
+            ours.do = torch.ones_like(ours.do)  # the same dO for every entry
+            ours.dfinal = torch.ones_like(ours.dfinal)
+            try:
+                ours.forward_backward()
+                outs = [ours.o.clone()] + [t.clone() for t in ours.grads.values()]
+                base = base or outs
+                diff = max(rel(a, b) for a, b in zip(outs, base))
+                fwd, fb = median_ms(ours.forward), median_ms(ours.forward_backward)
+                print(f"| {label} | {fwd:.3f} | {fb:.3f} | {diff:.1e} |", flush=True)
+            except Exception as err:  # noqa: BLE001 (a config that does not fit: report it)
+                print(f"| {label} | failed: {str(err)[:80]} | | |", flush=True)
     gdn.KERNEL_CONFIGS.clear()
     gdn.KERNEL_CONFIGS.update(shipped)
+
+
+def host_time(only):
+    """Host microseconds per forward call with a drained queue (synchronize before each
+    call, perf_counter around the call alone), median of REPS_HOST: the torch op
+    (gated_delta_net: graph cache, execute, workspace), our launcher (gdn_forward with a
+    given workspace), and the bare launch sequence of the same kernels (each recorded
+    launch replayed with its recorded arguments: Triton's launch path alone)."""
+    import time
+
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn
+    from cudnn_pygraph.linear_attention.ops import gated_delta_net
+
+    name, seqlens = next((n, s) for n, s in shapes().items() if not only or only in n)
+    x, cu, init = make_inputs(seqlens, with_state=False)
+    ours = Ours(x, cu, init)
+
+    def op():
+        gated_delta_net(
+            x["q"][None], x["k"][None], x["v"][None], x["g"][None], x["beta"][None],
+            scale=DIM**-0.5, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
+
+    recorded = []
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                recorded.append((self.kernel, grid, args, kwargs))
+                return self.kernel[grid](*args, **kwargs)
+
+            return launch
+
+    from cudnn_pygraph.engines.linear_attention.kernels import chunk_index
+
+    patched = {}
+    for mod in (gdn, chunk_index):
+        for attr in dir(mod):
+            obj = getattr(mod, attr)
+            if attr.endswith("_kernel") and hasattr(obj, "run"):
+                patched[(mod, attr)] = obj
+                setattr(mod, attr, Recorder(obj))
+    ours.forward()
+    for (mod, attr), obj in patched.items():
+        setattr(mod, attr, obj)
+
+    def bare():
+        for kernel, grid, args, kwargs in recorded:
+            kernel[grid](*args, **kwargs)
+
+    def host_us(fn):
+        for _ in range(WARMUP):
+            fn()
+        times = []
+        for _ in range(REPS_HOST):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        return statistics.median(times) * 1e6
+
+    op_us, launcher_us, bare_us = host_us(op), host_us(ours.forward), host_us(bare)
+    print(f"{name}: host us per forward call (drained queue), {len(recorded)} launches")
+    print("| torch op | launcher (gdn_forward) | bare launches | op / bare |")
+    print("|---|---|---|---|")
+    print(f"| {op_us:.1f} | {launcher_us:.1f} | {bare_us:.1f} | {op_us / bare_us:.2f}x |")
+
+
+def quick_fla_autotune():
+    """fla autotunes each kernel on its first call (38-70 s per op, cold): every candidate
+    config is compiled and timed by triton.testing.do_bench (25 ms warm-up + 100 ms of
+    repetitions by default). Shorten the timing to 5 + 25 ms per candidate; the candidates
+    and the choice rule stay fla's own."""
+    import functools
+
+    import triton.testing
+    from triton.runtime import autotuner
+
+    quick = functools.partial(triton.testing.do_bench, warmup=5, rep=25)
+    autotuner.Autotuner.do_bench = property(lambda self: quick)
 
 
 def rel(a, b):
@@ -227,19 +337,26 @@ def main():
     parser.add_argument("--only", default=None, help="substring of a shape name")
     parser.add_argument("--profile", action="store_true", help="per-kernel times, then exit")
     parser.add_argument("--sweep", action="store_true", help="alternative configs, then exit")
+    parser.add_argument("--host", action="store_true", help="host time per call, then exit")
     args = parser.parse_args()
+    if args.host:
+        host_time(args.only)
+        return
     if args.profile:
         profile_kernels(args.only)
         return
     if args.sweep:
         sweep_configs(args.only)
         return
+    if not args.no_fla:
+        quick_fla_autotune()
     # Rows print as they complete (a partial run still leaves a table).
     print(
         "| shape | init/final state | ours fwd ms | ours fwd Mtok/s | fla fwd ms | fwd speedup "
-        "vs fla | ours fwd+bwd ms | fwd+bwd / own fwd | fla fwd+bwd ms | check |"
+        "vs fla | ours fwd+bwd ms | fwd+bwd / own fwd | fwd+bwd with checkpoints ms (/ own "
+        "fwd) | fla fwd+bwd ms | check |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for name, seqlens in shapes().items():
         if args.only and args.only not in name:
             continue
@@ -272,15 +389,17 @@ def main():
                 finite = all(torch.isfinite(t).all().item() for t in ours.grads.values())
                 check += "" if finite else ", NON-FINITE GRADS"
                 fb_ms = median_ms(ours.forward_backward)
+                ck_ms = median_ms(ours.forward_backward_ckpt)
             except Exception as err:  # noqa: BLE001 (any failure: report it, measure the rest)
                 print(f"our backward failed: {err}", file=sys.stderr)
-                fb_ms = float("nan")
+                fb_ms = ck_ms = float("nan")
             ff_s = f"{fla_fwd_ms:.3f}" if fla_fwd_ms is not None else "-"
             speedup = f"{fla_fwd_ms / fwd_ms:.2f}x" if fla_fwd_ms is not None else "-"
             print(
                 f"| {name} | {'yes' if with_state else 'no'} | {fwd_ms:.3f} | "
                 f"{tokens / fwd_ms / 1e3:.1f} | {ff_s} | {speedup} | {fb_ms:.3f} | "
-                f"{fb_ms / fwd_ms:.2f}x | {fla_bwd or '-'} | {check} |",
+                f"{fb_ms / fwd_ms:.2f}x | {ck_ms:.3f} ({ck_ms / fwd_ms:.2f}x) | "
+                f"{fla_bwd or '-'} | {check} |",
                 flush=True,
             )
 

@@ -180,6 +180,22 @@ CONFIG_VARIANTS = {
         "state_bwd": {"BV": 128, "num_warps": 8},
         "dqk": {"BV": 128, "num_warps": 8},
     },
+    # The WY forward pair (wy_solve, wy_apply) at the other warp counts / slices the bench
+    # sweeps (bench/gdn.py --sweep), so the fastest can ship once this proves it.
+    "wy-w1-bk32": {
+        "wy_solve": {"BK": 32, "num_warps": 1},
+        "wy_apply": {"BK": 32, "BV": 32, "num_warps": 2},
+    },
+    "wy-w4-wide": {
+        "wy_solve": {"BK": 128, "num_warps": 4},
+        "wy_apply": {"BK": 128, "BV": 128, "num_warps": 8},
+        "state_fwd": {"BV": 16, "num_warps": 4},
+    },
+    "wy-w1-apply-w8": {
+        "wy_solve": {"BK": 64, "num_warps": 1},
+        "wy_apply": {"BK": 64, "BV": 64, "num_warps": 8},
+        "state_fwd": {"BV": 64, "num_warps": 8},
+    },
 }
 
 

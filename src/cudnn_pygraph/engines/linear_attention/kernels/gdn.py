@@ -1,8 +1,9 @@
 """Gated DeltaNet (gdn / gdn_bwd) launchers over the shared chunked stages.
 
-Forward:  chunk tables -> wy_fwd (stage 1 gates + stage 2 WY: G, beta_eff, w, u)
+Forward:  chunk tables -> wy_solve (stage 1 gates + stage 2's A = (I + L)^-1)
+          -> wy_apply (w, u)
           -> state_fwd (stage 3: h per chunk, E, final state) -> output_fwd (stage 4: O)
-Backward: chunk tables -> wy_fwd (+ A) -> state_fwd (h; skipped when checkpoints are given)
+Backward: chunk tables -> wy_solve -> wy_apply -> state_fwd (h; skipped when checkpoints are given)
           -> dv_local (scale P^T dO) -> state_bwd (dE, dh, d_initial_state)
           -> dqk (dq, partial dk / dG, dw) -> wy_bwd (dk, dv, dG, dbeta)
           [-> group_reduce for grouped heads] [-> d_a_log / d_dt_bias sums]
@@ -35,7 +36,8 @@ from .gdn_workspace import _carve, _layout, gdn_workspace_bytes
 from .normalize import L2NORM_EPS
 from .output import dqk_kernel, dv_local_kernel, output_fwd_kernel
 from .state import state_bwd_kernel, state_fwd_kernel
-from .wy import group_reduce_kernel, wy_bwd_kernel, wy_fwd_kernel
+from .wy import group_reduce_kernel, wy_bwd_kernel
+from .wy_fwd import wy_apply_kernel, wy_solve_kernel
 
 __all__ = [
     "KERNEL_CONFIGS",
@@ -55,7 +57,8 @@ __all__ = [
 # a narrower BV recomputes them per block (output_fwd at BV=64 is ~1.8k SASS instructions
 # per program, most of them that shared work).
 KERNEL_CONFIGS = {
-    "wy_fwd": {"num_warps": 4},
+    "wy_solve": {"BK": 64, "num_warps": 2},
+    "wy_apply": {"BK": 64, "BV": 64, "num_warps": 4},
     "state_fwd": {"BV": 32, "num_warps": 8},
     "output_fwd": {"BV": 128, "num_warps": 8},
     "dv_local": {"BV": 128, "num_warps": 8},
@@ -107,7 +110,6 @@ def _run_wy_and_state(
     a_log,
     dt_bias,
     prec,
-    store_a,
     initial_state,
     final_state,
     state_indices,
@@ -122,9 +124,10 @@ def _run_wy_and_state(
     error = cu_error if cu_error is not None else ws["cu_error"]
     build_chunk_tables(cu, total_t, ws["cu_safe"], error, ws["chunk_offsets"], ws["chunk_seq"])
     cu = ws["cu_safe"]  # every stage reads the sanitized copy (memory-safe on bad input)
-    wy_fwd_kernel[(n_chunks, n_out)](
+    grid = (n_chunks, n_out)
+    cfg = dict(KERNEL_CONFIGS["wy_solve"])
+    wy_solve_kernel[grid](
         k,
-        v,
         g,
         beta,
         a_log if a_log is not None else dummy,
@@ -135,20 +138,41 @@ def _run_wy_and_state(
         n_seqs,
         ws["gc"],
         ws["beta_eff"],
+        ws["rk"],
+        ws["a"],
+        n_out,
+        n_k,
+        K=dim_k,
+        BK=min(cfg.pop("BK"), dim_k),
+        L2NORM=l2norm,
+        **flags,
+        PREC=prec,
+        EPS=L2NORM_EPS,
+        **cfg,
+    )
+    cfg = dict(KERNEL_CONFIGS["wy_apply"])
+    wy_apply_kernel[grid](
+        k,
+        v,
+        ws["gc"],
+        ws["beta_eff"],
+        ws["rk"],
+        ws["a"],
+        cu,
+        ws["chunk_offsets"],
+        ws["chunk_seq"],
+        n_seqs,
         ws["w"],
         ws["u"],
-        ws["a"] if store_a else dummy,
         n_out,
         n_k,
         n_v,
         K=dim_k,
         V=dim_v,
-        L2NORM=l2norm,
-        **flags,
-        STORE_A=store_a,
+        BK=min(cfg.pop("BK"), dim_k),
+        BV=_block_v(cfg, dim_v),
         PREC=prec,
-        EPS=L2NORM_EPS,
-        **KERNEL_CONFIGS["wy_fwd"],
+        **cfg,
     )
     if not store_h and final_state is None:
         return
@@ -159,6 +183,7 @@ def _run_wy_and_state(
         ws["w"],
         ws["u"],
         ws["gc"],
+        ws["rk"],
         cu,
         ws["chunk_offsets"],
         initial_state if initial_state is not None else dummy,
@@ -179,9 +204,7 @@ def _run_wy_and_state(
         HAS_IDX=state_indices is not None,
         STORE_H=store_h,
         STORE_VNEW=vnew is not None,
-        L2NORM=l2norm,
         PREC=prec,
-        EPS=L2NORM_EPS,
         **cfg,
     )
 
@@ -273,7 +296,6 @@ def gdn_forward(
         a_log=a_log,
         dt_bias=dt_bias,
         prec=prec,
-        store_a=False,
         initial_state=initial_state,
         final_state=final_state,
         state_indices=state_indices,
@@ -458,7 +480,6 @@ def gdn_backward(
         a_log=a_log,
         dt_bias=dt_bias,
         prec=prec,
-        store_a=True,
         initial_state=initial_state,
         final_state=None,
         state_indices=None,

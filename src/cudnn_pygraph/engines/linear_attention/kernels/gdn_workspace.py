@@ -32,6 +32,8 @@ def _layout(
         ("chunk_seq", torch.int32, (n_chunks,)),
         ("gc", f32, (total_t, n_out)),
         ("beta_eff", f32, (total_t, n_out)),
+        ("rk", f32, (total_t, n_out)),
+        ("a", f32, (total_t, n_out, CHUNK)),
         ("w", cdt, (total_t, n_out, dim_k)),
         ("u", cdt, (total_t, n_out, dim_v)),
     ]
@@ -41,7 +43,6 @@ def _layout(
         rows.append(("vnew", cdt, (total_t, n_out, dim_v)))
         return rows
     rows += [
-        ("a", f32, (total_t, n_out, CHUNK)),
         ("de", f32, (total_t, n_out, dim_v)),
         ("dh", cdt, (n_chunks, n_out, dim_v, dim_k)),
         ("dk_part", f32, (total_t, n_out, dim_k)),

@@ -1,0 +1,335 @@
+"""Stage 2 forward: the intra-chunk WY / UT transform, as two kernels.
+
+Within a chunk (C <= 64 tokens, G the chunk-local cumulative log-decay, d_i = exp(G_i),
+k_hat the keys after the optional l2norm):
+  L = strictly-lower(diag(beta) (k_hat k_hat^T) * exp(G_i - G_j)),  A = (I + L)^-1
+  w = A (beta * d * k_hat)   [C, K]     u = A (beta * V)   [C, V]
+so that the chunk's delta-rule corrections are E = u - w S_0 (S_0 the incoming state).
+
+wy_solve_kernel (one program per chunk and output head) computes the gates (stage 1), L and
+A, and writes G, beta_eff, the keys' inverse row norms and A (fp32, [T, HO, 64]);
+wy_apply_kernel (same grid) reads A and writes w and u in column blocks. Split because the
+two halves want different shapes of program: the solve is a chain of small dependent steps
+(few warps: its row reductions stay inside a warp), the apply is two plain tensor-core
+products bound by memory (more warps).
+
+The solve, per chunk:
+- L in ten 16x16 blocks (four diagonal, six below), each a tensor-core product of the RAW
+  key tiles accumulated over BK-wide column slices, so no fp32 copy of the [64, K] key tile
+  is ever held (the previous single kernel held it and spilled ~600 B at 4 warps). The
+  l2norm enters as the outer product of inverse row norms, read off the Gram diagonal.
+- The four diagonal blocks inverted by forward substitution (row i of (I + L_ii)^-1 is
+  e_i - sum_{j<i} L_ij row_j), the four chains interleaved in one loop for ILP.
+- The six off-diagonal blocks by block forward substitution with small dots:
+  A_ij = -A_ii sum_{i > m >= j} L_im A_mj. Plain Neumann/doubling products of L are exact
+  only in exact arithmetic: with repeated keys L^m grows like binomials and fp32 cancels.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .chunk_index import locate_chunk
+from .gates import effective_beta, log_decay
+from .tiles import load_rows, load_rows_t, load_vec, store_rows, store_vec
+
+
+@triton.jit
+def _gate_rows(
+    g_ptr,
+    beta_ptr,
+    a_log_ptr,
+    dt_bias_ptr,
+    t0,
+    rows,
+    valid,
+    h,
+    HO,
+    LINEAR: tl.constexpr,
+    SAFE: tl.constexpr,
+    HAS_A: tl.constexpr,
+    HAS_DT: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    NEG_EIGVAL: tl.constexpr,
+):
+    """(gamma, beta_eff) of rows t0 + rows, 0 outside the chunk."""
+    m = rows < valid
+    offs = (t0 + rows).to(tl.int64) * HO + h
+    g_raw = tl.load(g_ptr + offs, mask=m, other=1.0)
+    gamma = tl.where(
+        m, log_decay(g_raw, a_log_ptr, dt_bias_ptr, h, LINEAR, SAFE, HAS_A, HAS_DT), 0.0
+    )
+    b_raw = tl.load(beta_ptr + offs, mask=m, other=0.0)
+    beta = tl.where(m, effective_beta(b_raw, SIGMOID, NEG_EIGVAL), 0.0)
+    return gamma, beta
+
+
+@triton.jit
+def _scale_block(kk, rn_i, rn_j, beta_i, g_i, g_j, STRICT: tl.constexpr):
+    """L_ij from the raw Gram block: beta_i rn_i rn_j (k_i . k_j) exp(G_i - G_j), strictly
+    lower if a diagonal block."""
+    r = tl.arange(0, 16)
+    keep = r[:, None] > r[None, :] if STRICT else r[:, None] >= 0
+    decay = tl.exp(tl.where(keep, g_i[:, None] - g_j[None, :], 0.0))
+    scale = (beta_i * rn_i)[:, None] * rn_j[None, :]
+    return tl.where(keep, kk * scale * decay, 0.0)
+
+
+@triton.jit
+def _inv_norms(kk_ii, L2NORM: tl.constexpr, EPS: tl.constexpr):
+    """(row, column) vectors of 1 / sqrt(||k_i||^2 + eps) from a diagonal Gram block (its
+    diagonal holds the squared norms, fp32-accumulated), or ones without the l2norm."""
+    r = tl.arange(0, 16)
+    if L2NORM:
+        diag = tl.where(r[:, None] == r[None, :], kk_ii, 0.0)
+        return 1.0 / tl.sqrt(tl.sum(diag, 1) + EPS), 1.0 / tl.sqrt(tl.sum(diag, 0) + EPS)
+    else:
+        ones = tl.full([16], 1.0, tl.float32)
+        return ones, ones
+
+
+@triton.jit
+def _substitute_row(lb, ai, i):
+    """One forward-substitution step on a strictly lower 16x16 block: row i of
+    (I + lb)^-1 - I, from the rows above it (ai holds those, without the identity)."""
+    r = tl.arange(0, 16)
+    minus_l_i = tl.sum(tl.where(r[:, None] == i, -lb, 0.0), 0)  # -L[i, :], indexed by column
+    row = minus_l_i + tl.sum(minus_l_i[:, None] * ai, 0)
+    return tl.where(r[:, None] == i, row[None, :], ai)
+
+
+@triton.jit
+def _mm(a, b):
+    # The 16x16 merge products: ieee, they are tiny and the inverse feeds everything.
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _store_a_block(a_ptr, blk, t0, bi: tl.constexpr, bj: tl.constexpr, valid, HO, h):
+    r = tl.arange(0, 16)
+    rows = bi * 16 + r
+    base = a_ptr + (t0.to(tl.int64) * HO + h) * 64
+    tl.store(
+        base + rows[:, None] * (HO * 64) + bj * 16 + r[None, :],
+        blk.to(a_ptr.dtype.element_ty),
+        mask=(rows < valid)[:, None],
+    )
+
+
+@triton.jit
+def _gram_slices(k_ptr, t0, valid, stride_t, col0, K: tl.constexpr, BK: tl.constexpr, PREC):
+    """The ten lower 16x16 blocks of K K^T of the chunk's raw keys (fp32 accumulation over
+    BK-wide column slices). The transposed operands are read transposed from memory (L1-hot)
+    rather than tl.trans'd in registers (tiles.py says why)."""
+    r = tl.arange(0, 16)
+    kk00 = tl.zeros([16, 16], dtype=tl.float32)
+    kk11 = tl.zeros([16, 16], dtype=tl.float32)
+    kk22 = tl.zeros([16, 16], dtype=tl.float32)
+    kk33 = tl.zeros([16, 16], dtype=tl.float32)
+    kk10 = tl.zeros([16, 16], dtype=tl.float32)
+    kk20 = tl.zeros([16, 16], dtype=tl.float32)
+    kk21 = tl.zeros([16, 16], dtype=tl.float32)
+    kk30 = tl.zeros([16, 16], dtype=tl.float32)
+    kk31 = tl.zeros([16, 16], dtype=tl.float32)
+    kk32 = tl.zeros([16, 16], dtype=tl.float32)
+    for ik in range(K // BK):
+        c = col0 + ik * BK
+        k0 = load_rows(k_ptr, t0, r, valid, stride_t, c, BK)
+        k1 = load_rows(k_ptr, t0, r + 16, valid, stride_t, c, BK)
+        k2 = load_rows(k_ptr, t0, r + 32, valid, stride_t, c, BK)
+        k3 = load_rows(k_ptr, t0, r + 48, valid, stride_t, c, BK)
+        kt0 = load_rows_t(k_ptr, t0, r, valid, stride_t, c, BK)
+        kt1 = load_rows_t(k_ptr, t0, r + 16, valid, stride_t, c, BK)
+        kt2 = load_rows_t(k_ptr, t0, r + 32, valid, stride_t, c, BK)
+        kt3 = load_rows_t(k_ptr, t0, r + 48, valid, stride_t, c, BK)
+        kk00 += tl.dot(k0, kt0, input_precision=PREC)
+        kk11 += tl.dot(k1, kt1, input_precision=PREC)
+        kk22 += tl.dot(k2, kt2, input_precision=PREC)
+        kk33 += tl.dot(k3, kt3, input_precision=PREC)
+        kk10 += tl.dot(k1, kt0, input_precision=PREC)
+        kk20 += tl.dot(k2, kt0, input_precision=PREC)
+        kk21 += tl.dot(k2, kt1, input_precision=PREC)
+        kk30 += tl.dot(k3, kt0, input_precision=PREC)
+        kk31 += tl.dot(k3, kt1, input_precision=PREC)
+        kk32 += tl.dot(k3, kt2, input_precision=PREC)
+    return kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32
+
+
+@triton.jit(do_not_specialize=["N"])
+def wy_solve_kernel(
+    k_ptr,
+    g_ptr,
+    beta_ptr,
+    a_log_ptr,
+    dt_bias_ptr,
+    cu_ptr,
+    off_ptr,
+    seq_ptr,
+    N,
+    gc_ptr,
+    beff_ptr,
+    rk_ptr,
+    a_ptr,
+    HO,
+    HK,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    L2NORM: tl.constexpr,
+    LINEAR: tl.constexpr,
+    SAFE: tl.constexpr,
+    HAS_A: tl.constexpr,
+    HAS_DT: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    NEG_EIGVAL: tl.constexpr,
+    PREC: tl.constexpr,
+    EPS: tl.constexpr,
+):
+    """One program per (chunk, output head): writes G, beta_eff, rk (the keys' inverse row
+    norms, 1 without the l2norm) as [T, HO] fp32, and A = (I + L)^-1 as [T, HO, 64]."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
+    if valid <= 0:
+        return
+    hk = h // (HO // HK)
+    r = tl.arange(0, 16)
+    gam0, b0 = _gate_rows(
+        g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r, valid, h, HO,
+        LINEAR, SAFE, HAS_A, HAS_DT, SIGMOID, NEG_EIGVAL,
+    )  # fmt: skip
+    gam1, b1 = _gate_rows(
+        g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 16, valid, h, HO,
+        LINEAR, SAFE, HAS_A, HAS_DT, SIGMOID, NEG_EIGVAL,
+    )  # fmt: skip
+    gam2, b2 = _gate_rows(
+        g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 32, valid, h, HO,
+        LINEAR, SAFE, HAS_A, HAS_DT, SIGMOID, NEG_EIGVAL,
+    )  # fmt: skip
+    gam3, b3 = _gate_rows(
+        g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 48, valid, h, HO,
+        LINEAR, SAFE, HAS_A, HAS_DT, SIGMOID, NEG_EIGVAL,
+    )  # fmt: skip
+    s0 = tl.sum(gam0, 0)
+    s1 = s0 + tl.sum(gam1, 0)
+    s2 = s1 + tl.sum(gam2, 0)
+    g0 = tl.cumsum(gam0, 0)
+    g1 = tl.cumsum(gam1, 0) + s0
+    g2 = tl.cumsum(gam2, 0) + s1
+    g3 = tl.cumsum(gam3, 0) + s2
+    store_vec(gc_ptr, g0, t0, r, valid, HO, h)
+    store_vec(gc_ptr, g1, t0, r + 16, valid, HO, h)
+    store_vec(gc_ptr, g2, t0, r + 32, valid, HO, h)
+    store_vec(gc_ptr, g3, t0, r + 48, valid, HO, h)
+    store_vec(beff_ptr, b0, t0, r, valid, HO, h)
+    store_vec(beff_ptr, b1, t0, r + 16, valid, HO, h)
+    store_vec(beff_ptr, b2, t0, r + 32, valid, HO, h)
+    store_vec(beff_ptr, b3, t0, r + 48, valid, HO, h)
+
+    kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32 = _gram_slices(
+        k_ptr, t0, valid, HK * K, hk * K, K, BK, PREC
+    )
+    n0, m0 = _inv_norms(kk00, L2NORM, EPS)  # n: indexed like rows, m: like columns
+    n1, m1 = _inv_norms(kk11, L2NORM, EPS)
+    n2, m2 = _inv_norms(kk22, L2NORM, EPS)
+    n3, m3 = _inv_norms(kk33, L2NORM, EPS)
+    store_vec(rk_ptr, n0, t0, r, valid, HO, h)
+    store_vec(rk_ptr, n1, t0, r + 16, valid, HO, h)
+    store_vec(rk_ptr, n2, t0, r + 32, valid, HO, h)
+    store_vec(rk_ptr, n3, t0, r + 48, valid, HO, h)
+
+    l00 = _scale_block(kk00, n0, m0, b0, g0, g0, True)
+    l11 = _scale_block(kk11, n1, m1, b1, g1, g1, True)
+    l22 = _scale_block(kk22, n2, m2, b2, g2, g2, True)
+    l33 = _scale_block(kk33, n3, m3, b3, g3, g3, True)
+    l10 = _scale_block(kk10, n1, m0, b1, g1, g0, False)
+    l20 = _scale_block(kk20, n2, m0, b2, g2, g0, False)
+    l21 = _scale_block(kk21, n2, m1, b2, g2, g1, False)
+    l30 = _scale_block(kk30, n3, m0, b3, g3, g0, False)
+    l31 = _scale_block(kk31, n3, m1, b3, g3, g1, False)
+    l32 = _scale_block(kk32, n3, m2, b3, g3, g2, False)
+
+    # Rows 0 and 1 of (I + L_ii)^-1 - I are -L_ii's; rows 2..15 by substitution.
+    a00 = -l00
+    a11 = -l11
+    a22 = -l22
+    a33 = -l33
+    for i in range(2, 16):
+        a00 = _substitute_row(l00, a00, i)
+        a11 = _substitute_row(l11, a11, i)
+        a22 = _substitute_row(l22, a22, i)
+        a33 = _substitute_row(l33, a33, i)
+    eye = (r[:, None] == r[None, :]).to(tl.float32)
+    a00 += eye
+    a11 += eye
+    a22 += eye
+    a33 += eye
+    a10 = -_mm(a11, _mm(l10, a00))
+    a21 = -_mm(a22, _mm(l21, a11))
+    a32 = -_mm(a33, _mm(l32, a22))
+    a20 = -_mm(a22, _mm(l20, a00) + _mm(l21, a10))
+    a31 = -_mm(a33, _mm(l31, a11) + _mm(l32, a21))
+    a30 = -_mm(a33, _mm(l30, a00) + _mm(l31, a10) + _mm(l32, a20))
+
+    _store_a_block(a_ptr, a00, t0, 0, 0, valid, HO, h)
+    _store_a_block(a_ptr, a10, t0, 1, 0, valid, HO, h)
+    _store_a_block(a_ptr, a11, t0, 1, 1, valid, HO, h)
+    _store_a_block(a_ptr, a20, t0, 2, 0, valid, HO, h)
+    _store_a_block(a_ptr, a21, t0, 2, 1, valid, HO, h)
+    _store_a_block(a_ptr, a22, t0, 2, 2, valid, HO, h)
+    _store_a_block(a_ptr, a30, t0, 3, 0, valid, HO, h)
+    _store_a_block(a_ptr, a31, t0, 3, 1, valid, HO, h)
+    _store_a_block(a_ptr, a32, t0, 3, 2, valid, HO, h)
+    _store_a_block(a_ptr, a33, t0, 3, 3, valid, HO, h)
+
+
+@triton.jit(do_not_specialize=["N"])
+def wy_apply_kernel(
+    k_ptr,
+    v_ptr,
+    gc_ptr,
+    beff_ptr,
+    rk_ptr,
+    a_ptr,
+    cu_ptr,
+    off_ptr,
+    seq_ptr,
+    N,
+    w_ptr,
+    u_ptr,
+    HO,
+    HK,
+    HV,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per (chunk, output head): w = A (beta d rk k), u = A (beta v), BK / BV
+    columns at a time. A and the operands stay fp32 into the product (tf32 for 16-bit inputs,
+    ieee for fp32): the A entries are what every later stage is corrected by."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
+    if valid <= 0:
+        return
+    hk = h // (HO // HK)
+    hv = h // (HO // HV)
+    r = tl.arange(0, 64)
+    keep = (r[None, :] <= r[:, None]) & (r < valid)[:, None]
+    base = a_ptr + (t0.to(tl.int64) * HO + h) * 64
+    a = tl.load(base + r[:, None] * (HO * 64) + r[None, :], mask=keep, other=0.0)
+    a = a.to(tl.float32)
+    b = load_vec(beff_ptr, t0, r, valid, HO, h)
+    for iv in range(V // BV):
+        x = load_rows(v_ptr, t0, r, valid, HV * V, hv * V + iv * BV, BV).to(tl.float32)
+        u = tl.dot(a, x * b[:, None], input_precision=PREC)
+        store_rows(u_ptr, u, t0, r, valid, HO * V, h * V + iv * BV, BV)
+    g = load_vec(gc_ptr, t0, r, valid, HO, h)
+    rk = load_vec(rk_ptr, t0, r, valid, HO, h)
+    row_scale = tl.where(r < valid, b * tl.exp(g) * rk, 0.0)
+    for ik in range(K // BK):
+        x = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + ik * BK, BK).to(tl.float32)
+        w = tl.dot(a, x * row_scale[:, None], input_precision=PREC)
+        store_rows(w_ptr, w, t0, r, valid, HO * K, h * K + ik * BK, BK)
