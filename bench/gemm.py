@@ -1,17 +1,25 @@
-"""GEMM benchmark on one GPU: our Triton kernel vs torch.matmul, fused epilogue vs torch
-unfused, and host time per launch of the compiled kernel vs Triton's JIT launch.
+"""GEMM benchmark on one GPU: our Triton engine's listed configs vs the backend's first plan
+vs torch, bf16 and fp8; the fused epilogue vs torch unfused; host time per execute.
 
-Run from the repository root with the package on the path:
-    PYTHONPATH=src python3 bench/gemm.py [--out DIR] [--quick]
-Installs nothing. Checks every timed config's output against a float64 reference first.
-Kernel times are medians of CUDA-event timings; host times are perf_counter around a burst
-of launches from a drained queue. Prints Markdown tables last (and writes them to
-DIR/gemm.md, the raw per-candidate timings to DIR/gemm_candidates.json).
+Run from the repository root with the package on the path (the backend rows need
+nvidia-cudnn-frontend importable; without it they read "-"):
+    PYTHONPATH=src python3 bench/gemm.py [--out DIR]
+    PYTHONPATH=src python3 bench/gemm.py --check-rule DIR/gemm_candidates.json   (no GPU)
+Installs nothing. Checks every timed output against a float64 reference first. Kernel
+times: CUDA events around a run of back-to-back calls (so a small kernel is not timed with
+the host's launch gaps), per-call time, median over 7 runs. Host times: perf_counter
+around a burst of calls from a drained queue, min / median of 25 bursts. Prints Markdown
+tables last (DIR/gemm.md) and writes every candidate's time to DIR/gemm_candidates.json.
+
+--check-rule re-reads a candidates file and prints, per shape, the config the CURRENT
+rule (kernels/configs.py) ranks first against the fastest plan it lists (ours and the
+backend's first plan): the "first within 5% of the fastest listed" check, offline.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -20,77 +28,78 @@ import sys
 import time
 
 import torch
-import triton
 
 from cudnn_pygraph.engines.gemm.kernels.chain import step
+from cudnn_pygraph.engines.gemm.kernels.configs import recommend_configs
 from cudnn_pygraph.engines.gemm.kernels.knobs import GemmKnobs
-from cudnn_pygraph.engines.gemm.kernels.launch import compile_gemm, precompile
-from cudnn_pygraph.engines.gemm.kernels.spec import GemmSpec
-from cudnn_pygraph.engines.gemm.kernels.torch_gemm import describe, jit_launch
 
 SQUARE = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192)]
 LLM = [(m, n, k) for m in (16, 128, 4096) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336))]
-# Candidates: the large tiles are the Hopper two-warpgroup shapes (wgmma m64 per warpgroup);
-# the narrow ones give small-M problems enough programs to fill 132 SMs without split-K.
-LARGE = [
-    GemmKnobs(128, 256, 64, 3, 8, 8),
-    GemmKnobs(128, 256, 64, 3, 8, 4),
-    GemmKnobs(128, 256, 64, 3, 8, 16),
-    GemmKnobs(256, 128, 64, 3, 8, 8),
-    GemmKnobs(128, 128, 64, 4, 4, 8),
-    GemmKnobs(128, 256, 32, 5, 8, 8),
-]
-SMALL_M = [
-    GemmKnobs(64, 64, 128, 4, 4, 8),
+SHAPES = SQUARE + [s for s in LLM if s not in SQUARE]
+# Beyond the listed configs, for the split-K rule: the small-M tiles at every slice count.
+EXPLORE_SMALL_M = [
     GemmKnobs(64, 64, 128, 5, 4, 8),
-    GemmKnobs(64, 64, 64, 6, 4, 8),
-    GemmKnobs(64, 64, 256, 3, 4, 8),
-    GemmKnobs(64, 32, 256, 4, 4, 8),
     GemmKnobs(64, 128, 128, 4, 4, 8),
-    GemmKnobs(64, 128, 64, 5, 4, 8),
-    GemmKnobs(128, 64, 64, 4, 4, 8),
-    GemmKnobs(128, 64, 128, 4, 4, 8),
+    GemmKnobs(64, 64, 256, 3, 4, 8),
+    GemmKnobs(128, 128, 64, 4, 4, 8),
 ]
-FUSED_KNOBS = [
-    GemmKnobs(128, 256, 64, 3, 8, 8),
-    GemmKnobs(128, 256, 32, 5, 8, 8),
-    GemmKnobs(256, 128, 64, 3, 8, 8),
+SPLITS = (1, 2, 3, 4, 6, 8)
+FUSED_KNOBS = [GemmKnobs(128, 256, 64, 3, 8, 8), GemmKnobs(256, 128, 64, 3, 8, 8)]
+FP8_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
+FP8_KNOBS = [
+    GemmKnobs(128, 256, 128, 3, 8, 8),
+    GemmKnobs(128, 256, 64, 4, 8, 8),
+    GemmKnobs(256, 128, 128, 3, 8, 8),
+    GemmKnobs(128, 128, 128, 4, 4, 8),
 ]
-# Epilogue variants at 4096^3, to see what each part of the fused epilogue costs.
-# name: (chain, takes_bias, approx_tanh)
-FUSED_VARIANTS = {
-    "none": ((), False, False),
-    "bias": ((step("bias", "col", "bf16"),), True, False),
-    "relu": ((step("relu"),), False, False),
-    "gelu_tanh": ((step("gelu_tanh"),), False, False),
-    "bias+gelu_tanh": ((step("bias", "col", "bf16"), step("gelu_tanh")), True, False),
-    "bias+gelu_tanh, tanh.approx": ((step("bias", "col", "bf16"), step("gelu_tanh")), True, True),
-}
+FP8_CHAIN = (step("scale", "scalar", "fp32"), step("scale", "scalar", "fp32"))
+
+
+def fp8_spec():
+    """e4m3 A row-major, B K-major (col), the two descales as scalar steps, bf16 out."""
+    from cudnn_pygraph.engines.gemm.kernels.spec import GemmSpec
+
+    return GemmSpec("fp8e4m3", "fp8e4m3", "bf16", "row", "col", "row", FP8_CHAIN, True,
+                    (False, False))  # fmt: skip
 BF16 = torch.bfloat16
+HOST_SHAPE = (128, 256, 128)
 
 
-def candidates(M: int) -> list:
-    if M <= 128:
-        return SMALL_M + [GemmKnobs(128, 128, 64, 4, 4, 8)]
-    return LARGE
+def explore(M: int) -> list:
+    if M > 128:
+        return []
+    return [dataclasses.replace(k, SPLIT_K=s) for k in EXPLORE_SMALL_M for s in SPLITS]
 
 
-def kernel_ms(fn, reps: int, warmup: int = 3) -> float:
-    """Median of per-call CUDA-event timings."""
-    for _ in range(warmup):
+def kernel_ms(fn, flop: float, reps: int = 7) -> float:
+    """Per-call ms: CUDA events around `calls` back-to-back calls, median over reps."""
+    calls = max(3, min(50, int(5e12 / flop)))
+    for _ in range(3):
         fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for s, e in zip(starts, ends):
-        s.record()
+    per_call = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        per_call.append(start.elapsed_time(end) / calls)
+    return statistics.median(per_call)
+
+
+def host_us(fn, burst: int, reps: int = 25):
+    for _ in range(5):
         fn()
-        e.record()
+    per_call = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(burst):
+            fn()
+        per_call.append((time.perf_counter() - t0) / burst * 1e6)
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-
-
-def reps_for(flop: float) -> int:
-    return max(10, min(200, int(2e13 / flop)))
+    return min(per_call), statistics.median(per_call)
 
 
 def tflops(flop: float, ms: float) -> float:
@@ -105,352 +114,427 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 class Plan:
-    """A compiled plan with its launch arguments precomputed for one set of tensors."""
+    """A compiled kernel with its launch arguments precomputed for one set of tensors."""
 
-    def __init__(self, plan, spec, frame, stream):
-        self.plan = plan
+    def __init__(self, compiled, spec, frame, stream):
+        from cudnn_pygraph.engines.gemm.kernels.torch_gemm import split_k_workspace
+
         n_t = sum(1 for s in spec.chain if s.takes_tensor)
         ptrs = tuple(t.data_ptr() for t in frame[: 3 + n_t])
         rest = frame[3 + n_t :]
-        self.args = (
-            ptrs[0],
-            ptrs[1],
-            ptrs[2],
-            ptrs[3:],
-            rest[0],
-            rest[1],
-            rest[2],
-            rest[3],
-            tuple(rest[4 : 13 + 3 * n_t]),
-            tuple(rest[13 + 3 * n_t :]),
-            stream,
-        )
-        self.launch = plan.launch
+        M, N, batch = rest[0], rest[1], rest[3]
+        self.workspace = split_k_workspace(compiled.knobs, M, N, batch, frame[2].device)
+        ws = self.workspace
+        self.args = (ptrs[0], ptrs[1], ptrs[2], ptrs[3:], rest[0], rest[1], rest[2], rest[3],
+                     tuple(rest[4 : 13 + 3 * n_t]), tuple(rest[13 + 3 * n_t :]), stream,
+                     (0, 0) if ws[0] is None else (ws[0].data_ptr(), ws[1].data_ptr()))  # fmt: skip
+        self.launch = compiled.launch
 
     def __call__(self):
         self.launch(*self.args)
 
 
-def graph_execute_paths(M: int, N: int, K: int) -> dict:
-    """{path name: fn} running graph.execute on a bf16 [1, M, K] @ [1, K, N] graph: through our
-    engine (its slot injected the way tests do; the lead's manifest row makes this the
-    shipped path) and through the backend's first plan when the backend is installed."""
-    import dataclasses
-
+def _graph(M, N, K, dtype_in="bf16", b_major="row", chain="plain"):
+    """A [1, M, K] @ [1, K, N] graph (bf16 out); fp8: with the two descale nodes.
+    Returns (graph, {role: Tensor})."""
     import cudnn_pygraph as cudnn
+
+    dt = cudnn.data_type
+    g = cudnn.pygraph(io_data_type=dt.BFLOAT16, intermediate_data_type=dt.FLOAT,
+                      compute_data_type=dt.FLOAT)  # fmt: skip
+    in_dt = {"bf16": dt.BFLOAT16, "fp8e4m3": dt.FP8_E4M3}[dtype_in]
+    a = g.tensor([1, M, K], stride=[M * K, K, 1], name="A", data_type=in_dt)
+    b_stride = [K * N, N, 1] if b_major == "row" else [K * N, 1, K]
+    b = g.tensor([1, K, N], stride=b_stride, name="B", data_type=in_dt)
+    t = {"A": a, "B": b}
+    x = g.matmul(a, b)
+    if dtype_in != "bf16":
+        t["sa"] = g.tensor([1, 1, 1], name="descale_A", data_type=dt.FLOAT)
+        t["sb"] = g.tensor([1, 1, 1], name="descale_B", data_type=dt.FLOAT)
+        x = g.mul(g.scale(x, t["sa"]), t["sb"])
+    x.set_output(True).set_data_type(dt.BFLOAT16).set_name("C")
+    t["C"] = x
+    return g, t
+
+
+def backend_plan(M, N, K, feeds, out, ref, dtype_in="bf16", b_major="row"):
+    """(name, fn) of the backend's first plan for the graph, checked against ref; or
+    (reason, None) when the backend is absent or declines."""
+    import cudnn_pygraph as cudnn
+    from cudnn_pygraph.backend import adapter
     from cudnn_pygraph.planning import manifest
 
-    engine = "cudnn_pygraph.engines.gemm.engine"
-    fam = dataclasses.replace(
-        manifest.family_by_name("gemm"),
-        slots=(manifest.EngineSlot(0, "triton_gemm", engine, "GemmTritonEngine"),),
-        heuristics=(engine, "recommend"),
-    )
-    paths = {}
-    with manifest.use_families(tuple(fam if f.name == "gemm" else f for f in manifest.FAMILIES)):
-        g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16)
-        a = g.tensor([1, M, K], name="A")
-        b = g.tensor([1, K, N], name="B")
-        c = g.matmul(a, b)
-        c.set_output(True).set_data_type(cudnn.data_type.BFLOAT16)
-        g.create_execution_plans([cudnn.heur_mode.A])
-        names = [g.get_plan_name_at_index(i) for i in range(g.get_execution_plan_count())]
-        print(f"graph plans: {names}", flush=True)
-        ta = torch.randn(1, M, K, device="cuda", dtype=BF16)
-        tb = torch.randn(1, K, N, device="cuda", dtype=BF16)
-        tc = torch.full((1, M, N), float("nan"), device="cuda", dtype=BF16)
-        pack = {a: ta, b: tb, c: tc}
-        ours = next(i for i, n in enumerate(names) if n.startswith("triton_gemm["))
-        g.build_plan_at_index(ours)
-        g.execute_plan_at_index(pack, None, ours)
+    if not adapter.backend_installed():
+        return "backend not installed", None
+    try:
+        g, t = _graph(M, N, K, dtype_in, b_major)
+        with manifest.use_families([]):
+            g.create_execution_plans([cudnn.heur_mode.A])
+        g.build_plans()
+        name = g.get_plan_name_at_index(g.selected_plan)
+        ws = torch.empty(max(1, g.get_workspace_size()), device="cuda", dtype=torch.uint8)
+        pack = {t[r]: v for r, v in feeds.items()}
+        pack[t["C"]] = out
+        out.fill_(float("nan"))
+        g.execute(pack, ws)
         torch.cuda.synchronize()
-        assert rel_err(tc, ta.double() @ tb.double()) < 1e-2
-        paths[f"graph.execute, python plan {names[ours]}"] = lambda: g.execute_plan_at_index(
-            pack, None, ours
-        )
-        backend = [i for i, n in enumerate(names) if not n.startswith("triton_gemm[")]
-        if backend:
-            i = backend[0]
-            try:
-                g.build_plan_at_index(i)
-                ws = torch.empty(
-                    max(1, g.get_workspace_size_plan_at_index(i)), device="cuda", dtype=torch.uint8
-                )
-                tc.fill_(float("nan"))
-                g.execute_plan_at_index(pack, ws, i)
-                torch.cuda.synchronize()
-                assert rel_err(tc, ta.double() @ tb.double()) < 1e-2
-                paths[f"graph.execute, backend plan {names[i]}"] = lambda: g.execute_plan_at_index(
-                    pack, ws, i
-                )
-            except Exception as exc:
-                print(f"backend plan {names[i]}: {type(exc).__name__}: {exc}", flush=True)
-    return paths
+        err = rel_err(out, ref)
+        if not err < 1e-2:
+            return f"backend plan {name}: WRONG, rel err {err}", None
+        return name, lambda: g.execute(pack, ws)
+    except Exception as exc:  # a decline or a failure is a row's answer, never fatal
+        return f"{type(exc).__name__}: {str(exc)[:160]}", None
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--quick", action="store_true", help="square shapes only")
-    args = ap.parse_args()
-    dev = torch.device("cuda")
-    stream = torch.cuda.current_stream().cuda_stream
-    torch.manual_seed(0)
-    t_start = time.time()
+# ------------------------------------------------------------------------------ sections
+def section_bf16(get_plan, plain, num_sms, stream, raw):
+    from cudnn_pygraph.engines.gemm.kernels.torch_gemm import describe
 
-    plain = GemmSpec("bf16", "bf16", "bf16", "row", "row", "row", (), True)
-
-    def variant_spec(name):
-        chain, takes_bias, approx = FUSED_VARIANTS[name]
-        contiguous = (True,) if takes_bias else ()
-        return GemmSpec(
-            "bf16", "bf16", "bf16", "row", "row", "row", chain, True, contiguous, approx
-        )
-
-    shapes = SQUARE + ([] if args.quick else LLM)
-    jobs = {(plain, k) for M, _, _ in shapes for k in candidates(M)}
-    jobs |= {(variant_spec(v), k) for v in FUSED_VARIANTS for k in FUSED_KNOBS}
-    host_knobs = GemmKnobs(64, 128, 64, 4, 4, 8)
-    jobs.add((plain, host_knobs))
-    errors = precompile(sorted(jobs, key=str), workers=min(16, os.cpu_count() or 4))
-    print(
-        f"precompiled {len(jobs)} kernels in {time.time() - t_start:.1f}s; errors: {errors}",
-        flush=True,
-    )
-
-    plans = {}
-
-    def get_plan(spec, knobs):
-        key = (spec, knobs)
-        if key not in plans:
-            try:
-                plans[key] = compile_gemm(spec, knobs, dev)
-            except Exception as exc:  # a config that does not fit the device is skipped, shown
-                print(f"skip {knobs.short()}: {type(exc).__name__}: {exc}", flush=True)
-                plans[key] = None
-        return plans[key]
-
-    # --- 1. plain bf16 GEMM: every candidate vs torch.matmul --------------------------------
-    rows, raw = [], {}
-    for M, N, K in shapes:
-        a = torch.randn(M, K, device=dev, dtype=BF16)
-        b = torch.randn(K, N, device=dev, dtype=BF16)
-        c = torch.empty(M, N, device=dev, dtype=BF16)
+    rows = []
+    for M, N, K in SHAPES:
+        a = torch.randn(1, M, K, device="cuda", dtype=BF16)
+        b = torch.randn(1, K, N, device="cuda", dtype=BF16)
+        c = torch.empty(1, M, N, device="cuda", dtype=BF16)
         ref = a.double() @ b.double()
         flop = 2.0 * M * N * K
-        reps = reps_for(flop)
         spec, frame = describe(a, b, c)
         assert spec == plain, spec
+        listed = recommend_configs(M, N, K, 1, ("bf16", "bf16"), 0, num_sms)
         times = {}
-        for knobs in candidates(M):
-            plan = get_plan(plain, knobs)
-            if plan is None:
+        for knobs in listed + [k for k in explore(M) if k not in listed]:
+            compiled = get_plan(plain, knobs)
+            if compiled is None:
                 continue
-            p = Plan(plan, spec, frame, stream)
+            p = Plan(compiled, spec, frame, stream)
             c.fill_(float("nan"))
             p()
             err = rel_err(c, ref)
             if not err < 1e-2:
                 print(f"WRONG {M}x{N}x{K} {knobs.short()}: rel err {err}", flush=True)
                 continue
-            times[knobs.short()] = kernel_ms(p, reps)
-        t_torch = kernel_ms(lambda: torch.matmul(a, b, out=c), reps)
-        best = min(times, key=times.get)
-        raw[f"{M}x{N}x{K}"] = {"torch_ms": t_torch, **times}
-        rows.append((M, N, K, best, times[best], t_torch, flop))
-        rounded = json.dumps({k: round(v, 4) for k, v in times.items()})
-        print(
-            f"{M}x{N}x{K}: best {best} {tflops(flop, times[best]):.0f} TFLOP/s, torch "
-            f"{tflops(flop, t_torch):.0f}; all {rounded}",
-            flush=True,
-        )
+            times[knobs.short()] = kernel_ms(p, flop)
+        t_torch = kernel_ms(lambda: torch.matmul(a, b, out=c), flop)
+        bname, bfn = backend_plan(M, N, K, {"A": a, "B": b}, c, ref)
+        t_backend = kernel_ms(bfn, flop) if bfn else None
+        key = f"{M}x{N}x{K}"
+        raw[key] = {"torch_ms": t_torch, "backend_ms": t_backend, "backend_plan": bname,
+                    "listed": [k.short() for k in listed], "ours": times}  # fmt: skip
+        rows.append((M, N, K, flop, times, [k.short() for k in listed], t_torch, t_backend))
+        print(f"{key}: torch {t_torch:.4f} backend {t_backend} ({bname}); "
+              f"{json.dumps({k: round(v, 4) for k, v in times.items()})}", flush=True)  # fmt: skip
         del a, b, c, ref
+    return rows
 
-    # --- 2. matmul + bias + gelu_tanh, 4096^3: fused vs torch unfused -----------------------
+
+def section_fused(get_plan, stream, raw):
+    from cudnn_pygraph.engines.gemm.kernels.spec import GemmSpec
+    from cudnn_pygraph.engines.gemm.kernels.torch_gemm import describe
+
     M = N = K = 4096
-    a = torch.randn(M, K, device=dev, dtype=BF16)
-    b = torch.randn(K, N, device=dev, dtype=BF16)
-    bias = torch.randn(N, device=dev, dtype=BF16)
-    c = torch.empty(M, N, device=dev, dtype=BF16)
-    mm = a.double() @ b.double()
-    from_ref = {
-        "none": lambda: mm,
-        "bias": lambda: mm + bias.double(),
-        "relu": lambda: torch.relu(mm),
-        "gelu_tanh": lambda: torch.nn.functional.gelu(mm, approximate="tanh"),
-        "bias+gelu_tanh": lambda: torch.nn.functional.gelu(mm + bias.double(), approximate="tanh"),
-    }
-    variants = {}
-    for vname, (chain, takes_bias, approx) in FUSED_VARIANTS.items():
-        ref = from_ref[vname.split(",")[0]]()
-        ops = (bias,) if takes_bias else ()
-        spec, frame = describe(a, b, c, chain, ops, approx_tanh=approx)
-        assert spec == variant_spec(vname), spec
-        vt = {}
-        for knobs in FUSED_KNOBS:
-            plan = get_plan(spec, knobs)
-            if plan is None:
+    flop = 2.0 * M * N * K
+    a = torch.randn(M, K, device="cuda", dtype=BF16)
+    b = torch.randn(K, N, device="cuda", dtype=BF16)
+    bias = torch.randn(N, device="cuda", dtype=BF16)
+    c = torch.empty(M, N, device="cuda", dtype=BF16)
+    chain = (step("bias", "col", "bf16"), step("gelu_tanh"))
+    ref = torch.nn.functional.gelu(a.double() @ b.double() + bias.double(), approximate="tanh")
+    spec, frame = describe(a, b, c, chain, (bias,))
+    assert spec == GemmSpec("bf16", "bf16", "bf16", "row", "row", "row", chain, True, (True,))
+    times = {}
+    for knobs in FUSED_KNOBS:
+        compiled = get_plan(spec, knobs)
+        if compiled is None:
+            continue
+        p = Plan(compiled, spec, frame, stream)
+        c.fill_(float("nan"))
+        p()
+        err = rel_err(c, ref)
+        if err < 1e-2:
+            times[knobs.short()] = (kernel_ms(p, flop), err)
+
+    def torch_unfused():
+        return torch.nn.functional.gelu(torch.matmul(a, b) + bias, approximate="tanh")
+
+    t_unfused = kernel_ms(torch_unfused, flop)
+    raw["fused_4096"] = {"torch_unfused_ms": t_unfused, "ours": times}
+    print(f"fused: {times}; torch unfused {t_unfused:.4f}", flush=True)
+    return times, t_unfused
+
+
+def section_fp8(get_plan, num_sms, stream, raw):
+    from cudnn_pygraph.engines.gemm.kernels.torch_gemm import describe
+
+    spec = fp8_spec()
+    rows = []
+    for M, N, K in FP8_SHAPES:
+        flop = 2.0 * M * N * K
+        a = torch.randn(1, M, K, device="cuda").mul(2).to(torch.float8_e4m3fn)
+        bt = torch.randn(1, N, K, device="cuda").mul(2).to(torch.float8_e4m3fn)
+        b = bt.transpose(1, 2)  # [1, K, N], K-major: what Hopper's fp8 wgmma reads
+        sa = torch.rand((), device="cuda") + 0.5
+        sb = torch.rand((), device="cuda") + 0.5
+        c = torch.empty(1, M, N, device="cuda", dtype=BF16)
+        ref = (a.double() @ b.double()) * sa.double() * sb.double()
+        got, frame = describe(a, b, c, FP8_CHAIN, (sa, sb))
+        assert got == spec, got
+        first = recommend_configs(M, N, K, 1, ("fp8e4m3", "bf16"), 0, num_sms)[0]
+        times = {}
+        for knobs in [first] + [k for k in FP8_KNOBS if k != first]:
+            compiled = get_plan(spec, knobs)
+            if compiled is None:
                 continue
-            p = Plan(plan, spec, frame, stream)
+            p = Plan(compiled, spec, frame, stream)
             c.fill_(float("nan"))
             p()
             err = rel_err(c, ref)
             if not err < 1e-2:
-                print(f"WRONG {vname} {knobs.short()}: rel err {err}", flush=True)
+                print(f"WRONG fp8 {M}x{N}x{K} {knobs.short()}: rel err {err}", flush=True)
                 continue
-            vt[knobs.short()] = (kernel_ms(p, 50), err)
-        del ref
-        variants[vname] = vt
-        print(f"fused {vname}: {json.dumps(vt)}", flush=True)
-
-    def torch_unfused():
-        y = torch.matmul(a, b)
-        y = y + bias
-        return torch.nn.functional.gelu(y, approximate="tanh")
-
-    t_unfused = kernel_ms(torch_unfused, 50)
-    t_torch_mm = kernel_ms(lambda: torch.matmul(a, b, out=c), 50)
-    raw["fused_4096"] = {"torch_unfused_ms": t_unfused, "torch_matmul_ms": t_torch_mm, **variants}
-
-    # --- 3. host time per launch at 128x256x128 ---------------------------------------------
-    M, N, K = 128, 256, 128
-    a = torch.randn(M, K, device=dev, dtype=BF16)
-    b = torch.randn(K, N, device=dev, dtype=BF16)
-    c = torch.empty(M, N, device=dev, dtype=BF16)
-    spec, frame = describe(a, b, c)
-    p = Plan(get_plan(plain, host_knobs), spec, frame, stream)
-    c.fill_(float("nan"))
-    p()
-    assert rel_err(c, a.double() @ b.double()) < 1e-2
-
-    def jit():
-        jit_launch(spec, host_knobs, frame)
-
-    def bare_jit():
-        # Triton's JIT launch of the same kernel with the arguments already bound as kwargs
-        # (no describe()): what a caller of the @triton.jit function pays.
-        bare_kernel[grid](**bare_kwargs)
-
-    from cudnn_pygraph.engines.gemm.kernels.launch import kernel_signature
-    from cudnn_pygraph.engines.gemm.kernels.matmul import gemm_kernel as bare_kernel
-    from cudnn_pygraph.engines.gemm.kernels.spec import recipe
-
-    rec = recipe(spec)
-    names = rec.frame_names
-    _, sig, cx, _, _ = kernel_signature(spec, host_knobs)
-    bare_kwargs = {}
-    for name in sig:
-        if sig[name] == "constexpr":
-            bare_kwargs[name] = cx[name]
-        else:
-            fname = {"a_ptr": "a", "b_ptr": "b", "c_ptr": "c"}.get(name, name)
-            bare_kwargs[name] = frame[names.index(fname)]
-    bare_kwargs.update(num_warps=host_knobs.NUM_WARPS, num_stages=host_knobs.NUM_STAGES)
-    for kname in ("TILE_M", "TILE_N", "TILE_K", "GROUP_M"):
-        bare_kwargs[kname] = getattr(host_knobs, kname)
-    grid = (2,)
-    jit()
-    bare_jit()
-    torch.cuda.synchronize()
-
-    def host_us(fn, burst: int, reps: int = 25):
-        per_call = []
-        for _ in range(reps):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(burst):
-                fn()
-            per_call.append((time.perf_counter() - t0) / burst * 1e6)
-        torch.cuda.synchronize()
-        return min(per_call), statistics.median(per_call)
-
-    host = {}
-    for name, fn in (
-        ("compiled launch (closure)", p),
-        ("triton JIT launch, bound kwargs", bare_jit),
-        ("torch_gemm.gemm JIT path (describe + JIT)", jit),
-        ("torch.matmul", lambda: torch.matmul(a, b, out=c)),
-    ):
-        host[name] = {burst: host_us(fn, burst) for burst in (1, 8, 64)}
-
-    # --- 3b. host time per graph.execute: our python plan, and the backend's first plan -----
-    try:
-        paths = graph_execute_paths(M, N, K)
-    except Exception as exc:  # the table above must still print
-        print(f"graph.execute paths: {type(exc).__name__}: {exc}", flush=True)
-        paths = {}
-    for name, fn in paths.items():
+            times[knobs.short()] = kernel_ms(p, flop)
+        t_torch = None
         try:
-            host[name] = {burst: host_us(fn, burst) for burst in (1, 8, 64)}
-        except Exception as exc:  # reported in the table, never fatal to the bench
-            print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
+            def scaled_mm():
+                return torch._scaled_mm(a[0], b[0], scale_a=sa, scale_b=sb, out_dtype=BF16)
 
-    # --- report -----------------------------------------------------------------------------
-    lines = []
-    lines.append(f"# GEMM (Triton, ours) on {torch.cuda.get_device_name()}")
-    lines.append("")
-    lines.append(
-        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
-        f"torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}; "
-        "`PYTHONPATH=src python3 bench/gemm.py`"
+            if rel_err(scaled_mm().unsqueeze(0), ref) < 1e-2:
+                t_torch = kernel_ms(scaled_mm, flop)
+        except Exception as exc:  # torch's fp8 entry may refuse; the row says so
+            print(f"torch._scaled_mm: {type(exc).__name__}: {exc}", flush=True)
+        feeds = {"A": a, "B": b, "sa": sa.reshape(1, 1, 1), "sb": sb.reshape(1, 1, 1)}
+        bname, bfn = backend_plan(M, N, K, feeds, c, ref, "fp8e4m3", "col")
+        t_backend = kernel_ms(bfn, flop) if bfn else None
+        raw[f"fp8e4m3 {M}x{N}x{K}"] = {"torch_scaled_mm_ms": t_torch, "backend_ms": t_backend,
+                                        "backend_plan": bname, "first": first.short(),
+                                        "ours": times}  # fmt: skip
+        rows.append((M, N, K, flop, times, first.short(), t_torch, t_backend, bname))
+        print(f"fp8 {M}x{N}x{K}: {times}; torch {t_torch}; backend {t_backend} ({bname})",
+              flush=True)  # fmt: skip
+    return rows
+
+
+def section_host(raw):
+    """Host us per call of one built python GEMM plan, from the raw launcher up."""
+    from types import SimpleNamespace
+
+    import cudnn_pygraph as cudnn
+    from cudnn_pygraph.engines.base import ExecutionContext
+    from cudnn_pygraph.engines.gemm.kernels.launch import _lower
+    from cudnn_pygraph.runtime.execute import GraphLayout
+
+    M, N, K = HOST_SHAPE
+    g, t = _graph(M, N, K)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    g.build_plans()  # the selected plan: ours, ranked first for a plain small GEMM
+    i = g.selected_plan
+    name = g.get_plan_name_at_index(i)
+    assert name.startswith("triton_gemm["), name
+    a = torch.randn(1, M, K, device="cuda", dtype=BF16)
+    b = torch.randn(1, K, N, device="cuda", dtype=BF16)
+    c = torch.full((1, M, N), float("nan"), device="cuda", dtype=BF16)
+    ref = a.double() @ b.double()
+    pack = {t["A"]: a, t["B"]: b, t["C"]: c}
+    ints = {tensor.uid: buf.data_ptr() for tensor, buf in pack.items()}
+    built = g._planning.built[g.plans[i].identity]
+    compiled = built.compiled
+    stream = torch.cuda.current_stream().cuda_stream
+    args = (a.data_ptr(), b.data_ptr(), c.data_ptr(), (), M, N, K, 1,
+            (M * K, K, 1, K * N, N, 1, M * N, N, 1), (), stream)  # fmt: skip
+    recorded = []
+    run = compiled.kernel.run
+    proxy = SimpleNamespace(
+        function=compiled.kernel.function,
+        packed_metadata=compiled.kernel.packed_metadata,
+        run=SimpleNamespace(launch=lambda *x: recorded.append(x),
+                            launch_cooperative_grid=run.launch_cooperative_grid,
+                            launch_pdl=run.launch_pdl),  # fmt: skip
     )
-    lines.append("")
-    lines.append(
-        "## bf16 GEMM, C = A @ B, row-major, best listed config per shape (CUDA-event medians)"
-    )
-    lines.append("")
-    lines.append(
-        "| M | N | K | best config | ours ms | ours TFLOP/s | torch.matmul ms | torch TFLOP/s "
-        "| ours/torch |"
-    )
-    lines.append("|---|---|---|---|---|---|---|---|---|")
-    for M, N, K, best, t, tt, flop in rows:
-        lines.append(
-            f"| {M} | {N} | {K} | {best} | {t:.4f} | {tflops(flop, t):.0f} | {tt:.4f} | "
-            f"{tflops(flop, tt):.0f} | {tt / t:.2f}x |"
-        )
-    lines.append("")
-    lines.append("## Fused epilogues, bf16, 4096^3 (best of the listed configs per epilogue)")
-    lines.append("")
-    lines.append(
-        f"torch unfused (matmul, + bias, gelu tanh): {t_unfused:.4f} ms; torch.matmul alone: "
-        f"{t_torch_mm:.4f} ms"
-    )
-    lines.append("")
-    lines.append(
-        "| epilogue | best config | ours ms | TFLOP/s | rel err vs float64 | vs torch unfused |"
-    )
-    lines.append("|---|---|---|---|---|---|")
-    flop = 2.0 * 4096**3
-    for vname, vt in variants.items():
-        if not vt:
-            lines.append(f"| {vname} | none ran | | | | |")
+    _lower(compiled.recipe, compiled.knobs, proxy, compiled.arg_plan, compiled.constants,
+           compiled.scratch, compiled.num_sms)(*args)  # fmt: skip
+    raw_args = recorded[0]
+    raw_launch = run.launch
+    layout = GraphLayout(g)
+    vp = layout.pack(pack)
+    ctx = ExecutionContext(None, None, None, None)
+    execute = built.execute
+    calls = {
+        "Triton's C launcher, arguments prebuilt (floor)": lambda: raw_launch(*raw_args),
+        "compiled launch closure (bare launch)": lambda: compiled.launch(*args),
+        "plan execute, pack built once": lambda: execute(g, vp, ctx),
+        "graph.execute({Tensor: torch tensor})": lambda: g.execute(pack),
+        "graph.execute({uid: address})": lambda: g.execute(ints),
+        "torch.matmul": lambda: torch.matmul(a, b, out=c),
+    }
+    bname, bfn = backend_plan(M, N, K, {"A": a, "B": b}, c, ref)
+    if bfn:
+        calls[f"graph.execute, backend plan {bname}"] = bfn
+    errs = {}
+    for label, fn in calls.items():
+        c.fill_(float("nan"))
+        fn()
+        torch.cuda.synchronize()
+        errs[label] = rel_err(c, ref)
+        assert errs[label] < 1e-2, f"{label}: rel err {errs[label]}"
+    host = {label: {burst: host_us(fn, burst) for burst in (1, 8, 64)} for label, fn in calls.items()}
+    raw["host"] = {"plan": name, "us": {k: {str(b): v for b, v in d.items()} for k, d in host.items()}}
+    return name, host
+
+
+# ------------------------------------------------------------------------------ report
+def ranked_first(listed, times, t_backend):
+    """(first config, its ms, fastest listed name, its ms): the backend's first plan is
+    listed after ours (heuristics.recommend)."""
+    first = listed[0] if listed[0] in times else next((k for k in listed if k in times), None)
+    pool = {k: times[k] for k in listed if k in times}
+    if t_backend is not None:
+        pool["backend"] = t_backend
+    best = min(pool, key=pool.get)
+    return first, times.get(first), best, pool[best]
+
+
+def check_rule(path):
+    data = json.load(open(path))
+    num_sms = data.get("num_sms", 132)
+    print("| shape | first (current rule) | first ms | fastest listed | ms | first / fastest |")
+    print("|---|---|---|---|---|---|")
+    for key, row in data.items():
+        if "x" not in key or " " in key or not isinstance(row, dict) or "ours" not in row:
             continue
-        kb = min(vt, key=lambda k: vt[k][0])
-        t, err = vt[kb]
-        lines.append(
-            f"| {vname} | {kb} | {t:.4f} | {tflops(flop, t):.0f} | {err:.1e} | "
-            f"{t_unfused / t:.2f}x |"
-        )
-    lines.append("")
-    lines.append(
-        f"## host us per call, 128x256x128 bf16, {host_knobs.short()} (min / median of 25 reps, "
-        "per call in a burst from a drained queue)"
+        M, N, K = map(int, key.split("x"))
+        listed = [k.short() for k in recommend_configs(M, N, K, 1, ("bf16", "bf16"), 0, num_sms)]
+        missing = [k for k in listed if k not in row["ours"]]
+        first, t_first, best, t_best = ranked_first(listed, row["ours"], row.get("backend_ms"))
+        note = f" (untimed: {missing})" if missing else ""
+        if first != listed[0]:
+            note = f" (the rule's first, {listed[0]}, is untimed)" + note
+        print(f"| {key} | {first} | {t_first:.4f} | {best} | {t_best:.4f} | "
+              f"{t_first / t_best:.3f}{note} |")  # fmt: skip
+
+
+def report(args, bf16_rows, fused, fp8_rows, host, num_sms):
+    import triton
+
+    L = []
+    L.append(f"# GEMM (Triton, ours) on {torch.cuda.get_device_name()}")
+    L.append("")
+    L.append(
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+        f"torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}, "
+        f"{num_sms} SMs; `PYTHONPATH=src python3 bench/gemm.py`"
     )
-    lines.append("")
-    lines.append("| path | burst 1 | burst 8 | burst 64 |")
-    lines.append("|---|---|---|---|")
-    for name, by_burst in host.items():
-        cells = " | ".join(f"{mn:.1f} / {md:.1f}" for mn, md in by_burst.values())
-        lines.append(f"| {name} | {cells} |")
-    report = "\n".join(lines)
-    os.makedirs(args.out, exist_ok=True)
+    L.append("")
+    L.append("## bf16 GEMM, row-major A and B: ranked first vs fastest listed, backend, torch")
+    L.append("")
+    L.append("| M | N | K | ranked first | ms | fastest listed | ms | first/fastest "
+             "| backend 1st ms | torch ms | first TFLOP/s | torch/first |")  # fmt: skip
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for M, N, K, flop, times, listed, t_torch, t_backend in bf16_rows:
+        first, t_first, best, t_best = ranked_first(listed, times, t_backend)
+        tb = f"{t_backend:.4f}" if t_backend is not None else "-"
+        L.append(f"| {M} | {N} | {K} | {first} | {t_first:.4f} | {best} | {t_best:.4f} | "
+                 f"{t_first / t_best:.3f} | {tb} | {t_torch:.4f} | {tflops(flop, t_first):.0f} | "
+                 f"{t_torch / t_first:.2f}x |")  # fmt: skip
+    L.append("")
+    times, t_unfused = fused
+    L.append("## matmul + bias + gelu_tanh, bf16, 4096^3: fused (ours) vs torch unfused")
+    L.append("")
+    L.append("| config | ours ms | TFLOP/s | rel err | torch unfused ms | speedup |")
+    L.append("|---|---|---|---|---|---|")
+    for k, (t, err) in times.items():
+        L.append(f"| {k} | {t:.4f} | {tflops(2 * 4096**3, t):.0f} | {err:.1e} | "
+                 f"{t_unfused:.4f} | {t_unfused / t:.2f}x |")  # fmt: skip
+    L.append("")
+    L.append("## fp8 e4m3 A (row) x B (K-major), per-tensor descales, bf16 out")
+    L.append("")
+    L.append("| M | N | K | config | ms | TFLOP/s | torch._scaled_mm ms | backend 1st ms |")
+    L.append("|---|---|---|---|---|---|---|---|")
+    for M, N, K, flop, t8, first, t_torch, t_backend, bname in fp8_rows:
+        for k, t in t8.items():
+            tag = " (ranked first)" if k == first else ""
+            ts = f"{t_torch:.4f}" if t_torch else "-"
+            tb = f"{t_backend:.4f}" if t_backend else f"- ({bname[:60]})"
+            L.append(f"| {M} | {N} | {K} | {k}{tag} | {t:.4f} | {tflops(flop, t):.0f} | "
+                     f"{ts} | {tb} |")  # fmt: skip
+    L.append("")
+    name, by_label = host
+    if not by_label:
+        return "\n".join(L)
+    L.append(f"## host us per call, {'x'.join(map(str, HOST_SHAPE))} bf16, plan {name} "
+             "(min / median of 25 bursts, drained queue)")  # fmt: skip
+    L.append("")
+    L.append("| path | burst 1 | burst 8 | burst 64 | / bare launch (min, burst 8) |")
+    L.append("|---|---|---|---|---|")
+    bare = by_label["compiled launch closure (bare launch)"][8][0]
+    for label, d in by_label.items():
+        cells = " | ".join(f"{mn:.1f} / {md:.1f}" for mn, md in d.values())
+        L.append(f"| {label} | {cells} | {d[8][0] / bare:.2f} |")
+    return "\n".join(L)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--check-rule", default=None, help="a gemm_candidates.json to re-rank")
+    args = ap.parse_args()
+    if args.check_rule:
+        return check_rule(args.check_rule)
+    from cudnn_pygraph.engines.gemm.kernels.launch import compile_gemm, precompile
+    from cudnn_pygraph.engines.gemm.kernels.spec import GemmSpec
+
+    torch.manual_seed(0)
+    t_start = time.time()
+    dev = torch.device("cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    plain = GemmSpec("bf16", "bf16", "bf16", "row", "row", "row", (), True)
+    fused = GemmSpec("bf16", "bf16", "bf16", "row", "row", "row",
+                     (step("bias", "col", "bf16"), step("gelu_tanh")), True, (True,))  # fmt: skip
+    fp8 = fp8_spec()
+    jobs = set()
+    for M, N, K in SHAPES:
+        for k in recommend_configs(M, N, K, 1, ("bf16", "bf16"), 0, num_sms) + explore(M):
+            jobs.add((plain, k))
+    jobs |= {(fused, k) for k in FUSED_KNOBS}
+    for M, N, K in FP8_SHAPES:
+        jobs.add((fp8, recommend_configs(M, N, K, 1, ("fp8e4m3", "bf16"), 0, num_sms)[0]))
+    jobs |= {(fp8, k) for k in FP8_KNOBS}
+    errors = precompile(sorted(jobs, key=str), workers=min(16, os.cpu_count() or 4))
+    print(f"precompiled {len(jobs)} kernels in {time.time() - t_start:.1f}s; errors: {errors}",
+          flush=True)  # fmt: skip
+    plans = {}
+
+    def get_plan(spec, knobs):
+        if (spec, knobs) not in plans:
+            try:
+                plans[(spec, knobs)] = compile_gemm(spec, knobs, dev)
+            except Exception as exc:  # a config that does not fit is skipped, and shown
+                print(f"skip {knobs.short()}: {type(exc).__name__}: {exc}", flush=True)
+                plans[(spec, knobs)] = None
+        return plans[(spec, knobs)]
+
+    raw = {"num_sms": num_sms}
+    out = {}
+    steps = (("bf16", lambda: section_bf16(get_plan, plain, num_sms, stream, raw)),
+             ("fused", lambda: section_fused(get_plan, stream, raw)),
+             ("fp8", lambda: section_fp8(get_plan, num_sms, stream, raw)),
+             ("host", lambda: section_host(raw)))  # fmt: skip
+    for name, fn in steps:
+        try:
+            out[name] = fn()
+        except Exception as exc:  # one section failing must not lose the others' numbers
+            import traceback
+
+            traceback.print_exc()
+            print(f"section {name} failed: {type(exc).__name__}: {exc}", flush=True)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "gemm_candidates.json"), "w") as f:
+            json.dump(raw, f, indent=1)
+        print(f"[{time.time() - t_start:.0f}s] section {name} done", flush=True)
+    text = report(args, out.get("bf16", []), out.get("fused", ({}, float("nan"))),
+                  out.get("fp8", []), out.get("host", ("-", {})), num_sms)  # fmt: skip
     with open(os.path.join(args.out, "gemm.md"), "w") as f:
-        f.write(report + "\n")
-    with open(os.path.join(args.out, "gemm_candidates.json"), "w") as f:
-        json.dump(raw, f, indent=1)
+        f.write(text + "\n")
     print(f"total {time.time() - t_start:.1f}s")
-    print(report)
+    print(text)
 
 
 if __name__ == "__main__":

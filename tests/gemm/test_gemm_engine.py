@@ -141,14 +141,6 @@ DECLINES = [
         "leaky/clipped relu is not fused",
     ),
     (
-        "fp8-until-its-gpu-run",
-        lambda g: g.matmul(
-            g.tensor([1, 16, 16], data_type=cudnn.data_type.FP8_E4M3),
-            g.tensor([1, 16, 16], data_type=cudnn.data_type.FP8_E4M3),
-        ),
-        "the engine accepts them after their H200 numerics run",
-    ),
-    (
         "mixed-dtypes",
         lambda g: g.matmul(g.tensor([1, 16, 8]), g.tensor([1, 8, 4], data_type=FLOAT)),
         "mixed input dtypes are not served",
@@ -320,3 +312,74 @@ def test_gpu_execute_split_k_passes_its_workspace_per_stream(monkeypatch):
         assert call[0] == tiles * 4  # one program per (tile, slice)
         assert (got["ws_ptr"], got["lock_ptr"], got["SPLIT_K"]) == (
             0x7000 + stream, 0x8000 + stream, 4)  # fmt: skip
+
+
+FP8_DT = {"fp8e4m3": cudnn.data_type.FP8_E4M3, "fp8e5m2": cudnn.data_type.FP8_E5M2}
+FP8_TORCH = {"fp8e4m3": torch.float8_e4m3fn, "fp8e5m2": torch.float8_e5m2}
+FP8_CELLS = [
+    (a_dt, b_dt, am, bm)
+    for a_dt, b_dt in (("fp8e4m3", "fp8e4m3"), ("fp8e5m2", "fp8e5m2"), ("fp8e4m3", "fp8e5m2"))
+    for am in ("row", "col")
+    for bm in ("row", "col")
+]
+
+
+def _fp8_graph(a_dt, b_dt, am, bm, M, N, K, out=HALF):
+    """A classic fp8 GEMM graph: fp8 A and B, fp32 accumulate, then the per-tensor
+    dequantization scales as two pointwise nodes (scale, mul) on device scalars."""
+    g = cudnn.pygraph(io_data_type=out, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+    a = g.tensor([1, M, K], stride=[M * K, K, 1] if am == "row" else [M * K, 1, M], name="A",
+                 data_type=FP8_DT[a_dt])  # fmt: skip
+    b = g.tensor([1, K, N], stride=[K * N, N, 1] if bm == "row" else [K * N, 1, K], name="B",
+                 data_type=FP8_DT[b_dt])  # fmt: skip
+    sa = g.tensor([1, 1, 1], name="descale_A", data_type=FLOAT)
+    sb = g.tensor([1, 1, 1], name="descale_B", data_type=FLOAT)
+    c = g.mul(g.scale(g.matmul(a, b), sa), sb)
+    c.set_output(True).set_data_type(out).set_name("C")
+    return g, (a, b, sa, sb, c)
+
+
+def _fp8_run(cell, M, N, K, out=HALF):
+    a_dt, b_dt, am, bm = cell
+    g, (a, b, sa, sb, c) = _fp8_graph(a_dt, b_dt, am, bm, M, N, K, out)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    g.build_plans()
+    gen = torch.Generator().manual_seed(1)
+    ta = (torch.randn(1, M, K, generator=gen) * 4).to(FP8_TORCH[a_dt])
+    tb = (torch.randn(1, K, N, generator=gen) * 4).to(FP8_TORCH[b_dt])
+    if am == "col":
+        ta = ta.transpose(1, 2).contiguous().transpose(1, 2)
+    if bm == "col":
+        tb = tb.transpose(1, 2).contiguous().transpose(1, 2)
+    tsa, tsb = torch.rand(1, 1, 1) + 0.5, torch.rand(1, 1, 1) + 0.5
+    tc = torch.full((1, M, N), float("nan"), dtype=TORCH[out])
+    g.execute({a: ta, b: tb, sa: tsa, sb: tsb, c: tc})
+    ref = (ta.double() @ tb.double()) * tsa.double() * tsb.double()
+    return rel_err(tc, ref)
+
+
+@pytest.mark.parametrize("cell", FP8_CELLS, ids=["-".join(c) for c in FP8_CELLS])
+def test_fp8_accepted_exactly_in_the_proven_cells(cell):
+    """fp8 with the scale nodes: a cell proven on the H200 (engine.FP8_PROVEN) plans, builds
+    and runs (here under the interpreter) to the float64 answer; any other declines naming
+    the rule, so the backend serves it."""
+    from cudnn_pygraph.engines.gemm import engine
+
+    if cell + ("tma",) in engine.FP8_PROVEN:
+        assert _fp8_run(cell, 32, 48, 64) < TOL[HALF]
+    else:
+        g, _ = _fp8_graph(*cell, 32, 48, 64)
+        with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="no plan"):
+            g.create_execution_plans([cudnn.heur_mode.A])
+        assert "fp8_proven_cells" in g.explain()
+
+
+@pytest.mark.parametrize("out", [HALF, FLOAT], ids=["out-fp16", "out-fp32"])
+@pytest.mark.parametrize("cell", FP8_CELLS[:4] + FP8_CELLS[8:9], ids=lambda c: "-".join(c))
+def test_fp8_scale_nodes_lower_to_the_kernel_chain(cell, out, monkeypatch):
+    """The engine wiring of every fp8 cell, whether or not the GPU proved it yet: the two
+    scale nodes become scalar scale steps of the chain (odd shapes: masked tails)."""
+    from cudnn_pygraph.engines.gemm import engine
+
+    monkeypatch.setattr(engine, "FP8_PROVEN", frozenset({cell + ("tma",), cell + ("pointers",)}))
+    assert _fp8_run(cell, 19, 40, 48, out) < TOL[out]

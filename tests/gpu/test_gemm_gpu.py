@@ -167,28 +167,205 @@ def test_engine_plans_builds_and_executes_bf16(monkeypatch):
         assert torch.isnan(tc).all()
 
 
-FP8_CASES = [
-    (name, fp8, am, bm)
-    for name, fp8 in (("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2))
-    for am, bm in (("row", "col"), ("row", "row"), ("col", "row"), ("col", "col"))
+def _engine_graph_fp8(a_dt, b_dt, am, bm, M, N, K):
+    """A classic fp8 GEMM graph: fp8 A/B, fp32 accumulate, the per-tensor dequantization
+    scales as two pointwise nodes (scale, mul) on device scalars, bf16 out."""
+    import cudnn_pygraph as cudnn
+
+    dt = {"fp8e4m3": cudnn.data_type.FP8_E4M3, "fp8e5m2": cudnn.data_type.FP8_E5M2}
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16,
+                      intermediate_data_type=cudnn.data_type.FLOAT,
+                      compute_data_type=cudnn.data_type.FLOAT)  # fmt: skip
+    a = g.tensor([1, M, K], stride=[M * K, K, 1] if am == "row" else [M * K, 1, M], name="A",
+                 data_type=dt[a_dt])  # fmt: skip
+    b = g.tensor([1, K, N], stride=[K * N, N, 1] if bm == "row" else [K * N, 1, K], name="B",
+                 data_type=dt[b_dt])  # fmt: skip
+    sa = g.tensor([1, 1, 1], name="descale_A", data_type=cudnn.data_type.FLOAT)
+    sb = g.tensor([1, 1, 1], name="descale_B", data_type=cudnn.data_type.FLOAT)
+    c = g.mul(g.scale(g.matmul(a, b), sa), sb)
+    c.set_output(True).set_data_type(cudnn.data_type.BFLOAT16).set_name("C")
+    return g, (a, b, sa, sb, c)
+
+
+FP8_TORCH = {"fp8e4m3": torch.float8_e4m3fn, "fp8e5m2": torch.float8_e5m2}
+
+
+def _fp8_feeds(a_dt, b_dt, am, bm, M, N, K):
+    ta = _mat((1, M, K), am, torch.float32).mul(4).to(FP8_TORCH[a_dt])
+    tb = _mat((1, K, N), bm, torch.float32).mul(4).to(FP8_TORCH[b_dt])
+    sa = torch.rand(1, 1, 1, device="cuda") + 0.5
+    sb = torch.rand(1, 1, 1, device="cuda") + 0.5
+    ref = (ta.double() @ tb.double()) * sa.double() * sb.double()
+    return (ta, tb, sa, sb), ref
+
+
+# The table engine.FP8_PROVEN is written from: every (A, B) fp8 dtype pair and layout class
+# on the TMA path (K and N multiples of 16 bytes), and e4m3 / e5m2 on the pointer path (K odd).
+FP8_CELLS = [
+    (a_dt, b_dt, am, bm, "tma")
+    for a_dt, b_dt in (("fp8e4m3", "fp8e4m3"), ("fp8e5m2", "fp8e5m2"), ("fp8e4m3", "fp8e5m2"))
+    for am in ("row", "col")
+    for bm in ("row", "col")
+] + [(dt, dt, "row", bm, "pointers") for dt in ("fp8e4m3", "fp8e5m2") for bm in ("row", "col")]
+TOL_FP8_BF16_OUT = 8e-3  # exact fp8 products, fp32 accumulation, one bf16 rounding
+
+
+@pytest.mark.parametrize("cell", FP8_CELLS, ids=["-".join(c) for c in FP8_CELLS])
+def test_fp8_engine_cells(cell, monkeypatch):
+    """graph -> plan -> build -> execute through the engine, with the cell accepted; the
+    output against float64. engine.FP8_PROVEN lists the cells that passed here."""
+    from cudnn_pygraph.backend import adapter
+    from cudnn_pygraph.engines.gemm import engine
+
+    monkeypatch.setattr(adapter, "backend_installed", lambda: False)
+    monkeypatch.setattr(engine, "FP8_PROVEN", frozenset(FP8_CELLS))
+    a_dt, b_dt, am, bm, path = cell
+    M, N, K = (320, 384, 512) if path == "tma" else (320, 384, 520 - 7)
+    g, (a, b, sa, sb, c) = _engine_graph_fp8(a_dt, b_dt, am, bm, M, N, K)
+    g.create_execution_plans([cudnn_heur().A])
+    assert g.get_plan_name_at_index(0).startswith("triton_gemm["), g.explain()
+    g.build_plans()
+    from cudnn_pygraph.engines.gemm.analyzer import analyze
+    from cudnn_pygraph.planning.facts import facts_for
+
+    assert engine.fp8_cell(facts_for(g, analyze)) == cell
+    (ta, tb, tsa, tsb), ref = _fp8_feeds(a_dt, b_dt, am, bm, M, N, K)
+    tc = torch.full((1, M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    g.execute({a: ta, b: tb, sa: tsa, sb: tsb, c: tc})
+    torch.cuda.synchronize()
+    err = rel_err(tc, ref)
+    print(f"[fp8] {'-'.join(cell)} {M}x{N}x{K}: rel err {err:.2e}")
+    assert err < TOL_FP8_BF16_OUT, f"{cell}: rel err {err}"
+
+
+def cudnn_heur():
+    import cudnn_pygraph as cudnn
+
+    return cudnn.heur_mode
+
+
+BACKEND_CASES = ["bf16-bias-gelu_tanh", "fp8e4m3-row-col"]
+
+
+@pytest.mark.parametrize("case", BACKEND_CASES)
+def test_ours_against_the_backend_plan(case, monkeypatch):
+    """Where both serve the graph: our plan's output against the backend's first plan's (and
+    both against float64). The backend is the installed nvidia-cudnn-frontend; our fp8 cell
+    is accepted here whether or not engine.FP8_PROVEN lists it yet."""
+    import cudnn_pygraph as cudnn
+    from cudnn_pygraph.backend import adapter
+    from cudnn_pygraph.engines.gemm import engine
+    from cudnn_pygraph.planning import manifest
+
+    monkeypatch.setattr(engine, "FP8_PROVEN", engine.FP8_PROVEN | {
+        ("fp8e4m3", "fp8e4m3", "row", "col", "tma")})  # fmt: skip
+    if not adapter.backend_installed():
+        pytest.skip("nvidia-cudnn-frontend is not installed here: no backend to compare with")
+    M, N, K = 256, 384, 512
+    outs, ref = {}, None
+    for side in ("ours", "backend"):
+        if case.startswith("fp8"):
+            g, (a, b, sa, sb, c) = _engine_graph_fp8("fp8e4m3", "fp8e4m3", "row", "col", M, N, K)
+            if ref is None:
+                feeds, ref = _fp8_feeds("fp8e4m3", "fp8e4m3", "row", "col", M, N, K)
+            pack = dict(zip((a, b, sa, sb), feeds))
+        else:
+            g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16,
+                              compute_data_type=cudnn.data_type.FLOAT)  # fmt: skip
+            a = g.tensor([1, M, K], name="A")
+            b = g.tensor([1, K, N], stride=[K * N, 1, K], name="B")
+            bias = g.tensor([1, 1, N], name="bias")
+            c = g.gelu_approx_tanh(g.bias(g.matmul(a, b), bias))
+            c.set_output(True).set_data_type(cudnn.data_type.BFLOAT16)
+            if ref is None:
+                feeds = (_mat((1, M, K), "row"), _mat((1, K, N), "col"),
+                         torch.randn(1, 1, N, device="cuda", dtype=torch.bfloat16))  # fmt: skip
+                ref = gemm_reference(feeds[0], feeds[1], GELU_BIAS, (feeds[2].reshape(N),))
+            pack = dict(zip((a, b, bias), feeds))
+        try:
+            if side == "backend":
+                with manifest.use_families([]):
+                    g.create_execution_plans([cudnn.heur_mode.A])
+            else:
+                g.create_execution_plans([cudnn.heur_mode.A])
+            g.build_plans()
+        except cudnn.cudnnGraphNotSupportedError as exc:
+            assert side == "backend", f"our engine declined: {exc}"
+            pytest.skip(f"the backend does not serve this graph here: {str(exc)[:200]}")
+        name = g.get_plan_name_at_index(g.selected_plan)
+        assert name.startswith("triton_gemm[") == (side == "ours"), name
+        ws = torch.empty(max(1, g.get_workspace_size()), device="cuda", dtype=torch.uint8)
+        tc = torch.full((1, M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        g.execute({**pack, c: tc}, ws)
+        torch.cuda.synchronize()
+        outs[side] = tc
+    err_ours, err_backend = rel_err(outs["ours"], ref), rel_err(outs["backend"], ref)
+    diff = rel_err(outs["ours"], outs["backend"].double())
+    print(f"[vs backend] {case}: ours {err_ours:.2e}, backend {err_backend:.2e}, "
+          f"ours vs backend {diff:.2e}")  # fmt: skip
+    assert err_ours < TOL_BF16 and diff < TOL_BF16
+
+
+SPLIT_CASES = [
+    # name, (M, N, K), knobs, use_tma
+    ("tma-k2", (16, 512, 4096), GemmKnobs(64, 64, 128, 5, 4, 8, SPLIT_K=2), True),
+    ("tma-k4", (16, 1024, 4096), GemmKnobs(64, 128, 128, 4, 4, 8, SPLIT_K=4), True),
+    ("tma-k3-odd-M", (100, 256, 3072), GemmKnobs(64, 64, 128, 5, 4, 8, SPLIT_K=3), True),
+    ("ptr-k4-odd-K", (16, 512, 4001), GemmKnobs(64, 64, 128, 4, 4, 8, SPLIT_K=4), False),
 ]
 
 
-@pytest.mark.parametrize(
-    "name,fp8,a_major,b_major", FP8_CASES, ids=[f"{c[0]}-A{c[2]}-B{c[3]}" for c in FP8_CASES]
-)
-def test_fp8_inputs_with_per_tensor_scales(name, fp8, a_major, b_major):
-    """fp8 A and B (the layouts other than A row / B col transpose in the kernel), scales as
-    device scalars, bf16 out. engine.FP8_ACCEPTED waits for this table."""
-    B, M, N, K = 2, 320, 384, 512
-    a = _mat((B, M, K), a_major, torch.float32).mul(4).to(fp8)
-    b = _mat((B, K, N), b_major, torch.float32).mul(4).to(fp8)
-    scale_a = torch.rand((), device="cuda") + 0.5
-    scale_b = torch.rand((), device="cuda") + 0.5
-    chain = (step("scale", "scalar", "fp32"), step("scale", "scalar", "fp32"), step("relu"))
-    c = torch.full((B, M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    spec, _ = describe(a, b, c, chain, (scale_a, scale_b))
-    assert spec.use_tma
-    gemm(a, b, c, chain, (scale_a, scale_b), knobs=MID)
-    err = rel_err(c, gemm_reference(a, b, chain, (scale_a, scale_b)))
+@pytest.mark.parametrize("name,shape,knobs,use_tma", SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
+def test_split_k_is_right_and_deterministic(name, shape, knobs, use_tma):
+    """Split-K on the GPU through the compiled launch, one workspace for three launches:
+    bias + gelu_tanh after the whole sum, against float64; the counters are left zero and
+    the three outputs are the same bits (the slices are summed in slice order)."""
+    from cudnn_pygraph.engines.gemm.kernels.launch import compile_gemm
+    from cudnn_pygraph.engines.gemm.kernels.torch_gemm import split_k_workspace
+
+    M, N, K = shape
+    a, b = _mat((1, M, K), "row"), _mat((1, K, N), "col")
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    ref = gemm_reference(a, b, GELU_BIAS, (bias,))
+    ws, locks = split_k_workspace(knobs, M, N, 1, "cuda")
+    outs, compiled = [], None
+    for _ in range(3):
+        c = torch.full((1, M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        spec, frame = describe(a, b, c, GELU_BIAS, (bias,), use_tma=use_tma)
+        compiled = compiled or compile_gemm(spec, knobs)
+        compiled.launch(a.data_ptr(), b.data_ptr(), c.data_ptr(), (bias.data_ptr(),), M, N, K, 1,
+                        tuple(frame[8:]), (), torch.cuda.current_stream().cuda_stream,
+                        (ws.data_ptr(), locks.data_ptr()))  # fmt: skip
+        outs.append(c)
+    torch.cuda.synchronize()
+    err = rel_err(outs[0], ref)
+    print(f"[split-k] {name}: rel err {err:.2e}")
     assert err < TOL_BF16, f"{name}: rel err {err}"
+    assert not locks.any(), "a launch left a split-K counter non-zero"
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_engine_split_k_plan_reuses_its_workspace():
+    """A small-M long-K graph through the engine: the plan the rule ranks first is split,
+    its per-stream workspace serves every call (counters left zero), the bits repeat."""
+    import cudnn_pygraph as cudnn
+
+    M, N, K = 16, 1024, 8192
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, compute_data_type=cudnn.data_type.FLOAT)
+    a = g.tensor([1, M, K], name="A")
+    b = g.tensor([1, K, N], name="B")
+    c = g.matmul(a, b)
+    c.set_output(True).set_data_type(cudnn.data_type.BFLOAT16)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    _, knobs = g.get_engine_and_knobs_at_index(0)
+    assert knobs[cudnn.knob_type.SPLIT_K_SLC] > 1, g.get_plan_name_at_index(0)
+    g.build_plan_at_index(0)
+    ta, tb = _mat((1, M, K), "row"), _mat((1, K, N), "row")
+    outs = []
+    for _ in range(3):
+        tc = torch.full((1, M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        g.execute_plan_at_index({a: ta, b: tb, c: tc}, None, 0)
+        outs.append(tc)
+    torch.cuda.synchronize()
+    assert rel_err(outs[0], ta.double() @ tb.double()) < TOL_BF16
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

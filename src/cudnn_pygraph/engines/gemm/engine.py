@@ -24,10 +24,13 @@ from .kernels.spec import ELEM_BYTES, TMA_ALIGN_BYTES, UNIT_STRIDE, GemmSpec, ma
 
 SERVED = frozenset({data_type.HALF, data_type.BFLOAT16, data_type.FLOAT})
 FP8 = frozenset({data_type.FP8_E4M3, data_type.FP8_E5M2})
-# fp8 A/B (per-tensor scales as scale steps) run in the kernel and pass under the
-# interpreter (tests/gemm) and compile to QGMMA for sm_90 in every layout class; the engine
-# accepts them once tests/gpu/test_gemm_gpu.py's fp8 cases have passed on the H200.
-FP8_ACCEPTED = False
+# fp8 A/B (OCP e4m3 / e5m2; per-tensor dequantization scales as the graph's scale/mul nodes
+# on device scalars, as classic cuDNN fp8 matmul graphs declare them) are accepted only in
+# the cells tests/gpu/test_gemm_gpu.py proved on the H200 (float64 reference, bf16 out):
+# (A dtype, B dtype, A major, B major, tile path). The path is decided from the declaration
+# (fp8_path), so the CPU interpreter accepts exactly what the GPU would run. Empty until
+# that GPU table has passed.
+FP8_PROVEN = frozenset()
 # The arch range: the kernel's TMA + wgmma path is Hopper's; the pointer path is plain
 # Triton, but only sm_90 (H200) has run it, so the range starts there.
 SM_LO = 90
@@ -97,11 +100,13 @@ class GemmTritonEngine(BaseEngine):
             raise NotImplementedError(facts.unsupported)
         a, b, c = facts.a, facts.b, facts.c
         inputs_fp8 = a.data_type in FP8 and b.data_type in FP8
-        if inputs_fp8 and not FP8_ACCEPTED:
-            raise NotImplementedError(
-                "fp8 inputs: the kernel serves them; the engine accepts them after their H200 "
-                "numerics run (engine.FP8_ACCEPTED)"
-            )
+        if inputs_fp8:
+            cell = fp8_cell(facts)
+            if cell not in FP8_PROVEN:
+                raise NotImplementedError(
+                    f"fp8 inputs {cell}: not in the cells proven on the H200 "
+                    "(engine.FP8_PROVEN, rule fp8_proven_cells)"
+                )
         self.capabilities.require(
             graph_device(graph),
             dtypes=[("C", c.data_type)]
@@ -182,6 +187,18 @@ class GemmTritonEngine(BaseEngine):
             raise
         ranks = [len(t.stride) for t in tensors]
         return _CompiledGemmPlan(compiled, positions, names, ranks, stride_plan, extents, values)
+
+
+def fp8_cell(facts) -> tuple:
+    """(A dtype, B dtype, A major, B major, path) of an fp8 GEMM: the key of FP8_PROVEN.
+    path = "tma" when the declaration lets tiles move by TMA on the GPU, else "pointers"."""
+    majors = tuple(
+        major_of(t.stride[-2], t.stride[-1], r, c)
+        for t, r, c in ((facts.a, facts.M, facts.K), (facts.b, facts.K, facts.N))
+    )
+    c_major = major_of(facts.c.stride[-2], facts.c.stride[-1], facts.M, facts.N)
+    tma = "strided" not in majors and _declared_tma_aligned(facts, majors + (c_major,))
+    return facts.dtypes[:2] + majors + ("tma" if tma else "pointers",)
 
 
 def _intermediates(graph, c):

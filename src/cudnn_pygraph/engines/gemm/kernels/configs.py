@@ -42,6 +42,11 @@ SMEM_LIMIT_BYTES = 232448
 # 64x128 on 132 SMs, 0.85 of a wave, beat 224 tiles of 64x64 by 28%).
 WAVE_FILL = 0.8
 H200_SMS = 132
+# Split-K (see recommend_configs): only while each slice keeps at least this many K steps
+# (a slice's pipeline prologue and its partial tile's round trip through L2 are paid per
+# slice), and at most MAX_SPLIT slices.
+MIN_SLICE_K_STEPS = 8
+MAX_SPLIT = 8
 
 _BIG = GemmKnobs(128, 256, 64, 3, 8, 8)
 _SQUARE = GemmKnobs(128, 128, 64, 4, 4, 8)
@@ -85,6 +90,22 @@ def fit_shared_memory(knobs: GemmKnobs, in_bytes: int, out_bytes: int, tile_oper
     return None
 
 
+def split_k_for(knobs: GemmKnobs, M: int, N: int, K: int, batch: int, num_sms: int):
+    """`knobs` with the fewest K slices that bring its work items (tiles x slices) to
+    WAVE_FILL of the SMs, each slice keeping MIN_SLICE_K_STEPS K steps; unchanged when the
+    tiles fill the SMs already or K is too short to cut."""
+    tiles = -(-M // knobs.TILE_M) * -(-N // knobs.TILE_N) * batch
+    k_steps = -(-K // knobs.TILE_K)
+    split = 1
+    while (
+        tiles * split < WAVE_FILL * num_sms
+        and split < MAX_SPLIT
+        and k_steps // (split + 1) >= MIN_SLICE_K_STEPS
+    ):
+        split += 1
+    return replace(knobs, SPLIT_K=split)
+
+
 def recommend_configs(
     M: int,
     N: int,
@@ -105,7 +126,12 @@ def recommend_configs(
         if tiles >= WAVE_FILL * num_sms:
             first = knobs
             break
-    ordered = [first] + [k for k in ladder if k != first]
+    ordered = []
+    # Split-K where a ladder config's tiles underfill the SMs: the split variant is listed
+    # right before the config it splits (so the rule's first pick is split when it does).
+    for knobs in [first] + [k for k in ladder if k != first]:
+        split = split_k_for(knobs, M, N, K, batch, num_sms)
+        ordered += [split, knobs] if split.SPLIT_K > 1 else [knobs]
     ordered += [k for k in _RUNNERS_UP if k not in ordered]
     out = []
     for knobs in ordered:
