@@ -281,6 +281,11 @@ def deserialize(graph, args, kwargs):
         workspace = int(backend.get_workspace_size())
     except fe.errors as exc:
         raise backend_error(exc, f"graph '{graph.name}': deserialize()") from exc
+    if not uids:
+        raise cudnnGraphNotSupportedError(
+            f"graph '{graph.name}': deserialize(): the restored backend graph reports no "
+            "variant-pack uids, so its operands cannot be bound"
+        )
     lg = LoweredGraph(fe, backend, {}, graph.name)
     lg.operation_graph = True
     graph.__dict__["_lowered"] = lg
