@@ -190,6 +190,7 @@ def test_execute_installs_the_selected_plans_closure_and_follows_a_new_selection
         g.select_plan(1)
         g.build_plans()
         g.execute(pack)  # the stale closure hands the call back: the new plan runs
+        assert g.__dict__["execute"] is g._planning._runner.call  # and its closure is installed
         g.execute(pack)
         assert [c[1] for c in pe.CALLS if c[0] == "execute"][2:] == ["plain_small", "plain_small"]
 

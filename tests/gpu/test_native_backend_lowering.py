@@ -430,31 +430,51 @@ def test_cuda_graph_populate_update_replay_with_new_buffers():
         destroy(graph)
 
 
-def test_numeric_note_filter_changes_the_built_plan():
-    """Without a filter the walk builds plan P; deselecting P's numerical notes (tensor
-    cores, for a bf16 matmul) must build another plan or refuse: never P again."""
-    g0, _ = bg.matmul(None)
-    plan_on_backend(g0)
-    first = g0.get_plan_name_at_index(g0.selected_plan)
-    g, t = bg.matmul(None)
-    g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
+def _pinned_build_refusals(g):
+    """{index: message} for every explicit backend entry, each pinned and built alone."""
+    out = {}
+    for i, p in enumerate(g.plans):
+        if p.cpp_index is None:
+            continue
+        g.select_plan(i)
+        try:
+            g.build_plans()
+            out[i] = None
+        except cudnn.cudnnGraphNotSupportedError as exc:
+            out[i] = str(exc)
+    return out
+
+
+def test_numeric_note_filter_bars_backend_entries():
+    """TENSOR_CORE deselected on a bf16 matmul: the backend refuses its tensor-core entries
+    at build ("deselected"); without the filter none is refused for that reason."""
+    refused = {}
+    for filtered in (False, True):
+        g, _ = bg.matmul(None)
+        if filtered:
+            g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
+        with manifest.use_families([]):
+            g.create_execution_plans([heur_mode.A, heur_mode.FALLBACK])
+        refused[filtered] = {i for i, m in _pinned_build_refusals(g).items() if m and "deselected" in m}
+    print(f"\n[note filter] TENSOR_CORE deselected bars entries {sorted(refused[True])} of a bf16 matmul")
+    assert not refused[False]
+    assert refused[True]
+
+
+def test_behavior_note_filter_keeps_exactly_the_entries_with_the_note():
+    g, _ = bg.sdpa("causal")
+    g.select_behavior_notes([cudnn.behavior_note.SUPPORTS_CUDA_GRAPH_NATIVE_API])
     with manifest.use_families([]):
         g.create_execution_plans([heur_mode.A, heur_mode.FALLBACK])
-    try:
-        g.build_plans()
-    except cudnn.cudnnGraphNotSupportedError as exc:
-        print(f"\n[note filter] every plan carries TENSOR_CORE: {str(exc)[:200]}")
-        return
-    built = g._planning.built[g.plans[g.selected_plan].identity]
-    assert built.lowered.backend.get_execution_plan_count() > 0
-    a, b = randn(t["A"]), randn(t["B"])
-    c = empty_like_ir(t["C"])
-    ws = torch.empty(max(g.get_workspace_size(), 1), dtype=torch.uint8, device="cuda")
-    g.execute({t["A"]: a, t["B"]: b, t["C"]: c}, ws)
-    torch.cuda.synchronize()
-    assert rel_err(c, a.double() @ b.double()) < TOL_BF16
-    print(f"\n[note filter] {first} without the filter; "
-          f"{g.get_plan_name_at_index(g.selected_plan)} with TENSOR_CORE deselected")
+    backend = g._lowered.backend
+    has = {i: "SUPPORTS_CUDA_GRAPH_NATIVE_API" in
+           {n.name for n in backend.get_behavior_notes_for_plan_at_index(p.cpp_index)}
+           for i, p in enumerate(g.plans) if p.cpp_index is not None}
+    refusals = _pinned_build_refusals(g)
+    barred = {i for i, m in refusals.items() if m and "deselected" in m}
+    print(f"\n[note filter] CUDA-graph note on entries {sorted(i for i in has if has[i])}, "
+          f"barred {sorted(barred)}")
+    assert barred == {i for i in has if not has[i]}
 
 
 def test_workspace_limit_zero_builds_a_plan_without_workspace():

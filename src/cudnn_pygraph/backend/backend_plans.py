@@ -21,8 +21,8 @@ from .._types import (
 )
 from ..engines.base import CompiledPlan, PlanConfig
 from ..planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, is_backend_id
-from ..runtime.execute import through_record
-from ..runtime.variant_pack import VariantPack, workspace_address
+from ..runtime.execute import through_graph
+from ..runtime.variant_pack import RawExecutor, workspace_address
 from . import classic_parity
 from .lowering import backend_enum, backend_error, frontend, lowered
 
@@ -192,51 +192,20 @@ class BackendPlan(CompiledPlan):
         self._scratch_lock = threading.Lock()
 
     def make_call(self, runner):
-        """graph.execute's hot path for this plan (runtime/execute.py PlanRunner.call):
-        the pack's pointer array straight to the backend, with everything a call does not
-        change captured here. What it does not serve (overrides, a graph constructed with
-        its own handle, a runner no longer the selected one) goes back to record.execute.
-
-        Per call: one C crossing for the pack, one for a workspace object
-        (workspace_address), the default handle read from a cell
+        """graph.execute's hot path for this plan (runtime/execute.py PlanRunner.call): a
+        RawExecutor (runtime/_variant_pack_exec.h) that builds the pack and calls the
+        backend's raw execute in C, with the default handle and the plan index resolved
+        here, once (the plan's own workspace on the first call that gives none). It serves execute(pack[, workspace]); a handle,
+        overrides, keywords, or a runner no longer selected go to the general path
         (bench/results/execute_path_cpu.md has the cost against the raw call)."""
-        record = runner.record
+        graph = runner.graph
+        if graph.backend_options["handle"] is not None:
+            return through_graph(graph)  # the graph's own handle: the general path
         layout = runner.layout
-        from_mapping, declared, required = VariantPack.from_mapping, layout.declared, layout.required
-        raw, n_slots, index, need = self._raw, self.n_slots, self.index, self.workspace_size
-        scratch_for = self._scratch_for
-        default_bh = self._default_bh
-        if runner.graph.backend_options["handle"] is not None:
-            return through_record(record)  # the graph's own handle: the general path
-
-        def call(variant_pack, workspace=None, handle=None, override_uids=None,
-                 override_shapes=None, override_strides=None):
-            """graph.execute, served by the selected backend plan's closure."""
-            nonlocal default_bh
-            if override_uids is not None or record._runner is not runner:
-                record.execute(variant_pack, workspace, handle, override_uids, override_shapes,
-                               override_strides)
-                return
-            pack = from_mapping(declared, variant_pack, required=required)
-            if handle is None:
-                bh = default_bh
-                if bh is None:
-                    bh = default_bh = self._default_backend_handle()
-                stream = None
-            elif type(handle) is int:  # the backend's own cudnnHandle_t
-                bh, stream = handle, ("backend handle", handle)
-            else:
-                bh, stream = handle.backend_handle(), handle.stream
-            if need == 0:
-                ws = 0
-            elif workspace is None:
-                ws = scratch_for(stream)
-            else:
-                ws = workspace_address(workspace, need)
-            # `pack` stays a live local until raw returns: raw reads the array it owns.
-            raw(pack.address, n_slots, ws, bh, index)
-
-        return call
+        return RawExecutor(layout.declared, tuple(layout.required), self._raw, self.n_slots,
+                           self._default_backend_handle(), self.index, self.workspace_size,
+                           lambda: self._scratch_for(None), runner.record, runner,
+                           through_graph(graph))
 
     def _default_backend_handle(self):
         bh = self._default_bh

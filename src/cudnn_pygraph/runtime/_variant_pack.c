@@ -17,6 +17,7 @@
  *   _variant_pack_layout.h   DeclaredLayout
  *   _variant_pack_read.h     reading a caller's object (exchange table, capsules, interfaces)
  *   _variant_pack_buffer.h   OperandBuffer and its DLPack producer side
+ *   _variant_pack_exec.h     the workspace read and RawExecutor (a backend plan's execute)
  *
  * Units. shape/strides are in STORAGE SLOTS: a dtype narrower than a byte packs
  * 8 / elem_bits elements per one-byte slot along its unit-stride axis (fp4: two), so an
@@ -293,30 +294,25 @@ static PyObject *pack_from_objects(PyTypeObject *type, PyObject *const *args, Py
 
 static PyObject *raise_missing(PgLayout *lay, PyObject *const *items, PyObject *positions);
 
-/* The caller's {uid or tensor: object} map, placed by uid in C: execute's own argument,
- * read without a Python loop over it. */
-static PyObject *pack_from_mapping(PyTypeObject *type, PyObject *const *args, Py_ssize_t nargs,
-                                   PyObject *kwnames)
+/* {uid or tensor: object} -> a pack (the core of from_mapping and of the executor). Slots
+ * are gathered on the stack for a graph of up to PG_STACK_SLOTS operands. */
+#define PG_STACK_SLOTS 16
+static PyObject *pack_of_mapping(PgLayout *lay, PyObject *mapping, PyObject *required,
+                                 int device_id)
 {
-    int device_id = 0;
-    PyObject *required = Py_None;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError,
-                        "from_mapping(layout, mapping, *, required=None, device_id=0)");
-        return NULL;
-    }
-    if (parse_keywords("from_mapping", args, nargs, kwnames, &device_id, &required) < 0)
-        return NULL;
-    PgLayout *lay = (PgLayout *)args[0];
     Py_ssize_t n = Py_SIZE(lay);
-    PyObject *dict = args[1], *pack = NULL, *key, *value;
-    PyObject **items = PyMem_Calloc(n ? (size_t)n : 1, sizeof(PyObject *));
-    if (items == NULL) return PyErr_NoMemory();
+    PyObject *dict = mapping, *pack = NULL, *key, *value;
+    PyObject *stack[PG_STACK_SLOTS] = {NULL};
+    PyObject **items = stack;
+    if (n > PG_STACK_SLOTS) {
+        items = PyMem_Calloc((size_t)n, sizeof(PyObject *));
+        if (items == NULL) return PyErr_NoMemory();
+    }
     if (PyDict_Check(dict)) {
         Py_INCREF(dict);
     } else { /* any mapping: through dict() once */
         dict = PyDict_New();
-        if (dict == NULL || PyDict_Merge(dict, args[1], 1) < 0) goto done;
+        if (dict == NULL || PyDict_Merge(dict, mapping, 1) < 0) goto done;
     }
     Py_ssize_t cursor = 0;
     while (PyDict_Next(dict, &cursor, &key, &value)) {
@@ -332,9 +328,26 @@ static PyObject *pack_from_mapping(PyTypeObject *type, PyObject *const *args, Py
     pack = build_pack(lay, items, device_id);
 done:
     for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(items[i]);
-    PyMem_Free(items);
+    if (items != stack) PyMem_Free(items);
     Py_XDECREF(dict);
     return pack;
+}
+
+/* The caller's {uid or tensor: object} map, placed by uid in C: execute's own argument,
+ * read without a Python loop over it. */
+static PyObject *pack_from_mapping(PyTypeObject *type, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames)
+{
+    int device_id = 0;
+    PyObject *required = Py_None;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError,
+                        "from_mapping(layout, mapping, *, required=None, device_id=0)");
+        return NULL;
+    }
+    if (parse_keywords("from_mapping", args, nargs, kwnames, &device_id, &required) < 0)
+        return NULL;
+    return pack_of_mapping((PgLayout *)args[0], args[1], required, device_id);
 }
 
 static Py_ssize_t pack_index(PgPack *p, PyObject *arg)
@@ -663,79 +676,7 @@ static PyObject *via_exchange_api(PyObject *mod, PyObject *const *args, Py_ssize
     return (PyObject *)buffer_new(&v, args[0]);
 }
 
-/* ------------------------------------------------------------------------------------ */
-/* The workspace: one buffer's address, read the way an operand is read.                 */
-
-/* workspace_address(obj, nbytes) -> int. A backend plan's execute reads the caller's
- * workspace here, in one crossing: an int is the address itself; anything an operand may
- * be (a tensor through its exchange table, an OperandBuffer, a DLPack or array-interface
- * producer) gives its data pointer, refused when it spans fewer than `nbytes` bytes.
- * Measured on the CI CPU: a torch tensor 0.12 us here against 0.33 us for hasattr,
- * numel() * element_size() and data_ptr() in Python. */
-static PyObject *workspace_address(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "workspace_address(workspace, nbytes)");
-        return NULL;
-    }
-    PyObject *obj = args[0];
-    long long need = PyLong_AsLongLong(args[1]);
-    if (need == -1 && PyErr_Occurred()) return NULL;
-    if (PyLong_Check(obj) && !PyBool_Check(obj)) {
-        unsigned long long a = PyLong_AsUnsignedLongLong(obj);
-        if (a == (unsigned long long)-1 && PyErr_Occurred()) {
-            PyErr_Clear();
-            PyErr_SetString(PyExc_ValueError, "workspace: an address must be a positive "
-                            "64-bit integer");
-            return NULL;
-        }
-        if (a == 0 && need > 0) {
-            PyErr_Format(PyExc_ValueError, "workspace: address 0 is NULL and this plan needs "
-                         "%lld bytes", need);
-            return NULL;
-        }
-        return Py_NewRef(obj);
-    }
-    PgView v;
-    PgFail f = {NULL, ""};
-    PyObject *keeper = NULL;
-    int rc = read_object(obj, 0, &v, &keeper, &f);
-    /* The caller holds `obj` for the whole execute, and with it the memory, so the view's
-     * keeper can go now: unless the producer exported a COPY, which would die with it. */
-    int copied = 0;
-    if (keeper != NULL) {
-        if (PyCapsule_IsValid(keeper, "pg_keeper")) {
-            copied = 1;
-        } else if (PyCapsule_IsValid(keeper, "dltensor_versioned")) {
-            PgDLManagedTensorVersioned *m = PyCapsule_GetPointer(keeper, "dltensor_versioned");
-            copied = (m->flags & PG_DL_FLAG_IS_COPIED) != 0;
-        }
-        Py_DECREF(keeper);
-    }
-    if (rc == PG_NOT_AN_OPERAND) {
-        PyErr_Format(PyExc_TypeError, "workspace: cannot read a device address from a %.100s "
-                     "(pass a tensor, an OperandBuffer or an int address)",
-                     Py_TYPE(obj)->tp_name);
-        return NULL;
-    }
-    if (rc < 0) {
-        if (f.type == NULL && PyErr_Occurred()) return NULL;
-        PyErr_Format(f.type ? f.type : PyExc_TypeError, "workspace: %s", f.msg);
-        return NULL;
-    }
-    if (copied) {
-        PyErr_SetString(PyExc_ValueError, "workspace: its producer exported a copy; the "
-                        "backend must be given memory the caller owns");
-        return NULL;
-    }
-    int64_t span = view_span(&v);
-    if (span < need) {
-        PyErr_Format(PyExc_ValueError, "workspace: the buffer spans %lld bytes and this plan "
-                     "needs %lld", (long long)span, need);
-        return NULL;
-    }
-    return PyLong_FromVoidPtr(v.ptr);
-}
+#include "_variant_pack_exec.h"
 
 static PyMethodDef module_methods[] = {
     {"_via_exchange_api", (PyCFunction)(void (*)(void))via_exchange_api, METH_FASTCALL,
@@ -767,6 +708,7 @@ PyMODINIT_FUNC PyInit__variant_pack(void)
     INTERN(s_typestr, "typestr");
     INTERN(s_data, "data");
     INTERN(s_strides, "strides");
+    INTERN(s_runner_attr, "_runner");
 #undef INTERN
     s_max_version = Py_BuildValue("(ii)", PG_DLPACK_MAJOR, PG_DLPACK_MINOR);
     s_kw_max_version = Py_BuildValue("(s)", "max_version");
@@ -789,7 +731,7 @@ PyMODINIT_FUNC PyInit__variant_pack(void)
 #undef ERROR
 
     if (PyType_Ready(&LayoutType) < 0 || PyType_Ready(&PackType) < 0 ||
-        PyType_Ready(&BufferType) < 0)
+        PyType_Ready(&BufferType) < 0 || PyType_Ready(&ExecType) < 0)
         return NULL;
     /* Published on the TYPE, where consumers look it up (DLPack C exchange protocol). */
     PyObject *cap = PyCapsule_New(&BUFFER_XAPI, PG_DL_EXCHANGE_CAPSULE, NULL);
@@ -803,6 +745,7 @@ PyMODINIT_FUNC PyInit__variant_pack(void)
     if (PyModule_AddObjectRef(m, "DeclaredLayout", (PyObject *)&LayoutType) < 0 ||
         PyModule_AddObjectRef(m, "VariantPack", (PyObject *)&PackType) < 0 ||
         PyModule_AddObjectRef(m, "OperandBuffer", (PyObject *)&BufferType) < 0 ||
+        PyModule_AddObjectRef(m, "RawExecutor", (PyObject *)&ExecType) < 0 ||
         PyModule_AddObjectRef(m, "UnknownOperandError", UnknownOperandError) < 0 ||
         PyModule_AddObjectRef(m, "MissingOperandError", MissingOperandError) < 0 ||
         PyModule_AddObjectRef(m, "OperandExtentError", OperandExtentError) < 0 ||

@@ -139,11 +139,12 @@ class PlanRunner:
 def _plain_call(runner):
     """A python plan's hot path: the pack, then the plan's execute with the shared
     context. The graph is frozen once planned, so its handle is read here, once."""
-    record, graph, execute, ctx = runner.record, runner.graph, runner.execute, runner.default_ctx
+    graph, execute, ctx = runner.graph, runner.execute, runner.default_ctx
+    record, general = runner.record, type(graph).execute
     from_mapping, declared = VariantPack.from_mapping, runner.layout.declared
     required = runner.layout.required
     if graph.backend_options["handle"] is not None:
-        return through_record(record)  # the graph's own handle: the general path
+        return through_graph(graph)  # the graph's own handle: the general path
 
     def call(variant_pack, workspace=None, handle=None, override_uids=None,
              override_shapes=None, override_strides=None):
@@ -152,18 +153,20 @@ def _plain_call(runner):
                 and record._runner is runner):
             execute(graph, from_mapping(declared, variant_pack, required=required), ctx)
             return
-        record.execute(variant_pack, workspace, handle, override_uids, override_shapes,
-                       override_strides)
+        general(graph, variant_pack, workspace, handle, override_uids, override_shapes,
+                override_strides)
 
     return call
 
 
-def through_record(record):
-    """graph.execute's signature, every call routed by the record (the general path)."""
+def through_graph(graph):
+    """graph.execute's signature, every call through the class's execute (the general
+    path, which also installs the selected plan's closure on the graph again)."""
+    general = type(graph).execute
 
     def call(variant_pack, workspace=None, handle=None, override_uids=None,
              override_shapes=None, override_strides=None):
-        record.execute(variant_pack, workspace, handle, override_uids, override_shapes,
-                       override_strides)
+        general(graph, variant_pack, workspace, handle, override_uids, override_shapes,
+                override_strides)
 
     return call
