@@ -1,31 +1,38 @@
 """Which knobs to try first, from the problem's facts alone: the measured rule for H200.
 
-Measured 2026-11-29 on one H200 (bench/gemm.py, bf16 row-major A and B, CUDA-event medians,
-ms; full table in bench/results/gemm.md):
+Measured 2026-11-29 16:20 UTC on one H200 (bench/gemm.py: bf16 row-major A and B, CUDA
+events around back-to-back calls, per-call medians, ms; every candidate in
+bench/results/gemm_candidates.json):
 
-  shape (M x N x K)     winner                 runner-up                 tiles of the winner
-  1024^3                128x128x64-s4-w4 .0269 128x256x64-w8-g16 .0286   64
-  4096^3 (two rows)     128x256x64-s3-w8 .1795 g4 .1792 / g8 .1801 g4 .1940 512
-  8192^3                128x256x64-s3-w8 1.400 128x256x64-s3-w8-g4 1.556 2048
-  4096 x 14336 x 4096   128x256x64-s3-w8 .6500 128x256x64-g4 .6914       1792
-  4096 x 4096 x 14336   128x256x64-s3-w8 .6652 (g4 .6655)                512
-  16 x 4096 x 4096      64x64x256-s3 .0310     64x64x128-s5 .0325        64
-  16 x 14336 x 4096     64x128x128-s4 .0397    64x128x64-s5 .0406        112
-  16 x 4096 x 14336     64x64x128-s4 .0585     64x64x128-s5 .0589        64
-  128 x 4096 x 4096     64x64x128-s5 .0262     64x64x256-s3 .0269        128
-  128 x 14336 x 4096    128x128x64-s4 .0382    64x128x128-s4 .0414       112
-  128 x 4096 x 14336    64x64x128-s5 .0428     64x64x128-s4 .0480        128
+  shape (M x N x K)     our fastest               next                      split-K best
+  1024^3                64x64x256-s3 .0113        128x128x64-s4 .0117       128x128 k2 .0145
+  4096^3                128x256x64-s3-w8 .1827    128x256x64-g4 .1985
+  8192^3                128x256x64-s3-w8 1.439    128x128x64-s4 1.667
+  4096 x 14336 x 4096   128x256x64-s3-w8 .6295    128x256x64-g4 .7034
+  4096 x 4096 x 14336   128x256x64-s3-w8 .6592    128x128x64-s4 .7050
+  16 x 4096 x 4096      64x128x128-s4 k2 .0167    64x64x256 k2 .0179        (unsplit .0203)
+  16 x 14336 x 4096     64x128x128-s4 .0389       128x256x64-g4 .0489       64x128 k2 .0467
+  16 x 4096 x 14336     64x128x128-s4 k4 .0404    64x128x128 k2 .0412       (unsplit .0588)
+  128 x 4096 x 4096     64x64x128-s5 .0150        64x64x128-s4 .0157        128x128 k2 .0205
+  128 x 14336 x 4096    128x128x64-s4 .0382       64x128x128-s4 .0408       128x128 k2 .0527
+  128 x 4096 x 14336    64x128x128-s4 k2 .0410    64x64x128-s5 .0416        (that k2)
 
 The rule those numbers give: per row-count class, a ladder of tiles from large to small;
-take the first whose tile count (times batch) fills at least WAVE_FILL of the SMs, else the
-smallest. Large tiles reuse more data per byte loaded, so they win whenever they still fill
-the machine; when they cannot, a fuller wave of smaller tiles wins (1024^3: 64 tiles of
-128x128 beat 32 of 128x256 by 7%). TILE_M = 128 never wins for M <= 64 (a 16-row problem
-pays 8x the MMA and A loads: 16 x 14336 x 4096 at 128x128 is .0624 against .0397). GROUP_M=8
-is as good as 4 or 16 at 4096^3 and 11% better at 8192^3. Without split-K a long-K small-M
-problem (16 x 4096 x 14336, 64 tiles on 132 SMs) stays at 0.83x torch.matmul.
-The rule's first pick is the row's winner except at 16 x 4096 x K, where it is within 5%
-(64x64x128-s5: .0325 against .0310, .0589 against .0585).
+take the first whose tile count (times batch) fills at least WAVE_FILL of the SMs. Large
+tiles reuse more data per byte loaded, so they win whenever they still fill the machine.
+When none fills: split the largest along K (split_k_for) if K is long enough, else take the
+smallest (1024^3: K too short to split; 64 tiles of 128x128 at .0117 against 32 of 128x256
+at .017). TILE_M = 128 never wins for M <= 64 (a 16-row problem pays 8x the MMA and A
+loads). GROUP_M=8 beats 4 by 8-12% at 4096^3 and 8192^3.
+Split-K: one wave (tiles x slices <= SMs, more slices than that only queue: 16 x 4096 x
+14336 at 64x128 k6 .0611 against k4 .0404) and >= MIN_SLICE_K_STEPS K steps per slice
+(16 x 4096 x 4096: k2, 16 steps each, .0167; k4, 8 each, .0188). Split where the tiles fill
+the SMs already loses (16 x 14336 x 4096: 112 tiles, k2 .0467 against .0389).
+fp8 inputs take twice the K step (the same bytes per stage): 128x256x128-s3 was the fastest
+fp8 config at 4096^3 (.1051 against .1218 for 128x256x64) and 8192^3 (.7796 against 1.126).
+The rule's first pick is within 5% of our fastest on every row above (1024^3: .0117 / .0113).
+Where the backend's first plan is faster still (plain bf16, M <= 128), heuristics.py puts
+the backend first.
 """
 
 from __future__ import annotations
@@ -42,10 +49,10 @@ SMEM_LIMIT_BYTES = 232448
 # 64x128 on 132 SMs, 0.85 of a wave, beat 224 tiles of 64x64 by 28%).
 WAVE_FILL = 0.8
 H200_SMS = 132
-# Split-K (see recommend_configs): only while each slice keeps at least this many K steps
-# (a slice's pipeline prologue and its partial tile's round trip through L2 are paid per
-# slice), and at most MAX_SPLIT slices.
-MIN_SLICE_K_STEPS = 8
+# Split-K (split_k_for): each slice keeps at least this many K steps (a slice's pipeline
+# prologue and its partial tile's round trip through L2 are paid per slice), at most
+# MAX_SPLIT slices.
+MIN_SLICE_K_STEPS = 16
 MAX_SPLIT = 8
 
 _BIG = GemmKnobs(128, 256, 64, 3, 8, 8)
@@ -91,15 +98,17 @@ def fit_shared_memory(knobs: GemmKnobs, in_bytes: int, out_bytes: int, tile_oper
 
 
 def split_k_for(knobs: GemmKnobs, M: int, N: int, K: int, batch: int, num_sms: int):
-    """`knobs` with the fewest K slices that bring its work items (tiles x slices) to
-    WAVE_FILL of the SMs, each slice keeping MIN_SLICE_K_STEPS K steps; unchanged when the
-    tiles fill the SMs already or K is too short to cut."""
+    """`knobs` with the most K slices that still run in one wave (tiles x slices <= SMs)
+    with MIN_SLICE_K_STEPS K steps in each slice, at most MAX_SPLIT; unchanged (SPLIT_K=1)
+    when the tiles fill WAVE_FILL of the SMs already or K is too short to cut."""
     tiles = -(-M // knobs.TILE_M) * -(-N // knobs.TILE_N) * batch
+    if tiles >= WAVE_FILL * num_sms:
+        return knobs
     k_steps = -(-K // knobs.TILE_K)
     split = 1
     while (
-        tiles * split < WAVE_FILL * num_sms
-        and split < MAX_SPLIT
+        split < MAX_SPLIT
+        and tiles * (split + 1) <= num_sms
         and k_steps // (split + 1) >= MIN_SLICE_K_STEPS
     ):
         split += 1
@@ -120,19 +129,25 @@ def recommend_configs(
     tile_operand_bytes: summed element sizes of the chain's [M, N] operands (a residual)."""
     in_bytes, out_bytes = ELEM_BYTES[dtypes[0]], ELEM_BYTES[dtypes[-1]]
     ladder = next(steps for limit, steps in _LADDERS if limit is None or M <= limit)
-    first = ladder[-1]
+    runners_up = _RUNNERS_UP
+    if in_bytes == 1:  # fp8: the same bytes per pipeline stage as a 16-bit K step
+        ladder = tuple(replace(k, TILE_K=min(256, 2 * k.TILE_K)) for k in ladder)
+        runners_up = tuple(replace(k, TILE_K=min(256, 2 * k.TILE_K)) for k in runners_up)
+    first = None
     for knobs in ladder:
         tiles = -(-M // knobs.TILE_M) * -(-N // knobs.TILE_N) * batch
         if tiles >= WAVE_FILL * num_sms:
             first = knobs
             break
-    ordered = []
-    # Split-K where a ladder config's tiles underfill the SMs: the split variant is listed
-    # right before the config it splits (so the rule's first pick is split when it does).
-    for knobs in [first] + [k for k in ladder if k != first]:
+    if first is None:  # none fills the SMs: split the largest, else the smallest
+        split = split_k_for(ladder[0], M, N, K, batch, num_sms)
+        first = split if split.SPLIT_K > 1 else ladder[-1]
+    ordered = [first]
+    # Every ladder config, with its split variant (where it has one) right before it.
+    for knobs in ladder:
         split = split_k_for(knobs, M, N, K, batch, num_sms)
-        ordered += [split, knobs] if split.SPLIT_K > 1 else [knobs]
-    ordered += [k for k in _RUNNERS_UP if k not in ordered]
+        ordered += [k for k in (split, knobs) if k not in ordered]
+    ordered += [k for k in runners_up if k not in ordered]
     out = []
     for knobs in ordered:
         fitted = fit_shared_memory(knobs, in_bytes, out_bytes, tile_operand_bytes)
