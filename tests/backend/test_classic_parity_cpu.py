@@ -207,3 +207,44 @@ def test_the_closure_refuses_bad_input_like_the_general_path():
             g.execute(pack)
         with pytest.raises(ValueError, match="override_shapes"):
             g.execute(_pack(g), override_uids=[1], override_shapes=[[1, 16, 8]], override_strides=[[128, 8, 1]])
+
+
+# ---------------------------------------------------------------- forwarding to the backend
+class _RecordingBackend:
+    def __init__(self, plans):
+        self.plans, self.calls = plans, []
+
+    def get_execution_plan_count(self):
+        return self.plans
+
+    def __getattr__(self, name):
+        return lambda *args: self.calls.append((name, *args))
+
+
+def _lowered_stand_in(plans):
+    import threading
+    import types
+
+    from cudnn_pygraph import behavior_note as bn
+    from cudnn_pygraph import numerical_note as nn
+
+    fe = types.SimpleNamespace(module=types.SimpleNamespace(numerical_note=nn, behavior_note=bn),
+                               errors=(RuntimeError,), frontend_version="stand-in")
+    return types.SimpleNamespace(backend=_RecordingBackend(plans), fe=fe, lock=threading.Lock())
+
+
+@pytest.mark.parametrize("plans", [0, 3], ids=["before-its-plans", "with-plans"])
+def test_filters_reach_the_lowered_backend_graph_once_it_has_plans(plans):
+    from cudnn_pygraph.backend import classic_parity
+
+    g = gemm_graph()
+    g.select_numeric_notes([numerical_note.TENSOR_CORE])
+    g.deselect_behavior_notes([behavior_note.RUNTIME_COMPILATION])
+    g.deselect_workspace_greater_than(4096)
+    lg = g.__dict__["_lowered"] = _lowered_stand_in(plans)
+    classic_parity.forward_to_backend(g)
+    expected = [("deselect_workspace_greater_than", 4096)]
+    if plans:  # its note filters mark entries of its plan list: nothing to mark before
+        expected += [("select_numeric_notes", [numerical_note.TENSOR_CORE]),
+                     ("deselect_behavior_notes", [behavior_note.RUNTIME_COMPILATION])]
+    assert lg.backend.calls == expected
