@@ -380,7 +380,7 @@ def section_host(raw):
 
 
 # ------------------------------------------------------------------------------ report
-def ranked_first(M, listed, times, t_backend):
+def ranked_first(M, N, K, listed, times, t_backend):
     """(first plan, its ms, fastest listed plan, its ms) of a plain bf16 [M, K] @ [K, N]: the
     backend's first plan is listed before ours where heuristics.backend_leads, after
     otherwise ("backend" names it)."""
@@ -391,7 +391,7 @@ def ranked_first(M, listed, times, t_backend):
     pool = {k: times[k] for k in listed if k in times}
     if t_backend is not None:
         pool["backend"] = t_backend
-    facts = SimpleNamespace(chain=(), dtypes=("bf16",) * 3, M=M, batch=1)
+    facts = SimpleNamespace(chain=(), dtypes=("bf16",) * 3, M=M, N=N, K=K, batch=1)
     if t_backend is not None and backend_leads(facts):
         first = "backend"
     else:
@@ -411,7 +411,7 @@ def check_rule(path):
         M, N, K = map(int, key.split("x"))
         listed = [k.short() for k in recommend_configs(M, N, K, 1, ("bf16", "bf16"), 0, num_sms)]
         missing = [k for k in listed if k not in row["ours"]]
-        first, t_first, best, t_best = ranked_first(M, listed, row["ours"], row.get("backend_ms"))
+        first, t_first, best, t_best = ranked_first(M, N, K, listed, row["ours"], row.get("backend_ms"))
         note = f" (untimed: {missing})" if missing else ""
         if first not in (listed[0], "backend"):
             note = f" (the rule's first, {listed[0]}, is untimed)" + note
@@ -437,7 +437,7 @@ def report(args, bf16_rows, fused, fp8_rows, host, num_sms):
              "| backend 1st ms | torch ms | first TFLOP/s | torch/first |")  # fmt: skip
     L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for M, N, K, flop, times, listed, t_torch, t_backend in bf16_rows:
-        first, t_first, best, t_best = ranked_first(M, listed, times, t_backend)
+        first, t_first, best, t_best = ranked_first(M, N, K, listed, times, t_backend)
         tb = f"{t_backend:.4f}" if t_backend is not None else "-"
         L.append(f"| {M} | {N} | {K} | {first} | {t_first:.4f} | {best} | {t_best:.4f} | "
                  f"{t_first / t_best:.3f} | {tb} | {t_torch:.4f} | {tflops(flop, t_first):.0f} | "

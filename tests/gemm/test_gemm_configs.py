@@ -77,28 +77,33 @@ def test_split_k_rule(shape, slices, why):
 
 
 BIAS = step("bias", "col", "bf16")
+PLAIN = dict(chain=(), dtypes=("bf16",) * 3, batch=1)
 BACKEND_ORDER = [
-    # name, facts, whether the backend's block leads
-    ("plain-bf16-M16", dict(chain=(), dtypes=("bf16",) * 3, M=16, batch=1), True),
-    ("plain-bf16-M128", dict(chain=(), dtypes=("bf16",) * 3, M=128, batch=1), True),
-    ("plain-bf16-M1024", dict(chain=(), dtypes=("bf16",) * 3, M=1024, batch=1), False),
-    ("fused-bf16-M16", dict(chain=(BIAS,), dtypes=("bf16",) * 3, M=16, batch=1), False),
-    ("plain-fp16-M16", dict(chain=(), dtypes=("fp16",) * 3, M=16, batch=1), False),
-    ("batched-bf16-M16", dict(chain=(), dtypes=("bf16",) * 3, M=16, batch=4), False),
+    # name, facts, whether the backend's block leads (the H200 cells of heuristics.py)
+    ("plain-M16", dict(PLAIN, M=16, N=4096, K=14336), True),
+    ("plain-M128", dict(PLAIN, M=128, N=4096, K=4096), True),
+    ("plain-1024^3", dict(PLAIN, M=1024, N=1024, K=1024), True),
+    ("plain-4096-long-K", dict(PLAIN, M=4096, N=4096, K=14336), True),
+    ("plain-4096^3", dict(PLAIN, M=4096, N=4096, K=4096), False),
+    ("plain-4096-wide-N", dict(PLAIN, M=4096, N=14336, K=4096), False),
+    ("fused-M16", dict(PLAIN, chain=(BIAS,), M=16, N=4096, K=4096), False),
+    ("fp16-M16", dict(PLAIN, dtypes=("fp16",) * 3, M=16, N=4096, K=4096), False),
+    ("fp8-M16", dict(PLAIN, dtypes=("fp8e4m3", "fp8e4m3", "bf16"), M=16, N=4096, K=4096), False),
+    ("batched-M16", dict(PLAIN, batch=4, M=16, N=4096, K=4096), False),
 ]
 
 
 @pytest.mark.parametrize("name,facts,leads", BACKEND_ORDER, ids=[b[0] for b in BACKEND_ORDER])
 def test_backend_block_leads_only_where_it_was_measured_faster(name, facts, leads):
-    """heuristics.recommend: the backend's block first for plain bf16 M <= 128 (the H200
-    cells it won), ours first everywhere else (measured or untimed)."""
+    """heuristics.recommend: the backend's block first in the plain bf16 cells the H200
+    measured it ahead, ours first everywhere else (measured or untimed)."""
     from types import SimpleNamespace
 
     from cudnn_pygraph import heur_mode
     from cudnn_pygraph.engines.gemm import heuristics
     from cudnn_pygraph.planning.heuristics import BACKEND
 
-    f = SimpleNamespace(N=4096, K=4096, device=None, **facts)
+    f = SimpleNamespace(device=None, **facts)
     plans = heuristics.recommend(heur_mode.A, f, [20000])
     assert (plans[0] is BACKEND) == leads and plans.count(BACKEND) == 1
     assert heuristics.recommend(heur_mode.OPENSOURCE, f, [20000]).count(BACKEND) == 0

@@ -10,8 +10,8 @@ from .kernels.spec import ELEM_BYTES
 
 # An untimed device (the Triton interpreter) is ranked as the H200 the rule was measured on.
 _MEASURED_SM_COUNT = 132
-# Plain bf16 GEMMs with at most this many rows rank the backend first (backend_leads).
-SMALL_M_BACKEND_LEADS = 128
+# Plain bf16 GEMMs rank ours first from this many rows (with K <= N; backend_leads).
+OURS_LEAD_MIN_M = 4096
 
 
 def configs_for(facts):
@@ -31,27 +31,29 @@ def configs_for(facts):
 
 
 def backend_leads(facts) -> bool:
-    """Whether the backend's block goes before ours, from facts: the cells where the H200
-    measured the backend's first plan faster than our fastest listed config. Measured
-    (bench/results/gemm.md, 2026-11-29 16:20 UTC, plain bf16 row-major, batch 1): for M <= 128
-    the backend led on 5 of 6 shapes (16 x 4096 x 4096: .0139 ms against our .0167;
-    16 x 14336 x 4096: .0312 / .0389; 16 x 4096 x 14336: .0328 / .0404; 128 x 14336 x 4096:
-    .0338 / .0382; 128 x 4096 x 14336: .0376 / .0410) and tied on the sixth (128 x 4096 x
-    4096: .0151 / .0150); for M >= 1024 ours led or tied (within 2%) on all five. Everything
-    else is untimed (fp16, fp8, fused epilogues, batches) and keeps ours first."""
-    return (
-        not facts.chain
-        and tuple(facts.dtypes) == ("bf16", "bf16", "bf16")
-        and facts.M <= SMALL_M_BACKEND_LEADS
-        and facts.batch == 1
+    """Whether the backend's block goes before ours, from facts: the plain bf16 GEMM cells
+    where the H200 measured the backend's first plan ahead of our fastest listed config.
+    Two runs (bench/results/gemm.md, 2026-11-29 16:20 and 16:25 UTC; row-major, batch 1; ms,
+    ours / backend):
+      ours lead or tie: 8192^3 1.439 / 1.504 and 1.401 / 1.468; 4096 x 14336 x 4096 .6295 /
+        .6277 and .6178 / .6384; 4096^3 .1827 / .1927 and .1793 / .1771;
+      the backend leads: every M <= 128 shape (by 7-26%, tie once: 128 x 4096 x 4096 .0150 /
+        .0151), 4096 x 4096 x 14336 (K > N: .6592 / .6464 and .6547 / .6112) and 1024^3
+        (.0111 / .0104 in the second run; the first run's .0153 was host-bound: ~10 us of
+        graph.execute per ~10 us kernel).
+    Hence ours first only for M >= OURS_LEAD_MIN_M with K <= N. fp16, fp8, fused epilogues
+    and batches keep ours first: fp8 measured ours ahead (4096^3 .1002 / .1096, 8192^3
+    .7630 / .8339), the rest is untimed."""
+    plain_bf16 = (
+        not facts.chain and tuple(facts.dtypes) == ("bf16", "bf16", "bf16") and facts.batch == 1
     )
+    return plain_bf16 and not (facts.M >= OURS_LEAD_MIN_M and facts.K <= facts.N)
 
 
 def recommend(kind, facts, offered):
-    """Our configs for every offered engine, then the backend's block; the backend's block
-    first where backend_leads() (measured cells). Everywhere else ours lead: at M >= 1024
-    ours were faster or within 2% (bench/results/gemm.md), and untimed cells keep "ours
-    first, backend after"."""
+    """Our configs for every offered engine (kernels/configs.py's rule, its first pick within
+    5% of our fastest on every measured shape), and the backend's block: first where
+    backend_leads() (measured), after ours everywhere else, untimed cells included."""
     ours = [PlanConfig(eid, k) for eid in offered for k in configs_for(facts)]
     if kind is heur_mode.FALLBACK:
         return ours[:1] + [BACKEND]

@@ -31,8 +31,8 @@ the SMs already loses (16 x 14336 x 4096: 112 tiles, k2 .0467 against .0389).
 fp8 inputs take twice the K step (the same bytes per stage): 128x256x128-s3 was the fastest
 fp8 config at 4096^3 (.1051 against .1218 for 128x256x64) and 8192^3 (.7796 against 1.126).
 The rule's first pick is within 5% of our fastest on every row above (1024^3: .0117 / .0113).
-Where the backend's first plan is faster still (plain bf16, M <= 128), heuristics.py puts
-the backend first.
+Where the backend's first plan was faster still (plain bf16: M <= 1024, or K > N), the
+hook puts the backend first (heuristics.backend_leads).
 """
 
 from __future__ import annotations
