@@ -74,15 +74,16 @@ def median_ms(fn, reps: int) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in pairs)
 
 
-def K(m, n, st, w, pack=False, tma=False, lazy=False):
+def K(m, n, st, w, pack=False, tma=False, lazy=False, regs=None):
     return SdpaFwdKnobs(TILE_M=m, TILE_N=n, NUM_STAGES=st, NUM_WARPS=w, PACK_GQA=pack, TMA=tma,
-                        LAZY_RESCALE=lazy)
+                        LAZY_RESCALE=lazy, MAX_REGS=regs)
 
 
 def name(kn) -> str:
     if isinstance(kn, SdpaFwdKnobs):
         extra = ("+pack" if kn.PACK_GQA else "") + ("+tma" if kn.TMA else "")
         extra += "+lazy" if kn.LAZY_RESCALE else ""
+        extra += f"r{kn.MAX_REGS}" if kn.MAX_REGS else ""
         return f"m{kn.TILE_M}n{kn.TILE_N}s{kn.NUM_STAGES}w{kn.NUM_WARPS}{extra}"
     return f"n{kn.TILE_N}split{kn.SPLIT_KV}s{kn.NUM_STAGES}w{kn.NUM_WARPS}"
 
@@ -389,23 +390,29 @@ def main():
     # Run 1 (2026-11-29 14:43) also timed m128n128s2w8 (+13% slower than m128n64s3w8 on both
     # S8192 rows) and m128n128s2w8+tma (ptxas crash, error -11); run 2 (15:26) timed
     # m128n64s3w4+tma+lazy (ptxas crash at D=128; 0.243 ms at D=64, 10% behind the plain
-    # config): dropped here, and SdpaFwdKnobs refuses both TMA combinations.
-    d128 = [K(128, 64, 3, 8), K(128, 64, 3, 4), K(128, 64, 4, 4), K(128, 64, 3, 8, lazy=True),
-            K(128, 64, 3, 4, lazy=True), K(128, 64, 3, 4, tma=True)]
+    # config), +lazy (+23% at D=128) and 4 warps at D=128 (2.3x: 255 registers + spills):
+    # dropped here. Run 3 asks for TWO resident programs per SM (the backend's two
+    # consumer warpgroups interleave softmax and matmuls; two independent programs can do
+    # the same). Registers / shared memory per program, sm_90 ptxas compiled offline:
+    # D128 m128n64s3w8 184 regs / 128 KB (1 per SM); m128n64s2w8r128 128 regs + 96 B
+    # spill / 96 KB (2); m64n64s2w4 203 / 80 KB (2); m64n64s3w4 226 / 112 KB (2).
+    # D64 m128n64s3w4 252 / 64 KB (2); m128n64s3w8 124 / 64 KB (2, 16 warps);
+    # m64n64s3w4 128 / 56 KB (4).
+    d128 = [K(128, 64, 3, 8), K(128, 64, 2, 8, regs=128), K(64, 64, 2, 4), K(64, 64, 3, 4),
+            K(128, 64, 2, 8)]
     ranked = dense_row(2, 16, 8192, 128, True, d128, budget * 0.3)
     dense_row(2, 16, 8192, 128, False, d128, budget * 0.5)
     dense_row(8, 16, 2048, 64, True,
-              [K(128, 64, 3, 4), K(128, 64, 4, 4), K(128, 64, 3, 4, lazy=True),
-               K(128, 64, 3, 4, tma=True)], budget * 0.62)
+              [K(128, 64, 3, 4), K(128, 64, 3, 8), K(64, 64, 3, 4), K(64, 64, 2, 4),
+               K(128, 32, 4, 4)], budget * 0.62)
     top = ranked[:2] or d128[:2]
     thd = top + [SdpaFwdKnobs(**{**top[0].__dict__, "PACK_GQA": True})]
     thd_row(dedup(thd), budget * 0.8)
     # Run 1: page 16 split1 255 us / split2 263 / split4 270 / n128split2w8 267; page 64
     # split1 305 / split2 262 / split4 273 / n128split2w8 265.
+    # Run 2: s4 ties s3 (263 / 264 us), n32split2s4w2 is 20% behind: two configs per page.
     dec = [SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=1, NUM_STAGES=3, NUM_WARPS=4),
-           SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=2, NUM_STAGES=3, NUM_WARPS=4),
-           SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=2, NUM_STAGES=4, NUM_WARPS=4),
-           SdpaDecodeKnobs(TILE_N=32, SPLIT_KV=2, NUM_STAGES=4, NUM_WARPS=2)]
+           SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=2, NUM_STAGES=3, NUM_WARPS=4)]
     decode_row(16, dec, budget * 0.9)
     decode_row(64, dec, budget)
     text = report()

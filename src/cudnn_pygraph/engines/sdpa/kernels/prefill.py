@@ -565,6 +565,7 @@ def sdpa_prefill(
     use_tma = knobs.TMA and not paged and _tma_eligible(q, (k, v), offsets_unit)
     if use_tma:
         _install_scratch_allocator()
+    launch_opts = {} if knobs.MAX_REGS is None else {"maxnreg": knobs.MAX_REGS}
     window_left = mask.window_left if mask.window_left is not None else 0
     window_right = mask.window_right if mask.window_right is not None else 0
     _sdpa_fwd_kernel[grid](
@@ -580,7 +581,7 @@ def sdpa_prefill(
         HAS_LEFT=mask.window_left is not None, HAS_RIGHT=mask.window_right is not None,
         BOTTOM_RIGHT=mask.bottom_right, WRITE_LSE=stats is not None, LSE_PACKED=lse_packed,
         TMA=use_tma, LAZY_RESCALE=knobs.LAZY_RESCALE, PAGED=paged, PAGE_SIZE=page_size,
-        num_warps=knobs.NUM_WARPS, num_stages=knobs.NUM_STAGES,
+        num_warps=knobs.NUM_WARPS, num_stages=knobs.NUM_STAGES, **launch_opts,
     )
 
 
