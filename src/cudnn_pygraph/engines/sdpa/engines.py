@@ -543,12 +543,13 @@ class _DecodePlan(CompiledPlan):
 
 # ------------------------------------------------------------------ who goes first
 
-# Placement by measured shard (bench/results/sdpa_fwd.md, H200 2026-11-29): the backend
-# ran every timed prefill cell faster (ours 0.76x / 0.78x at D128 S8192 causal / not,
-# 0.83x at D64 S2048), and its page-64 paged decode takes 250 us (the brief's figure,
-# same H200 and day) against our 262 us: on those shards the backend's block leads.
-# Untimed shards keep ours first (the spec's rule for a cell nobody timed): THD / ragged
-# prefill, page sizes other than 64.
+# Placement by measured shard (bench/results/sdpa_fwd.md, H200 2026-11-29, run 3 at 16:31
+# UTC): the backend ran every timed prefill cell faster (ours 0.77x / 0.76x at D128 S8192
+# causal / not: 1.152 vs 0.889 ms, 2.121 vs 1.614 ms; 0.90x at D64 S2048 causal: 0.204 vs
+# 0.183 ms), and its page-64 paged decode takes 250 us (the brief's figure, same H200 and
+# day) against our 261 us: on those shards the backend's block leads, so the first plan is
+# the fastest one listed. Untimed shards keep ours first (the spec's rule for a cell nobody
+# timed): THD / ragged prefill, page sizes other than 64.
 _BACKEND_LEADS_PAGE_SIZES = frozenset({64})
 
 

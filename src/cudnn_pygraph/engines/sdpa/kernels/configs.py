@@ -1,12 +1,12 @@
 """Which knobs to build for an SDPA forward, from facts alone (measured winner first).
 
 Each rule names its first choice and keeps runners-up behind it for a caller that
-autotunes. Timed cells: bench/sdpa_fwd.py on the H200, 2026-11-29 14:43 UTC (torch 2.11
-cu130, triton 3.6.0, bf16, CUDA-event medians); the table is bench/results/sdpa_fwd.md.
-A cell marked "untimed" keeps a reasoned guess, and says so. Only configs that ran right
-against the float64 reference on the H200 are listed: LAZY_RESCALE is tested on CPU but
-was not timed or checked on the GPU yet, so no rule lists it. Imports neither torch nor
-triton.
+autotunes. Timed cells: bench/sdpa_fwd.py on the H200, runs of 2026-11-29 (14:43, 15:26,
+16:31 UTC; torch 2.11 cu130, triton 3.6.0, bf16, CUDA-event medians); the tables are
+bench/results/sdpa_fwd.md. A cell marked "untimed" keeps a reasoned guess, and says so.
+Only configs that ran right against the float64 reference on the H200 are listed
+(LAZY_RESCALE ran right but 23% slower at D=128, so no rule lists it). Imports neither
+torch nor triton.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from .knobs import SdpaDecodeKnobs, SdpaFwdKnobs
 _DEFAULT_SM_COUNT = 132
 
 
-def _k(m, n, stages, warps, tma=False) -> SdpaFwdKnobs:
-    return SdpaFwdKnobs(TILE_M=m, TILE_N=n, NUM_STAGES=stages, NUM_WARPS=warps, TMA=tma)
+def _k(m, n, stages, warps, tma=False, regs=None) -> SdpaFwdKnobs:
+    return SdpaFwdKnobs(TILE_M=m, TILE_N=n, NUM_STAGES=stages, NUM_WARPS=warps, TMA=tma,
+                        MAX_REGS=regs)
 
 
 def recommend_prefill(
@@ -39,14 +40,17 @@ def recommend_prefill(
     the GQA group into the tile.
     """
     if head_dim <= 64:
-        # B8 H16 S2048 D64 causal, ms: m128n64s3w4 0.221, +tma 0.233, m128n128s3w8 0.263.
-        ranked = [_k(128, 64, 3, 4), _k(128, 64, 3, 4, tma=True), _k(128, 128, 3, 8)]
+        # B8 H16 S2048 D64 causal, ms (16:31 run): m64n64s3w4 0.204, m128n64s3w8 0.212,
+        # m64n64s2w4 0.217, m128n64s3w4 0.221 (the earlier winner; +tma 0.233 at 14:43).
+        # The 64-row tile compiles to 128 registers, so four programs share an SM.
+        ranked = [_k(64, 64, 3, 4), _k(128, 64, 3, 8), _k(64, 64, 2, 4), _k(128, 64, 3, 4)]
     elif head_dim <= 128:
-        # B2 H16 S8192 D128, ms causal / non-causal: m128n64s3w8 1.152 / 2.111,
-        # +tma 1.285 / 2.401, m128n128s2w8 1.307 / 2.343. THD GQA 32/8 causal (16 seqs
-        # 256..8192): m128n64s3w8 3.919, +pack 3.971, +tma 4.363.
-        base, tma, wide = _k(128, 64, 3, 8), _k(128, 64, 3, 8, tma=True), _k(128, 128, 2, 8)
-        ranked = [base, tma, wide] if causal else [base, wide, tma]
+        # B2 H16 S8192 D128, ms causal / non-causal (16:31 run): m128n64s3w8 1.152 / 2.121,
+        # m64n64s3w4 1.181 / 2.256, m128n64s2w8 capped at 128 registers 1.226 / 2.186
+        # (earlier: +tma 1.285 / 2.401, m128n128s2w8 1.307 / 2.343). THD GQA 32/8 causal
+        # (16 seqs 256..8192): m128n64s3w8 3.876, m64n64s3w4 3.953, +pack 3.955.
+        base, half, capped = _k(128, 64, 3, 8), _k(64, 64, 3, 4), _k(128, 64, 2, 8, regs=128)
+        ranked = [base, half, capped] if causal else [base, capped, half]
     else:
         # D=256, untimed: a 128-row tile's fp32 accumulator alone is 128 KB; halve M.
         ranked = [_k(64, 64, 2, 4), _k(64, 32, 2, 4), _k(64, 64, 1, 8)]
