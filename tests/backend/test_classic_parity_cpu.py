@@ -6,6 +6,7 @@ blob) runs in tests/gpu/test_native_backend_lowering.py."""
 import numpy as np
 import parity_engines as pe
 import pytest
+from fakes import dispatch_engines as fakes
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph import behavior_note, heur_mode, numerical_note
@@ -14,7 +15,6 @@ from cudnn_pygraph.backend import adapter
 from cudnn_pygraph.planning import manifest
 from cudnn_pygraph.planning.device import DeviceProperties
 from cudnn_pygraph.runtime.variant_pack import MissingOperandError
-from fakes import dispatch_engines as fakes
 
 SM90 = DeviceProperties("sm90", 9, 0, 132, 1 << 20)
 

@@ -17,11 +17,21 @@ def _operand_buffer(nbytes):
     return VariantPack.from_objects(lay, [t]).operands([0])[0], t.data_ptr()
 
 
+def _tensor(dtype, n):
+    t = torch.empty(n, dtype=dtype)
+    return t, t.data_ptr()
+
+
+def _array(n):
+    a = np.empty(n, np.uint8)
+    return a, a.ctypes.data
+
+
 READABLE = {
     "int": lambda: (0xABC000, 0xABC000),
-    "torch": lambda: (lambda t: (t, t.data_ptr()))(torch.empty(NEED, dtype=torch.uint8)),
-    "torch-fp32-covers": lambda: (lambda t: (t, t.data_ptr()))(torch.empty(NEED // 4, dtype=torch.float32)),
-    "numpy": lambda: (lambda a: (a, a.ctypes.data))(np.empty(NEED, np.uint8)),
+    "torch": lambda: _tensor(torch.uint8, NEED),
+    "torch-fp32-covers": lambda: _tensor(torch.float32, NEED // 4),
+    "numpy": lambda: _array(NEED),
     "operand-buffer": lambda: _operand_buffer(NEED),
 }
 
