@@ -248,3 +248,20 @@ def test_filters_reach_the_lowered_backend_graph_once_it_has_plans(plans):
         expected += [("select_numeric_notes", [numerical_note.TENSOR_CORE]),
                      ("deselect_behavior_notes", [behavior_note.RUNTIME_COMPILATION])]
     assert lg.backend.calls == expected
+
+
+def test_a_bare_int_handle_is_the_backends_and_its_stream_is_read_there(monkeypatch):
+    """execute(handle=<int>): the frontend's own cudnnHandle_t; the python plan runs on the
+    stream cuDNN holds for it (read through backend/lowering.py, stood in for here)."""
+    from cudnn_pygraph.backend import lowering
+
+    monkeypatch.setattr(lowering, "backend_stream", lambda h: {0x7A: 0x5E00}[h])
+    seen = []
+    with manifest.use_families([pe.FAMILY]):
+        g = gemm_graph()
+        g.create_execution_plans([heur_mode.A])
+        g.build_plans()
+        compiled = g._planning.built[g.plans[g.selected_plan].identity]
+        monkeypatch.setattr(compiled, "execute", lambda graph, pack, ctx: seen.append(ctx.stream))
+        g.execute(_pack(g), None, 0x7A)
+    assert seen == [0x5E00]

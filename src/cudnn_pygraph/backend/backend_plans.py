@@ -303,6 +303,15 @@ def destroy_backend_handle(h):
     destroy(h)
 
 
+def backend_stream(h):
+    """The stream cuDNN holds for the backend handle `h` (None: the default stream)."""
+    fe = frontend()
+    try:
+        return fe.module.get_stream(h) or None
+    except fe.errors as exc:
+        raise backend_error(exc, f"reading the stream of backend handle {h:#x}") from exc
+
+
 def set_backend_stream(h, stream):
     module = frontend().module
     raw = getattr(module, "_raw_set_stream", None)

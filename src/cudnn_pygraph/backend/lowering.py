@@ -427,6 +427,7 @@ def _named_failure(graph, exc):
 # The plan side, reached through this module by adapter.py and runtime/handle.py.
 from .backend_plans import (  # noqa: E402
     BackendPlan,
+    backend_stream,
     build_plan,
     create_backend_handle,
     default_handle,
@@ -439,6 +440,7 @@ from .backend_plans import (  # noqa: E402
 
 __all__ = [
     "BackendPlan",
+    "backend_stream",
     "LoweredGraph",
     "build_plan",
     "construct",

@@ -64,6 +64,13 @@ def get_stream(handle):
 
 def resolve_stream(handle, graph):
     """execute(handle=h) if given, else the graph's own handle; no handle -> None (the
-    default stream)."""
+    default stream). A bare int is the backend's own cudnnHandle_t (what the frontend's
+    create_handle() returns): its stream is the one cuDNN holds for it."""
     h = handle if handle is not None else graph.backend_options.get("handle")
-    return None if h is None else get_stream(h)
+    if h is None:
+        return None
+    if isinstance(h, int) and not isinstance(h, bool):
+        from ..backend import lowering
+
+        return lowering.backend_stream(h)
+    return get_stream(h)
