@@ -195,9 +195,10 @@ class BackendPlan(CompiledPlan):
         """graph.execute's hot path for this plan (runtime/execute.py PlanRunner.call): a
         RawExecutor (runtime/_variant_pack_exec.h) that builds the pack and calls the
         backend's raw execute in C, with the default handle and the plan index resolved
-        here, once (the plan's own workspace on the first call that gives none). It serves execute(pack[, workspace]); a handle,
-        overrides, keywords, or a runner no longer selected go to the general path
-        (bench/results/execute_path_cpu.md has the cost against the raw call)."""
+        here, once (the plan's own workspace on the first call that gives none). It
+        serves execute(pack[, workspace]); a handle, overrides, keywords, or a runner no
+        longer selected go to the general path (bench/results/execute_path_cpu.md has
+        the cost against the raw call)."""
         graph = runner.graph
         if graph.backend_options["handle"] is not None:
             return through_graph(graph)  # the graph's own handle: the general path
@@ -214,8 +215,8 @@ class BackendPlan(CompiledPlan):
         return bh
 
     def execute(self, graph, pack, ctx):
-        """The general path (an index-addressed execute, overrides): the same call as
-        make_call's closure, from an ExecutionContext."""
+        """The general path (an index-addressed execute, a handle, overrides): the same
+        raw call as make_call's executor, from an ExecutionContext."""
         handle = ctx.handle
         if handle is None:
             handle = graph.backend_options["handle"]
