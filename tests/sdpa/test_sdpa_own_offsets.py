@@ -40,12 +40,13 @@ def elem_offsets(starts, width):
 
 
 def two_tables(lens):
-    """K and V pools with independent page permutations; returns pools, tables, dense K/V."""
+    """K and V pools (of different page counts) with independent page permutations; returns
+    pools, tables, dense K/V."""
     per = max((n + PAGE - 1) // PAGE for n in lens)
     pages = len(lens) * per + 2
-    kc, vc = rand(pages, PAGE, HKV, D), rand(pages, PAGE, HKV, D)
+    kc, vc = rand(pages, PAGE, HKV, D), rand(pages + 3, PAGE, HKV, D)
     tk = torch.randperm(pages)[: len(lens) * per].reshape(len(lens), per).to(torch.int32)
-    tv = torch.randperm(pages)[: len(lens) * per].reshape(len(lens), per).to(torch.int32)
+    tv = torch.randperm(pages + 3)[: len(lens) * per].reshape(len(lens), per).to(torch.int32)
     assert not torch.equal(tk, tv)
     dense = []
     for i, n in enumerate(lens):

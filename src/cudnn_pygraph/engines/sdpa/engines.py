@@ -154,8 +154,8 @@ def _paged_checks(engine, graph, node, facts):
             _decline(f"{which} page table must be INT32")
     if tuple(v_table.dim) != tuple(k_table.dim):
         _decline(f"V page table dims {list(v_table.dim)} differ from K's {list(k_table.dim)}")
-    if tuple(node.inputs["v"].dim) != tuple(node.inputs["k"].dim):
-        _decline("paged K and V containers must have the same dims")
+    if tuple(node.inputs["v"].dim[1:]) != tuple(node.inputs["k"].dim[1:]):
+        _decline("paged K and V containers must agree in heads, page size and head dim")
 
 
 class SdpaPrefillEngine(BaseEngine):

@@ -217,8 +217,10 @@ def sdpa_decode(
     batch, heads_q, seq_q, head_dim = q.shape
     _check(head_dim in SUPPORTED_HEAD_DIMS, f"q: head dim {head_dim} not in {SUPPORTED_HEAD_DIMS}")
     _check(out.shape == q.shape, f"out: shape {tuple(out.shape)} must equal q's {tuple(q.shape)}")
-    _check(k_cache.shape == v_cache.shape,
-           f"v_cache: shape {tuple(v_cache.shape)} must equal k_cache's {tuple(k_cache.shape)}")
+    # v_cache may hold another number of pages (it is addressed through page_table_v).
+    _check(k_cache.shape[1:] == v_cache.shape[1:],
+           f"v_cache: shape {tuple(v_cache.shape)} must match k_cache's {tuple(k_cache.shape)} "
+           "past the page count")
     _, page_size, heads_kv, cache_d = k_cache.shape
     _check(cache_d == head_dim, f"k_cache: head dim {cache_d} differs from q's {head_dim}")
     _check(page_size > 0 and page_size & (page_size - 1) == 0,

@@ -421,11 +421,12 @@ def sdpa_prefill(
     for name, t in (("k", k), ("v", v), ("out", out)):
         _check(t.shape[-1] == head_dim,
                f"{name}: head dim {t.shape[-1]} differs from q's {head_dim}")
-    # THD: out (and v) may pack their tokens apart from q (k) under their own offsets.
+    # THD: out (and v) may pack their tokens apart from q (k) under their own offsets;
+    # paged v may live in a pool of another page count (it has its own table).
     lead = 1 if is_thd else 0
     _check(out.shape[lead:] == q.shape[lead:],
            f"out: shape {tuple(out.shape)} must match q's {tuple(q.shape)}")
-    kv_lead = 1 if is_thd and not paged else 0
+    kv_lead = 1 if is_thd or paged else 0
     _check(v.shape[kv_lead:] == k.shape[kv_lead:],
            f"v: shape {tuple(v.shape)} must match k's {tuple(k.shape)}")
     heads_q = q.shape[1]
