@@ -17,6 +17,7 @@ setup(
                     "_variant_pack_layout.h",
                     "_variant_pack_read.h",
                     "_variant_pack_buffer.h",
+                    "_variant_pack_exec.h",
                 )
             ],
             extra_compile_args=["-O2", "-std=c11"],

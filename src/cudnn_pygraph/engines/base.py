@@ -141,6 +141,11 @@ class BaseEngine:
     # Optional modules the engine needs to build and run (probed, never imported, by
     # check_support and by `cudnn-pygraph doctor`).
     requires = ()
+    # The classic note vocabulary (numerical_note / behavior_note members) this engine's
+    # plans carry: select_*_notes on the graph bars an engine lacking a selected note,
+    # deselect_*_notes bars one carrying it (backend/classic_parity.py applies them).
+    numerical_notes = ()
+    behavior_notes = ()
 
     def __init__(self, engine_id):
         self.engine_id = engine_id
