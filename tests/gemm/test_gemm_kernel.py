@@ -83,7 +83,12 @@ def test_every_epilogue_step(name, st, kind, out_dtype):
     if st.kind == "value":
         values = (0.37,)
     err, _ = _run(a, b, batch, M, N, (st,), operands, values, out_dtype)
-    assert err < TOL[out_dtype], f"{name}: rel err {err}"
+    # A mid-chain cast to fp16 is the output's narrowest rounding: where fp32 accumulation
+    # error straddles an fp16 rounding boundary, kernel and float64 reference round one ulp
+    # apart (seen: 2.8e-5 with an fp32 output, over the fp32 tolerance), so its tolerance is
+    # fp16's.
+    tol = TOL[torch.float16] if st.op == "cast" else TOL[out_dtype]
+    assert err < tol, f"{name}: rel err {err}"
 
 
 CHAINS = [
@@ -138,7 +143,9 @@ def test_chains(name, chain, kinds, values, per_batch):
         _operand(k, TORCH[s.dtype], batch, M, N, per_batch) for k, s in zip(kinds, tensor_steps)
     )
     err, _ = _run(a, b, batch, M, N, chain, operands, values, torch.float32)
-    assert err < TOL[torch.float32], f"{name}: rel err {err}"
+    # A cast to fp16 mid-chain sets the tolerance (see test_every_epilogue_step).
+    tol = TOL[torch.float16] if any(st.op == "cast" for st in chain) else TOL[torch.float32]
+    assert err < tol, f"{name}: rel err {err}"
 
 
 def _layout(t, major):
