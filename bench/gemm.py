@@ -374,8 +374,9 @@ def section_host(raw):
         torch.cuda.synchronize()
         errs[label] = rel_err(c, ref)
         assert errs[label] < 1e-2, f"{label}: rel err {errs[label]}"
-    host = {label: {burst: host_us(fn, burst) for burst in (1, 8, 64)} for label, fn in calls.items()}
-    raw["host"] = {"plan": name, "us": {k: {str(b): v for b, v in d.items()} for k, d in host.items()}}
+    host = {label: {b: host_us(fn, b) for b in (1, 8, 64)} for label, fn in calls.items()}
+    us = {k: {str(b): v for b, v in d.items()} for k, d in host.items()}
+    raw["host"] = {"plan": name, "us": us}
     return name, host
 
 
@@ -411,7 +412,8 @@ def check_rule(path):
         M, N, K = map(int, key.split("x"))
         listed = [k.short() for k in recommend_configs(M, N, K, 1, ("bf16", "bf16"), 0, num_sms)]
         missing = [k for k in listed if k not in row["ours"]]
-        first, t_first, best, t_best = ranked_first(M, N, K, listed, row["ours"], row.get("backend_ms"))
+        t_backend = row.get("backend_ms")
+        first, t_first, best, t_best = ranked_first(M, N, K, listed, row["ours"], t_backend)
         note = f" (untimed: {missing})" if missing else ""
         if first not in (listed[0], "backend"):
             note = f" (the rule's first, {listed[0]}, is untimed)" + note

@@ -250,7 +250,11 @@ def test_split_k_sums_slices_then_runs_the_epilogue_once(name, shape, knobs, out
     """Split-K with a bias + gelu_tanh epilogue: the epilogue sees the whole sum (applied to
     a partial sum it would give another function); the same workspace serves the next launch
     (its counters are left zero) and gives the same bits (the slices sum in slice order)."""
-    from cudnn_pygraph.engines.gemm.kernels.torch_gemm import describe, jit_launch, split_k_workspace
+    from cudnn_pygraph.engines.gemm.kernels.torch_gemm import (
+        describe,
+        jit_launch,
+        split_k_workspace,
+    )
 
     batch, M, N, K = shape
     a = torch.randn(batch, M, K, dtype=torch.float16, device=DEVICE)

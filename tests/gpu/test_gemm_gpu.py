@@ -349,7 +349,8 @@ def test_engine_split_k_plan_reuses_its_workspace():
     import cudnn_pygraph as cudnn
 
     M, N, K = 16, 1024, 8192
-    g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, compute_data_type=cudnn.data_type.FLOAT)
+    dt = cudnn.data_type
+    g = cudnn.pygraph(io_data_type=dt.BFLOAT16, compute_data_type=dt.FLOAT)
     a = g.tensor([1, M, K], name="A")
     b = g.tensor([1, K, N], name="B")
     c = g.matmul(a, b)

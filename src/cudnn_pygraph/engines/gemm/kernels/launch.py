@@ -180,7 +180,8 @@ class LaunchTable:
                            None, kernel.packed_metadata)  # fmt: skip
         full_consts = tuple(consts) + launcher_consts
         self.full_consts = full_consts
-        one, zero, fn, coop, pdl, none, meta = range(n_head + len(consts), n_head + len(full_consts))
+        first = n_head + len(consts)
+        one, zero, fn, coop, pdl, none, meta = range(first, first + len(launcher_consts))
         launcher = (SRC_GRID, one, one, SRC_STREAM, fn, coop, pdl, SRC_SCRATCH, none, meta)
         full_args = list(launcher + (none, none, none)) + [where[j] for j in arg_plan]
         last_var = max(i for i, at in enumerate(full_args) if at < n_head)

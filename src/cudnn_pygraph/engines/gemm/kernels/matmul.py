@@ -370,7 +370,6 @@ def gemm_kernel(
                     [bidx_c, pid_m_c * TILE_M, pid_n_c * TILE_N], out.reshape(1, TILE_M, TILE_N)
                 )
             else:
-                c_ptrs = (
-                    c_ptr + bidx_c.to(tl.int64) * s_cb + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
-                )
+                c_ptrs = c_ptr + bidx_c.to(tl.int64) * s_cb
+                c_ptrs = c_ptrs + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
                 tl.store(c_ptrs, out, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
