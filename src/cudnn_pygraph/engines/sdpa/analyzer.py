@@ -69,7 +69,9 @@ def analyze(graph, device):
     window = a.get("sliding_window_length", a.get("sliding_window"))
     if window is not None and left is None:
         left = window
-    paged = i.get("paged_attention_k_table") is not None
+    # Either table makes the graph paged (a row that serves one table and not the other
+    # must see the graph as paged to decline it).
+    paged = any(i.get(t) is not None for t in ("paged_attention_k_table", "paged_attention_v_table"))
     return SdpaGraphFacts(
         op=node.op,
         node=node,

@@ -144,9 +144,10 @@ def _paged_checks(engine, graph, node, facts):
     i = node.inputs
     if i.get("seq_len_kv") is None:
         _decline("paged K/V need seq_len_kv")
-    k_table, v_table = i["paged_attention_k_table"], i.get("paged_attention_v_table")
-    if v_table is None:
-        _decline("paged K/V need a V page table (paged_attention_v_table)")
+    k_table, v_table = i.get("paged_attention_k_table"), i.get("paged_attention_v_table")
+    for which, table in (("K", k_table), ("V", v_table)):
+        if table is None:
+            _decline(f"paged K/V need a {which} page table (paged_attention_{which.lower()}_table)")
     for which, table in (("K", k_table), ("V", v_table)):
         if len(table.dim) != 4 or table.dim[1] != 1 or table.dim[3] != 1:
             _decline(f"{which} page table dims {list(table.dim)}: expected [b, 1, max_pages, 1]")
