@@ -153,6 +153,9 @@ class SplitKWorkspacePerStream(dict):
 
         ws = torch.empty(self.nbytes[0], dtype=torch.uint8, device=self.device)
         locks = torch.zeros(self.nbytes[1], dtype=torch.uint8, device=self.device)
+        # The zero-fill ran on torch's current stream, the kernel runs on `stream`: wait for
+        # it once here, or the first launch could read counters not yet zeroed.
+        torch.cuda.synchronize(self.device)
         self._buffers += [ws, locks]
         self[stream] = (ws.data_ptr(), locks.data_ptr())
         return self[stream]
