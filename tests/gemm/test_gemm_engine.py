@@ -383,3 +383,21 @@ def test_fp8_scale_nodes_lower_to_the_kernel_chain(cell, out, monkeypatch):
 
     monkeypatch.setattr(engine, "FP8_PROVEN", frozenset({cell + ("tma",), cell + ("pointers",)}))
     assert _fp8_run(cell, 19, 40, 48, out) < TOL[out]
+
+
+def test_gpu_execute_reads_a_2d_binding_as_the_declared_3d_slot():
+    """FlashInfer binds a 2-D [m, k] matrix to a [1, m, k] slot: the pack describes it from
+    the declaration (graph-described), and the generated execute launches with the declared
+    strides, exactly as for a 3-D binding of the same memory."""
+    from cudnn_pygraph.engines.gemm.kernels.matmul import gemm_kernel
+
+    B, M, N, K = 1, 64, 64, 32
+    g, layout, (a, b, c), execute, kernel = _gpu_execute("plain", B, M, N, K)
+    ta, tb, tc = torch.randn(M, K).half(), torch.randn(K, N).half(), torch.empty(M, N).half()
+    ctx = ExecutionContext(None, None, None, None)
+    execute(g, layout.pack({a: ta, b: tb, c: tc}), ctx)
+    execute(g, layout.pack({a: ta[None], b: tb[None], c: tc[None]}), ctx)
+    flat, batched = kernel.calls
+    assert flat == batched
+    got = dict(zip(gemm_kernel.arg_names, flat[13:]))
+    assert (got["a_ptr"], got["s_am"], got["s_bk"], got["s_cm"]) == (ta.data_ptr(), K, N, N)

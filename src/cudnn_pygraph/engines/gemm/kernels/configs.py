@@ -139,14 +139,17 @@ def recommend_configs(
         if tiles >= WAVE_FILL * num_sms:
             first = knobs
             break
+    # Split-K was timed and GPU-tested with 16-bit inputs only; fp8 plans are not split.
+    def split_k(knobs):
+        return split_k_for(knobs, M, N, K, batch, num_sms) if in_bytes > 1 else knobs
+
     if first is None:  # none fills the SMs: split the largest, else the smallest
-        split = split_k_for(ladder[0], M, N, K, batch, num_sms)
+        split = split_k(ladder[0])
         first = split if split.SPLIT_K > 1 else ladder[-1]
     ordered = [first]
     # Every ladder config, with its split variant (where it has one) right before it.
     for knobs in ladder:
-        split = split_k_for(knobs, M, N, K, batch, num_sms)
-        ordered += [k for k in (split, knobs) if k not in ordered]
+        ordered += [k for k in (split_k(knobs), knobs) if k not in ordered]
     ordered += [k for k in runners_up if k not in ordered]
     out = []
     for knobs in ordered:
