@@ -19,16 +19,16 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sdpa"))
-import test_flashinfer_shaped_sdpa as gate  # noqa: E402
-from sdpa_reference import attention_one, lse_err, rel_err  # noqa: E402
-from test_flashinfer_shaped_sdpa import (  # noqa: E402,F401  (collected here: the gate in bf16)
+import test_flashinfer_shaped_sdpa as gate
+from sdpa_reference import attention_one, lse_err, rel_err
+from test_flashinfer_shaped_sdpa import (  # noqa: F401  (collected here: the gate in bf16)
     opt_in,
     test_decode_as_flashinfer_declares_it,
     test_paged_prefill_as_flashinfer_declares_it,
     test_ragged_prefill_as_flashinfer_declares_it,
 )
 
-import cudnn_pygraph as cudnn  # noqa: E402
+import cudnn_pygraph as cudnn
 
 DEV, IO, DT = "cuda", torch.bfloat16, cudnn.data_type
 TOL = {"out": 2e-2, "stats": 2e-2}  # bf16 in and out, fp32 softmax (the gate's own GPU tolerance)
@@ -57,8 +57,8 @@ def test_decode_at_serving_size(page):
     clen = g.tensor_like(seq_kv, name="seq_len_kv")
     O, stats = g.sdpa(cq, ck, cv, seq_len_kv=clen, use_padding_mask=True, generate_stats=True,
                       attn_scale=SCALE, paged_attention_k_table=ctab_k,
-                      paged_attention_v_table=ctab_v, paged_attention_max_seq_len_kv=page * max_pages,
-                      compute_data_type=DT.FLOAT)
+                      paged_attention_v_table=ctab_v,
+                      paged_attention_max_seq_len_kv=page * max_pages, compute_data_type=DT.FLOAT)
     O.set_output(True).set_dim([b, H_QO, 1, D]).set_stride([H_QO * D, D, H_QO * D, 1])
     stats.set_output(True).set_data_type(DT.FLOAT).set_dim([b, H_QO, 1, 1])
     stats.set_stride([H_QO, 1, H_QO, 1])
@@ -104,7 +104,8 @@ def test_paged_prefill_at_serving_size():
                       attn_scale=SCALE, generate_stats=True, use_causal_mask_bottom_right=True,
                       paged_attention_k_table=ctab_k, paged_attention_v_table=ctab_v,
                       paged_attention_max_seq_len_kv=page * max_pages, compute_data_type=DT.FLOAT)
-    c_ooff, c_soff = g.tensor_like(q_off, name="ragged_o"), g.tensor_like(st_off, name="ragged_stats")
+    c_ooff = g.tensor_like(q_off, name="ragged_o")
+    c_soff = g.tensor_like(st_off, name="ragged_stats")
     O.set_ragged_offset(c_ooff).set_output(True).set_dim([b, H_QO, s_max, D]).set_stride(tok)
     stats.set_ragged_offset(c_soff).set_output(True).set_data_type(DT.FLOAT)
     stats.set_dim([b, H_QO, s_max, 1]).set_stride([s_max * H_QO, 1, H_QO, 1])

@@ -14,6 +14,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import pytest
 import torch
+from sdpa_reference import attention_one, lse_err, rel_err
 
 from cudnn_pygraph.engines.sdpa.kernels import (
     AttnMask,
@@ -22,7 +23,6 @@ from cudnn_pygraph.engines.sdpa.kernels import (
     sdpa_decode,
     sdpa_prefill,
 )
-from sdpa_reference import attention_one, lse_err, rel_err
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DT = torch.float32

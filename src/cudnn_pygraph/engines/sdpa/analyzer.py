@@ -71,7 +71,8 @@ def analyze(graph, device):
         left = window
     # Either table makes the graph paged (a row that serves one table and not the other
     # must see the graph as paged to decline it).
-    paged = any(i.get(t) is not None for t in ("paged_attention_k_table", "paged_attention_v_table"))
+    tables = ("paged_attention_k_table", "paged_attention_v_table")
+    paged = any(i.get(t) is not None for t in tables)
     return SdpaGraphFacts(
         op=node.op,
         node=node,

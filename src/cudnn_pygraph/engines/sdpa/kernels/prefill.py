@@ -326,7 +326,8 @@ def _own_offsets(t, name: str, batch: int, default):
     if t is None:
         return default
     _check(t.dtype in (torch.int32, torch.int64), f"{name}: dtype must be int32 or int64")
-    _check(t.dim() == 1 or t.numel() == t.shape[0], f"{name}: must be [B + 1] (or [B + 1, 1, 1, 1])")
+    _check(t.dim() == 1 or t.numel() == t.shape[0],
+           f"{name}: must be [B + 1] (or [B + 1, 1, 1, 1])")
     flat = t.reshape(-1)
     _check(flat.numel() >= batch, f"{name}: needs at least B={batch} offsets, got {flat.numel()}")
     return flat
