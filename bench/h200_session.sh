@@ -3,7 +3,7 @@
 # step under its own time cap so the whole call ends inside the device limit. Results and
 # results are packed into $OUT/session.tgz (the device tool brings back at most 8 files):
 #   gpu_*.log      tests/gpu, one suite each, + the GPU autotune case (the correctness gate)
-#   demo.log       the demo executing for real (`python -m cudnn_pygraph demo --opt-in`)
+#   demo.log       the demo executing for real (`python -m cudnn_pygraph demo`)
 #   backend.md     host time per execute (backend and python GEMM plans) vs NVIDIA's pygraph
 #   gdn.md         GDN vs fla-core 0.6.0
 #   sdpa_fwd.md    SDPA prefill/decode vs torch flash and the backend
@@ -14,7 +14,7 @@ GATE_ONLY=0; [ "${1:-}" = "--gate" ] && GATE_ONLY=1
 OUT=${OUT:-/tmp/out}
 LOG=/tmp/session
 mkdir -p "$OUT" "$LOG"
-export PYTHONUNBUFFERED=1 CUDNN_PYGRAPH_ENABLE_OPT_IN_ENGINES=1
+export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests
@@ -38,7 +38,7 @@ step gpu_gemm 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm_gp
 step gpu_backend 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_native_backend_lowering.py
 step gpu_autotune 45 python3 -m pytest -q -p no:cacheprovider \
   "tests/test_autotune.py::test_gpu_real_plans_are_timed_selected_and_replayed_by_a_second_process"
-step demo 60 python3 -m cudnn_pygraph demo --opt-in
+step demo 60 python3 -m cudnn_pygraph demo
 if [ "$GATE_ONLY" = 1 ]; then
   tail -n 2 "$LOG"/gpu_*.log; tail -n 4 "$LOG/demo.log"
   tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sdpa"))
 import test_flashinfer_shaped_sdpa as gate
 from sdpa_reference import attention_one, lse_err, rel_err
 from test_flashinfer_shaped_sdpa import (  # noqa: F401  (collected here: the gate in bf16)
-    opt_in,
+    default_engines,
     test_decode_as_flashinfer_declares_it,
     test_paged_prefill_as_flashinfer_declares_it,
     test_ragged_prefill_as_flashinfer_declares_it,

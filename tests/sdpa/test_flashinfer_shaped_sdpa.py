@@ -7,7 +7,7 @@ token-major strides bound to flat fp32 buffers) are re-declared here shape for s
 A python engine that declines at check_support is an xfail carrying its reason (the
 backend serves that graph). An engine that accepts must build and execute on exactly those
 buffers and match a float64 reference: a refusal after acceptance fails. This is the gate
-for turning the opt-in SDPA engines on by default. Runs on the GPU when there is one
+that turned the SDPA engines on by default (they were opt-in before it passed). Runs on the GPU when there is one
 (bf16), else under the Triton interpreter (fp16, small sizes).
 """
 
@@ -29,8 +29,9 @@ SCALE = 0.125
 
 
 @pytest.fixture(autouse=True)
-def opt_in(monkeypatch):
-    monkeypatch.setenv(manifest.OPT_IN_ENV, "1")
+def default_engines(monkeypatch):
+    # What a user gets without opting in to anything: the gate holds the default list.
+    monkeypatch.delenv(manifest.OPT_IN_ENV, raising=False)
 
 
 def _paged_cache(b, h_kv, d, page, max_pages, gen):

@@ -64,11 +64,12 @@ FAMILIES = (
         "sdpa_fwd",
         index=1,
         anchors=("sdpa",),
-        # Opt-in until the GPU gate (tests/gpu/test_sdpa_gpu.py: THD, paged decode, CUDA
-        # graph capture) has passed on the H200; dense prefill and decode numerics have.
+        # Offered by default since the FlashInfer-shaped gate (tests/sdpa/
+        # test_flashinfer_shaped_sdpa.py, in bf16 by tests/gpu/test_flashinfer_shaped_sdpa_gpu.py)
+        # passed on the H200 on 2026-11-29 with tests/gpu/test_sdpa_gpu.py: 36 passed.
         slots=(
-            EngineSlot(0, "triton_sdpa_prefill", f"{_PKG}.engines.sdpa.engines", "SdpaPrefillEngine", opt_in=True),
-            EngineSlot(1, "triton_sdpa_decode", f"{_PKG}.engines.sdpa.engines", "SdpaDecodeEngine", opt_in=True),
+            EngineSlot(0, "triton_sdpa_prefill", f"{_PKG}.engines.sdpa.engines", "SdpaPrefillEngine"),
+            EngineSlot(1, "triton_sdpa_decode", f"{_PKG}.engines.sdpa.engines", "SdpaDecodeEngine"),
         ),
         analyzer=_SDPA_ANALYZER,
         heuristics=(f"{_PKG}.engines.sdpa.engines", "recommend"),
