@@ -7,7 +7,6 @@ query and the carving both read it, so they cannot disagree. Buffers are 256-byt
 from __future__ import annotations
 
 import torch
-import triton
 
 from .chunk_index import CHUNK, max_chunks
 
@@ -59,10 +58,14 @@ def _layout(
 
 
 def _nbytes(dtype, shape):
-    n = 1
+    n = dtype.itemsize
     for s in shape:
         n *= s
-    return n * torch.empty((), dtype=dtype).element_size()
+    return n
+
+
+def _aligned(nbytes):
+    return -(-nbytes // _ALIGN) * _ALIGN
 
 
 def gdn_workspace_bytes(
@@ -95,12 +98,24 @@ def gdn_workspace_bytes(
         has_checkpoints,
         safe_gate,
     )
-    return sum(triton.cdiv(_nbytes(dt, shape), _ALIGN) * _ALIGN for _, dt, shape in rows)
+    return sum(_aligned(_nbytes(dt, shape)) for _, dt, shape in rows)
+
+
+# The last carving: (workspace identity, rows) -> views. A caller that passes the same
+# workspace for the same shapes (the graph engine, the benches) gets the views back instead
+# of 3 tensor ops per buffer (measured: _carve was ~45% of the launcher's ~190 us of Python,
+# CI CPU). Holding the views keeps that one workspace alive until the next carving.
+_LAST_CARVE: list = [None, None]
 
 
 def _carve(rows, workspace, device):
     """Views into `workspace` (or fresh allocations when None), by name."""
-    total = sum(triton.cdiv(_nbytes(dt, shape), _ALIGN) * _ALIGN for _, dt, shape in rows)
+    key = None
+    if workspace is not None:
+        key = (workspace.data_ptr(), workspace.numel(), workspace.dtype, workspace.device, rows)
+        if _LAST_CARVE[0] == key:
+            return _LAST_CARVE[1]
+    total = sum(_aligned(_nbytes(dt, shape)) for _, dt, shape in rows)
     if workspace is None:
         workspace = torch.empty(total, dtype=torch.uint8, device=device)
     elif workspace.dtype != torch.uint8 or workspace.numel() < total:
@@ -112,5 +127,7 @@ def _carve(rows, workspace, device):
     for name, dt, shape in rows:
         nbytes = _nbytes(dt, shape)
         out[name] = workspace[offset : offset + nbytes].view(dt).view(shape)
-        offset += triton.cdiv(nbytes, _ALIGN) * _ALIGN
+        offset += _aligned(nbytes)
+    if key is not None:
+        _LAST_CARVE[0], _LAST_CARVE[1] = key, out
     return out
