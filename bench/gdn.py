@@ -204,10 +204,12 @@ SWEEP = {
     "state_fwd BV32 w4": {"state_fwd": {"BV": 32, "num_warps": 4}},
     "output_fwd BV64 w4": {"output_fwd": {"BV": 64, "num_warps": 4}},
     "output_fwd BV128 w4": {"output_fwd": {"BV": 128, "num_warps": 4}},
+    "wy_bwd 64 w8": {"wy_bwd": {"BK": 64, "BV": 64, "num_warps": 8}},
+    "wy_bwd 32 w8": {"wy_bwd": {"BK": 32, "BV": 32, "num_warps": 8}},
 }
 
 
-def sweep_configs(only):
+def sweep_configs(only, entries=None):
     """Time our forward and forward+backward under each SWEEP entry on the shapes whose name
     holds one of the comma-separated `only` substrings, with the largest relative difference
     of O and of every gradient from the shipped configs."""
@@ -224,6 +226,8 @@ def sweep_configs(only):
         print("|---|---|---|---|")
         base = None
         for label, change in SWEEP.items():
+            if entries and label != "shipped" and not any(e in label for e in entries):
+                continue
             gdn.KERNEL_CONFIGS.clear()
             gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in shipped.items()})
             gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in change.items()})
@@ -338,6 +342,7 @@ def main():
     parser.add_argument("--profile", action="store_true", help="per-kernel times, then exit")
     parser.add_argument("--sweep", action="store_true", help="alternative configs, then exit")
     parser.add_argument("--host", action="store_true", help="host time per call, then exit")
+    parser.add_argument("--entries", default=None, help="sweep: comma-separated label parts")
     args = parser.parse_args()
     if args.host:
         host_time(args.only)
@@ -346,7 +351,7 @@ def main():
         profile_kernels(args.only)
         return
     if args.sweep:
-        sweep_configs(args.only)
+        sweep_configs(args.only, args.entries.split(",") if args.entries else None)
         return
     if not args.no_fla:
         quick_fla_autotune()

@@ -168,11 +168,7 @@ CONFIG_VARIANTS = {
         "dv_local": {"BV": 32, "num_warps": 4},
         "state_bwd": {"BV": 32, "num_warps": 4},
         "dqk": {"BV": 32, "num_warps": 4},
-        "wy_bwd": {"num_warps": 8},
-    },
-    "bv64-output": {
-        "output_fwd": {"BV": 64, "num_warps": 8},
-        "dv_local": {"BV": 64, "num_warps": 4},
+        "wy_bwd": {"BK": 32, "BV": 32, "num_warps": 4},
     },
     "bv128-w8": {
         "output_fwd": {"BV": 128, "num_warps": 8},
@@ -191,6 +187,9 @@ CONFIG_VARIANTS = {
         "wy_apply": {"BK": 128, "BV": 128, "num_warps": 8},
         "state_fwd": {"BV": 16, "num_warps": 4},
     },
+    "wy-bwd-64-w8": {"wy_bwd": {"BK": 64, "BV": 64, "num_warps": 8}},
+    "wy-bwd-32-w8": {"wy_bwd": {"BK": 32, "BV": 32, "num_warps": 8}},
+    "output-bv128-w4": {"output_fwd": {"BV": 128, "num_warps": 4}},
     "wy-w1-apply-w8": {
         "wy_solve": {"BK": 64, "num_warps": 1},
         "wy_apply": {"BK": 64, "BV": 64, "num_warps": 8},

@@ -27,8 +27,9 @@ sequence's numbers are the same alone or in any batch.
 
 from __future__ import annotations
 
+import os
+
 import torch
-import triton
 
 from .chunk_index import CHUNK, build_chunk_tables, max_chunks
 from .gdn_checks import SUPPORTED_HEAD_DIMS, _check, _validate
@@ -47,25 +48,37 @@ __all__ = [
     "gdn_workspace_bytes",
 ]
 
-# (BV, num_warps) per kernel. Every entry is one of the configs checked against the float64
-# reference on the H200 (tests/gpu/test_gdn_gpu.py runs these and two alternative sets;
-# Triton 3.6 on Hopper miscompiles some configs, BRIEF.md): change one only with that test.
-# Chosen by ptxas for sm_90 (K = V = 128, bf16), not by timing (not measured per kernel
-# yet): no spills except dqk (~600 B) and wy_bwd (~800 B); dqk at BV=64 with 8 warps needs
-# 248 KB of shared memory (over the H200's 227 KB). output_fwd and dv_local take the whole
-# V (BV=128): their per-chunk Q K^T product and decay mask do not depend on the V-block, so
-# a narrower BV recomputes them per block (output_fwd at BV=64 is ~1.8k SASS instructions
-# per program, most of them that shared work).
+# (BK / BV column slices, num_warps) per kernel. Every entry is one of the configs checked
+# against the float64 reference on the H200 (tests/gpu/test_gdn_gpu.py runs these and the
+# alternative sets in its CONFIG_VARIANTS; Triton 3.6 on Hopper miscompiles some configs,
+# BRIEF.md): change one only with that test. Timed by `bench/gdn.py --sweep` (H200,
+# 2026-11-29, bench/results/gdn.md), forward ms of (a) 8x4096 / (b) 1x32768:
+# - wy_solve: 1 warp 1.99 / 2.49 vs 2 warps 2.00 / 2.57, 4 warps 2.24 / 2.73 (its 16x16 row
+#   steps reduce inside one warp);
+# - wy_apply: 32-wide slices at 2 warps 1.96 / 2.25 vs 64-wide at 4 warps 2.00 / 2.57;
+# - state_fwd: one program per (sequence, head, V-block) walks all chunks, so (b) with one
+#   sequence runs only HO * V / BV programs: BV=32 at 4 warps 2.04 / 2.22, at 8 warps
+#   2.00 / 2.57, BV=16 2.23 / 2.06, BV=64 1.97 / 2.65;
+# - output_fwd: BV=128 at 4 warps 1.86 / 2.48 vs 8 warps 2.00 / 2.57. It and dv_local take
+#   the whole V: their per-chunk Q K^T product does not depend on the V-block.
+# - wy_bwd: 32-wide slices at 4 warps, fwd+bwd 7.25 / 8.50 ms vs 8 warps 7.81 / 9.03, 64-wide
+#   at 8 warps 8.11 / 9.31.
+# The other backward kernels were chosen by ptxas (no spills except dqk ~600 B); dqk at BV=64
+# with 8 warps needs 248 KB of shared memory (over the H200's 227 KB).
 KERNEL_CONFIGS = {
-    "wy_solve": {"BK": 64, "num_warps": 2},
-    "wy_apply": {"BK": 64, "BV": 64, "num_warps": 4},
-    "state_fwd": {"BV": 32, "num_warps": 8},
-    "output_fwd": {"BV": 128, "num_warps": 8},
+    "wy_solve": {"BK": 64, "num_warps": 1},
+    "wy_apply": {"BK": 32, "BV": 32, "num_warps": 2},
+    "state_fwd": {"BV": 32, "num_warps": 4},
+    "output_fwd": {"BV": 128, "num_warps": 4},
     "dv_local": {"BV": 128, "num_warps": 8},
     "state_bwd": {"BV": 32, "num_warps": 8},
     "dqk": {"BV": 32, "num_warps": 8},
-    "wy_bwd": {"num_warps": 8},
+    "wy_bwd": {"BK": 32, "BV": 32, "num_warps": 4},
 }
+
+# Under the Triton interpreter (CPU CI) the column slices are at least 64 wide: every loop
+# trip is interpreted Python, and K = 128 cases still run two trips per loop.
+_MIN_SLICE = 64 if os.environ.get("TRITON_INTERPRET") == "1" else 16
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -77,6 +90,11 @@ def _dot_precision(dtype: torch.dtype) -> str:
 def _block_v(cfg: dict, dim_v: int) -> int:
     """The config's V-block (popped from cfg), never wider than V itself (V=64 heads)."""
     return min(cfg.pop("BV"), dim_v)
+
+
+def _slice(cfg: dict, key: str, dim: int) -> int:
+    """A BK / BV column slice (popped from cfg): within [_MIN_SLICE, dim]."""
+    return min(max(cfg.pop(key), _MIN_SLICE), dim)
 
 
 def _state_strides(t):
@@ -143,7 +161,7 @@ def _run_wy_and_state(
         n_out,
         n_k,
         K=dim_k,
-        BK=min(cfg.pop("BK"), dim_k),
+        BK=_slice(cfg, "BK", dim_k),
         L2NORM=l2norm,
         **flags,
         PREC=prec,
@@ -169,8 +187,8 @@ def _run_wy_and_state(
         n_v,
         K=dim_k,
         V=dim_v,
-        BK=min(cfg.pop("BK"), dim_k),
-        BV=_block_v(cfg, dim_v),
+        BK=_slice(cfg, "BK", dim_k),
+        BV=_slice(cfg, "BV", dim_v),
         PREC=prec,
         **cfg,
     )
@@ -311,6 +329,7 @@ def gdn_forward(
         k,
         ws["vnew"],
         ws["gc"],
+        ws["rk"],
         h_buf,
         o,
         ws["cu_safe"],
@@ -559,38 +578,40 @@ def gdn_backward(
 
     final_dk = n_k == n_out
     final_dv = n_v == n_out
-    wy_bwd_kernel[(n_chunks, n_out)](
-        k,
-        v,
-        g,
-        beta,
-        a_log if a_log is not None else dummy,
-        dt_bias if dt_bias is not None else dummy,
-        ws["gc"],
-        ws["beta_eff"],
-        ws["a"],
-        ws["dw"],
-        ws["de"],
-        ws["dk_part"],
-        ws["dg_part"],
+    cfg = dict(KERNEL_CONFIGS["wy_bwd"])
+    outs = (
         dk if final_dk else ws["dk_part"],
         dv if final_dv else ws["dv_group"],
         dg,
         dbeta,
         ws["da_tok"] if safe_gate else dummy,
         ws["ddt_tok"] if safe_gate else dummy,
+    )
+    gates = (k, v, g, beta, a_log if a_log is not None else dummy)
+    gates += (dt_bias if dt_bias is not None else dummy, ws["gc"], ws["beta_eff"])
+    partials = (ws["a"], ws["dw"], ws["de"], ws["dk_part"], ws["dg_part"])
+    finals = {"FINAL_DK": final_dk, "FINAL_DV": final_dv}
+    wy_bwd_kernel[(n_chunks, n_out)](
+        *gates,
+        ws["rk"],
+        *partials,
+        *outs,
         *tables,
         n_out,
         n_k,
         n_v,
+        K=dim_k,
+        V=dim_v,
+        BK=_slice(cfg, "BK", dim_k),
+        BV=_slice(cfg, "BV", dim_v),
+        L2NORM=use_qk_l2norm,
         **flags,
-        FINAL_DK=final_dk,
-        FINAL_DV=final_dv,
-        **common,
-        **KERNEL_CONFIGS["wy_bwd"],
+        **finals,
+        PREC=prec,
+        **cfg,
     )
 
-    reduce_grid = lambda heads: (triton.cdiv(total_t, CHUNK), heads)
+    reduce_grid = lambda heads: (-(-total_t // CHUNK), heads)
     if not final_dq:
         group_reduce_kernel[reduce_grid(n_q)](
             ws["dq_group"],

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .chunk_index import locate_chunk
-from .normalize import l2norm_rows, l2norm_rows_bwd
+from .normalize import inv_norm, l2norm_rows, l2norm_rows_bwd
 from .tiles import (
     load_rows,
     load_rows_t,
@@ -78,6 +78,7 @@ def output_fwd_kernel(
     k_ptr,
     vnew_ptr,
     gc_ptr,
+    rk_ptr,
     h_ptr,
     o_ptr,
     cu_ptr,
@@ -99,6 +100,10 @@ def output_fwd_kernel(
     PREC: tl.constexpr,
     EPS: tl.constexpr,
 ):
+    """O = scale rq * (exp(G) * (q S_0) + (q k^T * rk_j * decay) E), q and k RAW: the l2norm
+    enters as the query's inverse row norm rq (computed here) on O's rows and the keys' rk
+    (stored by wy_solve) on P's columns, so the raw 16-bit tiles go straight into the
+    products and no fp32 copy of a [64, K] tile is held."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     iv = tl.program_id(2)
@@ -107,17 +112,18 @@ def output_fwd_kernel(
         return
     dt = vnew_ptr.dtype.element_ty
     r = tl.arange(0, 64)
-    q, kt = _qk_tiles(
-        q_ptr, k_ptr, t0, r, valid, H, HK, h // (HO // H), h // (HO // HK), K, L2NORM, EPS, True
-    )
+    q = load_rows(q_ptr, t0, r, valid, H * K, (h // (HO // H)) * K, K)
+    kt = load_rows_t(k_ptr, t0, r, valid, HK * K, (h // (HO // HK)) * K, K)
     g = load_vec(gc_ptr, t0, r, valid, HO, h)
-    p = tl.dot(q.to(dt), kt.to(dt), input_precision=PREC) * _decay_mask(g, g, valid, True)
+    rk = load_vec(rk_ptr, t0, r, valid, HO, h)
+    rq = inv_norm(q, 1, L2NORM, EPS)
+    p = tl.dot(q, kt, input_precision=PREC) * (_decay_mask(g, g, valid, True) * rk[None, :])
     v_idx = iv * BV + tl.arange(0, BV)
     s0 = tl.load(state_block(h_ptr, c.to(tl.int64) * sh_c + h * sh_h, v_idx, K, sh_v, sh_k))
     e = load_rows(vnew_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
-    o = tl.dot((q * tl.exp(g)[:, None]).to(dt), s0.to(dt), input_precision=PREC)
+    o = tl.dot(q, s0.to(q.dtype), input_precision=PREC) * tl.exp(g)[:, None]
     o += tl.dot(p.to(dt), e, input_precision=PREC)
-    store_rows(o_ptr, o * scale, t0, r, valid, HO * V, h * V + iv * BV, BV)
+    store_rows(o_ptr, o * (scale * rq)[:, None], t0, r, valid, HO * V, h * V + iv * BV, BV)
 
 
 @triton.jit(do_not_specialize=["N"])

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .chunk_index import locate_chunk
 from .gates import effective_beta_bwd, log_decay_bwd, reverse_cumsum
-from .normalize import l2norm_rows, l2norm_rows_bwd
+from .normalize import l2norm_rows_bwd
 from .tiles import load_rows, load_rows_t, load_vec, store_rows
 
 
@@ -45,6 +45,7 @@ def wy_bwd_kernel(
     dt_bias_ptr,
     gc_ptr,
     beff_ptr,
+    rk_ptr,
     a_ptr,
     dw_ptr,
     du_ptr,
@@ -65,6 +66,8 @@ def wy_bwd_kernel(
     HV,
     K: tl.constexpr,
     V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
     L2NORM: tl.constexpr,
     LINEAR: tl.constexpr,
     SAFE: tl.constexpr,
@@ -75,13 +78,21 @@ def wy_bwd_kernel(
     FINAL_DK: tl.constexpr,
     FINAL_DV: tl.constexpr,
     PREC: tl.constexpr,
-    EPS: tl.constexpr,
 ):
-    """Completes dk (from the partial of stage 4), writes dv, dG (w.r.t. the caller's g),
-    dbeta (w.r.t. the caller's beta), and per-token safe-gate parameter contributions.
+    """dk, dv, dbeta and dG in BV / BK column slices, so that only the [64, 64] matrices
+    (A^T, dA, the key Gram) stay whole. (The previous kernel held a dozen [64, 128] fp32
+    tiles at once: 224 KB of shared memory, one program per SM, 2.83 ms per call on (a)
+    8x4096 on the H200; this one 1.85 ms at 8 warps, and (a) fwd+bwd 8.83 -> 7.25 ms at
+    4 warps, bench/results/gdn.md.)
 
-    With A^T dW and A^T dU (the transposed solves), dA = dU (beta V)^T + dW (beta d K)^T and
-    dL = -A^T dA A^T; L_ij = beta_i (k_i . k_j) exp(G_i - G_j) then gives dk, dbeta, dG."""
+    Pass over V: dv, dbeta's value part, dA += dU (beta V)^T.
+    Pass 1 over K: dA += dW (beta d k_hat)^T, the Gram k_hat k_hat^T, and dk's first part
+    (beta d A^T dW + the stage-4 partial) parked in dk_part.
+    Then dL = -A^T dA A^T and dM = dL * decay * beta (strictly lower); dM^T is read back
+    transposed through this chunk's rows of the A buffer (A^T is already in registers):
+    tl.trans of a computed tile fed to tl.dot is what Triton 3.6 miscompiles on Hopper.
+    Pass 2 over K: dk = parked + (dM + dM^T) k_hat, then the l2norm Jacobian, whose row dot
+    <k_hat, dk> is known before pass 2 from the reductions already made."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -93,65 +104,72 @@ def wy_bwd_kernel(
     row_ok = r < valid
     g = load_vec(gc_ptr, t0, r, valid, HO, h)
     b = load_vec(beff_ptr, t0, r, valid, HO, h)
+    rk = load_vec(rk_ptr, t0, r, valid, HO, h)
     d = tl.where(row_ok, tl.exp(g), 0.0)
+    bd = b * d
     at = _load_a(a_ptr, t0, valid, HO, h, True)
 
-    # The value side: u = A (beta V).
-    du = load_rows(du_ptr, t0, r, valid, HO * V, h * V, V)
-    v = load_rows(v_ptr, t0, r, valid, HV * V, hv * V, V).to(tl.float32)
-    at_du = tl.dot(at, du, input_precision=PREC)
-    dv = b[:, None] * at_du
-    dbeta = tl.sum(v * at_du, 1)
-    if FINAL_DV:
-        store_rows(dv_ptr, dv, t0, r, valid, HV * V, hv * V, V)
-    else:
-        store_rows(dv_ptr, dv, t0, r, valid, HO * V, h * V, V)
-    vt = load_rows_t(v_ptr, t0, r, valid, HV * V, hv * V, V).to(tl.float32)
-    dut = load_rows_t(du_ptr, t0, r, valid, HO * V, h * V, V)
-    da = tl.dot(du, vt * b[None, :], input_precision=PREC)
-    dat = tl.dot(v * b[:, None], dut, input_precision=PREC)
+    da = tl.zeros([64, 64], dtype=tl.float32)
+    dbeta = tl.zeros([64], dtype=tl.float32)
+    for iv in range(V // BV):
+        col = iv * BV
+        du = load_rows(du_ptr, t0, r, valid, HO * V, h * V + col, BV)
+        v = load_rows(v_ptr, t0, r, valid, HV * V, hv * V + col, BV).to(tl.float32)
+        vt = load_rows_t(v_ptr, t0, r, valid, HV * V, hv * V + col, BV).to(tl.float32)
+        at_du = tl.dot(at, du, input_precision=PREC)
+        dbeta += tl.sum(v * at_du, 1)
+        if FINAL_DV:
+            store_rows(dv_ptr, b[:, None] * at_du, t0, r, valid, HV * V, hv * V + col, BV)
+        else:
+            store_rows(dv_ptr, b[:, None] * at_du, t0, r, valid, HO * V, h * V + col, BV)
+        da += tl.dot(du, vt * b[None, :], input_precision=PREC)
 
-    # The key side: w = A (beta d K).
-    k_raw = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)
-    kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)
-    k = k_raw
-    if L2NORM:
-        k = l2norm_rows(k_raw, 1, EPS)
-        kt = l2norm_rows(kt, 0, EPS)
-    dw = load_rows(dw_ptr, t0, r, valid, HO * K, h * K, K)
-    dwt = load_rows_t(dw_ptr, t0, r, valid, HO * K, h * K, K)
-    at_dw = tl.dot(at, dw, input_precision=PREC)
-    bd = b * d
-    dk = bd[:, None] * at_dw
-    kdw = tl.sum(k * at_dw, 1)
-    dbeta += d * kdw
-    dg = bd * kdw
-    da += tl.dot(dw, kt * bd[None, :], input_precision=PREC)
-    dat += tl.dot(k * bd[:, None], dwt, input_precision=PREC)
+    kk = tl.zeros([64, 64], dtype=tl.float32)
+    kdw = tl.zeros([64], dtype=tl.float32)  # <k_hat, A^T dW> per row
+    kdp = tl.zeros([64], dtype=tl.float32)  # <k_hat, stage-4 partial dk> per row
+    for ik in range(K // BK):
+        col = ik * BK
+        k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK).to(tl.float32)
+        kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K + col, BK).to(tl.float32)
+        dw = load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK)
+        dkp = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
+        at_dw = tl.dot(at, dw, input_precision=PREC)
+        k_hat = k * rk[:, None]
+        kdw += tl.sum(k_hat * at_dw, 1)
+        kdp += tl.sum(k_hat * dkp, 1)
+        da += tl.dot(dw, kt * (rk * bd)[None, :], input_precision=PREC)
+        kk += tl.dot(k, kt, input_precision=PREC)
+        store_rows(dk_part_ptr, dkp + bd[:, None] * at_dw, t0, r, valid, HO * K, h * K + col, BK)
+    kk = kk * rk[:, None] * rk[None, :]
 
-    # Through the inverse: dL = -A^T dA A^T (and its transpose, computed, not transposed).
-    a = _load_a(a_ptr, t0, valid, HO, h, False)
     dl = -tl.dot(tl.dot(at, da, input_precision=PREC), at, input_precision=PREC)
-    dlt = -tl.dot(tl.dot(a, dat, input_precision=PREC), a, input_precision=PREC)
     strict = (r[:, None] > r[None, :]) & (r[:, None] < valid)
-    strict_t = (r[:, None] < r[None, :]) & (r[None, :] < valid)
     dm = tl.where(strict, dl * tl.exp(tl.where(strict, g[:, None] - g[None, :], 0.0)), 0.0)
-    dmt = tl.where(strict_t, dlt * tl.exp(tl.where(strict_t, g[None, :] - g[:, None], 0.0)), 0.0)
-    kk = tl.dot(k, kt, input_precision=PREC)
-    dbeta += tl.sum(dm * kk, 1)
+    dbeta += tl.sum(dm * kk, 1) + d * kdw
     dm = dm * b[:, None]
-    dmt = dmt * b[None, :]
-    dk += tl.dot(dm, k, input_precision=PREC) + tl.dot(dmt, k, input_precision=PREC)
-    dg += tl.sum(dm * kk, 1) - tl.sum(dmt * kk, 1)
+    p = dm * kk
+    dg = bd * kdw + tl.sum(p, 1) - tl.sum(p, 0)
+    row_dot = bd * kdw + tl.sum(p, 1) + tl.sum(p, 0) + kdp
 
-    # Finish the per-token gradients.
-    dk += load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K, K)
-    if FINAL_DK:
-        if L2NORM:
-            dk = l2norm_rows_bwd(k_raw, dk, EPS)
-        store_rows(dk_ptr, dk, t0, r, valid, HK * K, hk * K, K)
-    else:
-        store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K, K)
+    a_rows = a_ptr + (t0.to(tl.int64) * HO + h) * 64
+    tl.debug_barrier()  # every thread has read A (and parked dk) before A is overwritten
+    tl.store(a_rows + r[:, None] * (HO * 64) + r[None, :], dm, mask=row_ok[:, None])
+    tl.debug_barrier()
+    dmt = tl.load(a_rows + r[None, :] * (HO * 64) + r[:, None], mask=row_ok[None, :], other=0.0)
+    dsym = dm + dmt
+    for ik in range(K // BK):
+        col = ik * BK
+        k_hat = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK).to(tl.float32)
+        k_hat = k_hat * rk[:, None]
+        dk = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
+        dk += tl.dot(dsym, k_hat, input_precision=PREC)
+        if FINAL_DK:
+            if L2NORM:
+                dk = (dk - k_hat * row_dot[:, None]) * rk[:, None]
+            store_rows(dk_ptr, dk, t0, r, valid, HK * K, hk * K + col, BK)
+        else:
+            store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K + col, BK)
+
     dg += load_vec(dg_part_ptr, t0, r, valid, HO, h)
     d_gamma = reverse_cumsum(tl.where(row_ok, dg, 0.0))
     offs = (t0 + r).to(tl.int64) * HO + h
