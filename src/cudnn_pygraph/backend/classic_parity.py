@@ -255,7 +255,10 @@ def deserialize(graph, args, kwargs):
             f"deserialize(): graph '{graph.name}' already has nodes or plans; deserialize into "
             "a new, empty pygraph()"
         )
-    fe = frontend()
+    try:
+        fe = frontend()
+    except BackendUnavailableError as exc:
+        raise BackendUnavailableError(f"graph '{graph.name}': deserialize(): {exc}") from exc
     opts = graph.backend_options
     if handle is None:
         handle = opts["handle"]
