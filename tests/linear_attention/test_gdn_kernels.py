@@ -521,6 +521,25 @@ def test_explicit_workspace_is_used_and_sized():
     assert rel_err(o, ref_o) <= FP32_TOL["o"]
 
 
+def test_one_workspace_serves_calls_of_different_shapes():
+    # The launcher caches the views it carves from a workspace (keyed by the workspace and
+    # the layout): a second call with other shapes on the same buffer must carve anew.
+    nbytes = gdn_workspace_bytes(76, 4, 2, 2, 2, 64, 64, torch.float32, backward=False)
+    workspace = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE)
+    for seqlens, seed in (((33,), 0), ((5, 70, 0, 1), 1), ((33,), 2)):
+        x, cu = make_inputs(seqlens=seqlens, seed=seed)
+        total_t = sum(seqlens)
+        o = torch.full((total_t, 2, 64), float("nan"), device=DEVICE)
+        gdn_forward(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], cu,
+            scale=0.125, o=o, use_qk_l2norm=True, workspace=workspace,
+        )  # fmt: skip
+        ref_o, _ = gdn_reference(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, use_qk_l2norm=True
+        )
+        assert rel_err(o, ref_o) <= FP32_TOL["o"], seqlens
+
+
 BAD_INPUTS = {
     "neg-eigval-without-sigmoid": ({"allow_neg_eigval": True}, "allow_neg_eigval"),
     "a_log-without-safe-gate": ({"a_log": "tensor"}, "a_log"),
