@@ -7,10 +7,17 @@ then times with CUDA events (median of REPS) and prints a Markdown table.
   PYTHONPATH=src python bench/gdn.py            # needs fla-core 0.6.0 importable
   PYTHONPATH=src python bench/gdn.py --no-fla --profile --only "(a)"
                                                 # per-kernel CUDA time of ours (torch.profiler)
-  PYTHONPATH=src python bench/gdn.py --no-fla --sweep --only "(a)"
+  PYTHONPATH=src python bench/gdn.py --no-fla --sweep --only "(a),(b)" [--entries wy_bwd]
                                                 # alternative kernel configs: time + agreement
                                                 # (a faster one ships only after
                                                 # tests/gpu/test_gdn_gpu.py proves it)
+  PYTHONPATH=src python bench/gdn.py --host --only "(a)"
+                                                # host us per forward call: torch op vs
+                                                # launcher vs the bare launch sequence
+                                                # (needs the built C extension)
+
+fla compiles and autotunes every kernel on its first call (most of a 110-130 s step went to
+it in the H200 runs): to reach every row, run one `--only` row per step.
 """
 
 from __future__ import annotations
