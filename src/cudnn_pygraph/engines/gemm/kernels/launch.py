@@ -140,7 +140,10 @@ class ScratchPerStream(dict):
 class SplitKWorkspacePerStream(dict):
     """stream -> (partials, counters) addresses of one plan's split-K workspace, allocated on
     the stream's first launch (counters zeroed; each launch leaves them zero). Per stream for
-    the reason ScratchPerStream gives: two launches in flight must not share partials."""
+    the reason ScratchPerStream gives: two launches in flight must not share partials.
+    The zero-fill is enqueued on the launch's own stream, so stream order puts it before the
+    kernel with no host wait (a synchronize here would break a first launch under CUDA-graph
+    capture; under capture the fill is recorded into the graph and is harmless on replay)."""
 
     def __init__(self, nbytes: tuple, device):
         super().__init__()
@@ -151,11 +154,9 @@ class SplitKWorkspacePerStream(dict):
     def __missing__(self, stream):
         import torch
 
-        ws = torch.empty(self.nbytes[0], dtype=torch.uint8, device=self.device)
-        locks = torch.zeros(self.nbytes[1], dtype=torch.uint8, device=self.device)
-        # The zero-fill ran on torch's current stream, the kernel runs on `stream`: wait for
-        # it once here, or the first launch could read counters not yet zeroed.
-        torch.cuda.synchronize(self.device)
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=self.device)):
+            ws = torch.empty(self.nbytes[0], dtype=torch.uint8, device=self.device)
+            locks = torch.zeros(self.nbytes[1], dtype=torch.uint8, device=self.device)
         self._buffers += [ws, locks]
         self[stream] = (ws.data_ptr(), locks.data_ptr())
         return self[stream]
