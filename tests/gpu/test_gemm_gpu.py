@@ -343,24 +343,31 @@ def test_split_k_is_right_and_deterministic(name, shape, knobs, use_tma):
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
-def test_engine_split_k_plan_reuses_its_workspace():
-    """A small-M long-K graph through the engine: the plan the rule ranks first is split,
-    its per-stream workspace serves every call (counters left zero), the bits repeat."""
+def _split_k_plan(M, N, K):
+    """A plain bf16 [1, M, K] @ [1, K, N] graph, planned, and the index of our first plan
+    (the backend's block leads a plain bf16 M <= 128 GEMM when installed), built; the rule
+    must have split it."""
     import cudnn_pygraph as cudnn
 
-    M, N, K = 16, 1024, 8192
     dt = cudnn.data_type
     g = cudnn.pygraph(io_data_type=dt.BFLOAT16, compute_data_type=dt.FLOAT)
     a = g.tensor([1, M, K], name="A")
     b = g.tensor([1, K, N], name="B")
     c = g.matmul(a, b)
-    c.set_output(True).set_data_type(cudnn.data_type.BFLOAT16)
+    c.set_output(True).set_data_type(dt.BFLOAT16)
     g.create_execution_plans([cudnn.heur_mode.A])
-    # Our first plan (the backend's block leads a plain bf16 M <= 128 GEMM when installed).
     i = next(j for j in range(len(g.plans)) if g.get_plan_name_at_index(j).startswith("triton"))
     _, knobs = g.get_engine_and_knobs_at_index(i)
     assert knobs[cudnn.knob_type.SPLIT_K_SLC] > 1, g.get_plan_name_at_index(i)
     g.build_plan_at_index(i)
+    return g, (a, b, c), i
+
+
+def test_engine_split_k_plan_reuses_its_workspace():
+    """A small-M long-K graph through the engine: the plan the rule ranks first is split,
+    its per-stream workspace serves every call (counters left zero), the bits repeat."""
+    M, N, K = 16, 1024, 8192
+    g, (a, b, c), i = _split_k_plan(M, N, K)
     ta, tb = _mat((1, M, K), "row"), _mat((1, K, N), "row")
     outs = []
     for _ in range(3):
@@ -376,19 +383,8 @@ def test_split_k_plan_first_executes_under_cuda_graph_capture():
     """A split-K plan whose very first execute is inside stream capture (a serving stack
     captures right after build): its per-stream workspace is set up on the capturing
     stream with no host wait, and replays over fresh inputs give fresh right answers."""
-    import cudnn_pygraph as cudnn
-
     M, N, K = 16, 1024, 8192
-    dt = cudnn.data_type
-    g = cudnn.pygraph(io_data_type=dt.BFLOAT16, compute_data_type=dt.FLOAT)
-    a = g.tensor([1, M, K], name="A")
-    b = g.tensor([1, K, N], name="B")
-    c = g.matmul(a, b)
-    c.set_output(True).set_data_type(dt.BFLOAT16)
-    g.create_execution_plans([cudnn.heur_mode.A])
-    i = next(j for j in range(len(g.plans)) if g.get_plan_name_at_index(j).startswith("triton"))
-    assert g.get_engine_and_knobs_at_index(i)[1][cudnn.knob_type.SPLIT_K_SLC] > 1
-    g.build_plan_at_index(i)
+    g, (a, b, c), i = _split_k_plan(M, N, K)
     ta, tb = _mat((1, M, K), "row"), _mat((1, K, N), "row")
     tc = torch.full((1, M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     side = torch.cuda.Stream()

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .knobs import SUPPORTED_HEAD_DIMS, SdpaDecodeKnobs
-from .prefill import LOG2E, _check, _flat_lengths
+from .prefill import LOG2E, _check, _flat_lengths, _page_tables
 
 
 # Batch- and head-dependent ints (and the page table's row stride, which is max_pages) are
@@ -228,16 +228,7 @@ def sdpa_decode(
     _check(heads_kv > 0 and heads_q % heads_kv == 0,
            f"k_cache: kv heads {heads_kv} must divide q heads {heads_q}")
     group = heads_q // heads_kv
-    _check(page_table.dtype == torch.int32 and page_table.dim() == 2
-           and page_table.shape[0] == batch,
-           f"page_table: must be int32 [B={batch}, max_pages], got {page_table.dtype} "
-           f"{tuple(page_table.shape)}")
-    if page_table_v is None:
-        page_table_v = page_table
-    _check(page_table_v.dtype == torch.int32 and page_table_v.dim() == 2
-           and page_table_v.shape[0] == batch,
-           f"page_table_v: must be int32 [B={batch}, max_pages], got {page_table_v.dtype} "
-           f"{tuple(page_table_v.shape)}")
+    page_table, page_table_v = _page_tables(page_table, page_table_v, batch)
     lengths = _flat_lengths(seq_len_kv, "seq_len_kv", batch)
     block_m = max(16, triton.next_power_of_2(group * seq_q))
     _check(block_m <= 128, f"q: {group} heads per kv head x {seq_q} tokens exceeds one tile (128)")

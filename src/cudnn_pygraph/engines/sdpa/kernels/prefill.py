@@ -307,6 +307,19 @@ def _check(cond: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def _page_tables(page_table, page_table_v, batch: int):
+    """(K's, V's) page tables, each checked int32 [B, max_pages]; V reads K's when it has
+    none of its own (FlashInfer binds one tensor to both)."""
+    import torch
+
+    if page_table_v is None:
+        page_table_v = page_table
+    for name, t in (("page_table", page_table), ("page_table_v", page_table_v)):
+        _check(t.dtype == torch.int32 and t.dim() == 2 and t.shape[0] == batch,
+               f"{name}: must be int32 [B={batch}, max_pages], got {t.dtype} {tuple(t.shape)}")
+    return page_table, page_table_v
+
+
 def _flat_lengths(t, name: str, batch: int):
     """A per-batch int32 length tensor ([B] or [B, 1, 1, 1]) as a [B] view (no copy)."""
     import torch
@@ -496,22 +509,13 @@ def sdpa_prefill(
         page_size = k.shape[1]
         _check(page_size > 0 and page_size & (page_size - 1) == 0,
                f"k: page size {page_size} must be a power of two")
-        _check(page_table.dtype == torch.int32 and page_table.dim() == 2
-               and page_table.shape[0] == batch,
-               f"page_table: must be int32 [B={batch}, max_pages], got {page_table.dtype} "
-               f"{tuple(page_table.shape)}")
+        page_table, page_table_v = _page_tables(page_table, page_table_v, batch)
         _check(seq_len_kv is not None, "seq_len_kv: required with paged K/V")
         # pool [pages, page_size, H, D] -> (batch unused, head, token-in-page, dim)
         ks = (0, k.stride(2), k.stride(1), k.stride(3))
         vs = (0, v.stride(2), v.stride(1), v.stride(3))
         offs_kv = offs_q  # placeholder, never read with PAGED
         seq_kv = page_table.shape[1] * page_size
-        if page_table_v is None:
-            page_table_v = page_table
-        _check(page_table_v.dtype == torch.int32 and page_table_v.dim() == 2
-               and page_table_v.shape[0] == batch,
-               f"page_table_v: must be int32 [B={batch}, max_pages], got {page_table_v.dtype} "
-               f"{tuple(page_table_v.shape)}")
         t_strides = (page_table.stride(0), page_table.stride(1), page_table_v.stride(0),
                      page_table_v.stride(1), k.stride(0), v.stride(0))
     else:
