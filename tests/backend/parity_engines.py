@@ -2,8 +2,10 @@
 its notes and its plan's workspace, and records what reached it. Reached through the
 manifest exactly as production engines are; they do no arithmetic."""
 
-from cudnn_pygraph import behavior_note, numerical_note
-from cudnn_pygraph.engines.base import BaseEngine, Capabilities, CompiledPlan
+import dataclasses
+
+from cudnn_pygraph import behavior_note, knob_type, numerical_note
+from cudnn_pygraph.engines.base import BaseEngine, Capabilities, CompiledPlan, PlanConfig
 from cudnn_pygraph.planning.manifest import EngineFamily, EngineSlot
 
 CALLS = []
@@ -51,4 +53,33 @@ FAMILY = EngineFamily(
     anchors=("matmul",),
     slots=(EngineSlot(0, "tc_big", __name__, "TensorCoreBig"),
            EngineSlot(1, "plain_small", __name__, "PlainSmall")),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TileKnobs:
+    TILE_M: int = 128
+
+
+class TwoTiles(_Engine):
+    """One engine, two configurations: TILE_M=128 (listed first) needs a 1 MiB workspace,
+    TILE_M=64 none. A filter that judges plans must bar the first and keep the second."""
+
+    name = "two_tiles"
+    knob_class = TileKnobs
+    KNOB_FIELDS = {knob_type.TILE_M: "TILE_M"}
+
+    def default_plans(self, graph):
+        return [PlanConfig(self.engine_id, TileKnobs(128)), PlanConfig(self.engine_id, TileKnobs(64))]
+
+    def build_plan(self, graph, plan, ctx):
+        CALLS.append(("build_plan", self.name, plan.knobs.TILE_M))
+        return _Plan(self.name, (1 << 20) if plan.knobs.TILE_M == 128 else 0)
+
+
+TILES_FAMILY = EngineFamily(
+    "parity_tiles",
+    index=51,
+    anchors=("matmul",),
+    slots=(EngineSlot(0, "two_tiles", __name__, "TwoTiles"),),
 )

@@ -115,6 +115,16 @@ def test_workspace_limit_walks_past_a_python_plan_over_it(limit, expected):
     assert g.get_workspace_size() <= limit
 
 
+def test_workspace_limit_bars_one_configuration_not_its_engine():
+    with manifest.use_families([pe.TILES_FAMILY]):
+        g = gemm_graph()
+        g.deselect_workspace_greater_than(1024)
+        g.create_execution_plans([heur_mode.A])
+        g.build_plans()
+    assert g.get_plan_name_at_index(g.selected_plan) == "two_tiles[TILE_M=64]"
+    assert g.get_workspace_size() == 0
+
+
 def test_workspace_limit_refuses_a_pinned_or_indexed_plan_over_it():
     with manifest.use_families([pe.FAMILY]):
         g = gemm_graph()

@@ -9,11 +9,12 @@ with a documented filter or a clear error, never a silent no-op.
   forwarded and the backend refuses to build a barred entry, which the build walk takes
   as a decline. A python plan carries the notes its engine declares in `numerical_notes`
   / `behavior_notes` (none when it declares none): select_* bars a python plan without
-  the note, deselect_* one with it. The planner excludes by engine name, so the bar
-  covers every config of that engine (engines declare notes per engine anyway).
+  the note, deselect_* one with it (PlanningRecord.exclude: the plan is barred with the
+  reason, and explain()/the build walk say which note).
 * deselect_workspace_greater_than: forwarded to the backend (it refuses a plan over the
   limit at build); a python plan's workspace is known once built, so a selected python
-  plan over the limit bars its engine and the walk goes on (build_plan_at_index raises).
+  plan over the limit is barred (that configuration only: the same engine's smaller
+  configurations stay) and the walk goes on (build_plan_at_index raises).
 * populate_cuda_graph / update_cuda_graph record the BACKEND's plan into a cudaGraph_t;
   a selected python plan is a clear error (capture graph.execute on a stream instead).
 * deserialize restores a serialized backend plan into an EMPTY graph whose one plan is
@@ -102,20 +103,15 @@ def bar_python_plans(graph):
     filters, record = filters_of(graph), graph._planning
     if filters is None or record is None or not filters.notes:
         return
-    barred = set()
     for i, plan in enumerate(record.plans):
         if engine_ids.is_backend_id(plan.engine_id):
             continue  # the backend filters its own entries
         engine = record.engines[plan.engine_id]
         for kind, note, keep in filters.notes:
             if (note in _engine_notes(engine, kind)) != keep:
-                barred.add(_engine_name(record, i))
-    if barred:
-        record.deselect_engines(sorted(barred))
-
-
-def _engine_name(record, index):
-    return record.plan_name(index).split("[")[0]
+                verb = "lacks the selected" if keep else "carries the deselected"
+                record.exclude(i, f"{verb} {kind} note {note.name}")
+                break
 
 
 # ---------------------------------------------------------------- the backend side
@@ -165,7 +161,7 @@ def over_limit(graph, index):
 
 def build_within_limits(graph, policy):
     """graph.build_plans(): the planner's walk, and a python plan it selects over the
-    workspace limit bars its engine and walks on (the backend refuses its own plans over
+    workspace limit is barred and the walk goes on (the backend refuses its own plans over
     the limit at build, so they never get here)."""
     record = graph._require_planning()
     bar_python_plans(graph)
@@ -176,7 +172,7 @@ def build_within_limits(graph, policy):
             return
         if record.pinned:
             raise cudnnGraphNotSupportedError(f"build_plans(): the pinned {reason}")
-        record.deselect_engines([_engine_name(record, record.selected)])
+        record.exclude(record.selected, reason)
 
 
 # ---------------------------------------------------------------- CUDA graphs

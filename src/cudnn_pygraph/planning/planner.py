@@ -154,7 +154,8 @@ class PlanningRecord:
         self.build_errors = {}  # identity -> reason
         self.selected = None
         self.pinned = False
-        self.deselected = set()
+        self.deselected = set()  # engine names (deselect_engines)
+        self.excluded = {}  # identity -> why this one plan is barred (a classic filter)
         self._runner = None  # the selected plan's execute path, made at first execute
         self.device = facts.graph_device(graph)  # what engines see as ctx.device
 
@@ -198,6 +199,11 @@ class PlanningRecord:
     def deselect_engines(self, names):
         self.deselected.update(names)
 
+    def exclude(self, index, reason):
+        """Bar the ONE plan at `index` from the build walk (a filter that judges plans, e.g.
+        a workspace limit, must not bar the engine's other configurations)."""
+        self.excluded[self._check_index(index).identity] = reason
+
     def build_plans(self, policy=None):
         """Walk the list from the selected index and take the first entry that builds (a
         decline advances); a pinned plan builds or raises. policy ALL builds every
@@ -210,6 +216,12 @@ class PlanningRecord:
             name = self.plan_name(index)
             if name.split("[")[0] in self.deselected:
                 reasons.append(f"#{index} {name}: deselected")
+                continue
+            barred = self.excluded.get(self.plans[index].identity)
+            if barred is not None:
+                if self.pinned:
+                    raise cudnnGraphNotSupportedError(f"pinned plan #{index} {name}: {barred}")
+                reasons.append(f"#{index} {name}: {barred}")
                 continue
             try:
                 self.build_at(index)
