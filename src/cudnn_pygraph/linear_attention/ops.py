@@ -38,13 +38,23 @@ class _Built:
         self.uids = {name: t.uid for name, t in ports.items() if t is not None}
         self.workspace_size = graph.get_workspace_size()
         self._workspaces = {}
+        # The selected plan's torch-tensor entry, when it has one (our gdn engine's does):
+        # the cache key already pins every buffer to the declaration, so the pack's checks
+        # and DLPack views would re-prove what the key proved. Measured on the CI CPU with
+        # the launches stubbed: run() 67 -> 27 us per forward call.
+        record = graph._require_planning()
+        compiled = record.built[record.plans[record.selected].identity]
+        self._launch_tensors = getattr(compiled, "launch_tensors", None)
 
     def run(self, buffers):
-        pack = {self.uids[name]: t for name, t in buffers.items() if t is not None}
         device = next(iter(buffers.values())).device
         workspace = None
         if self.workspace_size:
             workspace = self._workspace(device)
+        if self._launch_tensors is not None:
+            self._launch_tensors(buffers, workspace)
+            return
+        pack = {self.uids[name]: t for name, t in buffers.items() if t is not None}
         self.graph.execute(pack, workspace, handle=_handle(device))
 
     def _workspace(self, device):

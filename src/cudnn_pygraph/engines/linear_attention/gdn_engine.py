@@ -261,6 +261,14 @@ class GdnPlan(CompiledPlan):
         else:
             self._launch(views, workspace)
 
+    def launch_tensors(self, tensors, workspace):
+        """The torch op's path (linear_attention/ops.py): `tensors` are torch tensors by port
+        name, already matching the declaration exactly (the op's graph cache is keyed by
+        their shapes, strides, dtypes and device), launched on torch's current stream. It
+        skips the variant pack, the per-operand extent checks and the DLPack views that
+        execute() needs for arbitrary callers' buffers."""
+        self._launch(tensors, workspace)
+
     def _external_stream(self, stream):
         s = self._streams.get(stream)
         if s is None:
