@@ -383,14 +383,19 @@ def test_split_k_plan_first_executes_under_cuda_graph_capture():
     """A split-K plan whose very first execute is inside stream capture (a serving stack
     captures right after build): its per-stream workspace is set up on the capturing
     stream with no host wait, and replays over fresh inputs give fresh right answers."""
+    import cudnn_pygraph as cudnn
+
     M, N, K = 16, 1024, 8192
     g, (a, b, c), i = _split_k_plan(M, N, K)
     ta, tb = _mat((1, M, K), "row"), _mat((1, K, N), "row")
     tc = torch.full((1, M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     side = torch.cuda.Stream()
+    # As with the classic API, the plan runs on its handle's stream: bind the capturing one.
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle=handle, stream=side.cuda_stream)
     cuda_graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(cuda_graph, stream=side):
-        g.execute_plan_at_index({a: ta, b: tb, c: tc}, None, i)
+        g.execute_plan_at_index({a: ta, b: tb, c: tc}, None, i, handle=handle)
     for _ in range(2):
         ta.copy_(_mat((1, M, K), "row"))
         tb.copy_(_mat((1, K, N), "row"))
