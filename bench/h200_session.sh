@@ -32,7 +32,7 @@ step() {  # step NAME CAP_SECONDS COMMAND...
 }
 
 # the correctness gate, one suite per step so a slow compile cannot hide the others
-step gpu_gdn 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gdn_gpu.py
+step gpu_gdn 130 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gdn_gpu.py
 step gpu_sdpa 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/*sdpa*.py
 step gpu_gemm 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm_gpu.py
 step gpu_backend 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_native_backend_lowering.py
