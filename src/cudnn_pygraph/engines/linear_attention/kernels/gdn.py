@@ -227,6 +227,35 @@ def _run_wy_and_state(
     )
 
 
+def _prepare_and_recompute(
+    q, k, v, g, beta, cu_seqlens, dims, *, backward, workspace, checkpoints, scale,
+    use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, a_log, dt_bias,
+    initial_state, final_state, state_indices, cu_seqlens_error,
+):  # fmt: skip
+    """What the forward runs and the backward recomputes: the call's workspace views, the
+    chunk tables, gates, WY (w, u) and the chunk-start states h (into `checkpoints` when
+    given; the backward skips storing them then). Returns (ws, h_buf, prec, flags) for the
+    stages after it."""
+    total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
+    rows = _layout(
+        total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, q.dtype, backward,
+        checkpoints is not None, safe_gate,
+    )  # fmt: skip
+    ws = _carve(rows, workspace, q.device)
+    prec = _dot_precision(q.dtype)
+    flags = _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval)
+    h_buf = checkpoints if checkpoints is not None else ws["h"]
+    _run_wy_and_state(
+        q, k, v, g, beta, cu_seqlens, ws, dims,
+        scale=scale, flags=flags, l2norm=use_qk_l2norm, a_log=a_log, dt_bias=dt_bias,
+        prec=prec, initial_state=initial_state, final_state=final_state,
+        state_indices=state_indices, h_buf=h_buf,
+        store_h=not backward or checkpoints is None,
+        vnew=None if backward else ws["vnew"], cu_error=cu_seqlens_error,
+    )  # fmt: skip
+    return ws, h_buf, prec, flags
+
+
 def gdn_forward(
     q,
     k,
@@ -281,47 +310,14 @@ def gdn_forward(
         if final_state is not None and n_seqs > 0:
             _copy_states_for_empty(initial_state, final_state, state_indices)
         return
-    rows = _layout(
-        total_t,
-        n_seqs,
-        n_out,
-        n_q,
-        n_k,
-        n_v,
-        dim_k,
-        dim_v,
-        q.dtype,
-        False,
-        checkpoints is not None,
-        safe_gate,
-    )
-    ws = _carve(rows, workspace, q.device)
-    prec = _dot_precision(q.dtype)
-    flags = _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval)
-    h_buf = checkpoints if checkpoints is not None else ws["h"]
-    _run_wy_and_state(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        cu_seqlens,
-        ws,
-        dims,
-        scale=scale,
-        flags=flags,
-        l2norm=use_qk_l2norm,
-        a_log=a_log,
-        dt_bias=dt_bias,
-        prec=prec,
-        initial_state=initial_state,
-        final_state=final_state,
-        state_indices=state_indices,
-        h_buf=h_buf,
-        store_h=True,
-        vnew=ws["vnew"],
-        cu_error=cu_seqlens_error,
-    )
+    ws, h_buf, prec, _ = _prepare_and_recompute(
+        q, k, v, g, beta, cu_seqlens, dims,
+        backward=False, workspace=workspace, checkpoints=checkpoints, scale=scale,
+        use_qk_l2norm=use_qk_l2norm, use_beta_sigmoid=use_beta_sigmoid,
+        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, gate_domain=gate_domain,
+        a_log=a_log, dt_bias=dt_bias, initial_state=initial_state, final_state=final_state,
+        state_indices=state_indices, cu_seqlens_error=cu_seqlens_error,
+    )  # fmt: skip
     cfg = dict(KERNEL_CONFIGS["output_fwd"])
     bv = _block_v(cfg, dim_v)
     output_fwd_kernel[(max_chunks(total_t, n_seqs), n_out, dim_v // bv)](
@@ -466,47 +462,14 @@ def gdn_backward(
         _flag_for_empty(cu_seqlens, cu_seqlens_error)
         _empty_backward(d_final_state, d_initial_state, d_a_log, d_dt_bias)
         return
-    rows = _layout(
-        total_t,
-        n_seqs,
-        n_out,
-        n_q,
-        n_k,
-        n_v,
-        dim_k,
-        dim_v,
-        q.dtype,
-        True,
-        checkpoints is not None,
-        safe_gate,
-    )
-    ws = _carve(rows, workspace, q.device)
-    prec = _dot_precision(q.dtype)
-    flags = _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval)
-    h_buf = checkpoints if checkpoints is not None else ws["h"]
-    _run_wy_and_state(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        cu_seqlens,
-        ws,
-        dims,
-        scale=scale,
-        flags=flags,
-        l2norm=use_qk_l2norm,
-        a_log=a_log,
-        dt_bias=dt_bias,
-        prec=prec,
-        initial_state=initial_state,
-        final_state=None,
-        state_indices=None,
-        h_buf=h_buf,
-        store_h=checkpoints is None,
-        vnew=None,
-        cu_error=cu_seqlens_error,
-    )
+    ws, h_buf, prec, flags = _prepare_and_recompute(
+        q, k, v, g, beta, cu_seqlens, dims,
+        backward=True, workspace=workspace, checkpoints=checkpoints, scale=scale,
+        use_qk_l2norm=use_qk_l2norm, use_beta_sigmoid=use_beta_sigmoid,
+        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, gate_domain=gate_domain,
+        a_log=a_log, dt_bias=dt_bias, initial_state=initial_state, final_state=None,
+        state_indices=None, cu_seqlens_error=cu_seqlens_error,
+    )  # fmt: skip
     n_chunks = max_chunks(total_t, n_seqs)
     tables = (ws["cu_safe"], ws["chunk_offsets"], ws["chunk_seq"], n_seqs)
     common = {"K": dim_k, "V": dim_v, "L2NORM": use_qk_l2norm, "PREC": prec, "EPS": L2NORM_EPS}
