@@ -83,3 +83,29 @@ TILES_FAMILY = EngineFamily(
     anchors=("matmul",),
     slots=(EngineSlot(0, "two_tiles", __name__, "TwoTiles"),),
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class GridKnobs:
+    TILE_M: int = 32
+    TILE_N: int = 64
+
+
+class UnevenTiles(_Engine):
+    """Three configurations whose TILE_M values (32, 64, 128) are not evenly spaced and
+    whose TILE_N is one value: a knob range must not claim a step it lacks."""
+
+    name = "uneven_tiles"
+    knob_class = GridKnobs
+    KNOB_FIELDS = {knob_type.TILE_M: "TILE_M", knob_type.TILE_N: "TILE_N"}
+
+    def default_plans(self, graph):
+        return [PlanConfig(self.engine_id, GridKnobs(m, 64)) for m in (128, 32, 64)]
+
+
+UNEVEN_FAMILY = EngineFamily(
+    "parity_uneven",
+    index=52,
+    anchors=("matmul",),
+    slots=(EngineSlot(0, "uneven_tiles", __name__, "UnevenTiles"),),
+)

@@ -275,3 +275,265 @@ def test_a_bare_int_handle_is_the_backends_and_its_stream_is_read_there(monkeypa
         monkeypatch.setattr(compiled, "execute", lambda graph, pack, ctx: seen.append(ctx.stream))
         g.execute(_pack(g), None, 0x7A)
     assert seen == [0x5E00]
+
+
+# ---------------------------------------------------------------- classic queries
+# backend/classic_queries.py: notes, engines, knobs, tensors, retention. With
+# FakeLoweringBackend the plan list of gemm_graph() under pe.FAMILY and modes [A, FALLBACK]
+# is: #0 tc_big, #1 plain_small, #2 the delegating entry, #3 eng7 (cpp 0), #4 eng9 (cpp 1),
+# #5 eng3 (cpp 2); FALLBACK's eng7 (cpp 3) is #3's identity, so the ranking lists it once.
+from cudnn_pygraph import cuda_graph_retention, knob_type  # noqa: E402
+from cudnn_pygraph.backend.classic_queries import KnobRange  # noqa: E402
+from cudnn_pygraph.planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, python_engine_id  # noqa: E402
+
+TC_BIG, PLAIN_SMALL = python_engine_id(50, 0), python_engine_id(50, 1)
+TWO_TILES, UNEVEN = python_engine_id(51, 0), python_engine_id(52, 0)
+RC, CG = behavior_note.RUNTIME_COMPILATION, behavior_note.SUPPORTS_CUDA_GRAPH_NATIVE_API
+
+
+def planned(monkeypatch, families=(pe.FAMILY,), backend=None, modes=(heur_mode.A, heur_mode.FALLBACK)):
+    monkeypatch.setattr(adapter, "BACKEND", backend or fakes.FakeLoweringBackend())
+    with manifest.use_families(list(families)):
+        g = gemm_graph()
+        g.create_execution_plans(list(modes))
+    return g
+
+
+NOTES_AT = {
+    # our index -> (notes, the backend index asked, None for a python plan)
+    "python-declared": (0, [RC], None),
+    "python-none": (1, [], None),
+    "backend-A-cpp0": (3, [CG], 0),
+    "backend-A-cpp1": (4, [RC], 1),
+    "backend-fallback-cpp2": (5, [], 2),
+}
+
+
+@pytest.mark.parametrize("case", list(NOTES_AT), ids=list(NOTES_AT))
+def test_behavior_notes_at_our_index(monkeypatch, case):
+    index, expected, cpp_index = NOTES_AT[case]
+    g = planned(monkeypatch)
+    notes = g.get_behavior_notes_for_plan_at_index(index)
+    assert notes == expected and all(type(n) is behavior_note for n in notes)
+    asked = [c[1] for c in g._lowered.backend.calls if c[0] == "notes_at"]
+    assert asked == ([] if cpp_index is None else [cpp_index])  # its index, never ours
+
+
+def test_the_delegating_entry_has_notes_only_once_built(monkeypatch):
+    g = planned(monkeypatch)
+    with pytest.raises(GraphStateError, match=r"plan #2 cudnn_backend:eng19999.*delegates to the "
+                                              r"backend's own choice.*build_plan_at_index\(2\)"):
+        g.get_behavior_notes_for_plan_at_index(2)
+    g.build_plan_at_index(2)  # the stand-in backend's own pick: its cpp 1
+    assert g.get_behavior_notes_for_plan_at_index(2) == [RC]
+
+
+SELECTED = {
+    # how the plan is selected -> the notes of the selected plan
+    "build-walk-python-first": (None, [RC]),
+    "pinned-backend-entry": (3, [CG]),
+    "pinned-python-plan": (1, []),
+    "pinned-delegate-built": (2, [RC]),
+}
+
+
+@pytest.mark.parametrize("case", list(SELECTED), ids=list(SELECTED))
+def test_behavior_notes_of_the_selected_plan(monkeypatch, case):
+    pin, expected = SELECTED[case]
+    g = planned(monkeypatch)
+    if pin is not None:
+        g.select_plan(pin)
+    g.build_plans()
+    assert g.get_behavior_notes() == expected
+
+
+def test_behavior_notes_state_rules(monkeypatch):
+    monkeypatch.setattr(adapter, "BACKEND", fakes.FakeLoweringBackend())
+    g = gemm_graph()
+    for call in (g.get_behavior_notes, lambda: g.get_behavior_notes_for_plan_at_index(0)):
+        with pytest.raises(GraphStateError, match="create_execution_plans"):
+            call()
+    with manifest.use_families([pe.FAMILY]):
+        g.create_execution_plans([heur_mode.A])
+    with pytest.raises(GraphStateError, match=r"get_behavior_notes\(\): no plan selected"):
+        g.get_behavior_notes()
+    g.select_plan(2)  # the delegate, selected but not built
+    with pytest.raises(GraphStateError, match="build it first"):
+        g.get_behavior_notes()
+
+
+@pytest.mark.parametrize("index", [-1, 6, True, "0", 1.0], ids=["negative", "past-end", "bool", "str", "float"])
+def test_behavior_notes_at_a_bad_index(monkeypatch, index):
+    g = planned(monkeypatch)
+    with pytest.raises(IndexError, match=r"get_behavior_notes_for_plan_at_index\(.*\): index .* is "
+                                         r"out of range: the plan list has 6 plans"):
+        g.get_behavior_notes_for_plan_at_index(index)
+
+
+ENGINES = {
+    # backend stand-in, families -> the ids get_engine_count counts
+    "backend-and-python": (lambda: fakes.FakeLoweringBackend(), (pe.FAMILY,),
+                           list(range(12)) + [TC_BIG, PLAIN_SMALL]),
+    "backend-without-a-device": (lambda: fakes.FakeLoweringBackend(no_device="no device here"),
+                                 (pe.FAMILY,), [TC_BIG, PLAIN_SMALL]),
+    "backend-not-lowered": (lambda: fakes.FakeBackend(), (pe.FAMILY,), [TC_BIG, PLAIN_SMALL]),
+    "backend-only": (lambda: fakes.FakeLoweringBackend(), (), list(range(12))),
+}
+
+
+@pytest.mark.parametrize("case", list(ENGINES), ids=list(ENGINES))
+def test_engine_count_is_the_backends_engines_plus_the_accepted_python_engines(monkeypatch, case):
+    make, families, expected = ENGINES[case]
+    g = planned(monkeypatch, families, make())
+    assert g.get_engine_ids() == expected
+    assert g.get_engine_count() == len(expected)
+
+
+def test_engine_count_state_rule():
+    with pytest.raises(GraphStateError, match="create_execution_plans"):
+        gemm_graph().get_engine_count()
+
+
+KNOBS = {
+    # engine id, families -> its KnobRange list
+    "backend-listed": (7, (pe.FAMILY,), [KnobRange(knob_type.TILE_SIZE, 0, 3, 1)]),
+    "backend-two-axes": (9, (pe.FAMILY,), [KnobRange(knob_type.SPLIT_K_SLC, 1, 8, 1),
+                                           KnobRange(knob_type.STAGES, 2, 6, 2)]),
+    "backend-counted-not-listed": (0, (pe.FAMILY,), []),
+    "delegating-entry": (BACKEND_HEURISTIC_ENGINE_ID, (pe.FAMILY,), []),
+    "python-no-axes": (TC_BIG, (pe.FAMILY,), []),
+    "python-even-values": (TWO_TILES, (pe.TILES_FAMILY,),
+                           [KnobRange(knob_type.TILE_M, 64, 128, 64, (64, 128))]),
+    "python-uneven-values": (UNEVEN, (pe.UNEVEN_FAMILY,),
+                             [KnobRange(knob_type.TILE_M, 32, 128, 0, (32, 64, 128)),
+                              KnobRange(knob_type.TILE_N, 64, 64, 1, (64,))]),
+}
+
+
+@pytest.mark.parametrize("case", list(KNOBS), ids=list(KNOBS))
+def test_knobs_for_engine(monkeypatch, case):
+    engine_id, families, expected = KNOBS[case]
+    g = planned(monkeypatch, families)
+    assert g.get_knobs_for_engine(engine_id) == expected
+    asked = [c[1] for c in g._lowered.backend.calls if c[0] == "knobs"]
+    assert asked == ([engine_id] if engine_id < 12 else [])
+
+
+def test_a_python_engines_knob_values_are_the_ones_its_listed_plans_take(monkeypatch):
+    g = planned(monkeypatch, (pe.UNEVEN_FAMILY,))
+    (m, n) = g.get_knobs_for_engine(UNEVEN)
+    listed = [g.get_engine_and_knobs_at_index(i)[1] for i in range(len(g.plans))
+              if g.plans[i].engine_id == UNEVEN]
+    assert sorted(k[knob_type.TILE_M] for k in listed) == list(m.values)
+    assert {k[knob_type.TILE_N] for k in listed} == set(n.values)
+
+
+@pytest.mark.parametrize("engine_id, error, message", [
+    (12, ValueError, r"engine_id 12 is not an engine of graph 'test_graph': its engines are \[0, 1,"),
+    (-1, ValueError, "engine_id -1 is not an engine"),
+    (TWO_TILES, ValueError, f"engine_id {TWO_TILES} is not an engine"),  # not this graph's family
+    ("7", TypeError, "engine_id must be an int"),
+    (True, TypeError, "engine_id must be an int"),
+], ids=["past-the-backends", "negative", "python-not-accepted", "str", "bool"])
+def test_knobs_for_a_bad_engine_id(monkeypatch, engine_id, error, message):
+    g = planned(monkeypatch)
+    with pytest.raises(error, match=message):
+        g.get_knobs_for_engine(engine_id)
+
+
+def test_knobs_for_engine_state_rule():
+    with pytest.raises(GraphStateError, match="create_execution_plans"):
+        gemm_graph().get_knobs_for_engine(7)
+
+
+@pytest.mark.parametrize("when", ["building", "planned"])
+def test_query_tensor_attributes_of_uid_is_our_tensor(monkeypatch, when):
+    g = gemm_graph() if when == "building" else planned(monkeypatch)
+    for t in g.tensors:
+        assert g.query_tensor_attributes_of_uid(t.uid) is t
+
+
+def test_query_tensor_attributes_of_a_user_uid():
+    g = cudnn.pygraph()
+    x = g.tensor([2, 3], uid=41, name="x")
+    assert g.query_tensor_attributes_of_uid(41) is x
+
+
+@pytest.mark.parametrize("uid, error, message", [
+    (999, ValueError, r"uid 999 is not a tensor of graph 'test_graph' \(its uids: \[1, 2, 3\]\)"),
+    ("1", TypeError, "uid must be an int"),
+    (None, TypeError, "uid must be an int"),
+], ids=["unknown", "str", "none"])
+def test_query_tensor_attributes_of_a_bad_uid(uid, error, message):
+    with pytest.raises(error, match=message):
+        gemm_graph().query_tensor_attributes_of_uid(uid)
+
+
+RETENTION = {
+    # given to pygraph(), CUDNN_CUDA_GRAPH_RETENTION -> the mode in effect
+    "given-ours": (cuda_graph_retention.NONE, "", cuda_graph_retention.NONE),
+    "given-overrides-env": (cuda_graph_retention.PER_GRAPH, "none", cuda_graph_retention.PER_GRAPH),
+    "given-frontend-member": (fakes._BackendMember("NONE"), None, cuda_graph_retention.NONE),
+    "given-int": (1, None, cuda_graph_retention.NONE),
+    "default": (None, None, cuda_graph_retention.PER_GRAPH),
+    "env-none": (None, "none", cuda_graph_retention.NONE),
+    "env-None": (None, "None", cuda_graph_retention.NONE),
+    "env-padded": (None, " none", cuda_graph_retention.PER_GRAPH),  # the frontend's rule, measured
+    "env-other": (None, "per_graph", cuda_graph_retention.PER_GRAPH),
+}
+
+
+@pytest.mark.parametrize("case", list(RETENTION), ids=list(RETENTION))
+def test_cuda_graph_retention_before_lowering(monkeypatch, case):
+    given, env, expected = RETENTION[case]
+    if env is None:
+        monkeypatch.delenv("CUDNN_CUDA_GRAPH_RETENTION", raising=False)
+    else:
+        monkeypatch.setenv("CUDNN_CUDA_GRAPH_RETENTION", env)
+    g = cudnn.pygraph(cuda_graph_retention=given)
+    assert g.get_cuda_graph_retention() is expected
+
+
+def test_cuda_graph_retention_of_a_lowered_graph_is_the_backends(monkeypatch):
+    monkeypatch.delenv("CUDNN_CUDA_GRAPH_RETENTION", raising=False)
+    g = planned(monkeypatch, backend=fakes.FakeLoweringBackend(retention="NONE"))
+    assert g.get_cuda_graph_retention() is cuda_graph_retention.NONE
+
+
+def test_a_bad_cuda_graph_retention_is_named():
+    with pytest.raises(ValueError, match="cuda_graph_retention 'often' is not a cuda_graph_retention"):
+        cudnn.pygraph(cuda_graph_retention="often").get_cuda_graph_retention()
+
+
+CLASSIC_QUERIES = ["get_behavior_notes", "get_behavior_notes_for_plan_at_index", "get_engine_count",
+                   "get_knobs_for_engine", "query_tensor_attributes_of_uid", "get_cuda_graph_retention"]
+
+
+@pytest.mark.parametrize("name", CLASSIC_QUERIES)
+def test_the_classic_query_exists_with_the_classic_arity(name):
+    import inspect
+
+    nv = pytest.importorskip("cudnn")
+    theirs = getattr(nv._pybind_module.backend_graph, name).__doc__.splitlines()[0]
+    n_theirs = theirs.count(":")  # one annotation per parameter besides self
+    ours = [p for p in inspect.signature(getattr(cudnn.pygraph, name)).parameters if p != "self"]
+    assert len(ours) == n_theirs, (theirs, ours)
+
+
+def test_a_backend_refusal_is_the_classic_error_naming_the_call(monkeypatch):
+    g = planned(monkeypatch)
+
+    def refuse(index):
+        raise RuntimeError("CUDNN_STATUS_BAD_PARAM: stand-in refusal")
+
+    monkeypatch.setattr(g._lowered.backend, "get_behavior_notes_for_plan_at_index", refuse)
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError,
+                       match=r"get_behavior_notes_for_plan_at_index\(3\): CUDNN_STATUS_BAD_PARAM"):
+        g.get_behavior_notes_for_plan_at_index(3)
+
+
+def test_a_backend_note_we_lack_is_a_version_skew_said_so(monkeypatch):
+    monkeypatch.setitem(fakes.FakeBackendGraph.NOTES, 0, ("FUTURE_NOTE",))
+    g = planned(monkeypatch)
+    with pytest.raises(RuntimeError, match="behavior note .*FUTURE_NOTE.* cudnn_pygraph.behavior_note lacks"):
+        g.get_behavior_notes_for_plan_at_index(3)

@@ -131,3 +131,88 @@ class FakeBackend:
 
 __all__ = ["EngineA", "EngineB", "Hopper", "Broken", "analyze", "recommend", "FakeBackend",
            "cudnnGraphNotSupportedError", "data_type"]
+
+
+# ---------------------------------------------------------------- a lowered backend graph
+class FakeBackendGraph:
+    """The frontend's backend_graph, for the classic queries (backend/classic_queries.py):
+    notes per index of ITS plan list (the four FakeBackend entries' cpp_index 0..3), twelve
+    engines (0..11), knob ranges per engine, and the candidate plan a build leaves (the
+    delegating entry's build makes its first plan, cpp 1, the candidate)."""
+
+    NOTES = {0: ("SUPPORTS_CUDA_GRAPH_NATIVE_API",), 1: ("RUNTIME_COMPILATION",), 2: (),
+             3: ("SUPPORTS_CUDA_GRAPH_NATIVE_API",)}
+    KNOBS = {7: [(knob_type.TILE_SIZE, 0, 3, 1)], 9: [(knob_type.SPLIT_K_SLC, 1, 8, 1),
+                                                      (knob_type.STAGES, 2, 6, 2)]}
+    ENGINES = 12
+
+    def __init__(self, retention=None):
+        import threading
+
+        self.candidate = None
+        self.retention = retention
+        self.calls = []
+        self.lock = threading.Lock()
+
+    def get_behavior_notes_for_plan_at_index(self, index):
+        self.calls.append(("notes_at", index))
+        if index not in self.NOTES:
+            raise RuntimeError(f"plan index {index} out of range")
+        return [_BackendMember(n) for n in self.NOTES[index]]
+
+    def get_behavior_notes(self):
+        if self.candidate is None:
+            raise RuntimeError("no candidate plan built")
+        return self.get_behavior_notes_for_plan_at_index(self.candidate)
+
+    def get_engine_count(self):
+        return self.ENGINES
+
+    def get_knobs_for_engine(self, engine_id):
+        self.calls.append(("knobs", engine_id))
+        return [_BackendKnob(_BackendMember(kt.name), lo, hi, step)
+                for kt, lo, hi, step in self.KNOBS.get(engine_id, [])]
+
+    def get_cuda_graph_retention(self):
+        return _BackendMember(self.retention or "PER_GRAPH")
+
+
+@dataclasses.dataclass(frozen=True)
+class _BackendMember:
+    """A frontend enum member: only its name is read (never its value)."""
+
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _BackendKnob:
+    type: _BackendMember
+    min_value: int
+    max_value: int
+    stride: int
+
+
+class FakeLoweringBackend(FakeBackend):
+    """FakeBackend whose planning also lowers: the graph gets a lowered stand-in around a
+    FakeBackendGraph (or one that cannot build its operation graph here, `no_device`),
+    and a build makes the built entry the backend's candidate."""
+
+    def __init__(self, no_device=None, retention=None):
+        self.no_device = no_device
+        self.retention = retention
+
+    def plan_entries(self, graph, modes):
+        import types
+
+        backend = FakeBackendGraph(self.retention)
+        fe = types.SimpleNamespace(errors=(RuntimeError,), frontend_version="stand-in")
+        graph.__dict__["_lowered"] = types.SimpleNamespace(
+            backend=backend, fe=fe, lock=backend.lock, build_operation_graph=lambda: self.no_device)
+        if self.no_device is not None:
+            return [], {m: self.no_device for m in modes}
+        return super().plan_entries(graph, modes)
+
+    def build_plan(self, graph, plan, ctx):
+        backend = graph.__dict__["_lowered"].backend
+        backend.candidate = 1 if plan.cpp_index is None else plan.cpp_index
+        return super().build_plan(graph, plan, ctx)

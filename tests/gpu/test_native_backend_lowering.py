@@ -372,6 +372,37 @@ def test_backend_entries_per_mode_and_the_delegate():
     print("\n" + g.explain())
 
 
+def test_classic_queries_on_backend_entries_are_the_backends_answers():
+    """Our indices, the backend's answers: each entry's notes are the backend's for its
+    cpp_index, each listed engine's knob ranges the backend's, the engine count its count
+    (no python family here), and once built the delegating entry's notes are the plan the
+    backend built for it. Everything comes back in our vocabulary."""
+    g, t = bg.matmul(None)
+    plan_on_backend(g)
+    backend = g._lowered.backend
+    entries = [(i, p) for i, p in enumerate(g.plans) if p.cpp_index is not None]
+    assert entries
+    for i, p in entries:
+        ours = g.get_behavior_notes_for_plan_at_index(i)
+        assert all(type(n) is cudnn.behavior_note for n in ours)
+        theirs = backend.get_behavior_notes_for_plan_at_index(p.cpp_index)
+        assert [n.name for n in ours] == [n.name for n in theirs], (i, p)
+    for eid in sorted({p.engine_id for _, p in entries}):
+        ours = [(k.type.name, k.min_value, k.max_value, k.stride) for k in g.get_knobs_for_engine(eid)]
+        theirs = [(k.type.name, k.min_value, k.max_value, k.stride)
+                  for k in backend.get_knobs_for_engine(eid)]
+        assert ours == theirs, eid
+    assert g.get_engine_count() == backend.get_engine_count() > 0
+    assert g.get_engine_ids() == list(range(backend.get_engine_count()))
+    selected = g.plans[g.selected_plan]
+    assert selected.engine_id == engine_ids.BACKEND_HEURISTIC_ENGINE_ID, g.explain()
+    assert [n.name for n in g.get_behavior_notes()] == [n.name for n in backend.get_behavior_notes()]
+    assert g.get_cuda_graph_retention().name == backend.get_cuda_graph_retention().name
+    assert g.query_tensor_attributes_of_uid(t["A"].uid) is t["A"]
+    print(f"\n[classic queries] {len(entries)} entries, engines {g.get_engine_count()}, "
+          f"selected notes {g.get_behavior_notes()}")
+
+
 # ---------------------------------------------------------------- classic parity calls
 def _driver():
     """The CUDA driver (libcuda.so.1, present wherever a GPU is) for CUDA-graph handles."""

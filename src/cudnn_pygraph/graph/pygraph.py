@@ -408,6 +408,53 @@ class pygraph:  # noqa: N801 — the classic public name
 
         classic_parity.deserialize(self, args, kwargs)
 
+    # classic queries about notes, engines, knobs, tensors and retention
+    # (backend/classic_queries.py says what each answers for python and backend plans)
+    def get_behavior_notes_for_plan_at_index(self, index):
+        """The behavior_note list of plan `index` of OUR list (a python plan: its
+        engine's declared notes)."""
+        from ..backend import classic_queries
+
+        return classic_queries.behavior_notes_at(self, index)
+
+    def get_behavior_notes(self):
+        """The behavior_note list of the selected plan."""
+        from ..backend import classic_queries
+
+        return classic_queries.selected_behavior_notes(self)
+
+    def get_engine_count(self):
+        """The backend's engines for this graph plus the python engines that accepted
+        it (their ids: get_engine_ids())."""
+        from ..backend import classic_queries
+
+        return classic_queries.engine_count(self)
+
+    def get_engine_ids(self):
+        """The engine ids get_engine_count() counts: the backend's 0..n-1, then ours."""
+        from ..backend import classic_queries
+
+        return classic_queries.engine_ids(self)
+
+    def get_knobs_for_engine(self, engine_id):
+        """The engine's tuning axes as KnobRange(type, min_value, max_value, stride,
+        values)."""
+        from ..backend import classic_queries
+
+        return classic_queries.knobs_for_engine(self, engine_id)
+
+    def query_tensor_attributes_of_uid(self, uid):
+        """The graph's Tensor with this uid."""
+        from ..backend import classic_queries
+
+        return classic_queries.tensor_of_uid(self, uid)
+
+    def get_cuda_graph_retention(self):
+        """The cuda_graph_retention in effect for this graph's backend plans."""
+        from ..backend import classic_queries
+
+        return classic_queries.retention(self)
+
     def explain(self):
         """Each candidate's verdict and reason from the last planning, and the backend's
         per-mode outcome."""
