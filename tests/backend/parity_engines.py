@@ -109,3 +109,21 @@ UNEVEN_FAMILY = EngineFamily(
     anchors=("matmul",),
     slots=(EngineSlot(0, "uneven_tiles", __name__, "UnevenTiles"),),
 )
+
+
+def list_plain_only(kind, facts, offered):
+    """A family hook that lists its first engine and the backend, leaving the second
+    (accepted) engine unlisted."""
+    from cudnn_pygraph.planning.heuristics import BACKEND
+
+    return [PlanConfig(offered[0], ()), BACKEND]
+
+
+HOOKED_FAMILY = EngineFamily(
+    "parity_hooked",
+    index=53,
+    anchors=("matmul",),
+    slots=(EngineSlot(0, "plain_small", __name__, "PlainSmall"),
+           EngineSlot(1, "uneven_tiles", __name__, "UnevenTiles")),
+    heuristics=(__name__, "list_plain_only"),
+)

@@ -428,6 +428,14 @@ def test_a_python_engines_knob_values_are_the_ones_its_listed_plans_take(monkeyp
     assert {k[knob_type.TILE_N] for k in listed} == set(n.values)
 
 
+def test_an_accepted_engine_its_hook_left_unlisted_answers_its_default_plans(monkeypatch):
+    g = planned(monkeypatch, (pe.HOOKED_FAMILY,))
+    unlisted = python_engine_id(53, 1)
+    assert unlisted in g.get_engine_ids()
+    assert all(p.engine_id != unlisted for p in g.plans)
+    assert [k.values for k in g.get_knobs_for_engine(unlisted)] == [(32, 64, 128), (64,)]
+
+
 @pytest.mark.parametrize("engine_id, error, message", [
     (12, ValueError, r"engine_id 12 is not an engine of graph 'test_graph': its engines are \[0, 1,"),
     (-1, ValueError, "engine_id -1 is not an engine"),
