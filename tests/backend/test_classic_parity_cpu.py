@@ -9,11 +9,13 @@ import pytest
 from fakes import dispatch_engines as fakes
 
 import cudnn_pygraph as cudnn
-from cudnn_pygraph import behavior_note, heur_mode, numerical_note
+from cudnn_pygraph import behavior_note, cuda_graph_retention, heur_mode, knob_type, numerical_note
 from cudnn_pygraph._types import BackendUnavailableError, GraphStateError
 from cudnn_pygraph.backend import adapter
+from cudnn_pygraph.backend.classic_queries import KnobRange
 from cudnn_pygraph.planning import manifest
 from cudnn_pygraph.planning.device import DeviceProperties
+from cudnn_pygraph.planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, python_engine_id
 from cudnn_pygraph.runtime.variant_pack import MissingOperandError
 
 SM90 = DeviceProperties("sm90", 9, 0, 132, 1 << 20)
@@ -282,9 +284,6 @@ def test_a_bare_int_handle_is_the_backends_and_its_stream_is_read_there(monkeypa
 # FakeLoweringBackend the plan list of gemm_graph() under pe.FAMILY and modes [A, FALLBACK]
 # is: #0 tc_big, #1 plain_small, #2 the delegating entry, #3 eng7 (cpp 0), #4 eng9 (cpp 1),
 # #5 eng3 (cpp 2); FALLBACK's eng7 (cpp 3) is #3's identity, so the ranking lists it once.
-from cudnn_pygraph import cuda_graph_retention, knob_type  # noqa: E402
-from cudnn_pygraph.backend.classic_queries import KnobRange  # noqa: E402
-from cudnn_pygraph.planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, python_engine_id  # noqa: E402
 
 TC_BIG, PLAIN_SMALL = python_engine_id(50, 0), python_engine_id(50, 1)
 TWO_TILES, UNEVEN = python_engine_id(51, 0), python_engine_id(52, 0)
