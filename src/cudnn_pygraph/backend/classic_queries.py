@@ -100,8 +100,9 @@ def behavior_notes_at(graph, index, where=None):
                 "own choice, which names a backend plan only once built: build it first "
                 f"(build_plans() or build_plan_at_index({index}))"
             )
-        # The backend's candidate: the plan it built for the entry, which plan index -1
-        # (what executing the entry passes) runs.
+        # The backend's CANDIDATE plan: the one its build of this entry chose, and what
+        # executing the entry (plan index -1) runs. A later build_plan_at_index of another
+        # backend entry moves the candidate, for this answer and that execution alike.
         notes = _backend_call(graph, where, "get_behavior_notes")
     elif plan.cpp_index is None:
         raise cudnnGraphNotSupportedError(f"{where}: plan #{index} {record.plan_name(index)} "
