@@ -128,8 +128,10 @@ def torch_flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale):
         return make(k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)), " (K/V expanded)"
 
 
-def cudnn_backend(q, k, v, out, causal, scale):
-    """NVIDIA's pygraph with the backend's first heuristic plan, or (None, reason)."""
+def _nvidia_plan(declare):
+    """NVIDIA's own pygraph (nvidia-cudnn-frontend) with the backend's first heuristic plan
+    of [A, FALLBACK]: `declare(cudnn, g)` adds the sdpa node and returns {graph tensor: torch
+    buffer}. Returns (run, "") or (None, reason)."""
     try:
         import cudnn
     except Exception as exc:  # noqa: BLE001
@@ -139,17 +141,13 @@ def cudnn_backend(q, k, v, out, causal, scale):
         g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16,
                           intermediate_data_type=cudnn.data_type.FLOAT,
                           compute_data_type=cudnn.data_type.FLOAT, handle=handle)
-        tq, tk, tv = g.tensor_like(q), g.tensor_like(k), g.tensor_like(v)
-        o, _ = g.sdpa(name="sdpa", q=tq, k=tk, v=tv, generate_stats=False, attn_scale=scale,
-                      use_causal_mask=causal)
-        o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride()))
+        pack = declare(cudnn, g)
         g.validate()
         g.build_operation_graph()
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         g.check_support()
         g.build_plans()
         ws = torch.empty(max(1, g.get_workspace_size()), device=DEV, dtype=torch.uint8)
-        pack = {tq: q, tk: k, tv: v, o: out}
 
         def run():
             g.execute(pack, ws, handle=handle)
@@ -158,6 +156,70 @@ def cudnn_backend(q, k, v, out, causal, scale):
         return run, ""
     except Exception as exc:  # noqa: BLE001
         return None, f"{type(exc).__name__}: {str(exc)[:80]}"
+
+
+def cudnn_backend(q, k, v, out, causal, scale):
+    """Dense BHSD: the backend's first plan, or (None, reason)."""
+    def declare(cudnn, g):
+        tq, tk, tv = g.tensor_like(q), g.tensor_like(k), g.tensor_like(v)
+        o, _ = g.sdpa(name="sdpa", q=tq, k=tk, v=tv, generate_stats=False, attn_scale=scale,
+                      use_causal_mask=causal)
+        o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride()))
+        return {tq: q, tk: k, tv: v, o: out}
+    return _nvidia_plan(declare)
+
+
+def cudnn_backend_thd(q, k, v, out, cu, lens, scale):
+    """THD packed tokens (q [T, Hq, D], k/v [T, Hkv, D], equal q and kv lengths, causal), as
+    FlashInfer declares it to cuDNN: [b, h, s_max, d] views with element ragged offsets and
+    per-sequence lengths under a padding mask."""
+    b, s_max = len(lens), max(lens)
+    (hq, d), hkv = q.shape[1:], k.shape[1]
+    off_q = (cu * hq * d).reshape(b + 1, 1, 1, 1)
+    off_kv = (cu * hkv * d).reshape(b + 1, 1, 1, 1)
+    seq = (cu[1:] - cu[:-1]).reshape(b, 1, 1, 1)
+
+    def declare(cudnn, g):
+        c_oq, c_okv, c_oo = (g.tensor_like(t) for t in (off_q, off_kv, off_q))
+        c_sq, c_skv = g.tensor_like(seq), g.tensor_like(seq)
+        tq = g.tensor(dim=[b, hq, s_max, d], stride=[s_max * hq * d, d, hq * d, 1],
+                      data_type=cudnn.data_type.BFLOAT16)
+        tq.set_ragged_offset(c_oq)
+        kv = []
+        for _ in range(2):
+            t = g.tensor(dim=[b, hkv, s_max, d], stride=[s_max * hkv * d, d, hkv * d, 1],
+                         data_type=cudnn.data_type.BFLOAT16)
+            kv.append(t.set_ragged_offset(c_okv))
+        o, _ = g.sdpa(name="sdpa", q=tq, k=kv[0], v=kv[1], generate_stats=False,
+                      attn_scale=scale, use_causal_mask=True, use_padding_mask=True,
+                      seq_len_q=c_sq, seq_len_kv=c_skv)
+        o.set_output(True).set_dim([b, hq, s_max, d]).set_stride([s_max * hq * d, d, hq * d, 1])
+        o.set_ragged_offset(c_oo)
+        return {tq: q, kv[0]: k, kv[1]: v, o: out, c_oq: off_q, c_okv: off_kv, c_oo: off_q,
+                c_sq: seq, c_skv: seq}
+    return _nvidia_plan(declare)
+
+
+def cudnn_backend_paged_decode(q, kc, vc, table, seq, out, page, scale):
+    """Paged decode (q [b, Hq, 1, d]; caches [pages, page, Hkv, d] token-major within a page,
+    declared to cuDNN as [pages, Hkv, page, d] by strides; table [b, max_pages])."""
+    b, max_pages = table.shape
+    table4, seq4 = table.reshape(b, 1, max_pages, 1), seq.reshape(b, 1, 1, 1)
+    ones = torch.ones_like(seq4)  # one query per request (NVIDIA's validator wants seq_len_q)
+    kd, vd = kc.permute(0, 2, 1, 3), vc.permute(0, 2, 1, 3)
+
+    def declare(cudnn, g):
+        tq, tk, tv = g.tensor_like(q), g.tensor_like(kd), g.tensor_like(vd)
+        t_tk, t_tv = g.tensor_like(table4), g.tensor_like(table4)
+        t_sq, t_skv = g.tensor_like(ones), g.tensor_like(seq4)
+        o, _ = g.sdpa(name="sdpa", q=tq, k=tk, v=tv, generate_stats=False, attn_scale=scale,
+                      use_padding_mask=True, seq_len_q=t_sq, seq_len_kv=t_skv,
+                      paged_attention_k_table=t_tk, paged_attention_v_table=t_tv,
+                      paged_attention_max_seq_len_kv=max_pages * page)
+        o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride()))
+        return {tq: q, tk: kd, tv: vd, t_tk: table4, t_tv: table4, t_sq: ones, t_skv: seq4,
+                o: out}
+    return _nvidia_plan(declare)
 
 
 # ---------------------------------------------------------------- rows
@@ -289,9 +351,12 @@ def thd_row(candidates, budget_s, reps=10):
         return run
 
     t_ms, why = time_or_none(varlen, reps)
+    run_b, b_why = cudnn_backend_thd(q, k, v, torch.empty_like(q), cu, lens, scale)
+    b_ms = median_ms(run_b, reps) if run_b else None
     best = min(results, key=results.get) if results else None
-    ROWS.append((shape, best, results.get(best), results.get(first), t_ms, None, flops, "prefill",
-                 f"torch: aten varlen flash{varlen_note[0]} {why}; backend not run"))
+    ROWS.append((shape, best, results.get(best), results.get(first), t_ms, b_ms, flops, "prefill",
+                 f"torch: aten varlen flash{varlen_note[0]} {why}"
+                 + (f"; backend: {b_why}" if b_why else "")))
 
 
 def decode_row(page, candidates, budget_s, reps=20):
@@ -330,11 +395,14 @@ def decode_row(page, candidates, budget_s, reps=20):
     first = recommend_decode(head_dim=d, page_size=page, batch=b, heads_kv=hkv)[0]
     results = try_configs(shape, dedup([first] + candidates), launch, check, reps, budget_s)
     t_ms, why = time_or_none(lambda: torch_flash(q, kd, vd, False, scale), reps)
+    run_b, b_why = cudnn_backend_paged_decode(q, kc, vc, table, seq, torch.empty_like(q), page,
+                                              scale)
+    b_ms = median_ms(run_b, reps) if run_b else None
     kv_bytes = 2 * b * L * hkv * d * kd.element_size()
     best = min(results, key=results.get) if results else None
-    ROWS.append((shape, best, results.get(best), results.get(first), t_ms, None, kv_bytes,
-                 "decode",
-                 f"torch: flash on a dense copy {why}; backend not run (brief: 250 us, page 64)"))
+    ROWS.append((shape, best, results.get(best), results.get(first), t_ms, b_ms, kv_bytes,
+                 "decode", f"torch: flash on a dense copy {why}"
+                 + (f"; backend: {b_why}" if b_why else "")))
 
 
 # ---------------------------------------------------------------- report
