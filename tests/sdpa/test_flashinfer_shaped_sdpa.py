@@ -4,11 +4,12 @@ declarations, THD queries with element ragged offsets, paged K/V caches addresse
 [b, 1, max_pages, 1] block tables, [b, 1, 1, 1] sequence lengths, [b, h, s, 1] Stats with
 token-major strides bound to flat fp32 buffers) are re-declared here shape for shape.
 
-A python engine that declines at check_support is an xfail carrying its reason (the
-backend serves that graph). An engine that accepts must build and execute on exactly those
-buffers and match a float64 reference: a refusal after acceptance fails. This is the gate
-that turned the SDPA engines on by default (they were opt-in before it passed). Runs on the GPU when there is one
-(bf16), else under the Triton interpreter (fp16, small sizes).
+Our engines must accept every graph here, build and execute on exactly those buffers and
+match a float64 reference. While the engines were opt-in a decline at check_support was an
+xfail carrying its reason; the gate passed (CPU and H200, 2026-11-29), the engines are now
+offered by default, so a decline is a regression and FAILS with the engine's reason, as does
+a refusal after acceptance. Runs on the GPU when there is one (bf16), else under the Triton
+interpreter (fp16, small sizes).
 """
 
 from __future__ import annotations
@@ -48,15 +49,15 @@ def _gather(cache, table_row, n, page):
 
 
 def _plan_ours(g):
-    """Plan with OPENSOURCE (our candidates first), pin our first plan, build it; or
-    xfail with the engine's reason when no python engine accepts."""
+    """Plan with OPENSOURCE (our candidates first), pin our first plan, build it; fail
+    with the engines' reasons when no python engine accepts."""
     try:
         g.create_execution_plans([cudnn.heur_mode.OPENSOURCE])
     except cudnn.cudnnGraphNotSupportedError as exc:  # nothing here accepts it
-        pytest.xfail(f"declined at check_support: {exc}")
+        pytest.fail(f"declined at check_support: {exc}")
     ours = [i for i, p in enumerate(g.plans) if not engine_ids.is_backend_id(p.engine_id)]
     if not ours:
-        pytest.xfail("declined at check_support: " + g.explain().replace("\n", " | "))
+        pytest.fail("declined at check_support: " + g.explain().replace("\n", " | "))
     g.select_plan(ours[0])
     g.build_plans()  # pinned: a refusal after acceptance raises here and fails the test
     return g.get_plan_name_at_index(ours[0])
