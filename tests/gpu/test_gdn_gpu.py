@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "linear_attention"))
 
 from reference import gdn_reference_batched
+from test_gdn_kernels import run_backward, run_forward  # the CPU suite's calls, in bf16 here
 
 from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
 
@@ -83,56 +84,6 @@ def make_inputs(seqlens, heads, dim, *, attrs, has_a_log=False, has_dt_bias=Fals
     }
     cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], device=dev, dtype=torch.int32)
     return x, cu
-
-
-def run_forward(x, cu, scale, attrs):
-    total, n_out = x["g"].shape
-    o = torch.full((total, n_out, x["v"].shape[2]), float("nan"), device="cuda", dtype=x["q"].dtype)
-    final = torch.full_like(x["initial_state"], float("nan"))
-    gdn_mod.gdn_forward(
-        x["q"],
-        x["k"],
-        x["v"],
-        x["g"],
-        x["beta"],
-        cu,
-        scale=scale,
-        o=o,
-        initial_state=x["initial_state"],
-        final_state=final,
-        a_log=x["a_log"],
-        dt_bias=x["dt_bias"],
-        **attrs,
-    )
-    return o, final
-
-
-def run_backward(x, cu, scale, attrs, d_o, d_final):
-    grads = {n: torch.full_like(t, float("nan")) for n, t in x.items() if t is not None}
-    gdn_mod.gdn_backward(
-        x["q"],
-        x["k"],
-        x["v"],
-        x["g"],
-        x["beta"],
-        cu,
-        d_o.to(x["q"].dtype),
-        scale=scale,
-        dq=grads["q"],
-        dk=grads["k"],
-        dv=grads["v"],
-        dg=grads["g"],
-        dbeta=grads["beta"],
-        initial_state=x["initial_state"],
-        d_final_state=d_final,
-        d_initial_state=grads["initial_state"],
-        d_a_log=grads.get("a_log"),
-        d_dt_bias=grads.get("dt_bias"),
-        a_log=x["a_log"],
-        dt_bias=x["dt_bias"],
-        **attrs,
-    )
-    return grads
 
 
 def check(errors):

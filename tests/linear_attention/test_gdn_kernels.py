@@ -129,56 +129,43 @@ def reference_with_grads(x, cu, scale, attrs, d_o, d_final):
     return o.detach(), final.detach(), {n: t.grad for n, t in leaves.items()}
 
 
-def run_kernels(x, cu, scale, attrs, d_o, d_final, *, checkpoints=None, workspace=None):
-    """Our forward and backward on the same inputs, outputs poisoned before the calls."""
+def run_forward(x, cu, scale, attrs, *, checkpoints=None, workspace=None):
+    """Our forward, outputs poisoned before the call: (o, final) with final at the initial
+    state's dtype (fp32 without one). tests/gpu/test_gdn_gpu.py runs the same calls."""
     n_seqs = cu.numel() - 1
     total_t, _, dim_k = x["q"].shape
     n_out = x["g"].shape[1]
     dim_v = x["v"].shape[2]
+    init = x["initial_state"]
     o = nan_like(x["q"].new_empty(total_t, n_out, dim_v))
-    final = torch.full((n_seqs, n_out, dim_v, dim_k), float("nan"), device=DEVICE)
+    final = torch.full((n_seqs, n_out, dim_v, dim_k), float("nan"), device=x["q"].device,
+                       dtype=init.dtype if init is not None else torch.float32)
     gdn_forward(
-        x["q"],
-        x["k"],
-        x["v"],
-        x["g"],
-        x["beta"],
-        cu,
-        scale=scale,
-        o=o,
-        initial_state=x["initial_state"],
-        final_state=final,
-        a_log=x["a_log"],
-        dt_bias=x["dt_bias"],
-        checkpoints=checkpoints,
-        workspace=workspace,
-        **attrs,
-    )
+        x["q"], x["k"], x["v"], x["g"], x["beta"], cu,
+        scale=scale, o=o, initial_state=init, final_state=final, a_log=x["a_log"],
+        dt_bias=x["dt_bias"], checkpoints=checkpoints, workspace=workspace, **attrs,
+    )  # fmt: skip
+    return o, final
+
+
+def run_backward(x, cu, scale, attrs, d_o, d_final, *, checkpoints=None):
+    """Our backward, every gradient poisoned before the call: {input name: gradient}."""
     grads = {n: nan_like(t) for n, t in x.items() if t is not None}
     gdn_backward(
-        x["q"],
-        x["k"],
-        x["v"],
-        x["g"],
-        x["beta"],
-        cu,
-        d_o.to(x["q"].dtype),
-        scale=scale,
-        dq=grads["q"],
-        dk=grads["k"],
-        dv=grads["v"],
-        dg=grads["g"],
-        dbeta=grads["beta"],
-        initial_state=x["initial_state"],
-        d_final_state=d_final,
-        d_initial_state=grads.get("initial_state"),
-        d_a_log=grads.get("a_log"),
-        d_dt_bias=grads.get("dt_bias"),
-        a_log=x["a_log"],
-        dt_bias=x["dt_bias"],
-        checkpoints=checkpoints,
-        **attrs,
-    )
+        x["q"], x["k"], x["v"], x["g"], x["beta"], cu, d_o.to(x["q"].dtype),
+        scale=scale, dq=grads["q"], dk=grads["k"], dv=grads["v"], dg=grads["g"],
+        dbeta=grads["beta"], initial_state=x["initial_state"], d_final_state=d_final,
+        d_initial_state=grads.get("initial_state"), d_a_log=grads.get("a_log"),
+        d_dt_bias=grads.get("dt_bias"), a_log=x["a_log"], dt_bias=x["dt_bias"],
+        checkpoints=checkpoints, **attrs,
+    )  # fmt: skip
+    return grads
+
+
+def run_kernels(x, cu, scale, attrs, d_o, d_final, *, checkpoints=None, workspace=None):
+    """Our forward and backward on the same inputs, outputs poisoned before the calls."""
+    o, final = run_forward(x, cu, scale, attrs, checkpoints=checkpoints, workspace=workspace)
+    grads = run_backward(x, cu, scale, attrs, d_o, d_final, checkpoints=checkpoints)
     return o, final, grads
 
 
