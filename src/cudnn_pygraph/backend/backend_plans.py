@@ -24,18 +24,12 @@ from ..planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, is_backend_id
 from ..runtime.execute import through_graph
 from ..runtime.variant_pack import RawExecutor, workspace_address
 from . import classic_parity
-from .lowering import backend_enum, backend_error, frontend, lowered
+from .lowering import backend_enum, backend_error, frontend, lowered, our_enum
 
 LABEL = "cudnn_backend"
 
 
 # ---------------------------------------------------------------- knobs
-def _our_knob(theirs):
-    # Our vocabulary mirrors the backend band 0..32 value for value
-    # (tests/test_backend_surface.py holds it), so every backend knob has our name.
-    return knob_type(int(theirs.value))
-
-
 def _their_knobs(fe, knobs):
     out = {}
     for k, v in dict(knobs).items():
@@ -92,7 +86,7 @@ def _entry_at(lg, index, mode):
             f"the backend reported engine id {engine_id} at index {index}, outside the backend "
             "id range of planning/engine_ids.py"
         )
-    public = frozenset((_our_knob(k), int(v)) for k, v in knobs.items())
+    public = frozenset((our_enum(knob_type, k, "knob type"), int(v)) for k, v in knobs.items())
     return PlanConfig(int(engine_id), public, mode, index)
 
 

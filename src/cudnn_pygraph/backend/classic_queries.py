@@ -42,6 +42,7 @@ from .._types import (
     knob_type,
 )
 from ..planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, is_backend_id
+from .lowering import our_enum
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,16 +56,6 @@ class KnobRange:
     max_value: int
     stride: int
     values: tuple | None = None
-
-
-def _ours(enum, member, what):
-    """The backend's enum `member` as ours, by name (tests/test_backend_surface.py holds
-    the vocabularies equal; a gap is a version skew, said so)."""
-    try:
-        return enum[member.name]
-    except (AttributeError, KeyError):
-        raise RuntimeError(f"the backend reported {what} {member!r}, which "
-                           f"cudnn_pygraph.{enum.__name__} lacks") from None
 
 
 def _backend_call(graph, where, method, *args):
@@ -109,7 +100,7 @@ def behavior_notes_at(graph, index, where=None):
                                           "has no position in the backend's plan list")
     else:
         notes = _backend_call(graph, where, "get_behavior_notes_for_plan_at_index", plan.cpp_index)
-    return [_ours(behavior_note, n, "behavior note") for n in notes]
+    return [our_enum(behavior_note, n, "behavior note") for n in notes]
 
 
 def selected_behavior_notes(graph):
@@ -156,7 +147,7 @@ def knobs_for_engine(graph, engine_id):
     if is_backend_id(engine_id) and (engine_id in listed
                                      or engine_id < _backend_engine_count(graph, where)):
         knobs = _backend_call(graph, where, "get_knobs_for_engine", engine_id)
-        return [KnobRange(_ours(knob_type, k.type, "knob type"), int(k.min_value),
+        return [KnobRange(our_enum(knob_type, k.type, "knob type"), int(k.min_value),
                           int(k.max_value), int(k.stride)) for k in knobs]
     raise ValueError(f"{where}: engine_id {engine_id} is not an engine of graph '{graph.name}': "
                      f"its engines are {engine_ids(graph)} (get_engine_ids())")
@@ -208,7 +199,7 @@ def retention(graph):
                              f"{given!r} is not a cuda_graph_retention") from None
     if graph.__dict__.get("_lowered") is not None:
         got = _backend_call(graph, "get_cuda_graph_retention()", "get_cuda_graph_retention")
-        return _ours(cuda_graph_retention, got, "cuda_graph_retention")
+        return our_enum(cuda_graph_retention, got, "cuda_graph_retention")
     # The frontend's rule, measured on 1.32.0: "none" in any case (unstripped) -> NONE,
     # anything else -> PER_GRAPH. It reads the variable once per process; this reads it now.
     if os.environ.get(RETENTION_ENV, "").lower() == "none":

@@ -115,6 +115,17 @@ def backend_enum(fe, value):
         ) from None
 
 
+def our_enum(enum, member, what):
+    """The backend's enum `member` as ours (`enum`), by name: backend_enum's inverse
+    (tests/test_backend_surface.py holds the vocabularies equal; a gap is a version skew,
+    said so)."""
+    try:
+        return enum[member.name]
+    except (AttributeError, KeyError):
+        raise RuntimeError(f"the backend reported {what} {member!r}, which "
+                           f"cudnn_pygraph.{enum.__name__} lacks") from None
+
+
 def backend_error(exc, where):
     """A backend exception as ours: the environment's, or the classic graph error."""
     text = str(exc) or type(exc).__name__
