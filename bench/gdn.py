@@ -2,7 +2,9 @@
 chunk_gated_delta_rule, side by side in one run (H200; bf16, H=HV=16, K=V=128, l2norm on).
 
 Checks correctness first (our O and final state against fla's, and our gradients finite),
-then times with CUDA events (median of REPS) and prints a Markdown table.
+then times with CUDA events (median of REPS; each call queued behind a GPU sleep so that
+the events time the kernels, not the host's launches: bench/timing.py) and prints a
+Markdown table.
 
   PYTHONPATH=src python bench/gdn.py            # needs fla-core 0.6.0 importable
   PYTHONPATH=src python bench/gdn.py --no-fla --profile --only "(a)"
@@ -27,6 +29,7 @@ import statistics
 import sys
 
 import torch
+from timing import device_ms
 
 from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
@@ -69,17 +72,7 @@ def make_inputs(seqlens, with_state):
 
 
 def median_ms(fn):
-    for _ in range(WARMUP):
-        fn()
-    times = []
-    for _ in range(REPS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return device_ms(fn, reps=REPS, warmup=WARMUP)
 
 
 class Ours:

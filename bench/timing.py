@@ -1,0 +1,37 @@
+"""Kernel time by CUDA events, with the host's launch time kept out of the figure.
+
+Each repetition first queues a GPU sleep long enough for the host to enqueue the whole call
+behind it, so the start event fires with the call's kernels already queued and the pair of
+events measures the device alone. Without it, a call whose host side is slower than its
+kernels (fla's forward: ~8 Triton launches through the JIT, ~50 us each on the H200's host)
+is timed as host latency: bench/gdn.py's runs 1-6 timed fla's forward of row (a) at
+2.1-2.4 ms that way, against the 0.924 ms BRIEF.md records for the same shape.
+A call that synchronizes with the host inside (a .item(), a .tolist()) still waits out the
+sleep and is then timed with its host latency; such a call is named in the table's notes.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+# ~5 ms at the H200's 1.98 GHz: more than any measured host enqueue of one call.
+SLEEP_CYCLES = 10_000_000
+
+
+def device_ms(fn, reps: int = 20, warmup: int = 3) -> float:
+    """Median over `reps` of one call's device time in ms (see the module docstring)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    pairs = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(SLEEP_CYCLES)
+        start.record()
+        fn()
+        end.record()
+        pairs.append((start, end))
+        torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs)
