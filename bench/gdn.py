@@ -250,13 +250,16 @@ def sweep_configs(only, entries=None):
 def host_time(only):
     """Host microseconds per forward call with a drained queue (synchronize before each
     call, perf_counter around the call alone), median of REPS_HOST: the torch op
-    (gated_delta_net: graph cache, execute, workspace), our launcher (gdn_forward with a
-    given workspace), and the bare launch sequence of the same kernels (each recorded
-    launch replayed with its recorded arguments: Triton's launch path alone)."""
+    (gated_delta_net: graph cache, then the plan's replay of its recorded launches), our
+    launcher (gdn_forward with a given workspace: validation, carving, Triton's JIT per
+    launch), the same kernels launched bare through the JIT (each recorded launch replayed
+    with its recorded arguments), and launched raw (runtime/launch_replay.py over this
+    call's buffers: Triton's C launcher alone, the floor)."""
     import time
 
-    from cudnn_pygraph.engines.linear_attention.kernels import gdn
+    from cudnn_pygraph.engines.linear_attention.kernels import chunk_index, gdn
     from cudnn_pygraph.linear_attention.ops import gated_delta_net
+    from cudnn_pygraph.runtime.launch_replay import build_replay, record_launches
 
     name, seqlens = next((n, s) for n, s in shapes().items() if not only or only in n)
     x, cu, init = make_inputs(seqlens, with_state=False)
@@ -281,8 +284,6 @@ def host_time(only):
 
             return launch
 
-    from cudnn_pygraph.engines.linear_attention.kernels import chunk_index
-
     patched = {}
     for mod in (gdn, chunk_index):
         for attr in dir(mod):
@@ -298,6 +299,18 @@ def host_time(only):
         for kernel, grid, args, kwargs in recorded:
             kernel[grid](*args, **kwargs)
 
+    with record_launches() as record:
+        ours.forward()
+    roots = [(n, t) for n, t in x.items()] + [("cu", cu), ("o", ours.o), ("ws", ours.ws)]
+    replay, reason = build_replay(record, roots, "bench")
+    if replay is None:
+        raise SystemExit(f"not replayable: {reason}")
+    ptrs = tuple(t.data_ptr() for _, t in roots)
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def raw():
+        replay(ptrs, stream)
+
     def host_us(fn):
         for _ in range(WARMUP):
             fn()
@@ -310,11 +323,19 @@ def host_time(only):
         torch.cuda.synchronize()
         return statistics.median(times) * 1e6
 
-    op_us, launcher_us, bare_us = host_us(op), host_us(ours.forward), host_us(bare)
+    o_launcher = ours.o.clone()
+    ours.o.fill_(float("nan"))
+    raw()
+    torch.cuda.synchronize()
+    assert torch.equal(ours.o, o_launcher), "raw replay differs from the launcher"
+    op_us, launcher_us = host_us(op), host_us(ours.forward)
+    bare_us, raw_us = host_us(bare), host_us(raw)
     print(f"{name}: host us per forward call (drained queue), {len(recorded)} launches")
-    print("| torch op | launcher (gdn_forward) | bare launches | op / bare |")
-    print("|---|---|---|---|")
-    print(f"| {op_us:.1f} | {launcher_us:.1f} | {bare_us:.1f} | {op_us / bare_us:.2f}x |")
+    print("| torch op | launcher (gdn_forward) | bare JIT launches | raw launches (replay) "
+          "| op / bare JIT | op / raw |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    print(f"| {op_us:.1f} | {launcher_us:.1f} | {bare_us:.1f} | {raw_us:.1f} | "
+          f"{op_us / bare_us:.2f}x | {op_us / raw_us:.2f}x |")
 
 
 def quick_fla_autotune():

@@ -1,0 +1,173 @@
+"""Recorded-launch replay (runtime/launch_replay.py) of the gdn plans on the GPU: after the
+first call a plan replays its launches as raw launches; the replay must give exactly what
+the launcher gives, fall back to the launcher when its guard fails, and capture into a
+CUDA graph. Run: PYTHONPATH=src:tests python -m pytest tests/gpu/test_launch_replay_gpu.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+import cudnn_pygraph as cudnn  # noqa: E402
+from cudnn_pygraph import data_type as dt  # noqa: E402
+from cudnn_pygraph.linear_attention import ops  # noqa: E402
+
+DEV = "cuda"
+H, K, V = 4, 128, 128
+SEQLENS = (300, 513, 1, 129)
+
+
+def op_inputs(seed, requires_grad=False):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    total = sum(SEQLENS)
+
+    def r(*shape, scale=1.0):
+        return scale * torch.randn(*shape, generator=gen, device=DEV)
+
+    x = {
+        "q": r(1, total, H, K).bfloat16(),
+        "k": r(1, total, H, K).bfloat16(),
+        "v": r(1, total, H, V).bfloat16(),
+        "g": torch.nn.functional.logsigmoid(r(1, total, H)).bfloat16(),
+        "beta": torch.rand(1, total, H, generator=gen, device=DEV).bfloat16(),
+        "initial_state": r(len(SEQLENS), H, K, V, scale=0.1),
+    }
+    if requires_grad:
+        x = {n: t.requires_grad_() for n, t in x.items()}
+    return x
+
+
+
+def cu_seqlens():
+    return torch.tensor([0, *torch.tensor(SEQLENS).cumsum(0).tolist()], dtype=torch.int32,
+                        device=DEV)
+
+
+def run_op(x, cu):
+    return ops.gated_delta_net(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+        output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+
+
+def gdn_plans():
+    """The op's built gdn / gdn_bwd plans (selected ones), by kind."""
+    plans = {}
+    for built in ops._GRAPHS.values():
+        record = built.graph._require_planning()
+        plan = record.built[record.plans[record.selected].identity]
+        plans["gdn_bwd" if plan.backward else "gdn"] = plan
+    return plans
+
+
+def launcher_only(plan):
+    """Context: the plan runs its launcher (the replay set aside) for a comparison."""
+
+    class Ctx:
+        def __enter__(self):
+            self.saved, plan._replay = plan._replay, None
+
+        def __exit__(self, *exc):
+            plan._replay = self.saved
+
+    return Ctx()
+
+
+def test_op_forward_and_backward_replay_equals_the_launcher_bitwise():
+    ops._GRAPHS.clear()
+    cu = cu_seqlens()
+    x = op_inputs(0, requires_grad=True)
+    o, ht = run_op(x, cu)  # the first call records
+    (o.float().sum() + ht.sum()).backward()
+    plans = gdn_plans()
+    for kind in ("gdn", "gdn_bwd"):
+        assert plans[kind].replay_refused is None, (kind, plans[kind].replay_refused)
+        assert plans[kind]._replay is not None, kind
+
+    # The replay path must not touch the launcher at all.
+    def refuse(*args, **kwargs):
+        raise AssertionError("the launcher ran: the replay was not taken")
+
+    fresh = op_inputs(1, requires_grad=True)
+    for plan in plans.values():
+        plan._launch = refuse
+    try:
+        o2, ht2 = run_op(fresh, cu)
+        grads = torch.autograd.grad(o2.float().sum() + ht2.sum(), list(fresh.values()))
+    finally:
+        for plan in plans.values():
+            del plan._launch  # the class's method again
+    with launcher_only(plans["gdn"]), launcher_only(plans["gdn_bwd"]):
+        o3, ht3 = run_op(fresh, cu)
+        grads3 = torch.autograd.grad(o3.float().sum() + ht3.sum(), list(fresh.values()))
+    assert torch.isfinite(o2.float()).all()
+    assert torch.equal(o2, o3) and torch.equal(ht2, ht3)
+    for name, a, b in zip(fresh, grads, grads3):
+        assert torch.equal(a, b), name
+
+
+def _forward_graph(x, cu):
+    g = cudnn.pygraph(name="gdn", io_data_type=dt.BFLOAT16)
+    flat = {n: t.detach()[0] if t.dim() == 4 and n != "initial_state" else t.detach()
+            for n, t in x.items()}
+    flat["initial_state"] = flat["initial_state"].transpose(-1, -2).contiguous()  # V-major
+    flat["cu_seqlens"] = cu
+    kinds = {torch.bfloat16: dt.BFLOAT16, torch.float32: dt.FLOAT, torch.int32: dt.INT32}
+    t = {n: g.tensor(list(b.shape), list(b.stride()), data_type=kinds[b.dtype], name=n)
+         for n, b in flat.items()}
+    o, final, _ = g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
+                        initial_state=t["initial_state"], output_final_state=True,
+                        use_qk_l2norm=True)  # fmt: skip
+    o.set_output(True)
+    final.set_output(True)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    g.build_plans()
+    return g, t, flat, o, final
+
+
+def test_graph_execute_replays_and_a_misaligned_workspace_takes_the_launcher():
+    cu = cu_seqlens()
+    g, t, flat, o, final = _forward_graph(op_inputs(2), cu)
+    record = g._require_planning()
+    plan = record.built[record.plans[record.selected].identity]
+    size = g.get_workspace_size()
+    arena = torch.empty(size + 64, dtype=torch.uint8, device=DEV)
+    outs = {}
+    for label, ws in (("record", arena[:size]), ("replay", arena[:size]),
+                      ("misaligned", arena[8:8 + size])):  # fmt: skip
+        o_buf = torch.full((sum(SEQLENS), H, V), float("nan"), dtype=torch.bfloat16, device=DEV)
+        f_buf = torch.full((len(SEQLENS), H, V, K), float("nan"), device=DEV)
+        g.execute({**{t[n]: b for n, b in flat.items()}, o: o_buf, final: f_buf}, ws)
+        torch.cuda.synchronize()
+        outs[label] = (o_buf, f_buf)
+        if label == "record":
+            assert plan.replay_refused is None and plan._replay is not None
+            assert plan._replay((*[0] * (len(plan._replay.names) - 1), 8), 0) is False
+    for label in ("replay", "misaligned"):
+        assert torch.equal(outs[label][0], outs["record"][0]), label
+        assert torch.equal(outs[label][1], outs["record"][1]), label
+
+
+def test_op_replay_captures_into_a_cuda_graph():
+    ops._GRAPHS.clear()
+    cu = cu_seqlens()
+    static = op_inputs(3)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run_op(static, cu)  # records (and builds the per-stream workspace)
+        run_op(static, cu)  # replays
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        o, ht = run_op(static, cu)
+    fresh = op_inputs(4)
+    for name, tensor in static.items():
+        tensor.copy_(fresh[name])
+    graph.replay()
+    torch.cuda.synchronize()
+    o_eager, ht_eager = run_op(fresh, cu)
+    assert torch.equal(o, o_eager) and torch.equal(ht, ht_eager)
