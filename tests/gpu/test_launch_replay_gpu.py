@@ -111,8 +111,7 @@ def test_op_forward_and_backward_replay_equals_the_launcher_bitwise():
 
 def _forward_graph(x, cu):
     g = cudnn.pygraph(name="gdn", io_data_type=dt.BFLOAT16)
-    flat = {n: t.detach()[0] if t.dim() == 4 and n != "initial_state" else t.detach()
-            for n, t in x.items()}
+    flat = {n: t.detach() if n == "initial_state" else t.detach()[0] for n, t in x.items()}
     flat["initial_state"] = flat["initial_state"].transpose(-1, -2).contiguous()  # V-major
     flat["cu_seqlens"] = cu
     kinds = {torch.bfloat16: dt.BFLOAT16, torch.float32: dt.FLOAT, torch.int32: dt.INT32}
