@@ -89,3 +89,31 @@ def test_bad_arguments_are_named_before_any_launch(kwargs, match):
     q, k, v, g, beta, cu, _ = inputs()
     with pytest.raises(ValueError, match=match):
         ops.gated_delta_net(q, k, v, g, beta, cu_seqlens=cu, **kwargs)
+
+
+def test_plain_eager_calls_skip_the_dispatcher_with_the_same_answer(monkeypatch):
+    q, k, v, g, beta, cu, h0 = inputs()
+    direct = []
+    impl = ops._gdn_fwd_impl
+    monkeypatch.setattr(ops, "_gdn_fwd_impl", lambda *a: direct.append(1) or impl(*a))
+    o1, ht1 = ops.gated_delta_net(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                  cu_seqlens=cu)
+    assert direct == [1]  # plain tensors, nothing to record: the implementation, directly
+    monkeypatch.setattr(ops, "_eager", lambda *tensors: False)
+    o2, ht2 = ops.gated_delta_net(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                  cu_seqlens=cu)
+    assert direct == [1]  # through torch.library this time
+    assert torch.equal(o1, o2) and torch.equal(ht1, ht2)
+
+
+def test_autograd_and_modes_keep_the_registered_op():
+    q = torch.randn(1, 4, 2, 64)
+    assert ops._eager(q)
+    leaf = q.clone().requires_grad_(True)
+    assert not ops._eager(leaf)  # autograd records through the registered op
+    with torch.no_grad():
+        assert ops._eager(leaf)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert not ops._eager(torch.empty(2))
