@@ -197,7 +197,8 @@ def _gdn_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
                    gate_domain, batch_invariant)
     attrs["output_final_state"] = output_final_state
     h0, ht_v = _state_view(initial_state), _state_view(ht) if output_final_state else None
-    tensors = (q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias, o, ht_v)
+    # o and ht are made here from the inputs' shapes and dtypes: the inputs key the graph.
+    tensors = (q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias)
     built = _cached("fwd", tensors, attrs, lambda: _build_fwd(
         q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias, None, o, ht_v, attrs))
     built.run(dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=h0,
@@ -311,7 +312,8 @@ def gated_delta_net(q, k, v, g, beta, scale=None, initial_state=None, output_fin
         raise ValueError("allow_neg_eigval requires use_beta_sigmoid=True")
     if (a_log is not None or dt_bias is not None) and not safe_gate:
         raise ValueError("a_log / dt_bias are only read under safe_gate=True")
-    flat = lambda t: t.reshape(B * T, *t.shape[2:])  # noqa: E731
+    # [B, T, ...] -> [B * T, ...] (t[0] when B == 1: the cheapest view, ~0.7 us less a call)
+    flat = (lambda t: t[0]) if B == 1 else (lambda t: t.reshape(B * T, *t.shape[2:]))  # noqa: E731
     if initial_state is not None and initial_state.dtype not in (torch.float32, torch.bfloat16):
         initial_state = initial_state.float()
     f32 = lambda t: None if t is None else t.float()  # noqa: E731
@@ -323,7 +325,8 @@ def gated_delta_net(q, k, v, g, beta, scale=None, initial_state=None, output_fin
                 a_log, dt_bias, scale, bool(output_final_state), bool(use_qk_l2norm_in_kernel),
                 bool(use_beta_sigmoid), bool(allow_neg_eigval), bool(safe_gate),
                 str(gate_domain), bool(batch_invariant))
-    return o.reshape(B, T, *o.shape[1:]), (ht if output_final_state else None)
+    o = o.unsqueeze(0) if B == 1 else o.reshape(B, T, *o.shape[1:])
+    return o, (ht if output_final_state else None)
 
 
 
@@ -340,7 +343,7 @@ def _gdn_fwd_overwrite_state_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
                    gate_domain, batch_invariant)
     attrs.update(output_final_state=True, overwrite_initial_state=True)
     pool = _state_view(state)
-    tensors = (q, k, v, g, beta, cu_seqlens, pool, a_log, dt_bias, state_indices, o)
+    tensors = (q, k, v, g, beta, cu_seqlens, pool, a_log, dt_bias, state_indices)  # o: made here
     built = _cached("fwd_overwrite", tensors, attrs, lambda: _build_fwd(
         q, k, v, g, beta, cu_seqlens, pool, a_log, dt_bias, state_indices, o, pool, attrs))
     built.run(dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=pool,
