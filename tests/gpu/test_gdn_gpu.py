@@ -124,7 +124,7 @@ CONFIG_VARIANTS = {
     "bv128-w8": {
         "output_fwd": {"BV": 128, "num_warps": 8},
         "dv_local": {"BV": 128, "num_warps": 8},
-        "state_bwd": {"BV": 128, "num_warps": 8},
+        "state_bwd": {"BV": 128, "num_warps": 8, "num_stages": 2},  # 3 stages: 262 KB smem
         "dqk": {"BV": 128, "num_warps": 8},
     },
     # The WY forward pair (wy_solve, wy_apply) at the other warp counts / slices the bench
@@ -141,6 +141,22 @@ CONFIG_VARIANTS = {
     "wy-bwd-64-w8": {"wy_bwd": {"BK": 64, "BV": 64, "num_warps": 8}},
     "wy-bwd-32-w8": {"wy_bwd": {"BK": 32, "BV": 32, "num_warps": 8}},
     "output-bv128-w4": {"output_fwd": {"BV": 128, "num_warps": 4}},
+    # The backward's state / dq-dk kernels at the configs the bench sweeps.
+    "bwd-bv16-w4": {
+        "state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 2},
+        "dqk": {"BV": 64, "num_warps": 8, "num_stages": 1},
+        "dv_local": {"BV": 128, "num_warps": 4},
+    },
+    "bwd-bv32-w8": {
+        "state_bwd": {"BV": 32, "num_warps": 8, "num_stages": 2},
+        "dqk": {"BV": 32, "num_warps": 8, "num_stages": 3},
+        "dv_local": {"BV": 64, "num_warps": 4},
+    },
+    "bwd-bv64-w8": {
+        "state_bwd": {"BV": 64, "num_warps": 8, "num_stages": 2},
+        "dqk": {"BV": 128, "num_warps": 8, "num_stages": 1},
+    },
+    "bwd-bv16-s1": {"state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 1}},
     "wy-w1-apply-w8": {
         "wy_solve": {"BK": 64, "num_warps": 1},
         "wy_apply": {"BK": 64, "BV": 64, "num_warps": 8},

@@ -48,7 +48,7 @@ __all__ = [
     "gdn_workspace_bytes",
 ]
 
-# (BK / BV column slices, num_warps) per kernel. Every entry is one of the configs checked
+# (BK / BV column slices, num_warps[, num_stages]) per kernel. Every entry is one of the configs checked
 # against the float64 reference on the H200 (tests/gpu/test_gdn_gpu.py runs these and the
 # alternative sets in its CONFIG_VARIANTS; Triton 3.6 on Hopper miscompiles some configs,
 # BRIEF.md): change one only with that test. Timed by `bench/gdn.py --sweep` (H200,
@@ -63,16 +63,21 @@ __all__ = [
 #   the whole V: their per-chunk Q K^T product does not depend on the V-block.
 # - wy_bwd: 32-wide slices at 4 warps, fwd+bwd 7.25 / 8.50 ms vs 8 warps 7.81 / 9.03, 64-wide
 #   at 8 warps 8.11 / 9.31.
-# The other backward kernels were chosen by ptxas (no spills except dqk ~600 B); dqk at BV=64
-# with 8 warps needs 248 KB of shared memory (over the H200's 227 KB).
+# - state_bwd (fwd+bwd ms of (a), with state): BV=32 at 4 warps / 2 stages 6.13 vs 8 warps
+#   6.24 (3 stages) / 6.44 (2), 4 warps / 3 stages 6.40, BV=16 6.51 (2 stages) / 6.96 (1),
+#   BV=64 at 8 warps 6.12; (ptxas: at 4 warps / 2 stages 105 KB of shared memory, two
+#   programs per SM; 3 stages take 167 KB).
+# - dqk: BV=32 at 8 warps, 2 stages 6.13 vs 3 stages 5.98, BV=64 / 1 stage 5.92, BV=128 5.95
+#   (8 warps: its four [64, K]-sized accumulators leave 4 warps spilling 2.3 KB).
+# dv_local was chosen by ptxas (no spills).
 KERNEL_CONFIGS = {
     "wy_solve": {"BK": 64, "num_warps": 1},
     "wy_apply": {"BK": 32, "BV": 32, "num_warps": 2},
     "state_fwd": {"BV": 32, "num_warps": 4},
     "output_fwd": {"BV": 128, "num_warps": 4},
     "dv_local": {"BV": 128, "num_warps": 8},
-    "state_bwd": {"BV": 32, "num_warps": 8},
-    "dqk": {"BV": 32, "num_warps": 8},
+    "state_bwd": {"BV": 32, "num_warps": 4, "num_stages": 2},
+    "dqk": {"BV": 32, "num_warps": 8, "num_stages": 2},
     "wy_bwd": {"BK": 32, "BV": 32, "num_warps": 4},
 }
 
@@ -488,6 +493,7 @@ def gdn_backward(
         k,
         ws["w"],
         ws["gc"],
+        ws["rk"],
         do,
         ws["de"],
         ws["cu_safe"],

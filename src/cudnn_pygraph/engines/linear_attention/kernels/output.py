@@ -31,31 +31,16 @@ from .tiles import (
 
 
 @triton.jit
-def _qk_tiles(
-    q_ptr,
-    k_ptr,
-    t0,
-    r,
-    valid,
-    H,
-    HK,
-    hq,
-    hk,
-    K: tl.constexpr,
-    L2NORM: tl.constexpr,
-    EPS: tl.constexpr,
-    TRANSPOSE_K: tl.constexpr,
-):
-    """q [64, K] and k ([K, 64] if TRANSPOSE_K else [64, K]), normalized, fp32."""
-    q = load_rows(q_ptr, t0, r, valid, H * K, hq * K, K).to(tl.float32)
-    if TRANSPOSE_K:
-        k = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)
-    else:
-        k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)
-    if L2NORM:
-        q = l2norm_rows(q, 1, EPS)
-        k = l2norm_rows(k, 0 if TRANSPOSE_K else 1, EPS)
-    return q, k
+def _store_rows_t(ptr, xt, t0, rows, valid, stride_t, col0, D: tl.constexpr):
+    """Store xt [D, R], a row tile built transposed, to rows t0 + rows (instead of a tl.trans
+    of a computed tile)."""
+    cols = tl.arange(0, D)
+    base = ptr + t0.to(tl.int64) * stride_t + col0
+    tl.store(
+        base + rows[None, :] * stride_t + cols[:, None],
+        xt.to(ptr.dtype.element_ty),
+        mask=(rows < valid)[None, :],
+    )
 
 
 @triton.jit
@@ -211,7 +196,14 @@ def dqk_kernel(
     EPS: tl.constexpr,
 ):
     """Writes dq (final if FINAL_DQ, else fp32 per output head), and fp32 partials dk, dw,
-    dG [T, HO] that the WY backward completes."""
+    dG [T, HO] that the WY backward completes.
+
+    dK is built transposed, dK^T = Q^T dP + dS_C E^T (rows: key channel), so that each
+    product is computed once: dP = dO E^T and its consumers (dQ = dP K, dK^T = Q^T dP) take
+    dP untransposed, and the only transposed operands are loaded tiles (Q^T, K^T, W^T, U^T,
+    dS_C). Only E^T is formed (E^T = U^T - X_0 W^T, X_0 = S_0^T as stored). q and k enter
+    the products raw (16-bit); the l2norm is folded in as row / column scales of dP and of
+    the fp32 results, so no fp32 copy of a [64, K] tile is held."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -221,66 +213,64 @@ def dqk_kernel(
     r = tl.arange(0, 64)
     hq = h // (HO // H)
     hk = h // (HO // HK)
-    w = load_rows(w_ptr, t0, r, valid, HO * K, h * K, K)
     wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
-    dp = tl.zeros([64, 64], dtype=tl.float32)
-    dpt = tl.zeros([64, 64], dtype=tl.float32)
-    dq_inter = tl.zeros([64, K], dtype=tl.float32)
-    dk_state = tl.zeros([64, K], dtype=tl.float32)
+    base = c.to(tl.int64) * sh_c + h * sh_h
+    dbase = c.to(tl.int64) * sd_c + h * sd_h
+    # dw = -dE S_0^T first, in a loop of its own: its accumulator is then not live beside the
+    # three of the main loop (ptxas, sm_90, 8 warps: 164 B of spills with one loop).
     dw = tl.zeros([64, K], dtype=tl.float32)
+    for iv in range(V // BV):
+        v_idx = iv * BV + tl.arange(0, BV)
+        x0 = tl.load(state_block_t(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)  # [BV, K]
+        de = load_rows(de_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
+        dw -= tl.dot(de, x0, input_precision=PREC)
+    store_rows(dw_ptr, dw, t0, r, valid, HO * K, h * K, K)
+
+    dp = tl.zeros([64, 64], dtype=tl.float32)
+    dq_inter = tl.zeros([64, K], dtype=tl.float32)
+    dkt_state = tl.zeros([K, 64], dtype=tl.float32)  # (E dS_C^T)^T, before the decay
     s_dot = tl.zeros([], dtype=tl.float32)
     for iv in range(V // BV):
         v_idx = iv * BV + tl.arange(0, BV)
         col0 = h * V + iv * BV
-        base = c.to(tl.int64) * sh_c + h * sh_h
-        s0 = tl.load(state_block(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)
-        x0 = tl.load(state_block_t(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)
-        dbase = c.to(tl.int64) * sd_c + h * sd_h
-        dxc = tl.load(state_block_t(dh_ptr, dbase, v_idx, K, sd_v, sd_k)).to(tl.float32)
-        u = load_rows(u_ptr, t0, r, valid, HO * V, col0, BV).to(tl.float32)
+        x0 = tl.load(state_block_t(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)  # [BV, K]
+        dsc = tl.load(state_block(dh_ptr, dbase, v_idx, K, sd_v, sd_k)).to(dt)  # [K, BV]
+        # <dS_C, S_0>: the transposed loaded tile only meets an elementwise product.
+        s_dot += tl.sum(tl.sum(dsc.to(tl.float32) * tl.trans(x0).to(tl.float32), 1), 0)
         ut = load_rows_t(u_ptr, t0, r, valid, HO * V, col0, BV).to(tl.float32)
-        e = (u - tl.dot(w, s0, input_precision=PREC)).to(dt)
-        et = (ut - tl.dot(x0, wt, input_precision=PREC)).to(dt)
+        et = (ut - tl.dot(x0, wt, input_precision=PREC)).to(dt)  # [BV, 64]
         do = load_rows(do_ptr, t0, r, valid, HO * V, col0, BV).to(dt)
-        dot_ = load_rows_t(do_ptr, t0, r, valid, HO * V, col0, BV).to(dt)
-        de = load_rows(de_ptr, t0, r, valid, HO * V, col0, BV)
         dp += tl.dot(do, et, input_precision=PREC)
-        dpt += tl.dot(e, dot_, input_precision=PREC)
         dq_inter += tl.dot(do, x0, input_precision=PREC)
-        dk_state += tl.dot(e, dxc.to(dt), input_precision=PREC)
-        dw -= tl.dot(de.to(dt), x0, input_precision=PREC)
-        s_dot += tl.sum(tl.sum(dxc * x0.to(tl.float32), 1), 0)
+        dkt_state += tl.dot(dsc, et, input_precision=PREC)
 
     g = load_vec(gc_ptr, t0, r, valid, HO, h)
     g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
-    q_raw = load_rows(q_ptr, t0, r, valid, H * K, hq * K, K).to(tl.float32)
-    q, kt = _qk_tiles(q_ptr, k_ptr, t0, r, valid, H, HK, hq, hk, K, L2NORM, EPS, True)
-    k_raw = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)
-    qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K).to(tl.float32)
-    k = k_raw
-    if L2NORM:
-        k = l2norm_rows(k_raw, 1, EPS)
-        qt = l2norm_rows(qt, 0, EPS)
+    q = load_rows(q_ptr, t0, r, valid, H * K, hq * K, K)
+    k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
+    qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
+    kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
+    rq = inv_norm(q, 1, L2NORM, EPS)
+    rk = inv_norm(k, 1, L2NORM, EPS)
+    rkt = inv_norm(kt, 0, L2NORM, EPS)  # rk again, along the columns of the [K, 64] tiles
+    qk = tl.dot(q, kt, input_precision=PREC) * (rq[:, None] * rk[None, :])  # Q_hat K_hat^T
     dpg = dp * scale * _decay_mask(g, g, valid, True)
-    dpgt = dpt * scale * _decay_mask(g, g, valid, False)
-    qk = tl.dot(q.to(dt), kt.to(dt), input_precision=PREC)
-    kq = tl.dot(k.to(dt), qt.to(dt), input_precision=PREC)
 
     dq_inter = dq_inter * (scale * tl.exp(g))[:, None]
-    dq = dq_inter + tl.dot(dpg.to(dt), k.to(dt), input_precision=PREC)
+    dq = dq_inter + tl.dot((dpg * rk[None, :]).to(dt), k, input_precision=PREC)
     decay_out = tl.where(r < valid, tl.exp(g_last - g), 0.0)
-    dk_state = dk_state * decay_out[:, None]
-    dk = tl.dot(dpgt.to(dt), q.to(dt), input_precision=PREC) + dk_state
-    term = tl.sum(k * dk_state, 1)
-    dg = tl.sum(dq_inter * q, 1) + tl.sum(dpg * qk, 1) - tl.sum(dpgt * kq, 1) - term
+    dkt_state = dkt_state * decay_out[None, :]
+    dkt = tl.dot(qt, (dpg * rq[:, None]).to(dt), input_precision=PREC) + dkt_state
+    term = tl.sum(kt.to(tl.float32) * dkt_state, 0) * rkt  # <k_hat, dk_state> per token
+    pq = dpg * qk
+    dg = tl.sum(dq_inter * q.to(tl.float32), 1) * rq + tl.sum(pq, 1) - tl.sum(pq, 0) - term
     dg += tl.where(r == valid - 1, tl.exp(g_last) * s_dot + tl.sum(term, 0), 0.0)
 
     if FINAL_DQ:
         if L2NORM:
-            dq = l2norm_rows_bwd(q_raw, dq, EPS)
+            dq = l2norm_rows_bwd(q.to(tl.float32), dq, EPS)
         store_rows(dq_ptr, dq, t0, r, valid, H * K, hq * K, K)
     else:
         store_rows(dq_ptr, dq, t0, r, valid, HO * K, h * K, K)
-    store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K, K)
-    store_rows(dw_ptr, dw, t0, r, valid, HO * K, h * K, K)
+    _store_rows_t(dk_ptr, dkt, t0, r, valid, HO * K, h * K, K)
     store_vec(dg_ptr, dg, t0, r, valid, HO, h)
