@@ -145,9 +145,14 @@ def test_graph_execute_replays_and_a_misaligned_workspace_takes_the_launcher():
         if label == "record":
             assert plan.replay_refused is None and plan._replay is not None
             assert plan._replay((*[0] * (len(plan._replay.names) - 1), 8), 0) is False
-    for label in ("replay", "misaligned"):
-        assert torch.equal(outs[label][0], outs["record"][0]), label
-        assert torch.equal(outs[label][1], outs["record"][1]), label
+    assert torch.equal(outs["replay"][0], outs["record"][0])
+    assert torch.equal(outs["replay"][1], outs["record"][1])
+    # The misaligned call ran the launcher, whose JIT compiled kernels without the 16-byte
+    # assumption (other instructions, other rounding): equal within bf16, not bitwise.
+    for got, want in zip(outs["misaligned"], outs["record"]):
+        assert torch.isfinite(got.float()).all()
+        err = ((got.double() - want.double()).norm() / want.double().norm()).item()
+        assert err < 1e-2, err
 
 
 def test_op_replay_captures_into_a_cuda_graph():

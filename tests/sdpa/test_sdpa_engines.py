@@ -193,8 +193,8 @@ def test_declines_name_the_rule(name, build, reason):
 
 
 def test_hook_places_backend_by_measured_shard():
-    """Dense prefill (timed: the backend was faster) puts the backend first; THD (untimed)
-    keeps ours first."""
+    """Prefill, dense and THD (timed: the backend was faster) puts the backend first;
+    paged decode at page 16 (timed at par) keeps ours first, page 64 (backend faster) not."""
     from cudnn_pygraph.engines.sdpa.analyzer import SdpaGraphFacts
     from cudnn_pygraph.engines.sdpa.engines import recommend
     from cudnn_pygraph.planning.engine_ids import python_engine_id
@@ -208,7 +208,13 @@ def test_hook_places_backend_by_measured_shard():
     dense = recommend(cudnn.heur_mode.A, SdpaGraphFacts(**base), (prefill,))
     assert dense[0] is BACKEND and len(dense) > 1
     thd = recommend(cudnn.heur_mode.A, SdpaGraphFacts(**dict(base, ragged=True)), (prefill,))
-    assert thd[-1] is BACKEND and thd[0].engine_id == prefill
+    assert thd[0] is BACKEND and thd[1].engine_id == prefill
+    decode = python_engine_id(1, 1)
+    paged = dict(base, seq_q=1, paged=True, ragged=True)
+    page16 = recommend(cudnn.heur_mode.A, SdpaGraphFacts(**dict(paged, page_size=16)), (decode,))
+    assert page16[0].engine_id == decode and page16[-1] is BACKEND
+    page64 = recommend(cudnn.heur_mode.A, SdpaGraphFacts(**dict(paged, page_size=64)), (decode,))
+    assert page64[0] is BACKEND
 
 
 def _built_plans(g, which="prefill"):

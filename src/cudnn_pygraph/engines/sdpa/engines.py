@@ -544,20 +544,21 @@ class _DecodePlan(CompiledPlan):
 
 # ------------------------------------------------------------------ who goes first
 
-# Placement by measured shard (bench/results/sdpa_fwd.md, H200 2026-11-29, run 3 at 16:31
-# UTC): the backend ran every timed prefill cell faster (ours 0.77x / 0.76x at D128 S8192
-# causal / not: 1.152 vs 0.889 ms, 2.121 vs 1.614 ms; 0.90x at D64 S2048 causal: 0.204 vs
-# 0.183 ms), and its page-64 paged decode takes 250 us (the brief's figure, same H200 and
-# day) against our 261 us: on those shards the backend's block leads, so the first plan is
-# the fastest one listed. Untimed shards keep ours first (the spec's rule for a cell nobody
-# timed): THD / ragged prefill, page sizes other than 64.
+# Placement by measured shard (bench/results/sdpa_fwd.md, H200 2026-11-29, run 4 at 17:52
+# UTC): the backend ran every timed prefill cell faster, dense and ragged (ours 0.79x / 0.77x
+# at D128 S8192 causal / not: 1.149 vs 0.906 ms, 2.099 vs 1.613 ms; 0.90x at D64 S2048
+# causal: 0.200 vs 0.181 ms; 0.79x on THD GQA 32/8 D128: 3.830 vs 3.037 ms) and page-64
+# paged decode (266 vs 252 us): there the backend's block leads, so the first plan is the
+# fastest one listed. Page-16 paged decode measured at par (ours 255 us, the backend 254):
+# ours stays first. Untimed page sizes keep ours first (the spec's rule for a cell nobody
+# timed).
 _BACKEND_LEADS_PAGE_SIZES = frozenset({64})
 
 
 def _backend_leads(facts) -> bool:
     if facts.paged:
         return facts.page_size in _BACKEND_LEADS_PAGE_SIZES
-    return not facts.ragged
+    return True
 
 
 def recommend(kind, facts, offered):
