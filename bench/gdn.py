@@ -214,7 +214,16 @@ SWEEP = {
     "state_bwd BV64 w8 s2": {"state_bwd": {"BV": 64, "num_warps": 8, "num_stages": 2}},
     "dqk BV32 w8 s3": {"dqk": {"BV": 32, "num_warps": 8}},
     "dqk BV64 w8 s1": {"dqk": {"BV": 64, "num_warps": 8, "num_stages": 1}},
-    "dqk BV128 w8 s1": {"dqk": {"BV": 128, "num_warps": 8, "num_stages": 1}},
+    "dqk BV64 w8 s2": {"dqk": {"BV": 64, "num_warps": 8, "num_stages": 2}},
+    "dqk BV32 w8 r128": {"dqk": {"BV": 32, "num_warps": 8, "num_stages": 2, "maxnreg": 128}},
+    "dqk split BV32 w8": {"dqk": {"BV": 32, "num_warps": 8, "num_stages": 2, "SPLIT": True}},
+    "dqk split BV32 w8 r128": {
+        "dqk": {"BV": 32, "num_warps": 8, "num_stages": 2, "SPLIT": True, "maxnreg": 128}
+    },
+    "dqk split BV64 w8 r128": {
+        "dqk": {"BV": 64, "num_warps": 8, "num_stages": 2, "SPLIT": True, "maxnreg": 128}
+    },
+    "dqk split BV32 w4": {"dqk": {"BV": 32, "num_warps": 4, "num_stages": 2, "SPLIT": True}},
     "dv_local BV128 w4": {"dv_local": {"BV": 128, "num_warps": 4}},
     "dv_local BV64 w4": {"dv_local": {"BV": 64, "num_warps": 4}},
 }
@@ -249,7 +258,8 @@ def sweep_configs(only, entries=None):
                 ours.forward_backward()
                 outs = [ours.o.clone()] + [t.clone() for t in ours.grads.values()]
                 base = base or outs
-                diff = max(rel(a, b) for a, b in zip(outs, base))
+                # NaN-aware: a NaN difference (a miscompiled config) must not read as 0.
+                diff = max((rel(a, b) for a, b in zip(outs, base)), key=lambda d: (d != d, d))
                 fwd, fb = median_ms(ours.forward), median_ms(ours.forward_backward)
                 print(f"| {label} | {fwd:.3f} | {fb:.3f} | {diff:.1e} |", flush=True)
             except Exception as err:  # noqa: BLE001 (a config that does not fit: report it)

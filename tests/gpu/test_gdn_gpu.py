@@ -156,7 +156,19 @@ CONFIG_VARIANTS = {
         "state_bwd": {"BV": 64, "num_warps": 8, "num_stages": 2},
         "dqk": {"BV": 128, "num_warps": 8, "num_stages": 1},
     },
-    "bwd-bv16-s1": {"state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 1}},
+    # (state_bwd at BV=16 / 4 warps / 1 stage gives NaN gradients here: not listed.)
+    # dqk as two launches (dq side, then dk side), at the configs the bench sweeps.
+    "dqk-split-w8": {"dqk": {"BV": 32, "num_warps": 8, "num_stages": 2, "SPLIT": True}},
+    "dqk-split-r128": {
+        "dqk": {"BV": 32, "num_warps": 8, "num_stages": 2, "SPLIT": True, "maxnreg": 128}
+    },
+    "dqk-split-w4": {"dqk": {"BV": 32, "num_warps": 4, "num_stages": 2, "SPLIT": True}},
+    "dqk-bv64-s2": {
+        "state_bwd": {"BV": 64, "num_warps": 8, "num_stages": 2},
+        "dqk": {"BV": 64, "num_warps": 8, "num_stages": 2},
+    },
+    "dqk-r128": {"dqk": {"BV": 32, "num_warps": 8, "num_stages": 2, "maxnreg": 128}},
+    "dqk-one-launch": {"dqk": {"BV": 32, "num_warps": 8, "num_stages": 2}},
     "wy-w1-apply-w8": {
         "wy_solve": {"BK": 64, "num_warps": 1},
         "wy_apply": {"BK": 64, "BV": 64, "num_warps": 8},

@@ -3,7 +3,8 @@
 Forward:  chunk tables -> wy_solve (stage 1 gates + stage 2's A = (I + L)^-1)
           -> wy_apply (w, u)
           -> state_fwd (stage 3: h per chunk, E, final state) -> output_fwd (stage 4: O)
-Backward: chunk tables -> wy_solve -> wy_apply -> state_fwd (h; skipped when checkpoints are given)
+Backward: chunk tables -> wy_solve -> wy_apply
+          -> state_fwd (h and E; skipped when checkpoints are given, then dqk forms E itself)
           -> dv_local (scale P^T dO) -> state_bwd (dE, dh, d_initial_state)
           -> dqk (dq, partial dk / dG, dw) -> wy_bwd (dk, dv, dG, dbeta)
           [-> group_reduce for grouped heads] [-> d_a_log / d_dt_bias sums]
@@ -67,8 +68,12 @@ __all__ = [
 #   6.24 (3 stages) / 6.44 (2), 4 warps / 3 stages 6.40, BV=16 6.51 (2 stages) / 6.96 (1),
 #   BV=64 at 8 warps 6.12; (ptxas: at 4 warps / 2 stages 105 KB of shared memory, two
 #   programs per SM; 3 stages take 167 KB).
-# - dqk: BV=32 at 8 warps, 2 stages 6.13 vs 3 stages 5.98, BV=64 / 1 stage 5.92, BV=128 5.95
-#   (8 warps: its four [64, K]-sized accumulators leave 4 warps spilling 2.3 KB).
+# - dqk: SPLIT (two launches: dq side, dk side) at BV=64, 8 warps, 2 stages with registers
+#   capped at 128 (two programs per SM; ptxas: 224 / 360 B of spills) 5.49 vs one launch
+#   5.68 (BV=64) / 6.00 (BV=32; 255 registers, one program per SM) / 6.42 (BV=32 capped at
+#   128: 1.1 KB of spills); split at BV=32: 5.68 capped, 6.31 uncapped, 5.85 at 4 warps.
+#   state_bwd at BV=16 / 4 warps / 1 stage gives NaN gradients on the H200 (Triton 3.6,
+#   run 7): not a config to use.
 # dv_local was chosen by ptxas (no spills).
 KERNEL_CONFIGS = {
     "wy_solve": {"BK": 64, "num_warps": 1},
@@ -77,7 +82,7 @@ KERNEL_CONFIGS = {
     "output_fwd": {"BV": 128, "num_warps": 4},
     "dv_local": {"BV": 128, "num_warps": 8},
     "state_bwd": {"BV": 32, "num_warps": 4, "num_stages": 2},
-    "dqk": {"BV": 32, "num_warps": 8, "num_stages": 2},
+    "dqk": {"BV": 64, "num_warps": 8, "num_stages": 2, "SPLIT": True, "maxnreg": 128},
     "wy_bwd": {"BK": 32, "BV": 32, "num_warps": 4},
 }
 
@@ -256,7 +261,7 @@ def _prepare_and_recompute(
         prec=prec, initial_state=initial_state, final_state=final_state,
         state_indices=state_indices, h_buf=h_buf,
         store_h=not backward or checkpoints is None,
-        vnew=None if backward else ws["vnew"], cu_error=cu_seqlens_error,
+        vnew=ws.get("vnew"), cu_error=cu_seqlens_error,
     )  # fmt: skip
     return ws, h_buf, prec, flags
 
@@ -518,32 +523,16 @@ def gdn_backward(
     final_dq = n_q == n_out
     cfg = dict(KERNEL_CONFIGS["dqk"])
     bv = _block_v(cfg, dim_v)
-    dqk_kernel[(n_chunks, n_out)](
-        q,
-        k,
-        ws["w"],
-        ws["u"],
-        ws["gc"],
-        h_buf,
-        ws["dh"],
-        do,
-        ws["de"],
-        dq if final_dq else ws["dq_group"],
-        ws["dk_part"],
-        ws["dw"],
-        ws["dg_part"],
-        *tables,
-        *_state_strides(h_buf),
-        *_state_strides(ws["dh"]),
-        scale,
-        n_out,
-        n_q,
-        n_k,
-        BV=bv,
-        FINAL_DQ=final_dq,
-        **common,
-        **cfg,
-    )
+    # SPLIT: the dq side (PART 1) and then the dk side (PART 2) as two launches of lighter
+    # programs, each recomputing dP; else one launch computes both (PART 0).
+    for part in (1, 2) if cfg.pop("SPLIT", False) else (0,):
+        dqk_kernel[(n_chunks, n_out)](
+            q, k, ws["w"], ws["u"], ws.get("vnew", dummy), ws["gc"], h_buf, ws["dh"], do,
+            ws["de"], dq if final_dq else ws["dq_group"], ws["dk_part"], ws["dw"],
+            ws["dg_part"], *tables, *_state_strides(h_buf), *_state_strides(ws["dh"]), scale,
+            n_out, n_q, n_k, BV=bv, FINAL_DQ=final_dq, HAS_VNEW="vnew" in ws, PART=part,
+            **common, **cfg,
+        )  # fmt: skip
 
     final_dk = n_k == n_out
     final_dv = n_v == n_out

@@ -38,8 +38,11 @@ def _layout(
     ]
     if not has_checkpoints:
         rows.append(("h", cdt, (n_chunks, n_out, dim_v, dim_k)))
-    if not backward:
+    if not backward or not has_checkpoints:
+        # E = u - w S per chunk, stored by the state recurrence: the forward's output reads
+        # it, and so does the backward's dqk when the backward recomputes the states.
         rows.append(("vnew", cdt, (total_t, n_out, dim_v)))
+    if not backward:
         return rows
     rows += [
         ("de", f32, (total_t, n_out, dim_v)),

@@ -162,6 +162,7 @@ def dqk_kernel(
     k_ptr,
     w_ptr,
     u_ptr,
+    vnew_ptr,
     gc_ptr,
     h_ptr,
     dh_ptr,
@@ -192,6 +193,8 @@ def dqk_kernel(
     BV: tl.constexpr,
     L2NORM: tl.constexpr,
     FINAL_DQ: tl.constexpr,
+    HAS_VNEW: tl.constexpr,
+    PART: tl.constexpr,
     PREC: tl.constexpr,
     EPS: tl.constexpr,
 ):
@@ -200,10 +203,15 @@ def dqk_kernel(
 
     dK is built transposed, dK^T = Q^T dP + dS_C E^T (rows: key channel), so that each
     product is computed once: dP = dO E^T and its consumers (dQ = dP K, dK^T = Q^T dP) take
-    dP untransposed, and the only transposed operands are loaded tiles (Q^T, K^T, W^T, U^T,
-    dS_C). Only E^T is formed (E^T = U^T - X_0 W^T, X_0 = S_0^T as stored). q and k enter
-    the products raw (16-bit); the l2norm is folded in as row / column scales of dP and of
-    the fp32 results, so no fp32 copy of a [64, K] tile is held."""
+    dP untransposed, and the only transposed operands are loaded tiles (Q^T, K^T, E^T, dS_C).
+    E^T is read from vnew (HAS_VNEW: the backward's state recompute stored E) or, when the
+    chunk states came from checkpoints, formed here as U^T - X_0 W^T (X_0 = S_0^T as stored).
+    q and k enter the products raw (16-bit); the l2norm is folded in as row / column scales
+    of dP and of the fp32 results, so no fp32 copy of a [64, K] tile is held.
+
+    PART 0 computes everything. PART 1 (the dq side: dq and dG's query terms) and PART 2
+    (the dk side: dk, dw, and dG's key terms added to what PART 1 stored), launched in that
+    order, split it between two launches of lighter programs, each recomputing dP."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -213,64 +221,89 @@ def dqk_kernel(
     r = tl.arange(0, 64)
     hq = h // (HO // H)
     hk = h // (HO // HK)
-    wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
     base = c.to(tl.int64) * sh_c + h * sh_h
     dbase = c.to(tl.int64) * sd_c + h * sd_h
-    # dw = -dE S_0^T first, in a loop of its own: its accumulator is then not live beside the
-    # three of the main loop (ptxas, sm_90, 8 warps: 164 B of spills with one loop).
-    dw = tl.zeros([64, K], dtype=tl.float32)
-    for iv in range(V // BV):
-        v_idx = iv * BV + tl.arange(0, BV)
-        x0 = tl.load(state_block_t(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)  # [BV, K]
-        de = load_rows(de_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
-        dw -= tl.dot(de, x0, input_precision=PREC)
-    store_rows(dw_ptr, dw, t0, r, valid, HO * K, h * K, K)
+    if PART != 1:
+        # dw = -dE S_0^T first, in a loop of its own: its accumulator is then not live beside
+        # those of the main loop (ptxas, sm_90, 8 warps: 164 B of spills with one loop). The
+        # same loop reduces <dS_C, S_0> from two tiles of one orientation.
+        dw = tl.zeros([64, K], dtype=tl.float32)
+        s_dot = tl.zeros([], dtype=tl.float32)
+        for iv in range(V // BV):
+            v_idx = iv * BV + tl.arange(0, BV)
+            x0 = tl.load(state_block_t(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)  # [BV, K]
+            dxc = tl.load(state_block_t(dh_ptr, dbase, v_idx, K, sd_v, sd_k)).to(tl.float32)
+            s_dot += tl.sum(tl.sum(dxc * x0.to(tl.float32), 1), 0)
+            de = load_rows(de_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
+            dw -= tl.dot(de, x0, input_precision=PREC)
+        store_rows(dw_ptr, dw, t0, r, valid, HO * K, h * K, K)
 
+    if not HAS_VNEW:
+        wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
     dp = tl.zeros([64, 64], dtype=tl.float32)
-    dq_inter = tl.zeros([64, K], dtype=tl.float32)
-    dkt_state = tl.zeros([K, 64], dtype=tl.float32)  # (E dS_C^T)^T, before the decay
-    s_dot = tl.zeros([], dtype=tl.float32)
+    if PART != 2:
+        dq_inter = tl.zeros([64, K], dtype=tl.float32)
+    if PART != 1:
+        dkt_state = tl.zeros([K, 64], dtype=tl.float32)  # (E dS_C^T)^T, before the decay
     for iv in range(V // BV):
         v_idx = iv * BV + tl.arange(0, BV)
         col0 = h * V + iv * BV
-        x0 = tl.load(state_block_t(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)  # [BV, K]
-        dsc = tl.load(state_block(dh_ptr, dbase, v_idx, K, sd_v, sd_k)).to(dt)  # [K, BV]
-        # <dS_C, S_0>: the transposed loaded tile only meets an elementwise product.
-        s_dot += tl.sum(tl.sum(dsc.to(tl.float32) * tl.trans(x0).to(tl.float32), 1), 0)
-        ut = load_rows_t(u_ptr, t0, r, valid, HO * V, col0, BV).to(tl.float32)
-        et = (ut - tl.dot(x0, wt, input_precision=PREC)).to(dt)  # [BV, 64]
+        if PART != 2:
+            x0 = tl.load(state_block_t(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)  # [BV, K]
+        if HAS_VNEW:
+            et = load_rows_t(vnew_ptr, t0, r, valid, HO * V, col0, BV).to(dt)  # [BV, 64]
+        else:
+            if PART == 2:
+                x0 = tl.load(state_block_t(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)
+            ut = load_rows_t(u_ptr, t0, r, valid, HO * V, col0, BV).to(tl.float32)
+            et = (ut - tl.dot(x0, wt, input_precision=PREC)).to(dt)
         do = load_rows(do_ptr, t0, r, valid, HO * V, col0, BV).to(dt)
         dp += tl.dot(do, et, input_precision=PREC)
-        dq_inter += tl.dot(do, x0, input_precision=PREC)
-        dkt_state += tl.dot(dsc, et, input_precision=PREC)
+        if PART != 2:
+            dq_inter += tl.dot(do, x0, input_precision=PREC)
+        if PART != 1:
+            dsc = tl.load(state_block(dh_ptr, dbase, v_idx, K, sd_v, sd_k)).to(dt)  # [K, BV]
+            dkt_state += tl.dot(dsc, et, input_precision=PREC)
 
+    # In an order that ends each [64, K] tile's life early (ptxas holds the peak here).
     g = load_vec(gc_ptr, t0, r, valid, HO, h)
     g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
-    q = load_rows(q_ptr, t0, r, valid, H * K, hq * K, K)
-    k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
-    qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
-    kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
-    rq = inv_norm(q, 1, L2NORM, EPS)
-    rk = inv_norm(k, 1, L2NORM, EPS)
-    rkt = inv_norm(kt, 0, L2NORM, EPS)  # rk again, along the columns of the [K, 64] tiles
-    qk = tl.dot(q, kt, input_precision=PREC) * (rq[:, None] * rk[None, :])  # Q_hat K_hat^T
     dpg = dp * scale * _decay_mask(g, g, valid, True)
+    if PART != 2:
+        q = load_rows(q_ptr, t0, r, valid, H * K, hq * K, K)
+        kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
+        rq = inv_norm(q, 1, L2NORM, EPS)
+        rkt = inv_norm(kt, 0, L2NORM, EPS)  # the keys' inverse norms, along kt's columns
+        pq = dpg * (tl.dot(q, kt, input_precision=PREC) * (rq[:, None] * rkt[None, :]))
+        dg = tl.sum(pq, 1) - tl.sum(pq, 0)  # dP * (Q_hat K_hat^T): rows minus columns
 
-    dq_inter = dq_inter * (scale * tl.exp(g))[:, None]
-    dq = dq_inter + tl.dot((dpg * rk[None, :]).to(dt), k, input_precision=PREC)
-    decay_out = tl.where(r < valid, tl.exp(g_last - g), 0.0)
-    dkt_state = dkt_state * decay_out[None, :]
-    dkt = tl.dot(qt, (dpg * rq[:, None]).to(dt), input_precision=PREC) + dkt_state
-    term = tl.sum(kt.to(tl.float32) * dkt_state, 0) * rkt  # <k_hat, dk_state> per token
-    pq = dpg * qk
-    dg = tl.sum(dq_inter * q.to(tl.float32), 1) * rq + tl.sum(pq, 1) - tl.sum(pq, 0) - term
-    dg += tl.where(r == valid - 1, tl.exp(g_last) * s_dot + tl.sum(term, 0), 0.0)
+    if PART != 1:
+        qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
+        if PART == 2:
+            kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
+            rkt = inv_norm(kt, 0, L2NORM, EPS)
+            rq = inv_norm(qt, 0, L2NORM, EPS)
+        decay_out = tl.where(r < valid, tl.exp(g_last - g), 0.0)
+        dkt_state = dkt_state * decay_out[None, :]
+        term = tl.sum(kt.to(tl.float32) * dkt_state, 0) * rkt  # <k_hat, dk_state> per token
+        dkt = tl.dot(qt, (dpg * rq[:, None]).to(dt), input_precision=PREC) + dkt_state
+        _store_rows_t(dk_ptr, dkt, t0, r, valid, HO * K, h * K, K)
+        dg_k = tl.where(r == valid - 1, tl.exp(g_last) * s_dot + tl.sum(term, 0), 0.0) - term
+        if PART == 2:  # the dq side's launch ran first and stored its part
+            dg = load_vec(dg_ptr, t0, r, valid, HO, h) + dg_k
+        else:
+            dg += dg_k
 
-    if FINAL_DQ:
-        if L2NORM:
-            dq = l2norm_rows_bwd(q.to(tl.float32), dq, EPS)
-        store_rows(dq_ptr, dq, t0, r, valid, H * K, hq * K, K)
-    else:
-        store_rows(dq_ptr, dq, t0, r, valid, HO * K, h * K, K)
-    _store_rows_t(dk_ptr, dkt, t0, r, valid, HO * K, h * K, K)
+    if PART != 2:
+        k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
+        rk = inv_norm(k, 1, L2NORM, EPS)
+        dq_inter = dq_inter * (scale * tl.exp(g))[:, None]
+        dq = dq_inter + tl.dot((dpg * rk[None, :]).to(dt), k, input_precision=PREC)
+        dg += tl.sum(dq_inter * q.to(tl.float32), 1) * rq
+        if FINAL_DQ:
+            if L2NORM:
+                dq = l2norm_rows_bwd(q.to(tl.float32), dq, EPS)
+            store_rows(dq_ptr, dq, t0, r, valid, H * K, hq * K, K)
+        else:
+            store_rows(dq_ptr, dq, t0, r, valid, HO * K, h * K, K)
     store_vec(dg_ptr, dg, t0, r, valid, HO, h)
