@@ -191,14 +191,31 @@ def profile_kernels(only):
 # Alternatives to kernels/gdn.py KERNEL_CONFIGS, one change each.
 SWEEP = {
     "shipped": {},
-    "wy_solve w1": {"wy_solve": {"BK": 64, "num_warps": 1}},
-    "wy_solve w4": {"wy_solve": {"BK": 64, "num_warps": 4}},
-    "wy_solve BK32 w2": {"wy_solve": {"BK": 32, "num_warps": 2}},
-    "wy_solve BK128 w4": {"wy_solve": {"BK": 128, "num_warps": 4}},
-    "wy_apply w2": {"wy_apply": {"BK": 64, "BV": 64, "num_warps": 2}},
-    "wy_apply w8": {"wy_apply": {"BK": 64, "BV": 64, "num_warps": 8}},
-    "wy_apply 128 w8": {"wy_apply": {"BK": 128, "BV": 128, "num_warps": 8}},
-    "wy_apply 32 w2": {"wy_apply": {"BK": 32, "BV": 32, "num_warps": 2}},
+    # The WY forward: a wy_solve dict without FUSED / MERGE is the unfused pair with ieee
+    # merges (the run-5 kernels); wy_apply's entry matters only when unfused.
+    "wy_solve unfused ieee w1 (run 5)": {"wy_solve": {"BK": 64, "num_warps": 1}},
+    "wy_solve unfused tf32x3 w1 s1": {
+        "wy_solve": {"BK": 64, "MERGE": "tf32x3", "num_warps": 1, "num_stages": 1}
+    },
+    "wy_solve fused tf32 BA16 w1 s1": {
+        "wy_solve": {"BK": 64, "BA": 16, "MERGE": "tf32", "FUSED": True, "num_warps": 1,
+                     "num_stages": 1}
+    },
+    "wy_solve fused BA32 w1 s1": {
+        "wy_solve": {"BK": 64, "BA": 32, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1,
+                     "num_stages": 1}
+    },
+    "wy_solve fused BA16 w1 s3": {
+        "wy_solve": {"BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1}
+    },
+    "wy_solve fused BA16 w2 s1": {
+        "wy_solve": {"BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 2,
+                     "num_stages": 1}
+    },
+    "wy_solve fused BA16 w1 s1 r128": {
+        "wy_solve": {"BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1,
+                     "num_stages": 1, "maxnreg": 128}
+    },
     "state_fwd BV64 w8": {"state_fwd": {"BV": 64, "num_warps": 8}},
     "state_fwd BV16 w4": {"state_fwd": {"BV": 16, "num_warps": 4}},
     "state_fwd BV32 w4": {"state_fwd": {"BV": 32, "num_warps": 4}},

@@ -54,9 +54,15 @@ __all__ = [
 # alternative sets in its CONFIG_VARIANTS; Triton 3.6 on Hopper miscompiles some configs,
 # BRIEF.md): change one only with that test. Timed by `bench/gdn.py --sweep` (H200,
 # 2026-11-29, bench/results/gdn.md), forward ms of (a) 8x4096 / (b) 1x32768:
-# - wy_solve: 1 warp 1.99 / 2.49 vs 2 warps 2.00 / 2.57, 4 warps 2.24 / 2.73 (its 16x16 row
-#   steps reduce inside one warp);
-# - wy_apply: 32-wide slices at 2 warps 1.96 / 2.25 vs 64-wide at 4 warps 2.00 / 2.57;
+# - wy_solve: FUSED (w, u formed in the same program; module docstring of wy_fwd.py), tf32x3
+#   merges, 16-wide apply slices, 1 warp, 1 stage: (a) 1.206 vs the unfused pair with ieee
+#   merges 1.235 (session 3). Faster in the same sweep, not yet proven by the GPU test (O and
+#   every gradient bitwise equal on (a)): 3 stages 1.147, unfused with tf32x3 merges 1.169,
+#   32-wide slices 1.180; plain tf32 merges 1.160 (O / gradients move 2.3e-4). Slower:
+#   2 warps 1.441, registers capped at 128 1.482. Earlier (unfused, ieee): 1 warp 1.99 /
+#   2.49 vs 2 warps 2.00 / 2.57, 4 warps 2.24 / 2.73 (its 16x16 row steps reduce in a warp);
+# - wy_apply (unfused only): 32-wide slices at 2 warps 1.96 / 2.25 vs 64-wide at 4 warps
+#   2.00 / 2.57;
 # - state_fwd: one program per (sequence, head, V-block) walks all chunks, so (b) with one
 #   sequence runs only HO * V / BV programs: BV=32 at 4 warps 2.04 / 2.22, at 8 warps
 #   2.00 / 2.57, BV=16 2.23 / 2.06, BV=64 1.97 / 2.65;
@@ -76,7 +82,9 @@ __all__ = [
 #   run 7): not a config to use.
 # dv_local was chosen by ptxas (no spills).
 KERNEL_CONFIGS = {
-    "wy_solve": {"BK": 64, "num_warps": 1},
+    "wy_solve": {
+        "BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1, "num_stages": 1
+    },
     "wy_apply": {"BK": 32, "BV": 32, "num_warps": 2},
     "state_fwd": {"BV": 32, "num_warps": 4},
     "output_fwd": {"BV": 128, "num_warps": 4},
@@ -122,6 +130,34 @@ def _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_
     }
 
 
+def _run_wy_apply(k, v, cu, ws, grid, n_seqs, n_out, n_k, n_v, dim_k, dim_v, prec):
+    """w = A (beta d rk k), u = A (beta v) from the stored A (the unfused WY forward)."""
+    cfg = dict(KERNEL_CONFIGS["wy_apply"])
+    wy_apply_kernel[grid](
+        k,
+        v,
+        ws["gc"],
+        ws["beta_eff"],
+        ws["rk"],
+        ws["a"],
+        cu,
+        ws["chunk_offsets"],
+        ws["chunk_seq"],
+        n_seqs,
+        ws["w"],
+        ws["u"],
+        n_out,
+        n_k,
+        n_v,
+        K=dim_k,
+        V=dim_v,
+        BK=_slice(cfg, "BK", dim_k),
+        BV=_slice(cfg, "BV", dim_v),
+        PREC=prec,
+        **cfg,
+    )
+
+
 def _run_wy_and_state(
     q,
     k,
@@ -153,9 +189,14 @@ def _run_wy_and_state(
     build_chunk_tables(cu, total_t, ws["cu_safe"], error, ws["chunk_offsets"], ws["chunk_seq"])
     cu = ws["cu_safe"]  # every stage reads the sanitized copy (memory-safe on bad input)
     grid = (n_chunks, n_out)
-    cfg = dict(KERNEL_CONFIGS["wy_solve"])
+    # FUSED: wy_solve also forms w and u (no wy_apply launch) and stores A only for the
+    # backward's wy_bwd (only the backward's workspace has "dw"). Configs without the keys
+    # run the unfused pair with ieee merges.
+    cfg = {"FUSED": False, "BA": 32, "MERGE": "ieee", **KERNEL_CONFIGS["wy_solve"]}
+    fused = cfg.pop("FUSED")
     wy_solve_kernel[grid](
         k,
+        v,
         g,
         beta,
         a_log if a_log is not None else dummy,
@@ -168,28 +209,6 @@ def _run_wy_and_state(
         ws["beta_eff"],
         ws["rk"],
         ws["a"],
-        n_out,
-        n_k,
-        K=dim_k,
-        BK=_slice(cfg, "BK", dim_k),
-        L2NORM=l2norm,
-        **flags,
-        PREC=prec,
-        EPS=L2NORM_EPS,
-        **cfg,
-    )
-    cfg = dict(KERNEL_CONFIGS["wy_apply"])
-    wy_apply_kernel[grid](
-        k,
-        v,
-        ws["gc"],
-        ws["beta_eff"],
-        ws["rk"],
-        ws["a"],
-        cu,
-        ws["chunk_offsets"],
-        ws["chunk_seq"],
-        n_seqs,
         ws["w"],
         ws["u"],
         n_out,
@@ -198,10 +217,17 @@ def _run_wy_and_state(
         K=dim_k,
         V=dim_v,
         BK=_slice(cfg, "BK", dim_k),
-        BV=_slice(cfg, "BV", dim_v),
+        BA=_slice(cfg, "BA", min(dim_k, dim_v)),
+        L2NORM=l2norm,
+        **flags,
         PREC=prec,
+        APPLY=fused,
+        STORE_A=not fused or "dw" in ws,
+        EPS=L2NORM_EPS,
         **cfg,
     )
+    if not fused:
+        _run_wy_apply(k, v, cu, ws, grid, n_seqs, n_out, n_k, n_v, dim_k, dim_v, prec)
     if not store_h and final_state is None:
         return
     cfg = dict(KERNEL_CONFIGS["state_fwd"])

@@ -1,4 +1,4 @@
-"""Stage 2 forward: the intra-chunk WY / UT transform, as two kernels.
+"""Stage 2 forward: the intra-chunk WY / UT transform.
 
 Within a chunk (C <= 64 tokens, G the chunk-local cumulative log-decay, d_i = exp(G_i),
 k_hat the keys after the optional l2norm):
@@ -7,11 +7,13 @@ k_hat the keys after the optional l2norm):
 so that the chunk's delta-rule corrections are E = u - w S_0 (S_0 the incoming state).
 
 wy_solve_kernel (one program per chunk and output head) computes the gates (stage 1), L and
-A, and writes G, beta_eff, the keys' inverse row norms and A (fp32, [T, HO, 64]);
-wy_apply_kernel (same grid) reads A and writes w and u in column blocks. Split because the
-two halves want different shapes of program: the solve is a chain of small dependent steps
-(few warps: its row reductions stay inside a warp), the apply is two plain tensor-core
-products bound by memory (more warps).
+A, and writes G, beta_eff and the keys' inverse row norms. Two ways to finish (the
+launcher's FUSED config):
+- fused (APPLY): the same program forms w and u from A's blocks in registers, BA columns
+  at a time, and stores A (fp32, [T, HO, 64]) only when asked (STORE_A: the backward's
+  wy_bwd reads it; the forward does not). On the H200, (a) 8 x 4096: the forward's WY
+  stage 0.508 -> 0.478 ms (bench/results/gdn.md, session 3).
+- unfused: wy_solve stores A and wy_apply_kernel (same grid, more warps) reads it back.
 
 The solve, per chunk:
 - L in ten 16x16 blocks (four diagonal, six below), each a tensor-core product of the RAW
@@ -23,6 +25,10 @@ The solve, per chunk:
 - The six off-diagonal blocks by block forward substitution with small dots:
   A_ij = -A_ii sum_{i > m >= j} L_im A_mj. Plain Neumann/doubling products of L are exact
   only in exact arithmetic: with repeated keys L^m grows like binomials and fp32 cancels.
+  For 16-bit inputs these 16 dots run as MERGE says; tf32x3 (three tf32 tensor-core
+  products, ~fp32 accurate) replaces ieee's CUDA-core products and their shared-memory
+  operand shuffles (ptxas sm_90, 1 warp: static SASS 6120 -> 5064 instructions, spills
+  788 B -> none).
 """
 
 from __future__ import annotations
@@ -100,9 +106,13 @@ def _substitute_row(lb, ai, i):
 
 
 @triton.jit
-def _mm(a, b):
-    # The 16x16 merge products: ieee, they are tiny and the inverse feeds everything.
-    return tl.dot(a, b, input_precision="ieee")
+def _mm(a, b, MERGE: tl.constexpr):
+    return tl.dot(a, b, input_precision=MERGE)
+
+
+@triton.jit
+def _mma(a, b, acc, MERGE: tl.constexpr):
+    return tl.dot(a, b, acc, input_precision=MERGE)
 
 
 @triton.jit
@@ -156,9 +166,41 @@ def _gram_slices(k_ptr, t0, valid, stride_t, col0, K: tl.constexpr, BK: tl.const
     return kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32
 
 
+@triton.jit
+def _apply_rows(
+    x_ptr, t0, valid, stride_x, col_x, s0, s1, s2, s3,
+    a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
+    out_ptr, stride_out, col_out, D: tl.constexpr, BA: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """out = A diag(s) X for the chunk's [64, D] rows of X, BA columns at a time: per 16-row
+    block i, out_i = sum_{j <= i} A_ij (s_j X_j), A's blocks straight from registers."""
+    r = tl.arange(0, 16)
+    for ic in range(D // BA):
+        c = ic * BA
+        x0 = load_rows(x_ptr, t0, r, valid, stride_x, col_x + c, BA).to(tl.float32)
+        x1 = load_rows(x_ptr, t0, r + 16, valid, stride_x, col_x + c, BA).to(tl.float32)
+        x2 = load_rows(x_ptr, t0, r + 32, valid, stride_x, col_x + c, BA).to(tl.float32)
+        x3 = load_rows(x_ptr, t0, r + 48, valid, stride_x, col_x + c, BA).to(tl.float32)
+        x0 = x0 * s0[:, None]
+        x1 = x1 * s1[:, None]
+        x2 = x2 * s2[:, None]
+        x3 = x3 * s3[:, None]
+        o0 = tl.dot(a00, x0, input_precision=PREC)
+        o1 = tl.dot(a11, x1, tl.dot(a10, x0, input_precision=PREC), input_precision=PREC)
+        o2 = tl.dot(a21, x1, tl.dot(a20, x0, input_precision=PREC), input_precision=PREC)
+        o2 = tl.dot(a22, x2, o2, input_precision=PREC)
+        o3 = tl.dot(a31, x1, tl.dot(a30, x0, input_precision=PREC), input_precision=PREC)
+        o3 = tl.dot(a33, x3, tl.dot(a32, x2, o3, input_precision=PREC), input_precision=PREC)
+        store_rows(out_ptr, o0, t0, r, valid, stride_out, col_out + c, BA)
+        store_rows(out_ptr, o1, t0, r + 16, valid, stride_out, col_out + c, BA)
+        store_rows(out_ptr, o2, t0, r + 32, valid, stride_out, col_out + c, BA)
+        store_rows(out_ptr, o3, t0, r + 48, valid, stride_out, col_out + c, BA)
+
+
 @triton.jit(do_not_specialize=["N"])
 def wy_solve_kernel(
     k_ptr,
+    v_ptr,
     g_ptr,
     beta_ptr,
     a_log_ptr,
@@ -171,10 +213,15 @@ def wy_solve_kernel(
     beff_ptr,
     rk_ptr,
     a_ptr,
+    w_ptr,
+    u_ptr,
     HO,
     HK,
+    HV,
     K: tl.constexpr,
+    V: tl.constexpr,
     BK: tl.constexpr,
+    BA: tl.constexpr,
     L2NORM: tl.constexpr,
     LINEAR: tl.constexpr,
     SAFE: tl.constexpr,
@@ -183,10 +230,15 @@ def wy_solve_kernel(
     SIGMOID: tl.constexpr,
     NEG_EIGVAL: tl.constexpr,
     PREC: tl.constexpr,
+    MERGE: tl.constexpr,
+    APPLY: tl.constexpr,
+    STORE_A: tl.constexpr,
     EPS: tl.constexpr,
 ):
     """One program per (chunk, output head): writes G, beta_eff, rk (the keys' inverse row
-    norms, 1 without the l2norm) as [T, HO] fp32, and A = (I + L)^-1 as [T, HO, 64]."""
+    norms, 1 without the l2norm) as [T, HO] fp32; A = (I + L)^-1 as [T, HO, 64] when STORE_A;
+    with APPLY also w and u from A in registers (wy_apply_kernel's products, BA columns at a
+    time). MERGE: the input_precision of the block merges for 16-bit inputs."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -264,23 +316,40 @@ def wy_solve_kernel(
     a11 += eye
     a22 += eye
     a33 += eye
-    a10 = -_mm(a11, _mm(l10, a00))
-    a21 = -_mm(a22, _mm(l21, a11))
-    a32 = -_mm(a33, _mm(l32, a22))
-    a20 = -_mm(a22, _mm(l20, a00) + _mm(l21, a10))
-    a31 = -_mm(a33, _mm(l31, a11) + _mm(l32, a21))
-    a30 = -_mm(a33, _mm(l30, a00) + _mm(l31, a10) + _mm(l32, a20))
+    # The merges' precision (module docstring); fp32 inputs are the accuracy reference: ieee.
+    PM: tl.constexpr = "ieee" if PREC == "ieee" else MERGE
+    a10 = -_mm(a11, _mm(l10, a00, PM), PM)
+    a21 = -_mm(a22, _mm(l21, a11, PM), PM)
+    a32 = -_mm(a33, _mm(l32, a22, PM), PM)
+    a20 = -_mm(a22, _mma(l21, a10, _mm(l20, a00, PM), PM), PM)
+    a31 = -_mm(a33, _mma(l32, a21, _mm(l31, a11, PM), PM), PM)
+    a30 = -_mm(a33, _mma(l32, a20, _mma(l31, a10, _mm(l30, a00, PM), PM), PM), PM)
 
-    _store_a_block(a_ptr, a00, t0, 0, 0, valid, HO, h)
-    _store_a_block(a_ptr, a10, t0, 1, 0, valid, HO, h)
-    _store_a_block(a_ptr, a11, t0, 1, 1, valid, HO, h)
-    _store_a_block(a_ptr, a20, t0, 2, 0, valid, HO, h)
-    _store_a_block(a_ptr, a21, t0, 2, 1, valid, HO, h)
-    _store_a_block(a_ptr, a22, t0, 2, 2, valid, HO, h)
-    _store_a_block(a_ptr, a30, t0, 3, 0, valid, HO, h)
-    _store_a_block(a_ptr, a31, t0, 3, 1, valid, HO, h)
-    _store_a_block(a_ptr, a32, t0, 3, 2, valid, HO, h)
-    _store_a_block(a_ptr, a33, t0, 3, 3, valid, HO, h)
+    if STORE_A:
+        _store_a_block(a_ptr, a00, t0, 0, 0, valid, HO, h)
+        _store_a_block(a_ptr, a10, t0, 1, 0, valid, HO, h)
+        _store_a_block(a_ptr, a11, t0, 1, 1, valid, HO, h)
+        _store_a_block(a_ptr, a20, t0, 2, 0, valid, HO, h)
+        _store_a_block(a_ptr, a21, t0, 2, 1, valid, HO, h)
+        _store_a_block(a_ptr, a22, t0, 2, 2, valid, HO, h)
+        _store_a_block(a_ptr, a30, t0, 3, 0, valid, HO, h)
+        _store_a_block(a_ptr, a31, t0, 3, 1, valid, HO, h)
+        _store_a_block(a_ptr, a32, t0, 3, 2, valid, HO, h)
+        _store_a_block(a_ptr, a33, t0, 3, 3, valid, HO, h)
+    if APPLY:
+        hv = h // (HO // HV)
+        _apply_rows(
+            v_ptr, t0, valid, HV * V, hv * V, b0, b1, b2, b3,
+            a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
+            u_ptr, HO * V, h * V, V, BA, PREC,
+        )  # fmt: skip
+        _apply_rows(
+            k_ptr, t0, valid, HK * K, hk * K,
+            b0 * tl.exp(g0) * n0, b1 * tl.exp(g1) * n1, b2 * tl.exp(g2) * n2,
+            b3 * tl.exp(g3) * n3,
+            a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
+            w_ptr, HO * K, h * K, K, BA, PREC,
+        )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["N"])
