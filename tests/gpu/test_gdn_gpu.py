@@ -113,6 +113,12 @@ def test_forward_real_size_bf16():
 # Alternatives to the shipped KERNEL_CONFIGS, each checked in full (fwd + bwd).
 CONFIG_VARIANTS = {
     "shipped": {},
+    # The fused WY forward at 1 stage (shipped before 3 stages; proven in session 3).
+    "wy-fused-s1": {
+        "wy_solve": {
+            "BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1, "num_stages": 1
+        }
+    },
     "bv32-w4": {
         "state_fwd": {"BV": 32, "num_warps": 4},
         "output_fwd": {"BV": 32, "num_warps": 4},

@@ -55,10 +55,10 @@ __all__ = [
 # BRIEF.md): change one only with that test. Timed by `bench/gdn.py --sweep` (H200,
 # 2026-11-29, bench/results/gdn.md), forward ms of (a) 8x4096 / (b) 1x32768:
 # - wy_solve: FUSED (w, u formed in the same program; module docstring of wy_fwd.py), tf32x3
-#   merges, 16-wide apply slices, 1 warp, 1 stage: (a) 1.206 vs the unfused pair with ieee
-#   merges 1.235 (session 3). Faster in the same sweep, not yet proven by the GPU test (O and
-#   every gradient bitwise equal on (a)): 3 stages 1.147, unfused with tf32x3 merges 1.169,
-#   32-wide slices 1.180; plain tf32 merges 1.160 (O / gradients move 2.3e-4). Slower:
+#   merges, 16-wide apply slices, 1 warp, 3 stages: (a) 1.147 vs 1 stage 1.206 vs the unfused
+#   pair with ieee merges 1.235 (session 3; O and every gradient bitwise equal on (a); the
+#   1-stage config stays in the GPU test's variants). Also faster than 1 stage, not yet proven
+#   by the GPU test: unfused with tf32x3 merges 1.169, 32-wide slices 1.180; plain tf32 merges 1.160 (O / gradients move 2.3e-4). Slower:
 #   2 warps 1.441, registers capped at 128 1.482. Earlier (unfused, ieee): 1 warp 1.99 /
 #   2.49 vs 2 warps 2.00 / 2.57, 4 warps 2.24 / 2.73 (its 16x16 row steps reduce in a warp);
 # - wy_apply (unfused only): 32-wide slices at 2 warps 1.96 / 2.25 vs 64-wide at 4 warps
@@ -83,7 +83,7 @@ __all__ = [
 # dv_local was chosen by ptxas (no spills).
 KERNEL_CONFIGS = {
     "wy_solve": {
-        "BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1, "num_stages": 1
+        "BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1, "num_stages": 3
     },
     "wy_apply": {"BK": 32, "BV": 32, "num_warps": 2},
     "state_fwd": {"BV": 32, "num_warps": 4},
