@@ -492,6 +492,16 @@ def test_explicit_workspace_is_used_and_sized():
             o=torch.empty(76, 2, 64, device=DEVICE),
             workspace=torch.empty(nbytes - 1, dtype=torch.uint8, device=DEVICE),
         )
+    # A workspace 8 bytes past a 16-byte boundary is refused by name; nothing is written.
+    arena = torch.empty(nbytes + 64, dtype=torch.uint8, device=DEVICE)
+    skew = (8 - arena.data_ptr()) % 16
+    o = torch.full((76, 2, 64), float("nan"), device=DEVICE)
+    with pytest.raises(ValueError, match="workspace: its address must be 16-byte aligned"):
+        gdn_forward(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o,
+            workspace=arena[skew : skew + nbytes],
+        )  # fmt: skip
+    assert torch.isnan(o).all()
     o = torch.full((76, 2, 64), float("nan"), device=DEVICE)
     gdn_forward(
         x["q"],

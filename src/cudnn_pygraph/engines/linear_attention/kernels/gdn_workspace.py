@@ -11,6 +11,7 @@ import torch
 from .chunk_index import CHUNK, max_chunks
 
 _ALIGN = 256
+WORKSPACE_ALIGN = 16  # the caller's workspace address (every buffer is carved 256-aligned)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -128,6 +129,14 @@ def _carve(rows, workspace, device):
         raise ValueError(
             f"workspace: needs a uint8 tensor of >= {total} bytes, got "
             f"{workspace.dtype} with {workspace.numel()} elements"
+        )
+    elif workspace.data_ptr() % WORKSPACE_ALIGN:
+        # Measured on the H200 (session 3, tests/gpu/test_launch_replay_gpu.py): a workspace
+        # at an address = 8 mod 16 gave O off by 8.4x its norm (kernels JIT-compiled
+        # without the 16-byte pointer assumption); refused here, before any launch.
+        raise ValueError(
+            f"workspace: its address must be {WORKSPACE_ALIGN}-byte aligned "
+            f"(this one is {workspace.data_ptr() % WORKSPACE_ALIGN} bytes past a boundary)"
         )
     out, offset = {}, 0
     for name, dt, shape in rows:
