@@ -243,6 +243,13 @@ SWEEP = {
     "dqk split BV32 w4": {"dqk": {"BV": 32, "num_warps": 4, "num_stages": 2, "SPLIT": True}},
     "dv_local BV128 w4": {"dv_local": {"BV": 128, "num_warps": 4}},
     "dv_local BV64 w4": {"dv_local": {"BV": 64, "num_warps": 4}},
+    # The state kernels with the V blocks of one (sequence, head) at adjacent program ids
+    # (kernels/state.py state_program): bitwise the same results, untimed so far.
+    "state V-fastest": {
+        "state_fwd": {"BV": 32, "num_warps": 4, "V_FASTEST": True},
+        "state_bwd": {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
+    },
+    "state V-fastest fwd BV16": {"state_fwd": {"BV": 16, "num_warps": 4, "V_FASTEST": True}},
 }
 
 

@@ -175,6 +175,11 @@ CONFIG_VARIANTS = {
     },
     "dqk-r128": {"dqk": {"BV": 32, "num_warps": 8, "num_stages": 2, "maxnreg": 128}},
     "dqk-one-launch": {"dqk": {"BV": 32, "num_warps": 8, "num_stages": 2}},
+    # The state kernels' V-fastest grid (bitwise equal on the CPU; bench/gdn.py sweeps it).
+    "state-v-fastest": {
+        "state_fwd": {"BV": 32, "num_warps": 4, "V_FASTEST": True},
+        "state_bwd": {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
+    },
     "wy-w1-apply-w8": {
         "wy_solve": {"BK": 64, "num_warps": 1},
         "wy_apply": {"BK": 64, "BV": 64, "num_warps": 8},

@@ -624,3 +624,25 @@ def test_malformed_cu_seqlens_is_flagged_on_device_and_stays_in_bounds(case):
                  dbeta=grads["beta"], use_qk_l2norm=True, cu_seqlens_error=flag)  # fmt: skip
     assert flag.item() == expected
     assert all(torch.isfinite(t).all() for t in grads.values())
+
+
+def test_state_kernels_v_fastest_grid_is_bitwise_the_same(monkeypatch):
+    # V_FASTEST only reorders which program id serves which (sequence, head, V block): the
+    # same programs, the same arithmetic, so every output is bitwise equal.
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
+
+    x, cu = make_inputs(seqlens=(70, 1, 33))
+    gen = torch.Generator().manual_seed(5)
+    d_o = torch.randn(104, 2, 64, generator=gen).to(DEVICE)
+    d_final = torch.randn(3, 2, 64, 64, generator=gen).to(DEVICE)
+    attrs = {"use_qk_l2norm": True}
+    outs = {}
+    for v_fastest in (False, True):
+        for kernel in ("state_fwd", "state_bwd"):
+            cfg = {**gdn_mod.KERNEL_CONFIGS[kernel], "BV": 32, "V_FASTEST": v_fastest}
+            monkeypatch.setitem(gdn_mod.KERNEL_CONFIGS, kernel, cfg)
+        outs[v_fastest] = run_kernels(x, cu, 0.125, attrs, d_o, d_final)
+    (o0, f0, g0), (o1, f1, g1) = outs[False], outs[True]
+    assert torch.isfinite(o0).all() and torch.equal(o0, o1) and torch.equal(f0, f1)
+    for name in g0:
+        assert torch.equal(g0[name], g1[name]), name

@@ -37,7 +37,7 @@ from .gdn_checks import SUPPORTED_HEAD_DIMS, _check, _validate
 from .gdn_workspace import _carve, _layout, gdn_workspace_bytes
 from .normalize import L2NORM_EPS
 from .output import dqk_kernel, dv_local_kernel, output_fwd_kernel
-from .state import state_bwd_kernel, state_fwd_kernel
+from .state import state_bwd_kernel, state_fwd_kernel, state_grid
 from .wy import group_reduce_kernel, wy_bwd_kernel
 from .wy_fwd import wy_apply_kernel, wy_solve_kernel
 
@@ -80,6 +80,10 @@ __all__ = [
 #   128: 1.1 KB of spills); split at BV=32: 5.68 capped, 6.31 uncapped, 5.85 at 4 warps.
 #   state_bwd at BV=16 / 4 warps / 1 stage gives NaN gradients on the H200 (Triton 3.6,
 #   run 7): not a config to use.
+# - state_fwd / state_bwd may take V_FASTEST (kernels/state.py state_program: the V blocks
+#   of one (sequence, head) at adjacent program ids, sharing w / k reads through L2; bitwise
+#   the same results). Not shipped: untimed (bench/gdn.py SWEEP "state V-fastest", the GPU
+#   test's "state-v-fastest" variant are the next device session's).
 # dv_local was chosen by ptxas (no spills).
 KERNEL_CONFIGS = {
     "wy_solve": {
@@ -232,7 +236,7 @@ def _run_wy_and_state(
         return
     cfg = dict(KERNEL_CONFIGS["state_fwd"])
     bv = _block_v(cfg, dim_v)
-    state_fwd_kernel[(n_seqs, n_out, dim_v // bv)](
+    state_fwd_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv)](
         k,
         ws["w"],
         ws["u"],
@@ -519,7 +523,7 @@ def gdn_backward(
 
     cfg = dict(KERNEL_CONFIGS["state_bwd"])
     bv = _block_v(cfg, dim_v)
-    state_bwd_kernel[(n_seqs, n_out, dim_v // bv)](
+    state_bwd_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv)](
         q,
         k,
         ws["w"],

@@ -29,6 +29,27 @@ from .normalize import inv_norm
 from .tiles import load_rows, load_rows_t, load_vec, state_block, store_rows
 
 
+def state_grid(v_fastest: bool, n_seqs: int, n_out: int, n_vblocks: int) -> tuple:
+    """The launch grid of the state kernels; state_program decodes it."""
+    if v_fastest:
+        return (n_seqs * n_vblocks, n_out)
+    return (n_seqs, n_out, n_vblocks)
+
+
+@triton.jit
+def state_program(V_FASTEST: tl.constexpr, NV: tl.constexpr):
+    """(sequence, head, V block) of this program. V_FASTEST puts the V blocks of one
+    (sequence, head) at adjacent program ids, so they run together and read that
+    sequence's w / k / q chunk tiles through L2 once rather than once per V block
+    (state_fwd reads ~48 KB per chunk and program, 32 KB of it w and k: at BV = 32 that is
+    four DRAM reads of each on (a) when the V blocks run in different waves). The programs
+    and their arithmetic are the same either way: results are bitwise equal."""
+    if V_FASTEST:
+        pid = tl.program_id(0)
+        return pid // NV, tl.program_id(1), pid % NV
+    return tl.program_id(0), tl.program_id(1), tl.program_id(2)
+
+
 @triton.jit
 def state_fwd_kernel(
     k_ptr,
@@ -66,12 +87,11 @@ def state_fwd_kernel(
     STORE_H: tl.constexpr,
     STORE_VNEW: tl.constexpr,
     PREC: tl.constexpr,
+    V_FASTEST: tl.constexpr = False,
 ):
     """rk_ptr: the keys' inverse row norms [T, HO] (1 without the l2norm) from wy_solve, so
     the chain of dependent steps per chunk holds no norm reduction."""
-    n = tl.program_id(0)
-    h = tl.program_id(1)
-    iv = tl.program_id(2)
+    n, h, iv = state_program(V_FASTEST, V // BV)
     hk = h // (HO // HK)
     dt = w_ptr.dtype.element_ty
     bos = tl.load(cu_ptr + n).to(tl.int32)
@@ -150,6 +170,7 @@ def state_bwd_kernel(
     L2NORM: tl.constexpr,
     PREC: tl.constexpr,
     EPS: tl.constexpr,
+    V_FASTEST: tl.constexpr = False,
 ):
     """de_ptr holds dE_local on entry (fp32 [T, HO, V]) and dE on exit, in place.
 
@@ -160,9 +181,7 @@ def state_bwd_kernel(
     two dependent products. (The previous kernel normalized fp32 copies of q and k per
     chunk: 255 registers and 153 KB of shared memory at BV=32 / 8 warps, one program per
     SM; 1.08 ms per call on (a) 8x4096, H200.)"""
-    n = tl.program_id(0)
-    h = tl.program_id(1)
-    iv = tl.program_id(2)
+    n, h, iv = state_program(V_FASTEST, V // BV)
     hq = h // (HO // H)
     hk = h // (HO // HK)
     dt = w_ptr.dtype.element_ty
