@@ -32,7 +32,8 @@ step() {  # step NAME CAP_SECONDS COMMAND...
 }
 
 # the correctness gate, one suite per step so a slow compile cannot hide the others
-step gpu_gdn 130 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gdn_gpu.py
+step gpu_gdn 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gdn_gpu.py
+step gpu_replay 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_launch_replay_gpu.py
 step gpu_sdpa 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/*sdpa*.py
 step gpu_gemm 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm_gpu.py
 step gpu_backend 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_native_backend_lowering.py
@@ -44,8 +45,10 @@ if [ "$GATE_ONLY" = 1 ]; then
   tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
 fi
 step backend 50 python3 bench/backend.py --quick --out "$LOG/backend.md"
-step gdn 110 python3 bench/gdn.py
+step gdn 220 python3 bench/gdn.py  # fla's cold compile is ~100 s of it
 step gdn_profile 25 python3 bench/gdn.py --no-fla --profile --only "(a)"
+step gdn_host 35 python3 bench/gdn.py --host --only "(a)"
+step gdn_sweep 90 python3 bench/gdn.py --no-fla --sweep --only "(a),(b)" --entries "V-fastest,wy_solve"
 step sdpa 100 python3 bench/sdpa_fwd.py --budget-s 80 --out "$LOG/sdpa_fwd.md"
 tail -n 2 "$LOG"/gpu_*.log
 tar czf "$OUT/session.tgz" -C "$LOG" .
