@@ -313,7 +313,9 @@ class GdnPlan(CompiledPlan):
         self._first_or_launch(tensors, workspace, None)
 
     def _first_or_launch(self, t, workspace, bufs):
-        if self._recorded or not self.on_cuda:
+        # A call without a workspace allocates its scratch, which a replay cannot address:
+        # it runs the launcher and leaves the recording to the first call that has one.
+        if self._recorded or not self.on_cuda or workspace is None:
             self._launch(t, workspace)
             return
         from ...runtime.launch_replay import build_replay, record_launches
@@ -321,9 +323,6 @@ class GdnPlan(CompiledPlan):
         self._recorded = True
         with record_launches() as record:
             self._launch(t, workspace)
-        if workspace is None:
-            self.replay_refused = "no workspace given (the launcher allocated its scratch)"
-            return
         names = [n for n in self.names if t.get(n) is not None]
         roots = [(n, t[n]) for n in names] + [("workspace", workspace)]
         kind = "gdn_bwd" if self.backward else "gdn"
