@@ -250,6 +250,15 @@ SWEEP = {
         "state_bwd": {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
     },
     "state V-fastest fwd BV16": {"state_fwd": {"BV": 16, "num_warps": 4, "V_FASTEST": True}},
+    # The forward's output stage fused into state_fwd (kernels/state.py FUSE_OUTPUT): no h /
+    # E stores, no output launch. Equal to the two-stage forward on the CPU, untimed.
+    "state fused output": {"state_fwd": {"BV": 32, "num_warps": 4, "FUSE_OUTPUT": True}},
+    "state fused output V-fastest": {
+        "state_fwd": {"BV": 32, "num_warps": 4, "FUSE_OUTPUT": True, "V_FASTEST": True}
+    },
+    "state fused output BV64 w8 V-fastest": {
+        "state_fwd": {"BV": 64, "num_warps": 8, "FUSE_OUTPUT": True, "V_FASTEST": True}
+    },
 }
 
 

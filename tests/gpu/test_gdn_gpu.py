@@ -180,6 +180,12 @@ CONFIG_VARIANTS = {
         "state_fwd": {"BV": 32, "num_warps": 4, "V_FASTEST": True},
         "state_bwd": {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
     },
+    # The forward's output stage fused into state_fwd (equal to the two-stage forward on the
+    # CPU; bench/gdn.py sweeps it).
+    "state-fused-output": {"state_fwd": {"BV": 32, "num_warps": 4, "FUSE_OUTPUT": True}},
+    "state-fused-output-v-fastest": {
+        "state_fwd": {"BV": 32, "num_warps": 4, "FUSE_OUTPUT": True, "V_FASTEST": True}
+    },
     "wy-w1-apply-w8": {
         "wy_solve": {"BK": 64, "num_warps": 1},
         "wy_apply": {"BK": 64, "BV": 64, "num_warps": 8},

@@ -646,3 +646,50 @@ def test_state_kernels_v_fastest_grid_is_bitwise_the_same(monkeypatch):
     assert torch.isfinite(o0).all() and torch.equal(o0, o1) and torch.equal(f0, f1)
     for name in g0:
         assert torch.equal(g0[name], g1[name]), name
+
+
+class NotLaunched:
+    def __getitem__(self, grid):
+        raise AssertionError("the output stage was launched")
+
+
+@pytest.mark.parametrize(
+    "case", ["l2norm", "plain-nol2", "no-state", "group-q1-k1-v2", "K128-V64-int64cu"]
+)
+def test_forward_with_the_output_fused_into_the_state_stage(case, monkeypatch):
+    # state_fwd's FUSE_OUTPUT (kernels/state.py): O written by the state programs, no h / E
+    # stored, no output launch. Same outputs as the two-stage forward, against float64.
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
+
+    opts, attrs = CASES[case]
+    x, cu = make_inputs(**opts)
+    scale = x["q"].shape[2] ** -0.5
+    o_two, final_two = run_forward(x, cu, scale, attrs)
+    cfg = {**gdn_mod.KERNEL_CONFIGS["state_fwd"], "FUSE_OUTPUT": True}
+    monkeypatch.setitem(gdn_mod.KERNEL_CONFIGS, "state_fwd", cfg)
+    monkeypatch.setattr(gdn_mod, "output_fwd_kernel", NotLaunched())
+    o, final = run_forward(x, cu, scale, attrs)
+    ref_o, ref_final = gdn_reference(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=scale,
+        initial_state=x["initial_state"], **attrs,
+    )  # fmt: skip
+    assert rel_err(o, ref_o) <= FP32_TOL["o"]
+    assert rel_err(final, ref_final) <= FP32_TOL["final_state"]
+    assert rel_err(o, o_two) <= 1e-6 and torch.equal(final, final_two)
+
+
+def test_fused_output_forward_still_stores_requested_checkpoints(monkeypatch):
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
+
+    x, cu = make_inputs(seqlens=(70, 1, 33))
+    attrs = {"use_qk_l2norm": True}
+    n_chunks = max_chunks(104, 3)
+    plain = torch.full((n_chunks, 2, 64, 64), float("nan"))
+    run_forward(x, cu, 0.125, attrs, checkpoints=plain)
+    cfg = {**gdn_mod.KERNEL_CONFIGS["state_fwd"], "FUSE_OUTPUT": True}
+    monkeypatch.setitem(gdn_mod.KERNEL_CONFIGS, "state_fwd", cfg)
+    fused = torch.full((n_chunks, 2, 64, 64), float("nan"))
+    o, _ = run_forward(x, cu, 0.125, attrs, checkpoints=fused)
+    assert torch.isfinite(o).all()
+    written = ~torch.isnan(plain)
+    assert written.any() and torch.equal(fused[written], plain[written])

@@ -83,7 +83,10 @@ __all__ = [
 # - state_fwd / state_bwd may take V_FASTEST (kernels/state.py state_program: the V blocks
 #   of one (sequence, head) at adjacent program ids, sharing w / k reads through L2; bitwise
 #   the same results). Not shipped: untimed (bench/gdn.py SWEEP "state V-fastest", the GPU
-#   test's "state-v-fastest" variant are the next device session's).
+#   test's "state-v-fastest" variant are the next device session's). Likewise FUSE_OUTPUT
+#   (state_fwd writes O itself: no h / E stores, no output_fwd launch; by arithmetic it
+#   removes the h and E round trips, ~0.8 GB on (a) in bf16, and adds a q tile read per
+#   chunk and V block): equal to the two-stage forward on the CPU, untimed.
 # dv_local was chosen by ptxas (no spills).
 KERNEL_CONFIGS = {
     "wy_solve": {
@@ -185,8 +188,11 @@ def _run_wy_and_state(
     store_h,
     vnew,
     cu_error,
+    o=None,
 ):
-    total_t, n_seqs, _, n_k, n_v, n_out, dim_k, dim_v = dims
+    """o: the forward's output, written by state_fwd itself when its config says
+    FUSE_OUTPUT (kernels/state.py); the caller then launches no output stage."""
+    total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
     n_chunks = max_chunks(total_t, n_seqs)
     dummy = ws["gc"]
     error = cu_error if cu_error is not None else ws["cu_error"]
@@ -232,9 +238,10 @@ def _run_wy_and_state(
     )
     if not fused:
         _run_wy_apply(k, v, cu, ws, grid, n_seqs, n_out, n_k, n_v, dim_k, dim_v, prec)
-    if not store_h and final_state is None:
-        return
     cfg = dict(KERNEL_CONFIGS["state_fwd"])
+    fuse = cfg.pop("FUSE_OUTPUT", False) and o is not None
+    if not store_h and final_state is None and not fuse:
+        return
     bv = _block_v(cfg, dim_v)
     state_fwd_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv)](
         k,
@@ -249,10 +256,14 @@ def _run_wy_and_state(
         state_indices if state_indices is not None else ws["chunk_offsets"],
         h_buf if h_buf is not None else dummy,
         vnew if vnew is not None else dummy,
+        q if fuse else dummy,
+        o if fuse else dummy,
         *_state_strides(initial_state),
         *_state_strides(final_state),
         *_state_strides(h_buf),
+        scale,
         n_out,
+        n_q,
         n_k,
         K=dim_k,
         V=dim_v,
@@ -263,6 +274,9 @@ def _run_wy_and_state(
         STORE_H=store_h,
         STORE_VNEW=vnew is not None,
         PREC=prec,
+        FUSE_OUTPUT=fuse,
+        L2NORM=l2norm,
+        EPS=L2NORM_EPS,
         **cfg,
     )
 
@@ -270,12 +284,13 @@ def _run_wy_and_state(
 def _prepare_and_recompute(
     q, k, v, g, beta, cu_seqlens, dims, *, backward, workspace, checkpoints, scale,
     use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, a_log, dt_bias,
-    initial_state, final_state, state_indices, cu_seqlens_error,
+    initial_state, final_state, state_indices, cu_seqlens_error, o=None,
 ):  # fmt: skip
     """What the forward runs and the backward recomputes: the call's workspace views, the
     chunk tables, gates, WY (w, u) and the chunk-start states h (into `checkpoints` when
-    given; the backward skips storing them then). Returns (ws, h_buf, prec, flags) for the
-    stages after it."""
+    given; the backward skips storing them then). With `o` (the forward, when state_fwd's
+    config fuses the output stage) O is written here and h / E are stored only as asked
+    (checkpoints). Returns (ws, h_buf, prec, flags) for the stages after it."""
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
     rows = _layout(
         total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, q.dtype, backward,
@@ -290,8 +305,9 @@ def _prepare_and_recompute(
         scale=scale, flags=flags, l2norm=use_qk_l2norm, a_log=a_log, dt_bias=dt_bias,
         prec=prec, initial_state=initial_state, final_state=final_state,
         state_indices=state_indices, h_buf=h_buf,
-        store_h=not backward or checkpoints is None,
-        vnew=ws.get("vnew"), cu_error=cu_seqlens_error,
+        store_h=(checkpoints is not None) if o is not None else (
+            not backward or checkpoints is None),
+        vnew=None if o is not None else ws.get("vnew"), cu_error=cu_seqlens_error, o=o,
     )  # fmt: skip
     return ws, h_buf, prec, flags
 
@@ -350,6 +366,7 @@ def gdn_forward(
         if final_state is not None and n_seqs > 0:
             _copy_states_for_empty(initial_state, final_state, state_indices)
         return
+    fuse_output = bool(KERNEL_CONFIGS["state_fwd"].get("FUSE_OUTPUT"))
     ws, h_buf, prec, _ = _prepare_and_recompute(
         q, k, v, g, beta, cu_seqlens, dims,
         backward=False, workspace=workspace, checkpoints=checkpoints, scale=scale,
@@ -357,7 +374,10 @@ def gdn_forward(
         allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, gate_domain=gate_domain,
         a_log=a_log, dt_bias=dt_bias, initial_state=initial_state, final_state=final_state,
         state_indices=state_indices, cu_seqlens_error=cu_seqlens_error,
+        o=o if fuse_output else None,
     )  # fmt: skip
+    if fuse_output:
+        return
     cfg = dict(KERNEL_CONFIGS["output_fwd"])
     bv = _block_v(cfg, dim_v)
     output_fwd_kernel[(max_chunks(total_t, n_seqs), n_out, dim_v // bv)](

@@ -20,6 +20,7 @@ import triton.language as tl
 from .chunk_index import locate_chunk
 from .normalize import inv_norm, l2norm_rows, l2norm_rows_bwd
 from .tiles import (
+    decay_mask,
     load_rows,
     load_rows_t,
     load_vec,
@@ -41,20 +42,6 @@ def _store_rows_t(ptr, xt, t0, rows, valid, stride_t, col0, D: tl.constexpr):
         xt.to(ptr.dtype.element_ty),
         mask=(rows < valid)[None, :],
     )
-
-
-@triton.jit
-def _decay_mask(g_row, g_col, valid, LOWER: tl.constexpr):
-    """exp(G_row - G_col) where kept, else 0. LOWER keeps row >= col (P), else row <= col
-    (P^T, whose rows index keys)."""
-    r = tl.arange(0, 64)
-    if LOWER:
-        keep = (r[:, None] >= r[None, :]) & (r[:, None] < valid)
-        diff = g_row[:, None] - g_col[None, :]
-    else:
-        keep = (r[:, None] <= r[None, :]) & (r[None, :] < valid)
-        diff = g_col[None, :] - g_row[:, None]
-    return tl.where(keep, tl.exp(tl.where(keep, diff, 0.0)), 0.0)
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -102,7 +89,7 @@ def output_fwd_kernel(
     g = load_vec(gc_ptr, t0, r, valid, HO, h)
     rk = load_vec(rk_ptr, t0, r, valid, HO, h)
     rq = inv_norm(q, 1, L2NORM, EPS)
-    p = tl.dot(q, kt, input_precision=PREC) * (_decay_mask(g, g, valid, True) * rk[None, :])
+    p = tl.dot(q, kt, input_precision=PREC) * (decay_mask(g, g, valid, True) * rk[None, :])
     v_idx = iv * BV + tl.arange(0, BV)
     s0 = tl.load(state_block(h_ptr, c.to(tl.int64) * sh_c + h * sh_h, v_idx, K, sh_v, sh_k))
     e = load_rows(vnew_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
@@ -150,7 +137,7 @@ def dv_local_kernel(
         k = l2norm_rows(k, 1, EPS)
         qt = l2norm_rows(qt, 0, EPS)
     g = load_vec(gc_ptr, t0, r, valid, HO, h)
-    pt = tl.dot(k.to(dt), qt.to(dt), input_precision=PREC) * _decay_mask(g, g, valid, False)
+    pt = tl.dot(k.to(dt), qt.to(dt), input_precision=PREC) * decay_mask(g, g, valid, False)
     do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
     de = tl.dot(pt.to(dt), do.to(dt), input_precision=PREC) * scale
     store_rows(de_ptr, de, t0, r, valid, HO * V, h * V + iv * BV, BV)
@@ -268,7 +255,7 @@ def dqk_kernel(
     # In an order that ends each [64, K] tile's life early (ptxas holds the peak here).
     g = load_vec(gc_ptr, t0, r, valid, HO, h)
     g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
-    dpg = dp * scale * _decay_mask(g, g, valid, True)
+    dpg = dp * scale * decay_mask(g, g, valid, True)
     if PART != 2:
         q = load_rows(q_ptr, t0, r, valid, H * K, hq * K, K)
         kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)

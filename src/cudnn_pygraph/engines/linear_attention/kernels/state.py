@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from .normalize import inv_norm
-from .tiles import load_rows, load_rows_t, load_vec, state_block, store_rows
+from .tiles import decay_mask, load_rows, load_rows_t, load_vec, state_block, store_rows
 
 
 def state_grid(v_fastest: bool, n_seqs: int, n_out: int, n_vblocks: int) -> tuple:
@@ -64,6 +64,8 @@ def state_fwd_kernel(
     idx_ptr,
     h_ptr,
     vnew_ptr,
+    q_ptr,
+    o_ptr,
     si_n,
     si_h,
     si_v,
@@ -76,7 +78,9 @@ def state_fwd_kernel(
     sh_h,
     sh_v,
     sh_k,
+    scale,
     HO,
+    H,
     HK,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -87,10 +91,21 @@ def state_fwd_kernel(
     STORE_H: tl.constexpr,
     STORE_VNEW: tl.constexpr,
     PREC: tl.constexpr,
+    FUSE_OUTPUT: tl.constexpr = False,
+    L2NORM: tl.constexpr = False,
+    EPS: tl.constexpr = 1e-6,
     V_FASTEST: tl.constexpr = False,
 ):
     """rk_ptr: the keys' inverse row norms [T, HO] (1 without the l2norm) from wy_solve, so
-    the chain of dependent steps per chunk holds no norm reduction."""
+    the chain of dependent steps per chunk holds no norm reduction.
+
+    FUSE_OUTPUT: the program also writes O's V block per chunk (stage 4, the arithmetic of
+    output.py's output_fwd_kernel, with the same roundings: S and E enter the products in
+    the compute dtype, as the unfused pair stores and reloads them), from the state at the
+    chunk's start while it is in registers. The forward then stores neither h nor E and
+    launches no output stage: the backward recomputes both anyway. Its cost: q [64, K] per
+    chunk and program and the chunk's Q K^T per V block (shared through L2 with V_FASTEST).
+    q_ptr / o_ptr / scale / H / L2NORM / EPS are read only under it."""
     n, h, iv = state_program(V_FASTEST, V // BV)
     hk = h // (HO // HK)
     dt = w_ptr.dtype.element_ty
@@ -123,6 +138,16 @@ def state_fwd_kernel(
         g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
         kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
         rk = load_vec(rk_ptr, t0, r, valid, HO, h)
+        if FUSE_OUTPUT:
+            q = load_rows(q_ptr, t0, r, valid, H * K, (h // (HO // H)) * K, K)
+            rq = inv_norm(q, 1, L2NORM, EPS)
+            p = tl.dot(q, kt, input_precision=PREC) * (
+                decay_mask(g, g, valid, True) * rk[None, :]
+            )
+            o = tl.dot(q, s.to(dt), input_precision=PREC) * tl.exp(g)[:, None]
+            o += tl.dot(p.to(dt), e.to(dt), input_precision=PREC)
+            o = o * (scale * rq)[:, None]
+            store_rows(o_ptr, o, t0, r, valid, HO * V, h * V + iv * BV, BV)
         # k^T diag(rk * decay) E: the l2norm of k folded into the rows of E.
         row_scale = tl.where(r < valid, tl.exp(g_last - g) * rk, 0.0)
         e = e * row_scale[:, None]

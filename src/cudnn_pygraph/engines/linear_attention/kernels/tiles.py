@@ -74,3 +74,17 @@ def state_block_t(ptr, base, v_idx, K: tl.constexpr, stride_v, stride_k):
     """Pointers of the same block as [BV, K] = X (rows: value channel)."""
     k_idx = tl.arange(0, K)
     return (ptr + base) + (v_idx[:, None] * stride_v + k_idx[None, :] * stride_k)
+
+
+@triton.jit
+def decay_mask(g_row, g_col, valid, LOWER: tl.constexpr):
+    """exp(G_row - G_col) where kept, else 0. LOWER keeps row >= col (P), else row <= col
+    (P^T, whose rows index keys)."""
+    r = tl.arange(0, 64)
+    if LOWER:
+        keep = (r[:, None] >= r[None, :]) & (r[:, None] < valid)
+        diff = g_row[:, None] - g_col[None, :]
+    else:
+        keep = (r[:, None] <= r[None, :]) & (r[None, :] < valid)
+        diff = g_col[None, :] - g_row[:, None]
+    return tl.where(keep, tl.exp(tl.where(keep, diff, 0.0)), 0.0)
