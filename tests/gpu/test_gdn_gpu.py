@@ -186,6 +186,12 @@ CONFIG_VARIANTS = {
     "state-fused-output-v-fastest": {
         "state_fwd": {"BV": 32, "num_warps": 4, "FUSE_OUTPUT": True, "V_FASTEST": True}
     },
+    "state-fwd-s2": {"state_fwd": {"BV": 32, "num_warps": 4, "num_stages": 2}},
+    "state-fused-output-s2-w8": {
+        "state_fwd": {
+            "BV": 32, "num_warps": 8, "num_stages": 2, "FUSE_OUTPUT": True, "V_FASTEST": True
+        }
+    },
     "wy-w1-apply-w8": {
         "wy_solve": {"BK": 64, "num_warps": 1},
         "wy_apply": {"BK": 64, "BV": 64, "num_warps": 8},

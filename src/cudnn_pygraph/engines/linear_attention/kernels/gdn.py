@@ -87,6 +87,13 @@ __all__ = [
 #   (state_fwd writes O itself: no h / E stores, no output_fwd launch; by arithmetic it
 #   removes the h and E round trips, ~0.8 GB on (a) in bf16, and adds a q tile read per
 #   chunk and V block): equal to the two-stage forward on the CPU, untimed.
+#   Static facts (ptxas for sm_90, compiled offline in session 3, K = V = 128, bf16):
+#   state_fwd as shipped (BV=32, 4 warps, 3 stages) takes 118 KB of shared memory and 255
+#   registers + 64 B of spills, so ONE program per SM walks its chunks serially; at 2 stages
+#   80 KB, 228 registers, no spills: two per SM (state_bwd's 2-stage config doubled its
+#   speed the same way, run 7). Fused output: 150 KB at 3 stages, 96 KB at 2 (8 warps: 8 B
+#   of spills). All swept next (bench/gdn.py SWEEP "state_fwd BV32 w4 s2", "state fused
+#   output ... s2 ...").
 # dv_local was chosen by ptxas (no spills).
 KERNEL_CONFIGS = {
     "wy_solve": {
