@@ -24,8 +24,13 @@ from cudnn_pygraph.engines.linear_attention.kernels import state
 SM_SHARED = 228 * 1024
 SM_REGISTERS = 64 * 1024
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-FP32_POINTERS = {"gc_ptr", "rk_ptr", "init_ptr", "final_ptr", "de_ptr", "dfinal_ptr", "dinit_ptr"}
-INT_POINTERS = {"cu_ptr", "off_ptr", "idx_ptr"}
+# Pointer dtypes of a bf16 call: workspace buffers and states are fp32, tables int32, the
+# rest bf16; FP32_IN names the pointers that are fp32 in one kernel only.
+FP32_POINTERS = {"gc_ptr", "rk_ptr", "init_ptr", "final_ptr", "de_ptr", "dfinal_ptr", "dinit_ptr",
+                 "a_log_ptr", "dt_bias_ptr", "a_ptr", "beff_ptr", "dw_ptr", "du_ptr",
+                 "dk_part_ptr", "dg_part_ptr", "da_tok_ptr", "ddt_tok_ptr"}  # fmt: skip
+INT_POINTERS = {"cu_ptr", "off_ptr", "idx_ptr", "seq_ptr"}
+FP32_IN = {"dqk_kernel": {"dk_ptr", "dg_ptr"}}
 
 # (label, FUSE_OUTPUT, BV, num_warps, num_stages); the state_fwd configs the sweep times.
 CONFIGS = [
@@ -39,15 +44,19 @@ CONFIGS = [
 ]
 
 
-def compile_facts(fn, constexprs: dict, num_warps: int, num_stages: int):
+def compile_facts(fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg=None):
     """(shared bytes, registers, spill bytes) of fn compiled for sm_90."""
+    fp32 = FP32_POINTERS | FP32_IN.get(fn.__name__, set())
+    # A constexpr the caller leaves out takes its default, as the JIT would.
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    constexprs = {**defaults, **constexprs}
     sig, cx, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
             sig[name], cx[name] = "constexpr", constexprs[name]
         elif name.endswith("_ptr"):
             sig[name] = (
-                "*fp32" if name in FP32_POINTERS else "*i32" if name in INT_POINTERS else "*bf16"
+                "*fp32" if name in fp32 else "*i32" if name in INT_POINTERS else "*bf16"
             )
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
@@ -55,7 +64,8 @@ def compile_facts(fn, constexprs: dict, num_warps: int, num_stages: int):
     kernel = triton.compile(
         ASTSource(fn, sig, cx, attrs),
         target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": num_warps, "num_stages": num_stages},
+        options={"num_warps": num_warps, "num_stages": num_stages,
+                 **({"maxnreg": maxnreg} if maxnreg else {})},
     )
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(kernel.asm["ptx"])
@@ -72,7 +82,41 @@ def compile_facts(fn, constexprs: dict, num_warps: int, num_stages: int):
     return kernel.metadata.shared, registers, spills
 
 
+def shipped_facts():
+    """The shipped config of every kernel (kernels/gdn.py KERNEL_CONFIGS) of a bf16 call with
+    l2norm and initial / final state, as the launcher would compile it."""
+    from cudnn_pygraph.engines.linear_attention.kernels import output, wy, wy_fwd
+    from cudnn_pygraph.engines.linear_attention.kernels.gdn import KERNEL_CONFIGS
+
+    common = dict(K=128, V=128, L2NORM=True, PREC="tf32", EPS=1e-6)
+    gates = dict(LINEAR=False, SAFE=False, HAS_A=False, HAS_DT=False, SIGMOID=False,
+                 NEG_EIGVAL=False)  # fmt: skip
+    jobs = {
+        "wy_solve (forward)": (wy_fwd.wy_solve_kernel, {**common, **gates, "APPLY": True,
+                                                         "STORE_A": False}),
+        "state_fwd": (state.state_fwd_kernel, {**common, "HAS_INIT": True, "HAS_FINAL": True,
+                      "HAS_IDX": False, "STORE_H": True, "STORE_VNEW": True}),
+        "output_fwd": (output.output_fwd_kernel, common),
+        "dv_local": (output.dv_local_kernel, common),
+        "state_bwd": (state.state_bwd_kernel, {**common, "HAS_DFINAL": True, "HAS_DINIT": True}),
+        "dqk": (output.dqk_kernel, {**common, "FINAL_DQ": True, "HAS_VNEW": True, "PART": 1}),
+        "wy_bwd": (wy.wy_bwd_kernel, {**{k: v for k, v in common.items() if k != "EPS"},
+                                      **gates, "FINAL_DK": True, "FINAL_DV": True}),
+    }  # fmt: skip
+    print("| kernel (shipped config) | shared KB | registers | spill bytes | programs per SM |")
+    print("|---|---|---|---|---|")
+    for label, (fn, cx) in jobs.items():
+        cfg = dict(KERNEL_CONFIGS[label.split(" ")[0]])
+        warps, stages = cfg.pop("num_warps", 4), cfg.pop("num_stages", 3)
+        cx = {**cx, **{k: v for k, v in cfg.items() if k in fn.arg_names}}
+        shared, registers, spills = compile_facts(fn, cx, warps, stages, cfg.get("maxnreg"))
+        per_sm = min(SM_SHARED // max(shared, 1), SM_REGISTERS // (registers * 32 * warps))
+        print(f"| {label} | {shared / 1024:.0f} | {registers} | {spills} | {per_sm} |")
+
+
 def main():
+    shipped_facts()
+    print()
     base = dict(K=128, V=128, HAS_INIT=True, HAS_FINAL=True, HAS_IDX=False, PREC="tf32",
                 L2NORM=True, EPS=1e-6, V_FASTEST=True)  # fmt: skip
     print("| state_fwd config | shared KB | registers | spill bytes | programs per SM |")
