@@ -328,7 +328,6 @@ def host_time(only):
     call's buffers: Triton's C launcher alone, the floor)."""
     import time
 
-    from cudnn_pygraph.engines.linear_attention.kernels import chunk_index, gdn
     from cudnn_pygraph.linear_attention.ops import gated_delta_net
     from cudnn_pygraph.runtime.launch_replay import build_replay, record_launches
 
@@ -342,34 +341,6 @@ def host_time(only):
             scale=DIM**-0.5, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
         )  # fmt: skip
 
-    recorded = []
-
-    class Recorder:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                recorded.append((self.kernel, grid, args, kwargs))
-                return self.kernel[grid](*args, **kwargs)
-
-            return launch
-
-    patched = {}
-    for mod in (gdn, chunk_index):
-        for attr in dir(mod):
-            obj = getattr(mod, attr)
-            if attr.endswith("_kernel") and hasattr(obj, "run"):
-                patched[(mod, attr)] = obj
-                setattr(mod, attr, Recorder(obj))
-    ours.forward()
-    for (mod, attr), obj in patched.items():
-        setattr(mod, attr, obj)
-
-    def bare():
-        for kernel, grid, args, kwargs in recorded:
-            kernel[grid](*args, **kwargs)
-
     with record_launches() as record:
         ours.forward()
     roots = [(n, t) for n, t in x.items()] + [("cu", cu), ("o", ours.o), ("ws", ours.ws)]
@@ -378,6 +349,10 @@ def host_time(only):
         raise SystemExit(f"not replayable: {reason}")
     ptrs = tuple(t.data_ptr() for _, t in roots)
     stream = torch.cuda.current_stream().cuda_stream
+
+    def bare():
+        for kernel, grid, args, kwargs in record.jit_calls:
+            kernel[grid](*args, **kwargs)
 
     def raw():
         replay(ptrs, stream)
@@ -401,7 +376,7 @@ def host_time(only):
     assert torch.equal(ours.o, o_launcher), "raw replay differs from the launcher"
     op_us, launcher_us = host_us(op), host_us(ours.forward)
     bare_us, raw_us = host_us(bare), host_us(raw)
-    print(f"{name}: host us per forward call (drained queue), {len(recorded)} launches")
+    print(f"{name}: host us per forward call (drained queue), {len(record.jit_calls)} launches")
     print("| torch op | launcher (gdn_forward) | bare JIT launches | raw launches (replay) "
           "| op / bare JIT | op / raw |")  # fmt: skip
     print("|---|---|---|---|---|---|")

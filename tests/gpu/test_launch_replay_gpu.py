@@ -127,7 +127,7 @@ def _forward_graph(x, cu):
     return g, t, flat, o, final
 
 
-def test_graph_execute_replays_and_a_misaligned_workspace_is_refused():
+def test_graph_execute_replays_and_a_short_or_misaligned_workspace_is_refused():
     cu = cu_seqlens()
     g, t, flat, o, final = _forward_graph(op_inputs(2), cu)
     record = g._require_planning()
@@ -149,6 +149,13 @@ def test_graph_execute_replays_and_a_misaligned_workspace_is_refused():
     assert torch.isfinite(outs["record"][0].float()).all()
     assert torch.equal(outs["replay"][0], outs["record"][0])
     assert torch.equal(outs["replay"][1], outs["record"][1])
+    # Too small: the replay (which skips the launcher's own checks) refuses it by name.
+    o_buf, f_buf = outputs()
+    with pytest.raises(ValueError, match="workspace"):
+        g.execute({**{t[n]: b for n, b in flat.items()}, o: o_buf, final: f_buf},
+                  arena[: size - 256])
+    torch.cuda.synchronize()
+    assert torch.isnan(o_buf.float()).all() and torch.isnan(f_buf).all()
     # 8 bytes past a 16-byte boundary: the replay's guard declines it and the launcher
     # refuses it by name, before any launch (the H200 computed garbage with it, session 3).
     o_buf, f_buf = outputs()

@@ -39,14 +39,18 @@ _PATCH_LOCK = threading.Lock()
 
 
 class LaunchRecord:
-    """What one run of a launcher did: launches [(compiled, (gx, gy, gz), values)] in
-    order, and the reasons it cannot be replayed (empty if it can)."""
+    """What one run of a launcher did: launches [(name, compiled, (gx, gy, gz), values)] in
+    order, the same as JIT calls [(fn, grid, args, kwargs)] (what a benchmark replays to
+    time Triton's own launch path), and the reasons it cannot be replayed (empty if it
+    can)."""
 
     def __init__(self):
         self.launches = []
+        self.jit_calls = []
         self.refusals = []
 
     def add(self, fn, compiled, grid, args, kwargs):
+        self.jit_calls.append((fn, grid, args, kwargs))
         names = set(fn.arg_names)
         bound = fn.signature.bind(*args, **{k: v for k, v in kwargs.items() if k in names})
         bound.apply_defaults()

@@ -231,17 +231,6 @@ def _compile_by_warm_launch(plan, ports, dev):
         torch.cuda.synchronize(dev)
 
 
-def _address(buf) -> int:
-    """A workspace's device address: an int is one; else its data_ptr, or a DLPack view's."""
-    if isinstance(buf, int):
-        return buf
-    if hasattr(buf, "data_ptr"):
-        return buf.data_ptr()
-    import torch
-
-    return torch.from_dlpack(buf).data_ptr()
-
-
 class GdnPlan(CompiledPlan):
     """execute: the pack's buffers as zero-copy torch views, by the positions settled at
     build, handed to gdn_forward / gdn_backward with the caller's workspace."""
@@ -263,9 +252,11 @@ class GdnPlan(CompiledPlan):
         # Resolved once here: an import inside the per-call path costs ~1 us a call.
         import torch
 
+        from ...runtime.variant_pack import workspace_address
         from .kernels.gdn import gdn_backward, gdn_forward
 
         self._torch, self._run = torch, (gdn_backward if backward else gdn_forward)
+        self._workspace_address = workspace_address
 
     def execute(self, graph, pack, ctx):
         torch = self._torch
@@ -278,7 +269,11 @@ class GdnPlan(CompiledPlan):
             # are described otherwise takes the launcher.
             sig = tuple(None if b is None else (b.shape, b.strides) for b in bufs)
             if sig == self._record_sig:
-                ptrs = tuple(b.ptr for b in bufs if b is not None) + (_address(ctx.workspace),)
+                # The workspace read as the backend's is: its address, refused (named) when
+                # it spans fewer bytes than the plan needs; the replay skips the launcher's
+                # own check.
+                ws = self._workspace_address(ctx.workspace, self.workspace_size)
+                ptrs = tuple(b.ptr for b in bufs if b is not None) + (ws,)
                 stream = ctx.stream
                 if stream is None:
                     stream = torch._C._cuda_getCurrentRawStream(self._device_index)
