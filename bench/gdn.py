@@ -223,6 +223,20 @@ SWEEP = {
     "output_fwd BV128 w4": {"output_fwd": {"BV": 128, "num_warps": 4}},
     "wy_bwd 64 w8": {"wy_bwd": {"BK": 64, "BV": 64, "num_warps": 8}},
     "wy_bwd 32 w8": {"wy_bwd": {"BK": 32, "BV": 32, "num_warps": 8}},
+    # Session 4: 16-bit product operands (LOW) in the sliced kernel, and the whole-K kernel
+    # (k, dW and the partial dk read once; kernels/wy.py wy_bwd_whole_k_kernel).
+    "s4 wy_bwd whole-K 16-bit BV64 w8": {
+        "wy_bwd": {"WHOLE_K": True, "BV": 64, "LOW": True, "num_warps": 8}
+    },
+    "s4 wy_bwd whole-K 16-bit BV128 w8": {
+        "wy_bwd": {"WHOLE_K": True, "BV": 128, "LOW": True, "num_warps": 8}
+    },
+    "s4 wy_bwd whole-K 16-bit BV64 w8 s1": {
+        "wy_bwd": {"WHOLE_K": True, "BV": 64, "LOW": True, "num_warps": 8, "num_stages": 1}
+    },
+    "s4 wy_bwd whole-K tf32 BV64 w8": {"wy_bwd": {"WHOLE_K": True, "BV": 64, "num_warps": 8}},
+    "s4 wy_bwd sliced 16-bit 32 w4": {"wy_bwd": {"BK": 32, "BV": 32, "LOW": True, "num_warps": 4}},
+    "s4 wy_bwd sliced 16-bit 64 w8": {"wy_bwd": {"BK": 64, "BV": 64, "LOW": True, "num_warps": 8}},
     "state_bwd BV32 w8": {"state_bwd": {"BV": 32, "num_warps": 8}},
     "state_bwd BV32 w8 s2": {"state_bwd": {"BV": 32, "num_warps": 8, "num_stages": 2}},
     "state_bwd BV32 w4 s3": {"state_bwd": {"BV": 32, "num_warps": 4}},

@@ -146,6 +146,20 @@ CONFIG_VARIANTS = {
     },
     "wy-bwd-64-w8": {"wy_bwd": {"BK": 64, "BV": 64, "num_warps": 8}},
     "wy-bwd-32-w8": {"wy_bwd": {"BK": 32, "BV": 32, "num_warps": 8}},
+    # Session 4: the WY backward with 16-bit product operands (LOW) and / or the whole-K
+    # kernel (kernels/wy.py wy_bwd_whole_k_kernel), at the configs bench/gdn.py sweeps.
+    "wy-bwd-s4-wholek-16bit-bv64-w8": {
+        "wy_bwd": {"WHOLE_K": True, "BV": 64, "LOW": True, "num_warps": 8}
+    },
+    "wy-bwd-s4-wholek-16bit-bv128-w8": {
+        "wy_bwd": {"WHOLE_K": True, "BV": 128, "LOW": True, "num_warps": 8}
+    },
+    "wy-bwd-s4-wholek-16bit-bv64-w8-s1": {
+        "wy_bwd": {"WHOLE_K": True, "BV": 64, "LOW": True, "num_warps": 8, "num_stages": 1}
+    },
+    "wy-bwd-s4-wholek-tf32-bv64-w8": {"wy_bwd": {"WHOLE_K": True, "BV": 64, "num_warps": 8}},
+    "wy-bwd-s4-sliced-16bit-32-w4": {"wy_bwd": {"BK": 32, "BV": 32, "LOW": True, "num_warps": 4}},
+    "wy-bwd-s4-sliced-16bit-64-w8": {"wy_bwd": {"BK": 64, "BV": 64, "LOW": True, "num_warps": 8}},
     "output-bv128-w4": {"output_fwd": {"BV": 128, "num_warps": 4}},
     # The backward's state / dq-dk kernels at the configs the bench sweeps.
     "bwd-bv16-w4": {

@@ -38,7 +38,7 @@ from .gdn_workspace import _carve, _layout, gdn_workspace_bytes
 from .normalize import L2NORM_EPS
 from .output import dqk_kernel, dv_local_kernel, output_fwd_kernel
 from .state import state_bwd_kernel, state_fwd_kernel, state_grid
-from .wy import group_reduce_kernel, wy_bwd_kernel
+from .wy import group_reduce_kernel, wy_bwd_kernel, wy_bwd_whole_k_kernel
 from .wy_fwd import wy_apply_kernel, wy_solve_kernel
 
 __all__ = [
@@ -606,7 +606,13 @@ def gdn_backward(
     gates += (dt_bias if dt_bias is not None else dummy, ws["gc"], ws["beta_eff"])
     partials = (ws["a"], ws["dw"], ws["de"], ws["dk_part"], ws["dg_part"])
     finals = {"FINAL_DK": final_dk, "FINAL_DV": final_dv}
-    wy_bwd_kernel[(n_chunks, n_out)](
+    # WHOLE_K: the key side as whole [64, K] tiles (k, dW, partial dk read once; LOW: 16-bit
+    # product operands), kernels/wy.py wy_bwd_whole_k_kernel; else BK-wide key passes.
+    if cfg.pop("WHOLE_K", False):
+        kernel, slices = wy_bwd_whole_k_kernel, {}
+    else:
+        kernel, slices = wy_bwd_kernel, {"BK": _slice(cfg, "BK", dim_k)}
+    kernel[(n_chunks, n_out)](
         *gates,
         ws["rk"],
         *partials,
@@ -617,7 +623,7 @@ def gdn_backward(
         n_v,
         K=dim_k,
         V=dim_v,
-        BK=_slice(cfg, "BK", dim_k),
+        **slices,
         BV=_slice(cfg, "BV", dim_v),
         L2NORM=use_qk_l2norm,
         **flags,

@@ -35,6 +35,47 @@ def _load_a(a_ptr, t0, valid, HO, h, TRANSPOSE: tl.constexpr):
     return tl.load(base + rows * (HO * 64) + cols, mask=keep, other=0.0)
 
 
+@triton.jit
+def _store_gate_and_beta_grads(
+    dg, dbeta, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, dg_part_ptr, dg_ptr, dbeta_ptr,
+    da_tok_ptr, ddt_tok_ptr, t0, valid, HO, h, LINEAR: tl.constexpr, SAFE: tl.constexpr,
+    HAS_A: tl.constexpr, HAS_DT: tl.constexpr, SIGMOID: tl.constexpr,
+    NEG_EIGVAL: tl.constexpr,
+):  # fmt: skip
+    """A chunk's per-token finish: dG (w.r.t. the cumulative gate, plus the stage-4 partial)
+    back through the chunk-local cumsum and the gate transform; dbeta (w.r.t. the effective
+    beta) back through the beta transform."""
+    r = tl.arange(0, 64)
+    row_ok = r < valid
+    dg += load_vec(dg_part_ptr, t0, r, valid, HO, h)
+    d_gamma = reverse_cumsum(tl.where(row_ok, dg, 0.0))
+    offs = (t0 + r).to(tl.int64) * HO + h
+    g_raw = tl.load(g_ptr + offs, mask=row_ok, other=1.0)
+    d_graw, d_a, d_dt = log_decay_bwd(
+        g_raw, d_gamma, a_log_ptr, dt_bias_ptr, h, LINEAR, SAFE, HAS_A, HAS_DT
+    )
+    tl.store(dg_ptr + offs, d_graw.to(dg_ptr.dtype.element_ty), mask=row_ok)
+    if SAFE:
+        if HAS_A:
+            tl.store(da_tok_ptr + offs, d_a, mask=row_ok)
+        if HAS_DT:
+            tl.store(ddt_tok_ptr + offs, d_dt, mask=row_ok)
+    b_raw = tl.load(beta_ptr + offs, mask=row_ok, other=0.0)
+    d_braw = effective_beta_bwd(b_raw, dbeta, SIGMOID, NEG_EIGVAL)
+    tl.store(dbeta_ptr + offs, d_braw.to(dbeta_ptr.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _operand(x, ty, LOW: tl.constexpr):
+    """A tile as a tl.dot operand: the inputs' 16-bit dtype `ty` under LOW, else fp32 (fp32
+    runs and tf32 products). A 16-bit input tile passes through exactly either way."""
+    if LOW:
+        x = x.to(ty)
+    else:
+        x = x.to(tl.float32)
+    return x
+
+
 @triton.jit(do_not_specialize=["N"])
 def wy_bwd_kernel(
     k_ptr,
@@ -78,6 +119,7 @@ def wy_bwd_kernel(
     FINAL_DK: tl.constexpr,
     FINAL_DV: tl.constexpr,
     PREC: tl.constexpr,
+    LOW: tl.constexpr = False,
 ):
     """dk, dv, dbeta and dG in BV / BK column slices, so that only the [64, 64] matrices
     (A^T, dA, the key Gram) stay whole. (The previous kernel held a dozen [64, 128] fp32
@@ -107,42 +149,44 @@ def wy_bwd_kernel(
     rk = load_vec(rk_ptr, t0, r, valid, HO, h)
     d = tl.where(row_ok, tl.exp(g), 0.0)
     bd = b * d
-    at = _load_a(a_ptr, t0, valid, HO, h, True)
+    ty = k_ptr.dtype.element_ty
+    at = _operand(_load_a(a_ptr, t0, valid, HO, h, True), ty, LOW)
 
     da = tl.zeros([64, 64], dtype=tl.float32)
     dbeta = tl.zeros([64], dtype=tl.float32)
     for iv in range(V // BV):
         col = iv * BV
-        du = load_rows(du_ptr, t0, r, valid, HO * V, h * V + col, BV)
+        du = _operand(load_rows(du_ptr, t0, r, valid, HO * V, h * V + col, BV), ty, LOW)
         v = load_rows(v_ptr, t0, r, valid, HV * V, hv * V + col, BV).to(tl.float32)
-        vt = load_rows_t(v_ptr, t0, r, valid, HV * V, hv * V + col, BV).to(tl.float32)
+        vt = _operand(load_rows_t(v_ptr, t0, r, valid, HV * V, hv * V + col, BV), ty, LOW)
         at_du = tl.dot(at, du, input_precision=PREC)
         dbeta += tl.sum(v * at_du, 1)
         if FINAL_DV:
             store_rows(dv_ptr, b[:, None] * at_du, t0, r, valid, HV * V, hv * V + col, BV)
         else:
             store_rows(dv_ptr, b[:, None] * at_du, t0, r, valid, HO * V, h * V + col, BV)
-        da += tl.dot(du, vt * b[None, :], input_precision=PREC)
+        da += tl.dot(du, vt, input_precision=PREC) * b[None, :]
 
     kk = tl.zeros([64, 64], dtype=tl.float32)
     kdw = tl.zeros([64], dtype=tl.float32)  # <k_hat, A^T dW> per row
     kdp = tl.zeros([64], dtype=tl.float32)  # <k_hat, stage-4 partial dk> per row
     for ik in range(K // BK):
         col = ik * BK
-        k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK).to(tl.float32)
-        kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K + col, BK).to(tl.float32)
-        dw = load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK)
+        k = _operand(load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK), ty, LOW)
+        kt = _operand(load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K + col, BK), ty, LOW)
+        dw = _operand(load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK), ty, LOW)
         dkp = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
         at_dw = tl.dot(at, dw, input_precision=PREC)
-        k_hat = k * rk[:, None]
+        k_hat = k.to(tl.float32) * rk[:, None]
         kdw += tl.sum(k_hat * at_dw, 1)
         kdp += tl.sum(k_hat * dkp, 1)
-        da += tl.dot(dw, kt * (rk * bd)[None, :], input_precision=PREC)
+        da += tl.dot(dw, kt, input_precision=PREC) * (rk * bd)[None, :]
         kk += tl.dot(k, kt, input_precision=PREC)
         store_rows(dk_part_ptr, dkp + bd[:, None] * at_dw, t0, r, valid, HO * K, h * K + col, BK)
     kk = kk * rk[:, None] * rk[None, :]
 
-    dl = -tl.dot(tl.dot(at, da, input_precision=PREC), at, input_precision=PREC)
+    dl = tl.dot(at, _operand(da, ty, LOW), input_precision=PREC)
+    dl = -tl.dot(_operand(dl, ty, LOW), at, input_precision=PREC)
     strict = (r[:, None] > r[None, :]) & (r[:, None] < valid)
     dm = tl.where(strict, dl * tl.exp(tl.where(strict, g[:, None] - g[None, :], 0.0)), 0.0)
     dbeta += tl.sum(dm * kk, 1) + d * kdw
@@ -156,13 +200,13 @@ def wy_bwd_kernel(
     tl.store(a_rows + r[:, None] * (HO * 64) + r[None, :], dm, mask=row_ok[:, None])
     tl.debug_barrier()
     dmt = tl.load(a_rows + r[None, :] * (HO * 64) + r[:, None], mask=row_ok[None, :], other=0.0)
-    dsym = dm + dmt
+    dsym = _operand((dm + dmt) * rk[None, :], ty, LOW)
     for ik in range(K // BK):
         col = ik * BK
-        k_hat = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK).to(tl.float32)
-        k_hat = k_hat * rk[:, None]
+        k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK)
+        k_hat = k.to(tl.float32) * rk[:, None]
         dk = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
-        dk += tl.dot(dsym, k_hat, input_precision=PREC)
+        dk += tl.dot(dsym, _operand(k, ty, LOW), input_precision=PREC)
         if FINAL_DK:
             if L2NORM:
                 dk = (dk - k_hat * row_dot[:, None]) * rk[:, None]
@@ -170,22 +214,147 @@ def wy_bwd_kernel(
         else:
             store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K + col, BK)
 
-    dg += load_vec(dg_part_ptr, t0, r, valid, HO, h)
-    d_gamma = reverse_cumsum(tl.where(row_ok, dg, 0.0))
-    offs = (t0 + r).to(tl.int64) * HO + h
-    g_raw = tl.load(g_ptr + offs, mask=row_ok, other=1.0)
-    d_graw, d_a, d_dt = log_decay_bwd(
-        g_raw, d_gamma, a_log_ptr, dt_bias_ptr, h, LINEAR, SAFE, HAS_A, HAS_DT
-    )
-    tl.store(dg_ptr + offs, d_graw.to(dg_ptr.dtype.element_ty), mask=row_ok)
-    if SAFE:
-        if HAS_A:
-            tl.store(da_tok_ptr + offs, d_a, mask=row_ok)
-        if HAS_DT:
-            tl.store(ddt_tok_ptr + offs, d_dt, mask=row_ok)
-    b_raw = tl.load(beta_ptr + offs, mask=row_ok, other=0.0)
-    d_braw = effective_beta_bwd(b_raw, dbeta, SIGMOID, NEG_EIGVAL)
-    tl.store(dbeta_ptr + offs, d_braw.to(dbeta_ptr.dtype.element_ty), mask=row_ok)
+    _store_gate_and_beta_grads(
+        dg, dbeta, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, dg_part_ptr, dg_ptr, dbeta_ptr,
+        da_tok_ptr, ddt_tok_ptr, t0, valid, HO, h, LINEAR, SAFE, HAS_A, HAS_DT, SIGMOID,
+        NEG_EIGVAL,
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["N"])
+def wy_bwd_whole_k_kernel(
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    a_log_ptr,
+    dt_bias_ptr,
+    gc_ptr,
+    beff_ptr,
+    rk_ptr,
+    a_ptr,
+    dw_ptr,
+    du_ptr,
+    dk_part_ptr,
+    dg_part_ptr,
+    dk_ptr,
+    dv_ptr,
+    dg_ptr,
+    dbeta_ptr,
+    da_tok_ptr,
+    ddt_tok_ptr,
+    cu_ptr,
+    off_ptr,
+    seq_ptr,
+    N,
+    HO,
+    HK,
+    HV,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    L2NORM: tl.constexpr,
+    LINEAR: tl.constexpr,
+    SAFE: tl.constexpr,
+    HAS_A: tl.constexpr,
+    HAS_DT: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    NEG_EIGVAL: tl.constexpr,
+    FINAL_DK: tl.constexpr,
+    FINAL_DV: tl.constexpr,
+    PREC: tl.constexpr,
+    LOW: tl.constexpr = False,
+):
+    """The same gradients as wy_bwd_kernel with the key side as whole [64, K] tiles, so that
+    k, dW and the stage-4 partial dk are each read once (wy_bwd_kernel reads k three times
+    and the fp32 partial dk three times: it parks A^T dW there between its two key passes);
+    meant for 8 warps (a [64, 128] fp32 tile is 32 registers per thread there).
+
+    LOW (16-bit runs): every product takes 16-bit operands (fp32 accumulation), as fla's
+    WY backward does: A, dU, dW and dA are rounded to the inputs' dtype on entry to a
+    product; k and v enter exactly. Column and row factors (beta, d, 1/||k||) are applied to
+    fp32 results or to the [64, 64] matrices instead of to the key / value tiles, so that the
+    raw 16-bit tiles enter the products unrounded.
+
+    Value pass (BV slices): dv, dbeta's value part, dA += dU V^T diag(beta).
+    Key side: dA += dW K^T diag(beta d / ||k||), the Gram K K^T; then dL = -A^T dA A^T,
+    dM = dL * decay * beta (strictly lower), dM^T through this chunk's rows of the A buffer
+    (as in wy_bwd_kernel: no tl.trans of a computed tile into tl.dot on Hopper), and
+    dk = partial + beta d A^T dW + (dM + dM^T) diag(1/||k||) K, whose l2norm row dot is
+    taken from the finished rows."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
+    if valid <= 0:
+        return
+    hk = h // (HO // HK)
+    hv = h // (HO // HV)
+    ty = k_ptr.dtype.element_ty
+    r = tl.arange(0, 64)
+    row_ok = r < valid
+    g = load_vec(gc_ptr, t0, r, valid, HO, h)
+    b = load_vec(beff_ptr, t0, r, valid, HO, h)
+    rk = load_vec(rk_ptr, t0, r, valid, HO, h)
+    d = tl.where(row_ok, tl.exp(g), 0.0)
+    bd = b * d
+    at = _operand(_load_a(a_ptr, t0, valid, HO, h, True), ty, LOW)
+
+    da = tl.zeros([64, 64], dtype=tl.float32)
+    dbeta = tl.zeros([64], dtype=tl.float32)
+    for iv in range(V // BV):
+        col = iv * BV
+        du = _operand(load_rows(du_ptr, t0, r, valid, HO * V, h * V + col, BV), ty, LOW)
+        v = load_rows(v_ptr, t0, r, valid, HV * V, hv * V + col, BV)
+        vt = load_rows_t(v_ptr, t0, r, valid, HV * V, hv * V + col, BV)
+        at_du = tl.dot(at, du, input_precision=PREC)
+        dbeta += tl.sum(v.to(tl.float32) * at_du, 1)
+        if FINAL_DV:
+            store_rows(dv_ptr, b[:, None] * at_du, t0, r, valid, HV * V, hv * V + col, BV)
+        else:
+            store_rows(dv_ptr, b[:, None] * at_du, t0, r, valid, HO * V, h * V + col, BV)
+        da += tl.dot(du, _operand(vt, ty, LOW), input_precision=PREC) * b[None, :]
+
+    k = _operand(load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K), ty, LOW)
+    kt = _operand(load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K), ty, LOW)
+    dw = _operand(load_rows(dw_ptr, t0, r, valid, HO * K, h * K, K), ty, LOW)
+    da += tl.dot(dw, kt, input_precision=PREC) * (rk * bd)[None, :]
+    kk = tl.dot(k, kt, input_precision=PREC) * rk[:, None] * rk[None, :]
+
+    dl = tl.dot(at, _operand(da, ty, LOW), input_precision=PREC)
+    dl = -tl.dot(_operand(dl, ty, LOW), at, input_precision=PREC)
+    strict = (r[:, None] > r[None, :]) & (r[:, None] < valid)
+    dm = tl.where(strict, dl * tl.exp(tl.where(strict, g[:, None] - g[None, :], 0.0)), 0.0)
+    dbeta += tl.sum(dm * kk, 1)
+    dm = dm * b[:, None]
+    p = dm * kk
+    dg = tl.sum(p, 1) - tl.sum(p, 0)
+
+    at_dw = tl.dot(at, dw, input_precision=PREC)
+    a_rows = a_ptr + (t0.to(tl.int64) * HO + h) * 64
+    tl.debug_barrier()  # every thread has read A before dM overwrites it
+    tl.store(a_rows + r[:, None] * (HO * 64) + r[None, :], dm, mask=row_ok[:, None])
+    tl.debug_barrier()
+    dmt = tl.load(a_rows + r[None, :] * (HO * 64) + r[:, None], mask=row_ok[None, :], other=0.0)
+    dsym = _operand((dm + dmt) * rk[None, :], ty, LOW)
+
+    k_hat = k.to(tl.float32) * rk[:, None]
+    kdw = tl.sum(k_hat * at_dw, 1)
+    dbeta += d * kdw
+    dg += bd * kdw
+    dk = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K, K) + bd[:, None] * at_dw
+    dk += tl.dot(dsym, k, input_precision=PREC)
+    if FINAL_DK:
+        if L2NORM:
+            dk = (dk - k_hat * tl.sum(k_hat * dk, 1)[:, None]) * rk[:, None]
+        store_rows(dk_ptr, dk, t0, r, valid, HK * K, hk * K, K)
+    else:
+        store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K, K)
+
+    _store_gate_and_beta_grads(
+        dg, dbeta, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, dg_part_ptr, dg_ptr, dbeta_ptr,
+        da_tok_ptr, ddt_tok_ptr, t0, valid, HO, h, LINEAR, SAFE, HAS_A, HAS_DT, SIGMOID,
+        NEG_EIGVAL,
+    )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["T"])

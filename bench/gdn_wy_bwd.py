@@ -1,0 +1,69 @@
+"""The WY backward kernel alone (kernels/wy.py): its CUDA time per launch under each
+bench/gdn.py SWEEP entry whose label holds one of --entries (torch.profiler over 5 forward +
+backward calls of the shape), with the largest relative difference of dk, dv, dg, dbeta
+from the shipped config. The float64 check of each config is tests/gpu/test_gdn_gpu.py's.
+
+  PYTHONPATH=src python bench/gdn_wy_bwd.py --only "(a)" --entries "s4 wy_bwd"
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from gdn import SWEEP, Ours, make_inputs, rel, shapes
+
+from cudnn_pygraph.engines.linear_attention.kernels import gdn
+
+
+def wy_bwd_ms(ours) -> float:
+    ours.forward_backward()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            ours.forward_backward()
+        torch.cuda.synchronize()
+    total_us, launches = 0.0, 0
+    for evt in prof.key_averages():
+        if evt.key.startswith("wy_bwd"):
+            total_us += getattr(evt, "device_time_total", 0.0) or evt.cuda_time_total
+            launches += evt.count
+    return total_us / max(launches, 1) / 1000.0
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", default="(a)")
+    parser.add_argument("--entries", default="wy_bwd")
+    args = parser.parse_args()
+    shipped = {k: dict(v) for k, v in gdn.KERNEL_CONFIGS.items()}
+    wanted = args.entries.split(",")
+    for name, seqlens in shapes().items():
+        if not any(w in name for w in args.only.split(",")):
+            continue
+        torch.manual_seed(1)
+        x, cu, init = make_inputs(seqlens, with_state=True)
+        print(f"\n{name}\n\n| wy_bwd config | wy_bwd ms per launch | max rel diff vs shipped |")
+        print("|---|---|---|")
+        base = None
+        for label, change in SWEEP.items():
+            if label != "shipped" and not any(w in label for w in wanted):
+                continue
+            gdn.KERNEL_CONFIGS.clear()
+            gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in shipped.items()})
+            gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in change.items()})
+            ours = Ours(x, cu, init)
+            try:
+                ours.forward_backward()
+                outs = [ours.grads[n].clone() for n in ("k", "v", "g", "beta")]
+                base = base or outs
+                diff = max((rel(a, b) for a, b in zip(outs, base)), key=lambda d: (d != d, d))
+                print(f"| {label} | {wy_bwd_ms(ours):.3f} | {diff:.1e} |", flush=True)
+            except Exception as err:  # noqa: BLE001 (a config that does not fit: report it)
+                print(f"| {label} | failed: {str(err)[:80]} | |", flush=True)
+    gdn.KERNEL_CONFIGS.clear()
+    gdn.KERNEL_CONFIGS.update(shipped)
+
+
+if __name__ == "__main__":
+    main()
