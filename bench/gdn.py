@@ -290,6 +290,50 @@ SWEEP = {
             "BV": 32, "num_warps": 8, "num_stages": 2, "FUSE_OUTPUT": True, "V_FASTEST": True
         }
     },
+    # Session 4: the state kernels at 2 stages on the V-fastest grid across widths, and the
+    # fused output stage at wider V blocks (fewer recomputations of the chunk's Q K^T).
+    **{
+        f"s4 state_fwd BV{bv} w{w} s2 VF": {
+            "state_fwd": {"BV": bv, "num_warps": w, "num_stages": 2, "V_FASTEST": True}
+        }
+        for bv, w in ((16, 4), (32, 8), (64, 4), (64, 8))
+    },
+    **{
+        f"s4 fused BV{bv} w{w} s2 VF": {
+            "state_fwd": {
+                "BV": bv, "num_warps": w, "num_stages": 2, "FUSE_OUTPUT": True,
+                "V_FASTEST": True,
+            }
+        }
+        for bv, w in ((64, 4), (64, 8))
+    },
+    "s4 state both VF, fwd s2": {
+        "state_fwd": {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
+        "state_bwd": {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
+    },
+    # The few-sequence regime ((b): one sequence, kernels/gdn.py _state_config).
+    **{
+        f"s4 few state_fwd BV{bv} w4 s{st}": {
+            "state_fwd_few": {"BV": bv, "num_warps": 4, "num_stages": st}
+        }
+        for bv, st in ((16, 3), (16, 4), (32, 4))
+    },
+    **{
+        f"s4 few state_bwd BV{bv} w{w} s{st}": {
+            "state_bwd_few": {"BV": bv, "num_warps": w, "num_stages": st}
+        }
+        for bv, w, st in ((16, 4, 2), (16, 4, 3), (32, 4, 3), (32, 8, 2), (64, 8, 2))
+    },
+    # The many-sequence state_bwd.
+    **{
+        f"s4 state_bwd BV{bv} w{w} s2 VF": {
+            "state_bwd": {"BV": bv, "num_warps": w, "num_stages": 2, "V_FASTEST": True}
+        }
+        for bv, w in ((64, 4), (64, 8), (16, 4))
+    },
+    "s4 output BV64 w4": {"output_fwd": {"BV": 64, "num_warps": 4}},
+    "s4 output BV64 w8": {"output_fwd": {"BV": 64, "num_warps": 8}},
+    "s4 output BV128 w8": {"output_fwd": {"BV": 128, "num_warps": 8}},
 }
 
 

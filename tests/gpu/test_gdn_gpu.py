@@ -112,7 +112,14 @@ def test_forward_real_size_bf16():
 
 # Alternatives to the shipped KERNEL_CONFIGS, each checked in full (fwd + bwd).
 CONFIG_VARIANTS = {
+    # The test's batch (4 sequences x 4 heads) takes the state kernels' few-sequence configs;
+    # "_fill": 0.0 (kernels/gdn.py STATE_WIDE_MIN_FILL) puts it in the many-sequence ones.
     "shipped": {},
+    "shipped-wide": {"_fill": 0.0},
+    "wide-unfused": {
+        "_fill": 0.0,
+        "state_fwd": {"BV": 64, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
+    },
     # The fused WY forward at 1 stage (shipped before 3 stages; proven in session 3).
     "wy-fused-s1": {
         "wy_solve": {
@@ -223,9 +230,12 @@ def kernel_configs():
 
 
 @pytest.mark.parametrize("variant", list(CONFIG_VARIANTS), ids=list(CONFIG_VARIANTS))
-def test_forward_backward_bf16_at_each_config(variant, kernel_configs):
+def test_forward_backward_bf16_at_each_config(variant, kernel_configs, monkeypatch):
     for kernel, cfg in CONFIG_VARIANTS[variant].items():
-        kernel_configs[kernel] = dict(cfg)
+        if kernel == "_fill":
+            monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", cfg)
+        else:
+            kernel_configs[kernel] = dict(cfg)
     attrs = {"use_qk_l2norm": True}
     print(f"[{variant}]", end=" ")
     _check_fwd_bwd([300, 513, 1, 129], (4, 4, 4), 128, attrs)
@@ -244,8 +254,12 @@ ATTRIBUTE_CASES = {
 }
 
 
+@pytest.mark.parametrize("fill", [1.0, 0.0], ids=["few-seq-configs", "many-seq-configs"])
 @pytest.mark.parametrize("case", list(ATTRIBUTE_CASES), ids=list(ATTRIBUTE_CASES))
-def test_attributes_bf16(case):
+def test_attributes_bf16(case, fill, monkeypatch):
+    # fill (kernels/gdn.py STATE_WIDE_MIN_FILL) 0.0 runs this small batch through the state
+    # kernels' many-sequence configs (the fused output stage among them).
+    monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", fill)
     attrs, opts = ATTRIBUTE_CASES[case]
     opts = dict(opts)
     heads = opts.pop("heads", (4, 4, 4))
@@ -350,8 +364,12 @@ def test_backward_cuda_graph_capture_and_replay():
         assert torch.equal(got, eager[name]), name
 
 
-def test_batch_invariant_bf16_one_sequence_alone_equals_inside_batch():
-    attrs = {"use_qk_l2norm": True}
+def test_batch_invariant_bf16_one_sequence_alone_equals_inside_batch(monkeypatch):
+    # At fill 0.1 (13 programs on 132 SMs) the batch (3 sequences x 4 heads x 2 V blocks)
+    # takes the state kernels' many-sequence configs, the sequence alone the few-sequence
+    # ones; batch_invariant keeps the output stage unfused in both.
+    monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", 0.1)
+    attrs = {"use_qk_l2norm": True, "batch_invariant": True}
     x, cu = make_inputs([1000, 2047, 65], (4, 4, 4), 128, attrs=attrs)
     o, final = run_forward(x, cu, 128**-0.5, attrs)
     d_o = torch.randn(3112, 4, 128, device="cuda")

@@ -435,9 +435,16 @@ def test_backward_state_gradient_alias_equals_distinct_buffers():
     assert torch.equal(shared, grads["initial_state"])
 
 
-def test_batch_invariant_one_sequence_alone_equals_inside_batch():
+@pytest.mark.parametrize("fill", [0.0, 0.5], ids=["one-regime", "alone-few-batch-wide"])
+def test_batch_invariant_one_sequence_alone_equals_inside_batch(fill, monkeypatch):
+    # The state kernels' config follows the batch's size (kernels/gdn.py _state_config): at
+    # fill 0.5 (4 programs on the interpreter's notional 8 SMs) the batch of 3 x 2 heads
+    # takes the many-sequence config and the sequence alone (2 programs) the few-sequence one.
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
+
+    monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", fill)
     x, cu = make_inputs(seqlens=(3, 70, 20))
-    attrs = {"use_qk_l2norm": True}
+    attrs = {"use_qk_l2norm": True, "batch_invariant": True}
     gen = torch.Generator().manual_seed(4)
     d_o = torch.randn(93, 2, 64, generator=gen).to(DEVICE)
     d_final = torch.randn(3, 2, 64, 64, generator=gen).to(DEVICE)
@@ -631,6 +638,7 @@ def test_state_kernels_v_fastest_grid_is_bitwise_the_same(monkeypatch):
     # same programs, the same arithmetic, so every output is bitwise equal.
     from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
 
+    monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", 0.0)  # the configs patched below
     x, cu = make_inputs(seqlens=(70, 1, 33))
     gen = torch.Generator().manual_seed(5)
     d_o = torch.randn(104, 2, 64, generator=gen).to(DEVICE)
@@ -661,12 +669,14 @@ def test_forward_with_the_output_fused_into_the_state_stage(case, monkeypatch):
     # stored, no output launch. Same outputs as the two-stage forward, against float64.
     from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
 
+    monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", 0.0)  # "state_fwd" in every batch
     opts, attrs = CASES[case]
     x, cu = make_inputs(**opts)
     scale = x["q"].shape[2] ** -0.5
+    cfg = gdn_mod.KERNEL_CONFIGS["state_fwd"]
+    monkeypatch.setitem(gdn_mod.KERNEL_CONFIGS, "state_fwd", {**cfg, "FUSE_OUTPUT": False})
     o_two, final_two = run_forward(x, cu, scale, attrs)
-    cfg = {**gdn_mod.KERNEL_CONFIGS["state_fwd"], "FUSE_OUTPUT": True}
-    monkeypatch.setitem(gdn_mod.KERNEL_CONFIGS, "state_fwd", cfg)
+    monkeypatch.setitem(gdn_mod.KERNEL_CONFIGS, "state_fwd", {**cfg, "FUSE_OUTPUT": True})
     monkeypatch.setattr(gdn_mod, "output_fwd_kernel", NotLaunched())
     o, final = run_forward(x, cu, scale, attrs)
     ref_o, ref_final = gdn_reference(
@@ -681,13 +691,15 @@ def test_forward_with_the_output_fused_into_the_state_stage(case, monkeypatch):
 def test_fused_output_forward_still_stores_requested_checkpoints(monkeypatch):
     from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
 
+    monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", 0.0)  # "state_fwd" in every batch
     x, cu = make_inputs(seqlens=(70, 1, 33))
     attrs = {"use_qk_l2norm": True}
     n_chunks = max_chunks(104, 3)
     plain = torch.full((n_chunks, 2, 64, 64), float("nan"))
+    cfg = gdn_mod.KERNEL_CONFIGS["state_fwd"]
+    monkeypatch.setitem(gdn_mod.KERNEL_CONFIGS, "state_fwd", {**cfg, "FUSE_OUTPUT": False})
     run_forward(x, cu, 0.125, attrs, checkpoints=plain)
-    cfg = {**gdn_mod.KERNEL_CONFIGS["state_fwd"], "FUSE_OUTPUT": True}
-    monkeypatch.setitem(gdn_mod.KERNEL_CONFIGS, "state_fwd", cfg)
+    monkeypatch.setitem(gdn_mod.KERNEL_CONFIGS, "state_fwd", {**cfg, "FUSE_OUTPUT": True})
     fused = torch.full((n_chunks, 2, 64, 64), float("nan"))
     o, _ = run_forward(x, cu, 0.125, attrs, checkpoints=fused)
     assert torch.isfinite(o).all()

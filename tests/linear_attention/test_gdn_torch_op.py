@@ -152,3 +152,32 @@ def test_backward_is_the_derivative_of_the_forward(wrt):
             numeric = (weighted(x[wrt] + eps * u, w_o, w_h) - weighted(x[wrt] - eps * u, w_o, w_h))
             numeric = numeric.item() / (2 * eps)
         assert abs(analytic - numeric) <= 2e-2 * abs(numeric) + 1e-5, (wrt, analytic, numeric)
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_batch_invariant_reaches_the_launcher_and_keeps_the_two_stage_output(
+    batch_invariant, monkeypatch
+):
+    # In a batch that fills the GPU the forward fuses its output stage into the state
+    # kernel (kernels/gdn.py _state_config), which rounds O differently from the two-stage
+    # path a lone sequence takes on the H200. batch_invariant=True must reach the launcher
+    # through the op, the graph and the plan, and keep the two-stage path.
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
+
+    monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", 0.0)  # every batch "fills the GPU"
+    launched = []
+    real = gdn_mod.output_fwd_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(gdn_mod, "output_fwd_kernel", Spy())
+    q, k, v, g, beta, cu, h0 = inputs(seed=7)
+    o, _ = ops.gated_delta_net(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu,
+                               use_qk_l2norm_in_kernel=True, batch_invariant=batch_invariant)
+    ref_o, _ = gdn_reference(q[0], k[0], v[0], g[0], beta[0], cu, scale=64**-0.5,
+                             initial_state=h0.transpose(-1, -2), use_qk_l2norm=True)
+    assert rel(o[0], ref_o) < TOL["o"]
+    assert bool(launched) == batch_invariant

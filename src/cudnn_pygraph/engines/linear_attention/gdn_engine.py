@@ -5,9 +5,10 @@ backward).
 check_support decides everything the declaration decides (one gdn / gdn_bwd node, head dims
 the kernels serve, dtypes, dense token-packed operands, the state dtype rule, the
 checkpoint cadence); whatever it accepts, build and execute serve. The plan carries no
-knobs: the kernels' tile configs are fixed per (K, V, dtype) (kernels/gdn.py
-KERNEL_CONFIGS, each one checked on the H200), which is also what makes batch_invariant
-hold without a special path. execute hands the caller's buffers (zero-copy torch views of
+knobs: the kernels' tile configs are fixed per (K, V, dtype) and, for the state
+recurrence, by whether the batch fills the GPU (kernels/gdn.py KERNEL_CONFIGS and
+_state_config, each config checked on the H200); batch_invariant is handed to the launchers,
+which then keep the one output path every batch size shares. execute hands the caller's buffers (zero-copy torch views of
 the pack) straight to the launchers; scratch comes out of the caller's workspace
 (workspace_size), chunk tables are built on the device: no host sync, capturable. On CUDA
 the first call records the launcher's launches and later calls replay them as raw
@@ -159,6 +160,7 @@ class GdnTritonEngine(BaseEngine):
             "allow_neg_eigval": bool(a.get("allow_neg_eigval")),
             "safe_gate": bool(a.get("safe_gate")),
             "gate_domain": a.get("gate_domain", "log"),
+            "batch_invariant": bool(a.get("batch_invariant")),
         }
         import torch
 

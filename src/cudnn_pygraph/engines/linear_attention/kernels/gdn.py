@@ -22,12 +22,15 @@ Launch parameters that vary per batch (N, T) are not specialized on (do_not_spec
 new batch never recompiles.
 
 batch_invariant: the work split is one program per (chunk, head[, V-block]) or per
-(sequence, head, V-block), and the tile configuration depends on (K, V, dtype) only, so a
-sequence's numbers are the same alone or in any batch.
+(sequence, head, V-block), and every stage's arithmetic per program depends on (K, V, dtype)
+only. The state kernels' config follows the batch's size (_state_config); with
+batch_invariant=True the forward keeps its unfused output stage in every batch, so a
+sequence's numbers are bitwise the same alone or in any batch.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -80,33 +83,78 @@ __all__ = [
 #   128: 1.1 KB of spills); split at BV=32: 5.68 capped, 6.31 uncapped, 5.85 at 4 warps.
 #   state_bwd at BV=16 / 4 warps / 1 stage gives NaN gradients on the H200 (Triton 3.6,
 #   run 7): not a config to use.
-# - state_fwd / state_bwd may take V_FASTEST (kernels/state.py state_program: the V blocks
-#   of one (sequence, head) at adjacent program ids, sharing w / k reads through L2; bitwise
-#   the same results). Not shipped: untimed (bench/gdn.py SWEEP "state V-fastest", the GPU
-#   test's "state-v-fastest" variant are the next device session's). Likewise FUSE_OUTPUT
-#   (state_fwd writes O itself: no h / E stores, no output_fwd launch; by arithmetic it
-#   removes the h and E round trips, ~0.8 GB on (a) in bf16, and adds a q tile read per
-#   chunk and V block): equal to the two-stage forward on the CPU, untimed.
-#   Static facts (ptxas for sm_90, compiled offline in session 3, K = V = 128, bf16):
-#   state_fwd as shipped (BV=32, 4 warps, 3 stages) takes 118 KB of shared memory and 255
-#   registers + 64 B of spills, so ONE program per SM walks its chunks serially; at 2 stages
-#   80 KB, 228 registers, no spills: two per SM (state_bwd's 2-stage config doubled its
-#   speed the same way, run 7). Fused output: 150 KB at 3 stages, 96 KB at 2 (8 warps: 8 B
-#   of spills). All swept next (bench/gdn.py SWEEP "state_fwd BV32 w4 s2", "state fused
-#   output ... s2 ...").
+# - state_fwd / state_bwd, many sequences (session 4, H200, forward / fwd+bwd ms of (a),
+#   (c)): V_FASTEST (kernels/state.py state_program: the V blocks of one (sequence, head) at
+#   adjacent program ids, sharing w / k reads through L2; bitwise the same results) with
+#   FUSE_OUTPUT (state_fwd writes O itself: no h / E round trips, ~0.8 GB on (a), no
+#   output_fwd launch) at BV=64, 4 warps, 2 stages: 0.845 / 4.849, 1.850 / 10.663; unfused
+#   0.927 / 4.944, 2.018 / 10.839; unfused BV=32 2 stages 0.991 / 5.077, 2.147 / 11.092;
+#   the session-3 config (BV=32, 3 stages, program order (seq, head, V)) 1.145 / 5.377,
+#   2.553 / 11.902; fused at 8 warps 1.215, 2.622; fused BV=32 at 3 stages 1.440, 3.093.
+#   state_bwd V-fastest: fwd+bwd of (c) 10.711 vs 11.092 (BV=64 at 8 warps 10.268 vs
+#   10.298, at 4 warps 11.087). Few sequences ((b), one sequence: 32 to 128 programs), fwd
+#   / fwd+bwd ms: state_fwd BV=16 at 3 stages 1.232 / 6.460, 4 stages 1.230; BV=32 at 3
+#   stages 1.397 / 6.780, 4 stages 1.393; BV=16 2 stages 1.471, BV=32 2 stages 1.495,
+#   BV=64 1.616, fused BV=64 3.158; state_bwd BV=16 at 2 stages 6.694 vs BV=32 6.780, BV=16
+#   3 stages 6.825, BV=32 8 warps 6.817, BV=64 8 warps 7.154. (ptxas, offline: at 3 stages
+#   state_fwd takes 118 KB of shared memory, 255 registers + 64 B of spills, one program per
+#   SM; at 2 stages 80 KB, no spills, two; fused BV=64 at 2 stages 105 KB, 255 registers +
+#   348 B of spills, two.)
 # dv_local was chosen by ptxas (no spills).
 KERNEL_CONFIGS = {
     "wy_solve": {
         "BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1, "num_stages": 3
     },
     "wy_apply": {"BK": 32, "BV": 32, "num_warps": 2},
-    "state_fwd": {"BV": 32, "num_warps": 4},
+    # The state kernels, by regime (_state_config): a batch whose grid gives every SM a
+    # program, then few sequences (one long sequence: the recurrence's latency).
+    "state_fwd": {
+        "BV": 64, "num_warps": 4, "num_stages": 2, "V_FASTEST": True, "FUSE_OUTPUT": True
+    },
+    "state_fwd_few": {"BV": 16, "num_warps": 4},
     "output_fwd": {"BV": 128, "num_warps": 4},
     "dv_local": {"BV": 128, "num_warps": 8},
-    "state_bwd": {"BV": 32, "num_warps": 4, "num_stages": 2},
+    "state_bwd": {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
+    "state_bwd_few": {"BV": 16, "num_warps": 4, "num_stages": 2},
     "dqk": {"BV": 64, "num_warps": 8, "num_stages": 2, "SPLIT": True, "maxnreg": 128},
     "wy_bwd": {"BK": 32, "BV": 32, "num_warps": 4},
 }
+
+# The state kernels run one program per (sequence, head, V block) through all of a
+# sequence's chunks, so how many programs a batch gives decides their best config (H200,
+# session 4, bench/results/gdn.md, forward ms of (a) 8 x 4096 / (b) 1 x 32768 / (c) 64 mixed):
+# the fused output at BV=64 / 4 warps / 2 stages on the V-fastest grid 0.845 / 3.158 / 1.850,
+# the unfused BV=32 / 3 stages 1.145 / 1.391 / 2.553. A batch uses KERNEL_CONFIGS[kernel]
+# when that config's grid has at least STATE_WIDE_MIN_FILL programs per SM, else
+# KERNEL_CONFIGS[kernel + "_few"].
+STATE_WIDE_MIN_FILL = 1.0
+# The interpreter has no SMs; a notional count makes the CPU suite run both regimes (its
+# multi-sequence cases the first, its one-sequence cases the second).
+_INTERPRETER_SMS = 8
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _state_config(kernel, n_seqs, n_out, dim_v, device, batch_invariant) -> dict:
+    """A copy of the state kernel's config for this batch (see STATE_WIDE_MIN_FILL).
+    batch_invariant keeps the unfused output stage: a sequence's O must round the same
+    whichever regime its batch takes. The unfused configs of both regimes differ in BV,
+    warps, stages and grid order only, which leave every result bitwise equal (the GPU
+    test's batch invariance case runs one regime alone and the other in the batch)."""
+    cfg = KERNEL_CONFIGS[kernel]
+    programs = n_seqs * n_out * max(dim_v // cfg["BV"], 1)
+    if programs < STATE_WIDE_MIN_FILL * _sm_count(device):
+        cfg = KERNEL_CONFIGS[kernel + "_few"]
+    cfg = dict(cfg)
+    if batch_invariant:
+        cfg.pop("FUSE_OUTPUT", None)
+    return cfg
+
 
 # Under the Triton interpreter (CPU CI) the column slices are at least 64 wide: every loop
 # trip is interpreted Python, and K = 128 cases still run two trips per loop.
@@ -195,10 +243,12 @@ def _run_wy_and_state(
     store_h,
     vnew,
     cu_error,
+    state_cfg,
     o=None,
 ):
-    """o: the forward's output, written by state_fwd itself when its config says
-    FUSE_OUTPUT (kernels/state.py); the caller then launches no output stage."""
+    """state_cfg: state_fwd's config (_state_config). o: the forward's output, written by
+    state_fwd itself when state_cfg says FUSE_OUTPUT (kernels/state.py); the caller then
+    launches no output stage."""
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
     n_chunks = max_chunks(total_t, n_seqs)
     dummy = ws["gc"]
@@ -245,7 +295,7 @@ def _run_wy_and_state(
     )
     if not fused:
         _run_wy_apply(k, v, cu, ws, grid, n_seqs, n_out, n_k, n_v, dim_k, dim_v, prec)
-    cfg = dict(KERNEL_CONFIGS["state_fwd"])
+    cfg = dict(state_cfg)
     fuse = cfg.pop("FUSE_OUTPUT", False) and o is not None
     if not store_h and final_state is None and not fuse:
         return
@@ -291,7 +341,7 @@ def _run_wy_and_state(
 def _prepare_and_recompute(
     q, k, v, g, beta, cu_seqlens, dims, *, backward, workspace, checkpoints, scale,
     use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, a_log, dt_bias,
-    initial_state, final_state, state_indices, cu_seqlens_error, o=None,
+    initial_state, final_state, state_indices, cu_seqlens_error, state_cfg, o=None,
 ):  # fmt: skip
     """What the forward runs and the backward recomputes: the call's workspace views, the
     chunk tables, gates, WY (w, u) and the chunk-start states h (into `checkpoints` when
@@ -314,7 +364,8 @@ def _prepare_and_recompute(
         state_indices=state_indices, h_buf=h_buf,
         store_h=(checkpoints is not None) if o is not None else (
             not backward or checkpoints is None),
-        vnew=None if o is not None else ws.get("vnew"), cu_error=cu_seqlens_error, o=o,
+        vnew=None if o is not None else ws.get("vnew"), cu_error=cu_seqlens_error,
+        state_cfg=state_cfg, o=o,
     )  # fmt: skip
     return ws, h_buf, prec, flags
 
@@ -342,6 +393,7 @@ def gdn_forward(
     checkpoints=None,
     workspace=None,
     cu_seqlens_error=None,
+    batch_invariant=False,
 ) -> None:
     """O [total_T, HO, V] (and final_state [N|pool, HO, V, K], checkpoints [chunks, HO, V, K]
     fp32: the state at each chunk's start) written in place. See the module docstring."""
@@ -373,14 +425,15 @@ def gdn_forward(
         if final_state is not None and n_seqs > 0:
             _copy_states_for_empty(initial_state, final_state, state_indices)
         return
-    fuse_output = bool(KERNEL_CONFIGS["state_fwd"].get("FUSE_OUTPUT"))
+    state_cfg = _state_config("state_fwd", n_seqs, n_out, dim_v, q.device, batch_invariant)
+    fuse_output = bool(state_cfg.get("FUSE_OUTPUT"))
     ws, h_buf, prec, _ = _prepare_and_recompute(
         q, k, v, g, beta, cu_seqlens, dims,
         backward=False, workspace=workspace, checkpoints=checkpoints, scale=scale,
         use_qk_l2norm=use_qk_l2norm, use_beta_sigmoid=use_beta_sigmoid,
         allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, gate_domain=gate_domain,
         a_log=a_log, dt_bias=dt_bias, initial_state=initial_state, final_state=final_state,
-        state_indices=state_indices, cu_seqlens_error=cu_seqlens_error,
+        state_indices=state_indices, cu_seqlens_error=cu_seqlens_error, state_cfg=state_cfg,
         o=o if fuse_output else None,
     )  # fmt: skip
     if fuse_output:
@@ -474,6 +527,7 @@ def gdn_backward(
     checkpoints=None,
     workspace=None,
     cu_seqlens_error=None,
+    batch_invariant=False,
 ) -> None:
     """Gradients of gdn_forward written in place: dq/dk/dv like q/k/v, dg/dbeta like g/beta
     (w.r.t. what was passed), d_initial_state like initial_state, d_a_log / d_dt_bias [HO]."""
@@ -536,6 +590,7 @@ def gdn_backward(
         allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, gate_domain=gate_domain,
         a_log=a_log, dt_bias=dt_bias, initial_state=initial_state, final_state=None,
         state_indices=None, cu_seqlens_error=cu_seqlens_error,
+        state_cfg=_state_config("state_fwd", n_seqs, n_out, dim_v, q.device, batch_invariant),
     )  # fmt: skip
     n_chunks = max_chunks(total_t, n_seqs)
     tables = (ws["cu_safe"], ws["chunk_offsets"], ws["chunk_seq"], n_seqs)
@@ -548,7 +603,7 @@ def gdn_backward(
         q, k, ws["gc"], do, ws["de"], *tables, scale, n_out, n_q, n_k, BV=bv, **common, **cfg
     )
 
-    cfg = dict(KERNEL_CONFIGS["state_bwd"])
+    cfg = _state_config("state_bwd", n_seqs, n_out, dim_v, q.device, batch_invariant)
     bv = _block_v(cfg, dim_v)
     state_bwd_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv)](
         q,
