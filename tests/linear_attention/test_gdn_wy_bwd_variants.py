@@ -36,6 +36,7 @@ VARIANTS = {
     "whole-k-16bit": {"WHOLE_K": True, "BV": 64, "LOW": True, "num_warps": 8},
     "whole-k-fp32-operands": {"WHOLE_K": True, "BV": 64, "num_warps": 8},
     "sliced-16bit": {"BK": 32, "BV": 32, "LOW": True, "num_warps": 4},
+    "sliced-16bit-no-park": {"BK": 32, "BV": 32, "LOW": True, "PARK": False, "num_warps": 4},
 }
 # The cases of the main suite that reach every branch of the WY backward: l2norm or not, a
 # grouped key head (dk reduced later: FINAL_DK off), a grouped value head (FINAL_DV off),
@@ -73,7 +74,9 @@ def test_whole_k_wy_backward_matches_float64_reference(case, monkeypatch):
     assert not bad, f"relative errors above tolerance: {bad} (all: {errors})"
 
 
-@pytest.mark.parametrize("variant", ["whole-k-fp32-operands", "sliced-16bit"])
+@pytest.mark.parametrize(
+    "variant", ["whole-k-fp32-operands", "sliced-16bit", "sliced-16bit-no-park"]
+)
 def test_wy_backward_variant_matches_float64_reference(variant, monkeypatch):
     monkeypatch.setitem(gdn_mod.KERNEL_CONFIGS, "wy_bwd", VARIANTS[variant])
     errors = _fp32_errors("group-q1-k1-v2")
@@ -81,7 +84,7 @@ def test_wy_backward_variant_matches_float64_reference(variant, monkeypatch):
     assert not bad, f"relative errors above tolerance: {bad} (all: {errors})"
 
 
-@pytest.mark.parametrize("variant", ["whole-k-16bit", "sliced-16bit"])
+@pytest.mark.parametrize("variant", ["whole-k-16bit", "sliced-16bit", "sliced-16bit-no-park"])
 def test_16bit_operands_in_fp16_match_float64_reference(variant, monkeypatch):
     monkeypatch.setitem(gdn_mod.KERNEL_CONFIGS, "wy_bwd", VARIANTS[variant])
     x, cu = make_inputs(dtype=torch.float16)

@@ -71,8 +71,17 @@ __all__ = [
 #   2.00 / 2.57, BV=16 2.23 / 2.06, BV=64 1.97 / 2.65;
 # - output_fwd: BV=128 at 4 warps 1.86 / 2.48 vs 8 warps 2.00 / 2.57. It and dv_local take
 #   the whole V: their per-chunk Q K^T product does not depend on the V-block.
-# - wy_bwd: 32-wide slices at 4 warps, fwd+bwd 7.25 / 8.50 ms vs 8 warps 7.81 / 9.03, 64-wide
-#   at 8 warps 8.11 / 9.31.
+# - wy_bwd: 32-wide slices at 4 warps with 16-bit product operands (LOW; kernels/wy.py),
+#   session 4, CUDA ms per launch (torch.profiler) of (a) / (c): 1.036 / 2.133 vs the same
+#   slices with tf32 products 1.329 / 2.774 ((a) fwd+bwd 4.509 vs 4.812 ms); gradients vs
+#   float64 in the GPU test: dv 2.9e-3 (tf32: 2.4e-3), dbeta 2.4e-3 (1.8e-3), dk 3.1e-3.
+#   Slower: the whole-K kernel (WHOLE_K: k, dW, the partial dk read once) at 8 warps, BV=64
+#   1.276 / 2.671, BV=128 1.243 / 2.613, tf32 1.934; 64-wide slices at 8 warps 1.338 / 2.826.
+#   At 2 stages the LOW slices hit an illegal address at (a)'s size (Triton 3.6 on Hopper):
+#   not a config to use. Proven, untimed: PARK off (bench/gdn.py SWEEP "s4 wy_bwd no-park").
+#   ptxas (offline): 52 KB of shared memory, 255 registers + 208 B of spills, 2 per SM.
+#   Earlier (tf32): 4 warps fwd+bwd 7.25 / 8.50 ms vs 8 warps 7.81 / 9.03, 64-wide at 8 warps
+#   8.11 / 9.31.
 # - state_bwd (fwd+bwd ms of (a), with state): BV=32 at 4 warps / 2 stages 6.13 vs 8 warps
 #   6.24 (3 stages) / 6.44 (2), 4 warps / 3 stages 6.40, BV=16 6.51 (2 stages) / 6.96 (1),
 #   BV=64 at 8 warps 6.12; (ptxas: at 4 warps / 2 stages 105 KB of shared memory, two
@@ -117,7 +126,7 @@ KERNEL_CONFIGS = {
     "state_bwd": {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
     "state_bwd_few": {"BV": 16, "num_warps": 4, "num_stages": 2},
     "dqk": {"BV": 64, "num_warps": 8, "num_stages": 2, "SPLIT": True, "maxnreg": 128},
-    "wy_bwd": {"BK": 32, "BV": 32, "num_warps": 4},
+    "wy_bwd": {"BK": 32, "BV": 32, "LOW": True, "num_warps": 4},
 }
 
 # The state kernels run one program per (sequence, head, V block) through all of a

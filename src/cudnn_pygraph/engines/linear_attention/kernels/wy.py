@@ -5,7 +5,9 @@ w = A (beta * d * K), u = A (beta * V)).
 Given dw, du and the fp32 A the forward kernels stored, wy_bwd_kernel returns dk, dv, dbeta
 and the gate gradient; it runs after the output/state backward (which fill dw, du = dE and
 partial dk / dG), and finishes the per-token gradients: reverse cumsum of dG, the gate and
-beta transforms and the l2norm Jacobian.
+beta transforms and the l2norm Jacobian. wy_bwd_whole_k_kernel computes the same with the
+key side as whole [64, K] tiles (an alternative config; kernels/gdn.py KERNEL_CONFIGS says
+which ships and why).
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ def wy_bwd_kernel(
     FINAL_DV: tl.constexpr,
     PREC: tl.constexpr,
     LOW: tl.constexpr = False,
+    PARK: tl.constexpr = True,
 ):
     """dk, dv, dbeta and dG in BV / BK column slices, so that only the [64, 64] matrices
     (A^T, dA, the key Gram) stay whole. (The previous kernel held a dozen [64, 128] fp32
@@ -129,12 +132,17 @@ def wy_bwd_kernel(
 
     Pass over V: dv, dbeta's value part, dA += dU (beta V)^T.
     Pass 1 over K: dA += dW (beta d k_hat)^T, the Gram k_hat k_hat^T, and dk's first part
-    (beta d A^T dW + the stage-4 partial) parked in dk_part.
+    (beta d A^T dW + the stage-4 partial) parked in dk_part; without PARK, pass 2 forms
+    A^T dW again from a second read of dW (the fp32 round trip through dk_part traded for
+    one more product per slice).
     Then dL = -A^T dA A^T and dM = dL * decay * beta (strictly lower); dM^T is read back
     transposed through this chunk's rows of the A buffer (A^T is already in registers):
     tl.trans of a computed tile fed to tl.dot is what Triton 3.6 miscompiles on Hopper.
     Pass 2 over K: dk = parked + (dM + dM^T) k_hat, then the l2norm Jacobian, whose row dot
-    <k_hat, dk> is known before pass 2 from the reductions already made."""
+    <k_hat, dk> is known before pass 2 from the reductions already made.
+
+    LOW (16-bit runs): the products take 16-bit operands (fp32 accumulation), as
+    wy_bwd_whole_k_kernel's docstring says (timed: bench/results/gdn.md, session 4)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -182,7 +190,9 @@ def wy_bwd_kernel(
         kdp += tl.sum(k_hat * dkp, 1)
         da += tl.dot(dw, kt, input_precision=PREC) * (rk * bd)[None, :]
         kk += tl.dot(k, kt, input_precision=PREC)
-        store_rows(dk_part_ptr, dkp + bd[:, None] * at_dw, t0, r, valid, HO * K, h * K + col, BK)
+        if PARK:
+            dkp += bd[:, None] * at_dw
+            store_rows(dk_part_ptr, dkp, t0, r, valid, HO * K, h * K + col, BK)
     kk = kk * rk[:, None] * rk[None, :]
 
     dl = tl.dot(at, _operand(da, ty, LOW), input_precision=PREC)
@@ -207,6 +217,9 @@ def wy_bwd_kernel(
         k_hat = k.to(tl.float32) * rk[:, None]
         dk = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
         dk += tl.dot(dsym, _operand(k, ty, LOW), input_precision=PREC)
+        if not PARK:
+            dw = _operand(load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK), ty, LOW)
+            dk += bd[:, None] * tl.dot(at, dw, input_precision=PREC)
         if FINAL_DK:
             if L2NORM:
                 dk = (dk - k_hat * row_dot[:, None]) * rk[:, None]
