@@ -29,7 +29,7 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 FP32_POINTERS = {"gc_ptr", "rk_ptr", "init_ptr", "final_ptr", "de_ptr", "dfinal_ptr", "dinit_ptr",
                  "a_log_ptr", "dt_bias_ptr", "a_ptr", "beff_ptr", "dw_ptr", "du_ptr",
                  "dk_part_ptr", "dg_part_ptr", "da_tok_ptr", "ddt_tok_ptr"}  # fmt: skip
-INT_POINTERS = {"cu_ptr", "off_ptr", "idx_ptr", "seq_ptr"}
+INT_POINTERS = {"cu_ptr", "off_ptr", "idx_ptr", "seq_ptr", "order_ptr"}
 FP32_IN = {"dqk_kernel": {"dk_ptr", "dg_ptr"}}
 
 # (label, FUSE_OUTPUT, BV, num_warps, num_stages); the state_fwd configs the sweep times.

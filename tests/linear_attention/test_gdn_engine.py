@@ -231,3 +231,61 @@ def test_build_time_warm_launch_runs_every_kernel_path():
              "allow_neg_eigval": False, "safe_gate": False, "gate_domain": "log"}  # fmt: skip
     plan = GdnPlan(True, tuple(ports), [], flags, 0, None)
     _compile_by_warm_launch(plan, ports, torch.device(DEVICE))
+
+
+class LaunchSpy:
+    """Stands in for a Triton kernel: records (kernel, its constexpr-like arguments), then
+    launches the real one."""
+
+    def __init__(self, name, kernel, seen):
+        self.name, self.kernel, self.seen = name, kernel, seen
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            consts = tuple(sorted((k, v) for k, v in kwargs.items() if not torch.is_tensor(v)))
+            self.seen.append((self.name, consts))
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+@pytest.mark.parametrize("seqlens", [(70,), (5, 70, 0, 1, 9, 3)], ids=["one-seq", "six-seqs"])
+def test_build_time_warm_launch_compiles_what_the_declared_batch_launches(
+    seqlens, monkeypatch
+):
+    # The state kernels' config follows the number of sequences (kernels/gdn.py
+    # _state_config; six sequences x 2 heads fill the interpreter's notional 8 SMs, one does
+    # not), so the warm launch at build must launch the same kernels with the same
+    # constexprs as a real call of the declared batch: nothing compiles at execute.
+    from cudnn_pygraph.engines.linear_attention.gdn_engine import (
+        GdnPlan,
+        _compile_by_warm_launch,
+    )
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
+
+    seen = []
+    for name in dir(gdn_mod):
+        if name.endswith("_kernel"):
+            monkeypatch.setattr(gdn_mod, name, LaunchSpy(name, getattr(gdn_mod, name), seen))
+    x = inputs(seqlens=seqlens)
+    attrs = {"scale": 0.125, "use_qk_l2norm": True}
+    with with_gdn_engine():
+        g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
+        t = declare(g, x)
+        o, final, _ = g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
+                            initial_state=t["initial_state"], output_final_state=True, **attrs)
+        o.set_output(True)
+        final.set_output(True)
+        o_buf = torch.full((sum(seqlens), 2, 64), float("nan"), device=DEVICE)
+        final_buf = torch.full((len(seqlens), 2, 64, 64), float("nan"), device=DEVICE)
+        run_graph(g, {**{t[n]: x[n] for n in x}, o: o_buf, final: final_buf})
+    assert torch.isfinite(o_buf).all()
+    real = sorted(seen)
+    ports = {**t, "O": o, "final_state": final}
+    flags = {"scale": 0.125, "use_qk_l2norm": True, "use_beta_sigmoid": False,
+             "allow_neg_eigval": False, "safe_gate": False, "gate_domain": "log",
+             "batch_invariant": False}  # fmt: skip
+    plan = GdnPlan(False, tuple(ports), [], flags, 0, None)
+    seen.clear()
+    _compile_by_warm_launch(plan, ports, torch.device(DEVICE))
+    assert sorted(seen) == real

@@ -484,9 +484,21 @@ def test_all_sequences_empty():
     assert torch.equal(final, x["initial_state"])
 
 
-def test_explicit_workspace_is_used_and_sized():
+@pytest.mark.parametrize("fill", [float("inf"), 0.0], ids=["two-stage", "fused-output"])
+def test_explicit_workspace_is_used_and_sized(fill, monkeypatch):
+    # The size query answers for the path the call takes: the forward whose state kernel
+    # writes O (kernels/gdn.py forward_fuses_output) carves no h / E and needs less.
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
+
+    monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", fill)
     x, cu = make_inputs()
-    nbytes = gdn_workspace_bytes(76, 4, 2, 2, 2, 64, 64, torch.float32, backward=False)
+    fused = gdn_mod.forward_fuses_output(4, 2, 64, torch.device(DEVICE), False)
+    assert fused == (fill == 0.0)
+    nbytes = gdn_workspace_bytes(
+        76, 4, 2, 2, 2, 64, 64, torch.float32, backward=False, fused_output=fused
+    )
+    unfused = gdn_workspace_bytes(76, 4, 2, 2, 2, 64, 64, torch.float32, backward=False)
+    assert (nbytes < unfused) == fused
     with pytest.raises(ValueError, match="workspace"):
         gdn_forward(
             x["q"],
@@ -631,6 +643,21 @@ def test_malformed_cu_seqlens_is_flagged_on_device_and_stays_in_bounds(case):
                  dbeta=grads["beta"], use_qk_l2norm=True, cu_seqlens_error=flag)  # fmt: skip
     assert flag.item() == expected
     assert all(torch.isfinite(t).all() for t in grads.values())
+
+
+def test_sequence_order_table_is_longest_first_ties_by_index():
+    # The V-fastest state grid starts sequences in this order (chunk_index.py seq_order).
+    from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import build_chunk_tables
+
+    lengths = [5, 0, 70, 1, 0, 33, 70]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
+    total = int(cu[-1])
+    n = len(lengths)
+    tables = [torch.full((size,), -1, dtype=torch.int32, device=DEVICE)
+              for size in (n + 1, 1, n + 1, max_chunks(total, n), n)]  # fmt: skip
+    build_chunk_tables(cu.to(DEVICE), total, *tables)
+    expected = sorted(range(n), key=lambda i: (-lengths[i], i))
+    assert tables[4].tolist() == expected == [2, 6, 5, 0, 3, 1, 4]
 
 
 def test_state_kernels_v_fastest_grid_is_bitwise_the_same(monkeypatch):

@@ -148,7 +148,7 @@ class GdnTritonEngine(BaseEngine):
         )
         names = tuple(n for n in names if n in ports)
         from ...runtime.execute import GraphLayout
-        from .kernels.gdn import gdn_workspace_bytes
+        from .kernels.gdn import forward_fuses_output, gdn_workspace_bytes
 
         position = GraphLayout(graph).position
         a = node.attrs
@@ -169,6 +169,9 @@ class GdnTritonEngine(BaseEngine):
             data_type.BFLOAT16: torch.bfloat16,
             data_type.FLOAT: torch.float32,
         }[data_type(facts.io_dtype)]
+        on_cuda = not getattr(device, "is_interpreter", True)
+        dev = torch.device("cuda", device.ordinal) if on_cuda else torch.device("cpu")
+        n_out = max(facts.heads_q, facts.heads_v)
         nbytes = gdn_workspace_bytes(
             facts.total_tokens,
             facts.num_seqs,
@@ -181,12 +184,14 @@ class GdnTritonEngine(BaseEngine):
             backward=backward,
             has_checkpoints="checkpoints" in ports,
             safe_gate=flags["safe_gate"],
+            fused_output=not backward and forward_fuses_output(
+                facts.num_seqs, n_out, facts.head_dim_v, dev, flags["batch_invariant"]
+            ),
         )
         built = GdnPlan(
             backward, names, [position[ports[n].uid] for n in names], flags, nbytes, device
         )
         if built.on_cuda:
-            dev = torch.device("cuda", device.ordinal)
             _compile_by_warm_launch(built, {n: ports[n] for n in names}, dev)
         return built
 
@@ -202,17 +207,21 @@ _TORCH_DTYPES = {
 
 def _compile_by_warm_launch(plan, ports, dev):
     """Compile every kernel the plan launches, at build (never at execute): one launch on a
-    one-token, one-sequence problem with the declared dtypes, head counts and state strides
-    (the kernels do not specialize on N or T, so the real call hits the same binaries when
-    its buffers are 16-byte aligned)."""
+    one-token problem with the declared number of sequences (the first holds the token, the
+    rest are empty; the state kernels' config follows the sequence count, kernels/gdn.py
+    _state_config), dtypes, head counts and state strides (the kernels do not specialize on
+    N or T, so the real call hits the same binaries when its buffers are 16-byte aligned)."""
     import torch
 
+    from .kernels.chunk_index import max_chunks
+
+    n_seqs = ports["cu_seqlens"].dim[0] - 1
     views = {}
     for name, t in ports.items():
         dtype = getattr(torch, _TORCH_DTYPES[data_type(t.data_type)])
         dims = list(t.dim)
         if name in STATE_PORTS or name == "checkpoints":
-            dims[0] = 2 if name == "checkpoints" else 1  # max_chunks(1 token, 1 sequence) = 2
+            dims[0] = max_chunks(1, n_seqs) if name == "checkpoints" else dims[0]
             # The declared strides (a padded pool slot, K-major), over enough storage.
             views[name] = torch.empty_strided(dims, t.stride, dtype=dtype, device=dev).zero_()
             continue
@@ -220,10 +229,11 @@ def _compile_by_warm_launch(plan, ports, dev):
             views[name] = torch.zeros(dims, dtype=dtype, device=dev)
             continue
         if name == "cu_seqlens":
-            views[name] = torch.tensor([0, 1], dtype=dtype, device=dev)
+            views[name] = torch.tensor([0] + [1] * n_seqs, dtype=dtype, device=dev)
             continue
-        if name == "state_indices":
-            views[name] = torch.zeros(1, dtype=dtype, device=dev)
+        if name == "state_indices":  # in bounds of the declared pool
+            pool_rows = ports["initial_state"].dim[0]
+            views[name] = torch.arange(n_seqs, dtype=dtype, device=dev) % pool_rows
             continue
         dims[0] = 1  # one token
         fill = 1.0 if name == "g" and plan.flags["gate_domain"] == "linear" else 0.0

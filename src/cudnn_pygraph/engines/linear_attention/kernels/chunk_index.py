@@ -17,6 +17,9 @@ device values of cu_seqlens, so it is built here by two tiny kernels:
                                (sum of ceil(T_m / BT) over m < n); chunk_offsets[N] is the
                                number of chunks.
   chunk_seq     [max_chunks] int32: the sequence of each chunk.
+  seq_order     [N] int32: the sequences by length, longest first (ties by index). The
+                               state kernels start the longest recurrences first, so the
+                               last wave holds short ones (longest-processing-time order).
 
 The launch grids are sized on the host from shapes only: max_chunks(total_T, N) is an
 upper bound of the chunk count; programs past chunk_offsets[N] exit at once.
@@ -87,15 +90,36 @@ def _chunk_seq_kernel(off_ptr, seq_ptr, BLOCK: tl.constexpr):
         tl.store(seq_ptr + idx, tl.zeros([BLOCK], dtype=tl.int32) + n, mask=idx < last)
 
 
-def build_chunk_tables(cu_seqlens, total_t, cu_safe, cu_error, chunk_offsets, chunk_seq) -> None:
-    """Fill cu_safe [N+1], cu_error [1], chunk_offsets [N+1] and chunk_seq [>= max_chunks]
-    (int32 device tensors) from cu_seqlens (int32 or int64)."""
+@triton.jit(do_not_specialize=["N"])
+def _seq_order_kernel(safe_ptr, order_ptr, N, BLOCK: tl.constexpr):
+    # Sequence n's place is the number of sequences ahead of it (longer, or as long with a
+    # smaller index): N programs of N comparisons each, no sort, no dependence on N's size.
+    n = tl.program_id(0)
+    length = tl.load(safe_ptr + n + 1) - tl.load(safe_ptr + n)
+    rank = tl.zeros([], dtype=tl.int32)
+    for start in range(0, N, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        valid = idx < N
+        other = tl.load(safe_ptr + idx + 1, mask=valid, other=0) - tl.load(
+            safe_ptr + idx, mask=valid, other=0
+        )
+        ahead = valid & ((other > length) | ((other == length) & (idx < n)))
+        rank += tl.sum(ahead.to(tl.int32), 0)
+    tl.store(order_ptr + rank, n)
+
+
+def build_chunk_tables(
+    cu_seqlens, total_t, cu_safe, cu_error, chunk_offsets, chunk_seq, seq_order
+) -> None:
+    """Fill cu_safe [N+1], cu_error [1], chunk_offsets [N+1], chunk_seq [>= max_chunks] and
+    seq_order [N] (int32 device tensors) from cu_seqlens (int32 or int64)."""
     n_seqs = cu_seqlens.shape[0] - 1
     _chunk_offsets_kernel[(1,)](
         cu_seqlens, cu_safe, chunk_offsets, cu_error, n_seqs, total_t, BT=CHUNK, BLOCK=1024
     )
     if n_seqs > 0:
         _chunk_seq_kernel[(n_seqs,)](chunk_offsets, chunk_seq, BLOCK=256)
+        _seq_order_kernel[(n_seqs,)](cu_safe, seq_order, n_seqs, BLOCK=256)
 
 
 @triton.jit

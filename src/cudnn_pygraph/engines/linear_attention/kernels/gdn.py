@@ -49,6 +49,7 @@ __all__ = [
     "SUPPORTED_HEAD_DIMS",
     "gdn_backward",
     "gdn_forward",
+    "forward_fuses_output",
     "gdn_workspace_bytes",
 ]
 
@@ -165,6 +166,13 @@ def _state_config(kernel, n_seqs, n_out, dim_v, device, batch_invariant) -> dict
     return cfg
 
 
+def forward_fuses_output(n_seqs, n_out, dim_v, device, batch_invariant) -> bool:
+    """Whether gdn_forward writes O from the state kernel for such a batch (then it needs
+    no h / E scratch: gdn_workspace_bytes(fused_output=True))."""
+    cfg = _state_config("state_fwd", n_seqs, n_out, dim_v, device, batch_invariant)
+    return bool(cfg.get("FUSE_OUTPUT"))
+
+
 # Under the Triton interpreter (CPU CI) the column slices are at least 64 wide: every loop
 # trip is interpreted Python, and K = 128 cases still run two trips per loop.
 _MIN_SLICE = 64 if os.environ.get("TRITON_INTERPRET") == "1" else 16
@@ -262,7 +270,9 @@ def _run_wy_and_state(
     n_chunks = max_chunks(total_t, n_seqs)
     dummy = ws["gc"]
     error = cu_error if cu_error is not None else ws["cu_error"]
-    build_chunk_tables(cu, total_t, ws["cu_safe"], error, ws["chunk_offsets"], ws["chunk_seq"])
+    build_chunk_tables(
+        cu, total_t, ws["cu_safe"], error, ws["chunk_offsets"], ws["chunk_seq"], ws["seq_order"]
+    )
     cu = ws["cu_safe"]  # every stage reads the sanitized copy (memory-safe on bad input)
     grid = (n_chunks, n_out)
     # FUSED: wy_solve also forms w and u (no wy_apply launch) and stores A only for the
@@ -317,6 +327,7 @@ def _run_wy_and_state(
         ws["rk"],
         cu,
         ws["chunk_offsets"],
+        ws["seq_order"],
         initial_state if initial_state is not None else dummy,
         final_state if final_state is not None else dummy,
         state_indices if state_indices is not None else ws["chunk_offsets"],
@@ -360,12 +371,12 @@ def _prepare_and_recompute(
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
     rows = _layout(
         total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, q.dtype, backward,
-        checkpoints is not None, safe_gate,
+        checkpoints is not None, safe_gate, fused_output=o is not None,
     )  # fmt: skip
     ws = _carve(rows, workspace, q.device)
     prec = _dot_precision(q.dtype)
     flags = _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval)
-    h_buf = checkpoints if checkpoints is not None else ws["h"]
+    h_buf = checkpoints if checkpoints is not None else ws.get("h")
     _run_wy_and_state(
         q, k, v, g, beta, cu_seqlens, ws, dims,
         scale=scale, flags=flags, l2norm=use_qk_l2norm, a_log=a_log, dt_bias=dt_bias,
@@ -624,6 +635,7 @@ def gdn_backward(
         ws["de"],
         ws["cu_safe"],
         ws["chunk_offsets"],
+        ws["seq_order"],
         d_final_state if d_final_state is not None else dummy,
         d_initial_state if d_initial_state is not None else dummy,
         ws["dh"],

@@ -19,9 +19,13 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _layout(
-    total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, backward, has_checkpoints, safe_gate
-):
-    """[(name, dtype, shape)] of every scratch buffer, in carving order."""
+    total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, backward, has_checkpoints, safe_gate,
+    fused_output=False,
+):  # fmt: skip
+    """[(name, dtype, shape)] of every scratch buffer, in carving order. fused_output: the
+    forward writes O from the state kernel, so it keeps neither h nor E (kernels/gdn.py
+    forward_fuses_output): ~T x HO x (V + K V / 64) x 2 bytes less, 0.4 GB at 32K tokens and
+    16 heads of 128."""
     cdt = _compute_dtype(dtype)
     f32 = torch.float32
     n_chunks = max_chunks(total_t, n_seqs)
@@ -30,6 +34,7 @@ def _layout(
         ("cu_error", torch.int32, (1,)),
         ("chunk_offsets", torch.int32, (n_seqs + 1,)),
         ("chunk_seq", torch.int32, (n_chunks,)),
+        ("seq_order", torch.int32, (n_seqs,)),
         ("gc", f32, (total_t, n_out)),
         ("beta_eff", f32, (total_t, n_out)),
         ("rk", f32, (total_t, n_out)),
@@ -37,6 +42,8 @@ def _layout(
         ("w", cdt, (total_t, n_out, dim_k)),
         ("u", cdt, (total_t, n_out, dim_v)),
     ]
+    if fused_output and not backward:
+        return rows
     if not has_checkpoints:
         rows.append(("h", cdt, (n_chunks, n_out, dim_v, dim_k)))
     if not backward or not has_checkpoints:
@@ -85,8 +92,11 @@ def gdn_workspace_bytes(
     backward: bool,
     has_checkpoints: bool = False,
     safe_gate: bool = False,
+    fused_output: bool = False,
 ) -> int:
-    """Bytes of scratch the gdn forward (backward=False) or backward launcher carves."""
+    """Bytes of scratch the gdn forward (backward=False) or backward launcher carves.
+    fused_output: the forward's output stage runs inside the state kernel for this batch
+    (kernels/gdn.py forward_fuses_output); without it the size covers both forward paths."""
     n_out = max(n_q_heads, n_v_heads)
     rows = _layout(
         total_t,
@@ -101,6 +111,7 @@ def gdn_workspace_bytes(
         backward,
         has_checkpoints,
         safe_gate,
+        fused_output,
     )
     return sum(_aligned(_nbytes(dt, shape)) for _, dt, shape in rows)
 

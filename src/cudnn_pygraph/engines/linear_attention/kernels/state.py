@@ -32,21 +32,26 @@ from .tiles import decay_mask, load_rows, load_rows_t, load_vec, state_block, st
 def state_grid(v_fastest: bool, n_seqs: int, n_out: int, n_vblocks: int) -> tuple:
     """The launch grid of the state kernels; state_program decodes it."""
     if v_fastest:
-        return (n_seqs * n_vblocks, n_out)
+        return (n_seqs * n_out * n_vblocks,)
     return (n_seqs, n_out, n_vblocks)
 
 
 @triton.jit
-def state_program(V_FASTEST: tl.constexpr, NV: tl.constexpr):
-    """(sequence, head, V block) of this program. V_FASTEST puts the V blocks of one
-    (sequence, head) at adjacent program ids, so they run together and read that
-    sequence's w / k / q chunk tiles through L2 once rather than once per V block
-    (state_fwd reads ~48 KB per chunk and program, 32 KB of it w and k: at BV = 32 that is
-    four DRAM reads of each on (a) when the V blocks run in different waves). The programs
-    and their arithmetic are the same either way: results are bitwise equal."""
+def state_program(V_FASTEST: tl.constexpr, NV: tl.constexpr, HO, order_ptr):
+    """(sequence, head, V block) of this program. V_FASTEST orders the programs (V block
+    fastest, then head, then sequence) and takes the sequences longest first (order_ptr:
+    chunk_index.py seq_order). The V blocks of one (sequence, head) then run together and
+    read its w / k / q chunk tiles through L2 once rather than once per V block (state_fwd
+    reads ~48 KB per chunk and program, 32 KB of it w and k), and the longest recurrences
+    start in the first wave, so the last holds short ones (on (c), 64 sequences of 64..2048
+    tokens, a 2048-token program is ~30x a 64-token one). The programs and their
+    arithmetic are the same either way: results are bitwise equal."""
     if V_FASTEST:
         pid = tl.program_id(0)
-        return pid // NV, tl.program_id(1), pid % NV
+        iv = pid % NV
+        h = (pid // NV) % HO
+        n = tl.load(order_ptr + pid // (NV * HO))
+        return n, h, iv
     return tl.program_id(0), tl.program_id(1), tl.program_id(2)
 
 
@@ -59,6 +64,7 @@ def state_fwd_kernel(
     rk_ptr,
     cu_ptr,
     off_ptr,
+    order_ptr,
     init_ptr,
     final_ptr,
     idx_ptr,
@@ -106,7 +112,7 @@ def state_fwd_kernel(
     launches no output stage: the backward recomputes both anyway. Its cost: q [64, K] per
     chunk and program and the chunk's Q K^T per V block (shared through L2 with V_FASTEST).
     q_ptr / o_ptr / scale / H / L2NORM / EPS are read only under it."""
-    n, h, iv = state_program(V_FASTEST, V // BV)
+    n, h, iv = state_program(V_FASTEST, V // BV, HO, order_ptr)
     hk = h // (HO // HK)
     dt = w_ptr.dtype.element_ty
     bos = tl.load(cu_ptr + n).to(tl.int32)
@@ -168,6 +174,7 @@ def state_bwd_kernel(
     de_ptr,
     cu_ptr,
     off_ptr,
+    order_ptr,
     dfinal_ptr,
     dinit_ptr,
     dh_ptr,
@@ -206,7 +213,7 @@ def state_bwd_kernel(
     two dependent products. (The previous kernel normalized fp32 copies of q and k per
     chunk: 255 registers and 153 KB of shared memory at BV=32 / 8 warps, one program per
     SM; 1.08 ms per call on (a) 8x4096, H200.)"""
-    n, h, iv = state_program(V_FASTEST, V // BV)
+    n, h, iv = state_program(V_FASTEST, V // BV, HO, order_ptr)
     hq = h // (HO // H)
     hk = h // (HO // HK)
     dt = w_ptr.dtype.element_ty
