@@ -223,6 +223,19 @@ SWEEP = {
     "output_fwd BV128 w4": {"output_fwd": {"BV": 128, "num_warps": 4}},
     "wy_bwd 64 w8": {"wy_bwd": {"BK": 64, "BV": 64, "num_warps": 8}},
     "wy_bwd 32 w8": {"wy_bwd": {"BK": 32, "BV": 32, "num_warps": 8}},
+    # Session 4, WY forward (kernels/wy_fwd.py; the GPU test's "wy-s4-*" / "wy-s3-shipped"
+    # variants; bench/gdn_wy_fwd.py times the kernel alone).
+    "s4 wyfwd session-3 kernel": {
+        "wy_solve": {"BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1}
+    },
+    "s4 wyfwd dots BA32": {
+        "wy_solve": {"BK": 64, "BA": 32, "MERGE": "tf32", "INV": "dots", "A_TERMS": 1,
+                     "FUSED": True, "num_warps": 1}
+    },
+    "s4 wyfwd rows A16": {
+        "wy_solve": {"BK": 64, "BA": 16, "MERGE": "tf32", "INV": "rows", "A_TERMS": 1,
+                     "FUSED": True, "num_warps": 1}
+    },
     # Session 4: 16-bit product operands (LOW) in the sliced kernel, without parking A^T dW
     # in dk_part (PARK off), and the whole-K kernel (k, dW and the partial dk read once;
     # kernels/wy.py wy_bwd_whole_k_kernel). Labels are distinct as substrings (--entries).

@@ -126,6 +126,24 @@ CONFIG_VARIANTS = {
             "BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1, "num_stages": 1
         }
     },
+    # Session 4, WY forward (kernels/wy_fwd.py): alternatives to the shipped wy_solve that
+    # bench/gdn_wy_fwd.py times: 32-wide apply slices; row substitution with the 16-bit
+    # apply (0.339 ms vs 0.315 shipped); session 3's kernel (rows, tf32x3, fp32 A).
+    "wy-s4-dots-ba32": {
+        "wy_solve": {
+            "BK": 64, "BA": 32, "MERGE": "tf32", "INV": "dots", "A_TERMS": 1, "FUSED": True,
+            "num_warps": 1,
+        }
+    },
+    "wy-s4-rows-a16": {
+        "wy_solve": {
+            "BK": 64, "BA": 16, "MERGE": "tf32", "INV": "rows", "A_TERMS": 1, "FUSED": True,
+            "num_warps": 1,
+        }
+    },
+    "wy-s3-shipped": {
+        "wy_solve": {"BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1}
+    },
     "bv32-w4": {
         "state_fwd": {"BV": 32, "num_warps": 4},
         "output_fwd": {"BV": 32, "num_warps": 4},

@@ -58,13 +58,18 @@ __all__ = [
 # alternative sets in its CONFIG_VARIANTS; Triton 3.6 on Hopper miscompiles some configs,
 # BRIEF.md): change one only with that test. Timed by `bench/gdn.py --sweep` (H200,
 # 2026-11-29, bench/results/gdn.md), forward ms of (a) 8x4096 / (b) 1x32768:
-# - wy_solve: FUSED (w, u formed in the same program; module docstring of wy_fwd.py), tf32x3
-#   merges, 16-wide apply slices, 1 warp, 3 stages: (a) 1.147 vs 1 stage 1.206 vs the unfused
-#   pair with ieee merges 1.235 (session 3; O and every gradient bitwise equal on (a); the
-#   1-stage config stays in the GPU test's variants). Also faster than 1 stage, not yet proven
-#   by the GPU test: unfused with tf32x3 merges 1.169, 32-wide slices 1.180; plain tf32 merges 1.160 (O / gradients move 2.3e-4). Slower:
-#   2 warps 1.441, registers capped at 128 1.482. Earlier (unfused, ieee): 1 warp 1.99 /
-#   2.49 vs 2 warps 2.00 / 2.57, 4 warps 2.24 / 2.73 (its 16x16 row steps reduce in a warp);
+# - wy_solve: FUSED (w, u formed in the same program; kernels/wy_fwd.py's docstring), the
+#   diagonal inversions by block doubling (INV "dots") and the doubling / merge products in
+#   plain tf32, w and u from A diag(s) rounded to 16 bits (A_TERMS 1), 16-wide apply slices,
+#   1 warp, 3 stages. Session 4 (bench/gdn_wy_fwd.py, the kernel alone on (a), no state):
+#   0.418 -> 0.315 ms, forward 0.832 -> 0.726 ms; w / u vs float64 2.3e-3 / 1.7e-3 (were
+#   1.7e-3 / 1.7e-3), O moves 1.6e-3; the GPU test with it shipped: 19 passed (attribute
+#   cases in both state regimes o <= 3.5e-3, grads <= 3.9e-3). Slower: rows + tf32 + A_TERMS
+#   1 0.339, rows + tf32x3 + A_TERMS 1 0.382 (BA 32: 0.352), A_TERMS 2 0.399, doubling in
+#   tf32x3 0.733, one warp per row block (4 warps) 0.62-0.91. Session 3 (forward ms with
+#   state): tf32x3 merges at 3 stages 1.147 vs 1 stage 1.206 vs the unfused pair with ieee
+#   merges 1.235; 2 warps 1.441, registers capped at 128 1.482. Earlier (unfused, ieee):
+#   1 warp 1.99 / 2.49 vs 2 warps 2.00 / 2.57, 4 warps 2.24 / 2.73;
 # - wy_apply (unfused only): 32-wide slices at 2 warps 1.96 / 2.25 vs 64-wide at 4 warps
 #   2.00 / 2.57;
 # - state_fwd: one program per (sequence, head, V-block) walks all chunks, so (b) with one
@@ -113,7 +118,8 @@ __all__ = [
 # dv_local was chosen by ptxas (no spills).
 KERNEL_CONFIGS = {
     "wy_solve": {
-        "BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1, "num_stages": 3
+        "BK": 64, "BA": 16, "MERGE": "tf32", "INV": "dots", "A_TERMS": 1, "FUSED": True,
+        "num_warps": 1, "num_stages": 3,
     },
     "wy_apply": {"BK": 32, "BV": 32, "num_warps": 2},
     # The state kernels, by regime (_state_config): a batch whose grid gives every SM a
