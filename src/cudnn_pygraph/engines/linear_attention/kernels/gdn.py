@@ -60,8 +60,10 @@ __all__ = [
 # 2026-11-29, bench/results/gdn.md), forward ms of (a) 8x4096 / (b) 1x32768:
 # - wy_solve: FUSED (w, u formed in the same program; kernels/wy_fwd.py's docstring), the
 #   diagonal inversions by block doubling (INV "dots") and the doubling / merge products in
-#   plain tf32, w and u from A diag(s) rounded to 16 bits (A_TERMS 1), 16-wide apply slices,
-#   1 warp, 3 stages. Session 4 (bench/gdn_wy_fwd.py, the kernel alone on (a), no state):
+#   plain tf32, w and u from A diag(s) rounded to 16 bits (A_TERMS 1), 32-wide apply slices,
+#   1 warp, 3 stages. BA 32 vs 16 (session 4, bench/gdn.py --sweep, forward / fwd+bwd ms, with
+#   state): (a) 0.702 / 4.260 vs 0.732 / 4.311, (c) 1.457 / 8.845 vs 1.523 / 8.967, O and
+#   every gradient bitwise equal; GPU test "wy-s4-dots-ba32" passed. Session 4 (bench/gdn_wy_fwd.py, the kernel alone on (a), no state):
 #   0.418 -> 0.315 ms, forward 0.832 -> 0.726 ms; w / u vs float64 2.3e-3 / 1.7e-3 (were
 #   1.7e-3 / 1.7e-3), O moves 1.6e-3; the GPU test with it shipped: 19 passed (attribute
 #   cases in both state regimes o <= 3.5e-3, grads <= 3.9e-3). Slower: rows + tf32 + A_TERMS
@@ -84,8 +86,12 @@ __all__ = [
 #   Slower: the whole-K kernel (WHOLE_K: k, dW, the partial dk read once) at 8 warps, BV=64
 #   1.276 / 2.671, BV=128 1.243 / 2.613, tf32 1.934; 64-wide slices at 8 warps 1.338 / 2.826.
 #   At 2 stages the LOW slices hit an illegal address at (a)'s size (Triton 3.6 on Hopper):
-#   not a config to use. Proven, untimed: PARK off (bench/gdn.py SWEEP "s4 wy_bwd no-park").
-#   ptxas (offline): 52 KB of shared memory, 255 registers + 208 B of spills, 2 per SM.
+#   not a config to use. PARK off (A^T dW not parked in the fp32 dk_part and read back; dW
+#   read twice instead), session 4 sweep, fwd+bwd ms with state: (a) 4.221 vs 4.311, (c)
+#   8.803 vs 8.967, gradients move <= 1.3e-4; GPU test "...-32-w4-nopark" passed; at
+#   16-wide slices 4.442 / 9.204.
+#   ptxas (offline): 52 KB of shared memory, 255 registers + 208 B of spills (PARK off:
+#   52 B), 2 per SM.
 #   Earlier (tf32): 4 warps fwd+bwd 7.25 / 8.50 ms vs 8 warps 7.81 / 9.03, 64-wide at 8 warps
 #   8.11 / 9.31.
 # - state_bwd (fwd+bwd ms of (a), with state): BV=32 at 4 warps / 2 stages 6.13 vs 8 warps
@@ -118,7 +124,7 @@ __all__ = [
 # dv_local was chosen by ptxas (no spills).
 KERNEL_CONFIGS = {
     "wy_solve": {
-        "BK": 64, "BA": 16, "MERGE": "tf32", "INV": "dots", "A_TERMS": 1, "FUSED": True,
+        "BK": 64, "BA": 32, "MERGE": "tf32", "INV": "dots", "A_TERMS": 1, "FUSED": True,
         "num_warps": 1, "num_stages": 3,
     },
     "wy_apply": {"BK": 32, "BV": 32, "num_warps": 2},
@@ -133,7 +139,7 @@ KERNEL_CONFIGS = {
     "state_bwd": {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
     "state_bwd_few": {"BV": 16, "num_warps": 4, "num_stages": 2},
     "dqk": {"BV": 64, "num_warps": 8, "num_stages": 2, "SPLIT": True, "maxnreg": 128},
-    "wy_bwd": {"BK": 32, "BV": 32, "LOW": True, "num_warps": 4},
+    "wy_bwd": {"BK": 32, "BV": 32, "LOW": True, "PARK": False, "num_warps": 4},
 }
 
 # The state kernels run one program per (sequence, head, V block) through all of a
