@@ -236,9 +236,8 @@ SWEEP = {
         "wy_solve": {"BK": 64, "BA": 16, "MERGE": "tf32", "INV": "rows", "A_TERMS": 1,
                      "FUSED": True, "num_warps": 1}
     },
-    # Session 4: 16-bit product operands (LOW) in the sliced kernel, without parking A^T dW
-    # in dk_part (PARK off), and the whole-K kernel (k, dW and the partial dk read once;
-    # kernels/wy.py wy_bwd_whole_k_kernel). Labels are distinct as substrings (--entries).
+    # Session 4: 16-bit product operands (LOW), with and without parking A^T dW in dk_part
+    # (PARK). Labels are distinct as substrings (--entries).
     "s4 wy_bwd sliced 16-bit 32 w4": {"wy_bwd": {"BK": 32, "BV": 32, "LOW": True, "num_warps": 4}},
     # (At 2 stages the LOW slices hit an illegal address at (a)'s size: not listed.)
     "s4 wy_bwd r168 sliced 16-bit 32 w4": {
@@ -253,13 +252,6 @@ SWEEP = {
         }
         for bk in (16, 32)
     },
-    **{
-        f"s4 wy_bwd whole-K 16-bit BV{bv} w{w}{' s1' if st == 1 else ''}": {
-            "wy_bwd": {"WHOLE_K": True, "BV": bv, "LOW": True, "num_warps": w, "num_stages": st}
-        }
-        for bv, w, st in ((64, 8, 3), (128, 8, 3), (64, 8, 1), (64, 4, 3))
-    },
-    "s4 wy_bwd whole-K tf32 BV64 w8": {"wy_bwd": {"WHOLE_K": True, "BV": 64, "num_warps": 8}},
     "state_bwd BV32 w8": {"state_bwd": {"BV": 32, "num_warps": 8}},
     "state_bwd BV32 w8 s2": {"state_bwd": {"BV": 32, "num_warps": 8, "num_stages": 2}},
     "state_bwd BV32 w4 s3": {"state_bwd": {"BV": 32, "num_warps": 4}},

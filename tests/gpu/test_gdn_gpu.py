@@ -171,11 +171,11 @@ CONFIG_VARIANTS = {
     },
     "wy-bwd-64-w8": {"wy_bwd": {"BK": 64, "BV": 64, "num_warps": 8}},
     "wy-bwd-32-w8": {"wy_bwd": {"BK": 32, "BV": 32, "num_warps": 8}},
-    # Session 4: the WY backward with 16-bit product operands (LOW), without parking (PARK
-    # off), or the whole-K kernel (kernels/wy.py), at the configs bench/gdn.py sweeps. (LOW
-    # at 2 stages hit an illegal address at (a)'s size on the H200, and one GPU-test call of
-    # it with "sliced-16bit-64-w4" and "wholek-16bit-bv64-w4" had one failure, dk 0.11:
-    # those two are unconfirmed; the others passed, session 4.)
+    # Session 4: the WY backward with 16-bit product operands (LOW), with and without parking
+    # (PARK), at the configs bench/gdn.py sweeps. (LOW at 2 stages hit an illegal address at
+    # (a)'s size on the H200; one GPU-test call of it with "sliced-16bit-64-w4" and a since
+    # removed whole-K kernel had one failure, dk 0.11: "sliced-16bit-64-w4" is unconfirmed;
+    # the others passed, session 4.)
     **{
         f"wy-bwd-s4-sliced-16bit-{bk}-w{w}{tag}": {
             "wy_bwd": {"BK": bk, "BV": bk, "LOW": True, "num_warps": w, **extra}
@@ -190,18 +190,6 @@ CONFIG_VARIANTS = {
             (16, 4, "-nopark", {"PARK": False}),
         )
     },
-    **{
-        f"wy-bwd-s4-wholek-16bit-bv{bv}-w{w}{tag}": {
-            "wy_bwd": {"WHOLE_K": True, "BV": bv, "LOW": True, "num_warps": w, **extra}
-        }
-        for bv, w, tag, extra in (
-            (64, 8, "", {}),
-            (128, 8, "", {}),
-            (64, 8, "-s1", {"num_stages": 1}),
-            (64, 4, "", {}),
-        )
-    },
-    "wy-bwd-s4-wholek-tf32-bv64-w8": {"wy_bwd": {"WHOLE_K": True, "BV": 64, "num_warps": 8}},
     "output-bv128-w4": {"output_fwd": {"BV": 128, "num_warps": 4}},
     # The backward's state / dq-dk kernels at the configs the bench sweeps.
     "bwd-bv16-w4": {

@@ -41,7 +41,7 @@ from .gdn_workspace import _carve, _layout, gdn_workspace_bytes
 from .normalize import L2NORM_EPS
 from .output import dqk_kernel, dv_local_kernel, output_fwd_kernel
 from .state import state_bwd_kernel, state_fwd_kernel, state_grid
-from .wy import group_reduce_kernel, wy_bwd_kernel, wy_bwd_whole_k_kernel
+from .wy import group_reduce_kernel, wy_bwd_kernel
 from .wy_fwd import wy_apply_kernel, wy_solve_kernel
 
 __all__ = [
@@ -83,7 +83,7 @@ __all__ = [
 #   session 4, CUDA ms per launch (torch.profiler) of (a) / (c): 1.036 / 2.133 vs the same
 #   slices with tf32 products 1.329 / 2.774 ((a) fwd+bwd 4.509 vs 4.812 ms); gradients vs
 #   float64 in the GPU test: dv 2.9e-3 (tf32: 2.4e-3), dbeta 2.4e-3 (1.8e-3), dk 3.1e-3.
-#   Slower: the whole-K kernel (WHOLE_K: k, dW, the partial dk read once) at 8 warps, BV=64
+#   Slower: a whole-K kernel (k, dW, the partial dk read once; removed) at 8 warps, BV=64
 #   1.276 / 2.671, BV=128 1.243 / 2.613, tf32 1.934; 64-wide slices at 8 warps 1.338 / 2.826.
 #   At 2 stages the LOW slices hit an illegal address at (a)'s size (Triton 3.6 on Hopper):
 #   not a config to use. PARK off (A^T dW not parked in the fp32 dk_part and read back; dW
@@ -694,13 +694,7 @@ def gdn_backward(
     gates += (dt_bias if dt_bias is not None else dummy, ws["gc"], ws["beta_eff"])
     partials = (ws["a"], ws["dw"], ws["de"], ws["dk_part"], ws["dg_part"])
     finals = {"FINAL_DK": final_dk, "FINAL_DV": final_dv}
-    # WHOLE_K: the key side as whole [64, K] tiles (k, dW, partial dk read once; LOW: 16-bit
-    # product operands), kernels/wy.py wy_bwd_whole_k_kernel; else BK-wide key passes.
-    if cfg.pop("WHOLE_K", False):
-        kernel, slices = wy_bwd_whole_k_kernel, {}
-    else:
-        kernel, slices = wy_bwd_kernel, {"BK": _slice(cfg, "BK", dim_k)}
-    kernel[(n_chunks, n_out)](
+    wy_bwd_kernel[(n_chunks, n_out)](
         *gates,
         ws["rk"],
         *partials,
@@ -711,7 +705,7 @@ def gdn_backward(
         n_v,
         K=dim_k,
         V=dim_v,
-        **slices,
+        BK=_slice(cfg, "BK", dim_k),
         BV=_slice(cfg, "BV", dim_v),
         L2NORM=use_qk_l2norm,
         **flags,

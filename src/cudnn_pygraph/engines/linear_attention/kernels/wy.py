@@ -5,9 +5,9 @@ w = A (beta * d * K), u = A (beta * V)).
 Given dw, du and the fp32 A the forward kernels stored, wy_bwd_kernel returns dk, dv, dbeta
 and the gate gradient; it runs after the output/state backward (which fill dw, du = dE and
 partial dk / dG), and finishes the per-token gradients: reverse cumsum of dG, the gate and
-beta transforms and the l2norm Jacobian. wy_bwd_whole_k_kernel computes the same with the
-key side as whole [64, K] tiles (an alternative config; kernels/gdn.py KERNEL_CONFIGS says
-which ships and why).
+beta transforms and the l2norm Jacobian. (A variant with the key side as whole [64, K]
+tiles, reading k, dW and the partial dk once, measured slower at every config: session 4,
+bench/results/gdn.md.)
 """
 
 from __future__ import annotations
@@ -141,8 +141,12 @@ def wy_bwd_kernel(
     Pass 2 over K: dk = parked + (dM + dM^T) k_hat, then the l2norm Jacobian, whose row dot
     <k_hat, dk> is known before pass 2 from the reductions already made.
 
-    LOW (16-bit runs): the products take 16-bit operands (fp32 accumulation), as
-    wy_bwd_whole_k_kernel's docstring says (timed: bench/results/gdn.md, session 4)."""
+    LOW (16-bit runs): every product takes 16-bit operands (fp32 accumulation), as fla's
+    WY backward does: A, dU, dW and dA are rounded to the inputs' dtype on entry to a
+    product; k and v enter exactly. Column and row factors (beta, d, 1/||k||) are applied to
+    fp32 results or to the [64, 64] matrices instead of to the key / value tiles, so that
+    the raw 16-bit tiles enter the products unrounded (timed: bench/results/gdn.md,
+    session 4)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -226,142 +230,6 @@ def wy_bwd_kernel(
             store_rows(dk_ptr, dk, t0, r, valid, HK * K, hk * K + col, BK)
         else:
             store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K + col, BK)
-
-    _store_gate_and_beta_grads(
-        dg, dbeta, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, dg_part_ptr, dg_ptr, dbeta_ptr,
-        da_tok_ptr, ddt_tok_ptr, t0, valid, HO, h, LINEAR, SAFE, HAS_A, HAS_DT, SIGMOID,
-        NEG_EIGVAL,
-    )  # fmt: skip
-
-
-@triton.jit(do_not_specialize=["N"])
-def wy_bwd_whole_k_kernel(
-    k_ptr,
-    v_ptr,
-    g_ptr,
-    beta_ptr,
-    a_log_ptr,
-    dt_bias_ptr,
-    gc_ptr,
-    beff_ptr,
-    rk_ptr,
-    a_ptr,
-    dw_ptr,
-    du_ptr,
-    dk_part_ptr,
-    dg_part_ptr,
-    dk_ptr,
-    dv_ptr,
-    dg_ptr,
-    dbeta_ptr,
-    da_tok_ptr,
-    ddt_tok_ptr,
-    cu_ptr,
-    off_ptr,
-    seq_ptr,
-    N,
-    HO,
-    HK,
-    HV,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BV: tl.constexpr,
-    L2NORM: tl.constexpr,
-    LINEAR: tl.constexpr,
-    SAFE: tl.constexpr,
-    HAS_A: tl.constexpr,
-    HAS_DT: tl.constexpr,
-    SIGMOID: tl.constexpr,
-    NEG_EIGVAL: tl.constexpr,
-    FINAL_DK: tl.constexpr,
-    FINAL_DV: tl.constexpr,
-    PREC: tl.constexpr,
-    LOW: tl.constexpr = False,
-):
-    """The same gradients as wy_bwd_kernel with the key side as whole [64, K] tiles, so that
-    k, dW and the stage-4 partial dk are each read once (wy_bwd_kernel reads k three times
-    and the fp32 partial dk three times: it parks A^T dW there between its two key passes);
-    meant for 8 warps (a [64, 128] fp32 tile is 32 registers per thread there).
-
-    LOW (16-bit runs): every product takes 16-bit operands (fp32 accumulation), as fla's
-    WY backward does: A, dU, dW and dA are rounded to the inputs' dtype on entry to a
-    product; k and v enter exactly. Column and row factors (beta, d, 1/||k||) are applied to
-    fp32 results or to the [64, 64] matrices instead of to the key / value tiles, so that the
-    raw 16-bit tiles enter the products unrounded.
-
-    Value pass (BV slices): dv, dbeta's value part, dA += dU V^T diag(beta).
-    Key side: dA += dW K^T diag(beta d / ||k||), the Gram K K^T; then dL = -A^T dA A^T,
-    dM = dL * decay * beta (strictly lower), dM^T through this chunk's rows of the A buffer
-    (as in wy_bwd_kernel: no tl.trans of a computed tile into tl.dot on Hopper), and
-    dk = partial + beta d A^T dW + (dM + dM^T) diag(1/||k||) K, whose l2norm row dot is
-    taken from the finished rows."""
-    c = tl.program_id(0)
-    h = tl.program_id(1)
-    _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
-    if valid <= 0:
-        return
-    hk = h // (HO // HK)
-    hv = h // (HO // HV)
-    ty = k_ptr.dtype.element_ty
-    r = tl.arange(0, 64)
-    row_ok = r < valid
-    g = load_vec(gc_ptr, t0, r, valid, HO, h)
-    b = load_vec(beff_ptr, t0, r, valid, HO, h)
-    rk = load_vec(rk_ptr, t0, r, valid, HO, h)
-    d = tl.where(row_ok, tl.exp(g), 0.0)
-    bd = b * d
-    at = _operand(_load_a(a_ptr, t0, valid, HO, h, True), ty, LOW)
-
-    da = tl.zeros([64, 64], dtype=tl.float32)
-    dbeta = tl.zeros([64], dtype=tl.float32)
-    for iv in range(V // BV):
-        col = iv * BV
-        du = _operand(load_rows(du_ptr, t0, r, valid, HO * V, h * V + col, BV), ty, LOW)
-        v = load_rows(v_ptr, t0, r, valid, HV * V, hv * V + col, BV)
-        vt = load_rows_t(v_ptr, t0, r, valid, HV * V, hv * V + col, BV)
-        at_du = tl.dot(at, du, input_precision=PREC)
-        dbeta += tl.sum(v.to(tl.float32) * at_du, 1)
-        if FINAL_DV:
-            store_rows(dv_ptr, b[:, None] * at_du, t0, r, valid, HV * V, hv * V + col, BV)
-        else:
-            store_rows(dv_ptr, b[:, None] * at_du, t0, r, valid, HO * V, h * V + col, BV)
-        da += tl.dot(du, _operand(vt, ty, LOW), input_precision=PREC) * b[None, :]
-
-    k = _operand(load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K), ty, LOW)
-    kt = _operand(load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K), ty, LOW)
-    dw = _operand(load_rows(dw_ptr, t0, r, valid, HO * K, h * K, K), ty, LOW)
-    da += tl.dot(dw, kt, input_precision=PREC) * (rk * bd)[None, :]
-    kk = tl.dot(k, kt, input_precision=PREC) * rk[:, None] * rk[None, :]
-
-    dl = tl.dot(at, _operand(da, ty, LOW), input_precision=PREC)
-    dl = -tl.dot(_operand(dl, ty, LOW), at, input_precision=PREC)
-    strict = (r[:, None] > r[None, :]) & (r[:, None] < valid)
-    dm = tl.where(strict, dl * tl.exp(tl.where(strict, g[:, None] - g[None, :], 0.0)), 0.0)
-    dbeta += tl.sum(dm * kk, 1)
-    dm = dm * b[:, None]
-    p = dm * kk
-    dg = tl.sum(p, 1) - tl.sum(p, 0)
-
-    at_dw = tl.dot(at, dw, input_precision=PREC)
-    a_rows = a_ptr + (t0.to(tl.int64) * HO + h) * 64
-    tl.debug_barrier()  # every thread has read A before dM overwrites it
-    tl.store(a_rows + r[:, None] * (HO * 64) + r[None, :], dm, mask=row_ok[:, None])
-    tl.debug_barrier()
-    dmt = tl.load(a_rows + r[None, :] * (HO * 64) + r[:, None], mask=row_ok[None, :], other=0.0)
-    dsym = _operand((dm + dmt) * rk[None, :], ty, LOW)
-
-    k_hat = k.to(tl.float32) * rk[:, None]
-    kdw = tl.sum(k_hat * at_dw, 1)
-    dbeta += d * kdw
-    dg += bd * kdw
-    dk = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K, K) + bd[:, None] * at_dw
-    dk += tl.dot(dsym, k, input_precision=PREC)
-    if FINAL_DK:
-        if L2NORM:
-            dk = (dk - k_hat * tl.sum(k_hat * dk, 1)[:, None]) * rk[:, None]
-        store_rows(dk_ptr, dk, t0, r, valid, HK * K, hk * K, K)
-    else:
-        store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K, K)
 
     _store_gate_and_beta_grads(
         dg, dbeta, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, dg_part_ptr, dg_ptr, dbeta_ptr,
