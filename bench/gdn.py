@@ -25,6 +25,7 @@ it in the H200 runs): to reach every row, run one `--only` row per step.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 
@@ -352,13 +353,40 @@ SWEEP = {
 }
 
 
+def sweep_entries(x, cu, init, entries):
+    """(label, Ours) for "shipped" and each SWEEP entry whose label holds one of `entries`
+    (every entry when None), KERNEL_CONFIGS holding the shipped configs updated by the entry
+    while the caller uses that Ours, and the shipped configs again when the generator ends.
+    Every Ours gets the same dO and d_final (ones), so entries compare output for output."""
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn
+
+    shipped = {k: dict(v) for k, v in gdn.KERNEL_CONFIGS.items()}
+    try:
+        for label, change in SWEEP.items():
+            if entries and label != "shipped" and not any(e in label for e in entries):
+                continue
+            gdn.KERNEL_CONFIGS.clear()
+            gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in shipped.items()})
+            gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in change.items()})
+            ours = Ours(x, cu, init)
+            ours.do = torch.ones_like(ours.do)
+            ours.dfinal = torch.ones_like(ours.dfinal)
+            yield label, ours
+    finally:
+        gdn.KERNEL_CONFIGS.clear()
+        gdn.KERNEL_CONFIGS.update(shipped)
+
+
+def max_rel_diff(outs, base) -> float:
+    """The largest relative difference of paired tensors; NaN-aware, so a miscompiled
+    config's NaN does not read as 0."""
+    return max((rel(a, b) for a, b in zip(outs, base)), key=lambda d: (math.isnan(d), d))
+
+
 def sweep_configs(only, entries=None):
     """Time our forward and forward+backward under each SWEEP entry on the shapes whose name
     holds one of the comma-separated `only` substrings, with the largest relative difference
     of O and of every gradient from the shipped configs."""
-    from cudnn_pygraph.engines.linear_attention.kernels import gdn
-
-    shipped = {k: dict(v) for k, v in gdn.KERNEL_CONFIGS.items()}
     wanted = only.split(",") if only else [""]
     for name, seqlens in shapes().items():
         if not any(w in name for w in wanted):
@@ -368,27 +396,16 @@ def sweep_configs(only, entries=None):
         print(f"{name}: | configs | fwd ms | fwd+bwd ms | max rel diff vs shipped (O, grads) |")
         print("|---|---|---|---|")
         base = None
-        for label, change in SWEEP.items():
-            if entries and label != "shipped" and not any(e in label for e in entries):
-                continue
-            gdn.KERNEL_CONFIGS.clear()
-            gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in shipped.items()})
-            gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in change.items()})
-            ours = Ours(x, cu, init)
-            ours.do = torch.ones_like(ours.do)  # the same dO for every entry
-            ours.dfinal = torch.ones_like(ours.dfinal)
+        for label, ours in sweep_entries(x, cu, init, entries):
             try:
                 ours.forward_backward()
                 outs = [ours.o.clone()] + [t.clone() for t in ours.grads.values()]
                 base = base or outs
-                # NaN-aware: a NaN difference (a miscompiled config) must not read as 0.
-                diff = max((rel(a, b) for a, b in zip(outs, base)), key=lambda d: (d != d, d))
+                diff = max_rel_diff(outs, base)
                 fwd, fb = median_ms(ours.forward), median_ms(ours.forward_backward)
                 print(f"| {label} | {fwd:.3f} | {fb:.3f} | {diff:.1e} |", flush=True)
             except Exception as err:  # noqa: BLE001 (a config that does not fit: report it)
                 print(f"| {label} | failed: {str(err)[:80]} | | |", flush=True)
-    gdn.KERNEL_CONFIGS.clear()
-    gdn.KERNEL_CONFIGS.update(shipped)
 
 
 def host_time(only):

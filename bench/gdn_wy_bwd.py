@@ -12,12 +12,9 @@ from the shipped config. The float64 check of each config is tests/gpu/test_gdn_
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
-from gdn import SWEEP, Ours, make_inputs, rel, shapes
-
-from cudnn_pygraph.engines.linear_attention.kernels import gdn
+from gdn import make_inputs, max_rel_diff, shapes, sweep_entries
 
 
 def wy_bwd_ms(ours) -> float:
@@ -41,7 +38,6 @@ def main():
     parser.add_argument("--entries", default="wy_bwd")
     parser.add_argument("--warm", action="store_true", help="compile only, no timing")
     args = parser.parse_args()
-    shipped = {k: dict(v) for k, v in gdn.KERNEL_CONFIGS.items()}
     wanted = args.entries.split(",")
     rows = {"warm 8 x 128": [128] * 8} if args.warm else shapes()
     for name, seqlens in rows.items():
@@ -52,29 +48,16 @@ def main():
         print(f"\n{name}\n\n| wy_bwd config | wy_bwd ms per launch | max rel diff vs shipped |")
         print("|---|---|---|")
         base = None
-        for label, change in SWEEP.items():
-            if label != "shipped" and not any(w in label for w in wanted):
-                continue
-            gdn.KERNEL_CONFIGS.clear()
-            gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in shipped.items()})
-            gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in change.items()})
-            ours = Ours(x, cu, init)
-            ours.do = torch.ones_like(ours.do)  # the same dO for every entry
-            ours.dfinal = torch.ones_like(ours.dfinal)
+        for label, ours in sweep_entries(x, cu, init, wanted):
             try:
                 ours.forward_backward()
                 outs = [ours.grads[n].clone() for n in ("k", "v", "g", "beta")]
                 base = base or outs
-                diff = max(
-                    (rel(a, b) for a, b in zip(outs, base)), key=lambda d: (math.isnan(d), d)
-                )
+                diff = max_rel_diff(outs, base)
                 ms = float("nan") if args.warm else wy_bwd_ms(ours)
                 print(f"| {label} | {ms:.3f} | {diff:.1e} |", flush=True)
             except Exception as err:  # noqa: BLE001 (a config that does not fit: report it)
                 print(f"| {label} | failed: {str(err)[:80]} | |", flush=True)
-    gdn.KERNEL_CONFIGS.clear()
-    gdn.KERNEL_CONFIGS.update(shipped)
-
 
 if __name__ == "__main__":
     main()
