@@ -1,9 +1,10 @@
 """Gated DeltaNet (gdn / gdn_bwd) launchers over the shared chunked stages.
 
-Forward:  chunk tables -> wy_solve (stage 1 gates + stage 2's A = (I + L)^-1)
-          -> wy_apply (w, u)
-          -> state_fwd (stage 3: h per chunk, E, final state) -> output_fwd (stage 4: O)
-Backward: chunk tables -> wy_solve -> wy_apply
+Forward:  chunk tables -> wy_solve (stage 1 gates + stage 2's A = (I + L)^-1, and w, u
+          when FUSED; else -> wy_apply (w, u))
+          -> state_fwd (stage 3: h per chunk, E, final state) -> output_fwd (stage 4: O);
+             in a batch that fills the GPU state_fwd writes O itself (_state_config)
+Backward: chunk tables -> wy_solve [-> wy_apply]
           -> state_fwd (h and E; skipped when checkpoints are given, then dqk forms E itself)
           -> dv_local (scale P^T dO) -> state_bwd (dE, dh, d_initial_state)
           -> dqk (dq, partial dk / dG, dw) -> wy_bwd (dk, dv, dG, dbeta)
