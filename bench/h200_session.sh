@@ -48,7 +48,7 @@ step backend 50 python3 bench/backend.py --quick --out "$LOG/backend.md"
 step gdn 220 python3 bench/gdn.py  # fla's cold compile is ~100 s of it
 step gdn_profile 25 python3 bench/gdn.py --no-fla --profile --only "(a)"
 step gdn_host 35 python3 bench/gdn.py --host --only "(a)"
-step gdn_sweep 150 python3 bench/gdn.py --no-fla --sweep --only "(a)" --entries "state_fwd,fused output,V-fastest,wy_solve"
+step gdn_sweep 150 python3 bench/gdn.py --no-fla --sweep --only "(a)" --entries "s4"
 step sdpa 100 python3 bench/sdpa_fwd.py --budget-s 80 --out "$LOG/sdpa_fwd.md"
 tail -n 2 "$LOG"/gpu_*.log
 tar czf "$OUT/session.tgz" -C "$LOG" .
