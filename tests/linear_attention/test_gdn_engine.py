@@ -228,7 +228,8 @@ def test_build_time_warm_launch_runs_every_kernel_path():
     for name, port in zip(("dQ", "dK", "dV", "dG", "dBeta", "d_initial_state"), outs):
         ports[name] = port
     flags = {"scale": 0.125, "use_qk_l2norm": True, "use_beta_sigmoid": False,
-             "allow_neg_eigval": False, "safe_gate": False, "gate_domain": "log"}  # fmt: skip
+             "allow_neg_eigval": False, "safe_gate": False, "gate_domain": "log",
+             "batch_invariant": False}  # fmt: skip
     plan = GdnPlan(True, tuple(ports), [], flags, 0, None)
     _compile_by_warm_launch(plan, ports, torch.device(DEVICE))
 
@@ -249,14 +250,17 @@ class LaunchSpy:
         return launch
 
 
-@pytest.mark.parametrize("seqlens", [(70,), (5, 70, 0, 1, 9, 3)], ids=["one-seq", "six-seqs"])
+@pytest.mark.parametrize(
+    "seqlens", [(70,), (5, 70, 0, 1, 9, 3), (3,) * 12], ids=["one-seq", "six-seqs", "twelve-seqs"]
+)
 def test_build_time_warm_launch_compiles_what_the_declared_batch_launches(
     seqlens, monkeypatch
 ):
     # The state kernels' config follows the number of sequences (kernels/gdn.py
-    # _state_config; six sequences x 2 heads fill the interpreter's notional 8 SMs, one does
-    # not), so the warm launch at build must launch the same kernels with the same
-    # constexprs as a real call of the declared batch: nothing compiles at execute.
+    # _state_config; six or twelve sequences x 2 heads fill the interpreter's notional 8 SMs,
+    # one does not), so the warm launch at build (with as few sequences as take the same
+    # configs) must launch the same kernels with the same constexprs as a real call of the
+    # declared batch: nothing compiles at execute.
     from cudnn_pygraph.engines.linear_attention.gdn_engine import (
         GdnPlan,
         _compile_by_warm_launch,

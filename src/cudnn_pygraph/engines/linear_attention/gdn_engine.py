@@ -207,21 +207,27 @@ _TORCH_DTYPES = {
 
 def _compile_by_warm_launch(plan, ports, dev):
     """Compile every kernel the plan launches, at build (never at execute): one launch on a
-    one-token problem with the declared number of sequences (the first holds the token, the
-    rest are empty; the state kernels' config follows the sequence count, kernels/gdn.py
-    _state_config), dtypes, head counts and state strides (the kernels do not specialize on
-    N or T, so the real call hits the same binaries when its buffers are 16-byte aligned)."""
+    one-token problem with the declared dtypes, head counts and state strides, and as many
+    sequences (the first holds the token, the rest are empty) as take the declared batch's
+    state-kernel configs (kernels/gdn.py fewest_sequences_like: they follow the sequence
+    count). The kernels do not specialize on N or T, so the real call hits the same binaries
+    when its buffers are 16-byte aligned."""
     import torch
 
     from .kernels.chunk_index import max_chunks
+    from .kernels.gdn import fewest_sequences_like
 
-    n_seqs = ports["cu_seqlens"].dim[0] - 1
+    q, v = ports["q"].dim, ports["v"].dim
+    n_seqs = fewest_sequences_like(
+        ports["cu_seqlens"].dim[0] - 1, max(q[1], v[1]), v[2], dev, plan.flags["batch_invariant"]
+    )
     views = {}
     for name, t in ports.items():
         dtype = getattr(torch, _TORCH_DTYPES[data_type(t.data_type)])
         dims = list(t.dim)
         if name in STATE_PORTS or name == "checkpoints":
-            dims[0] = max_chunks(1, n_seqs) if name == "checkpoints" else dims[0]
+            # A pool (state_indices) or one state per sequence: n_seqs rows either way.
+            dims[0] = max_chunks(1, n_seqs) if name == "checkpoints" else n_seqs
             # The declared strides (a padded pool slot, K-major), over enough storage.
             views[name] = torch.empty_strided(dims, t.stride, dtype=dtype, device=dev).zero_()
             continue
@@ -231,9 +237,8 @@ def _compile_by_warm_launch(plan, ports, dev):
         if name == "cu_seqlens":
             views[name] = torch.tensor([0] + [1] * n_seqs, dtype=dtype, device=dev)
             continue
-        if name == "state_indices":  # in bounds of the declared pool
-            pool_rows = ports["initial_state"].dim[0]
-            views[name] = torch.arange(n_seqs, dtype=dtype, device=dev) % pool_rows
+        if name == "state_indices":
+            views[name] = torch.arange(n_seqs, dtype=dtype, device=dev)
             continue
         dims[0] = 1  # one token
         fill = 1.0 if name == "g" and plan.flags["gate_domain"] == "linear" else 0.0

@@ -50,6 +50,7 @@ __all__ = [
     "SUPPORTED_HEAD_DIMS",
     "gdn_backward",
     "gdn_forward",
+    "fewest_sequences_like",
     "forward_fuses_output",
     "gdn_workspace_bytes",
 ]
@@ -184,6 +185,19 @@ def forward_fuses_output(n_seqs, n_out, dim_v, device, batch_invariant) -> bool:
     no h / E scratch: gdn_workspace_bytes(fused_output=True))."""
     cfg = _state_config("state_fwd", n_seqs, n_out, dim_v, device, batch_invariant)
     return bool(cfg.get("FUSE_OUTPUT"))
+
+
+def fewest_sequences_like(n_seqs, n_out, dim_v, device, batch_invariant) -> int:
+    """The fewest sequences whose launches take the same state-kernel configs as a batch of
+    n_seqs: a build-time warm launch of that many compiles every kernel the real call runs
+    without allocating n_seqs states (a serving pool may hold thousands)."""
+
+    def configs(n):
+        return [_state_config(k, n, n_out, dim_v, device, batch_invariant)
+                for k in ("state_fwd", "state_bwd")]  # fmt: skip
+
+    want = configs(n_seqs)
+    return next((n for n in range(1, n_seqs) if configs(n) == want), n_seqs)
 
 
 # Under the Triton interpreter (CPU CI) the column slices are at least 64 wide: every loop
