@@ -40,7 +40,8 @@ The solve, per chunk:
   terms (hi + lo, ~16 significant bits).
 H200, (a) 8 x 4096 bf16, the kernel alone (bench/gdn_wy_fwd.py, session 4): session 3's
 rows / tf32x3 / A_TERMS 0 0.418 ms; A_TERMS 1 0.382 (BA 32: 0.352), 2: 0.399; rows +
-tf32 + A_TERMS 1 0.339; dots + tf32 + A_TERMS 1 0.315 (shipped); dots with tf32x3 0.733
+tf32 + A_TERMS 1 0.339; dots + tf32 + A_TERMS 1 0.315 (at BA 32 the forward is 0.03 ms
+faster again: shipped, kernels/gdn.py KERNEL_CONFIGS); dots with tf32x3 0.733
 (its tf32x3 operand splits spill: 156-244 B). w / u vs float64: 1.7e-3 / 1.7e-3 with fp32
 A, 2.3e-3 / 1.7e-3 with A_TERMS 1 (fla 0.6.0: 3.0e-3 / 2.3e-3); O moves 1.6e-3.
 Tried and dropped: one warp per 16-row block (4 warps, [4, 16, *] batched tiles, earlier
