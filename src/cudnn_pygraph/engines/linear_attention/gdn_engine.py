@@ -8,12 +8,12 @@ checkpoint cadence); whatever it accepts, build and execute serve. The plan carr
 knobs: the kernels' tile configs are fixed per (K, V, dtype) and, for the state
 recurrence, by whether the batch fills the GPU (kernels/gdn.py KERNEL_CONFIGS and
 _state_config, each config checked on the H200); batch_invariant is handed to the launchers,
-which then keep the one output path every batch size shares. execute hands the caller's buffers (zero-copy torch views of
-the pack) straight to the launchers; scratch comes out of the caller's workspace
-(workspace_size), chunk tables are built on the device: no host sync, capturable. On CUDA
-the first call records the launcher's launches and later calls replay them as raw
-launches (runtime/launch_replay.py), skipping the launcher's Python and Triton's JIT
-binding.
+which then keep the one output path every batch size shares. execute hands the caller's
+buffers (zero-copy torch views of the pack) straight to the launchers; scratch comes out of
+the caller's workspace (workspace_size), chunk tables are built on the device: no host
+sync, capturable. On CUDA the first call records the launcher's launches and later calls
+replay them as raw launches (runtime/launch_replay.py), skipping the launcher's Python and
+Triton's JIT binding.
 """
 
 from __future__ import annotations

@@ -48,24 +48,25 @@ from .wy_fwd import wy_apply_kernel, wy_solve_kernel
 __all__ = [
     "KERNEL_CONFIGS",
     "SUPPORTED_HEAD_DIMS",
-    "gdn_backward",
-    "gdn_forward",
     "fewest_sequences_like",
     "forward_fuses_output",
+    "gdn_backward",
+    "gdn_forward",
     "gdn_workspace_bytes",
 ]
 
-# (BK / BV column slices, num_warps[, num_stages]) per kernel. Every entry is one of the configs checked
-# against the float64 reference on the H200 (tests/gpu/test_gdn_gpu.py runs these and the
-# alternative sets in its CONFIG_VARIANTS; Triton 3.6 on Hopper miscompiles some configs,
-# BRIEF.md): change one only with that test. Timed by `bench/gdn.py --sweep` (H200,
+# (BK / BV column slices, num_warps[, num_stages]) per kernel. Every entry is one of the
+# configs checked against the float64 reference on the H200 (tests/gpu/test_gdn_gpu.py runs
+# these and the alternative sets in its CONFIG_VARIANTS; Triton 3.6 on Hopper miscompiles
+# some configs, BRIEF.md): change one only with that test. Timed by `bench/gdn.py --sweep` (H200,
 # 2026-11-29, bench/results/gdn.md), forward ms of (a) 8x4096 / (b) 1x32768:
 # - wy_solve: FUSED (w, u formed in the same program; kernels/wy_fwd.py's docstring), the
 #   diagonal inversions by block doubling (INV "dots") and the doubling / merge products in
 #   plain tf32, w and u from A diag(s) rounded to 16 bits (A_TERMS 1), 32-wide apply slices,
 #   1 warp, 3 stages. BA 32 vs 16 (session 4, bench/gdn.py --sweep, forward / fwd+bwd ms, with
 #   state): (a) 0.702 / 4.260 vs 0.732 / 4.311, (c) 1.457 / 8.845 vs 1.523 / 8.967, O and
-#   every gradient bitwise equal; GPU test "wy-s4-dots-ba32" passed. Session 4 (bench/gdn_wy_fwd.py, the kernel alone on (a), no state):
+#   every gradient bitwise equal; GPU test "wy-s4-dots-ba32" passed. Session 4
+#   (bench/gdn_wy_fwd.py, the kernel alone on (a), no state):
 #   0.418 -> 0.315 ms, forward 0.832 -> 0.726 ms; w / u vs float64 2.3e-3 / 1.7e-3 (were
 #   1.7e-3 / 1.7e-3), O moves 1.6e-3; the GPU test with it shipped: 19 passed (attribute
 #   cases in both state regimes o <= 3.5e-3, grads <= 3.9e-3). Slower: rows + tf32 + A_TERMS
@@ -157,7 +158,7 @@ STATE_WIDE_MIN_FILL = 1.0
 _INTERPRETER_SMS = 8
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return _INTERPRETER_SMS

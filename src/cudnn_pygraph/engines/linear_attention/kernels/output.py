@@ -75,7 +75,12 @@ def output_fwd_kernel(
     """O = scale rq * (exp(G) * (q S_0) + (q k^T * rk_j * decay) E), q and k RAW: the l2norm
     enters as the query's inverse row norm rq (computed here) on O's rows and the keys' rk
     (stored by wy_solve) on P's columns, so the raw 16-bit tiles go straight into the
-    products and no fp32 copy of a [64, K] tile is held."""
+    products and no fp32 copy of a [64, K] tile is held.
+
+    state.py's state_fwd_kernel repeats these products under FUSE_OUTPUT. They stay two
+    copies: one jit helper for both reorders the compiled code (ptxas, sm_90, offline,
+    session 4: output_fwd 64 -> 80 KB of shared memory, the fused state_fwd 105 -> 113 KB)
+    and was not timed; change both together."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     iv = tl.program_id(2)
