@@ -293,3 +293,6 @@ def test_build_time_warm_launch_compiles_what_the_declared_batch_launches(
     seen.clear()
     _compile_by_warm_launch(plan, ports, torch.device(DEVICE))
     assert sorted(seen) == real
+    # ...and it allocates states for fewer sequences than a large declared batch.
+    fewest = gdn_mod.fewest_sequences_like(len(seqlens), 2, 64, torch.device(DEVICE), False)
+    assert fewest == 1 if len(seqlens) == 1 else 1 < fewest < 12
