@@ -1,9 +1,11 @@
 """Import boundaries, in a fresh interpreter: describing and validating an sdpa graph
-and a gdn graph imports none of torch, triton, numpy or the cuDNN backend. Prints the
-cost over an empty interpreter."""
+and a gdn graph imports none of torch, triton, numpy or the cuDNN backend, nothing of
+ours beyond the IR and validate()'s planning modules, and nothing outside the standard
+library. Prints the cost over an empty interpreter (a figure, never asserted)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -32,24 +34,36 @@ print(json.dumps({"seconds": elapsed, "modules": new}))
 
 HEAVY = ("torch", "triton", "numpy", "cudnn")
 
+# What describing and validating may load of ours: the vocabulary, the IR, and the
+# planning modules that decide validate()'s timing (never an engine, the backend, the
+# runtime or the planner).
+ALLOWED_OURS = re.compile(
+    r"cudnn_pygraph(\._types|\.graph(\..*)?|\.planning|\.planning\.(engine_ids|manifest|validation))?$"
+)
+
 
 def test_graph_api_imports_nothing_heavy():
     # The sdpa graph validates natively (no backend lowering) because a python SDPA engine
     # is offered by default.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     env.pop("CUDNN_PYGRAPH_ENABLE_OPT_IN_ENGINES", None)
-    # Time what a user pays: with bytecode caches (an installed package has them). The
-    # first run writes them; compiling our sources adds ~20 ms on the 2-core CI box.
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, check=True
+    )
     report = json.loads(out.stdout.strip().splitlines()[-1])
     heavy = [m for m in report["modules"] if m.split(".")[0] in HEAVY]
     assert heavy == [], f"the graph API imported {heavy}"
-    ours = [m for m in report["modules"] if m.startswith("cudnn_pygraph")]
-    print(f"\nimport + describe + validate sdpa and gdn graphs: {report['seconds'] * 1e3:.1f} ms, "
-          f"{len(report['modules'])} modules over an empty interpreter ({len(ours)} of ours)")
-    # Aim (issue 2): under 30 ms and 40 modules (measured here: ~20 ms, 36 modules); the
-    # time is asserted with headroom for a loaded CI box, the module count exactly.
-    assert len(report["modules"]) < 40
-    assert report["seconds"] < 0.2
+    ours = [m for m in report["modules"] if m.split(".")[0] == "cudnn_pygraph"]
+    assert [m for m in ours if not ALLOWED_OURS.match(m)] == []
+    # Everything else is the standard library: which of its modules load differs by
+    # Python version, so only their provenance is asserted, never their number.
+    foreign = [m for m in report["modules"] if m.split(".")[0] != "cudnn_pygraph"]
+    outside = [m for m in foreign if m.split(".")[0].lstrip("_") not in STDLIB]
+    assert outside == [], f"the graph API imported non-stdlib modules {outside}"
+    print(
+        f"\nimport + describe + validate sdpa and gdn graphs: {report['seconds'] * 1e3:.1f} ms, "
+        f"{len(ours)} modules of ours, {len(foreign)} of the standard library"
+    )
+
+
+STDLIB = {name.lstrip("_") for name in sys.stdlib_module_names}

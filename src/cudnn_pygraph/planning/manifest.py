@@ -89,6 +89,17 @@ FAMILIES = (
 )
 
 
+# The backend is the plan list's other peer: its adapter module (backend/adapter.py:
+# BACKEND, lower_for_validation, finalize_layout) is found here by name like every
+# engine, so planning imports nothing of backend/.
+BACKEND_ADAPTER = f"{_PKG}.backend.adapter"
+
+
+def backend_adapter():
+    """The backend's adapter module (imported on first use)."""
+    return importlib.import_module(BACKEND_ADAPTER)
+
+
 def _table():
     return FAMILIES
 

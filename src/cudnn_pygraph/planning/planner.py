@@ -73,8 +73,7 @@ def _prepare(graph):
         raise GraphStateError("create_execution_plans() was already called: plan a new graph "
                               "to plan differently, or switch plans with select_plan()")
     graph.validate()
-    from ..backend import adapter
-
+    adapter = manifest.backend_adapter()
     backend_decline = adapter.finalize_layout(graph)
     graph._freeze()
     family = manifest.family_for(graph)
