@@ -166,7 +166,11 @@ def our_enum(enum, member, what):
 
 
 def backend_error(exc, where):
-    """A backend exception as ours: the environment's, or the classic graph error."""
+    """A backend exception as ours: the environment's, or the classic graph error, named
+    `where` once. An error of ours (raised below a backend call that reached this package
+    again) already names its node: it passes on as it is, so no node is named twice."""
+    if isinstance(exc, (cudnnGraphNotSupportedError, BackendUnavailableError)):
+        return type(exc)(str(exc))
     text = str(exc) or type(exc).__name__
     if any(marker in text for marker in _ENVIRONMENT_MARKERS):
         return BackendUnavailableError(f"{where}: the backend cannot run here: {text}")

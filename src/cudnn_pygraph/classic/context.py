@@ -31,6 +31,7 @@ import threading
 
 from .._types import heur_mode
 from ..graph.tensor import Tensor
+from .decorators import has_plans
 
 # Reached through the object unchanged.
 _PASS_THROUGH = frozenset(
@@ -256,7 +257,7 @@ class Graph:
             raise ValueError("inputs must be a list or tuple")  # noqa: TRY004 — the classic type
         if not isinstance(outputs, (list, tuple)):
             raise ValueError("outputs must be a list or tuple")  # noqa: TRY004 — the classic type
-        if self._graph is None or self._graph.get_execution_plan_count() <= 0:
+        if self._graph is None or not has_plans(self._graph):
             self._io = (list(inputs), list(outputs))
             return
         seen = set()
@@ -296,7 +297,7 @@ class Graph:
         to `execute` (handle=, workspace=, ...)."""
         if self._graph is None:
             raise RuntimeError("Graph not created")
-        if not self._graph.get_execution_plan_count():
+        if not has_plans(self._graph):
             raise RuntimeError("You should not invoke the graph before the context exits")
         if len(args) == 1 and isinstance(args[0], dict):
             return self._call_with_dict(args[0], kwargs)

@@ -17,7 +17,7 @@ same built graph and uids without planning again."""
 import contextlib
 import functools
 
-from .._types import data_type, heur_mode
+from .._types import GraphStateError, data_type, heur_mode
 
 
 def graph_cache(key_fn, maxsize=256):
@@ -54,13 +54,22 @@ def jit(heur_modes=heur_mode.A, **kwargs):
         @functools.wraps(func)
         def built(*args, **kw):
             g, tensors = func(*args, **kw)
-            if g.get_execution_plan_count() <= 0:
+            if not has_plans(g):
                 g.build(modes)
             return g, [t.get_uid() for t in tensors]
 
         return built
 
     return decorator
+
+
+def has_plans(g):
+    """True once `g` was planned (a graph_cache hit). An unplanned graph has no plans:
+    our pygraph says so with GraphStateError where the classic one answers 0."""
+    try:
+        return g.get_execution_plan_count() > 0
+    except GraphStateError:
+        return False
 
 
 @contextlib.contextmanager

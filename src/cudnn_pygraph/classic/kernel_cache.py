@@ -3,7 +3,7 @@
 What it does: a backend graph built with `is_dynamic_shape_enabled=True` and a kernel
 cache reuses the kernels an earlier graph of the same structure compiled (the backend's
 own runtime-compiled engines), instead of compiling again for each new shape. The object
-is the backend's (`size`, `revision`, `serialize()`, `deserialize(text)`), and lowering
+is the backend's (`size()`, `revision()`, `serialize()`, `deserialize(text)`), and lowering
 hands it to the backend graph unchanged, so backend plans behave exactly as classically.
 
 Python plans do not read it: a Triton kernel is compiled once per plan configuration and
