@@ -5,6 +5,10 @@ NVIDIA's runs on a CPU machine)."""
 import dataclasses
 import inspect
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -289,3 +293,27 @@ def test_datatypes_convert_torch_dtypes_as_nvidias():
             assert mine.name == theirs.name, dt
         if mine is not None:
             assert ours.datatypes.torch_dtype(mine) == dt, dt
+
+
+OUR_ROOT = Path(ours.__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(
+    Path(nvidia.__file__).resolve().parents[1] == OUR_ROOT,
+    reason="our package sits beside the frontend: no interpreter here can lack it",
+)
+def test_a_process_without_the_frontend_imports_and_says_why():
+    # -S: no site-packages, so neither NVIDIA's distribution nor libcudnn is found
+    script = (
+        "import json, cudnn_pygraph as c\n"
+        "try:\n    c.backend_version()\nexcept RuntimeError as e:\n    err = str(e)\n"
+        "print(json.dumps([err, sorted(c.sdpa_capabilities()), c.NodeType.SDPA.value]))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(OUR_ROOT))
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", script], capture_output=True, text=True, env=env, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    err, caps, sdpa = json.loads(out.stdout)
+    assert "backend_version() needs the cuDNN backend" in err and "not installed" in err
+    assert caps == [] and sdpa == nvidia.NodeType.SDPA.value
