@@ -68,16 +68,18 @@ def _load_frontend():
     files, reason = discovery.frontend_files()
     if files is None:
         return None, f"the cuDNN frontend is not available: {reason}"
-    try:
-        module = discovery.loaded_module(files) or _load_compiled(files)
-    except ImportError as exc:  # a broken install, or a build for another Python
-        return None, f"the cuDNN frontend's compiled module cannot be loaded: {exc}"
+    module = discovery.loaded_module(files)  # NVIDIA's `import cudnn` loaded it: reuse it
+    if module is None:
+        try:
+            module = _load_compiled(files)
+        except ImportError as exc:  # a broken install, or a build for another Python
+            return None, f"the cuDNN frontend's compiled module cannot be loaded: {exc}"
+        _open_libcudnn(module)
     # 1.3x: the graph builder `backend_graph`; older releases: the pybind class `pygraph`,
     # which lived in the compiled module too (never ours: this module is NVIDIA's file).
     builder = getattr(module, "backend_graph", None) or getattr(module, "pygraph", None)
     if builder is None:
         return None, f"{files.module_path} has no graph builder (backend_graph / pygraph)"
-    _open_libcudnn(module)
     try:
         version = module.backend_version()
     except Exception as exc:  # noqa: BLE001 — libcudnn absent: the frontend says so here
@@ -99,22 +101,22 @@ def _load_frontend():
 
 def _load_compiled(files):
     """Load the compiled module from its file under its own qualified name (the name its
-    init function is looked up by), and register it so a later `import cudnn` of NVIDIA's
-    package finds the same module, not a second copy."""
+    init function is looked up by), and register it (unless that name is taken) so a later
+    `import cudnn` of NVIDIA's package finds the same module, not a second copy."""
     loader = importlib.machinery.ExtensionFileLoader(files.module_name, files.module_path)
     spec = importlib.util.spec_from_file_location(
         files.module_name, files.module_path, loader=loader
     )
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
-    return sys.modules.setdefault(files.module_name, module)
+    sys.modules.setdefault(files.module_name, module)
+    return module
 
 
 def _open_libcudnn(module):
-    """Hand the compiled module a libcudnn: the frontend resolves every cuDNN symbol
-    through the library handle it is given (NVIDIA's `import cudnn` does this step; we
-    load the module by file, so we do it). No library found: backend_version() then
-    says so."""
+    """Hand the compiled module we loaded a libcudnn: the frontend resolves every cuDNN
+    symbol through the library handle it is given (NVIDIA's `import cudnn` does this step
+    for the module it loads). No library found: backend_version() then says so."""
     set_handle = getattr(module, "_set_dlhandle_cudnn", None)
     if set_handle is None:  # an older layout that links libcudnn itself
         return
