@@ -16,7 +16,9 @@ import importlib
 # The IR package is named `graph`, and so is the classic `cudnn.graph` context manager.
 # Importing a subpackage binds its name on this module, so the (empty) IR package is
 # imported first and its binding dropped: `cudnn_pygraph.graph` is then the classic
-# function, while `from cudnn_pygraph.graph.pygraph import ...` still finds the IR.
+# function, while `from cudnn_pygraph.graph.pygraph import ...` still finds the IR (as in
+# NVIDIA's package, `import cudnn_pygraph.graph.x as m` resolves through the attribute and
+# fails: import from the package instead).
 from . import graph
 
 del graph

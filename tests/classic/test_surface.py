@@ -197,6 +197,9 @@ def test_graph_name_is_the_classic_context_manager_not_the_ir_package():
 
     assert callable(ours.graph) and inspect.isfunction(ours.graph)
     assert ours.graph.__module__ == "cudnn_pygraph.classic.decorators"
+    from cudnn_pygraph.graph import pygraph as ir_module  # the IR is still reachable
+
+    assert ir_module.pygraph is ours.pygraph
 
 
 # ---------------------------------------------------------------- devices
