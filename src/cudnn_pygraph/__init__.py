@@ -2,12 +2,26 @@
 
 `import cudnn_pygraph as cudnn` gives the classic surface: cudnn.pygraph, the enums
 (cudnn.data_type, heur_mode, knob_type, ...), cudnn.cudnnGraphNotSupportedError,
-cudnn.create_handle / set_stream / get_stream / destroy_handle, and
-cudnn.linear_attention.ops.*. Everything is loaded lazily (PEP 562): describing and
-validating a graph imports no framework, no Triton and no backend.
+cudnn.create_handle / set_stream / get_stream / destroy_handle, the context API
+(cudnn.Graph, cudnn.graph / jit / graph_cache), the backend queries (backend_version, ...)
+and direct kernels (causal_conv1d_*, gnn_*, ...), and cudnn.linear_attention.ops.*.
+Everything is loaded lazily (PEP 562): describing and validating a graph imports no
+framework, no Triton and no backend. `sys.modules["cudnn"] = cudnn_pygraph` is supported
+(for libraries that `import cudnn` themselves): the backend is found by its distribution,
+never by that name.
 """
 
 import importlib
+
+# The IR package is named `graph`, and so is the classic `cudnn.graph` context manager.
+# Importing a subpackage binds its name on this module, so the (empty) IR package is
+# imported first and its binding dropped: `cudnn_pygraph.graph` is then the classic
+# function, while `from cudnn_pygraph.graph.pygraph import ...` still finds the IR (as in
+# NVIDIA's package, `import cudnn_pygraph.graph.x as m` resolves through the attribute and
+# fails: import from the package instead).
+from . import graph
+
+del graph
 
 from ._types import (  # the vocabulary is tiny and always needed
     CLASSIC_ERRORS,
@@ -36,58 +50,92 @@ from ._types import (  # the vocabulary is tiny and always needed
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BackendUnavailableError",
-    "CLASSIC_ERRORS",
-    "DeviceProperties",
-    "FRONTEND_KNOB_TYPE_BASE",
-    "GraphStateError",
-    "KnobRange",
-    "Node",
-    "OPS",
-    "Tensor",
-    "__version__",
-    "attention_implementation",
-    "behavior_note",
-    "build_plan_policy",
-    "convolution_mode",
-    "create_device_properties",
-    "create_handle",
-    "cuda_graph_retention",
-    "cudnnGraphNotSupportedError",
-    "data_type",
-    "destroy_handle",
-    "diagonal_alignment",
-    "get_stream",
-    "heur_mode",
-    "is_frontend_knob_type",
-    "knob_type",
-    "linear_attention",
-    "moe_grouped_matmul_mode",
-    "norm_forward_phase",
-    "numerical_note",
-    "pygraph",
-    "reduction_mode",
-    "reshape_mode",
-    "scalar_type",
-    "set_stream",
-    "tensor_reordering",
-]
+_CLASSIC = "cudnn_pygraph.classic"
+_DIRECT_OPS = (  # the backend's direct kernels (classic/direct_ops.py NAMES)
+    "b2b_causal_conv1d_backward",
+    "b2b_causal_conv1d_forward",
+    "causal_conv1d_backward",
+    "causal_conv1d_forward",
+    "causal_conv1d_nwh_backward",
+    "causal_conv1d_nwh_forward",
+    "fft_causal_conv1d_backward",
+    "fft_causal_conv1d_forward",
+    "gnn_activation_op",
+    "gnn_agg_op",
+    "gnn_agg_simple_backward",
+    "gnn_agg_simple_forward",
+    "gnn_mha_gat_backward",
+    "gnn_mha_gat_forward",
+    "gnn_mha_gat_v2_backward",
+    "gnn_mha_gat_v2_forward",
+    "long_fft_causal_conv1d_backward",
+    "long_fft_causal_conv1d_forward",
+    "long_fft_causal_conv1d_get_buffer_sizes",
+)
 
 _LAZY = {
     "pygraph": ("cudnn_pygraph.graph.pygraph", "pygraph"),
     "Tensor": ("cudnn_pygraph.graph.tensor", "Tensor"),
+    # the classic lower-case `tensor` is the graph tensor type (isinstance checks)
+    "tensor": ("cudnn_pygraph.graph.tensor", "Tensor"),
     "Node": ("cudnn_pygraph.graph.node", "Node"),
     "KnobRange": ("cudnn_pygraph.backend.classic_queries", "KnobRange"),
+    # the classic `knob` is what get_knobs_for_engine() returns
+    "knob": ("cudnn_pygraph.backend.classic_queries", "KnobRange"),
     "OPS": ("cudnn_pygraph.graph.ops", "OPS"),
     "DeviceProperties": ("cudnn_pygraph.planning.device", "DeviceProperties"),
     "create_device_properties": ("cudnn_pygraph.planning.device", "create_device_properties"),
+    "Handle": ("cudnn_pygraph.runtime.handle", "Handle"),
+    "handle": ("cudnn_pygraph.runtime.handle", "Handle"),
     "create_handle": ("cudnn_pygraph.runtime.handle", "create_handle"),
     "destroy_handle": ("cudnn_pygraph.runtime.handle", "destroy_handle"),
     "set_stream": ("cudnn_pygraph.runtime.handle", "set_stream"),
     "get_stream": ("cudnn_pygraph.runtime.handle", "get_stream"),
     "linear_attention": ("cudnn_pygraph.linear_attention", None),
+    "engines": ("cudnn_pygraph.engines", None),
+    "Graph": (f"{_CLASSIC}.context", "Graph"),
+    "wrapper": (f"{_CLASSIC}.context", None),
+    "GraphContext": (f"{_CLASSIC}.types", "GraphContext"),
+    "NodeType": (f"{_CLASSIC}.types", "NodeType"),
+    "DeviceInfo": (f"{_CLASSIC}.types", "DeviceInfo"),
+    "datatypes": (f"{_CLASSIC}.datatypes", None),
+    "graph": (f"{_CLASSIC}.decorators", "graph"),
+    "jit": (f"{_CLASSIC}.decorators", "jit"),
+    "graph_cache": (f"{_CLASSIC}.decorators", "graph_cache"),
+    "create_kernel_cache": (f"{_CLASSIC}.kernel_cache", "create_kernel_cache"),
+    "backend_version": (f"{_CLASSIC}.versions", "backend_version"),
+    "backend_version_string": (f"{_CLASSIC}.versions", "backend_version_string"),
+    "get_last_error_string": (f"{_CLASSIC}.versions", "get_last_error_string"),
+    "sdpa_capabilities": (f"{_CLASSIC}.versions", "sdpa_capabilities"),
+    **{name: (f"{_CLASSIC}.direct_ops", name) for name in _DIRECT_OPS},
 }
+
+__all__ = [  # noqa: PLE0604 — the eager names, then _LAZY's keys
+    "BackendUnavailableError",
+    "CLASSIC_ERRORS",
+    "FRONTEND_KNOB_TYPE_BASE",
+    "GraphStateError",
+    "__version__",
+    "attention_implementation",
+    "behavior_note",
+    "build_plan_policy",
+    "convolution_mode",
+    "cuda_graph_retention",
+    "cudnnGraphNotSupportedError",
+    "data_type",
+    "diagonal_alignment",
+    "heur_mode",
+    "is_frontend_knob_type",
+    "knob_type",
+    "moe_grouped_matmul_mode",
+    "norm_forward_phase",
+    "numerical_note",
+    "reduction_mode",
+    "reshape_mode",
+    "scalar_type",
+    "tensor_reordering",
+    *_LAZY,
+]
 
 
 def __getattr__(name):

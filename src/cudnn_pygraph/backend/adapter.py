@@ -6,16 +6,16 @@ Without the backend installed every query answers "nothing from the backend" (an
 entry list, no layout inference), which is a real, tested state: the graph API and the
 python engines keep working."""
 
-import importlib.util
-
 from .._types import BackendUnavailableError, cudnnGraphNotSupportedError
+from . import discovery
 
 INSTALL_HINT = "the cuDNN backend is not installed: pip install 'cudnn-pygraph[cudnn]'"
 
 
 def backend_installed():
-    """nvidia-cudnn-frontend present (probed without importing it)."""
-    return importlib.util.find_spec("cudnn") is not None
+    """nvidia-cudnn-frontend present (found by its distribution, never by importing
+    the name `cudnn`, which may be this package aliased; nothing is loaded)."""
+    return discovery.installed()
 
 
 def _lowering():

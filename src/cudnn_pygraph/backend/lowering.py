@@ -26,8 +26,12 @@ older layout is supported where it costs a getattr (builder class, `tensor()` + 
 for `_make_tensor`); it is not tested.
 """
 
+import ctypes
 import enum
 import functools
+import importlib.machinery
+import importlib.util
+import sys
 import threading
 from types import SimpleNamespace
 
@@ -39,6 +43,7 @@ from .._types import (
 )
 from ..graph.opspec import PortKind
 from ..graph.tensor import Tensor
+from . import discovery
 
 # Backend messages that speak of the machine, not of the graph: the library could not be
 # found or loaded, or a device query failed. Seen on 2026-11-29: "Unable to find symbol
@@ -55,21 +60,26 @@ _ENVIRONMENT_MARKERS = (
 
 
 # ---------------------------------------------------------------- the frontend module
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_frontend():
-    """(frontend namespace, None) or (None, reason). Loaded once per process."""
-    try:
-        import cudnn
-    except ImportError as exc:  # includes a broken install
-        return None, f"the cuDNN frontend cannot be imported: {exc}"
-    module = getattr(cudnn, "_pybind_module", None) or getattr(cudnn, "_compiled_module", None)
-    builder = getattr(module, "backend_graph", None) if module is not None else None
-    if builder is None:  # the older layout: the pybind class is cudnn.pygraph itself
-        candidate = getattr(cudnn, "pygraph", None)
-        if candidate is not None and hasattr(candidate, "validate") and hasattr(candidate, "matmul"):
-            builder, module = candidate, module or cudnn
+    """(frontend namespace, None) or (None, reason). Loaded once per process, from the
+    file discovery.py found: the name `cudnn` is never imported (it may be this package,
+    aliased), so the builder found here is always NVIDIA's compiled one."""
+    files, reason = discovery.frontend_files()
+    if files is None:
+        return None, f"the cuDNN frontend is not available: {reason}"
+    module = discovery.loaded_module(files)  # NVIDIA's `import cudnn` loaded it: reuse it
+    if module is None:
+        try:
+            module = _load_compiled(files)
+        except ImportError as exc:  # a broken install, or a build for another Python
+            return None, f"the cuDNN frontend's compiled module cannot be loaded: {exc}"
+        _open_libcudnn(module)
+    # 1.3x: the graph builder `backend_graph`; older releases: the pybind class `pygraph`,
+    # which lived in the compiled module too (never ours: this module is NVIDIA's file).
+    builder = getattr(module, "backend_graph", None) or getattr(module, "pygraph", None)
     if builder is None:
-        return None, "the installed cuDNN frontend has no graph builder (backend_graph / pygraph)"
+        return None, f"{files.module_path} has no graph builder (backend_graph / pygraph)"
     try:
         version = module.backend_version()
     except Exception as exc:  # noqa: BLE001 — libcudnn absent: the frontend says so here
@@ -81,12 +91,42 @@ def _load_frontend():
     fe = SimpleNamespace(
         module=module,
         builder=builder,
-        frontend_version=getattr(cudnn, "__version__", "?"),
+        frontend_version=files.version,
         libcudnn_version=version,
         errors=errors,
         makes_tensor_with_uid=hasattr(builder, "_make_tensor"),
     )
     return fe, None
+
+
+def _load_compiled(files):
+    """Load the compiled module from its file under its own qualified name (the name its
+    init function is looked up by), and register it (unless that name is taken) so a later
+    `import cudnn` of NVIDIA's package finds the same module, not a second copy."""
+    loader = importlib.machinery.ExtensionFileLoader(files.module_name, files.module_path)
+    spec = importlib.util.spec_from_file_location(
+        files.module_name, files.module_path, loader=loader
+    )
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    sys.modules.setdefault(files.module_name, module)
+    return module
+
+
+def _open_libcudnn(module):
+    """Hand the compiled module we loaded a libcudnn: the frontend resolves every cuDNN
+    symbol through the library handle it is given (NVIDIA's `import cudnn` does this step
+    for the module it loads). No library found: backend_version() then says so."""
+    set_handle = getattr(module, "_set_dlhandle_cudnn", None)
+    if set_handle is None:  # an older layout that links libcudnn itself
+        return
+    for candidate in discovery.libcudnn_candidates():
+        try:
+            lib = ctypes.CDLL(candidate)
+        except OSError:
+            continue
+        set_handle(ctypes.cast(lib._handle, ctypes.c_void_p).value)
+        return
 
 
 def frontend():
@@ -122,12 +162,17 @@ def our_enum(enum, member, what):
     try:
         return enum[member.name]
     except (AttributeError, KeyError):
-        raise RuntimeError(f"the backend reported {what} {member!r}, which "
-                           f"cudnn_pygraph.{enum.__name__} lacks") from None
+        raise RuntimeError(
+            f"the backend reported {what} {member!r}, which cudnn_pygraph.{enum.__name__} lacks"
+        ) from None
 
 
 def backend_error(exc, where):
-    """A backend exception as ours: the environment's, or the classic graph error."""
+    """A backend exception as ours: the environment's, or the classic graph error, named
+    `where` once. An error of ours (raised below a backend call that reached this package
+    again) already names its node: it passes on as it is, so no node is named twice."""
+    if isinstance(exc, (cudnnGraphNotSupportedError, BackendUnavailableError)):
+        return type(exc)(str(exc))
     text = str(exc) or type(exc).__name__
     if any(marker in text for marker in _ENVIRONMENT_MARKERS):
         return BackendUnavailableError(f"{where}: the backend cannot run here: {text}")
@@ -235,7 +280,7 @@ class _Builder:
             # itself, so the caller never binds it (runtime/execute.py GraphLayout).
             made = backend.tensor_scalar(t.value, backend_enum(fe, t.scalar_type))
             made.set_dim(list(t.dim)).set_stride(list(t.stride)).set_name(t.name)
-            made.set_data_type(backend_enum(fe, t.data_type))
+            _set_data_type(made, backend_enum(fe, t.data_type))
             made.set_uid(t.uid)
         else:
             kw = {
@@ -271,7 +316,7 @@ class _Builder:
         if ours.is_user_set("stride"):
             theirs.set_stride(list(ours.stride))
         if ours.is_user_set("data_type"):
-            theirs.set_data_type(backend_enum(self.fe, ours.data_type))
+            _set_data_type(theirs, backend_enum(self.fe, ours.data_type))
         if ours.ragged_offset is not None:
             theirs.set_ragged_offset(self.tensor(ours.ragged_offset))
         if ours.ragged_offset_multiplier != 1:
@@ -337,6 +382,13 @@ class _Builder:
             if theirs is None:
                 raise cudnnGraphNotSupportedError(f"{where}: the backend produced no {port.name}")
             self.output(ours, theirs)
+
+
+def _set_data_type(backend_tensor, dtype):
+    """The compiled tensor's own setter (`_set_data_type`: NVIDIA's package wraps it as
+    `set_data_type` at import, a wrapper that exists only once `cudnn` was imported)."""
+    setter = getattr(backend_tensor, "_set_data_type", None) or backend_tensor.set_data_type
+    setter(dtype)
 
 
 def _is_default(value, default):
@@ -436,7 +488,7 @@ def _named_failure(graph, exc):
 
 
 # The plan side, reached through this module by adapter.py and runtime/handle.py.
-from .backend_plans import (  # noqa: E402
+from .backend_plans import (
     BackendPlan,
     backend_stream,
     build_plan,
@@ -451,8 +503,8 @@ from .backend_plans import (  # noqa: E402
 
 __all__ = [
     "BackendPlan",
-    "backend_stream",
     "LoweredGraph",
+    "backend_stream",
     "build_plan",
     "construct",
     "create_backend_handle",

@@ -6,6 +6,7 @@ imports a framework."""
 import ctypes
 import dataclasses
 import functools
+import json
 import os
 
 
@@ -32,34 +33,86 @@ class DeviceProperties:
     def to_json(self):
         return dataclasses.asdict(self)
 
+    def serialize(self):
+        """The record as a JSON string: planning for a GPU this machine lacks (deviceless
+        ahead-of-time planning) takes `create_device_properties(text)` of it."""
+        return json.dumps(self.to_json(), sort_keys=True)
+
+    @classmethod
+    def deserialize(cls, text):
+        """The record serialize() wrote. ValueError naming what is wrong otherwise."""
+        try:
+            doc = json.loads(text)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"DeviceProperties.deserialize(): not a serialized record: {exc}"
+            ) from None
+        fields = {f.name: f.type for f in dataclasses.fields(cls)}
+        if not isinstance(doc, dict) or set(doc) - set(fields):
+            raise ValueError(
+                f"DeviceProperties.deserialize(): expected an object with fields {sorted(fields)}, got {doc!r}"
+            )
+        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+        missing = required - set(doc)
+        if missing:
+            raise ValueError(f"DeviceProperties.deserialize(): missing {sorted(missing)}")
+        for name, value in doc.items():
+            want = str if name == "name" else (bool if name == "is_interpreter" else int)
+            if type(value) is not want:
+                raise ValueError(
+                    f"DeviceProperties.deserialize(): {name} must be {want.__name__}, got {value!r}"
+                )
+        return cls(**doc)
+
 
 # CUdevice_attribute values from cuda.h (stable driver ABI).
 _CC_MAJOR, _CC_MINOR, _SM_COUNT, _L2_BYTES = 75, 76, 16, 38
+SHARED_MEMORY_PER_BLOCK_OPTIN = 97
 
 
-@functools.lru_cache(maxsize=None)
-def _driver_properties(ordinal):
+@functools.cache
+def _driver():
+    """libcuda, initialised; None when there is no driver."""
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return None
-    if lib.cuInit(0) != 0:
-        return None
+    return lib if lib.cuInit(0) == 0 else None
+
+
+def _device(ordinal):
+    """(libcuda, CUdevice) for `ordinal`, or None when it does not exist here."""
+    lib = _driver()
     count = ctypes.c_int()
-    if lib.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value <= ordinal:
+    if lib is None or lib.cuDeviceGetCount(ctypes.byref(count)) != 0 or not 0 <= ordinal < count.value:
         return None
     dev = ctypes.c_int()
-    lib.cuDeviceGet(ctypes.byref(dev), ordinal)
+    return (lib, dev) if lib.cuDeviceGet(ctypes.byref(dev), ordinal) == 0 else None
 
-    def attr(a):
-        v = ctypes.c_int()
-        lib.cuDeviceGetAttribute(ctypes.byref(v), a, dev)
-        return v.value
 
+def device_attribute(ordinal, attribute):
+    """One CUdevice_attribute of GPU `ordinal`; None when there is no such GPU or the
+    driver does not know the attribute."""
+    found = _device(ordinal)
+    if found is None:
+        return None
+    lib, dev = found
+    v = ctypes.c_int()
+    return v.value if lib.cuDeviceGetAttribute(ctypes.byref(v), attribute, dev) == 0 else None
+
+
+@functools.cache
+def _driver_properties(ordinal):
+    found = _device(ordinal)
+    if found is None:
+        return None
+    lib, dev = found
     name = ctypes.create_string_buffer(256)
     lib.cuDeviceGetName(name, 256, dev)
     return DeviceProperties(
-        name.value.decode(), attr(_CC_MAJOR), attr(_CC_MINOR), attr(_SM_COUNT), attr(_L2_BYTES), ordinal
+        name.value.decode(),
+        *(device_attribute(ordinal, a) for a in (_CC_MAJOR, _CC_MINOR, _SM_COUNT, _L2_BYTES)),
+        ordinal,
     )
 
 
@@ -74,6 +127,17 @@ def detect_device(ordinal=0):
     return None
 
 
-def create_device_properties(ordinal=0):
-    """Classic spelling: the descriptor of device `ordinal` (None when absent)."""
-    return detect_device(ordinal)
+def create_device_properties(device=0):
+    """The classic call: `device` an ordinal -> that GPU's record (RuntimeError when there
+    is none, as the classic call raises); a string -> the record a `serialize()` wrote, for
+    planning without that GPU (pass it as `pygraph(device_property=...)`)."""
+    if isinstance(device, str):
+        return DeviceProperties.deserialize(device)
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise TypeError(
+            f"create_device_properties(): expected a device ordinal or a serialized record, got {type(device).__name__}"
+        )
+    props = _driver_properties(device)
+    if props is None:
+        raise RuntimeError(f"create_device_properties({device}): no CUDA device {device} here")
+    return props
