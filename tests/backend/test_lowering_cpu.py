@@ -33,9 +33,10 @@ def test_case_lowers_with_our_uids_and_our_shapes(case):
     g, _ = CASES[case](deviceless=True)
     g.validate()
     # validate() lowers (and freezes) a graph the backend can lower, unless the graph's
-    # family validated it natively with a python engine as a candidate (gemm): that one
-    # stays open until planning, which lowers it then.
-    natively = manifest.family_for(g) is not None and manifest.family_for(g).offered_slots()
+    # family validated it natively (gemm with its engine offered; the SDPA families, as
+    # the classic does): that one stays open until planning, which lowers it then.
+    family = manifest.family_for(g)
+    natively = family is not None and family.name in ("gemm", "sdpa_fwd", "sdpa_bwd")
     assert (g._lowered is None) == bool(natively) and g._state.mutable == bool(natively)
     lg = lowering.lowered(g)
     ours = _touched(g)
@@ -115,8 +116,8 @@ def test_uid_not_pushed_fails_loudly(monkeypatch):
     auto-assignment would give) stops lowering."""
     pushing = lowering._Builder.output
 
-    def auto_assigned(self, ours, theirs):
-        pushing(self, ours, theirs)
+    def auto_assigned(self, ours, theirs, **layout):
+        pushing(self, ours, theirs, **layout)
         theirs.set_uid(ours.uid + 500)
 
     monkeypatch.setattr(lowering._Builder, "output", auto_assigned)

@@ -37,7 +37,7 @@ from .._types import (
     data_type,
     tensor_reordering,
 )
-from ..graph.opspec import PortKind
+from ..graph.opspec import OpGroup, PortKind
 from ..graph.tensor import Tensor
 
 # Backend messages that speak of the machine, not of the graph: the library could not be
@@ -260,17 +260,21 @@ class _Builder:
         self.made[t.uid] = made
         return made
 
-    def output(self, ours, theirs):
+    def output(self, ours, theirs, layout_is_ours=False):
         """Map the backend's output tensor onto ours: uid, name, virtual/output, and ONLY
-        the fields the caller set (inferred ones are provisional)."""
+        the fields the caller set (inferred ones are provisional) — except where
+        `layout_is_ours`: the SDPA family's outputs have no layout inference in the
+        backend (its validate() refuses an O or Amax without dims), so the dims,
+        strides and data type validate() settled are pushed, as NVIDIA's frontend
+        pushes its own (an untyped output left to the backend stays untyped there)."""
         theirs.set_uid(ours.uid)
         theirs.set_name(ours.name)
         theirs.set_is_virtual(ours.is_virtual)
-        if ours.is_user_set("dim"):
+        if ours.dim and (layout_is_ours or ours.is_user_set("dim")):
             theirs.set_dim(list(ours.dim))
-        if ours.is_user_set("stride"):
+        if ours.stride and (layout_is_ours or ours.is_user_set("stride")):
             theirs.set_stride(list(ours.stride))
-        if ours.is_user_set("data_type"):
+        if ours.data_type != data_type.NOT_SET and (layout_is_ours or ours.is_user_set("data_type")):
             theirs.set_data_type(backend_enum(self.fe, ours.data_type))
         if ours.ragged_offset is not None:
             theirs.set_ragged_offset(self.tensor(ours.ragged_offset))
@@ -286,7 +290,9 @@ class _Builder:
         e.g. sdpa's dropout seed/offset), enums by member name, sequences as lists."""
         if isinstance(v, Tensor):
             return self.tensor(v)
-        if isinstance(v, (tuple, list)):
+        if isinstance(v, tuple):  # a tuple stays one: sdpa's dropout binds only a tuple
+            return tuple(self.value(x) for x in v)
+        if isinstance(v, list):
             return [self.value(x) for x in v]
         if isinstance(v, enum.Enum):
             return backend_enum(self.fe, v)
@@ -306,13 +312,23 @@ class _Builder:
         kw = {}
         for p in node.spec.params:
             v = node.attrs.get(p.name) if p.kind is PortKind.ATTR else node.inputs.get(p.name)
-            if not p.required and _is_default(v, p.default):
+            # None is "unset" in the classic surface (use_alibi_mask=None): the backend's
+            # bool parameters refuse it, so an unset optional keyword is left out, as
+            # NVIDIA's frontend leaves it out.
+            if not p.required and (v is None or _is_default(v, p.default)):
                 continue
             where = f"{node.op} node '{node.name}': {p.name}"
             try:
                 kw[p.name] = self.value(v)
             except cudnnGraphNotSupportedError as exc:
                 raise cudnnGraphNotSupportedError(f"{where}: {exc}") from None
+        if node.spec.group is OpGroup.SDPA and "compute_data_type" not in kw:
+            # The classic hands every captured SDPA call the graph's compute type when the
+            # node has none of its own; the backend's validate() differs without it (an
+            # fp8 O left untyped is not filled from the graph's io type).
+            graph_compute = node._graph.compute_data_type
+            if graph_compute != data_type.NOT_SET:
+                kw["compute_data_type"] = backend_enum(self.fe, graph_compute)
         kw["name"] = node.name
         return kw
 
@@ -336,7 +352,7 @@ class _Builder:
                 continue  # a conditional output this node does not produce
             if theirs is None:
                 raise cudnnGraphNotSupportedError(f"{where}: the backend produced no {port.name}")
-            self.output(ours, theirs)
+            self.output(ours, theirs, layout_is_ours=spec.group is OpGroup.SDPA)
 
 
 def _is_default(value, default):

@@ -4,7 +4,7 @@ moment it is built; the only thing a caller may change before the freeze is its 
 import enum
 from types import MappingProxyType
 
-from .opspec import ShapeError
+from .opspec import IllFormedError, ShapeError
 from .tensor import Tensor
 
 
@@ -49,6 +49,11 @@ class Node:
     def fail(self, port, rule):
         """Raise the classic error for a violated rule, naming op, node and port."""
         raise ShapeError(f"{self.op} node '{self.name}': {port}: {rule}")
+
+    def ill_formed(self, port, rule):
+        """Raise for an ill-formed declaration (the classic's ValueError cases), naming
+        op, node and port; the error is also a cudnnGraphNotSupportedError."""
+        raise IllFormedError(f"{self.op} node '{self.name}': {port}: {rule}")
 
     def format_node(self):
         """One line: `%O:HALF[2x4x64x32], %Stats = sdpa(q=%q, ..., attn_scale=0.125)`."""
