@@ -152,13 +152,24 @@ def test_backend_refusal_names_the_node():
 
 
 @needs_backend
-def test_score_mod_callable_refused():
-    g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, sm_version=90, sm_count=132)
+def test_score_mod_lowers_as_a_backend_hook():
+    """A modifier recorded at describe time reaches the backend as its score_mod hook
+    (tests/sdpa/test_score_mod.py compares the sub-graph it builds with NVIDIA's)."""
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, sm_version=90, sm_count=132,
+                      intermediate_data_type=cudnn.data_type.FLOAT)
     q, k, v = (g.tensor([1, 2, 64, 64], name=n) for n in "qkv")
-    o, _ = g.sdpa(q, k, v, attn_scale=0.125, score_mod=lambda graph, s: s, name="attn")
+    o, _ = g.sdpa(q, k, v, attn_scale=0.125, generate_stats=False,
+                  score_mod=lambda graph, s: graph.tanh(s), name="attn")
     o.set_output(True)
-    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="attn.*score_mod"):
-        lowering.lowered(g)
+    lowering.lowered(g)  # validated by the backend
+    hook = lowering._Builder(lowering.frontend(), None).value(g.nodes[0].attrs["score_mod"])
+    assert callable(hook)
+
+
+def test_a_bare_callable_attribute_is_refused_at_lowering():
+    builder = lowering._Builder(None, None)
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="callable attribute"):
+        builder.value(lambda graph, s: s)
 
 
 # ---------------------------------------------------------------- key, plans, replay

@@ -38,6 +38,7 @@ from .._types import (
     tensor_reordering,
 )
 from ..graph.opspec import OpGroup, PortKind
+from ..graph.score_mod import ScoreMod
 from ..graph.tensor import Tensor
 
 # Backend messages that speak of the machine, not of the graph: the library could not be
@@ -296,12 +297,40 @@ class _Builder:
             return [self.value(x) for x in v]
         if isinstance(v, enum.Enum):
             return backend_enum(self.fe, v)
+        if isinstance(v, ScoreMod):
+            return self.score_mod_hook(v)
         if callable(v):
             raise cudnnGraphNotSupportedError(
                 "a callable attribute (score_mod) cannot lower: it would create backend tensors "
                 "outside the IR's uid namespace; express the modification with graph ops"
             )
         return v
+
+    def score_mod_hook(self, mod):
+        """The backend's score_mod callback for a recorded modifier: it lowers the
+        modifier's nodes onto the sub-graph the backend hands it (at
+        build_operation_graph), its score tensor standing for ours; the operands the
+        nodes read live in the outer graph (made now, with our uids), as a classic
+        closure's tensors do."""
+        outer = {t.uid: self.tensor(t) for t in mod.external_inputs()}
+
+        def hook(backend_graph, backend_score):
+            # The backend numbers its score tensor from 1 in the sub-graph, which collides
+            # with the outer graph's uid 1 at build_operation_graph ("uid 1 ... has been
+            # already assigned"); the score takes our uid, unique in the graph.
+            backend_score.set_uid(mod.score.uid)
+            sub = _Builder(self.fe, backend_graph)
+            sub.made.update(outer)
+            sub.made[mod.score.uid] = backend_score
+            for node in mod.nodes:
+                sub.lower_node(node)
+            for node in mod.nodes:  # the uid check sees the modifier's outputs too
+                for t in node.output_tensors():
+                    self.made[t.uid] = sub.made[t.uid]
+            return sub.made[mod.result.uid]
+
+        hook.__name__ = mod.label
+        return hook
 
     # ---- nodes
     def kwargs(self, node):

@@ -35,7 +35,7 @@ class Node:
     # ------------------------------------------------------------ reading
     def input_tensors(self):
         """Every tensor this node reads, ports first, then tensors inside attributes
-        (sdpa's dropout seed/offset)."""
+        (sdpa's dropout seed/offset, the operands of a score modifier's nodes)."""
         for value in self.inputs.values():
             yield from _tensors_in(value)
         for value in self.attrs.values():
@@ -75,6 +75,8 @@ class Node:
 def _tensors_in(value):
     if isinstance(value, Tensor):
         yield value
+    elif hasattr(value, "external_inputs"):  # a score modifier: the operands it reads
+        yield from value.external_inputs()
     elif isinstance(value, (tuple, list)):
         for v in value:
             yield from _tensors_in(v)
