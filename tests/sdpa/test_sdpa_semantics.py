@@ -9,6 +9,7 @@ a ValueError and a cudnnGraphNotSupportedError); "not_supported" (the classic's
 cudnnGraphNotSupportedError, not a ValueError)."""
 
 import random
+import re
 
 import pytest
 from sdpa_declarations import (
@@ -224,3 +225,53 @@ def test_lowered_graph_is_nvidias(case):
     calls: every tensor (dims, strides, types, ragged offsets) and every SDPA attribute."""
     decl = for_op(LOWERED[case])
     assert lowered_json(ours, decl) == lowered_json(nvidia, decl)
+
+
+# ------------------------------------------------------------- MXFP8 block scales
+def _mxfp8(mod, scale_dtype="FP8_E8M0", reordering="F8_128x4", q_scale=None, v_scale=None):
+    dt = mod.data_type
+    g = mod.pygraph(io_data_type=dt.BFLOAT16, intermediate_data_type=dt.FLOAT,
+                    compute_data_type=dt.FLOAT, sm_version=90, sm_count=132)  # fmt: skip
+    q, k, v = (g.tensor(name=n, dim=[1, 2, 128, 128], data_type=dt.FP8_E4M3) for n in "qkv")
+    swizzle = getattr(mod.tensor_reordering, reordering)
+    scales = [
+        g.tensor(name="descale_q", dim=q_scale or [1, 2, 128, 4],
+                 data_type=getattr(dt, scale_dtype), reordering_type=swizzle),
+        g.tensor(name="descale_k", dim=[1, 2, 128, 4], data_type=dt.FP8_E8M0,
+                 reordering_type=swizzle),
+        g.tensor(name="descale_v", dim=v_scale or [1, 2, 4, 128], data_type=dt.FP8_E8M0,
+                 reordering_type=swizzle),
+    ]  # fmt: skip
+    outs = g.sdpa_mxfp8(q, k, v, *scales, attn_scale=0.1, generate_stats=True, name="attn")
+    for t in outs:
+        if t is not None:
+            t.set_output(True)
+    return g
+
+
+MXFP8 = {
+    "ok": ({}, None),
+    "scale-FLOAT": ({"scale_dtype": "FLOAT"}, "descale_q: data_type FLOAT"),
+    "no-swizzle": ({"reordering": "NONE"}, "descale_q: MXFP8 block scales take the F8_128x4"),
+    "scale-batch": ({"q_scale": [2, 2, 128, 4]}, "descale_q: batch/heads [2, 2]"),
+    "scale-d-blocks": ({"q_scale": [1, 2, 128, 2]}, "descale_q: dim 3 is 2"),
+    "scale-s-blocks": ({"v_scale": [1, 2, 2, 128]}, "descale_v: dim 2 is 2"),
+}
+
+
+@pytest.mark.parametrize("case", MXFP8, ids=list(MXFP8))
+def test_mxfp8_block_scales(case):
+    kw, names = MXFP8[case]
+    g = _mxfp8(ours, **kw)
+    if names is None:
+        g.validate()
+    else:
+        with pytest.raises(ValueError, match=re.escape(names)):
+            g.validate()
+    if nvidia is not None:  # the recorded verdict is NVIDIA's: a ValueError, or none
+        try:
+            _mxfp8(nvidia, **kw).validate()
+            theirs = None
+        except ValueError:
+            theirs = "refused"
+        assert (theirs is None) == (names is None)

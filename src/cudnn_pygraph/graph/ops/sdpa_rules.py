@@ -201,6 +201,34 @@ def check_forward(node):
         _paged(node, paged, max_kv)
     if node.op == "sdpa_fp8" and _given(node, "bias"):
         node.fail("bias", "sdpa_fp8 takes no bias")
+    if node.op == "sdpa_mxfp8":
+        _mxfp8_descales(node, q, k, v)
+
+
+MX_BLOCK = 32  # MXFP8: one E8M0 scale per 32 elements
+
+
+def _mxfp8_descales(node, q, k, v):
+    """MXFP8 block scales: E8M0, in the F8_128x4 swizzle, one per 32 elements of the head
+    dim (q, k) or of the key sequence (v); batch and heads as their operand's."""
+    d_blocks = -(-q.dim[3] // MX_BLOCK)
+    s_blocks = -(-v.dim[2] // MX_BLOCK)
+    for port, base, axis, least in (
+        ("descale_q", q, 3, d_blocks),
+        ("descale_k", k, 3, d_blocks),
+        ("descale_v", v, 2, s_blocks),
+    ):
+        t = node.inputs.get(port)
+        if t is None:
+            node.ill_formed(port, "MXFP8 attention needs its block scales")
+        if _name(t.data_type) != "FP8_E8M0":
+            node.ill_formed(port, f"data_type {t.data_type.name}: MXFP8 block scales are FP8_E8M0")
+        if _name(t.reordering_type) != "F8_128x4":
+            node.ill_formed(port, "MXFP8 block scales take the F8_128x4 reordering")
+        if tuple(t.dim[:2]) != tuple(base.dim[:2]):
+            node.ill_formed(port, f"batch/heads {list(t.dim[:2])} differ from {list(base.dim[:2])}")
+        if t.dim[axis] < least:
+            node.ill_formed(port, f"dim {axis} is {t.dim[axis]}: {least} blocks of 32 are needed")
 
 
 def _paged(node, paged, max_kv):
