@@ -275,7 +275,8 @@ class _Builder:
             theirs.set_dim(list(ours.dim))
         if ours.stride and (layout_is_ours or ours.is_user_set("stride")):
             theirs.set_stride(list(ours.stride))
-        if ours.data_type != data_type.NOT_SET and (layout_is_ours or ours.is_user_set("data_type")):
+        typed = ours.data_type != data_type.NOT_SET
+        if typed and (layout_is_ours or ours.is_user_set("data_type")):
             theirs.set_data_type(backend_enum(self.fe, ours.data_type))
         if ours.ragged_offset is not None:
             theirs.set_ragged_offset(self.tensor(ours.ragged_offset))
@@ -288,7 +289,8 @@ class _Builder:
     # ---- values
     def value(self, v):
         """An argument in the backend's vocabulary: tensors (also inside attribute tuples,
-        e.g. sdpa's dropout seed/offset), enums by member name, sequences as lists."""
+        e.g. sdpa's dropout seed/offset), enums by member name, tuples as tuples and lists
+        as lists, a recorded score modifier as the backend's score_mod hook."""
         if isinstance(v, Tensor):
             return self.tensor(v)
         if isinstance(v, tuple):  # a tuple stays one: sdpa's dropout binds only a tuple

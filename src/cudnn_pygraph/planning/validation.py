@@ -8,8 +8,9 @@ from . import manifest
 
 def after_native_validation(graph):
     """A python-only graph, or one its family validated natively (with a python engine
-    offered, or a family with no engines yet), stays open (mutable until planning); any other graph is lowered now when the
-    backend is installed (the classic error timing) and frozen."""
+    offered, or a family with no engines yet), stays open (mutable until planning); any
+    other graph is lowered now when the backend is installed (the classic error timing)
+    and frozen."""
     family = manifest.family_for(graph)
     if _is_python_only(graph) or _natively_validated(graph, family):
         graph.__dict__["_state"] = lifecycle.ValidatedOpen()
