@@ -84,11 +84,12 @@ def test_torch_dtypes_and_sizes_are_accepted():
     [
         (lambda g, t: g.matmul(t([1, 4, 8]), t([1, 4, 8])), "matmul node 'matmul_0': B: K mismatch"),
         (lambda g, t: g.add(t([2, 3]), t([2, 4])), "add node 'add_0': b: dim 1"),
-        (lambda g, t: g.sdpa(t([1, 2, 8, 64]), t([1, 2, 8, 32]), t([1, 2, 8, 32])), "sdpa node 'sdpa_0': k: head dim"),
-        (lambda g, t: g.sdpa(t([1, 3, 8, 64]), t([1, 2, 8, 64]), t([1, 2, 8, 64])), "multiple of h_k"),
+        (lambda g, t: g.sdpa(t([1, 2, 8, 60]), t([1, 2, 8, 60]), t([1, 2, 8, 60])),
+         "sdpa node 'sdpa_0': q: head dims d_qk=60, d_v=60 must be multiples of 8"),
+        (lambda g, t: g.sdpa(t([1, 3, 8, 64]), t([1, 2, 8, 64]), t([1, 2, 8, 64])), "k: h_q=3 is not a multiple"),
         (lambda g, t: g.transpose(t([2, 3]), [0, 0]), "permutation"),
     ],
-    ids=["matmul-K", "broadcast", "sdpa-head-dim", "sdpa-gqa", "transpose"],
+    ids=["matmul-K", "broadcast", "sdpa-head-dim-60", "sdpa-gqa", "transpose"],
 )
 def test_shape_rules_name_op_node_and_port(build, match):
     g = cudnn.pygraph(io_data_type=dt.HALF)

@@ -33,9 +33,10 @@ def test_case_lowers_with_our_uids_and_our_shapes(case):
     g, _ = CASES[case](deviceless=True)
     g.validate()
     # validate() lowers (and freezes) a graph the backend can lower, unless the graph's
-    # family validated it natively with a python engine as a candidate (gemm): that one
-    # stays open until planning, which lowers it then.
-    natively = manifest.family_for(g) is not None and manifest.family_for(g).offered_slots()
+    # family validated it natively (gemm with its engine offered; the SDPA families, as
+    # the classic does): that one stays open until planning, which lowers it then.
+    family = manifest.family_for(g)
+    natively = family is not None and family.name in ("gemm", "sdpa_fwd", "sdpa_bwd")
     assert (g._lowered is None) == bool(natively) and g._state.mutable == bool(natively)
     lg = lowering.lowered(g)
     ours = _touched(g)
@@ -115,8 +116,8 @@ def test_uid_not_pushed_fails_loudly(monkeypatch):
     auto-assignment would give) stops lowering."""
     pushing = lowering._Builder.output
 
-    def auto_assigned(self, ours, theirs):
-        pushing(self, ours, theirs)
+    def auto_assigned(self, ours, theirs, **layout):
+        pushing(self, ours, theirs, **layout)
         theirs.set_uid(ours.uid + 500)
 
     monkeypatch.setattr(lowering._Builder, "output", auto_assigned)
@@ -151,13 +152,24 @@ def test_backend_refusal_names_the_node():
 
 
 @needs_backend
-def test_score_mod_callable_refused():
-    g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, sm_version=90, sm_count=132)
+def test_score_mod_lowers_as_a_backend_hook():
+    """A modifier recorded at describe time reaches the backend as its score_mod hook
+    (tests/sdpa/test_score_mod.py compares the sub-graph it builds with NVIDIA's)."""
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, sm_version=90, sm_count=132,
+                      intermediate_data_type=cudnn.data_type.FLOAT)
     q, k, v = (g.tensor([1, 2, 64, 64], name=n) for n in "qkv")
-    o, _ = g.sdpa(q, k, v, attn_scale=0.125, score_mod=lambda graph, s: s, name="attn")
+    o, _ = g.sdpa(q, k, v, attn_scale=0.125, generate_stats=False,
+                  score_mod=lambda graph, s: graph.tanh(s), name="attn")
     o.set_output(True)
-    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="attn.*score_mod"):
-        lowering.lowered(g)
+    lowering.lowered(g)  # validated by the backend
+    hook = lowering._Builder(lowering.frontend(), None).value(g.nodes[0].attrs["score_mod"])
+    assert callable(hook)
+
+
+def test_a_bare_callable_attribute_is_refused_at_lowering():
+    builder = lowering._Builder(None, None)
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="callable attribute"):
+        builder.value(lambda graph, s: s)
 
 
 # ---------------------------------------------------------------- key, plans, replay

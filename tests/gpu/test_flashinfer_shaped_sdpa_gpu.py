@@ -55,7 +55,10 @@ def test_decode_at_serving_size(page):
     ck, cv = g.tensor_like(k_cache, name="k_cache"), g.tensor_like(v_cache, name="v_cache")
     ctab_k, ctab_v = g.tensor_like(table, name="table_k"), g.tensor_like(table, name="table_v")
     clen = g.tensor_like(seq_kv, name="seq_len_kv")
-    O, stats = g.sdpa(cq, ck, cv, seq_len_kv=clen, use_padding_mask=True, generate_stats=True,
+    seq_q = torch.ones_like(seq_kv)  # the classic refuses a padding mask with one side's lengths
+    clen_q = g.tensor_like(seq_q, name="seq_len_q")
+    O, stats = g.sdpa(cq, ck, cv, seq_len_q=clen_q, seq_len_kv=clen, use_padding_mask=True,
+                      generate_stats=True,
                       attn_scale=SCALE, paged_attention_k_table=ctab_k,
                       paged_attention_v_table=ctab_v,
                       paged_attention_max_seq_len_kv=page * max_pages, compute_data_type=DT.FLOAT)
@@ -67,7 +70,7 @@ def test_decode_at_serving_size(page):
     lse = torch.full((b, H_QO), float("nan"), device=DEV)
     ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8, device=DEV)
     g.execute({cq: q, ck: k_cache, cv: v_cache, ctab_k: table, ctab_v: table, clen: seq_kv,
-               O: out, stats: lse}, ws)
+               clen_q: seq_q, O: out, stats: lse}, ws)
     for i, n in enumerate(lens):
         kd, vd = (gate._gather(c, table[i, 0, :, 0], n, page) for c in (k_cache, v_cache))
         ref_o, ref_l = attention_one(q[i][:, None], kd, vd, SCALE)

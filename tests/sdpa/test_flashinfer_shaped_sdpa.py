@@ -77,7 +77,12 @@ def test_decode_as_flashinfer_declares_it(return_lse):
     ck, cv = g.tensor_like(k_cache, name="k_cache"), g.tensor_like(v_cache, name="v_cache")
     ctab_k, ctab_v = g.tensor_like(table, name="table_k"), g.tensor_like(table, name="table_v")
     clen = g.tensor_like(seq_kv, name="seq_len_kv")
-    O, stats = g.sdpa(cq, ck, cv, seq_len_kv=clen, use_padding_mask=True, generate_stats=return_lse,
+    # FlashInfer passes its per-request query lengths (ones in decode) too: the classic
+    # refuses a padding mask given only one side's lengths.
+    seq_q = torch.ones_like(seq_kv)
+    clen_q = g.tensor_like(seq_q, name="seq_len_q")
+    O, stats = g.sdpa(cq, ck, cv, seq_len_q=clen_q, seq_len_kv=clen, use_padding_mask=True,
+                      generate_stats=return_lse,
                       attn_scale=SCALE, paged_attention_k_table=ctab_k, paged_attention_v_table=ctab_v,
                       paged_attention_max_seq_len_kv=page * max_pages, compute_data_type=DT.FLOAT)
     O.set_output(True).set_dim([b, h_qo, 1, d]).set_stride([h_qo * d, d, h_qo * d, 1])
@@ -87,7 +92,8 @@ def test_decode_as_flashinfer_declares_it(return_lse):
 
     out = torch.full((b, h_qo, d), float("nan"), device=DEV, dtype=IO)  # bound 3-D to a 4-D slot
     lse = torch.full((b, h_qo), float("nan"), device=DEV)  # a flat fp32 buffer
-    pack = {cq: q, ck: k_cache, cv: v_cache, ctab_k: table, ctab_v: table, clen: seq_kv, O: out}
+    pack = {cq: q, ck: k_cache, cv: v_cache, ctab_k: table, ctab_v: table, clen: seq_kv,
+            clen_q: seq_q, O: out}
     if return_lse:
         pack[stats] = lse
     ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8, device=DEV)

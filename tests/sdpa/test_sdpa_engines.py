@@ -166,7 +166,8 @@ def _paged_tables_of_other_dims(g):
     tk = g.tensor([2, 1, 3, 1], **i32, name="table_k")
     tv = g.tensor([2, 1, 2, 1], **i32, name="table_v")
     return g.sdpa(g.tensor([2, 8, 1, 64], name="q"), cache, cache, generate_stats=False,
-                  use_padding_mask=True, seq_len_kv=g.tensor([2, 1, 1, 1], **i32),
+                  use_padding_mask=True, seq_len_q=g.tensor([2, 1, 1, 1], **i32),
+                  seq_len_kv=g.tensor([2, 1, 1, 1], **i32),
                   paged_attention_k_table=tk, paged_attention_v_table=tv,
                   paged_attention_max_seq_len_kv=48)[0]
 
@@ -276,7 +277,7 @@ def _paged_two_tables_graph():
     tk, tv = g.tensor([2, 1, 3, 1], **i32, name="tk"), g.tensor([2, 1, 3, 1], **i32, name="tv")
     lens = g.tensor([2, 1, 1, 1], **i32, name="lens")
     o, st = g.sdpa(g.tensor([2, 8, 1, 64], name="q"), kc, vc, generate_stats=True,
-                   use_padding_mask=True, seq_len_kv=lens, paged_attention_k_table=tk,
+                   use_padding_mask=True, seq_len_q=lens, seq_len_kv=lens, paged_attention_k_table=tk,
                    paged_attention_v_table=tv, paged_attention_max_seq_len_kv=48)
     o.set_output(True)
     st.set_output(True).set_data_type(DT.FLOAT)
@@ -290,7 +291,7 @@ def _paged_graph():
     table = g.tensor([2, 1, 3, 1], **i32, name="table")
     lens = g.tensor([2, 1, 1, 1], **i32, name="lens")
     o, st = g.sdpa(g.tensor([2, 8, 1, 64], name="q"), cache, cache, generate_stats=True,
-                   use_padding_mask=True, seq_len_kv=lens, paged_attention_k_table=table,
+                   use_padding_mask=True, seq_len_q=lens, seq_len_kv=lens, paged_attention_k_table=table,
                    paged_attention_v_table=table, paged_attention_max_seq_len_kv=48)
     o.set_output(True)
     st.set_output(True).set_data_type(DT.FLOAT)
@@ -353,8 +354,9 @@ def test_paged_decode_with_packed_queries_runs():
     vc = g.tensor([num_pages, hkv, page, d], name="v_cache")
     table = g.tensor([b, 1, max_pages, 1], **i32, name="page_table")
     len_kv = g.tensor([b, 1, 1, 1], **i32, name="seq_len_kv")
+    len_q = g.tensor([b, 1, 1, 1], **i32, name="seq_len_q")
     o, st = g.sdpa(q, kc, vc, attn_scale=0.125, generate_stats=True, use_padding_mask=True,
-                   seq_len_kv=len_kv, paged_attention_k_table=table,
+                   seq_len_q=len_q, seq_len_kv=len_kv, paged_attention_k_table=table,
                    paged_attention_v_table=table, paged_attention_max_seq_len_kv=48)
     o.set_output(True).set_stride([hq * d, d, hq * d, 1]).set_ragged_offset(off)
     st.set_output(True).set_data_type(DT.FLOAT)
@@ -368,6 +370,7 @@ def test_paged_decode_with_packed_queries_runs():
     toff = torch.arange(b + 1, dtype=torch.int32).reshape(b + 1, 1, 1, 1) * hq * d
     ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8)
     g.execute({q: tq, kc: tkc, vc: tvc, table: tt, o: to, st: ts, off: toff,
+               len_q: torch.ones(b, 1, 1, 1, dtype=torch.int32),
                len_kv: torch.tensor(lens, dtype=torch.int32).reshape(b, 1, 1, 1)}, ws)
     for i, n in enumerate(lens):
         tok = torch.arange(n)
@@ -388,7 +391,7 @@ def test_build_time_compile_launch_with_packed_queries():
     lens = g.tensor([2, 1, 1, 1], **i32, name="lens")
     q = g.tensor([2, 8, 1, 64], [8 * 64, 64, 8 * 64, 1], ragged_offset=off, name="q")
     o, _ = g.sdpa(q, cache, cache, generate_stats=False, use_padding_mask=True,
-                  seq_len_kv=lens, paged_attention_k_table=table,
+                  seq_len_q=lens, seq_len_kv=lens, paged_attention_k_table=table,
                   paged_attention_v_table=table, paged_attention_max_seq_len_kv=48)
     o.set_output(True).set_stride([8 * 64, 64, 8 * 64, 1]).set_ragged_offset(off)
     _built_plans(g, "decode").warm("cpu")

@@ -41,7 +41,8 @@ from .._types import (
     data_type,
     tensor_reordering,
 )
-from ..graph.opspec import PortKind
+from ..graph.opspec import OpGroup, PortKind
+from ..graph.score_mod import ScoreMod
 from ..graph.tensor import Tensor
 from . import discovery
 
@@ -305,17 +306,22 @@ class _Builder:
         self.made[t.uid] = made
         return made
 
-    def output(self, ours, theirs):
+    def output(self, ours, theirs, layout_is_ours=False):
         """Map the backend's output tensor onto ours: uid, name, virtual/output, and ONLY
-        the fields the caller set (inferred ones are provisional)."""
+        the fields the caller set (inferred ones are provisional) — except where
+        `layout_is_ours`: the SDPA family's outputs have no layout inference in the
+        backend (its validate() refuses an O or Amax without dims), so the dims,
+        strides and data type validate() settled are pushed, as NVIDIA's frontend
+        pushes its own (an untyped output left to the backend stays untyped there)."""
         theirs.set_uid(ours.uid)
         theirs.set_name(ours.name)
         theirs.set_is_virtual(ours.is_virtual)
-        if ours.is_user_set("dim"):
+        if ours.dim and (layout_is_ours or ours.is_user_set("dim")):
             theirs.set_dim(list(ours.dim))
-        if ours.is_user_set("stride"):
+        if ours.stride and (layout_is_ours or ours.is_user_set("stride")):
             theirs.set_stride(list(ours.stride))
-        if ours.is_user_set("data_type"):
+        typed = ours.data_type != data_type.NOT_SET
+        if typed and (layout_is_ours or ours.is_user_set("data_type")):
             _set_data_type(theirs, backend_enum(self.fe, ours.data_type))
         if ours.ragged_offset is not None:
             theirs.set_ragged_offset(self.tensor(ours.ragged_offset))
@@ -328,19 +334,50 @@ class _Builder:
     # ---- values
     def value(self, v):
         """An argument in the backend's vocabulary: tensors (also inside attribute tuples,
-        e.g. sdpa's dropout seed/offset), enums by member name, sequences as lists."""
+        e.g. sdpa's dropout seed/offset), enums by member name, tuples as tuples and lists
+        as lists, a recorded score modifier as the backend's score_mod hook."""
         if isinstance(v, Tensor):
             return self.tensor(v)
-        if isinstance(v, (tuple, list)):
+        if isinstance(v, tuple):  # a tuple stays one: sdpa's dropout binds only a tuple
+            return tuple(self.value(x) for x in v)
+        if isinstance(v, list):
             return [self.value(x) for x in v]
         if isinstance(v, enum.Enum):
             return backend_enum(self.fe, v)
+        if isinstance(v, ScoreMod):
+            return self.score_mod_hook(v)
         if callable(v):
             raise cudnnGraphNotSupportedError(
                 "a callable attribute (score_mod) cannot lower: it would create backend tensors "
                 "outside the IR's uid namespace; express the modification with graph ops"
             )
         return v
+
+    def score_mod_hook(self, mod):
+        """The backend's score_mod callback for a recorded modifier: it lowers the
+        modifier's nodes onto the sub-graph the backend hands it (at
+        build_operation_graph), its score tensor standing for ours; the operands the
+        nodes read live in the outer graph (made now, with our uids), as a classic
+        closure's tensors do."""
+        outer = {t.uid: self.tensor(t) for t in mod.external_inputs()}
+
+        def hook(backend_graph, backend_score):
+            # The backend numbers its score tensor from 1 in the sub-graph, which collides
+            # with the outer graph's uid 1 at build_operation_graph ("uid 1 ... has been
+            # already assigned"); the score takes our uid, unique in the graph.
+            backend_score.set_uid(mod.score.uid)
+            sub = _Builder(self.fe, backend_graph)
+            sub.made.update(outer)
+            sub.made[mod.score.uid] = backend_score
+            for node in mod.nodes:
+                sub.lower_node(node)
+            for node in mod.nodes:  # the uid check sees the modifier's outputs too
+                for t in node.output_tensors():
+                    self.made[t.uid] = sub.made[t.uid]
+            return sub.made[mod.result.uid]
+
+        hook.__name__ = mod.label
+        return hook
 
     # ---- nodes
     def kwargs(self, node):
@@ -351,13 +388,23 @@ class _Builder:
         kw = {}
         for p in node.spec.params:
             v = node.attrs.get(p.name) if p.kind is PortKind.ATTR else node.inputs.get(p.name)
-            if not p.required and _is_default(v, p.default):
+            # None is "unset" in the classic surface (use_alibi_mask=None): the backend's
+            # bool parameters refuse it, so an unset optional keyword is left out, as
+            # NVIDIA's frontend leaves it out.
+            if not p.required and (v is None or _is_default(v, p.default)):
                 continue
             where = f"{node.op} node '{node.name}': {p.name}"
             try:
                 kw[p.name] = self.value(v)
             except cudnnGraphNotSupportedError as exc:
                 raise cudnnGraphNotSupportedError(f"{where}: {exc}") from None
+        if node.spec.group is OpGroup.SDPA and "compute_data_type" not in kw:
+            # The classic hands every captured SDPA call the graph's compute type when the
+            # node has none of its own; the backend's validate() differs without it (an
+            # fp8 O left untyped is not filled from the graph's io type).
+            graph_compute = node._graph.compute_data_type
+            if graph_compute != data_type.NOT_SET:
+                kw["compute_data_type"] = backend_enum(self.fe, graph_compute)
         kw["name"] = node.name
         return kw
 
@@ -381,7 +428,7 @@ class _Builder:
                 continue  # a conditional output this node does not produce
             if theirs is None:
                 raise cudnnGraphNotSupportedError(f"{where}: the backend produced no {port.name}")
-            self.output(ours, theirs)
+            self.output(ours, theirs, layout_is_ours=spec.group is OpGroup.SDPA)
 
 
 def _set_data_type(backend_tensor, dtype):

@@ -1,12 +1,15 @@
 """The IR's own JSON form (not the backend's serialize): every tensor with its declared
 fields and which of them the caller set, every node with its ports, attributes and
-outputs. graph_from_json(graph_to_json(g)) rebuilds g exactly (tests hold it)."""
+outputs (a score modifier as the nodes it recorded, nested in its attribute).
+graph_from_json(graph_to_json(g)) rebuilds g exactly (tests hold it)."""
 
 import enum
 
 from .._types import ENUMS
+from . import score_mod
 from .node import Node
 from .ops import OPS
+from .score_mod import ScoreMod
 from .tensor import Tensor
 
 SCHEMA = "cudnn_pygraph.ir/1"
@@ -15,6 +18,15 @@ SCHEMA = "cudnn_pygraph.ir/1"
 def _value(v):
     if isinstance(v, Tensor):
         return {"tensor": v.uid}
+    if isinstance(v, ScoreMod):
+        return {
+            "score_mod": {
+                "label": v.label,
+                "score": v.score.uid,
+                "result": v.result.uid,
+                "nodes": [_node_doc(n) for n in v.nodes],
+            }
+        }
     if isinstance(v, enum.Enum):
         return {"enum": type(v).__name__, "name": v.name}
     if isinstance(v, slice):
@@ -22,6 +34,16 @@ def _value(v):
     if isinstance(v, (tuple, list)):
         return [_value(x) for x in v]
     return v
+
+
+def _node_doc(n):
+    return {
+        "op": n.op,
+        "name": n.name,
+        "inputs": {k: _value(v) for k, v in n.inputs.items()},
+        "attrs": {k: _value(v) for k, v in n.attrs.items()},
+        "outputs": {k: _value(v) for k, v in n.outputs.items()},
+    }
 
 
 def graph_to_json(graph):
@@ -33,16 +55,7 @@ def graph_to_json(graph):
             fields["value"] = t.value
             fields["scalar_type"] = _value(t.scalar_type)
         tensors.append(fields)
-    nodes = [
-        {
-            "op": n.op,
-            "name": n.name,
-            "inputs": {k: _value(v) for k, v in n.inputs.items()},
-            "attrs": {k: _value(v) for k, v in n.attrs.items()},
-            "outputs": {k: _value(v) for k, v in n.outputs.items()},
-        }
-        for n in graph.nodes
-    ]
+    nodes = [_node_doc(n) for n in graph.nodes]
     ctx = {k: _value(v) for k, v in graph._context.items()}
     return {"schema": SCHEMA, "graph": ctx, "tensors": tensors, "nodes": nodes}
 
@@ -55,10 +68,40 @@ def _load(v, by_uid):
             return ENUMS[v["enum"]][v["name"]]
         if "slice" in v:
             return slice(*v["slice"])
+        if "score_mod" in v:
+            doc = v["score_mod"]
+            nodes = tuple(
+                _node_from_doc(by_uid[doc["score"]].graph, nf, by_uid) for nf in doc["nodes"]
+            )
+            return ScoreMod(by_uid[doc["score"]], nodes, by_uid[doc["result"]], doc["label"])
         raise ValueError(f"unreadable value {v!r}")
     if isinstance(v, list):
         return tuple(_load(x, by_uid) for x in v)
     return v
+
+
+def _node_from_doc(graph, nf, by_uid):
+    """One node (a top-level node or a score modifier's), its outputs' producer set."""
+    if nf["op"] not in OPS:
+        raise ValueError(f"node {nf.get('name')!r}: unknown op {nf['op']!r}")
+    spec = OPS[nf["op"]]
+    known = {p.name for p in spec.params}
+    unknown = (set(nf["inputs"]) | set(nf["attrs"])) - known
+    if unknown:
+        raise ValueError(
+            f"node {nf['name']!r} ({spec.name}): unknown argument(s) {sorted(unknown)}"
+        )
+    node = Node(
+        graph,
+        spec,
+        nf["name"],
+        {k: _load(v, by_uid) for k, v in nf["inputs"].items()},
+        {k: _load(v, by_uid) for k, v in nf["attrs"].items()},
+        {k: _load(v, by_uid) for k, v in nf["outputs"].items()},
+    )
+    for t in node.output_tensors():
+        t.__dict__["producer"] = node
+    return node
 
 
 def graph_from_json(cls, doc):
@@ -82,23 +125,8 @@ def graph_from_json(cls, doc):
             t.__dict__["value"] = tf.get("value")
             t.__dict__["scalar_type"] = _load(tf.get("scalar_type"), by_uid)
         for nf in doc["nodes"]:
-            if nf["op"] not in OPS:
-                raise ValueError(f"node {nf.get('name')!r}: unknown op {nf['op']!r}")
-            spec = OPS[nf["op"]]
-            known = {p.name for p in spec.params}
-            unknown = (set(nf["inputs"]) | set(nf["attrs"])) - known
-            if unknown:
-                raise ValueError(f"node {nf['name']!r} ({spec.name}): unknown argument(s) {sorted(unknown)}")
-            node = Node(
-                graph,
-                spec,
-                nf["name"],
-                {k: _load(v, by_uid) for k, v in nf["inputs"].items()},
-                {k: _load(v, by_uid) for k, v in nf["attrs"].items()},
-                {k: _load(v, by_uid) for k, v in nf["outputs"].items()},
-            )
-            for t in node.output_tensors():
-                t.__dict__["producer"] = node
+            node = _node_from_doc(graph, nf, by_uid)
+            score_mod.adopt(node)
             graph._nodes.append(node)
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"malformed IR document: missing or wrong field {exc}") from None

@@ -4,7 +4,7 @@ moment it is built; the only thing a caller may change before the freeze is its 
 import enum
 from types import MappingProxyType
 
-from .opspec import ShapeError
+from .opspec import IllFormedError, ShapeError
 from .tensor import Tensor
 
 
@@ -35,7 +35,7 @@ class Node:
     # ------------------------------------------------------------ reading
     def input_tensors(self):
         """Every tensor this node reads, ports first, then tensors inside attributes
-        (sdpa's dropout seed/offset)."""
+        (sdpa's dropout seed/offset, the operands of a score modifier's nodes)."""
         for value in self.inputs.values():
             yield from _tensors_in(value)
         for value in self.attrs.values():
@@ -49,6 +49,11 @@ class Node:
     def fail(self, port, rule):
         """Raise the classic error for a violated rule, naming op, node and port."""
         raise ShapeError(f"{self.op} node '{self.name}': {port}: {rule}")
+
+    def ill_formed(self, port, rule):
+        """Raise for an ill-formed declaration (the classic's ValueError cases), naming
+        op, node and port; the error is also a cudnnGraphNotSupportedError."""
+        raise IllFormedError(f"{self.op} node '{self.name}': {port}: {rule}")
 
     def format_node(self):
         """One line: `%O:HALF[2x4x64x32], %Stats = sdpa(q=%q, ..., attn_scale=0.125)`."""
@@ -70,6 +75,8 @@ class Node:
 def _tensors_in(value):
     if isinstance(value, Tensor):
         yield value
+    elif hasattr(value, "external_inputs"):  # a score modifier: the operands it reads
+        yield from value.external_inputs()
     elif isinstance(value, (tuple, list)):
         for v in value:
             yield from _tensors_in(v)

@@ -10,10 +10,9 @@ Adding an op is adding a record to one table under graph/ops/.
 
 from __future__ import annotations  # annotations stay text: no typing import
 
-from collections.abc import Callable, Mapping  # already loaded by the interpreter
-
 import dataclasses
 import enum
+from collections.abc import Callable, Mapping  # already loaded by the interpreter
 
 from .._types import ENUMS, cudnnGraphNotSupportedError
 
@@ -76,6 +75,13 @@ class OutputPort:
 
 class ShapeError(cudnnGraphNotSupportedError):
     """A shape rule failed: names the op, the node, the port and the rule."""
+
+
+class IllFormedError(ShapeError, ValueError):
+    """An ill-formed declaration (an attribute value no graph can have, a tensor that a
+    set attribute needs left out). The classic raises ValueError for these and
+    cudnnGraphNotSupportedError for unsupported combinations; this is both, so a caller
+    catching either class sees it."""
 
 
 @dataclasses.dataclass(frozen=True)

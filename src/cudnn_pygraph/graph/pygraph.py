@@ -11,10 +11,10 @@ from .._types import (
     scalar_type,
     tensor_reordering,
 )
-from . import lifecycle
+from . import lifecycle, score_mod
 from .builders import Builder, bind, check_port, coerce_attr
 from .node import Node
-from .opspec import PortKind
+from .opspec import OpGroup, PortKind
 from .ops import OPS
 from .tensor import Tensor, row_major_strides, to_data_type, to_int_tuple
 from .validate import apply_inference, validate_graph
@@ -219,9 +219,15 @@ class pygraph:  # noqa: N801 — the classic public name
                 outputs[port.name] = t
             else:
                 outputs[port.name] = None
+        if spec.group is OpGroup.SDPA:  # flexible SDPA: a modifier becomes IR nodes now,
+            # after the node's own outputs took their uids (numbered as the classic's)
+            for attr in score_mod.CALLBACK_ATTRS:
+                if callable(attrs.get(attr)):
+                    attrs[attr] = score_mod.capture(self, name, attr, attrs[attr], inputs, attrs)
         node = Node(self, spec, name, inputs, attrs, outputs)
         for t in node.output_tensors():
             t.__dict__["producer"] = node
+        score_mod.adopt(node)
         for p in spec.ports:  # output-direction kwargs are written by this node
             if p.kind is PortKind.OUTPUT_TENSOR and inputs[p.name] is not None:
                 inputs[p.name].__dict__["producer"] = node

@@ -4,6 +4,7 @@ naming the node, the port and the rule; imports nothing heavy."""
 
 from .._types import cudnnGraphNotSupportedError, data_type
 from .opspec import ShapeError
+from .score_mod import modifiers
 from .tensor import row_major_strides
 
 
@@ -50,7 +51,9 @@ def check_declaration(graph, tensor):
     if any(d <= 0 for d in tensor.dim):
         raise cudnnGraphNotSupportedError(f"{where}: dims must be positive, got {list(tensor.dim)}")
     if tensor.data_type == data_type.NOT_SET and graph.io_data_type == data_type.NOT_SET:
-        raise cudnnGraphNotSupportedError(f"{where}: data_type is not set (nor the graph's io_data_type)")
+        raise cudnnGraphNotSupportedError(
+            f"{where}: data_type is not set (nor the graph's io_data_type)"
+        )
 
 
 def validate_graph(graph):
@@ -62,6 +65,9 @@ def validate_graph(graph):
                 t._infer("data_type", graph.io_data_type)
             check_declaration(graph, t)
     for node in graph.nodes:
+        for mod in modifiers(node):  # a modifier's nodes run before the softmax they feed
+            for inner in mod.nodes:
+                apply_inference(inner, strict=True)
         apply_inference(node, strict=True)
     for t in graph.tensors:  # outputs whose dtype nothing inferred take the graph's
         if t.data_type == data_type.NOT_SET:

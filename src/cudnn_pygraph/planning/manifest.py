@@ -63,7 +63,7 @@ FAMILIES = (
     EngineFamily(
         "sdpa_fwd",
         index=1,
-        anchors=("sdpa",),
+        anchors=("sdpa", "sdpa_fp8", "sdpa_mxfp8"),
         # Offered by default since the FlashInfer-shaped gate (tests/sdpa/
         # test_flashinfer_shaped_sdpa.py, in bf16 by tests/gpu/test_flashinfer_shaped_sdpa_gpu.py)
         # passed on the H200 on 2026-11-29 with tests/gpu/test_sdpa_gpu.py: 36 passed.
@@ -75,7 +75,13 @@ FAMILIES = (
         heuristics=(f"{_PKG}.engines.sdpa.engines", "recommend"),
         validator=(f"{_PKG}.graph.validators", "validate_sdpa"),
     ),
-    EngineFamily("sdpa_bwd", index=2, anchors=("sdpa_backward",), analyzer=_SDPA_ANALYZER),
+    EngineFamily(
+        "sdpa_bwd",
+        index=2,
+        anchors=("sdpa_backward", "sdpa_fp8_backward", "sdpa_mxfp8_backward"),
+        analyzer=_SDPA_ANALYZER,
+        validator=(f"{_PKG}.graph.validators", "validate_sdpa"),
+    ),
     EngineFamily(
         "gdn",
         index=3,

@@ -7,9 +7,10 @@ from . import manifest
 
 
 def after_native_validation(graph):
-    """A python-only graph, or one its family validated natively with a python engine
-    offered, stays open (mutable until planning); any other graph is lowered now when the
-    backend is installed (the classic error timing) and frozen."""
+    """A python-only graph, or one its family validated natively (with a python engine
+    offered, or a family with no engines yet), stays open (mutable until planning); any
+    other graph is lowered now when the backend is installed (the classic error timing)
+    and frozen."""
     family = manifest.family_for(graph)
     if _is_python_only(graph) or _natively_validated(graph, family):
         graph.__dict__["_state"] = lifecycle.ValidatedOpen()
@@ -23,6 +24,11 @@ def _is_python_only(graph):
 
 
 def _natively_validated(graph, family):
-    if family is None or family.validator is None or not family.offered_slots():
+    """The family's validator judged the whole graph. A family with no engine offered
+    here validates natively too when it has a validator (sdpa_bwd): the classic does the
+    same for the SDPA family, whose backend gates (arch, version) wait for planning."""
+    if family is None or family.validator is None:
+        return False
+    if not family.offered_slots() and family.slots:
         return False
     return bool(manifest.resolve(family.validator)(graph))

@@ -71,13 +71,15 @@ def _chain(graph, mm, M, N):
     """(steps, operands, output tensor) or a reason string."""
     running = mm.outputs["C"]
     steps, operands = [], []
-    for node in graph.nodes[graph.nodes.index(mm) + 1:]:
+    for node in graph.nodes[graph.nodes.index(mm) + 1 :]:
         ins = [t for t in node.input_tensors()]
         if running not in ins or ins.count(running) != 1:
             return f"{node.op} node '{node.name}' does not consume the running epilogue value once"
         others = [t for t in ins if t is not running]
         if node.op in _UNARY and not others:
-            if node.op == "relu" and any(node.attrs[a] is not None for a in ("negative_slope", "lower_clip", "upper_clip")):
+            if node.op == "relu" and any(
+                node.attrs[a] is not None for a in ("negative_slope", "lower_clip", "upper_clip")
+            ):
                 return f"relu node '{node.name}': leaky/clipped relu is not fused"
             if node.op == "swish" and node.attrs["swish_beta"] not in (None, 1.0):
                 return f"swish node '{node.name}': swish_beta != 1 is not fused"
@@ -90,13 +92,17 @@ def _chain(graph, mm, M, N):
         elif node.op in _BINARY and len(others) == 1:
             (x,) = others
             if x.producer is not None:
-                return f"{node.op} node '{node.name}': its operand %{x.name} is computed in the graph"
+                return (
+                    f"{node.op} node '{node.name}': its operand %{x.name} is computed in the graph"
+                )
             kind = _broadcast_kind(x, M, N)
             if kind is None:
                 return f"{node.op} node '{node.name}': operand dims {list(x.dim)} do not broadcast as a scalar, row, column or tile"
             dtype = "" if kind == "value" else DTYPE_NAMES.get(x.data_type, "")
             if kind != "value" and dtype not in ("fp16", "bf16", "fp32"):
-                return f"{node.op} node '{node.name}': operand dtype {x.data_type.name} is not fused"
+                return (
+                    f"{node.op} node '{node.name}': operand dtype {x.data_type.name} is not fused"
+                )
             steps.append(EpilogueStep(_BINARY[node.op], kind, dtype))
             operands.append(x)
         else:
@@ -113,6 +119,10 @@ def analyze(graph, device):
     unsupported = None
     if graph.nodes[0] is not mm:
         unsupported = "nodes before the matmul (a prologue) are not fused"
+    elif len(a.dim) != len(b.dim):
+        unsupported = (
+            f"A is rank {len(a.dim)}, B rank {len(b.dim)}: operands of one rank are served"
+        )
     result = _chain(graph, mm, M, N) if unsupported is None else unsupported
     if isinstance(result, str):
         unsupported, steps, operands, c = result, (), (), mm.outputs["C"]

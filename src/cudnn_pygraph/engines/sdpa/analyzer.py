@@ -41,12 +41,29 @@ class SdpaGraphFacts:
     attn_scale: object  # a float, a Tensor, or None (1/sqrt(d))
     gqa_ratio: int
     device: object
+    # Extents that disagree across q, k, v (head dim, batch, key length): the classic's
+    # validate() accepts such a declaration (its backend refuses it at planning), so it
+    # is a fact every engine declines on, not a validate() error.
+    conflict: str | None = None
+
+
+def _conflict(q, k, v, paged):
+    if k.dim[3] != q.dim[3]:
+        return f"k's head dim {k.dim[3]} differs from q's d_qk={q.dim[3]}"
+    if paged:
+        return None
+    for name, t in (("k", k), ("v", v)):
+        if t.dim[0] != q.dim[0]:
+            return f"{name}'s batch {t.dim[0]} differs from q's {q.dim[0]}"
+    if v.dim[2] != k.dim[2]:
+        return f"v's key length {v.dim[2]} differs from k's {k.dim[2]}"
+    return None
 
 
 def _layout(t):
     if t.ragged_offset is not None:
         return LAYOUT_THD
-    b, h, s, d = t.stride
+    _, h, s, d = t.stride
     if d != 1:
         return LAYOUT_OTHER
     if h > s:
@@ -98,9 +115,12 @@ def analyze(graph, device):
         has_sink=i.get("sink_token") is not None,
         alibi=bool(a.get("use_alibi_mask")),
         block_mask=i.get("block_mask") is not None,
-        stats=stats_requested(a) if node.op.startswith("sdpa") and "Stats" in node.outputs else False,
+        stats=stats_requested(a)
+        if node.op.startswith("sdpa") and "Stats" in node.outputs
+        else False,
         stats_use_log2=bool(a.get("stats_use_log2")),
         attn_scale=a.get("attn_scale"),
         gqa_ratio=q.dim[1] // max(k.dim[1], 1),
         device=device,
+        conflict=_conflict(q, k, v, paged),
     )

@@ -74,6 +74,8 @@ def _common_checks(engine, graph, facts):
         require_module(module, engine.name)
     if facts.op != "sdpa" or len(graph.nodes) != 1:
         _decline("serves a graph of exactly one sdpa node")
+    if facts.conflict is not None:
+        _decline(facts.conflict)
     node, q, k, v, o, stats = _node_tensors(facts)
     engine.capabilities.require(
         graph_device(graph),

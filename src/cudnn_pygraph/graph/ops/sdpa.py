@@ -4,16 +4,18 @@ its positional order, the output-direction kwargs (tensors the caller passes tha
 writes) and the conditional Stats output.
 
 Layout: q [b, h_q, s_q, d_qk], k [b, h_k, s_kv, d_qk], v [b, h_v, s_kv, d_v] under any
-strides (BHSD or BSHD); paged K/V are [num_pages, h_k, page_size, d] with a page table."""
+strides (BHSD or BSHD); paged K/V are [num_pages, h_k, page_size, d] with a page table.
+The semantic rules (masks, dropout, paging, head dims) are graph/ops/sdpa_rules.py; the
+classic judges dtypes and cross-tensor extents (q vs k head dim, batch) only when the
+backend plans, so they are facts the engines decline on, not validate() refusals."""
 
 from ..._types import data_type
 from ..opspec import Inferred, OpGroup, OpSpec, OutputPort, backend_params
-from . import rules
+from . import rules, sdpa_rules
 from .backend_signatures import SIGNATURES
 
 F32 = data_type.FLOAT
 SCALAR = (1, 1, 1, 1)
-ATTENTION_DTYPES = (data_type.HALF, data_type.BFLOAT16, data_type.FP8_E4M3, data_type.FP8_E5M2)
 
 
 def stats_requested(attrs, inputs=None):
@@ -26,35 +28,23 @@ def stats_requested(attrs, inputs=None):
     return inference is not None and not inference
 
 
-def _check_qkv(node):
-    q = rules.require_rank(node, "q", 4)
-    k = rules.require_rank(node, "k", 4)
-    v = rules.require_rank(node, "v", 4)
-    for port in ("q", "k", "v"):
-        rules.require_dtype(node, port, ATTENTION_DTYPES)
-    if k[3] != q[3]:
-        node.fail("k", f"head dim d_qk={k[3]} differs from q's {q[3]}")
-    if q[1] % k[1]:
-        node.fail("k", f"h_q={q[1]} is not a multiple of h_k={k[1]} (GQA/MQA)")
-    if q[1] % v[1]:
-        node.fail("v", f"h_q={q[1]} is not a multiple of h_v={v[1]} (GQA/MQA)")
-    paged = node.inputs.get("paged_attention_k_table") is not None
-    if not paged:
-        if k[2] != v[2]:
-            node.fail("v", f"s_kv={v[2]} differs from k's {k[2]}")
-        for port, d in (("k", k), ("v", v)):
-            if d[0] != q[0]:
-                node.fail(port, f"batch {d[0]} differs from q's {q[0]}")
-    return q, k, v
+def _unset_output_type(node, like):
+    """An attention output the caller left untyped takes the graph's type, as in the
+    classic (io for an output, intermediate for a virtual tensor: validate() assigns it
+    by the final virtual state), not its input's; only a graph without an io type falls
+    back on the input's type."""
+    if node._graph.io_data_type != data_type.NOT_SET:
+        return None
+    return node.inputs[like].data_type
 
 
 def _forward_rule(extra_scalars=()):
     def rule(node):
-        q, _, v = _check_qkv(node)
-        a = node.attrs
-        if "is_inference" in a and (a["generate_stats"] is None) == (a["is_inference"] is None):
-            node.fail("generate_stats", "exactly one of generate_stats and is_inference must be set")
-        out = {"O": Inferred((q[0], q[1], q[2], v[3]), node.inputs["q"].data_type)}
+        q = rules.require_rank(node, "q", 4)
+        v = rules.require_rank(node, "v", 4)
+        rules.require_rank(node, "k", 4)
+        sdpa_rules.check_forward(node)
+        out = {"O": Inferred((q[0], q[1], q[2], v[3]), _unset_output_type(node, "q"))}
         if stats_requested(node.attrs):
             out["Stats"] = Inferred((q[0], q[1], q[2], 1), F32)
         for port in extra_scalars:
@@ -66,14 +56,13 @@ def _forward_rule(extra_scalars=()):
 
 def _backward_rule(extra_scalars=()):
     def rule(node):
-        q, k, v = _check_qkv(node)
-        o = rules.require_declared(node, "o" if "o" in node.inputs else "o_f16")
-        if o[:3] != q[:3]:
-            node.fail("o", f"dims {list(o)} do not match q's batch/heads/sequence {list(q[:3])}")
+        q, k, v = (rules.require_rank(node, port, 4) for port in ("q", "k", "v"))
+        rules.require_declared(node, "o" if "o" in node.inputs else "o_f16")
+        sdpa_rules.check_backward(node)
         out = {
-            "dQ": Inferred(q, node.inputs["q"].data_type),
-            "dK": Inferred(k, node.inputs["k"].data_type),
-            "dV": Inferred(v, node.inputs["v"].data_type),
+            "dQ": Inferred(q, _unset_output_type(node, "q")),
+            "dK": Inferred(k, _unset_output_type(node, "k")),
+            "dV": Inferred(v, _unset_output_type(node, "v")),
         }
         for port in extra_scalars:
             out[port] = Inferred(SCALAR, F32)
