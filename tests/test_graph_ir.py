@@ -82,9 +82,9 @@ def test_torch_dtypes_and_sizes_are_accepted():
 @pytest.mark.parametrize(
     "build,match",
     [
-        (lambda g, t: g.matmul(t([1, 4, 8]), t([1, 4, 8])), "matmul node 'matmul_0': B: K mismatch"),
-        (lambda g, t: g.add(t([2, 3]), t([2, 4])), "add node 'add_0': b: dim 1"),
-        (lambda g, t: g.sdpa(t([1, 2, 8, 64]), t([1, 2, 8, 32]), t([1, 2, 8, 32])), "sdpa node 'sdpa_0': k: head dim"),
+        (lambda g, t: g.matmul(t([1, 4, 8]), t([1, 4, 8])), "matmul node 'matmul.0': B: K mismatch"),
+        (lambda g, t: g.add(t([2, 3]), t([2, 4])), "add node 'add.0': b: dim 1"),
+        (lambda g, t: g.sdpa(t([1, 2, 8, 64]), t([1, 2, 8, 32]), t([1, 2, 8, 32])), "sdpa node 'sdpa.0': k: head dim"),
         (lambda g, t: g.sdpa(t([1, 3, 8, 64]), t([1, 2, 8, 64]), t([1, 2, 8, 64])), "multiple of h_k"),
         (lambda g, t: g.transpose(t([2, 3]), [0, 0]), "permutation"),
     ],

@@ -232,10 +232,11 @@ class _Builder:
         fe, backend = self.fe, self.backend
         if t.is_pass_by_value and t.value is not None:
             # A scalar the graph holds: the backend embeds the value and fills the slot
-            # itself, so the caller never binds it (runtime/execute.py GraphLayout).
+            # itself, so the caller never binds it (runtime/execute.py GraphLayout). Only
+            # the uid is pushed, as classic: the backend names the scalar after the port
+            # it feeds (`mul.0::IN_1`) and stores the value's own type, which key()
+            # hashes; the IR's data_type is that same type (pygraph.tensor_scalar).
             made = backend.tensor_scalar(t.value, backend_enum(fe, t.scalar_type))
-            made.set_dim(list(t.dim)).set_stride(list(t.stride)).set_name(t.name)
-            made.set_data_type(backend_enum(fe, t.data_type))
             made.set_uid(t.uid)
         else:
             kw = {
@@ -260,9 +261,11 @@ class _Builder:
         self.made[t.uid] = made
         return made
 
-    def output(self, ours, theirs):
+    def output(self, node, port, ours, theirs):
         """Map the backend's output tensor onto ours: uid, name, virtual/output, and ONLY
-        the fields the caller set (inferred ones are provisional)."""
+        the fields the caller set (inferred ones are provisional), except a dtype the
+        port takes from an input (OutputPort.dtype_like), which the backend does not
+        infer."""
         theirs.set_uid(ours.uid)
         theirs.set_name(ours.name)
         theirs.set_is_virtual(ours.is_virtual)
@@ -272,6 +275,9 @@ class _Builder:
             theirs.set_stride(list(ours.stride))
         if ours.is_user_set("data_type"):
             theirs.set_data_type(backend_enum(self.fe, ours.data_type))
+        elif port.dtype_like is not None and node.inputs.get(port.dtype_like) is not None:
+            source = node.inputs[port.dtype_like].data_type
+            theirs.set_data_type(backend_enum(self.fe, source))
         if ours.ragged_offset is not None:
             theirs.set_ragged_offset(self.tensor(ours.ragged_offset))
         if ours.ragged_offset_multiplier != 1:
@@ -336,7 +342,7 @@ class _Builder:
                 continue  # a conditional output this node does not produce
             if theirs is None:
                 raise cudnnGraphNotSupportedError(f"{where}: the backend produced no {port.name}")
-            self.output(ours, theirs)
+            self.output(node, port, ours, theirs)
 
 
 def _is_default(value, default):

@@ -183,8 +183,37 @@ _ROWS = {
 }
 
 
-def _outputs(names):
-    return tuple(OutputPort(*n) if isinstance(n, tuple) else OutputPort(n) for n in names)
+# The classic auto-names of outputs (`node::LABEL`, which key() hashes): by port name,
+# then the ops whose classic label for a port differs from that rule.
+_LABELS = {
+    "output": "OUT_0",
+    "mean": "MEAN",
+    "inv_variance": "INV_VARIANCE",
+    "next_running_mean": "NEXT_RUNNING_MEAN",
+    "next_running_var": "NEXT_RUNNING_VAR",
+    "dX": "DX",
+    "dW": "DW",
+    "dscale": "DSCALE",
+    "dbias": "DBIAS",
+}
+_OP_LABELS = {
+    "block_scale_dequantize": {"Y": "OUT_0"},
+    "genstats": {"mean": "SUM", "sq_sum": "SQ_SUM"},
+    "moe_grouped_matmul_bwd": {"output": "dweight"},
+    "rmsnorm_backward": {"dscale": "Dscale", "dbias": "Dbias"},  # mixed case, as classic
+}
+# Outputs whose dtype the backend takes from an input rather than inferring it.
+_DTYPE_LIKE = {"slice": {"output": "input"}}
+
+
+def _outputs(op, names):
+    ports = []
+    for n in names:
+        port, when = (n if isinstance(n, tuple) else (n, None))
+        label = _OP_LABELS.get(op, {}).get(port) or _LABELS.get(port)
+        like = _DTYPE_LIKE.get(op, {}).get(port)
+        ports.append(OutputPort(port, when, label, like))
+    return tuple(ports)
 
 
 def _spec(name, outputs, rule):
@@ -193,7 +222,7 @@ def _spec(name, outputs, rule):
         name=name,
         group=OpGroup.STRUCTURED,
         params=backend_params(params),
-        outputs=_outputs(outputs),
+        outputs=_outputs(name, outputs),
         returns_list=returns_list,
         shape_rule=rule,
         backend_method=name,

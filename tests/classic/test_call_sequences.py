@@ -1,0 +1,298 @@
+"""Classic call sequences, differentially: each program is written once against a `lib`
+and run against NVIDIA's package (`import cudnn`, nvidia-cudnn-frontend 1.32) and ours;
+what the two answer must be the same. NVIDIA's runs here up to its validate() and key()
+when its graph is lowered deviceless (no handle, the arch named by sm_version/sm_count);
+plans, builds and execution need a GPU and live in tests/gpu/test_classic_call_sequences_gpu.py.
+
+The programs follow NVIDIA's own samples (samples/python 29_rmsnorm, 30_batchnorm,
+31_instancenorm, 32_instancenorm_fusion) with device tensors declared by dims/strides and
+the host epsilon through tensor_like of a CPU tensor, as the samples do."""
+
+import json
+
+import pytest
+
+import cudnn_pygraph as ours
+from cudnn_pygraph.backend import lowering
+
+REASON = lowering.unavailable_reason()
+needs_backend = pytest.mark.skipif(
+    REASON is not None, reason=f"the backend cannot lower here: {REASON}"
+)
+
+
+@pytest.fixture(scope="module")
+def nv():
+    """NVIDIA's package, lowering deviceless: its graph asks a device for a default handle
+    unless given a device_property, which needs a GPU to make; without a handle its
+    backend graph lowers and validates on the arch named by sm_version / sm_count."""
+    cudnn = pytest.importorskip("cudnn")
+    classic = pytest.importorskip("cudnn._pygraph")
+    if not hasattr(classic.pygraph, "_backend_handle_for_lowering"):
+        pytest.skip("this cudnn-frontend has no Python pygraph to compare against")
+    patch = pytest.MonkeyPatch()
+    patch.setattr(classic.pygraph, "_backend_handle_for_lowering", lambda self, kw: None)
+    yield cudnn
+    patch.undo()
+
+
+def new_graph(lib):
+    return lib.pygraph(
+        io_data_type=lib.data_type.HALF,
+        intermediate_data_type=lib.data_type.FLOAT,
+        compute_data_type=lib.data_type.FLOAT,
+        sm_version=90,
+        sm_count=132,
+    )
+
+
+def host_scalar(value):
+    torch = pytest.importorskip("torch")
+    return torch.full((1, 1, 1, 1), value, dtype=torch.float32)
+
+
+# ---------------------------------------------------------------- the programs
+def matmul_relu(lib, g):  # every name left to the graph: node, input and output labels
+    A = g.tensor(dim=[1, 64, 32], stride=[2048, 32, 1])
+    B = g.tensor(dim=[1, 32, 16], stride=[512, 16, 1])
+    g.relu(g.add(g.matmul(A, B), g.matmul(A, B))).set_output(True)
+
+
+def scalar_float(lib, g):
+    A = g.tensor(dim=[1, 64, 32], stride=[2048, 32, 1], name="A")
+    g.mul(A, g.tensor_scalar(1e-5, lib.scalar_type.RUNTIME_PARAM)).set_output(True)
+
+
+def scalar_int(lib, g):
+    A = g.tensor(dim=[1, 64, 32], stride=[2048, 32, 1], name="A", data_type=lib.data_type.INT32)
+    g.add(A, g.tensor_scalar(3, lib.scalar_type.RUNTIME_PARAM)).set_output(True)
+
+
+def user_uids(lib, g):  # a caller uid taken at tensor() and by set_uid later
+    A = g.tensor(dim=[1, 64, 32], stride=[2048, 32, 1], uid=7)
+    B = g.tensor(dim=[1, 32, 16], stride=[512, 16, 1])
+    B.set_uid(1)
+    C = g.tensor(dim=[1, 32, 16], stride=[512, 16, 1])
+    g.add(g.matmul(A, B), g.matmul(A, C)).set_output(True)
+
+
+def rmsnorm(lib, g):  # sample 29
+    x = g.tensor([4096, 128, 1, 1], [128, 1, 128, 128]).set_name("X")
+    scale = g.tensor([1, 128, 1, 1], [128, 1, 128, 128]).set_name("scale")
+    bias = g.tensor([1, 128, 1, 1], [128, 1, 128, 128]).set_name("bias")
+    eps = g.tensor_like(host_scalar(1e-3)).set_name("epsilon")
+    out, inv_var = g.rmsnorm(
+        name="rmsnorm",
+        input=x,
+        norm_forward_phase=lib.norm_forward_phase.TRAINING,
+        scale=scale,
+        bias=bias,
+        epsilon=eps,
+    )
+    out.set_name("output").set_output(True).set_data_type(lib.data_type.HALF)
+    inv_var.set_name("inv_var").set_output(True).set_data_type(lib.data_type.FLOAT)
+
+
+def rmsnorm_backward(lib, g):  # sample 29: outputs named ::DX, ::Dscale, ::Dbias
+    dy = g.tensor([4096, 128, 1, 1], [128, 1, 128, 128])
+    x = g.tensor([4096, 128, 1, 1], [128, 1, 128, 128], name="x")
+    scale = g.tensor([1, 128, 1, 1], [128, 1, 128, 128], name="scale")
+    inv_var = g.tensor([4096, 1, 1, 1], [1, 1, 1, 1], data_type=lib.data_type.FLOAT, name="inv_var")
+    for t in g.rmsnorm_backward(
+        name="d_rmsnorm", grad=dy, input=x, scale=scale, inv_variance=inv_var, has_dbias=True
+    ):
+        t.set_output(True).set_data_type(lib.data_type.HALF)
+
+
+def batchnorm(lib, g):  # sample 30
+    N, C, H, W = 4, 16, 56, 56
+    F = lib.data_type.FLOAT
+    nhwc = [C * H * W, 1, W * C, C]
+    x = g.tensor([N, C, H, W], nhwc)
+    scale, bias, mean_in, var_in = (
+        g.tensor([1, C, 1, 1], [C, 1, C, C], data_type=F) for _ in range(4)
+    )
+    eps = g.tensor_like(host_scalar(1e-3))
+    momentum = g.tensor_like(host_scalar(0.1))
+    comparison = g.tensor_like(x)
+    y, mean, inv_var, run_mean, run_var = g.batchnorm(
+        name="BN",
+        input=x,
+        scale=scale,
+        bias=bias,
+        in_running_mean=mean_in,
+        in_running_var=var_in,
+        epsilon=eps,
+        momentum=momentum,
+    )
+    y = g.relu(name="relu", input=y)
+    mask = g.cmp_gt(name="cmp", input=y, comparison=comparison)
+    y.set_output(True)
+    for t in (mean, inv_var, run_mean, run_var):
+        t.set_output(True).set_data_type(F)
+    mask.set_output(True).set_data_type(lib.data_type.BOOLEAN)
+
+
+def instancenorm(lib, g):  # sample 31: statistics named ::MEAN, ::INV_VARIANCE
+    N, C, H, W = 4, 32, 16, 16
+    x = g.tensor([N, C, H, W], [C * H * W, 1, W * C, C]).set_name("X")
+    scale = g.tensor([1, C, 1, 1], [C, 1, C, C]).set_name("scale")
+    bias = g.tensor([1, C, 1, 1], [C, 1, C, C]).set_name("bias")
+    eps = g.tensor_like(host_scalar(1e-5)).set_name("epsilon")
+    out, mean, inv_var = g.instancenorm(
+        name="instancenorm",
+        input=x,
+        scale=scale,
+        bias=bias,
+        epsilon=eps,
+        norm_forward_phase=lib.norm_forward_phase.TRAINING,
+    )
+    out.set_output(True)
+    mean.set_output(True).set_data_type(lib.data_type.FLOAT)
+    inv_var.set_output(True).set_data_type(lib.data_type.FLOAT)
+
+
+def instancenorm_fusion(lib, g):  # sample 32: inference, + add + relu
+    N, C, H, W = 4, 32, 16, 16
+    x = g.tensor([N, C, H, W], [C * H * W, 1, W * C, C]).set_name("X")
+    scale = g.tensor([1, C, 1, 1], [C, 1, C, C]).set_name("scale")
+    bias = g.tensor([1, C, 1, 1], [C, 1, C, C]).set_name("bias")
+    eps = g.tensor_like(host_scalar(1e-5)).set_name("epsilon")
+    a = g.tensor_like(x).set_name("A")
+    y, mean, inv_var = g.instancenorm(
+        name="in_fwd",
+        input=x,
+        scale=scale,
+        bias=bias,
+        epsilon=eps,
+        norm_forward_phase=lib.norm_forward_phase.INFERENCE,
+    )
+    assert mean is None and inv_var is None
+    total = g.add(y, a, name="add").set_name("sum")
+    g.relu(total).set_name("sum").set_output(True).set_data_type(lib.data_type.HALF)
+
+
+def slice_relu(lib, g):  # slice's output takes the input's dtype
+    x = g.tensor([4, 64, 32], [64 * 32, 32, 1], name="x")
+    s = g.slice(input=x, slices=[slice(0, 4), slice(0, 32), slice(0, 32)])
+    g.relu(s).set_output(True)
+
+
+def conv(lib, g):
+    X = g.tensor([8, 64, 16, 16], [64 * 256, 1, 64 * 16, 64], name="X")
+    W = g.tensor([32, 64, 3, 3], [64 * 9, 1, 64 * 3, 64], name="W")
+    g.conv_fprop(X, W, padding=[1, 1], stride=[1, 1], dilation=[1, 1]).set_output(True)
+
+
+def genstats(lib, g):  # outputs named ::SUM, ::SQ_SUM
+    x = g.tensor([8, 32, 4, 4], [512, 1, 128, 32], name="x")
+    for t in g.genstats(input=x):
+        t.set_output(True).set_data_type(lib.data_type.FLOAT)
+
+
+def reduction(lib, g):
+    x = g.tensor([8, 32, 4, 4], [512, 16, 4, 1], name="x")
+    y = g.reduction(input=x, mode=lib.reduction_mode.ADD)
+    y.set_dim([8, 32, 1, 1]).set_output(True).set_data_type(lib.data_type.FLOAT)
+
+
+PROGRAMS = [
+    matmul_relu,
+    scalar_float,
+    scalar_int,
+    user_uids,
+    rmsnorm,
+    rmsnorm_backward,
+    batchnorm,
+    instancenorm,
+    instancenorm_fusion,
+    slice_relu,
+    conv,
+    genstats,
+    reduction,
+]
+
+
+def lowered_json(g):
+    """The backend graph's own JSON (its repr) of a validated graph, less its process id."""
+    backend = g._lowered.backend if isinstance(g, ours.pygraph) else g._lowered_graph
+    doc = json.loads(repr(backend))
+    doc.pop("gid", None)
+    return doc
+
+
+@needs_backend
+@pytest.mark.parametrize("program", PROGRAMS, ids=[p.__name__ for p in PROGRAMS])
+def test_program_lowers_to_the_classic_backend_graph_and_key(nv, program):
+    """Same program, same backend graph: node and tensor names (`relu.0::OUT_0`,
+    `tensor_1`, `in::INV_VARIANCE`), uids, scalar types and dtypes, hence the same key()."""
+    theirs, mine = new_graph(nv), new_graph(ours)
+    program(nv, theirs)
+    program(ours, mine)
+    theirs.validate()
+    mine.validate()
+    assert lowered_json(mine) == lowered_json(theirs)
+    assert mine.key() == theirs.key()
+
+
+def test_auto_names_follow_the_classic_scheme():
+    g = new_graph(ours)
+    A = g.tensor([1, 8, 8])
+    B = g.tensor([1, 8, 8], name="B")
+    C = g.matmul(A, B)
+    D = g.relu(C)
+    E = g.relu(D, name="mine")
+    s = g.tensor_scalar(2.0)
+    ln = g.layernorm(
+        norm_forward_phase=ours.norm_forward_phase.TRAINING,
+        input=g.tensor([4, 8, 1, 1]),
+        scale=g.tensor([1, 8, 1, 1]),
+        bias=g.tensor([1, 8, 1, 1]),
+        epsilon=s,
+    )
+    assert (A.name, B.name, C.name, D.name, E.name) == (
+        "tensor_0",
+        "B",
+        "matmul.0::C",
+        "relu.0::OUT_0",
+        "mine::OUT_0",
+    )
+    assert [n.name for n in g.nodes] == ["matmul.0", "relu.0", "mine", "layernorm.0"]
+    assert s.name == "scalar_5"
+    assert [t.name for t in ln] == [
+        "layernorm.0::Y",
+        "layernorm.0::MEAN",
+        "layernorm.0::INV_VARIANCE",
+    ]
+
+
+@needs_backend
+@pytest.mark.parametrize("value", [1e-5, 3, 2**40, True], ids=["float", "int", "int64", "bool"])
+def test_tensor_scalar_dtype_is_what_the_backend_stores(value):
+    """The IR's dtype of a graph-held scalar equals the one the backend's tensor_scalar
+    stores for the same Python value (a float is a DOUBLE, not a FLOAT)."""
+    fe = lowering.frontend()
+    backend = fe.builder(io_data_type=fe.module.data_type.HALF, sm_version=90, sm_count=132)
+    stored = backend.tensor_scalar(value, fe.module.scalar_type.RUNTIME_PARAM).get_data_type()
+    g = new_graph(ours)
+    assert g.tensor_scalar(value).data_type.name == stored.name
+
+
+@pytest.mark.parametrize("value", ["1e-5", None, 1j])
+def test_tensor_scalar_refuses_a_non_number(value):
+    g = new_graph(ours)
+    with pytest.raises(TypeError, match="tensor_scalar"):
+        g.tensor_scalar(value)
+    assert g.tensors == ()
+
+
+def test_tensor_like_of_a_host_tensor_is_pass_by_value(nv):
+    """As classic: a CPU framework tensor (a norm's epsilon) is a host scalar the backend
+    reads by value; one of the graph's tensors passes its flag on."""
+    for lib in (nv, ours):
+        g = new_graph(lib)
+        eps = g.tensor_like(host_scalar(1e-3))
+        x = g.tensor([2, 4])
+        assert eps.is_pass_by_value is True
+        assert g.tensor_like(eps).is_pass_by_value is True
+        assert g.tensor_like(x).is_pass_by_value is False
