@@ -296,3 +296,83 @@ def test_tensor_like_of_a_host_tensor_is_pass_by_value(nv):
         assert eps.is_pass_by_value is True
         assert g.tensor_like(eps).is_pass_by_value is True
         assert g.tensor_like(x).is_pass_by_value is False
+
+
+# ---------------------------------------------------------------- hostile input
+def _sdpa_zero_head_dim(g):
+    q = g.tensor([1, 2, 8, 0])
+    kv = g.tensor([1, 0, 8, 0])
+    g.sdpa(q, kv, kv, attn_scale=0.1)
+
+
+def _gdn_zero_heads(g):
+    T, H, K = 64, 0, 64
+    q = g.tensor([T, H, K], data_type=ours.data_type.BFLOAT16)
+    gate = g.tensor([T, H], data_type=ours.data_type.FLOAT)
+    cu = g.tensor([2], data_type=ours.data_type.INT32)
+    g.gdn(q, q, q, gate, gate, cu)
+
+
+def _conv_stride_zero(g):
+    g.conv_fprop(g.tensor([1, 4, 8, 8]), g.tensor([4, 4, 3, 3]), stride=[0, 1])
+
+
+@pytest.mark.parametrize(
+    ("build", "match"),
+    [
+        (_sdpa_zero_head_dim, "dims must be positive"),
+        (_gdn_zero_heads, "dims must be positive"),
+        (
+            _conv_stride_zero,
+            r"conv_fprop node 'conv_fprop.0': stride: every entry must be positive",
+        ),
+    ],
+    ids=["sdpa-head-dim-0", "gdn-heads-0", "conv-stride-0"],
+)
+def test_zero_extents_are_classic_errors_not_zero_division(build, match):
+    """The builder call returns (its inference cannot answer yet) and validate() raises
+    the classic error naming the tensor or the attribute."""
+    g = ours.pygraph(io_data_type=ours.data_type.HALF)
+    build(g)
+    with pytest.raises(ours.cudnnGraphNotSupportedError, match=match):
+        g.validate()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"stride": [1, "x"]}, {"data_type": "NOPE"}, {"ragged_offset": 3}, {"uid": -4}, {"uid": "7"}],
+    ids=["stride", "data_type", "ragged_offset", "uid-negative", "uid-text"],
+)
+def test_a_refused_tensor_call_leaves_the_graph_as_it_was(kwargs):
+    g = ours.pygraph(io_data_type=ours.data_type.HALF)
+    first = g.tensor([2, 2], name="first")
+    with pytest.raises((TypeError, ValueError)):
+        g.tensor([2, 2], **kwargs)
+    assert g.tensors == (first,)
+    assert g.tensor_by_uid(first.uid) is first
+    assert g.tensor([2, 2]).name == "tensor_1"  # the refused call left no label behind
+
+
+def test_a_user_uid_taken_by_another_user_uid_is_refused_and_nothing_is_added():
+    g = ours.pygraph(io_data_type=ours.data_type.HALF)
+    a = g.tensor([2], uid=5)
+    with pytest.raises(ValueError, match="uid 5"):
+        g.tensor([2], uid=5)
+    assert g.tensors == (a,)
+
+
+def test_tensor_fields_cannot_be_deleted():
+    t = ours.pygraph(io_data_type=ours.data_type.HALF).tensor([2, 3])
+    for field in ("stride", "dim", "uid", "name"):
+        with pytest.raises(AttributeError, match="cannot be deleted"):
+            delattr(t, field)
+    assert t.stride == (3, 1)
+
+
+def test_backend_options_are_read_only():
+    g = ours.pygraph(sm_version=90)
+    with pytest.raises(TypeError):
+        g.backend_options["sm_version"] = 100
+    with pytest.raises(AttributeError):
+        g.backend_options = {}
+    assert g.backend_options["sm_version"] == 90

@@ -107,6 +107,9 @@ def _conv_fprop(node):
     post = per_dim("post_padding", 0) if a["post_padding"] else per_dim("padding", 0)
     stride = per_dim("stride", 1)
     dil = per_dim("dilation", 1)
+    for name, values in (("stride", stride), ("dilation", dil)):
+        if any(v <= 0 for v in values):
+            node.fail(name, f"every entry must be positive, got {list(values)}")
     out = []
     for i in range(spatial):
         extent = x[2 + i] + pre[i] + post[i] - dil[i] * (w[2 + i] - 1) - 1
