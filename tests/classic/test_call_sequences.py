@@ -376,3 +376,177 @@ def test_backend_options_are_read_only():
     with pytest.raises(AttributeError):
         g.backend_options = {}
     assert g.backend_options["sm_version"] == 90
+
+
+# ---------------------------------------------------------------- plan-list call sequences
+# The plan side runs against stand-in engines and a stand-in backend peer (tests/fakes):
+# its four entries are the delegating one, eng7 and eng9 (mode A), then eng3 and eng7
+# (FALLBACK); a plan's execute records the buffers it was handed.
+@pytest.fixture
+def stand_ins(monkeypatch):
+    from fakes import dispatch_engines as fakes
+    from test_dispatch import AB, family
+
+    from cudnn_pygraph.backend import adapter
+    from cudnn_pygraph.planning import manifest
+
+    fakes.BEHAVIOUR.clear()
+    fakes.CALLS.clear()
+    monkeypatch.setattr(adapter, "BACKEND", fakes.FakeBackend())
+    monkeypatch.setattr(adapter, "lower_for_validation", lambda g: None)
+    monkeypatch.setattr(adapter, "finalize_layout", lambda g: None)
+    with manifest.use_families([family(AB)]):
+        yield fakes
+
+
+def gemm_graph():
+    from test_dispatch import gemm_graph as build
+
+    return build()
+
+
+def built_names(fakes):
+    return [
+        c[1] if c[1] != "backend" else f"eng{c[2]}" for c in fakes.CALLS if c[0] == "build_plan"
+    ]
+
+
+def test_plan_count_is_zero_before_planning(nv):
+    for lib in (nv, ours):
+        g = new_graph(lib)
+        g.relu(g.tensor([2, 2])).set_output(True)
+        assert g.get_execution_plan_count() == 0
+
+
+def test_plans_is_a_snapshot(stand_ins):
+    g = gemm_graph()
+    g.create_execution_plans([ours.heur_mode.A])
+    plans = g.plans
+    assert isinstance(plans, tuple) and len(plans) == g.get_execution_plan_count()
+    with pytest.raises(AttributeError):
+        plans.append(plans[0])
+
+
+@pytest.mark.parametrize(
+    "before_planning", [True, False], ids=["before-planning", "after-planning"]
+)
+def test_deselect_engines_bars_backend_engines_by_name(stand_ins, before_planning):
+    g = gemm_graph()
+    if before_planning:
+        g.deselect_engines(["eng7", "fake_a"])
+    g.create_execution_plans([ours.heur_mode.A, ours.heur_mode.FALLBACK])
+    if not before_planning:
+        g.deselect_engines(["eng7", "fake_a"])
+    names = [g.get_plan_name_at_index(i) for i in range(g.get_execution_plan_count())]
+    barred = [i for i, n in enumerate(names) if "eng7" in n or "fake_a" in n]
+    assert len(barred) >= 2  # fake_a and eng7
+    g.build_plans(ours.build_plan_policy.ALL)
+    built = built_names(stand_ins)
+    assert "eng7" not in built and "fake_a" not in built and "eng9" in built
+    with pytest.raises(ours.cudnnGraphNotSupportedError, match="deselect_engines"):
+        g.build_plan_at_index(barred[0])
+
+
+def test_deselect_engines_refuses_a_bare_string(stand_ins):
+    with pytest.raises(TypeError, match="list of engine names"):
+        gemm_graph().deselect_engines("eng7")
+
+
+def test_check_support_raises_only_when_no_plan_is_supported(stand_ins):
+    g = gemm_graph()
+    g.create_execution_plans([ours.heur_mode.A])
+    g.check_support()  # the walk has supported plans: silent, as classic
+    everything = [
+        g.get_plan_name_at_index(i).split("[")[0] for i in range(g.get_execution_plan_count())
+    ]
+    g.deselect_engines(everything)
+    with pytest.raises(
+        ours.cudnnGraphNotSupportedError, match="no plan is supported: #0 .*deselected"
+    ):
+        g.check_support()
+
+
+def test_check_support_names_a_declining_pinned_plan(stand_ins):
+    g = gemm_graph()
+    g.create_execution_plans([ours.heur_mode.A])
+    index = next(
+        i for i in range(g.get_execution_plan_count()) if "fake_b" in g.get_plan_name_at_index(i)
+    )
+    stand_ins.BEHAVIOUR["fake_b"] = {"decline": NotImplementedError("no tensor cores today")}
+    g.select_plan(index)
+    with pytest.raises(ours.cudnnGraphNotSupportedError, match="fake_b.*no tensor cores today"):
+        g.check_support()
+
+
+@pytest.mark.parametrize(
+    "sequence", ["build", "plans-check-build", "plans-build", "build_plans-only"]
+)
+def test_classic_build_sequences_reach_the_same_plan(stand_ins, sequence):
+    g = gemm_graph()
+    if sequence == "build":
+        g.build([ours.heur_mode.A])
+    elif sequence == "build_plans-only":
+        g.build_plans()  # plans first (heur_mode.A), as classic
+    else:
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([ours.heur_mode.A])
+        if sequence == "plans-check-build":
+            g.check_support()
+        g.build_plans(ours.build_plan_policy.HEURISTICS_CHOICE)
+    assert g.state == "built" and g.selected_plan == 0
+    assert g.get_plan_name_at_index(0) == "fake_a[MMA_TILE_M=128, NUM_WARPS=4]"
+
+
+def test_build_keeps_an_existing_plan_list(stand_ins):
+    g = gemm_graph()
+    g.create_execution_plans([ours.heur_mode.A])
+    g.select_plan(1)
+    g.build()  # does not plan again (classic: a second planning is refused)
+    assert g.selected_plan == 1
+
+
+def _executed(fakes):
+    return [{name: ptr for name, ptr in c[2]} for c in fakes.CALLS if c[0] == "execute"]
+
+
+@pytest.mark.parametrize("keying", ["tensor", "uid", "name", "with-none"])
+def test_execute_keys_as_classic(stand_ins, keying):
+    g = gemm_graph()
+    g.build([ours.heur_mode.A])
+    A, B = (t for t in g.tensors if t.name in ("A", "B"))
+    C = next(t for t in g.tensors if t.name == "C")
+    buffers = {A: 0x1000, B: 0x2000, C: 0x3000}
+    if keying == "uid":
+        pack = {t.uid: p for t, p in buffers.items()}
+    elif keying == "name":
+        pack = {t.name: p for t, p in buffers.items()}
+    else:
+        pack = dict(buffers)
+        if keying == "with-none":
+            pack[None] = 0x9000  # an optional tensor the caller did not create
+    for _ in range(2):  # the first call, then the installed hot path
+        g.execute(pack)
+    assert _executed(stand_ins) == [{"A": 0x1000, "B": 0x2000, "C": 0x3000}] * 2
+
+
+def test_execute_drops_a_binding_of_a_tensor_that_is_no_operand(stand_ins):
+    g = gemm_graph()
+    g.build([ours.heur_mode.A])
+    named = {t.name: t for t in g.tensors}
+    virtual = next(t for t in g.tensors if t.is_virtual)
+    pack = {named["A"]: 0x1000, named["B"]: 0x2000, named["C"]: 0x3000, virtual: 0x4000}
+    g.execute(pack)
+    assert _executed(stand_ins) == [{"A": 0x1000, "B": 0x2000, "C": 0x3000}]
+
+
+def test_execute_refuses_an_unknown_or_ambiguous_name(stand_ins):
+    from cudnn_pygraph.runtime.variant_pack import UnknownOperandError
+
+    g = gemm_graph()
+    g.build([ours.heur_mode.A])
+    named = {t.name: t for t in g.tensors}
+    with pytest.raises(LookupError, match="'nope': no tensor is named so"):
+        g.execute({"nope": 1, named["B"]: 2, named["C"]: 3})
+    with pytest.raises(UnknownOperandError):
+        g.execute({named["A"]: 1, named["B"]: 2, named["C"]: 3, 999: 4})

@@ -348,17 +348,30 @@ class pygraph:  # noqa: N801 — the classic public name
         classic_parity.bar_python_plans(self)  # filters set before planning
 
     def check_support(self):
-        if not self._state.planned:
-            raise GraphStateError("check_support(): create_execution_plans() first")
-
-    def build_plans(self, policy=None):
+        """Raise cudnnGraphNotSupportedError when no plan the build walk would try is
+        supported (backend/classic_parity.py check_support)."""
         from ..backend import classic_parity
 
+        if not self._state.planned:
+            raise GraphStateError("check_support(): create_execution_plans() first")
+        classic_parity.check_support(self)
+
+    def build_plans(self, policy=None):
+        """Walk the plan list and build the first plan that builds (policy ALL: every
+        one). An unplanned graph is planned first with heur_mode.A, as classic."""
+        from ..backend import classic_parity
+
+        if self._planning is None:
+            self.create_execution_plans()
         classic_parity.build_within_limits(self, policy)
 
     def build(self, modes=(heur_mode.A,)):
+        """The classic one-shot helper: validate, plan with `modes` (unless planned),
+        check_support, build_plans."""
         self.validate()
-        self.create_execution_plans(modes)
+        if self._planning is None:
+            self.create_execution_plans(modes)
+        self.check_support()
         self.build_plans()
 
     # the ONE ranked plan list and the classic at-index calls that address it
@@ -388,6 +401,7 @@ class pygraph:  # noqa: N801 — the classic public name
     def build_plan_at_index(self, index):
         from ..backend import classic_parity
 
+        self._refuse_barred(index, "build_plan_at_index")
         self._require_planning().build_at(index)
         reason = classic_parity.over_limit(self, index)
         if reason is not None:
@@ -413,7 +427,20 @@ class pygraph:  # noqa: N801 — the classic public name
         create_execution_plan(self, engine_id, knobs or {})
 
     def deselect_engines(self, names):
-        self._require_planning().deselect_engines(names)
+        """Exclude every plan whose name contains one of `names` (classic: by substring;
+        a backend plan is `cudnn_backend:eng<id>[...]`, so "eng7" bars engine 7). Before
+        or after planning; forwarded to the backend."""
+        from ..backend import classic_parity
+
+        classic_parity.deselect_engines(self, names)
+
+    def _refuse_barred(self, index, where):
+        record = self._require_planning()
+        record._check_index(index)
+        why = record.barred(index)
+        if why is not None:
+            raise cudnnGraphNotSupportedError(f"{where}({index}): plan #{index} "
+                                              f"{record.plan_name(index)} is {why}")
 
     # classic plan filters and the backend-plan calls (backend/classic_parity.py says what a
     # python plan answers to each: a documented filter or a clear error)
@@ -533,10 +560,13 @@ class pygraph:  # noqa: N801 — the classic public name
         planning.execute(variant_pack, workspace, handle, override_uids, override_shapes,
                          override_strides)
         runner = planning._runner
-        if runner is not None:
+        if runner is not None and not runner.layout.keys_normalized:
+            # A pack keyed by name or None went through the key normalization, which
+            # the installed closure does not do: such a graph stays on this path.
             self.__dict__["execute"] = runner.call
 
     def execute_plan_at_index(self, variant_pack, workspace, index, handle=None):
+        self._refuse_barred(index, "execute_plan_at_index")
         return self._require_planning().execute(variant_pack, workspace, handle, index=index)
 
     def autotune(self, variant_pack, workspace=None, handle=None, *, warmup=3, reps=10,
