@@ -196,6 +196,23 @@ def reduction(lib, g):
     y.set_dim([8, 32, 1, 1]).set_output(True).set_data_type(lib.data_type.FLOAT)
 
 
+def moe_grouped_matmul(lib, g):  # the output's dims are inferred, never set_dim
+    E, T, H, N, K = 4, 64, 128, 256, 2
+    token = g.tensor([1, T, H], [T * H, H, 1], name="token")
+    weight = g.tensor([E, H, N], [H * N, N, 1], name="weight")
+    offsets = g.tensor([E, 1, 1], [1, 1, 1], data_type=lib.data_type.INT32, name="offsets")
+    index = g.tensor([1, T * K, 1], [T * K, 1, 1], data_type=lib.data_type.INT32, name="index")
+    g.moe_grouped_matmul(token=token, weight=weight, first_token_offset=offsets).set_output(True)
+    g.moe_grouped_matmul(
+        token=token,
+        weight=weight,
+        first_token_offset=offsets,
+        token_index=index,
+        mode=lib.moe_grouped_matmul_mode.GATHER,
+        top_k=K,
+    ).set_output(True)
+
+
 PROGRAMS = [
     matmul_relu,
     scalar_float,
@@ -210,6 +227,7 @@ PROGRAMS = [
     conv,
     genstats,
     reduction,
+    moe_grouped_matmul,
 ]
 
 
@@ -550,3 +568,21 @@ def test_execute_refuses_an_unknown_or_ambiguous_name(stand_ins):
         g.execute({"nope": 1, named["B"]: 2, named["C"]: 3})
     with pytest.raises(UnknownOperandError):
         g.execute({named["A"]: 1, named["B"]: 2, named["C"]: 3, 999: 4})
+
+
+def test_moe_grouped_matmul_output_dims_are_inferred():
+    g = new_graph(ours)
+    moe_grouped_matmul(ours, g)
+    plain, gathered = (n.outputs["output"] for n in g.nodes)
+    assert plain.dim == (1, 64, 256) and gathered.dim == (1, 128, 256)
+
+
+def test_a_tensor_wired_to_no_node_is_no_operand(stand_ins):
+    """Classic binds only the tensors its backend graph holds: one declared and never
+    used is not asked for."""
+    g = gemm_graph()
+    g.tensor([3, 3], name="scratch")  # declared after the ops, wired to nothing
+    g.build([ours.heur_mode.A])
+    named = {t.name: t for t in g.tensors}
+    g.execute({named["A"]: 0x1000, named["B"]: 0x2000, named["C"]: 0x3000})
+    assert _executed(stand_ins) == [{"A": 0x1000, "B": 0x2000, "C": 0x3000}]

@@ -35,9 +35,18 @@ class GraphLayout:
                     required.add(t.uid)
             tensors = sorted(slots, key=lambda t: t.uid)
         else:
-            # A pass-by-value scalar holding its value (tensor_scalar) is filled by the
+            # The tensors lowering hands the backend: every node's inputs and outputs and
+            # their ragged offsets. A tensor declared but wired to no node never reaches
+            # the backend, so it is no slot (classic does not ask for it either). A
+            # pass-by-value scalar holding its value (tensor_scalar) is filled by the
             # graph; one declared without a value is the caller's (a host buffer).
-            tensors = [t for t in sorted(graph.tensors, key=lambda t: t.uid)
+            wired = set()
+            for node in graph.nodes:
+                for t in (*node.input_tensors(), *node.output_tensors()):
+                    wired.add(t)
+                    if t.ragged_offset is not None:
+                        wired.add(t.ragged_offset)
+            tensors = [t for t in sorted(wired, key=lambda t: t.uid)
                        if not t.is_virtual and not (t.is_pass_by_value and t.value is not None)]
             required = {t.uid for t in tensors}
         self.tensors = tensors

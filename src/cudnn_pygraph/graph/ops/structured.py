@@ -2,7 +2,7 @@
 matmul, conv, rope and the layout ops. One row per op: outputs (some conditional) and the
 shape rule; ports, attributes and defaults come from the backend's signatures."""
 
-from ..._types import data_type, norm_forward_phase
+from ..._types import data_type, moe_grouped_matmul_mode, norm_forward_phase
 from ..opspec import Inferred, OpGroup, OpSpec, OutputPort, backend_params
 from . import rules
 from .backend_signatures import SIGNATURES
@@ -140,6 +140,19 @@ def _slice(node):
     return {"output": Inferred(tuple(out), node.inputs["input"].data_type)}
 
 
+# moe_grouped_matmul: which input's rows the output has, by mode (the others: token's).
+_MOE_ROWS = {moe_grouped_matmul_mode.GATHER: "token_index", moe_grouped_matmul_mode.COMBINE: "top_k_scores"}
+
+
+def _moe_grouped_matmul(node):
+    """[1, rows, N]: the rows of token (token_index when gathering, top_k_scores when
+    combining) times weight's N, as the backend infers it."""
+    port = _MOE_ROWS.get(node.attrs["mode"], "token")
+    rows = rules.require_declared(node, port)
+    weight = rules.require_declared(node, "weight")
+    return {"output": Inferred((1, rows[-2], weight[-1]), node.inputs["token"].data_type)}
+
+
 def _reduction(node):
     x = rules.require_declared(node, "input")
     rules.declared_by_caller(node)
@@ -173,7 +186,7 @@ _ROWS = {
     "instancenorm_backward": (("dX", "dscale", "dbias"), _norm_bwd),
     "layernorm": (("Y", ("mean", _training), ("inv_variance", _training)), _norm_fwd(1)),
     "layernorm_backward": (("dX", "dscale", "dbias"), _norm_bwd),
-    "moe_grouped_matmul": (("output",), rules.declared_by_caller),
+    "moe_grouped_matmul": (("output",), _moe_grouped_matmul),
     "moe_grouped_matmul_bwd": (("output",), rules.declared_by_caller),
     "reduction": (("output",), _reduction),
     "reshape": (("output",), rules.declared_by_caller),
