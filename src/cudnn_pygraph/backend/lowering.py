@@ -37,7 +37,7 @@ from .._types import (
     data_type,
     tensor_reordering,
 )
-from ..graph.opspec import PortKind
+from ..graph.opspec import OpGroup, PortKind
 from ..graph.tensor import Tensor
 
 # Backend messages that speak of the machine, not of the graph: the library could not be
@@ -177,7 +177,7 @@ def construct(graph, nodes=None):
         backend = fe.builder(**_context_kwargs(graph, fe))
     except fe.errors as exc:
         raise backend_error(exc, f"graph '{graph.name}': creating the backend graph") from exc
-    builder = _Builder(fe, backend)
+    builder = _Builder(fe, backend, graph)
     for node in graph.nodes if nodes is None else nodes:
         builder.lower_node(node)
     result = LoweredGraph(fe, backend, builder.made, graph.name)
@@ -219,9 +219,10 @@ def _context_kwargs(graph, fe):
 class _Builder:
     """One lowering pass: our tensors -> backend tensors (uid -> backend tensor)."""
 
-    def __init__(self, fe, backend):
+    def __init__(self, fe, backend, graph):
         self.fe = fe
         self.backend = backend
+        self.graph = graph
         self.made = {}
 
     # ---- tensors
@@ -278,6 +279,11 @@ class _Builder:
         elif port.dtype_like is not None and node.inputs.get(port.dtype_like) is not None:
             source = node.inputs[port.dtype_like].data_type
             theirs.set_data_type(backend_enum(self.fe, source))
+        elif node.spec.group is OpGroup.SDPA and ours.data_type != data_type.NOT_SET:
+            # The backend leaves an sdpa output's dtype unset (every other op's it infers
+            # from the graph context); classic pushes it (O the io type, Stats FLOAT), and
+            # key() hashes it, so the validated IR's dtype is pushed.
+            theirs.set_data_type(backend_enum(self.fe, ours.data_type))
         if ours.ragged_offset is not None:
             theirs.set_ragged_offset(self.tensor(ours.ragged_offset))
         if ours.ragged_offset_multiplier != 1:
@@ -312,7 +318,13 @@ class _Builder:
         kw = {}
         for p in node.spec.params:
             v = node.attrs.get(p.name) if p.kind is PortKind.ATTR else node.inputs.get(p.name)
-            if not p.required and _is_default(v, p.default):
+            if p.name == "compute_data_type" and _is_default(v, p.default):
+                # Classic hands every node the graph's compute type when the call named
+                # none; the backend copies it into the node (key() hashes it).
+                v = self.graph.compute_data_type
+                if v == data_type.NOT_SET:
+                    continue
+            elif not p.required and _is_default(v, p.default):
                 continue
             where = f"{node.op} node '{node.name}': {p.name}"
             try:
