@@ -9,6 +9,7 @@ The programs follow NVIDIA's own samples (samples/python 29_rmsnorm, 30_batchnor
 the host epsilon through tensor_like of a CPU tensor, as the samples do."""
 
 import json
+import typing
 
 import pytest
 
@@ -628,3 +629,84 @@ def test_a_tensor_wired_to_no_node_is_no_operand(stand_ins):
     named = {t.name: t for t in g.tensors}
     g.execute({named["A"]: 0x1000, named["B"]: 0x2000, named["C"]: 0x3000})
     assert _executed(stand_ins) == [{"A": 0x1000, "B": 0x2000, "C": 0x3000}]
+
+
+# ---------------------------------------------------------------- backend notes
+class _Member:
+    def __init__(self, name):
+        self.name = name
+
+
+class CppLikeBackendGraph:
+    """The backend graph's plan list as plans.h keeps it: each heuristics query appends
+    its engine configs, then appends the notes of ALL configs to the note list (so after
+    the second query, plan i's notes are no longer at i)."""
+
+    CONFIGS: typing.ClassVar = {
+        "A": [(7, ("SUPPORTS_CUDA_GRAPH_NATIVE_API",)), (9, ())],
+        "FALLBACK": [
+            (3, ("RUNTIME_COMPILATION",)),
+            (8, ("RUNTIME_COMPILATION", "CUBLASLT_DEPENDENCY")),
+        ],
+    }
+
+    def __init__(self):
+        self.configs, self.notes = [], []
+
+    def get_execution_plan_count(self):
+        return len(self.configs)
+
+    def create_execution_plans(self, modes):
+        for mode in modes:
+            self.configs += self.CONFIGS[mode.name]
+        self.notes += [notes for _, notes in self.configs]  # query_properties
+
+    def create_execution_plan(self, engine_id, knobs):
+        self.configs.append((engine_id, ("RUNTIME_COMPILATION",)))
+        self.notes += [notes for _, notes in self.configs]
+
+    def get_engine_and_knobs_at_index(self, index):
+        return self.configs[index][0], {}
+
+    def get_behavior_notes_for_plan_at_index(self, index):
+        return [_Member(n) for n in self.notes[index]]
+
+
+def _lowered_stand_in(g):
+    import threading
+    import types
+
+    from cudnn_pygraph.backend.lowering import LoweredGraph
+
+    heur = types.SimpleNamespace(__members__={m.name: m for m in ours.heur_mode})
+    fe = types.SimpleNamespace(module=types.SimpleNamespace(heur_mode=heur), errors=(RuntimeError,))
+    lg = LoweredGraph(fe, CppLikeBackendGraph(), {}, g.name)
+    lg.operation_graph = True
+    lg.lock = threading.Lock()
+    g.__dict__["_lowered"] = lg
+    return lg
+
+
+@needs_backend
+def test_backend_notes_are_each_plans_own_across_heuristic_modes(monkeypatch):
+    """Planned one mode at a time, every backend entry answers its own engine config's
+    notes: FALLBACK's runtime-compiled engines say RUNTIME_COMPILATION."""
+    from cudnn_pygraph.backend import adapter
+    from cudnn_pygraph.planning import manifest
+
+    monkeypatch.setattr(adapter, "lower_for_validation", lambda g: None)
+    monkeypatch.setattr(adapter, "finalize_layout", lambda g: None)
+    g = new_graph(ours)
+    g.relu(g.tensor([1, 8, 8])).set_output(True)
+    backend = _lowered_stand_in(g).backend
+    with manifest.use_families([]):
+        g.create_execution_plans([ours.heur_mode.A, ours.heur_mode.FALLBACK])
+    answered = {}
+    for i, plan in enumerate(g.plans):
+        if plan.cpp_index is not None:
+            notes = g.get_behavior_notes_for_plan_at_index(i)
+            answered[plan.engine_id] = sorted(n.name for n in notes)
+    expected = {
+        eid: sorted(notes) for configs in backend.CONFIGS.values() for eid, notes in configs
+    }
+    assert answered == expected
