@@ -103,7 +103,7 @@ def planned_graph(device=None):
     """(graph, variant pack): the small demo gdn graph planned against the stand-ins."""
     ex = gdn_example()
     if device is not None:
-        ex.graph.backend_options["device_property"] = device
+        ex.graph._backend_options["device_property"] = device
     gen = torch.Generator().manual_seed(0)
     pack = {t: make(torch, "cpu", gen) for t, make in ex.inputs.items()}
     pack[ex.output] = torch.full(tuple(ex.output.dim), float("nan"), dtype=torch.float16)

@@ -234,8 +234,9 @@ def test_buffers_reach_the_engine_in_port_order():
 def test_bad_input_is_named():
     with manifest.use_families([family(AB)]):
         g = gemm_graph()
+        assert g.get_execution_plan_count() == 0  # classic: no plans yet, not an error
         with pytest.raises(cudnn.GraphStateError, match="create_execution_plans"):
-            g.get_execution_plan_count()
+            g.get_plan_name_at_index(0)
         g.create_execution_plans([heur_mode.A])
         with pytest.raises(cudnn.GraphStateError, match="already called"):
             g.create_execution_plans([heur_mode.A])

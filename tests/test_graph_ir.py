@@ -82,10 +82,10 @@ def test_torch_dtypes_and_sizes_are_accepted():
 @pytest.mark.parametrize(
     "build,match",
     [
-        (lambda g, t: g.matmul(t([1, 4, 8]), t([1, 4, 8])), "matmul node 'matmul_0': B: K mismatch"),
-        (lambda g, t: g.add(t([2, 3]), t([2, 4])), "add node 'add_0': b: dim 1"),
+        (lambda g, t: g.matmul(t([1, 4, 8]), t([1, 4, 8])), "matmul node 'matmul.0': B: K mismatch"),
+        (lambda g, t: g.add(t([2, 3]), t([2, 4])), "add node 'add.0': b: dim 1"),
         (lambda g, t: g.sdpa(t([1, 2, 8, 60]), t([1, 2, 8, 60]), t([1, 2, 8, 60])),
-         "sdpa node 'sdpa_0': q: head dims d_qk=60, d_v=60 must be multiples of 8"),
+         "sdpa node 'sdpa.0': q: head dims d_qk=60, d_v=60 must be multiples of 8"),
         (lambda g, t: g.sdpa(t([1, 3, 8, 64]), t([1, 2, 8, 64]), t([1, 2, 8, 64])), "k: h_q=3 is not a multiple"),
         (lambda g, t: g.transpose(t([2, 3]), [0, 0]), "permutation"),
     ],

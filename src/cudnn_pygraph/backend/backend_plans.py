@@ -69,6 +69,8 @@ def plan_entries(graph, modes):
                 continue
             succeeded = True
             after = backend.get_execution_plan_count()
+            if mode is not heur_mode.OPENSOURCE:  # OPENSOURCE queries no heuristics
+                note_span(lg, before, after)
             for index in range(before, after):
                 entries.append(_entry_at(lg, index, mode))
             outcome[mode] = f"ok: {after - before} plans"
@@ -77,6 +79,17 @@ def plan_entries(graph, modes):
         # Note filters mark indices into the backend's plan list: it exists only now.
         classic_parity.forward_to_backend(graph)
     return entries, outcome
+
+
+def note_span(lg, before, after):
+    """Record where the notes of the backend plans [before, after) landed. The backend's
+    heuristics query (create_execution_plans per mode, create_execution_plan) appends the
+    notes of ALL its `after` engine configs to its note lists, so the new plans' notes
+    follow the `notes_appended` entries earlier queries left there, and the note query at
+    cpp_index i reads plan i's notes only for the first query."""
+    for index in range(before, after):
+        lg.note_index[index] = lg.notes_appended + index
+    lg.notes_appended += after
 
 
 def _entry_at(lg, index, mode):
@@ -111,6 +124,7 @@ def replay_entry(graph, engine_id, knobs):
         except fe.errors as exc:
             raise backend_error(exc, f"create_execution_plan({engine_id})") from exc
         index = backend.get_execution_plan_count() - 1
+        note_span(lg, index, index + 1)
     return PlanConfig(int(engine_id), frozenset(dict(knobs).items()), None, index)
 
 

@@ -46,6 +46,7 @@ class PlanFilters:
 
     notes: list = dataclasses.field(default_factory=list)  # (kind, note, keep)
     workspace_limit: int | None = None
+    engine_names: list = dataclasses.field(default_factory=list)  # deselect_engines
 
 
 def filters_of(graph):
@@ -99,10 +100,12 @@ def _engine_notes(engine, kind):
 
 
 def bar_python_plans(graph):
-    """Apply the recorded note filters to the python plans of the graph's list."""
+    """Apply the recorded filters to the graph's list: engine names to every plan, note
+    filters to the python plans."""
     filters, record = filters_of(graph), graph._planning
-    if filters is None or record is None or not filters.notes:
+    if filters is None or record is None:
         return
+    record.deselect_engines(filters.engine_names)
     for i, plan in enumerate(record.plans):
         if engine_ids.is_backend_id(plan.engine_id):
             continue  # the backend filters its own entries
@@ -127,6 +130,8 @@ def forward_to_backend(graph):
     backend, fe = lg.backend, lg.fe
     with lg.lock:
         try:
+            if filters.engine_names:
+                backend.deselect_engines(list(filters.engine_names))
             if filters.workspace_limit is not None:
                 backend.deselect_workspace_greater_than(int(filters.workspace_limit))
             if filters.notes and backend.get_execution_plan_count() > 0:
@@ -135,6 +140,78 @@ def forward_to_backend(graph):
                     getattr(backend, method)([backend_enum(fe, note)])
         except fe.errors as exc:
             raise backend_error(exc, "plan filters") from exc
+
+
+# ---------------------------------------------------------------- engines by name
+def deselect_engines(graph, names):
+    """Classic deselect_engines(names): a plan whose name contains any of `names` is not
+    built (python plans by engine name, backend plans by `eng<id>`); recorded so that a
+    call before planning still applies, and forwarded to the backend, whose own walk (the
+    delegating entry) then skips the same engines."""
+    where = "deselect_engines()"
+    if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
+        raise TypeError(f"{where}: names must be a list of engine names, got {type(names).__name__}")
+    names = list(names)
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{where}: names[{i}] = {name!r} is not an engine name")
+    _before_build(graph, where)
+    _filters(graph).engine_names.extend(names)
+    bar_python_plans(graph)
+    forward_to_backend(graph)
+
+
+# ---------------------------------------------------------------- check_support
+def check_support(graph):
+    """Classic check_support(): raises cudnnGraphNotSupportedError when no plan the build
+    walk would try (from the selected one; only it when pinned) is supported, naming each
+    plan and why. A python plan re-asks its engine; a backend entry the backend's own
+    check_support() (once per graph). A backend refusal is not fatal while a python
+    plan the walk would reach is supported, as classic (its check is the backend's as a
+    whole, not one plan's)."""
+    from ..engines.base import DECLINE_ERRORS
+
+    record = graph._require_planning()
+    start = record.selected or 0
+    indices = [start] if record.pinned else range(start, len(record.plans))
+    reasons = []
+    for index in indices:
+        plan = record.plans[index]
+        why = record.barred(index)
+        if why is None:
+            if engine_ids.is_backend_id(plan.engine_id):
+                why = _backend_support(graph)
+            else:
+                try:
+                    record.engines[plan.engine_id].check_support(graph)
+                except DECLINE_ERRORS as exc:
+                    why = str(exc) or type(exc).__name__
+        if why is None:
+            return
+        reasons.append(f"#{index} {record.plan_name(index)}: {why}")
+    raise cudnnGraphNotSupportedError("check_support(): no plan is supported: " + "; ".join(reasons))
+
+
+def _backend_support(graph):
+    """None when the lowered backend graph's check_support() passes, else its reason
+    (remembered: the backend answers for its whole plan list)."""
+    lg = graph.__dict__.get("_lowered")
+    if lg is None:
+        return None  # entries from a peer without a lowered graph answer at build
+    cached = graph.__dict__.get("_backend_support")
+    if cached is not None:
+        return cached or None
+    from .lowering import backend_error
+
+    reason = lg.build_operation_graph()
+    if reason is None:
+        with lg.lock:
+            try:
+                lg.backend.check_support()
+            except lg.fe.errors as exc:
+                reason = str(backend_error(exc, "the backend's check_support()"))
+    graph.__dict__["_backend_support"] = reason or ""
+    return reason
 
 
 # ---------------------------------------------------------------- workspace

@@ -9,7 +9,7 @@ backend's objects are converted by member name here and never returned.
 
 * get_behavior_notes_for_plan_at_index(i): a python plan answers the notes its engine
   declares (`BaseEngine.behavior_notes`, the same notes select/deselect_behavior_notes
-  judge); a backend entry the backend's notes for its cpp_index; the delegating entry
+  judge); a backend entry the backend's notes for its own engine config; the delegating entry
   (BACKEND_HEURISTIC_ENGINE_ID) names no backend plan until it is built, then the notes of
   the plan the backend built for it (the one executing it runs); before: GraphStateError.
 * get_behavior_notes(): the same for the selected plan (build_plans() or select_plan()).
@@ -99,7 +99,11 @@ def behavior_notes_at(graph, index, where=None):
         raise cudnnGraphNotSupportedError(f"{where}: plan #{index} {record.plan_name(index)} "
                                           "has no position in the backend's plan list")
     else:
-        notes = _backend_call(graph, where, "get_behavior_notes_for_plan_at_index", plan.cpp_index)
+        # The plan's own notes: after the first heuristics query they are not at its
+        # cpp_index in the backend's note list (backend_plans.note_span).
+        lg = graph.__dict__.get("_lowered")
+        at = getattr(lg, "note_index", {}).get(plan.cpp_index, plan.cpp_index)
+        notes = _backend_call(graph, where, "get_behavior_notes_for_plan_at_index", at)
     return [our_enum(behavior_note, n, "behavior note") for n in notes]
 
 

@@ -223,7 +223,7 @@ def construct(graph, nodes=None):
         backend = fe.builder(**_context_kwargs(graph, fe))
     except fe.errors as exc:
         raise backend_error(exc, f"graph '{graph.name}': creating the backend graph") from exc
-    builder = _Builder(fe, backend)
+    builder = _Builder(fe, backend, graph)
     for node in graph.nodes if nodes is None else nodes:
         builder.lower_node(node)
     result = LoweredGraph(fe, backend, builder.made, graph.name)
@@ -265,9 +265,10 @@ def _context_kwargs(graph, fe):
 class _Builder:
     """One lowering pass: our tensors -> backend tensors (uid -> backend tensor)."""
 
-    def __init__(self, fe, backend):
+    def __init__(self, fe, backend, graph):
         self.fe = fe
         self.backend = backend
+        self.graph = graph
         self.made = {}
 
     # ---- tensors
@@ -278,10 +279,11 @@ class _Builder:
         fe, backend = self.fe, self.backend
         if t.is_pass_by_value and t.value is not None:
             # A scalar the graph holds: the backend embeds the value and fills the slot
-            # itself, so the caller never binds it (runtime/execute.py GraphLayout).
+            # itself, so the caller never binds it (runtime/execute.py GraphLayout). Only
+            # the uid is pushed, as classic: the backend names the scalar after the port
+            # it feeds (`mul.0::IN_1`) and stores the value's own type, which key()
+            # hashes; the IR's data_type is that same type (pygraph.tensor_scalar).
             made = backend.tensor_scalar(t.value, backend_enum(fe, t.scalar_type))
-            made.set_dim(list(t.dim)).set_stride(list(t.stride)).set_name(t.name)
-            _set_data_type(made, backend_enum(fe, t.data_type))
             made.set_uid(t.uid)
         else:
             kw = {
@@ -306,13 +308,15 @@ class _Builder:
         self.made[t.uid] = made
         return made
 
-    def output(self, ours, theirs, layout_is_ours=False):
+    def output(self, node, port, ours, theirs):
         """Map the backend's output tensor onto ours: uid, name, virtual/output, and ONLY
-        the fields the caller set (inferred ones are provisional) — except where
-        `layout_is_ours`: the SDPA family's outputs have no layout inference in the
-        backend (its validate() refuses an O or Amax without dims), so the dims,
-        strides and data type validate() settled are pushed, as NVIDIA's frontend
-        pushes its own (an untyped output left to the backend stays untyped there)."""
+        the fields the caller set (inferred ones are provisional) — except the SDPA
+        family's outputs, which have no layout inference in the backend (its validate()
+        refuses an O or Amax without dims): their dims, strides and data type as
+        validate() settled them are pushed, as NVIDIA's frontend pushes its own. A dtype
+        the port takes from an input (OutputPort.dtype_like), which the backend does not
+        infer, is pushed too."""
+        layout_is_ours = node.spec.group is OpGroup.SDPA
         theirs.set_uid(ours.uid)
         theirs.set_name(ours.name)
         theirs.set_is_virtual(ours.is_virtual)
@@ -323,6 +327,9 @@ class _Builder:
         typed = ours.data_type != data_type.NOT_SET
         if typed and (layout_is_ours or ours.is_user_set("data_type")):
             _set_data_type(theirs, backend_enum(self.fe, ours.data_type))
+        elif port.dtype_like is not None and node.inputs.get(port.dtype_like) is not None:
+            source = node.inputs[port.dtype_like].data_type
+            _set_data_type(theirs, backend_enum(self.fe, source))
         if ours.ragged_offset is not None:
             theirs.set_ragged_offset(self.tensor(ours.ragged_offset))
         if ours.ragged_offset_multiplier != 1:
@@ -366,7 +373,9 @@ class _Builder:
             # with the outer graph's uid 1 at build_operation_graph ("uid 1 ... has been
             # already assigned"); the score takes our uid, unique in the graph.
             backend_score.set_uid(mod.score.uid)
-            sub = _Builder(self.fe, backend_graph)
+            # A modifier's ops keep their own compute type (classic hands the graph's
+            # only to the graph's nodes): the sub-builder has no graph to inherit from.
+            sub = _Builder(self.fe, backend_graph, None)
             sub.made.update(outer)
             sub.made[mod.score.uid] = backend_score
             for node in mod.nodes:
@@ -388,10 +397,17 @@ class _Builder:
         kw = {}
         for p in node.spec.params:
             v = node.attrs.get(p.name) if p.kind is PortKind.ATTR else node.inputs.get(p.name)
+            inherit = self.graph is not None and p.name == "compute_data_type"
+            if inherit and _is_default(v, p.default):
+                # Classic hands every node the graph's compute type when the call named
+                # none; the backend copies it into the node (key() hashes it).
+                v = self.graph.compute_data_type
+                if v == data_type.NOT_SET:
+                    continue
             # None is "unset" in the classic surface (use_alibi_mask=None): the backend's
             # bool parameters refuse it, so an unset optional keyword is left out, as
             # NVIDIA's frontend leaves it out.
-            if not p.required and (v is None or _is_default(v, p.default)):
+            elif not p.required and (v is None or _is_default(v, p.default)):
                 continue
             where = f"{node.op} node '{node.name}': {p.name}"
             try:
@@ -428,7 +444,7 @@ class _Builder:
                 continue  # a conditional output this node does not produce
             if theirs is None:
                 raise cudnnGraphNotSupportedError(f"{where}: the backend produced no {port.name}")
-            self.output(ours, theirs, layout_is_ours=spec.group is OpGroup.SDPA)
+            self.output(node, port, ours, theirs)
 
 
 def _set_data_type(backend_tensor, dtype):
@@ -460,6 +476,11 @@ class LoweredGraph:
         self.graph_name = graph_name
         self.lock = threading.Lock()  # planning/build calls into the backend graph
         self.operation_graph = None  # None: not built yet; True, or the reason it failed
+        # Where each backend plan's notes sit in the backend's note lists: every heuristics
+        # query appends notes for ALL its engine configs again (plans.h query_properties),
+        # so after the first query plan i's notes are not at i (backend_plans.note_span).
+        self.notes_appended = 0  # entries the backend's note lists hold
+        self.note_index = {}  # cpp_index -> index into the note lists
 
     def assert_uids(self):
         """uid ownership, enforced: every backend tensor carries our uid."""

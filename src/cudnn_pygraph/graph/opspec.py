@@ -71,6 +71,18 @@ class OutputPort:
 
     name: str
     when: Callable[[Mapping, Mapping], bool] | None = None
+    # The classic auto-name of the output tensor is `node::label` (`relu.0::OUT_0`,
+    # `ln.0::INV_VARIANCE`): the backend hashes tensor names into key(), so the label is
+    # the classic one, not the port name. None: the port name is the label.
+    label: str | None = None
+    # An input port whose data_type this output takes in the backend unless the caller
+    # sets one (slice: the backend requires the output's dtype to equal the input's and
+    # does not infer it).
+    dtype_like: str | None = None
+
+    @property
+    def tensor_label(self):
+        return self.label or self.name
 
 
 class ShapeError(cudnnGraphNotSupportedError):

@@ -3,6 +3,9 @@ here, fully introspectable; op builders are generated from the OpSpecs (builders
 planning, lowering and execution live in their own packages and are reached through the
 thin methods at the bottom of this class."""
 
+import numbers
+from types import MappingProxyType
+
 from .._types import (
     GraphStateError,
     cudnnGraphNotSupportedError,
@@ -59,8 +62,10 @@ class pygraph:  # noqa: N801 — the classic public name
             "intermediate_data_type": to_data_type(intermediate_data_type, "intermediate_data_type"),
             "compute_data_type": to_data_type(compute_data_type, "compute_data_type"),
         }
-        # Backend-only construction options: kept verbatim and handed to lowering.
-        d["backend_options"] = {
+        # Backend-only construction options: kept verbatim and handed to lowering; read
+        # through the read-only `backend_options` view (lowering reads them after the
+        # freeze, so they are fixed at construction like the classic constructor's).
+        d["_backend_options"] = {
             "handle": handle,
             "sm_count": sm_count,
             "sm_version": sm_version,
@@ -75,6 +80,7 @@ class pygraph:  # noqa: N801 — the classic public name
         d["_tensors"] = []
         d["_by_uid"] = {}
         d["_next_uid"] = 1
+        d["_op_counts"] = {}  # op -> how many auto-named nodes of it (classic `op.N`)
         d["_candidates"] = None  # the planner's cached candidate list (dropped on mutation)
         d["_planning"] = None  # planning.planner.PlanningRecord once planned
         d["_lowered"] = None  # backend.lowering.LoweredGraph when lowered
@@ -95,6 +101,11 @@ class pygraph:  # noqa: N801 — the classic public name
         self._state.require_mutable(f"setting the graph's {item}")
         self._context[item] = value if item == "name" else to_data_type(value, item)
         self._state.on_mutation(self)
+
+    @property
+    def backend_options(self):
+        """The backend-only constructor options (handle, sm_count, ...), read-only."""
+        return MappingProxyType(self._backend_options)
 
     @property
     def state(self):
@@ -129,16 +140,42 @@ class pygraph:  # noqa: N801 — the classic public name
         self._by_uid[uid] = tensor
 
     def _fresh_uid(self):
+        """The next auto uid. Monotonic, as classic: a uid a tensor gave up (set_uid) is
+        not handed out again, so auto uids follow creation order."""
         while self._next_uid in self._by_uid:
             self._next_uid += 1
-        return self._next_uid
+        uid = self._next_uid
+        self._next_uid += 1
+        return uid
 
-    def _new_tensor(self, name, dim=(), stride=(), dtype=data_type.NOT_SET):
-        uid = self._fresh_uid()
-        t = Tensor(self, uid, name or f"t{uid}", dim, stride, dtype)
-        self._by_uid[uid] = t
+    def _default_label(self, prefix):
+        """Classic default tensor names: `tensor_N` / `scalar_N`, N the number of names
+        that label exactly one tensor so far (names are labels: duplicates are legal and
+        leave the count). key() hashes names, so these are the classic ones."""
+        counts = {}
+        for t in self._tensors:
+            counts[t.name] = counts.get(t.name, 0) + 1
+        return f"{prefix}_{sum(1 for c in counts.values() if c == 1)}"
+
+    def _new_tensor(self, name, uid=None):
+        """A tensor registered in the graph, with an auto uid or the caller's `uid`."""
+        t = Tensor(self, -1, name)
+        if uid is None:
+            t.__dict__["uid"] = self._fresh_uid()
+        else:
+            uid = _coerce_uid(t, uid)
+            self._claim_uid(t, uid)  # raises before anything is registered
+            t.__dict__["uid"] = uid
+            t._user_set.add("uid")
+        self._by_uid[t.uid] = t
         self._tensors.append(t)
         return t
+
+    def _discard(self, t):
+        """Undo _new_tensor for a tensor() call that was refused half way."""
+        self._tensors.remove(t)
+        if self._by_uid.get(t.uid) is t:
+            del self._by_uid[t.uid]
 
     def tensor(
         self,
@@ -154,47 +191,59 @@ class pygraph:  # noqa: N801 — the classic public name
         ragged_offset_multiplier=1,
     ):
         """Declare a graph input (or a caller-created output-direction tensor).
-        A missing stride is row-major."""
+        A missing stride is row-major; a missing name is the classic `tensor_N`. A call
+        refused for any argument leaves the graph as it was."""
         self._state.require_mutable("tensor()")
-        t = self._new_tensor(name)
         dim = to_int_tuple(dim, f"tensor({name!r}): dim")
-        t.set_dim(dim)
-        t.set_stride(row_major_strides(dim) if stride is None else stride)
-        if data_type is not _NOT_SET:
-            t.set_data_type(data_type)
-        else:  # provisional: the graph's io_data_type, re-read at validate()
-            t._infer("data_type", self.io_data_type)
-        if is_virtual:
-            t.set_is_virtual(True)
-        if is_pass_by_value:
-            t.set_is_pass_by_value(True)
-        if ragged_offset is not None:
-            t.set_ragged_offset(ragged_offset)
-        if reordering_type != tensor_reordering.NONE:
-            t.set_reordering_type(reordering_type)
-        if uid != -1:
-            t.set_uid(uid)
-        if ragged_offset_multiplier != 1:
-            t.set_ragged_offset_multiplier(ragged_offset_multiplier)
+        t = self._new_tensor(name or self._default_label("tensor"), None if uid == -1 else uid)
+        try:
+            t.set_dim(dim)
+            t.set_stride(row_major_strides(dim) if stride is None else stride)
+            if data_type is not _NOT_SET:
+                t.set_data_type(data_type)
+            else:  # provisional: the graph's io_data_type, re-read at validate()
+                t._infer("data_type", self.io_data_type)
+            if is_virtual:
+                t.set_is_virtual(True)
+            if is_pass_by_value:
+                t.set_is_pass_by_value(True)
+            if ragged_offset is not None:
+                t.set_ragged_offset(ragged_offset)
+            if reordering_type != tensor_reordering.NONE:
+                t.set_reordering_type(reordering_type)
+            if ragged_offset_multiplier != 1:
+                t.set_ragged_offset_multiplier(ragged_offset_multiplier)
+        except BaseException:
+            self._discard(t)
+            raise
         return t
 
-    def tensor_like(self, input, name=""):
-        """A tensor declared like `input`: one of ours, or any framework tensor (read
-        through .shape / .stride() / .dtype, without importing the framework)."""
+    def tensor_like(self, input, name="", is_virtual=False):
+        """A tensor declared like `input`: one of ours (its pass-by-value flag too), or
+        any framework tensor (read through .shape / .stride() / .dtype, without importing
+        the framework). As classic, a tensor living on the host (device type "cpu") is
+        pass-by-value: cuDNN reads it as a host scalar (a norm's epsilon), not from device
+        memory."""
         if isinstance(input, Tensor):
-            return self.tensor(input.dim, input.stride, input.data_type, name=name)
+            return self.tensor(input.dim, input.stride, input.data_type, is_virtual=is_virtual,
+                               is_pass_by_value=input.is_pass_by_value, name=name)
         try:
             dim, stride, dtype = tuple(input.shape), tuple(input.stride()), input.dtype
         except AttributeError:
             raise TypeError(f"tensor_like(): cannot read dims/strides/dtype of {type(input).__name__}") from None
-        return self.tensor(dim, stride, to_data_type(dtype, "tensor_like()"), name=name)
+        on_host = getattr(getattr(input, "device", None), "type", None) == "cpu"
+        return self.tensor(dim, stride, to_data_type(dtype, "tensor_like()"), is_virtual=is_virtual,
+                           is_pass_by_value=on_host, name=name)
 
-    def tensor_scalar(self, value, scalar_type=scalar_type.RUNTIME_PARAM):
+    def tensor_scalar(self, value, scalar_type=scalar_type.RUNTIME_PARAM, name=""):
         """A pass-by-value scalar (1, 1, 1, 1) the graph holds: `value` travels with the
         graph (RUNTIME_PARAM: bound at execute by the graph itself; COMPILE_TIME_CONST:
-        baked into the plan), so the caller never binds it."""
-        dtype = data_type.FLOAT if isinstance(value, float) else data_type.INT64
-        t = self.tensor((1, 1, 1, 1), (1, 1, 1, 1), dtype, is_pass_by_value=True)
+        baked into the plan), so the caller never binds it. Its data_type is the one the
+        backend stores for the Python value: a float is DOUBLE, an int INT32 (INT64 past
+        the int32 range), a bool FLOAT."""
+        dtype = _scalar_dtype(value)
+        t = self.tensor((1, 1, 1, 1), (1, 1, 1, 1), dtype, is_pass_by_value=True,
+                        name=name or self._default_label("scalar"))
         t.__dict__["value"] = value
         t.__dict__["scalar_type"] = _scalar_type(scalar_type)
         return t
@@ -203,7 +252,13 @@ class pygraph:  # noqa: N801 — the classic public name
     def _add_node(self, spec, args, kwargs):
         self._state.require_mutable(f"{spec.name}()")
         bound = bind(spec, args, kwargs)
-        name = str(kwargs.get("name") or f"{spec.name}_{len(self._nodes)}")
+        name = kwargs.get("name")
+        if name:
+            name = str(name)
+        else:  # classic: `op.N`, counted per op over the auto-named nodes
+            count = self._op_counts.get(spec.name, 0)
+            self._op_counts[spec.name] = count + 1
+            name = f"{spec.name}.{count}"
         inputs, attrs = {}, {}
         for p in spec.params:
             value = bound[p.name]
@@ -214,7 +269,7 @@ class pygraph:  # noqa: N801 — the classic public name
         outputs = {}
         for port in spec.outputs:
             if port.when is None or port.when(attrs, inputs):
-                t = self._new_tensor(f"{name}::{port.name}")
+                t = self._new_tensor(f"{name}::{port.tensor_label}")
                 t.__dict__["is_virtual"] = True  # classic: outputs are virtual until set_output
                 outputs[port.name] = t
             else:
@@ -299,23 +354,37 @@ class pygraph:  # noqa: N801 — the classic public name
         classic_parity.bar_python_plans(self)  # filters set before planning
 
     def check_support(self):
-        if not self._state.planned:
-            raise GraphStateError("check_support(): create_execution_plans() first")
-
-    def build_plans(self, policy=None):
+        """Raise cudnnGraphNotSupportedError when no plan the build walk would try is
+        supported (backend/classic_parity.py check_support)."""
         from ..backend import classic_parity
 
+        if not self._state.planned:
+            raise GraphStateError("check_support(): create_execution_plans() first")
+        classic_parity.check_support(self)
+
+    def build_plans(self, policy=None):
+        """Walk the plan list and build the first plan that builds (policy ALL: every
+        one). An unplanned graph is planned first with heur_mode.A, as classic."""
+        from ..backend import classic_parity
+
+        if self._planning is None:
+            self.create_execution_plans()
         classic_parity.build_within_limits(self, policy)
 
     def build(self, modes=(heur_mode.A,)):
+        """The classic one-shot helper: validate, plan with `modes` (unless planned),
+        check_support, build_plans."""
         self.validate()
-        self.create_execution_plans(modes)
+        if self._planning is None:
+            self.create_execution_plans(modes)
+        self.check_support()
         self.build_plans()
 
     # the ONE ranked plan list and the classic at-index calls that address it
     @property
     def plans(self):
-        return self._require_planning().plans
+        """The ranked plan list, as a tuple: a snapshot, never the list planning uses."""
+        return tuple(self._require_planning().plans)
 
     def _require_planning(self):
         if self._planning is None:
@@ -323,7 +392,11 @@ class pygraph:  # noqa: N801 — the classic public name
         return self._planning
 
     def get_execution_plan_count(self):
-        return len(self.plans)
+        """The plan list's length; 0 before create_execution_plans() (classic: an
+        unplanned graph has no plans, which is not an error)."""
+        if self._planning is None:
+            return 0
+        return len(self._planning.plans)
 
     def get_plan_name_at_index(self, index):
         return self._require_planning().plan_name(index)
@@ -334,6 +407,7 @@ class pygraph:  # noqa: N801 — the classic public name
     def build_plan_at_index(self, index):
         from ..backend import classic_parity
 
+        self._refuse_barred(index, "build_plan_at_index")
         self._require_planning().build_at(index)
         reason = classic_parity.over_limit(self, index)
         if reason is not None:
@@ -359,7 +433,20 @@ class pygraph:  # noqa: N801 — the classic public name
         create_execution_plan(self, engine_id, knobs or {})
 
     def deselect_engines(self, names):
-        self._require_planning().deselect_engines(names)
+        """Exclude every plan whose name contains one of `names` (classic: by substring;
+        a backend plan is `cudnn_backend:eng<id>[...]`, so "eng7" bars engine 7). Before
+        or after planning; forwarded to the backend."""
+        from ..backend import classic_parity
+
+        classic_parity.deselect_engines(self, names)
+
+    def _refuse_barred(self, index, where):
+        record = self._require_planning()
+        record._check_index(index)
+        why = record.barred(index)
+        if why is not None:
+            raise cudnnGraphNotSupportedError(f"{where}({index}): plan #{index} "
+                                              f"{record.plan_name(index)} is {why}")
 
     # classic plan filters and the backend-plan calls (backend/classic_parity.py says what a
     # python plan answers to each: a documented filter or a clear error)
@@ -479,10 +566,13 @@ class pygraph:  # noqa: N801 — the classic public name
         planning.execute(variant_pack, workspace, handle, override_uids, override_shapes,
                          override_strides)
         runner = planning._runner
-        if runner is not None:
+        if runner is not None and not runner.layout.keys_normalized:
+            # A pack keyed by name or None went through the key normalization, which
+            # the installed closure does not do: such a graph stays on this path.
             self.__dict__["execute"] = runner.call
 
     def execute_plan_at_index(self, variant_pack, workspace, index, handle=None):
+        self._refuse_barred(index, "execute_plan_at_index")
         return self._require_planning().execute(variant_pack, workspace, handle, index=index)
 
     def autotune(self, variant_pack, workspace=None, handle=None, *, warmup=3, reps=10,
@@ -515,4 +605,27 @@ def _install_builders():
 
 
 _install_builders()
+def _coerce_uid(tensor, uid):
+    if isinstance(uid, bool) or not isinstance(uid, int):
+        raise TypeError(f"tensor %{tensor.name}: uid must be an int, got {uid!r}")
+    if uid < 0:
+        raise ValueError(f"tensor %{tensor.name}: uid must be >= 0, got {uid}")
+    return uid
+
+
+_INT32_RANGE = range(-(2**31), 2**31)
+
+
+def _scalar_dtype(value):
+    """The data_type the backend's tensor_scalar stores for a Python value (its
+    overloads: float -> DOUBLE, int -> INT32 or INT64, bool through the float one)."""
+    if isinstance(value, bool):
+        return data_type.FLOAT
+    if isinstance(value, numbers.Integral):
+        return data_type.INT32 if int(value) in _INT32_RANGE else data_type.INT64
+    if isinstance(value, numbers.Real):
+        return data_type.DOUBLE
+    raise TypeError(f"tensor_scalar(): value must be a Python int or float, got {value!r}")
+
+
 __all__ = ["pygraph", "cudnnGraphNotSupportedError"]

@@ -68,8 +68,8 @@ def capture(graph, node_name, attr, fn, inputs, attrs):
             f"sdpa node '{node_name}': {attr}: q and k need rank-4 dims before a modifier runs"
         )
     dims = score_dims(inputs, attrs)
-    score = graph._new_tensor(f"{node_name}::{attr}_input", dims, row_major_strides(dims))
-    score.__dict__["is_virtual"] = True
+    score = graph._new_tensor(f"{node_name}::{attr}_input")
+    score.__dict__.update(dim=tuple(dims), stride=tuple(row_major_strides(dims)), is_virtual=True)
     first = len(graph._nodes)
     result = fn(graph, score)
     added = tuple(graph._nodes[first:])

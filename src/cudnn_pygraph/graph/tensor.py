@@ -149,6 +149,9 @@ class Tensor:
             raise AttributeError(f"Tensor has no settable attribute {item!r}")
         self._set(item, value)
 
+    def __delattr__(self, item):
+        raise AttributeError(f"tensor %{self.name}: {item!r} cannot be deleted")
+
     def _set(self, field, value):
         self._graph._state.require_mutable(f"setting {field} of tensor %{self.name}")
         value = _coerce(field, value, self)

@@ -22,6 +22,13 @@ def apply_inference(node, strict):
         if strict:  # a declaration the rule could not read (e.g. no dims yet)
             raise ShapeError(f"{node.op} node '{node.name}': inputs are not fully declared")
         return
+    except ArithmeticError as exc:  # a 0 extent or attribute a rule divides by
+        if strict:
+            raise ShapeError(
+                f"{node.op} node '{node.name}': an input extent or attribute is zero where the "
+                f"op divides by it ({exc})"
+            ) from None
+        return
     for port, info in inferred.items():
         t = node.outputs.get(port)
         if t is None:

@@ -198,6 +198,15 @@ class PlanningRecord:
     def deselect_engines(self, names):
         self.deselected.update(names)
 
+    def barred(self, index):
+        """Why the plan at `index` may not be built (deselect_engines: its name contains a
+        deselected name, as classic; or a filter excluded it), or None."""
+        name = self.plan_name(index)
+        hit = next((n for n in sorted(self.deselected) if n in name), None)
+        if hit is not None:
+            return f"deselected (deselect_engines: {hit!r})"
+        return self.excluded.get(self.plans[index].identity)
+
     def exclude(self, index, reason):
         """Bar the ONE plan at `index` from the build walk (a filter that judges plans, e.g.
         a workspace limit, must not bar the engine's other configurations)."""
@@ -213,10 +222,7 @@ class PlanningRecord:
         first_built, reasons = None, []
         for index in indices:
             name = self.plan_name(index)
-            if name.split("[")[0] in self.deselected:
-                reasons.append(f"#{index} {name}: deselected")
-                continue
-            barred = self.excluded.get(self.plans[index].identity)
+            barred = self.barred(index)
             if barred is not None:
                 if self.pinned:
                     raise cudnnGraphNotSupportedError(f"pinned plan #{index} {name}: {barred}")

@@ -5,7 +5,7 @@ caller's objects are."""
 from .._types import ELEMENT_BITS, data_type
 from ..engines.base import ExecutionContext
 from .handle import resolve_stream
-from .variant_pack import DeclaredLayout, VariantPack
+from .variant_pack import DeclaredLayout, UnknownOperandError, VariantPack
 
 
 class GraphLayout:
@@ -35,12 +35,23 @@ class GraphLayout:
                     required.add(t.uid)
             tensors = sorted(slots, key=lambda t: t.uid)
         else:
-            # A pass-by-value scalar holding its value (tensor_scalar) is filled by the
+            # The tensors lowering hands the backend: every node's inputs and outputs and
+            # their ragged offsets. A tensor declared but wired to no node never reaches
+            # the backend, so it is no slot (classic does not ask for it either). A
+            # pass-by-value scalar holding its value (tensor_scalar) is filled by the
             # graph; one declared without a value is the caller's (a host buffer).
-            tensors = [t for t in sorted(graph.tensors, key=lambda t: t.uid)
+            wired = set()
+            for node in graph.nodes:
+                for t in (*node.input_tensors(), *node.output_tensors()):
+                    wired.add(t)
+                    if t.ragged_offset is not None:
+                        wired.add(t.ragged_offset)
+            tensors = [t for t in sorted(wired, key=lambda t: t.uid)
                        if not t.is_virtual and not (t.is_pass_by_value and t.value is not None)]
             required = {t.uid for t in tensors}
         self.tensors = tensors
+        self.graph = graph
+        self.keys_normalized = False  # set once a pack needed normalize_keys
         self.position = {t.uid: i for i, t in enumerate(tensors)}
         self.required = tuple(i for i, t in enumerate(tensors) if t.uid in required)
         self.declared = DeclaredLayout(
@@ -58,6 +69,8 @@ class GraphLayout:
         self = cls.__new__(cls)
         uids = sorted(int(u) for u in uids)
         self.tensors = []
+        self.graph = None
+        self.keys_normalized = False
         self.position = {u: i for i, u in enumerate(uids)}
         self.required = tuple(range(len(uids)))
         self.declared = DeclaredLayout(
@@ -68,8 +81,46 @@ class GraphLayout:
 
     def pack(self, variant_pack):
         """{uid or Tensor: buffer} -> VariantPack, placed by uid in C: an unknown uid, a
-        slot bound twice and a missing required operand are refused there, named."""
-        return VariantPack.from_mapping(self.declared, variant_pack, required=self.required)
+        slot bound twice and a missing required operand are refused there, named. A pack
+        the C placement cannot key (a tensor name, a None key, a tensor of this graph that
+        is no operand) is normalized as classic keys it (normalize_keys) and placed again."""
+        try:
+            return VariantPack.from_mapping(self.declared, variant_pack, required=self.required)
+        except (TypeError, UnknownOperandError):
+            normalized = self.normalize_keys(variant_pack)
+            if normalized is None:
+                raise
+        self.keys_normalized = True
+        return VariantPack.from_mapping(self.declared, normalized, required=self.required)
+
+    def normalize_keys(self, variant_pack):
+        """The classic keying of a variant pack, as {uid: buffer}: a None key is skipped
+        (classic tolerates it for an optional tensor not given), a str key is the tensor
+        of that name (refused when no tensor or several carry it), a key naming a tensor of
+        this graph that is no operand (virtual, or a scalar the graph fills) is an unused
+        binding, dropped as classic drops it. None when nothing needed normalizing (the
+        original error stands)."""
+        graph = self.graph
+        if graph is None or not hasattr(variant_pack, "items"):
+            return None
+        out, changed = {}, False
+        for key, value in variant_pack.items():
+            if key is None:
+                changed = True
+                continue
+            if isinstance(key, str):
+                named = [t for t in graph.tensors if t.name == key]
+                if len(named) != 1:
+                    what = "no tensor is" if not named else f"{len(named)} tensors are"
+                    raise LookupError(f"variant pack key {key!r}: {what} named so in graph "
+                                      f"'{graph.name}' (key by Tensor or uid)")
+                key, changed = named[0].uid, True
+            uid = key if isinstance(key, int) else getattr(key, "uid", key)
+            if isinstance(uid, int) and uid not in self.position and uid in graph._by_uid:
+                changed = True
+                continue
+            out[uid] = value
+        return out if changed else None
 
 
 def _bits(dtype):
@@ -151,8 +202,13 @@ def _plain_call(runner):
         """graph.execute, served by the selected plan's closure (runtime/execute.py)."""
         if (handle is None and workspace is None and override_uids is None
                 and record._runner is runner):
-            execute(graph, from_mapping(declared, variant_pack, required=required), ctx)
-            return
+            try:
+                pack = from_mapping(declared, variant_pack, required=required)
+            except (TypeError, UnknownOperandError):  # a classic key: the general path
+                pack = None
+            if pack is not None:
+                execute(graph, pack, ctx)
+                return
         general(graph, variant_pack, workspace, handle, override_uids, override_shapes,
                 override_strides)
 

@@ -47,7 +47,7 @@ def _spec(name):
         name=name,
         group=OpGroup.POINTWISE,
         params=backend_params(params),
-        outputs=(OutputPort("output"),),
+        outputs=(OutputPort("output", label="OUT_0"),),
         returns_list=returns_list,
         shape_rule=_pointwise_rule,
         backend_method=name,

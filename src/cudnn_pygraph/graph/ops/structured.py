@@ -2,7 +2,7 @@
 matmul, conv, rope and the layout ops. One row per op: outputs (some conditional) and the
 shape rule; ports, attributes and defaults come from the backend's signatures."""
 
-from ..._types import data_type, norm_forward_phase
+from ..._types import data_type, moe_grouped_matmul_mode, norm_forward_phase
 from ..opspec import Inferred, OpGroup, OpSpec, OutputPort, backend_params
 from . import rules
 from .backend_signatures import SIGNATURES
@@ -107,6 +107,9 @@ def _conv_fprop(node):
     post = per_dim("post_padding", 0) if a["post_padding"] else per_dim("padding", 0)
     stride = per_dim("stride", 1)
     dil = per_dim("dilation", 1)
+    for name, values in (("stride", stride), ("dilation", dil)):
+        if any(v <= 0 for v in values):
+            node.fail(name, f"every entry must be positive, got {list(values)}")
     out = []
     for i in range(spatial):
         extent = x[2 + i] + pre[i] + post[i] - dil[i] * (w[2 + i] - 1) - 1
@@ -135,6 +138,19 @@ def _slice(node):
             node.fail("slices", f"entry {i} is not a slice: {s!r}")
         out[i] = len(range(*s.indices(x[i])))
     return {"output": Inferred(tuple(out), node.inputs["input"].data_type)}
+
+
+# moe_grouped_matmul: which input's rows the output has, by mode (the others: token's).
+_MOE_ROWS = {moe_grouped_matmul_mode.GATHER: "token_index", moe_grouped_matmul_mode.COMBINE: "top_k_scores"}
+
+
+def _moe_grouped_matmul(node):
+    """[1, rows, N]: the rows of token (token_index when gathering, top_k_scores when
+    combining) times weight's N, as the backend infers it."""
+    port = _MOE_ROWS.get(node.attrs["mode"], "token")
+    rows = rules.require_declared(node, port)
+    weight = rules.require_declared(node, "weight")
+    return {"output": Inferred((1, rows[-2], weight[-1]), node.inputs["token"].data_type)}
 
 
 def _reduction(node):
@@ -170,7 +186,7 @@ _ROWS = {
     "instancenorm_backward": (("dX", "dscale", "dbias"), _norm_bwd),
     "layernorm": (("Y", ("mean", _training), ("inv_variance", _training)), _norm_fwd(1)),
     "layernorm_backward": (("dX", "dscale", "dbias"), _norm_bwd),
-    "moe_grouped_matmul": (("output",), rules.declared_by_caller),
+    "moe_grouped_matmul": (("output",), _moe_grouped_matmul),
     "moe_grouped_matmul_bwd": (("output",), rules.declared_by_caller),
     "reduction": (("output",), _reduction),
     "reshape": (("output",), rules.declared_by_caller),
@@ -183,8 +199,37 @@ _ROWS = {
 }
 
 
-def _outputs(names):
-    return tuple(OutputPort(*n) if isinstance(n, tuple) else OutputPort(n) for n in names)
+# The classic auto-names of outputs (`node::LABEL`, which key() hashes): by port name,
+# then the ops whose classic label for a port differs from that rule.
+_LABELS = {
+    "output": "OUT_0",
+    "mean": "MEAN",
+    "inv_variance": "INV_VARIANCE",
+    "next_running_mean": "NEXT_RUNNING_MEAN",
+    "next_running_var": "NEXT_RUNNING_VAR",
+    "dX": "DX",
+    "dW": "DW",
+    "dscale": "DSCALE",
+    "dbias": "DBIAS",
+}
+_OP_LABELS = {
+    "block_scale_dequantize": {"Y": "OUT_0"},
+    "genstats": {"mean": "SUM", "sq_sum": "SQ_SUM"},
+    "moe_grouped_matmul_bwd": {"output": "dweight"},
+    "rmsnorm_backward": {"dscale": "Dscale", "dbias": "Dbias"},  # mixed case, as classic
+}
+# Outputs whose dtype the backend takes from an input rather than inferring it.
+_DTYPE_LIKE = {"slice": {"output": "input"}}
+
+
+def _outputs(op, names):
+    ports = []
+    for n in names:
+        port, when = (n if isinstance(n, tuple) else (n, None))
+        label = _OP_LABELS.get(op, {}).get(port) or _LABELS.get(port)
+        like = _DTYPE_LIKE.get(op, {}).get(port)
+        ports.append(OutputPort(port, when, label, like))
+    return tuple(ports)
 
 
 def _spec(name, outputs, rule):
@@ -193,7 +238,7 @@ def _spec(name, outputs, rule):
         name=name,
         group=OpGroup.STRUCTURED,
         params=backend_params(params),
-        outputs=_outputs(outputs),
+        outputs=_outputs(name, outputs),
         returns_list=returns_list,
         shape_rule=rule,
         backend_method=name,

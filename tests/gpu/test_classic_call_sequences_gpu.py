@@ -1,0 +1,316 @@
+"""Classic call sequences on the GPU, the part tests/classic/test_call_sequences.py cannot
+run on a CPU: NVIDIA's samples 29_rmsnorm, 30_batchnorm, 31_instancenorm and
+32_instancenorm_fusion written as the samples write them (tensor_like of device tensors,
+a host epsilon), planned, built and executed through every classic sequence, with
+numerics against torch; the plan-list queries and filters on real backend entries."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+import cudnn_pygraph as cudnn
+from cudnn_pygraph import heur_mode
+from cudnn_pygraph.planning import engine_ids
+
+MODES = [heur_mode.A, heur_mode.FALLBACK]
+
+
+def rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all()
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def workspace_for(g):
+    size = g.get_workspace_size()
+    return torch.empty(size, device="cuda", dtype=torch.uint8) if size else None
+
+
+def build(g, sequence):
+    """The classic ways to get from a described graph to a built plan."""
+    if sequence == "build":
+        g.build(MODES)
+    else:
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans(MODES)
+        if sequence == "check_support":
+            g.check_support()
+        g.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
+
+
+SEQUENCES = ["build", "check_support", "no_check_support"]
+
+
+# ---------------------------------------------------------------- sample 29: rmsnorm
+@pytest.mark.parametrize("sequence", SEQUENCES)
+def test_rmsnorm_sample(sequence):
+    batch, seq, hidden, eps = 4, 1024, 128, 1e-3
+    x = torch.randn(batch * seq, hidden, 1, 1, device="cuda", dtype=torch.float16).to(
+        memory_format=torch.channels_last
+    )
+    scale = torch.randn(1, hidden, 1, 1, device="cuda", dtype=torch.float16).to(
+        memory_format=torch.channels_last
+    )
+    bias = torch.randn_like(scale)
+    eps_cpu = torch.full((1, 1, 1, 1), eps, dtype=torch.float32, device="cpu")
+    g = cudnn.pygraph(
+        intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT
+    )
+    X = g.tensor_like(x).set_name("X")
+    S = g.tensor_like(scale).set_name("scale")
+    B = g.tensor_like(bias).set_name("bias")
+    E = g.tensor_like(eps_cpu).set_name("epsilon")
+    assert E.is_pass_by_value
+    out, inv_var = g.rmsnorm(
+        name="rmsnorm",
+        input=X,
+        norm_forward_phase=cudnn.norm_forward_phase.TRAINING,
+        scale=S,
+        bias=B,
+        epsilon=E,
+    )
+    out.set_name("output").set_output(True).set_data_type(cudnn.data_type.HALF)
+    inv_var.set_name("inv_var").set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    build(g, sequence)
+    y = torch.empty_like(x)
+    iv = torch.empty(batch * seq, 1, 1, 1, device="cuda", dtype=torch.float32)
+    g.execute({X: x, S: scale, B: bias, E: eps_cpu, out: y, inv_var: iv}, workspace_for(g))
+    torch.cuda.synchronize()
+    ref_iv = torch.rsqrt(x.float().pow(2).mean(dim=(1, 2, 3), keepdim=True) + eps)
+    ref = x.float() * ref_iv * scale.float() + bias.float()
+    assert rel_err(iv, ref_iv) < 1e-4
+    assert rel_err(y, ref) < 3e-3
+
+
+# ---------------------------------------------------------------- sample 30: batchnorm
+def test_batchnorm_sample_with_relu_and_mask():
+    N, C, H, W, eps, momentum = 4, 16, 56, 56, 1e-3, 0.1
+    x = torch.randn(N, C, H, W, device="cuda", dtype=torch.float16).to(
+        memory_format=torch.channels_last
+    )
+    scale, bias = torch.randn(1, C, 1, 1, device="cuda"), torch.randn(1, C, 1, 1, device="cuda")
+    rmean, rvar = torch.randn(1, C, 1, 1, device="cuda"), torch.rand(1, C, 1, 1, device="cuda")
+    comparison = torch.zeros_like(x)
+    eps_cpu = torch.full((1, 1, 1, 1), eps, dtype=torch.float32)
+    mom_cpu = torch.full((1, 1, 1, 1), momentum, dtype=torch.float32)
+    g = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    X, S, B = g.tensor_like(x), g.tensor_like(scale), g.tensor_like(bias)
+    RM, RV = g.tensor_like(rmean), g.tensor_like(rvar)
+    E, M, CMP = g.tensor_like(eps_cpu), g.tensor_like(mom_cpu), g.tensor_like(x)
+    y, mean, inv_var, next_mean, next_var = g.batchnorm(
+        name="BN",
+        input=X,
+        scale=S,
+        bias=B,
+        in_running_mean=RM,
+        in_running_var=RV,
+        epsilon=E,
+        momentum=M,
+    )
+    y = g.relu(name="relu", input=y)
+    mask = g.cmp_gt(name="cmp", input=y, comparison=CMP)
+    y.set_output(True)
+    for t in (mean, inv_var, next_mean, next_var):
+        t.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    mask.set_output(True).set_data_type(cudnn.data_type.BOOLEAN)
+    build(g, "check_support")
+    out = {t: torch.empty(1, C, 1, 1, device="cuda") for t in (mean, inv_var)}
+    y_gpu, mask_gpu = torch.empty_like(x), torch.empty_like(x, dtype=torch.bool)
+    new_mean, new_var = rmean.clone(), rvar.clone()
+    g.execute(
+        {
+            X: x,
+            S: scale,
+            B: bias,
+            RM: rmean,
+            RV: rvar,
+            E: eps_cpu,
+            M: mom_cpu,
+            CMP: comparison,
+            next_mean: new_mean,
+            next_var: new_var,
+            y: y_gpu,
+            mask: mask_gpu,
+            **out,
+        },
+        workspace_for(g),
+    )
+    torch.cuda.synchronize()
+    ref = torch.relu(
+        torch.nn.functional.batch_norm(
+            x.float(),
+            rmean.clone().flatten(),
+            rvar.clone().flatten(),
+            scale.flatten(),
+            bias.flatten(),
+            True,
+            momentum,
+            eps,
+        )
+    )
+    assert rel_err(y_gpu, ref) < 3e-3
+    assert torch.equal(mask_gpu, y_gpu > 0)
+
+
+# ---------------------------------------------------------------- samples 31 / 32: instancenorm
+@pytest.mark.parametrize("fused", [False, True], ids=["instancenorm", "instancenorm+add+relu"])
+def test_instancenorm_samples(fused):
+    N, C, H, W, eps = 4, 32, 16, 16, 1e-5
+    x = torch.randn(N, C, H, W, device="cuda", dtype=torch.float16).to(
+        memory_format=torch.channels_last
+    )
+    scale = torch.randn(1, C, 1, 1, device="cuda", dtype=torch.float16).to(
+        memory_format=torch.channels_last
+    )
+    bias = torch.randn_like(scale)
+    a = torch.randn_like(x)
+    eps_cpu = torch.full((1, 1, 1, 1), eps, dtype=torch.float32)
+    g = cudnn.pygraph(
+        intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT
+    )
+    X, S, B = (
+        g.tensor_like(x).set_name("X"),
+        g.tensor_like(scale).set_name("scale"),
+        g.tensor_like(bias),
+    )
+    E = g.tensor_like(eps_cpu).set_name("epsilon")
+    phase = cudnn.norm_forward_phase.INFERENCE if fused else cudnn.norm_forward_phase.TRAINING
+    y, mean, inv_var = g.instancenorm(
+        name="in", input=X, norm_forward_phase=phase, scale=S, bias=B, epsilon=E
+    )
+    feeds = {X: x, S: scale, B: bias, E: eps_cpu}
+    if fused:
+        A = g.tensor_like(x).set_name("A")
+        y = g.relu(g.add(y, A, name="add"))
+        feeds[A] = a
+    else:
+        for t in (mean, inv_var):
+            t.set_output(True).set_data_type(cudnn.data_type.HALF)
+            feeds[t] = torch.empty(N, C, 1, 1, device="cuda", dtype=torch.float16).to(
+                memory_format=torch.channels_last
+            )
+    y.set_output(True).set_data_type(cudnn.data_type.HALF)
+    feeds[y] = torch.empty_like(x)
+    g.build(MODES)
+    g.execute(feeds, workspace_for(g))
+    torch.cuda.synchronize()
+    ref = torch.nn.functional.instance_norm(
+        x.float(), weight=scale.flatten().float(), bias=bias.flatten().float(), eps=eps
+    )
+    if fused:
+        ref = torch.relu(ref + a.float())
+    assert rel_err(feeds[y], ref) < 3e-3
+
+
+# ---------------------------------------------------------------- the plan list
+def _matmul_graph():
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF, compute_data_type=cudnn.data_type.FLOAT)
+    A = g.tensor([1, 128, 64], name="A")
+    B = g.tensor([1, 64, 32], name="B")
+    C = g.matmul(A, B, name="mm")
+    C.set_output(True).set_name("C")
+    return g, A, B, C
+
+
+def _backend_indices(g):
+    return [
+        i
+        for i, p in enumerate(g.plans)
+        if engine_ids.is_backend_id(p.engine_id) and p.cpp_index is not None
+    ]
+
+
+def test_deselect_engines_bars_the_named_backend_engine():
+    g, *_ = _matmul_graph()
+    g.create_execution_plans(MODES)
+    first = g.plans[_backend_indices(g)[0]]
+    g.deselect_engines([f"eng{first.engine_id}"])
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="deselect_engines"):
+        g.build_plan_at_index(_backend_indices(g)[0])
+    g.build_plans()
+    assert g.plans[g.selected_plan].engine_id != first.engine_id
+
+
+@pytest.mark.parametrize("keying", ["tensor", "uid", "name", "none-key"])
+def test_filters_then_execute_keyed_as_classic_with_no_workspace(keying):
+    """Note and workspace filters, then execute twice (the first call, then the installed
+    path) with the pack keyed one classic way, workspace=None for a 0-byte plan."""
+    g, A, B, C = _matmul_graph()
+    g.create_execution_plans(MODES)
+    g.deselect_workspace_greater_than(0)
+    g.deselect_numeric_notes([cudnn.numerical_note.DOWN_CONVERT_INPUTS])
+    g.build_plans()
+    assert g.get_workspace_size() == 0
+    a = torch.randn(1, 128, 64, device="cuda", dtype=torch.float16)
+    b = torch.randn(1, 64, 32, device="cuda", dtype=torch.float16)
+    ref = a.float() @ b.float()
+    for _ in range(2):
+        c = torch.full((1, 128, 32), float("nan"), device="cuda", dtype=torch.float16)
+        pack = {A: a, B: b, C: c}
+        if keying == "uid":
+            pack = {t.uid: x for t, x in pack.items()}
+        elif keying == "name":
+            pack = {t.name: x for t, x in pack.items()}
+        elif keying == "none-key":
+            pack[None] = a
+        g.execute(pack, None)
+        torch.cuda.synchronize()
+        assert rel_err(c, ref) < 3e-3
+
+
+def test_handle_in_the_constructor_or_at_execute():
+    handle = cudnn.create_handle()
+    try:
+        for at_execute in (False, True):
+            g = cudnn.pygraph(
+                io_data_type=cudnn.data_type.HALF,
+                compute_data_type=cudnn.data_type.FLOAT,
+                handle=None if at_execute else handle,
+            )
+            A, B = g.tensor([1, 64, 64], name="A"), g.tensor([1, 64, 64], name="B")
+            C = g.matmul(A, B)
+            C.set_output(True)
+            g.build(MODES)
+            a = torch.randn(1, 64, 64, device="cuda", dtype=torch.float16)
+            c = torch.empty_like(a)
+            g.execute({A: a, B: a, C: c}, workspace_for(g), handle=handle if at_execute else None)
+            torch.cuda.synchronize()
+            assert rel_err(c, a.float() @ a.float()) < 3e-3
+    finally:
+        cudnn.destroy_handle(handle)
+
+
+def test_plan_queries_before_and_after_planning_and_check_support():
+    g, *_ = _matmul_graph()
+    assert g.get_execution_plan_count() == 0
+    g.create_execution_plans(MODES)
+    count = g.get_execution_plan_count()
+    assert count == len(g.plans) > 0
+    g.check_support()
+    names = [g.get_plan_name_at_index(i).split("[")[0] for i in range(count)]
+    g.deselect_engines(names)
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="no plan is supported"):
+        g.check_support()
+
+
+def test_runtime_compiled_backend_plans_carry_their_behavior_note():
+    """The backend's notes reach the at-index query: an SDPA graph on Hopper is served by
+    runtime-compiled engines, so some backend entry says RUNTIME_COMPILATION."""
+    b, h, s, d = 2, 4, 256, 64
+    g = cudnn.pygraph(
+        io_data_type=cudnn.data_type.BFLOAT16,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    q, k, v = (g.tensor([b, h, s, d], name=n) for n in "qkv")
+    o, _ = g.sdpa(q=q, k=k, v=v, attn_scale=0.125, generate_stats=False, use_causal_mask=True)
+    o.set_output(True).set_dim([b, h, s, d]).set_stride([h * s * d, s * d, d, 1])
+    g.create_execution_plans(MODES)
+    notes = [g.get_behavior_notes_for_plan_at_index(i) for i in _backend_indices(g)]
+    assert any(cudnn.behavior_note.RUNTIME_COMPILATION in n for n in notes), notes
