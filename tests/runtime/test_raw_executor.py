@@ -13,7 +13,20 @@ from cudnn_pygraph.runtime.variant_pack import DeclaredLayout, MissingOperandErr
 
 UIDS = (3, 7, 9)
 LAYOUT = DeclaredLayout([(u, (4, 8), (8, 1), int(data_type.FLOAT), 32) for u in UIDS])
-HANDLE, INDEX, NEED = 0x5000, 2, 128
+HANDLE, INDEX, NEED, DEVICE = 0x5000, 2, 128, 0
+
+
+class CudaBuffer:
+    """A CUDA producer seen from the CPU (the pack reads the interface, never the memory)."""
+
+    def __init__(self, address, shape=(4, 8), device=None):
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": "<f4",
+            "data": (address, False),
+            "strides": None,
+            "version": 3,
+        }
 
 
 class Harness:
@@ -22,8 +35,20 @@ class Harness:
         self.record = types.SimpleNamespace()
         self.runner = object()
         self.record._runner = self.runner
-        self.execute = RawExecutor(LAYOUT, (0, 1, 2), self.raw, len(UIDS), HANDLE, INDEX, need,
-                                   self.scratch, self.record, self.runner, self.fallback)
+        self.execute = RawExecutor(
+            LAYOUT,
+            (0, 1, 2),
+            self.raw,
+            len(UIDS),
+            HANDLE,
+            INDEX,
+            need,
+            self.scratch,
+            self.record,
+            self.runner,
+            self.fallback,
+            DEVICE,
+        )
 
     def raw(self, address, n, ws, handle, index):
         pointers = list((ctypes.c_void_p * n).from_address(address))
@@ -47,10 +72,10 @@ def test_plain_call_hands_the_pointer_array_in_uid_order():
 
 def test_tensors_and_the_plans_own_workspace_read_once():
     h = Harness()
-    bufs = {u: torch.empty(4, 8) for u in UIDS}
+    bufs = {u: CudaBuffer(0x10000 * u) for u in UIDS}
     h.execute(bufs)
     h.execute(bufs, None)
-    assert [c[0] for c in h.raw_calls] == [[bufs[u].data_ptr() for u in UIDS]] * 2
+    assert [c[0] for c in h.raw_calls] == [[0x10000 * u for u in UIDS]] * 2
     assert [c[2] for c in h.raw_calls] == [0xABC000] * 2 and h.scratch_calls == 1
 
 
@@ -84,11 +109,17 @@ def test_a_runner_no_longer_selected_hands_every_call_back():
     assert len(h.fallback_calls) == 1 and not h.raw_calls
 
 
-@pytest.mark.parametrize("pack, workspace, error, message", [
-    ({3: 0x3000, 9: 0x9000}, None, MissingOperandError, "uid 7"),
-    (PACK, torch.empty(NEED - 1, dtype=torch.uint8), ValueError, "spans 127 bytes"),
-    ({**PACK, 8: 0x8000}, None, LookupError, "uid 8 is not an operand"),
-], ids=["missing-operand", "small-workspace", "unknown-uid"])
+@pytest.mark.parametrize(
+    "pack, workspace, error, message",
+    [
+        ({3: 0x3000, 9: 0x9000}, None, MissingOperandError, "uid 7"),
+        (PACK, torch.empty(NEED - 1, dtype=torch.uint8), ValueError, "spans 127 bytes"),
+        ({**PACK, 8: 0x8000}, None, LookupError, "uid 8 is not an operand"),
+        ({**PACK, 7: torch.empty(4, 8)}, None, ValueError, "uid 7: the buffer is on cpu:0"),
+        ({**PACK, 7: CudaBuffer(0x7000, (4, 4))}, None, ValueError, "spans 64 bytes"),
+    ],
+    ids=["missing-operand", "small-workspace", "unknown-uid", "cpu-buffer", "too-small"],
+)
 def test_bad_input_is_refused_before_the_raw_call(pack, workspace, error, message):
     h = Harness()
     with pytest.raises(error, match=message):
@@ -99,7 +130,19 @@ def test_bad_input_is_refused_before_the_raw_call(pack, workspace, error, messag
 def test_the_raw_calls_error_propagates():
     h = Harness()
     h.raw = None
-    boom = RawExecutor(LAYOUT, (0, 1, 2), lambda *a: 1 / 0, 3, HANDLE, INDEX, 0, h.scratch,
-                       h.record, h.runner, h.fallback)
+    boom = RawExecutor(
+        LAYOUT,
+        (0, 1, 2),
+        lambda *a: 1 / 0,
+        3,
+        HANDLE,
+        INDEX,
+        0,
+        h.scratch,
+        h.record,
+        h.runner,
+        h.fallback,
+        DEVICE,
+    )
     with pytest.raises(ZeroDivisionError):
         boom(PACK)

@@ -27,6 +27,7 @@ from . import classic_parity
 from .lowering import backend_enum, backend_error, frontend, lowered, our_enum
 
 LABEL = "cudnn_backend"
+DL_CUDA = 2  # DLPack's device type of the memory a backend plan reads
 
 
 # ---------------------------------------------------------------- knobs
@@ -214,7 +215,7 @@ class BackendPlan(CompiledPlan):
         return RawExecutor(layout.declared, tuple(layout.required), self._raw, self.n_slots,
                            self._default_backend_handle(), self.index, self.workspace_size,
                            lambda: self._scratch_for(None), runner.record, runner,
-                           through_graph(graph))
+                           through_graph(graph), self.device)
 
     def _default_backend_handle(self):
         bh = self._default_bh
@@ -232,6 +233,9 @@ class BackendPlan(CompiledPlan):
             bh = self._default_backend_handle()
         else:
             bh = handle if type(handle) is int else handle.backend_handle()
+        # The backend reads each pointer as its declaration: what it would misread is
+        # refused here, before anything launches (the executor in make_call does the same).
+        pack.check_declared(DL_CUDA, self.device)
         ws = 0 if self.workspace_size == 0 else self._workspace(ctx)
         overrides = getattr(ctx, "overrides", None)
         if overrides:

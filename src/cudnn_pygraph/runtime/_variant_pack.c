@@ -45,6 +45,7 @@ typedef struct {
     int32_t kind;
     int64_t buffer_span; /* bytes the caller's buffer covers; -1 for a bare address */
     int64_t need_span;   /* bytes the declaration (or its override) reads */
+    int32_t overridden;  /* an override_shapes/strides entry was written into the slot */
     PyObject *owner;
     PyObject *keeper;
 } PgSlot;
@@ -79,6 +80,7 @@ static void classify(const PgDecl *d, const PgView *b, PgSlot *s)
         s->view.ptr = b->ptr;
         s->view.device_type = b->device_type;
         s->view.device_id = b->device_id;
+        s->view.readonly = b->readonly;
     } else {
         s->kind = span < d->span ? PG_SMALLER : PG_OTHER;
         s->view = *b;
@@ -143,6 +145,57 @@ static int read_object(PyObject *obj, int device_id, PgView *v, PyObject **keepe
     return PG_NOT_AN_OPERAND;
 }
 
+/* An integer scalar that is not a Python int (np.int64, anything registered as
+ * numbers.Integral): a device address, like an int. Read through __index__, never through
+ * the array interface a numpy scalar also offers (that describes the scalar's own memory).
+ * 1 when `obj` is one, 0 when not, -1 with an error set. */
+static int is_integer_scalar(PyObject *obj)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
+    if (tp == &BufferType || PyBool_Check(obj) || tp->tp_as_number == NULL ||
+        tp->tp_as_number->nb_index == NULL || exchange_api_of(tp) != NULL)
+        return 0;
+    return PyObject_IsInstance(obj, Integral);
+}
+
+/* A bare address: lends the declaration outright. 0, or -1 with the error naming it. */
+static int fill_address(PgPack *p, Py_ssize_t i, PyObject *obj, PyObject *as_int,
+                        int device_id)
+{
+    PgLayout *lay = p->layout;
+    const PgDecl *d = &lay->items[i];
+    PgSlot *s = &p->slots[i];
+    int overflow;
+    long long a = PyLong_AsLongLongAndOverflow(as_int, &overflow);
+    unsigned long long ua = (unsigned long long)a;
+    if (a == -1 && !overflow && PyErr_Occurred()) {
+        slot_error(PyExc_ValueError, lay, i, "its address is not readable as an integer");
+        return -1;
+    }
+    if (overflow > 0) {
+        ua = PyLong_AsUnsignedLongLong(as_int);
+        if (ua == (unsigned long long)-1 && PyErr_Occurred()) {
+            slot_error(PyExc_ValueError, lay, i, "address does not fit in 64 bits");
+            return -1;
+        }
+    } else if (overflow < 0 || a <= 0) {
+        slot_error(PyExc_ValueError, lay, i, a == 0 && !overflow
+                   ? "address 0 is NULL; pass None for an operand not supplied"
+                   : "a negative device address");
+        return -1;
+    }
+    s->kind = PG_ADDRESS;
+    s->view = d->decl;
+    s->view.ptr = (char *)(uintptr_t)ua;
+    s->view.device_type = PG_DL_CUDA;
+    s->view.device_id = device_id;
+    s->view.readonly = 0;
+    s->buffer_span = -1;
+    s->need_span = d->span;
+    s->owner = Py_NewRef(obj);
+    return 0;
+}
+
 /* Read objects[i] into slot i. Returns 0 or -1 with the error naming the operand. */
 static int fill_slot(PgPack *p, Py_ssize_t i, PyObject *obj, int device_id)
 {
@@ -154,31 +207,21 @@ static int fill_slot(PgPack *p, Py_ssize_t i, PyObject *obj, int device_id)
     PyObject *keeper = NULL;
     PyTypeObject *tp = Py_TYPE(obj);
 
-    if (PyLong_CheckExact(obj) || (PyLong_Check(obj) && !PyBool_Check(obj))) {
-        int overflow;
-        long long a = PyLong_AsLongLongAndOverflow(obj, &overflow);
-        unsigned long long ua = (unsigned long long)a;
-        if (overflow > 0) {
-            ua = PyLong_AsUnsignedLongLong(obj);
-            if (ua == (unsigned long long)-1 && PyErr_Occurred()) {
-                slot_error(PyExc_ValueError, lay, i, "address does not fit in 64 bits");
-                return -1;
-            }
-        } else if (overflow < 0 || a <= 0) {
-            slot_error(PyExc_ValueError, lay, i, a == 0 && !overflow
-                       ? "address 0 is NULL; pass None for an operand not supplied"
-                       : "a negative device address");
+    if (PyLong_Check(obj) && !PyBool_Check(obj)) return fill_address(p, i, obj, obj, device_id);
+    int scalar = is_integer_scalar(obj);
+    if (scalar < 0) {
+        slot_error(UnreadableOperandError, lay, i, "its type's integer check failed");
+        return -1;
+    }
+    if (scalar) {
+        PyObject *as_int = PyNumber_Index(obj);
+        if (as_int == NULL) {
+            slot_error(PyExc_ValueError, lay, i, "its address is not readable as an integer");
             return -1;
         }
-        s->kind = PG_ADDRESS;
-        s->view = d->decl;
-        s->view.ptr = (char *)(uintptr_t)ua;
-        s->view.device_type = PG_DL_CUDA;
-        s->view.device_id = device_id;
-        s->buffer_span = -1;
-        s->need_span = d->span;
-        s->owner = Py_NewRef(obj);
-        return 0;
+        int rc = fill_address(p, i, obj, as_int, device_id);
+        Py_DECREF(as_int);
+        return rc;
     }
     int rc = read_object(obj, device_id, &v, &keeper, &f);
     if (rc == PG_NOT_AN_OPERAND) {
@@ -191,6 +234,18 @@ static int fill_slot(PgPack *p, Py_ssize_t i, PyObject *obj, int device_id)
         return -1;
     }
     if (rc < 0) goto fail;
+    if (v.ptr == NULL && view_span(&v) > 0) {
+        f.type = PyExc_ValueError;
+        snprintf(f.msg, sizeof f.msg, "its data pointer is NULL and it spans %lld bytes",
+                 (long long)view_span(&v));
+        goto fail;
+    }
+    if (v.readonly && d->written) {
+        f.type = PyExc_ValueError;
+        snprintf(f.msg, sizeof f.msg, "the buffer is read-only (its producer says so) and "
+                 "this operand is an output the plan writes: bind writable memory");
+        goto fail;
+    }
     classify(d, &v, s);
     if (s->view.code == 0) { /* kept its own dtype, and the backend has no name for it */
         Py_XDECREF(keeper);
@@ -279,11 +334,11 @@ static PyObject *pack_from_objects(PyTypeObject *type, PyObject *const *args, Py
     if (parse_keywords("from_objects", args, nargs, kwnames, &device_id, NULL) < 0)
         return NULL;
     PgLayout *lay = (PgLayout *)args[0];
-    PyObject *fast = PySequence_Fast(args[1], "from_objects: objects must be a sequence");
+    PyObject *fast = tuple_of(args[1], "from_objects: objects must be a sequence");
     if (fast == NULL) return NULL;
-    if (PySequence_Fast_GET_SIZE(fast) != Py_SIZE(lay)) {
+    if (PyTuple_GET_SIZE(fast) != Py_SIZE(lay)) {
         PyErr_Format(PyExc_ValueError, "from_objects: %zd objects for a layout of %zd slots",
-                     PySequence_Fast_GET_SIZE(fast), Py_SIZE(lay));
+                     PyTuple_GET_SIZE(fast), Py_SIZE(lay));
         Py_DECREF(fast);
         return NULL;
     }
@@ -314,15 +369,39 @@ static PyObject *pack_of_mapping(PgLayout *lay, PyObject *mapping, PyObject *req
         dict = PyDict_New();
         if (dict == NULL || PyDict_Merge(dict, mapping, 1) < 0) goto done;
     }
-    Py_ssize_t cursor = 0;
+    Py_ssize_t cursor = 0, size = PyDict_GET_SIZE(dict);
     while (PyDict_Next(dict, &cursor, &key, &value)) {
+        if (PyLong_CheckExact(key)) {
+            Py_ssize_t i = layout_find(lay, key); /* runs no Python code */
+            if (i < 0) goto done;
+            if (items[i] != NULL) {
+                slot_error(PyExc_ValueError, lay, i, "bound twice in one variant pack");
+                goto done;
+            }
+            items[i] = Py_NewRef(value); /* a producer's __dlpack__ may run arbitrary code */
+            continue;
+        }
+        /* A key's .uid getter is the caller's code: it may mutate the dict, which would
+         * free the borrowed key and value. Hold both across it, and refuse a map that
+         * changed while it was read, as dict iteration does. */
+        Py_INCREF(key);
+        Py_INCREF(value);
         Py_ssize_t i = layout_find(lay, key);
-        if (i < 0) goto done;
-        if (items[i] != NULL) {
+        Py_DECREF(key);
+        if (i >= 0 && PyDict_GET_SIZE(dict) != size) {
+            PyErr_SetString(PyExc_ValueError, "the variant pack changed size while it was "
+                            "read (a key's .uid getter mutated it)");
+            i = -1;
+        }
+        if (i >= 0 && items[i] != NULL) {
             slot_error(PyExc_ValueError, lay, i, "bound twice in one variant pack");
+            i = -1;
+        }
+        if (i < 0) {
+            Py_DECREF(value);
             goto done;
         }
-        items[i] = Py_NewRef(value); /* a producer's __dlpack__ may run arbitrary code */
+        items[i] = value; /* the reference taken above */
     }
     if (required != Py_None && raise_missing(lay, items, required) == NULL) goto done;
     pack = build_pack(lay, items, device_id);
@@ -369,12 +448,12 @@ static PyObject *pack_index_of(PgPack *p, PyObject *arg)
 
 static PyObject *pack_operands(PgPack *p, PyObject *indices)
 {
-    PyObject *fast = PySequence_Fast(indices, "operands: indices must be a sequence");
+    PyObject *fast = tuple_of(indices, "operands: indices must be a sequence");
     if (fast == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    Py_ssize_t n = PyTuple_GET_SIZE(fast);
     PyObject *out = PyList_New(n);
     for (Py_ssize_t k = 0; out && k < n; k++) {
-        Py_ssize_t i = pack_index(p, PySequence_Fast_GET_ITEM(fast, k));
+        Py_ssize_t i = pack_index(p, PyTuple_GET_ITEM(fast, k));
         if (i < 0) {
             Py_CLEAR(out);
             break;
@@ -393,33 +472,49 @@ static PyObject *pack_operands(PgPack *p, PyObject *indices)
 }
 
 /* override_shapes / override_strides: graph axis order, cuDNN element units, written INTO
- * the slot in the buffer's axis order. */
-static PyObject *pack_override(PgPack *p, PyObject *const *args, Py_ssize_t nargs)
+ * the slot in the buffer's axis order. 0, or -1 with the error naming the operand. */
+static int override_slot(PgPack *p, Py_ssize_t i, PyObject *shape_obj, PyObject *strides_obj)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "override(uid, shape, strides)");
-        return NULL;
-    }
-    Py_ssize_t i = layout_find(p->layout, args[0]);
-    if (i < 0) return NULL;
     PgSlot *s = &p->slots[i];
     const PgDecl *d = &p->layout->items[i];
     int64_t shape[PG_MAX_DIMS], strides[PG_MAX_DIMS];
-    int nd = read_int64_tuple(args[1], shape, PG_MAX_DIMS, "override shape", i);
-    if (nd < 0) return NULL;
-    int ns = read_int64_tuple(args[2], strides, PG_MAX_DIMS, "override strides", i);
-    if (ns < 0) return NULL;
+    int nd = read_int64_tuple(shape_obj, shape, PG_MAX_DIMS, "override shape", i);
+    if (nd < 0) return -1;
+    int ns = read_int64_tuple(strides_obj, strides, PG_MAX_DIMS, "override strides", i);
+    if (ns < 0) return -1;
     char msg[240];
     if (nd != ns) {
         snprintf(msg, sizeof msg, "override has %d extents and %d strides", nd, ns);
-        return slot_error(PyExc_ValueError, p->layout, i, msg);
+        slot_error(PyExc_ValueError, p->layout, i, msg);
+        return -1;
     }
-    if (s->kind == PG_UNFILLED)
-        return slot_error(MissingOperandError, p->layout, i,
-                          "an override for an operand that was not supplied");
+    if (s->kind == PG_UNFILLED) {
+        slot_error(MissingOperandError, p->layout, i,
+                   "an override for an operand that was not supplied");
+        return -1;
+    }
+    for (int k = 0; k < nd; k++)
+        if (shape[k] < 0) {
+            snprintf(msg, sizeof msg, "override extent %lld on axis %d is negative",
+                     (long long)shape[k], k);
+            slot_error(PyExc_ValueError, p->layout, i, msg);
+            return -1;
+        }
     int per_slot = d->decl.elem_bits < 8 ? 8 / d->decl.elem_bits : 1;
-    if (to_storage_geometry(nd, shape, strides, per_slot, msg, sizeof msg) < 0)
-        return slot_error(PyExc_ValueError, p->layout, i, msg);
+    if (to_storage_geometry(nd, shape, strides, per_slot, msg, sizeof msg) < 0) {
+        slot_error(PyExc_ValueError, p->layout, i, msg);
+        return -1;
+    }
+    PgView need = d->decl;
+    need.ndim = nd;
+    memcpy(need.shape, shape, sizeof(int64_t) * nd);
+    memcpy(need.strides, strides, sizeof(int64_t) * nd);
+    int64_t need_span = view_span(&need);
+    if (need_span < 0) {
+        slot_error(PyExc_ValueError, p->layout, i, "the override spans more bytes than a "
+                   "64-bit size holds");
+        return -1;
+    }
     /* A slot that kept its own description of other extents speaks the buffer's axis
      * order; both orders rank their axes alike by stride, which gives the permutation.
      * Every other slot is in the graph's order already (its extents are the declared
@@ -447,12 +542,101 @@ static PyObject *pack_override(PgPack *p, PyObject *const *args, Py_ssize_t narg
         memcpy(v->strides, strides, sizeof(int64_t) * nd);
         v->ndim = nd;
     }
-    PgView need = d->decl;
-    need.ndim = nd;
-    memcpy(need.shape, shape, sizeof(int64_t) * nd);
-    memcpy(need.strides, strides, sizeof(int64_t) * nd);
-    s->need_span = view_span(&need);
+    s->need_span = need_span;
+    s->overridden = 1;
+    return 0;
+}
+
+static PyObject *pack_override(PgPack *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "override(uid, shape, strides)");
+        return NULL;
+    }
+    Py_ssize_t i = layout_find(p->layout, args[0]);
+    if (i < 0 || override_slot(p, i, args[1], args[2]) < 0) return NULL;
     Py_RETURN_NONE;
+}
+
+/* execute()'s override_uids / override_shapes / override_strides: three parallel lists,
+ * refused as a whole (a ValueError naming the rule) unless each uid has one shape and one
+ * stride list, then written slot by slot. */
+static PyObject *pack_override_all(PgPack *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    static const char *what[3] = {"override_uids", "override_shapes", "override_strides"};
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "override_all(uids, shapes, strides)");
+        return NULL;
+    }
+    PyObject *lists[3] = {NULL, NULL, NULL}, *result = NULL;
+    for (int k = 0; k < 3; k++) {
+        if (args[k] == Py_None || PyUnicode_Check(args[k]) || PyBytes_Check(args[k]) ||
+            (lists[k] = PySequence_Check(args[k]) ? PySequence_Tuple(args[k]) : NULL) == NULL) {
+            raise_from(PyExc_ValueError, "execute(): %s must be a list (override_uids, "
+                       "override_shapes and override_strides are parallel lists: one shape and "
+                       "one stride list per uid); got %.100s", what[k],
+                       Py_TYPE(args[k])->tp_name);
+            goto done;
+        }
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(lists[0]);
+    if (PyTuple_GET_SIZE(lists[1]) != n || PyTuple_GET_SIZE(lists[2]) != n) {
+        PyErr_Format(PyExc_ValueError, "execute(): %zd override_uids, %zd override_shapes and "
+                     "%zd override_strides; they are parallel lists (one shape and one stride "
+                     "list per uid)", n, PyTuple_GET_SIZE(lists[1]), PyTuple_GET_SIZE(lists[2]));
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *uid = PyTuple_GET_ITEM(lists[0], k);
+        if (PyBool_Check(uid) || !PyIndex_Check(uid)) {
+            PyErr_Format(PyExc_ValueError, "execute(): override_uids[%zd] is a %.100s; a uid is "
+                         "an int", k, Py_TYPE(uid)->tp_name);
+            goto done;
+        }
+        Py_ssize_t i = layout_find(p->layout, uid);
+        if (i < 0 ||
+            override_slot(p, i, PyTuple_GET_ITEM(lists[1], k), PyTuple_GET_ITEM(lists[2], k)) < 0)
+            goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    for (int k = 0; k < 3; k++) Py_XDECREF(lists[k]);
+    return result;
+}
+
+/* Raise `type` with "<operand>: <message>": the operand as the caller names it (`name`,
+ * with its uid) or, when name is NULL, as the layout does. Always NULL. */
+static PyObject *operand_error(PyObject *type, PgPack *p, Py_ssize_t i, PyObject *name,
+                               const char *fmt, ...)
+{
+    va_list va;
+    va_start(va, fmt);
+    PyObject *msg = PyUnicode_FromFormatV(fmt, va);
+    va_end(va);
+    if (msg == NULL) return NULL;
+    PyObject *label = name ? PyUnicode_FromFormat("operand %R (uid %lld)", name,
+                                                  (long long)p->layout->items[i].uid)
+                           : label_of(p->layout, i);
+    if (label) PyErr_Format(type, "%U: %U", label, msg);
+    Py_XDECREF(label);
+    Py_DECREF(msg);
+    return NULL;
+}
+
+/* The extent rule, one place for every plan: a buffer that spans fewer bytes than its
+ * declaration (or override) reads is refused. A bare address carries no extent: the
+ * caller vouches for it. 0, or -1 with OperandExtentError set. */
+static int extent_rule(PgPack *p, Py_ssize_t i, PyObject *name)
+{
+    PgSlot *s = &p->slots[i];
+    if (s->buffer_span >= 0 && s->buffer_span < s->need_span) {
+        operand_error(OperandExtentError, p, i, name, "the buffer spans %lld bytes and the "
+                      "declaration reads %lld; this plan reads the declared extent, so it "
+                      "would read past the allocation", (long long)s->buffer_span,
+                      (long long)s->need_span);
+        return -1;
+    }
+    return 0;
 }
 
 static PyObject *pack_check_extent(PgPack *p, PyObject *const *args, Py_ssize_t nargs)
@@ -463,20 +647,116 @@ static PyObject *pack_check_extent(PgPack *p, PyObject *const *args, Py_ssize_t 
     }
     Py_ssize_t i = pack_index(p, args[0]);
     if (i < 0) return NULL;
-    PgSlot *s = &p->slots[i];
-    long long uid = (long long)p->layout->items[i].uid;
-    if (s->kind == PG_UNFILLED) {
+    if (p->slots[i].kind == PG_UNFILLED) {
         PyErr_Format(MissingOperandError, "operand %R (uid %lld) is required and was not "
-                     "supplied", args[1], uid);
+                     "supplied", args[1], (long long)p->layout->items[i].uid);
         return NULL;
     }
-    if (s->buffer_span >= 0 && s->buffer_span < s->need_span) {
-        PyErr_Format(OperandExtentError, "operand %R (uid %lld): the buffer spans %lld bytes "
-                     "and the declaration reads %lld; this engine reads the declared extent, "
-                     "so it would read past the allocation", args[1], uid,
-                     (long long)s->buffer_span, (long long)s->need_span);
+    if (extent_rule(p, i, args[1]) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* The extents and strides of v's axes of extent other than 1 (the axes that move an
+ * address), in order; returns their count. */
+static int moving_axes(const PgView *v, int64_t *shape, int64_t *strides)
+{
+    int n = 0;
+    for (int k = 0; k < v->ndim; k++)
+        if (v->shape[k] != 1) {
+            shape[n] = v->shape[k];
+            strides[n++] = v->strides[k];
+        }
+    return n;
+}
+
+static const char *device_name(int32_t device_type)
+{
+    switch (device_type) {
+    case PG_DL_CPU: return "cpu";
+    case PG_DL_CUDA: return "cuda";
+    case PG_DL_CUDA_HOST: return "cuda_host";
+    case PG_DL_CUDA_MANAGED: return "cuda_managed";
+    case PG_DL_ROCM: return "rocm";
+    default: return "device type";
+    }
+}
+
+/* Slot i read through its pointer alone, as the declaration (or the caller's override)
+ * describes it: what a plan that takes only pointers (the backend) reads. Refused, naming
+ * the operand and the rule: a buffer on another device (a bare address carries none: the
+ * caller vouches), of another dtype than declared (the pack's rule already reads a buffer
+ * of the declared width AS the declared dtype), spanning fewer bytes than declared (the
+ * extent rule above), or laid out otherwise than declared on an axis that moves the
+ * address (a transposed, broadcast or padded view; an override states the layout itself).
+ * A layout with no declaration (described=False) checks only the device. */
+static int declared_rule(PgPack *p, Py_ssize_t i, int32_t device_type, int32_t device_id)
+{
+    PgSlot *s = &p->slots[i];
+    const PgDecl *d = &p->layout->items[i];
+    const PgView *v = &s->view;
+    if (s->kind == PG_UNFILLED) return 0;
+    if (s->kind != PG_ADDRESS) {
+        int same = v->device_type == device_type ||
+                   (device_type == PG_DL_CUDA && v->device_type == PG_DL_CUDA_MANAGED);
+        if (!same || (device_type != PG_DL_CPU && v->device_id != device_id)) {
+            operand_error(OperandMismatchError, p, i, NULL, "the buffer is on %s:%d and this "
+                          "plan runs on %s:%d (rule: device)", device_name(v->device_type),
+                          (int)v->device_id, device_name(device_type), (int)device_id);
+            return -1;
+        }
+    }
+    if (!p->layout->described) return 0;
+    if (v->code != d->decl.code) {
+        operand_error(OperandMismatchError, p, i, NULL, "the buffer holds data_type %d and the "
+                      "declaration data_type %d; this plan reads the declared dtype (rule: "
+                      "dtype)", (int)v->code, (int)d->decl.code);
+        return -1;
+    }
+    if (extent_rule(p, i, NULL) < 0) return -1;
+    if (s->overridden || d->span == 0) return 0;
+    int64_t bs[PG_MAX_DIMS], bt[PG_MAX_DIMS], ds[PG_MAX_DIMS], dt[PG_MAX_DIMS];
+    int nb = moving_axes(v, bs, bt), nd = moving_axes(&d->decl, ds, dt);
+    int same = nb == nd;
+    for (int k = 0; same && k < nb; k++) same = bs[k] == ds[k] && bt[k] == dt[k];
+    if (!same) {
+        PyObject *shape = int64_tuple(v->shape, v->ndim), *strides = int64_tuple(v->strides,
+                                                                                 v->ndim);
+        PyObject *dshape = int64_tuple(d->decl.shape, d->decl.ndim);
+        PyObject *dstrides = int64_tuple(d->decl.strides, d->decl.ndim);
+        if (shape && strides && dshape && dstrides)
+            operand_error(OperandMismatchError, p, i, NULL, "the buffer is laid out as shape "
+                          "%R strides %R and the declaration as shape %R strides %R; this plan "
+                          "reads the pointer with the declared strides (rule: layout; bind a "
+                          "buffer laid out as declared, or a dense one)", shape, strides,
+                          dshape, dstrides);
+        Py_XDECREF(shape);
+        Py_XDECREF(strides);
+        Py_XDECREF(dshape);
+        Py_XDECREF(dstrides);
+        return -1;
+    }
+    return 0;
+}
+
+/* Every filled slot through declared_rule, in uid order. 0, or -1 with the error set. */
+static int check_declared_all(PgPack *p, int32_t device_type, int32_t device_id)
+{
+    for (Py_ssize_t i = 0; i < Py_SIZE(p); i++)
+        if (declared_rule(p, i, device_type, device_id) < 0) return -1;
+    return 0;
+}
+
+static PyObject *pack_check_declared(PgPack *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "check_declared(device_type, device_id)");
         return NULL;
     }
+    int device_type = PyLong_AsLong(args[0]);
+    if (device_type == -1 && PyErr_Occurred()) return NULL;
+    int device_id = PyLong_AsLong(args[1]);
+    if (device_id == -1 && PyErr_Occurred()) return NULL;
+    if (check_declared_all(p, device_type, device_id) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -484,11 +764,11 @@ static PyObject *pack_check_extent(PgPack *p, PyObject *const *args, Py_ssize_t 
 static PyObject *unfilled_positions(PgLayout *lay, PyObject *const *items, PgPack *p,
                                     PyObject *positions)
 {
-    PyObject *fast = PySequence_Fast(positions, "positions must be a sequence");
+    PyObject *fast = tuple_of(positions, "positions must be a sequence");
     if (fast == NULL) return NULL;
     PyObject *out = PyList_New(0);
-    for (Py_ssize_t k = 0; out && k < PySequence_Fast_GET_SIZE(fast); k++) {
-        PyObject *position = PySequence_Fast_GET_ITEM(fast, k);
+    for (Py_ssize_t k = 0; out && k < PyTuple_GET_SIZE(fast); k++) {
+        PyObject *position = PyTuple_GET_ITEM(fast, k);
         Py_ssize_t i = PyLong_AsSsize_t(position);
         if (i == -1 && PyErr_Occurred()) {
             Py_CLEAR(out);
@@ -546,6 +826,7 @@ static PyObject *raise_missing(PgLayout *lay, PyObject *const *items, PyObject *
         PyObject *const *seq = PySequence_Fast_ITEMS(positions);
         Py_ssize_t k, count = PySequence_Fast_GET_SIZE(positions);
         for (k = 0; k < count; k++) {
+            if (!PyLong_CheckExact(seq[k])) break; /* anything else may run code: slow path */
             Py_ssize_t i = PyLong_AsSsize_t(seq[k]);
             if (i < 0 || i >= Py_SIZE(lay) || items[i] == NULL || items[i] == Py_None) break;
         }
@@ -608,8 +889,13 @@ static PyMethodDef pack_methods[] = {
      "OperandBuffers at the given positions (None where unfilled)."},
     {"override", (PyCFunction)(void (*)(void))pack_override, METH_FASTCALL,
      "override(uid, shape, strides): write an override_shapes/strides entry into the slot."},
+    {"override_all", (PyCFunction)(void (*)(void))pack_override_all, METH_FASTCALL,
+     "override_all(uids, shapes, strides): execute()'s three parallel override lists."},
     {"check_extent", (PyCFunction)(void (*)(void))pack_check_extent, METH_FASTCALL,
      "check_extent(index, name): refuse a buffer smaller than what the declaration reads."},
+    {"check_declared", (PyCFunction)(void (*)(void))pack_check_declared, METH_FASTCALL,
+     "check_declared(device_type, device_id): refuse any operand that its pointer alone, read "
+     "as declared, would misread (device, dtype, extent, layout)."},
     {"missing", (PyCFunction)pack_missing, METH_O,
      "The given positions that are unfilled, as a tuple (empty when all are supplied)."},
     {"require", (PyCFunction)pack_require, METH_O,
@@ -710,6 +996,11 @@ PyMODINIT_FUNC PyInit__variant_pack(void)
     INTERN(s_strides, "strides");
     INTERN(s_runner_attr, "_runner");
 #undef INTERN
+    PyObject *numbers = PyImport_ImportModule("numbers");
+    if (numbers == NULL) return NULL;
+    Integral = PyObject_GetAttrString(numbers, "Integral");
+    Py_DECREF(numbers);
+    if (Integral == NULL) return NULL;
     s_max_version = Py_BuildValue("(ii)", PG_DLPACK_MAJOR, PG_DLPACK_MINOR);
     s_kw_max_version = Py_BuildValue("(s)", "max_version");
     if (s_max_version == NULL || s_kw_max_version == NULL) return NULL;
@@ -719,8 +1010,13 @@ PyMODINIT_FUNC PyInit__variant_pack(void)
 #define ERROR(var, short_name, parent, doc)                                             \
     snprintf(name, sizeof name, "%s%s", base, short_name);                              \
     if ((var = new_error(name, parent, doc)) == NULL) return NULL
-    ERROR(UnknownOperandError, "UnknownOperandError", PyExc_LookupError,
+    /* A LookupError by nature, and a ValueError so that it is one of the classic error
+     * types (cudnn_pygraph._types.CLASSIC_ERRORS) a caller's mistake surfaces as. */
+    PyObject *unknown_bases = PyTuple_Pack(2, PyExc_LookupError, PyExc_ValueError);
+    if (unknown_bases == NULL) return NULL;
+    ERROR(UnknownOperandError, "UnknownOperandError", unknown_bases,
           "A uid that is not an operand of the graph.");
+    Py_DECREF(unknown_bases);
     ERROR(MissingOperandError, "MissingOperandError", PyExc_ValueError,
           "A required operand that the caller did not supply.");
     ERROR(OperandExtentError, "OperandExtentError", PyExc_ValueError,
@@ -728,6 +1024,9 @@ PyMODINIT_FUNC PyInit__variant_pack(void)
           "extent.");
     ERROR(UnreadableOperandError, "UnreadableOperandError", PyExc_TypeError,
           "An operand whose producer or dtype cannot be read.");
+    ERROR(OperandMismatchError, "OperandMismatchError", PyExc_ValueError,
+          "A buffer that a plan reading only its pointer would misread: another device, "
+          "dtype or layout than declared.");
 #undef ERROR
 
     if (PyType_Ready(&LayoutType) < 0 || PyType_Ready(&PackType) < 0 ||
@@ -750,6 +1049,7 @@ PyMODINIT_FUNC PyInit__variant_pack(void)
         PyModule_AddObjectRef(m, "MissingOperandError", MissingOperandError) < 0 ||
         PyModule_AddObjectRef(m, "OperandExtentError", OperandExtentError) < 0 ||
         PyModule_AddObjectRef(m, "UnreadableOperandError", UnreadableOperandError) < 0 ||
+        PyModule_AddObjectRef(m, "OperandMismatchError", OperandMismatchError) < 0 ||
         PyModule_AddIntConstant(m, "MAX_DIMS", PG_MAX_DIMS) < 0) {
         Py_DECREF(m);
         return NULL;

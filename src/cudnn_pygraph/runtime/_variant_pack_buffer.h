@@ -103,7 +103,7 @@ static PgDLManagedTensorVersioned *export_versioned(PgBuffer *b)
     e->m.version.minor = PG_DLPACK_MINOR;
     e->m.manager_ctx = Py_NewRef(b);
     e->m.deleter = export_deleter;
-    e->m.flags = 0;
+    e->m.flags = b->view.readonly ? PG_DL_FLAG_READ_ONLY : 0;
     return &e->m;
 }
 
@@ -158,6 +158,11 @@ static PyObject *buffer_dlpack(PgBuffer *b, PyObject *args, PyObject *kw)
         PyObject *cap = PyCapsule_New(m, "dltensor_versioned", capsule_versioned_destructor);
         if (cap == NULL) m->deleter(m);
         return cap;
+    }
+    if (b->view.readonly) { /* a legacy capsule cannot say so: the consumer would write */
+        PyErr_SetString(PyExc_BufferError, "OperandBuffer is read-only and a DLPack 0.x "
+                        "capsule cannot say so; ask for max_version=(1, 0) or later");
+        return NULL;
     }
     struct legacy {
         PgDLManagedTensor m;
@@ -249,6 +254,11 @@ BUF_INT_GETTER(device_type, b->view.device_type)
 BUF_INT_GETTER(device_id, b->view.device_id)
 BUF_INT_GETTER(nbytes_span, view_span(&b->view))
 
+static PyObject *buffer_get_readonly(PgBuffer *b, void *unused)
+{
+    return PyBool_FromLong(b->view.readonly);
+}
+
 static PyObject *buffer_get_ptr(PgBuffer *b, void *unused)
 {
     return PyLong_FromVoidPtr(b->view.ptr);
@@ -283,6 +293,8 @@ static PyGetSetDef buffer_getset[] = {
     {"elem_bits", (getter)buffer_get_elem_bits, NULL, "Bits of one element (fp4: 4).", NULL},
     {"device_type", (getter)buffer_get_device_type, NULL, "DLPack device type.", NULL},
     {"device_id", (getter)buffer_get_device_id, NULL, "Device ordinal.", NULL},
+    {"readonly", (getter)buffer_get_readonly, NULL,
+     "True when the producer said the memory must not be written.", NULL},
     {"nbytes_span", (getter)buffer_get_nbytes_span, NULL,
      "Bytes from the lowest to the highest addressed slot, inclusive.", NULL},
     {NULL}};

@@ -18,8 +18,13 @@
  * refused when it spans fewer than `need` bytes. 0, or -1 with the error set. */
 static int workspace_ptr(PyObject *obj, long long need, void **out)
 {
-    if (PyLong_Check(obj) && !PyBool_Check(obj)) {
-        unsigned long long a = PyLong_AsUnsignedLongLong(obj);
+    int scalar = PyLong_Check(obj) && !PyBool_Check(obj) ? 1 : is_integer_scalar(obj);
+    if (scalar < 0) return -1;
+    if (scalar) { /* an int, or an integer scalar (np.int64): the address itself */
+        PyObject *as_int = PyNumber_Index(obj);
+        if (as_int == NULL) return -1;
+        unsigned long long a = PyLong_AsUnsignedLongLong(as_int);
+        Py_DECREF(as_int);
         if (a == (unsigned long long)-1 && PyErr_Occurred()) {
             PyErr_Clear();
             PyErr_SetString(PyExc_ValueError, "workspace: an address must be a positive "
@@ -67,6 +72,11 @@ static int workspace_ptr(PyObject *obj, long long need, void **out)
         return -1;
     }
     int64_t span = view_span(&v);
+    if (v.readonly) {
+        PyErr_SetString(PyExc_ValueError, "workspace: the buffer is read-only (its producer "
+                        "says so) and the plan writes its workspace");
+        return -1;
+    }
     if (span < need) {
         PyErr_Format(PyExc_ValueError, "workspace: the buffer spans %lld bytes and this plan "
                      "needs %lld", (long long)span, need);
@@ -88,7 +98,7 @@ static PyObject *workspace_address(PyObject *mod, PyObject *const *args, Py_ssiz
     if (need == -1 && PyErr_Occurred()) return NULL;
     void *ptr = NULL;
     if (workspace_ptr(args[0], need, &ptr) < 0) return NULL;
-    if (PyLong_Check(args[0])) return Py_NewRef(args[0]);
+    if (PyLong_CheckExact(args[0])) return Py_NewRef(args[0]);
     return PyLong_FromVoidPtr(ptr);
 }
 
@@ -111,6 +121,7 @@ typedef struct {
     PyObject *scratch_fn; /* () -> int: the plan's own workspace when the caller gives none */
     PyObject *scratch;    /* its answer, kept after the first call (the plan keeps the buffer) */
     long long need;       /* the plan's workspace bytes */
+    int device_id;        /* the CUDA device the plan runs on */
     PyObject *record, *runner, *fallback;
 } PgExec;
 
@@ -135,8 +146,14 @@ static PyObject *exec_vectorcall(PgExec *e, PyObject *const *args, size_t nargsf
     Py_DECREF(current); /* only its identity is compared */
     if (current != e->runner) return exec_fallback(e, args, nargsf, kwnames);
 
-    PyObject *pack = pack_of_mapping(e->layout, args[0], e->required, 0);
+    PyObject *pack = pack_of_mapping(e->layout, args[0], e->required, e->device_id);
     if (pack == NULL) return NULL;
+    /* The backend reads each pointer as its declaration: refuse what it would misread
+     * before anything is launched (the same rule as BackendPlan.execute's). */
+    if (check_declared_all((PgPack *)pack, PG_DL_CUDA, e->device_id) < 0) {
+        Py_DECREF(pack);
+        return NULL;
+    }
     PyObject *ws;
     if (e->need == 0) {
         ws = PyLong_FromLong(0);
@@ -176,19 +193,21 @@ static PyObject *exec_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     PyObject *layout, *required, *raw, *n_slots, *handle, *index, *scratch_fn, *record, *runner,
         *fallback;
     long long need;
+    int device_id;
     if (kwds && PyDict_GET_SIZE(kwds)) {
         PyErr_SetString(PyExc_TypeError, "RawExecutor takes positional arguments only");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!OOOOOLOOOO:RawExecutor", &LayoutType, &layout, &required,
+    if (!PyArg_ParseTuple(args, "O!OOOOOLOOOOi:RawExecutor", &LayoutType, &layout, &required,
                           &raw, &n_slots, &handle, &index, &need, &scratch_fn, &record, &runner,
-                          &fallback))
+                          &fallback, &device_id))
         return NULL;
     if (!PyTuple_Check(required) || !PyCallable_Check(raw) || !PyCallable_Check(fallback) ||
         !PyCallable_Check(scratch_fn) || !PyLong_Check(n_slots) || !PyLong_Check(handle) ||
         !PyLong_Check(index)) {
         PyErr_SetString(PyExc_TypeError, "RawExecutor(layout, required: tuple, raw, n_slots, "
-                        "handle, index, need, scratch_fn, record, runner, fallback): ints where "
+                        "handle, index, need, scratch_fn, record, runner, fallback, device_id): "
+                        "ints where "
                         "the backend takes ints, callables for raw, scratch_fn and fallback");
         return NULL;
     }
@@ -204,6 +223,7 @@ static PyObject *exec_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     e->scratch_fn = Py_NewRef(scratch_fn);
     e->scratch = NULL;
     e->need = need;
+    e->device_id = device_id;
     e->record = Py_NewRef(record);
     e->runner = Py_NewRef(runner);
     e->fallback = Py_NewRef(fallback);
@@ -260,7 +280,7 @@ static PyTypeObject ExecType = {
     .tp_call = PyVectorcall_Call,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "graph.execute for a selected backend plan: RawExecutor(layout, required, raw, "
-              "n_slots, handle, index, need, scratch_fn, record, runner, fallback).",
+              "n_slots, handle, index, need, scratch_fn, record, runner, fallback, device_id).",
     .tp_traverse = (traverseproc)exec_traverse,
     .tp_clear = (inquiry)exec_clear,
     .tp_new = exec_new,

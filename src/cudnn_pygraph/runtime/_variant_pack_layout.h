@@ -15,11 +15,14 @@ typedef struct {
     int64_t uid;
     PgView decl; /* storage geometry; ptr/device unused */
     int64_t span;
+    int32_t written; /* a plan writes this slot (an output): read-only memory is refused */
 } PgDecl;
 
 typedef struct {
     PyObject_VAR_HEAD
-    PyObject *names; /* tuple of str aligned with the slots, or None */
+    PyObject *names;  /* tuple of str aligned with the slots, or None */
+    PyObject *written; /* tuple of the written positions */
+    int described;    /* 0: the slots are placeholders (no IR): only the device is checked */
     PgDecl items[];
 } PgLayout;
 
@@ -55,18 +58,22 @@ static PyObject *slot_error(PyObject *type, PgLayout *lay, Py_ssize_t i, const c
 
 static PyObject *layout_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"slots", "names", NULL};
-    PyObject *slots, *names = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:DeclaredLayout", kwlist, &slots, &names))
+    static char *kwlist[] = {"slots", "names", "written", "described", NULL};
+    PyObject *slots, *names = Py_None, *written = Py_None;
+    int described = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$Op:DeclaredLayout", kwlist, &slots, &names,
+                                     &written, &described))
         return NULL;
-    PyObject *fast = PySequence_Fast(slots, "DeclaredLayout: slots must be a sequence");
+    PyObject *fast = tuple_of(slots, "DeclaredLayout: slots must be a sequence");
     if (fast == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    Py_ssize_t n = PyTuple_GET_SIZE(fast);
     PyObject *row = NULL; /* the slot being read */
     PgLayout *lay = PyObject_NewVar(PgLayout, type, n);
     if (lay == NULL) goto fail_fast;
     memset(lay->items, 0, sizeof(PgDecl) * (size_t)n);
     lay->names = Py_NewRef(Py_None);
+    lay->written = NULL;
+    lay->described = described;
     if (names != Py_None) {
         Py_SETREF(lay->names, PySequence_Tuple(names));
         if (lay->names == NULL) goto fail;
@@ -80,7 +87,7 @@ static PyObject *layout_new(PyTypeObject *type, PyObject *args, PyObject *kw)
         PgDecl *d = &lay->items[i];
         PyObject *uid, *dims, *strides;
         int code, bits;
-        Py_XSETREF(row, PySequence_Tuple(PySequence_Fast_GET_ITEM(fast, i)));
+        Py_XSETREF(row, PySequence_Tuple(PyTuple_GET_ITEM(fast, i)));
         if (!row || !PyArg_ParseTuple(row, "OOOii", &uid, &dims, &strides, &code, &bits)) {
             raise_from(PyExc_TypeError, "DeclaredLayout slot %zd: expected (uid, dims, "
                        "strides, dtype_code, elem_bits)", i);
@@ -139,6 +146,23 @@ static PyObject *layout_new(PyTypeObject *type, PyObject *args, PyObject *kw)
             goto fail;
         }
         d->span = view_span(&d->decl);
+        if (d->span < 0) {
+            PyErr_Format(PyExc_ValueError, "DeclaredLayout: uid %lld spans more bytes than a "
+                         "64-bit size holds", (long long)d->uid);
+            goto fail;
+        }
+    }
+    lay->written = written == Py_None ? PyTuple_New(0) : PySequence_Tuple(written);
+    if (lay->written == NULL) goto fail;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(lay->written); k++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(lay->written, k));
+        if (i == -1 && PyErr_Occurred()) goto fail;
+        if (i < 0 || i >= n) {
+            PyErr_Format(PyExc_ValueError, "DeclaredLayout: written position %zd of a %zd-slot "
+                         "layout", i, n);
+            goto fail;
+        }
+        lay->items[i].written = 1;
     }
     Py_XDECREF(row);
     Py_DECREF(fast);
@@ -154,6 +178,7 @@ fail_fast:
 static void layout_dealloc(PgLayout *lay)
 {
     Py_XDECREF(lay->names);
+    Py_XDECREF(lay->written);
     Py_TYPE(lay)->tp_free((PyObject *)lay);
 }
 
@@ -224,6 +249,13 @@ static PyObject *layout_uids(PgLayout *lay, void *unused)
 
 static PyObject *layout_names(PgLayout *lay, void *unused) { return Py_NewRef(lay->names); }
 
+static PyObject *layout_written(PgLayout *lay, void *unused) { return Py_NewRef(lay->written); }
+
+static PyObject *layout_described(PgLayout *lay, void *unused)
+{
+    return PyBool_FromLong(lay->described);
+}
+
 static Py_ssize_t layout_len(PgLayout *lay) { return Py_SIZE(lay); }
 
 static PyMethodDef layout_methods[] = {
@@ -236,6 +268,10 @@ static PyMethodDef layout_methods[] = {
 static PyGetSetDef layout_getset[] = {
     {"uids", (getter)layout_uids, NULL, "The slots' uids, ascending.", NULL},
     {"names", (getter)layout_names, NULL, "Operand names (tuple), or None.", NULL},
+    {"written", (getter)layout_written, NULL,
+     "Positions a plan writes (outputs): a read-only buffer there is refused.", NULL},
+    {"described", (getter)layout_described, NULL,
+     "False for placeholder slots (no IR): check_declared checks only the device.", NULL},
     {NULL}};
 
 
@@ -247,7 +283,8 @@ static PyTypeObject LayoutType = {
     .tp_itemsize = sizeof(PgDecl),
     .tp_dealloc = (destructor)layout_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "DeclaredLayout(slots, names=None): the graph's declaration of every operand.",
+    .tp_doc = "DeclaredLayout(slots, names=None, *, written=(), described=True): the graph's "
+              "declaration of every operand.",
     .tp_new = layout_new,
     .tp_methods = layout_methods,
     .tp_getset = layout_getset,

@@ -27,6 +27,12 @@ static int view_from_dl(const PgDLTensor *t, uint64_t flags, PgView *v, PgFail *
                  (int)t->ndim, PG_MAX_DIMS);
         return -1;
     }
+    if (t->ndim > 0 && t->shape == NULL) {
+        f->type = UnreadableOperandError;
+        snprintf(f->msg, sizeof f->msg, "its DLPack tensor has %d axes and no shape",
+                 (int)t->ndim);
+        return -1;
+    }
     int per_slot = 1; /* element geometry to divide into slots */
     if (bits < 8 && bits > 0 && 8 % bits == 0 && (lanes == 1 || lanes == 8 / bits)) {
         if (flags & PG_DL_FLAG_SUBBYTE_PADDED) {
@@ -42,21 +48,35 @@ static int view_from_dl(const PgDLTensor *t, uint64_t flags, PgView *v, PgFail *
                  "readable: no vector types", code, bits, lanes);
         return -1;
     }
-    v->ptr = (char *)t->data + t->byte_offset;
+    /* Address arithmetic in integers: a producer's offset may be anything. */
+    v->ptr = (char *)((uintptr_t)t->data + (uintptr_t)t->byte_offset);
     v->ndim = t->ndim;
     v->code = code_of_dl(code, bits);
     v->elem_bits = bits;
     v->slot_bytes = bits < 8 ? 1 : bits / 8;
     v->device_type = t->device.device_type;
     v->device_id = t->device.device_id;
+    v->readonly = (flags & PG_DL_FLAG_READ_ONLY) != 0;
     int64_t expect = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] < 0) {
+            f->type = PyExc_ValueError;
+            snprintf(f->msg, sizeof f->msg, "axis %d has the negative extent %lld", i,
+                     (long long)t->shape[i]);
+            return -1;
+        }
         v->shape[i] = t->shape[i];
         v->strides[i] = t->strides ? t->strides[i] : expect;
-        expect *= t->shape[i];
+        if (__builtin_mul_overflow(expect, t->shape[i], &expect)) expect = INT64_MAX;
     }
     if (to_storage_geometry(v->ndim, v->shape, v->strides, per_slot, f->msg, sizeof f->msg)) {
         f->type = PyExc_ValueError;
+        return -1;
+    }
+    if (view_span(v) < 0) {
+        f->type = PyExc_ValueError;
+        snprintf(f->msg, sizeof f->msg, "its extents and strides span more bytes than a "
+                 "64-bit size holds");
         return -1;
     }
     return 0;
@@ -213,7 +233,10 @@ static int read_interface(PyObject *iface, int device_type, int device_id, PgVie
     t.shape = shp;
     t.strides = has_strides ? str : NULL;
     t.byte_offset = 0;
-    return view_from_dl(&t, 0, v, f);
+    /* data = (address, read_only): the interfaces' own read-only flag */
+    int readonly = PyTuple_GET_SIZE(data) > 1 ? PyObject_IsTrue(PyTuple_GET_ITEM(data, 1)) : 0;
+    if (readonly < 0) return -1;
+    return view_from_dl(&t, readonly ? PG_DL_FLAG_READ_ONLY : 0, v, f);
 }
 
 /* The producer's exchange table, looked up on its TYPE (never the instance), or NULL. */
@@ -221,13 +244,10 @@ static const PgDLExchangeAPI *exchange_api_of(PyTypeObject *tp)
 {
     PyObject *attr = _PyType_Lookup(tp, s_exchange_attr); /* borrowed; never raises */
     if (attr == NULL) return NULL;
-    void *p = NULL;
-    if (PyCapsule_CheckExact(attr)) p = PyCapsule_GetPointer(attr, PG_DL_EXCHANGE_CAPSULE);
-    else if (PyLong_Check(attr)) p = PyLong_AsVoidPtr(attr); /* producers before the capsule */
-    if (p == NULL) {
-        PyErr_Clear();
-        return NULL;
-    }
+    /* Only a capsule of the protocol's name: an int or any other object cannot be told
+     * from a stray number, and following it would crash the process. */
+    if (!PyCapsule_IsValid(attr, PG_DL_EXCHANGE_CAPSULE)) return NULL;
+    void *p = PyCapsule_GetPointer(attr, PG_DL_EXCHANGE_CAPSULE);
     const PgDLExchangeHeader *h = p;
     while (h && h->version.major != PG_DLPACK_MAJOR) h = h->prev_api;
     return (const PgDLExchangeAPI *)h;

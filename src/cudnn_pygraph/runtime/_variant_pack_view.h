@@ -73,18 +73,32 @@ typedef struct {
     int32_t slot_bytes; /* bytes of one storage slot */
     int32_t device_type;
     int32_t device_id;
+    int32_t readonly;   /* the producer said the memory must not be written */
     int64_t shape[PG_MAX_DIMS];
     int64_t strides[PG_MAX_DIMS];
 } PgView;
 
+/* Bytes from the lowest to the highest addressed slot, inclusive (0 for no element), in
+ * checked arithmetic: a geometry whose span does not fit in int64 is -1, so a caller's
+ * extents can never wrap into a small span that passes an extent check. Every view the pack
+ * holds was measured here when it was made (buffer, declaration, override), so the spans
+ * compared later are the true ones. */
 static int64_t view_span(const PgView *v)
 {
-    int64_t last = 0;
-    for (int i = 0; i < v->ndim; i++) {
+    for (int i = 0; i < v->ndim; i++)
         if (v->shape[i] == 0) return 0;
-        last += (v->shape[i] - 1) * (v->strides[i] < 0 ? -v->strides[i] : v->strides[i]);
+    int64_t last = 0, term, span;
+    for (int i = 0; i < v->ndim; i++) {
+        int64_t stride = v->strides[i];
+        if (v->shape[i] < 0 || stride == INT64_MIN) return -1;
+        if (__builtin_mul_overflow(v->shape[i] - 1, stride < 0 ? -stride : stride, &term) ||
+            __builtin_add_overflow(last, term, &last))
+            return -1;
     }
-    return (last + 1) * v->slot_bytes;
+    if (__builtin_add_overflow(last, 1, &last) ||
+        __builtin_mul_overflow(last, (int64_t)v->slot_bytes, &span))
+        return -1;
+    return span;
 }
 
 /* Row-major compact under its own extents (an extent-1 axis may have any stride). */
@@ -93,7 +107,7 @@ static int view_is_dense(const PgView *v)
     int64_t expect = 1;
     for (int i = v->ndim - 1; i >= 0; i--) {
         if (v->shape[i] != 1 && v->strides[i] != expect) return 0;
-        expect *= v->shape[i];
+        if (__builtin_mul_overflow(expect, v->shape[i], &expect)) return 0;
     }
     return 1;
 }
@@ -114,11 +128,11 @@ static int to_storage_geometry(int ndim, int64_t *shape, int64_t *strides, int p
 {
     if (per_slot == 1) return 0;
     int unit = -1;
-    int64_t numel = 1;
-    for (int i = 0; i < ndim; i++) numel *= shape[i];
+    int empty = 0;
+    for (int i = 0; i < ndim; i++) empty |= shape[i] == 0;
     for (int i = ndim - 1; i >= 0 && unit < 0; i--)
         if (strides[i] == 1 && shape[i] > 1) unit = i;
-    if (unit < 0 && numel == 0) return 0;
+    if (unit < 0 && empty) return 0;
     for (int i = ndim - 1; i >= 0 && unit < 0; i--)
         if (strides[i] == 1) unit = i;
     if (unit < 0) {
@@ -151,7 +165,8 @@ static int to_storage_geometry(int ndim, int64_t *shape, int64_t *strides, int p
 /* Module state: error types and interned names.                                        */
 
 static PyObject *UnknownOperandError, *MissingOperandError, *OperandExtentError,
-    *UnreadableOperandError;
+    *UnreadableOperandError, *OperandMismatchError;
+static PyObject *Integral; /* numbers.Integral: an integer scalar (np.int64) is an address */
 static PyObject *s_exchange_attr, *s_dlpack, *s_cai, *s_ai, *s_uid, *s_max_version,
     *s_shape, *s_typestr, *s_data, *s_strides, *s_kw_max_version;
 
@@ -193,6 +208,18 @@ static PyObject *raise_from(PyObject *type, const char *fmt, ...)
     return NULL;
 }
 
+/* A caller's sequence as a tuple. A list is copied: reading an item may run the caller's
+ * code (__index__, __dlpack__), which could shrink the list under a borrowed pointer; a
+ * tuple cannot change. */
+static PyObject *tuple_of(PyObject *seq, const char *what)
+{
+    if (PyTuple_CheckExact(seq)) return Py_NewRef(seq);
+    PyObject *t = PySequence_Tuple(seq);
+    if (t == NULL && PyErr_ExceptionMatches(PyExc_TypeError))
+        raise_from(PyExc_TypeError, "%s", what);
+    return t;
+}
+
 /* ------------------------------------------------------------------------------------ */
 /* Python <-> int64 arrays.                                                             */
 
@@ -214,9 +241,9 @@ static PyObject *int64_tuple(const int64_t *v, int n)
 static int read_int64_tuple(PyObject *seq, int64_t *out, int cap, const char *what,
                             Py_ssize_t slot)
 {
-    PyObject *fast = PySequence_Fast(seq, what);
+    PyObject *fast = tuple_of(seq, what);
     if (fast == NULL) return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    Py_ssize_t n = PyTuple_GET_SIZE(fast);
     if (n > cap) {
         PyErr_Format(PyExc_ValueError, "slot %zd: %s has %zd axes; at most %d", slot, what, n,
                      cap);
@@ -224,7 +251,7 @@ static int read_int64_tuple(PyObject *seq, int64_t *out, int cap, const char *wh
         return -1;
     }
     for (Py_ssize_t k = 0; k < n; k++) {
-        out[k] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, k));
+        out[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(fast, k));
         if (out[k] == -1 && PyErr_Occurred()) {
             Py_DECREF(fast);
             return -1;

@@ -54,9 +54,12 @@ class GraphLayout:
         self.keys_normalized = False  # set once a pack needed normalize_keys
         self.position = {t.uid: i for i, t in enumerate(tensors)}
         self.required = tuple(i for i, t in enumerate(tensors) if t.uid in required)
+        # What a plan writes (every node's outputs): read-only memory there is refused.
+        written = {t.uid for node in graph.nodes for t in node.output_tensors()}
         self.declared = DeclaredLayout(
             [(t.uid, t.dim, t.stride, int(t.data_type), _bits(t.data_type)) for t in tensors],
             names=[t.name for t in tensors],
+            written=[i for i, t in enumerate(tensors) if t.uid in written],
         )
 
     @classmethod
@@ -76,6 +79,7 @@ class GraphLayout:
         self.declared = DeclaredLayout(
             [(u, (1,), (1,), int(data_type.UINT8), 8) for u in uids],
             names=[f"uid {u}" for u in uids],
+            described=False,
         )
         return self
 
@@ -180,8 +184,7 @@ class PlanRunner:
                 "override_shapes/override_strides: this python plan is compiled for the "
                 "declared shapes; build a graph for the new shapes (or use a backend plan)"
             )
-        for i, uid in enumerate(uids):
-            pack.override(uid, shapes[i], strides[i])
+        pack.override_all(uids, shapes, strides)  # three parallel lists, refused as a whole
         ctx = ExecutionContext(handle, resolve_stream(handle, self.graph), workspace, self.device)
         ctx.overrides = overrides  # the backend's override path takes the lists themselves
         return ctx

@@ -1,0 +1,198 @@
+"""A backend plan reads each operand through its pointer alone, as the graph declares it.
+Every buffer it would misread is refused before the backend is called, naming the operand
+and the rule, on both of its execute paths: the C hot path (RawExecutor, from make_call)
+and the general path (BackendPlan.execute: handles, workspaces, overrides).
+
+Runs without a GPU: the backend is a recorder standing in for _execute_with_raw_ptrs, so
+a refusal is visible as "the recorder was never called". The CUDA buffers are
+__cuda_array_interface__ producers over addresses nobody dereferences; a buffer on another
+device is an OperandBuffer the pack described on device 1.
+"""
+
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import cudnn_pygraph as cudnn
+from cudnn_pygraph._types import CLASSIC_ERRORS
+from cudnn_pygraph.backend.lowering import BackendPlan
+from cudnn_pygraph.engines.base import ExecutionContext
+from cudnn_pygraph.runtime.execute import GraphLayout
+from cudnn_pygraph.runtime.variant_pack import DeclaredLayout, VariantPack
+
+HALF = cudnn.data_type.HALF
+DEVICE = 0
+BASE = {"A": 0x10000, "B": 0x20000, "C": 0x30000}
+# The declaration: A [1, 16, 8] @ B [1, 8, 4] -> C [1, 16, 4], half, row-major.
+DECLARED = {"A": ((1, 16, 8), (128, 8, 1)), "B": ((1, 8, 4), (32, 4, 1)),
+            "C": ((1, 16, 4), (64, 4, 1))}  # fmt: skip
+
+
+def matmul_graph():
+    g = cudnn.pygraph(io_data_type=HALF)
+    a = g.tensor([1, 16, 8], name="A")
+    b = g.tensor([1, 8, 4], name="B")
+    c = g.matmul(a, b)
+    c.set_output(True).set_name("C")
+    return g, {"A": a, "B": b, "C": c}
+
+
+class Cuda:
+    """A CUDA buffer seen from the CPU: shape, typestr, strides in ELEMENTS (None: dense)."""
+
+    def __init__(self, address, shape, typestr="<f2", strides=None, readonly=False):
+        item = int(typestr[2:])
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape),
+            "typestr": typestr,
+            "data": (address, readonly),
+            "strides": None if strides is None else tuple(s * item for s in strides),
+            "version": 3,
+        }
+
+
+def on_device(device_id, address, shape, strides):
+    """An OperandBuffer that the pack described on CUDA device `device_id`."""
+    layout = DeclaredLayout([(1, shape, strides, int(HALF), 16)])
+    return VariantPack.from_objects(
+        layout, [Cuda(address, shape, strides=strides)], device_id=device_id
+    ).operands([0])[0]
+
+
+class Harness:
+    """A built backend plan over a recorder, and its two execute paths."""
+
+    def __init__(self):
+        self.graph, self.tensors = matmul_graph()
+        self.calls = []
+        lowered = types.SimpleNamespace(
+            backend=types.SimpleNamespace(_execute_with_raw_ptrs=self._raw), fe=None
+        )
+        self.layout = GraphLayout(self.graph)
+        self.plan = BackendPlan(lowered, 0, 0, len(self.layout.tensors), DEVICE)
+        self.plan._default_bh = 0xBEEF  # the per-device handle needs a GPU: given here
+        record = types.SimpleNamespace()
+        runner = types.SimpleNamespace(graph=self.graph, layout=self.layout, record=record)
+        record._runner = runner
+        self.hot = self.plan.make_call(runner)
+
+    def _raw(self, address, n, workspace, handle, index):
+        import ctypes
+
+        self.calls.append(list((ctypes.c_void_p * n).from_address(address)))
+
+    def general(self, bindings):
+        pack = self.layout.pack(bindings)
+        self.plan.execute(self.graph, pack, ExecutionContext(0xBEEF, None, None, None))
+
+    def bind(self, name, obj):
+        """The well-formed pack with `name` rebound to `obj`, keyed by the graph's tensors."""
+        bindings = {t: Cuda(BASE[n], DECLARED[n][0]) for n, t in self.tensors.items()}
+        bindings[self.tensors[name]] = obj
+        return bindings
+
+
+def hostile(name):
+    """(id, factory) rows: each binds something the backend would misread to `name`."""
+    (shape, strides), at = DECLARED[name], BASE[name]
+    numel = int(np.prod(shape))
+    rows = [
+        ("too-small-by-one", lambda: Cuda(at, (numel - 1,))),
+        ("too-small-by-half", lambda: Cuda(at, (shape[0], shape[1] // 2, shape[2]))),
+        ("empty", lambda: Cuda(at, (0,))),
+        ("float32-declared-extents", lambda: Cuda(at, shape, "<f4")),
+        ("int8-declared-extents", lambda: Cuda(at, shape, "|i1")),
+        ("float64-declared-extents", lambda: Cuda(at, shape, "<f8")),
+        ("transposed", lambda: Cuda(at, shape, strides=(strides[0], 1, shape[1]))),
+        ("broadcast", lambda: Cuda(at, shape, strides=(strides[0], 0, 1))),
+        ("padded-rows", lambda: Cuda(at, shape, strides=(2 * strides[0], 2 * shape[2], 1))),
+        ("negative-stride", lambda: Cuda(at + 2 * numel, shape, strides=(strides[0], -shape[2], 1))),
+        ("strided-other-extents", lambda: Cuda(at, (shape[1], 2 * shape[2]), strides=(4 * shape[2], 2))),
+        ("cpu-torch", lambda: torch.zeros(shape, dtype=torch.float16)),
+        ("cpu-numpy", lambda: np.zeros(shape, np.float16)),
+        ("other-device", lambda: on_device(1, at, shape, strides)),
+        ("overflowing-extents", lambda: Cuda(at, (2**62, 4), strides=(2**62, 1))),
+    ]  # fmt: skip
+    return [(f"{name}-{kind}", make) for kind, make in rows]
+
+
+ROWS = hostile("A") + hostile("B") + hostile("C") + [
+    ("C-read-only", lambda: Cuda(BASE["C"], DECLARED["C"][0], readonly=True)),
+    ("C-read-only-numpy", lambda: np.frombuffer(bytes(128), np.float16).reshape(1, 16, 4)),
+    ("A-bool", lambda: True),
+    ("A-null-address", lambda: 0),
+    ("A-negative-address", lambda: -4096),
+    ("A-not-an-operand", lambda: "0x1000"),
+]  # fmt: skip
+
+
+@pytest.fixture
+def harness():
+    return Harness()
+
+
+def test_well_formed_buffers_reach_the_backend_on_both_paths(harness):
+    """The control: what the rows below change is the only reason they are refused."""
+    for call in (harness.hot, harness.general):
+        call(harness.bind("A", Cuda(BASE["A"], DECLARED["A"][0])))
+    assert harness.calls == [[BASE["A"], BASE["B"], BASE["C"]]] * 2
+
+
+@pytest.mark.parametrize(
+    "bound",
+    [
+        ("bare-address", lambda: BASE["A"]),
+        ("numpy-int64-address", lambda: np.int64(BASE["A"])),
+        ("dense-2d-cover", lambda: Cuda(BASE["A"], (16, 8))),  # FlashInfer's [m, k] -> [1, m, k]
+        ("flat-byte-blob", lambda: Cuda(BASE["A"], (256,), "|u1")),
+        ("same-width-int16-read-as-half", lambda: Cuda(BASE["A"], (1, 16, 8), "<i2")),
+        ("extent-1-axis-any-stride", lambda: Cuda(BASE["A"], (1, 16, 8), strides=(7, 8, 1))),
+        ("read-only-input", lambda: Cuda(BASE["A"], (1, 16, 8), readonly=True)),
+    ],
+    ids=lambda b: b[0],
+)
+def test_what_the_pack_rule_reads_as_declared_is_served(harness, bound):
+    """The spec's rule: a bare address lends the declaration, a dense cover is described
+    from the graph, a same-width dtype is read as the declared one: the backend reads
+    these exactly as declared, so they go through."""
+    for call in (harness.hot, harness.general):
+        call(harness.bind("A", bound[1]()))
+    assert [c[0] for c in harness.calls] == [BASE["A"]] * 2
+
+
+@pytest.mark.parametrize("path", ["hot", "general"])
+@pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
+def test_a_buffer_the_backend_would_misread_is_refused_before_any_call(harness, row, path):
+    row_id, make = row
+    name = row_id.split("-")[0]
+    call = harness.hot if path == "hot" else harness.general
+    with pytest.raises(CLASSIC_ERRORS) as caught:
+        call(harness.bind(name, make()))
+    assert f"'{name}'" in str(caught.value), "the refusal names the operand"
+    assert harness.calls == [], "nothing reached the backend"
+
+
+def test_the_rule_is_named(harness):
+    cases = {
+        "cpu-torch": ("A", torch.zeros(1, 16, 8, dtype=torch.float16), "rule: device"),
+        "float32": ("B", Cuda(BASE["B"], (1, 8, 4), "<f4"), "rule: dtype"),
+        "transposed": ("A", Cuda(BASE["A"], (1, 16, 8), strides=(128, 1, 16)), "rule: layout"),
+        "small": ("C", Cuda(BASE["C"], (1, 8, 4)), "spans 64 bytes and the declaration reads 128"),
+        "read-only": ("C", Cuda(BASE["C"], (1, 16, 4), readonly=True), "read-only"),
+    }
+    for name, obj, rule in cases.values():
+        with pytest.raises(CLASSIC_ERRORS, match=rule):
+            harness.hot(harness.bind(name, obj))
+    assert harness.calls == []
+
+
+def test_a_layout_without_a_declaration_checks_only_the_device():
+    """A deserialized backend graph has no IR: its slots are placeholders, so any CUDA
+    buffer is the caller's word; a CPU buffer is still refused."""
+    layout = DeclaredLayout([(5, (1,), (1,), int(cudnn.data_type.UINT8), 8)], described=False)
+    strided = Cuda(0x1000, (4, 4), "<f4", strides=(8, 2))
+    VariantPack.from_objects(layout, [strided]).check_declared(2, 0)
+    with pytest.raises(ValueError, match="rule: device"):
+        VariantPack.from_objects(layout, [torch.zeros(4)]).check_declared(2, 0)
