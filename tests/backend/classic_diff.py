@@ -48,6 +48,7 @@ def packages():
     default handle, which a machine without a GPU lacks: there it lowers handle-less (the
     backend graph needs no handle up to validate(), the way ours lowers)."""
     import cudnn
+
     import cudnn_pygraph
 
     if not _has_gpu():
@@ -182,8 +183,10 @@ class Result:
         [] when the packages agree."""
         if not self.verdicts_agree:
             return [
-                f"verdict ours={self.ours.verdict} nvidia={self.nvidia.verdict} | "
-                f"{self.ours.message[:200]} | {self.nvidia.message[:200]}"
+                (
+                    f"verdict ours={self.ours.verdict} nvidia={self.nvidia.verdict} | "
+                    f"{self.ours.message[:200]} | {self.nvidia.message[:200]}"
+                )
             ]
         return sorted({f"lowered {d[0]}" for d in self.diffs})
 

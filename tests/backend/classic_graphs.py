@@ -513,7 +513,7 @@ def matmul(rng, seed):
 # ---------------------------------------------------------------- conv
 def conv(rng, seed):
     kind = rng.choice(("fprop", "dgrad", "wgrad"))
-    r, io = _graph(rng, f"conv_{kind}", seed)
+    r, _io = _graph(rng, f"conv_{kind}", seed)
     n, c, h, w = rng.choice(((2, 32, 16, 16), (4, 16, 8, 8)))
     groups = rng.choice((1, 1, 2, 4))
     k = rng.choice((16, 32))
@@ -588,7 +588,7 @@ def reduction(rng, seed):
 
 def layout(rng, seed):
     kind = rng.choice(("slice", "concatenate", "reshape", "transpose"))
-    r, io = _graph(rng, f"layout_{kind}", seed)
+    r, _io = _graph(rng, f"layout_{kind}", seed)
     dim = rng.choice(([2, 8, 64], [4, 16, 32]))
     x = r.tensor("x", dim, row_major(dim))
     if kind == "slice":
@@ -689,7 +689,7 @@ def _scale(r, rng, d):
 
 def sdpa(rng, seed):
     variant = rng.choice(("plain", "plain", "paged", "ragged", "score_mod"))
-    r, io = _graph(rng, f"sdpa_fwd_{variant}", seed)
+    r, _io = _graph(rng, f"sdpa_fwd_{variant}", seed)
     b, hq, hk, sq, skv, d = _sdpa_shape(rng)
     bshd = rng.random() < 0.4 and variant != "ragged"
     kw = {"attn_scale": _scale(r, rng, d)}
@@ -754,7 +754,7 @@ def sdpa(rng, seed):
 
 def sdpa_backward(rng, seed):
     variant = rng.choice(("plain", "plain", "ragged"))
-    r, io = _graph(rng, f"sdpa_bwd_{variant}", seed)
+    r, _io = _graph(rng, f"sdpa_bwd_{variant}", seed)
     b, hq, hk, sq, skv, d = _sdpa_shape(rng)
     sq = max(sq, 64)
     ragged = variant == "ragged"

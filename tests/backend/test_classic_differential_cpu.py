@@ -19,10 +19,10 @@ import pytest
 
 cudnn_nv = pytest.importorskip("cudnn")
 
-import classic_diff as cd  # noqa: E402
-import classic_graphs as cg  # noqa: E402
+import classic_diff as cd
+import classic_graphs as cg
 
-from cudnn_pygraph.backend import lowering  # noqa: E402
+from cudnn_pygraph.backend import lowering
 
 if lowering.unavailable_reason() is not None:
     pytest.skip(
@@ -39,28 +39,38 @@ KNOWN = {
     "port-names": (
         r".*",
         r"lowered tensor\((output|virtual|scalar)\)\.name$",
-        "an op's output tensor is named '<node>::<port>' with our port names (output, mean, "
-        "inv_variance) where NVIDIA's use the backend's (OUT_0, MEAN, INV_VARIANCE); a "
-        "tensor_scalar gets a name where NVIDIA's has none",
+        (
+            "an op's output tensor is named '<node>::<port>' with our port names (output, mean, "
+            "inv_variance) where NVIDIA's use the backend's (OUT_0, MEAN, INV_VARIANCE); a "
+            "tensor_scalar gets a name where NVIDIA's has none"
+        ),
     ),
     "sdpa-output-types-unset": (
         r"sdpa_",
         r"lowered (SDPA\.compute_data_type|tensor\(output\)\.data_type)$",
-        "sdpa / sdpa_backward lower their O / dQ / dK / dV without a data type and the node "
-        "without compute_data_type; NVIDIA's lowering sets the io type and FLOAT",
+        (
+            "sdpa / sdpa_backward lower their O / dQ / dK / dV without a data type and the node "
+            "without compute_data_type; NVIDIA's lowering sets the io type and FLOAT"
+        ),
     ),
     "tensor-scalar-float-is-float": (
         r"norm_",
         r"lowered tensor\(scalar\)\.data_type$",
-        "tensor_scalar(1e-5) lowers as a FLOAT scalar; NVIDIA's backend keeps a Python float "
-        "as DOUBLE",
+        (
+            "tensor_scalar(1e-5) lowers as a FLOAT scalar; NVIDIA's backend keeps a Python float "
+            "as DOUBLE"
+        ),
     ),
     "tuple-attr-lowered-as-list": (
         r"sdpa_",
-        r"verdict ours=(validate|lower):cudnnGraphNotSupportedError nvidia=ok \| .*"
-        r"(dropout must be a tuple|bad_cast)",
-        "lowering.py _Builder.value turns the dropout tuple (p, seed, offset) into a list, "
-        "which the backend's sdpa binding refuses",
+        (
+            r"verdict ours=(validate|lower):cudnnGraphNotSupportedError nvidia=ok \| .*"
+            r"(dropout must be a tuple|bad_cast)"
+        ),
+        (
+            "lowering.py _Builder.value turns the dropout tuple (p, seed, offset) into a list, "
+            "which the backend's sdpa binding refuses"
+        ),
     ),
     "score-mod-callable": (
         r"sdpa_fwd_score_mod",
@@ -70,8 +80,10 @@ KNOWN = {
     "slice-output-type": (
         r"layout_slice",
         r"verdict ours=validate:cudnnGraphNotSupportedError nvidia=ok \| .*data types should match",
-        "a slice feeding another op gets the intermediate data type; the backend wants the "
-        "input's (NVIDIA's sets it)",
+        (
+            "a slice feeding another op gets the intermediate data type; the backend wants the "
+            "input's (NVIDIA's sets it)"
+        ),
     ),
     "concatenate-infers-dims": (
         r"layout_concatenate",
@@ -81,15 +93,19 @@ KNOWN = {
     "sdpa-rules-at-lowering": (
         r"sdpa_",
         r"verdict ours=lower:cudnnGraphNotSupportedError nvidia=validate:cudnnGraphNotSupportedError",
-        "SDPA support rules (sliding window with s_q > s_kv; bottom-right causal with bias, "
-        "alibi or dropout) pass our validate() and fail at lowering; NVIDIA's validate() "
-        "refuses them",
+        (
+            "SDPA support rules (sliding window with s_q > s_kv; bottom-right causal with bias, "
+            "alibi or dropout) pass our validate() and fail at lowering; NVIDIA's validate() "
+            "refuses them"
+        ),
     ),
     "batchnorm-none-running-stats": (
         r"norm_batchnorm",
         r"verdict ours=ok nvidia=validate:TypeError",
-        "batchnorm(in_running_mean=None, in_running_var=None, momentum=None) passes ours; "
-        "NVIDIA's binding refuses the explicit Nones",
+        (
+            "batchnorm(in_running_mean=None, in_running_var=None, momentum=None) passes ours; "
+            "NVIDIA's binding refuses the explicit Nones"
+        ),
     ),
 }
 
