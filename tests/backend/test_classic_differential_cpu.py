@@ -4,7 +4,7 @@ same calls must get the same verdict (the same call raising the same error type,
 validate() passing) and lower to the same backend graph (classic_diff.py compares the
 backend's own JSON).
 
-Each family must agree except for the KNOWN disagreement classes below; each known class
+Each family must agree except for the disagreement classes in classic_diff.KNOWN; each known class
 is an xfail (strict) that turns into a failure the day it is fixed, so the entry is then
 deleted and the family held to full agreement. A new disagreement fails
 test_family_agrees_but_for_known_classes with the graph's calls and both outcomes.
@@ -13,7 +13,6 @@ bench/classic_differential.py.
 """
 
 import collections
-import re
 
 import pytest
 
@@ -32,84 +31,6 @@ if lowering.unavailable_reason() is not None:
 GRAPHS_PER_FAMILY = 100
 
 
-# id -> (family pattern, finding pattern, reason). A finding is one line of
-# classic_diff.Result.findings(): "verdict ours=... nvidia=... | <ours> | <nvidia>" or
-# "lowered <signature>".
-KNOWN = {
-    "port-names": (
-        r".*",
-        r"lowered tensor\((output|virtual|scalar)\)\.name$",
-        (
-            "an op's output tensor is named '<node>::<port>' with our port names (output, mean, "
-            "inv_variance) where NVIDIA's use the backend's (OUT_0, MEAN, INV_VARIANCE); a "
-            "tensor_scalar gets a name where NVIDIA's has none"
-        ),
-    ),
-    "sdpa-output-types-unset": (
-        r"sdpa_",
-        r"lowered (SDPA\.compute_data_type|tensor\(output\)\.data_type)$",
-        (
-            "sdpa / sdpa_backward lower their O / dQ / dK / dV without a data type and the node "
-            "without compute_data_type; NVIDIA's lowering sets the io type and FLOAT"
-        ),
-    ),
-    "tensor-scalar-float-is-float": (
-        r"norm_",
-        r"lowered tensor\(scalar\)\.data_type$",
-        (
-            "tensor_scalar(1e-5) lowers as a FLOAT scalar; NVIDIA's backend keeps a Python float "
-            "as DOUBLE"
-        ),
-    ),
-    "tuple-attr-lowered-as-list": (
-        r"sdpa_",
-        (
-            r"verdict ours=(validate|lower):cudnnGraphNotSupportedError nvidia=ok \| .*"
-            r"(dropout must be a tuple|bad_cast)"
-        ),
-        (
-            "lowering.py _Builder.value turns the dropout tuple (p, seed, offset) into a list, "
-            "which the backend's sdpa binding refuses"
-        ),
-    ),
-    "score-mod-callable": (
-        r"sdpa_fwd_score_mod",
-        r"verdict ours=validate:cudnnGraphNotSupportedError nvidia=ok \| .*score_mod",
-        "a score_mod callable is refused at lowering (uid namespace); NVIDIA's lowers it",
-    ),
-    "slice-output-type": (
-        r"layout_slice",
-        r"verdict ours=validate:cudnnGraphNotSupportedError nvidia=ok \| .*data types should match",
-        (
-            "a slice feeding another op gets the intermediate data type; the backend wants the "
-            "input's (NVIDIA's sets it)"
-        ),
-    ),
-    "concatenate-infers-dims": (
-        r"layout_concatenate",
-        r"verdict ours=ok nvidia=validate:ValueError \| .*dims not set",
-        "concatenate's output dims are inferred by ours; NVIDIA's validate() wants them set",
-    ),
-    "sdpa-rules-at-lowering": (
-        r"sdpa_",
-        r"verdict ours=lower:cudnnGraphNotSupportedError nvidia=validate:cudnnGraphNotSupportedError",
-        (
-            "SDPA support rules (sliding window with s_q > s_kv; bottom-right causal with bias, "
-            "alibi or dropout) pass our validate() and fail at lowering; NVIDIA's validate() "
-            "refuses them"
-        ),
-    ),
-    "batchnorm-none-running-stats": (
-        r"norm_batchnorm",
-        r"verdict ours=ok nvidia=validate:TypeError",
-        (
-            "batchnorm(in_running_mean=None, in_running_var=None, momentum=None) passes ours; "
-            "NVIDIA's binding refuses the explicit Nones"
-        ),
-    ),
-}
-
-
 @pytest.fixture(scope="module")
 def results():
     """{family: [Result]} over GRAPHS_PER_FAMILY seeds of each family."""
@@ -121,16 +42,14 @@ def results():
     return out
 
 
-def known_class(result, finding):
-    for key, (family, pattern, _) in KNOWN.items():
-        if re.match(family, result.desc.family) and re.match(pattern, finding):
-            return key
-    return None
-
-
 @pytest.mark.parametrize("family", list(cg.FAMILIES))
 def test_family_agrees_but_for_known_classes(results, family):
-    new = [(r, f) for r in results[family] for f in r.findings() if known_class(r, f) is None]
+    new = [
+        (r, f)
+        for r in results[family]
+        for f in r.findings()
+        if cd.known_class(r.desc.family, f) is None
+    ]
     if new:
         r, f = new[0]
         pytest.fail(
@@ -141,7 +60,10 @@ def test_family_agrees_but_for_known_classes(results, family):
 
 @pytest.mark.parametrize(
     "key",
-    [pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=v[2])) for k, v in KNOWN.items()],
+    [
+        pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=v[2]))
+        for k, v in cd.KNOWN.items()
+    ],
 )
 def test_known_disagreement_is_gone(results, key):
     hits = [
@@ -149,7 +71,7 @@ def test_known_disagreement_is_gone(results, key):
         for rs in results.values()
         for r in rs
         for f in r.findings()
-        if known_class(r, f) == key
+        if cd.known_class(r.desc.family, f) == key
     ]
     assert not hits, f"{key} in {len(hits)} graphs, e.g. {hits[0]}"
 
