@@ -29,7 +29,6 @@ import collections
 import datetime
 import json
 import math
-import os
 import pathlib
 import subprocess
 import sys
@@ -39,8 +38,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "backend"))
 
-import classic_diff as cd  # noqa: E402
-import classic_graphs as cg  # noqa: E402
+import classic_diff as cd
+import classic_graphs as cg
 
 OUT = ROOT / "bench" / "results" / "classic_differential.md"
 # (atol, rtol) of a python plan's output against the backend plan's, per output dtype
@@ -69,14 +68,16 @@ def cpu_section(results, seconds, command):
     verdict = sum(r.verdicts_agree for r in results)
     both_ok = sum(r.ours.stage == r.nvidia.stage == "ok" for r in results)
     equal = sum(r.lowered_equal for r in results)
+    names_apart = sum(_agree_names_apart(r) and r.ours.stage == "ok" for r in results)
     lines = [
         "## CPU run",
         "",
         f"{_today()}, {_versions()}. Command: `{command}` ({seconds:.0f} s).",
         "",
-        f"{len(results)} graphs; the same verdict from both packages: {verdict}; both lowered: "
-        f"{both_ok}, of which to an equal backend graph: {equal}, and equal but for tensor names: "
-        f"{sum(_agree_names_apart(r) and r.ours.stage == 'ok' for r in results)}.",
+        (
+            f"{len(results)} graphs; the same verdict from both packages: {verdict}; both lowered: {both_ok}, "
+            f"of which to an equal backend graph: {equal}, and equal but for tensor names: {names_apart}."
+        ),
         "",
         "| family | graphs | agree fully | agree but for tensor names |",
         "| --- | --- | --- | --- |",
@@ -115,9 +116,9 @@ def _causes(results, causes_of, report_of, limit=40):
     for i, (cause, rs) in enumerate(sorted(by_cause.items(), key=lambda kv: -len(kv[1]))[:limit]):
         fams = collections.Counter(r.desc.family for r in rs)
         first = rs[0]
+        spread = ", ".join(f"{f} {n}" for f, n in fams.most_common())
         lines += [
-            f"{i + 1}. **{cause}**: {len(rs)} graphs ({', '.join(f'{f} {n}' for f, n in fams.most_common())});"
-            f" e.g. `{first.desc.name}`:",
+            f"{i + 1}. **{cause}**: {len(rs)} graphs ({spread}); e.g. `{first.desc.name}`:",
             "",
             "   ```",
             *("   " + ln for ln in first.desc.describe().splitlines()),
@@ -241,13 +242,10 @@ def _run_plan(torch, graph, index, pack):
 
 
 def _same_bits(a, b):
+    same = a == b
     if a.is_floating_point():
-        return bool(((a == b) | (a.isnan() & b.isnan())).all())
-    return bool(torch_equal(a, b))
-
-
-def torch_equal(a, b):
-    return (a == b).all()
+        same |= a.isnan() & b.isnan()
+    return bool(same.all())
 
 
 def _within(torch, out, ref, dtype):
@@ -462,12 +460,20 @@ def gpu_findings(rec):
 
 
 def gpu_section(records, seconds, command):
-    n = len(records)
     both_valid = [r for r in records if r.get("verdict_ours") == r.get("verdict_nvidia") == "ok"]
+    lowered_equal = sum(
+        not [d for d in (r.get("lowered_diffs") or []) if not cd.is_name(d)] for r in both_valid
+    )
     built = [r for r in both_valid if "build_ours" in r]
-    bitwise = [r for r in records if r.get("bitwise")]
+    same_build = sum((r["build_ours"] == "ok") == (r["build_nvidia"] == "ok") for r in built)
+    both_built = sum(r["build_ours"] == r["build_nvidia"] == "ok" for r in built)
+    executed = [r for r in records if r.get("bitwise")]
+    bitwise = sum(all(r["bitwise"].values()) for r in executed)
     py = [p for r in records for p in r.get("python_plans", [])]
     py_ran = [p for p in py if p["status"] == "ran"]
+    py_ok = sum(all(v["ok"] for v in p["outputs"].values()) for p in py_ran)
+    verdicts = sum(r.get("verdict_ours") == r.get("verdict_nvidia") for r in records)
+    harness = sum("harness_error" in r for r in records)
     lines = [
         "## GPU run",
         "",
@@ -475,19 +481,13 @@ def gpu_section(records, seconds, command):
         "",
         "| what | count |",
         "| --- | --- |",
-        f"| graphs tried | {n} |",
-        f"| same validate() verdict | {sum(r.get('verdict_ours') == r.get('verdict_nvidia') for r in records)} |",
-        f"| both validated, equal lowered graph (names apart) | "
-        f"{sum(not [d for d in (r.get('lowered_diffs') or []) if not cd.is_name(d)] for r in both_valid)}"
-        f" of {len(both_valid)} |",
-        f"| same build outcome | {sum((r['build_ours'] == 'ok') == (r['build_nvidia'] == 'ok') for r in built)}"
-        f" of {len(built)} (both built: {sum(r['build_ours'] == r['build_nvidia'] == 'ok' for r in built)}) |",
-        f"| backend plans executed in both, bitwise-equal outputs | "
-        f"{sum(all(r['bitwise'].values()) for r in bitwise)} of {len(bitwise)} |",
-        f"| python plans tried / ran / within tolerance of the backend plan on every output | "
-        f"{len(py)} / {len(py_ran)} / {sum(all(v['ok'] for v in p['outputs'].values()) for p in py_ran)} |",
-        f"| harness errors (worker died, or the harness failed on the graph) | "
-        f"{sum('harness_error' in r for r in records)} |",
+        f"| graphs tried | {len(records)} |",
+        f"| same validate() verdict | {verdicts} |",
+        f"| both validated: equal lowered graph (names apart) | {lowered_equal} of {len(both_valid)} |",
+        f"| same build outcome (both built) | {same_build} of {len(built)} ({both_built}) |",
+        f"| backend plans run in both: bitwise-equal outputs | {bitwise} of {len(executed)} |",
+        f"| python plans tried / ran / within tolerance on every output | {len(py)} / {len(py_ran)} / {py_ok} |",
+        f"| harness errors (a worker died, or the harness failed on a graph) | {harness} |",
         "",
         "### Disagreements by cause",
         "",
