@@ -14,7 +14,7 @@ On the GPU, per graph:
 Without a GPU (--cpu) only the first two run, over more graphs.
 
     PYTHONPATH=$PWD/src:$PWD/tests python bench/classic_differential.py \\
-        [--graphs 2400] [--budget-s 270] [--workers 12] [--out bench/results/classic_differential.md]
+        [--graphs 2400] [--budget-s 240] [--workers 14] [--out bench/results/classic_differential.md]
     PYTHONPATH=$PWD/src python bench/classic_differential.py --cpu --graphs 2400
 
 Graphs run in `--workers` subprocesses (seed i goes to worker i % workers); a worker that
@@ -45,6 +45,8 @@ OUT = ROOT / "bench" / "results" / "classic_differential.md"
 # (atol, rtol) of a python plan's output against the backend plan's, per output dtype
 TOLERANCE = {"FLOAT": (2e-3, 2e-3), "HALF": (2e-2, 2e-2), "BFLOAT16": (6e-2, 6e-2)}
 # pass-by-value scalars by name prefix (the generator's names): host values
+# how long past the budget a worker may finish its graph before it is killed
+GRACE_S = 30
 SCALARS = {
     "drop_seed": 1234,
     "drop_offset": 56,
@@ -269,24 +271,22 @@ def gpu_record(seed):
 
     desc = cg.generate(seed)
     rec = {"seed": seed, "family": desc.family}
-    graphs, envs = {}, {}
+    lowered = {}
     for name in cd.packages():
-        outcome, graph, env = cd.run(name, desc, deviceless=False)
+        outcome, _, _ = cd.run(name, desc, deviceless=False)
         rec[f"verdict_{name}"] = outcome.verdict
         rec[f"message_{name}"] = outcome.message[:300]
-        graphs[name], envs[name] = graph, env
-        rec[f"lowered_{name}"] = outcome.lowered is not None
-        if outcome.lowered is not None:
-            rec.setdefault("_lowered", {})[name] = outcome.lowered
-    low = rec.pop("_lowered", {})
-    rec["lowered_diffs"] = (
-        sorted({d[0] for d in cd.differences(low["ours"], low["nvidia"])})
-        if len(low) == 2
-        else None
-    )
+        lowered[name] = outcome.lowered
+    if lowered["ours"] is not None and lowered["nvidia"] is not None:
+        rec["lowered_diffs"] = sorted(
+            {d[0] for d in cd.differences(lowered["ours"], lowered["nvidia"])}
+        )
     if not (rec["verdict_ours"] == rec["verdict_nvidia"] == "ok"):
         return rec
+    # fresh graphs for the plans: the verdict's graphs carry the harness's own lowering
+    graphs, envs = {}, {}
     for name, module in cd.packages().items():
+        graphs[name], envs[name] = cg.build(module, desc, deviceless=False)
         try:
             _classic_build(graphs[name], module)
             rec[f"build_{name}"] = "ok"
@@ -395,6 +395,8 @@ def gpu_run(graphs, workers, budget_s):
         time.sleep(0.5)
         for w, s in slots.items():
             p = s["proc"]
+            if p is not None and p.poll() is None and time.time() > deadline + GRACE_S:
+                p.kill()  # one graph past the budget (a hung compile): its record is lost
             if p is None or p.poll() is None:
                 continue
             s["proc"] = None
@@ -420,6 +422,13 @@ def gpu_run(graphs, workers, budget_s):
     return sorted(records, key=lambda r: r["seed"])
 
 
+def _tail(jsonl):
+    try:
+        return jsonl.with_suffix(".err").read_text()[-300:]
+    except OSError:
+        return ""
+
+
 def _read_lines(path):
     try:
         return [json.loads(ln) for ln in pathlib.Path(path).read_text().splitlines() if ln.strip()]
@@ -429,16 +438,17 @@ def _read_lines(path):
 
 # ---------------------------------------------------------------- the GPU report
 def gpu_findings(rec):
-    """One line per disagreement of a GPU record ([] when none)."""
+    """One line per disagreement of a GPU record ([] when none); verdict and lowered lines
+    in classic_diff.Result.findings()'s form, so classic_diff.KNOWN classifies them."""
     out = []
     if "harness_error" in rec:
         return [f"harness: {rec['harness_error'][:120]}"]
     if rec["verdict_ours"] != rec["verdict_nvidia"]:
-        out.append(f"verdict ours={rec['verdict_ours']} nvidia={rec['verdict_nvidia']}")
-    if rec.get("lowered_diffs"):
-        rest = [d for d in rec["lowered_diffs"] if not cd.is_name(d)]
-        if rest:
-            out.append("lowered " + ", ".join(rest))
+        out.append(
+            f"verdict ours={rec['verdict_ours']} nvidia={rec['verdict_nvidia']} | "
+            f"{rec['message_ours'][:200]} | {rec['message_nvidia'][:200]}"
+        )
+    out += [f"lowered {d}" for d in rec.get("lowered_diffs") or []]
     if "build_ours" in rec and (rec["build_ours"] == "ok") != (rec["build_nvidia"] == "ok"):
         out.append(f"build ours={rec['build_ours'][:80]} nvidia={rec['build_nvidia'][:80]}")
     for name in ("ours", "nvidia"):
@@ -518,7 +528,14 @@ def gpu_section(records, seconds, command):
         ]
         return "\n".join(text)
 
-    lines += _causes([_R(r) for r in records], lambda r: gpu_findings(r.rec), report)
+    def classes(r):
+        out = set()
+        for f in gpu_findings(r.rec):
+            key = cd.known_class(r.rec["family"], f)
+            out.add(f"{key}: {cd.KNOWN[key][2]}" if key else f"new: {f.split(' | ')[0]}")
+        return sorted(out)
+
+    lines += _causes([_R(r) for r in records], classes, report)
     return "\n".join(lines)
 
 
@@ -581,8 +598,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cpu", action="store_true", help="verdicts and lowered graphs only (no GPU)")
     p.add_argument("--graphs", type=int, default=2400)
-    p.add_argument("--budget-s", type=float, default=270.0)
-    p.add_argument("--workers", type=int, default=12)
+    p.add_argument("--budget-s", type=float, default=240.0)
+    p.add_argument("--workers", type=int, default=14)
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args(argv)
     command = "python bench/classic_differential.py " + " ".join(argv)
