@@ -55,6 +55,7 @@ SCALARS = {
     "momentum": 0.1,
     "alpha": 0.5,
     "s": 0.5,
+    "fill": -1e4,
 }
 
 
@@ -148,7 +149,7 @@ def _torch_dtype(torch, name):
 
 
 def declared(desc):
-    """{name: (dim, stride, dtype name, pass_by_value)} of the graph's tensor() calls."""
+    """{env name: (dim, stride, dtype name, pass_by_value)} of the graph's tensor() calls."""
     io = dict(desc.context).get("io_data_type")
     out = {}
     for c in desc.calls:

@@ -4,8 +4,9 @@ what, or validated) and the backend graph each lowers to, compared as the backen
 JSON (`repr()` of the frontend's backend_graph).
 
 The lowered JSON is compared field by field with tensors named by role, not by uid: a
-graph input by its name, anything else by the first node port that writes it
-("sdpa3.O"). uids are compared as a field of their own, so a renumbering shows as one
+tensor by the first node port that writes it ("#3.O": node 3's port O), else by the first
+that reads it ("#0<EPSILON"), a ragged offset by the tensor it offsets ("#0<Q~ragged_offset"),
+and a ragged_offset_name field holds that role. uids are compared as a field of their own, so a renumbering shows as one
 difference, not as every tensor differing. Each difference has a signature without
 values or names ("SDPA.generate_stats", "tensor.data_type"): signatures group graphs into
 causes (tests/backend/test_classic_differential_cpu.py, bench/classic_differential.py).
@@ -34,6 +35,7 @@ class Outcome:
     error: str = ""
     message: str = ""
     lowered: dict | None = None
+    error_bases: tuple = ()  # the type names of the exception's classes, itself first
 
     @property
     def verdict(self):
@@ -86,16 +88,21 @@ def run(name, desc, *, deviceless=True):
     try:
         graph, env = cg.build(module, desc, deviceless=deviceless)
     except Exception as exc:  # noqa: BLE001 — the outcome records what any call raised
-        return Outcome("build", type(exc).__name__, str(exc)), None, {}
+        return _failed("build", exc), None, {}
     try:
         graph.validate()
     except Exception as exc:  # noqa: BLE001
-        return Outcome("validate", type(exc).__name__, str(exc)), graph, env
+        return _failed("validate", exc), graph, env
     try:
         lowered = _lowered_json(name, graph)
     except Exception as exc:  # noqa: BLE001
-        return Outcome("lower", type(exc).__name__, str(exc)), graph, env
+        return _failed("lower", exc), graph, env
     return Outcome("ok", lowered=lowered), graph, env
+
+
+def _failed(stage, exc):
+    bases = tuple(k.__name__ for k in type(exc).__mro__)
+    return Outcome(stage, type(exc).__name__, str(exc), error_bases=bases)
 
 
 # ---------------------------------------------------------------- comparing lowered graphs
@@ -104,14 +111,26 @@ def canonical(doc):
     "nodes": [{...}], "tensors": {role: {...}}}."""
     tensors = {t["uid"]: t for t in doc.get("tensors", [])}
     role = {}
-    for node in doc.get("nodes", []):  # what a node writes, then what a node reads
+    nodes = doc.get("nodes", [])
+    for i, node in enumerate(nodes):  # what a node writes, then what a node reads
         for port, uid in sorted(node.get("outputs", {}).items()):
-            role.setdefault(uid, f"{node.get('name')}.{port}")
-    for node in doc.get("nodes", []):
+            role.setdefault(uid, f"#{i}.{port}")
+    for i, node in enumerate(nodes):
         for port, uid in sorted(node.get("inputs", {}).items()):
-            role.setdefault(uid, f"{node.get('name')}<{port}")
-    for uid, t in tensors.items():  # referenced only by a tensor (a ragged offset)
+            role.setdefault(uid, f"#{i}<{port}")
+    by_name = {t.get("name"): uid for uid, t in tensors.items()}
+    for uid, t in tensors.items():  # a ragged offset: by the first tensor it offsets
+        ragged = by_name.get(t.get("ragged_offset_name"))
+        if ragged is not None and uid in role:
+            role.setdefault(ragged, f"{role[uid]}~ragged_offset")
+    for uid, t in tensors.items():
         role.setdefault(uid, f"tensor:{t.get('name')}")
+    tensors = {
+        uid: dict(t, ragged_offset_name=role.get(by_name.get(t["ragged_offset_name"])))
+        if t.get("ragged_offset_name") is not None
+        else t
+        for uid, t in tensors.items()
+    }
     nodes = []
     for node in doc.get("nodes", []):
         n = dict(node)
@@ -137,7 +156,7 @@ def differences(ours, nvidia):
         if ta is None or tb is None:
             out.append(("tensor presence", f"tensor {role}", ta is not None, tb is not None))
             continue
-        if "." in role:
+        if role.startswith("#") and "." in role:
             kind = "virtual" if tb.get("is_virtual") else "output"
         else:
             kind = "scalar" if tb.get("is_pass_by_value") else "input"
@@ -146,8 +165,8 @@ def differences(ours, nvidia):
 
 
 def is_name(signature):
-    """A difference in a tensor's or node's name only."""
-    return signature.endswith(".name")
+    """A difference in a name only (a tensor's, a node's, a ragged offset's)."""
+    return signature.endswith("name")
 
 
 def _diff_dict(out, sig, path, a, b):
@@ -167,7 +186,11 @@ class Result:
 
     @property
     def verdicts_agree(self):
-        return self.ours.verdict == self.nvidia.verdict
+        """The same stage, and ours raised NVIDIA's error type or a subclass of a class
+        of that name (an `except` written for NVIDIA's error catches ours)."""
+        if self.ours.stage != self.nvidia.stage:
+            return False
+        return self.ours.stage == "ok" or self.nvidia.error in self.ours.error_bases
 
     @property
     def lowered_equal(self):
@@ -231,11 +254,23 @@ def compare(desc):
 KNOWN = {
     "port-names": (
         r".*",
-        r"lowered tensor\((output|virtual|scalar)\)\.name$",
+        r"lowered tensor\((output|virtual)\)\.name$",
         (
-            "an op's output tensor is named '<node>::<port>' with our port names (output, mean, "
-            "inv_variance) where NVIDIA's use the backend's (OUT_0, MEAN, INV_VARIANCE); a "
-            "tensor_scalar gets a name where NVIDIA's has none"
+            "a named node's output tensor is '<node>::<port>' with our port names (output, mean, "
+            "inv_variance) where NVIDIA's use the backend's (OUT_0, MEAN, INV_VARIANCE)"
+        ),
+    ),
+    "default-node-names": (
+        r".*",
+        r"lowered [A-Z_]+\.name$",
+        "an unnamed node is '<op>_<node index>' in ours, '<op>.<count of that op>' in NVIDIA's",
+    ),
+    "default-tensor-names": (
+        r".*",
+        r"lowered tensor\((input|scalar)\)\.name$",
+        (
+            "an unnamed tensor is 't<uid>' in ours, 'tensor_<n>' in NVIDIA's; a tensor_scalar "
+            "is named in ours, unnamed in NVIDIA's"
         ),
     ),
     "sdpa-output-types-unset": (
@@ -283,13 +318,40 @@ KNOWN = {
         r"verdict ours=ok nvidia=validate:ValueError \| .*dims not set",
         "concatenate's output dims are inferred by ours; NVIDIA's validate() wants them set",
     ),
-    "sdpa-rules-at-lowering": (
-        r"sdpa_",
-        r"verdict ours=lower:cudnnGraphNotSupportedError nvidia=validate:cudnnGraphNotSupportedError",
+    "rules-at-lowering": (
+        r".*",
+        r"verdict ours=lower:\w+ nvidia=validate:",
         (
-            "SDPA support rules (sliding window with s_q > s_kv; bottom-right causal with bias, "
-            "alibi or dropout) pass our validate() and fail at lowering; NVIDIA's validate() "
-            "refuses them"
+            "a rule NVIDIA's validate() applies is first applied by ours at lowering (SDPA: sliding "
+            "window with s_q > s_kv, bottom-right causal with bias / alibi / dropout; a "
+            "pass-by-value scalar whose stride list is shorter than its dims)"
+        ),
+    ),
+    "refused-earlier": (
+        r".*",
+        r"verdict ours=validate:\w+ nvidia=lower:",
+        (
+            "ours refuses in validate() what NVIDIA's validate() passes and its backend refuses "
+            "later (SDPA: an INT32 q/k/v, a bias of the wrong rank)"
+        ),
+    ),
+    "error-types": (
+        r".*",
+        r"verdict ours=(\w+):(cudnnGraphNotSupportedError|ShapeError) nvidia=\1:(ValueError|RuntimeError)",
+        (
+            "ours raises cudnnGraphNotSupportedError (or its ShapeError) where NVIDIA's raises "
+            "ValueError / RuntimeError, so `except ValueError` misses ours: our validator's "
+            "dim/stride/broadcast rules, and lowering.backend_error wrapping the backend "
+            "binding's own ValueError / RuntimeError"
+        ),
+    ),
+    "stricter-shape-rules": (
+        r".*!",
+        r"verdict ours=validate:ShapeError nvidia=ok",
+        (
+            "with a hostile input (a dimension dropped or doubled) ours' shape rules refuse "
+            "graphs NVIDIA's validate() and lowering accept (reduction output not a reduction "
+            "of its input, matmul / conv operand ranks)"
         ),
     ),
     "batchnorm-none-running-stats": (

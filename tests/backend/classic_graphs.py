@@ -175,22 +175,25 @@ IO_TYPES = (F16, BF16)
 
 
 class Recorder:
-    """Accumulates one graph's calls; every node gets an explicit name (both packages then
-    name the backend's nodes and their output tensors alike)."""
+    """Accumulates one graph's calls. Most nodes and tensors get an explicit name, some are
+    left to each package's own naming, and some inputs carry a uid of the caller's."""
 
-    def __init__(self, family, seed, **context):
-        self.family, self.seed = family, seed
+    def __init__(self, rng, family, seed, **context):
+        self.rng, self.family, self.seed = rng, family, seed
         self.context = tuple(context.items())
         self.calls, self.outputs, self.inputs = [], [], []
         self.count = 0
 
     def tensor(self, name, dim, stride=None, data_type=None, **kw):
-        kwargs = [("name", name), ("dim", list(dim))]
+        kwargs = [("name", name)] if self.rng.random() < 0.9 else []
+        kwargs.append(("dim", list(dim)))
         if stride is not None:
             kwargs.append(("stride", list(stride)))
         if data_type is not None:
             kwargs.append(("data_type", data_type))
         kwargs += list(kw.items())
+        if self.rng.random() < 0.1:
+            kwargs.append(("uid", 1000 + len(self.inputs)))
         self.calls.append(Call(None, "tensor", (), tuple(kwargs), name))
         self.inputs.append(name)
         return Ref(name)
@@ -199,7 +202,9 @@ class Recorder:
         name = f"{method}{self.count}"
         self.count += 1
         outs = name if n_out == 1 else tuple(f"{name}_{i}" for i in range(n_out))
-        kwargs = tuple(kw.items()) + (("name", name),)
+        kwargs = tuple(kw.items())
+        if self.rng.random() < 0.85:
+            kwargs += (("name", name),)
         self.calls.append(Call(None, method, args, kwargs, outs))
         return Ref(outs) if n_out == 1 else tuple(Ref(o) for o in outs)
 
@@ -234,7 +239,7 @@ def row_major(dim):
 def _graph(rng, family, seed, io=None):
     io = io or rng.choice(IO_TYPES)
     return Recorder(
-        family, seed, io_data_type=io, intermediate_data_type=F32, compute_data_type=F32
+        rng, family, seed, io_data_type=io, intermediate_data_type=F32, compute_data_type=F32
     ), io
 
 
@@ -736,7 +741,10 @@ def sdpa(rng, seed):
     if variant == "score_mod":
         kw["score_mod"] = ScoreMod(tuple(rng.sample(("tanh", ("scale", 0.5), "identity"), 2)))
     stats = rng.random() < 0.6
-    kw["generate_stats"] = stats
+    if rng.random() < 0.3:  # the older spelling of the same request
+        kw["is_inference"] = not stats
+    else:
+        kw["generate_stats"] = stats
     if rng.random() < 0.25 and variant == "plain":
         kw["score_max"] = r.tensor("score_max", [b, hq, sq, 1], [hq * sq, sq, 1, 1], F32)
         kw["score_sum_exp"] = r.tensor("score_sum_exp", [b, hq, sq, 1], [hq * sq, sq, 1, 1], F32)
@@ -802,6 +810,47 @@ def sdpa_backward(rng, seed):
     return r.desc()
 
 
+# ---------------------------------------------------------------- the rest
+def misc(rng, seed):
+    kind = rng.choice(("genstats", "index_mask", "logical", "rope"))
+    r, io = _graph(rng, f"misc_{kind}", seed)
+    if kind == "genstats":
+        n, c, h, w = rng.choice(((4, 32, 8, 8), (2, 64, 4, 4)))
+        x = r.tensor("x", [n, c, h, w], [c * h * w, 1, w * c, c])
+        if rng.random() < 0.5:
+            x = r.op("relu", input=x)
+        mean, sq = r.op("genstats", input=x, n_out=2)
+        r.output(mean, F32)
+        r.output(sq, F32)
+    elif kind == "index_mask":  # the causal mask as graph ops: gen_index, compare, select
+        h, s = rng.choice(((2, 64), (4, 32)))
+        x = r.tensor("x", [1, h, s, s], row_major([1, h, s, s]))
+        row = r.op("gen_index", input=x, axis=2)
+        col = r.op("gen_index", input=x, axis=3)
+        m = r.op(rng.choice(CMP), input=row, comparison=col)
+        r.on(m, "set_data_type", BOOL)
+        fill = r.tensor("fill", [1, 1, 1, 1], [1, 1, 1, 1], F32, is_pass_by_value=True)
+        y = r.op("binary_select", input0=x, input1=fill, mask=m)
+        r.output(y, rng.choice((None, io)))
+    elif kind == "logical":
+        dim = rng.choice(([4, 8, 16], [2, 64]))
+        a = r.tensor("a", dim, row_major(dim), BOOL)
+        b = r.tensor("b", dim, row_major(dim), BOOL)
+        y = r.op(rng.choice(("logical_and", "logical_or")), a=a, b=b)
+        if rng.random() < 0.5:
+            y = r.op("logical_not", input=y)
+        r.output(y, BOOL)
+    else:
+        b, h, s, d = rng.choice(((1, 4, 64, 64), (2, 2, 32, 128)))
+        x = r.tensor("x", [b, h, s, d], row_major([b, h, s, d]))
+        freqs = r.tensor("freqs", [1, 1, s, d], row_major([1, 1, s, d]), F32)
+        y = r.op(
+            "rope", input=x, freqs=freqs, **({"rope_dim": d // 2} if rng.random() < 0.3 else {})
+        )
+        r.output(y)
+    return r.desc()
+
+
 # ---------------------------------------------------------------- the families
 FAMILIES = {
     "pointwise": pointwise,
@@ -812,12 +861,46 @@ FAMILIES = {
     "layout": layout,
     "sdpa": sdpa,
     "sdpa_backward": sdpa_backward,
+    "misc": misc,
 }
 
 
+MUTATIONS = ("rank", "dim", "dtype", "stride")
+
+
+def mutate(rng, desc):
+    """The same graph with one input made hostile: a dimension dropped ("rank"), one
+    doubled ("dim"), an INT32 data type ("dtype") or a stride list one short ("stride").
+    Both packages must then refuse it at the same call with the same error type."""
+    kind = rng.choice(MUTATIONS)
+    tensors = [i for i, c in enumerate(desc.calls) if c.method == "tensor"]
+    i = rng.choice(tensors)
+    kw = dict(desc.calls[i].kwargs)
+    dim, stride = list(kw["dim"]), list(kw.get("stride") or row_major(kw["dim"]))
+    if kind == "rank" and len(dim) > 1:
+        dim, stride = dim[:-1], stride[:-1]
+    elif kind == "dim":
+        ax = rng.randrange(len(dim))
+        dim[ax] *= 2
+        stride = row_major(dim)
+    elif kind == "dtype":
+        kw["data_type"] = I32
+    else:
+        stride = stride[:-1]
+    kw["dim"], kw["stride"] = dim, stride
+    calls = list(desc.calls)
+    calls[i] = dataclasses.replace(calls[i], kwargs=tuple(kw.items()))
+    name = f"{desc.family}!{kind}:{desc.calls[i].outs}"
+    return dataclasses.replace(desc, family=name, calls=tuple(calls))
+
+
 def generate(seed, family=None):
-    """One graph description, a pure function of (seed, family)."""
+    """One graph description, a pure function of (seed, family); one graph in eight has
+    a hostile input (mutate())."""
     rng = random.Random(seed)
     if family is None:
         family = list(FAMILIES)[seed % len(FAMILIES)]
-    return FAMILIES[family](rng, seed)
+    desc = FAMILIES[family](rng, seed)
+    if rng.random() < 0.125:
+        desc = mutate(rng, desc)
+    return desc
