@@ -9,8 +9,9 @@ The samples are read where they lie, never copied here. Each notebook runs in it
 subprocess per package (in parallel, `--jobs` at a time), its code cells in order in one
 namespace, from the notebook's directory. Shell and magic lines (`!pip ...`, `%time`) are
 dropped and a `%%` cell is skipped: they configure Jupyter, not the graph. Under ours,
-`sys.modules["cudnn"]` is bound to `cudnn_pygraph` before the first cell, so the cells'
-own `import cudnn` text runs unchanged against our package.
+`sys.modules["cudnn"]` is bound to `cudnn_pygraph` before the first cell (after our lowering
+has loaded NVIDIA's frontend, which it reaches by that name), so the cells' own
+`import cudnn` text runs unchanged against our package.
 
 What each run records: the outcome (ran, or the first failing cell with the error type and
 message) and every check the notebook makes through torch.testing.assert_close /
@@ -139,7 +140,11 @@ def run_notebook(path, package, out_dir):
         cells = code_cells(json.loads(path.read_text()))
         if package == "ours":
             import cudnn_pygraph
+            from cudnn_pygraph.backend import lowering
 
+            # Our lowering imports NVIDIA's `cudnn` to reach the backend: load it now,
+            # before the name is rebound, or the lowering would find cudnn_pygraph there.
+            lowering.unavailable_reason()
             sys.modules["cudnn"] = cudnn_pygraph
         try:
             import torch

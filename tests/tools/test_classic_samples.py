@@ -100,3 +100,17 @@ def test_a_notebook_past_its_timeout_is_recorded_as_a_timeout(tmp_path):
     results = cs.run_all(tmp_path, jobs=2, timeout=1, only="02_", work=tmp_path / "work")
     assert {r["status"] for r in results.values()} == {"timeout"}
     assert "timeout: Timeout" in cs.outcome(results[("02_slow.ipynb", "ours")])
+
+
+def test_under_ours_the_lowering_still_reaches_nvidias_frontend(tmp_path):
+    """The rebinding of `cudnn` must not hand our lowering our own package."""
+    pytest.importorskip("cudnn")
+    nb = notebook(
+        cell(
+            "from cudnn_pygraph.backend import lowering\nFE = lowering.frontend().module.__name__\n"
+            "raise KeyError(FE)\n"
+        )
+    )
+    (tmp_path / "03_frontend.ipynb").write_text(json.dumps(nb))
+    res = cs.run_all(tmp_path, jobs=1, timeout=120, only="03_", work=tmp_path / "work")
+    assert res[("03_frontend.ipynb", "ours")]["error"].strip("'").startswith("cudnn.")
