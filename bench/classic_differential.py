@@ -65,9 +65,9 @@ def cpu_run(seeds):
 
 
 def cpu_section(results, seconds, command):
-    fams = collections.Counter(r.desc.family for r in results)
-    agree = collections.Counter(r.desc.family for r in results if r.agree)
-    agree_names_apart = collections.Counter(r.desc.family for r in results if _agree_names_apart(r))
+    fams = collections.Counter(_row(r) for r in results)
+    agree = collections.Counter(_row(r) for r in results if r.agree)
+    agree_names_apart = collections.Counter(_row(r) for r in results if _agree_names_apart(r))
     verdict = sum(r.verdicts_agree for r in results)
     both_ok = sum(r.ours.stage == r.nvidia.stage == "ok" for r in results)
     equal = sum(r.lowered_equal for r in results)
@@ -104,6 +104,12 @@ def _classes(result):
         key = cd.known_class(result.desc.family, f)
         out.append(f"{key}: {cd.KNOWN[key][2]}" if key else f"new: {f.split(' | ')[0]}")
     return sorted(set(out))
+
+
+def _row(result):
+    """The table row of a graph: its family, hostile graphs (classic_graphs.mutate) apart."""
+    family, hostile, _ = result.desc.family.partition("!")
+    return f"{family} (hostile input)" if hostile else family
 
 
 def _agree_names_apart(r):
