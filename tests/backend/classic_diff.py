@@ -289,17 +289,6 @@ KNOWN = {
             "as DOUBLE"
         ),
     ),
-    "tuple-attr-lowered-as-list": (
-        r"sdpa_",
-        (
-            r"verdict ours=(validate|lower):cudnnGraphNotSupportedError nvidia=ok \| .*"
-            r"(dropout must be a tuple|bad_cast)"
-        ),
-        (
-            "lowering.py _Builder.value turns the dropout tuple (p, seed, offset) into a list, "
-            "which the backend's sdpa binding refuses"
-        ),
-    ),
     "score-mod-callable": (
         r"sdpa_fwd_score_mod",
         r"verdict ours=validate:cudnnGraphNotSupportedError nvidia=ok \| .*score_mod",

@@ -287,7 +287,7 @@ class _Builder:
         if isinstance(v, Tensor):
             return self.tensor(v)
         if isinstance(v, (tuple, list)):
-            return [self.value(x) for x in v]
+            return type(v)(self.value(x) for x in v)  # a tuple stays one (sdpa dropout)
         if isinstance(v, enum.Enum):
             return backend_enum(self.fe, v)
         if callable(v):
