@@ -28,6 +28,7 @@ import datetime
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -259,6 +260,38 @@ def cross_difference(a, b):
     return worst
 
 
+# ---------------------------------------------------------------- the surface the samples use
+_ATTRIBUTE = re.compile(r"\bcudnn\.([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*))?")
+
+
+def missing_attributes(samples_dir, modules):
+    """{"cudnn.a.b": (notebooks using it, [package names lacking it])} over the samples'
+    code cells, for the attributes at least one of `modules` ({name: module}) lacks."""
+    used = {}
+    for nb in sorted(pathlib.Path(samples_dir).glob("*.ipynb")):
+        for _, source in code_cells(json.loads(nb.read_text())):
+            for first, second in _ATTRIBUTE.findall(source):
+                used.setdefault((first, second), set()).add(nb.name.split("_")[0])
+    out = {}
+    for (first, second), notebooks in sorted(used.items()):
+        lacking = []
+        for name, module in modules.items():
+            obj = getattr(module, first, None)
+            if obj is None or (second and not hasattr(obj, second)):
+                lacking.append(name)
+        if lacking:
+            out[f"cudnn.{first}{'.' + second if second else ''}"] = (sorted(notebooks), lacking)
+    return out
+
+
+def _packages():
+    import cudnn
+
+    import cudnn_pygraph
+
+    return {"nvidia": cudnn, "ours": cudnn_pygraph}
+
+
 # ---------------------------------------------------------------- the table
 def outcome(res):
     if res["status"] == "ran":
@@ -274,7 +307,7 @@ def largest_check(res):
     return f"{max(diffs):.3g}" if diffs else "-"
 
 
-def render(results, command, samples_dir):
+def render(results, command, samples_dir, missing=None):
     names = sorted({nb for nb, _ in results})
     both = sum(
         results[(n, "nvidia")]["status"] == results[(n, "ours")]["status"] == "ran" for n in names
@@ -309,6 +342,18 @@ def render(results, command, samples_dir):
             f"| {n} | {outcome(a)} | {outcome(b)} | {largest_check(a)} / {largest_check(b)} | {cross} "
             f"| {a.get('seconds', '-')} / {b.get('seconds', '-')} |"
         )
+    if missing:
+        lines += [
+            "",
+            "Module attributes the samples' code uses that a package lacks (a static scan of",
+            "`cudnn.<name>[.<name>]` in the code cells; notebooks by number):",
+            "",
+            "| attribute | lacking | notebooks |",
+            "| --- | --- | --- |",
+        ]
+        lines += [
+            f"| `{a}` | {', '.join(lack)} | {' '.join(nbs)} |" for a, (nbs, lack) in missing.items()
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -350,7 +395,9 @@ def main(argv=None):
     command = "python tools/classic_samples.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
-    text = render(results, command, args.samples_dir)
+    text = render(
+        results, command, args.samples_dir, missing_attributes(args.samples_dir, _packages())
+    )
     pathlib.Path(args.out).write_text(text)
     print(text)
     print(f"{len(results)} runs in {time.monotonic() - t0:.0f} s -> {args.out}")

@@ -114,3 +114,26 @@ def test_under_ours_the_lowering_still_reaches_nvidias_frontend(tmp_path):
     (tmp_path / "03_frontend.ipynb").write_text(json.dumps(nb))
     res = cs.run_all(tmp_path, jobs=1, timeout=120, only="03_", work=tmp_path / "work")
     assert res[("03_frontend.ipynb", "ours")]["error"].strip("'").startswith("cudnn.")
+
+
+def test_the_surface_scan_names_what_each_package_lacks(tmp_path):
+    import types
+
+    nb = notebook(
+        cell(
+            "g = cudnn.pygraph()\nx = cudnn.data_type.HALF\ny = cudnn.data_type.NO_SUCH\n"
+            "cudnn.backend_version()\n"
+        )
+    )
+    (tmp_path / "07_scan.ipynb").write_text(json.dumps(nb))
+    full = types.SimpleNamespace(
+        pygraph=1, data_type=types.SimpleNamespace(HALF=1), backend_version=1
+    )
+    bare = types.SimpleNamespace(pygraph=1, data_type=types.SimpleNamespace(HALF=1))
+    missing = cs.missing_attributes(tmp_path, {"nvidia": full, "ours": bare})
+    assert missing == {
+        "cudnn.backend_version": (["07"], ["ours"]),
+        "cudnn.data_type.NO_SUCH": (["07"], ["nvidia", "ours"]),
+    }
+    text = cs.render({}, "cmd", "DIR", missing)
+    assert "| `cudnn.backend_version` | ours | 07 |" in text
