@@ -37,7 +37,7 @@ class DeviceProperties:
 _CC_MAJOR, _CC_MINOR, _SM_COUNT, _L2_BYTES = 75, 76, 16, 38
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _driver_properties(ordinal):
     try:
         lib = ctypes.CDLL("libcuda.so.1")
@@ -63,13 +63,44 @@ def _driver_properties(ordinal):
     )
 
 
+INTERPRET_ENV = "TRITON_INTERPRET"
+# The caller's own value, read before this package sets it (doctor reports this one).
+USER_INTERPRET = os.environ.get(INTERPRET_ENV)
+# Triton's reading of the variable (its getenv_bool): these switch the interpreter on.
+_TRUE = ("1", "true", "on", "yes", "y")
+
+
+def interpreter_chosen():
+    """Whether Triton kernels run under its CPU interpreter when there is no GPU.
+
+    Unset means yes, and the variable is set here: Triton reads it when a kernel is
+    decorated, that is when our kernel modules are imported, which happens after planning
+    has looked for a device. So a user's own script plans and runs on a laptop without
+    knowing the variable. An explicit value that is not true is respected."""
+    value = os.environ.get(INTERPRET_ENV)
+    if value is None:
+        os.environ[INTERPRET_ENV] = "1"
+        return True
+    return value.strip().lower() in _TRUE
+
+
+def no_device_reason():
+    """Why detect_device() answers None, with what to change."""
+    value = os.environ.get(INTERPRET_ENV)
+    return (
+        f"no device: no GPU driver here and {INTERPRET_ENV}={value!r} turns the Triton "
+        f"interpreter off: unset it (or set {INTERPRET_ENV}=1) before the first plan to run "
+        "the Triton kernels on the CPU"
+    )
+
+
 def detect_device(ordinal=0):
-    """The GPU at `ordinal`; else the Triton interpreter when TRITON_INTERPRET=1;
-    else None (nothing here can run a kernel)."""
+    """The GPU at `ordinal`; else the Triton interpreter (see interpreter_chosen); else
+    None (TRITON_INTERPRET turned off and no GPU: nothing here can run a kernel)."""
     props = _driver_properties(ordinal)
     if props is not None:
         return props
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreter_chosen():
         return DeviceProperties.interpreter()
     return None
 
