@@ -17,9 +17,11 @@ import pytest
 import torch
 
 from cudnn_pygraph import cli, demo
+from cudnn_pygraph.backend import adapter
 from cudnn_pygraph.engines.base import BaseEngine, Capabilities, CompiledPlan
 from cudnn_pygraph.planning import autotune as at
 from cudnn_pygraph.planning import manifest
+from cudnn_pygraph.planning.device import gpu_driver_present
 
 HERE = pathlib.Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -135,6 +137,29 @@ def test_demo_walks_past_a_plan_that_does_not_run(capsys):
     assert rc == 0, err
     assert "#0 standin_refuses[]: did not run here (NotImplementedError: stand-in: no kernel" in out
     assert "#1 standin_torch_gdn[]: ran" in out
+
+
+@pytest.mark.skipif(gpu_driver_present(), reason="the no-driver outcome")
+def test_without_a_driver_the_backend_is_not_asked_and_libcudnn_stays_quiet():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "cudnn_pygraph", "demo", "--quick", "--only", "gemm"],
+        env={**env, "PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for chatter in (
+        "CUDNN_STATUS",
+        "Unable to load",
+        "failedptrDesc",
+        "driver version is insufficient",
+    ):
+        assert chatter not in proc.stdout + proc.stderr, chatter
+    backend = [x for x in proc.stdout.splitlines() if x.startswith("  backend ")]
+    assert backend and all(x.endswith(": " + adapter.NO_DRIVER) for x in backend), backend
 
 
 @pytest.mark.parametrize("blocked", ["torch", "triton"])
@@ -439,10 +464,13 @@ def test_CUDNN_PYGRAPH_LOG_logs_each_decision_once_and_leaves_the_root_logger_al
         )
     ]
     assert "INFO:cudnn_pygraph:engine TorchDeltaRule accepted graph 'demo_gdn'" in lines
-    for mode in ("A", "FALLBACK"):
-        assert any(
-            x.startswith(f"INFO:cudnn_pygraph:backend {mode} for graph 'demo_gdn': ") for x in lines
+    backend = [x for x in lines if x.startswith("INFO:cudnn_pygraph:backend ")]
+    assert backend == [  # one reason shared by both modes: said once
+        (
+            "INFO:cudnn_pygraph:backend A, FALLBACK for graph 'demo_gdn': "
+            "gdn node 'gdn_0' is a python-only op: the backend has no builder for it"
         )
+    ]
     assert "INFO:cudnn_pygraph:graph 'demo_gdn': 1 plans" in lines
 
 

@@ -63,6 +63,12 @@ def _driver_properties(ordinal):
     )
 
 
+def gpu_driver_present(ordinal=0):
+    """A CUDA driver answers for device `ordinal` (whatever descriptor a graph was planned
+    for: without a driver nothing can build or run)."""
+    return _driver_properties(ordinal) is not None
+
+
 INTERPRET_ENV = "TRITON_INTERPRET"
 # The caller's own value, read before this package sets it (doctor reports this one).
 USER_INTERPRET = os.environ.get(INTERPRET_ENV)

@@ -90,8 +90,11 @@ def create_execution_plans(graph, modes):
     record = PlanningRecord(graph, family, accepted, backend, plans, verdicts, backend_outcome, backend_decline)
     graph.__dict__["_planning"] = record
     graph.__dict__["_state"] = lifecycle.Planned()
+    by_outcome = {}  # one record per distinct outcome: a reason shared by modes is said once
     for mode, outcome in backend_outcome.items():
-        log.info("backend %s for graph '%s': %s", heur_mode(mode).name, graph.name, outcome)
+        by_outcome.setdefault(outcome, []).append(heur_mode(mode).name)
+    for outcome, names in by_outcome.items():
+        log.info("backend %s for graph '%s': %s", ", ".join(names), graph.name, outcome)
     if log.isEnabledFor(logging.INFO):  # the names cost a knob conversion per plan
         names = "".join(f"\n  #{i} {record.plan_name(i)}" for i in range(len(plans)))
         log.info("graph '%s': %d plans%s", graph.name, len(plans), names or " (none)")
