@@ -278,7 +278,7 @@ def test_plot_reads_ratio_columns(text, labels, series):
 def test_plot_charts_results_and_lists_them(tmp_path, capsys):
     results, img, doc = tmp_path / "results", tmp_path / "img", tmp_path / "docs" / "benchmarks.md"
     results.mkdir()
-    (results / "gemm.md").write_text(GEMM_TABLE + "\n" + SDPA_TABLE)
+    (results / "gemm.md").write_text(GEMM_TABLE + "\n" + GDN_TABLE)
     (results / "host.md").write_text(NO_RATIO)
     doc.parent.mkdir()
     doc.write_text(f"# Benchmarks\n\nintro\n\n{plot.INDEX_BEGIN}\nold\n{plot.INDEX_END}\n\ntail\n")
@@ -297,6 +297,59 @@ def test_plot_charts_results_and_lists_them(tmp_path, capsys):
         and text.endswith("\ntail\n")
         and "old" not in text
     )
+
+
+RUNS = """# sdpa
+## Run 2, 2026-11-30 10:00 UTC (the latest)
+NVIDIA H200 (sm_90), torch 2.11.0+cu130, triton 3.6.0, libcudnn 9.19.0
+{table}
+## Run 1, 2026-11-29 09:00 UTC
+NVIDIA H100, torch 2.9.0, triton 3.5.0
+{old}
+"""
+
+
+@pytest.mark.parametrize("newest_first", [True, False], ids=["newest-first", "oldest-first"])
+def test_plot_charts_the_latest_run_of_a_table_and_names_gpu_date_versions(newest_first):
+    new = SDPA_TABLE.split("\n", 1)[1]
+    old = new.replace("1.20x", "0.50x")
+    text = RUNS.format(table=new, old=old)
+    if not newest_first:  # the same runs, history first: the dates decide, not the order
+        head, run2 = text.split("## Run 2", 1)
+        run2, run1 = run2.split("## Run 1", 1)
+        text = head + "## Run 1" + run1 + "## Run 2" + run2
+    (table,) = plot.latest_per_kind(plot.parse_tables(text))
+    assert table.series["ours/torch"][0] == 1.20
+    assert (
+        table.caption()
+        == "NVIDIA H200 · 2026-11-30 10:00 · torch 2.11.0+cu130, triton 3.6.0, libcudnn 9.19.0"
+    )
+
+
+@pytest.mark.parametrize(
+    "header, way",
+    [
+        ("ours/torch", "higher"),
+        ("fwd speedup vs fla", "higher"),
+        ("torch/first", "higher"),
+        ("ours/theirs (min)", "lower"),
+        ("op / raw", "lower"),
+    ],
+)
+def test_plot_says_which_way_is_better(header, way):
+    assert plot.better(header) == way
+
+
+def test_plot_refuses_a_ratio_column_without_a_direction():
+    with pytest.raises(ValueError, match="no rule in bench/plot.py BETTER"):
+        plot.better("mine/yours")
+
+
+def test_every_committed_ratio_column_has_a_direction():
+    for f in sorted((ROOT / "bench" / "results").glob("*.md")):
+        for table in plot.parse_tables(f.read_text()):
+            for header in table.series:
+                assert plot.better(header) in ("higher", "lower"), (f.name, header)
 
 
 def test_plot_without_results_is_not_an_error(tmp_path):
