@@ -5,6 +5,7 @@ outputs. graph_from_json(graph_to_json(g)) rebuilds g exactly (tests hold it).""
 import enum
 
 from .._types import ENUMS
+from .builders import coerce_attr
 from .node import Node
 from .ops import OPS
 from .tensor import Tensor
@@ -89,12 +90,18 @@ def graph_from_json(cls, doc):
             unknown = (set(nf["inputs"]) | set(nf["attrs"])) - known
             if unknown:
                 raise ValueError(f"node {nf['name']!r} ({spec.name}): unknown argument(s) {sorted(unknown)}")
+            try:  # the builder's own attribute checks: a wrong type is named, not stored
+                attrs = {
+                    k: coerce_attr(spec, spec.param(k), _load(v, by_uid)) for k, v in nf["attrs"].items()
+                }
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"node {nf['name']!r}: {exc}") from None
             node = Node(
                 graph,
                 spec,
                 nf["name"],
                 {k: _load(v, by_uid) for k, v in nf["inputs"].items()},
-                {k: _load(v, by_uid) for k, v in nf["attrs"].items()},
+                attrs,
                 {k: _load(v, by_uid) for k, v in nf["outputs"].items()},
             )
             for t in node.output_tensors():
