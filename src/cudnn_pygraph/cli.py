@@ -608,7 +608,7 @@ def show_progress():
         _log.progress_log.setLevel(logging.INFO)
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     from .planning.device import detect_device
 
     detect_device()  # chooses the interpreter without a GPU before any kernel module loads

@@ -73,6 +73,8 @@ class Param:
         if self.value_type is not None:
             return self.value_type.rstrip("?")
         d = self.default
+        if isinstance(d, enum.Enum):  # an enum attribute without `enum` set: any spelling
+            return None
         for kind, cls in (("bool", bool), ("int", int), ("float", float), ("str", str)):
             if isinstance(d, cls):
                 return kind

@@ -3,6 +3,8 @@ record (name, compute capability, SM count, L2 size), constructible for any arch
 without a GPU. Detection asks the CUDA driver through ctypes, so planning never
 imports a framework."""
 
+from __future__ import annotations
+
 import ctypes
 import dataclasses
 import functools
@@ -21,15 +23,15 @@ class DeviceProperties:
     is_interpreter: bool = False
 
     @property
-    def sm(self):
+    def sm(self) -> int:
         """Compute capability as major*10 + minor (sm_90 -> 90)."""
         return self.major * 10 + self.minor
 
     @classmethod
-    def interpreter(cls):
+    def interpreter(cls) -> DeviceProperties:
         return cls("Triton interpreter (CPU)", 0, 0, os.cpu_count() or 1, 0, -1, True)
 
-    def to_json(self):
+    def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
 
@@ -63,7 +65,7 @@ def _driver_properties(ordinal):
     )
 
 
-def gpu_driver_present(ordinal=0):
+def gpu_driver_present(ordinal: int = 0) -> bool:
     """A CUDA driver answers for device `ordinal` (whatever descriptor a graph was planned
     for: without a driver nothing can build or run)."""
     return _driver_properties(ordinal) is not None
@@ -76,7 +78,7 @@ USER_INTERPRET = os.environ.get(INTERPRET_ENV)
 _TRUE = ("1", "true", "on", "yes", "y")
 
 
-def interpreter_chosen():
+def interpreter_chosen() -> bool:
     """Whether Triton kernels run under its CPU interpreter when there is no GPU.
 
     Unset means yes, and the variable is set here: Triton reads it when a kernel is
@@ -90,7 +92,7 @@ def interpreter_chosen():
     return value.strip().lower() in _TRUE
 
 
-def no_device_reason():
+def no_device_reason() -> str:
     """Why detect_device() answers None, with what to change."""
     value = os.environ.get(INTERPRET_ENV)
     return (
@@ -100,7 +102,7 @@ def no_device_reason():
     )
 
 
-def detect_device(ordinal=0):
+def detect_device(ordinal: int = 0) -> DeviceProperties | None:
     """The GPU at `ordinal`; else the Triton interpreter (see interpreter_chosen); else
     None (TRITON_INTERPRET turned off and no GPU: nothing here can run a kernel)."""
     props = _driver_properties(ordinal)
@@ -111,6 +113,6 @@ def detect_device(ordinal=0):
     return None
 
 
-def create_device_properties(ordinal=0):
+def create_device_properties(ordinal: int = 0) -> DeviceProperties | None:
     """Classic spelling: the descriptor of device `ordinal` (None when absent)."""
     return detect_device(ordinal)
