@@ -1,11 +1,18 @@
-"""The docs stay true: docs/ops.md is what tools/gen_op_reference.py renders from the
-OpSpec tables (stale -> this fails; regenerate it), every relative link in docs/ resolves,
+"""The docs stay true: every code block in README.md and docs/ runs as written (python
+blocks each in a fresh interpreter, command blocks line by line, in a user's environment:
+no TRITON_INTERPRET set, a private autotune cache); docs/ops.md is what
+tools/gen_op_reference.py renders from the OpSpec tables (stale -> this fails; regenerate
+it), every relative link in docs/ resolves and README's links are absolute (PyPI shows it),
 every module the architecture page names exists, and bench/plot.py turns results tables
 into charts (and copes with results that do not exist yet)."""
 
 import importlib.util
+import os
 import pathlib
 import re
+import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -42,6 +49,145 @@ def test_op_reference_has_every_op_with_its_parameters():
 
 
 DOC_FILES = sorted(DOCS.glob("*.md"))
+
+
+# ---------------------------------------------------------------- code blocks run as written
+FENCE = re.compile(r"^(<!-- not run: [^>]+ -->\n)?```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+RUN_LANGS = ("python", "bash")
+# Command lines a page may show that the suite does not run: installs (CI's own first step)
+# and the test suite itself.
+NOT_RUN_COMMANDS = ("pip install", "python -m pytest")
+PAGES = [ROOT / "README.md", *DOC_FILES]
+
+
+def code_blocks(page):
+    """[(lang, body, marked_not_run)] in page order."""
+    return [(lang, body, bool(mark)) for mark, lang, body in FENCE.findall(page.read_text())]
+
+
+def _blocks_to_run():
+    out = []
+    for page in PAGES:
+        for i, (lang, body, marked) in enumerate(code_blocks(page)):
+            if lang in RUN_LANGS and not marked:
+                out.append(pytest.param(page, lang, body, id=f"{page.name}-{i}-{lang}"))
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_code_block_says_whether_it_runs(page):
+    for lang, body, marked in code_blocks(page):
+        assert lang in (*RUN_LANGS, "text"), (
+            f"{page.name}: a ```{lang or ''} block: say python or bash (run by this test) or "
+            f"text (a listing), or mark it <!-- not run: why -->\n{body[:200]}"
+        )
+
+
+def _user_env(tmp_path):
+    """A user's shell: this package on the path, TRITON_INTERPRET as a user leaves it
+    (unset), the autotune cache private to the test."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep
+    )
+    env["CUDNN_PYGRAPH_AUTOTUNE_CACHE"] = str(tmp_path / "autotune")
+    return env
+
+
+def _commands(body):
+    """The command lines of a bash block: comments dropped, `a && b` split."""
+    for line in body.splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        for cmd in line.split("&&"):
+            cmd = cmd.strip()
+            if not cmd.startswith(NOT_RUN_COMMANDS):
+                yield cmd
+
+
+def _argv(cmd):
+    """A documented command as argv for this interpreter (cudnn-pygraph is the installed
+    entry point of `python -m cudnn_pygraph`); leading VAR=value words become env."""
+    words = shlex.split(cmd)
+    env = {}
+    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = str(ROOT / value) if name == "PYTHONPATH" else value
+    if words[0] == "cudnn-pygraph":
+        words = [sys.executable, "-m", "cudnn_pygraph", *words[1:]]
+    elif words[0] == "python":
+        words = [sys.executable, *words[1:]]
+    return words, env
+
+
+def _run_page_prefix(page, upto, tmp_path, env):
+    """Run the python blocks before block `upto` on `page` (files a later command reads,
+    such as my_graph.json, are written by them)."""
+    for i, (lang, body, marked) in enumerate(code_blocks(page)[:upto]):
+        if lang == "python" and not marked and "open(" in body:
+            _run_python(body, tmp_path, env)
+
+
+def _run_python(body, cwd, env):
+    proc = subprocess.run(
+        [sys.executable, "-c", body],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\n{body}\n--- stderr\n{proc.stderr[-3000:]}"
+    )
+    return proc
+
+
+@pytest.mark.parametrize("page, lang, body", _blocks_to_run())
+def test_code_block_runs_as_written(page, lang, body, tmp_path):
+    env = _user_env(tmp_path)
+    if lang == "python":
+        _run_python(body, tmp_path, env)
+        return
+    blocks = code_blocks(page)
+    _run_page_prefix(page, [b[1] for b in blocks].index(body), tmp_path, env)
+    for cmd in _commands(body):
+        argv, extra = _argv(cmd)
+        cwd = ROOT if any(a.endswith(".py") and "/" in a for a in argv[1:2]) else tmp_path
+        proc = subprocess.run(
+            argv,
+            cwd=cwd,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert proc.returncode == 0, (
+            f"{cmd}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
+        assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_readme_keeps_two_commands_and_absolute_links():
+    text = (ROOT / "README.md").read_text()
+    commands = [
+        c
+        for lang, body, _ in code_blocks(ROOT / "README.md")
+        if lang == "bash"
+        for c in body.strip().splitlines()
+    ]
+    assert len(commands) == 2, commands  # install + demo, install + tests
+    source = re.search(
+        r'^Source = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE
+    ).group(1)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        assert target.startswith(f"{source}/blob/main/"), (
+            f"README link {target} is not absolute (PyPI)"
+        )
+        assert (ROOT / target.split("/blob/main/", 1)[1].split("#")[0]).exists(), target
 
 
 @pytest.mark.parametrize("doc", DOC_FILES, ids=[d.name for d in DOC_FILES])
@@ -95,13 +241,30 @@ NO_RATIO = """| case | min ns/call |
     "text, labels, series",
     [
         (GEMM_TABLE, ["1024 x 1024 x 1024", "4096 x 4096 x 4096"], {"ours/torch": [0.93, 1.10]}),
-        (SDPA_TABLE, ["b4 s2048", "b1 s8192"], {"ours/torch": [1.20, None], "ours/backend": [0.90, 0.95]}),
-        (GDN_TABLE, ["4x2048, yes"], {"fwd speedup vs fla": [1.50]}),  # "/ own fwd" is not vs a peer
-        (BACKEND_TABLE, ["matmul bf16, 1"], {"ours/theirs (min)": [0.87], "ours/floor (min)": [1.72]}),
+        (
+            SDPA_TABLE,
+            ["b4 s2048", "b1 s8192"],
+            {"ours/torch": [1.20, None], "ours/backend": [0.90, 0.95]},
+        ),
+        (
+            GDN_TABLE,
+            ["4x2048, yes"],
+            {"fwd speedup vs fla": [1.50]},
+        ),  # "/ own fwd" is not vs a peer
+        (
+            BACKEND_TABLE,
+            ["matmul bf16, 1"],
+            {"ours/theirs (min)": [0.87], "ours/floor (min)": [1.72]},
+        ),
         (NO_RATIO, None, None),
     ],
-    ids=["gemm-mnk-label", "sdpa-missing-cell", "gdn-own-ratio-excluded", "plain-ratios-note-row-dropped",
-         "a-unit-is-not-a-ratio"],
+    ids=[
+        "gemm-mnk-label",
+        "sdpa-missing-cell",
+        "gdn-own-ratio-excluded",
+        "plain-ratios-note-row-dropped",
+        "a-unit-is-not-a-ratio",
+    ],
 )
 def test_plot_reads_ratio_columns(text, labels, series):
     tables = plot.parse_tables(text)
@@ -115,7 +278,7 @@ def test_plot_reads_ratio_columns(text, labels, series):
 def test_plot_charts_results_and_lists_them(tmp_path, capsys):
     results, img, doc = tmp_path / "results", tmp_path / "img", tmp_path / "docs" / "benchmarks.md"
     results.mkdir()
-    (results / "gemm.md").write_text(GEMM_TABLE + "\n" + SDPA_TABLE)
+    (results / "gemm.md").write_text(GEMM_TABLE + "\n" + GDN_TABLE)
     (results / "host.md").write_text(NO_RATIO)
     doc.parent.mkdir()
     doc.write_text(f"# Benchmarks\n\nintro\n\n{plot.INDEX_BEGIN}\nold\n{plot.INDEX_END}\n\ntail\n")
@@ -129,11 +292,70 @@ def test_plot_charts_results_and_lists_them(tmp_path, capsys):
         assert (img / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"](../img/{png})" in text
     assert "[host](../results/host.md)" in text and "(no ratio table to chart)" in text
-    assert text.startswith("# Benchmarks\n\nintro\n") and text.endswith("\ntail\n") and "old" not in text
+    assert (
+        text.startswith("# Benchmarks\n\nintro\n")
+        and text.endswith("\ntail\n")
+        and "old" not in text
+    )
+
+
+RUNS = """# sdpa
+## Run 2, 2026-11-30 10:00 UTC (the latest)
+NVIDIA H200 (sm_90), torch 2.11.0+cu130, triton 3.6.0, libcudnn 9.19.0
+{table}
+## Run 1, 2026-11-29 09:00 UTC
+NVIDIA H100, torch 2.9.0, triton 3.5.0
+{old}
+"""
+
+
+@pytest.mark.parametrize("newest_first", [True, False], ids=["newest-first", "oldest-first"])
+def test_plot_charts_the_latest_run_of_a_table_and_names_gpu_date_versions(newest_first):
+    new = SDPA_TABLE.split("\n", 1)[1]
+    old = new.replace("1.20x", "0.50x")
+    text = RUNS.format(table=new, old=old)
+    if not newest_first:  # the same runs, history first: the dates decide, not the order
+        head, run2 = text.split("## Run 2", 1)
+        run2, run1 = run2.split("## Run 1", 1)
+        text = head + "## Run 1" + run1 + "## Run 2" + run2
+    (table,) = plot.latest_per_kind(plot.parse_tables(text))
+    assert table.series["ours/torch"][0] == 1.20
+    assert (
+        table.caption()
+        == "NVIDIA H200 · 2026-11-30 10:00 · torch 2.11.0+cu130, triton 3.6.0, libcudnn 9.19.0"
+    )
+
+
+@pytest.mark.parametrize(
+    "header, way",
+    [
+        ("ours/torch", "higher"),
+        ("fwd speedup vs fla", "higher"),
+        ("torch/first", "higher"),
+        ("ours/theirs (min)", "lower"),
+        ("op / raw", "lower"),
+    ],
+)
+def test_plot_says_which_way_is_better(header, way):
+    assert plot.better(header) == way
+
+
+def test_plot_refuses_a_ratio_column_without_a_direction():
+    with pytest.raises(ValueError, match="no rule in bench/plot.py BETTER"):
+        plot.better("mine/yours")
+
+
+def test_every_committed_ratio_column_has_a_direction():
+    for f in sorted((ROOT / "bench" / "results").glob("*.md")):
+        for table in plot.parse_tables(f.read_text()):
+            for header in table.series:
+                assert plot.better(header) in ("higher", "lower"), (f.name, header)
 
 
 def test_plot_without_results_is_not_an_error(tmp_path):
     doc = tmp_path / "benchmarks.md"
-    rc = plot.main(["--results", str(tmp_path / "none"), "--img", str(tmp_path / "img"), "--doc", str(doc)])
+    rc = plot.main(
+        ["--results", str(tmp_path / "none"), "--img", str(tmp_path / "img"), "--doc", str(doc)]
+    )
     assert rc == 0 and "No results are committed yet" in doc.read_text()
     assert not (tmp_path / "img").exists()

@@ -2,7 +2,7 @@
 
   demo [--quick] [--only gemm,sdpa,gdn]   the whole idea on this machine (demo.py)
   (demo, doctor, plans and autotune take --opt-in: include the opt-in engines)
-  doctor                                  versions, device, which engines are offered here
+  doctor [--json]                         versions, driver, device, engines offered here
   plans GRAPH.json | --example NAME       the ranked plan list of a graph, with reasons
         [--modes A,FALLBACK,OPENSOURCE] [--write-json PATH]
   autotune --show | --clear               the persistent autotune cache
@@ -10,7 +10,8 @@
 
 Exit codes: 0 done; 1 the graph has no plan here / a demo check failed; 2 bad input or a
 missing optional dependency (one line on stderr saying what to fix); 3 an internal
-error. --debug (before the command) shows the traceback instead of the one line.
+error. --debug (anywhere on the line) shows the traceback instead of the one line;
+--version prints the version.
 """
 
 import argparse
@@ -30,15 +31,6 @@ class UsageError(Exception):
 
 
 # ---------------------------------------------------------------- environment
-def use_interpreter_without_gpu():
-    """Without a GPU, Triton kernels run under the interpreter, which must be chosen
-    BEFORE anything imports triton: this runs first in main()."""
-    from .planning.device import detect_device
-
-    if detect_device() is None:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-
-
 def missing_modules(names):
     """The optional modules among `names` that are not installed (probed, not imported)."""
     out = []
@@ -55,8 +47,10 @@ def missing_modules(names):
 def require(names, what):
     missing = missing_modules(names)
     if missing:
-        raise UsageError(f"{what} needs {' and '.join(missing)}: pip install {' '.join(missing)} "
-                         f"(or pip install 'cudnn-pygraph[demo]')")
+        raise UsageError(
+            f"{what} needs {' and '.join(missing)}: pip install {' '.join(missing)} "
+            f"(or pip install 'cudnn-pygraph[demo]')"
+        )
 
 
 def dist_version(dist):
@@ -80,19 +74,79 @@ def _parse_list(text, allowed, flag):
     items = [x.strip() for x in text.split(",") if x.strip()]
     bad = [x for x in items if x not in allowed]
     if bad or not items:
-        raise UsageError(f"{flag}: unknown {', '.join(map(repr, bad)) or 'empty list'} "
-                         f"(choose from {', '.join(allowed)})")
+        raise UsageError(
+            f"{flag}: unknown {', '.join(map(repr, bad)) or 'empty list'} "
+            f"(choose from {', '.join(allowed)})"
+        )
     return tuple(items)
 
 
 # ---------------------------------------------------------------- doctor
 _LIBCUDNN = ("libcudnn.so.9", "libcudnn.so.8", "libcudnn.so")
+_LIBCUDART = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
 
 
 def _cudnn_version_text(v):
     v = int(v)
-    major, minor, patch = (v // 10000, v // 100 % 100, v % 100) if v >= 90000 else (v // 1000, v // 100 % 10, v % 100)
+    if v >= 90000:
+        major, minor, patch = v // 10000, v // 100 % 100, v % 100
+    else:
+        major, minor, patch = v // 1000, v // 100 % 10, v % 100
     return f"{major}.{minor}.{patch}"
+
+
+def _cuda_version_text(v):
+    """CUDA's integer form (12040 -> 12.4)."""
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+def _ask_int(lib, fn):
+    out = ctypes.c_int()
+    if getattr(lib, fn)(ctypes.byref(out)) != 0:
+        return None
+    return out.value
+
+
+def cuda_driver():
+    """(CUDA version the driver supports, None) or (None, why not): libcuda by ctypes."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None, "no GPU driver (libcuda.so.1 not found)"
+    v = _ask_int(lib, "cuDriverGetVersion")
+    return (_cuda_version_text(v), None) if v else (None, "libcuda.so.1 answers no version")
+
+
+def cuda_runtime():
+    """(version, where) of a CUDA runtime the loader finds, else (None, why)."""
+    for name in _LIBCUDART:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        v = _ask_int(lib, "cudaRuntimeGetVersion")
+        return (_cuda_version_text(v), name) if v else (None, f"{name} answers no version")
+    for dist in ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime-cu12"):
+        v = dist_version(dist)
+        if v:
+            return v, f"pip {dist}, not on the loader's path"
+    return None, "not found (libcudart)"
+
+
+def torch_cuda():
+    """torch's own CUDA: (build version or None, available, why not). Imports torch."""
+    if missing_modules(["torch"]):
+        return None, False, "torch not installed"
+    import torch
+
+    built = torch.version.cuda
+    if built is None:
+        return None, False, "a CPU-only torch build"
+    try:
+        available = torch.cuda.is_available()
+    except Exception as exc:  # noqa: BLE001 - a broken driver stack is a finding, not a crash
+        return built, False, f"{type(exc).__name__}: {exc}"
+    return built, available, "" if available else "torch sees no GPU"
 
 
 def libcudnn_version():
@@ -105,8 +159,9 @@ def libcudnn_version():
         from .backend import lowering
 
         try:
-            return _cudnn_version_text(lowering.frontend().libcudnn_version), "as the backend loads it"
-        except Exception as exc:  # BackendUnavailableError, or a frontend that breaks on import
+            version = lowering.frontend().libcudnn_version
+            return _cudnn_version_text(version), "as the backend loads it"
+        except Exception as exc:  # noqa: BLE001 - BackendUnavailableError, or a broken frontend
             return None, str(exc)
     for name in _LIBCUDNN:
         try:
@@ -117,57 +172,161 @@ def libcudnn_version():
             return _cudnn_version_text(lib.cudnnGetVersion()), name
         except AttributeError:
             return None, f"{name} has no cudnnGetVersion"
-    return None, "not found by the loader (pip install nvidia-cudnn-cu13, or -cu12)"
+    return None, "not found by the loader (pip install 'cudnn-pygraph[cudnn]')"
 
 
-def doctor_report():
-    """The paste-able report, as a list of lines."""
-    from . import __version__
-    from .planning import manifest
-    from .planning.device import detect_device
-
-    lines = [f"{PROG} doctor", "", "software:"]
-    lines.append(f"  cudnn_pygraph          {__version__}")
-    lines.append(f"  python                 {platform.python_version()} ({sys.executable})")
-    lines.append(f"  platform               {platform.platform()}")
-    for label, dist, hint in (
-        ("torch", "torch", "pip install torch"),
-        ("triton", "triton", "pip install triton"),
-        ("backend (cudnn-fe)", "nvidia-cudnn-frontend", "pip install 'cudnn-pygraph[cudnn]'"),
-    ):
-        v = dist_version(dist)
-        lines.append(f"  {label:<22} {v or 'not installed (' + hint + ')'}")
-    cudnn_v, where = libcudnn_version()
-    lines.append(f"  {'libcudnn':<22} {cudnn_v + ' (' + where + ')' if cudnn_v else where}")
-    lines.append(f"  TRITON_INTERPRET       {os.environ.get('TRITON_INTERPRET', '(unset)')}")
-    lines.append(f"  {manifest.OPT_IN_ENV} {os.environ.get(manifest.OPT_IN_ENV, '(unset)')}")
-    lines.append(f"  CUDNN_PYGRAPH_LOG      {os.environ.get('CUDNN_PYGRAPH_LOG', '(unset)')}")
-    from .planning import autotune
-
-    state = "on" if autotune.cache_enabled() else f"off ({autotune.DISABLE_ENV}=1)"
-    lines.append(f"  autotune cache         {autotune.cache_root()} ({state})")
-
-    device = detect_device()
-    lines += ["", "device:"]
-    if device is None:
-        lines.append("  none: no GPU and TRITON_INTERPRET is not 1 (nothing here can run a kernel)")
-    elif device.is_interpreter:
-        lines.append(f"  {device.name}: no GPU; Triton kernels run on {device.sm_count} CPU cores")
-    else:
-        lines.append(f"  {device.name}: sm_{device.sm} (compute capability {device.major}.{device.minor}), "
-                     f"{device.sm_count} SMs, L2 {device.l2_bytes / 2**20:.0f} MiB")
-
-    lines += ["", "engine families (manifest) and what is offered here:"]
-    for family in manifest.FAMILIES:
-        lines.append(f"  {family.name} (anchors: {', '.join(family.anchors)})")
-        if not family.slots:
-            lines.append("    no python engine yet: " + _without_engines(family))
-        for slot, verdict in engine_availability(family, device):
-            lines.append(f"    [{family.engine_id(slot)}] {slot.name:<28} {verdict}")
+def backend_status(device):
+    """'usable' when one tiny graph (a 16x16x16 matmul) gets a backend plan here, else
+    what stands in the way. Without a GPU the backend is not asked: it plans only on one."""
     from .backend import adapter
 
-    backend = "installed" if adapter.backend_installed() else adapter.INSTALL_HINT
-    lines.append(f"  cudnn backend: {backend}")
+    if not adapter.backend_installed():
+        return "not installed", adapter.INSTALL_HINT
+    if device is None or device.is_interpreter:
+        return "installed, not usable here", "no GPU: the backend plans and runs only on a GPU"
+    from ._types import cudnnGraphNotSupportedError, data_type, heur_mode
+    from .graph.pygraph import pygraph
+    from .planning import engine_ids
+
+    g = pygraph(name="doctor_probe", io_data_type=data_type.HALF, compute_data_type=data_type.FLOAT)
+    a = g.tensor([1, 16, 16], name="A")
+    b = g.tensor([1, 16, 16], name="B")
+    g.matmul(a, b).set_output(True)
+    try:
+        g.create_execution_plans([heur_mode.A])
+    except cudnnGraphNotSupportedError:
+        pass
+    record = g._planning
+    if record is not None and any(engine_ids.is_backend_id(p.engine_id) for p in record.plans):
+        return "usable", "a 16x16x16 matmul gets a backend plan"
+    outcome = record.backend_outcome.get(heur_mode.A) if record is not None else None
+    return "installed, not usable here", str(outcome or "the probe graph got no backend plan")
+
+
+def doctor_data():
+    """Everything doctor reports, as JSON-ready data."""
+    from . import __version__
+    from .planning import autotune, manifest
+    from .planning.device import INTERPRET_ENV, USER_INTERPRET, detect_device
+
+    driver, driver_why = cuda_driver()
+    runtime, runtime_where = cuda_runtime()
+    t_cuda, t_available, t_why = torch_cuda()
+    cudnn_v, cudnn_where = libcudnn_version()
+    device = detect_device()
+    backend, backend_why = backend_status(device)
+    software = {
+        "cudnn_pygraph": __version__,
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "platform": platform.platform(),
+    }
+    for dist in ("torch", "triton", "numpy", "nvidia-cudnn-frontend"):
+        software[dist] = dist_version(dist)
+    data = {
+        "software": software,
+        "cuda": {
+            "driver": driver,
+            "driver_note": driver_why,
+            "runtime": runtime,
+            "runtime_note": runtime_where,
+            "torch_cuda": t_cuda,
+            "torch_cuda_available": t_available,
+            "torch_cuda_note": t_why,
+            "libcudnn": cudnn_v,
+            "libcudnn_note": cudnn_where,
+        },
+        "backend": {"status": backend, "note": backend_why},
+        # the caller's own environment, as it was before this package set anything
+        "environment": {
+            INTERPRET_ENV: USER_INTERPRET,
+            manifest.OPT_IN_ENV: os.environ.get(manifest.OPT_IN_ENV),
+            "CUDNN_PYGRAPH_LOG": os.environ.get("CUDNN_PYGRAPH_LOG"),
+            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        },
+        "autotune_cache": {"path": str(autotune.cache_root()), "enabled": autotune.cache_enabled()},
+        "device": None if device is None else device.to_json(),
+        "families": [],
+    }
+    for family in manifest.FAMILIES:
+        data["families"].append(
+            {
+                "name": family.name,
+                "anchors": list(family.anchors),
+                "without_engines": None if family.slots else _without_engines(family),
+                "engines": [
+                    {"engine_id": family.engine_id(slot), "name": slot.name, "verdict": verdict}
+                    for slot, verdict in engine_availability(family, device)
+                ],
+            }
+        )
+    return data
+
+
+def _or(value, note):
+    if value is None:
+        return note or "unknown"
+    return f"{value} ({note})" if note else str(value)
+
+
+def doctor_report(data=None):
+    """The paste-able report, as a list of lines."""
+    from .planning.device import INTERPRET_ENV
+
+    data = doctor_data() if data is None else data
+    sw, cuda, env = data["software"], data["cuda"], data["environment"]
+    lines = [f"{PROG} doctor", "", "software:"]
+    lines.append(f"  {'cudnn_pygraph':<22} {sw['cudnn_pygraph']}")
+    lines.append(f"  {'python':<22} {sw['python']} ({sw['python_executable']})")
+    lines.append(f"  {'platform':<22} {sw['platform']}")
+    for label, dist, hint in (
+        ("torch", "torch", "pip install 'cudnn-pygraph[demo]'"),
+        ("triton", "triton", "pip install 'cudnn-pygraph[demo]'"),
+        ("numpy", "numpy", "pip install numpy"),
+        ("backend (cudnn-fe)", "nvidia-cudnn-frontend", "pip install 'cudnn-pygraph[cudnn]'"),
+    ):
+        lines.append(f"  {label:<22} {sw[dist] or 'not installed (' + hint + ')'}")
+    lines += ["", "CUDA:"]
+    lines.append(f"  {'driver':<22} {_or(cuda['driver'], cuda['driver_note'])}")
+    lines.append(f"  {'CUDA runtime':<22} {_or(cuda['runtime'], cuda['runtime_note'])}")
+    t_note = "available" if cuda["torch_cuda_available"] else cuda["torch_cuda_note"]
+    lines.append(f"  {'torch CUDA':<22} {_or(cuda['torch_cuda'], t_note)}")
+    lines.append(f"  {'libcudnn':<22} {_or(cuda['libcudnn'], cuda['libcudnn_note'])}")
+    lines.append(f"  {'cudnn backend':<22} {data['backend']['status']}: {data['backend']['note']}")
+    lines += ["", "your environment:"]
+    for name, value in env.items():
+        lines.append(f"  {name:<37} {'(unset)' if value is None else value}")
+    cache = data["autotune_cache"]
+    from .planning import autotune
+
+    state = "on" if cache["enabled"] else f"off ({autotune.DISABLE_ENV}=1)"
+    lines.append(f"  {'autotune cache':<37} {cache['path']} ({state})")
+
+    device = data["device"]
+    lines += ["", "device:"]
+    if device is None:
+        lines.append(
+            f"  none: no GPU and {INTERPRET_ENV} turns the interpreter off "
+            "(nothing here can run a kernel)"
+        )
+    elif device["is_interpreter"]:
+        lines.append(
+            f"  {device['name']}: no GPU; Triton kernels run on {device['sm_count']} CPU cores"
+        )
+    else:
+        lines.append(
+            f"  {device['name']}: sm_{device['major']}{device['minor']} (compute capability "
+            f"{device['major']}.{device['minor']}), {device['sm_count']} SMs, "
+            f"L2 {device['l2_bytes'] / 2**20:.0f} MiB"
+        )
+
+    lines += ["", "engine families (manifest) and what is offered here:"]
+    for family in data["families"]:
+        lines.append(f"  {family['name']} (anchors: {', '.join(family['anchors'])})")
+        if family["without_engines"]:
+            lines.append("    no python engine yet: " + family["without_engines"])
+        for e in family["engines"]:
+            lines.append(f"    [{e['engine_id']}] {e['name']:<28} {e['verdict']}")
     return lines
 
 
@@ -192,7 +351,7 @@ def engine_availability(family, device):
             continue
         try:
             engine = manifest.instantiate(family, slot)
-        except Exception as exc:  # a missing dependency or a broken engine module
+        except Exception as exc:  # noqa: BLE001 - a missing dependency or a broken engine module
             out.append((slot, f"not offered: cannot load ({type(exc).__name__}: {exc})"))
             continue
         missing = missing_modules(getattr(engine, "requires", ()))
@@ -204,14 +363,20 @@ def engine_availability(family, device):
             out.append((slot, f"not offered: {arch}"))
         else:
             span = "" if caps is None else f"sm_{caps.sm_lo}..{caps.sm_hi or 'inf'}"
-            where = (f" (under the interpreter; on a GPU: {span})" if device is not None and device.is_interpreter
-                     else f" (arch range {span})" if span else "")
+            where = (
+                f" (under the interpreter; on a GPU: {span})"
+                if device is not None and device.is_interpreter
+                else f" (arch range {span})"
+                if span
+                else ""
+            )
             out.append((slot, "offered" + where))
     return out
 
 
 def cmd_doctor(args):
-    print("\n".join(doctor_report()))
+    data = doctor_data()
+    print(json.dumps(data, indent=1) if args.json else "\n".join(doctor_report(data)))
     return 0
 
 
@@ -222,7 +387,9 @@ def parse_modes(text):
     modes = []
     for name in (x.strip().upper() for x in text.split(",")):
         if name not in heur_mode.__members__:
-            raise UsageError(f"--modes: unknown mode {name!r} (choose from {', '.join(heur_mode.__members__)})")
+            raise UsageError(
+                f"--modes: unknown mode {name!r} (choose from {', '.join(heur_mode.__members__)})"
+            )
         modes.append(heur_mode[name])
     return modes
 
@@ -236,13 +403,21 @@ def load_graph(path):
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
-        raise UsageError(f"{path} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        raise UsageError(
+            f"{path} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
     try:
         return pygraph.from_json(doc)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:  # any malformed document
-        what = str(exc) if isinstance(exc, ValueError) else f"malformed IR document ({type(exc).__name__}: {exc})"
-        raise UsageError(f"{path}: {what} (write it with graph.to_json(), or see "
-                         f"`{PROG} plans --example gemm --write-json FILE`)") from None
+        what = (
+            str(exc)
+            if isinstance(exc, ValueError)
+            else f"malformed IR document ({type(exc).__name__}: {exc})"
+        )
+        raise UsageError(
+            f"{path}: {what} (write it with graph.to_json(), or see "
+            f"`{PROG} plans --example gemm --write-json FILE`)"
+        ) from None
 
 
 def cmd_plans(args):
@@ -264,7 +439,9 @@ def cmd_plans(args):
             with open(args.write_json, "w") as f:
                 json.dump(graph.to_json(), f, indent=1)
         except OSError as exc:
-            raise UsageError(f"--write-json: cannot write {args.write_json}: {exc.strerror or exc}") from None
+            raise UsageError(
+                f"--write-json: cannot write {args.write_json}: {exc.strerror or exc}"
+            ) from None
     print(f"{source}, modes [{', '.join(m.name for m in modes)}]:")
     try:
         graph.create_execution_plans(modes)
@@ -300,9 +477,11 @@ def cmd_autotune(args):
         dev = env.get("device", {}) if isinstance(env, dict) else {}
         dev_name = dev.get("name", "?") if isinstance(dev, dict) else str(dev)
         knobs = ", ".join(f"{k}={v}" for k, v in sorted(entry.get("knobs", {}).items()))
-        print(f"  {path.parent.name}/{path.name[:16]}..  {entry.get('plan_name', '?')}  "
-              f"engine_id={entry.get('engine_id')} knobs={{{knobs}}}  device={dev_name}  "
-              f"written {entry.get('written', '?')}")
+        print(
+            f"  {path.parent.name}/{path.name[:16]}..  {entry.get('plan_name', '?')}  "
+            f"engine_id={entry.get('engine_id')} knobs={{{knobs}}}  device={dev_name}  "
+            f"written {entry.get('written', '?')}"
+        )
     return 0
 
 
@@ -317,7 +496,11 @@ def _autotune_example(args):
     from .planning.device import detect_device
 
     device = detect_device()
-    dev = "cuda" if device is not None and not device.is_interpreter and torch.cuda.is_available() else "cpu"
+    dev = (
+        "cuda"
+        if device is not None and not device.is_interpreter and torch.cuda.is_available()
+        else "cpu"
+    )
     ex = EXAMPLES[args.example](dev == "cuda" and not args.quick)
     gen = torch.Generator().manual_seed(0)
     pack = {t: make(torch, dev, gen) for t, make in ex.inputs.items()}
@@ -332,44 +515,78 @@ def _autotune_example(args):
         print(f"nothing to tune here: {exc}")
         return 1
     print(result.table())
-    print(f"selected #{result.index} {result.plan_name}; cache entry: {result.cache_path or '(cache off)'}")
+    print(
+        f"selected #{result.index} {result.plan_name}; cache entry: {result.cache_path or '(cache off)'}"
+    )
     return 0
 
 
 # ---------------------------------------------------------------- main
 def build_parser():
+    from . import __version__
     from .demo import EXAMPLES
 
-    p = argparse.ArgumentParser(prog=PROG, description="Python-native cuDNN graphs: demo, diagnostics, plans.")
-    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    p = argparse.ArgumentParser(
+        prog=PROG, description="Python-native cuDNN graphs: demo, diagnostics, plans."
+    )
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    p.add_argument(
+        "--debug", action="store_true", help="show tracebacks instead of one-line errors"
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
-    # Opt-in engines (manifest.OPT_IN_ENV) for this run: on every command that plans.
+    # Opt-in engines (manifest.OPT_IN_ENV) for this run: on every command that plans; and
+    # --debug after the command too (SUPPRESS: an absent flag keeps the top level's value).
     opt_in = argparse.ArgumentParser(add_help=False)
-    opt_in.add_argument("--opt-in", action="store_true",
-                        help="include the opt-in engines (sets CUDNN_PYGRAPH_ENABLE_OPT_IN_ENGINES=1)")
+    opt_in.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show tracebacks instead of one-line errors",
+    )
+    opt_in.add_argument(
+        "--opt-in",
+        action="store_true",
+        help="include the opt-in engines (sets CUDNN_PYGRAPH_ENABLE_OPT_IN_ENGINES=1)",
+    )
 
     d = sub.add_parser("demo", parents=[opt_in], help="run the demo (a small size without a GPU)")
     d.add_argument("--quick", action="store_true", help="the small size everywhere (what CI runs)")
     d.add_argument("--only", help=f"comma-separated subset of {','.join(EXAMPLES)}")
     d.set_defaults(func=cmd_demo)
 
-    sub.add_parser("doctor", parents=[opt_in], help="versions, device, engines offered here (for bug reports)"
-                   ).set_defaults(func=cmd_doctor)
+    doc = sub.add_parser(
+        "doctor",
+        parents=[opt_in],
+        help="versions, driver, device, engines offered here (for bug reports)",
+    )
+    doc.add_argument("--json", action="store_true", help="the same report as JSON")
+    doc.set_defaults(func=cmd_doctor)
 
-    pl = sub.add_parser("plans", parents=[opt_in], help="print a graph's ranked plan list with every reason")
-    pl.add_argument("graph", nargs="?", metavar="GRAPH.json", help="the IR's JSON form (graph.to_json())")
+    pl = sub.add_parser(
+        "plans", parents=[opt_in], help="print a graph's ranked plan list with every reason"
+    )
+    pl.add_argument(
+        "graph", nargs="?", metavar="GRAPH.json", help="the IR's JSON form (graph.to_json())"
+    )
     pl.add_argument("--example", choices=sorted(EXAMPLES), help="plan an example graph instead")
-    pl.add_argument("--modes", default="A,FALLBACK", help="heuristic modes, in order (default A,FALLBACK)")
+    pl.add_argument(
+        "--modes", default="A,FALLBACK", help="heuristic modes, in order (default A,FALLBACK)"
+    )
     pl.add_argument("--write-json", metavar="PATH", help="also write the graph's JSON form to PATH")
     pl.set_defaults(func=cmd_plans)
 
-    a = sub.add_parser("autotune", parents=[opt_in],
-                       help="show or clear the persistent autotune cache, or tune an example")
+    a = sub.add_parser(
+        "autotune",
+        parents=[opt_in],
+        help="show or clear the persistent autotune cache, or tune an example",
+    )
     g = a.add_mutually_exclusive_group(required=True)
     g.add_argument("--show", action="store_true", help="list the cache's entries")
     g.add_argument("--clear", action="store_true", help="remove every entry")
-    g.add_argument("--example", choices=sorted(EXAMPLES), help="time every plan of an example graph here")
+    g.add_argument(
+        "--example", choices=sorted(EXAMPLES), help="time every plan of an example graph here"
+    )
     a.add_argument("--warmup", type=int, default=3)
     a.add_argument("--reps", type=int, default=10)
     a.add_argument("--quick", action="store_true", help="the small size on a GPU too")
@@ -377,9 +594,26 @@ def build_parser():
     return p
 
 
-def main(argv=None):
-    use_interpreter_without_gpu()
+def show_progress():
+    """The command line is an application: it shows the library's progress records (work
+    of a second or more) on stderr unless CUDNN_PYGRAPH_LOG already routes them."""
+    import logging
+
+    from . import _log
+
+    if _log.level_from_env(os.environ.get(_log.LOG_ENV)) is None and not _log.progress_log.handlers:
+        handler = _log.StderrHandler()
+        handler.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
+        _log.progress_log.addHandler(handler)
+        _log.progress_log.setLevel(logging.INFO)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .planning.device import detect_device
+
+    detect_device()  # chooses the interpreter without a GPU before any kernel module loads
     args = build_parser().parse_args(argv)
+    show_progress()
     if getattr(args, "opt_in", False):
         from .planning.manifest import OPT_IN_ENV
 
@@ -396,8 +630,10 @@ def main(argv=None):
     except Exception as exc:  # not the caller's fault: say so, keep the traceback for --debug
         if args.debug:
             raise
-        print(f"{PROG}: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
-              file=sys.stderr)
+        print(
+            f"{PROG}: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return 3
 
 

@@ -4,9 +4,9 @@ variant — against the float64 reference, under the Triton interpreter on CPU (
 
 import pytest
 import torch
+from reference import gdn_reference
 
 from cudnn_pygraph.linear_attention import ops
-from reference import gdn_reference
 
 TOL = {"o": 2e-4, "state": 2e-4, "grad": 5e-4}
 
@@ -17,7 +17,7 @@ def rel(a, b):
 
 def inputs(T=40, N=2, H=2, K=64, V=64, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    r = lambda *s: torch.randn(*s, generator=gen)
     q, k, v = r(1, T, H, K), r(1, T, H, K), r(1, T, H, V)
     g = -torch.rand(1, T, H, generator=gen) * 0.5  # log decay in (-0.5, 0]
     beta = torch.rand(1, T, H, generator=gen)
@@ -28,10 +28,28 @@ def inputs(T=40, N=2, H=2, K=64, V=64, seed=0):
 
 def test_forward_and_final_state_match_the_reference():
     q, k, v, g, beta, cu, h0 = inputs()
-    o, ht = ops.gated_delta_net(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
-    ref_o, ref_ht = gdn_reference(q[0], k[0], v[0], g[0], beta[0], cu, scale=64**-0.5,
-                                  initial_state=h0.transpose(-1, -2), use_qk_l2norm=True)
+    o, ht = ops.gated_delta_net(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=h0,
+        output_final_state=True,
+        cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=True,
+    )
+    ref_o, ref_ht = gdn_reference(
+        q[0],
+        k[0],
+        v[0],
+        g[0],
+        beta[0],
+        cu,
+        scale=64**-0.5,
+        initial_state=h0.transpose(-1, -2),
+        use_qk_l2norm=True,
+    )
     assert o.shape == (1, 40, 2, 64) and ht.shape == (2, 2, 64, 64)
     assert rel(o[0], ref_o) < TOL["o"]
     assert rel(ht, ref_ht.transpose(-1, -2)) < TOL["state"]
@@ -40,15 +58,17 @@ def test_forward_and_final_state_match_the_reference():
 def test_autograd_matches_the_reference_gradients():
     q, k, v, g, beta, cu, h0 = inputs(T=33)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v, g, beta, h0)]
-    o, ht = ops.gated_delta_net(*leaves[:5], initial_state=leaves[5], output_final_state=True,
-                                cu_seqlens=cu)
+    o, ht = ops.gated_delta_net(
+        *leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu
+    )
     gen = torch.Generator().manual_seed(1)
     do, dht = torch.randn(o.shape, generator=gen), torch.randn(ht.shape, generator=gen)
     grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), leaves)
     ref_leaves = [t.double().clone().requires_grad_(True) for t in (q, k, v, g, beta, h0)]
     rq, rk, rv, rg, rb, rh0 = ref_leaves
-    ref_o, ref_ht = gdn_reference(rq[0], rk[0], rv[0], rg[0], rb[0], cu, scale=64**-0.5,
-                                  initial_state=rh0.transpose(-1, -2))
+    ref_o, ref_ht = gdn_reference(
+        rq[0], rk[0], rv[0], rg[0], rb[0], cu, scale=64**-0.5, initial_state=rh0.transpose(-1, -2)
+    )
     loss = (ref_o * do[0].double()).sum() + (ref_ht.transpose(-1, -2) * dht.double()).sum()
     ref_grads = torch.autograd.grad(loss, ref_leaves)
     for name, got, want in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), grads, ref_grads):
@@ -56,13 +76,21 @@ def test_autograd_matches_the_reference_gradients():
 
 
 def test_pool_state_is_updated_in_place_at_the_indexed_rows():
-    q, k, v, g, beta, cu, h0 = inputs()
+    q, k, v, g, beta, cu, _h0 = inputs()
     pool = torch.randn(5, 2, 64, 64) * 0.1
     before = pool.clone()
     idx = torch.tensor([3, 1], dtype=torch.int32)
     o = ops.gated_delta_net_overwrite_state(q, k, v, g, beta, pool, cu, state_indices=idx)
-    ref_o, ref_ht = gdn_reference(q[0], k[0], v[0], g[0], beta[0], cu, scale=64**-0.5,
-                                  initial_state=before[idx.long()].transpose(-1, -2))
+    ref_o, ref_ht = gdn_reference(
+        q[0],
+        k[0],
+        v[0],
+        g[0],
+        beta[0],
+        cu,
+        scale=64**-0.5,
+        initial_state=before[idx.long()].transpose(-1, -2),
+    )
     assert rel(o[0], ref_o) < TOL["o"]
     assert rel(pool[idx.long()], ref_ht.transpose(-1, -2)) < TOL["state"]
     untouched = [0, 2, 4]
@@ -70,7 +98,7 @@ def test_pool_state_is_updated_in_place_at_the_indexed_rows():
 
 
 def test_graphs_are_cached_by_declaration_not_data():
-    q, k, v, g, beta, cu, h0 = inputs()
+    q, k, v, g, beta, cu, _h0 = inputs()
     ops._GRAPHS.clear()
     ops.gated_delta_net(q, k, v, g, beta, cu_seqlens=cu)
     ops.gated_delta_net(q + 1, k, v, g, beta, cu_seqlens=cu)
@@ -80,10 +108,35 @@ def test_graphs_are_cached_by_declaration_not_data():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"allow_neg_eigval": True}, "allow_neg_eigval requires use_beta_sigmoid"),
-        ({"a_log": torch.zeros(2)}, "only read under safe_gate"),
+        ({"allow_neg_eigval": True}, "allow_neg_eigval requires use_beta_sigmoid_in_kernel"),
+        ({"A_log": torch.zeros(2)}, "only read under use_gate_in_kernel"),
+        (
+            {"head_first": True},
+            "head_first has been removed. Inputs must be in `\\[B, T, H, ...\\]`",
+        ),
+        ({"chunk_size": 128}, "`chunk_size` must be 16, 32, or 64"),
+        (
+            {"initial_state": torch.zeros(2, 2, 64, 32)},
+            r"initial_state: expected \[N, HV, K, V\] = \[2, 2, 64, 64\]",
+        ),
+        (
+            {"initial_state": torch.zeros(2, 2, 64, 32), "state_v_first": True},
+            r"initial_state: expected \[N, HV, V, K\] \(state_v_first\) = \[2, 2, 64, 64\]",
+        ),
+        (
+            {"initial_state": torch.zeros(3, 2, 64, 64)},
+            r"= \[2, 2, 64, 64\] for 2 sequences, got \[3, 2, 64, 64\]",
+        ),
     ],
-    ids=["neg-eigval", "a_log-without-safe-gate"],
+    ids=[
+        "neg-eigval",
+        "A_log-without-gate-in-kernel",
+        "head-first",
+        "chunk-size",
+        "state-layout-k-major",
+        "state-layout-v-first",
+        "state-count",
+    ],
 )
 def test_bad_arguments_are_named_before_any_launch(kwargs, match):
     q, k, v, g, beta, cu, _ = inputs()
@@ -91,17 +144,124 @@ def test_bad_arguments_are_named_before_any_launch(kwargs, match):
         ops.gated_delta_net(q, k, v, g, beta, cu_seqlens=cu, **kwargs)
 
 
+@pytest.mark.parametrize("K, V", [(256, 64), (64, 256), (32, 64)])
+def test_head_dims_outside_the_served_set_are_refused_naming_the_dim(K, V):
+    q, k, v, g, beta, cu, _ = inputs(K=K, V=V)
+    dim, size = ("K", K) if K != 64 else ("V", V)
+    with pytest.raises(
+        ValueError,
+        match=f"head dim {dim}={size} is not served: this op serves K and V in {{64, 128}}",
+    ):
+        ops.gated_delta_net(q, k, v, g, beta, cu_seqlens=cu)
+
+
+def test_cp_context_is_refused():
+    q, k, v, g, beta, cu, _ = inputs()
+    with pytest.raises(NotImplementedError, match="cp_context"):
+        ops.gated_delta_net(q, k, v, g, beta, cu_seqlens=cu, cp_context=object())
+
+
+# ---------------------------------------------------------------- fla drop-in
+def _reference(q, k, v, g, beta, cu, h0_kmajor, l2norm):
+    ref_o, ref_ht = gdn_reference(
+        q[0],
+        k[0],
+        v[0],
+        g[0],
+        beta[0],
+        cu,
+        scale=q.shape[-1] ** -0.5,
+        initial_state=h0_kmajor.transpose(-1, -2),
+        use_qk_l2norm=l2norm,
+    )
+    return ref_o, ref_ht.transpose(-1, -2)
+
+
+def test_fla_positional_order():
+    # chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state,
+    #                        use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
+    #                        allow_neg_eigval, state_v_first, cu_seqlens)
+    q, k, v, g, beta, cu, h0 = inputs()
+    o, ht = ops.gated_delta_net(q, k, v, g, beta, 64**-0.5, h0, True, True, False, False, False, cu)
+    ref_o, ref_ht = _reference(q, k, v, g, beta, cu, h0, True)
+    assert rel(o[0], ref_o) < TOL["o"] and rel(ht, ref_ht) < TOL["state"]
+
+
+def test_vllm_call():
+    # vLLM's GDN layer calls fla's op with these keywords (chunk prefill)
+    q, k, v, g, beta, cu, h0 = inputs()
+    o, ht = ops.gated_delta_net(
+        q=q, k=k, v=v, g=g, beta=beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+        head_first=False, use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+    ref_o, ref_ht = _reference(q, k, v, g, beta, cu, h0, True)
+    assert rel(o[0], ref_o) < TOL["o"] and rel(ht, ref_ht) < TOL["state"]
+
+
+def test_fla_docstring_calls():
+    # fla's docstring example, small: equal lengths [B, T, ...] with h0 [B, HV, K, V]; then the
+    # same tokens packed as 1 x (B T) with int64 cu_seqlens; GVA (HV = 2 H) both times.
+    B, T, H, HV, K, V = 2, 24, 1, 2, 64, 64
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), p=2, dim=-1)
+    v = torch.randn(B, T, HV, V, generator=gen)
+    beta = torch.rand(B, T, HV, generator=gen).sigmoid()
+    g = torch.nn.functional.logsigmoid(torch.rand(B, T, HV, generator=gen))
+    h0 = torch.randn(B, HV, K, V, generator=gen) * 0.1
+    o, ht = ops.gated_delta_net(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert o.shape == (B, T, HV, V) and ht.shape == (B, HV, K, V)
+    packed = [t.reshape(1, B * T, *t.shape[2:]) for t in (q, k, v, beta, g)]
+    q1, k1, v1, beta1, g1 = packed
+    cu = q1.new_tensor([0, T, 2 * T], dtype=torch.long)
+    o1, ht1 = ops.gated_delta_net(
+        q1, k1, v1, g1, beta1, initial_state=h0, output_final_state=True, cu_seqlens=cu
+    )
+    ref_o, ref_ht = _reference(
+        q1.repeat_interleave(2, dim=2),
+        k1.repeat_interleave(2, dim=2),
+        v1,
+        g1,
+        beta1,
+        cu.int(),
+        h0,
+        False,
+    )
+    assert rel(o1[0], ref_o) < TOL["o"] and rel(ht1, ref_ht) < TOL["state"]
+    assert rel(o.reshape(1, B * T, HV, V)[0], ref_o) < TOL["o"] and rel(ht, ref_ht) < TOL["state"]
+
+
+def test_state_v_first_takes_and_returns_the_transposed_state():
+    q, k, v, g, beta, cu, h0 = inputs()
+    o, ht = ops.gated_delta_net(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=h0.transpose(-1, -2).contiguous(),
+        output_final_state=True,
+        cu_seqlens=cu,
+        state_v_first=True,
+    )
+    ref_o, ref_ht = _reference(q, k, v, g, beta, cu, h0, False)
+    assert ht.shape == (2, 2, 64, 64)
+    assert rel(o[0], ref_o) < TOL["o"] and rel(ht, ref_ht.transpose(-1, -2)) < TOL["state"]
+
+
 def test_plain_eager_calls_skip_the_dispatcher_with_the_same_answer(monkeypatch):
     q, k, v, g, beta, cu, h0 = inputs()
     direct = []
     impl = ops._gdn_fwd_impl
     monkeypatch.setattr(ops, "_gdn_fwd_impl", lambda *a: direct.append(1) or impl(*a))
-    o1, ht1 = ops.gated_delta_net(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                  cu_seqlens=cu)
+    o1, ht1 = ops.gated_delta_net(
+        q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu
+    )
     assert direct == [1]  # plain tensors, nothing to record: the implementation, directly
     monkeypatch.setattr(ops, "_eager", lambda *tensors: False)
-    o2, ht2 = ops.gated_delta_net(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                  cu_seqlens=cu)
+    o2, ht2 = ops.gated_delta_net(
+        q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu
+    )
     assert direct == [1]  # through torch.library this time
     assert torch.equal(o1, o2) and torch.equal(ht1, ht2)
 
@@ -129,13 +289,21 @@ def test_backward_is_the_derivative_of_the_forward(wrt):
     # dq scaled by 1.05 fails); the float64-reference tests above bound the absolute error.
     q, k, v, g, beta, cu, h0 = inputs(T=10, N=2)
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
-    x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
+    x = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
 
     def weighted(leaf, w_o, w_h):
         args = {**x, wrt: leaf}
-        o, ht = ops.gated_delta_net(args["q"], args["k"], args["v"], args["g"], args["beta"],
-                                    initial_state=args["initial_state"], output_final_state=True,
-                                    cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+        o, ht = ops.gated_delta_net(
+            args["q"],
+            args["k"],
+            args["v"],
+            args["g"],
+            args["beta"],
+            initial_state=args["initial_state"],
+            output_final_state=True,
+            cu_seqlens=cu,
+            use_qk_l2norm_in_kernel=True,
+        )
         return (o * w_o).sum() + (ht * w_h).sum()
 
     gen = torch.Generator().manual_seed(7)
@@ -149,7 +317,7 @@ def test_backward_is_the_derivative_of_the_forward(wrt):
         (grad,) = torch.autograd.grad(weighted(leaf, w_o, w_h), leaf)
         analytic = (grad * u).sum().item()
         with torch.no_grad():
-            numeric = (weighted(x[wrt] + eps * u, w_o, w_h) - weighted(x[wrt] - eps * u, w_o, w_h))
+            numeric = weighted(x[wrt] + eps * u, w_o, w_h) - weighted(x[wrt] - eps * u, w_o, w_h)
             numeric = numeric.item() / (2 * eps)
         assert abs(analytic - numeric) <= 2e-2 * abs(numeric) + 1e-5, (wrt, analytic, numeric)
 
@@ -175,9 +343,27 @@ def test_batch_invariant_reaches_the_launcher_and_keeps_the_two_stage_output(
 
     monkeypatch.setattr(gdn_mod, "output_fwd_kernel", Spy())
     q, k, v, g, beta, cu, h0 = inputs(seed=7)
-    o, _ = ops.gated_delta_net(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu,
-                               use_qk_l2norm_in_kernel=True, batch_invariant=batch_invariant)
-    ref_o, _ = gdn_reference(q[0], k[0], v[0], g[0], beta[0], cu, scale=64**-0.5,
-                             initial_state=h0.transpose(-1, -2), use_qk_l2norm=True)
+    o, _ = ops.gated_delta_net(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=h0,
+        cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=True,
+        batch_invariant=batch_invariant,
+    )
+    ref_o, _ = gdn_reference(
+        q[0],
+        k[0],
+        v[0],
+        g[0],
+        beta[0],
+        cu,
+        scale=64**-0.5,
+        initial_state=h0.transpose(-1, -2),
+        use_qk_l2norm=True,
+    )
     assert rel(o[0], ref_o) < TOL["o"]
     assert bool(launched) == batch_invariant

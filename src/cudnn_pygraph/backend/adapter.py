@@ -10,6 +10,15 @@ from .._types import BackendUnavailableError, cudnnGraphNotSupportedError
 from . import discovery
 
 INSTALL_HINT = "the cuDNN backend is not installed: pip install 'cudnn-pygraph[cudnn]'"
+# Without a driver every backend planning query fails (libcudnn's sublibraries and its
+# device query need one) and libcudnn prints its own complaints on the way: not asked.
+NO_DRIVER = "not asked: no GPU driver here, and the backend plans and runs only on a GPU"
+
+
+def _no_driver_reason():
+    from ..planning.device import gpu_driver_present
+
+    return None if gpu_driver_present() else NO_DRIVER
 
 
 def backend_installed():
@@ -57,7 +66,12 @@ def finalize_layout(graph):
         return INSTALL_HINT
     try:
         _lowering().lowered(graph).land_layout(graph)
-    except (cudnnGraphNotSupportedError, BackendUnavailableError) as exc:
+    except BackendUnavailableError as exc:
+        # Lowering some ops (sdpa) asks for the device: without a driver, say that plainly.
+        if _lowering().unavailable_reason() is None and _no_driver_reason():
+            return "no GPU driver here, and lowering this graph asks for the device"
+        return str(exc)
+    except cudnnGraphNotSupportedError as exc:
         return str(exc)
     return None
 
@@ -88,6 +102,8 @@ class BackendPeer:
         reason = _python_only_reason(graph)
         if reason is None and not backend_installed():
             reason = INSTALL_HINT
+        if reason is None:
+            reason = _lowering().unavailable_reason() or _no_driver_reason()
         if reason is not None:
             return [], {m: reason for m in modes}
         return _lowering().plan_entries(graph, modes)

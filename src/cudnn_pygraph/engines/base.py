@@ -15,10 +15,9 @@ check_support; a plan that accepted builds and executes on buffers bound as decl
 
 from __future__ import annotations  # annotations stay text: no typing import
 
-from collections.abc import Mapping  # already loaded by the interpreter
-
 import dataclasses
 import importlib.util
+from collections.abc import Mapping  # already loaded by the interpreter
 
 from .._types import cudnnGraphNotSupportedError, data_type, knob_type
 
@@ -58,7 +57,9 @@ class Capabilities:
 
     def arch_mismatch(self, device):
         if device is None:
-            return "no device: the graph is planned without a GPU or the Triton interpreter"
+            from ..planning.device import no_device_reason
+
+            return no_device_reason()
         if device.is_interpreter:
             return None if self.runs_on_interpreter else "does not run under the Triton interpreter"
         sm = device.sm

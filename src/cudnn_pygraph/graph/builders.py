@@ -5,6 +5,7 @@ Binding is done here rather than by inspect.Signature.bind because the backend h
 required parameters after defaulted ones (layernorm's `epsilon`), which a Python
 signature cannot spell but a pybind call accepts positionally or by keyword."""
 
+import numbers
 import types
 
 from .opspec import REQUIRED, PortKind
@@ -51,11 +52,31 @@ def coerce_attr(spec, param, value):
             raise ValueError(f"{where}: {value!r} is not one of {members}") from None
     if param.choices is not None and value not in param.choices:
         raise ValueError(f"{where}: {value!r} is not one of {list(param.choices)}")
-    if isinstance(param.default, bool) and not isinstance(value, (bool, int)):
-        raise TypeError(f"{where}: expected a bool, got {value!r}")
+    check = _VALUE_CHECKS.get(param.value_kind)
+    if check is not None and not check[0](value):
+        raise TypeError(f"{where}: expected {check[1]}, got {value!r} ({type(value).__name__})")
     if isinstance(value, list):
         return tuple(value)
     return value
+
+
+def _is_int(v):
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_ints(v):
+    # a sequence of ints (list, tuple, torch.Size); a str is a sequence too, of characters
+    return isinstance(v, (list, tuple)) and all(_is_int(x) for x in v)
+
+
+# attribute kind -> (accepts, what it expects): the backend's pybind signature types
+_VALUE_CHECKS = {
+    "bool": (lambda v: isinstance(v, (bool, numbers.Integral)), "a bool"),
+    "int": (_is_int, "an int"),
+    "float": (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool), "a number"),
+    "str": (lambda v: isinstance(v, str), "a str"),
+    "ints": (_is_ints, "a list of ints"),
+}
 
 
 def check_port(graph, spec, param, value):
@@ -110,7 +131,30 @@ class Builder:
         params = [P("self", P.POSITIONAL_ONLY)]
         for p in self.spec.params:
             default = P.empty if p.default is REQUIRED else p.default
-            params.append(P(p.name, P.POSITIONAL_OR_KEYWORD, default=default))
-        params.append(P("name", P.KEYWORD_ONLY, default=""))
-        return inspect.Signature(params, __validate_parameters__=False)
+            params.append(P(p.name, P.POSITIONAL_OR_KEYWORD, default=default, annotation=annotation(p)))
+        params.append(P("name", P.KEYWORD_ONLY, default="", annotation="str"))
+        returns = "list[Tensor | None]" if self.spec.returns_list else "Tensor"
+        return inspect.Signature(params, return_annotation=returns, __validate_parameters__=False)
+
+
+_PORT_ANNOTATIONS = {
+    PortKind.TENSOR: "Tensor",
+    PortKind.OPTIONAL_TENSOR: "Tensor | None",
+    PortKind.OUTPUT_TENSOR: "Tensor | None",
+    PortKind.TENSOR_LIST: "Sequence[Tensor]",
+}
+_VALUE_ANNOTATIONS = {"int": "int", "float": "float", "bool": "bool", "str": "str", "ints": "Sequence[int]"}
+
+
+def annotation(param):
+    """The type a builder parameter takes, as text (help() and inspect show it): what
+    check_port / coerce_attr accept."""
+    if param.is_port:
+        return _PORT_ANNOTATIONS[param.kind]
+    if param.enum is not None:
+        text = f"{param.enum.__name__} | int | str"
+    else:
+        text = _VALUE_ANNOTATIONS.get(param.value_kind, "object")
+    optional = param.default is None or (param.value_type or "").endswith("?")
+    return f"{text} | None" if optional and text != "object" else text
 

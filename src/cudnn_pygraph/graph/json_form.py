@@ -7,6 +7,7 @@ import enum
 
 from .._types import ENUMS
 from . import score_mod
+from .builders import coerce_attr
 from .node import Node
 from .ops import OPS
 from .score_mod import ScoreMod
@@ -91,12 +92,18 @@ def _node_from_doc(graph, nf, by_uid):
         raise ValueError(
             f"node {nf['name']!r} ({spec.name}): unknown argument(s) {sorted(unknown)}"
         )
+    try:  # the builder's own attribute checks: a wrong type is named, not stored
+        attrs = {
+            k: coerce_attr(spec, spec.param(k), _load(v, by_uid)) for k, v in nf["attrs"].items()
+        }
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"node {nf['name']!r}: {exc}") from None
     node = Node(
         graph,
         spec,
         nf["name"],
         {k: _load(v, by_uid) for k, v in nf["inputs"].items()},
-        {k: _load(v, by_uid) for k, v in nf["attrs"].items()},
+        attrs,
         {k: _load(v, by_uid) for k, v in nf["outputs"].items()},
     )
     for t in node.output_tensors():

@@ -54,6 +54,9 @@ class Param:
     default: object = REQUIRED
     enum: type | None = None  # an attribute that takes one of our enums
     choices: tuple | None = None  # an attribute restricted to a few plain values
+    # The backend signature's type of an attribute (int, float, bool, str, ints, ...); for
+    # our own attributes it is the default's type (value_kind).
+    value_type: str | None = None
 
     @property
     def is_port(self):
@@ -62,6 +65,20 @@ class Param:
     @property
     def required(self):
         return self.default is REQUIRED
+
+    @property
+    def value_kind(self):
+        """The attribute's type as a word the builder checks ('int', 'float', 'bool', 'str',
+        'ints'), or None when any value goes (tensors, callables, enums checked apart)."""
+        if self.value_type is not None:
+            return self.value_type.rstrip("?")
+        d = self.default
+        if isinstance(d, enum.Enum):  # an enum attribute without `enum` set: any spelling
+            return None
+        for kind, cls in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+            if isinstance(d, cls):
+                return kind
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,5 +196,7 @@ def backend_params(signature, output_direction=()):
             params.append(Param(name, _KIND[kind], _parse_default(default)))
         else:
             enum_cls = ENUMS.get(kind[5:].rstrip("?")) if kind.startswith("enum:") else None
-            params.append(Param(name, PortKind.ATTR, _parse_default(default), enum=enum_cls))
+            params.append(
+                Param(name, PortKind.ATTR, _parse_default(default), enum=enum_cls, value_type=kind)
+            )
     return tuple(params)

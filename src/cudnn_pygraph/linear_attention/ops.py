@@ -1,9 +1,9 @@
 """torch custom ops for Gated DeltaNet over cached gdn / gdn_bwd graphs.
 
-`gated_delta_net(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-use_qk_l2norm_in_kernel, ...)` follows the public GDN kernels' conventions (q/k/v
-[B, T, H, D], B == 1 with cu_seqlens; the state [N, H, K, V] K-major), so a model swaps in
-by changing one import. Underneath it builds, once per DECLARATION (shapes, strides,
+`gated_delta_net` takes flash-linear-attention's `chunk_gated_delta_rule` arguments in fla's
+positional order and under fla's keyword names (q/k/v [B, T, H, D], B == 1 with cu_seqlens;
+the state [N, HV, K, V] K-major, or [N, HV, V, K] with state_v_first), so a model swaps in by
+changing one import. Underneath it builds, once per DECLARATION (shapes, strides,
 dtypes, attributes, device — never the data), a gdn graph whose states are declared V-major
 [N, HO, V, K] over the caller's K-major memory (transposed strides: no copy), plans it,
 builds the first plan that builds and executes it on the caller's buffers. Registered with
@@ -114,12 +114,34 @@ def _build_fwd(q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, attrs):
     """A gdn graph declared over these buffers (idx: state_indices or None; ht: the final
     state buffer or None)."""
     gr = pygraph(name="gdn_fwd", io_data_type=to_data_type(v.dtype))
-    ins = {n: _declare(gr, t, n) for n, t in
-           dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu, initial_state=h0,
-                a_log=a_log, dt_bias=dt_bias, state_indices=idx).items()}
-    O, final, _ = gr.gdn(ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"], ins["cu_seqlens"],
-                         initial_state=ins["initial_state"], a_log=ins["a_log"],
-                         dt_bias=ins["dt_bias"], state_indices=ins["state_indices"], **attrs)
+    ins = {
+        n: _declare(gr, t, n)
+        for n, t in {
+            "q": q,
+            "k": k,
+            "v": v,
+            "g": g,
+            "beta": beta,
+            "cu_seqlens": cu,
+            "initial_state": h0,
+            "a_log": a_log,
+            "dt_bias": dt_bias,
+            "state_indices": idx,
+        }.items()
+    }
+    O, final, _ = gr.gdn(
+        ins["q"],
+        ins["k"],
+        ins["v"],
+        ins["g"],
+        ins["beta"],
+        ins["cu_seqlens"],
+        initial_state=ins["initial_state"],
+        a_log=ins["a_log"],
+        dt_bias=ins["dt_bias"],
+        state_indices=ins["state_indices"],
+        **attrs,
+    )
     O.set_dim(o.shape).set_stride(o.stride()).set_output(True)
     ports = dict(ins, O=O)
     if final is not None:
@@ -131,13 +153,36 @@ def _build_fwd(q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, attrs):
 
 def _build_bwd(q, k, v, g, beta, cu, do, h0, dht, a_log, dt_bias, attrs):
     gr = pygraph(name="gdn_bwd", io_data_type=to_data_type(v.dtype))
-    ins = {n: _declare(gr, t, n) for n, t in
-           dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu, dO=do, initial_state=h0,
-                d_final_state=dht, a_log=a_log, dt_bias=dt_bias).items()}
-    outs = gr.gdn_bwd(ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"], ins["cu_seqlens"],
-                      ins["dO"], initial_state=ins["initial_state"],
-                      d_final_state=ins["d_final_state"], a_log=ins["a_log"],
-                      dt_bias=ins["dt_bias"], **attrs)
+    ins = {
+        n: _declare(gr, t, n)
+        for n, t in {
+            "q": q,
+            "k": k,
+            "v": v,
+            "g": g,
+            "beta": beta,
+            "cu_seqlens": cu,
+            "dO": do,
+            "initial_state": h0,
+            "d_final_state": dht,
+            "a_log": a_log,
+            "dt_bias": dt_bias,
+        }.items()
+    }
+    outs = gr.gdn_bwd(
+        ins["q"],
+        ins["k"],
+        ins["v"],
+        ins["g"],
+        ins["beta"],
+        ins["cu_seqlens"],
+        ins["dO"],
+        initial_state=ins["initial_state"],
+        d_final_state=ins["d_final_state"],
+        a_log=ins["a_log"],
+        dt_bias=ins["dt_bias"],
+        **attrs,
+    )
     names = ("dQ", "dK", "dV", "dG", "dBeta", "d_initial_state", "d_a_log", "d_dt_bias")
     ports = dict(ins)
     for name, t in zip(names, outs):
@@ -148,11 +193,24 @@ def _build_bwd(q, k, v, g, beta, cu, do, h0, dht, a_log, dt_bias, attrs):
 
 
 # ---------------------------------------------------------------- the custom ops
-def _attrs(scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
-           batch_invariant):
-    return dict(scale=scale, use_qk_l2norm=use_qk_l2norm, use_beta_sigmoid=use_beta_sigmoid,
-                allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, gate_domain=gate_domain,
-                batch_invariant=batch_invariant)
+def _attrs(
+    scale,
+    use_qk_l2norm,
+    use_beta_sigmoid,
+    allow_neg_eigval,
+    safe_gate,
+    gate_domain,
+    batch_invariant,
+):
+    return {
+        "scale": scale,
+        "use_qk_l2norm": use_qk_l2norm,
+        "use_beta_sigmoid": use_beta_sigmoid,
+        "allow_neg_eigval": allow_neg_eigval,
+        "safe_gate": safe_gate,
+        "gate_domain": gate_domain,
+        "batch_invariant": batch_invariant,
+    }
 
 
 def _eager(*tensors) -> bool:
@@ -176,33 +234,85 @@ def _eager(*tensors) -> bool:
     return True
 
 
-def _state_view(state):
-    """A K-major [N, H, K, V] state as the graph's V-major [N, H, V, K] declaration."""
-    return None if state is None else state.transpose(-1, -2)
+def _state_view(state, v_first=False):
+    """The caller's state as the graph's V-major [N, H, V, K] declaration: a K-major
+    [N, H, K, V] state is viewed transposed (no copy), a V-major one is already it."""
+    if state is None or v_first:
+        return state
+    return state.transpose(-1, -2)
 
 
-def _gdn_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-             beta: torch.Tensor, cu_seqlens: torch.Tensor, initial_state: torch.Tensor | None,
-             a_log: torch.Tensor | None, dt_bias: torch.Tensor | None, scale: float,
-             output_final_state: bool, use_qk_l2norm: bool, use_beta_sigmoid: bool,
-             allow_neg_eigval: bool, safe_gate: bool, gate_domain: str,
-             batch_invariant: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _state_dims(K, V, v_first):
+    return (V, K) if v_first else (K, V)
+
+
+def _gdn_fwd_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    a_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    output_final_state: bool,
+    use_qk_l2norm: bool,
+    use_beta_sigmoid: bool,
+    allow_neg_eigval: bool,
+    safe_gate: bool,
+    gate_domain: str,
+    batch_invariant: bool,
+    state_v_first: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     T, HV, V = v.shape
     HO, K = max(q.shape[1], HV), k.shape[2]
     N = cu_seqlens.shape[0] - 1
     o = torch.empty(T, HO, V, dtype=v.dtype, device=v.device)
     state_dtype = initial_state.dtype if initial_state is not None else torch.float32
-    ht = torch.empty(N if output_final_state else 0, HO, K, V, dtype=state_dtype, device=v.device)
-    attrs = _attrs(scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate,
-                   gate_domain, batch_invariant)
+    ht = torch.empty(
+        N if output_final_state else 0,
+        HO,
+        *_state_dims(K, V, state_v_first),
+        dtype=state_dtype,
+        device=v.device,
+    )
+    attrs = _attrs(
+        scale,
+        use_qk_l2norm,
+        use_beta_sigmoid,
+        allow_neg_eigval,
+        safe_gate,
+        gate_domain,
+        batch_invariant,
+    )
     attrs["output_final_state"] = output_final_state
-    h0, ht_v = _state_view(initial_state), _state_view(ht) if output_final_state else None
+    h0 = _state_view(initial_state, state_v_first)
+    ht_v = _state_view(ht, state_v_first) if output_final_state else None
     # o and ht are made here from the inputs' shapes and dtypes: the inputs key the graph.
     tensors = (q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias)
-    built = _cached("fwd", tensors, attrs, lambda: _build_fwd(
-        q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias, None, o, ht_v, attrs))
-    built.run(dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=h0,
-                   a_log=a_log, dt_bias=dt_bias, O=o, final_state=ht_v))
+    built = _cached(
+        "fwd",
+        tensors,
+        attrs,
+        lambda: _build_fwd(q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias, None, o, ht_v, attrs),
+    )
+    built.run(
+        {
+            "q": q,
+            "k": k,
+            "v": v,
+            "g": g,
+            "beta": beta,
+            "cu_seqlens": cu_seqlens,
+            "initial_state": h0,
+            "a_log": a_log,
+            "dt_bias": dt_bias,
+            "O": o,
+            "final_state": ht_v,
+        }
+    )
     return o, ht
 
 
@@ -210,41 +320,111 @@ _gdn_fwd = torch.library.custom_op("cudnn_pygraph::gdn_fwd", _gdn_fwd_impl, muta
 
 
 @_gdn_fwd.register_fake
-def _(q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, scale, output_final_state,
-      use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, batch_invariant):
+def _(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    initial_state,
+    a_log,
+    dt_bias,
+    scale,
+    output_final_state,
+    use_qk_l2norm,
+    use_beta_sigmoid,
+    allow_neg_eigval,
+    safe_gate,
+    gate_domain,
+    batch_invariant,
+    state_v_first,
+):
     T, HV, V = v.shape
     HO, K = max(q.shape[1], HV), k.shape[2]
     N = cu_seqlens.shape[0] - 1
     dtype = initial_state.dtype if initial_state is not None else torch.float32
-    return (v.new_empty(T, HO, V),
-            v.new_empty(N if output_final_state else 0, HO, K, V, dtype=dtype))
+    return (
+        v.new_empty(T, HO, V),
+        v.new_empty(
+            N if output_final_state else 0, HO, *_state_dims(K, V, state_v_first), dtype=dtype
+        ),
+    )
 
 
-def _gdn_bwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-             beta: torch.Tensor, cu_seqlens: torch.Tensor, do: torch.Tensor,
-             initial_state: torch.Tensor | None, d_final_state: torch.Tensor | None,
-             a_log: torch.Tensor | None, dt_bias: torch.Tensor | None, scale: float,
-             use_qk_l2norm: bool, use_beta_sigmoid: bool, allow_neg_eigval: bool,
-             safe_gate: bool, gate_domain: str, batch_invariant: bool) -> list[torch.Tensor]:
-    attrs = _attrs(scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate,
-                   gate_domain, batch_invariant)
-    h0, dht = _state_view(initial_state), _state_view(d_final_state)
+def _gdn_bwd_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    do: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    d_final_state: torch.Tensor | None,
+    a_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    use_qk_l2norm: bool,
+    use_beta_sigmoid: bool,
+    allow_neg_eigval: bool,
+    safe_gate: bool,
+    gate_domain: str,
+    batch_invariant: bool,
+    state_v_first: bool,
+) -> list[torch.Tensor]:
+    attrs = _attrs(
+        scale,
+        use_qk_l2norm,
+        use_beta_sigmoid,
+        allow_neg_eigval,
+        safe_gate,
+        gate_domain,
+        batch_invariant,
+    )
+    h0 = _state_view(initial_state, state_v_first)
+    dht = _state_view(d_final_state, state_v_first)
     outs = {
-        "dQ": torch.empty_like(q), "dK": torch.empty_like(k), "dV": torch.empty_like(v),
-        "dG": torch.empty_like(g), "dBeta": torch.empty_like(beta),
+        "dQ": torch.empty_like(q),
+        "dK": torch.empty_like(k),
+        "dV": torch.empty_like(v),
+        "dG": torch.empty_like(g),
+        "dBeta": torch.empty_like(beta),
         "d_initial_state": torch.empty_like(initial_state) if initial_state is not None else None,
         "d_a_log": torch.empty_like(a_log) if safe_gate and a_log is not None else None,
         "d_dt_bias": torch.empty_like(dt_bias) if safe_gate and dt_bias is not None else None,
     }
     tensors = (q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias)
-    built = _cached("bwd", tensors, attrs, lambda: _build_bwd(
-        q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias, attrs))
-    d_h0 = _state_view(outs["d_initial_state"])
-    built.run(dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, dO=do,
-                   initial_state=h0, d_final_state=dht, a_log=a_log, dt_bias=dt_bias,
-                   dQ=outs["dQ"], dK=outs["dK"], dV=outs["dV"], dG=outs["dG"],
-                   dBeta=outs["dBeta"], d_initial_state=d_h0, d_a_log=outs["d_a_log"],
-                   d_dt_bias=outs["d_dt_bias"]))
+    built = _cached(
+        "bwd",
+        tensors,
+        attrs,
+        lambda: _build_bwd(q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias, attrs),
+    )
+    d_h0 = _state_view(outs["d_initial_state"], state_v_first)
+    built.run(
+        {
+            "q": q,
+            "k": k,
+            "v": v,
+            "g": g,
+            "beta": beta,
+            "cu_seqlens": cu_seqlens,
+            "dO": do,
+            "initial_state": h0,
+            "d_final_state": dht,
+            "a_log": a_log,
+            "dt_bias": dt_bias,
+            "dQ": outs["dQ"],
+            "dK": outs["dK"],
+            "dV": outs["dV"],
+            "dG": outs["dG"],
+            "dBeta": outs["dBeta"],
+            "d_initial_state": d_h0,
+            "d_a_log": outs["d_a_log"],
+            "d_dt_bias": outs["d_dt_bias"],
+        }
+    )
     # an absent gradient is an empty tensor of its own (returns may not alias)
     return [t if t is not None else q.new_empty(0) for t in outs.values()]
 
@@ -253,17 +433,50 @@ _gdn_bwd = torch.library.custom_op("cudnn_pygraph::gdn_bwd", _gdn_bwd_impl, muta
 
 
 @_gdn_bwd.register_fake
-def _(q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state, a_log, dt_bias, scale,
-      use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, batch_invariant):
-    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
-            torch.empty_like(beta),
-            torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0),
-            torch.empty_like(a_log) if safe_gate and a_log is not None else q.new_empty(0),
-            torch.empty_like(dt_bias) if safe_gate and dt_bias is not None else q.new_empty(0)]
+def _(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    do,
+    initial_state,
+    d_final_state,
+    a_log,
+    dt_bias,
+    scale,
+    use_qk_l2norm,
+    use_beta_sigmoid,
+    allow_neg_eigval,
+    safe_gate,
+    gate_domain,
+    batch_invariant,
+    state_v_first,
+):
+    return [
+        torch.empty_like(q),
+        torch.empty_like(k),
+        torch.empty_like(v),
+        torch.empty_like(g),
+        torch.empty_like(beta),
+        torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0),
+        torch.empty_like(a_log) if safe_gate and a_log is not None else q.new_empty(0),
+        torch.empty_like(dt_bias) if safe_gate and dt_bias is not None else q.new_empty(0),
+    ]
 
 
-_FWD_FLAGS = ("scale", "output_final_state", "use_qk_l2norm", "use_beta_sigmoid",
-              "allow_neg_eigval", "safe_gate", "gate_domain", "batch_invariant")
+_FWD_FLAGS = (
+    "scale",
+    "output_final_state",
+    "use_qk_l2norm",
+    "use_beta_sigmoid",
+    "allow_neg_eigval",
+    "safe_gate",
+    "gate_domain",
+    "batch_invariant",
+    "state_v_first",
+)
 
 
 def _setup_context(ctx, inputs, output):
@@ -280,118 +493,332 @@ def _backward(ctx, d_o, d_ht):
     d_o = d_o.contiguous()
     eager = _eager(q, k, v, g, beta, cu, d_o, h0, d_final, a_log, dt_bias)
     bwd = _gdn_bwd_impl if eager else _gdn_bwd
-    grads = bwd(q, k, v, g, beta, cu, d_o, h0, d_final, a_log, dt_bias,
-                     f["scale"], f["use_qk_l2norm"], f["use_beta_sigmoid"],
-                     f["allow_neg_eigval"], f["safe_gate"], f["gate_domain"],
-                     f["batch_invariant"])
+    grads = bwd(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        cu,
+        d_o,
+        h0,
+        d_final,
+        a_log,
+        dt_bias,
+        f["scale"],
+        f["use_qk_l2norm"],
+        f["use_beta_sigmoid"],
+        f["allow_neg_eigval"],
+        f["safe_gate"],
+        f["gate_domain"],
+        f["batch_invariant"],
+        f["state_v_first"],
+    )
     dq, dk, dv, dg, dbeta, dh0, da, ddt = grads
-    none_if_empty = lambda t, ref: t if ref is not None and t.numel() else None  # noqa: E731
-    return (dq, dk, dv, dg, dbeta, None, none_if_empty(dh0, h0), none_if_empty(da, a_log),
-            none_if_empty(ddt, dt_bias)) + (None,) * len(_FWD_FLAGS)
+    none_if_empty = lambda t, ref: t if ref is not None and t.numel() else None
+    return (
+        dq,
+        dk,
+        dv,
+        dg,
+        dbeta,
+        None,
+        none_if_empty(dh0, h0),
+        none_if_empty(da, a_log),
+        none_if_empty(ddt, dt_bias),
+    ) + (None,) * len(_FWD_FLAGS)
 
 
 _gdn_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------- the public op
-def gated_delta_net(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                    cu_seqlens=None, use_qk_l2norm_in_kernel=False, *, use_beta_sigmoid=False,
-                    allow_neg_eigval=False, safe_gate=False, a_log=None, dt_bias=None,
-                    gate_domain="log", batch_invariant=False):
-    """Gated DeltaNet. q/k [B, T, H, K], v [B, T, HV, V], g/beta [B, T, HO]; with
-    cu_seqlens (int32/int64 [N + 1]) B must be 1 and sequences are packed. Returns
-    (o [B, T, HO, V], final_state [N, HO, K, V] K-major, or None)."""
+# fla's chunk_gated_delta_rule refuses these in its own words; a caller moving from fla
+# reads the message it knows.
+_HEAD_FIRST_REMOVED = "head_first has been removed. Inputs must be in `[B, T, H, ...]` format."
+_FLA_CHUNK_SIZES = (16, 32, 64)
+
+
+def _check_head_dims(q, v):
+    from ..engines.linear_attention.gdn_engine import HEAD_DIMS
+
+    for name, t, dim in (("q", q, "K"), ("v", v, "V")):
+        if t.shape[-1] not in HEAD_DIMS:
+            raise ValueError(
+                f"{name}: head dim {dim}={t.shape[-1]} is not served: this op serves K and V in "
+                f"{{{', '.join(map(str, HEAD_DIMS))}}} (fla's kernels also serve up to 256)"
+            )
+
+
+def _check_state(name, state, n_seq, heads, K, V, v_first):
+    """The state in the caller's layout: [N, HV, K, V], or [N, HV, V, K] with state_v_first."""
+    if state is None:
+        return
+    want = (n_seq, heads, *_state_dims(K, V, v_first))
+    if tuple(state.shape) != want:
+        layout = "[N, HV, V, K] (state_v_first)" if v_first else "[N, HV, K, V]"
+        raise ValueError(
+            f"{name}: expected {layout} = {list(want)} for {n_seq} sequences, got {list(state.shape)}"
+        )
+
+
+def gated_delta_net(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    chunk_indices: torch.Tensor | None = None,
+    cp_context: object | None = None,
+    *,
+    head_first: bool = False,
+    chunk_size: int = 64,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    gate_domain: str = "log",
+    batch_invariant: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gated DeltaNet, called as fla's `chunk_gated_delta_rule` (same positional order, same
+    keyword names).
+
+    q/k [B, T, H, K], v [B, T, HV, V], g/beta [B, T, HO] (HO = max(H, HV)); with cu_seqlens
+    (int32/int64 [N + 1]) B must be 1 and sequences are packed. initial_state [N, HO, K, V]
+    (K-major; [N, HO, V, K] with state_v_first). K and V: 64 or 128.
+    use_gate_in_kernel: g holds raw logits and the gate is -exp(A_log) * softplus(g +
+    dt_bias) (absent A_log: exp(A_log) = 1). head_first=True is refused as fla refuses it.
+    cu_seqlens_cpu and chunk_indices are hints fla may use to skip work: the result does not
+    depend on them and they are not read. chunk_size is accepted as fla accepts it (16, 32,
+    64); the kernels chunk by 64 whatever it says, which changes rounding only.
+    cp_context (context parallelism) is not served.
+    gate_domain ("log" | "linear") and batch_invariant are this op's own.
+
+    Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)."""
+    if head_first:
+        raise ValueError(_HEAD_FIRST_REMOVED)
+    if cp_context is not None:
+        raise NotImplementedError("cp_context: context parallelism is not served by this op")
+    if chunk_size not in _FLA_CHUNK_SIZES:
+        raise ValueError(
+            f"`chunk_size` must be 16, 32, or 64 for Gated Delta Rule, got {chunk_size}."
+        )
     if q.dim() != 4:
         raise ValueError(f"q: expected [B, T, H, K], got shape {tuple(q.shape)}")
+    _check_head_dims(q, v)
     B, T = q.shape[:2]
     if cu_seqlens is None:
         cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
     elif B != 1:
         raise ValueError(f"q: with cu_seqlens the batch must be 1 (packed tokens), got B={B}")
-    if allow_neg_eigval and not use_beta_sigmoid:
-        raise ValueError("allow_neg_eigval requires use_beta_sigmoid=True")
-    if (a_log is not None or dt_bias is not None) and not safe_gate:
-        raise ValueError("a_log / dt_bias are only read under safe_gate=True")
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval requires use_beta_sigmoid_in_kernel=True")
+    if (A_log is not None or dt_bias is not None) and not use_gate_in_kernel:
+        raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
+    heads = max(q.shape[2], v.shape[2])
+    _check_state(
+        "initial_state",
+        initial_state,
+        cu_seqlens.shape[0] - 1,
+        heads,
+        q.shape[-1],
+        v.shape[-1],
+        state_v_first,
+    )
     # [B, T, ...] -> [B * T, ...] (t[0] when B == 1: the cheapest view, ~0.7 us less a call)
-    flat = (lambda t: t[0]) if B == 1 else (lambda t: t.reshape(B * T, *t.shape[2:]))  # noqa: E731
+    flat = (lambda t: t[0]) if B == 1 else (lambda t: t.reshape(B * T, *t.shape[2:]))
     if initial_state is not None and initial_state.dtype not in (torch.float32, torch.bfloat16):
         initial_state = initial_state.float()
-    f32 = lambda t: None if t is None else t.float()  # noqa: E731
+    f32 = lambda t: None if t is None else t.float()
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    a_log, dt_bias = f32(a_log), f32(dt_bias)
-    fwd = (_gdn_fwd_impl if _eager(q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias)
+    A_log, dt_bias = f32(A_log), f32(dt_bias)
+    fwd = (_gdn_fwd_impl if _eager(q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias)
            else _gdn_fwd)  # fmt: skip
-    o, ht = fwd(flat(q), flat(k), flat(v), flat(g), flat(beta), cu_seqlens, initial_state,
-                a_log, dt_bias, scale, bool(output_final_state), bool(use_qk_l2norm_in_kernel),
-                bool(use_beta_sigmoid), bool(allow_neg_eigval), bool(safe_gate),
-                str(gate_domain), bool(batch_invariant))
+    o, ht = fwd(
+        flat(q),
+        flat(k),
+        flat(v),
+        flat(g),
+        flat(beta),
+        cu_seqlens,
+        initial_state,
+        A_log,
+        dt_bias,
+        scale,
+        bool(output_final_state),
+        bool(use_qk_l2norm_in_kernel),
+        bool(use_beta_sigmoid_in_kernel),
+        bool(allow_neg_eigval),
+        bool(use_gate_in_kernel),
+        str(gate_domain),
+        bool(batch_invariant),
+        bool(state_v_first),
+    )
     o = o.unsqueeze(0) if B == 1 else o.reshape(B, T, *o.shape[1:])
     return o, (ht if output_final_state else None)
 
 
-
-def _gdn_fwd_overwrite_state_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                             g: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor,
-                             state: torch.Tensor, state_indices: torch.Tensor | None,
-                             a_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
-                             scale: float, use_qk_l2norm: bool, use_beta_sigmoid: bool,
-                             allow_neg_eigval: bool, safe_gate: bool, gate_domain: str,
-                             batch_invariant: bool) -> torch.Tensor:
+def _gdn_fwd_overwrite_state_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state: torch.Tensor,
+    state_indices: torch.Tensor | None,
+    a_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    use_qk_l2norm: bool,
+    use_beta_sigmoid: bool,
+    allow_neg_eigval: bool,
+    safe_gate: bool,
+    gate_domain: str,
+    batch_invariant: bool,
+) -> torch.Tensor:
     T, HV, V = v.shape
     o = torch.empty(T, max(q.shape[1], HV), V, dtype=v.dtype, device=v.device)
-    attrs = _attrs(scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate,
-                   gate_domain, batch_invariant)
+    attrs = _attrs(
+        scale,
+        use_qk_l2norm,
+        use_beta_sigmoid,
+        allow_neg_eigval,
+        safe_gate,
+        gate_domain,
+        batch_invariant,
+    )
     attrs.update(output_final_state=True, overwrite_initial_state=True)
     pool = _state_view(state)
     tensors = (q, k, v, g, beta, cu_seqlens, pool, a_log, dt_bias, state_indices)  # o: made here
-    built = _cached("fwd_overwrite", tensors, attrs, lambda: _build_fwd(
-        q, k, v, g, beta, cu_seqlens, pool, a_log, dt_bias, state_indices, o, pool, attrs))
-    built.run(dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=pool,
-                   a_log=a_log, dt_bias=dt_bias, state_indices=state_indices, O=o,
-                   final_state=pool))
+    built = _cached(
+        "fwd_overwrite",
+        tensors,
+        attrs,
+        lambda: _build_fwd(
+            q, k, v, g, beta, cu_seqlens, pool, a_log, dt_bias, state_indices, o, pool, attrs
+        ),
+    )
+    built.run(
+        {
+            "q": q,
+            "k": k,
+            "v": v,
+            "g": g,
+            "beta": beta,
+            "cu_seqlens": cu_seqlens,
+            "initial_state": pool,
+            "a_log": a_log,
+            "dt_bias": dt_bias,
+            "state_indices": state_indices,
+            "O": o,
+            "final_state": pool,
+        }
+    )
     return o
 
 
 _gdn_fwd_overwrite_state = torch.library.custom_op(
-    "cudnn_pygraph::gdn_fwd_overwrite_state", _gdn_fwd_overwrite_state_impl,
+    "cudnn_pygraph::gdn_fwd_overwrite_state",
+    _gdn_fwd_overwrite_state_impl,
     mutates_args=("state",),
 )
 
 
 @_gdn_fwd_overwrite_state.register_fake
-def _(q, k, v, g, beta, cu_seqlens, state, state_indices, a_log, dt_bias, scale, use_qk_l2norm,
-      use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, batch_invariant):
+def _(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    state,
+    state_indices,
+    a_log,
+    dt_bias,
+    scale,
+    use_qk_l2norm,
+    use_beta_sigmoid,
+    allow_neg_eigval,
+    safe_gate,
+    gate_domain,
+    batch_invariant,
+):
     T, HV, V = v.shape
     return v.new_empty(T, max(q.shape[1], HV), V)
 
 
-def gated_delta_net_overwrite_state(q, k, v, g, beta, state, cu_seqlens, state_indices=None,
-                                    scale=None, use_qk_l2norm_in_kernel=False, *,
-                                    use_beta_sigmoid=False, allow_neg_eigval=False,
-                                    safe_gate=False, a_log=None, dt_bias=None,
-                                    gate_domain="log", batch_invariant=False):
+def gated_delta_net_overwrite_state(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state_indices: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    *,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    gate_domain: str = "log",
+    batch_invariant: bool = False,
+) -> torch.Tensor:
     """Inference: run GDN and update `state` IN PLACE (K-major [N or N_pool, HO, K, V], fp32
     or bf16). With state_indices (int32 [N]) `state` is a pool whose row state_indices[i]
     seeds sequence i and receives its final state; other rows are untouched. No autograd.
-    q/k/v/g/beta as in gated_delta_net, B == 1 (packed tokens). Returns o [1, T, HO, V]."""
+    q/k/v/g/beta and the keyword flags as in gated_delta_net, B == 1 (packed tokens).
+    Returns o [1, T, HO, V]."""
     if q.dim() != 4 or q.shape[0] != 1:
         raise ValueError(f"q: expected [1, T, H, K] (packed tokens), got shape {tuple(q.shape)}")
+    _check_head_dims(q, v)
     if state.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"state: dtype {state.dtype} is not fp32 or bf16 (updated in place, so it is not converted)")
-    if allow_neg_eigval and not use_beta_sigmoid:
-        raise ValueError("allow_neg_eigval requires use_beta_sigmoid=True")
-    if (a_log is not None or dt_bias is not None) and not safe_gate:
-        raise ValueError("a_log / dt_bias are only read under safe_gate=True")
+        raise ValueError(
+            f"state: dtype {state.dtype} is not fp32 or bf16 (updated in place, so it is not converted)"
+        )
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval requires use_beta_sigmoid_in_kernel=True")
+    if (A_log is not None or dt_bias is not None) and not use_gate_in_kernel:
+        raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
     if state_indices is not None and state_indices.dtype != torch.int32:
         raise ValueError(f"state_indices: dtype {state_indices.dtype}, expected torch.int32")
-    f32 = lambda t: None if t is None else t.float()  # noqa: E731
-    a_log, dt_bias = f32(a_log), f32(dt_bias)
-    eager = _eager(q, k, v, g, beta, cu_seqlens, state, state_indices, a_log, dt_bias)
+    rows = state.shape[0] if state_indices is not None else cu_seqlens.shape[0] - 1
+    _check_state("state", state, rows, max(q.shape[2], v.shape[2]), q.shape[-1], v.shape[-1], False)
+    f32 = lambda t: None if t is None else t.float()
+    A_log, dt_bias = f32(A_log), f32(dt_bias)
+    eager = _eager(q, k, v, g, beta, cu_seqlens, state, state_indices, A_log, dt_bias)
     o = (_gdn_fwd_overwrite_state_impl if eager else _gdn_fwd_overwrite_state)(
-        q[0], k[0], v[0], g[0], beta[0], cu_seqlens, state, state_indices, a_log,
-        dt_bias, float(q.shape[-1] ** -0.5 if scale is None else scale),
-        bool(use_qk_l2norm_in_kernel), bool(use_beta_sigmoid), bool(allow_neg_eigval),
-        bool(safe_gate), str(gate_domain), bool(batch_invariant))
+        q[0],
+        k[0],
+        v[0],
+        g[0],
+        beta[0],
+        cu_seqlens,
+        state,
+        state_indices,
+        A_log,
+        dt_bias,
+        float(q.shape[-1] ** -0.5 if scale is None else scale),
+        bool(use_qk_l2norm_in_kernel),
+        bool(use_beta_sigmoid_in_kernel),
+        bool(allow_neg_eigval),
+        bool(use_gate_in_kernel),
+        str(gate_domain),
+        bool(batch_invariant),
+    )
     return o.unsqueeze(0)
 
 

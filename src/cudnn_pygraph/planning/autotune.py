@@ -36,6 +36,7 @@ import statistics
 import tempfile
 import time
 
+from .._log import log, progress
 from .._types import GraphStateError, cudnnGraphNotSupportedError, knob_type
 from ..engines.base import DECLINE_ERRORS
 
@@ -52,6 +53,8 @@ class PlanTiming:
     name: str
     median_ms: float | None  # None: the plan did not build or run here
     reason: str = ""  # why it has no time
+    # the caller-side refusal (ValueError / TypeError at execute), kept to re-raise it once
+    error: Exception | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 @dataclasses.dataclass
@@ -376,19 +379,32 @@ def autotune(graph, variant_pack, workspace=None, handle=None, *, warmup=3, reps
             index = _find_plan(graph, engine_id, knobs)
             if index is not None and _select_built(graph, record, index):
                 _STATS["hits"] += 1
+                log.info("autotune graph '%s': cache hit, #%d %s (%s)", graph.name, index,
+                         graph.get_plan_name_at_index(index), path)
                 return AutotuneResult(index, engine_id, knobs, graph.get_plan_name_at_index(index),
                                       True, [], str(path))
-        _STATS["invalid" if entry_path(key).exists() else "misses"] += 1
+        outcome = "invalid" if entry_path(key).exists() else "misses"
+        _STATS[outcome] += 1
+        log.info("autotune graph '%s': cache %s, timing every plan", graph.name,
+                 "entry doubtful (a miss)" if outcome == "invalid" else "miss")
     else:
         _STATS["bypassed"] += 1
+        log.info("autotune graph '%s': cache off, timing every plan", graph.name)
 
     timer = timer or default_timer(device, handle)
     packs = rotated_packs(variant_pack, device.l2_bytes if device else 0) if rotate_inputs else [variant_pack]
     timings = []
-    for index in range(graph.get_execution_plan_count()):
-        timings.append(_time_plan(graph, record, index, packs, workspace, handle, timer, warmup, reps))
+    count = graph.get_execution_plan_count()
+    with progress(f"autotune graph '{graph.name}' ({count} plans)"):
+        for index in range(count):
+            t = _time_plan(graph, record, index, packs, workspace, handle, timer, warmup, reps)
+            timings.append(t)
+            outcome = f"{t.median_ms:.4f} ms" if t.median_ms is not None else f"skipped: {t.reason}"
+            log.info("autotune graph '%s': %d/%d #%d %s %s", graph.name, index + 1, count, index,
+                     t.name, outcome)
     timed = [t for t in timings if t.median_ms is not None]
     if not timed:
+        _raise_callers_mistake(timings)
         raise cudnnGraphNotSupportedError(
             "autotune(): no plan runs here: " + "; ".join(f"#{t.index} {t.name}: {t.reason}" for t in timings)
         )
@@ -396,8 +412,19 @@ def autotune(graph, variant_pack, workspace=None, handle=None, *, warmup=3, reps
     _select_built(graph, record, best.index)
     engine_id, knobs = graph.get_engine_and_knobs_at_index(best.index)
     path = store_entry(key, engine_id, knobs, best.name, timings) if use_cache else None
+    log.info("autotune graph '%s': selected #%d %s (%.4f ms)%s", graph.name, best.index, best.name,
+             best.median_ms, f", cached in {path}" if path else "")
     return AutotuneResult(best.index, engine_id, knobs, best.name, False, timings,
                           str(path) if path else None)
+
+
+def _raise_callers_mistake(timings):
+    """Every plan refused the call with the same ValueError / TypeError: the buffers are
+    wrong, not the plans (an output missing from the pack, a wrong shape). Say that once."""
+    kinds = {None if t.error is None else (type(t.error), str(t.error)) for t in timings}
+    if len(kinds) == 1 and None not in kinds:
+        error = timings[0].error
+        raise type(error)(f"autotune(): every plan refuses these buffers: {error}") from error
 
 
 def _time_plan(graph, record, index, packs, workspace, handle, timer, warmup, reps):
@@ -415,7 +442,9 @@ def _time_plan(graph, record, index, packs, workspace, handle, timer, warmup, re
         times = timer(call, warmup, reps)
     except DECLINE_ERRORS as exc:
         return PlanTiming(index, name, None, str(exc) or type(exc).__name__)
-    except (ValueError, TypeError, RuntimeError) as exc:  # refused at execute, or failed
+    except (ValueError, TypeError) as exc:  # refused at execute: maybe the caller's buffers
+        return PlanTiming(index, name, None, f"{type(exc).__name__}: {exc}", exc)
+    except RuntimeError as exc:  # failed while running
         return PlanTiming(index, name, None, f"{type(exc).__name__}: {exc}")
     return PlanTiming(index, name, statistics.median(times))
 

@@ -3,6 +3,8 @@ record (name, compute capability, SM count, L2 size), constructible for any arch
 without a GPU. Detection asks the CUDA driver through ctypes, so planning never
 imports a framework."""
 
+from __future__ import annotations
+
 import ctypes
 import dataclasses
 import functools
@@ -22,15 +24,15 @@ class DeviceProperties:
     is_interpreter: bool = False
 
     @property
-    def sm(self):
+    def sm(self) -> int:
         """Compute capability as major*10 + minor (sm_90 -> 90)."""
         return self.major * 10 + self.minor
 
     @classmethod
-    def interpreter(cls):
+    def interpreter(cls) -> DeviceProperties:
         return cls("Triton interpreter (CPU)", 0, 0, os.cpu_count() or 1, 0, -1, True)
 
-    def to_json(self):
+    def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
     def serialize(self):
@@ -116,13 +118,50 @@ def _driver_properties(ordinal):
     )
 
 
-def detect_device(ordinal=0):
-    """The GPU at `ordinal`; else the Triton interpreter when TRITON_INTERPRET=1;
-    else None (nothing here can run a kernel)."""
+def gpu_driver_present(ordinal: int = 0) -> bool:
+    """A CUDA driver answers for device `ordinal` (whatever descriptor a graph was planned
+    for: without a driver nothing can build or run)."""
+    return _driver_properties(ordinal) is not None
+
+
+INTERPRET_ENV = "TRITON_INTERPRET"
+# The caller's own value, read before this package sets it (doctor reports this one).
+USER_INTERPRET = os.environ.get(INTERPRET_ENV)
+# Triton's reading of the variable (its getenv_bool): these switch the interpreter on.
+_TRUE = ("1", "true", "on", "yes", "y")
+
+
+def interpreter_chosen() -> bool:
+    """Whether Triton kernels run under its CPU interpreter when there is no GPU.
+
+    Unset means yes, and the variable is set here: Triton reads it when a kernel is
+    decorated, that is when our kernel modules are imported, which happens after planning
+    has looked for a device. So a user's own script plans and runs on a laptop without
+    knowing the variable. An explicit value that is not true is respected."""
+    value = os.environ.get(INTERPRET_ENV)
+    if value is None:
+        os.environ[INTERPRET_ENV] = "1"
+        return True
+    return value.strip().lower() in _TRUE
+
+
+def no_device_reason() -> str:
+    """Why detect_device() answers None, with what to change."""
+    value = os.environ.get(INTERPRET_ENV)
+    return (
+        f"no device: no GPU driver here and {INTERPRET_ENV}={value!r} turns the Triton "
+        f"interpreter off: unset it (or set {INTERPRET_ENV}=1) before the first plan to run "
+        "the Triton kernels on the CPU"
+    )
+
+
+def detect_device(ordinal: int = 0) -> DeviceProperties | None:
+    """The GPU at `ordinal`; else the Triton interpreter (see interpreter_chosen); else
+    None (TRITON_INTERPRET turned off and no GPU: nothing here can run a kernel)."""
     props = _driver_properties(ordinal)
     if props is not None:
         return props
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreter_chosen():
         return DeviceProperties.interpreter()
     return None
 

@@ -10,8 +10,9 @@ way (no special case for the backend)."""
 
 import dataclasses
 import logging
-import os
+import time
 
+from .._log import log, progress
 from .._types import (
     GraphStateError,
     build_plan_policy,
@@ -22,11 +23,6 @@ from .._types import (
 from ..engines.base import DECLINE_ERRORS, BuildContext, PlanConfig
 from ..graph import lifecycle
 from . import engine_ids, facts, heuristics, manifest
-
-log = logging.getLogger("cudnn_pygraph")
-if os.environ.get("CUDNN_PYGRAPH_LOG"):
-    logging.basicConfig()
-    log.setLevel(os.environ["CUDNN_PYGRAPH_LOG"].upper())
 
 
 @dataclasses.dataclass
@@ -64,6 +60,7 @@ def candidate_verdicts(graph, family):
             continue
         accepted[eid] = engine
         verdicts.append(Verdict(eid, slot.name, True))
+        log.info("engine %s accepted graph '%s'", slot.name, graph.name)
     return verdicts, accepted
 
 
@@ -92,6 +89,14 @@ def create_execution_plans(graph, modes):
     record = PlanningRecord(graph, family, accepted, backend, plans, verdicts, backend_outcome, backend_decline)
     graph.__dict__["_planning"] = record
     graph.__dict__["_state"] = lifecycle.Planned()
+    by_outcome = {}  # one record per distinct outcome: a reason shared by modes is said once
+    for mode, outcome in backend_outcome.items():
+        by_outcome.setdefault(outcome, []).append(heur_mode(mode).name)
+    for outcome, names in by_outcome.items():
+        log.info("backend %s for graph '%s': %s", ", ".join(names), graph.name, outcome)
+    if log.isEnabledFor(logging.INFO):  # the names cost a knob conversion per plan
+        names = "".join(f"\n  #{i} {record.plan_name(i)}" for i in range(len(plans)))
+        log.info("graph '%s': %d plans%s", graph.name, len(plans), names or " (none)")
     if not plans:
         raise cudnnGraphNotSupportedError(
             f"no plan for graph '{graph.name}': " + record.why_empty()
@@ -186,7 +191,11 @@ class PlanningRecord:
         compiled = self.built.get(plan.identity)
         if compiled is None:
             ctx = BuildContext(self.device)
-            compiled = self.executor(plan).build_plan(self.graph, plan, ctx)
+            what = f"graph '{self.graph.name}': building #{index} {self.plan_name(index)}"
+            start = time.perf_counter()
+            with progress(what):
+                compiled = self.executor(plan).build_plan(self.graph, plan, ctx)
+            log.info("%s: built in %.2f s", what, time.perf_counter() - start)
             self.built[plan.identity] = compiled
         return compiled
 
@@ -232,6 +241,7 @@ class PlanningRecord:
                 self.build_at(index)
             except DECLINE_ERRORS as exc:
                 self.build_errors[self.plans[index].identity] = str(exc)
+                log.info("graph '%s': #%d %s does not build: %s", self.graph.name, index, name, exc)
                 if self.pinned:
                     raise cudnnGraphNotSupportedError(f"pinned plan #{index} {name} does not build: {exc}") from exc
                 reasons.append(f"#{index} {name}: {exc}")
@@ -245,6 +255,7 @@ class PlanningRecord:
         self.selected = first_built
         self._runner = None
         self.graph.__dict__["_state"] = lifecycle.Built()
+        log.info("graph '%s': selected #%d %s", self.graph.name, first_built, self.plan_name(first_built))
 
     def workspace_size_at(self, index):
         return self.build_at(index).workspace_size

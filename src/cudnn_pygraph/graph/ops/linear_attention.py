@@ -52,8 +52,8 @@ def _opt(name):
     return Param(name, PortKind.OPTIONAL_TENSOR, None)
 
 
-def _attr(name, default, choices=None):
-    return Param(name, PortKind.ATTR, default, choices=choices)
+def _attr(name, default, choices=None, value_type=None):
+    return Param(name, PortKind.ATTR, default, choices=choices, value_type=value_type)
 
 
 def _params(fam, kind):
@@ -77,7 +77,7 @@ def _params(fam, kind):
     if kind == "":
         params.append(_opt("state_indices"))
     if kind != "_summary":
-        params.append(_attr("scale", None))
+        params.append(_attr("scale", None, value_type="float?"))
     if kind == "":
         params.append(_attr("output_final_state", False))
     params += [
@@ -177,9 +177,12 @@ def _rule(fam, kind):
             if tuple(got) != want:
                 node.fail(port, f"dims {list(got)}, expected {list(want)}")
             rules.require_dtype(node, port, GATE_DTYPES)
-        if fam.write_gate and "w" in inp:
-            if tuple(rules.require_declared(node, "w")) != (T, HO, V):
-                node.fail("w", f"dims {list(inp['w'].dim)}, expected {[T, HO, V]}")
+        if (
+            fam.write_gate
+            and "w" in inp
+            and tuple(rules.require_declared(node, "w")) != (T, HO, V)
+        ):
+            node.fail("w", f"dims {list(inp['w'].dim)}, expected {[T, HO, V]}")
         # attribute rules
         if a["allow_neg_eigval"] and not a["use_beta_sigmoid"]:
             node.fail("allow_neg_eigval", "requires use_beta_sigmoid")
@@ -276,4 +279,4 @@ def _spec(fam, kind):
 
 SPECS = tuple(_spec(fam, kind) for fam in _FAMILIES for kind in KINDS)
 FAMILIES = {fam.name: fam for fam in _FAMILIES}
-__all__ = ["SPECS", "FAMILIES", "KINDS", "REQUIRED"]
+__all__ = ["FAMILIES", "KINDS", "REQUIRED", "SPECS"]
