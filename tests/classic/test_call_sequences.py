@@ -696,6 +696,7 @@ def test_backend_notes_are_each_plans_own_across_heuristic_modes(monkeypatch):
 
     monkeypatch.setattr(adapter, "lower_for_validation", lambda g: None)
     monkeypatch.setattr(adapter, "finalize_layout", lambda g: None)
+    monkeypatch.setattr(adapter, "_no_driver_reason", lambda: None)  # the stand-in plans
     g = new_graph(ours)
     g.relu(g.tensor([1, 8, 8])).set_output(True)
     backend = _lowered_stand_in(g).backend
