@@ -162,7 +162,7 @@ def declared(desc):
         if c.target is None and c.method == "tensor":
             kw = dict(c.kwargs)
             dtype = kw.get("data_type") or io
-            out[kw["name"]] = (
+            out[c.outs] = (
                 kw["dim"],
                 kw.get("stride") or cg.row_major(kw["dim"]),
                 dtype.member,
@@ -178,7 +178,7 @@ def sdpa_kwargs(desc):
     return {}
 
 
-def make_inputs(torch, desc, seed):
+def make_inputs(torch, desc, seed, device="cuda"):
     """{name: torch tensor} for every graph input, seeded; index-like inputs (sequence
     lengths, ragged offsets, page tables) get values their op can use."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -219,7 +219,7 @@ def make_inputs(torch, desc, seed):
             v = torch.randn(dim, generator=gen) * 0.5
         else:
             v = torch.randint(0, 4, dim, generator=gen)
-        buf = torch.empty_strided(dim, stride, dtype=tdt, device="cuda")
+        buf = torch.empty_strided(dim, stride, dtype=tdt, device=device)
         feeds[name] = buf.copy_(v.to(tdt))
     return feeds
 
