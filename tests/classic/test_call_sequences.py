@@ -515,6 +515,8 @@ def test_deselect_engines_refuses_a_bare_string(stand_ins):
 
 def test_check_support_raises_only_when_no_plan_is_supported(stand_ins):
     g = gemm_graph()
+    with pytest.raises(ours.cudnnGraphNotSupportedError, match="no plan list yet"):
+        g.check_support()  # classic: the backend has no plans yet, none supports the graph
     g.create_execution_plans([ours.heur_mode.A])
     g.check_support()  # the walk has supported plans: silent, as classic
     everything = [
@@ -605,12 +607,16 @@ def test_execute_refuses_an_unknown_or_ambiguous_name(stand_ins):
     from cudnn_pygraph.runtime.variant_pack import UnknownOperandError
 
     g = gemm_graph()
+    g.tensor([1], name="A")  # a second label "A" (legal), wired to nothing
     g.build([ours.heur_mode.A])
     named = {t.name: t for t in g.tensors}
-    with pytest.raises(LookupError, match="'nope': no tensor is named so"):
+    with pytest.raises(KeyError, match="'nope': no tensor is named so"):
         g.execute({"nope": 1, named["B"]: 2, named["C"]: 3})
+    with pytest.raises(ValueError, match="'A': 2 tensors are named so"):
+        g.execute({"A": 1, named["B"]: 2, named["C"]: 3})
     with pytest.raises(UnknownOperandError):
-        g.execute({named["A"]: 1, named["B"]: 2, named["C"]: 3, 999: 4})
+        wired_a = next(t for t in g.tensors if t.name == "A")
+        g.execute({wired_a: 1, named["B"]: 2, named["C"]: 3, 999: 4})
 
 
 def test_moe_grouped_matmul_output_dims_are_inferred():

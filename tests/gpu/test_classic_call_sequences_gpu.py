@@ -314,3 +314,43 @@ def test_runtime_compiled_backend_plans_carry_their_behavior_note():
     g.create_execution_plans(MODES)
     notes = [g.get_behavior_notes_for_plan_at_index(i) for i in _backend_indices(g)]
     assert any(cudnn.behavior_note.RUNTIME_COMPILATION in n for n in notes), notes
+
+
+@pytest.mark.parametrize("with_stats", [True, False], ids=["stats", "no-stats"])
+def test_sdpa_output_direction_tensors_are_the_backends_operands(with_stats):
+    """score_max / score_sum_exp created first (uids 1 and 2) and handed to sdpa: our
+    slots must be the backend's variant-pack template (build_plans checks the two are
+    equal and raises otherwise), and O must be right with them bound. The printed line
+    says whether the backend asks for them (classic then requires them too)."""
+    from cudnn_pygraph.planning import manifest
+
+    b, h, s, d = 1, 2, 128, 64
+    g = cudnn.pygraph(
+        io_data_type=cudnn.data_type.BFLOAT16,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    mx = g.tensor([b, h, s, 1], data_type=cudnn.data_type.FLOAT, name="max")
+    se = g.tensor([b, h, s, 1], data_type=cudnn.data_type.FLOAT, name="sum_exp")
+    assert (mx.uid, se.uid) == (1, 2)
+    q, k, v = (g.tensor([b, h, s, d], name=n) for n in "qkv")
+    o, _ = g.sdpa(
+        q=q, k=k, v=v, attn_scale=0.125, generate_stats=with_stats, score_max=mx, score_sum_exp=se
+    )
+    o.set_output(True).set_dim([b, h, s, d]).set_stride([h * s * d, s * d, d, 1])
+    with manifest.use_families([]):
+        g.create_execution_plans(MODES)
+    g.build_plans()  # RuntimeError if the backend's template differs from our slots
+    x = {t: torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for t in (q, k, v)}
+    result = torch.empty(b, h, s, d, device="cuda", dtype=torch.bfloat16)
+    stat = {t: torch.empty(b, h, s, 1, device="cuda") for t in (mx, se)}
+    g.execute({**x, o: result, **stat}, workspace_for(g))
+    torch.cuda.synchronize()
+    slots = sorted(t.uid for t in g._planning.layout.tensors)
+    print(
+        f"\nsdpa score_max/score_sum_exp are backend operands: {1 in slots and 2 in slots} ({slots})"
+    )
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        *(x[t].float() for t in (q, k, v)), scale=0.125
+    )
+    assert rel_err(result, ref) < 2e-2

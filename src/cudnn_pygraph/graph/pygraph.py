@@ -358,8 +358,11 @@ class pygraph:  # noqa: N801 — the classic public name
         supported (backend/classic_parity.py check_support)."""
         from ..backend import classic_parity
 
-        if not self._state.planned:
-            raise GraphStateError("check_support(): create_execution_plans() first")
+        if self._planning is None:  # classic: the backend has no plan, so none supports it
+            raise cudnnGraphNotSupportedError(
+                "check_support(): no plan supports the graph: it has no plan list yet "
+                "(create_execution_plans() first)"
+            )
         classic_parity.check_support(self)
 
     def build_plans(self, policy=None):

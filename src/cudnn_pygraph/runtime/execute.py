@@ -114,10 +114,12 @@ class GraphLayout:
                 continue
             if isinstance(key, str):
                 named = [t for t in graph.tensors if t.name == key]
-                if len(named) != 1:
-                    what = "no tensor is" if not named else f"{len(named)} tensors are"
-                    raise LookupError(f"variant pack key {key!r}: {what} named so in graph "
-                                      f"'{graph.name}' (key by Tensor or uid)")
+                if not named:
+                    raise KeyError(f"variant pack key {key!r}: no tensor is named so in graph "
+                                   f"'{graph.name}'")
+                if len(named) > 1:  # names are labels: a duplicate is legal, not a key
+                    raise ValueError(f"variant pack key {key!r}: {len(named)} tensors are named "
+                                     "so; key the variant pack by Tensor or uid")
                 key, changed = named[0].uid, True
             uid = key if isinstance(key, int) else getattr(key, "uid", key)
             if isinstance(uid, int) and uid not in self.position and uid in graph._by_uid:
