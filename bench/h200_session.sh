@@ -7,10 +7,16 @@
 #   backend.md     host time per execute (backend and python GEMM plans) vs NVIDIA's pygraph
 #   gdn.md         GDN vs fla-core 0.6.0
 #   sdpa_fwd.md    SDPA prefill/decode vs torch flash and the backend
+#   classic_samples.md, classic_differential.md   issue 15's tables (topic parity)
 # Run from the repository root with the wheels in .whl/ (../shared/tools/device-wheels).
-# `bash bench/h200_session.sh --gate` runs the correctness gate and the demo only (~5 min).
+# `bash bench/h200_session.sh --gate` runs the correctness gate and the demo only (~5 min);
+# `bash bench/h200_session.sh --parity` runs the classic-parity topic only (~8 min): the
+# GPU suites of the classic surface, NVIDIA's samples under both packages (a checkout of
+# NVIDIA/cudnn-frontend's samples/python in .nv/, carried, never committed) and the
+# random-graph differential.
 set -u
 GATE_ONLY=0; [ "${1:-}" = "--gate" ] && GATE_ONLY=1
+PARITY_ONLY=0; [ "${1:-}" = "--parity" ] && PARITY_ONLY=1
 OUT=${OUT:-/tmp/out}
 LOG=/tmp/session
 mkdir -p "$OUT" "$LOG"
@@ -31,6 +37,18 @@ step() {  # step NAME CAP_SECONDS COMMAND...
   tail -4 "$LOG/$name.log"
 }
 
+if [ "$PARITY_ONLY" = 1 ]; then
+  step gpu_classic 110 python3 -m pytest -q -p no:cacheprovider tests/classic \
+    tests/gpu/test_classic_call_sequences_gpu.py tests/gpu/test_sdpa_backend_parity_gpu.py \
+    tests/gpu/test_native_backend_lowering.py
+  step samples 170 python3 tools/classic_samples.py .nv/samples/python --jobs 16 --timeout 150 \
+    --out "$LOG/classic_samples.md"
+  step differential 190 python3 bench/classic_differential.py --graphs 2400 --budget-s 160 \
+    --workers 14 --out "$LOG/classic_differential.md"
+  step backend 50 python3 bench/backend.py --quick --out "$LOG/backend.md"
+  tail -n 3 "$LOG"/gpu_*.log
+  tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
+fi
 # the correctness gate, one suite per step so a slow compile cannot hide the others
 step gpu_gdn 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gdn_gpu.py
 step gpu_replay 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_launch_replay_gpu.py
