@@ -240,6 +240,16 @@ static int fill_slot(PgPack *p, Py_ssize_t i, PyObject *obj, int device_id)
                  (long long)view_span(&v));
         goto fail;
     }
+    for (int k = 0; k < v.ndim; k++)
+        if (v.strides[k] < 0 && v.shape[k] > 1) {
+            /* The backend reads forward from the pointer, and torch.from_dlpack (how the
+             * python plans view an operand) aborts the process on a negative stride. */
+            f.type = PyExc_ValueError;
+            snprintf(f.msg, sizeof f.msg, "axis %d has the negative stride %lld; no plan "
+                     "reads one (pass a view with non-negative strides)", k,
+                     (long long)v.strides[k]);
+            goto fail;
+        }
     if (v.readonly && d->written) {
         f.type = PyExc_ValueError;
         snprintf(f.msg, sizeof f.msg, "the buffer is read-only (its producer says so) and "
