@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 RESULTS=${RESULTS:-bench/results/reliability.md}
 LOG=$(mktemp -d "${TMPDIR:-/tmp}/reliability_gpu.XXXXXX")
-PER_RUN=${PER_RUN:-240}   # seconds per sanitizer run: Triton compiles under the tool too
+PER_RUN=${PER_RUN:-120}   # seconds per sanitizer run (Triton compiles under the tool too)
 
 SUBSET=(
   "tests/gpu/test_threads_gpu.py::test_a_misaligned_operand_is_refused_or_served_correctly"
