@@ -21,8 +21,14 @@ EXTENSION = Extension(
     depends=[  # headers of the one translation unit: a change rebuilds
         str(p.relative_to(ROOT)) for p in sorted((ROOT / RUNTIME).glob("_*.h"))
     ],
-    extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
-                        "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
+    extra_compile_args=[
+        "-O2",
+        "-Wall",
+        "-Wextra",
+        "-Wno-unused-parameter",
+        "-Wno-missing-field-initializers",
+        "-Wno-cast-function-type",
+    ],
 )
 
 

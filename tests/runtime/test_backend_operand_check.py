@@ -53,12 +53,26 @@ class Cuda:
         }
 
 
+class DLPackOn:
+    """A DLPack producer that names its device (the exchange an OperandBuffer does)."""
+
+    def __init__(self, buffer):
+        self.buffer = buffer
+
+    def __dlpack__(self, **kwargs):
+        return self.buffer.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.buffer.__dlpack_device__()
+
+
 def on_device(device_id, address, shape, strides):
-    """An OperandBuffer that the pack described on CUDA device `device_id`."""
+    """A buffer on CUDA device `device_id`, as a DLPack producer that says so."""
     layout = DeclaredLayout([(1, shape, strides, int(HALF), 16)])
-    return VariantPack.from_objects(
+    pack = VariantPack.from_objects(
         layout, [Cuda(address, shape, strides=strides)], device_id=device_id
-    ).operands([0])[0]
+    )
+    return DLPackOn(pack.operands([0])[0])
 
 
 class Harness:
@@ -186,6 +200,17 @@ def test_the_rule_is_named(harness):
         with pytest.raises(CLASSIC_ERRORS, match=rule):
             harness.hot(harness.bind(name, obj))
     assert harness.calls == []
+
+
+def test_a_cuda_array_interface_names_no_ordinal_so_its_device_is_the_callers_word():
+    """__cuda_array_interface__ says CUDA but not which device: like a bare address, the
+    pack takes the caller's device_id for it, and the device check compares the type only;
+    a DLPack producer names its ordinal, and another one is refused."""
+    layout = DeclaredLayout([(1, (1, 16, 8), (128, 8, 1), int(HALF), 16)], names=["A"])
+    VariantPack.from_objects(layout, [Cuda(0x1000, (1, 16, 8))]).check_declared(2, 1)
+    named = on_device(0, 0x1000, (1, 16, 8), (128, 8, 1))
+    with pytest.raises(ValueError, match="on cuda:0 and this plan runs on cuda:1"):
+        VariantPack.from_objects(layout, [named]).check_declared(2, 1)
 
 
 def test_a_layout_without_a_declaration_checks_only_the_device():

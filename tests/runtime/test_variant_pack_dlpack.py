@@ -25,24 +25,42 @@ def pack_of(tensor, dims, strides, dtype=data_type.FLOAT, bits=32):
 # (id, caller tensor, declaration, the view torch must see)
 ROUND_TRIPS = [
     ("declared", lambda: torch.randn(2, 3, 4), ((2, 3, 4), (12, 4, 1)), lambda t: t),
-    ("transposed-view", lambda: torch.randn(2, 4, 3).transpose(1, 2),
-     ((2, 3, 4), (12, 4, 1)), lambda t: t),
-    ("2d-bound-to-1mk", lambda: torch.randn(3, 4), ((1, 3, 4), (12, 4, 1)),
-     lambda t: t.view(1, 3, 4)),
-    ("scalar-bound-to-111", lambda: torch.tensor(1.5), ((1, 1, 1), (1, 1, 1)),
-     lambda t: t.view(1, 1, 1)),
+    (
+        "transposed-view",
+        lambda: torch.randn(2, 4, 3).transpose(1, 2),
+        ((2, 3, 4), (12, 4, 1)),
+        lambda t: t,
+    ),
+    (
+        "2d-bound-to-1mk",
+        lambda: torch.randn(3, 4),
+        ((1, 3, 4), (12, 4, 1)),
+        lambda t: t.view(1, 3, 4),
+    ),
+    (
+        "scalar-bound-to-111",
+        lambda: torch.tensor(1.5),
+        ((1, 1, 1), (1, 1, 1)),
+        lambda t: t.view(1, 1, 1),
+    ),
 ]
 
 
-@pytest.mark.parametrize("make, declaration, expected_view", [r[1:] for r in ROUND_TRIPS],
-                         ids=[r[0] for r in ROUND_TRIPS])
+@pytest.mark.parametrize(
+    "make, declaration, expected_view",
+    [r[1:] for r in ROUND_TRIPS],
+    ids=[r[0] for r in ROUND_TRIPS],
+)
 def test_from_dlpack_is_a_zero_copy_view_of_the_slot(make, declaration, expected_view):
     tensor = make()
     (buf,) = pack_of(tensor, *declaration).operands([0])
     view = torch.from_dlpack(buf)
     expected = expected_view(tensor)
-    assert (view.shape, view.stride(), view.dtype) == (expected.shape, expected.stride(),
-                                                       expected.dtype)
+    assert (view.shape, view.stride(), view.dtype) == (
+        expected.shape,
+        expected.stride(),
+        expected.dtype,
+    )
     assert view.data_ptr() == tensor.data_ptr()
     torch.testing.assert_close(view, expected, rtol=0, atol=0)
     fresh = torch.randn(view.shape)
@@ -85,7 +103,11 @@ def test_the_exchange_table_on_the_type_describes_the_same_memory(managed):
     (buf,) = pack_of(tensor, (1, 4, 6), (24, 6, 1)).operands([0])
     again = _variant_pack._via_exchange_api(buf, managed)
     assert (again.ptr, again.shape, again.strides, again.dtype) == (
-        tensor.data_ptr(), (1, 4, 6), (24, 1, 4), data_type.FLOAT)
+        tensor.data_ptr(),
+        (1, 4, 6),
+        (24, 1, 4),
+        data_type.FLOAT,
+    )
     assert torch.equal(torch.from_dlpack(again), tensor)
 
 
@@ -94,7 +116,10 @@ def test_torch_is_read_through_its_exchange_table():
     tensor = torch.randn(2, 8)[:, ::2]
     through_table = _variant_pack._via_exchange_api(tensor, False)
     assert (through_table.ptr, through_table.shape, through_table.strides) == (
-        tensor.data_ptr(), (2, 4), (8, 2))
+        tensor.data_ptr(),
+        (2, 4),
+        (8, 2),
+    )
 
 
 def test_a_torch_subclass_is_read_through_the_table_not_dunder_dlpack():
@@ -112,9 +137,13 @@ def _pointers(pack):
 
 
 def test_the_pointer_array_is_the_packs_own():
-    layout = DeclaredLayout([(1, (4,), (1,), data_type.FLOAT, 32),
-                             (2, (4,), (1,), data_type.FLOAT, 32),
-                             (3, (4,), (1,), data_type.FLOAT, 32)])
+    layout = DeclaredLayout(
+        [
+            (1, (4,), (1,), data_type.FLOAT, 32),
+            (2, (4,), (1,), data_type.FLOAT, 32),
+            (3, (4,), (1,), data_type.FLOAT, 32),
+        ]
+    )
     a, b = torch.randn(4), torch.randn(4)
     first = VariantPack.from_objects(layout, [a, None, 0x7F0000000010])
     second = VariantPack.from_objects(layout, [b, a, None])
@@ -126,8 +155,12 @@ def test_the_pointer_array_is_the_packs_own():
 def test_two_threads_one_graph_each_get_their_own_pointers():
     # A shared array would hand each thread the other's (individually valid) pointers:
     # a wrong number, not a raise. Each thread holds its packs alive while the other builds.
-    layout = DeclaredLayout([(1, (1, 4, 8), (32, 8, 1), data_type.FLOAT, 32),
-                             (2, (1, 8, 4), (32, 4, 1), data_type.FLOAT, 32)])
+    layout = DeclaredLayout(
+        [
+            (1, (1, 4, 8), (32, 8, 1), data_type.FLOAT, 32),
+            (2, (1, 8, 4), (32, 4, 1), data_type.FLOAT, 32),
+        ]
+    )
     rounds, threads = 300, 4
     barrier = threading.Barrier(threads)
     failures = []

@@ -31,24 +31,38 @@ STORAGE_ROWS = [
 ]
 
 
-@pytest.mark.parametrize("dtype, dims, strides, slot_dims, slot_strides",
-                         [r[1:] for r in STORAGE_ROWS], ids=[r[0] for r in STORAGE_ROWS])
-def test_declarations_are_held_in_storage_geometry(dtype, dims, strides, slot_dims,
-                                                   slot_strides):
+@pytest.mark.parametrize(
+    "dtype, dims, strides, slot_dims, slot_strides",
+    [r[1:] for r in STORAGE_ROWS],
+    ids=[r[0] for r in STORAGE_ROWS],
+)
+def test_declarations_are_held_in_storage_geometry(dtype, dims, strides, slot_dims, slot_strides):
     layout = DeclaredLayout([(5, dims, strides, dtype, ELEMENT_BITS[dtype])])
-    uid, held_dims, held_strides, code, bits, span = layout.slot(0)
-    assert (held_dims, held_strides, code, bits) == (slot_dims, slot_strides, dtype,
-                                                     ELEMENT_BITS[dtype])
+    _uid, held_dims, held_strides, code, bits, _span = layout.slot(0)
+    assert (held_dims, held_strides, code, bits) == (
+        slot_dims,
+        slot_strides,
+        dtype,
+        ELEMENT_BITS[dtype],
+    )
     pack = VariantPack.from_objects(layout, [0x7F0000000000])
     (buf,) = pack.operands([0])
     assert (buf.shape, buf.strides, buf.dtype, buf.elem_bits) == (
-        slot_dims, slot_strides, dtype, ELEMENT_BITS[dtype])
+        slot_dims,
+        slot_strides,
+        dtype,
+        ELEMENT_BITS[dtype],
+    )
 
 
 @pytest.mark.parametrize(
     "dims, strides, words",
-    [((4, 7), (7, 1), "axis 1 has extent 7"), ((3, 8), (1, 3), "axis 0 has extent 3"),
-     ((1, 1), (1, 1), "axis 1 has extent 1"), ((4, 8), (9, 1), "axis 0 has stride 9")],
+    [
+        ((4, 7), (7, 1), "axis 1 has extent 7"),
+        ((3, 8), (1, 3), "axis 0 has extent 3"),
+        ((1, 1), (1, 1), "axis 1 has extent 1"),
+        ((4, 8), (9, 1), "axis 0 has stride 9"),
+    ],
     ids=["odd-unit-extent", "odd-column-major", "single-element", "odd-row-stride"],
 )
 def test_fp4_without_a_slot_spelling_is_refused_naming_the_uid(dims, strides, words):
@@ -57,17 +71,27 @@ def test_fp4_without_a_slot_spelling_is_refused_naming_the_uid(dims, strides, wo
 
 
 FP4_BINDINGS = [
-    ("uint8-storage-extents-read-as-fp4",
-     lambda: torch.randint(0, 255, (4, 4), dtype=torch.uint8), False),
-    ("torch-fp4x2-storage-extents", lambda: torch.randint(0, 255, (4, 4), dtype=torch.uint8)
-     .view(torch.float4_e2m1fn_x2), False),
-    ("flat-uint8-blob-graph-described",
-     lambda: torch.randint(0, 255, (16,), dtype=torch.uint8), True),
+    (
+        "uint8-storage-extents-read-as-fp4",
+        lambda: torch.randint(0, 255, (4, 4), dtype=torch.uint8),
+        False,
+    ),
+    (
+        "torch-fp4x2-storage-extents",
+        lambda: torch.randint(0, 255, (4, 4), dtype=torch.uint8).view(torch.float4_e2m1fn_x2),
+        False,
+    ),
+    (
+        "flat-uint8-blob-graph-described",
+        lambda: torch.randint(0, 255, (16,), dtype=torch.uint8),
+        True,
+    ),
 ]
 
 
-@pytest.mark.parametrize("make, graph_described", [r[1:] for r in FP4_BINDINGS],
-                         ids=[r[0] for r in FP4_BINDINGS])
+@pytest.mark.parametrize(
+    "make, graph_described", [r[1:] for r in FP4_BINDINGS], ids=[r[0] for r in FP4_BINDINGS]
+)
 def test_fp4_buffers_bind_in_slots(make, graph_described):
     # FlashInfer binds packed fp4 data as uint8 [m, k/2] under an fp4 [m, k] declaration.
     layout = DeclaredLayout([(5, (4, 8), (8, 1), FP4, 4)])
@@ -86,19 +110,31 @@ def B_declared():
 
 # (id, object, override shape/strides (graph order), slot shape/strides (buffer order))
 OVERRIDE_ROWS = [
-    ("graph-described-2d-binding", lambda: torch.randn(4, 8),
-     ((1, 6, 2), (12, 1, 6)), ((1, 6, 2), (12, 1, 6))),
-    ("declared-extents-transposed-view", lambda: torch.randn(1, 4, 8).transpose(1, 2),
-     ((1, 6, 2), (12, 1, 6)), ((1, 6, 2), (12, 1, 6))),
-    ("own-description-batch-n-k-allocation", lambda: torch.randn(1, 3, 8),
-     ((1, 6, 2), (12, 1, 6)), ((1, 2, 6), (12, 6, 1))),
-    ("address", lambda: 0x7F0000000000,
-     ((1, 6, 2), (12, 1, 6)), ((1, 6, 2), (12, 1, 6))),
+    (
+        "graph-described-2d-binding",
+        lambda: torch.randn(4, 8),
+        ((1, 6, 2), (12, 1, 6)),
+        ((1, 6, 2), (12, 1, 6)),
+    ),
+    (
+        "declared-extents-transposed-view",
+        lambda: torch.randn(1, 4, 8).transpose(1, 2),
+        ((1, 6, 2), (12, 1, 6)),
+        ((1, 6, 2), (12, 1, 6)),
+    ),
+    (
+        "own-description-batch-n-k-allocation",
+        lambda: torch.randn(1, 3, 8),
+        ((1, 6, 2), (12, 1, 6)),
+        ((1, 2, 6), (12, 6, 1)),
+    ),
+    ("address", lambda: 0x7F0000000000, ((1, 6, 2), (12, 1, 6)), ((1, 6, 2), (12, 1, 6))),
 ]
 
 
-@pytest.mark.parametrize("make, override, slot", [r[1:] for r in OVERRIDE_ROWS],
-                         ids=[r[0] for r in OVERRIDE_ROWS])
+@pytest.mark.parametrize(
+    "make, override, slot", [r[1:] for r in OVERRIDE_ROWS], ids=[r[0] for r in OVERRIDE_ROWS]
+)
 def test_override_lands_in_the_buffers_axis_order(make, override, slot):
     pack = VariantPack.from_objects(B_declared(), [make()])
     pack.override(2, *override)
@@ -141,16 +177,18 @@ EXTENT_ROWS = [
 ]
 
 
-@pytest.mark.parametrize("declaration, make, refused", [r[1:] for r in EXTENT_ROWS],
-                         ids=[r[0] for r in EXTENT_ROWS])
-def test_check_extent_refuses_a_buffer_smaller_than_its_declaration(declaration, make,
-                                                                     refused):
+@pytest.mark.parametrize(
+    "declaration, make, refused", [r[1:] for r in EXTENT_ROWS], ids=[r[0] for r in EXTENT_ROWS]
+)
+def test_check_extent_refuses_a_buffer_smaller_than_its_declaration(declaration, make, refused):
     layout = DeclaredLayout([(4, *declaration, data_type.FLOAT, 32)])
     pack = VariantPack.from_objects(layout, [make()])
     if refused:
-        with pytest.raises(OperandExtentError,
-                           match=r"operand 'K' \(uid 4\): the buffer spans \d+ bytes and the "
-                                 r"declaration reads \d+"):
+        with pytest.raises(
+            OperandExtentError,
+            match=r"operand 'K' \(uid 4\): the buffer spans \d+ bytes and the "
+            r"declaration reads \d+",
+        ):
             pack.check_extent(0, "K")
     else:
         assert pack.check_extent(0, "K") is None

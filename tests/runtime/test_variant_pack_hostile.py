@@ -124,6 +124,15 @@ def test_a_negative_extent_is_refused():
         VariantPack.from_objects(LAYOUT, [Cuda((-4,)), None])
 
 
+def test_a_negative_stride_is_refused_before_any_plan_views_it():
+    """torch.from_dlpack (how the python plans view an operand) aborts the process on a
+    negative DLPack stride, and the backend reads forward from the pointer."""
+    flipped = np.zeros((4, 4), np.float32)[::-1]
+    layout = DeclaredLayout([(1, (4, 4), (4, 1), FLOAT, 32)], names=["x"])
+    with pytest.raises(ValueError, match="operand 'x' \\(uid 1\\): axis 0 has the negative stride"):
+        VariantPack.from_objects(layout, [flipped])
+
+
 def test_a_declaration_or_override_beyond_64_bits_is_refused():
     with pytest.raises(ValueError, match="64-bit"):
         DeclaredLayout([(1, (2**62, 4), (4, 2**62), FLOAT, 32)])

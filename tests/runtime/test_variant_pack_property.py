@@ -20,12 +20,23 @@ from cudnn_pygraph.runtime.variant_pack import (
 
 # torch dtype -> data_type (None: the backend has no name for it)
 BUFFER_DTYPES = {
-    torch.float32: data_type.FLOAT, torch.float16: data_type.HALF,
-    torch.bfloat16: data_type.BFLOAT16, torch.uint8: data_type.UINT8,
-    torch.int64: data_type.INT64, torch.float64: data_type.DOUBLE, torch.int16: None,
+    torch.float32: data_type.FLOAT,
+    torch.float16: data_type.HALF,
+    torch.bfloat16: data_type.BFLOAT16,
+    torch.uint8: data_type.UINT8,
+    torch.int64: data_type.INT64,
+    torch.float64: data_type.DOUBLE,
+    torch.int16: None,
 }
-DECLARED_DTYPES = [data_type.FLOAT, data_type.HALF, data_type.BFLOAT16, data_type.UINT8,
-                   data_type.FP8_E4M3, data_type.INT64, data_type.DOUBLE]
+DECLARED_DTYPES = [
+    data_type.FLOAT,
+    data_type.HALF,
+    data_type.BFLOAT16,
+    data_type.UINT8,
+    data_type.FP8_E4M3,
+    data_type.INT64,
+    data_type.DOUBLE,
+]
 
 
 def span_bytes(shape, strides, width):
@@ -66,8 +77,11 @@ def expected_slot(dims, strides, code, shape, buf_strides, buf_code, buf_width):
 def geometry(draw, rank=None, shape=None):
     """Extents and strides: row-major, padded, or axis-permuted."""
     rank = draw(st.integers(0, 3)) if shape is None and rank is None else rank
-    shape = shape if shape is not None else tuple(draw(st.lists(st.integers(1, 4),
-                                                                min_size=rank, max_size=rank)))
+    shape = (
+        shape
+        if shape is not None
+        else tuple(draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank)))
+    )
     order = draw(st.permutations(range(len(shape))))  # innermost axis last
     strides, step = [0] * len(shape), 1
     for axis in reversed(order):
@@ -94,8 +108,9 @@ def test_classification_matches_the_rule(case):
     dims, strides, code, shape, buf_strides, torch_dtype = case
     tensor = torch.empty_strided(shape, buf_strides, dtype=torch_dtype)
     buf_width = tensor.element_size()
-    expected = expected_slot(dims, strides, code, shape, buf_strides,
-                             BUFFER_DTYPES[torch_dtype], buf_width)
+    expected = expected_slot(
+        dims, strides, code, shape, buf_strides, BUFFER_DTYPES[torch_dtype], buf_width
+    )
     layout = DeclaredLayout([(7, dims, strides, code, ELEMENT_BITS[code])], names=["t"])
     if expected == "unreadable":
         with pytest.raises(UnreadableOperandError, match=r"operand 't' \(uid 7\)"):
@@ -106,7 +121,8 @@ def test_classification_matches_the_rule(case):
     assert (7 in pack.graph_described, buf.shape, buf.strides, buf.dtype) == expected
     assert buf.ptr == tensor.data_ptr()
     smaller = span_bytes(shape, buf_strides, buf_width) < span_bytes(
-        dims, strides, ELEMENT_BITS[code] // 8)
+        dims, strides, ELEMENT_BITS[code] // 8
+    )
     if smaller:
         with pytest.raises(OperandExtentError, match=r"operand 't' \(uid 7\)"):
             pack.check_extent(0, "t")
@@ -148,8 +164,9 @@ def test_fp4_slots_classify_in_storage_geometry(case):
     layout = DeclaredLayout([(7, dims, element_strides, data_type.FP4_E2M1, 4)])
     assert layout.slot(0)[1:3] == (slot_dims, slot_strides)
     tensor = torch.empty_strided(shape, buf_strides, dtype=torch.uint8)
-    expected = expected_slot(slot_dims, slot_strides, data_type.FP4_E2M1, shape, buf_strides,
-                             data_type.UINT8, 1)
+    expected = expected_slot(
+        slot_dims, slot_strides, data_type.FP4_E2M1, shape, buf_strides, data_type.UINT8, 1
+    )
     pack = VariantPack.from_objects(layout, [tensor])
     (buf,) = pack.operands([0])
     assert (7 in pack.graph_described, buf.shape, buf.strides, buf.dtype) == expected

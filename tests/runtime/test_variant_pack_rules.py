@@ -76,82 +76,162 @@ D3 = ((1, 4, 8), (32, 8, 1))  # a [1, m, k] float declaration
 # (id, declaration (dims, strides, dtype), object factory, expected)
 # expected: (graph_described, shape, strides, dtype) of what the pack holds
 RULE_ROWS = [
-    ("address-lends-declaration", (*D3, data_type.FLOAT), lambda: 0x7F0000001000,
-     (True, (1, 4, 8), (32, 8, 1), data_type.FLOAT)),
-    ("torch-declared-extents", (*D3, data_type.FLOAT), lambda: torch.randn(1, 4, 8),
-     (False, (1, 4, 8), (32, 8, 1), data_type.FLOAT)),
-    ("torch-padded-view-keeps-strides", (*D3, data_type.FLOAT),
-     lambda: torch.randn(1, 4, 16)[..., :8],
-     (False, (1, 4, 8), (64, 16, 1), data_type.FLOAT)),
-    ("torch-transposed-view-keeps-strides", (*D3, data_type.FLOAT),
-     lambda: torch.randn(1, 8, 4).transpose(1, 2),
-     (False, (1, 4, 8), (32, 1, 4), data_type.FLOAT)),
-    ("torch-2d-matrix-to-1mk", (*D3, data_type.FLOAT), lambda: torch.randn(4, 8),
-     (True, (1, 4, 8), (32, 8, 1), data_type.FLOAT)),
-    ("torch-flat-byte-blob-takes-declared-dtype", (*D3, data_type.FLOAT),
-     lambda: torch.randint(0, 255, (128,), dtype=torch.uint8),
-     (True, (1, 4, 8), (32, 8, 1), data_type.FLOAT)),
-    ("torch-bigger-dense-blob-covers", (*D3, data_type.HALF),
-     lambda: torch.randn(100),
-     (True, (1, 4, 8), (32, 8, 1), data_type.HALF)),
-    ("torch-0d-scalar-to-111", ((1, 1, 1), (1, 1, 1), data_type.FLOAT),
-     lambda: torch.tensor(2.5),
-     (True, (1, 1, 1), (1, 1, 1), data_type.FLOAT)),
-    ("torch-smaller-keeps-own", (*D3, data_type.FLOAT), lambda: torch.randn(2, 8),
-     (False, (2, 8), (8, 1), data_type.FLOAT)),
-    ("torch-not-dense-other-extents-keeps-own", (*D3, data_type.FLOAT),
-     lambda: torch.randn(8, 16)[:, :8],
-     (False, (8, 8), (16, 1), data_type.FLOAT)),
-    ("torch-uint8-read-as-declared-fp8", ((4, 8), (8, 1), data_type.FP8_E4M3),
-     lambda: torch.randint(0, 255, (4, 8), dtype=torch.uint8),
-     (False, (4, 8), (8, 1), data_type.FP8_E4M3)),
-    ("torch-int16-read-as-declared-half", ((4, 8), (8, 1), data_type.HALF),
-     lambda: torch.randint(-5, 5, (4, 8), dtype=torch.int16),
-     (False, (4, 8), (8, 1), data_type.HALF)),
-    ("torch-narrower-declared-extents-keeps-own-dtype", ((4, 8), (8, 1), data_type.FLOAT),
-     lambda: torch.randn(4, 8, dtype=torch.float16),
-     (False, (4, 8), (8, 1), data_type.HALF)),
-    ("torch-bf16-smaller-keeps-own-dtype", (*D3, data_type.FLOAT),
-     lambda: torch.randn(3, dtype=torch.bfloat16),
-     (False, (3,), (1,), data_type.BFLOAT16)),
-    ("numpy-2d-matrix-to-1mk", (*D3, data_type.FLOAT),
-     lambda: np.random.rand(4, 8).astype(np.float32),
-     (True, (1, 4, 8), (32, 8, 1), data_type.FLOAT)),
-    ("numpy-transposed-view", (*D3, data_type.FLOAT),
-     lambda: np.random.rand(1, 8, 4).astype(np.float32).transpose(0, 2, 1),
-     (False, (1, 4, 8), (32, 1, 4), data_type.FLOAT)),
-    ("numpy-smaller-keeps-own", (*D3, data_type.FLOAT),
-     lambda: np.random.rand(5).astype(np.float64),
-     (False, (5,), (1,), data_type.DOUBLE)),
-    ("legacy-dlpack-producer-2d", (*D3, data_type.FLOAT),
-     lambda: LegacyDLPackOnly(torch.randn(4, 8)),
-     (True, (1, 4, 8), (32, 8, 1), data_type.FLOAT)),
-    ("legacy-dlpack-producer-transposed", (*D3, data_type.FLOAT),
-     lambda: LegacyDLPackOnly(torch.randn(1, 8, 4).transpose(1, 2)),
-     (False, (1, 4, 8), (32, 1, 4), data_type.FLOAT)),
-    ("array-interface-only-2d", (*D3, data_type.FLOAT),
-     lambda: ArrayInterfaceOnly(np.random.rand(4, 8).astype(np.float32)),
-     (True, (1, 4, 8), (32, 8, 1), data_type.FLOAT)),
-    ("array-interface-only-strided", (*D3, data_type.FLOAT),
-     lambda: ArrayInterfaceOnly(np.random.rand(1, 4, 16).astype(np.float32)[..., :8]),
-     (False, (1, 4, 8), (64, 16, 1), data_type.FLOAT)),
-    ("cuda-array-interface-declared", (*D3, data_type.HALF),
-     lambda: CudaArrayInterfaceOnly((1, 4, 8), "<f2", 0x7F0000002000),
-     (False, (1, 4, 8), (32, 8, 1), data_type.HALF)),
-    ("cuda-array-interface-byte-strides", (*D3, data_type.HALF),
-     lambda: CudaArrayInterfaceOnly((1, 4, 8), "<f2", 0x7F0000002000, (128, 32, 2)),
-     (False, (1, 4, 8), (64, 16, 1), data_type.HALF)),
-    ("operand-buffer-2d-to-1mk", (*D3, data_type.FLOAT),
-     lambda: _operand_buffer_of(torch.randn(4, 8), (4, 8), (8, 1)),
-     (True, (1, 4, 8), (32, 8, 1), data_type.FLOAT)),
-    ("operand-buffer-declared-extents", (*D3, data_type.FLOAT),
-     lambda: _operand_buffer_of(torch.randn(1, 8, 4).transpose(1, 2), *D3),
-     (False, (1, 4, 8), (32, 1, 4), data_type.FLOAT)),
+    (
+        "address-lends-declaration",
+        (*D3, data_type.FLOAT),
+        lambda: 0x7F0000001000,
+        (True, (1, 4, 8), (32, 8, 1), data_type.FLOAT),
+    ),
+    (
+        "torch-declared-extents",
+        (*D3, data_type.FLOAT),
+        lambda: torch.randn(1, 4, 8),
+        (False, (1, 4, 8), (32, 8, 1), data_type.FLOAT),
+    ),
+    (
+        "torch-padded-view-keeps-strides",
+        (*D3, data_type.FLOAT),
+        lambda: torch.randn(1, 4, 16)[..., :8],
+        (False, (1, 4, 8), (64, 16, 1), data_type.FLOAT),
+    ),
+    (
+        "torch-transposed-view-keeps-strides",
+        (*D3, data_type.FLOAT),
+        lambda: torch.randn(1, 8, 4).transpose(1, 2),
+        (False, (1, 4, 8), (32, 1, 4), data_type.FLOAT),
+    ),
+    (
+        "torch-2d-matrix-to-1mk",
+        (*D3, data_type.FLOAT),
+        lambda: torch.randn(4, 8),
+        (True, (1, 4, 8), (32, 8, 1), data_type.FLOAT),
+    ),
+    (
+        "torch-flat-byte-blob-takes-declared-dtype",
+        (*D3, data_type.FLOAT),
+        lambda: torch.randint(0, 255, (128,), dtype=torch.uint8),
+        (True, (1, 4, 8), (32, 8, 1), data_type.FLOAT),
+    ),
+    (
+        "torch-bigger-dense-blob-covers",
+        (*D3, data_type.HALF),
+        lambda: torch.randn(100),
+        (True, (1, 4, 8), (32, 8, 1), data_type.HALF),
+    ),
+    (
+        "torch-0d-scalar-to-111",
+        ((1, 1, 1), (1, 1, 1), data_type.FLOAT),
+        lambda: torch.tensor(2.5),
+        (True, (1, 1, 1), (1, 1, 1), data_type.FLOAT),
+    ),
+    (
+        "torch-smaller-keeps-own",
+        (*D3, data_type.FLOAT),
+        lambda: torch.randn(2, 8),
+        (False, (2, 8), (8, 1), data_type.FLOAT),
+    ),
+    (
+        "torch-not-dense-other-extents-keeps-own",
+        (*D3, data_type.FLOAT),
+        lambda: torch.randn(8, 16)[:, :8],
+        (False, (8, 8), (16, 1), data_type.FLOAT),
+    ),
+    (
+        "torch-uint8-read-as-declared-fp8",
+        ((4, 8), (8, 1), data_type.FP8_E4M3),
+        lambda: torch.randint(0, 255, (4, 8), dtype=torch.uint8),
+        (False, (4, 8), (8, 1), data_type.FP8_E4M3),
+    ),
+    (
+        "torch-int16-read-as-declared-half",
+        ((4, 8), (8, 1), data_type.HALF),
+        lambda: torch.randint(-5, 5, (4, 8), dtype=torch.int16),
+        (False, (4, 8), (8, 1), data_type.HALF),
+    ),
+    (
+        "torch-narrower-declared-extents-keeps-own-dtype",
+        ((4, 8), (8, 1), data_type.FLOAT),
+        lambda: torch.randn(4, 8, dtype=torch.float16),
+        (False, (4, 8), (8, 1), data_type.HALF),
+    ),
+    (
+        "torch-bf16-smaller-keeps-own-dtype",
+        (*D3, data_type.FLOAT),
+        lambda: torch.randn(3, dtype=torch.bfloat16),
+        (False, (3,), (1,), data_type.BFLOAT16),
+    ),
+    (
+        "numpy-2d-matrix-to-1mk",
+        (*D3, data_type.FLOAT),
+        lambda: np.random.rand(4, 8).astype(np.float32),
+        (True, (1, 4, 8), (32, 8, 1), data_type.FLOAT),
+    ),
+    (
+        "numpy-transposed-view",
+        (*D3, data_type.FLOAT),
+        lambda: np.random.rand(1, 8, 4).astype(np.float32).transpose(0, 2, 1),
+        (False, (1, 4, 8), (32, 1, 4), data_type.FLOAT),
+    ),
+    (
+        "numpy-smaller-keeps-own",
+        (*D3, data_type.FLOAT),
+        lambda: np.random.rand(5).astype(np.float64),
+        (False, (5,), (1,), data_type.DOUBLE),
+    ),
+    (
+        "legacy-dlpack-producer-2d",
+        (*D3, data_type.FLOAT),
+        lambda: LegacyDLPackOnly(torch.randn(4, 8)),
+        (True, (1, 4, 8), (32, 8, 1), data_type.FLOAT),
+    ),
+    (
+        "legacy-dlpack-producer-transposed",
+        (*D3, data_type.FLOAT),
+        lambda: LegacyDLPackOnly(torch.randn(1, 8, 4).transpose(1, 2)),
+        (False, (1, 4, 8), (32, 1, 4), data_type.FLOAT),
+    ),
+    (
+        "array-interface-only-2d",
+        (*D3, data_type.FLOAT),
+        lambda: ArrayInterfaceOnly(np.random.rand(4, 8).astype(np.float32)),
+        (True, (1, 4, 8), (32, 8, 1), data_type.FLOAT),
+    ),
+    (
+        "array-interface-only-strided",
+        (*D3, data_type.FLOAT),
+        lambda: ArrayInterfaceOnly(np.random.rand(1, 4, 16).astype(np.float32)[..., :8]),
+        (False, (1, 4, 8), (64, 16, 1), data_type.FLOAT),
+    ),
+    (
+        "cuda-array-interface-declared",
+        (*D3, data_type.HALF),
+        lambda: CudaArrayInterfaceOnly((1, 4, 8), "<f2", 0x7F0000002000),
+        (False, (1, 4, 8), (32, 8, 1), data_type.HALF),
+    ),
+    (
+        "cuda-array-interface-byte-strides",
+        (*D3, data_type.HALF),
+        lambda: CudaArrayInterfaceOnly((1, 4, 8), "<f2", 0x7F0000002000, (128, 32, 2)),
+        (False, (1, 4, 8), (64, 16, 1), data_type.HALF),
+    ),
+    (
+        "operand-buffer-2d-to-1mk",
+        (*D3, data_type.FLOAT),
+        lambda: _operand_buffer_of(torch.randn(4, 8), (4, 8), (8, 1)),
+        (True, (1, 4, 8), (32, 8, 1), data_type.FLOAT),
+    ),
+    (
+        "operand-buffer-declared-extents",
+        (*D3, data_type.FLOAT),
+        lambda: _operand_buffer_of(torch.randn(1, 8, 4).transpose(1, 2), *D3),
+        (False, (1, 4, 8), (32, 1, 4), data_type.FLOAT),
+    ),
 ]
 
 
-@pytest.mark.parametrize("declaration, make, expected",
-                         [row[1:] for row in RULE_ROWS], ids=[row[0] for row in RULE_ROWS])
+@pytest.mark.parametrize(
+    "declaration, make, expected", [row[1:] for row in RULE_ROWS], ids=[row[0] for row in RULE_ROWS]
+)
 def test_the_rule_describes_each_slot(declaration, make, expected):
     dims, strides, dtype = declaration
     obj = make()
@@ -168,8 +248,11 @@ def test_the_rule_describes_each_slot(declaration, make, expected):
         (lambda: torch.randn(4, 8), lambda t: t.data_ptr(), (DL_CPU, 0)),
         (lambda: np.ones((4, 8), np.float32), lambda a: a.ctypes.data, (DL_CPU, 0)),
         (lambda: 0x7F0000001000, lambda a: a, (DL_CUDA, 3)),
-        (lambda: CudaArrayInterfaceOnly((4, 8), "<f4", 0x7F00000F0000),
-         lambda o: 0x7F00000F0000, (DL_CUDA, 3)),
+        (
+            lambda: CudaArrayInterfaceOnly((4, 8), "<f4", 0x7F00000F0000),
+            lambda o: 0x7F00000F0000,
+            (DL_CUDA, 3),
+        ),
     ],
     ids=["torch-cpu", "numpy-cpu", "address-on-device_id", "cai-on-device_id"],
 )
@@ -182,18 +265,25 @@ def test_pointer_and_device_come_from_the_buffer(make, address, device):
 
 
 TORCH_DTYPES = [
-    (torch.float32, data_type.FLOAT), (torch.float64, data_type.DOUBLE),
-    (torch.float16, data_type.HALF), (torch.int8, data_type.INT8),
-    (torch.int32, data_type.INT32), (torch.uint8, data_type.UINT8),
-    (torch.bfloat16, data_type.BFLOAT16), (torch.int64, data_type.INT64),
-    (torch.bool, data_type.BOOLEAN), (torch.float8_e4m3fn, data_type.FP8_E4M3),
-    (torch.float8_e5m2, data_type.FP8_E5M2), (torch.float8_e8m0fnu, data_type.FP8_E8M0),
+    (torch.float32, data_type.FLOAT),
+    (torch.float64, data_type.DOUBLE),
+    (torch.float16, data_type.HALF),
+    (torch.int8, data_type.INT8),
+    (torch.int32, data_type.INT32),
+    (torch.uint8, data_type.UINT8),
+    (torch.bfloat16, data_type.BFLOAT16),
+    (torch.int64, data_type.INT64),
+    (torch.bool, data_type.BOOLEAN),
+    (torch.float8_e4m3fn, data_type.FP8_E4M3),
+    (torch.float8_e5m2, data_type.FP8_E5M2),
+    (torch.float8_e8m0fnu, data_type.FP8_E8M0),
     (torch.float4_e2m1fn_x2, data_type.FP4_E2M1),
 ]
 
 
-@pytest.mark.parametrize("torch_dtype, code", TORCH_DTYPES,
-                         ids=[str(t).removeprefix("torch.") for t, _ in TORCH_DTYPES])
+@pytest.mark.parametrize(
+    "torch_dtype, code", TORCH_DTYPES, ids=[str(t).removeprefix("torch.") for t, _ in TORCH_DTYPES]
+)
 def test_a_buffer_that_keeps_its_own_dtype_reads_it(torch_dtype, code):
     # Smaller than the declaration: own description, own dtype.
     tensor = torch.zeros(24, dtype=torch.uint8).view(torch_dtype)
@@ -203,16 +293,23 @@ def test_a_buffer_that_keeps_its_own_dtype_reads_it(torch_dtype, code):
 
 
 NUMPY_DTYPES = [
-    (np.float16, data_type.HALF), (np.float32, data_type.FLOAT),
-    (np.float64, data_type.DOUBLE), (np.int8, data_type.INT8), (np.int32, data_type.INT32),
-    (np.int64, data_type.INT64), (np.uint8, data_type.UINT8), (np.bool_, data_type.BOOLEAN),
+    (np.float16, data_type.HALF),
+    (np.float32, data_type.FLOAT),
+    (np.float64, data_type.DOUBLE),
+    (np.int8, data_type.INT8),
+    (np.int32, data_type.INT32),
+    (np.int64, data_type.INT64),
+    (np.uint8, data_type.UINT8),
+    (np.bool_, data_type.BOOLEAN),
 ]
 
 
-@pytest.mark.parametrize("np_dtype, code", NUMPY_DTYPES,
-                         ids=[np.dtype(t).name for t, _ in NUMPY_DTYPES])
-@pytest.mark.parametrize("wrap", [lambda a: a, ArrayInterfaceOnly],
-                         ids=["dlpack", "array-interface"])
+@pytest.mark.parametrize(
+    "np_dtype, code", NUMPY_DTYPES, ids=[np.dtype(t).name for t, _ in NUMPY_DTYPES]
+)
+@pytest.mark.parametrize(
+    "wrap", [lambda a: a, ArrayInterfaceOnly], ids=["dlpack", "array-interface"]
+)
 def test_numpy_dtypes_read_through_either_protocol(np_dtype, code, wrap):
     array = np.zeros(3, dtype=np_dtype)
     pack = VariantPack.from_objects(declared((1, 64), (64, 1), data_type.DOUBLE), [wrap(array)])
@@ -220,12 +317,24 @@ def test_numpy_dtypes_read_through_either_protocol(np_dtype, code, wrap):
 
 
 UNREADABLE_ROWS = [
-    ("int16-keeping-own-dtype", lambda: torch.zeros(3, dtype=torch.int16),
-     UnreadableOperandError, "no cuDNN data_type"),
-    ("complex-keeping-own-dtype", lambda: torch.zeros(2, dtype=torch.complex64),
-     UnreadableOperandError, "no cuDNN data_type"),
-    ("big-endian-typestr", lambda: ArrayInterfaceOnly(np.zeros(3, dtype=">f4")),
-     UnreadableOperandError, "typestr"),
+    (
+        "int16-keeping-own-dtype",
+        lambda: torch.zeros(3, dtype=torch.int16),
+        UnreadableOperandError,
+        "no cuDNN data_type",
+    ),
+    (
+        "complex-keeping-own-dtype",
+        lambda: torch.zeros(2, dtype=torch.complex64),
+        UnreadableOperandError,
+        "no cuDNN data_type",
+    ),
+    (
+        "big-endian-typestr",
+        lambda: ArrayInterfaceOnly(np.zeros(3, dtype=">f4")),
+        UnreadableOperandError,
+        "typestr",
+    ),
     ("a-string", lambda: "not a tensor", UnreadableOperandError, "str is not an operand"),
     ("a-float", lambda: 1.5, UnreadableOperandError, "float is not an operand"),
     ("a-bool", lambda: True, UnreadableOperandError, "bool is not an operand"),
@@ -235,8 +344,9 @@ UNREADABLE_ROWS = [
 ]
 
 
-@pytest.mark.parametrize("make, error, words", [r[1:] for r in UNREADABLE_ROWS],
-                         ids=[r[0] for r in UNREADABLE_ROWS])
+@pytest.mark.parametrize(
+    "make, error, words", [r[1:] for r in UNREADABLE_ROWS], ids=[r[0] for r in UNREADABLE_ROWS]
+)
 def test_an_unreadable_operand_is_refused_naming_it(make, error, words):
     layout = declared(*D3, uid=42, name="scale")
     with pytest.raises(error, match=rf"operand 'scale' \(uid 42\): .*{words}"):
@@ -255,8 +365,11 @@ def test_a_dlpack_refusal_stays_visible_as_the_cause():
 
 def test_positions_missing_operands_and_unknown_uids_are_named():
     layout = DeclaredLayout(
-        [(1, (4,), (1,), data_type.FLOAT, 32), (3, (4,), (1,), data_type.FLOAT, 32),
-         (9, (4,), (1,), data_type.HALF, 16)],
+        [
+            (1, (4,), (1,), data_type.FLOAT, 32),
+            (3, (4,), (1,), data_type.FLOAT, 32),
+            (9, (4,), (1,), data_type.HALF, 16),
+        ],
         names=["a", "b", "bias"],
     )
     pack = VariantPack.from_objects(layout, [torch.randn(4), None, None])
@@ -300,8 +413,10 @@ def test_the_pack_keeps_the_callers_objects_alive():
     del array
     gc.collect()
     assert alive() is not None
-    np.testing.assert_array_equal(np.ctypeslib.as_array(
-        (np.ctypeslib.ctypes.c_float * 32).from_address(address)), alive().ravel())
+    np.testing.assert_array_equal(
+        np.ctypeslib.as_array((np.ctypeslib.ctypes.c_float * 32).from_address(address)),
+        alive().ravel(),
+    )
     del pack
     gc.collect()
     assert alive() is None
@@ -319,8 +434,11 @@ class Port:
 
 def _three_slots():
     return DeclaredLayout(
-        [(1, (4,), (1,), data_type.FLOAT, 32), (3, (4,), (1,), data_type.FLOAT, 32),
-         (9, (4,), (1,), data_type.HALF, 16)],
+        [
+            (1, (4,), (1,), data_type.FLOAT, 32),
+            (3, (4,), (1,), data_type.FLOAT, 32),
+            (9, (4,), (1,), data_type.HALF, 16),
+        ],
         names=["a", "b", "bias"],
     )
 
@@ -345,17 +463,30 @@ def test_from_mapping_places_by_uid_like_from_objects(make):
 
 MAPPING_REFUSALS = [
     ("unknown-uid", {1: 0x1000, 4: 0x2000}, UnknownOperandError, "uid 4 is not an operand"),
-    ("bound-twice", {1: 0x1000, Port(1): 0x2000}, ValueError,
-     r"operand 'a' \(uid 1\): bound twice"),
-    ("required-missing", {3: 0x1000}, MissingOperandError,
-     r"not supplied: operand 'a' \(uid 1\), operand 'bias' \(uid 9\)"),
-    ("unreadable", {1: "x", 3: 0x1000, 9: 0x1000}, UnreadableOperandError,
-     r"operand 'a' \(uid 1\)"),
+    (
+        "bound-twice",
+        {1: 0x1000, Port(1): 0x2000},
+        ValueError,
+        r"operand 'a' \(uid 1\): bound twice",
+    ),
+    (
+        "required-missing",
+        {3: 0x1000},
+        MissingOperandError,
+        r"not supplied: operand 'a' \(uid 1\), operand 'bias' \(uid 9\)",
+    ),
+    (
+        "unreadable",
+        {1: "x", 3: 0x1000, 9: 0x1000},
+        UnreadableOperandError,
+        r"operand 'a' \(uid 1\)",
+    ),
 ]
 
 
-@pytest.mark.parametrize("mapping, error, words", [r[1:] for r in MAPPING_REFUSALS],
-                         ids=[r[0] for r in MAPPING_REFUSALS])
+@pytest.mark.parametrize(
+    "mapping, error, words", [r[1:] for r in MAPPING_REFUSALS], ids=[r[0] for r in MAPPING_REFUSALS]
+)
 def test_from_mapping_refusals_name_the_operand(mapping, error, words):
     with pytest.raises(error, match=words):
         VariantPack.from_mapping(_three_slots(), mapping, required=[0, 1, 2])

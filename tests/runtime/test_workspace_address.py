@@ -42,13 +42,21 @@ def test_reads_the_address(kind):
     assert workspace_address(obj, NEED) == ptr
 
 
-@pytest.mark.parametrize("obj, error, message", [
-    (torch.empty(NEED - 1, dtype=torch.uint8), ValueError, f"spans {NEED - 1} bytes and this plan needs {NEED}"),
-    (0, ValueError, "address 0 is NULL"),
-    (-5, ValueError, "positive 64-bit"),
-    ("ws", TypeError, "cannot read a device address from a str"),
-    (True, TypeError, "bool"),
-], ids=["too-small", "null", "negative", "str", "bool"])
+@pytest.mark.parametrize(
+    "obj, error, message",
+    [
+        (
+            torch.empty(NEED - 1, dtype=torch.uint8),
+            ValueError,
+            f"spans {NEED - 1} bytes and this plan needs {NEED}",
+        ),
+        (0, ValueError, "address 0 is NULL"),
+        (-5, ValueError, "positive 64-bit"),
+        ("ws", TypeError, "cannot read a device address from a str"),
+        (True, TypeError, "bool"),
+    ],
+    ids=["too-small", "null", "negative", "str", "bool"],
+)
 def test_refuses_with_the_rule(obj, error, message):
     with pytest.raises(error, match=message):
         workspace_address(obj, NEED)

@@ -81,6 +81,7 @@ static void classify(const PgDecl *d, const PgView *b, PgSlot *s)
         s->view.device_type = b->device_type;
         s->view.device_id = b->device_id;
         s->view.readonly = b->readonly;
+        s->view.device_said = b->device_said;
     } else {
         s->kind = span < d->span ? PG_SMALLER : PG_OTHER;
         s->view = *b;
@@ -190,6 +191,7 @@ static int fill_address(PgPack *p, Py_ssize_t i, PyObject *obj, PyObject *as_int
     s->view.device_type = PG_DL_CUDA;
     s->view.device_id = device_id;
     s->view.readonly = 0;
+    s->view.device_said = 0;
     s->buffer_span = -1;
     s->need_span = d->span;
     s->owner = Py_NewRef(obj);
@@ -240,6 +242,16 @@ static int fill_slot(PgPack *p, Py_ssize_t i, PyObject *obj, int device_id)
                  (long long)view_span(&v));
         goto fail;
     }
+    for (int k = 0; k < v.ndim; k++)
+        if (v.strides[k] < 0 && v.shape[k] > 1) {
+            /* The backend reads forward from the pointer, and torch.from_dlpack (how the
+             * python plans view an operand) aborts the process on a negative stride. */
+            f.type = PyExc_ValueError;
+            snprintf(f.msg, sizeof f.msg, "axis %d has the negative stride %lld; no plan "
+                     "reads one (pass a view with non-negative strides)", k,
+                     (long long)v.strides[k]);
+            goto fail;
+        }
     if (v.readonly && d->written) {
         f.type = PyExc_ValueError;
         snprintf(f.msg, sizeof f.msg, "the buffer is read-only (its producer says so) and "
@@ -683,8 +695,8 @@ static const char *device_name(int32_t device_type)
 
 /* Slot i read through its pointer alone, as the declaration (or the caller's override)
  * describes it: what a plan that takes only pointers (the backend) reads. Refused, naming
- * the operand and the rule: a buffer on another device (a bare address carries none: the
- * caller vouches), of another dtype than declared (the pack's rule already reads a buffer
+ * the operand and the rule: a buffer on another device (a bare address carries none and a
+ * __cuda_array_interface__ names no ordinal: the caller vouches), of another dtype than declared (the pack's rule already reads a buffer
  * of the declared width AS the declared dtype), spanning fewer bytes than declared (the
  * extent rule above), or laid out otherwise than declared on an axis that moves the
  * address (a transposed, broadcast or padded view; an override states the layout itself).
@@ -698,7 +710,10 @@ static int declared_rule(PgPack *p, Py_ssize_t i, int32_t device_type, int32_t d
     if (s->kind != PG_ADDRESS) {
         int same = v->device_type == device_type ||
                    (device_type == PG_DL_CUDA && v->device_type == PG_DL_CUDA_MANAGED);
-        if (!same || (device_type != PG_DL_CPU && v->device_id != device_id)) {
+        /* A device the pack assumed (__cuda_array_interface__ names none) is the caller's
+         * word, like a bare address's: only its type is compared. */
+        int other_id = v->device_said && device_type != PG_DL_CPU && v->device_id != device_id;
+        if (!same || other_id) {
             operand_error(OperandMismatchError, p, i, NULL, "the buffer is on %s:%d and this "
                           "plan runs on %s:%d (rule: device)", device_name(v->device_type),
                           (int)v->device_id, device_name(device_type), (int)device_id);

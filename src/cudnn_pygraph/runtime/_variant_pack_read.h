@@ -57,6 +57,7 @@ static int view_from_dl(const PgDLTensor *t, uint64_t flags, PgView *v, PgFail *
     v->device_type = t->device.device_type;
     v->device_id = t->device.device_id;
     v->readonly = (flags & PG_DL_FLAG_READ_ONLY) != 0;
+    v->device_said = 1;
     int64_t expect = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] < 0) {
@@ -236,7 +237,10 @@ static int read_interface(PyObject *iface, int device_type, int device_id, PgVie
     /* data = (address, read_only): the interfaces' own read-only flag */
     int readonly = PyTuple_GET_SIZE(data) > 1 ? PyObject_IsTrue(PyTuple_GET_ITEM(data, 1)) : 0;
     if (readonly < 0) return -1;
-    return view_from_dl(&t, readonly ? PG_DL_FLAG_READ_ONLY : 0, v, f);
+    int rc = view_from_dl(&t, readonly ? PG_DL_FLAG_READ_ONLY : 0, v, f);
+    /* __cuda_array_interface__ does not say which device: the pack's device_id is assumed */
+    v->device_said = device_type == PG_DL_CPU;
+    return rc;
 }
 
 /* The producer's exchange table, looked up on its TYPE (never the instance), or NULL. */

@@ -74,6 +74,7 @@ typedef struct {
     int32_t device_type;
     int32_t device_id;
     int32_t readonly;   /* the producer said the memory must not be written */
+    int32_t device_said; /* the producer named the device (DLPack); 0: the pack assumed it */
     int64_t shape[PG_MAX_DIMS];
     int64_t strides[PG_MAX_DIMS];
 } PgView;

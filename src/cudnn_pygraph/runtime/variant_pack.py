@@ -14,6 +14,8 @@ Declaration (once per graph)::
     layout = DeclaredLayout(
         [(uid, dims, strides, dtype_code, elem_bits), ...],  # uids ascending
         names=None,                                          # optional, for error messages
+        written=(),       # positions a plan writes (outputs): read-only memory refused there
+        described=True,   # False: placeholder slots with no IR (a deserialized plan)
     )
 
 ``dims``/``strides`` are the graph's declaration in cuDNN element units; ``dtype_code`` is a
@@ -62,6 +64,22 @@ The rule, per slot (the spec's "The variant pack is normalized once"):
 A buffer whose own dtype has no cuDNN name (int16, complex, numpy's bf16 ``V2``) is
 readable only where the declaration supplies the dtype (rules 2-as-declared and 3).
 
+Refused whatever the rule says, naming the operand: a read-only buffer (the DLPack 1.x flag,
+the array interfaces' read-only bit) bound to a written slot; a negative stride (the
+backend reads forward from the pointer, and torch.from_dlpack, how the python plans view
+an operand, aborts on one); a geometry whose byte span does not fit in 64 bits (all size
+arithmetic is checked, so no span wraps past an extent check). An integer scalar that is
+not an int (``np.int64``) is an address, like an int. ``__dlpack_c_exchange_api__`` is
+followed only when it is a capsule of the protocol's name.
+
+``check_declared(device_type, device_id)`` is the rule of a plan that reads only the
+pointer (the backend: ``BackendPlan.execute`` and the ``RawExecutor`` both call it before
+the backend does anything): every filled slot on that device (a bare address vouches for
+itself), of the declared dtype, covering the declared (or overridden) bytes -- the same
+extent rule as ``check_extent`` --, and laid out as declared on the axes that move the
+address unless an override states the layout. A ``described=False`` layout checks only
+the device. ``OperandMismatchError`` (a ValueError) names the operand and the rule.
+
 The pack's vocabulary (positions are resolved once at build; buffers per call)::
 
     pack.index_of(tensor_or_uid) -> int        # position; an int uid or an object's .uid
@@ -69,7 +87,9 @@ The pack's vocabulary (positions are resolved once at build; buffers per call)::
     pack.address -> int                        # this pack's void*[len(layout)], uid order
     pack.graph_described -> frozenset[int]     # uids of slots described from the graph
     pack.override(uid, shape, strides)         # override_shapes/strides, graph axis order
+    pack.override_all(uids, shapes, strides)   # execute()'s three parallel override lists
     pack.check_extent(index, name)             # OperandExtentError if smaller than declared
+    pack.check_declared(device_type, device_id)  # every slot as a pointer-only plan reads it
     pack.missing(indices) -> tuple[int, ...]   # the positions among `indices` not supplied
     pack.require(indices)                      # MissingOperandError naming all of them
     pack.layout, len(pack)
@@ -106,6 +126,7 @@ from cudnn_pygraph.runtime._variant_pack import (
     MissingOperandError,
     OperandBuffer,
     OperandExtentError,
+    OperandMismatchError,
     RawExecutor,
     UnknownOperandError,
     UnreadableOperandError,
@@ -119,6 +140,7 @@ __all__ = [
     "MissingOperandError",
     "OperandBuffer",
     "OperandExtentError",
+    "OperandMismatchError",
     "RawExecutor",
     "UnknownOperandError",
     "UnreadableOperandError",
@@ -127,7 +149,8 @@ __all__ = [
 ]
 
 # The error types, for readers of this module (they are raised from C):
-#   UnknownOperandError(LookupError)   a uid that is not an operand of the graph
+#   UnknownOperandError(LookupError, ValueError)  a uid that is not an operand of the graph
+#   OperandMismatchError(ValueError)   a buffer a pointer-only plan would misread
 #   MissingOperandError(ValueError)    a required operand the caller did not supply
 #   OperandExtentError(ValueError)     a buffer smaller than what its declaration reads
 #   UnreadableOperandError(TypeError)  a producer or dtype that cannot be read
