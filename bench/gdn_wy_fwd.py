@@ -112,7 +112,7 @@ def check(label):
 
 def wy_launch(ours):
     """The forward's wy_solve JIT call, as a function that replays it alone."""
-    from cudnn_pygraph.runtime.launch_replay import record_launches
+    from cudnn_pygraph.runtime.launch import record_launches
 
     with record_launches() as record:
         ours.forward()

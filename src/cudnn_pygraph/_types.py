@@ -130,6 +130,11 @@ class knob_type(enum.IntEnum):
     WARPS_N = FRONTEND_KNOB_TYPE_BASE + 9
     # ours: Triton's warps per program (the backend's WARP_SPEC_CFG means something else)
     NUM_WARPS = FRONTEND_KNOB_TYPE_BASE + 10
+    # ours: the register cap per thread a kernel is compiled with (ptxas maxnreg; 0 = the
+    # compiler's choice)
+    MAX_REGS = FRONTEND_KNOB_TYPE_BASE + 11
+    # ours: the SDPA prefill's lazy accumulator rescale (1 = on)
+    LAZY_RESCALE = FRONTEND_KNOB_TYPE_BASE + 12
 
 
 def is_frontend_knob_type(kt):

@@ -199,6 +199,8 @@ class _RecordingKernel:
             launch=lambda *args: self.calls.append(args),
             launch_cooperative_grid=False,
             launch_pdl=False,
+            global_scratch_size=0,
+            profile_scratch_size=0,
         )
 
 

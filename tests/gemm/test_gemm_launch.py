@@ -25,6 +25,8 @@ class _Recorder:
         class _Run:
             launch_cooperative_grid = False
             launch_pdl = False
+            global_scratch_size = 0
+            profile_scratch_size = 0
 
             @staticmethod
             def launch(*args):

@@ -1,4 +1,4 @@
-"""runtime/launch_replay.py on the CPU: the generated replay's pointer arithmetic, its guard
+"""runtime/launch.py on the CPU: the generated replay's pointer arithmetic, its guard
 and its refusals, with a fake compiled kernel whose C launcher records its arguments (the
 real kernels and launchers run in tests/gpu/test_launch_replay_gpu.py)."""
 
@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from cudnn_pygraph.runtime.launch_replay import LaunchRecord, build_replay, record_launches
+from cudnn_pygraph.runtime.launch import LaunchRecord, build_replay, record_launches
 
 
 def _kernel(x_ptr, y_ptr, n, scale, BLOCK=64):  # the fake kernel's Python signature

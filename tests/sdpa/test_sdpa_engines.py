@@ -172,7 +172,26 @@ def _paged_tables_of_other_dims(g):
                   paged_attention_max_seq_len_kv=48)[0]
 
 
+def _with_score_outputs(g):
+    q = g.tensor([1, 2, 16, 64])
+    f32 = {"data_type": DT.FLOAT}
+    return g.sdpa(q, q, q, generate_stats=False, score_max=g.tensor([1, 2, 16, 1], **f32),
+                  score_sum_exp=g.tensor([1, 2, 16, 1], **f32))[0]
+
+
+def _paged_top_left_one_query(g):
+    i32 = {"data_type": DT.INT32}
+    cache = g.tensor([6, 2, 16, 64], name="cache")
+    table = g.tensor([2, 1, 3, 1], **i32, name="table")
+    return g.sdpa(g.tensor([2, 8, 1, 64], name="q"), cache, cache, generate_stats=False,
+                  use_causal_mask=True, use_padding_mask=True,
+                  seq_len_kv=g.tensor([2, 1, 1, 1], **i32), paged_attention_k_table=table,
+                  paged_attention_v_table=table, paged_attention_max_seq_len_kv=48)[0]
+
+
 DECLINES = [
+    ("score-max", _with_score_outputs,
+     "score_max: the kernels do not write it (the backend serves it)"),
     ("bias", _with_bias, "an additive bias is not served"),
     ("head-dim-96", lambda g: g.sdpa(*[g.tensor([1, 2, 16, 96])] * 3, generate_stats=False)[0],
      "d_qk=96 is outside the row's domain"),
@@ -191,6 +210,34 @@ def test_declines_name_the_rule(name, build, reason):
     with pytest.raises(cudnn.cudnnGraphNotSupportedError):
         g.create_execution_plans([cudnn.heur_mode.A])
     assert reason in g.explain()
+
+
+def test_top_left_causal_decode_of_one_query_goes_to_prefill_and_sees_key_0_alone():
+    """Top-left causal with s_q = 1: the query is position 0 and sees key 0 alone. The decode
+    kernel's queries are the last positions (bottom-right), so the decode engine declines at
+    every s_q and the prefill engine serves it (it once dropped the mask: error 1.0)."""
+    lens, page, b, hq, hkv, d = [5, 40], 16, 2, 8, 2, 64
+    g = _graph()
+    o = _paged_top_left_one_query(g)
+    o.set_output(True)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    names = [g.get_plan_name_at_index(i) for i in range(g.get_execution_plan_count())]
+    assert names and not any(n.startswith("triton_sdpa_decode") for n in names)
+    assert "top-left causal decode" in g.explain()
+    g.build_plans()
+    node = g.nodes[0]
+    i = node.inputs
+    tq = torch.randn(b, hq, 1, d).half()
+    cache = torch.randn(6, hkv, page, d).half()
+    table = torch.tensor([0, 1, 2, 3, 4, 5], dtype=torch.int32).reshape(b, 1, 3, 1)
+    to = torch.full((b, hq, 1, d), float("nan")).half()
+    ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8)
+    g.execute({i["q"]: tq, i["k"]: cache, i["paged_attention_k_table"]: table, o: to,
+               i["seq_len_kv"]: torch.tensor(lens, dtype=torch.int32).reshape(b, 1, 1, 1)}, ws)
+    for r in range(b):
+        key0 = cache[table[r, 0, 0, 0].long(), :, 0]  # [hkv, d]: the one key row 0 sees
+        want = key0.repeat_interleave(hq // hkv, 0)[:, None].float()  # its value row
+        assert rel_err(to[r].float(), want) <= TOL["out"]
 
 
 def test_hook_places_backend_by_measured_shard():
@@ -315,11 +362,22 @@ def _dense_graph():
                          ids=["bshd", "thd", "thd-own-offsets", "paged-decode", "paged-prefill",
                               "paged-two-tables-decode", "paged-two-tables-prefill"])
 def test_build_time_compile_launch_is_accepted(make, which):
-    """On a GPU build_plan compiles with a one-token launch on scratch tensors carrying the
-    declared strides; here the same launch runs under the interpreter, so its arguments are
-    held to the launchers' rules without a GPU."""
-    plan = _built_plans(make(), which)
-    plan.warm("cpu")
+    """build_plan runs the launchers' argument code on the declared operands and specializes
+    every launch as Triton would (the binder of an sm_90 target): each kernel parameter is
+    bound, and the declared unit D strides are compiled in."""
+    _assert_prepared(_built_plans(make(), which))
+
+
+def _assert_prepared(plan):
+    from cudnn_pygraph.runtime.launch import Stride, _jit
+
+    assert plan.launches
+    for c in plan.launches:
+        params = _jit(c.launch.fn).params
+        assert len(c.values) == len(params) == len(c.spec)
+        units = [ty for p, v, (ty, _) in zip(params, c.values, c.spec)
+                 if type(v) is Stride and v.value == 1 and not p.do_not_specialize]
+        assert set(units) <= {"constexpr"}
 
 
 def test_deciding_imports_no_triton_or_torch():
@@ -394,7 +452,7 @@ def test_build_time_compile_launch_with_packed_queries():
                   seq_len_q=lens, seq_len_kv=lens, paged_attention_k_table=table,
                   paged_attention_v_table=table, paged_attention_max_seq_len_kv=48)
     o.set_output(True).set_stride([8 * 64, 64, 8 * 64, 1]).set_ragged_offset(off)
-    _built_plans(g, "decode").warm("cpu")
+    _assert_prepared(_built_plans(g, "decode"))
 
 
 def test_thd_prefill_over_paged_kv_runs():
@@ -455,4 +513,38 @@ def _paged_thd_graph():
 
 
 def test_build_time_compile_launch_paged_prefill():
-    _built_plans(_paged_thd_graph()).warm("cpu")
+    _assert_prepared(_built_plans(_paged_thd_graph()))
+
+
+def _dense_d128_graph():
+    g = _graph()
+    q = g.tensor([1, 4, 64, 128], name="q")
+    o, _ = g.sdpa(q, q, q, generate_stats=False)
+    o.set_output(True)
+    return g
+
+
+@pytest.mark.parametrize("make", [_dense_graph, _dense_d128_graph, _thd_graph, _paged_graph,
+                                  _paged_thd_graph],
+                         ids=["bshd", "d128", "thd", "paged", "paged-thd"])
+def test_replaying_engine_id_and_knobs_builds_the_same_kernels(make):
+    """Every axis a kernel is compiled on is a public knob or a fact of the graph: each listed
+    plan, rebuilt by create_execution_plan(engine_id, knobs) on a fresh graph, compiles the
+    same kernels (Triton's specialization and options, the register cap included)."""
+    g = make()
+    g.create_execution_plans([cudnn.heur_mode.A])
+    planning = g._require_planning()
+    capped = []
+    for index in range(g.get_execution_plan_count()):
+        engine_id, knobs = g.get_engine_and_knobs_at_index(index)
+        g.build_plan_at_index(index)
+        listed = planning.built[planning.plans[index].identity].kernel_keys
+        if knobs.get(cudnn.knob_type.MAX_REGS, 0):
+            capped += [key[2] for key in listed]
+        again = make()
+        again.create_execution_plan(engine_id, knobs)
+        again.build_plan_at_index(0)
+        replayed = again._require_planning()
+        assert replayed.built[replayed.plans[0].identity].kernel_keys == listed, (index, knobs)
+    if make is _dense_d128_graph:  # the D128 list carries a register-capped config
+        assert capped and all("maxnreg=128" in options for options in capped)

@@ -4,7 +4,7 @@ caller's objects are."""
 
 from .._types import ELEMENT_BITS, data_type
 from ..engines.base import ExecutionContext
-from .handle import resolve_stream
+from .handle import check_device, resolve_stream
 from .variant_pack import DeclaredLayout, UnknownOperandError, VariantPack
 
 
@@ -174,6 +174,8 @@ class PlanRunner:
             if handle is None and workspace is None and graph.backend_options["handle"] is None:
                 self.execute(graph, pack, self.default_ctx)
                 return
+            check_device(handle if handle is not None else graph.backend_options["handle"],
+                         self.device)
             ctx = ExecutionContext(handle, resolve_stream(handle, graph), workspace, self.device)
         else:
             ctx = self._with_overrides(pack, workspace, handle, overrides)
@@ -187,6 +189,8 @@ class PlanRunner:
                 "declared shapes; build a graph for the new shapes (or use a backend plan)"
             )
         pack.override_all(uids, shapes, strides)  # three parallel lists, refused as a whole
+        check_device(handle if handle is not None else self.graph.backend_options["handle"],
+                     self.device)
         ctx = ExecutionContext(handle, resolve_stream(handle, self.graph), workspace, self.device)
         ctx.overrides = overrides  # the backend's override path takes the lists themselves
         return ctx

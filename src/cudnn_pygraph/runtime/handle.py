@@ -43,7 +43,11 @@ def destroy_handle(handle):
 def set_stream(handle, stream):
     """Bind a stream: a raw cudaStream_t int, or any object with `cuda_stream` (torch)."""
     handle._check()
-    raw = stream if isinstance(stream, int) or stream is None else getattr(stream, "cuda_stream", None)
+    raw = (
+        stream
+        if isinstance(stream, int) or stream is None
+        else getattr(stream, "cuda_stream", None)
+    )
     if raw is None and stream is not None:
         raise TypeError(f"set_stream(): cannot read a CUDA stream from {type(stream).__name__}")
     handle.stream = raw
@@ -57,7 +61,9 @@ def get_stream(handle):
     """The handle's stream. A failed query on a supplied handle raises: running on the
     wrong stream is a correctness bug, not a degradation."""
     if not isinstance(handle, Handle):
-        raise TypeError(f"get_stream(): expected a cudnn_pygraph handle, got {type(handle).__name__}")
+        raise TypeError(
+            f"get_stream(): expected a cudnn_pygraph handle, got {type(handle).__name__}"
+        )
     handle._check()
     return handle.stream
 
@@ -73,4 +79,31 @@ def resolve_stream(handle, graph):
         from ..backend import lowering
 
         return lowering.backend_stream(h)
-    return get_stream(h)
+    return raw_stream(get_stream(h))
+
+
+def raw_stream(stream):
+    """A handle's stream as the raw cudaStream_t int a launch takes (None stays None: the
+    default stream). A handle whose stream was assigned an object rather than bound through
+    set_stream is read the way set_stream reads one, or refused before anything launches."""
+    if stream is None or (isinstance(stream, int) and not isinstance(stream, bool)):
+        return stream
+    raw = getattr(stream, "cuda_stream", None)
+    if not isinstance(raw, int) or isinstance(raw, bool):
+        raise TypeError(f"handle stream: cannot read a CUDA stream from {type(stream).__name__}")
+    return raw
+
+
+def check_device(handle, device):
+    """A cudnn_pygraph handle of another device than the plan's is refused, naming both."""
+    ordinal = getattr(device, "ordinal", None)
+    if (
+        isinstance(handle, Handle)
+        and ordinal is not None
+        and not getattr(device, "is_interpreter", False)
+        and handle.device != ordinal
+    ):
+        raise ValueError(
+            f"handle: device {handle.device}, but this graph's plans were built "
+            f"for device {ordinal}"
+        )

@@ -12,7 +12,7 @@ which then keep the one output path every batch size shares. execute hands the c
 buffers (zero-copy torch views of the pack) straight to the launchers; scratch comes out of
 the caller's workspace (workspace_size), chunk tables are built on the device: no host
 sync, capturable. On CUDA the first call records the launcher's launches and later calls
-replay them as raw launches (runtime/launch_replay.py), skipping the launcher's Python and
+replay them as raw launches (runtime/launch.py), skipping the launcher's Python and
 Triton's JIT binding.
 """
 
@@ -262,7 +262,7 @@ class GdnPlan(CompiledPlan):
         self._device_index = getattr(device, "ordinal", 0) or 0
         self._streams = {}
         # The first CUDA call records its launches; later calls replay them as raw launches
-        # (runtime/launch_replay.py). `replay_refused` says why a plan keeps its launcher.
+        # (runtime/launch.py). `replay_refused` says why a plan keeps its launcher.
         self._recorded = False
         self._replay = self._record_sig = None
         self.replay_refused = None
@@ -291,10 +291,8 @@ class GdnPlan(CompiledPlan):
                 # own check.
                 ws = self._workspace_address(ctx.workspace, self.workspace_size)
                 ptrs = tuple(b.ptr for b in bufs if b is not None) + (ws,)
-                stream = ctx.stream
-                if stream is None:
-                    stream = torch._C._cuda_getCurrentRawStream(self._device_index)
-                if replay(ptrs, stream):
+                # The handle's stream; no handle is the default stream, as the backend's.
+                if replay(ptrs, ctx.stream or 0):
                     return
         views = {
             name: torch.from_dlpack(buf) if buf is not None else None
@@ -303,8 +301,9 @@ class GdnPlan(CompiledPlan):
         workspace = None
         if ctx.workspace is not None and self.workspace_size:
             workspace = torch.from_dlpack(ctx.workspace).reshape(-1).view(torch.uint8)
-        if self.on_cuda and ctx.stream is not None:
-            with torch.cuda.stream(self._external_stream(ctx.stream)):
+        if self.on_cuda:
+            # The launcher launches through Triton's JIT, on torch's current stream.
+            with torch.cuda.stream(self._external_stream(ctx.stream or 0)):
                 self._first_or_launch(views, workspace, bufs)
         else:
             self._first_or_launch(views, workspace, bufs)
@@ -330,7 +329,7 @@ class GdnPlan(CompiledPlan):
         if self._recorded or not self.on_cuda or workspace is None:
             self._launch(t, workspace)
             return
-        from ...runtime.launch_replay import build_replay, record_launches
+        from ...runtime.launch import build_replay, record_launches
 
         self._recorded = True
         with record_launches() as record:
@@ -348,7 +347,12 @@ class GdnPlan(CompiledPlan):
     def _external_stream(self, stream):
         s = self._streams.get(stream)
         if s is None:
-            s = self._streams[stream] = self._torch.cuda.ExternalStream(stream)
+            cuda = self._torch.cuda
+            # 0 is the legacy default stream: torch's default stream on this device.
+            s = self._streams[stream] = (
+                cuda.default_stream(self._device_index) if stream == 0
+                else cuda.ExternalStream(stream, device=self._device_index)
+            )  # fmt: skip
         return s
 
     def _launch(self, t, workspace):

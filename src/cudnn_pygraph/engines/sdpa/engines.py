@@ -31,7 +31,6 @@ from .kernels.configs import recommend_decode, recommend_prefill
 from .kernels.knobs import SdpaDecodeKnobs, SdpaFwdKnobs
 
 SERVED = frozenset({data_type.HALF, data_type.BFLOAT16})
-_TORCH_DTYPE = {data_type.HALF: "float16", data_type.BFLOAT16: "bfloat16"}
 # Head dims checked on the H200 (bf16 against float64; bench/results/sdpa_fwd.md). The
 # kernels also compile D=16/32/256, but only 64 and 128 ran on the GPU.
 HEAD_DIMS = frozenset({64, 128})
@@ -47,9 +46,13 @@ _PREFILL_KNOBS = {
     knob_type.STAGES: "NUM_STAGES",
     knob_type.NUM_WARPS: "NUM_WARPS",
     knob_type.PACK_GQA: "PACK_GQA",
-    # the backend's own word for "load the inputs through TMA"
-    knob_type.INPUT_TMA_ENABLE: "TMA",
+    knob_type.LAZY_RESCALE: "LAZY_RESCALE",
+    knob_type.MAX_REGS: "MAX_REGS",
 }
+# Every other constexpr of the kernels (head dim, GQA ratio, mask terms, layout class, page
+# size) is a fact of the graph. SdpaFwdKnobs.TMA is the torch entry's alone: the engine
+# passes element ragged offsets, which the tensor-descriptor path cannot take, and its
+# plans refuse TMA=1 (the public list has no INPUT_TMA_ENABLE axis to replay).
 _DECODE_KNOBS = {
     knob_type.TILE_N: "TILE_N",
     knob_type.SPLIT_KV: "SPLIT_KV",
@@ -106,6 +109,9 @@ def _common_checks(engine, graph, facts):
             _decline(f"{name}: ragged_offset_multiplier != 1")
     if stats is not None and stats.data_type != data_type.FLOAT:
         _decline("Stats must be FLOAT")
+    for name in ("score_max", "score_sum_exp"):  # output-direction kwargs: node inputs
+        if node.inputs.get(name) is not None or node.outputs.get(name) is not None:
+            _decline(f"{name}: the kernels do not write it (the backend serves it)")
     return node, q, k, v, o, stats
 
 
@@ -209,42 +215,10 @@ class SdpaPrefillEngine(BaseEngine):
         knobs = plan.knobs
         if not isinstance(knobs, SdpaFwdKnobs):
             raise TypeError(f"{self.name}: plan knobs must be SdpaFwdKnobs, got {knobs!r}")
-        node, q, k, v, o, stats = _node_tensors(facts)
         from ...runtime.execute import GraphLayout
 
-        position = GraphLayout(graph).position
-        thd = facts.ragged
-        slots = [("q", q), ("k", k), ("v", v), ("O", o)]
-        slots.append(("Stats", stats))
-        paged = facts.paged
-        lengths = facts.padding or thd or paged  # paged K/V always read seq_len_kv
-        slots.append(("seq_len_q", node.inputs.get("seq_len_q") if lengths else None))
-        slots.append(("seq_len_kv", node.inputs.get("seq_len_kv") if lengths else None))
-        slots.append(("q ragged offset", q.ragged_offset if thd else None))
-        slots.append(("k ragged offset", k.ragged_offset if thd and not paged else None))
-        slots.append(("page table", node.inputs["paged_attention_k_table"] if paged else None))
-        slots.append(("v ragged offset", v.ragged_offset if thd and not paged else None))
-        slots.append(("O ragged offset", o.ragged_offset if thd else None))
-        ragged_stats = thd and stats is not None and stats.ragged_offset is not None
-        slots.append(("Stats ragged offset", stats.ragged_offset if ragged_stats else None))
-        slots.append(("V page table", node.inputs["paged_attention_v_table"] if paged else None))
-        run = _PrefillPlan(
-            knobs=knobs,
-            mask=_mask(facts, node),
-            scale=_attn_scale(facts),
-            positions=[None if t is None else position[t.uid] for _, t in slots],
-            names=[n for n, _ in slots],
-            thd=thd,
-            declared=[None if t is None else (tuple(t.dim), tuple(t.stride)) for _, t in slots],
-            max_seqlen_q=facts.seq_q,
-            dtype=_TORCH_DTYPE[q.data_type],
-            paged=paged,
-            ragged_stats=ragged_stats,
-        )
         device = ctx.device if ctx.device is not None else graph_device(graph)
-        if device is not None and not device.is_interpreter:
-            run.warm(f"cuda:{getattr(device, 'ordinal', 0) or 0}")
-        return run
+        return _build_prefill(facts, knobs, GraphLayout(graph).position, device)
 
 
 def _prefill_configs(facts):
@@ -253,133 +227,118 @@ def _prefill_configs(facts):
                              max_seqlen_q=facts.seq_q)
 
 
-def _view(torch, buf, declared, thd):
-    """A zero-copy torch view of one operand: the buffer's own description, or for a THD
-    operand the packed [tokens, h, d] view under the DECLARED token / head / dim strides
-    (the buffer may be smaller than the padded declaration: it holds the packed tokens).
-    `torch` is the module the plan resolved at build (no import on the per-call path)."""
-    t = torch.from_dlpack(buf)
-    if not thd:
-        return t
-    dims, strides = declared
-    _, heads, _, d = dims
-    _, s_h, s_t, s_d = strides
-    elems = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
-    tokens = max(1, (elems - (heads - 1) * s_h - (d - 1) * s_d - 1) // s_t + 1)
-    return t.as_strided((tokens, heads, d), (s_t, s_h, s_d), t.storage_offset())
+def _operands(slots, position, modes, dtype):
+    """[Operand] of the slots present, and {slot index: its index among them}."""
+    from ...runtime.launch import Operand
+
+    ops, index = [], {}
+    for i, (name, t) in enumerate(slots):
+        if t is None:
+            continue
+        index[i] = len(ops)
+        torch_dtype = dtype if i in (0, 1, 2, 3) else _torch_dtype(t.data_type)
+        ops.append(Operand(position[t.uid], name, t.dim, t.stride, torch_dtype,
+                           modes.get(i, "declared")))  # fmt: skip
+    return ops, index
 
 
-def _batch_free_view(t, declared):
-    """[b, h, s, d] over a packed buffer with batch stride 0: the kernel adds each request's
-    ragged (element) offset itself."""
-    dims, strides = declared
-    return t.as_strided(tuple(dims), (0,) + tuple(strides[1:]), t.storage_offset())
-
-
-def _on_stream(torch, stream, launch):
-    if stream is None:
-        launch()
-        return
-    with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
-        launch()
-
-
-class _PrefillPlan(CompiledPlan):
-    workspace_size = 0
-
-    # Slot order (build_plan's `slots`): the tensors, lengths, offsets and tables.
-    def __init__(self, knobs, mask, scale, positions, names, thd, declared, max_seqlen_q, dtype,
-                 paged, ragged_stats=False):
-        self.knobs, self.mask, self.scale, self.thd = knobs, mask, scale, thd
-        self.dtype, self.paged = dtype, paged
-        self.positions, self.names, self.declared = positions, names, declared
-        self.max_seqlen_q = max_seqlen_q
-        self.present = [i for i, p in enumerate(positions) if p is not None]
-        # Packed THD operands (q, O; k, v unless paged; ragged Stats) are smaller than their
-        # padded declaration by design.
-        self.packed = set()
-        if thd:
-            self.packed = {0, 3} | (set() if paged else {1, 2}) | ({4} if ragged_stats else set())
-        self.checked = [(positions[i], names[i]) for i in self.present if i not in self.packed]
-        # Resolved once: an import inside the per-call path costs ~1 us a call.
-        import torch
-
-        from .kernels.prefill import sdpa_prefill
-
-        self._torch, self._prefill = torch, sdpa_prefill
-
-    def _call(self, views):
-        q, k, v, o, stats, len_q, len_kv, off_q, off_kv, table, off_v, off_o, off_l, table_v = views
-        if self.paged:  # pools are declared [pages, h_k, page_size, d]; tables [b, 1, n, 1]
-            k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
-            table, table_v = table[:, 0, :, 0], table_v[:, 0, :, 0]
-        if off_l is not None:
-            stats = stats[:, :, 0]  # packed [tokens, h, 1] -> [tokens, h]
-        self._prefill(
-            q, k, v, o, attn_scale=self.scale, knobs=self.knobs, mask=self.mask, stats=stats,
-            seq_len_q=len_q, seq_len_kv=len_kv,
-            ragged_offsets_q=off_q, ragged_offsets_kv=off_kv, ragged_offsets_v=off_v,
-            ragged_offsets_o=off_o, ragged_offsets_stats=off_l,
-            max_seqlen_q=self.max_seqlen_q if self.thd else None,
-            offsets_unit="elements", page_table=table, page_table_v=table_v,
-        )
-
-    def execute(self, graph, pack, ctx):
-        for i, name in self.checked:
-            pack.check_extent(i, name)  # a buffer smaller than declared: refused, nothing launched
-        bufs = pack.operands([self.positions[i] for i in self.present])
-        views = [None] * len(self.positions)
-        for i, buf in zip(self.present, bufs):
-            views[i] = _view(self._torch, buf, self.declared[i], i in self.packed)
-        _on_stream(self._torch, ctx.stream, lambda: self._call(views))
-
-    def warm(self, torch_device):
-        """Compile at build: a one-token launch on scratch tensors with the declared strides."""
-        import torch
-
-        dev = torch.device(torch_device)
-        views = []
-        for i, decl in enumerate(self.declared):
-            if decl is None:
-                views.append(None)
-            elif self.paged and i in (1, 2):  # one page of the declared page size
-                dims = decl[0]
-                shape = (1, dims[1], dims[2], dims[3])
-                views.append(_scratch(decl, False, getattr(torch, self.dtype), dev, shape))
-            elif i < 5:
-                dtype = torch.float32 if i == 4 else getattr(torch, self.dtype)
-                views.append(_scratch(decl, i in self.packed, dtype, dev))
-            elif i < 7:
-                views.append(torch.ones(1, dtype=torch.int32, device=dev))
-            elif self.names[i].endswith("page table"):
-                views.append(torch.zeros(1, 1, 1, 1, dtype=torch.int32, device=dev))
-            else:  # ragged offsets
-                views.append(torch.tensor([0, 1], dtype=torch.int32, device=dev))
-        saved, self.max_seqlen_q = self.max_seqlen_q, 1
-        try:
-            self._call(views)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-        finally:
-            self.max_seqlen_q = saved
-
-
-def _scratch(decl, thd, dtype, dev, shape=None):
-    """A tensor with the declared strides over batch 1, the declared heads, one token (or
-    `shape` in the declared axis order)."""
+def _torch_dtype(dt):
     import torch
 
-    dims, strides = decl
-    if shape is not None:
-        st = tuple(strides)
-    elif thd:
-        shape = (1, dims[1], dims[3])
-        st = (strides[2], strides[1], strides[3])
-    else:
-        shape = (1, dims[1], 1, dims[3])
-        st = tuple(strides)
-    span = 1 + sum((n - 1) * s for n, s in zip(shape, st))
-    return torch.zeros(span, dtype=dtype, device=dev).as_strided(shape, st)
+    return getattr(torch, _TORCH_NAMES[data_type(dt)])
+
+
+_TORCH_NAMES = {data_type.HALF: "float16", data_type.BFLOAT16: "bfloat16",
+                data_type.FLOAT: "float32", data_type.INT32: "int32",
+                data_type.INT64: "int64"}  # fmt: skip
+
+
+def _packed(op, slot):
+    """A THD operand as its kernel reads it: [tokens, h, d] under the declared token / head
+    / dim strides, from its own address (the buffer holds the packed tokens)."""
+    from ...runtime.launch import SymbolicTensor
+
+    b, h, s, d = op.dims
+    _, s_h, s_t, s_d = op.strides
+    return SymbolicTensor(slot, (b * s, h, d), (s_t, s_h, s_d), op.dtype)
+
+
+def _batch_free(op, slot):
+    """[b, h, s, d] with batch stride 0 over a packed buffer: the kernel adds each request's
+    ragged (element) offset itself."""
+    from ...runtime.launch import SymbolicTensor
+
+    return SymbolicTensor(slot, op.dims, (0,) + op.strides[1:], op.dtype)
+
+
+class _PreparedPlan(CompiledPlan):
+    """A plan whose execute is generated by runtime/launch.prepare_execute at build: the
+    pack's buffers by position, the rules the compiled kernels assume, Triton's C launcher
+    on the handle's stream (no handle: the default stream)."""
+
+    def __init__(self, label, operands, launches, workspace_size, device):
+        from ...runtime.launch import prepare_execute
+
+        self.workspace_size = workspace_size
+        self.execute, self.launches = prepare_execute(label, operands, launches,
+                                                      workspace_size, device)  # fmt: skip
+
+    @property
+    def kernel_keys(self):
+        """What each launch compiles (runtime/launch.py CompiledLaunch.key), in order."""
+        return tuple(c.key for c in self.launches)
+
+
+def _build_prefill(facts, knobs, position, device):
+    from .kernels.prefill import prefill_launch
+
+    node, q, k, v, o, stats = _node_tensors(facts)
+    if knobs.TMA:
+        raise ValueError(f"{PREFILL_NAME}: TMA=1 is not an axis of this engine's plans (it "
+                         "serves element ragged offsets and pointer loads)")
+    thd, paged = facts.ragged, facts.paged
+    lengths = facts.padding or thd or paged  # paged K/V always read seq_len_kv
+    ragged_stats = thd and stats is not None and stats.ragged_offset is not None
+    i = node.inputs
+    slots = [
+        ("q", q), ("k", k), ("v", v), ("O", o), ("Stats", stats),
+        ("seq_len_q", i.get("seq_len_q") if lengths else None),
+        ("seq_len_kv", i.get("seq_len_kv") if lengths else None),
+        ("q ragged offset", q.ragged_offset if thd else None),
+        ("k ragged offset", k.ragged_offset if thd and not paged else None),
+        ("page table", i["paged_attention_k_table"] if paged else None),
+        ("v ragged offset", v.ragged_offset if thd and not paged else None),
+        ("O ragged offset", o.ragged_offset if thd else None),
+        ("Stats ragged offset", stats.ragged_offset if ragged_stats else None),
+        ("V page table", i["paged_attention_v_table"] if paged else None),
+    ]
+    # Packed THD operands (q, O; k, v unless paged; ragged Stats) are smaller than their
+    # padded declaration by design; every other tensor is read under its buffer's strides.
+    packed = set()
+    if thd:
+        packed = {0, 3} | (set() if paged else {1, 2}) | ({4} if ragged_stats else set())
+    modes = {j: "packed" if j in packed else "strided" for j in (0, 1, 2, 3, 4, 9, 13)}
+    dtype = _torch_dtype(q.data_type)
+    ops, at = _operands(slots, position, modes, dtype)
+    sym = [None] * len(slots)
+    for j, n in at.items():
+        sym[j] = _packed(ops[n], n) if j in packed else ops[n].symbolic(n)
+    q_, k_, v_, o_, st, len_q, len_kv, off_q, off_kv, table, off_v, off_o, off_l, table_v = sym
+    if paged:  # pools are declared [pages, h_k, page_size, d]; tables [b, 1, n, 1]
+        k_, v_ = k_.permute(0, 2, 1, 3), v_.permute(0, 2, 1, 3)
+        table, table_v = table[:, 0, :, 0], table_v[:, 0, :, 0]
+    if off_l is not None:
+        st = st[:, :, 0]  # packed [tokens, h, 1] -> [tokens, h]
+    launch = prefill_launch(
+        q_, k_, v_, o_, attn_scale=_attn_scale(facts), knobs=knobs, mask=_mask(facts, node),
+        stats=st, seq_len_q=len_q, seq_len_kv=len_kv,
+        ragged_offsets_q=off_q, ragged_offsets_kv=off_kv, ragged_offsets_v=off_v,
+        ragged_offsets_o=off_o, ragged_offsets_stats=off_l,
+        max_seqlen_q=facts.seq_q if thd else None,
+        offsets_unit="elements", page_table=table, page_table_v=table_v,
+    )
+    return _PreparedPlan(f"{PREFILL_NAME} {knobs}", ops, [] if launch is None else [launch], 0,
+                         device)  # fmt: skip
 
 
 # ------------------------------------------------------------------ decode
@@ -412,7 +371,9 @@ class SdpaDecodeEngine(BaseEngine):
             _decline("per-request query lengths (seq_len_q) with s_q > 1 are not served")
         if facts.window != (None, None):
             _decline("a sliding window over paged K/V is not served")
-        if facts.causal == "top_left" and facts.seq_q > 1:
+        if facts.causal is not None and not _mask(facts, node).bottom_right:
+            # Even at s_q = 1: top-left, the one query sees key 0 alone (the prefill engine
+            # serves it); the kernel's queries are the last s_q positions.
             _decline("top-left causal decode: queries are the last s_q positions (bottom-right)")
         if facts.gqa_ratio * facts.seq_q > 128:
             _decline(f"{facts.gqa_ratio} heads per kv head x s_q={facts.seq_q} exceed one "
@@ -426,32 +387,10 @@ class SdpaDecodeEngine(BaseEngine):
         knobs = plan.knobs
         if not isinstance(knobs, SdpaDecodeKnobs):
             raise TypeError(f"{self.name}: plan knobs must be SdpaDecodeKnobs, got {knobs!r}")
-        node, q, k, v, o, stats = _node_tensors(facts)
         from ...runtime.execute import GraphLayout
-        from .kernels.decode import decode_workspace_numel
 
-        position = GraphLayout(graph).position
-        slots = [("q", q), ("k", k), ("v", v), ("O", o), ("Stats", stats),
-                 ("page table", node.inputs["paged_attention_k_table"]),
-                 ("seq_len_kv", node.inputs["seq_len_kv"]),
-                 ("q ragged offset", q.ragged_offset),
-                 ("V page table", node.inputs["paged_attention_v_table"]),
-                 ("O ragged offset", o.ragged_offset)]
-        numel = decode_workspace_numel(facts.batch, facts.heads_q, facts.seq_q, facts.d_qk, knobs)
-        run = _DecodePlan(
-            knobs=knobs,
-            scale=_attn_scale(facts),
-            causal=facts.causal is not None and facts.seq_q > 1,
-            positions=[None if t is None else position[t.uid] for _, t in slots],
-            names=[n for n, _ in slots],
-            workspace_numel=numel,
-        )
-        run.declared = [None if t is None else (tuple(t.dim), tuple(t.stride)) for _, t in slots]
-        run.dtype, run.group = _TORCH_DTYPE[q.data_type], facts.gqa_ratio
         device = ctx.device if ctx.device is not None else graph_device(graph)
-        if device is not None and not device.is_interpreter:
-            run.warm(f"cuda:{getattr(device, 'ordinal', 0) or 0}")
-        return run
+        return _build_decode(facts, knobs, GraphLayout(graph).position, device)
 
 
 def _decode_configs(facts):
@@ -460,88 +399,40 @@ def _decode_configs(facts):
                             heads_kv=facts.heads_k, sm_count=sms)
 
 
-class _DecodePlan(CompiledPlan):
-    def __init__(self, knobs, scale, causal, positions, names, workspace_numel):
-        self.knobs, self.scale, self.causal = knobs, scale, causal
-        self.positions, self.names = positions, names
-        self.present = [i for i, p in enumerate(positions) if p is not None]
-        self.ragged = positions[7] is not None
-        # Packed (ragged) q / O are smaller than their padded declaration by design.
-        self.checked = [i for i in self.present if not (self.ragged and i in (0, 3))]
-        self.workspace_numel = workspace_numel
-        self.workspace_size = 4 * workspace_numel
-        # Resolved once: an import inside the per-call path costs ~1 us a call.
-        import torch
+def _build_decode(facts, knobs, position, device):
+    import torch
 
-        from .kernels.decode import sdpa_decode
+    from ...runtime.launch import workspace_tensor
+    from .kernels.decode import decode_launches, decode_workspace_numel
 
-        self._torch, self._decode = torch, sdpa_decode
-
-    def execute(self, graph, pack, ctx):
-        torch = self._torch
-        for i in self.checked:
-            pack.check_extent(self.positions[i], self.names[i])
-        bufs = pack.operands([self.positions[i] for i in self.present])
-        views = [None] * len(self.positions)
-        for i, buf in zip(self.present, bufs):
-            views[i] = torch.from_dlpack(buf)
-        if self.ragged:
-            for i in (0, 3):
-                views[i] = _batch_free_view(views[i], self.declared[i])
-        self._call(views, ctx.workspace, ctx.stream)
-
-    def _call(self, views, workspace_buf, stream):
-        torch = self._torch
-        q, k, v, o, stats, table, lengths, offsets, table_v, offsets_o = views
-        workspace = None
-        if self.workspace_numel:
-            if workspace_buf is None:
-                raise ValueError(f"workspace: this plan needs {self.workspace_size} bytes")
-            raw = workspace_buf
-            if not isinstance(raw, torch.Tensor):
-                raw = torch.from_dlpack(raw)
-            raw = raw.reshape(-1)
-            if raw.numel() * raw.element_size() < self.workspace_size:
-                raise ValueError(f"workspace: needs {self.workspace_size} bytes, "
-                                 f"got {raw.numel() * raw.element_size()}")
-            workspace = raw.view(torch.uint8)[: self.workspace_size].view(torch.float32)
-
-        def launch():
-            self._decode(
-                q, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), table[:, 0, :, 0], lengths, o,
-                attn_scale=self.scale, knobs=self.knobs, causal=self.causal, stats=stats,
-                workspace=workspace, ragged_offsets_q=offsets, page_table_v=table_v[:, 0, :, 0],
-                ragged_offsets_o=offsets_o,
-            )
-
-        _on_stream(torch, stream, launch)
-
-    def warm(self, torch_device):
-        """Compile at build: one request, one page, the declared strides."""
-        import torch
-
-        dev = torch.device(torch_device)
-        dt = getattr(torch, self.dtype)
-        declared, group = self.declared, self.group
-        (qd, _), (kd, _), _, _, stats, _, _, _, _, _ = declared
-        one_q = (1, group, qd[2], qd[3])
-        page = (1, 1, kd[2], kd[3])
-        views = [
-            _scratch(declared[0], False, dt, dev, one_q),
-            _scratch(declared[1], False, dt, dev, page),
-            _scratch(declared[2], False, dt, dev, page),
-            _scratch(declared[3], False, dt, dev, one_q),
-            None if stats is None else _scratch(stats, False, torch.float32, dev, one_q[:3] + (1,)),
-            torch.zeros(1, 1, 1, 1, dtype=torch.int32, device=dev),
-            torch.ones(1, dtype=torch.int32, device=dev),
-            torch.zeros(2, dtype=torch.int32, device=dev) if self.ragged else None,
-            torch.zeros(1, 1, 1, 1, dtype=torch.int32, device=dev),
-            torch.zeros(2, dtype=torch.int32, device=dev) if self.ragged else None,
-        ]
-        scratch = torch.empty(max(1, self.workspace_size), dtype=torch.uint8, device=dev)
-        self._call(views, scratch, None)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+    node, q, k, v, o, stats = _node_tensors(facts)
+    i = node.inputs
+    slots = [("q", q), ("k", k), ("v", v), ("O", o), ("Stats", stats),
+             ("page table", i["paged_attention_k_table"]), ("seq_len_kv", i["seq_len_kv"]),
+             ("q ragged offset", q.ragged_offset), ("V page table", i["paged_attention_v_table"]),
+             ("O ragged offset", o.ragged_offset)]  # fmt: skip
+    ragged = q.ragged_offset is not None
+    # Packed (ragged) q / O are smaller than their padded declaration by design.
+    modes = {j: "strided" for j in (0, 1, 2, 3, 4, 5, 8)}
+    if ragged:
+        modes[0] = modes[3] = "packed"
+    ops, at = _operands(slots, position, modes, _torch_dtype(q.data_type))
+    sym = [None] * len(slots)
+    for j, n in at.items():
+        sym[j] = _batch_free(ops[n], n) if modes.get(j) == "packed" else ops[n].symbolic(n)
+    q_, k_, v_, o_, st, table, lengths, offsets, table_v, offsets_o = sym
+    numel = decode_workspace_numel(facts.batch, facts.heads_q, facts.seq_q, facts.d_qk, knobs)
+    workspace = workspace_tensor(4 * numel, torch.float32) if numel else None
+    launches = decode_launches(
+        q_, k_.permute(0, 2, 1, 3), v_.permute(0, 2, 1, 3), table[:, 0, :, 0], lengths, o_,
+        attn_scale=_attn_scale(facts), knobs=knobs,
+        # Queries are the last s_q positions (bottom-right): one query sees every key, so
+        # s_q = 1 needs no mask (top-left causal is declined in check_support).
+        causal=facts.causal is not None and facts.seq_q > 1,
+        stats=st, workspace=workspace, ragged_offsets_q=offsets,
+        page_table_v=table_v[:, 0, :, 0], ragged_offsets_o=offsets_o,
+    )
+    return _PreparedPlan(f"{DECODE_NAME} {knobs}", ops, launches, 4 * numel, device)
 
 
 # ------------------------------------------------------------------ who goes first

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import operator
 
+from ....runtime.launch import LAUNCHER_HEAD, Kernel
 from .knobs import GemmKnobs
 from .matmul import gemm_kernel
 from .spec import (
@@ -176,18 +177,19 @@ class LaunchTable:
     in head_consts keep every getter tuple-valued."""
 
     def __init__(self, rec, kernel, arg_plan, where, n_var, consts):
-        run = kernel.run  # loads the binary and builds Triton's C launcher, once
-        self.raw_launch = run.launch
+        k = Kernel(kernel)  # loads the binary and builds Triton's C launcher, once
+        self.raw_launch = k.launch
         self.rec = rec
         n_head = SRC_PREFIX + n_var
-        launcher_consts = (1, 0, kernel.function, run.launch_cooperative_grid, run.launch_pdl,
-                           None, kernel.packed_metadata)  # fmt: skip
+        launcher_consts = (1, 0, k.function, k.cooperative, k.pdl, None, k.packed_metadata)
         full_consts = tuple(consts) + launcher_consts
         self.full_consts = full_consts
         first = n_head + len(consts)
         one, zero, fn, coop, pdl, none, meta = range(first, first + len(launcher_consts))
-        launcher = (SRC_GRID, one, one, SRC_STREAM, fn, coop, pdl, SRC_SCRATCH, none, meta)
-        full_args = list(launcher + (none, none, none)) + [where[j] for j in arg_plan]
+        head = {"grid_x": SRC_GRID, "grid_y": one, "grid_z": one, "stream": SRC_STREAM,
+                "function": fn, "cooperative": coop, "pdl": pdl, "global_scratch": SRC_SCRATCH,
+                "profile_scratch": none, "packed_metadata": meta}  # fmt: skip
+        full_args = [head.get(f, none) for f in LAUNCHER_HEAD] + [where[j] for j in arg_plan]
         last_var = max(i for i, at in enumerate(full_args) if at < n_head)
         self.const_tail = tuple(full_consts[at - n_head] for at in full_args[last_var + 1:])
         unit = [where[r.frame_index] for r in rec.rules if r.kind == "unit"] + [one, one]

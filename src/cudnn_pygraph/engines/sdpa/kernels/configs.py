@@ -19,7 +19,7 @@ from .knobs import SdpaDecodeKnobs, SdpaFwdKnobs
 _DEFAULT_SM_COUNT = 132
 
 
-def _k(m, n, stages, warps, tma=False, regs=None) -> SdpaFwdKnobs:
+def _k(m, n, stages, warps, tma=False, regs=0) -> SdpaFwdKnobs:
     return SdpaFwdKnobs(TILE_M=m, TILE_N=n, NUM_STAGES=stages, NUM_WARPS=warps, TMA=tma,
                         MAX_REGS=regs)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ....runtime.launch import Launch
 from .knobs import SUPPORTED_HEAD_DIMS, SdpaDecodeKnobs
 from .prefill import LOG2E, _check, _flat_lengths, _page_tables
 
@@ -181,7 +182,22 @@ def decode_workspace_numel(batch: int, heads_q: int, seq_q: int, head_dim: int,
     return batch * heads_q * seq_q * knobs.SPLIT_KV * (head_dim + 1)
 
 
-def sdpa_decode(
+def sdpa_decode(q, k_cache, v_cache, page_table, seq_len_kv, out, **kwargs) -> None:
+    """Paged flash-decoding through Triton's own launch on torch's current stream: the torch
+    entry (tests, benchmarks). Arguments: `decode_launches`; a split-KV call without a
+    workspace allocates one here."""
+    import torch
+
+    knobs = kwargs["knobs"]
+    if kwargs.get("workspace") is None and knobs.SPLIT_KV > 1:
+        b, h, s, d = q.shape
+        kwargs["workspace"] = torch.empty(decode_workspace_numel(b, h, s, d, knobs),
+                                          dtype=torch.float32, device=q.device)  # fmt: skip
+    for launch in decode_launches(q, k_cache, v_cache, page_table, seq_len_kv, out, **kwargs):
+        launch.fn[launch.grid](*launch.args, **launch.kwargs)
+
+
+def decode_launches(
     q, k_cache, v_cache, page_table, seq_len_kv, out, *,
     attn_scale: float,
     knobs: SdpaDecodeKnobs,
@@ -191,8 +207,11 @@ def sdpa_decode(
     ragged_offsets_q=None,
     page_table_v=None,
     ragged_offsets_o=None,
-) -> None:
-    """Paged flash-decoding: out = softmax(attn_scale * q k^T) v over each request's pages.
+):
+    """The launches (runtime/launch.py `Launch`, one or two) of paged flash-decoding: out =
+    softmax(attn_scale * q k^T) v over each request's pages. The tensors may be torch
+    tensors or a plan's `SymbolicTensor`s: this code is the one place the kernels'
+    arguments are computed.
 
     q, out: [B, Hq, Sq, D], any strides (Sq small: the rows GROUP x Sq form one tile).
     k_cache, v_cache: [num_pages, page_size, Hkv, D], any strides. page_table: int32
@@ -241,8 +260,7 @@ def sdpa_decode(
     split = knobs.SPLIT_KV
     need = decode_workspace_numel(batch, heads_q, seq_q, head_dim, knobs)
     if split > 1:
-        if workspace is None:
-            workspace = torch.empty(need, dtype=torch.float32, device=q.device)
+        _check(workspace is not None, f"workspace: SPLIT_KV={split} needs {need} float32 elements")
         _check(workspace.dtype == torch.float32 and workspace.numel() >= need
                and workspace.is_contiguous(),
                f"workspace: needs {need} contiguous float32 elements")
@@ -251,7 +269,7 @@ def sdpa_decode(
     else:
         o_part = lse_part = out  # never read (SPLIT_KV == 1 writes out directly)
     if batch == 0 or seq_q == 0:
-        return
+        return []
     offs_q = offs_o = lengths  # placeholders, never read without Q_RAGGED
     _check(ragged_offsets_o is None or ragged_offsets_q is not None,
            "ragged_offsets_o: given without ragged_offsets_q")
@@ -261,24 +279,28 @@ def sdpa_decode(
         if ragged_offsets_o is not None:
             offs_o = _offsets(ragged_offsets_o, "ragged_offsets_o", batch)
     lse_arg = stats if stats is not None else out
-    _sdpa_decode_kernel[(heads_kv, batch, split)](
+    main = (
         q, k_cache, v_cache, page_table, page_table_v, lengths, out, lse_arg, o_part, lse_part,
         offs_q, offs_o,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *page_table.stride(),
         *page_table_v.stride(),
         *out.stride(), *l_strides,
         seq_q, heads_q, float(attn_scale) * LOG2E,
+    )
+    launches = [Launch(_sdpa_decode_kernel, (heads_kv, batch, split), main, dict(
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=knobs.TILE_N, PAGE_SIZE=page_size,
         GROUP=group, SPLIT_KV=split, CAUSAL=causal, WRITE_LSE=stats is not None,
         Q_RAGGED=ragged_offsets_q is not None,
         num_warps=knobs.NUM_WARPS, num_stages=knobs.NUM_STAGES,
-    )
+    ))]
     if split > 1:
-        _sdpa_decode_combine_kernel[(heads_q * seq_q, batch)](
-            o_part, lse_part, out, lse_arg, offs_o, *out.stride(), *l_strides, seq_q, heads_q,
-            HEAD_DIM=head_dim, SPLIT_KV=split, WRITE_LSE=stats is not None,
-            Q_RAGGED=ragged_offsets_q is not None, num_warps=4,
-        )
+        combine = (o_part, lse_part, out, lse_arg, offs_o, *out.stride(), *l_strides, seq_q,
+                   heads_q)  # fmt: skip
+        launches.append(Launch(_sdpa_decode_combine_kernel, (heads_q * seq_q, batch), combine,
+                               dict(HEAD_DIM=head_dim, SPLIT_KV=split,
+                                    WRITE_LSE=stats is not None,
+                                    Q_RAGGED=ragged_offsets_q is not None, num_warps=4)))
+    return launches
 
 
-__all__ = ["sdpa_decode", "decode_workspace_numel"]
+__all__ = ["sdpa_decode", "decode_launches", "decode_workspace_numel"]

@@ -32,7 +32,7 @@ class SdpaFwdKnobs:
     aligned strides, token ragged offsets); elsewhere the same kernel uses pointer loads.
     LAZY_RESCALE: in the unmasked key tiles, rescale the accumulator only when a row's
     running max grows by more than 2^8 (same result up to fp32 rounding).
-    MAX_REGS: cap on registers per thread (ptxas maxnreg; None = the compiler's choice).
+    MAX_REGS: cap on registers per thread (ptxas maxnreg; 0 = the compiler's choice).
     A cap trades a few spills for a second resident program per SM: at D=128 the 128x64
     tile with 8 warps compiles to 184 registers (one program per SM); capped at 128 it
     spills 96 bytes per thread and two programs fit with NUM_STAGES=2 (sm_90 ptxas of
@@ -46,7 +46,7 @@ class SdpaFwdKnobs:
     PACK_GQA: bool = False
     TMA: bool = False
     LAZY_RESCALE: bool = False
-    MAX_REGS: int | None = None
+    MAX_REGS: int = 0
 
     def __post_init__(self):
         # The public boundary hands ints ({knob_type: int}); keep one spelling per value so
@@ -61,9 +61,12 @@ class SdpaFwdKnobs:
             raise ValueError(f"SdpaFwdKnobs.NUM_WARPS={self.NUM_WARPS}: must be 1, 2, 4, 8 or 16")
         if not 1 <= self.NUM_STAGES <= 6:
             raise ValueError(f"SdpaFwdKnobs.NUM_STAGES={self.NUM_STAGES}: must be in 1..6")
-        if self.MAX_REGS is not None and not (
-                isinstance(self.MAX_REGS, int) and 24 <= self.MAX_REGS <= 255):
-            raise ValueError(f"SdpaFwdKnobs.MAX_REGS={self.MAX_REGS}: must be None or 24..255")
+        if self.MAX_REGS is None:  # the compiler's choice, one spelling: 0
+            object.__setattr__(self, "MAX_REGS", 0)
+        if not (isinstance(self.MAX_REGS, int) and (self.MAX_REGS == 0
+                                                    or 24 <= self.MAX_REGS <= 255)):
+            raise ValueError(f"SdpaFwdKnobs.MAX_REGS={self.MAX_REGS}: must be 0 (the "
+                             "compiler's choice) or 24..255")
         # Measured on the H200 (triton 3.6, 2026-11-29): ptxas dies (SIGSEGV) compiling TMA
         # loads with TILE_N=128 (D=64 and D=128), and TMA with LAZY_RESCALE at D=128 (causal,
         # no mask, THD with PACK_GQA; it compiled at D=64 and under a window mask, which is

@@ -24,6 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ....runtime.launch import Launch
 from .knobs import SUPPORTED_HEAD_DIMS, SdpaFwdKnobs
 from .mask import AttnMask
 
@@ -381,7 +382,16 @@ def _install_scratch_allocator() -> None:
     _SCRATCH_INSTALLED = True
 
 
-def sdpa_prefill(
+def sdpa_prefill(q, k, v, out, **kwargs) -> None:
+    """Write softmax(attn_scale * q k^T + mask) v into ``out`` (and log-sum-exp into
+    ``stats``) through Triton's own launch on torch's current stream: the torch entry
+    (tests, benchmarks). Arguments: `prefill_launch`."""
+    launch = prefill_launch(q, k, v, out, **kwargs)
+    if launch is not None:
+        launch.fn[launch.grid](*launch.args, **launch.kwargs)
+
+
+def prefill_launch(
     q, k, v, out, *,
     attn_scale: float,
     knobs: SdpaFwdKnobs,
@@ -398,8 +408,11 @@ def sdpa_prefill(
     ragged_offsets_v=None,
     ragged_offsets_o=None,
     ragged_offsets_stats=None,
-) -> None:
-    """Write softmax(attn_scale * q k^T + mask) v into ``out`` (and log-sum-exp into ``stats``).
+):
+    """The launch (runtime/launch.py `Launch`) that writes softmax(attn_scale * q k^T + mask)
+    v into ``out`` (and log-sum-exp into ``stats``), or None when there is nothing to do.
+    The tensors may be torch tensors or a plan's `SymbolicTensor`s (its build): this code
+    is the one place the kernel's arguments are computed.
 
     Dense: q, out [B, Hq, Sq, D]; k, v [B, Hkv, Skv, D]; any strides (BSHD is a permuted
     view). THD (ragged_offsets_q given, int32/int64 [B + 1]): q, out [Tq, Hq, D]; k, v
@@ -566,21 +579,23 @@ def sdpa_prefill(
     num_m_tiles = triton.cdiv(rows, knobs.TILE_M)
     grid = (num_m_tiles, heads_kv if knobs.PACK_GQA else heads_q, batch)
     if num_m_tiles == 0 or batch == 0:
-        return
+        return None
     # Paged keys are gathered row by row through the page table: pointer loads there.
     use_tma = knobs.TMA and not paged and _tma_eligible(q, (k, v), offsets_unit)
     if use_tma:
         _install_scratch_allocator()
-    launch_opts = {} if knobs.MAX_REGS is None else {"maxnreg": knobs.MAX_REGS}
+    launch_opts = {"maxnreg": knobs.MAX_REGS} if knobs.MAX_REGS else {}
     window_left = mask.window_left if mask.window_left is not None else 0
     window_right = mask.window_right if mask.window_right is not None else 0
-    _sdpa_fwd_kernel[grid](
+    args = (
         q, k, v, out, stats if stats is not None else out, len_q, len_kv, offs_q, offs_kv,
         offs_v, offs_o, offs_l, page_table if paged else offs_q,
         page_table_v if paged else offs_q,
         *qs, *ks, *vs, *os_, *l_strides, *t_strides,
         *muls, l_mul,
         seq_q, seq_kv, num_m_tiles, float(attn_scale) * LOG2E, window_left, window_right,
+    )
+    kwargs = dict(
         HEAD_DIM=head_dim, BLOCK_M=knobs.TILE_M, BLOCK_N=knobs.TILE_N,
         GROUP=group, PACK_GQA=knobs.PACK_GQA, IS_THD=is_thd,
         HAS_SEQLEN_Q=seq_len_q is not None, HAS_SEQLEN_KV=seq_len_kv is not None,
@@ -589,6 +604,7 @@ def sdpa_prefill(
         TMA=use_tma, LAZY_RESCALE=knobs.LAZY_RESCALE, PAGED=paged, PAGE_SIZE=page_size,
         num_warps=knobs.NUM_WARPS, num_stages=knobs.NUM_STAGES, **launch_opts,
     )
+    return Launch(_sdpa_fwd_kernel, grid, args, kwargs)
 
 
 def prefill_flops(heads: int, head_dim: int, seqlens_q, seqlens_kv, mask: AttnMask) -> float:
@@ -611,4 +627,4 @@ def prefill_flops(heads: int, head_dim: int, seqlens_q, seqlens_kv, mask: AttnMa
     return 4.0 * visible * head_dim * heads
 
 
-__all__ = ["AttnMask", "sdpa_prefill", "prefill_flops", "LOG2E", "LN2"]
+__all__ = ["AttnMask", "sdpa_prefill", "prefill_launch", "prefill_flops", "LOG2E", "LN2"]

@@ -1,0 +1,730 @@
+"""The one launch path of the python engines: compile at build, launch raw at execute.
+
+Every python plan's kernels are Triton kernels. Triton's own launch (``kernel[grid](...)``)
+binds the arguments, computes a specialization key, looks it up and reads torch's current
+stream: ~50 us of host time a launch on the H200, and the stream it picks is torch's, not
+the handle's. A plan here instead settles at build everything but the buffers' addresses
+and strides, compiles its kernels for exactly that (`compile_launch`), and executes through
+one generated function (`prepare_execute`): the pack's buffers by position, a few integer
+tests, then Triton's C launcher, called directly, on the handle's stream.
+
+Three things live here and nowhere else:
+
+* `Kernel`: a compiled, loaded kernel and the ABI of Triton's C launcher (`LAUNCHER_HEAD`:
+  the launcher's arguments ahead of the kernel's own). The GEMM engine's generated execute
+  (engines/gemm/kernels/launch.py) and the recorded-launch replay below read it.
+* `SymbolicTensor` / `Stride`: a plan describes its operands symbolically at build, runs its
+  launcher's ARGUMENT code on them (the same code that serves the torch entry), and gets
+  its launches back with each pointer an (operand, byte offset) and each stride an
+  (operand, axis) of the call's buffer or a constant of the declaration.
+* `record_launches` / `build_replay`: for a launcher whose argument code cannot run on
+  symbolic tensors (the GDN pipelines), record one real run and replay it raw.
+
+Specialization is Triton's own, computed without a device (its binder, for an sm_90
+target): pointers 16-byte aligned, int arguments equal to 1 folded, multiples of 16 marked.
+The generated execute tests exactly those assumptions on every per-call value and hands a
+call that breaks one to a checker that names the operand and the rule and raises; nothing
+is launched. Under TRITON_INTERPRET=1 the same prepared launches run through the
+interpreter (`kernel[grid](...)` on torch views of the buffers), chosen once at build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+# Triton specializes a pointer argument on address % 16 == 0.
+ALIGN = 16
+# Triton's C launcher (triton 3.6 backends/nvidia/driver.py): its arguments ahead of the
+# kernel's own, in order. Every raw launch in the package is spelled from this tuple.
+LAUNCHER_HEAD = (
+    "grid_x", "grid_y", "grid_z", "stream", "function", "cooperative", "pdl",
+    "global_scratch", "profile_scratch", "packed_metadata", "launch_metadata",
+    "enter_hook", "exit_hook",
+)  # fmt: skip
+# The operand index of the caller's workspace in a launch's symbolic arguments.
+WORKSPACE = -1
+
+
+class Kernel:
+    """A compiled kernel, loaded on its device, with what Triton's C launcher takes besides
+    the grid, the stream and the arguments. `key` identifies what was compiled (the
+    kernel's name, Triton's specialization and options): two plans with one key run one
+    binary."""
+
+    __slots__ = (
+        "compiled",
+        "cooperative",
+        "function",
+        "key",
+        "launch",
+        "name",
+        "packed_metadata",
+        "pdl",
+        "profile_bytes",
+        "scratch_bytes",
+    )  # fmt: skip
+
+    def __init__(self, compiled, key=None, name=None):
+        run = compiled.run  # loads the binary on the current device and builds the launcher
+        self.compiled = compiled
+        self.launch = run.launch
+        self.function = compiled.function
+        self.cooperative = run.launch_cooperative_grid
+        self.pdl = run.launch_pdl
+        self.packed_metadata = compiled.packed_metadata
+        self.scratch_bytes = run.global_scratch_size
+        self.profile_bytes = run.profile_scratch_size
+        self.key = key
+        self.name = name
+
+    def head(self, grid, stream, scratch=None):
+        """LAUNCHER_HEAD's values for one launch (no launch metadata, no hooks)."""
+        gx, gy, gz = grid
+        return (gx, gy, gz, stream, self.function, self.cooperative, self.pdl, scratch, None,
+                self.packed_metadata, None, None, None)  # fmt: skip
+
+
+# ------------------------------------------------------------------ symbolic arguments
+
+
+class Stride:
+    """A per-call stride: axis `axis` of operand `slot`'s buffer. `value` is the
+    declaration's (what the kernel is compiled for)."""
+
+    __slots__ = ("axis", "slot", "value")
+
+    def __init__(self, slot, axis, value):
+        self.slot, self.axis, self.value = slot, axis, value
+
+    def __repr__(self):
+        return f"Stride({self.slot}, {self.axis})"
+
+
+def _value(s):
+    return s.value if type(s) is Stride else s
+
+
+class SymbolicTensor:
+    """Operand `slot` of a plan as its launcher's argument code sees it at build: the
+    declared extents, each stride a `Stride` of the call's buffer or a constant, a byte
+    `offset` from the buffer's address. Supports the tensor surface that argument code
+    uses (shape, stride, dtype, views that move the offset or permute axes)."""
+
+    __slots__ = ("device", "dtype", "itemsize", "offset", "shape", "slot", "strides")
+
+    def __init__(self, slot, shape, strides, dtype, device="cuda", offset=0):
+        import torch
+
+        self.slot, self.offset = slot, offset
+        self.shape = torch.Size(shape)
+        self.strides = tuple(strides)
+        self.dtype, self.device = dtype, device
+        self.itemsize = torch.empty((), dtype=dtype).element_size()
+
+    def _like(self, shape, strides, offset):
+        return SymbolicTensor(self.slot, shape, strides, self.dtype, self.device, offset)
+
+    def dim(self):
+        return len(self.shape)
+
+    def stride(self, axis=None):
+        return self.strides if axis is None else self.strides[axis]
+
+    def element_size(self):
+        return self.itemsize
+
+    def numel(self):
+        n = 1
+        for e in self.shape:
+            n *= e
+        return n
+
+    def data_ptr(self):
+        return (self.slot, self.offset)  # compared for identity only
+
+    def is_contiguous(self):
+        want = 1
+        for e, s in zip(reversed(self.shape), reversed(self.strides)):
+            if e != 1 and _value(s) != want:
+                return False
+            want *= e
+        return True
+
+    def permute(self, *dims):
+        return self._like([self.shape[d] for d in dims], [self.strides[d] for d in dims],
+                          self.offset)  # fmt: skip
+
+    def reshape(self, *shape):
+        if shape not in ((-1,), ((-1,),)):
+            raise NotImplementedError("SymbolicTensor.reshape: only reshape(-1)")
+        if not self.is_contiguous():
+            raise ValueError("SymbolicTensor.reshape(-1) of a non-contiguous declaration")
+        return self._like([self.numel()], [1], self.offset)
+
+    def __getitem__(self, index):
+        index = index if isinstance(index, tuple) else (index,)
+        shape, strides, offset = [], [], self.offset
+        for axis, ix in enumerate(index):
+            s = self.strides[axis]
+            if isinstance(ix, int):
+                offset += ix * _value(s) * self.itemsize
+            elif isinstance(ix, slice) and ix.step in (None, 1):
+                start, stop, _ = ix.indices(self.shape[axis])
+                offset += start * _value(s) * self.itemsize
+                shape.append(max(0, stop - start))
+                strides.append(s)
+            else:
+                raise NotImplementedError(f"SymbolicTensor index {ix!r}")
+        shape += list(self.shape[len(index) :])
+        strides += list(self.strides[len(index) :])
+        return self._like(shape, strides, offset)
+
+
+class Launch:
+    """One kernel launch of a plan: the JIT function, its grid, its arguments (constants,
+    `SymbolicTensor`s, `Stride`s) and its keyword arguments (constexprs and options)."""
+
+    __slots__ = ("args", "fn", "grid", "kwargs")
+
+    def __init__(self, fn, grid, args, kwargs):
+        self.fn = fn
+        self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        self.args, self.kwargs = tuple(args), dict(kwargs)
+
+
+class _PointerAtBuild:
+    """What Triton's binder reads of a pointer argument: its dtype and an address (the
+    operand's offset over a 16-byte aligned base, as a call is required to supply)."""
+
+    __slots__ = ("_ptr", "dtype")
+
+    def __init__(self, dtype, ptr):
+        self.dtype, self._ptr = dtype, ptr
+
+    def data_ptr(self):
+        return self._ptr
+
+
+_BINDERS = {}
+_BINDER_LOCK = threading.Lock()
+
+
+def _binder(fn, arch):
+    with _BINDER_LOCK:
+        hit = _BINDERS.get((fn.fn, arch))
+        if hit is None:
+            from triton.backends.compiler import GPUTarget
+            from triton.compiler import make_backend
+            from triton.runtime.jit import create_function_from_signature
+
+            backend = make_backend(GPUTarget("cuda", arch, 32))
+            hit = _BINDERS[(fn.fn, arch)] = (
+                backend,
+                create_function_from_signature(fn.signature, fn.params, backend),
+            )
+        return hit
+
+
+class CompiledLaunch:
+    """A `Launch` specialized: its ordered parameter values (symbolic), Triton's
+    specialization of them, and the key of the binary. `kernel` is the loaded `Kernel`
+    (None until `load`; under the interpreter nothing is compiled)."""
+
+    __slots__ = ("ast", "kernel", "key", "launch", "options", "spec", "target", "values")
+
+    def load(self, device_ordinal):
+        """Compile (Triton's on-disk cache answers a repeat) and load on the device."""
+        import torch
+        import triton
+        from triton.compiler import ASTSource
+
+        with torch.cuda.device(device_ordinal):
+            target = triton.runtime.driver.active.get_current_target()
+            fn, sig, cx, attrs = self.ast
+            compiled = triton.compile(ASTSource(fn, sig, cx, attrs), target=target,
+                                      options=self.options)  # fmt: skip
+            self.kernel = Kernel(compiled, key=self.key, name=fn.__name__)
+        if self.kernel.profile_bytes:
+            raise NotImplementedError(f"{fn.__name__}: profile scratch is not served")
+        return self.kernel
+
+
+def _jit(fn):
+    """The JITFunction of a kernel; under TRITON_INTERPRET=1 one made from the interpreted
+    function's source and options, so a plan's specialization and key are the same on the
+    interpreter as on a GPU."""
+    if hasattr(fn, "params"):
+        return fn
+    with _BINDER_LOCK:
+        hit = _JITS.get(fn)
+        if hit is None:
+            from triton.runtime.jit import JITFunction
+
+            hit = _JITS[fn] = JITFunction(fn.fn, **fn.kwargs)
+        return hit
+
+
+_JITS = {}
+
+
+def compile_launch(launch: Launch, arch: int = 90) -> CompiledLaunch:
+    """Specialize one launch for the values its plan declared (no device, nothing loaded)."""
+    fn = _jit(launch.fn)
+    names = fn.arg_names
+    bound = fn.signature.bind(
+        *launch.args, **{k: v for k, v in launch.kwargs.items() if k in names}
+    )
+    bound.apply_defaults()
+    values = list(bound.arguments.values())
+    at_build = [
+        _PointerAtBuild(v.dtype, ALIGN * 4096 + v.offset) if type(v) is SymbolicTensor
+        else _value(v)
+        for v in values
+    ]  # fmt: skip
+    options_kw = {k: v for k, v in launch.kwargs.items() if k not in names}
+    options_kw.setdefault("debug", False)
+    backend, binder = _binder(fn, arch)
+    _, spec, options = binder(*at_build, **options_kw)
+    options, sig, cx, attrs = fn._pack_args(backend, options_kw, dict(zip(names, at_build)),
+                                            spec, options)  # fmt: skip
+    out = CompiledLaunch()
+    out.launch, out.values, out.spec = launch, values, spec
+    out.key = (fn.__name__, str(spec), str(options))
+    out.ast = (fn, sig, cx, attrs)
+    out.options = options.__dict__
+    out.kernel = None
+    return out
+
+
+# ------------------------------------------------------------------ the generated execute
+
+
+class Operand:
+    """One operand a prepared plan reads: its pack position, name, declared extents and
+    strides, dtype (torch) and how a call's buffer is read.
+
+    mode "strided": the buffer's own strides are launch arguments (rank and extents must
+    be the declared ones); "declared": only the address is read, under the declared
+    strides; "packed": the same, and the buffer may be smaller than the padded
+    declaration (a THD operand holds the packed tokens), so its extent is not checked."""
+
+    __slots__ = ("dims", "dtype", "mode", "name", "position", "strides")
+
+    def __init__(self, position, name, dims, strides, dtype, mode):
+        self.position, self.name = position, name
+        self.dims, self.strides = tuple(dims), tuple(strides)
+        self.dtype, self.mode = dtype, mode
+
+    def symbolic(self, slot):
+        if self.mode == "strided":
+            strides = [Stride(slot, a, s) for a, s in enumerate(self.strides)]
+        else:
+            strides = self.strides
+        return SymbolicTensor(slot, self.dims, strides, self.dtype)
+
+
+def workspace_tensor(nbytes, dtype):
+    """The caller's workspace as a launcher's argument code sees it: a flat `dtype` run."""
+    import torch
+
+    n = nbytes // torch.empty((), dtype=dtype).element_size()
+    return SymbolicTensor(WORKSPACE, (n,), (1,), dtype)
+
+
+class Refusal(ValueError):
+    pass
+
+
+def prepare_execute(label, operands, launches, workspace_size, device):
+    """execute(graph, pack, ctx) over `launches` (their arguments built on
+    `operands[i].symbolic(i)` and `workspace_tensor`): compiled and loaded here, or under the
+    interpreter the same launches through `kernel[grid]`. Returns (execute, [CompiledLaunch])."""
+    compiled = [compile_launch(launch) for launch in launches]
+    if getattr(device, "is_interpreter", False):
+        return _interpreted(operands, compiled, workspace_size), compiled
+    ordinal = getattr(device, "ordinal", 0) or 0
+    for c in compiled:
+        c.load(ordinal)
+        if c.kernel.scratch_bytes:
+            raise NotImplementedError(f"{label}: {c.kernel.name} needs global scratch")
+    return _generated(label, operands, compiled, workspace_size), compiled
+
+
+def _rules(operands, compiled):
+    """What a call must satisfy, from the specialization: [(kind, slot, axis)]."""
+    rules = []
+    for op_i, op in enumerate(operands):
+        if op.mode == "strided":
+            rules.append(("rank", op_i, len(op.dims)))
+            rules.append(("dims", op_i, None))
+    for c in compiled:
+        for v, (ty, attr) in zip(c.values, c.spec):
+            if type(v) is SymbolicTensor and attr == "D":
+                rules.append(("aligned", v.slot, v.offset))
+            elif type(v) is Stride:
+                if ty == "constexpr":
+                    rules.append(("unit", v.slot, v.axis))
+                elif attr == "D":
+                    rules.append(("div16", v.slot, v.axis))
+    return list(dict.fromkeys(rules))
+
+
+def _generated(label, operands, compiled, workspace_size):
+    """The straight-line execute (the spec's "source codegen off the same table")."""
+    env = {"POSITIONS": tuple(op.position for op in operands), "refuse": _refuse,
+           "OPERANDS": tuple(operands), "workspace_address": _workspace_address(),
+           "NEED": workspace_size}  # fmt: skip
+    n = len(operands)
+    strided = [i for i, op in enumerate(operands) if op.mode == "strided"]
+    lines = ["def execute(graph, pack, ctx):"]
+    lines += [f"    pack.check_extent({op.position}, {op.name!r})"
+              for op in operands if op.mode != "packed"]  # fmt: skip
+    lines.append("    " + "".join(f"b{i}, " for i in range(n)) + "= pack.operands(POSITIONS)")
+    lines += [f"    p{i} = b{i}.ptr" for i in range(n)]
+    lines += [f"    s{i} = b{i}.strides" for i in strided]
+    lines.append("    stream = ctx.stream or 0")
+    if workspace_size:
+        lines.append("    ws = workspace_address(ctx.workspace, NEED)")
+    # Two levels: the common call (every strided buffer under its declared strides, every
+    # address 16-byte aligned) passes one tuple comparison per operand and one OR of the
+    # addresses; the declared strides satisfy every stride rule by construction (the
+    # specialization was computed on them), so only another call walks the rules one by one.
+    fast, tests, aligned = [], [], []
+    for kind, slot, x in _rules(operands, compiled):
+        if kind == "rank":
+            env[f"DS{slot}"] = operands[slot].strides
+            fast.append(f"s{slot} != DS{slot}")
+            tests.append(f"len(s{slot}) != {x}")
+        elif kind == "dims":
+            env[f"D{slot}"] = operands[slot].dims
+            tests.append(f"b{slot}.shape != D{slot}")
+        elif kind == "aligned":
+            base = "ws" if slot == WORKSPACE else f"p{slot}"
+            if x % ALIGN == 0:
+                aligned.append(base)
+            else:
+                fast.append(f"({base} + {x}) & {ALIGN - 1}")
+        elif kind == "unit":
+            tests.append(f"s{slot}[{x}] != 1")
+        else:
+            tests.append(f"s{slot}[{x}] & 15")
+    if aligned:
+        fast.append(f"({' | '.join(dict.fromkeys(aligned))}) & {ALIGN - 1}")
+        tests.append(fast[-1])
+    tests += [t for t in fast if t.startswith("(") and t not in tests]
+    env["RULES"] = tuple(_rules(operands, compiled))
+    for j, c in enumerate(compiled):
+        k = c.kernel
+        env[f"L{j}"], env[f"F{j}"], env[f"M{j}"] = k.launch, k.function, k.packed_metadata
+    if fast:
+        bufs = ", ".join(f"b{i}" for i in range(n))
+        ws = "ws" if workspace_size else "None"
+        lines.append("    if " + " or ".join(fast) + ":")
+        lines.append("        if " + " or ".join(tests) + ":")
+        lines.append(f"            refuse(OPERANDS, RULES, ({bufs}{',' if n == 1 else ''}), {ws})")
+        lines += ["        " + _launch_line(j, c, env, None) for j, c in enumerate(compiled)]
+        lines.append("        return")
+    lines += ["    " + _launch_line(j, c, env, operands) for j, c in enumerate(compiled)]
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, f"<execute {label}>", "exec"), env)  # noqa: S102 (generated here)
+    execute = env["execute"]
+    execute.source = source
+    return execute
+
+
+def _launch_line(j, c, env, declared):
+    """One raw launch. With `declared` (the common call: every buffer under its declared
+    strides) the strides are the declaration's constants and every argument after the last
+    address is one prebuilt tuple, T{j}: a call of ~80 arguments spelled out cost 1.3 us more
+    on the CI CPU (no-op launcher) than the addresses and *T{j}."""
+    k = c.kernel
+    args = []
+    for i, v in enumerate(c.values):
+        if type(v) is SymbolicTensor:
+            base = "ws" if v.slot == WORKSPACE else f"p{v.slot}"
+            args.append((True, f"{base} + {v.offset}" if v.offset else base))
+        elif type(v) is Stride:
+            if declared is None:
+                args.append((True, f"s{v.slot}[{v.axis}]"))
+            else:
+                args.append((False, declared[v.slot].strides[v.axis]))
+        else:
+            args.append((False, v))
+    gx, gy, gz = c.launch.grid
+    head = (f"L{j}({gx}, {gy}, {gz}, stream, F{j}, {k.cooperative!r}, {k.pdl!r}, None, None, "
+            f"M{j}, None, None, None")  # fmt: skip
+    if declared is not None:
+        last = max((i for i, (var, _) in enumerate(args) if var), default=-1)
+        env[f"T{j}"] = tuple(value for _, value in args[last + 1 :])
+        return head + "".join(f", {e}" for _, e in args[: last + 1]) + f", *T{j})"
+    spelled = []
+    for i, (var, e) in enumerate(args):
+        if var or e is None or type(e) in (bool, int, float):
+            spelled.append(e if var else repr(e))
+        else:
+            env[f"C{j}_{i}"] = e
+            spelled.append(f"C{j}_{i}")
+    return head + "".join(f", {e}" for e in spelled) + ")"
+
+
+def _workspace_address():
+    from .variant_pack import workspace_address
+
+    return workspace_address
+
+
+def _refuse(operands, rules, bufs, ws):
+    """The checker: the first rule a call breaks, named; raises (nothing was launched)."""
+    for kind, slot, x in rules:
+        if slot == WORKSPACE:
+            if (ws + x) % ALIGN:
+                raise Refusal(f"workspace: address {ws:#x} + {x} is not {ALIGN}-byte aligned")
+            continue
+        op, buf = operands[slot], bufs[slot]
+        where = f"operand {op.name!r}"
+        if kind == "rank" and len(buf.strides) != x:
+            raise Refusal(
+                f"{where}: the buffer has {len(buf.strides)} axes, the plan reads the "
+                f"declared {x} (bind a view with the declared extents)"
+            )
+        if kind == "dims" and tuple(buf.shape) != op.dims:
+            raise Refusal(
+                f"{where}: extents {tuple(buf.shape)} differ from the declared "
+                f"{op.dims} (bind a view with the declared extents)"
+            )
+        if kind == "aligned" and (buf.ptr + x) % ALIGN:
+            raise Refusal(
+                f"{where}: address {buf.ptr:#x} is not {ALIGN}-byte aligned (the "
+                "kernel is compiled for aligned operands)"
+            )
+        if kind == "unit" and buf.strides[x] != 1:
+            raise Refusal(
+                f"{where}: stride {buf.strides[x]} on axis {x}; the kernel is compiled "
+                f"for the declared unit stride there"
+            )
+        if kind == "div16" and buf.strides[x] % 16:
+            raise Refusal(
+                f"{where}: stride {buf.strides[x]} on axis {x} is not a multiple of 16 "
+                f"elements like the declared {op.strides[x]} (the kernel assumes it)"
+            )
+    raise AssertionError(f"a call failed the launch test but breaks no named rule: {rules}")
+
+
+def _interpreted(operands, compiled, workspace_size):
+    """TRITON_INTERPRET=1: the same launches, each pointer a torch view of its buffer."""
+    import torch
+
+    from .variant_pack import workspace_address
+
+    def view(root, v):
+        byte = root.storage_offset() * root.element_size() + v.offset
+        return torch.empty(0, dtype=v.dtype).set_(root.untyped_storage(), byte // v.itemsize,
+                                                  (1,), (1,))  # fmt: skip
+
+    def execute(graph, pack, ctx):
+        for op in operands:
+            if op.mode != "packed":
+                pack.check_extent(op.position, op.name)
+        bufs = pack.operands([op.position for op in operands])
+        roots = [torch.from_dlpack(b) for b in bufs]
+        ws = None
+        if workspace_size:
+            workspace_address(ctx.workspace, workspace_size)  # the named refusal
+            ws = torch.from_dlpack(ctx.workspace).reshape(-1)
+        for kind, slot, x in _rules(operands, compiled):
+            if kind in ("rank", "dims", "unit"):
+                bad = ((kind == "rank" and len(bufs[slot].strides) != x)
+                       or (kind == "dims" and tuple(bufs[slot].shape) != operands[slot].dims)
+                       or (kind == "unit" and bufs[slot].strides[x] != 1))  # fmt: skip
+                if bad:
+                    _refuse(operands, [(kind, slot, x)], bufs, None)
+        for c in compiled:
+            args = []
+            for v in c.values:
+                if type(v) is SymbolicTensor:
+                    args.append(view(ws if v.slot == WORKSPACE else roots[v.slot], v))
+                elif type(v) is Stride:
+                    args.append(bufs[v.slot].strides[v.axis])
+                else:
+                    args.append(v)
+            fn = c.launch.fn
+            n_args = len(fn.arg_names)
+            options = {k: v for k, v in c.launch.kwargs.items() if k not in fn.arg_names}
+            options.pop("maxnreg", None)
+            fn[c.launch.grid](*args[:n_args], **options)
+
+    return execute
+
+
+# ------------------------------------------------------------------ recorded launches
+
+
+_RECORDING = threading.local()
+_PATCH_LOCK = threading.Lock()
+
+
+class LaunchRecord:
+    """What one run of a launcher did: launches [(name, compiled, (gx, gy, gz), values)] in
+    order, the same as JIT calls [(fn, grid, args, kwargs)] (what a benchmark replays to
+    time Triton's own launch path), and the reasons it cannot be replayed (empty if it
+    can)."""
+
+    def __init__(self):
+        self.launches = []
+        self.jit_calls = []
+        self.refusals = []
+
+    def add(self, fn, compiled, grid, args, kwargs):
+        self.jit_calls.append((fn, grid, args, kwargs))
+        names = set(fn.arg_names)
+        bound = fn.signature.bind(*args, **{k: v for k, v in kwargs.items() if k in names})
+        bound.apply_defaults()
+        values = list(bound.arguments.values())
+        if callable(grid):
+            grid = grid(dict(zip(fn.arg_names, values)))
+        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        launcher = compiled.run
+        if launcher.global_scratch_size or launcher.profile_scratch_size:
+            self.refusals.append(f"{fn.__name__} needs per-launch global scratch")
+        elif any(str(ty).startswith("tensordesc") for ty in compiled.src.signature.values()):
+            self.refusals.append(f"{fn.__name__} takes tensor descriptors")
+        self.launches.append((fn.__name__, compiled, grid, values))
+
+
+@contextlib.contextmanager
+def record_launches():
+    """Run a launcher inside this to record its Triton launches (they run as usual).
+
+    For a launcher whose argument code is not written against `SymbolicTensor` (a GDN
+    pipeline: Python that validates, carves a workspace and picks configs). The contract
+    such a launcher meets to be replayed: its launches are a function of its roots' shapes,
+    strides and dtypes and of which roots are the same buffer; every pointer it passes is a
+    root or lies inside exactly one root; it launches Triton kernels and does nothing else
+    on the device. A computing torch op or a pointer outside the roots makes `build_replay`
+    return the reason instead of a replay."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from triton.runtime.jit import JITFunction
+
+    record = LaunchRecord()
+
+    class ComputeWatch(TorchDispatchMode):
+        # A view (a workspace slice) is host metadata; anything else runs on the device and
+        # a replay would skip it.
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:
+                record.refusals.append(f"torch op {func} runs on the device")
+            return func(*args, **(kwargs or {}))
+
+    with _PATCH_LOCK:
+        original = JITFunction.run
+
+        def run(self, *args, grid, warmup, **kwargs):
+            compiled = original(self, *args, grid=grid, warmup=warmup, **kwargs)
+            if not warmup and getattr(_RECORDING, "record", None) is record:
+                record.add(self, compiled, grid, args, kwargs)
+            return compiled
+
+        JITFunction.run = run
+        _RECORDING.record = record
+        try:
+            with ComputeWatch():
+                yield record
+        finally:
+            _RECORDING.record = None
+            JITFunction.run = original
+
+
+def _span(t) -> int:
+    """Bytes from t's first element to one past its last."""
+    if t.numel() == 0:
+        return 0
+    return t.element_size() * (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())))
+
+
+def build_replay(record: LaunchRecord, roots: list, label: str):
+    """(replay, None) or (None, reason). `roots`: [(name, tensor)] of the buffers the
+    launcher was given, in the order the caller will pass their addresses.
+
+    replay(P, stream) -> bool, P the roots' addresses (data_ptr) in that order: launches
+    the recorded sequence on `stream` (a raw CUstream int) and returns True, or returns
+    False having launched nothing: a root that fed a 16-byte-aligned pointer lost that
+    alignment (Triton compiled for it), or roots that were one buffer in the record are
+    not now."""
+    if record.refusals:
+        return None, "; ".join(dict.fromkeys(record.refusals))
+    if not record.launches:
+        return None, "the launcher launched no compiled Triton kernel"
+    import torch
+
+    names = [n for n, _ in roots]
+    tensors = [t for _, t in roots]
+    base = [t.data_ptr() for t in tensors]
+    end = [b + _span(t) for b, t in zip(base, tensors)]
+    env = {}
+    needs_aligned = set()
+    lines = []
+
+    def pointer(value, where):
+        for r, t in enumerate(tensors):
+            if value is t:
+                return r, 0
+        p = value.data_ptr()
+        holders = {base[r] for r in range(len(tensors)) if base[r] <= p < end[r]}
+        if len(holders) != 1:
+            raise LookupError(
+                f"{where}: address {p:#x} is inside "
+                + ("no root buffer" if not holders else "several different root buffers")
+            )
+        r = next(r for r in range(len(tensors)) if base[r] <= p < end[r])
+        return r, p - base[r]
+
+    try:
+        for i, (kname, compiled, grid, values) in enumerate(record.launches):
+            run = compiled.run
+            env[f"L{i}"] = run.launch
+            env[f"F{i}"] = compiled.function
+            env[f"M{i}"] = compiled.packed_metadata
+            coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+            args = []
+            for j, value in enumerate(values):
+                if isinstance(value, torch.Tensor):
+                    r, off = pointer(value, f"{kname} argument {j}")
+                    if (base[r] + off) % ALIGN == 0:
+                        needs_aligned.add(r)
+                    args.append(f"p{r}" if off == 0 else f"p{r} + {off}")
+                else:
+                    env[f"C{i}_{j}"] = value
+                    args.append(f"C{i}_{j}")
+            gx, gy, gz = grid
+            lines.append(
+                f"    L{i}({gx}, {gy}, {gz}, stream, F{i}, {coop!r}, {pdl!r}, None, None, M{i}, "
+                f"None, None, None, {', '.join(args)})"
+            )
+    except LookupError as err:
+        return None, str(err)
+    guard = [f"p{r} & {ALIGN - 1} != {base[r] % ALIGN}" for r in sorted(needs_aligned)]
+    first = {}
+    for r, b in enumerate(base):  # roots that were one buffer stay one buffer
+        if b in first:
+            guard.append(f"p{r} != p{first[b]}")
+        else:
+            first[b] = r
+    params = ", ".join(f"p{r}" for r in range(len(tensors)))
+    body = ["def replay(P, stream):", f"    {params}{',' if len(tensors) == 1 else ''} = P"]
+    if guard:
+        body.append(f"    if {' or '.join(guard)}:")
+        body.append("        return False")
+    body += lines + ["    return True"]
+    source = "\n".join(body) + "\n"
+    exec(compile(source, f"<replay {label}>", "exec"), env)  # noqa: S102 (generated here)
+    replay = env["replay"]
+    replay.source, replay.names = source, tuple(names)
+    return replay, None
+
+
+__all__ = [
+    "ALIGN", "LAUNCHER_HEAD", "WORKSPACE", "CompiledLaunch", "Kernel", "Launch",
+    "LaunchRecord", "Operand", "Refusal", "Stride", "SymbolicTensor", "build_replay",
+    "compile_launch", "prepare_execute", "record_launches", "workspace_tensor",
+]  # fmt: skip

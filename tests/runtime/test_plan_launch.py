@@ -1,0 +1,144 @@
+"""runtime/launch.py's generated execute on the CPU, with a stand-in for Triton's C launcher
+that records what it is handed: the handle's stream reaches the launch raw (no handle: the
+legacy default stream 0), the call's addresses and strides land in the kernel's argument
+slots, and a call that breaks what the kernel was compiled for is refused by name with
+nothing launched. The real launcher runs in tests/gpu/test_plan_streams_gpu.py."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from cudnn_pygraph._types import data_type
+from cudnn_pygraph.engines.base import ExecutionContext
+from cudnn_pygraph.runtime import launch as rl
+from cudnn_pygraph.runtime.handle import Handle, check_device, raw_stream, resolve_stream
+from cudnn_pygraph.runtime.variant_pack import DeclaredLayout, VariantPack
+
+F16 = int(data_type.HALF)
+
+
+@triton.jit
+def _scale_rows(X, Y, stride_r, stride_c, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    x = tl.load(X + row * stride_r + cols * stride_c, mask=ok)
+    tl.store(Y + row * stride_r + cols * stride_c, x * 2, mask=ok)
+
+
+def _plan(calls, dims=(4, 32), strides=(32, 1)):
+    ops = [
+        rl.Operand(0, "x", dims, strides, torch.float16, "strided"),
+        rl.Operand(1, "y", dims, strides, torch.float16, "strided"),
+    ]
+    x, y = ops[0].symbolic(0), ops[1].symbolic(1)
+    launch = rl.Launch(
+        _scale_rows,
+        (dims[0],),
+        (x, y, x.stride(0), x.stride(1), dims[1]),
+        {"BLOCK": 32, "num_warps": 1},
+    )
+    compiled = rl.compile_launch(launch)
+    compiled.kernel = types.SimpleNamespace(
+        launch=lambda *a: calls.append(a),
+        function="F",
+        packed_metadata="M",
+        cooperative=False,
+        pdl=False,
+    )
+    return rl._generated("test", ops, [compiled], 0), compiled
+
+
+def _pack(x, y, dims=(4, 32), strides=(32, 1)):
+    layout = DeclaredLayout(
+        [(1, dims, strides, F16, 16), (2, dims, strides, F16, 16)], names=["x", "y"]
+    )
+    return VariantPack.from_objects(layout, [x, y])
+
+
+CTX = ExecutionContext(None, None, None, None)
+
+
+def test_no_handle_launches_on_the_legacy_default_stream_and_a_handle_on_its_own():
+    calls = []
+    execute, compiled = _plan(calls)
+    x, y = torch.randn(4, 32).half(), torch.empty(4, 32).half()
+    execute(None, _pack(x, y), CTX)
+    execute(None, _pack(x, y), ExecutionContext(None, 0x7F00, None, None))
+    assert [c[3] for c in calls] == [0, 0x7F00]
+    head = len(rl.LAUNCHER_HEAD)
+    assert calls[0][:3] == (4, 1, 1)
+    args = calls[0][head:]
+    assert args[:4] == (x.data_ptr(), y.data_ptr(), 32, 1)
+    # The unit column stride is compiled in (Triton folds an int argument equal to 1).
+    assert compiled.spec[3][0] == "constexpr"
+
+
+def test_a_padded_view_of_the_declared_extents_passes_its_own_row_stride():
+    calls = []
+    execute, _ = _plan(calls)
+    base = torch.randn(4, 48).half()
+    x = base[:, :32]  # row stride 48: a multiple of 16, like the declared 32
+    execute(None, _pack(x, torch.empty(4, 32).half()), CTX)
+    assert calls[0][len(rl.LAUNCHER_HEAD) + 2] == 48
+
+
+@pytest.mark.parametrize(
+    "bind,rule",
+    [
+        (lambda: torch.randn(4, 64).half()[:, ::2], "stride 2 on axis 1"),
+        (lambda: torch.randn(4, 40).half()[:, :32], "is not a multiple of 16"),
+        (lambda: torch.randn(4 * 32 + 1).half()[1:].view(4, 32), "is not 16-byte aligned"),
+    ],
+    ids=["column-stride", "row-stride", "misaligned"],
+)
+def test_a_call_the_kernel_was_not_compiled_for_is_refused_by_name_with_nothing_launched(
+    bind, rule
+):
+    calls = []
+    execute, _ = _plan(calls)
+    with pytest.raises(ValueError, match=rule) as err:
+        execute(None, _pack(bind(), torch.empty(4, 32).half()), CTX)
+    assert "operand 'x'" in str(err.value)
+    assert calls == []
+
+
+def test_interpreter_runs_the_same_prepared_launches():
+    ops = [
+        rl.Operand(0, "x", (4, 32), (32, 1), torch.float16, "strided"),
+        rl.Operand(1, "y", (4, 32), (32, 1), torch.float16, "strided"),
+    ]
+    x_, y_ = ops[0].symbolic(0), ops[1].symbolic(1)
+    launch = rl.Launch(
+        _scale_rows, (4,), (x_, y_, x_.stride(0), x_.stride(1), 32), {"BLOCK": 32, "num_warps": 1}
+    )
+    execute = rl._interpreted(ops, [rl.compile_launch(launch)], 0)
+    x, y = torch.randn(4, 32).half(), torch.zeros(4, 32).half()
+    execute(None, _pack(x, y), CTX)
+    assert torch.equal(y, x * 2)
+
+
+def test_a_stream_object_the_plan_cannot_read_is_refused():
+    graph = types.SimpleNamespace(backend_options={"handle": None})
+    h = Handle()
+    h.stream = object()  # assigned, not bound through set_stream
+    with pytest.raises(TypeError, match="cannot read a CUDA stream from object"):
+        resolve_stream(h, graph)
+    h.stream = types.SimpleNamespace(cuda_stream=0x55)
+    assert resolve_stream(h, graph) == 0x55
+    assert raw_stream(None) is None and raw_stream(0) == 0
+
+
+def test_a_handle_of_another_device_is_refused():
+    gpu1 = types.SimpleNamespace(ordinal=1, is_interpreter=False)
+    with pytest.raises(
+        ValueError, match="handle: device 0, but this graph's plans were built for device 1"
+    ):
+        check_device(Handle(device=0), gpu1)
+    check_device(Handle(device=1), gpu1)  # the same device: served
+    check_device(None, gpu1)  # no handle: the default stream of the plan's device
