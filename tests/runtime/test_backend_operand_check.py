@@ -221,3 +221,40 @@ def test_a_layout_without_a_declaration_checks_only_the_device():
     VariantPack.from_objects(layout, [strided]).check_declared(2, 0)
     with pytest.raises(ValueError, match="rule: device"):
         VariantPack.from_objects(layout, [torch.zeros(4)]).check_declared(2, 0)
+
+
+# ---------------------------------------------------------------- pass-by-value and ragged
+def _declared(host=(), ragged=()):
+    # slot 0: a [1, 1, 1, 1] float scalar; slot 1: a [2, 4, 8, 16] half q (padded THD)
+    return DeclaredLayout(
+        [(1, (1, 1, 1, 1), (1, 1, 1, 1), int(cudnn.data_type.FLOAT), 32),
+         (2, (2, 4, 8, 16), (512, 16, 64, 1), int(HALF), 16)],
+        names=["eps", "q"], host=host, ragged=ragged,
+    )  # fmt: skip
+
+
+def test_a_pass_by_value_scalar_is_read_from_host_memory():
+    # NVIDIA's norm samples bind epsilon as a CPU tensor: the backend copies the value from
+    # the host when the plan runs, so host memory is right there and device memory wrong.
+    q = Cuda(BASE["A"], (2, 4, 8, 16), strides=(512, 16, 64, 1))
+    host_eps = np.full((1, 1, 1, 1), 1e-5, dtype=np.float32)
+    VariantPack.from_mapping(_declared(host=[0]), {1: host_eps, 2: q}).check_declared(2, 0)
+    device_eps = Cuda(BASE["B"], (1, 1, 1, 1), typestr="<f4")
+    pack = VariantPack.from_mapping(_declared(host=[0]), {1: device_eps, 2: q})
+    with pytest.raises(ValueError, match=r"'eps'.*rule: host"):
+        pack.check_declared(2, 0)
+    # without the mark, a host buffer on a CUDA plan is the device rule's refusal
+    pack = VariantPack.from_mapping(_declared(), {1: host_eps, 2: q})
+    with pytest.raises(ValueError, match=r"'eps'.*rule: device"):
+        pack.check_declared(2, 0)
+
+
+def test_a_ragged_operand_may_be_the_packed_rows_under_a_padded_declaration():
+    # FlashInfer binds a packed [tokens, h, d] buffer to a padded [b, h, s, d] declaration
+    # whose ragged offset says where each sequence starts.
+    eps = np.full((1, 1, 1, 1), 1e-5, dtype=np.float32)
+    packed = Cuda(BASE["A"], (11, 4, 16))
+    VariantPack.from_mapping(_declared(host=[0], ragged=[1]), {1: eps, 2: packed}).check_declared(2, 0)
+    pack = VariantPack.from_mapping(_declared(host=[0]), {1: eps, 2: packed})
+    with pytest.raises(ValueError, match=r"'q'"):
+        pack.check_declared(2, 0)  # not ragged: the declared extent is read

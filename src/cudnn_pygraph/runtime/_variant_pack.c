@@ -707,7 +707,17 @@ static int declared_rule(PgPack *p, Py_ssize_t i, int32_t device_type, int32_t d
     const PgDecl *d = &p->layout->items[i];
     const PgView *v = &s->view;
     if (s->kind == PG_UNFILLED) return 0;
-    if (s->kind != PG_ADDRESS) {
+    if (d->host) {
+        /* A pass-by-value scalar: the backend copies the value from host memory when the
+         * plan runs, so the buffer is on the host whatever device the plan runs on. */
+        if (s->kind != PG_ADDRESS && v->device_type != PG_DL_CPU &&
+            v->device_type != PG_DL_CUDA_HOST) {
+            operand_error(OperandMismatchError, p, i, NULL, "the buffer is on %s:%d and this "
+                          "operand is passed by value, read from host memory (rule: host)",
+                          device_name(v->device_type), (int)v->device_id);
+            return -1;
+        }
+    } else if (s->kind != PG_ADDRESS) {
         int same = v->device_type == device_type ||
                    (device_type == PG_DL_CUDA && v->device_type == PG_DL_CUDA_MANAGED);
         /* A device the pack assumed (__cuda_array_interface__ names none) is the caller's
@@ -727,6 +737,10 @@ static int declared_rule(PgPack *p, Py_ssize_t i, int32_t device_type, int32_t d
                       "dtype)", (int)v->code, (int)d->decl.code);
         return -1;
     }
+    /* A ragged operand's buffer holds the packed rows its offsets address, smaller than
+     * and laid out unlike the padded declaration: the backend reads it through the
+     * offsets, so neither the declared extent nor its layout applies. */
+    if (d->ragged) return 0;
     if (extent_rule(p, i, NULL) < 0) return -1;
     if (s->overridden || d->span == 0) return 0;
     int64_t bs[PG_MAX_DIMS], bt[PG_MAX_DIMS], ds[PG_MAX_DIMS], dt[PG_MAX_DIMS];

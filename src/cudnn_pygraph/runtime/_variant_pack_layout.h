@@ -16,6 +16,8 @@ typedef struct {
     PgView decl; /* storage geometry; ptr/device unused */
     int64_t span;
     int32_t written; /* a plan writes this slot (an output): read-only memory is refused */
+    int32_t host;    /* a pass-by-value scalar: the backend reads it from host memory */
+    int32_t ragged;  /* carries a ragged offset: the backend reads the packed rows only */
 } PgDecl;
 
 typedef struct {
@@ -56,13 +58,41 @@ static PyObject *slot_error(PyObject *type, PgLayout *lay, Py_ssize_t i, const c
     return NULL;
 }
 
+/* Sets the flag chosen by `which` (0 host, 1 ragged) on each position of `seq` (None:
+ * none). 0, or -1 with the error set. */
+static int mark_positions(PgLayout *lay, PyObject *seq, Py_ssize_t n, const char *what,
+                          int which)
+{
+    if (seq == Py_None) return 0;
+    PyObject *fast = PySequence_Tuple(seq);
+    if (fast == NULL) return -1;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(fast); k++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(fast, k));
+        if (i == -1 && PyErr_Occurred()) goto fail;
+        if (i < 0 || i >= n) {
+            PyErr_Format(PyExc_ValueError, "DeclaredLayout: %s position %zd of a %zd-slot "
+                         "layout", what, i, n);
+            goto fail;
+        }
+        if (which == 0)
+            lay->items[i].host = 1;
+        else
+            lay->items[i].ragged = 1;
+    }
+    Py_DECREF(fast);
+    return 0;
+fail:
+    Py_DECREF(fast);
+    return -1;
+}
+
 static PyObject *layout_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"slots", "names", "written", "described", NULL};
-    PyObject *slots, *names = Py_None, *written = Py_None;
+    static char *kwlist[] = {"slots", "names", "written", "described", "host", "ragged", NULL};
+    PyObject *slots, *names = Py_None, *written = Py_None, *host = Py_None, *ragged = Py_None;
     int described = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$Op:DeclaredLayout", kwlist, &slots, &names,
-                                     &written, &described))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$OpOO:DeclaredLayout", kwlist, &slots,
+                                     &names, &written, &described, &host, &ragged))
         return NULL;
     PyObject *fast = tuple_of(slots, "DeclaredLayout: slots must be a sequence");
     if (fast == NULL) return NULL;
@@ -164,6 +194,8 @@ static PyObject *layout_new(PyTypeObject *type, PyObject *args, PyObject *kw)
         }
         lay->items[i].written = 1;
     }
+    if (mark_positions(lay, host, n, "host", 0) < 0) goto fail;
+    if (mark_positions(lay, ragged, n, "ragged", 1) < 0) goto fail;
     Py_XDECREF(row);
     Py_DECREF(fast);
     return (PyObject *)lay;

@@ -60,6 +60,8 @@ class GraphLayout:
             [(t.uid, t.dim, t.stride, int(t.data_type), _bits(t.data_type)) for t in tensors],
             names=[t.name for t in tensors],
             written=[i for i, t in enumerate(tensors) if t.uid in written],
+            host=[i for i, t in enumerate(tensors) if t.is_pass_by_value],
+            ragged=[i for i, t in enumerate(tensors) if t.ragged_offset is not None],
         )
 
     @classmethod

@@ -16,6 +16,8 @@ Declaration (once per graph)::
         names=None,                                          # optional, for error messages
         written=(),       # positions a plan writes (outputs): read-only memory refused there
         described=True,   # False: placeholder slots with no IR (a deserialized plan)
+        host=(),          # pass-by-value positions: check_declared wants host memory there
+        ragged=(),        # positions with a ragged offset: check_declared skips extent/layout
     )
 
 ``dims``/``strides`` are the graph's declaration in cuDNN element units; ``dtype_code`` is a
