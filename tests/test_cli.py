@@ -546,3 +546,39 @@ def test_python_dash_m_is_the_command():
     assert proc.returncode == 0
     for command in ("demo", "doctor", "plans", "autotune"):
         assert command in proc.stdout
+
+
+@pytest.mark.skipif(gpu_driver_present(), reason="the no-driver outcome")
+@pytest.mark.parametrize(
+    "given", [None, "0"], ids=["unset-chosen-for-the-user", "off-says-what-to-set"]
+)
+def test_a_users_own_script_plans_without_knowing_TRITON_INTERPRET(given):
+    script = (
+        "import cudnn_pygraph as cudnn\n"
+        "g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF, compute_data_type=cudnn.data_type.FLOAT)\n"
+        "g.matmul(g.tensor([1, 16, 16]), g.tensor([1, 16, 16])).set_output(True)\n"
+        "try:\n"
+        "    g.create_execution_plans([cudnn.heur_mode.A])\n"
+        "    print('planned', g.get_execution_plan_count())\n"
+        "except cudnn.cudnnGraphNotSupportedError as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if given is not None:
+        env["TRITON_INTERPRET"] = given
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**env, "PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    if given is None:
+        assert proc.stdout.startswith("planned ")
+    else:
+        assert (
+            "TRITON_INTERPRET='0' turns the Triton interpreter off: unset it (or set TRITON_INTERPRET=1)"
+            in (proc.stdout)
+        )

@@ -6,6 +6,10 @@ it once the graph is frozen and otherwise drops a validation the write invalidat
 spec's output layout contract); what shape inference fills in is provisional.
 """
 
+from __future__ import annotations  # annotations stay text
+
+from collections.abc import Sequence  # already loaded by the interpreter
+
 from .._types import data_type, tensor_reordering
 
 # torch dtype names -> ours, matched on str(dtype) so torch is never imported here.
@@ -102,41 +106,41 @@ class Tensor:
         d["scalar_type"] = None  # and how the backend takes it
 
     # ------------------------------------------------------------ reading
-    def is_user_set(self, field):
+    def is_user_set(self, field: str) -> bool:
         return field in self._user_set
 
     @property
     def graph(self):
         return self._graph
 
-    def get_name(self):
+    def get_name(self) -> str:
         return self.name
 
-    def get_dim(self):
+    def get_dim(self) -> list[int]:
         return list(self.dim)
 
-    def get_stride(self):
+    def get_stride(self) -> list[int]:
         return list(self.stride)
 
-    def get_data_type(self):
+    def get_data_type(self) -> data_type:
         return self.data_type
 
-    def get_uid(self):
+    def get_uid(self) -> int:
         return self.uid
 
-    def get_is_virtual(self):
+    def get_is_virtual(self) -> bool:
         return self.is_virtual
 
-    def get_is_pass_by_value(self):
+    def get_is_pass_by_value(self) -> bool:
         return self.is_pass_by_value
 
-    def get_ragged_offset(self):
+    def get_ragged_offset(self) -> Tensor | None:
         return self.ragged_offset
 
-    def get_ragged_offset_multiplier(self):
+    def get_ragged_offset_multiplier(self) -> int:
         return self.ragged_offset_multiplier
 
-    def get_reordering_type(self):
+    def get_reordering_type(self) -> tensor_reordering:
         return self.reordering_type
 
     def __repr__(self):
@@ -167,38 +171,38 @@ class Tensor:
         if field not in self._user_set:
             self.__dict__[field] = value
 
-    def set_name(self, name):
+    def set_name(self, name: str) -> Tensor:
         return self._set("name", name)
 
-    def set_dim(self, dim):
+    def set_dim(self, dim: Sequence[int]) -> Tensor:
         return self._set("dim", dim)
 
-    def set_stride(self, stride):
+    def set_stride(self, stride: Sequence[int]) -> Tensor:
         return self._set("stride", stride)
 
-    def set_data_type(self, dtype):
+    def set_data_type(self, dtype: data_type | int | str | object) -> Tensor:
         return self._set("data_type", dtype)
 
-    def set_uid(self, uid):
+    def set_uid(self, uid: int) -> Tensor:
         return self._set("uid", uid)
 
-    def set_is_virtual(self, flag):
+    def set_is_virtual(self, flag: bool) -> Tensor:
         return self._set("is_virtual", flag)
 
-    def set_output(self, flag):
+    def set_output(self, flag: bool) -> Tensor:
         """Classic: an output the caller binds a buffer to is not virtual."""
         return self._set("is_virtual", not flag)
 
-    def set_is_pass_by_value(self, flag):
+    def set_is_pass_by_value(self, flag: bool) -> Tensor:
         return self._set("is_pass_by_value", flag)
 
-    def set_ragged_offset(self, offset):
+    def set_ragged_offset(self, offset: Tensor | None) -> Tensor:
         return self._set("ragged_offset", offset)
 
-    def set_ragged_offset_multiplier(self, mult):
+    def set_ragged_offset_multiplier(self, mult: int) -> Tensor:
         return self._set("ragged_offset_multiplier", mult)
 
-    def set_reordering_type(self, reordering):
+    def set_reordering_type(self, reordering: tensor_reordering | int) -> Tensor:
         return self._set("reordering_type", reordering)
 
 

@@ -145,7 +145,7 @@ def rotated_packs(variant_pack, l2_bytes, max_copies=8):
 
 
 # ---------------------------------------------------------------- the key
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def source_digest():
     """sha256 over every .py of the installed package (path and bytes), once per process."""
     h = hashlib.sha256()
@@ -161,7 +161,7 @@ def source_digest():
 def _dist_version(name):
     try:
         return importlib.metadata.version(name)
-    except Exception:  # any metadata trouble is "unknown", never an error
+    except Exception:  # noqa: BLE001 - any metadata trouble is "unknown", never an error
         return "unknown"
 
 
@@ -461,7 +461,21 @@ def _select_built(graph, record, index):
 
 
 __all__ = [
-    "AutotuneResult", "PlanTiming", "autotune", "cache_root", "clear", "list_entries",
-    "wall_times", "cuda_event_times", "default_timer", "source_digest", "graph_digest",
-    "environment_key", "stats", "prune", "CACHE_ENV", "DISABLE_ENV", "MAX_ENVS_ENV",
+    "CACHE_ENV",
+    "DISABLE_ENV",
+    "MAX_ENVS_ENV",
+    "AutotuneResult",
+    "PlanTiming",
+    "autotune",
+    "cache_root",
+    "clear",
+    "cuda_event_times",
+    "default_timer",
+    "environment_key",
+    "graph_digest",
+    "list_entries",
+    "prune",
+    "source_digest",
+    "stats",
+    "wall_times",
 ]
