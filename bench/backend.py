@@ -176,9 +176,9 @@ def _floor(g, pack, ws):
     array = (ctypes.c_void_p * len(layout_uids))(*[by_uid[u] for u in layout_uids])
     address, n = ctypes.addressof(array), len(layout_uids)
     raw, index = compiled.lowered.backend._execute_with_raw_ptrs, compiled.index
-    from cudnn_pygraph.backend.lowering import default_handle
+    from cudnn_pygraph.backend.lowering import backend_handle, default_handle
 
-    bh = default_handle(0).backend_handle()
+    bh = backend_handle(default_handle(0))
     ws_ptr = ws.data_ptr() if ws is not None else 0
 
     def call(array=array):  # the array stays alive with the closure

@@ -316,7 +316,7 @@ def section_host(raw):
     from types import SimpleNamespace
 
     import cudnn_pygraph as cudnn
-    from cudnn_pygraph.engines.base import ExecutionContext
+    from cudnn_pygraph.runtime.execute import ExecutionContext
     from cudnn_pygraph.engines.gemm.kernels.launch import _lower
     from cudnn_pygraph.runtime.execute import GraphLayout
 

@@ -468,7 +468,7 @@ def test_CUDNN_PYGRAPH_LOG_logs_each_decision_once_and_leaves_the_root_logger_al
     assert backend == [  # one reason shared by both modes: said once
         (
             "INFO:cudnn_pygraph:backend A, FALLBACK for graph 'demo_gdn': "
-            "gdn node 'gdn_0' is a python-only op: the backend has no builder for it"
+            "gdn node 'gdn.0' is a python-only op: the backend has no builder for it"
         )
     ]
     assert "INFO:cudnn_pygraph:graph 'demo_gdn': 1 plans" in lines

@@ -38,7 +38,8 @@ HEAVY = ("torch", "triton", "numpy", "cudnn")
 # planning modules that decide validate()'s timing (never an engine, the backend, the
 # runtime or the planner).
 ALLOWED_OURS = re.compile(
-    r"cudnn_pygraph(\._types|\.graph(\..*)?|\.planning|\.planning\.(engine_ids|manifest|validation))?$"
+    r"cudnn_pygraph(\._types|\._version|\.graph(\..*)?|\.planning"
+    r"|\.planning\.(engine_ids|manifest|validation))?$"
 )
 
 

@@ -48,7 +48,7 @@ from ._types import (  # the vocabulary is tiny and always needed
     tensor_reordering,
 )
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 _CLASSIC = "cudnn_pygraph.classic"
 _DIRECT_OPS = (  # the backend's direct kernels (classic/direct_ops.py NAMES)

@@ -264,10 +264,13 @@ def test_filters_reach_the_lowered_backend_graph_once_it_has_plans(plans):
 
 def test_a_bare_int_handle_is_the_backends_and_its_stream_is_read_there(monkeypatch):
     """execute(handle=<int>): the frontend's own cudnnHandle_t; the python plan runs on the
-    stream cuDNN holds for it (read through backend/lowering.py, stood in for here)."""
+    stream cuDNN holds for it (the backend installs its reader in runtime/handle.py when it
+    loads; stood in for here)."""
     from cudnn_pygraph.backend import lowering
+    from cudnn_pygraph.runtime import handle as handles
 
-    monkeypatch.setattr(lowering, "backend_stream", lambda h: {0x7A: 0x5E00}[h])
+    assert lowering.backend_stream in handles._FOREIGN_STREAM_READERS
+    monkeypatch.setattr(handles, "_FOREIGN_STREAM_READERS", [lambda h: {0x7A: 0x5E00}[h]])
     seen = []
     with manifest.use_families([pe.FAMILY]):
         g = gemm_graph()

@@ -12,7 +12,7 @@ import torch
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph.backend import adapter
-from cudnn_pygraph.engines.base import ExecutionContext
+from cudnn_pygraph.runtime.execute import ExecutionContext
 from cudnn_pygraph.engines.gemm.kernels.knobs import GemmKnobs
 from cudnn_pygraph.planning import manifest
 from cudnn_pygraph.planning.device import DeviceProperties

@@ -18,7 +18,7 @@ import torch
 import cudnn_pygraph as cudnn
 from cudnn_pygraph._types import CLASSIC_ERRORS
 from cudnn_pygraph.backend.lowering import BackendPlan
-from cudnn_pygraph.engines.base import ExecutionContext
+from cudnn_pygraph.runtime.execute import ExecutionContext
 from cudnn_pygraph.runtime.execute import GraphLayout
 from cudnn_pygraph.runtime.variant_pack import DeclaredLayout, VariantPack
 

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from cudnn_pygraph._types import data_type
-from cudnn_pygraph.engines.base import ExecutionContext
+from cudnn_pygraph.runtime.execute import ExecutionContext
 from cudnn_pygraph.runtime import launch as rl
 from cudnn_pygraph.runtime.handle import Handle, check_device, raw_stream, resolve_stream
 from cudnn_pygraph.runtime.variant_pack import DeclaredLayout, VariantPack

@@ -220,7 +220,7 @@ class BackendPlan(CompiledPlan):
     def _default_backend_handle(self):
         bh = self._default_bh
         if bh is None:
-            bh = self._default_bh = default_handle(self.device).backend_handle()
+            bh = self._default_bh = backend_handle(default_handle(self.device))
         return bh
 
     def execute(self, graph, pack, ctx):
@@ -232,7 +232,7 @@ class BackendPlan(CompiledPlan):
         if handle is None:
             bh = self._default_backend_handle()
         else:
-            bh = handle if type(handle) is int else handle.backend_handle()
+            bh = backend_handle(handle)
         # The backend reads each pointer as its declaration: what it would misread is
         # refused here, before anything launches (the executor in make_call does the same).
         pack.check_declared(DL_CUDA, self.device)
@@ -287,6 +287,13 @@ _DEFAULT_HANDLES = {}
 _HANDLE_LOCK = threading.Lock()
 
 
+def _install_stream_reader():
+    """Python plans read a bare-int handle's stream (the backend's cudnnHandle_t) here."""
+    from ..runtime.handle import register_foreign_stream_reader
+
+    register_foreign_stream_reader(backend_stream)
+
+
 def default_handle(device):
     """Our Handle for `device` when the caller gave none: made once per device, on the
     default stream."""
@@ -297,6 +304,36 @@ def default_handle(device):
         with _HANDLE_LOCK:
             h = _DEFAULT_HANDLES.setdefault(device, Handle(device=device))
     return h
+
+
+class _BackendBinding:
+    """The backend's cudnnHandle made for one of our handles, following its stream."""
+
+    def __init__(self, stream):
+        self.raw = create_backend_handle(stream)
+
+    def set_stream(self, stream):
+        set_backend_stream(self.raw, stream)
+
+    def close(self):
+        destroy_backend_handle(self.raw)
+
+
+def backend_handle(handle):
+    """The backend's cudnnHandle_t for `handle`: a bare int is one already; one of ours
+    gets its binding on first use, bound to the handle's stream."""
+    if type(handle) is int:
+        return handle
+    handle._check()
+    binding = handle.bindings.get(LABEL)
+    if binding is None:
+        from ..runtime.handle import raw_stream
+
+        with _HANDLE_LOCK:
+            binding = handle.bindings.get(LABEL)
+            if binding is None:
+                binding = handle.bindings[LABEL] = _BackendBinding(raw_stream(handle.stream))
+    return binding.raw
 
 
 def create_backend_handle(stream):
@@ -332,3 +369,6 @@ def set_backend_stream(h, stream):
         raw(h, stream or 0)
     else:  # older layout
         module.set_stream(handle=h, stream=stream or 0)
+
+
+_install_stream_reader()

@@ -256,7 +256,7 @@ def build_within_limits(graph, policy):
 def cuda_graph_call(graph, name, handle, variant_pack, workspace, cuda_graph):
     """populate_cuda_graph / update_cuda_graph on the selected backend plan."""
     from ..runtime.variant_pack import workspace_address
-    from .lowering import BackendPlan, backend_error
+    from .lowering import BackendPlan, backend_error, backend_handle
 
     record = graph._require_planning()
     if record.selected is None or record.plans[record.selected].identity not in record.built:
@@ -288,7 +288,7 @@ def cuda_graph_call(graph, name, handle, variant_pack, workspace, cuda_graph):
     elif isinstance(handle, int):
         bh, stream = handle, ("backend handle", handle)
     else:
-        bh, stream = handle.backend_handle(), handle.stream
+        bh, stream = backend_handle(handle), handle.stream
     need = compiled.workspace_size
     if need == 0:
         ws = 0
@@ -320,7 +320,7 @@ def deserialize(graph, args, kwargs):
     from ..planning.planner import PlanningRecord
     from ..runtime.execute import GraphLayout
     from .adapter import BACKEND
-    from .lowering import BackendPlan, LoweredGraph, backend_error, frontend
+    from .lowering import BackendPlan, LoweredGraph, backend_error, backend_handle, frontend
 
     handle, data, enforce = _deserialize_args(args, kwargs)
     if graph.nodes or graph._planning is not None or graph.__dict__.get("_lowered") is not None:
@@ -343,9 +343,9 @@ def deserialize(graph, args, kwargs):
         if handle is None:
             from .lowering import default_handle
 
-            bh = default_handle(0).backend_handle()
+            bh = backend_handle(default_handle(0))
         else:
-            bh = handle if isinstance(handle, int) else handle.backend_handle()
+            bh = backend_handle(handle)
     except BackendUnavailableError as exc:
         raise BackendUnavailableError(f"graph '{graph.name}': deserialize(): {exc}") from exc
     try:

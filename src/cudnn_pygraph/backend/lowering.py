@@ -241,7 +241,7 @@ def _context_kwargs(graph, fe):
     opts = graph.backend_options
     handle = opts.get("handle")
     if handle is not None:
-        kw["handle"] = handle if isinstance(handle, int) else handle.backend_handle()
+        kw["handle"] = backend_handle(handle)
     for field in ("sm_count", "sm_version", "kernel_cache"):
         if opts.get(field) is not None:
             kw[field] = opts[field]
@@ -555,9 +555,10 @@ def _named_failure(graph, exc):
     return backend_error(exc, f"{culprit.op} node '{culprit.name}'")
 
 
-# The plan side, reached through this module by adapter.py and runtime/handle.py.
+# The plan side, reached through this module by adapter.py.
 from .backend_plans import (
     BackendPlan,
+    backend_handle,
     backend_stream,
     build_plan,
     create_backend_handle,
@@ -572,6 +573,7 @@ from .backend_plans import (
 __all__ = [
     "BackendPlan",
     "LoweredGraph",
+    "backend_handle",
     "backend_stream",
     "build_plan",
     "construct",

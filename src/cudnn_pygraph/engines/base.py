@@ -103,19 +103,6 @@ class BuildContext:
     device: object
 
 
-@dataclasses.dataclass
-class ExecutionContext:
-    """Explicit per-call context: the handle, the stream it carries (None = the default
-    stream), the caller's workspace as an OperandBuffer (or None) and the device."""
-
-    handle: object
-    stream: object
-    workspace: object
-    device: object
-    # (override_uids, override_shapes, override_strides) for a plan that supports them
-    overrides: object = None
-
-
 class CompiledPlan:
     """A built plan. `execute` is the hot path: read the facts the build settled, take
     the pack's buffers by the positions resolved at build, launch; refuse a call that
@@ -128,6 +115,7 @@ class CompiledPlan:
     supports_overrides = False
 
     def execute(self, graph, pack, ctx):
+        """`ctx` is a runtime.execute.ExecutionContext: handle, stream, workspace."""
         raise NotImplementedError
 
 

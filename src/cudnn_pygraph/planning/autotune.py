@@ -167,7 +167,7 @@ def _dist_version(name):
 
 def environment_key(device):
     """Everything but the graph: the device and the software that planned and built."""
-    from .. import __version__
+    from .._version import __version__
 
     dev = (
         {"name": device.name, "cc": [device.major, device.minor], "sm_count": device.sm_count,

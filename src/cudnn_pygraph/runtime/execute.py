@@ -2,10 +2,25 @@
 then the plan's execute reads the pack. Nothing below this module branches on what the
 caller's objects are."""
 
+import dataclasses
+
 from .._types import ELEMENT_BITS, data_type
-from ..engines.base import ExecutionContext
 from .handle import check_device, resolve_stream
 from .variant_pack import DeclaredLayout, UnknownOperandError, VariantPack
+
+
+@dataclasses.dataclass
+class ExecutionContext:
+    """Explicit per-call context a plan's execute gets: the handle, the stream it carries
+    (None = the default stream), the caller's workspace as an OperandBuffer (or None) and
+    the device."""
+
+    handle: object
+    stream: object
+    workspace: object
+    device: object
+    # (override_uids, override_shapes, override_strides) for a plan that supports them
+    overrides: object = None
 
 
 class GraphLayout:

@@ -1,7 +1,8 @@
 """Handle, stream and device (spec: "Handle, stream, and device"). No ambient device
-state in dispatch: a handle carries the device ordinal and the stream; the backend's own
-cudnnHandle is created lazily, the first time a backend plan needs one, so handles work
-without the backend and without a GPU."""
+state in dispatch: a handle carries the device ordinal and the stream. What another layer
+binds to a handle (the backend's own cudnnHandle, made the first time a backend plan needs
+one) hangs off `Handle.bindings` and follows the handle's stream, so handles work without
+the backend and without a GPU, and this module imports neither."""
 
 import dataclasses
 
@@ -10,17 +11,10 @@ import dataclasses
 class Handle:
     device: int = 0
     stream: int | None = None  # a raw cudaStream_t as an int; None = the default stream
-    _backend: int | None = None  # the backend's cudnnHandle_t, made on first use
     destroyed: bool = False
-
-    def backend_handle(self):
-        """The backend's handle, bound to this handle's stream."""
-        self._check()
-        if self._backend is None:
-            from ..backend import lowering
-
-            self.__dict__["_backend"] = lowering.create_backend_handle(self.stream)
-        return self._backend
+    # Objects other layers bound to this handle, keyed by who made them; each has
+    # set_stream(raw) and close(). set_stream() and destroy_handle() reach every one.
+    bindings: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def _check(self):
         if self.destroyed:
@@ -33,10 +27,9 @@ def create_handle(device=0):
 
 def destroy_handle(handle):
     handle._check()
-    if handle._backend is not None:
-        from ..backend import lowering
-
-        lowering.destroy_backend_handle(handle._backend)
+    for binding in handle.bindings.values():
+        binding.close()
+    handle.bindings.clear()
     handle.destroyed = True
 
 
@@ -51,10 +44,20 @@ def set_stream(handle, stream):
     if raw is None and stream is not None:
         raise TypeError(f"set_stream(): cannot read a CUDA stream from {type(stream).__name__}")
     handle.stream = raw
-    if handle._backend is not None:
-        from ..backend import lowering
+    for binding in handle.bindings.values():
+        binding.set_stream(raw)
 
-        lowering.set_backend_stream(handle._backend, raw)
+
+# How the stream of a handle that is not ours (a bare int: the backend's own cudnnHandle_t,
+# what the frontend's create_handle() returns) is read. The backend installs its reader
+# when it loads; only it can mint such a handle.
+_FOREIGN_STREAM_READERS = []
+
+
+def register_foreign_stream_reader(read):
+    """`read(raw_handle) -> stream or None`: how a bare-int handle's stream is read."""
+    if read not in _FOREIGN_STREAM_READERS:
+        _FOREIGN_STREAM_READERS.append(read)
 
 
 def get_stream(handle):
@@ -76,9 +79,12 @@ def resolve_stream(handle, graph):
     if h is None:
         return None
     if isinstance(h, int) and not isinstance(h, bool):
-        from ..backend import lowering
-
-        return lowering.backend_stream(h)
+        if not _FOREIGN_STREAM_READERS:
+            raise TypeError(
+                f"handle {h:#x}: a bare int is the backend's cudnnHandle_t, and the backend "
+                "is not loaded here; pass a cudnn_pygraph handle (create_handle())"
+            )
+        return _FOREIGN_STREAM_READERS[0](h)
     return raw_stream(get_stream(h))
 
 

@@ -1,0 +1,98 @@
+"""The layer order, read from the source: every import of ours (module level or inside a
+function) goes to the importing module's own layer or one below it.
+
+    vocabulary   _types (the enums and errors), _log (the named loggers), _version
+    ir           graph/ (tensors, nodes, OpSpecs, builders, validators), not the facade
+    runtime      runtime/: the variant pack, handles, streams, running a plan
+    planning     planning/ and the engine contract (engines/base.py) it defines
+    peers        engines/ and backend/: found by planning only through the manifest,
+                 and never importing each other
+    facade       the pygraph class, the package root, the classic surface, the torch
+                 ops, the CLI and the demo
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+import cudnn_pygraph
+
+ROOT = pathlib.Path(cudnn_pygraph.__file__).parent
+PKG = "cudnn_pygraph"
+
+LAYERS = ("vocabulary", "ir", "runtime", "planning", "peers", "facade")
+FACADE = {f"{PKG}.graph.pygraph", PKG, f"{PKG}.__main__", f"{PKG}.cli", f"{PKG}.demo"}
+FACADE_PACKAGES = (f"{PKG}.classic", f"{PKG}.linear_attention", f"{PKG}.ops")
+
+
+def layer_of(module):
+    if module in FACADE or module.startswith(FACADE_PACKAGES):
+        return "facade"
+    if module in (f"{PKG}._types", f"{PKG}._log", f"{PKG}._version"):
+        return "vocabulary"
+    if module.startswith(f"{PKG}.graph"):
+        return "ir"
+    if module.startswith(f"{PKG}.runtime"):
+        return "runtime"
+    if module.startswith(f"{PKG}.planning") or module in (f"{PKG}.engines", f"{PKG}.engines.base"):
+        return "planning"
+    if module.startswith((f"{PKG}.engines.", f"{PKG}.backend")):
+        return "peers"
+    raise AssertionError(f"{module}: no layer assigned; add it to tests/test_layers.py")
+
+
+def module_name(path):
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path):
+    """(target module, line) for every import of ours in the file."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != PKG:
+                continue
+            # `from . import x` / `from .pkg import mod`: the imported name may be a module
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                yield (sub if (ROOT.parent / sub.replace(".", "/")).exists()
+                       or (ROOT.parent / (sub.replace(".", "/") + ".py")).exists() else target,
+                       node.lineno)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == PKG:
+                    yield alias.name, node.lineno
+
+
+SOURCES = sorted(p for p in ROOT.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_go_down_the_layers(path):
+    importer = module_name(path)
+    mine = LAYERS.index(layer_of(importer))
+    bad = []
+    for target, line in imports_of(path):
+        theirs = layer_of(target)
+        if LAYERS.index(theirs) > mine:
+            bad.append(f"line {line}: {importer} ({LAYERS[mine]}) imports {target} ({theirs})")
+        elif theirs == "peers" == LAYERS[mine]:
+            if importer.split(".")[1] != target.split(".")[1]:
+                bad.append(f"line {line}: the peers {importer} and {target} import each other")
+    assert bad == []
+
+
+def test_every_module_has_a_layer():
+    for path in SOURCES:
+        layer_of(module_name(path))
