@@ -144,23 +144,9 @@ def _surface():
     return cases
 
 
-# Known: graph/pygraph.py and graph/tensor.py, fixed on branch callseq (the lead flips these
-# when it lands: strict, so a fix shows as XPASS and fails until the mark goes).
-CALLSEQ = "fixed on branch callseq"
-KNOWN = {
-    ("graph", "plans", "container"): CALLSEQ,  # a live list
-    ("graph", "backend_options", "container"): CALLSEQ,  # a plain dict
-    ("graph", "backend_options", "del"): CALLSEQ,
-}
-
-
 def _known(kind, name, action, in_instance_dict):
-    if (kind, name, action) in KNOWN:
-        return KNOWN[(kind, name, action)]
-    if action == "del" and in_instance_dict and kind in ("input", "output"):
-        return CALLSEQ  # `del t.stride`: a field in the instance dict, no delete guard
-    if action == "del" and in_instance_dict and kind == "node":
-        return "graph/node.py guards setattr, not delattr (reported; not in this branch)"
+    """A path known to mutate a planned graph, with why (none today: each would be a
+    strict xfail, so a fix shows as XPASS and the entry goes)."""
     return None
 
 

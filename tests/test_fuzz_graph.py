@@ -209,13 +209,7 @@ def test_any_graph_works_or_raises_a_classic_error(recipe):
     run_one(recipe)
 
 
-# Found by this fuzzing (bench/fuzz.py at volume) and being fixed in graph/pygraph.py and
-# graph/tensor.py on branch callseq: the exact calls, strict, so each fails as XPASS when
-# that branch lands until its mark goes.
-CALLSEQ = pytest.mark.xfail(reason="fixed on branch callseq", strict=True)
-
-
-@CALLSEQ
+# Found by this fuzzing (bench/fuzz.py at volume): the exact calls, kept as regressions.
 def test_a_zero_head_count_in_an_sdpa_builder_is_a_classic_error():
     """sdpa's shape rule computes q_heads % k_heads: a ZeroDivisionError at a zero."""
     g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF)
@@ -235,7 +229,6 @@ def test_a_zero_head_count_in_an_sdpa_builder_is_a_classic_error():
     ],
     ids=["bad-dtype", "bad-uid", "bad-dim"],
 )
-@CALLSEQ
 def test_a_refused_tensor_call_leaves_no_half_built_tensor(kwargs):
     g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF)
     with pytest.raises(CLASSIC_ERRORS):

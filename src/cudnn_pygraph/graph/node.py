@@ -32,6 +32,9 @@ class Node:
         self._graph._state.require_mutable(f"renaming node '{self._name}'")
         self.__dict__["_name"] = str(value)
 
+    def __delattr__(self, item):
+        raise AttributeError(f"node '{self._name}': {item!r} cannot be deleted")
+
     # ------------------------------------------------------------ reading
     def input_tensors(self):
         """Every tensor this node reads, ports first, then tensors inside attributes
