@@ -17,6 +17,10 @@
 set -u
 GATE_ONLY=0; [ "${1:-}" = "--gate" ] && GATE_ONLY=1
 PARITY_ONLY=0; [ "${1:-}" = "--parity" ] && PARITY_ONLY=1
+# `--serving` runs the python plans' stream / capture / vs-backend suites, the 32-thread
+# and misaligned-operand suite with compute-sanitizer (bench/reliability_gpu.sh) and
+# doctor (~6 min).
+SERVING_ONLY=0; [ "${1:-}" = "--serving" ] && SERVING_ONLY=1
 OUT=${OUT:-/tmp/out}
 LOG=/tmp/session
 mkdir -p "$OUT" "$LOG"
@@ -38,14 +42,22 @@ step() {  # step NAME CAP_SECONDS COMMAND...
 }
 
 if [ "$PARITY_ONLY" = 1 ]; then
-  step gpu_classic 110 python3 -m pytest -q -p no:cacheprovider tests/classic \
+  step gpu_classic 100 python3 -m pytest -q -p no:cacheprovider tests/classic \
     tests/gpu/test_classic_call_sequences_gpu.py tests/gpu/test_sdpa_backend_parity_gpu.py \
     tests/gpu/test_native_backend_lowering.py
-  step samples 170 python3 tools/classic_samples.py .nv/samples/python --jobs 16 --timeout 150 \
+  step samples 120 python3 tools/classic_samples.py .nv/samples/python --jobs 16 --timeout 150 \
     --out "$LOG/classic_samples.md"
-  step differential 190 python3 bench/classic_differential.py --graphs 2400 --budget-s 160 \
+  step differential 150 python3 bench/classic_differential.py --graphs 2400 --budget-s 120 \
     --workers 14 --out "$LOG/classic_differential.md"
   step backend 50 python3 bench/backend.py --quick --out "$LOG/backend.md"
+  tail -n 3 "$LOG"/gpu_*.log
+  tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
+fi
+if [ "$SERVING_ONLY" = 1 ]; then
+  step gpu_streams 110 python3 -m pytest -q -p no:cacheprovider -rfs \
+    tests/gpu/test_plan_streams_gpu.py tests/gpu/test_sdpa_vs_backend_gpu.py
+  step reliability 220 env OUT= PER_RUN=45 RESULTS="$LOG/reliability.md" bash bench/reliability_gpu.sh
+  step doctor 30 python3 -m cudnn_pygraph doctor
   tail -n 3 "$LOG"/gpu_*.log
   tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
 fi
