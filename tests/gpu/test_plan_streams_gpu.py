@@ -73,10 +73,12 @@ def _decode():
     kc = g.tensor([pages, hkv, page, d], name="k_cache")
     vc = g.tensor([pages, hkv, page, d], name="v_cache")
     table = g.tensor([b, 1, n // page, 1], **i32, name="table")
+    lens_q = g.tensor([b, 1, 1, 1], **i32, name="seq_len_q")
     lens = g.tensor([b, 1, 1, 1], **i32, name="seq_len_kv")
+    # classic: a padding mask names both lengths
     o, _ = g.sdpa(q, kc, vc, attn_scale=0.088, generate_stats=False, use_padding_mask=True,
-                  seq_len_kv=lens, paged_attention_k_table=table, paged_attention_v_table=table,
-                  paged_attention_max_seq_len_kv=n)  # fmt: skip
+                  seq_len_q=lens_q, seq_len_kv=lens, paged_attention_k_table=table,
+                  paged_attention_v_table=table, paged_attention_max_seq_len_kv=n)  # fmt: skip
     o.set_output(True)
     name = _ours_first(g)
     assert name.startswith("triton_sdpa_decode"), name
@@ -85,6 +87,7 @@ def _decode():
     feed = {q: torch.randn(b, hq, 1, d, **bf), kc: torch.randn(pages, hkv, page, d, **bf),
             vc: torch.randn(pages, hkv, page, d, **bf),
             table: torch.randperm(pages, device=DEV).to(torch.int32).reshape(b, 1, -1, 1),
+            lens_q: torch.ones((b, 1, 1, 1), dtype=torch.int32, device=DEV),
             lens: torch.full((b, 1, 1, 1), n, dtype=torch.int32, device=DEV)}  # fmt: skip
     return g, name, feed, vc, {o: torch.empty(b, hq, 1, d, **bf)}
 
