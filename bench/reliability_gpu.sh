@@ -65,7 +65,7 @@ if sanitizer=$(find_sanitizer); then
       124) verdict="timed out after ${PER_RUN} s" ;;
       *) verdict="rc=$rc" ;;
     esac
-    echo "- $tool over ${#SUBSET[@]} tests: $verdict; ${summary:-no summary line}; $(grep -E 'passed|failed|error' "$LOG/$tool.txt" | tail -1)" | tee -a "$RESULTS"
+    echo "- $tool over ${#SUBSET[@]} tests: $verdict; ${summary:-no summary line}; $(grep -E '^[0-9]+ (passed|failed)|[0-9]+ (passed|failed) in' "$LOG/$tool.txt" | tail -1)" | tee -a "$RESULTS"
     if [ "$rc" -ne 0 ]; then
       grep -E "^=+ (Invalid|Race|Error|Program hit)" "$LOG/$tool.txt" | sort | uniq -c | head -10 | sed 's/^/    /' | tee -a "$RESULTS"
     fi
