@@ -311,8 +311,9 @@ def _sdpa_fwd_kernel(
     # NVIDIA's own padded-Q kernels write it. A THD row past the sequence is the next
     # sequence's: never written.
     padded_ok = (q_pos >= seqlen_q) & (q_pos < seq_q)
-    if WRITE_LSE and not LSE_PACKED:
-        lse_ptrs = LSE + pid_b.to(tl.int64) * stride_lb + head * stride_lh + q_pos * stride_ls
+    # Stats rows in the [B, H, S] layout (packed THD Stats address their own below; without
+    # Stats, LSE is O's pointer and nothing is stored through these).
+    lse_ptrs = LSE + pid_b.to(tl.int64) * stride_lb + head * stride_lh + q_pos * stride_ls
     if q_first >= seqlen_q:
         if not IS_THD:
             tl.store(
