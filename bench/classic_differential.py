@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import datetime
 import json
 import math
@@ -224,6 +225,68 @@ def make_inputs(torch, desc, seed, device="cuda"):
     return feeds
 
 
+def unshadowed(desc):
+    """`desc` with every op result that reuses a graph input's name renamed (the generator
+    names a matmul's bias tensor and the bias op after the same counter): cg.build keys its
+    env by these names, so the input's buffer would otherwise be bound to the op's result
+    and the input left unbound. The packages see the same calls (a node's `name` kwarg is
+    untouched); only the env key changes."""
+    inputs, rename = set(desc.inputs), {}
+
+    def swap(v):
+        if isinstance(v, cg.Ref):
+            return cg.Ref(rename.get(v.name, v.name))
+        if isinstance(v, tuple | list):
+            return type(v)(swap(x) for x in v)
+        return v
+
+    def fresh(name):
+        if name in inputs:  # later references mean this result, under its new key
+            rename[name] = f"{name}~"
+            return rename[name]
+        return name
+
+    calls = []
+    for c in desc.calls:
+        call = dataclasses.replace(
+            c,
+            target=rename.get(c.target, c.target),
+            args=swap(c.args),
+            kwargs=tuple((k, swap(v)) for k, v in c.kwargs),
+        )
+        if c.target is None and c.method != "tensor" and c.outs is not None:
+            outs = c.outs
+            outs = fresh(outs) if isinstance(outs, str) else tuple(o and fresh(o) for o in outs)
+            call = dataclasses.replace(call, outs=outs)
+        calls.append(call)
+    outputs = tuple(rename.get(o, o) for o in desc.outputs)
+    return dataclasses.replace(desc, calls=tuple(calls), outputs=outputs)
+
+
+def callback_scalars(desc):
+    """The values of the pass-by-value scalars a score_mod callback creates (a
+    ("scale", v) step): no tensor() call declares them, so no feed binds them."""
+    values = []
+    for c in desc.calls:
+        for _, v in c.kwargs:
+            if isinstance(v, cg.ScoreMod):
+                values += [op[1] for op in v.ops if isinstance(op, tuple)]
+    return values
+
+
+def _operand_uids(name, graph):
+    """The uids the package's planned graph asks the caller to fill."""
+    if name == "ours":
+        from cudnn_pygraph.runtime.execute import GraphLayout
+
+        return [t.uid for t in GraphLayout(graph).tensors]
+    return list(graph._variant_pack_uids() or [])
+
+
+def _uid(t):
+    return t.get_uid() if hasattr(t, "get_uid") else t.uid
+
+
 def _empty_like(torch, t):
     dt = _torch_dtype(torch, t.data_type.name)
     buf = torch.empty_strided(tuple(t.dim), tuple(t.stride), dtype=dt, device="cuda")
@@ -291,9 +354,9 @@ def gpu_record(seed):
     if not (rec["verdict_ours"] == rec["verdict_nvidia"] == "ok"):
         return rec
     # fresh graphs for the plans: the verdict's graphs carry the harness's own lowering
-    graphs, envs = {}, {}
+    graphs, envs, bound = {}, {}, unshadowed(desc)
     for name, module in cd.packages().items():
-        graphs[name], envs[name] = cg.build(module, desc, deviceless=False)
+        graphs[name], envs[name] = cg.build(module, bound, deviceless=False)
         try:
             _classic_build(graphs[name], module)
             rec[f"build_{name}"] = "ok"
@@ -303,13 +366,23 @@ def gpu_record(seed):
         return rec
     feeds = make_inputs(torch, desc, seed)
     ours = graphs["ours"]
-    out_t = {n: envs["ours"][n] for n in desc.outputs}
+    out_t = {n: envs["ours"][n] for n in bound.outputs}
     outs, packs = {}, {}
+    scalars = callback_scalars(desc)
     for name in cd.packages():
         outs[name] = {n: _empty_like(torch, t) for n, t in out_t.items()}
         env = envs[name]
         pack = {env[n]: v for n, v in feeds.items() if n in env}
         pack.update({env[n]: v for n, v in outs[name].items()})
+        # a callback's scalar is no env entry: bound by uid, the one the package asks for
+        unbound = sorted(set(_operand_uids(name, graphs[name])) - {_uid(t) for t in pack})
+        if len(unbound) == len(scalars):
+            pack.update(
+                {
+                    u: torch.full((1, 1, 1, 1), v, dtype=torch.float32)
+                    for u, v in zip(unbound, scalars)
+                }
+            )
         packs[name] = pack
         first = [
             i

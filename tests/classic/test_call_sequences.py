@@ -644,9 +644,11 @@ class _Member:
 
 
 class CppLikeBackendGraph:
-    """The backend graph's plan list as plans.h keeps it: each heuristics query appends
-    its engine configs, then appends the notes of ALL configs to the note list (so after
-    the second query, plan i's notes are no longer at i)."""
+    """The backend graph's plan list as the backend keeps it: each heuristics query (and
+    each create_execution_plan) appends its engine configs, and the note list gains one
+    entry per config it appended, so plan i's notes are at i across queries. Observed on
+    the H200: with mode A's 10 matmul plans listed first, FALLBACK's first plan (index 10)
+    answers at 10, while index 20 (10 + 10) is "Plan index 20 is invalid"."""
 
     CONFIGS: typing.ClassVar = {
         "A": [(7, ("SUPPORTS_CUDA_GRAPH_NATIVE_API",)), (9, ())],
@@ -665,16 +667,18 @@ class CppLikeBackendGraph:
     def create_execution_plans(self, modes):
         for mode in modes:
             self.configs += self.CONFIGS[mode.name]
-        self.notes += [notes for _, notes in self.configs]  # query_properties
+        self.notes += [notes for _, notes in self.configs[len(self.notes) :]]
 
     def create_execution_plan(self, engine_id, knobs):
         self.configs.append((engine_id, ("RUNTIME_COMPILATION",)))
-        self.notes += [notes for _, notes in self.configs]
+        self.notes += [notes for _, notes in self.configs[len(self.notes) :]]
 
     def get_engine_and_knobs_at_index(self, index):
         return self.configs[index][0], {}
 
     def get_behavior_notes_for_plan_at_index(self, index):
+        if not 0 <= index < len(self.notes):
+            raise RuntimeError(f"Plan index {index} is invalid.")
         return [_Member(n) for n in self.notes[index]]
 
 

@@ -12,7 +12,7 @@ A declaration is a plain dict (readable ids, JSON-able) read by `build(mod, case
   stats     forward: generate_stats; the Stats dtype is `stats_dtype` (FLOAT)
   seq_len   declare seq_len_q / seq_len_kv tensors ("both", "q", "kv" or None)
   bias      None | a dims list for the bias tensor (BOOLEAN with bias_dtype)
-  dropout   None | ("prob", p) | ("mask",)
+  dropout   None | ("prob", p) | ("mask",) | ("mask", "scale_inv")
   paged     None | page_size (k/v become page pools with page tables)
   sink      declare a sink_token [1, h_q, 1, 1] FLOAT tensor
   kw        any other builder kwargs verbatim (masks, bounds, alibi, scale, ...)
@@ -122,6 +122,8 @@ def _common_kwargs(decl):
             mask = decl.small("dropout_mask", [c["b"], c["h_q"], c["s_q"], c["s_kv"]], c["dtype"])
             scale = decl.small("dropout_scale", [1, 1, 1, 1])
             kw["dropout"] = (mask, scale)
+            if "scale_inv" in c["dropout"]:  # the backward's form: (mask, scale, scale_inv)
+                kw["dropout"] += (decl.small("dropout_scale_inv", [1, 1, 1, 1]),)
     if c["sink"]:
         kw["sink_token"] = decl.small("sink_token", [1, c["h_q"], 1, 1])
     return kw

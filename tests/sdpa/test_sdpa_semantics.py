@@ -201,6 +201,7 @@ LOWERED = {
     "fp8": {"op": "sdpa_fp8", "dtype": "FP8_E4M3"},
     "bwd": {"op": "sdpa_backward"},
     "bwd-dropout": {"op": "sdpa_backward", "dropout": ("prob", 0.1)},
+    "bwd-dropout-mask": {"op": "sdpa_backward", "dropout": ("mask", "scale_inv")},
     "bwd-gqa-causal": {"op": "sdpa_backward", "h_q": 8, "h_k": 2, "kw": {"use_causal_mask": True}},
     "bwd-thd": {"op": "sdpa_backward", "layout": "thd", "seq_len": "both", "kw": PAD},
     "fp8-bwd": {"op": "sdpa_fp8_backward", "dtype": "FP8_E4M3", "d_qk": 128},
@@ -216,6 +217,20 @@ def test_lowered_graph_gets_nvidias_backend_verdict(case):
     decl = for_op(LOWERED[case])
     theirs, mine = lowered_verdict(nvidia, decl), lowered_verdict(ours, decl)
     assert (theirs[0] == "ok") == (mine[0] == "ok"), (theirs, mine)
+
+
+@needs_backend
+def test_backward_mask_dropout_in_the_forwards_form_is_refused_when_lowering():
+    """The backward takes a mask dropout as (mask, scale, scale_inv); the forward's
+    (mask, scale) passes both packages' validate() and the backend refuses it when it is
+    lowered, for NVIDIA's lowering and ours alike (ours: the classic error type, naming
+    the node)."""
+    decl = for_op({"op": "sdpa_backward", "dropout": ("mask",)})
+    assert verdict(nvidia, decl)[0] == verdict(ours, decl)[0] == "ok"
+    theirs, mine = lowered_verdict(nvidia, decl), lowered_verdict(ours, decl)
+    assert theirs[0] != "ok", theirs
+    assert mine[0] == "cudnnGraphNotSupportedError", mine
+    assert "sdpa_backward node" in mine[1] and "dropout" in mine[1], mine
 
 
 @needs_backend

@@ -70,8 +70,6 @@ def plan_entries(graph, modes):
                 continue
             succeeded = True
             after = backend.get_execution_plan_count()
-            if mode is not heur_mode.OPENSOURCE:  # OPENSOURCE queries no heuristics
-                note_span(lg, before, after)
             for index in range(before, after):
                 entries.append(_entry_at(lg, index, mode))
             outcome[mode] = f"ok: {after - before} plans"
@@ -80,17 +78,6 @@ def plan_entries(graph, modes):
         # Note filters mark indices into the backend's plan list: it exists only now.
         classic_parity.forward_to_backend(graph)
     return entries, outcome
-
-
-def note_span(lg, before, after):
-    """Record where the notes of the backend plans [before, after) landed. The backend's
-    heuristics query (create_execution_plans per mode, create_execution_plan) appends the
-    notes of ALL its `after` engine configs to its note lists, so the new plans' notes
-    follow the `notes_appended` entries earlier queries left there, and the note query at
-    cpp_index i reads plan i's notes only for the first query."""
-    for index in range(before, after):
-        lg.note_index[index] = lg.notes_appended + index
-    lg.notes_appended += after
 
 
 def _entry_at(lg, index, mode):
@@ -125,7 +112,6 @@ def replay_entry(graph, engine_id, knobs):
         except fe.errors as exc:
             raise backend_error(exc, f"create_execution_plan({engine_id})") from exc
         index = backend.get_execution_plan_count() - 1
-        note_span(lg, index, index + 1)
     return PlanConfig(int(engine_id), frozenset(dict(knobs).items()), None, index)
 
 
@@ -212,10 +198,20 @@ class BackendPlan(CompiledPlan):
         if graph.backend_options["handle"] is not None:
             return through_graph(graph)  # the graph's own handle: the general path
         layout = runner.layout
-        return RawExecutor(layout.declared, tuple(layout.required), self._raw, self.n_slots,
-                           self._default_backend_handle(), self.index, self.workspace_size,
-                           lambda: self._scratch_for(None), runner.record, runner,
-                           through_graph(graph), self.device)
+        return RawExecutor(
+            layout.declared,
+            tuple(layout.required),
+            self._raw,
+            self.n_slots,
+            self._default_backend_handle(),
+            self.index,
+            self.workspace_size,
+            lambda: self._scratch_for(None),
+            runner.record,
+            runner,
+            through_graph(graph),
+            self.device,
+        )
 
     def _default_backend_handle(self):
         bh = self._default_bh
@@ -276,8 +272,9 @@ class BackendPlan(CompiledPlan):
             with self._scratch_lock:
                 buf = self._scratch.get(key)
                 if buf is None:
-                    buf = torch.empty(self.workspace_size, dtype=torch.uint8,
-                                      device=f"cuda:{self.device}")
+                    buf = torch.empty(
+                        self.workspace_size, dtype=torch.uint8, device=f"cuda:{self.device}"
+                    )
                     self._scratch[key] = buf
         return buf.data_ptr()
 

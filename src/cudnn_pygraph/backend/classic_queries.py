@@ -9,7 +9,7 @@ backend's objects are converted by member name here and never returned.
 
 * get_behavior_notes_for_plan_at_index(i): a python plan answers the notes its engine
   declares (`BaseEngine.behavior_notes`, the same notes select/deselect_behavior_notes
-  judge); a backend entry the backend's notes for its own engine config; the delegating entry
+  judge); a backend entry the backend's notes for its cpp_index (its own engine config); the delegating entry
   (BACKEND_HEURISTIC_ENGINE_ID) names no backend plan until it is built, then the notes of
   the plan the backend built for it (the one executing it runs); before: GraphStateError.
 * get_behavior_notes(): the same for the selected plan (build_plans() or select_plan()).
@@ -64,8 +64,9 @@ def _backend_call(graph, where, method, *args):
 
     lg = graph.__dict__.get("_lowered")
     if lg is None:
-        raise RuntimeError(f"{where}: graph '{graph.name}' has a backend entry but no lowered "
-                           "backend graph")
+        raise RuntimeError(
+            f"{where}: graph '{graph.name}' has a backend entry but no lowered backend graph"
+        )
     with lg.lock:
         try:
             return getattr(lg.backend, method)(*args)
@@ -78,8 +79,9 @@ def behavior_notes_at(graph, index, where=None):
     where = where or f"get_behavior_notes_for_plan_at_index({index!r})"
     record = graph._require_planning()
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(record.plans):
-        raise IndexError(f"{where}: index {index!r} is out of range: the plan list has "
-                         f"{len(record.plans)} plans")
+        raise IndexError(
+            f"{where}: index {index!r} is out of range: the plan list has {len(record.plans)} plans"
+        )
     plan = record.plans[index]
     if not is_backend_id(plan.engine_id):
         declared = record.engines[plan.engine_id].behavior_notes or ()
@@ -96,22 +98,25 @@ def behavior_notes_at(graph, index, where=None):
         # backend entry moves the candidate, for this answer and that execution alike.
         notes = _backend_call(graph, where, "get_behavior_notes")
     elif plan.cpp_index is None:
-        raise cudnnGraphNotSupportedError(f"{where}: plan #{index} {record.plan_name(index)} "
-                                          "has no position in the backend's plan list")
+        raise cudnnGraphNotSupportedError(
+            f"{where}: plan #{index} {record.plan_name(index)} "
+            "has no position in the backend's plan list"
+        )
     else:
-        # The plan's own notes: after the first heuristics query they are not at its
-        # cpp_index in the backend's note list (backend_plans.note_span).
-        lg = graph.__dict__.get("_lowered")
-        at = getattr(lg, "note_index", {}).get(plan.cpp_index, plan.cpp_index)
-        notes = _backend_call(graph, where, "get_behavior_notes_for_plan_at_index", at)
+        # The backend keeps one note entry per plan, in plan order, however many queries
+        # (one per heuristic mode, plus create_execution_plan replays) built its list: the
+        # plan's own notes are at its cpp_index.
+        notes = _backend_call(graph, where, "get_behavior_notes_for_plan_at_index", plan.cpp_index)
     return [our_enum(behavior_note, n, "behavior note") for n in notes]
 
 
 def selected_behavior_notes(graph):
     record = graph._require_planning()
     if record.selected is None:
-        raise GraphStateError("get_behavior_notes(): no plan selected: call build_plans() "
-                              "(or select_plan(index)) first")
+        raise GraphStateError(
+            "get_behavior_notes(): no plan selected: call build_plans() "
+            "(or select_plan(index)) first"
+        )
     return behavior_notes_at(graph, record.selected, "get_behavior_notes()")
 
 
@@ -140,21 +145,33 @@ def knobs_for_engine(graph, engine_id):
     where = f"get_knobs_for_engine({engine_id!r})"
     record = graph._require_planning()
     if isinstance(engine_id, bool) or not isinstance(engine_id, int):
-        raise TypeError(f"{where}: engine_id must be an int (an id get_engine_ids() or "
-                        f"get_engine_and_knobs_at_index() reports), got {type(engine_id).__name__}")
+        raise TypeError(
+            f"{where}: engine_id must be an int (an id get_engine_ids() or "
+            f"get_engine_and_knobs_at_index() reports), got {type(engine_id).__name__}"
+        )
     if engine_id == BACKEND_HEURISTIC_ENGINE_ID:
         return []  # the delegating entry: the backend tunes its own choice
     engine = record.engines.get(engine_id)
     if engine is not None:
         return _python_knobs(graph, record, engine)
     listed = {p.engine_id for p in record.plans if is_backend_id(p.engine_id)}
-    if is_backend_id(engine_id) and (engine_id in listed
-                                     or engine_id < _backend_engine_count(graph, where)):
+    if is_backend_id(engine_id) and (
+        engine_id in listed or engine_id < _backend_engine_count(graph, where)
+    ):
         knobs = _backend_call(graph, where, "get_knobs_for_engine", engine_id)
-        return [KnobRange(our_enum(knob_type, k.type, "knob type"), int(k.min_value),
-                          int(k.max_value), int(k.stride)) for k in knobs]
-    raise ValueError(f"{where}: engine_id {engine_id} is not an engine of graph '{graph.name}': "
-                     f"its engines are {engine_ids(graph)} (get_engine_ids())")
+        return [
+            KnobRange(
+                our_enum(knob_type, k.type, "knob type"),
+                int(k.min_value),
+                int(k.max_value),
+                int(k.stride),
+            )
+            for k in knobs
+        ]
+    raise ValueError(
+        f"{where}: engine_id {engine_id} is not an engine of graph '{graph.name}': "
+        f"its engines are {engine_ids(graph)} (get_engine_ids())"
+    )
 
 
 def _python_knobs(graph, record, engine):
@@ -184,8 +201,10 @@ def tensor_of_uid(graph, uid):
         raise TypeError(f"{where}: uid must be an int, got {type(uid).__name__}")
     tensor = graph._by_uid.get(uid)
     if tensor is None:
-        raise ValueError(f"{where}: uid {uid} is not a tensor of graph '{graph.name}' "
-                         f"(its uids: {sorted(graph._by_uid)})")
+        raise ValueError(
+            f"{where}: uid {uid} is not a tensor of graph '{graph.name}' "
+            f"(its uids: {sorted(graph._by_uid)})"
+        )
     return tensor
 
 
@@ -197,10 +216,14 @@ def retention(graph):
     if given is not None:
         name = getattr(given, "name", None)  # ours, or the frontend's member of that name
         try:
-            return cuda_graph_retention[name] if isinstance(name, str) else cuda_graph_retention(given)
+            return (
+                cuda_graph_retention[name] if isinstance(name, str) else cuda_graph_retention(given)
+            )
         except (KeyError, ValueError, TypeError):
-            raise ValueError(f"get_cuda_graph_retention(): the graph's cuda_graph_retention "
-                             f"{given!r} is not a cuda_graph_retention") from None
+            raise ValueError(
+                f"get_cuda_graph_retention(): the graph's cuda_graph_retention "
+                f"{given!r} is not a cuda_graph_retention"
+            ) from None
     if graph.__dict__.get("_lowered") is not None:
         got = _backend_call(graph, "get_cuda_graph_retention()", "get_cuda_graph_retention")
         return our_enum(cuda_graph_retention, got, "cuda_graph_retention")

@@ -476,11 +476,6 @@ class LoweredGraph:
         self.graph_name = graph_name
         self.lock = threading.Lock()  # planning/build calls into the backend graph
         self.operation_graph = None  # None: not built yet; True, or the reason it failed
-        # Where each backend plan's notes sit in the backend's note lists: every heuristics
-        # query appends notes for ALL its engine configs again (plans.h query_properties),
-        # so after the first query plan i's notes are not at i (backend_plans.note_span).
-        self.notes_appended = 0  # entries the backend's note lists hold
-        self.note_index = {}  # cpp_index -> index into the note lists
 
     def assert_uids(self):
         """uid ownership, enforced: every backend tensor carries our uid."""

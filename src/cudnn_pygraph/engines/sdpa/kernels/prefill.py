@@ -13,7 +13,8 @@ Compile-time: D, dtypes, which mask terms exist, the GQA ratio, PACK_GQA, layout
 
 Masks are one diagonal band: a row at query position i (shifted by s_kv - s_q when the
 diagonal is aligned bottom-right) sees key j when  i' - window_left <= j <= i' + window_right.
-Causal is window_right = 0 with no left bound. Padding comes from per-batch seq_len tensors.
+Causal is window_right = 0 with no left bound. Padding comes from per-batch seq_len tensors;
+a dense query row past its seq_len_q is written as a row that saw no key (O 0, LSE -inf).
 Each program splits its key range into tiles that need no mask at all (every row sees every
 key) and the few edge tiles that do, so the causal diagonal and the tails pay for masking
 and the bulk does not.
@@ -34,12 +35,38 @@ LN2 = 0.6931471805599453
 
 @triton.jit
 def _attend(
-    acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
-    start, end, qk_scale, q_pos_aligned, seqlen_kv, window_left, window_right,
-    table_k, table_v, stride_tkp, stride_tvp, stride_kpage, stride_vpage, stride_kd, stride_vd,
-    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, TMA: tl.constexpr, LAZY_RESCALE: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_src,
+    v_src,
+    stride_kn,
+    stride_vn,
+    start,
+    end,
+    qk_scale,
+    q_pos_aligned,
+    seqlen_kv,
+    window_left,
+    window_right,
+    table_k,
+    table_v,
+    stride_tkp,
+    stride_tvp,
+    stride_kpage,
+    stride_vpage,
+    stride_kd,
+    stride_vd,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    TMA: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
 ):
     """Online-softmax steps over keys [start, end), TILE_N at a time (start is aligned).
 
@@ -129,27 +156,87 @@ def _attend(
 
 @triton.jit(
     do_not_specialize=[
-        "seq_q", "seq_kv", "num_m_tiles", "window_left", "window_right",
-        "stride_lb", "stride_lh", "stride_ls", "l_off_mul", "stride_tb", "stride_tvb",
+        "seq_q",
+        "seq_kv",
+        "num_m_tiles",
+        "window_left",
+        "window_right",
+        "stride_lb",
+        "stride_lh",
+        "stride_ls",
+        "l_off_mul",
+        "stride_tb",
+        "stride_tvb",
     ]
 )
 def _sdpa_fwd_kernel(
-    Q, K, V, O, LSE, SEQLEN_Q, SEQLEN_KV, OFFS_Q, OFFS_KV, OFFS_V, OFFS_O, OFFS_L,
-    PAGE_TABLE, PAGE_TABLE_V,
-    stride_qb, stride_qh, stride_qs, stride_qd,
-    stride_kb, stride_kh, stride_ks, stride_kd,
-    stride_vb, stride_vh, stride_vs, stride_vd,
-    stride_ob, stride_oh, stride_os, stride_od,
-    stride_lb, stride_lh, stride_ls,
-    stride_tb, stride_tp, stride_tvb, stride_tvp, stride_kpage, stride_vpage,
-    q_off_mul, k_off_mul, v_off_mul, o_off_mul, l_off_mul,
-    seq_q, seq_kv, num_m_tiles, qk_scale, window_left, window_right,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    GROUP: tl.constexpr, PACK_GQA: tl.constexpr, IS_THD: tl.constexpr,
-    HAS_SEQLEN_Q: tl.constexpr, HAS_SEQLEN_KV: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-    WRITE_LSE: tl.constexpr, LSE_PACKED: tl.constexpr, TMA: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    SEQLEN_Q,
+    SEQLEN_KV,
+    OFFS_Q,
+    OFFS_KV,
+    OFFS_V,
+    OFFS_O,
+    OFFS_L,
+    PAGE_TABLE,
+    PAGE_TABLE_V,
+    stride_qb,
+    stride_qh,
+    stride_qs,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_ks,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vs,
+    stride_vd,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_od,
+    stride_lb,
+    stride_lh,
+    stride_ls,
+    stride_tb,
+    stride_tp,
+    stride_tvb,
+    stride_tvp,
+    stride_kpage,
+    stride_vpage,
+    q_off_mul,
+    k_off_mul,
+    v_off_mul,
+    o_off_mul,
+    l_off_mul,
+    seq_q,
+    seq_kv,
+    num_m_tiles,
+    qk_scale,
+    window_left,
+    window_right,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr,
+    PACK_GQA: tl.constexpr,
+    IS_THD: tl.constexpr,
+    HAS_SEQLEN_Q: tl.constexpr,
+    HAS_SEQLEN_KV: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    LSE_PACKED: tl.constexpr,
+    TMA: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
 ):
     if HAS_RIGHT:
         # Causal-like masks: the last query tiles see the most keys; launch them first.
@@ -211,15 +298,45 @@ def _sdpa_fwd_kernel(
         kv_head = pid_h // GROUP
         q_first = row0
         q_last = row0 + BLOCK_M - 1
+    offs_d = tl.arange(0, HEAD_DIM)
+    o_ptrs = (
+        O
+        + o_base
+        + q_pos[:, None] * stride_os
+        + head[:, None] * stride_oh
+        + offs_d[None, :] * stride_od
+    )
+    # Dense layout: a query row past seq_len_q is still a row of O and Stats, and it sees
+    # no key, so it is written as a row that saw none (O 0, LSE -inf), as the backend and
+    # NVIDIA's own padded-Q kernels write it. A THD row past the sequence is the next
+    # sequence's: never written.
+    padded_ok = (q_pos >= seqlen_q) & (q_pos < seq_q)
+    # Stats rows in the [B, H, S] layout (packed THD Stats address their own below; without
+    # Stats, LSE is O's pointer and nothing is stored through these).
+    lse_ptrs = LSE + pid_b.to(tl.int64) * stride_lb + head * stride_lh + q_pos * stride_ls
     if q_first >= seqlen_q:
+        if not IS_THD:
+            tl.store(
+                o_ptrs,
+                tl.zeros([BLOCK_M, HEAD_DIM], dtype=O.dtype.element_ty),
+                mask=padded_ok[:, None],
+            )
+            if WRITE_LSE and not LSE_PACKED:
+                tl.store(
+                    lse_ptrs, tl.full([BLOCK_M], float("-inf"), dtype=tl.float32), mask=padded_ok
+                )
         return
     q_last = tl.minimum(q_last, seqlen_q - 1)
     row_ok = q_pos < seqlen_q
 
-    offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
-    q_ptrs = (Q + q_base + q_pos[:, None] * stride_qs + head[:, None] * stride_qh
-              + offs_d[None, :] * stride_qd)
+    q_ptrs = (
+        Q
+        + q_base
+        + q_pos[:, None] * stride_qs
+        + head[:, None] * stride_qh
+        + offs_d[None, :] * stride_qd
+    )
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
     table_k = PAGE_TABLE + pid_b.to(tl.int64) * stride_tb
     table_v = PAGE_TABLE_V + pid_b.to(tl.int64) * stride_tvb
@@ -231,16 +348,32 @@ def _sdpa_fwd_kernel(
         # sequence, so ragged tails need no masks on the loads (the launcher checked the
         # 16-byte alignment rules and a unit D stride).
         k_src = tl.make_tensor_descriptor(
-            K + k_base + kv_head * stride_kh, shape=[seqlen_kv, HEAD_DIM],
-            strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
+            K + k_base + kv_head * stride_kh,
+            shape=[seqlen_kv, HEAD_DIM],
+            strides=[stride_ks, 1],
+            block_shape=[BLOCK_N, HEAD_DIM],
+        )
         v_src = tl.make_tensor_descriptor(
-            V + v_base + kv_head * stride_vh, shape=[seqlen_kv, HEAD_DIM],
-            strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
+            V + v_base + kv_head * stride_vh,
+            shape=[seqlen_kv, HEAD_DIM],
+            strides=[stride_vs, 1],
+            block_shape=[BLOCK_N, HEAD_DIM],
+        )
     else:
-        k_src = (K + k_base + kv_head * stride_kh + offs_n[None, :] * stride_ks
-                 + offs_d[:, None] * stride_kd)
-        v_src = (V + v_base + kv_head * stride_vh + offs_n[:, None] * stride_vs
-                 + offs_d[None, :] * stride_vd)
+        k_src = (
+            K
+            + k_base
+            + kv_head * stride_kh
+            + offs_n[None, :] * stride_ks
+            + offs_d[:, None] * stride_kd
+        )
+        v_src = (
+            V
+            + v_base
+            + kv_head * stride_vh
+            + offs_n[:, None] * stride_vs
+            + offs_d[None, :] * stride_vd
+        )
 
     # Key range of this tile, split into masked edges and an unmasked middle.
     if BOTTOM_RIGHT:
@@ -269,38 +402,130 @@ def _sdpa_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     acc, l_i, m_i = _attend(
-        acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs, lo, mid_start, qk_scale,
-        q_pos_aligned, seqlen_kv, window_left, window_right,
-        table_k, table_v, stride_tp, stride_tvp, stride_kpage, stride_vpage, stride_kd, stride_vd,
-        BLOCK_N, True, HAS_LEFT, HAS_RIGHT, TMA, LAZY_RESCALE, PAGED, PAGE_SIZE, HEAD_DIM,
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_src,
+        v_src,
+        stride_ks,
+        stride_vs,
+        lo,
+        mid_start,
+        qk_scale,
+        q_pos_aligned,
+        seqlen_kv,
+        window_left,
+        window_right,
+        table_k,
+        table_v,
+        stride_tp,
+        stride_tvp,
+        stride_kpage,
+        stride_vpage,
+        stride_kd,
+        stride_vd,
+        BLOCK_N,
+        True,
+        HAS_LEFT,
+        HAS_RIGHT,
+        TMA,
+        LAZY_RESCALE,
+        PAGED,
+        PAGE_SIZE,
+        HEAD_DIM,
     )
     acc, l_i, m_i = _attend(
-        acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs, mid_start, mid_end, qk_scale,
-        q_pos_aligned, seqlen_kv, window_left, window_right,
-        table_k, table_v, stride_tp, stride_tvp, stride_kpage, stride_vpage, stride_kd, stride_vd,
-        BLOCK_N, False, HAS_LEFT, HAS_RIGHT, TMA, LAZY_RESCALE, PAGED, PAGE_SIZE, HEAD_DIM,
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_src,
+        v_src,
+        stride_ks,
+        stride_vs,
+        mid_start,
+        mid_end,
+        qk_scale,
+        q_pos_aligned,
+        seqlen_kv,
+        window_left,
+        window_right,
+        table_k,
+        table_v,
+        stride_tp,
+        stride_tvp,
+        stride_kpage,
+        stride_vpage,
+        stride_kd,
+        stride_vd,
+        BLOCK_N,
+        False,
+        HAS_LEFT,
+        HAS_RIGHT,
+        TMA,
+        LAZY_RESCALE,
+        PAGED,
+        PAGE_SIZE,
+        HEAD_DIM,
     )
     acc, l_i, m_i = _attend(
-        acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs, mid_end, hi, qk_scale,
-        q_pos_aligned, seqlen_kv, window_left, window_right,
-        table_k, table_v, stride_tp, stride_tvp, stride_kpage, stride_vpage, stride_kd, stride_vd,
-        BLOCK_N, True, HAS_LEFT, HAS_RIGHT, TMA, LAZY_RESCALE, PAGED, PAGE_SIZE, HEAD_DIM,
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_src,
+        v_src,
+        stride_ks,
+        stride_vs,
+        mid_end,
+        hi,
+        qk_scale,
+        q_pos_aligned,
+        seqlen_kv,
+        window_left,
+        window_right,
+        table_k,
+        table_v,
+        stride_tp,
+        stride_tvp,
+        stride_kpage,
+        stride_vpage,
+        stride_kd,
+        stride_vd,
+        BLOCK_N,
+        True,
+        HAS_LEFT,
+        HAS_RIGHT,
+        TMA,
+        LAZY_RESCALE,
+        PAGED,
+        PAGE_SIZE,
+        HEAD_DIM,
     )
 
     # A row that saw no key (empty kv, band outside the sequence) outputs 0 and LSE -inf.
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    o_ptrs = (O + o_base + q_pos[:, None] * stride_os + head[:, None] * stride_oh
-              + offs_d[None, :] * stride_od)
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    if IS_THD:
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        out = tl.where(row_ok[:, None], out, 0.0)
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(row_ok | padded_ok)[:, None])
     if WRITE_LSE:
-        lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
-                       float("-inf"))
+        lse = tl.where(
+            seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf")
+        )
         if LSE_PACKED:
             l_base = tl.load(OFFS_L + pid_b).to(tl.int64) * l_off_mul
+            tl.store(LSE + l_base + head * stride_lh + q_pos * stride_ls, lse, mask=row_ok)
+        elif IS_THD:
+            tl.store(lse_ptrs, lse, mask=row_ok)
         else:
-            l_base = pid_b.to(tl.int64) * stride_lb
-        tl.store(LSE + l_base + head * stride_lh + q_pos * stride_ls, lse, mask=row_ok)
+            tl.store(lse_ptrs, tl.where(row_ok, lse, float("-inf")), mask=row_ok | padded_ok)
+
+
+NO_MASK = AttnMask()  # frozen: one shared default
 
 
 def _check(cond: bool, message: str) -> None:
@@ -316,8 +541,10 @@ def _page_tables(page_table, page_table_v, batch: int):
     if page_table_v is None:
         page_table_v = page_table
     for name, t in (("page_table", page_table), ("page_table_v", page_table_v)):
-        _check(t.dtype == torch.int32 and t.dim() == 2 and t.shape[0] == batch,
-               f"{name}: must be int32 [B={batch}, max_pages], got {t.dtype} {tuple(t.shape)}")
+        _check(
+            t.dtype == torch.int32 and t.dim() == 2 and t.shape[0] == batch,
+            f"{name}: must be int32 [B={batch}, max_pages], got {t.dtype} {tuple(t.shape)}",
+        )
     return page_table, page_table_v
 
 
@@ -328,8 +555,10 @@ def _flat_lengths(t, name: str, batch: int):
     _check(t.dtype == torch.int32, f"{name}: dtype must be int32, got {t.dtype}")
     _check(t.numel() == batch, f"{name}: must hold one length per batch ({batch}), got {t.numel()}")
     flat = t.reshape(-1)
-    _check(flat.data_ptr() == t.data_ptr() and (batch == 1 or flat.stride(0) == 1),
-           f"{name}: must be contiguous")
+    _check(
+        flat.data_ptr() == t.data_ptr() and (batch == 1 or flat.stride(0) == 1),
+        f"{name}: must be contiguous",
+    )
     return flat
 
 
@@ -340,8 +569,9 @@ def _own_offsets(t, name: str, batch: int, default):
     if t is None:
         return default
     _check(t.dtype in (torch.int32, torch.int64), f"{name}: dtype must be int32 or int64")
-    _check(t.dim() == 1 or t.numel() == t.shape[0],
-           f"{name}: must be [B + 1] (or [B + 1, 1, 1, 1])")
+    _check(
+        t.dim() == 1 or t.numel() == t.shape[0], f"{name}: must be [B + 1] (or [B + 1, 1, 1, 1])"
+    )
     flat = t.reshape(-1)
     _check(flat.numel() >= batch, f"{name}: needs at least B={batch} offsets, got {flat.numel()}")
     return flat
@@ -392,10 +622,14 @@ def sdpa_prefill(q, k, v, out, **kwargs) -> None:
 
 
 def prefill_launch(
-    q, k, v, out, *,
+    q,
+    k,
+    v,
+    out,
+    *,
     attn_scale: float,
     knobs: SdpaFwdKnobs,
-    mask: AttnMask = AttnMask(),
+    mask: AttnMask = NO_MASK,
     stats=None,
     seq_len_q=None,
     seq_len_kv=None,
@@ -436,65 +670,95 @@ def prefill_launch(
     paged = page_table is not None
     q_rank = 3 if is_thd else 4
     kv_rank = 4 if paged else q_rank
-    for name, t, rank in (("q", q, q_rank), ("k", k, kv_rank), ("v", v, kv_rank),
-                          ("out", out, q_rank)):
+    for name, t, rank in (
+        ("q", q, q_rank),
+        ("k", k, kv_rank),
+        ("v", v, kv_rank),
+        ("out", out, q_rank),
+    ):
         _check(t.dim() == rank, f"{name}: expected rank {rank}, got shape {tuple(t.shape)}")
         _check(t.dtype == q.dtype, f"{name}: dtype {t.dtype} differs from q's {q.dtype}")
         _check(t.device == q.device, f"{name}: device {t.device} differs from q's {q.device}")
-    _check(q.dtype in (torch.float16, torch.bfloat16, torch.float32),
-           f"q: dtype must be float16, bfloat16 or float32, got {q.dtype}")
+    _check(
+        q.dtype in (torch.float16, torch.bfloat16, torch.float32),
+        f"q: dtype must be float16, bfloat16 or float32, got {q.dtype}",
+    )
     head_dim = q.shape[-1]
     _check(head_dim in SUPPORTED_HEAD_DIMS, f"q: head dim {head_dim} not in {SUPPORTED_HEAD_DIMS}")
     for name, t in (("k", k), ("v", v), ("out", out)):
-        _check(t.shape[-1] == head_dim,
-               f"{name}: head dim {t.shape[-1]} differs from q's {head_dim}")
+        _check(
+            t.shape[-1] == head_dim, f"{name}: head dim {t.shape[-1]} differs from q's {head_dim}"
+        )
     # THD: out (and v) may pack their tokens apart from q (k) under their own offsets;
     # paged v may live in a pool of another page count (it has its own table).
     lead = 1 if is_thd else 0
-    _check(out.shape[lead:] == q.shape[lead:],
-           f"out: shape {tuple(out.shape)} must match q's {tuple(q.shape)}")
+    _check(
+        out.shape[lead:] == q.shape[lead:],
+        f"out: shape {tuple(out.shape)} must match q's {tuple(q.shape)}",
+    )
     kv_lead = 1 if is_thd or paged else 0
-    _check(v.shape[kv_lead:] == k.shape[kv_lead:],
-           f"v: shape {tuple(v.shape)} must match k's {tuple(k.shape)}")
+    _check(
+        v.shape[kv_lead:] == k.shape[kv_lead:],
+        f"v: shape {tuple(v.shape)} must match k's {tuple(k.shape)}",
+    )
     heads_q = q.shape[1]
     heads_kv = k.shape[2] if paged else k.shape[1]
-    _check(heads_kv > 0 and heads_q % heads_kv == 0,
-           f"k: kv heads {heads_kv} must divide q heads {heads_q}")
+    _check(
+        heads_kv > 0 and heads_q % heads_kv == 0,
+        f"k: kv heads {heads_kv} must divide q heads {heads_q}",
+    )
     group = heads_q // heads_kv
-    _check(offsets_unit in ("tokens", "elements"),
-           f"offsets_unit: must be 'tokens' or 'elements', got {offsets_unit!r}")
-    _check(ragged_offsets_kv is None or is_thd,
-           "ragged_offsets_kv: given without ragged_offsets_q (THD needs both)")
+    _check(
+        offsets_unit in ("tokens", "elements"),
+        f"offsets_unit: must be 'tokens' or 'elements', got {offsets_unit!r}",
+    )
+    _check(
+        ragged_offsets_kv is None or is_thd,
+        "ragged_offsets_kv: given without ragged_offsets_q (THD needs both)",
+    )
 
     offs_kv = None
     if is_thd:
-        _check(paged or ragged_offsets_kv is not None,
-               "ragged_offsets_q / ragged_offsets_kv: THD needs both (or paged K/V)")
-        _check(max_seqlen_q is not None and max_seqlen_q >= 0,
-               "max_seqlen_q: THD needs the largest query length as a host int")
+        _check(
+            paged or ragged_offsets_kv is not None,
+            "ragged_offsets_q / ragged_offsets_kv: THD needs both (or paged K/V)",
+        )
+        _check(
+            max_seqlen_q is not None and max_seqlen_q >= 0,
+            "max_seqlen_q: THD needs the largest query length as a host int",
+        )
         named = [("ragged_offsets_q", ragged_offsets_q)]
         if not paged:
             named.append(("ragged_offsets_kv", ragged_offsets_kv))
         for name, t in named:
             _check(t.dtype in (torch.int32, torch.int64), f"{name}: dtype must be int32 or int64")
-            _check(t.dim() == 1 or t.numel() == t.shape[0],
-                   f"{name}: must be [B + 1] (or [B + 1, 1, 1, 1])")
+            _check(
+                t.dim() == 1 or t.numel() == t.shape[0],
+                f"{name}: must be [B + 1] (or [B + 1, 1, 1, 1])",
+            )
         offs_q = ragged_offsets_q.reshape(-1)
         _check(offs_q.numel() >= 2, "ragged_offsets_q: needs B + 1 >= 2 offsets")
         batch = offs_q.numel() - 1
         if not paged:
             offs_kv = ragged_offsets_kv.reshape(-1)
-            _check(offs_kv.numel() == offs_q.numel(),
-                   "ragged_offsets_kv: needs as many offsets as ragged_offsets_q")
+            _check(
+                offs_kv.numel() == offs_q.numel(),
+                "ragged_offsets_kv: needs as many offsets as ragged_offsets_q",
+            )
         # B offsets suffice for v / out / stats: only each batch's start is read.
-        _check(not (paged and ragged_offsets_v is not None),
-               "ragged_offsets_v: paged v is addressed through page_table_v")
-        offs_v = _own_offsets(ragged_offsets_v, "ragged_offsets_v", batch,
-                              offs_q if paged else offs_kv)
+        _check(
+            not (paged and ragged_offsets_v is not None),
+            "ragged_offsets_v: paged v is addressed through page_table_v",
+        )
+        offs_v = _own_offsets(
+            ragged_offsets_v, "ragged_offsets_v", batch, offs_q if paged else offs_kv
+        )
         offs_o = _own_offsets(ragged_offsets_o, "ragged_offsets_o", batch, offs_q)
         if offsets_unit == "elements":
-            _check(seq_len_q is not None and seq_len_kv is not None,
-                   "seq_len_q / seq_len_kv: required with element ragged offsets")
+            _check(
+                seq_len_q is not None and seq_len_kv is not None,
+                "seq_len_q / seq_len_kv: required with element ragged offsets",
+            )
         seq_q, seq_kv = int(max_seqlen_q), 0
         # [T, H, D] -> (batch stride unused, head, token, dim)
         qs = (0, q.stride(1), q.stride(0), q.stride(2))
@@ -520,8 +784,10 @@ def prefill_launch(
     page_size = 1
     if paged:
         page_size = k.shape[1]
-        _check(page_size > 0 and page_size & (page_size - 1) == 0,
-               f"k: page size {page_size} must be a power of two")
+        _check(
+            page_size > 0 and page_size & (page_size - 1) == 0,
+            f"k: page size {page_size} must be a power of two",
+        )
         page_table, page_table_v = _page_tables(page_table, page_table_v, batch)
         _check(seq_len_kv is not None, "seq_len_kv: required with paged K/V")
         # pool [pages, page_size, H, D] -> (batch unused, head, token-in-page, dim)
@@ -529,16 +795,24 @@ def prefill_launch(
         vs = (0, v.stride(2), v.stride(1), v.stride(3))
         offs_kv = offs_q  # placeholder, never read with PAGED
         seq_kv = page_table.shape[1] * page_size
-        t_strides = (page_table.stride(0), page_table.stride(1), page_table_v.stride(0),
-                     page_table_v.stride(1), k.stride(0), v.stride(0))
+        t_strides = (
+            page_table.stride(0),
+            page_table.stride(1),
+            page_table_v.stride(0),
+            page_table_v.stride(1),
+            k.stride(0),
+            v.stride(0),
+        )
     else:
         _check(page_table_v is None, "page_table_v: given without page_table")
     if offs_kv is None:
         offs_kv = offs_q
     if not is_thd:
-        for name, t in (("ragged_offsets_v", ragged_offsets_v),
-                        ("ragged_offsets_o", ragged_offsets_o),
-                        ("ragged_offsets_stats", ragged_offsets_stats)):
+        for name, t in (
+            ("ragged_offsets_v", ragged_offsets_v),
+            ("ragged_offsets_o", ragged_offsets_o),
+            ("ragged_offsets_stats", ragged_offsets_stats),
+        ):
             _check(t is None, f"{name}: given without ragged_offsets_q (THD)")
         offs_v = offs_o = offs_q  # placeholders, never read without IS_THD
     offs_l = offs_q
@@ -551,25 +825,38 @@ def prefill_launch(
         _check(stats.device == q.device, "stats: must be on q's device")
         if is_thd and stats.dim() in (2, 3):
             lse_packed = True
-            _check(stats.shape[1] == heads_q,
-                   f"stats: packed THD stats must be [Tq, Hq(, 1)], got {tuple(stats.shape)}")
+            _check(
+                stats.shape[1] == heads_q,
+                f"stats: packed THD stats must be [Tq, Hq(, 1)], got {tuple(stats.shape)}",
+            )
             l_strides = (0, stats.stride(1), stats.stride(0))
             if ragged_offsets_stats is not None:
                 offs_l = _own_offsets(ragged_offsets_stats, "ragged_offsets_stats", batch, None)
                 l_mul = stats.stride(0) if offsets_unit == "tokens" else 1
             else:
-                _check(offsets_unit == "tokens",
-                       "ragged_offsets_stats: packed THD stats with element offsets need their own")
-                _check(stats.shape[0] >= q.shape[0],
-                       f"stats: packed THD stats must hold q's {q.shape[0]} tokens, "
-                       f"got {tuple(stats.shape)}")
+                _check(
+                    offsets_unit == "tokens",
+                    "ragged_offsets_stats: packed THD stats with element offsets need their own",
+                )
+                _check(
+                    stats.shape[0] >= q.shape[0],
+                    f"stats: packed THD stats must hold q's {q.shape[0]} tokens, "
+                    f"got {tuple(stats.shape)}",
+                )
                 l_mul = stats.stride(0)
         else:
-            _check(ragged_offsets_stats is None,
-                   "ragged_offsets_stats: given with padded [B, Hq, S, 1] stats")
-            _check(stats.dim() in (3, 4) and stats.shape[0] == batch and stats.shape[1] == heads_q
-                   and stats.shape[2] >= seq_q and (stats.dim() == 3 or stats.shape[3] == 1),
-                   f"stats: must be [B, Hq, S, 1] with S >= {seq_q}, got {tuple(stats.shape)}")
+            _check(
+                ragged_offsets_stats is None,
+                "ragged_offsets_stats: given with padded [B, Hq, S, 1] stats",
+            )
+            _check(
+                stats.dim() in (3, 4)
+                and stats.shape[0] == batch
+                and stats.shape[1] == heads_q
+                and stats.shape[2] >= seq_q
+                and (stats.dim() == 3 or stats.shape[3] == 1),
+                f"stats: must be [B, Hq, S, 1] with S >= {seq_q}, got {tuple(stats.shape)}",
+            )
             l_strides = (stats.stride(0), stats.stride(1), stats.stride(2))
 
     len_q = _flat_lengths(seq_len_q, "seq_len_q", batch) if seq_len_q is not None else offs_q
@@ -588,21 +875,56 @@ def prefill_launch(
     window_left = mask.window_left if mask.window_left is not None else 0
     window_right = mask.window_right if mask.window_right is not None else 0
     args = (
-        q, k, v, out, stats if stats is not None else out, len_q, len_kv, offs_q, offs_kv,
-        offs_v, offs_o, offs_l, page_table if paged else offs_q,
+        q,
+        k,
+        v,
+        out,
+        stats if stats is not None else out,
+        len_q,
+        len_kv,
+        offs_q,
+        offs_kv,
+        offs_v,
+        offs_o,
+        offs_l,
+        page_table if paged else offs_q,
         page_table_v if paged else offs_q,
-        *qs, *ks, *vs, *os_, *l_strides, *t_strides,
-        *muls, l_mul,
-        seq_q, seq_kv, num_m_tiles, float(attn_scale) * LOG2E, window_left, window_right,
+        *qs,
+        *ks,
+        *vs,
+        *os_,
+        *l_strides,
+        *t_strides,
+        *muls,
+        l_mul,
+        seq_q,
+        seq_kv,
+        num_m_tiles,
+        float(attn_scale) * LOG2E,
+        window_left,
+        window_right,
     )
     kwargs = dict(
-        HEAD_DIM=head_dim, BLOCK_M=knobs.TILE_M, BLOCK_N=knobs.TILE_N,
-        GROUP=group, PACK_GQA=knobs.PACK_GQA, IS_THD=is_thd,
-        HAS_SEQLEN_Q=seq_len_q is not None, HAS_SEQLEN_KV=seq_len_kv is not None,
-        HAS_LEFT=mask.window_left is not None, HAS_RIGHT=mask.window_right is not None,
-        BOTTOM_RIGHT=mask.bottom_right, WRITE_LSE=stats is not None, LSE_PACKED=lse_packed,
-        TMA=use_tma, LAZY_RESCALE=knobs.LAZY_RESCALE, PAGED=paged, PAGE_SIZE=page_size,
-        num_warps=knobs.NUM_WARPS, num_stages=knobs.NUM_STAGES, **launch_opts,
+        HEAD_DIM=head_dim,
+        BLOCK_M=knobs.TILE_M,
+        BLOCK_N=knobs.TILE_N,
+        GROUP=group,
+        PACK_GQA=knobs.PACK_GQA,
+        IS_THD=is_thd,
+        HAS_SEQLEN_Q=seq_len_q is not None,
+        HAS_SEQLEN_KV=seq_len_kv is not None,
+        HAS_LEFT=mask.window_left is not None,
+        HAS_RIGHT=mask.window_right is not None,
+        BOTTOM_RIGHT=mask.bottom_right,
+        WRITE_LSE=stats is not None,
+        LSE_PACKED=lse_packed,
+        TMA=use_tma,
+        LAZY_RESCALE=knobs.LAZY_RESCALE,
+        PAGED=paged,
+        PAGE_SIZE=page_size,
+        num_warps=knobs.NUM_WARPS,
+        num_stages=knobs.NUM_STAGES,
+        **launch_opts,
     )
     return Launch(_sdpa_fwd_kernel, grid, args, kwargs)
 
@@ -627,4 +949,4 @@ def prefill_flops(heads: int, head_dim: int, seqlens_q, seqlens_kv, mask: AttnMa
     return 4.0 * visible * head_dim * heads
 
 
-__all__ = ["AttnMask", "sdpa_prefill", "prefill_launch", "prefill_flops", "LOG2E", "LN2"]
+__all__ = ["LN2", "LOG2E", "AttnMask", "prefill_flops", "prefill_launch", "sdpa_prefill"]
