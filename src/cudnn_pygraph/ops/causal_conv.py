@@ -1,0 +1,326 @@
+"""Depthwise causal 1-D convolution as torch operations (classic `cudnn.ops.causal_conv1d`
+and `causal_conv1d_nwh`), forward and backward on the backend's direct kernels.
+
+    y[b, d, t] = activation(bias[d] + sum_k weight[d, k] * x[b, d, t - (W - 1) + k])
+
+Two layouts share one pair of torch custom ops: channels-first (x [B, D, T], weight
+[D, W], the backend's `causal_conv1d_*`) and channels-last (x [B, T, D], weight [W, D],
+its `causal_conv1d_nwh_*`). The backend reads dense row-major operands; the result keeps
+the caller's dense memory format (a [B, D, T] transpose view of [B, T, D] storage gives
+one back). Where the installed libcudnn lacks the kernel the backend's RuntimeError
+propagates, as with the classic package.
+
+The sequence keywords of `causal_conv1d` (seq_idx, cu_seqlens, initial_states,
+return_final_states, final_states_out) are validated with the classic package's error
+types and then refused with NotImplementedError: their only backend is a Blackwell
+channels-last kernel this library does not ship.
+"""
+
+import torch
+from torch import Tensor
+
+from ..classic.direct_ops import backend_function
+
+# cudnnDataType_t codes the direct kernels take for their operand and gradient types.
+_BACKEND_DTYPE = {
+    torch.float32: 0,
+    torch.float64: 1,
+    torch.float16: 2,
+    torch.bfloat16: 9,
+}
+# cudnn's causal-conv1d activation enumeration.
+_BACKEND_ACTIVATION = {"identity": 0, "silu": 1}
+
+# layout -> (backend kernel stem, x axis of D, weight axis of D, weight axis of W)
+_LAYOUTS = {
+    "bdt": ("causal_conv1d", 1, 0, 1),
+    "btd": ("causal_conv1d_nwh", 2, 1, 0),
+}
+
+_SEQUENCE_KEYWORDS = (
+    "seq_idx",
+    "cu_seqlens",
+    "initial_states",
+    "return_final_states",
+    "final_states_out",
+)
+
+
+def _dtype_code(dtype):
+    try:
+        return _BACKEND_DTYPE[dtype]
+    except KeyError:
+        raise ValueError(
+            f"causal_conv1d: dtype {dtype} is not supported (float64, float32, float16, bfloat16)"
+        ) from None
+
+
+def _activation_code(activation):
+    try:
+        return _BACKEND_ACTIVATION[activation]
+    except KeyError:
+        raise ValueError(
+            f"causal_conv1d: activation {activation!r} is not supported ('identity', 'silu')"
+        ) from None
+
+
+def _gradient_dtype(dtype):
+    # Half-precision parameter gradients accumulate in float32 in the backend.
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _sizes(x, weight, bias, layout):
+    """(batch, dim, seq_len, width) of valid operands, else the classic error naming them."""
+    _, x_dim, w_dim, w_width = _LAYOUTS[layout]
+    if x.dim() != 3 or weight.dim() != 2 or bias.dim() != 1:
+        raise ValueError(
+            f"causal_conv1d: expected x 3-D, weight 2-D, bias 1-D; got x{tuple(x.shape)}, "
+            f"weight{tuple(weight.shape)}, bias{tuple(bias.shape)}"
+        )
+    devices = {"x": x.device, "weight": weight.device, "bias": bias.device}
+    if not all(t.is_cuda for t in (x, weight, bias)):
+        raise ValueError(f"causal_conv1d: x, weight and bias must be CUDA tensors; got {devices}")
+    if len(set(devices.values())) != 1:
+        raise ValueError(f"causal_conv1d: x, weight and bias must share a device; got {devices}")
+    if not x.dtype == weight.dtype == bias.dtype:
+        raise TypeError(
+            f"causal_conv1d: x, weight and bias must share a dtype; got x {x.dtype}, "
+            f"weight {weight.dtype}, bias {bias.dtype}"
+        )
+    dim = x.shape[x_dim]
+    if weight.shape[w_dim] != dim:
+        raise ValueError(
+            f"causal_conv1d: weight{tuple(weight.shape)} must have {dim} channels on axis "
+            f"{w_dim} (x has D={dim})"
+        )
+    if bias.shape[0] != dim:
+        raise ValueError(f"causal_conv1d: bias{tuple(bias.shape)} must have shape ({dim},)")
+    seq_len = x.shape[3 - x_dim]
+    return x.shape[0], dim, seq_len, weight.shape[w_width]
+
+
+def _like(result, x):
+    """`result` (dense row-major) in x's memory format, as the registered fake promises."""
+    if result.stride() == x.stride():
+        return result
+    return torch.empty_like(x).copy_(result)
+
+
+def _stream(x):
+    return torch.cuda.current_stream(x.device).cuda_stream
+
+
+@torch.library.custom_op("cudnn_pygraph::causal_conv1d_fwd", mutates_args=(), device_types="cuda")
+def _forward(x: Tensor, weight: Tensor, bias: Tensor, activation: str, layout: str) -> Tensor:
+    batch, dim, seq_len, width = _sizes(x, weight, bias, layout)
+    xc, wc, bc = x.contiguous(), weight.contiguous(), bias.contiguous()
+    y = torch.empty_like(xc)
+    backend_function(_LAYOUTS[layout][0] + "_forward")(
+        _stream(x),
+        xc.data_ptr(),
+        wc.data_ptr(),
+        bc.data_ptr(),
+        y.data_ptr(),
+        batch,
+        dim,
+        seq_len,
+        width,
+        _dtype_code(x.dtype),
+        _activation_code(activation),
+    )
+    return _like(y, x)
+
+
+@_forward.register_fake
+def _(x, weight, bias, activation, layout):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("cudnn_pygraph::causal_conv1d_bwd", mutates_args=(), device_types="cuda")
+def _backward(
+    grad_out: Tensor, x: Tensor, weight: Tensor, bias: Tensor, activation: str, layout: str
+) -> list[Tensor]:
+    if grad_out.shape != x.shape:
+        raise ValueError(
+            f"causal_conv1d backward: grad_out{tuple(grad_out.shape)} must have x's shape "
+            f"{tuple(x.shape)}"
+        )
+    if grad_out.device != x.device or grad_out.dtype != x.dtype:
+        raise ValueError(
+            f"causal_conv1d backward: grad_out ({grad_out.device}, {grad_out.dtype}) must "
+            f"match x ({x.device}, {x.dtype})"
+        )
+    batch, dim, seq_len, width = _sizes(x, weight, bias, layout)
+    xc, wc, bc, dyc = (t.contiguous() for t in (x, weight, bias, grad_out))
+    grad_dtype = _gradient_dtype(x.dtype)
+    dx = torch.empty_like(xc)
+    dweight = torch.zeros(weight.shape, device=x.device, dtype=grad_dtype)
+    dbias = torch.zeros(bias.shape, device=x.device, dtype=grad_dtype)
+    backend_function(_LAYOUTS[layout][0] + "_backward")(
+        _stream(x),
+        xc.data_ptr(),
+        wc.data_ptr(),
+        bc.data_ptr(),
+        dyc.data_ptr(),
+        dx.data_ptr(),
+        dweight.data_ptr(),
+        dbias.data_ptr(),
+        batch,
+        dim,
+        seq_len,
+        width,
+        _dtype_code(x.dtype),
+        _dtype_code(grad_dtype),
+        _activation_code(activation),
+    )
+    return [_like(dx, x), dweight.to(x.dtype), dbias.to(x.dtype)]
+
+
+@_backward.register_fake
+def _(grad_out, x, weight, bias, activation, layout):
+    return [torch.empty_like(x), torch.empty_like(weight), torch.empty_like(bias)]
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, activation, layout = inputs
+    ctx.save_for_backward(x, weight, bias)
+    ctx.activation, ctx.layout = activation, layout
+
+
+def _autograd_backward(ctx, grad_out):
+    x, weight, bias = ctx.saved_tensors
+    dx, dweight, dbias = _backward(grad_out, x, weight, bias, ctx.activation, ctx.layout)
+    return dx, dweight, dbias, None, None
+
+
+_forward.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+def _check_sequence_keywords(x, weight, bias, seq_idx, cu_seqlens, initial_states,
+                             return_final_states, final_states_out):  # fmt: skip
+    """The classic package's argument errors for the sequence keywords (types, shapes,
+    exclusivity); a call that passes them is still refused by the caller."""
+    if not isinstance(return_final_states, bool):
+        raise TypeError(
+            f"causal_conv1d: return_final_states must be bool, got "
+            f"{type(return_final_states).__name__}"
+        )
+    if final_states_out is not None and not return_final_states:
+        raise ValueError("causal_conv1d: final_states_out needs return_final_states=True")
+    if seq_idx is not None and return_final_states:
+        raise ValueError("causal_conv1d: seq_idx and return_final_states are mutually exclusive")
+    operands = {"x": x, "weight": weight, "bias": bias, "seq_idx": seq_idx,
+                "cu_seqlens": cu_seqlens, "initial_states": initial_states,
+                "final_states_out": final_states_out}  # fmt: skip
+    for name, value in operands.items():
+        if (value is not None or name in ("x", "weight")) and not isinstance(value, Tensor):
+            raise TypeError(
+                f"causal_conv1d: {name} must be a torch.Tensor, got {type(value).__name__}"
+            )
+    if x.ndim != 3:
+        raise ValueError(f"causal_conv1d: x must be [B, D, T], got {tuple(x.shape)}")
+    batch, dim, tokens = x.shape
+    if weight.ndim != 2 or weight.shape[0] != dim:
+        raise ValueError(f"causal_conv1d: weight must be [{dim}, W], got {tuple(weight.shape)}")
+    width = weight.shape[1]
+    if width < 2:
+        raise ValueError(f"causal_conv1d: weight width W must be at least 2, got {width}")
+    if bias is not None and tuple(bias.shape) != (dim,):
+        raise ValueError(f"causal_conv1d: bias must be ({dim},), got {tuple(bias.shape)}")
+    if seq_idx is not None and tuple(seq_idx.shape) != (batch, tokens):
+        raise ValueError(
+            f"causal_conv1d: seq_idx must be {(batch, tokens)}, got {tuple(seq_idx.shape)}"
+        )
+    sequences = batch
+    if cu_seqlens is not None:
+        if batch != 1:
+            raise ValueError(f"causal_conv1d: cu_seqlens needs a packed x with B=1, got B={batch}")
+        if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2:
+            raise ValueError("causal_conv1d: cu_seqlens must be [N + 1] with N >= 1")
+        sequences = cu_seqlens.shape[0] - 1
+    state_shape = (sequences, dim, width - 1)
+    for name in ("initial_states", "final_states_out"):
+        state = operands[name]
+        if state is None:
+            continue
+        if tuple(state.shape) != state_shape:
+            raise ValueError(
+                f"causal_conv1d: {name} must be {state_shape}, got {tuple(state.shape)}"
+            )
+        if state.dtype != x.dtype:
+            raise TypeError(
+                f"causal_conv1d: {name} must have x's dtype {x.dtype}, got {state.dtype}"
+            )
+        if state.device != x.device:
+            raise ValueError(
+                f"causal_conv1d: {name} must be on x's device {x.device}, got {state.device}"
+            )
+
+
+def causal_conv1d(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    activation: str | None = None,
+    *,
+    seq_idx: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    initial_states: Tensor | None = None,
+    return_final_states: bool = False,
+    final_states_out: Tensor | None = None,
+):
+    """Depthwise causal convolution of x [B, D, T] with weight [D, W] and optional bias
+    [D], then `activation` (None or 'identity', 'silu' or its alias 'swish'). Differentiable
+    in x, weight and bias; torch.compile-traceable. Returns a tensor shaped and laid out like
+    x. The sequence keywords are checked, then refused (NotImplementedError)."""
+    if activation in (None, "identity"):
+        activation = "identity"
+    elif activation in ("silu", "swish"):
+        activation = "silu"
+    else:
+        raise NotImplementedError(
+            f"causal_conv1d: activation {activation!r} is not one of None, 'identity', "
+            "'silu', 'swish'"
+        )
+    if seq_idx is not None and cu_seqlens is not None:
+        raise ValueError("causal_conv1d: seq_idx and cu_seqlens are mutually exclusive")
+    stateful = (
+        seq_idx is not None
+        or initial_states is not None
+        or return_final_states
+        or final_states_out is not None
+    )
+    if stateful or cu_seqlens is not None:
+        if stateful:
+            _check_sequence_keywords(x, weight, bias, seq_idx, cu_seqlens, initial_states,
+                                     return_final_states, final_states_out)  # fmt: skip
+        else:
+            _check_sequence_keywords(x, weight, bias, None, cu_seqlens, None, False, None)
+        values = (seq_idx, cu_seqlens, initial_states, return_final_states, final_states_out)
+        used = [k for k, v in zip(_SEQUENCE_KEYWORDS, values) if v is not None and v is not False]
+        raise NotImplementedError(
+            f"causal_conv1d: {', '.join(used)} not supported: cudnn_pygraph runs dense "
+            "sequences only (its backend kernels have no sequence state)"
+        )
+    if x.dtype == torch.bfloat16 and weight.dtype == torch.float32:
+        raise NotImplementedError(
+            "causal_conv1d: a bfloat16 x with a float32 weight needs the channels-last "
+            "width-4 SiLU kernel, which cudnn_pygraph does not ship"
+        )
+    if bias is None:
+        bias = torch.zeros(weight.shape[0], device=x.device, dtype=x.dtype)
+    return _forward(x, weight, bias, activation, "bdt")
+
+
+def causal_conv1d_nwh(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    activation: str = "identity",
+) -> Tensor:
+    """`causal_conv1d` in channels-last layout: x [B, T, D], weight [W, D], bias [D];
+    activation 'identity' or 'silu'."""
+    _activation_code(activation)
+    if bias is None:
+        bias = torch.zeros(weight.shape[1], device=x.device, dtype=x.dtype)
+    return _forward(x, weight, bias, activation, "btd")
