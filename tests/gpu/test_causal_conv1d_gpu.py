@@ -100,3 +100,33 @@ def test_torch_compile_matches_eager(kernels):
     b = torch.randn(64, device="cuda", dtype=torch.bfloat16)
     compiled = torch.compile(lambda x, w, b: cudnn.ops.causal_conv1d(x, w, b, "silu"))
     assert torch.equal(compiled(x, w, b), cudnn.ops.causal_conv1d(x, w, b, "silu"))
+
+
+def _b2b_reference(x, wp, wm, sb):
+    proj = _reference(x, wp, None, False)
+    gate = proj[:, 1::3] * proj[:, 2::3]
+    return (_reference(gate, wm, None, False) + sb[:, None] * gate) * proj[:, 0::3]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("k_proj,k_mixer", [(3, 7), (4, 128)])
+def test_b2b_against_float64(kernels, dtype, k_proj, k_mixer):
+    gen = torch.Generator(device="cuda").manual_seed(k_mixer)
+    B, D, T = 2, 64, 300
+    shapes = ((B, 3 * D, T), (3 * D, k_proj), (D, k_mixer), (D,))
+    scales = (1.0, 1 / k_proj, 1 / k_mixer, 1.0)
+    ops64 = [
+        (torch.randn(s, device="cuda", dtype=torch.float64, generator=gen) * c).to(dtype).double()
+        for s, c in zip(shapes, scales)
+    ]
+    ops64 = [t.requires_grad_(True) for t in ops64]
+    y64 = _b2b_reference(*ops64)
+    dy64 = torch.randn(B, D, T, device="cuda", dtype=torch.float64, generator=gen)
+    grads64 = torch.autograd.grad(y64, ops64, dy64)
+    operands = [t.detach().to(dtype).requires_grad_(True) for t in ops64]
+    y = cudnn.ops.b2b_causal_conv1d(*operands)
+    y.backward(dy64.to(dtype))
+    torch.cuda.synchronize()
+    _close(y, y64.detach(), dtype)
+    for t, want in zip(operands, grads64):
+        _close(t.grad, want, dtype)

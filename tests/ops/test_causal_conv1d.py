@@ -32,6 +32,8 @@ KERNELS = (
     "causal_conv1d_backward",
     "causal_conv1d_nwh_forward",
     "causal_conv1d_nwh_backward",
+    "b2b_causal_conv1d_forward",
+    "b2b_causal_conv1d_backward",
 )
 
 
@@ -69,6 +71,9 @@ class Recorder:
     def kernel(self, name):
         def run(*args):
             self.calls.append((name, args))
+            if name.startswith("b2b_"):
+                getattr(self, "_" + name.rsplit("_", 1)[1] + "_b2b")(*args[1:])
+                return
             channels_last = "_nwh_" in name
             if name.endswith("_forward"):
                 self._forward(channels_last, *args[1:])
@@ -106,6 +111,29 @@ class Recorder:
         _memory(dwp, w_shape, grad_code).copy_(dw.t() if channels_last else dw)
         _memory(dbp, (dim,), grad_code).copy_(db)
 
+    @staticmethod
+    def _forward_b2b(xp, wpp, wmp, sbp, yp, ygp, batch, dim, seq, kp, km, code):
+        x = _memory(xp, (batch, 3 * dim, seq), code).double()
+        wp = _memory(wpp, (3 * dim, kp), code).double()
+        wm = _memory(wmp, (dim, km), code).double()
+        sb = _memory(sbp, (dim,), code).double()
+        proj = _reference(x, wp, None, 0)
+        gate = proj[:, 1::3] * proj[:, 2::3]
+        y = _reference(gate, wm, None, 0) + sb[:, None] * gate
+        _memory(yp, (batch, dim, seq), code).copy_(y)
+        _memory(ygp, (batch, dim, seq), code).copy_(y * proj[:, 0::3])
+
+    @staticmethod
+    def _backward_b2b(xp, wpp, wmp, sbp, yp, dygp, dxp, dwpp, dwmp, dsbp, batch, dim, seq, kp,
+                      km, code, grad_code):  # fmt: skip
+        """Gradients as fixed functions of the operands (the wiring is under test)."""
+        dyg = _memory(dygp, (batch, dim, seq), code).double()
+        x = _memory(xp, (batch, 3 * dim, seq), code).double()
+        _memory(dxp, (batch, 3 * dim, seq), code).copy_(x * dyg.sum())
+        for ptr, src, shape in ((dwpp, wpp, (3 * dim, kp)), (dwmp, wmp, (dim, km)),
+                                (dsbp, sbp, (dim,))):  # fmt: skip
+            _memory(ptr, shape, grad_code).copy_(_memory(src, shape, code).double() * 3)
+
 
 def _cpu_library(namespace, kernels):
     lib = torch.library.Library(namespace, "IMPL")
@@ -127,11 +155,15 @@ def recorder(monkeypatch):
     )
     libs = [
         _cpu_library("cudnn_pygraph", [("causal_conv1d_fwd", ours_conv._forward),
-                                       ("causal_conv1d_bwd", ours_conv._backward)]),
+                                       ("causal_conv1d_bwd", ours_conv._backward),
+                                       ("b2b_causal_conv1d_fwd", ours_conv._b2b_forward),
+                                       ("b2b_causal_conv1d_bwd", ours_conv._b2b_backward)]),
         _cpu_library("cudnn", [("causal_conv1d_fwd_primitive", nv_conv._fwd_primitive),
                                ("causal_conv1d_bwd_primitive", nv_conv._bwd_primitive),
                                ("causal_conv1d_nwh_fwd_primitive", nv_conv._nwh_fwd_primitive),
-                               ("causal_conv1d_nwh_bwd_primitive", nv_conv._nwh_bwd_primitive)]),
+                               ("causal_conv1d_nwh_bwd_primitive", nv_conv._nwh_bwd_primitive),
+                               ("b2b_causal_conv1d_fwd_primitive", nv_conv._b2b_fwd_primitive),
+                               ("b2b_causal_conv1d_bwd_primitive", nv_conv._b2b_bwd_primitive)]),
     ]  # fmt: skip
     yield rec
     for lib in libs:
@@ -308,6 +340,74 @@ def test_cpu_tensors_fail_like_nvidia_without_a_cuda_kernel():
     assert _outcome(ops.causal_conv1d, (x, w, b), {}) is NotImplementedError
 
 
+def _b2b_operands(dtype, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    batch, dim, seq = 2, 3, 9
+    shapes = ((batch, 3 * dim, seq), (3 * dim, 3), (dim, 5), (dim,))
+    return [torch.randn(s, generator=gen, dtype=torch.float64).to(dtype) for s in shapes]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_b2b_abi_values_and_gradients_match_nvidia(recorder, dtype):
+    operands = [t.requires_grad_(True) for t in _b2b_operands(dtype)]
+    dy = torch.linspace(-1, 1, 2 * 3 * 9, dtype=torch.float64).view(2, 3, 9).to(dtype)
+    results = {}
+    for label, package in (("nvidia", nv_ops), ("ours", ops)):
+        recorder.calls.clear()
+        for t in operands:
+            t.grad = None
+        y = package.b2b_causal_conv1d(*operands)
+        y.backward(dy)
+        results[label] = (y.detach(), [t.grad for t in operands], list(recorder.calls))
+    (y_nv, g_nv, calls_nv), (y_us, g_us, calls_us) = results["nvidia"], results["ours"]
+    names = ("x", "weights_proj", "weights_mixer", "skip_bias")
+    named = {t.data_ptr(): n for n, t in zip(names, operands)}
+    named[dy.data_ptr()] = "dy"
+
+    def masked(calls):  # fresh allocations differ between the runs; name the rest
+        return [(n, tuple(named.get(a, "fresh") if 1 <= i <= 10 and n.endswith("backward")
+                          or 1 <= i <= 6 else a for i, a in enumerate(args)))
+                for n, args in calls]  # fmt: skip
+
+    assert [c[0] for c in calls_us] == ["b2b_causal_conv1d_forward", "b2b_causal_conv1d_backward"]
+    assert masked(calls_us) == masked(calls_nv)
+    # the backward reads the forward's own y, a fresh allocation of each run
+    assert calls_us[1][1][5] == calls_us[0][1][5]
+    torch.testing.assert_close(y_us, y_nv, rtol=0, atol=0)
+    for ours, theirs in zip(g_us, g_nv):
+        assert ours.dtype == theirs.dtype == dtype
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda x, wp, wm, sb: (x[:, :8], wp, wm, sb),
+        lambda x, wp, wm, sb: (x[0], wp, wm, sb),
+        lambda x, wp, wm, sb: (x, wp[:6], wm, sb),
+        lambda x, wp, wm, sb: (x, wp, wm[:2], sb),
+        lambda x, wp, wm, sb: (x, wp, wm, sb[:2]),
+        lambda x, wp, wm, sb: (x, wp, wm.double(), sb),
+        lambda x, wp, wm, sb: (x, wp, wm, sb[None]),
+    ],
+)
+def test_b2b_argument_errors_match_nvidia(recorder, mutate):
+    call = mutate(*_b2b_operands(torch.float32))
+    theirs = _outcome(nv_ops.b2b_causal_conv1d, call, {})
+    assert theirs is not None
+    assert _outcome(ops.b2b_causal_conv1d, call, {}) is theirs
+
+
+def test_b2b_intermediate_output_takes_no_gradient(recorder):
+    operands = [t.requires_grad_(True) for t in _b2b_operands(torch.float32)]
+    y, y_gated = ours_conv._b2b_forward(*operands)
+    with pytest.raises(RuntimeError, match="intermediate output y"):
+        (y.sum() + y_gated.sum()).backward()
+    y, y_gated = ours_conv._b2b_forward(*operands)  # a zero gradient into y is no gradient
+    (y.sum() * 0 + y_gated.sum()).backward()
+    assert all(t.grad is not None for t in operands)
+
+
 def test_backend_without_the_kernel_raises_its_runtime_error(recorder, monkeypatch):
     def missing(*args):
         raise RuntimeError("Unable to find symbol cudnnCausalConv1dForward")
@@ -331,11 +431,22 @@ def test_opcheck(recorder, layout):
     torch.library.opcheck(ours_conv._backward, (*operands, "identity", layout))
 
 
+def test_opcheck_b2b(recorder):
+    operands = [t.requires_grad_(True) for t in _b2b_operands(torch.float64)]
+    # aot_dispatch backpropagates random gradients into y too, which the op refuses
+    checks = ("test_schema", "test_autograd_registration", "test_faketensor")
+    torch.library.opcheck(ours_conv._b2b_forward, tuple(operands), test_utils=checks)
+    x, wp, wm, sb = (t.detach() for t in operands)
+    y = torch.randn(2, 3, 9, dtype=torch.float64)
+    torch.library.opcheck(ours_conv._b2b_backward, (torch.randn_like(y), x, wp, wm, sb, y))
+
+
 def test_ops_package_is_lazy_and_extensible():
     code = (
         "import sys, cudnn_pygraph as c; m = c.ops; "
         "assert 'torch' not in sys.modules, 'torch imported'; "
-        "assert {'causal_conv1d', 'causal_conv1d_nwh'} <= set(m.__all__) <= set(dir(m)); "
+        "assert {'causal_conv1d', 'causal_conv1d_nwh', 'b2b_causal_conv1d'} <= set(m.__all__); "
+        "assert set(m.__all__) <= set(dir(m)); "
         "f = m.causal_conv1d_nwh; assert callable(m.causal_conv1d), m.causal_conv1d"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

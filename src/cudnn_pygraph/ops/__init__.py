@@ -11,6 +11,7 @@ import importlib
 _LAZY = {
     "causal_conv1d": (".causal_conv", "causal_conv1d"),
     "causal_conv1d_nwh": (".causal_conv", "causal_conv1d_nwh"),
+    "b2b_causal_conv1d": (".causal_conv", "b2b_causal_conv1d"),
 }
 
 __all__ = list(_LAZY)

@@ -1,5 +1,6 @@
-"""Depthwise causal 1-D convolution as torch operations (classic `cudnn.ops.causal_conv1d`
-and `causal_conv1d_nwh`), forward and backward on the backend's direct kernels.
+"""Depthwise causal 1-D convolution as torch operations (classic `cudnn.ops.causal_conv1d`,
+`causal_conv1d_nwh` and the fused `b2b_causal_conv1d`), forward and backward on the
+backend's direct kernels.
 
     y[b, d, t] = activation(bias[d] + sum_k weight[d, k] * x[b, d, t - (W - 1) + k])
 
@@ -9,6 +10,9 @@ its `causal_conv1d_nwh_*`). The backend reads dense row-major operands; the resu
 the caller's dense memory format (a [B, D, T] transpose view of [B, T, D] storage gives
 one back). Where the installed libcudnn lacks the kernel the backend's RuntimeError
 propagates, as with the classic package.
+
+`b2b_causal_conv1d` (the Hyena-SE block: projection conv, gate, mixer conv, gate) has its
+own pair of ops over the backend's `b2b_causal_conv1d_*`.
 
 The sequence keywords of `causal_conv1d` (seq_idx, cu_seqlens, initial_states,
 return_final_states, final_states_out) are validated with the classic package's error
@@ -270,9 +274,12 @@ def causal_conv1d(
     final_states_out: Tensor | None = None,
 ):
     """Depthwise causal convolution of x [B, D, T] with weight [D, W] and optional bias
-    [D], then `activation` (None or 'identity', 'silu' or its alias 'swish'). Differentiable
-    in x, weight and bias; torch.compile-traceable. Returns a tensor shaped and laid out like
-    x. The sequence keywords are checked, then refused (NotImplementedError)."""
+        [D], then `activation` (None or 'identity', 'silu' or its alias 'swish'). Differentiable
+        in x, weight and bias; torch.compile-traceable. Returns a tensor shaped and laid out like
+        x. `b2b_causal_conv1d` (the Hyena-SE block: projection conv, gate, mixer conv, gate) has its
+    own pair of ops over the backend's `b2b_causal_conv1d_*`.
+
+    The sequence keywords are checked, then refused (NotImplementedError)."""
     if activation in (None, "identity"):
         activation = "identity"
     elif activation in ("silu", "swish"):
@@ -324,3 +331,156 @@ def causal_conv1d_nwh(
     if bias is None:
         bias = torch.zeros(weight.shape[1], device=x.device, dtype=x.dtype)
     return _forward(x, weight, bias, activation, "btd")
+
+
+# ---------------------------------------------------------------- back-to-back (Hyena-SE)
+def _b2b_sizes(x, weights_proj, weights_mixer, skip_bias):
+    """(batch, dim, seq_len, proj width, mixer width) of valid operands, else the classic
+    error naming them."""
+    if x.dim() != 3 or x.shape[1] % 3:
+        raise ValueError(f"b2b_causal_conv1d: x must be [B, 3*D, T], got x{tuple(x.shape)}")
+    batch, dim, seq_len = x.shape[0], x.shape[1] // 3, x.shape[2]
+    operands = {"x": x, "weights_proj": weights_proj, "weights_mixer": weights_mixer,
+                "skip_bias": skip_bias}  # fmt: skip
+    if weights_proj.dim() != 2 or weights_mixer.dim() != 2 or skip_bias.dim() != 1:
+        raise ValueError(
+            "b2b_causal_conv1d: expected weights_proj [3*D, K], weights_mixer [D, K], "
+            f"skip_bias [D]; got {[tuple(t.shape) for t in operands.values()][1:]}"
+        )
+    devices = {name: t.device for name, t in operands.items()}
+    if not all(t.is_cuda for t in operands.values()):
+        raise ValueError(f"b2b_causal_conv1d: every operand must be a CUDA tensor; got {devices}")
+    if len(set(devices.values())) != 1:
+        raise ValueError(f"b2b_causal_conv1d: the operands must share a device; got {devices}")
+    dtypes = {name: t.dtype for name, t in operands.items()}
+    if len(set(dtypes.values())) != 1:
+        raise TypeError(f"b2b_causal_conv1d: the operands must share a dtype; got {dtypes}")
+    for name, want in (("weights_proj", 3 * dim), ("weights_mixer", dim), ("skip_bias", dim)):
+        if operands[name].shape[0] != want:
+            raise ValueError(
+                f"b2b_causal_conv1d: {name}{tuple(operands[name].shape)} must have {want} "
+                f"rows (x has D={dim})"
+            )
+    return batch, dim, seq_len, weights_proj.shape[1], weights_mixer.shape[1]
+
+
+@torch.library.custom_op(
+    "cudnn_pygraph::b2b_causal_conv1d_fwd", mutates_args=(), device_types="cuda"
+)
+def _b2b_forward(
+    x: Tensor, weights_proj: Tensor, weights_mixer: Tensor, skip_bias: Tensor
+) -> tuple[Tensor, Tensor]:
+    batch, dim, seq_len, k_proj, k_mixer = _b2b_sizes(x, weights_proj, weights_mixer, skip_bias)
+    xc, wp, wm, sb = (t.contiguous() for t in (x, weights_proj, weights_mixer, skip_bias))
+    y = x.new_empty(batch, dim, seq_len)
+    y_gated = x.new_empty(batch, dim, seq_len)
+    backend_function("b2b_causal_conv1d_forward")(
+        _stream(x),
+        xc.data_ptr(),
+        wp.data_ptr(),
+        wm.data_ptr(),
+        sb.data_ptr(),
+        y.data_ptr(),
+        y_gated.data_ptr(),
+        batch,
+        dim,
+        seq_len,
+        k_proj,
+        k_mixer,
+        _dtype_code(x.dtype),
+    )
+    return y, y_gated
+
+
+@_b2b_forward.register_fake
+def _(x, weights_proj, weights_mixer, skip_bias):
+    shape = (x.shape[0], x.shape[1] // 3, x.shape[2])
+    return x.new_empty(shape), x.new_empty(shape)
+
+
+@torch.library.custom_op(
+    "cudnn_pygraph::b2b_causal_conv1d_bwd", mutates_args=(), device_types="cuda"
+)
+def _b2b_backward(
+    grad_y_gated: Tensor,
+    x: Tensor,
+    weights_proj: Tensor,
+    weights_mixer: Tensor,
+    skip_bias: Tensor,
+    y: Tensor,
+) -> list[Tensor]:
+    batch, dim, seq_len, k_proj, k_mixer = _b2b_sizes(x, weights_proj, weights_mixer, skip_bias)
+    for name, t in (("y", y), ("grad_y_gated", grad_y_gated)):
+        if tuple(t.shape) != (batch, dim, seq_len):
+            raise ValueError(
+                f"b2b_causal_conv1d backward: {name}{tuple(t.shape)} must be "
+                f"{(batch, dim, seq_len)}"
+            )
+        if not t.is_cuda or t.device != x.device:
+            raise ValueError(f"b2b_causal_conv1d backward: {name} must be on x's device {x.device}")
+        if t.dtype != x.dtype:
+            raise TypeError(f"b2b_causal_conv1d backward: {name} must have x's dtype {x.dtype}")
+    xc, wp, wm, sb, yc, dyc = (
+        t.contiguous() for t in (x, weights_proj, weights_mixer, skip_bias, y, grad_y_gated)
+    )
+    grad_dtype = _gradient_dtype(x.dtype)
+    dx = torch.empty_like(xc)
+    dwp, dwm, dsb = (torch.zeros(t.shape, device=x.device, dtype=grad_dtype) for t in (wp, wm, sb))
+    backend_function("b2b_causal_conv1d_backward")(
+        _stream(x),
+        xc.data_ptr(),
+        wp.data_ptr(),
+        wm.data_ptr(),
+        sb.data_ptr(),
+        yc.data_ptr(),
+        dyc.data_ptr(),
+        dx.data_ptr(),
+        dwp.data_ptr(),
+        dwm.data_ptr(),
+        dsb.data_ptr(),
+        batch,
+        dim,
+        seq_len,
+        k_proj,
+        k_mixer,
+        _dtype_code(x.dtype),
+        _dtype_code(grad_dtype),
+    )
+    return [_like(dx, x), dwp.to(x.dtype), dwm.to(x.dtype), dsb.to(x.dtype)]
+
+
+@_b2b_backward.register_fake
+def _(grad_y_gated, x, weights_proj, weights_mixer, skip_bias, y):
+    return [torch.empty_like(t) for t in (x, weights_proj, weights_mixer, skip_bias)]
+
+
+def _b2b_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs, output[0])
+    # y (the pre-gate output) is not public: an unused gradient for it stays None.
+    ctx.set_materialize_grads(False)
+
+
+def _b2b_autograd_backward(ctx, grad_y, grad_y_gated):
+    # Eager autograd leaves y's unused gradient None; a traced backward hands zeros.
+    if grad_y is not None and torch.count_nonzero(grad_y).item():
+        raise RuntimeError(
+            "b2b_causal_conv1d: no gradient flows into the intermediate output y; "
+            "differentiate the y_gated that b2b_causal_conv1d returns"
+        )
+    x, weights_proj, weights_mixer, skip_bias, y = ctx.saved_tensors
+    if grad_y_gated is None:
+        return None, None, None, None
+    return tuple(_b2b_backward(grad_y_gated, x, weights_proj, weights_mixer, skip_bias, y))
+
+
+_b2b_forward.register_autograd(_b2b_autograd_backward, setup_context=_b2b_setup_context)
+
+
+def b2b_causal_conv1d(
+    x: Tensor, weights_proj: Tensor, weights_mixer: Tensor, skip_bias: Tensor
+) -> Tensor:
+    """The fused Hyena-SE block on x [B, 3*D, T]: projection causal conv (weights_proj
+    [3*D, K_proj]), gate q*k, mixer causal conv (weights_mixer [D, K_mixer]) plus
+    skip_bias[D] * gate, times v; q, k, v the projection's channels 3d+1, 3d+2, 3d.
+    Returns [B, D, T]; differentiable in every operand."""
+    return _b2b_forward(x, weights_proj, weights_mixer, skip_bias)[1]
