@@ -16,8 +16,9 @@ own pair of ops over the backend's `b2b_causal_conv1d_*`.
 
 The sequence keywords of `causal_conv1d` (seq_idx, cu_seqlens, initial_states,
 return_final_states, final_states_out) are validated with the classic package's error
-types and then refused with NotImplementedError: their only backend is a Blackwell
-channels-last kernel this library does not ship.
+types and then refused with NotImplementedError: the classic package serves them only
+through a CuTe DSL channels-last kernel (its causal_conv1d_bulk_sm100), which this library
+does not ship; there it refuses them too where that kernel cannot run.
 """
 
 import torch
@@ -274,12 +275,10 @@ def causal_conv1d(
     final_states_out: Tensor | None = None,
 ):
     """Depthwise causal convolution of x [B, D, T] with weight [D, W] and optional bias
-        [D], then `activation` (None or 'identity', 'silu' or its alias 'swish'). Differentiable
-        in x, weight and bias; torch.compile-traceable. Returns a tensor shaped and laid out like
-        x. `b2b_causal_conv1d` (the Hyena-SE block: projection conv, gate, mixer conv, gate) has its
-    own pair of ops over the backend's `b2b_causal_conv1d_*`.
-
-    The sequence keywords are checked, then refused (NotImplementedError)."""
+    [D], then `activation` (None or 'identity', 'silu' or its alias 'swish').
+    Differentiable in x, weight and bias; torch.compile-traceable. Returns a tensor shaped
+    and laid out like x. The sequence keywords are checked, then refused
+    (NotImplementedError)."""
     if activation in (None, "identity"):
         activation = "identity"
     elif activation in ("silu", "swish"):
