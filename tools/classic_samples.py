@@ -13,6 +13,10 @@ dropped and a `%%` cell is skipped: they configure Jupyter, not the graph. Under
 has loaded NVIDIA's frontend, which it reaches by that name), so the cells' own
 `import cudnn` text runs unchanged against our package.
 
+Before the first cell each child seeds Python's `random`, numpy's global generator and
+torch (all devices) with SEED, the same in every run: notebooks that draw unseeded inputs
+then give both packages the same inputs, so comparing the two runs' tensors means something.
+
 What each run records: the outcome (ran, or the first failing cell with the error type and
 message) and every check the notebook makes through torch.testing.assert_close /
 torch.allclose / torch.isclose: the largest absolute difference between the two tensors it
@@ -38,6 +42,7 @@ import traceback
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "classic_samples.md"
 PACKAGES = ("nvidia", "ours")
+SEED = 0  # every child's random, numpy and torch seed before the first cell
 # a checked tensor larger than this is not kept for the cross-package comparison
 KEEP_ELEMENTS = 1 << 24
 
@@ -121,6 +126,21 @@ class CheckRecorder:
         return x if isinstance(x, self.torch.Tensor) else self.torch.as_tensor(x)
 
 
+def seed_generators(torch):
+    """Seed random, numpy (when installed) and torch (when given; every device) with SEED."""
+    import random
+
+    random.seed(SEED)
+    try:
+        import numpy
+    except ImportError:
+        pass
+    else:
+        numpy.random.seed(SEED)
+    if torch is not None:
+        torch.manual_seed(SEED)
+
+
 def run_notebook(path, package, out_dir):
     """Run one notebook in THIS process (the child's job) and write
     `out_dir/result.json` (+ `checks.pt` when torch is present)."""
@@ -154,6 +174,7 @@ def run_notebook(path, package, out_dir):
         if torch is not None:
             recorder = CheckRecorder(torch)
             recorder.install()
+        seed_generators(torch)
         os.chdir(path.parent)
         namespace = {"__name__": "__main__"}
         for index, source in cells:
@@ -327,7 +348,8 @@ def render(results, command, samples_dir, missing=None):
         "'largest check |diff|' is the largest absolute difference of any tensor pair the",
         "notebook compares (torch.testing.assert_close / allclose / isclose) in that run;",
         "'ours vs NVIDIA' the largest difference between the two runs' checked tensors, where",
-        "both ran (inputs are the notebooks' own seeded draws).",
+        f"both ran. Each run seeds random, numpy and torch with {SEED} before the first cell, so both",
+        "packages draw the same inputs where a notebook does not seed its own.",
         "",
         "| sample | NVIDIA's | ours | largest check \\|diff\\| (NVIDIA / ours) | ours vs NVIDIA | s |",
         "| --- | --- | --- | --- | --- | --- |",

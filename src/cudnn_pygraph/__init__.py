@@ -4,7 +4,8 @@
 (cudnn.data_type, heur_mode, knob_type, ...), cudnn.cudnnGraphNotSupportedError,
 cudnn.create_handle / set_stream / get_stream / destroy_handle, the context API
 (cudnn.Graph, cudnn.graph / jit / graph_cache), the backend queries (backend_version, ...)
-and direct kernels (causal_conv1d_*, gnn_*, ...), and cudnn.linear_attention.ops.*.
+and direct kernels (causal_conv1d_*, gnn_*, ...), the torch operations cudnn.ops.*, and
+cudnn.linear_attention.ops.*.
 Everything is loaded lazily (PEP 562): describing and validating a graph imports no
 framework, no Triton and no backend. `sys.modules["cudnn"] = cudnn_pygraph` is supported
 (for libraries that `import cudnn` themselves): the backend is found by its distribution,
@@ -93,6 +94,7 @@ _LAZY = {
     "get_stream": ("cudnn_pygraph.runtime.handle", "get_stream"),
     "linear_attention": ("cudnn_pygraph.linear_attention", None),
     "engines": ("cudnn_pygraph.engines", None),
+    "ops": ("cudnn_pygraph.ops", None),
     "Graph": (f"{_CLASSIC}.context", "Graph"),
     "wrapper": (f"{_CLASSIC}.context", None),
     "GraphContext": (f"{_CLASSIC}.types", "GraphContext"),

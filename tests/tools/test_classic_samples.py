@@ -116,6 +116,34 @@ def test_under_ours_the_lowering_still_reaches_nvidias_frontend(tmp_path):
     assert res[("03_frontend.ipynb", "ours")]["error"].strip("'").startswith("cudnn.")
 
 
+def test_each_run_draws_the_same_unseeded_inputs(tmp_path):
+    """A notebook that seeds nothing draws, under either package, what SEED gives."""
+    torch = pytest.importorskip("torch")
+    numpy = pytest.importorskip("numpy")
+    pytest.importorskip("cudnn")
+    nb = notebook(
+        cell(
+            "import random, numpy, torch\n"
+            "v = torch.tensor([random.random(), numpy.random.rand(), float(torch.rand(()))])\n"
+            "torch.testing.assert_close(v, v)\n"
+        )
+    )
+    (tmp_path / "04_unseeded.ipynb").write_text(json.dumps(nb))
+    res = cs.run_all(tmp_path, jobs=2, timeout=120, only="04_", work=tmp_path / "work")
+    import random
+
+    random.seed(cs.SEED)
+    numpy.random.seed(cs.SEED)
+    torch.manual_seed(cs.SEED)
+    expected = [random.random(), numpy.random.rand(), float(torch.rand(()))]
+    for package in cs.PACKAGES:
+        run = res[("04_unseeded.ipynb", package)]
+        assert run["status"] == "ran"
+        kept = torch.load(pathlib.Path(run["out_dir"]) / "checks.pt")
+        assert kept[0].tolist() == pytest.approx(expected, rel=1e-6)
+    assert cs.cross_difference(*res.values()) == 0.0
+
+
 def test_the_surface_scan_names_what_each_package_lacks(tmp_path):
     import types
 

@@ -87,7 +87,11 @@ def serialize(graph, as_bytes=False):
     reason = _python_only_reason(graph)
     if reason:
         raise cudnnGraphNotSupportedError(f"serialize(): {reason}")
-    return _lowering().lowered(graph).serialize(as_bytes)
+    from .backend_plans import make_selection_the_candidate
+
+    lg = _lowering().lowered(graph)
+    make_selection_the_candidate(graph, lg)
+    return lg.serialize(as_bytes)
 
 
 class BackendPeer:

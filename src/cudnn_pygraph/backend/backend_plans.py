@@ -149,6 +149,28 @@ def build_plan(graph, plan, ctx):
     return BackendPlan(lg, index, int(workspace), slots, max(device, 0))
 
 
+def make_selection_the_candidate(graph, lg):
+    """Point the backend graph's candidate plan (the one its serialize() writes) at the
+    plan build_plans() selected: a backend plan is rebuilt at its index (a no-op rebuild
+    that makes it the candidate again, whatever was built after it); where a python plan
+    was selected, the backend builds its own heuristic choice now, as the backend's format
+    holds only a backend plan (the restored graph runs that plan). An unplanned graph is
+    left alone: the backend then says it has no plan, as classic."""
+    record = graph.__dict__.get("_planning")
+    if record is None or record.selected is None:
+        return
+    compiled = record.built.get(record.plans[record.selected].identity)
+    index = compiled.index if isinstance(compiled, BackendPlan) else -1
+    with lg.lock:
+        try:
+            if index >= 0:
+                lg.backend.build_plan_at_index(index)
+            else:
+                lg.backend.build_plans(backend_enum(lg.fe, build_plan_policy.HEURISTICS_CHOICE))
+        except lg.fe.errors as exc:
+            raise backend_error(exc, "serialize(): building the backend's plan") from exc
+
+
 def _check_template(lg, graph):
     """The backend's variant-pack template (the uids it expects in _execute_with_raw_ptrs'
     array, ascending) must be GraphLayout's slot order: one order, two readers."""

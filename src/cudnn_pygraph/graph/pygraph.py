@@ -219,21 +219,27 @@ class pygraph:  # noqa: N801 — the classic public name
         return t
 
     def tensor_like(self, input, name="", is_virtual=False):
-        """A tensor declared like `input`: one of ours (its pass-by-value flag too), or
-        any framework tensor (read through .shape / .stride() / .dtype, without importing
-        the framework). As classic, a tensor living on the host (device type "cpu") is
+        """A tensor declared like `input`: one of ours (its pass-by-value flag too), or any
+        array (read without importing its framework where it can be): a torch-like tensor
+        through .shape / .stride() / .dtype, a numpy or CuPy array through its array
+        interface, another DLPack producer through torch.from_dlpack, else .shape as dense
+        row-major. As classic, a tensor on the host (its device's type "cpu") is
         pass-by-value: cuDNN reads it as a host scalar (a norm's epsilon), not from device
-        memory."""
+        memory; an array's dtype other than torch's leaves the data type unset (the
+        graph's io_data_type then decides), and a numpy array is not pass-by-value."""
         if isinstance(input, Tensor):
             return self.tensor(input.dim, input.stride, input.data_type, is_virtual=is_virtual,
                                is_pass_by_value=input.is_pass_by_value, name=name)
-        try:
-            dim, stride, dtype = tuple(input.shape), tuple(input.stride()), input.dtype
-        except AttributeError:
-            raise TypeError(f"tensor_like(): cannot read dims/strides/dtype of {type(input).__name__}") from None
+        dim, stride = _array_layout(input)
+        dtype = getattr(input, "dtype", None)
+        if str(dtype).startswith("torch."):
+            dtype = to_data_type(dtype, "tensor_like()")
+        else:
+            dtype = _NOT_SET
         on_host = getattr(getattr(input, "device", None), "type", None) == "cpu"
-        return self.tensor(dim, stride, to_data_type(dtype, "tensor_like()"), is_virtual=is_virtual,
-                           is_pass_by_value=on_host, name=name)
+        return self.tensor(
+            dim, stride, dtype, is_virtual=is_virtual, is_pass_by_value=on_host, name=name
+        )
 
     def tensor_scalar(self, value, scalar_type=scalar_type.RUNTIME_PARAM, name=""):
         """A pass-by-value scalar (1, 1, 1, 1) the graph holds: `value` travels with the
@@ -632,3 +638,33 @@ def _scalar_dtype(value):
 
 
 __all__ = ["pygraph", "cudnnGraphNotSupportedError"]
+
+
+def _array_layout(array):
+    """(dims, element strides) of a framework array, for tensor_like()."""
+    if callable(getattr(array, "stride", None)):
+        return tuple(array.shape), tuple(array.stride())
+    interface = getattr(array, "__cuda_array_interface__", None) or getattr(
+        array, "__array_interface__", None
+    )
+    if isinstance(interface, dict) and "shape" in interface:
+        dim = tuple(interface["shape"])
+        strides = interface.get("strides")
+        if strides is None:
+            return dim, row_major_strides(dim)
+        itemsize = int(interface["typestr"][2:])  # e.g. "<f2": bytes per element
+        return dim, tuple(s // itemsize for s in strides)
+    if hasattr(array, "__dlpack__"):
+        try:
+            import torch
+
+            view = torch.from_dlpack(array)
+        except Exception:  # noqa: BLE001 — as classic: no torch, or a capsule it cannot read
+            view = None
+        if view is not None:
+            return tuple(view.shape), tuple(view.stride())
+    try:
+        dim = tuple(array.shape)
+    except (AttributeError, TypeError):
+        raise TypeError(f"tensor_like(): cannot read the dims of {type(array).__name__}") from None
+    return dim, row_major_strides(dim)
