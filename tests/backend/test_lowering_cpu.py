@@ -215,3 +215,24 @@ def test_backend_unavailable_keeps_the_graph_api(monkeypatch):  # anywhere
     with manifest.use_families([]):
         with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="libcudnn cannot be loaded"):
             matmul()[0].create_execution_plans([heur_mode.A])
+
+
+@needs_backend
+def test_nvidias_package_keeps_working_after_ours_loaded_the_frontend():
+    """A process that lowered through us first and then says `import cudnn` (FlashInfer
+    does) gets NVIDIA's package whole: the compiled module bound on it, one copy."""
+    import subprocess
+    import sys
+
+    program = (
+        "import cudnn_pygraph\n"
+        "from cudnn_pygraph.backend import lowering\n"
+        "lowering.frontend()\n"
+        "import cudnn\n"
+        "assert cudnn._compiled_module is lowering.frontend().module\n"
+        "g = cudnn.pygraph()\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("ok")

@@ -29,6 +29,7 @@ for `_make_tensor`); it is not tested.
 import ctypes
 import enum
 import functools
+import os
 import importlib.machinery
 import importlib.util
 import sys
@@ -72,10 +73,9 @@ def _load_frontend():
     module = discovery.loaded_module(files)  # NVIDIA's `import cudnn` loaded it: reuse it
     if module is None:
         try:
-            module = _load_compiled(files)
+            module = _import_compiled(files)
         except ImportError as exc:  # a broken install, or a build for another Python
             return None, f"the cuDNN frontend's compiled module cannot be loaded: {exc}"
-        _open_libcudnn(module)
     # 1.3x: the graph builder `backend_graph`; older releases: the pybind class `pygraph`,
     # which lived in the compiled module too (never ours: this module is NVIDIA's file).
     builder = getattr(module, "backend_graph", None) or getattr(module, "pygraph", None)
@@ -98,6 +98,26 @@ def _load_frontend():
         makes_tensor_with_uid=hasattr(builder, "_make_tensor"),
     )
     return fe, None
+
+
+def _import_compiled(files):
+    """The compiled module, loaded once for this process. Where the name of NVIDIA's package
+    is free and resolves to the frontend's own files, its package is imported the normal
+    way (its `import cudnn` opens libcudnn and binds `cudnn._compiled_module`, so NVIDIA's
+    package keeps working in this process, imported before or after us). Where the name is
+    taken (`sys.modules["cudnn"] = cudnn_pygraph`) or shadowed, the file is loaded directly
+    and handed a libcudnn here."""
+    package = files.module_name.rpartition(".")[0]
+    if package not in sys.modules:
+        spec = importlib.util.find_spec(package)
+        origin = os.path.realpath(getattr(spec, "origin", None) or "")
+        if origin and os.path.dirname(origin) == os.path.dirname(
+            os.path.realpath(files.module_path)
+        ):
+            return importlib.import_module(files.module_name)
+    module = _load_compiled(files)
+    _open_libcudnn(module)
+    return module
 
 
 def _load_compiled(files):
