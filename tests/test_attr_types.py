@@ -49,7 +49,7 @@ def test_json_loader_refuses_a_wrong_attribute_type_by_name(op_attrs, message):
     doc["nodes"][0]["attrs"].update(op_attrs)
     with pytest.raises(ValueError) as err:
         pygraph.from_json(doc)
-    assert str(err.value) == "node 'gdn_0': " + message
+    assert str(err.value) == "node 'gdn.0': " + message
 
 
 def test_sequences_of_ints_of_any_kind_are_accepted():

@@ -185,6 +185,7 @@ def _paged_top_left_one_query(g):
     table = g.tensor([2, 1, 3, 1], **i32, name="table")
     return g.sdpa(g.tensor([2, 8, 1, 64], name="q"), cache, cache, generate_stats=False,
                   use_causal_mask=True, use_padding_mask=True,
+                  seq_len_q=g.tensor([2, 1, 1, 1], **i32, name="seq_len_q"),
                   seq_len_kv=g.tensor([2, 1, 1, 1], **i32), paged_attention_k_table=table,
                   paged_attention_v_table=table, paged_attention_max_seq_len_kv=48)[0]
 
@@ -233,6 +234,7 @@ def test_top_left_causal_decode_of_one_query_goes_to_prefill_and_sees_key_0_alon
     to = torch.full((b, hq, 1, d), float("nan")).half()
     ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8)
     g.execute({i["q"]: tq, i["k"]: cache, i["paged_attention_k_table"]: table, o: to,
+               i["seq_len_q"]: torch.ones(b, 1, 1, 1, dtype=torch.int32),
                i["seq_len_kv"]: torch.tensor(lens, dtype=torch.int32).reshape(b, 1, 1, 1)}, ws)
     for r in range(b):
         key0 = cache[table[r, 0, 0, 0].long(), :, 0]  # [hkv, d]: the one key row 0 sees
