@@ -147,7 +147,17 @@ static PyObject *exec_vectorcall(PgExec *e, PyObject *const *args, size_t nargsf
     if (current != e->runner) return exec_fallback(e, args, nargsf, kwnames);
 
     PyObject *pack = pack_of_mapping(e->layout, args[0], e->required, e->device_id);
-    if (pack == NULL) return NULL;
+    if (pack == NULL) {
+        /* A key the C placement cannot read (a tensor's name, a None key, a tensor of the
+         * graph that is no operand) is the general path's to normalize, as classic keys
+         * it (GraphLayout.pack does the same); its real errors are raised there. */
+        if (PyErr_ExceptionMatches(PyExc_TypeError) ||
+            PyErr_ExceptionMatches(UnknownOperandError)) {
+            PyErr_Clear();
+            return exec_fallback(e, args, nargsf, kwnames);
+        }
+        return NULL;
+    }
     /* The backend reads each pointer as its declaration: refuse what it would misread
      * before anything is launched (the same rule as BackendPlan.execute's). */
     if (check_declared_all((PgPack *)pack, PG_DL_CUDA, e->device_id) < 0) {
