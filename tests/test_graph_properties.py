@@ -1,7 +1,6 @@
 """A property: any graph a caller can describe either validates or raises one of the
 classic error types, never another exception."""
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -69,10 +68,8 @@ PROPERTY = settings(
 )
 
 
-# Zero extents included: a graph of empty tensors is a graph a caller can describe. Its
-# derandomized run reaches the sdpa case below; until that lands, the run without zero
-# extents keeps guarding everything else.
-@pytest.mark.xfail(reason="fixed on branch callseq", strict=True)
+# Zero extents included: a graph of empty tensors is a graph a caller can describe (its
+# derandomized run reaches the sdpa case below).
 @PROPERTY
 @given(graphs(st.lists(st.integers(0, 6), min_size=1, max_size=4)))
 def test_validate_or_classic_error(g):
@@ -85,7 +82,6 @@ def test_validate_or_classic_error_without_zero_extents(g):
     check_validate_or_classic_error(g)
 
 
-@pytest.mark.xfail(reason="fixed on branch callseq", strict=True)
 def test_a_zero_head_count_is_a_classic_error_not_a_division():
     """Found by the property above with random seeds: sdpa's shape rule computes
     q_heads % k_heads, a ZeroDivisionError out of the builder."""

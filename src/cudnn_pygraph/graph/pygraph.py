@@ -54,8 +54,15 @@ class pygraph:  # noqa: N801 — the classic public name
         is_dynamic_shape_enabled=False,
         is_override_shape_enabled=False,
         cuda_graph_retention=None,
+        *,
+        is_cuda_graph_replay_expected=False,
     ):
         d = self.__dict__
+        # The caller's statement that it captures execute() into a CUDA graph and replays
+        # it (the classic's keyword): engines' heuristics may read it; it is never handed
+        # to the backend and changes no support or numerics. Read and set as an attribute
+        # (as the classic's), set only until the freeze: planning may have read it.
+        d["_caller"] = {"is_cuda_graph_replay_expected": bool(is_cuda_graph_replay_expected)}
         d["_context"] = {
             "name": str(name),
             "io_data_type": to_data_type(io_data_type, "io_data_type"),
@@ -87,14 +94,18 @@ class pygraph:  # noqa: N801 — the classic public name
 
     # ------------------------------------------------------------ the graph context
     def __getattr__(self, item):
-        ctx = self.__dict__.get("_context")
-        if ctx is not None and item in ctx:
-            return ctx[item]
+        for fields in (self.__dict__.get("_context"), self.__dict__.get("_caller")):
+            if fields is not None and item in fields:
+                return fields[item]
         raise AttributeError(f"pygraph has no attribute {item!r}")
 
     def __setattr__(self, item, value):
         if item.startswith("_"):  # the graph's own bookkeeping, never a public path
             self.__dict__[item] = value
+            return
+        if item in self._caller:  # about the caller, not the graph: no re-validation
+            self._state.require_mutable(f"setting the graph's {item}")
+            self._caller[item] = bool(value)
             return
         if item not in _CONTEXT_FIELDS:
             raise AttributeError(f"pygraph: {item!r} is not settable")
@@ -235,10 +246,11 @@ class pygraph:  # noqa: N801 — the classic public name
         return self.tensor(dim, stride, to_data_type(dtype, "tensor_like()"), is_virtual=is_virtual,
                            is_pass_by_value=on_host, name=name)
 
-    def tensor_scalar(self, value, scalar_type=scalar_type.RUNTIME_PARAM, name=""):
+    def tensor_scalar(self, value, scalar_type, name=""):
         """A pass-by-value scalar (1, 1, 1, 1) the graph holds: `value` travels with the
         graph (RUNTIME_PARAM: bound at execute by the graph itself; COMPILE_TIME_CONST:
-        baked into the plan), so the caller never binds it. Its data_type is the one the
+        baked into the plan), so the caller never binds it. scalar_type is required, as
+        the classic's is (a call without it is a TypeError). Its data_type is the one the
         backend stores for the Python value: a float is DOUBLE, an int INT32 (INT64 past
         the int32 range), a bool FLOAT."""
         dtype = _scalar_dtype(value)

@@ -1,9 +1,10 @@
 """Native semantic validation: every node's shape rule, applied in order, and the
 declaration checks on the graph's inputs. Raises the classic cudnnGraphNotSupportedError
-naming the node, the port and the rule; imports nothing heavy."""
+naming the node, the port and the rule (an ill-formed declaration's is also the
+classic's ValueError: IllFormedError); imports nothing heavy."""
 
 from .._types import cudnnGraphNotSupportedError, data_type
-from .opspec import ShapeError
+from .opspec import IllFormedError, ShapeError
 from .score_mod import modifiers
 from .tensor import row_major_strides
 
@@ -20,11 +21,11 @@ def apply_inference(node, strict):
         return
     except (TypeError, IndexError, KeyError, AttributeError):
         if strict:  # a declaration the rule could not read (e.g. no dims yet)
-            raise ShapeError(f"{node.op} node '{node.name}': inputs are not fully declared")
+            raise IllFormedError(f"{node.op} node '{node.name}': inputs are not fully declared")
         return
     except ArithmeticError as exc:  # a 0 extent or attribute a rule divides by
         if strict:
-            raise ShapeError(
+            raise IllFormedError(
                 f"{node.op} node '{node.name}': an input extent or attribute is zero where the "
                 f"op divides by it ({exc})"
             ) from None
@@ -35,7 +36,9 @@ def apply_inference(node, strict):
             continue
         if t.is_user_set("dim"):
             if strict and tuple(t.dim) != tuple(info.dim):
-                node.fail(port, f"declared dims {list(t.dim)} but the op produces {list(info.dim)}")
+                node.ill_formed(
+                    port, f"declared dims {list(t.dim)} but the op produces {list(info.dim)}"
+                )
         else:
             t._infer("dim", tuple(info.dim))
         if not t.is_user_set("stride"):
@@ -45,21 +48,30 @@ def apply_inference(node, strict):
 
 
 def check_declaration(graph, tensor):
-    """A graph input (no producer) must be fully declared."""
+    """A graph input (no producer) must be fully declared: an ill-formed declaration is
+    the classic's ValueError (its dims or strides not set, or not of one rank)."""
     if tensor.is_pass_by_value:
         return
     where = f"tensor %{tensor.name} (uid {tensor.uid})"
     if not tensor.dim:
-        raise cudnnGraphNotSupportedError(f"{where}: dims are not set")
+        raise IllFormedError(f"{where}: dims are not set")
     if len(tensor.stride) != len(tensor.dim):
-        raise cudnnGraphNotSupportedError(
-            f"{where}: {len(tensor.stride)} strides for {len(tensor.dim)} dims"
-        )
+        raise IllFormedError(f"{where}: {len(tensor.stride)} strides for {len(tensor.dim)} dims")
     if any(d <= 0 for d in tensor.dim):
-        raise cudnnGraphNotSupportedError(f"{where}: dims must be positive, got {list(tensor.dim)}")
+        raise IllFormedError(f"{where}: dims must be positive, got {list(tensor.dim)}")
     if tensor.data_type == data_type.NOT_SET and graph.io_data_type == data_type.NOT_SET:
         raise cudnnGraphNotSupportedError(
             f"{where}: data_type is not set (nor the graph's io_data_type)"
+        )
+
+
+def check_scalar_strides(tensor):
+    """A pass-by-value scalar's strides, one per dim: the backend's own rule, applied when
+    a graph lowers (validate() lowers eagerly unless a family validates natively)."""
+    if len(tensor.stride) != len(tensor.dim):
+        raise IllFormedError(
+            f"scalar %{tensor.name} (uid {tensor.uid}): {len(tensor.stride)} strides for "
+            f"{len(tensor.dim)} dims"
         )
 
 

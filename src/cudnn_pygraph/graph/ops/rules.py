@@ -1,8 +1,10 @@
 """Shape-rule building blocks shared by the op tables.
 
-A rule reads a node's declared inputs and returns {output port: Inferred}; it calls
-node.fail(port, rule) on a violation, which raises the classic error naming the op, the
-node and the port."""
+A rule reads a node's declared inputs and returns {output port: Inferred}; on dims or
+ranks that do not fit the op it calls node.ill_formed(port, rule), which raises the
+classic's error for an ill-formed declaration (a ValueError, also a
+cudnnGraphNotSupportedError) naming the op, the node and the port; a data type the op
+does not take is node.fail (not supported)."""
 
 from ..opspec import Inferred
 
@@ -15,14 +17,14 @@ def dims(node, port):
 def require_rank(node, port, rank):
     d = dims(node, port)
     if d is not None and len(d) != rank:
-        node.fail(port, f"expected rank {rank}, got dims {list(d)}")
+        node.ill_formed(port, f"expected rank {rank}, got dims {list(d)}")
     return d
 
 
 def require_declared(node, port):
     d = dims(node, port)
     if not d:
-        node.fail(port, "dims are not declared (set_dim)")
+        node.ill_formed(port, "dims are not declared (set_dim)")
     return d
 
 
@@ -45,10 +47,10 @@ def broadcast(node, ports):
     out = list(shapes[0][1])
     for port, shape in shapes[1:]:
         if len(shape) != rank:
-            node.fail(port, f"rank {len(shape)} does not match {shapes[0][0]}'s rank {rank}")
+            node.ill_formed(port, f"rank {len(shape)} does not match {shapes[0][0]}'s rank {rank}")
         for i, (a, b) in enumerate(zip(out, shape)):
             if a != b and 1 not in (a, b):
-                node.fail(port, f"dim {i}: extent {b} does not broadcast against {a}")
+                node.ill_formed(port, f"dim {i}: extent {b} does not broadcast against {a}")
             out[i] = max(a, b)
     return tuple(out)
 
@@ -68,6 +70,6 @@ def declared_by_caller(node):
     the caller declares them; validation checks that it did."""
     for port, t in node.outputs.items():
         if t is not None and not t.is_user_set("dim"):
-            node.fail(port, "this op's output dims must be declared by the caller (set_dim)")
+            node.ill_formed(port, "this op's output dims must be declared by the caller (set_dim)")
     return {}
 

@@ -61,29 +61,33 @@ def _block_scale_quantize(node):
     axis = node.attrs["axis"]
     axis = len(x) - 1 if axis is None else axis
     if not -len(x) <= axis < len(x):
-        node.fail("axis", f"{axis} is out of range for rank {len(x)}")
+        node.ill_formed("axis", f"{axis} is out of range for rank {len(x)}")
     block = node.attrs["block_size"]
     if block <= 0:
-        node.fail("block_size", f"must be positive, got {block}")
+        node.ill_formed("block_size", f"must be positive, got {block}")
     scale = list(x)
     scale[axis] = -(-x[axis] // block)
     return {"Y": Inferred(x), "scale": Inferred(tuple(scale))}
 
 
 def _concatenate(node):
+    """The inputs must agree off the axis; the output's dims are the caller's to declare
+    (the classic infers none: its validate() refuses an undeclared output) and must be
+    the inputs' joined along the axis."""
     inputs = node.inputs["inputs"]
     if not inputs:
-        node.fail("inputs", "needs at least one tensor")
+        node.ill_formed("inputs", "needs at least one tensor")
     first = tuple(inputs[0].dim)
     axis = node.attrs["axis"]
     if not 0 <= axis < len(first):
-        node.fail("axis", f"{axis} is out of range for rank {len(first)}")
+        node.ill_formed("axis", f"{axis} is out of range for rank {len(first)}")
     total = 0
     for i, t in enumerate(inputs):
         d = tuple(t.dim)
         if len(d) != len(first) or any(a != b for j, (a, b) in enumerate(zip(d, first)) if j != axis):
-            node.fail(f"inputs[{i}]", f"dims {list(d)} differ from inputs[0] {list(first)} off axis {axis}")
+            node.ill_formed(f"inputs[{i}]", f"dims {list(d)} differ from inputs[0] {list(first)} off axis {axis}")
         total += d[axis]
+    rules.declared_by_caller(node)
     out = list(first)
     out[axis] = total
     return {"output": Inferred(tuple(out), inputs[0].data_type)}
@@ -93,14 +97,14 @@ def _conv_fprop(node):
     x = rules.require_declared(node, "image")
     w = rules.require_declared(node, "weight")
     if len(x) != len(w) or len(x) < 3:
-        node.fail("weight", f"rank {len(w)} does not match image rank {len(x)} (>= 3)")
+        node.ill_formed("weight", f"rank {len(w)} does not match image rank {len(x)} (>= 3)")
     spatial = len(x) - 2
     a = node.attrs
 
     def per_dim(name, default):
         v = tuple(a[name]) if a[name] else (default,) * spatial
         if len(v) != spatial:
-            node.fail(name, f"expected {spatial} values, got {list(v)}")
+            node.ill_formed(name, f"expected {spatial} values, got {list(v)}")
         return v
 
     pre = per_dim("pre_padding", 0) if a["pre_padding"] else per_dim("padding", 0)
@@ -109,12 +113,12 @@ def _conv_fprop(node):
     dil = per_dim("dilation", 1)
     for name, values in (("stride", stride), ("dilation", dil)):
         if any(v <= 0 for v in values):
-            node.fail(name, f"every entry must be positive, got {list(values)}")
+            node.ill_formed(name, f"every entry must be positive, got {list(values)}")
     out = []
     for i in range(spatial):
         extent = x[2 + i] + pre[i] + post[i] - dil[i] * (w[2 + i] - 1) - 1
         if extent < 0:
-            node.fail("weight", f"filter extent {w[2 + i]} exceeds padded image dim {2 + i}")
+            node.ill_formed("weight", f"filter extent {w[2 + i]} exceeds padded image dim {2 + i}")
         out.append(extent // stride[i] + 1)
     return {"Y": Inferred((x[0], w[0], *out), node.inputs["image"].data_type)}
 
@@ -123,7 +127,7 @@ def _transpose(node):
     x = rules.require_declared(node, "input")
     perm = tuple(node.attrs["permutation"])
     if sorted(perm) != list(range(len(x))):
-        node.fail("permutation", f"{list(perm)} is not a permutation of {len(x)} axes")
+        node.ill_formed("permutation", f"{list(perm)} is not a permutation of {len(x)} axes")
     return {"output": Inferred(tuple(x[p] for p in perm), node.inputs["input"].data_type)}
 
 
@@ -131,11 +135,11 @@ def _slice(node):
     x = rules.require_declared(node, "input")
     slices = tuple(node.attrs["slices"])
     if len(slices) > len(x):
-        node.fail("slices", f"{len(slices)} slices for rank {len(x)}")
+        node.ill_formed("slices", f"{len(slices)} slices for rank {len(x)}")
     out = list(x)
     for i, s in enumerate(slices):
         if not isinstance(s, slice):
-            node.fail("slices", f"entry {i} is not a slice: {s!r}")
+            node.ill_formed("slices", f"entry {i} is not a slice: {s!r}")
         out[i] = len(range(*s.indices(x[i])))
     return {"output": Inferred(tuple(out), node.inputs["input"].data_type)}
 
@@ -158,7 +162,7 @@ def _reduction(node):
     rules.declared_by_caller(node)
     y = tuple(node.outputs["output"].dim)
     if len(y) != len(x) or any(b not in (a, 1) for a, b in zip(x, y)):
-        node.fail("output", f"dims {list(y)} are not a reduction of input {list(x)} (each extent equal or 1)")
+        node.ill_formed("output", f"dims {list(y)} are not a reduction of input {list(x)} (each extent equal or 1)")
     return {}
 
 
