@@ -252,13 +252,16 @@ def compare(desc):
 # classic_diff.Result.findings(): "verdict ours=... nvidia=... | <ours> | <nvidia>" or
 # "lowered <signature>".
 KNOWN = {
-    "stricter-shape-rules": (
-        r".*!",
-        r"verdict ours=validate:(ShapeError|IllFormedError) nvidia=ok",
+    "sdpa-declared-output-dims": (
+        r"sdpa_.*!",
+        r"verdict ours=validate:IllFormedError nvidia=ok \| .*: (O|dQ|dK|dV): declared dims",
         (
-            "with a hostile input (a dimension dropped or doubled) ours' shape rules refuse "
-            "graphs NVIDIA's validate() and lowering accept (reduction output not a reduction "
-            "of its input, matmul / conv operand ranks)"
+            "with a hostile q / k / v (an extent doubled) the caller's O / dQ / dK / dV keep dims "
+            "the attention does not produce: NVIDIA's validate() and its backend's validate() "
+            "accept the declaration (planning judges it); ours refuses it at validate(), kept on "
+            "purpose: our python SDPA engines size what they write by q / k / v, so a graph whose "
+            "outputs contradict them must not reach one (structured ops, which only the backend "
+            "runs, keep the caller's dims as NVIDIA's do)"
         ),
     ),
     "batchnorm-none-running-stats": (

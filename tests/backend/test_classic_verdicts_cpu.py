@@ -227,3 +227,124 @@ def test_get_execution_plan_count_is_zero_before_planning(libs):
         g.relu(input=g.tensor(name="x", dim=[2, 4], stride=[4, 1])).set_output(True)
         g.validate()
         assert g.get_execution_plan_count() == 0
+
+
+# ---------------------------------------------------------------- norm statistics
+def _norm(lib, op, x_dim, scale_dim):
+    g = new_graph(lib)
+    x = g.tensor(name="x", dim=x_dim, stride=_row_major(x_dim))
+    s = g.tensor(
+        name="s", dim=scale_dim, stride=_row_major(scale_dim), data_type=lib.data_type.FLOAT
+    )
+    eps = g.tensor_scalar(1e-5, lib.scalar_type.RUNTIME_PARAM)
+    phase = lib.norm_forward_phase.TRAINING
+    if op == "rmsnorm":
+        outs = g.rmsnorm(norm_forward_phase=phase, input=x, scale=s, bias=None, epsilon=eps)
+    elif op == "batchnorm":
+        outs = g.batchnorm(
+            input=x,
+            scale=s,
+            bias=s,
+            in_running_mean=s,
+            in_running_var=s,
+            epsilon=eps,
+            momentum=g.tensor_scalar(0.1, lib.scalar_type.RUNTIME_PARAM),
+        )
+    else:
+        outs = getattr(g, op)(norm_forward_phase=phase, input=x, scale=s, bias=s, epsilon=eps)
+    for t in outs:
+        t.set_output(True)
+    return g, outs
+
+
+def _row_major(dim):
+    out, acc = [], 1
+    for d in reversed(dim):
+        out.insert(0, acc)
+        acc *= d
+    return out
+
+
+@pytest.mark.parametrize(
+    "op, x_dim, scale_dim, stats",
+    [
+        ("layernorm", [4, 16, 64], [1, 1, 64], [4, 16, 1]),  # a transformer's [B, S, H]
+        ("layernorm", [4, 16, 8, 8], [1, 16, 1, 1], [4, 1, 8, 8]),
+        ("layernorm", [4, 16, 8, 8], [1, 16, 8, 8], [4, 1, 1, 1]),
+        ("rmsnorm", [4, 16, 64], [1, 1, 64], [4, 16, 1]),
+        ("adalayernorm", [4, 16, 64], [4, 1, 64], [4, 16, 1]),
+        ("instancenorm", [4, 16, 8, 8], [1, 16, 1, 1], [4, 16, 1, 1]),
+        ("batchnorm", [4, 16, 8, 8], [1, 16, 1, 1], [1, 16, 1, 1]),
+    ],
+)
+def test_norm_statistics_have_the_dims_the_classic_infers(libs, op, x_dim, scale_dim, stats):
+    """Statistics are per row of what the scale spans (layernorm / rmsnorm /
+    adalayernorm: 1 where scale's extent is not 1), per channel and sample
+    (instancenorm), per channel (batchnorm): known after the call, kept by validate()."""
+    for lib in libs:
+        g, outs = _norm(lib, op, x_dim, scale_dim)
+        assert list(outs[1].get_dim()) == stats, lib.__name__
+        g.validate()
+        assert [list(t.get_dim()) for t in outs[1:3]] == [stats] * len(outs[1:3]), lib.__name__
+
+
+def test_a_layernorm_scale_of_a_lower_rank_leaves_its_statistics_unset(libs):
+    """No statistics dims follow from a scale of a lower rank than the input: the
+    classic's validate() refuses them as not set (ValueError) unless the caller sets one,
+    which the other then takes."""
+    assert_refused_at_validate_with(libs, _norm_into, ValueError)
+    for lib in libs:
+        g, (_, mean, inv) = _norm(lib, "layernorm", [64, 128, 1, 1], [1, 128, 1])
+        mean.set_dim([64, 1, 1, 1]).set_stride([1, 1, 1, 1])
+        g.validate()
+        assert list(inv.get_dim()) == [64, 1, 1, 1], lib.__name__
+
+
+def _norm_into(lib, g):
+    x = g.tensor(name="x", dim=[64, 128, 1, 1], stride=[128, 1, 1, 1])
+    s = g.tensor(name="s", dim=[1, 128, 1], stride=[128, 1, 1], data_type=lib.data_type.FLOAT)
+    eps = g.tensor_scalar(1e-5, lib.scalar_type.RUNTIME_PARAM)
+    outs = g.layernorm(
+        norm_forward_phase=lib.norm_forward_phase.TRAINING, input=x, scale=s, bias=s, epsilon=eps
+    )
+    for t in outs:
+        t.set_output(True)
+
+
+# ---------------------------------------------------------------- declared output dims
+def reduction_declared_off_its_input(lib, g):
+    x = g.tensor(name="x", dim=[4, 64, 32], stride=[2048, 32, 1])
+    y = g.reduction(input=x, mode=lib.reduction_mode.ADD)
+    y.set_dim([2, 1, 1]).set_data_type(lib.data_type.FLOAT).set_output(True)
+
+
+def concatenate_of_inputs_that_differ(lib, g):
+    x = g.tensor(name="x", dim=[2, 8, 64], stride=[512, 64, 1])
+    x2 = g.tensor(name="x2", dim=[4, 16, 64], stride=[1024, 64, 1])
+    g.concatenate(inputs=[x, x2], axis=0).set_dim([6, 8, 64]).set_output(True)
+
+
+@pytest.mark.parametrize(
+    "build", [reduction_declared_off_its_input, concatenate_of_inputs_that_differ]
+)
+def test_a_structured_ops_declared_output_is_the_backends_to_judge(libs, build):
+    """Only the backend runs structured ops: the classic's validate() keeps the caller's
+    output dims and leaves a contradiction to planning; ours validates it too."""
+    for lib in libs:
+        assert verdict(lib, build) == ("ok", None), lib.__name__
+
+
+def test_an_sdpa_output_declared_off_the_attention_is_refused_by_ours():
+    """Our python SDPA engines size what they write by q / k / v: an O the caller
+    declared otherwise is refused at validate() (ValueError), where NVIDIA's accepts it
+    (classic_diff.KNOWN 'sdpa-declared-output-dims')."""
+
+    def build(lib, g):
+        q = g.tensor(name="q", dim=[2, 4, 128, 64], stride=[32768, 8192, 64, 1])
+        k = g.tensor(name="k", dim=[2, 4, 64, 64], stride=[16384, 4096, 64, 1])
+        o, _ = g.sdpa(q, k, k, attn_scale=0.125, generate_stats=False)
+        o.set_dim([2, 4, 64, 64]).set_stride([16384, 4096, 64, 1]).set_output(True)
+
+    stage, exc = verdict(ours, build)
+    assert stage == "validate" and isinstance(exc, ValueError), repr(exc)
+    assert "declared dims [2, 4, 64, 64]" in str(exc)

@@ -4,27 +4,38 @@ naming the node, the port and the rule (an ill-formed declaration's is also the
 classic's ValueError: IllFormedError); imports nothing heavy."""
 
 from .._types import cudnnGraphNotSupportedError, data_type
-from .opspec import IllFormedError, ShapeError
+from .opspec import IllFormedError, OpGroup, ShapeError
 from .score_mod import modifiers
 from .tensor import row_major_strides
 
 
+def _backend_judges(node):
+    """A structured op (norms, conv, reduction, layout: only the backend runs them): the
+    classic's validate() and the backend's keep the output dims the caller declared and
+    leave a contradiction to planning, so ours does not refuse one either. An op a python
+    engine of ours may run (SDPA, matmul and its pointwise epilogue, linear attention)
+    keeps its rules: the engine sizes its work by them."""
+    return node.spec.group is OpGroup.STRUCTURED
+
+
 def apply_inference(node, strict):
     """Run the node's shape rule and land what it infers on the outputs. With
-    strict=False (while building) a rule that cannot answer yet leaves them alone."""
+    strict=False (while building) a rule that cannot answer yet leaves them alone; so
+    does a structured op's rule whose outputs the caller declared (_backend_judges)."""
     rule = node.spec.shape_rule
+    declared = _backend_judges(node) and all(t.is_user_set("dim") for t in node.output_tensors())
     try:
         inferred = rule(node) if rule is not None else {}
     except ShapeError:
-        if strict:
+        if strict and not declared:
             raise
         return
     except (TypeError, IndexError, KeyError, AttributeError):
-        if strict:  # a declaration the rule could not read (e.g. no dims yet)
+        if strict and not declared:  # a declaration the rule could not read (no dims yet)
             raise IllFormedError(f"{node.op} node '{node.name}': inputs are not fully declared")
         return
     except ArithmeticError as exc:  # a 0 extent or attribute a rule divides by
-        if strict:
+        if strict and not declared:
             raise IllFormedError(
                 f"{node.op} node '{node.name}': an input extent or attribute is zero where the "
                 f"op divides by it ({exc})"
@@ -35,7 +46,7 @@ def apply_inference(node, strict):
         if t is None:
             continue
         if t.is_user_set("dim"):
-            if strict and tuple(t.dim) != tuple(info.dim):
+            if strict and tuple(t.dim) != tuple(info.dim) and not _backend_judges(node):
                 node.ill_formed(
                     port, f"declared dims {list(t.dim)} but the op produces {list(info.dim)}"
                 )

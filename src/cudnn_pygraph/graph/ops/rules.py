@@ -72,4 +72,3 @@ def declared_by_caller(node):
         if t is not None and not t.is_user_set("dim"):
             node.ill_formed(port, "this op's output dims must be declared by the caller (set_dim)")
     return {}
-

@@ -28,12 +28,52 @@ def _stats_dims(x, keep):
     return tuple(x[:keep]) + (1,) * (len(x) - keep)
 
 
-def _norm_fwd(keep):
+def _keep_axes(axes):
+    """instancenorm / batchnorm statistics: the input's dims on `axes`, 1 elsewhere."""
+    return lambda node, x: tuple(d if i in axes else 1 for i, d in enumerate(x))
+
+
+def _where_scale_varies(first_axis):
+    """layernorm / rmsnorm / adalayernorm statistics, the backend's rule: the input's dims,
+    1 on each axis from `first_axis` on where scale's extent is not 1 (a [B, S, H] input
+    with a [1, 1, H] scale has [B, S, 1] statistics); without a scale, 1 on every axis
+    but the batch axis. None (no dims follow) for a scale of a lower rank than the input
+    (a higher one is read on the input's axes, as the backend reads it)."""
+
+    def stats(node, x):
+        scale = node.inputs.get("scale")
+        s = tuple(scale.dim) if scale is not None else ()
+        if not s:
+            return (x[0],) + (1,) * (len(x) - 1)
+        if len(s) < len(x):
+            return None
+        return tuple(1 if i >= first_axis and s[i] != 1 else d for i, d in enumerate(x))
+
+    return stats
+
+
+def _norm_fwd(stats, shared=False):
+    """Y like the input; each statistic by `stats`. A statistic the caller declared keeps
+    its dims (the backend judges them, as the classic leaves it); with `shared`
+    (layernorm) an undeclared one takes a declared sibling's dims, as the backend does.
+    When no dims follow (a scale of another rank), an undeclared one is ill-formed: the
+    classic's validate() refuses its unset dims."""
+
     def rule(node):
         x = rules.require_declared(node, "input")
         out = {"Y": Inferred(x, node.inputs["input"].data_type)}
-        for port in node.spec.outputs[1:]:
-            out[port.name] = Inferred(_stats_dims(x, keep), F32)
+        ports = [p.name for p in node.spec.outputs[1:] if node.outputs.get(p.name) is not None]
+        declared = [node.outputs[p] for p in ports if node.outputs[p].is_user_set("dim")]
+        dims = tuple(declared[0].dim) if shared and declared else stats(node, x)
+        for port in ports:
+            if node.outputs[port].is_user_set("dim"):
+                continue
+            if dims is None:
+                scale = list(node.inputs["scale"].dim)
+                node.ill_formed(
+                    port, f"dims not set, and none follow from scale {scale} for input {list(x)}"
+                )
+            out[port] = Inferred(dims, F32)
         return out
 
     return rule
@@ -71,26 +111,14 @@ def _block_scale_quantize(node):
 
 
 def _concatenate(node):
-    """The inputs must agree off the axis; the output's dims are the caller's to declare
-    (the classic infers none: its validate() refuses an undeclared output) and must be
-    the inputs' joined along the axis."""
+    """The caller declares the output's dims (the classic infers none: its validate()
+    refuses an undeclared output; the backend judges a declared one); it takes the first
+    input's data type."""
     inputs = node.inputs["inputs"]
     if not inputs:
         node.ill_formed("inputs", "needs at least one tensor")
-    first = tuple(inputs[0].dim)
-    axis = node.attrs["axis"]
-    if not 0 <= axis < len(first):
-        node.ill_formed("axis", f"{axis} is out of range for rank {len(first)}")
-    total = 0
-    for i, t in enumerate(inputs):
-        d = tuple(t.dim)
-        if len(d) != len(first) or any(a != b for j, (a, b) in enumerate(zip(d, first)) if j != axis):
-            node.ill_formed(f"inputs[{i}]", f"dims {list(d)} differ from inputs[0] {list(first)} off axis {axis}")
-        total += d[axis]
     rules.declared_by_caller(node)
-    out = list(first)
-    out[axis] = total
-    return {"output": Inferred(tuple(out), inputs[0].data_type)}
+    return {"output": Inferred(tuple(node.outputs["output"].dim), inputs[0].data_type)}
 
 
 def _conv_fprop(node):
@@ -145,7 +173,10 @@ def _slice(node):
 
 
 # moe_grouped_matmul: which input's rows the output has, by mode (the others: token's).
-_MOE_ROWS = {moe_grouped_matmul_mode.GATHER: "token_index", moe_grouped_matmul_mode.COMBINE: "top_k_scores"}
+_MOE_ROWS = {
+    moe_grouped_matmul_mode.GATHER: "token_index",
+    moe_grouped_matmul_mode.COMBINE: "top_k_scores",
+}
 
 
 def _moe_grouped_matmul(node):
@@ -158,24 +189,30 @@ def _moe_grouped_matmul(node):
 
 
 def _reduction(node):
-    x = rules.require_declared(node, "input")
-    rules.declared_by_caller(node)
-    y = tuple(node.outputs["output"].dim)
-    if len(y) != len(x) or any(b not in (a, 1) for a, b in zip(x, y)):
-        node.ill_formed("output", f"dims {list(y)} are not a reduction of input {list(x)} (each extent equal or 1)")
-    return {}
+    """The caller declares the output (which axes reduce): nothing to infer; the
+    backend judges the declaration (validate._backend_judges)."""
+    rules.require_declared(node, "input")
+    return rules.declared_by_caller(node)
 
 
 # ---------------------------------------------------------------- the table
 # name: (outputs, shape rule, output-direction kwargs)
 _ROWS = {
-    "adalayernorm": (("Y", ("mean", _training), ("inv_variance", _training)), _norm_fwd(1)),
+    "adalayernorm": (
+        ("Y", ("mean", _training), ("inv_variance", _training)),
+        _norm_fwd(_where_scale_varies(1)),
+    ),
     "adalayernorm_backward": (("dX", "dscale", "dbias"), _norm_bwd),
     "batchnorm": (
-        ("Y", "mean", "inv_variance",
-         ("next_running_mean", _has("in_running_mean")), ("next_running_var", _has("in_running_var"))),
-        _norm_fwd(2),
-    ),  # fmt: skip
+        (
+            "Y",
+            "mean",
+            "inv_variance",
+            ("next_running_mean", _has("in_running_mean")),
+            ("next_running_var", _has("in_running_var")),
+        ),
+        _norm_fwd(_keep_axes((1,))),
+    ),
     "batchnorm_backward": (("dX", "dscale", "dbias"), _norm_bwd),
     "batchnorm_inference": (("Y",), rules.like("input")),
     "block_scale_dequantize": (("Y",), rules.like("input", F32)),
@@ -186,16 +223,25 @@ _ROWS = {
     "conv_wgrad": (("dW",), rules.declared_by_caller),
     "gen_index": (("output",), rules.like("input", data_type.INT32)),
     "genstats": (("mean", "sq_sum"), _genstats),
-    "instancenorm": (("Y", ("mean", _training), ("inv_variance", _training)), _norm_fwd(2)),
+    "instancenorm": (
+        ("Y", ("mean", _training), ("inv_variance", _training)),
+        _norm_fwd(_keep_axes((0, 1))),
+    ),
     "instancenorm_backward": (("dX", "dscale", "dbias"), _norm_bwd),
-    "layernorm": (("Y", ("mean", _training), ("inv_variance", _training)), _norm_fwd(1)),
+    "layernorm": (
+        ("Y", ("mean", _training), ("inv_variance", _training)),
+        _norm_fwd(_where_scale_varies(0), shared=True),
+    ),
     "layernorm_backward": (("dX", "dscale", "dbias"), _norm_bwd),
     "moe_grouped_matmul": (("output",), _moe_grouped_matmul),
     "moe_grouped_matmul_bwd": (("output",), rules.declared_by_caller),
     "reduction": (("output",), _reduction),
     "reshape": (("output",), rules.declared_by_caller),
-    "rmsnorm": (("Y", ("inv_variance", _training)), _norm_fwd(1)),
-    "rmsnorm_backward": (("dX", ("dscale", _has("scale")), ("dbias", _flag("has_dbias"))), _norm_bwd),
+    "rmsnorm": (("Y", ("inv_variance", _training)), _norm_fwd(_where_scale_varies(0))),
+    "rmsnorm_backward": (
+        ("dX", ("dscale", _has("scale")), ("dbias", _flag("has_dbias"))),
+        _norm_bwd,
+    ),
     "rope": (("output",), rules.like("input")),
     "rope_backward": (("output",), rules.like("dY")),
     "slice": (("output",), _slice),
@@ -229,7 +275,7 @@ _DTYPE_LIKE = {"slice": {"output": "input"}}
 def _outputs(op, names):
     ports = []
     for n in names:
-        port, when = (n if isinstance(n, tuple) else (n, None))
+        port, when = n if isinstance(n, tuple) else (n, None)
         label = _OP_LABELS.get(op, {}).get(port) or _LABELS.get(port)
         like = _DTYPE_LIKE.get(op, {}).get(port)
         ports.append(OutputPort(port, when, label, like))
