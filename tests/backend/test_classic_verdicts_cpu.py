@@ -348,3 +348,24 @@ def test_an_sdpa_output_declared_off_the_attention_is_refused_by_ours():
     stage, exc = verdict(ours, build)
     assert stage == "validate" and isinstance(exc, ValueError), repr(exc)
     assert "declared dims [2, 4, 64, 64]" in str(exc)
+
+
+@pytest.mark.parametrize(
+    "a_dim, b_dim, out",
+    [
+        ([2, 16, 8], [16, 8], [2, 16, 8]),
+        ([2, 16, 8], [8], [2, 16, 8]),
+        ([4, 3, 8], [3, 1], [4, 3, 8]),
+    ],
+)
+def test_pointwise_operands_broadcast_right_aligned(libs, a_dim, b_dim, out):
+    """numpy's broadcast, as the classic's: a lower-rank operand lines up with the
+    trailing dims; the output takes the highest rank and each larger extent."""
+    for lib in libs:
+        g = new_graph(lib)
+        a = g.tensor(name="a", dim=a_dim, stride=_row_major(a_dim))
+        b = g.tensor(name="b", dim=b_dim, stride=_row_major(b_dim))
+        c = g.mul(a=a, b=b)
+        c.set_output(True)
+        g.validate()
+        assert list(c.get_dim()) == out, lib.__name__

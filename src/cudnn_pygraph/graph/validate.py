@@ -66,8 +66,7 @@ def check_declaration(graph, tensor):
     where = f"tensor %{tensor.name} (uid {tensor.uid})"
     if not tensor.dim:
         raise IllFormedError(f"{where}: dims are not set")
-    if len(tensor.stride) != len(tensor.dim):
-        raise IllFormedError(f"{where}: {len(tensor.stride)} strides for {len(tensor.dim)} dims")
+    check_strides(tensor)
     if any(d <= 0 for d in tensor.dim):
         raise IllFormedError(f"{where}: dims must be positive, got {list(tensor.dim)}")
     if tensor.data_type == data_type.NOT_SET and graph.io_data_type == data_type.NOT_SET:
@@ -76,12 +75,13 @@ def check_declaration(graph, tensor):
         )
 
 
-def check_scalar_strides(tensor):
-    """A pass-by-value scalar's strides, one per dim: the backend's own rule, applied when
-    a graph lowers (validate() lowers eagerly unless a family validates natively)."""
+def check_strides(tensor):
+    """One stride per dim, the classic's rule for every tensor of the graph (a
+    pass-by-value scalar's is the backend's, applied when the graph lowers)."""
     if len(tensor.stride) != len(tensor.dim):
+        kind = "scalar" if tensor.is_pass_by_value else "tensor"
         raise IllFormedError(
-            f"scalar %{tensor.name} (uid {tensor.uid}): {len(tensor.stride)} strides for "
+            f"{kind} %{tensor.name} (uid {tensor.uid}): {len(tensor.stride)} strides for "
             f"{len(tensor.dim)} dims"
         )
 
@@ -94,12 +94,18 @@ def validate_graph(graph):
             if not t.is_user_set("data_type"):  # the graph's io type may have changed
                 t._infer("data_type", graph.io_data_type)
             check_declaration(graph, t)
+        elif t.is_user_set("dim") and t.is_user_set("stride") and not t.is_pass_by_value:
+            check_strides(t)  # shaped by the caller (an output-direction kwarg's tensor)
     for node in graph.nodes:
         for mod in modifiers(node):  # a modifier's nodes run before the softmax they feed
             for inner in mod.nodes:
                 apply_inference(inner, strict=True)
         apply_inference(node, strict=True)
     for t in graph.tensors:  # outputs whose dtype nothing inferred take the graph's
+        if t.dim and not t.stride:  # dims the caller set, strides left: row-major
+            t._infer("stride", row_major_strides(t.dim))
+        if t.dim and not t.is_pass_by_value:
+            check_strides(t)
         if t.data_type == data_type.NOT_SET:
             fallback = graph.intermediate_data_type if t.is_virtual else graph.io_data_type
             t._infer("data_type", fallback)

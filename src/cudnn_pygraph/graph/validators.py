@@ -5,7 +5,7 @@ the graph holds a node it does not cover (classic lowering then judges). They se
 the IR; the shape rules they apply are the OpSpecs' own (already run by validate())."""
 
 from .opspec import OpGroup
-from .validate import check_scalar_strides
+from .validate import check_strides
 
 _GEMM_COVERED = frozenset({OpGroup.MATMUL, OpGroup.POINTWISE})
 
@@ -25,7 +25,7 @@ def validate_gemm(graph):
         return False
     for t in graph.tensors:
         if t.is_pass_by_value:
-            check_scalar_strides(t)
+            check_strides(t)
     return True
 
 
