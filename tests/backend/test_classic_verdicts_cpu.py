@@ -369,3 +369,20 @@ def test_pointwise_operands_broadcast_right_aligned(libs, a_dim, b_dim, out):
         c.set_output(True)
         g.validate()
         assert list(c.get_dim()) == out, lib.__name__
+
+
+@needs_backend
+def test_a_gemm_epilogue_operand_that_grows_the_output_is_judged_at_validate(libs):
+    """A scalar of dims [2, 1, 1] scaling a [1, 64, 64] matmul grows the output past its
+    first input: the backend cannot derive its strides, and says so at validate() in
+    both (ours hands such a gemm graph to the backend instead of validating it natively)."""
+
+    def build(lib, g):
+        A = g.tensor(name="A", dim=[1, 64, 96], stride=[6144, 96, 1])
+        B = g.tensor(name="B", dim=[1, 96, 64], stride=[6144, 64, 1])
+        alpha = g.tensor(
+            dim=[2, 1, 1], stride=[1, 1, 1], data_type=lib.data_type.FLOAT, is_pass_by_value=True
+        )
+        g.scale(input=g.swish(input=g.matmul(A, B)), scale=alpha).set_output(True)
+
+    assert_refused_at_validate_with(libs, build, ValueError)

@@ -23,6 +23,14 @@ def validate_gemm(graph):
     # operand can then fail its broadcast there; only the backend can say, so it judges.
     if len(mm.inputs["A"].dim) != len(mm.inputs["B"].dim):
         return False
+    # An operand that grows a pointwise output past its first input's dims: the backend
+    # derives that output's strides from its first input and may not manage; it judges.
+    for node in graph.nodes:
+        if node.spec.group is OpGroup.POINTWISE:
+            first = next((t for t in node.inputs.values() if t is not None), None)
+            out = node.outputs.get(node.spec.outputs[0].name)
+            if first is not None and out is not None and tuple(out.dim) != tuple(first.dim):
+                return False
     for t in graph.tensors:
         if t.is_pass_by_value:
             check_strides(t)
