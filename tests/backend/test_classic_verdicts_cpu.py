@@ -324,12 +324,36 @@ def concatenate_of_inputs_that_differ(lib, g):
     g.concatenate(inputs=[x, x2], axis=0).set_dim([6, 8, 64]).set_output(True)
 
 
+def conv_over_an_image_of_lower_rank(lib, g):  # the spatial rank is the image's
+    X = g.tensor(name="X", dim=[2, 32, 16], stride=[8192, 1, 512])
+    W = g.tensor(name="W", dim=[16, 32, 3, 3], stride=[288, 1, 96, 32])
+    y = g.conv_fprop(
+        image=X, weight=W, pre_padding=[1, 1], post_padding=[1, 1], stride=[2, 2], dilation=[1, 1]
+    )
+    y.set_output(True)
+
+
+def relu_after_conv_declared_off_its_input(lib, g):  # a pointwise op only the backend runs
+    X = g.tensor(name="X", dim=[8, 16, 8, 8], stride=[1024, 64, 8, 1])
+    W = g.tensor(name="W", dim=[16, 16, 3, 3], stride=[144, 1, 48, 16])
+    conv = g.conv_fprop(image=X, weight=W, padding=[0, 0], stride=[2, 2], dilation=[1, 1])
+    y = g.relu(input=conv)
+    y.set_dim([4, 16, 3, 3]).set_stride([144, 1, 48, 16]).set_output(True)
+
+
 @pytest.mark.parametrize(
-    "build", [reduction_declared_off_its_input, concatenate_of_inputs_that_differ]
+    "build",
+    [
+        reduction_declared_off_its_input,
+        concatenate_of_inputs_that_differ,
+        conv_over_an_image_of_lower_rank,
+        relu_after_conv_declared_off_its_input,
+    ],
 )
-def test_a_structured_ops_declared_output_is_the_backends_to_judge(libs, build):
-    """Only the backend runs structured ops: the classic's validate() keeps the caller's
-    output dims and leaves a contradiction to planning; ours validates it too."""
+def test_an_op_only_the_backend_runs_is_the_backends_to_judge(libs, build):
+    """Only the backend runs structured ops, and pointwise ops outside a matmul graph:
+    the classic's validate() keeps the caller's output dims (infers conv's Y on the
+    image's spatial rank) and leaves a contradiction to planning; ours validates too."""
     for lib in libs:
         assert verdict(lib, build) == ("ok", None), lib.__name__
 

@@ -395,7 +395,7 @@ def _conv_stride_zero(g):
         (_gdn_zero_heads, "dims must be positive"),
         (
             _conv_stride_zero,
-            r"conv_fprop node 'conv_fprop.0': stride: every entry must be positive",
+            r"conv_fprop node 'conv_fprop.0': stride: \[0, 1\] holds a zero",
         ),
     ],
     ids=["sdpa-head-dim-0", "gdn-heads-0", "conv-stride-0"],

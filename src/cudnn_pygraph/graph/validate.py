@@ -10,12 +10,16 @@ from .tensor import row_major_strides
 
 
 def _backend_judges(node):
-    """A structured op (norms, conv, reduction, layout: only the backend runs them): the
-    classic's validate() and the backend's keep the output dims the caller declared and
-    leave a contradiction to planning, so ours does not refuse one either. An op a python
-    engine of ours may run (SDPA, matmul and its pointwise epilogue, linear attention)
-    keeps its rules: the engine sizes its work by them."""
-    return node.spec.group is OpGroup.STRUCTURED
+    """An op only the backend runs (a structured one: norms, conv, reduction, layout; a
+    pointwise one in a graph with no matmul): the classic's validate() and the backend's
+    keep the output dims the caller declared and leave a contradiction to planning, so
+    ours does not refuse one either. An op a python engine of ours may run (SDPA, matmul
+    and its pointwise epilogue, linear attention) keeps its rules: the engine sizes its
+    work by them."""
+    group = node.spec.group
+    if group is OpGroup.POINTWISE:
+        return not any(n.spec.group is OpGroup.MATMUL for n in node._graph.nodes)
+    return group is OpGroup.STRUCTURED
 
 
 def apply_inference(node, strict):

@@ -122,33 +122,27 @@ def _concatenate(node):
 
 
 def _conv_fprop(node):
+    """Y [N, K, *spatial], the classic's rule: the spatial rank is the image's (the
+    weight's spatial extents and each per-dim attribute are read on those axes); when no
+    dims follow (a weight or attribute too short, a zero stride) Y's are not set."""
     x = rules.require_declared(node, "image")
     w = rules.require_declared(node, "weight")
-    if len(x) != len(w) or len(x) < 3:
-        node.ill_formed("weight", f"rank {len(w)} does not match image rank {len(x)} (>= 3)")
     spatial = len(x) - 2
     a = node.attrs
-
-    def per_dim(name, default):
-        v = tuple(a[name]) if a[name] else (default,) * spatial
-        if len(v) != spatial:
-            node.ill_formed(name, f"expected {spatial} values, got {list(v)}")
-        return v
-
-    pre = per_dim("pre_padding", 0) if a["pre_padding"] else per_dim("padding", 0)
-    post = per_dim("post_padding", 0) if a["post_padding"] else per_dim("padding", 0)
-    stride = per_dim("stride", 1)
-    dil = per_dim("dilation", 1)
-    for name, values in (("stride", stride), ("dilation", dil)):
-        if any(v <= 0 for v in values):
-            node.ill_formed(name, f"every entry must be positive, got {list(values)}")
-    out = []
-    for i in range(spatial):
-        extent = x[2 + i] + pre[i] + post[i] - dil[i] * (w[2 + i] - 1) - 1
-        if extent < 0:
-            node.ill_formed("weight", f"filter extent {w[2 + i]} exceeds padded image dim {2 + i}")
-        out.append(extent // stride[i] + 1)
-    return {"Y": Inferred((x[0], w[0], *out), node.inputs["image"].data_type)}
+    pre = a["pre_padding"] or a["padding"] or (0,) * spatial
+    post = a["post_padding"] or a["padding"] or (0,) * spatial
+    stride = a["stride"] or (1,) * spatial
+    dil = a["dilation"] or (1,) * spatial
+    try:
+        out = [x[0], w[0]] + [
+            (x[2 + i] + pre[i] + post[i] - (w[2 + i] - 1) * dil[i] - 1) // stride[i] + 1
+            for i in range(spatial)
+        ]
+    except ZeroDivisionError:
+        node.ill_formed("stride", f"{list(stride)} holds a zero: Y's dims are not set")
+    except IndexError:
+        node.ill_formed("Y", f"dims not set: none follow from image {list(x)} and weight {list(w)}")
+    return {"Y": Inferred(tuple(out), node.inputs["image"].data_type)}
 
 
 def _transpose(node):
