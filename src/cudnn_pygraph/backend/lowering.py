@@ -14,7 +14,9 @@ Invariants held here (spec: "Key invariants"):
     are pushed; what our shape rules inferred is provisional and the backend's own layout
     inference (channels-last conv, ...) lands back on the IR (`LoweredGraph.land_layout`).
   * classic errors: a graph the backend refuses raises cudnnGraphNotSupportedError with the
-    backend's own message and the node named. A backend that cannot run HERE (libcudnn
+    backend's own message and the node named, also of the type the backend's binding
+    raised (ValueError, RuntimeError, TypeError: backend_error), as the classic surfaces
+    it. A backend that cannot run HERE (libcudnn
     missing, no device for a device query) raises BackendUnavailableError instead: that is
     the environment, not the graph.
 
