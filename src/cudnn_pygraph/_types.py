@@ -256,6 +256,26 @@ ENUMS = {
 }
 
 
+# The classic package numbers its node kinds from 1 in this order (it is an `auto()`
+# enum); the order is part of the value, so the names stay in that order.
+NodeType = enum.Enum(
+    "NodeType",
+    (
+        "COMPOSITE CONV_FPROP CONV_DGRAD CONV_WGRAD GENSTATS RESHAPE SLICE CONCATENATE "
+        "TRANSPOSE ROPE ROPE_BWD MOE_GROUPED_MATMUL_BWD MATMUL MATMUL_FP8 POINTWISE "
+        "REDUCTION RMSNORM RMSNORM_BWD LAYERNORM LAYERNORM_BWD ADALAYERNORM "
+        "ADALAYERNORM_BWD INSTANCENORM INSTANCENORM_BWD BATCHNORM BATCHNORM_INFERENCE "
+        "BATCHNORM_BWD SDPA SDPA_BWD SDPA_FP8 SDPA_FP8_BWD SDPA_MXFP8 SDPA_MXFP8_BWD GDN "
+        "GDN_BWD KDA KDA_BWD GDN2 GDN2_BWD MOE_GROUPED_MATMUL BLOCK_SCALE_QUANTIZE "
+        "BLOCK_SCALE_DEQUANTIZE GDP GDP_BWD GDN_SUMMARY KDA_SUMMARY GDN2_SUMMARY "
+        "GDP_SUMMARY GDN_SUMMARY_BWD KDA_SUMMARY_BWD GDN2_SUMMARY_BWD GDP_SUMMARY_BWD "
+        "MAMBA2 MAMBA2_BWD MAMBA2_SUMMARY MAMBA2_SUMMARY_BWD "
+    ),
+    module=__name__,
+)
+NodeType.__doc__ = "Operation node kinds, by the classic package's names and numbers."
+
+
 # ---------------------------------------------------------------- errors
 class cudnnGraphNotSupportedError(Exception):
     """The classic error: this graph (or this engine, for this graph) is not supported.

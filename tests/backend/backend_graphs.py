@@ -83,7 +83,7 @@ def rmsnorm(N=256, H=512, deviceless=False, io=BF16):
     x = _norm_input(g, N, H)
     scale = g.tensor([1, H, 1, 1], [H, 1, H, H], data_type=F32, name="scale")
     # epsilon as a scalar the graph holds (filled by the backend, not a caller slot)
-    eps = g.tensor_scalar(1e-5)
+    eps = g.tensor_scalar(1e-5, cudnn.scalar_type.RUNTIME_PARAM)
     Y, inv_var = g.rmsnorm(cudnn.norm_forward_phase.TRAINING, x, scale, None, eps, name="rms")
     Y.set_name("Y")
     inv_var.set_name("inv_var").set_data_type(F32)

@@ -303,7 +303,7 @@ def test_auto_names_follow_the_classic_scheme():
     C = g.matmul(A, B)
     D = g.relu(C)
     E = g.relu(D, name="mine")
-    s = g.tensor_scalar(2.0)
+    s = g.tensor_scalar(2.0, ours.scalar_type.RUNTIME_PARAM)
     ln = g.layernorm(
         norm_forward_phase=ours.norm_forward_phase.TRAINING,
         input=g.tensor([4, 8, 1, 1]),
@@ -336,15 +336,25 @@ def test_tensor_scalar_dtype_is_what_the_backend_stores(value):
     backend = fe.builder(io_data_type=fe.module.data_type.HALF, sm_version=90, sm_count=132)
     stored = backend.tensor_scalar(value, fe.module.scalar_type.RUNTIME_PARAM).get_data_type()
     g = new_graph(ours)
-    assert g.tensor_scalar(value).data_type.name == stored.name
+    assert g.tensor_scalar(value, ours.scalar_type.RUNTIME_PARAM).data_type.name == stored.name
 
 
 @pytest.mark.parametrize("value", ["1e-5", None, 1j])
 def test_tensor_scalar_refuses_a_non_number(value):
     g = new_graph(ours)
     with pytest.raises(TypeError, match="tensor_scalar"):
-        g.tensor_scalar(value)
+        g.tensor_scalar(value, ours.scalar_type.RUNTIME_PARAM)
     assert g.tensors == ()
+
+
+def test_tensor_scalar_needs_its_scalar_type_as_the_classic_does(nv):
+    """tensor_scalar(value) without scalar_type is a TypeError in both packages, and
+    adds no tensor."""
+    for lib in (nv, ours):
+        g = new_graph(lib)
+        with pytest.raises(TypeError):
+            g.tensor_scalar(1e-5)
+    assert new_graph(ours).tensors == ()
 
 
 def test_tensor_like_of_a_host_tensor_is_pass_by_value(nv):
@@ -385,7 +395,7 @@ def _conv_stride_zero(g):
         (_gdn_zero_heads, "dims must be positive"),
         (
             _conv_stride_zero,
-            r"conv_fprop node 'conv_fprop.0': stride: every entry must be positive",
+            r"conv_fprop node 'conv_fprop.0': stride: \[0, 1\] holds a zero",
         ),
     ],
     ids=["sdpa-head-dim-0", "gdn-heads-0", "conv-stride-0"],

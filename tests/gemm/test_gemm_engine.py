@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from gemm_reference import rel_err
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph.backend import adapter
@@ -16,8 +17,6 @@ from cudnn_pygraph.runtime.execute import ExecutionContext
 from cudnn_pygraph.engines.gemm.kernels.knobs import GemmKnobs
 from cudnn_pygraph.planning import manifest
 from cudnn_pygraph.planning.device import DeviceProperties
-
-from gemm_reference import rel_err
 
 HALF, FLOAT = cudnn.data_type.HALF, cudnn.data_type.FLOAT
 TORCH = {HALF: torch.float16, FLOAT: torch.float32}
@@ -57,6 +56,7 @@ CASES = [
     "residual-silu",
     "transposed-B",
     "batch-broadcast-A",
+    "lower-rank-bias",  # right-aligned operands of rank 1 and 2, as the classic broadcasts
 ]
 
 
@@ -68,6 +68,8 @@ def _epilogue_reference(case, mm, e):
         return torch.relu(e["alpha"].double() * mm + e["bias"].double())
     if case == "residual-silu":
         return torch.nn.functional.silu(mm + e["res"].double())
+    if case == "lower-rank-bias":
+        return mm + e["bias"].double() + e["rowbias"].double()
     return mm
 
 
@@ -88,6 +90,10 @@ def _build(case, g, B, M, N, K, dtype):
     elif case == "residual-silu":
         extra["res"] = g.tensor([B, M, N], name="res")
         x = g.swish(g.add(x, extra["res"]))
+    elif case == "lower-rank-bias":
+        extra["bias"] = g.tensor([N], name="bias")
+        extra["rowbias"] = g.tensor([M, 1], name="rowbias")
+        x = g.add(g.bias(x, extra["bias"]), extra["rowbias"])
     x.set_output(True).set_data_type(dtype).set_name("C")
     return a, b, x, extra
 
@@ -113,7 +119,7 @@ def test_plans_builds_and_executes(case, dtype):
 
 def test_replays_a_recorded_plan_by_engine_id_and_knobs():
     g = _graph()
-    a, b, c, _ = _build("plain", g, 1, 20, 24, 16, HALF)
+    _build("plain", g, 1, 20, 24, 16, HALF)
     g.create_execution_plans([cudnn.heur_mode.A])
     engine_id, knobs = g.get_engine_and_knobs_at_index(1)  # a runner-up: a complete config
     g2 = _graph()
@@ -240,7 +246,6 @@ def _gpu_execute(case, B, M, N, K, knobs=KNOBS_H200):
         values,
     )
     return g, layout, tensors, execute, kernel
-
 
 
 def test_gpu_execute_closure_passes_pointers_and_strides_in_kernel_order():

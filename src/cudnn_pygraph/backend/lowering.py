@@ -14,7 +14,9 @@ Invariants held here (spec: "Key invariants"):
     are pushed; what our shape rules inferred is provisional and the backend's own layout
     inference (channels-last conv, ...) lands back on the IR (`LoweredGraph.land_layout`).
   * classic errors: a graph the backend refuses raises cudnnGraphNotSupportedError with the
-    backend's own message and the node named. A backend that cannot run HERE (libcudnn
+    backend's own message and the node named, also of the type the backend's binding
+    raised (ValueError, RuntimeError, TypeError: backend_error), as the classic surfaces
+    it. A backend that cannot run HERE (libcudnn
     missing, no device for a device query) raises BackendUnavailableError instead: that is
     the environment, not the graph.
 
@@ -188,16 +190,40 @@ def our_enum(enum, member, what):
         ) from None
 
 
+class BackendValueError(cudnnGraphNotSupportedError, ValueError):
+    """The backend refused a value (its binding's ValueError, as the classic raises it)."""
+
+
+class BackendTypeError(cudnnGraphNotSupportedError, TypeError):
+    """The backend's binding refused an argument's type (its TypeError)."""
+
+
+class BackendRuntimeError(cudnnGraphNotSupportedError, RuntimeError):
+    """The backend refused the graph with its binding's RuntimeError."""
+
+
+# A refusal keeps the type the classic surfaces it as, so an `except ValueError` written
+# for the classic catches ours; it is also cudnnGraphNotSupportedError, the one type our
+# planner and engines decline on. Checked in order (the binding's types are disjoint).
+_REFUSALS = (
+    (ValueError, BackendValueError),
+    (TypeError, BackendTypeError),
+    (RuntimeError, BackendRuntimeError),
+)
+
+
 def backend_error(exc, where):
-    """A backend exception as ours: the environment's, or the classic graph error, named
-    `where` once. An error of ours (raised below a backend call that reached this package
-    again) already names its node: it passes on as it is, so no node is named twice."""
+    """A backend exception as ours: the environment's, or the classic graph error of the
+    classic's type, named `where` once. An error of ours (raised below a backend call that
+    reached this package again) already names its node: it passes on as it is, so no node
+    is named twice."""
     if isinstance(exc, (cudnnGraphNotSupportedError, BackendUnavailableError)):
         return type(exc)(str(exc))
     text = str(exc) or type(exc).__name__
     if any(marker in text for marker in _ENVIRONMENT_MARKERS):
         return BackendUnavailableError(f"{where}: the backend cannot run here: {text}")
-    return cudnnGraphNotSupportedError(f"{where}: {text}")
+    kind = next((ours for theirs, ours in _REFUSALS if isinstance(exc, theirs)), None)
+    return (kind or cudnnGraphNotSupportedError)(f"{where}: {text}")
 
 
 # ---------------------------------------------------------------- lowering

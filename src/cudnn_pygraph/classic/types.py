@@ -1,11 +1,12 @@
 """Small classic types: GraphContext (a graph's data-type defaults), NodeType (the op
-kinds, named and numbered as the classic package numbers them) and DeviceInfo (one GPU's
-facts, asked of the driver on first use)."""
+kinds, named and numbered as the classic package numbers them; defined with the other
+enums in _types, as each node reports its own) and DeviceInfo (one GPU's facts, asked of
+the driver on first use)."""
 
 import dataclasses
-import enum
 import functools
 
+from .._types import NodeType  # noqa: F401 — re-exported: the classic reaches it here
 from ..planning import device as _device
 
 
@@ -17,25 +18,6 @@ class GraphContext:
     intermediate_data_type: object = None
     compute_data_type: object = None
 
-
-# The classic package numbers its node kinds from 1 in this order (it is an `auto()`
-# enum); the order is part of the value, so the names stay in that order.
-NodeType = enum.Enum(
-    "NodeType",
-    (
-        "COMPOSITE CONV_FPROP CONV_DGRAD CONV_WGRAD GENSTATS RESHAPE SLICE CONCATENATE "
-        "TRANSPOSE ROPE ROPE_BWD MOE_GROUPED_MATMUL_BWD MATMUL MATMUL_FP8 POINTWISE "
-        "REDUCTION RMSNORM RMSNORM_BWD LAYERNORM LAYERNORM_BWD ADALAYERNORM "
-        "ADALAYERNORM_BWD INSTANCENORM INSTANCENORM_BWD BATCHNORM BATCHNORM_INFERENCE "
-        "BATCHNORM_BWD SDPA SDPA_BWD SDPA_FP8 SDPA_FP8_BWD SDPA_MXFP8 SDPA_MXFP8_BWD GDN "
-        "GDN_BWD KDA KDA_BWD GDN2 GDN2_BWD MOE_GROUPED_MATMUL BLOCK_SCALE_QUANTIZE "
-        "BLOCK_SCALE_DEQUANTIZE GDP GDP_BWD GDN_SUMMARY KDA_SUMMARY GDN2_SUMMARY "
-        "GDP_SUMMARY GDN_SUMMARY_BWD KDA_SUMMARY_BWD GDN2_SUMMARY_BWD GDP_SUMMARY_BWD "
-        "MAMBA2 MAMBA2_BWD MAMBA2_SUMMARY MAMBA2_SUMMARY_BWD "
-    ),
-    module=__name__,
-)
-NodeType.__doc__ = "Operation node kinds, by the classic package's names and numbers."
 
 # CU_DEVICE_ATTRIBUTE_MAX_OVERSIZED_SHARED_MEMORY_PER_BLOCK: drivers from CUDA 13.4 on;
 # an older driver has no oversized carve-out, which the classic fact reports as 0.

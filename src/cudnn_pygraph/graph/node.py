@@ -4,7 +4,8 @@ moment it is built; the only thing a caller may change before the freeze is its 
 import enum
 from types import MappingProxyType
 
-from .opspec import IllFormedError, ShapeError
+from .._types import NodeType
+from .opspec import IllFormedError, OpGroup, ShapeError
 from .tensor import Tensor
 
 
@@ -25,6 +26,17 @@ class Node:
     @property
     def name(self):
         return self._name
+
+    @property
+    def node_type(self):
+        """The classic's NodeType of this node, as the classic's nodes report it: the op's
+        name in capitals, a backward op's `_backward` as `_BWD` (sdpa_backward is
+        SDPA_BWD); POINTWISE for every pointwise op and for an op with no kind of its own
+        (gen_index, a pointwise mode of the backend's)."""
+        if self.spec.group is OpGroup.POINTWISE:
+            return NodeType.POINTWISE
+        kind = self.op.upper().replace("_BACKWARD", "_BWD")
+        return NodeType.__members__.get(kind, NodeType.POINTWISE)
 
     def __setattr__(self, item, value):
         if item != "name":

@@ -17,8 +17,8 @@ from .._types import (
 from . import lifecycle, score_mod
 from .builders import Builder, bind, check_port, coerce_attr
 from .node import Node
-from .opspec import OpGroup, PortKind
 from .ops import OPS
+from .opspec import OpGroup, PortKind
 from .tensor import Tensor, row_major_strides, to_data_type, to_int_tuple
 from .validate import apply_inference, validate_graph
 
@@ -27,7 +27,7 @@ _scalar_type = scalar_type
 _CONTEXT_FIELDS = ("name", "io_data_type", "intermediate_data_type", "compute_data_type")
 
 
-class pygraph:  # noqa: N801 — the classic public name
+class pygraph:
     """A cuDNN operation graph described in Python.
 
     >>> import cudnn_pygraph as cudnn
@@ -54,12 +54,21 @@ class pygraph:  # noqa: N801 — the classic public name
         is_dynamic_shape_enabled=False,
         is_override_shape_enabled=False,
         cuda_graph_retention=None,
+        *,
+        is_cuda_graph_replay_expected=False,
     ):
         d = self.__dict__
+        # The caller's statement that it captures execute() into a CUDA graph and replays
+        # it (the classic's keyword): engines' heuristics may read it; it is never handed
+        # to the backend and changes no support or numerics. Read and set as an attribute
+        # (as the classic's), set only until the freeze: planning may have read it.
+        d["_caller"] = {"is_cuda_graph_replay_expected": bool(is_cuda_graph_replay_expected)}
         d["_context"] = {
             "name": str(name),
             "io_data_type": to_data_type(io_data_type, "io_data_type"),
-            "intermediate_data_type": to_data_type(intermediate_data_type, "intermediate_data_type"),
+            "intermediate_data_type": to_data_type(
+                intermediate_data_type, "intermediate_data_type"
+            ),
             "compute_data_type": to_data_type(compute_data_type, "compute_data_type"),
         }
         # Backend-only construction options: kept verbatim and handed to lowering; read
@@ -87,14 +96,18 @@ class pygraph:  # noqa: N801 — the classic public name
 
     # ------------------------------------------------------------ the graph context
     def __getattr__(self, item):
-        ctx = self.__dict__.get("_context")
-        if ctx is not None and item in ctx:
-            return ctx[item]
+        for fields in (self.__dict__.get("_context"), self.__dict__.get("_caller")):
+            if fields is not None and item in fields:
+                return fields[item]
         raise AttributeError(f"pygraph has no attribute {item!r}")
 
     def __setattr__(self, item, value):
         if item.startswith("_"):  # the graph's own bookkeeping, never a public path
             self.__dict__[item] = value
+            return
+        if item in self._caller:  # about the caller, not the graph: no re-validation
+            self._state.require_mutable(f"setting the graph's {item}")
+            self._caller[item] = bool(value)
             return
         if item not in _CONTEXT_FIELDS:
             raise AttributeError(f"pygraph: {item!r} is not settable")
@@ -241,15 +254,21 @@ class pygraph:  # noqa: N801 — the classic public name
             dim, stride, dtype, is_virtual=is_virtual, is_pass_by_value=on_host, name=name
         )
 
-    def tensor_scalar(self, value, scalar_type=scalar_type.RUNTIME_PARAM, name=""):
+    def tensor_scalar(self, value, scalar_type, name=""):
         """A pass-by-value scalar (1, 1, 1, 1) the graph holds: `value` travels with the
         graph (RUNTIME_PARAM: bound at execute by the graph itself; COMPILE_TIME_CONST:
-        baked into the plan), so the caller never binds it. Its data_type is the one the
+        baked into the plan), so the caller never binds it. scalar_type is required, as
+        the classic's is (a call without it is a TypeError). Its data_type is the one the
         backend stores for the Python value: a float is DOUBLE, an int INT32 (INT64 past
         the int32 range), a bool FLOAT."""
         dtype = _scalar_dtype(value)
-        t = self.tensor((1, 1, 1, 1), (1, 1, 1, 1), dtype, is_pass_by_value=True,
-                        name=name or self._default_label("scalar"))
+        t = self.tensor(
+            (1, 1, 1, 1),
+            (1, 1, 1, 1),
+            dtype,
+            is_pass_by_value=True,
+            name=name or self._default_label("scalar"),
+        )
         t.__dict__["value"] = value
         t.__dict__["scalar_type"] = _scalar_type(scalar_type)
         return t
@@ -454,8 +473,9 @@ class pygraph:  # noqa: N801 — the classic public name
         record._check_index(index)
         why = record.barred(index)
         if why is not None:
-            raise cudnnGraphNotSupportedError(f"{where}({index}): plan #{index} "
-                                              f"{record.plan_name(index)} is {why}")
+            raise cudnnGraphNotSupportedError(
+                f"{where}({index}): plan #{index} {record.plan_name(index)} is {why}"
+            )
 
     # classic plan filters and the backend-plan calls (backend/classic_parity.py says what a
     # python plan answers to each: a documented filter or a clear error)
@@ -493,15 +513,17 @@ class pygraph:  # noqa: N801 — the classic public name
         """Record the selected BACKEND plan into `cuda_graph` (a cudaGraph_t as an int)."""
         from ..backend import classic_parity
 
-        classic_parity.cuda_graph_call(self, "populate_cuda_graph", handle, variant_pack,
-                                       workspace, cuda_graph)
+        classic_parity.cuda_graph_call(
+            self, "populate_cuda_graph", handle, variant_pack, workspace, cuda_graph
+        )
 
     def update_cuda_graph(self, handle, variant_pack, workspace, cuda_graph):
         """Point a populated `cuda_graph` at new buffers (backend plans only)."""
         from ..backend import classic_parity
 
-        classic_parity.cuda_graph_call(self, "update_cuda_graph", handle, variant_pack,
-                                       workspace, cuda_graph)
+        classic_parity.cuda_graph_call(
+            self, "update_cuda_graph", handle, variant_pack, workspace, cuda_graph
+        )
 
     def deserialize(self, *args, **kwargs):
         """Restore a serialize()d backend plan into this EMPTY graph: deserialize(data) or
@@ -562,8 +584,15 @@ class pygraph:  # noqa: N801 — the classic public name
         per-mode outcome."""
         return self._require_planning().explain()
 
-    def execute(self, variant_pack, workspace=None, handle=None, override_uids=None,
-                override_shapes=None, override_strides=None):
+    def execute(
+        self,
+        variant_pack,
+        workspace=None,
+        handle=None,
+        override_uids=None,
+        override_shapes=None,
+        override_strides=None,
+    ):
         """Run the selected (built) plan on the caller's buffers: {uid or Tensor: buffer}.
 
         After this first call the graph's `execute` IS the selected plan's closure
@@ -572,8 +601,9 @@ class pygraph:  # noqa: N801 — the classic public name
         (bench/results/execute_path_cpu.md). The closure checks that it is still the
         selected plan's and sends anything it does not serve back through the record."""
         planning = self._require_planning()
-        planning.execute(variant_pack, workspace, handle, override_uids, override_shapes,
-                         override_strides)
+        planning.execute(
+            variant_pack, workspace, handle, override_uids, override_shapes, override_strides
+        )
         runner = planning._runner
         if runner is not None and not runner.layout.keys_normalized:
             # A pack keyed by name or None went through the key normalization, which
@@ -584,16 +614,35 @@ class pygraph:  # noqa: N801 — the classic public name
         self._refuse_barred(index, "execute_plan_at_index")
         return self._require_planning().execute(variant_pack, workspace, handle, index=index)
 
-    def autotune(self, variant_pack, workspace=None, handle=None, *, warmup=3, reps=10,
-                 rotate_inputs=True, use_cache=True, timer=None):
+    def autotune(
+        self,
+        variant_pack,
+        workspace=None,
+        handle=None,
+        *,
+        warmup=3,
+        reps=10,
+        rotate_inputs=True,
+        use_cache=True,
+        timer=None,
+    ):
         """Build every plan in the list, time each (CUDA events on a GPU; `timer` replaces
         the clock), select the fastest and record (engine_id, knobs) in the persistent
         autotune cache, which a later process replays without timing
         (planning/autotune.py)."""
         from ..planning.autotune import autotune
 
-        return autotune(self, variant_pack, workspace, handle, warmup=warmup, reps=reps,
-                        rotate_inputs=rotate_inputs, use_cache=use_cache, timer=timer)
+        return autotune(
+            self,
+            variant_pack,
+            workspace,
+            handle,
+            warmup=warmup,
+            reps=reps,
+            rotate_inputs=rotate_inputs,
+            use_cache=use_cache,
+            timer=timer,
+        )
 
     def key(self):
         from ..backend import adapter
@@ -614,6 +663,8 @@ def _install_builders():
 
 
 _install_builders()
+
+
 def _coerce_uid(tensor, uid):
     if isinstance(uid, bool) or not isinstance(uid, int):
         raise TypeError(f"tensor %{tensor.name}: uid must be an int, got {uid!r}")
@@ -637,7 +688,7 @@ def _scalar_dtype(value):
     raise TypeError(f"tensor_scalar(): value must be a Python int or float, got {value!r}")
 
 
-__all__ = ["pygraph", "cudnnGraphNotSupportedError"]
+__all__ = ["cudnnGraphNotSupportedError", "pygraph"]
 
 
 def _array_layout(array):

@@ -17,7 +17,6 @@ sdpa_fp8's `fn`."""
 
 import dataclasses
 
-from .._types import cudnnGraphNotSupportedError
 from .tensor import Tensor
 
 CALLBACK_ATTRS = ("score_mod", "score_mod_bprop", "fn")
@@ -60,13 +59,15 @@ def score_dims(inputs, attrs):
 
 def capture(graph, node_name, attr, fn, inputs, attrs):
     """Call `fn(graph, S)` now and record what it added. Raises TypeError when it does
-    not return one of this graph's tensors."""
+    not return one of this graph's tensors.
+
+    S needs q's and k's rank-4 dims; with another rank `fn` is kept uncalled, as the
+    classic keeps it until lowering: validate() refuses q's or k's dims (the classic's
+    ValueError) before anything reads the modifier."""
     from .tensor import row_major_strides
 
     if len(inputs["q"].dim) != 4 or len(inputs["k"].dim) != 4:
-        raise cudnnGraphNotSupportedError(
-            f"sdpa node '{node_name}': {attr}: q and k need rank-4 dims before a modifier runs"
-        )
+        return fn
     dims = score_dims(inputs, attrs)
     score = graph._new_tensor(f"{node_name}::{attr}_input")
     score.__dict__.update(dim=tuple(dims), stride=tuple(row_major_strides(dims)), is_virtual=True)

@@ -1,8 +1,10 @@
 """Shape-rule building blocks shared by the op tables.
 
-A rule reads a node's declared inputs and returns {output port: Inferred}; it calls
-node.fail(port, rule) on a violation, which raises the classic error naming the op, the
-node and the port."""
+A rule reads a node's declared inputs and returns {output port: Inferred}; on dims or
+ranks that do not fit the op it calls node.ill_formed(port, rule), which raises the
+classic's error for an ill-formed declaration (a ValueError, also a
+cudnnGraphNotSupportedError) naming the op, the node and the port; a data type the op
+does not take is node.fail (not supported)."""
 
 from ..opspec import Inferred
 
@@ -15,14 +17,14 @@ def dims(node, port):
 def require_rank(node, port, rank):
     d = dims(node, port)
     if d is not None and len(d) != rank:
-        node.fail(port, f"expected rank {rank}, got dims {list(d)}")
+        node.ill_formed(port, f"expected rank {rank}, got dims {list(d)}")
     return d
 
 
 def require_declared(node, port):
     d = dims(node, port)
     if not d:
-        node.fail(port, "dims are not declared (set_dim)")
+        node.ill_formed(port, "dims are not declared (set_dim)")
     return d
 
 
@@ -34,22 +36,29 @@ def require_dtype(node, port, allowed):
 
 
 def broadcast(node, ports):
-    """Elementwise broadcast: same rank, each extent equal or 1."""
-    shapes = [(p, dims(node, p)) for p in ports if node.inputs.get(p) is not None]
-    # A tensor of all-1 extents (a tensor_scalar, a 0-d constant) broadcasts at any rank.
-    full = [(p, d) for p, d in shapes if any(x != 1 for x in d)]
-    if full and len(full) < len(shapes):
-        rank = len(full[0][1])
-        shapes = full + [(p, (1,) * rank) for p, d in shapes if all(x == 1 for x in d)]
-    rank = len(shapes[0][1])
-    out = list(shapes[0][1])
-    for port, shape in shapes[1:]:
-        if len(shape) != rank:
-            node.fail(port, f"rank {len(shape)} does not match {shapes[0][0]}'s rank {rank}")
-        for i, (a, b) in enumerate(zip(out, shape)):
+    """Elementwise broadcast, numpy's as the classic's: dims right-aligned, each extent
+    equal or 1, the output of the highest rank (a [16, 8] operand broadcasts over a
+    [2, 16, 8] one; a [1, 1, 1, 8] one makes the output [1, 2, 16, 8])."""
+    out, first = [], None
+    for port in ports:
+        if node.inputs.get(port) is None:
+            continue
+        shape = list(dims(node, port))
+        if first is None:
+            first = port
+        grows = len(shape) > len(out)
+        longer, shorter = (shape, out) if grows else (out, shape)
+        for i in range(1, len(shorter) + 1):
+            a, b = longer[-i], shorter[-i]
             if a != b and 1 not in (a, b):
-                node.fail(port, f"dim {i}: extent {b} does not broadcast against {a}")
-            out[i] = max(a, b)
+                mine, theirs = (a, b) if grows else (b, a)
+                node.ill_formed(
+                    port,
+                    f"dim {len(shape) - i}: extent {mine} does not broadcast against "
+                    f"{theirs} ({first}'s, right-aligned)",
+                )
+            longer[-i] = max(a, b)
+        out = longer
     return tuple(out)
 
 
@@ -68,6 +77,5 @@ def declared_by_caller(node):
     the caller declares them; validation checks that it did."""
     for port, t in node.outputs.items():
         if t is not None and not t.is_user_set("dim"):
-            node.fail(port, "this op's output dims must be declared by the caller (set_dim)")
+            node.ill_formed(port, "this op's output dims must be declared by the caller (set_dim)")
     return {}
-

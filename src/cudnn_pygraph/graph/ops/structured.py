@@ -28,12 +28,52 @@ def _stats_dims(x, keep):
     return tuple(x[:keep]) + (1,) * (len(x) - keep)
 
 
-def _norm_fwd(keep):
+def _keep_axes(axes):
+    """instancenorm / batchnorm statistics: the input's dims on `axes`, 1 elsewhere."""
+    return lambda node, x: tuple(d if i in axes else 1 for i, d in enumerate(x))
+
+
+def _where_scale_varies(first_axis):
+    """layernorm / rmsnorm / adalayernorm statistics, the backend's rule: the input's dims,
+    1 on each axis from `first_axis` on where scale's extent is not 1 (a [B, S, H] input
+    with a [1, 1, H] scale has [B, S, 1] statistics); without a scale, 1 on every axis
+    but the batch axis. None (no dims follow) for a scale of a lower rank than the input
+    (a higher one is read on the input's axes, as the backend reads it)."""
+
+    def stats(node, x):
+        scale = node.inputs.get("scale")
+        s = tuple(scale.dim) if scale is not None else ()
+        if not s:
+            return (x[0],) + (1,) * (len(x) - 1)
+        if len(s) < len(x):
+            return None
+        return tuple(1 if i >= first_axis and s[i] != 1 else d for i, d in enumerate(x))
+
+    return stats
+
+
+def _norm_fwd(stats, shared=False):
+    """Y like the input; each statistic by `stats`. A statistic the caller declared keeps
+    its dims (the backend judges them, as the classic leaves it); with `shared`
+    (layernorm) an undeclared one takes a declared sibling's dims, as the backend does.
+    When no dims follow (a scale of another rank), an undeclared one is ill-formed: the
+    classic's validate() refuses its unset dims."""
+
     def rule(node):
         x = rules.require_declared(node, "input")
         out = {"Y": Inferred(x, node.inputs["input"].data_type)}
-        for port in node.spec.outputs[1:]:
-            out[port.name] = Inferred(_stats_dims(x, keep), F32)
+        ports = [p.name for p in node.spec.outputs[1:] if node.outputs.get(p.name) is not None]
+        declared = [node.outputs[p] for p in ports if node.outputs[p].is_user_set("dim")]
+        dims = tuple(declared[0].dim) if shared and declared else stats(node, x)
+        for port in ports:
+            if node.outputs[port].is_user_set("dim"):
+                continue
+            if dims is None:
+                scale = list(node.inputs["scale"].dim)
+                node.ill_formed(
+                    port, f"dims not set, and none follow from scale {scale} for input {list(x)}"
+                )
+            out[port] = Inferred(dims, F32)
         return out
 
     return rule
@@ -61,69 +101,55 @@ def _block_scale_quantize(node):
     axis = node.attrs["axis"]
     axis = len(x) - 1 if axis is None else axis
     if not -len(x) <= axis < len(x):
-        node.fail("axis", f"{axis} is out of range for rank {len(x)}")
+        node.ill_formed("axis", f"{axis} is out of range for rank {len(x)}")
     block = node.attrs["block_size"]
     if block <= 0:
-        node.fail("block_size", f"must be positive, got {block}")
+        node.ill_formed("block_size", f"must be positive, got {block}")
     scale = list(x)
     scale[axis] = -(-x[axis] // block)
     return {"Y": Inferred(x), "scale": Inferred(tuple(scale))}
 
 
 def _concatenate(node):
+    """The caller declares the output's dims (the classic infers none: its validate()
+    refuses an undeclared output; the backend judges a declared one); it takes the first
+    input's data type."""
     inputs = node.inputs["inputs"]
     if not inputs:
-        node.fail("inputs", "needs at least one tensor")
-    first = tuple(inputs[0].dim)
-    axis = node.attrs["axis"]
-    if not 0 <= axis < len(first):
-        node.fail("axis", f"{axis} is out of range for rank {len(first)}")
-    total = 0
-    for i, t in enumerate(inputs):
-        d = tuple(t.dim)
-        if len(d) != len(first) or any(a != b for j, (a, b) in enumerate(zip(d, first)) if j != axis):
-            node.fail(f"inputs[{i}]", f"dims {list(d)} differ from inputs[0] {list(first)} off axis {axis}")
-        total += d[axis]
-    out = list(first)
-    out[axis] = total
-    return {"output": Inferred(tuple(out), inputs[0].data_type)}
+        node.ill_formed("inputs", "needs at least one tensor")
+    rules.declared_by_caller(node)
+    return {"output": Inferred(tuple(node.outputs["output"].dim), inputs[0].data_type)}
 
 
 def _conv_fprop(node):
+    """Y [N, K, *spatial], the classic's rule: the spatial rank is the image's (the
+    weight's spatial extents and each per-dim attribute are read on those axes); when no
+    dims follow (a weight or attribute too short, a zero stride) Y's are not set."""
     x = rules.require_declared(node, "image")
     w = rules.require_declared(node, "weight")
-    if len(x) != len(w) or len(x) < 3:
-        node.fail("weight", f"rank {len(w)} does not match image rank {len(x)} (>= 3)")
     spatial = len(x) - 2
     a = node.attrs
-
-    def per_dim(name, default):
-        v = tuple(a[name]) if a[name] else (default,) * spatial
-        if len(v) != spatial:
-            node.fail(name, f"expected {spatial} values, got {list(v)}")
-        return v
-
-    pre = per_dim("pre_padding", 0) if a["pre_padding"] else per_dim("padding", 0)
-    post = per_dim("post_padding", 0) if a["post_padding"] else per_dim("padding", 0)
-    stride = per_dim("stride", 1)
-    dil = per_dim("dilation", 1)
-    for name, values in (("stride", stride), ("dilation", dil)):
-        if any(v <= 0 for v in values):
-            node.fail(name, f"every entry must be positive, got {list(values)}")
-    out = []
-    for i in range(spatial):
-        extent = x[2 + i] + pre[i] + post[i] - dil[i] * (w[2 + i] - 1) - 1
-        if extent < 0:
-            node.fail("weight", f"filter extent {w[2 + i]} exceeds padded image dim {2 + i}")
-        out.append(extent // stride[i] + 1)
-    return {"Y": Inferred((x[0], w[0], *out), node.inputs["image"].data_type)}
+    pre = a["pre_padding"] or a["padding"] or (0,) * spatial
+    post = a["post_padding"] or a["padding"] or (0,) * spatial
+    stride = a["stride"] or (1,) * spatial
+    dil = a["dilation"] or (1,) * spatial
+    try:
+        out = [x[0], w[0]] + [
+            (x[2 + i] + pre[i] + post[i] - (w[2 + i] - 1) * dil[i] - 1) // stride[i] + 1
+            for i in range(spatial)
+        ]
+    except ZeroDivisionError:
+        node.ill_formed("stride", f"{list(stride)} holds a zero: Y's dims are not set")
+    except IndexError:
+        node.ill_formed("Y", f"dims not set: none follow from image {list(x)} and weight {list(w)}")
+    return {"Y": Inferred(tuple(out), node.inputs["image"].data_type)}
 
 
 def _transpose(node):
     x = rules.require_declared(node, "input")
     perm = tuple(node.attrs["permutation"])
     if sorted(perm) != list(range(len(x))):
-        node.fail("permutation", f"{list(perm)} is not a permutation of {len(x)} axes")
+        node.ill_formed("permutation", f"{list(perm)} is not a permutation of {len(x)} axes")
     return {"output": Inferred(tuple(x[p] for p in perm), node.inputs["input"].data_type)}
 
 
@@ -131,17 +157,20 @@ def _slice(node):
     x = rules.require_declared(node, "input")
     slices = tuple(node.attrs["slices"])
     if len(slices) > len(x):
-        node.fail("slices", f"{len(slices)} slices for rank {len(x)}")
+        node.ill_formed("slices", f"{len(slices)} slices for rank {len(x)}")
     out = list(x)
     for i, s in enumerate(slices):
         if not isinstance(s, slice):
-            node.fail("slices", f"entry {i} is not a slice: {s!r}")
+            node.ill_formed("slices", f"entry {i} is not a slice: {s!r}")
         out[i] = len(range(*s.indices(x[i])))
     return {"output": Inferred(tuple(out), node.inputs["input"].data_type)}
 
 
 # moe_grouped_matmul: which input's rows the output has, by mode (the others: token's).
-_MOE_ROWS = {moe_grouped_matmul_mode.GATHER: "token_index", moe_grouped_matmul_mode.COMBINE: "top_k_scores"}
+_MOE_ROWS = {
+    moe_grouped_matmul_mode.GATHER: "token_index",
+    moe_grouped_matmul_mode.COMBINE: "top_k_scores",
+}
 
 
 def _moe_grouped_matmul(node):
@@ -154,24 +183,30 @@ def _moe_grouped_matmul(node):
 
 
 def _reduction(node):
-    x = rules.require_declared(node, "input")
-    rules.declared_by_caller(node)
-    y = tuple(node.outputs["output"].dim)
-    if len(y) != len(x) or any(b not in (a, 1) for a, b in zip(x, y)):
-        node.fail("output", f"dims {list(y)} are not a reduction of input {list(x)} (each extent equal or 1)")
-    return {}
+    """The caller declares the output (which axes reduce): nothing to infer; the
+    backend judges the declaration (validate._backend_judges)."""
+    rules.require_declared(node, "input")
+    return rules.declared_by_caller(node)
 
 
 # ---------------------------------------------------------------- the table
 # name: (outputs, shape rule, output-direction kwargs)
 _ROWS = {
-    "adalayernorm": (("Y", ("mean", _training), ("inv_variance", _training)), _norm_fwd(1)),
+    "adalayernorm": (
+        ("Y", ("mean", _training), ("inv_variance", _training)),
+        _norm_fwd(_where_scale_varies(1)),
+    ),
     "adalayernorm_backward": (("dX", "dscale", "dbias"), _norm_bwd),
     "batchnorm": (
-        ("Y", "mean", "inv_variance",
-         ("next_running_mean", _has("in_running_mean")), ("next_running_var", _has("in_running_var"))),
-        _norm_fwd(2),
-    ),  # fmt: skip
+        (
+            "Y",
+            "mean",
+            "inv_variance",
+            ("next_running_mean", _has("in_running_mean")),
+            ("next_running_var", _has("in_running_var")),
+        ),
+        _norm_fwd(_keep_axes((1,))),
+    ),
     "batchnorm_backward": (("dX", "dscale", "dbias"), _norm_bwd),
     "batchnorm_inference": (("Y",), rules.like("input")),
     "block_scale_dequantize": (("Y",), rules.like("input", F32)),
@@ -182,16 +217,25 @@ _ROWS = {
     "conv_wgrad": (("dW",), rules.declared_by_caller),
     "gen_index": (("output",), rules.like("input", data_type.INT32)),
     "genstats": (("mean", "sq_sum"), _genstats),
-    "instancenorm": (("Y", ("mean", _training), ("inv_variance", _training)), _norm_fwd(2)),
+    "instancenorm": (
+        ("Y", ("mean", _training), ("inv_variance", _training)),
+        _norm_fwd(_keep_axes((0, 1))),
+    ),
     "instancenorm_backward": (("dX", "dscale", "dbias"), _norm_bwd),
-    "layernorm": (("Y", ("mean", _training), ("inv_variance", _training)), _norm_fwd(1)),
+    "layernorm": (
+        ("Y", ("mean", _training), ("inv_variance", _training)),
+        _norm_fwd(_where_scale_varies(0), shared=True),
+    ),
     "layernorm_backward": (("dX", "dscale", "dbias"), _norm_bwd),
     "moe_grouped_matmul": (("output",), _moe_grouped_matmul),
     "moe_grouped_matmul_bwd": (("output",), rules.declared_by_caller),
     "reduction": (("output",), _reduction),
     "reshape": (("output",), rules.declared_by_caller),
-    "rmsnorm": (("Y", ("inv_variance", _training)), _norm_fwd(1)),
-    "rmsnorm_backward": (("dX", ("dscale", _has("scale")), ("dbias", _flag("has_dbias"))), _norm_bwd),
+    "rmsnorm": (("Y", ("inv_variance", _training)), _norm_fwd(_where_scale_varies(0))),
+    "rmsnorm_backward": (
+        ("dX", ("dscale", _has("scale")), ("dbias", _flag("has_dbias"))),
+        _norm_bwd,
+    ),
     "rope": (("output",), rules.like("input")),
     "rope_backward": (("output",), rules.like("dY")),
     "slice": (("output",), _slice),
@@ -225,7 +269,7 @@ _DTYPE_LIKE = {"slice": {"output": "input"}}
 def _outputs(op, names):
     ports = []
     for n in names:
-        port, when = (n if isinstance(n, tuple) else (n, None))
+        port, when = n if isinstance(n, tuple) else (n, None)
         label = _OP_LABELS.get(op, {}).get(port) or _LABELS.get(port)
         like = _DTYPE_LIKE.get(op, {}).get(port)
         ports.append(OutputPort(port, when, label, like))
