@@ -2,7 +2,7 @@
 version, its last error, the direct kernels), and the error when it cannot run here.
 
 The classic package raises RuntimeError from these calls when libcudnn cannot load
-("Unable to find symbol cudnnGetVersion"); ours raises BackendRuntimeError, which is both
+("Unable to find symbol cudnnGetVersion"); ours raises BackendAbsentError, which is both
 that RuntimeError and our BackendUnavailableError, with the reason (frontend not
 installed, libcudnn missing) in its message.
 """
@@ -10,16 +10,16 @@ installed, libcudnn missing) in its message.
 from .._types import BackendUnavailableError
 
 
-class BackendRuntimeError(BackendUnavailableError, RuntimeError):
+class BackendAbsentError(BackendUnavailableError, RuntimeError):
     """A classic call that needs the cuDNN backend, made where the backend cannot run."""
 
 
 def compiled_module(what):
     """NVIDIA's compiled module (found by discovery.py, never by importing `cudnn`), or
-    BackendRuntimeError naming `what` needed it and why it cannot run here."""
+    BackendAbsentError naming `what` needed it and why it cannot run here."""
     from ..backend import lowering
 
     try:
         return lowering.frontend().module
     except BackendUnavailableError as exc:
-        raise BackendRuntimeError(f"{what} needs the cuDNN backend: {exc}") from None
+        raise BackendAbsentError(f"{what} needs the cuDNN backend: {exc}") from None

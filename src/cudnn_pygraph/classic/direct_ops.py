@@ -3,7 +3,7 @@ kernel on raw device pointers, with no graph (causal 1-D convolutions, GNN aggre
 and attention). We have no python engine for them; each name here calls the installed
 backend's function of the same name with the caller's arguments unchanged (their
 signatures are the backend's: `help()` on the backend's function shows it), and raises
-BackendRuntimeError where the backend cannot run, AttributeError where the installed
+BackendAbsentError where the backend cannot run, AttributeError where the installed
 frontend build lacks the kernel (the classic package then has no such name either)."""
 
 from .backend_calls import compiled_module

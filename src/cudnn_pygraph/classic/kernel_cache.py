@@ -9,7 +9,7 @@ hands it to the backend graph unchanged, so backend plans behave exactly as clas
 Python plans do not read it: a Triton kernel is compiled once per plan configuration and
 kept in Triton's own on-disk cache (keyed on the kernel source and its constants), so a
 second graph of the same configuration loads it without compiling, with or without a
-kernel cache. Where the backend cannot run, BackendRuntimeError (the classic call raises
+kernel cache. Where the backend cannot run, BackendAbsentError (the classic call raises
 RuntimeError there too)."""
 
 from .backend_calls import compiled_module

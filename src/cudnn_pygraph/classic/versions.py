@@ -1,6 +1,6 @@
 """Questions about the installed backend: libcudnn's version and last error, and the SDPA
 binding capabilities of the installed frontend build. Each answer is the backend's own
-(delegated to its compiled module); where the backend cannot run, BackendRuntimeError."""
+(delegated to its compiled module); where the backend cannot run, BackendAbsentError."""
 
 from .backend_calls import compiled_module
 

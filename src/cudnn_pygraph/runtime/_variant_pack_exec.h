@@ -151,8 +151,10 @@ static PyObject *exec_vectorcall(PgExec *e, PyObject *const *args, size_t nargsf
         /* A key the C placement cannot read (a tensor's name, a None key, a tensor of the
          * graph that is no operand) is the general path's to normalize, as classic keys
          * it (GraphLayout.pack does the same); its real errors are raised there. */
-        if (PyErr_ExceptionMatches(PyExc_TypeError) ||
-            PyErr_ExceptionMatches(UnknownOperandError)) {
+        int unkeyed = PyErr_ExceptionMatches(UnknownOperandError) ||
+                      (PyErr_ExceptionMatches(PyExc_TypeError) &&
+                       !PyErr_ExceptionMatches(UnreadableOperandError));
+        if (unkeyed) {
             PyErr_Clear();
             return exec_fallback(e, args, nargsf, kwnames);
         }
