@@ -44,12 +44,14 @@ step() {  # step NAME CAP_SECONDS COMMAND...
 if [ "$PARITY_ONLY" = 1 ]; then
   step gpu_classic 100 python3 -m pytest -q -p no:cacheprovider tests/classic \
     tests/gpu/test_classic_call_sequences_gpu.py tests/gpu/test_sdpa_backend_parity_gpu.py \
-    tests/gpu/test_native_backend_lowering.py
-  step samples 120 python3 tools/classic_samples.py .nv/samples/python --jobs 16 --timeout 150 \
+    tests/gpu/test_native_backend_lowering.py tests/gpu/test_serialize_gpu.py \
+    tests/gpu/test_causal_conv1d_gpu.py tests/ops
+  step samples 120 python3 tools/classic_samples.py .nv/samples/python --jobs 16 --timeout 110 \
     --out "$LOG/classic_samples.md"
   step differential 150 python3 bench/classic_differential.py --graphs 2400 --budget-s 120 \
     --workers 14 --out "$LOG/classic_differential.md"
   step backend 50 python3 bench/backend.py --quick --out "$LOG/backend.md"
+  step doctor 30 python3 -m cudnn_pygraph doctor
   tail -n 3 "$LOG"/gpu_*.log
   tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
 fi
