@@ -341,3 +341,62 @@ def test_batch_invariant_through_the_op_gives_a_sequence_alone_its_batch_numbers
     ref_o, _ = gdn_reference(q[0], k[0], v[0], g[0], beta[0], cu, scale=64**-0.5,
                              initial_state=h0.transpose(-1, -2), use_qk_l2norm=True)  # fmt: skip
     assert rel(o[0], ref_o) < TOL["o"]
+
+
+def test_a_malformed_cu_seqlens_gives_nan_and_the_batched_layout_is_right():
+    # THD: the caller's cu_seqlens ends short of the tokens; sync-free, the op's outputs
+    # come back NaN (never rows of a torch.empty left unwritten). The batched layout
+    # ([B, T, ...] without cu_seqlens: the op builds [0, T, 2T]) computes every sequence.
+    q, k, v, g, beta, _, h0 = inputs(seed=3)
+    short = torch.tensor([0, 17, 30], dtype=torch.int32)
+    o, ht = ops.gated_delta_net(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                cu_seqlens=short)  # fmt: skip
+    assert torch.isnan(o).all() and torch.isnan(ht).all()
+    batched = [t.reshape(2, 20, *t.shape[2:]) for t in (q, k, v, g, beta)]
+    o, ht = ops.gated_delta_net(*batched, initial_state=h0, output_final_state=True)
+    cu = torch.tensor([0, 20, 40], dtype=torch.int32)
+    ref_o, ref_ht = gdn_reference(q[0], k[0], v[0], g[0], beta[0], cu, scale=64**-0.5,
+                                  initial_state=h0.transpose(-1, -2))  # fmt: skip
+    assert rel(o.reshape(40, 2, 64), ref_o) < TOL["o"]
+    assert rel(ht, ref_ht.transpose(-1, -2)) < TOL["state"]
+
+
+def test_views_of_a_fused_projection_run_forward_and_backward():
+    # q, k, v split from one [B, T, 3 H D] projection and g, beta from one [B, T, 2 H]
+    # tensor: strided views the op takes as they are (the engine copies each once).
+    q, k, v, g, beta, cu, h0 = inputs(T=33, seed=5)
+    qkv = torch.cat([t.flatten(2) for t in (q, k, v)], dim=2).requires_grad_(True)
+    gb = torch.cat([g, beta], dim=2).requires_grad_(True)
+    views = [qkv[..., i * 128 : (i + 1) * 128].unflatten(2, (2, 64)) for i in range(3)]
+    views += [gb[..., :2], gb[..., 2:]]
+    assert not any(t.is_contiguous() for t in views)
+    o, ht = ops.gated_delta_net(*views, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                                use_qk_l2norm_in_kernel=True)  # fmt: skip
+    gen = torch.Generator().manual_seed(2)
+    do, dht = torch.randn(o.shape, generator=gen), torch.randn(ht.shape, generator=gen)
+    d_qkv, d_gb = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), (qkv, gb))
+    ref_leaves = [t.double().clone().requires_grad_(True) for t in (q, k, v, g, beta)]
+    ref_o, ref_ht = gdn_reference(*(t[0] for t in ref_leaves), cu, scale=64**-0.5,
+                                  initial_state=h0.double().transpose(-1, -2),
+                                  use_qk_l2norm=True)  # fmt: skip
+    loss = (ref_o * do[0].double()).sum() + (ref_ht.transpose(-1, -2) * dht.double()).sum()
+    ref = torch.autograd.grad(loss, ref_leaves)
+    assert rel(o[0], ref_o) < TOL["o"]
+    assert rel(d_qkv, torch.cat([t.flatten(2) for t in ref[:3]], dim=2)) < TOL["grad"]
+    assert rel(d_gb, torch.cat(ref[3:], dim=2)) < TOL["grad"]
+
+
+def test_pool_slot_minus_one_is_vllms_padding_slot():
+    # state_indices -1: no read, no write of the pool for that sequence; its output is the
+    # one a zero initial state gives.
+    q, k, v, g, beta, cu, _h0 = inputs(seed=9)
+    pool = torch.randn(5, 2, 64, 64) * 0.1
+    before = pool.clone()
+    idx = torch.tensor([-1, 2], dtype=torch.int32)
+    o = ops.gated_delta_net_overwrite_state(q, k, v, g, beta, pool, cu, state_indices=idx)
+    seeds = torch.stack([torch.zeros(2, 64, 64), before[2]])
+    ref_o, ref_ht = gdn_reference(q[0], k[0], v[0], g[0], beta[0], cu, scale=64**-0.5,
+                                  initial_state=seeds.transpose(-1, -2))  # fmt: skip
+    assert rel(o[0], ref_o) < TOL["o"]
+    assert rel(pool[2], ref_ht[1].transpose(-1, -2)) < TOL["state"]
+    assert torch.equal(pool[[0, 1, 3, 4]], before[[0, 1, 3, 4]])

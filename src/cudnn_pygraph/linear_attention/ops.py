@@ -384,12 +384,15 @@ def _gdn_bwd_impl(
     )
     h0 = _state_view(initial_state, state_v_first)
     dht = _state_view(d_final_state, state_v_first)
+    # Gradients dense whatever the inputs' strides (the engine reads strided q / k / v / g /
+    # beta, views of a fused projection, but writes dense gradients).
+    dense = torch.contiguous_format
     outs = {
-        "dQ": torch.empty_like(q),
-        "dK": torch.empty_like(k),
-        "dV": torch.empty_like(v),
-        "dG": torch.empty_like(g),
-        "dBeta": torch.empty_like(beta),
+        "dQ": torch.empty_like(q, memory_format=dense),
+        "dK": torch.empty_like(k, memory_format=dense),
+        "dV": torch.empty_like(v, memory_format=dense),
+        "dG": torch.empty_like(g, memory_format=dense),
+        "dBeta": torch.empty_like(beta, memory_format=dense),
         "d_initial_state": torch.empty_like(initial_state) if initial_state is not None else None,
         "d_a_log": torch.empty_like(a_log) if safe_gate and a_log is not None else None,
         "d_dt_bias": torch.empty_like(dt_bias) if safe_gate and dt_bias is not None else None,
@@ -454,12 +457,13 @@ def _(
     batch_invariant,
     state_v_first,
 ):
+    dense = torch.contiguous_format
     return [
-        torch.empty_like(q),
-        torch.empty_like(k),
-        torch.empty_like(v),
-        torch.empty_like(g),
-        torch.empty_like(beta),
+        torch.empty_like(q, memory_format=dense),
+        torch.empty_like(k, memory_format=dense),
+        torch.empty_like(v, memory_format=dense),
+        torch.empty_like(g, memory_format=dense),
+        torch.empty_like(beta, memory_format=dense),
         torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0),
         torch.empty_like(a_log) if safe_gate and a_log is not None else q.new_empty(0),
         torch.empty_like(dt_bias) if safe_gate and dt_bias is not None else q.new_empty(0),
