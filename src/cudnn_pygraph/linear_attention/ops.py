@@ -605,6 +605,10 @@ def gated_delta_net(
     64); the kernels chunk by 64 whatever it says, which changes rounding only.
     cp_context (context parallelism) is not served.
     gate_domain ("log" | "linear") and batch_invariant are this op's own.
+    q / k / v / g / beta may be strided views (split from one fused projection): the engine
+    copies each non-contiguous one once into its workspace. cu_seqlens is checked on the
+    device (no sync): a malformed table (not starting at 0, decreasing, not ending at the
+    token count) makes every output NaN.
 
     Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)."""
     if head_first:
@@ -783,7 +787,10 @@ def gated_delta_net_overwrite_state(
 ) -> torch.Tensor:
     """Inference: run GDN and update `state` IN PLACE (K-major [N or N_pool, HO, K, V], fp32
     or bf16). With state_indices (int32 [N]) `state` is a pool whose row state_indices[i]
-    seeds sequence i and receives its final state; other rows are untouched. No autograd.
+    seeds sequence i and receives its final state; other rows are untouched. An index of -1
+    (a serving stack's padding slot) neither reads nor writes the pool: that sequence runs
+    from a zero state. An index outside the pool touches nothing there and makes o and the
+    indexed rows NaN (checked on the device, no sync). No autograd.
     q/k/v/g/beta and the keyword flags as in gated_delta_net, B == 1 (packed tokens).
     Returns o [1, T, HO, V]."""
     if q.dim() != 4 or q.shape[0] != 1:
