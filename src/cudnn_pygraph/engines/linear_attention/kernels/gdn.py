@@ -328,7 +328,8 @@ def gdn_forward(
     if not fuse_output and total_t:
         _output_stage(q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, prec)
     err = ws["cu_error"]
-    poison_dense(err, o, checkpoints)
+    poison_dense(err, o)
+    poison_states(err, checkpoints)
     poison_states(err, final_state, state_indices)
 
 
@@ -442,6 +443,9 @@ def gdn_backward(
         "is only produced when initial_state is given",
     )
     _check("d_a_log", (d_a_log is None) == (a_log is None), "is required iff a_log is given")
+    for name, t in (("d_a_log", d_a_log), ("d_dt_bias", d_dt_bias)):
+        _check(name, t is None or (t.shape == (n_out,) and t.is_contiguous()),
+               f"must be contiguous [HO] = [{n_out}]")  # fmt: skip
     _check(
         "d_dt_bias", (d_dt_bias is None) == (dt_bias is None), "is required iff dt_bias is given"
     )

@@ -60,8 +60,8 @@ def poison_dense(err, *tensors) -> None:
 
 
 def poison_states(err, state, state_indices=None) -> None:
-    """NaN over the rows of a [N | pool, HO, V, K] state (any strides) this call writes:
-    row i, or row state_indices[i] where it names one of the pool's rows."""
+    """NaN over the rows of a [N | pool | chunks, HO, V, K] state (any strides) this call
+    writes: row i, or row state_indices[i] where it names one of the pool's rows."""
     if state is None:
         return
     n_rows = state_indices.shape[0] if state_indices is not None else state.shape[0]
