@@ -29,8 +29,8 @@ Why these values (H200, bench/results/gdn.md; forward / fwd+bwd ms of (a) 8 x 40
   state_bwd at BV=16 / 4 warps / 1 stage gives NaN gradients on the H200 (Triton 3.6):
   not a config to use.
 - output_fwd: BV=128 at 4 warps 1.86 / 2.48 vs 8 warps 2.00 / 2.57.
-- dqk: SPLIT (the dq side and the dk side as two launches) at BV=64, 8 warps, 2 stages,
-  registers capped at 128 (two programs per SM): 5.49 vs one launch 5.68.
+- dqk (two launches: the dq side, then the dk side) at BV=64, 8 warps, 2 stages,
+  registers capped at 128 (two programs per SM): 5.49 (one launch: 5.68).
 - wy_bwd (kernels/wy.py: 16-bit product operands, A^T dW formed twice rather than parked):
   32-wide slices at 4 warps; at 2 stages these slices hit an illegal address at (a)'s size
   (Triton 3.6 on Hopper): not a config to use.
@@ -51,7 +51,7 @@ _SHARED = {
     "wy_solve": {"BK": 64, "BA": 32, "MERGE": "tf32", "num_warps": 1, "num_stages": 3},
     "output_fwd": {"BV": 128, "num_warps": 4},
     "dv_local": {"BV": 128, "num_warps": 8},
-    "dqk": {"BV": 64, "num_warps": 8, "num_stages": 2, "SPLIT": True, "maxnreg": 128},
+    "dqk": {"BV": 64, "num_warps": 8, "num_stages": 2, "maxnreg": 128},
     "wy_bwd": {"BK": 32, "BV": 32, "num_warps": 4},
 }
 _WIDE_STATE_BWD = {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True}

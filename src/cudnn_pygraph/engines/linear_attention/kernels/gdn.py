@@ -512,9 +512,9 @@ def gdn_backward(
     final_dq = n_q == n_out
     cfg = dict(kernel_cfgs["dqk"])
     bv = _block_v(cfg, dim_v)
-    # SPLIT: the dq side (PART 1) and then the dk side (PART 2) as two launches of lighter
-    # programs, each recomputing dP; else one launch computes both (PART 0).
-    for part in (1, 2) if cfg.pop("SPLIT", False) else (0,):
+    # The dq side (PART 1), then the dk side (PART 2): two launches of lighter programs,
+    # each recomputing dP (kernels/output.py dqk_kernel).
+    for part in (1, 2):
         dqk_kernel[(n_chunks, n_out)](
             q, k, ws["w"], ws["u"], ws.get("vnew", dummy), ws["gc"], h_buf, ws["dh"], do,
             ws["de"], dq if final_dq else ws["dq_group"], ws["dk_part"], ws["dw"],
