@@ -9,10 +9,11 @@ Markdown table.
   PYTHONPATH=src python bench/gdn.py            # needs fla-core 0.6.0 importable
   PYTHONPATH=src python bench/gdn.py --no-fla --profile --only "(a)"
                                                 # per-kernel CUDA time of ours (torch.profiler)
-  PYTHONPATH=src python bench/gdn.py --no-fla --sweep --only "(a),(b)" [--entries wy_bwd]
-                                                # alternative kernel configs: time + agreement
-                                                # (a faster one ships only after
-                                                # tests/gpu/test_gdn_gpu.py proves it)
+  PYTHONPATH=src python bench/gdn.py --no-fla --sweep --only "(a),(b)" [--entries few,wide]
+                                                # every named config of kernels/configs.py
+                                                # (a plan's KERNEL_CFG knob): time +
+                                                # agreement; a new entry goes into that
+                                                # table only with tests/gpu/test_gdn_gpu.py
   PYTHONPATH=src python bench/gdn.py --host --only "(a)"
                                                 # host us per forward call: torch op vs
                                                 # launcher vs the bare launch sequence
@@ -77,8 +78,11 @@ def median_ms(fn):
 
 
 class Ours:
-    def __init__(self, x, cu, init):
-        self.x, self.cu, self.init = x, cu, init
+    """Our launchers on one problem; `config` names a kernels/configs.py entry (None: the
+    config the family hook would list first for this batch)."""
+
+    def __init__(self, x, cu, init, config=None):
+        self.x, self.cu, self.init, self.config = x, cu, init, config
         total, n = x["q"].shape[0], cu.numel() - 1
         fwd_ws = gdn_workspace_bytes(total, n, H, H, H, DIM, DIM, torch.bfloat16, backward=False)
         bwd_ws = gdn_workspace_bytes(total, n, H, H, H, DIM, DIM, torch.bfloat16, backward=True)
@@ -108,6 +112,7 @@ class Ours:
             use_qk_l2norm=True,
             workspace=self.ws,
             checkpoints=self.ckpt if self.use_ckpt else None,
+            config=self.config,
         )
 
     def backward(self):
@@ -132,6 +137,7 @@ class Ours:
             use_qk_l2norm=True,
             workspace=self.ws,
             checkpoints=self.ckpt if self.use_ckpt else None,
+            config=self.config,
         )
 
     def forward_backward(self):
@@ -189,192 +195,19 @@ def profile_kernels(only):
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20))
 
 
-# Alternatives to kernels/gdn.py KERNEL_CONFIGS, one change each.
-SWEEP = {
-    "shipped": {},
-    # The WY forward: a wy_solve dict without FUSED / MERGE is the unfused pair with ieee
-    # merges (the run-5 kernels); wy_apply's entry matters only when unfused.
-    "wy_solve unfused ieee w1 (run 5)": {"wy_solve": {"BK": 64, "num_warps": 1}},
-    "wy_solve unfused tf32x3 w1 s1": {
-        "wy_solve": {"BK": 64, "MERGE": "tf32x3", "num_warps": 1, "num_stages": 1}
-    },
-    "wy_solve fused tf32 BA16 w1 s1": {
-        "wy_solve": {"BK": 64, "BA": 16, "MERGE": "tf32", "FUSED": True, "num_warps": 1,
-                     "num_stages": 1}
-    },
-    "wy_solve fused BA32 w1 s1": {
-        "wy_solve": {"BK": 64, "BA": 32, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1,
-                     "num_stages": 1}
-    },
-    "wy_solve fused BA16 w1 s3": {
-        "wy_solve": {"BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1}
-    },
-    "wy_solve fused BA16 w2 s1": {
-        "wy_solve": {"BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 2,
-                     "num_stages": 1}
-    },
-    "wy_solve fused BA16 w1 s1 r128": {
-        "wy_solve": {"BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1,
-                     "num_stages": 1, "maxnreg": 128}
-    },
-    "state_fwd BV64 w8": {"state_fwd": {"BV": 64, "num_warps": 8}},
-    "state_fwd BV16 w4": {"state_fwd": {"BV": 16, "num_warps": 4}},
-    "state_fwd BV32 w4": {"state_fwd": {"BV": 32, "num_warps": 4}},
-    "output_fwd BV64 w4": {"output_fwd": {"BV": 64, "num_warps": 4}},
-    "output_fwd BV128 w4": {"output_fwd": {"BV": 128, "num_warps": 4}},
-    "wy_bwd 64 w8": {"wy_bwd": {"BK": 64, "BV": 64, "num_warps": 8}},
-    "wy_bwd 32 w8": {"wy_bwd": {"BK": 32, "BV": 32, "num_warps": 8}},
-    # Session 4, WY forward (kernels/wy_fwd.py; the GPU test's "wy-s4-*" / "wy-s3-shipped"
-    # variants; bench/gdn_wy_fwd.py times the kernel alone).
-    "s4 wyfwd session-3 kernel": {
-        "wy_solve": {"BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1}
-    },
-    "s4 wyfwd dots BA32": {
-        "wy_solve": {"BK": 64, "BA": 32, "MERGE": "tf32", "INV": "dots", "A_TERMS": 1,
-                     "FUSED": True, "num_warps": 1}
-    },
-    "s4 wyfwd rows A16": {
-        "wy_solve": {"BK": 64, "BA": 16, "MERGE": "tf32", "INV": "rows", "A_TERMS": 1,
-                     "FUSED": True, "num_warps": 1}
-    },
-    # Session 4: 16-bit product operands (LOW), with and without parking A^T dW in dk_part
-    # (PARK). Labels are distinct as substrings (--entries).
-    "s4 wy_bwd sliced 16-bit 32 w4": {"wy_bwd": {"BK": 32, "BV": 32, "LOW": True, "num_warps": 4}},
-    # (At 2 stages the LOW slices hit an illegal address at (a)'s size: not listed.)
-    "s4 wy_bwd r168 sliced 16-bit 32 w4": {
-        "wy_bwd": {"BK": 32, "BV": 32, "LOW": True, "num_warps": 4, "maxnreg": 168}
-    },
-    "s4 wy_bwd sliced 16-bit 16 w4": {"wy_bwd": {"BK": 16, "BV": 16, "LOW": True, "num_warps": 4}},
-    "s4 wy_bwd sliced 16-bit 64 w4": {"wy_bwd": {"BK": 64, "BV": 64, "LOW": True, "num_warps": 4}},
-    "s4 wy_bwd sliced 16-bit 64 w8": {"wy_bwd": {"BK": 64, "BV": 64, "LOW": True, "num_warps": 8}},
-    **{
-        f"s4 wy_bwd no-park 16-bit {bk} w4": {
-            "wy_bwd": {"BK": bk, "BV": bk, "LOW": True, "PARK": False, "num_warps": 4}
-        }
-        for bk in (16, 32)
-    },
-    "state_bwd BV32 w8": {"state_bwd": {"BV": 32, "num_warps": 8}},
-    "state_bwd BV32 w8 s2": {"state_bwd": {"BV": 32, "num_warps": 8, "num_stages": 2}},
-    "state_bwd BV32 w4 s3": {"state_bwd": {"BV": 32, "num_warps": 4}},
-    "state_bwd BV16 w4 s2": {"state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 2}},
-    "state_bwd BV16 w4 s1": {"state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 1}},
-    "state_bwd BV64 w8 s2": {"state_bwd": {"BV": 64, "num_warps": 8, "num_stages": 2}},
-    "dqk BV32 w8 s3": {"dqk": {"BV": 32, "num_warps": 8}},
-    "dqk BV64 w8 s1": {"dqk": {"BV": 64, "num_warps": 8, "num_stages": 1}},
-    "dqk BV64 w8 s2": {"dqk": {"BV": 64, "num_warps": 8, "num_stages": 2}},
-    "dqk BV32 w8 r128": {"dqk": {"BV": 32, "num_warps": 8, "num_stages": 2, "maxnreg": 128}},
-    "dqk split BV32 w8": {"dqk": {"BV": 32, "num_warps": 8, "num_stages": 2, "SPLIT": True}},
-    "dqk split BV32 w8 r128": {
-        "dqk": {"BV": 32, "num_warps": 8, "num_stages": 2, "SPLIT": True, "maxnreg": 128}
-    },
-    "dqk split BV64 w8 r128": {
-        "dqk": {"BV": 64, "num_warps": 8, "num_stages": 2, "SPLIT": True, "maxnreg": 128}
-    },
-    "dqk split BV32 w4": {"dqk": {"BV": 32, "num_warps": 4, "num_stages": 2, "SPLIT": True}},
-    "dv_local BV128 w4": {"dv_local": {"BV": 128, "num_warps": 4}},
-    "dv_local BV64 w4": {"dv_local": {"BV": 64, "num_warps": 4}},
-    # The state kernels with the V blocks of one (sequence, head) at adjacent program ids
-    # (kernels/state.py state_program): bitwise the same results, untimed so far.
-    "state V-fastest": {
-        "state_fwd": {"BV": 32, "num_warps": 4, "V_FASTEST": True},
-        "state_bwd": {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
-    },
-    "state V-fastest fwd BV16": {"state_fwd": {"BV": 16, "num_warps": 4, "V_FASTEST": True}},
-    # The forward's output stage fused into state_fwd (kernels/state.py FUSE_OUTPUT): no h /
-    # E stores, no output launch. Equal to the two-stage forward on the CPU, untimed.
-    "state fused output": {"state_fwd": {"BV": 32, "num_warps": 4, "FUSE_OUTPUT": True}},
-    "state fused output V-fastest": {
-        "state_fwd": {"BV": 32, "num_warps": 4, "FUSE_OUTPUT": True, "V_FASTEST": True}
-    },
-    "state fused output BV64 w8 V-fastest": {
-        "state_fwd": {"BV": 64, "num_warps": 8, "FUSE_OUTPUT": True, "V_FASTEST": True}
-    },
-    # Two programs per SM instead of one (ptxas sm_90, offline, session 3: the shipped 3
-    # stages take 118 KB of shared memory and 255 registers + 64 B of spills; 2 stages
-    # 80 KB, 228 registers, no spills), as state_bwd's 2-stage config doubled its speed.
-    "state_fwd BV32 w4 s2": {"state_fwd": {"BV": 32, "num_warps": 4, "num_stages": 2}},
-    "state_fwd BV32 w4 s2 V-fastest": {
-        "state_fwd": {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True}
-    },
-    "state fused output BV32 w4 s2 V-fastest": {
-        "state_fwd": {
-            "BV": 32, "num_warps": 4, "num_stages": 2, "FUSE_OUTPUT": True, "V_FASTEST": True
-        }
-    },
-    "state fused output BV32 w8 s2 V-fastest": {
-        "state_fwd": {
-            "BV": 32, "num_warps": 8, "num_stages": 2, "FUSE_OUTPUT": True, "V_FASTEST": True
-        }
-    },
-    # Session 4: the state kernels at 2 stages on the V-fastest grid across widths, and the
-    # fused output stage at wider V blocks (fewer recomputations of the chunk's Q K^T).
-    **{
-        f"s4 state_fwd BV{bv} w{w} s2 VF": {
-            "state_fwd": {"BV": bv, "num_warps": w, "num_stages": 2, "V_FASTEST": True}
-        }
-        for bv, w in ((16, 4), (32, 8), (64, 4), (64, 8))
-    },
-    **{
-        f"s4 fused BV{bv} w{w} s2 VF": {
-            "state_fwd": {
-                "BV": bv, "num_warps": w, "num_stages": 2, "FUSE_OUTPUT": True,
-                "V_FASTEST": True,
-            }
-        }
-        for bv, w in ((64, 4), (64, 8))
-    },
-    "s4 state both VF, fwd s2": {
-        "state_fwd": {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
-        "state_bwd": {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
-    },
-    # The few-sequence regime ((b): one sequence, kernels/gdn.py _state_config).
-    **{
-        f"s4 few state_fwd BV{bv} w4 s{st}": {
-            "state_fwd_few": {"BV": bv, "num_warps": 4, "num_stages": st}
-        }
-        for bv, st in ((16, 3), (16, 4), (32, 4))
-    },
-    **{
-        f"s4 few state_bwd BV{bv} w{w} s{st}": {
-            "state_bwd_few": {"BV": bv, "num_warps": w, "num_stages": st}
-        }
-        for bv, w, st in ((16, 4, 2), (16, 4, 3), (32, 4, 3), (32, 8, 2), (64, 8, 2))
-    },
-    # The many-sequence state_bwd.
-    **{
-        f"s4 state_bwd BV{bv} w{w} s2 VF": {
-            "state_bwd": {"BV": bv, "num_warps": w, "num_stages": 2, "V_FASTEST": True}
-        }
-        for bv, w in ((64, 4), (64, 8), (16, 4))
-    },
-    "s4 output BV64 w4": {"output_fwd": {"BV": 64, "num_warps": 4}},
-    "s4 output BV64 w8": {"output_fwd": {"BV": 64, "num_warps": 8}},
-    "s4 output BV128 w8": {"output_fwd": {"BV": 128, "num_warps": 8}},
-}
-
-
 def sweep_entries(x, cu, init, entries):
-    """(label, Ours) for "shipped" and each SWEEP entry whose label holds one of `entries`
-    (every entry when None), KERNEL_CONFIGS holding the shipped configs updated by the entry
-    while the caller uses that Ours, and the shipped configs again when the generator ends.
-    Every Ours gets the same dO and d_final (ones), so entries compare output for output."""
-    from cudnn_pygraph.engines.linear_attention.kernels import gdn
+    """(label, Ours) for the config the hook picks for this batch and each named config of
+    kernels/configs.py whose name holds one of `entries` (every one when None), selected by
+    name as a plan's knob selects it. Every Ours gets the same dO and d_final (ones), so
+    entries compare output for output."""
+    from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES
 
-    shipped = {k: dict(v) for k, v in gdn.KERNEL_CONFIGS.items()}
-    try:
-        for label, change in SWEEP.items():
-            if entries and label != "shipped" and not any(e in label for e in entries):
-                continue
-            gdn.KERNEL_CONFIGS.clear()
-            gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in shipped.items()})
-            gdn.KERNEL_CONFIGS.update({k: dict(v) for k, v in change.items()})
-            ours = Ours(x, cu, init)
-            ours.do = torch.ones_like(ours.do)
-            ours.dfinal = torch.ones_like(ours.dfinal)
-            yield label, ours
-    finally:
-        gdn.KERNEL_CONFIGS.clear()
-        gdn.KERNEL_CONFIGS.update(shipped)
+    names = [None] + [n for n in CONFIG_NAMES if not entries or any(e in n for e in entries)]
+    for name in names:
+        ours = Ours(x, cu, init, config=name)
+        ours.do = torch.ones_like(ours.do)
+        ours.dfinal = torch.ones_like(ours.dfinal)
+        yield name or "picked", ours
 
 
 def max_rel_diff(outs, base) -> float:
@@ -384,16 +217,16 @@ def max_rel_diff(outs, base) -> float:
 
 
 def sweep_configs(only, entries=None):
-    """Time our forward and forward+backward under each SWEEP entry on the shapes whose name
+    """Time our forward and forward+backward under each named config on the shapes whose name
     holds one of the comma-separated `only` substrings, with the largest relative difference
-    of O and of every gradient from the shipped configs."""
+    of O and of every gradient from the picked config's."""
     wanted = only.split(",") if only else [""]
     for name, seqlens in shapes().items():
         if not any(w in name for w in wanted):
             continue
         torch.manual_seed(1)
         x, cu, init = make_inputs(seqlens, with_state=True)
-        print(f"{name}: | configs | fwd ms | fwd+bwd ms | max rel diff vs shipped (O, grads) |")
+        print(f"{name}: | config | fwd ms | fwd+bwd ms | max rel diff vs picked (O, grads) |")
         print("|---|---|---|---|")
         base = None
         for label, ours in sweep_entries(x, cu, init, entries):
@@ -470,8 +303,10 @@ def host_time(only):
     print("| torch op | launcher (gdn_forward) | bare JIT launches | raw launches (replay) "
           "| op / bare JIT | op / raw |")  # fmt: skip
     print("|---|---|---|---|---|---|")
-    print(f"| {op_us:.1f} | {launcher_us:.1f} | {bare_us:.1f} | {raw_us:.1f} | "
-          f"{op_us / bare_us:.2f}x | {op_us / raw_us:.2f}x |")
+    print(
+        f"| {op_us:.1f} | {launcher_us:.1f} | {bare_us:.1f} | {raw_us:.1f} | "
+        f"{op_us / bare_us:.2f}x | {op_us / raw_us:.2f}x |"
+    )
 
 
 def quick_fla_autotune():

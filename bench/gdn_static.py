@@ -6,7 +6,7 @@ fits more programs per SM hides more of the serial chunk walk's latency.
 
   PYTHONPATH=src python bench/gdn_static.py
 
-Session 3's figures are in kernels/gdn.py's KERNEL_CONFIGS comment.
+The configs' timings are in kernels/configs.py's docstring.
 """
 
 from __future__ import annotations
@@ -58,22 +58,26 @@ def compile_facts(fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg
         if name in constexprs:
             sig[name], cx[name] = "constexpr", constexprs[name]
         elif name.endswith("_ptr"):
-            sig[name] = (
-                "*fp32" if name in fp32 else "*i32" if name in INT_POINTERS else "*bf16"
-            )
+            sig[name] = "*fp32" if name in fp32 else "*i32" if name in INT_POINTERS else "*bf16"
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             sig[name] = "fp32" if name == "scale" else "i32"
     kernel = triton.compile(
         ASTSource(fn, sig, cx, attrs),
         target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": num_warps, "num_stages": num_stages,
-                 **({"maxnreg": maxnreg} if maxnreg else {})},
+        options={
+            "num_warps": num_warps,
+            "num_stages": num_stages,
+            **({"maxnreg": maxnreg} if maxnreg else {}),
+        },
     )
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(kernel.asm["ptx"])
     report = subprocess.run(
-        [PTXAS, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True
+        [PTXAS, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
+        capture_output=True,
+        text=True,
+        check=False,
     ).stderr
     os.unlink(f.name)
     registers = spills = 0
@@ -86,17 +90,18 @@ def compile_facts(fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg
 
 
 def shipped_facts():
-    """The shipped config of every kernel (kernels/gdn.py KERNEL_CONFIGS) of a bf16 call with
-    l2norm and initial / final state, as the launcher would compile it."""
+    """Every kernel of the "wide" config (kernels/configs.py) of a bf16 call with l2norm and
+    initial / final state, as the launcher would compile it."""
     from cudnn_pygraph.engines.linear_attention.kernels import output, wy, wy_fwd
-    from cudnn_pygraph.engines.linear_attention.kernels.gdn import KERNEL_CONFIGS
+    from cudnn_pygraph.engines.linear_attention.kernels.configs import config
 
-    common = dict(K=128, V=128, L2NORM=True, PREC="tf32", EPS=1e-6)
-    gates = dict(LINEAR=False, SAFE=False, HAS_A=False, HAS_DT=False, SIGMOID=False,
-                 NEG_EIGVAL=False)  # fmt: skip
+    wide = config("wide")
+
+    common = {"K": 128, "V": 128, "L2NORM": True, "PREC": "tf32", "EPS": 1e-6}
+    gates = {"LINEAR": False, "SAFE": False, "HAS_A": False, "HAS_DT": False, "SIGMOID": False,
+                 "NEG_EIGVAL": False}  # fmt: skip
     jobs = {
-        "wy_solve (forward)": (wy_fwd.wy_solve_kernel, {**common, **gates, "APPLY": True,
-                                                         "STORE_A": False}),
+        "wy_solve (forward)": (wy_fwd.wy_solve_kernel, {**common, **gates, "STORE_A": False}),
         "state_fwd": (state.state_fwd_kernel, {**common, "HAS_INIT": True, "HAS_FINAL": True,
                       "HAS_IDX": False, "STORE_H": True, "STORE_VNEW": True}),
         "output_fwd": (output.output_fwd_kernel, common),
@@ -109,7 +114,7 @@ def shipped_facts():
     print("| kernel (shipped config) | shared KB | registers | spill bytes | programs per SM |")
     print("|---|---|---|---|---|")
     for label, (fn, cx) in jobs.items():
-        cfg = dict(KERNEL_CONFIGS[label.split(" ")[0]])
+        cfg = dict(wide[label.split(" ")[0]])
         # Unfused (the backward's recompute); the fused forward is in the table below.
         cfg.pop("V_FASTEST", None), cfg.pop("FUSE_OUTPUT", None)
         warps, stages = cfg.pop("num_warps", 4), cfg.pop("num_stages", 3)
@@ -122,8 +127,8 @@ def shipped_facts():
 def main():
     shipped_facts()
     print()
-    base = dict(K=128, V=128, HAS_INIT=True, HAS_FINAL=True, HAS_IDX=False, PREC="tf32",
-                L2NORM=True, EPS=1e-6, V_FASTEST=True)  # fmt: skip
+    base = {"K": 128, "V": 128, "HAS_INIT": True, "HAS_FINAL": True, "HAS_IDX": False, "PREC": "tf32",
+                "L2NORM": True, "EPS": 1e-6, "V_FASTEST": True}  # fmt: skip
     print("| state_fwd config | shared KB | registers | spill bytes | programs per SM |")
     print("|---|---|---|---|---|")
     for label, fuse, bv, warps, stages in CONFIGS:

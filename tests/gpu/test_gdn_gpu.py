@@ -2,12 +2,11 @@
 
 Backward checks run at several block sizes and warp counts: Triton 3.6 on Hopper
 miscompiles some patterns (BRIEF.md), and a configuration ships only if it is proven here.
-Run: PYTHONPATH=src python -m pytest tests/gpu/test_gdn_gpu.py -q -s
+Run: PYTHONPATH=src:tests python -m pytest tests/gpu/test_gdn_gpu.py -q -s
 """
 
 from __future__ import annotations
 
-import copy
 import os
 import sys
 
@@ -22,6 +21,8 @@ from reference import gdn_reference_batched
 from test_gdn_kernels import run_backward, run_forward  # the CPU suite's calls, in bf16 here
 
 from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
+from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES, recommend_config
+from cudnn_pygraph.linear_attention import ops
 
 # ||out - ref|| / ||ref|| for bf16 inputs (bf16 products, fp32 accumulation). Measured on the
 # H200 2026-11-29 (bench/results/gdn.md): O 3.5e-3..3.9e-3, final state 1.3e-3..1.7e-3,
@@ -110,157 +111,12 @@ def test_forward_real_size_bf16():
     check({"o": rel_err(o, ref_o), "final_state": rel_err(final, ref_final)})
 
 
-# Alternatives to the shipped KERNEL_CONFIGS, each checked in full (fwd + bwd).
-CONFIG_VARIANTS = {
-    # The test's batch (4 sequences x 4 heads) takes the state kernels' few-sequence configs;
-    # "_fill": 0.0 (kernels/gdn.py STATE_WIDE_MIN_FILL) puts it in the many-sequence ones.
-    "shipped": {},
-    "shipped-wide": {"_fill": 0.0},
-    "wide-unfused": {
-        "_fill": 0.0,
-        "state_fwd": {"BV": 64, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
-    },
-    # The fused WY forward at 1 stage (shipped before 3 stages; proven in session 3).
-    "wy-fused-s1": {
-        "wy_solve": {
-            "BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1, "num_stages": 1
-        }
-    },
-    # Session 4, WY forward (kernels/wy_fwd.py): alternatives to the shipped wy_solve that
-    # bench/gdn_wy_fwd.py times: 32-wide apply slices; row substitution with the 16-bit
-    # apply (0.339 ms vs 0.315 shipped); session 3's kernel (rows, tf32x3, fp32 A).
-    "wy-s4-dots-ba32": {
-        "wy_solve": {
-            "BK": 64, "BA": 32, "MERGE": "tf32", "INV": "dots", "A_TERMS": 1, "FUSED": True,
-            "num_warps": 1,
-        }
-    },
-    "wy-s4-rows-a16": {
-        "wy_solve": {
-            "BK": 64, "BA": 16, "MERGE": "tf32", "INV": "rows", "A_TERMS": 1, "FUSED": True,
-            "num_warps": 1,
-        }
-    },
-    "wy-s3-shipped": {
-        "wy_solve": {"BK": 64, "BA": 16, "MERGE": "tf32x3", "FUSED": True, "num_warps": 1}
-    },
-    "bv32-w4": {
-        "state_fwd": {"BV": 32, "num_warps": 4},
-        "output_fwd": {"BV": 32, "num_warps": 4},
-        "dv_local": {"BV": 32, "num_warps": 4},
-        "state_bwd": {"BV": 32, "num_warps": 4},
-        "dqk": {"BV": 32, "num_warps": 4},
-        "wy_bwd": {"BK": 32, "BV": 32, "num_warps": 4},
-    },
-    "bv128-w8": {
-        "output_fwd": {"BV": 128, "num_warps": 8},
-        "dv_local": {"BV": 128, "num_warps": 8},
-        "state_bwd": {"BV": 128, "num_warps": 8, "num_stages": 2},  # 3 stages: 262 KB smem
-        "dqk": {"BV": 128, "num_warps": 8},
-    },
-    # The WY forward pair (wy_solve, wy_apply) at the other warp counts / slices the bench
-    # sweeps (bench/gdn.py --sweep), so the fastest can ship once this proves it.
-    "wy-w1-bk32": {
-        "wy_solve": {"BK": 32, "num_warps": 1},
-        "wy_apply": {"BK": 32, "BV": 32, "num_warps": 2},
-    },
-    "wy-w4-wide": {
-        "wy_solve": {"BK": 128, "num_warps": 4},
-        "wy_apply": {"BK": 128, "BV": 128, "num_warps": 8},
-        "state_fwd": {"BV": 16, "num_warps": 4},
-    },
-    "wy-bwd-64-w8": {"wy_bwd": {"BK": 64, "BV": 64, "num_warps": 8}},
-    "wy-bwd-32-w8": {"wy_bwd": {"BK": 32, "BV": 32, "num_warps": 8}},
-    # Session 4: the WY backward with 16-bit product operands (LOW), with and without parking
-    # (PARK), at the configs bench/gdn.py sweeps. (LOW at 2 stages hit an illegal address at
-    # (a)'s size on the H200; one GPU-test call of it with "sliced-16bit-64-w4" and a since
-    # removed whole-K kernel had one failure, dk 0.11: "sliced-16bit-64-w4" is unconfirmed;
-    # the others passed, session 4.)
-    **{
-        f"wy-bwd-s4-sliced-16bit-{bk}-w{w}{tag}": {
-            "wy_bwd": {"BK": bk, "BV": bk, "LOW": True, "num_warps": w, **extra}
-        }
-        for bk, w, tag, extra in (
-            (32, 4, "", {}),
-            (32, 4, "-r168", {"maxnreg": 168}),
-            (16, 4, "", {}),
-            (64, 4, "", {}),
-            (64, 8, "", {}),
-            (32, 4, "-nopark", {"PARK": False}),
-            (16, 4, "-nopark", {"PARK": False}),
-        )
-    },
-    "output-bv128-w4": {"output_fwd": {"BV": 128, "num_warps": 4}},
-    # The backward's state / dq-dk kernels at the configs the bench sweeps.
-    "bwd-bv16-w4": {
-        "state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 2},
-        "dqk": {"BV": 64, "num_warps": 8, "num_stages": 1},
-        "dv_local": {"BV": 128, "num_warps": 4},
-    },
-    "bwd-bv32-w8": {
-        "state_bwd": {"BV": 32, "num_warps": 8, "num_stages": 2},
-        "dqk": {"BV": 32, "num_warps": 8, "num_stages": 3},
-        "dv_local": {"BV": 64, "num_warps": 4},
-    },
-    "bwd-bv64-w8": {
-        "state_bwd": {"BV": 64, "num_warps": 8, "num_stages": 2},
-        "dqk": {"BV": 128, "num_warps": 8, "num_stages": 1},
-    },
-    # (state_bwd at BV=16 / 4 warps / 1 stage gives NaN gradients here: not listed.)
-    # dqk as two launches (dq side, then dk side), at the configs the bench sweeps.
-    "dqk-split-w8": {"dqk": {"BV": 32, "num_warps": 8, "num_stages": 2, "SPLIT": True}},
-    "dqk-split-r128": {
-        "dqk": {"BV": 32, "num_warps": 8, "num_stages": 2, "SPLIT": True, "maxnreg": 128}
-    },
-    "dqk-split-w4": {"dqk": {"BV": 32, "num_warps": 4, "num_stages": 2, "SPLIT": True}},
-    "dqk-bv64-s2": {
-        "state_bwd": {"BV": 64, "num_warps": 8, "num_stages": 2},
-        "dqk": {"BV": 64, "num_warps": 8, "num_stages": 2},
-    },
-    "dqk-r128": {"dqk": {"BV": 32, "num_warps": 8, "num_stages": 2, "maxnreg": 128}},
-    "dqk-one-launch": {"dqk": {"BV": 32, "num_warps": 8, "num_stages": 2}},
-    # The state kernels' V-fastest grid (bitwise equal on the CPU; bench/gdn.py sweeps it).
-    "state-v-fastest": {
-        "state_fwd": {"BV": 32, "num_warps": 4, "V_FASTEST": True},
-        "state_bwd": {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
-    },
-    # The forward's output stage fused into state_fwd (equal to the two-stage forward on the
-    # CPU; bench/gdn.py sweeps it).
-    "state-fused-output": {"state_fwd": {"BV": 32, "num_warps": 4, "FUSE_OUTPUT": True}},
-    "state-fused-output-v-fastest": {
-        "state_fwd": {"BV": 32, "num_warps": 4, "FUSE_OUTPUT": True, "V_FASTEST": True}
-    },
-    "state-fwd-s2": {"state_fwd": {"BV": 32, "num_warps": 4, "num_stages": 2}},
-    "state-fused-output-s2-w8": {
-        "state_fwd": {
-            "BV": 32, "num_warps": 8, "num_stages": 2, "FUSE_OUTPUT": True, "V_FASTEST": True
-        }
-    },
-    "wy-w1-apply-w8": {
-        "wy_solve": {"BK": 64, "num_warps": 1},
-        "wy_apply": {"BK": 64, "BV": 64, "num_warps": 8},
-        "state_fwd": {"BV": 64, "num_warps": 8},
-    },
-}
-
-
-@pytest.fixture
-def kernel_configs():
-    saved = copy.deepcopy(gdn_mod.KERNEL_CONFIGS)
-    yield gdn_mod.KERNEL_CONFIGS
-    gdn_mod.KERNEL_CONFIGS.clear()
-    gdn_mod.KERNEL_CONFIGS.update(saved)
-
-
-@pytest.mark.parametrize("variant", list(CONFIG_VARIANTS), ids=list(CONFIG_VARIANTS))
-def test_forward_backward_bf16_at_each_config(variant, kernel_configs, monkeypatch):
-    for kernel, cfg in CONFIG_VARIANTS[variant].items():
-        if kernel == "_fill":
-            monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", cfg)
-        else:
-            kernel_configs[kernel] = dict(cfg)
-    attrs = {"use_qk_l2norm": True}
-    print(f"[{variant}]", end=" ")
+@pytest.mark.parametrize("config", CONFIG_NAMES, ids=CONFIG_NAMES)
+def test_forward_backward_bf16_at_each_config(config):
+    # Every entry of kernels/configs.py's table is a plan the hook lists: each one is proven
+    # here (Triton 3.6 on Hopper miscompiles some configs, BRIEF.md).
+    attrs = {"use_qk_l2norm": True, "config": config}
+    print(f"[{config}]", end=" ")
     _check_fwd_bwd([300, 513, 1, 129], (4, 4, 4), 128, attrs)
 
 
@@ -277,13 +133,12 @@ ATTRIBUTE_CASES = {
 }
 
 
-@pytest.mark.parametrize("fill", [1.0, 0.0], ids=["few-seq-configs", "many-seq-configs"])
+@pytest.mark.parametrize("config", ["few", "wide"])
 @pytest.mark.parametrize("case", list(ATTRIBUTE_CASES), ids=list(ATTRIBUTE_CASES))
-def test_attributes_bf16(case, fill, monkeypatch):
-    # fill (kernels/gdn.py STATE_WIDE_MIN_FILL) 0.0 runs this small batch through the state
-    # kernels' many-sequence configs (the fused output stage among them).
-    monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", fill)
+def test_attributes_bf16(case, config):
+    # Both shipped state configs (kernels/configs.py), the fused output stage among them.
     attrs, opts = ATTRIBUTE_CASES[case]
+    attrs = {**attrs, "config": config}
     opts = dict(opts)
     heads = opts.pop("heads", (4, 4, 4))
     dim = opts.pop("dim", 128)
@@ -293,6 +148,7 @@ def test_attributes_bf16(case, fill, monkeypatch):
 
 def _check_fwd_bwd(seqlens, heads, dim, attrs, **opts):
     x, cu = make_inputs(seqlens, heads, dim, attrs=attrs, **opts)
+    op_attrs = {n: a for n, a in attrs.items() if n != "config"}  # what the reference reads
     if not attrs.get("use_qk_l2norm"):
         x["k"] = torch.nn.functional.normalize(x["k"].float(), dim=-1).to(torch.bfloat16)
     scale = dim**-0.5
@@ -311,7 +167,7 @@ def _check_fwd_bwd(seqlens, heads, dim, attrs, **opts):
         initial_state=leaves["initial_state"],
         a_log=leaves.get("a_log"),
         dt_bias=leaves.get("dt_bias"),
-        **attrs,
+        **op_attrs,
     )
     ((ref_o * d_o.double()).sum() + (ref_final * d_final.double()).sum()).backward()
     grads = run_backward(x, cu, scale, attrs, d_o, d_final)
@@ -387,11 +243,12 @@ def test_backward_cuda_graph_capture_and_replay():
         assert torch.equal(got, eager[name]), name
 
 
-def test_batch_invariant_bf16_one_sequence_alone_equals_inside_batch(monkeypatch):
-    # At fill 0.1 (13 programs on 132 SMs) the batch (3 sequences x 4 heads x 2 V blocks)
-    # takes the state kernels' many-sequence configs, the sequence alone the few-sequence
-    # ones; batch_invariant keeps the output stage unfused in both.
-    monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", 0.1)
+def test_batch_invariant_bf16_one_sequence_alone_equals_inside_batch():
+    # batch_invariant pins one config whatever the batch (kernels/configs.py
+    # recommend_config), so alone and inside the batch the sequence's outputs and gradients
+    # are bitwise the same.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert recommend_config(3, 4, 128, sms, True) == recommend_config(1, 4, 128, sms, True)
     attrs = {"use_qk_l2norm": True, "batch_invariant": True}
     x, cu = make_inputs([1000, 2047, 65], (4, 4, 4), 128, attrs=attrs)
     o, final = run_forward(x, cu, 128**-0.5, attrs)
@@ -421,3 +278,102 @@ def test_bf16_states_and_int64_cu_seqlens():
     )  # fmt: skip
     # bf16 states: the final state is rounded once to bf16 (2^-9 relative).
     check({"o": rel_err(o, ref_o), "final_state": rel_err(final, ref_final)})
+
+
+def _bf16_views_of_one_projection(x):
+    """q, k, v as slices of one [T, 3, H, D] bf16 projection; g, beta of one [T, 2 HO]."""
+    qkv = torch.stack([x["q"], x["k"], x["v"]], dim=1)
+    gb = torch.cat([x["g"], x["beta"]], dim=1)
+    n_out = x["g"].shape[1]
+    return dict(x, q=qkv[:, 0], k=qkv[:, 1], v=qkv[:, 2], g=gb[:, :n_out], beta=gb[:, n_out:])
+
+
+@pytest.mark.parametrize("config", ["few", "wide"])
+def test_strided_inputs_equal_dense_inputs_bf16(config):
+    attrs = {"use_qk_l2norm": True, "config": config}
+    x, cu = make_inputs([300, 513, 1, 129], (4, 4, 4), 128, attrs=attrs)
+    views = _bf16_views_of_one_projection(x)
+    d_o = torch.randn(943, 4, 128, device="cuda")
+    d_final = torch.randn_like(x["initial_state"])
+    o, final = run_forward(x, cu, 128**-0.5, attrs)
+    o_s, final_s = run_forward(views, cu, 128**-0.5, attrs)
+    assert torch.equal(o_s, o) and torch.equal(final_s, final)
+    grads = run_backward(x, cu, 128**-0.5, attrs, d_o, d_final)
+    grads_s = run_backward(views, cu, 128**-0.5, attrs, d_o, d_final)
+    for name, grad in grads.items():
+        assert torch.equal(grads_s[name], grad), name
+
+
+BAD_TABLES = {
+    "short-of-total": [0, 300, 813, 814, 900],
+    "decreasing": [0, 300, 200, 814, 943],
+    "past-total": [0, 300, 813, 814, 1000],
+    "not-from-0": [1, 300, 813, 814, 943],
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TABLES), ids=list(BAD_TABLES))
+def test_malformed_cu_seqlens_gives_nan_outputs_without_a_sync(case):
+    attrs = {"use_qk_l2norm": True}
+    x, _ = make_inputs([300, 513, 1, 129], (4, 4, 4), 128, attrs=attrs)
+    cu = torch.tensor(BAD_TABLES[case], dtype=torch.int32, device="cuda")
+    o, final = run_forward(x, cu, 128**-0.5, attrs)
+    grads = run_backward(x, cu, 128**-0.5, attrs, torch.randn(943, 4, 128, device="cuda"),
+                         torch.randn_like(final))  # fmt: skip
+    torch.cuda.synchronize()  # no CUDA error: the kernels stayed inside their tensors
+    assert torch.isnan(o).all() and torch.isnan(final).all()
+    for name, grad in grads.items():
+        assert torch.isnan(grad).all(), name
+
+
+def test_torch_op_replayed_launches_keep_the_nan_and_the_strided_copy():
+    # The op's second call replays the recorded launches (runtime/launch_replay.py): the
+    # poison and dense-copy kernels must be among them. THD with a bad table, then the
+    # padded/batched layout ([B, T] without cu_seqlens) from views of one projection.
+    torch.manual_seed(0)
+    T, H, D = 512, 4, 128
+    qkv = torch.randn(1, T, 3 * H * D, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (qkv[..., i * H * D : (i + 1) * H * D].unflatten(2, (H, D)) for i in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, H, device="cuda") + 2.0)
+    beta = torch.rand(1, T, H, device="cuda")
+    h0 = 0.1 * torch.randn(2, H, D, D, device="cuda")
+    bad = torch.tensor([0, 100, 400], dtype=torch.int32, device="cuda")
+    good = torch.tensor([0, 100, T], dtype=torch.int32, device="cuda")
+    kw = {"initial_state": h0, "output_final_state": True, "use_qk_l2norm_in_kernel": True}
+    for _ in range(2):
+        o_bad, ht_bad = ops.gated_delta_net(q, k, v, g, beta, cu_seqlens=bad, **kw)
+        o, _ = ops.gated_delta_net(q, k, v, g, beta, cu_seqlens=good, **kw)
+        assert torch.isnan(o_bad).all() and torch.isnan(ht_bad).all()
+        assert torch.isfinite(o).all()
+    ref_o, _ = ops.gated_delta_net(q.contiguous(), k.contiguous(), v.contiguous(), g, beta,
+                                   cu_seqlens=good, **kw)  # fmt: skip
+    assert torch.equal(o, ref_o)
+    batched = [t.reshape(2, T // 2, *t.shape[2:]) for t in (q, k, v, g, beta)]
+    for _ in range(2):
+        o_b, _ = ops.gated_delta_net(*batched, **kw)
+    assert torch.isfinite(o_b).all()
+
+
+def test_state_indices_minus_one_and_out_of_range_bf16():
+    attrs = {"use_qk_l2norm": True}
+    x, cu = make_inputs([300, 513, 1, 129], (4, 4, 4), 128, attrs=attrs)
+    scale = 128**-0.5
+    pool = 0.3 * torch.randn(6, 4, 128, 128, device="cuda")
+    before = pool.clone()
+    for indices, bad in (([4, -1, 0, -1], False), ([4, 6, 0, 1], True)):
+        pool.copy_(before)
+        idx = torch.tensor(indices, dtype=torch.int32, device="cuda")
+        o = torch.full((943, 4, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gdn_mod.gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=scale, o=o,
+                            initial_state=pool, final_state=pool, state_indices=idx, **attrs)  # fmt: skip
+        torch.cuda.synchronize()
+        written = [i for i in indices if 0 <= i < 6]
+        untouched = [i for i in range(6) if i not in written]
+        assert torch.equal(pool[untouched], before[untouched])
+        if bad:
+            assert torch.isnan(o).all() and torch.isnan(pool[written]).all()
+            continue
+        seeds = torch.stack([before[i] if i >= 0 else torch.zeros_like(before[0]) for i in indices])
+        ref_o, ref_final = gdn_reference_batched(x["q"], x["k"], x["v"], x["g"], x["beta"], cu,
+                                                 scale=scale, initial_state=seeds, **attrs)  # fmt: skip
+        check({"o": rel_err(o, ref_o), "final_state": rel_err(pool[[4, 0]], ref_final[[0, 2]])})

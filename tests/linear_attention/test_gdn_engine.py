@@ -253,19 +253,17 @@ class LaunchSpy:
 @pytest.mark.parametrize(
     "seqlens", [(70,), (5, 70, 0, 1, 9, 3), (3,) * 12], ids=["one-seq", "six-seqs", "twelve-seqs"]
 )
-def test_build_time_warm_launch_compiles_what_the_declared_batch_launches(
-    seqlens, monkeypatch
-):
-    # The state kernels' config follows the number of sequences (kernels/gdn.py
-    # _state_config; six or twelve sequences x 2 heads fill the interpreter's notional 8 SMs,
-    # one does not), so the warm launch at build (with as few sequences as take the same
-    # configs) must launch the same kernels with the same constexprs as a real call of the
-    # declared batch: nothing compiles at execute.
+def test_build_time_warm_launch_compiles_what_the_declared_batch_launches(seqlens, monkeypatch):
+    # The plan's knob names its config (kernels/configs.py; the hook picks "wide" for six or
+    # twelve sequences x 2 heads on the interpreter's notional 8 SMs, "few" for one), so the
+    # warm launch at build (one sequence, one token) must launch the same kernels with the
+    # same constexprs as a real call of the declared batch: nothing compiles at execute.
     from cudnn_pygraph.engines.linear_attention.gdn_engine import (
         GdnPlan,
         _compile_by_warm_launch,
     )
     from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
+    from cudnn_pygraph.engines.linear_attention.kernels.configs import recommend_config
 
     seen = []
     for name in dir(gdn_mod):
@@ -276,8 +274,17 @@ def test_build_time_warm_launch_compiles_what_the_declared_batch_launches(
     with with_gdn_engine():
         g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
         t = declare(g, x)
-        o, final, _ = g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
-                            initial_state=t["initial_state"], output_final_state=True, **attrs)
+        o, final, _ = g.gdn(
+            t["q"],
+            t["k"],
+            t["v"],
+            t["g"],
+            t["beta"],
+            t["cu_seqlens"],
+            initial_state=t["initial_state"],
+            output_final_state=True,
+            **attrs,
+        )
         o.set_output(True)
         final.set_output(True)
         o_buf = torch.full((sum(seqlens), 2, 64), float("nan"), device=DEVICE)
@@ -288,11 +295,130 @@ def test_build_time_warm_launch_compiles_what_the_declared_batch_launches(
     ports = {**t, "O": o, "final_state": final}
     flags = {"scale": 0.125, "use_qk_l2norm": True, "use_beta_sigmoid": False,
              "allow_neg_eigval": False, "safe_gate": False, "gate_domain": "log",
-             "batch_invariant": False}  # fmt: skip
+             "batch_invariant": False,
+             "config": recommend_config(len(seqlens), 2, 64, 8, False)}  # fmt: skip
     plan = GdnPlan(False, tuple(ports), [], flags, 0, None)
     seen.clear()
     _compile_by_warm_launch(plan, ports, torch.device(DEVICE))
     assert sorted(seen) == real
-    # ...and it allocates states for fewer sequences than a large declared batch.
-    fewest = gdn_mod.fewest_sequences_like(len(seqlens), 2, 64, torch.device(DEVICE), False)
-    assert fewest == 1 if len(seqlens) == 1 else 1 < fewest < 12
+
+
+def _forward_graph(x, **attrs):
+    g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
+    t = declare(g, x)
+    o, final, _ = g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
+                        initial_state=t["initial_state"], output_final_state=True, scale=0.125,
+                        use_qk_l2norm=True, **attrs)  # fmt: skip
+    o.set_output(True)
+    final.set_output(True)
+    return g, t, o, final
+
+
+def _execute(g, t, o, final, x, *, plan=None):
+    """Build (the plan list's first plan, or a replayed one) and execute into NaN-filled
+    outputs; returns (O, final state)."""
+    if plan is None:
+        g.create_execution_plans([cudnn.heur_mode.A])
+    else:
+        g.create_execution_plan(*plan)
+    g.build_plans()
+    size = g.get_workspace_size()
+    workspace = torch.empty(size, dtype=torch.uint8, device=DEVICE) if size else None
+    total, n_seqs = x["q"].shape[0], x["cu_seqlens"].numel() - 1
+    o_buf = torch.full((total, 2, 64), float("nan"), device=DEVICE)
+    final_buf = torch.full((n_seqs, 2, 64, 64), float("nan"), device=DEVICE)
+    g.execute({**{t[n]: x[n] for n in x}, o: o_buf, final: final_buf}, workspace)
+    return o_buf, final_buf
+
+
+def test_plans_name_their_config_and_a_replay_by_knobs_builds_the_same_kernels(monkeypatch):
+    # Every plan lists its kernel config as the KERNEL_CFG knob (kernels/configs.py), the
+    # hook's pick first ("few" for one sequence x 2 heads on the interpreter's notional 8
+    # SMs) and the rest of the table behind it; a graph replayed from the recorded
+    # (engine_id, knobs) launches the very kernels, constexprs and all, and another knob
+    # launches another config.
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
+    from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES
+
+    seen = []
+    for name in dir(gdn_mod):
+        if name.endswith("_kernel"):
+            monkeypatch.setattr(gdn_mod, name, LaunchSpy(name, getattr(gdn_mod, name), seen))
+    x = inputs(seqlens=(70,))
+    with with_gdn_engine():
+        g, t, o, final = _forward_graph(x)
+        first, _ = _execute(g, t, o, final, x)
+        listed = [g.get_engine_and_knobs_at_index(i) for i in range(g.get_execution_plan_count())]
+        engine_id, knobs = listed[0]
+        assert [k[cudnn.knob_type.KERNEL_CFG] for _, k in listed] == [
+            CONFIG_NAMES.index(n) for n in ("few", "wide", "wide-unfused")
+        ]
+        assert "KERNEL_CFG=1" in g.get_plan_name_at_index(0)
+        launched = list(seen)
+        seen.clear()
+        g2, t2, o2, final2 = _forward_graph(x)
+        replayed, _ = _execute(g2, t2, o2, final2, x, plan=(engine_id, knobs))
+        assert seen == launched and torch.equal(replayed, first)
+        seen.clear()
+        g3, t3, o3, final3 = _forward_graph(x)
+        other = {cudnn.knob_type.KERNEL_CFG: CONFIG_NAMES.index("wide")}
+        _execute(g3, t3, o3, final3, x, plan=(engine_id, other))
+        assert seen != launched
+        g4, *_ = _forward_graph(x)
+        with pytest.raises(ValueError, match="CONFIG=9"):
+            g4.create_execution_plan(engine_id, {cudnn.knob_type.KERNEL_CFG: 9})
+
+
+def test_batch_invariant_lists_one_config_first_whatever_the_batch():
+    with with_gdn_engine():
+        firsts = {}
+        for seqlens in ((70,), (5, 9, 3, 7, 1, 2)):
+            for invariant in (False, True):
+                g, *_ = _forward_graph(inputs(seqlens=seqlens), batch_invariant=invariant)
+                g.create_execution_plans([cudnn.heur_mode.A])
+                firsts[seqlens, invariant] = g.get_engine_and_knobs_at_index(0)[1]
+    assert firsts[(70,), False] != firsts[(5, 9, 3, 7, 1, 2), False]
+    assert firsts[(70,), True] == firsts[(5, 9, 3, 7, 1, 2), True]
+
+
+# Each layout with a table that is malformed over its tokens: THD (ragged, packed) and a
+# dense batch [0, T, 2T] (the padded layout: every sequence the same length).
+BAD_TABLES = {
+    "thd-short-of-total": ((5, 70, 0, 1), [0, 5, 70, 70, 70]),
+    "thd-decreasing": ((5, 70, 0, 1), [0, 5, 3, 75, 76]),
+    "batched-past-total": ((38, 38), [0, 38, 90]),
+    "batched-not-from-0": ((38, 38), [4, 38, 76]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TABLES), ids=list(BAD_TABLES))
+def test_a_malformed_cu_seqlens_makes_the_graph_outputs_nan(case):
+    seqlens, table = BAD_TABLES[case]
+    x = inputs(seqlens=seqlens)
+    with with_gdn_engine():
+        g, t, o, final = _forward_graph(x)
+        good_o, good_final = _execute(g, t, o, final, x)
+        ref_o, ref_final = gdn_reference(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                         x["cu_seqlens"], scale=0.125,
+                                         initial_state=x["initial_state"], use_qk_l2norm=True)  # fmt: skip
+        assert rel_err(good_o, ref_o) <= FP32_TOL and rel_err(good_final, ref_final) <= FP32_TOL
+        bad = dict(x, cu_seqlens=torch.tensor(table, dtype=torch.int32, device=DEVICE))
+        g2, t2, o2, final2 = _forward_graph(bad)
+        bad_o, bad_final = _execute(g2, t2, o2, final2, bad)
+    assert torch.isnan(bad_o).all() and torch.isnan(bad_final).all()
+
+
+def test_strided_inputs_from_a_fused_projection_are_accepted_and_copied_once():
+    x = inputs()
+    qkv = torch.stack([x["q"], x["k"], x["v"]], dim=1)  # [T, 3, H, D]: one projection
+    gb = torch.cat([x["g"], x["beta"]], dim=1)  # [T, 2 HO]
+    strided = dict(x, q=qkv[:, 0], k=qkv[:, 1], v=qkv[:, 2], g=gb[:, :2], beta=gb[:, 2:])
+    with with_gdn_engine():
+        g, t, o, final = _forward_graph(x)
+        dense_o, dense_final = _execute(g, t, o, final, x)
+        dense_size = g.get_workspace_size()
+        g2, t2, o2, final2 = _forward_graph(strided)
+        o_s, final_s = _execute(g2, t2, o2, final2, strided)
+        # the copies are counted: q, k, v (76 x 2 x 64) and g, beta (76 x 2), fp32
+        assert g2.get_workspace_size() - dense_size >= 4 * (3 * 76 * 2 * 64 + 2 * 76 * 2)
+    assert torch.equal(o_s, dense_o) and torch.equal(final_s, dense_final)

@@ -138,8 +138,12 @@ def run_forward(x, cu, scale, attrs, *, checkpoints=None, workspace=None):
     dim_v = x["v"].shape[2]
     init = x["initial_state"]
     o = nan_like(x["q"].new_empty(total_t, n_out, dim_v))
-    final = torch.full((n_seqs, n_out, dim_v, dim_k), float("nan"), device=x["q"].device,
-                       dtype=init.dtype if init is not None else torch.float32)
+    final = torch.full(
+        (n_seqs, n_out, dim_v, dim_k),
+        float("nan"),
+        device=x["q"].device,
+        dtype=init.dtype if init is not None else torch.float32,
+    )
     gdn_forward(
         x["q"], x["k"], x["v"], x["g"], x["beta"], cu,
         scale=scale, o=o, initial_state=init, final_state=final, a_log=x["a_log"],
@@ -435,19 +439,21 @@ def test_backward_state_gradient_alias_equals_distinct_buffers():
     assert torch.equal(shared, grads["initial_state"])
 
 
-@pytest.mark.parametrize("fill", [0.0, 0.5], ids=["one-regime", "alone-few-batch-wide"])
-def test_batch_invariant_one_sequence_alone_equals_inside_batch(fill, monkeypatch):
-    # The state kernels' config follows the batch's size (kernels/gdn.py _state_config): at
-    # fill 0.5 (4 programs on the interpreter's notional 8 SMs) the batch of 3 x 2 heads
-    # takes the many-sequence config and the sequence alone (2 programs) the few-sequence one.
-    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
+def test_batch_invariant_pins_the_config_and_a_sequence_alone_equals_it_in_a_batch():
+    # Without batch_invariant the pick follows the batch: on the interpreter's notional 8 SMs
+    # four sequences x 2 heads take "wide" and one sequence alone "few" (kernels/configs.py).
+    # batch_invariant pins one config whatever the batch, so the sequence's numbers are
+    # bitwise the same alone and inside the batch (spec: batch_invariant).
+    from cudnn_pygraph.engines.linear_attention.kernels.configs import recommend_config
 
-    monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", fill)
-    x, cu = make_inputs(seqlens=(3, 70, 20))
+    seqlens = (3, 70, 20, 5)
+    assert recommend_config(4, 2, 64, 8, False) != recommend_config(1, 2, 64, 8, False)
+    assert recommend_config(4, 2, 64, 8, True) == recommend_config(1, 2, 64, 8, True)
+    x, cu = make_inputs(seqlens=seqlens)
     attrs = {"use_qk_l2norm": True, "batch_invariant": True}
     gen = torch.Generator().manual_seed(4)
-    d_o = torch.randn(93, 2, 64, generator=gen).to(DEVICE)
-    d_final = torch.randn(3, 2, 64, 64, generator=gen).to(DEVICE)
+    d_o = torch.randn(98, 2, 64, generator=gen).to(DEVICE)
+    d_final = torch.randn(4, 2, 64, 64, generator=gen).to(DEVICE)
     o, final, grads = run_kernels(x, cu, 0.125, attrs, d_o, d_final)
     alone = {
         n: (t[3:73] if n not in ("initial_state", "a_log", "dt_bias") else t) for n, t in x.items()
@@ -484,16 +490,15 @@ def test_all_sequences_empty():
     assert torch.equal(final, x["initial_state"])
 
 
-@pytest.mark.parametrize("fill", [float("inf"), 0.0], ids=["two-stage", "fused-output"])
-def test_explicit_workspace_is_used_and_sized(fill, monkeypatch):
-    # The size query answers for the path the call takes: the forward whose state kernel
-    # writes O (kernels/gdn.py forward_fuses_output) carves no h / E and needs less.
-    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
+@pytest.mark.parametrize("config", ["wide-unfused", "wide"], ids=["two-stage", "fused-output"])
+def test_explicit_workspace_is_used_and_sized(config):
+    # The size query answers for the path the config takes: the forward whose state kernel
+    # writes O (kernels/configs.py fuses_output) carves no h / E and needs less.
+    from cudnn_pygraph.engines.linear_attention.kernels.configs import fuses_output
 
-    monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", fill)
     x, cu = make_inputs()
-    fused = gdn_mod.forward_fuses_output(4, 2, 64, torch.device(DEVICE), False)
-    assert fused == (fill == 0.0)
+    fused = fuses_output(config)
+    assert fused == (config == "wide")
     nbytes = gdn_workspace_bytes(
         76, 4, 2, 2, 2, 64, 64, torch.float32, backward=False, fused_output=fused
     )
@@ -510,6 +515,7 @@ def test_explicit_workspace_is_used_and_sized(fill, monkeypatch):
             scale=0.125,
             o=torch.empty(76, 2, 64, device=DEVICE),
             workspace=torch.empty(nbytes - 1, dtype=torch.uint8, device=DEVICE),
+            config=config,
         )
     # A workspace 8 bytes past a 16-byte boundary is refused by name; nothing is written.
     arena = torch.empty(nbytes + 64, dtype=torch.uint8, device=DEVICE)
@@ -518,7 +524,7 @@ def test_explicit_workspace_is_used_and_sized(fill, monkeypatch):
     with pytest.raises(ValueError, match="workspace: its address must be 16-byte aligned"):
         gdn_forward(
             x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o,
-            workspace=arena[skew : skew + nbytes],
+            workspace=arena[skew : skew + nbytes], config=config,
         )  # fmt: skip
     assert torch.isnan(o).all()
     o = torch.full((76, 2, 64), float("nan"), device=DEVICE)
@@ -532,6 +538,7 @@ def test_explicit_workspace_is_used_and_sized(fill, monkeypatch):
         scale=0.125,
         o=o,
         workspace=torch.empty(nbytes, dtype=torch.uint8, device=DEVICE),
+        config=config,
     )
     ref_o, _ = gdn_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125)
     assert rel_err(o, ref_o) <= FP32_TOL["o"]
@@ -609,40 +616,148 @@ def test_batched_reference_equals_token_by_token_reference():
     assert rel_err(o2, o1) <= 1e-12 and rel_err(f2, f1) <= 1e-12
 
 
-# cu_seqlens values (76 tokens) -> whether the device flag must report them.
+# cu_seqlens values over 76 tokens -> whether the table is malformed.
 CU_SEQLENS_CASES = {
-    "valid": ([0, 5, 75, 75, 76], 0),
-    "decreasing": ([0, 5, 3, 70, 76], 1),
-    "past-total": ([0, 5, 75, 75, 90], 1),
-    "not-from-0": ([2, 5, 75, 75, 76], 1),
-    "short-of-total": ([0, 5, 70, 70, 70], 1),
+    "valid": ([0, 5, 75, 75, 76], False),
+    "decreasing": ([0, 5, 3, 70, 76], True),
+    "past-total": ([0, 5, 75, 75, 90], True),
+    "not-from-0": ([2, 5, 75, 75, 76], True),
+    "short-of-total": ([0, 5, 70, 70, 70], True),
 }
 
 
 @pytest.mark.parametrize("case", list(CU_SEQLENS_CASES), ids=list(CU_SEQLENS_CASES))
-def test_malformed_cu_seqlens_is_flagged_on_device_and_stays_in_bounds(case):
+def test_malformed_cu_seqlens_makes_every_output_nan(case):
     # No host check (it would sync): the kernels read a clamped copy (never outside the
-    # tensors) and raise a device flag the caller reads at its next sync point.
-    values, expected = CU_SEQLENS_CASES[case]
+    # tensors) and the call ends by writing NaN over every output it owns (poison.py), so
+    # no row is left unwritten and no number from a clamped partition passes for a result.
+    values, bad = CU_SEQLENS_CASES[case]
     x, _ = make_inputs()
     cu = torch.tensor(values, dtype=torch.int64, device=DEVICE)
-    flag = torch.full((1,), -1, dtype=torch.int32, device=DEVICE)
     o = torch.zeros(76, 2, 64, device=DEVICE)
     final = torch.zeros(4, 2, 64, 64, device=DEVICE)
     gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o,
-                initial_state=x["initial_state"], final_state=final, use_qk_l2norm=True,
-                cu_seqlens_error=flag)  # fmt: skip
-    assert flag.item() == expected
-    assert torch.isfinite(o).all() and torch.isfinite(final).all()
-    if case not in ("valid", "past-total"):
+                initial_state=x["initial_state"], final_state=final, use_qk_l2norm=True)  # fmt: skip
+    expect = torch.isnan if bad else torch.isfinite
+    assert expect(o).all() and expect(final).all()
+    if not bad:
+        ref_o, ref_final = gdn_reference(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125,
+            initial_state=x["initial_state"], use_qk_l2norm=True,
+        )  # fmt: skip
+        assert rel_err(o, ref_o) <= FP32_TOL["o"]
+        assert rel_err(final, ref_final) <= FP32_TOL["final_state"]
+    if case not in ("valid", "short-of-total"):
         return  # the backward builds the same tables: two cases cover its path
-    grads = {n: torch.zeros_like(x[n]) for n in ("q", "k", "v", "g", "beta")}
-    flag.fill_(-1)
-    gdn_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, o, scale=0.125,
-                 dq=grads["q"], dk=grads["k"], dv=grads["v"], dg=grads["g"],
-                 dbeta=grads["beta"], use_qk_l2norm=True, cu_seqlens_error=flag)  # fmt: skip
-    assert flag.item() == expected
-    assert all(torch.isfinite(t).all() for t in grads.values())
+    grads = {n: torch.zeros_like(x[n]) for n in ("q", "k", "v", "g", "beta", "initial_state")}
+    gdn_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, o if not bad else o.nan_to_num(),
+                 scale=0.125, dq=grads["q"], dk=grads["k"], dv=grads["v"], dg=grads["g"],
+                 dbeta=grads["beta"], initial_state=x["initial_state"],
+                 d_initial_state=grads["initial_state"], use_qk_l2norm=True)  # fmt: skip
+    assert all(expect(t).all() for t in grads.values())
+
+
+@pytest.mark.parametrize("values", [[1, 1], [0, 3]], ids=["not-from-0", "past-total"])
+def test_malformed_cu_seqlens_without_tokens_makes_the_states_nan(values):
+    x, _ = make_inputs(seqlens=(0,))
+    final = torch.zeros(1, 2, 64, 64, device=DEVICE)
+    cu = torch.tensor(values, dtype=torch.int32, device=DEVICE)
+    gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125,
+                o=x["q"].new_empty(0, 2, 64), initial_state=x["initial_state"],
+                final_state=final)  # fmt: skip
+    assert torch.isnan(final).all()
+
+
+def _pool_call(x, cu, indices, *, n_pool=7, overwrite=True):
+    pool = torch.randn(n_pool, 2, 64, 64, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    before = pool.clone()
+    final = pool if overwrite else torch.full_like(pool, 7.0)
+    final_before = final.clone()
+    o = nan_like(x["q"].new_empty(x["q"].shape[0], 2, 64))
+    gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o,
+                initial_state=pool, final_state=final,
+                state_indices=torch.tensor(indices, dtype=torch.int32, device=DEVICE),
+                use_qk_l2norm=True)  # fmt: skip
+    return o, before, final, final_before, pool
+
+
+@pytest.mark.parametrize("overwrite", [True, False], ids=["overwrite", "distinct-final"])
+def test_state_index_minus_one_skips_the_pool_and_runs_from_zero(overwrite):
+    # vLLM's padding slot (PAD_SLOT_ID = -1): its kernels neither read nor write the state
+    # pool for such a sequence. Ours do the same, and its output is the one a zero initial
+    # state gives (vLLM discards it; a defined value never leaks a stale row).
+    x, cu = make_inputs()
+    indices = [5, -1, 3, -1]
+    o, before, final, final_before, pool = _pool_call(x, cu, indices, overwrite=overwrite)
+    seeds = torch.stack([before[i] if i >= 0 else torch.zeros_like(before[0]) for i in indices])
+    ref_o, ref_final = gdn_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125,
+                                     initial_state=seeds, use_qk_l2norm=True)  # fmt: skip
+    assert rel_err(o, ref_o) <= FP32_TOL["o"]
+    assert rel_err(final[[5, 3]], ref_final[[0, 2]]) <= FP32_TOL["final_state"]
+    untouched = [i for i in range(7) if i not in (5, 3)]
+    assert torch.equal(final[untouched], final_before[untouched])
+    if not overwrite:
+        assert torch.equal(pool, before)  # the pool itself is only read
+
+
+@pytest.mark.parametrize("bad", [7, 100, -2], ids=["pool-size", "far-past", "minus-two"])
+def test_state_index_outside_the_pool_writes_nothing_there_and_nan_outputs(bad):
+    # An index naming no row of the pool (and not -1) is a caller error: sync-free, it is
+    # found on the device; nothing outside the pool is touched, the other sequences' rows
+    # and O become NaN (poison.py), and the pool's unindexed rows keep their values.
+    x, cu = make_inputs()
+    o, before, final, _, _ = _pool_call(x, cu, [5, bad, 3, 0])
+    assert torch.isnan(o).all()
+    assert torch.isnan(final[[5, 3, 0]]).all()
+    untouched = [1, 2, 4, 6]
+    assert torch.equal(final[untouched], before[untouched])
+
+
+def test_state_index_minus_one_without_tokens_leaves_the_pool():
+    x, _ = make_inputs(seqlens=(0, 0))
+    cu = torch.tensor([0, 0, 0], dtype=torch.int32, device=DEVICE)
+    _, before, final, _, _ = _pool_call(x, cu, [-1, 4], overwrite=False)
+    assert torch.equal(final[4], before[4])
+    others = [i for i in range(7) if i != 4]
+    assert (final[others] == 7.0).all()
+
+
+def _fused_projection_views(x):
+    """q, k, v as column slices of one [T, 3, H, D] projection output and g, beta as columns
+    of one [T, 2 * HO] tensor: the strided views a model hands over without a copy."""
+    total_t = x["q"].shape[0]
+    qkv = torch.empty(total_t, 3, *x["q"].shape[1:], dtype=x["q"].dtype, device=DEVICE)
+    gb = torch.empty(total_t, 2 * x["g"].shape[1], device=DEVICE)
+    views = dict(x)
+    for i, name in enumerate(("q", "k", "v")):
+        qkv[:, i] = x[name]
+        views[name] = qkv[:, i]
+    heads = x["g"].shape[1]
+    gb[:, :heads], gb[:, heads:] = x["g"], x["beta"]
+    views["g"], views["beta"] = gb[:, :heads], gb[:, heads:]
+    assert not any(views[n].is_contiguous() for n in ("q", "k", "v", "g", "beta"))
+    return views
+
+
+def test_strided_inputs_from_a_fused_projection_match_the_reference():
+    x, cu = make_inputs()
+    views = _fused_projection_views(x)
+    gen = torch.Generator().manual_seed(6)
+    d_o = torch.randn(76, 2, 64, generator=gen).to(DEVICE)
+    d_final = torch.randn(4, 2, 64, 64, generator=gen).to(DEVICE)
+    attrs = {"use_qk_l2norm": True}
+    o, final, grads = run_kernels(views, cu, 0.125, attrs, d_o, d_final)
+    ref_o, ref_final, ref_grads = reference_with_grads(x, cu, 0.125, attrs, d_o, d_final)
+    assert rel_err(o, ref_o) <= FP32_TOL["o"]
+    assert rel_err(final, ref_final) <= FP32_TOL["final_state"]
+    for name, grad in grads.items():
+        assert rel_err(grad, ref_grads[name]) <= FP32_TOL[GRAD_NAMES[name]], name
+    # The copy is counted: the size query grows by the strided inputs' bytes.
+    strided = tuple((n, views[n].dtype) for n in ("q", "k", "v", "g", "beta"))
+    dense = gdn_workspace_bytes(76, 4, 2, 2, 2, 64, 64, torch.float32, backward=False)
+    more = gdn_workspace_bytes(76, 4, 2, 2, 2, 64, 64, torch.float32, backward=False,
+                               strided=strided)  # fmt: skip
+    assert more - dense >= 4 * (3 * 76 * 2 * 64 + 2 * 76 * 2)
 
 
 def test_sequence_order_table_is_longest_first_ties_by_index():
@@ -660,29 +775,6 @@ def test_sequence_order_table_is_longest_first_ties_by_index():
     assert tables[4].tolist() == expected == [2, 6, 5, 0, 3, 1, 4]
 
 
-def test_state_kernels_v_fastest_grid_is_bitwise_the_same(monkeypatch):
-    # V_FASTEST only reorders which program id serves which (sequence, head, V block): the
-    # same programs, the same arithmetic, so every output is bitwise equal.
-    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
-
-    monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", 0.0)  # the configs patched below
-    x, cu = make_inputs(seqlens=(70, 1, 33))
-    gen = torch.Generator().manual_seed(5)
-    d_o = torch.randn(104, 2, 64, generator=gen).to(DEVICE)
-    d_final = torch.randn(3, 2, 64, 64, generator=gen).to(DEVICE)
-    attrs = {"use_qk_l2norm": True}
-    outs = {}
-    for v_fastest in (False, True):
-        for kernel in ("state_fwd", "state_bwd"):
-            cfg = {**gdn_mod.KERNEL_CONFIGS[kernel], "BV": 32, "V_FASTEST": v_fastest}
-            monkeypatch.setitem(gdn_mod.KERNEL_CONFIGS, kernel, cfg)
-        outs[v_fastest] = run_kernels(x, cu, 0.125, attrs, d_o, d_final)
-    (o0, f0, g0), (o1, f1, g1) = outs[False], outs[True]
-    assert torch.isfinite(o0).all() and torch.equal(o0, o1) and torch.equal(f0, f1)
-    for name in g0:
-        assert torch.equal(g0[name], g1[name]), name
-
-
 class NotLaunched:
     def __getitem__(self, grid):
         raise AssertionError("the output stage was launched")
@@ -692,20 +784,17 @@ class NotLaunched:
     "case", ["l2norm", "plain-nol2", "no-state", "group-q1-k1-v2", "K128-V64-int64cu"]
 )
 def test_forward_with_the_output_fused_into_the_state_stage(case, monkeypatch):
-    # state_fwd's FUSE_OUTPUT (kernels/state.py): O written by the state programs, no h / E
-    # stored, no output launch. Same outputs as the two-stage forward, against float64.
+    # state_fwd's FUSE_OUTPUT (kernels/state.py, config "wide"): O written by the state
+    # programs, no h / E stored, no output launch. Same outputs as the two-stage forward
+    # ("wide-unfused": the same state grid), against float64.
     from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
 
-    monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", 0.0)  # "state_fwd" in every batch
     opts, attrs = CASES[case]
     x, cu = make_inputs(**opts)
     scale = x["q"].shape[2] ** -0.5
-    cfg = gdn_mod.KERNEL_CONFIGS["state_fwd"]
-    monkeypatch.setitem(gdn_mod.KERNEL_CONFIGS, "state_fwd", {**cfg, "FUSE_OUTPUT": False})
-    o_two, final_two = run_forward(x, cu, scale, attrs)
-    monkeypatch.setitem(gdn_mod.KERNEL_CONFIGS, "state_fwd", {**cfg, "FUSE_OUTPUT": True})
+    o_two, final_two = run_forward(x, cu, scale, {**attrs, "config": "wide-unfused"})
     monkeypatch.setattr(gdn_mod, "output_fwd_kernel", NotLaunched())
-    o, final = run_forward(x, cu, scale, attrs)
+    o, final = run_forward(x, cu, scale, {**attrs, "config": "wide"})
     ref_o, ref_final = gdn_reference(
         x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=scale,
         initial_state=x["initial_state"], **attrs,
@@ -715,20 +804,13 @@ def test_forward_with_the_output_fused_into_the_state_stage(case, monkeypatch):
     assert rel_err(o, o_two) <= 1e-6 and torch.equal(final, final_two)
 
 
-def test_fused_output_forward_still_stores_requested_checkpoints(monkeypatch):
-    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
-
-    monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", 0.0)  # "state_fwd" in every batch
+def test_fused_output_forward_still_stores_requested_checkpoints():
     x, cu = make_inputs(seqlens=(70, 1, 33))
-    attrs = {"use_qk_l2norm": True}
     n_chunks = max_chunks(104, 3)
     plain = torch.full((n_chunks, 2, 64, 64), float("nan"))
-    cfg = gdn_mod.KERNEL_CONFIGS["state_fwd"]
-    monkeypatch.setitem(gdn_mod.KERNEL_CONFIGS, "state_fwd", {**cfg, "FUSE_OUTPUT": False})
-    run_forward(x, cu, 0.125, attrs, checkpoints=plain)
-    monkeypatch.setitem(gdn_mod.KERNEL_CONFIGS, "state_fwd", {**cfg, "FUSE_OUTPUT": True})
+    run_forward(x, cu, 0.125, {"use_qk_l2norm": True, "config": "wide-unfused"}, checkpoints=plain)
     fused = torch.full((n_chunks, 2, 64, 64), float("nan"))
-    o, _ = run_forward(x, cu, 0.125, attrs, checkpoints=fused)
+    o, _ = run_forward(x, cu, 0.125, {"use_qk_l2norm": True, "config": "wide"}, checkpoints=fused)
     assert torch.isfinite(o).all()
     written = ~torch.isnan(plain)
     assert written.any() and torch.equal(fused[written], plain[written])

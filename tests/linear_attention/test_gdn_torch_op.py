@@ -322,48 +322,81 @@ def test_backward_is_the_derivative_of_the_forward(wrt):
         assert abs(analytic - numeric) <= 2e-2 * abs(numeric) + 1e-5, (wrt, analytic, numeric)
 
 
-@pytest.mark.parametrize("batch_invariant", [False, True])
-def test_batch_invariant_reaches_the_launcher_and_keeps_the_two_stage_output(
-    batch_invariant, monkeypatch
-):
-    # In a batch that fills the GPU the forward fuses its output stage into the state
-    # kernel (kernels/gdn.py _state_config), which rounds O differently from the two-stage
-    # path a lone sequence takes on the H200. batch_invariant=True must reach the launcher
-    # through the op, the graph and the plan, and keep the two-stage path.
-    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
-
-    monkeypatch.setattr(gdn_mod, "STATE_WIDE_MIN_FILL", 0.0)  # every batch "fills the GPU"
-    launched = []
-    real = gdn_mod.output_fwd_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(gdn_mod, "output_fwd_kernel", Spy())
-    q, k, v, g, beta, cu, h0 = inputs(seed=7)
-    o, _ = ops.gated_delta_net(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        initial_state=h0,
-        cu_seqlens=cu,
-        use_qk_l2norm_in_kernel=True,
-        batch_invariant=batch_invariant,
-    )
-    ref_o, _ = gdn_reference(
-        q[0],
-        k[0],
-        v[0],
-        g[0],
-        beta[0],
-        cu,
-        scale=64**-0.5,
-        initial_state=h0.transpose(-1, -2),
-        use_qk_l2norm=True,
-    )
+def test_batch_invariant_through_the_op_gives_a_sequence_alone_its_batch_numbers():
+    # Without batch_invariant the plan's config follows the batch (kernels/configs.py: on the
+    # interpreter's notional 8 SMs four sequences x 2 heads take "wide", one alone "few").
+    # batch_invariant must reach the plan's pick through the op and the graph, and pin one
+    # config: the lone sequence's outputs are then bitwise its outputs inside the batch.
+    q, k, v, g, beta, _, _ = inputs(seed=7)
+    cu = torch.tensor([0, 17, 25, 33, 40], dtype=torch.int32)
+    h0 = torch.randn(4, 2, 64, 64, generator=torch.Generator().manual_seed(8)) * 0.1
+    kw = {"use_qk_l2norm_in_kernel": True, "batch_invariant": True, "output_final_state": True}
+    o, ht = ops.gated_delta_net(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, **kw)
+    part = lambda t: t[:, 17:25]
+    o1, ht1 = ops.gated_delta_net(
+        part(q), part(k), part(v), part(g), part(beta), initial_state=h0[1:2].contiguous(),
+        cu_seqlens=torch.tensor([0, 8], dtype=torch.int32), **kw,
+    )  # fmt: skip
+    assert torch.equal(o1[0], o[0, 17:25]) and torch.equal(ht1[0], ht[1])
+    ref_o, _ = gdn_reference(q[0], k[0], v[0], g[0], beta[0], cu, scale=64**-0.5,
+                             initial_state=h0.transpose(-1, -2), use_qk_l2norm=True)  # fmt: skip
     assert rel(o[0], ref_o) < TOL["o"]
-    assert bool(launched) == batch_invariant
+
+
+def test_a_malformed_cu_seqlens_gives_nan_and_the_batched_layout_is_right():
+    # THD: the caller's cu_seqlens ends short of the tokens; sync-free, the op's outputs
+    # come back NaN (never rows of a torch.empty left unwritten). The batched layout
+    # ([B, T, ...] without cu_seqlens: the op builds [0, T, 2T]) computes every sequence.
+    q, k, v, g, beta, _, h0 = inputs(seed=3)
+    short = torch.tensor([0, 17, 30], dtype=torch.int32)
+    o, ht = ops.gated_delta_net(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                cu_seqlens=short)  # fmt: skip
+    assert torch.isnan(o).all() and torch.isnan(ht).all()
+    batched = [t.reshape(2, 20, *t.shape[2:]) for t in (q, k, v, g, beta)]
+    o, ht = ops.gated_delta_net(*batched, initial_state=h0, output_final_state=True)
+    cu = torch.tensor([0, 20, 40], dtype=torch.int32)
+    ref_o, ref_ht = gdn_reference(q[0], k[0], v[0], g[0], beta[0], cu, scale=64**-0.5,
+                                  initial_state=h0.transpose(-1, -2))  # fmt: skip
+    assert rel(o.reshape(40, 2, 64), ref_o) < TOL["o"]
+    assert rel(ht, ref_ht.transpose(-1, -2)) < TOL["state"]
+
+
+def test_views_of_a_fused_projection_run_forward_and_backward():
+    # q, k, v split from one [B, T, 3 H D] projection and g, beta from one [B, T, 2 H]
+    # tensor: strided views the op takes as they are (the engine copies each once).
+    q, k, v, g, beta, cu, h0 = inputs(T=33, seed=5)
+    qkv = torch.cat([t.flatten(2) for t in (q, k, v)], dim=2).requires_grad_(True)
+    gb = torch.cat([g, beta], dim=2).requires_grad_(True)
+    views = [qkv[..., i * 128 : (i + 1) * 128].unflatten(2, (2, 64)) for i in range(3)]
+    views += [gb[..., :2], gb[..., 2:]]
+    assert not any(t.is_contiguous() for t in views)
+    o, ht = ops.gated_delta_net(*views, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                                use_qk_l2norm_in_kernel=True)  # fmt: skip
+    gen = torch.Generator().manual_seed(2)
+    do, dht = torch.randn(o.shape, generator=gen), torch.randn(ht.shape, generator=gen)
+    d_qkv, d_gb = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), (qkv, gb))
+    ref_leaves = [t.double().clone().requires_grad_(True) for t in (q, k, v, g, beta)]
+    ref_o, ref_ht = gdn_reference(*(t[0] for t in ref_leaves), cu, scale=64**-0.5,
+                                  initial_state=h0.double().transpose(-1, -2),
+                                  use_qk_l2norm=True)  # fmt: skip
+    loss = (ref_o * do[0].double()).sum() + (ref_ht.transpose(-1, -2) * dht.double()).sum()
+    ref = torch.autograd.grad(loss, ref_leaves)
+    assert rel(o[0], ref_o) < TOL["o"]
+    assert rel(d_qkv, torch.cat([t.flatten(2) for t in ref[:3]], dim=2)) < TOL["grad"]
+    assert rel(d_gb, torch.cat(ref[3:], dim=2)) < TOL["grad"]
+
+
+def test_pool_slot_minus_one_is_vllms_padding_slot():
+    # state_indices -1: no read, no write of the pool for that sequence; its output is the
+    # one a zero initial state gives.
+    q, k, v, g, beta, cu, _h0 = inputs(seed=9)
+    pool = torch.randn(5, 2, 64, 64) * 0.1
+    before = pool.clone()
+    idx = torch.tensor([-1, 2], dtype=torch.int32)
+    o = ops.gated_delta_net_overwrite_state(q, k, v, g, beta, pool, cu, state_indices=idx)
+    seeds = torch.stack([torch.zeros(2, 64, 64), before[2]])
+    ref_o, ref_ht = gdn_reference(q[0], k[0], v[0], g[0], beta[0], cu, scale=64**-0.5,
+                                  initial_state=seeds.transpose(-1, -2))  # fmt: skip
+    assert rel(o[0], ref_o) < TOL["o"]
+    assert rel(pool[2], ref_ht[1].transpose(-1, -2)) < TOL["state"]
+    assert torch.equal(pool[[0, 1, 3, 4]], before[[0, 1, 3, 4]])

@@ -384,12 +384,15 @@ def _gdn_bwd_impl(
     )
     h0 = _state_view(initial_state, state_v_first)
     dht = _state_view(d_final_state, state_v_first)
+    # Gradients dense whatever the inputs' strides (the engine reads strided q / k / v / g /
+    # beta, views of a fused projection, but writes dense gradients).
+    dense = torch.contiguous_format
     outs = {
-        "dQ": torch.empty_like(q),
-        "dK": torch.empty_like(k),
-        "dV": torch.empty_like(v),
-        "dG": torch.empty_like(g),
-        "dBeta": torch.empty_like(beta),
+        "dQ": torch.empty_like(q, memory_format=dense),
+        "dK": torch.empty_like(k, memory_format=dense),
+        "dV": torch.empty_like(v, memory_format=dense),
+        "dG": torch.empty_like(g, memory_format=dense),
+        "dBeta": torch.empty_like(beta, memory_format=dense),
         "d_initial_state": torch.empty_like(initial_state) if initial_state is not None else None,
         "d_a_log": torch.empty_like(a_log) if safe_gate and a_log is not None else None,
         "d_dt_bias": torch.empty_like(dt_bias) if safe_gate and dt_bias is not None else None,
@@ -454,12 +457,13 @@ def _(
     batch_invariant,
     state_v_first,
 ):
+    dense = torch.contiguous_format
     return [
-        torch.empty_like(q),
-        torch.empty_like(k),
-        torch.empty_like(v),
-        torch.empty_like(g),
-        torch.empty_like(beta),
+        torch.empty_like(q, memory_format=dense),
+        torch.empty_like(k, memory_format=dense),
+        torch.empty_like(v, memory_format=dense),
+        torch.empty_like(g, memory_format=dense),
+        torch.empty_like(beta, memory_format=dense),
         torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0),
         torch.empty_like(a_log) if safe_gate and a_log is not None else q.new_empty(0),
         torch.empty_like(dt_bias) if safe_gate and dt_bias is not None else q.new_empty(0),
@@ -601,6 +605,10 @@ def gated_delta_net(
     64); the kernels chunk by 64 whatever it says, which changes rounding only.
     cp_context (context parallelism) is not served.
     gate_domain ("log" | "linear") and batch_invariant are this op's own.
+    q / k / v / g / beta may be strided views (split from one fused projection): the engine
+    copies each non-contiguous one once into its workspace. cu_seqlens is checked on the
+    device (no sync): a malformed table (not starting at 0, decreasing, not ending at the
+    token count) makes every output NaN.
 
     Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)."""
     if head_first:
@@ -779,7 +787,10 @@ def gated_delta_net_overwrite_state(
 ) -> torch.Tensor:
     """Inference: run GDN and update `state` IN PLACE (K-major [N or N_pool, HO, K, V], fp32
     or bf16). With state_indices (int32 [N]) `state` is a pool whose row state_indices[i]
-    seeds sequence i and receives its final state; other rows are untouched. No autograd.
+    seeds sequence i and receives its final state; other rows are untouched. An index of -1
+    (a serving stack's padding slot) neither reads nor writes the pool: that sequence runs
+    from a zero state. An index outside the pool touches nothing there and makes o and the
+    indexed rows NaN (checked on the device, no sync). No autograd.
     q/k/v/g/beta and the keyword flags as in gated_delta_net, B == 1 (packed tokens).
     Returns o [1, T, HO, V]."""
     if q.dim() != 4 or q.shape[0] != 1:

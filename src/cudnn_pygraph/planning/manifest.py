@@ -88,6 +88,7 @@ FAMILIES = (
         anchors=("gdn", "gdn_bwd", "gdn_summary", "gdn_summary_bwd"),
         slots=(EngineSlot(0, "triton_gdn", f"{_PKG}.engines.linear_attention.gdn_engine", "GdnTritonEngine"),),
         analyzer=_LA_ANALYZER,
+        heuristics=(f"{_PKG}.engines.linear_attention.heuristics", "recommend"),
     ),
     EngineFamily("kda", index=4, anchors=("kda", "kda_bwd", "kda_summary", "kda_summary_bwd"), analyzer=_LA_ANALYZER),
     EngineFamily("gdn2", index=5, anchors=("gdn2", "gdn2_bwd", "gdn2_summary", "gdn2_summary_bwd"), analyzer=_LA_ANALYZER),

@@ -3,12 +3,12 @@
 backward).
 
 check_support decides everything the declaration decides (one gdn / gdn_bwd node, head dims
-the kernels serve, dtypes, dense token-packed operands, the state dtype rule, the
-checkpoint cadence); whatever it accepts, build and execute serve. The plan carries no
-knobs: the kernels' tile configs are fixed per (K, V, dtype) and, for the state
-recurrence, by whether the batch fills the GPU (kernels/gdn.py KERNEL_CONFIGS and
-_state_config, each config checked on the H200); batch_invariant is handed to the launchers,
-which then keep the one output path every batch size shares. execute hands the caller's
+the kernels serve, dtypes, dense token-packed outputs, the state dtype rule, the checkpoint
+cadence); whatever it accepts, build and execute serve. Strided q / k / v / g / beta are
+accepted: the launchers copy each once into the workspace (workspace_size counts it). The
+plan's one knob, KERNEL_CFG, names the kernels' tile config (kernels/configs.py); the
+family hook (heuristics.py) proposes it from facts, and build builds exactly it, so a
+replay by (engine_id, knobs) builds the same kernels. execute hands the caller's
 buffers (zero-copy torch views of the pack) straight to the launchers; scratch comes out of
 the caller's workspace (workspace_size), chunk tables are built on the device: no host
 sync, capturable. On CUDA the first call records the launcher's launches and later calls
@@ -19,19 +19,23 @@ Triton's JIT binding.
 from __future__ import annotations
 
 import operator
+from types import MappingProxyType
 
-from ..._types import data_type
+from ..._types import data_type, knob_type
 from ...planning.facts import facts_for, graph_device
 from ..base import BaseEngine, Capabilities, CompiledPlan, require_module
 from .analyzer import analyze
+from .kernels.configs import GdnKnobs, fuses_output
 
 IO_DTYPES = frozenset({data_type.HALF, data_type.BFLOAT16, data_type.FLOAT})
 STATE_DTYPES = (data_type.FLOAT, data_type.BFLOAT16)
 HEAD_DIMS = (64, 128)  # kernels/gdn.py SUPPORTED_HEAD_DIMS (not imported: no triton here)
 _DATA_PTR = operator.methodcaller("data_ptr")
 CHECKPOINT_CADENCE = 64  # the chunk size: one checkpoint per chunk
-# Ports the launchers read as dense row-major [total_T, heads(, dim)] tiles.
-DENSE_PORTS = ("q", "k", "v", "g", "beta", "dO", "O", "dQ", "dK", "dV", "dG", "dBeta")
+# Ports the launchers read or write as dense row-major [total_T, heads(, dim)] tiles; the
+# inputs q / k / v / g / beta may have any (non-negative) strides: copied once (STRIDED_PORTS).
+DENSE_PORTS = ("dO", "O", "dQ", "dK", "dV", "dG", "dBeta")
+STRIDED_PORTS = ("q", "k", "v", "g", "beta")
 STATE_PORTS = ("initial_state", "final_state", "d_final_state", "d_initial_state")
 VECTOR_PORTS = ("cu_seqlens", "a_log", "dt_bias", "state_indices", "d_a_log", "d_dt_bias")
 FORWARD_INPUTS = (
@@ -64,12 +68,25 @@ BACKWARD_INPUTS = (
 BACKWARD_OUTPUTS = ("dQ", "dK", "dV", "dG", "dBeta", "d_initial_state", "d_a_log", "d_dt_bias")
 
 
-def _row_major(dim):
-    strides, acc = [], 1
-    for d in reversed(dim):
-        strides.append(acc)
+def _contiguous(dim, stride):
+    """torch's is_contiguous() of a tensor of these dims and strides (the launchers' test):
+    row-major, a dim of extent 1 taking any stride."""
+    acc = 1
+    for d, s in zip(reversed(dim), reversed(stride)):
+        if d != 1 and s != acc:
+            return False
         acc *= max(int(d), 1)
-    return tuple(reversed(strides))
+    return True
+
+
+def strided_inputs(ports):
+    """((port, torch dtype name), ...) of the declared non-contiguous inputs: what the
+    launchers copy (gdn_workspace_bytes' `strided`)."""
+    return tuple(
+        (p, _TORCH_DTYPES[data_type(ports[p].data_type)])
+        for p in STRIDED_PORTS
+        if p in ports and not _contiguous(ports[p].dim, ports[p].stride)
+    )
 
 
 def _ports(node):
@@ -81,6 +98,10 @@ def _ports(node):
 
 class GdnTritonEngine(BaseEngine):
     name = "triton_gdn"
+    # The one tuning axis: which named config of kernels/configs.py the plan builds (the
+    # backend's KERNEL_CFG: "an engine's kernel configuration, by index").
+    KNOB_FIELDS = MappingProxyType({knob_type.KERNEL_CFG: "CONFIG"})
+    knob_class = GdnKnobs
     # Run (and checked against the float64 reference) on the H200 only; the interpreter
     # runs the same kernels in CI.
     capabilities = Capabilities(sm_lo=90, dtypes=IO_DTYPES)
@@ -107,10 +128,14 @@ class GdnTritonEngine(BaseEngine):
                 raise NotImplementedError(f"head dim {name}={dim} is not served ({HEAD_DIMS})")
         for port in DENSE_PORTS:
             t = ports.get(port)
-            if t is not None and tuple(t.stride) != _row_major(t.dim):
+            if t is not None and not _contiguous(t.dim, t.stride):
                 raise NotImplementedError(
                     f"{port}: stride {list(t.stride)} is not dense row-major (THD tokens packed)"
                 )
+        for port in STRIDED_PORTS:
+            t = ports.get(port)
+            if t is not None and any(s < 0 for s in t.stride):
+                raise NotImplementedError(f"{port}: negative stride {list(t.stride)}")
         for port in VECTOR_PORTS:
             t = ports.get(port)
             if t is not None and t.dim[0] > 1 and t.stride[0] != 1:
@@ -148,7 +173,7 @@ class GdnTritonEngine(BaseEngine):
         )
         names = tuple(n for n in names if n in ports)
         from ...runtime.execute import GraphLayout
-        from .kernels.gdn import forward_fuses_output, gdn_workspace_bytes
+        from .kernels.gdn import gdn_workspace_bytes
 
         position = GraphLayout(graph).position
         a = node.attrs
@@ -161,6 +186,7 @@ class GdnTritonEngine(BaseEngine):
             "safe_gate": bool(a.get("safe_gate")),
             "gate_domain": a.get("gate_domain", "log"),
             "batch_invariant": bool(a.get("batch_invariant")),
+            "config": plan.knobs.name,
         }
         import torch
 
@@ -169,9 +195,6 @@ class GdnTritonEngine(BaseEngine):
             data_type.BFLOAT16: torch.bfloat16,
             data_type.FLOAT: torch.float32,
         }[data_type(facts.io_dtype)]
-        on_cuda = not getattr(device, "is_interpreter", True)
-        dev = torch.device("cuda", device.ordinal) if on_cuda else torch.device("cpu")
-        n_out = max(facts.heads_q, facts.heads_v)
         nbytes = gdn_workspace_bytes(
             facts.total_tokens,
             facts.num_seqs,
@@ -184,10 +207,11 @@ class GdnTritonEngine(BaseEngine):
             backward=backward,
             has_checkpoints="checkpoints" in ports,
             safe_gate=flags["safe_gate"],
-            fused_output=not backward and forward_fuses_output(
-                facts.num_seqs, n_out, facts.head_dim_v, dev, flags["batch_invariant"]
-            ),
+            fused_output=not backward and fuses_output(plan.knobs.name),
+            strided=tuple((n, getattr(torch, dt)) for n, dt in strided_inputs(ports)),
         )
+        on_cuda = not getattr(device, "is_interpreter", True)
+        dev = torch.device("cuda", device.ordinal) if on_cuda else torch.device("cpu")
         built = GdnPlan(
             backward, names, [position[ports[n].uid] for n in names], flags, nbytes, device
         )
@@ -206,21 +230,15 @@ _TORCH_DTYPES = {
 
 
 def _compile_by_warm_launch(plan, ports, dev):
-    """Compile every kernel the plan launches, at build (never at execute): one launch on a
-    one-token problem with the declared dtypes, head counts and state strides, and as many
-    sequences (the first holds the token, the rest are empty) as take the declared batch's
-    state-kernel configs (kernels/gdn.py fewest_sequences_like: they follow the sequence
-    count). The kernels do not specialize on N or T, so the real call hits the same binaries
-    when its buffers are 16-byte aligned."""
+    """Compile every kernel the plan launches, at build (never at execute): one launch of
+    the plan's config on a one-sequence, one-token problem with the declared dtypes, head
+    counts and strides. The kernels do not specialize on N or T, so the real call hits the
+    same binaries when its buffers are 16-byte aligned."""
     import torch
 
     from .kernels.chunk_index import max_chunks
-    from .kernels.gdn import fewest_sequences_like
 
-    q, v = ports["q"].dim, ports["v"].dim
-    n_seqs = fewest_sequences_like(
-        ports["cu_seqlens"].dim[0] - 1, max(q[1], v[1]), v[2], dev, plan.flags["batch_invariant"]
-    )
+    n_seqs = 1
     views = {}
     for name, t in ports.items():
         dtype = getattr(torch, _TORCH_DTYPES[data_type(t.data_type)])
@@ -240,9 +258,9 @@ def _compile_by_warm_launch(plan, ports, dev):
         if name == "state_indices":
             views[name] = torch.arange(n_seqs, dtype=dtype, device=dev)
             continue
-        dims[0] = 1  # one token
+        dims[0] = 1  # one token, under the declared strides (a strided input's copy kernel)
         fill = 1.0 if name == "g" and plan.flags["gate_domain"] == "linear" else 0.0
-        views[name] = torch.full(dims, fill, dtype=dtype, device=dev)
+        views[name] = torch.empty_strided(dims, t.stride, dtype=dtype, device=dev).fill_(fill)
     plan._launch(views, None)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -340,9 +358,7 @@ class GdnPlan(CompiledPlan):
         self._replay, self.replay_refused = build_replay(record, roots, kind)
         self._root_names = tuple(names)
         if bufs is not None:
-            self._record_sig = tuple(
-                None if b is None else (b.shape, b.strides) for b in bufs
-            )
+            self._record_sig = tuple(None if b is None else (b.shape, b.strides) for b in bufs)
 
     def _external_stream(self, stream):
         s = self._streams.get(stream)

@@ -10,9 +10,11 @@ device values of cu_seqlens, so it is built here by two tiny kernels:
                                Every stage reads this copy, so a malformed cu_seqlens can
                                never make a kernel read or write outside its tensors.
   cu_error      [1] int32: 1 when cu_seqlens was not already valid (not starting at 0,
-                               decreasing, or not ending at total_T), else 0. Checked on
-                               the device without a host sync; the caller reads it at its
-                               next sync point (the launchers' `cu_seqlens_error`).
+                               decreasing, or not ending at total_T) or a state_indices
+                               entry is neither -1 (skip this sequence's state) nor a row
+                               of the pool, else 0. Checked on the device without a host
+                               sync; the launchers' last kernels then write NaN over the
+                               call's outputs (poison.py).
   chunk_offsets [N + 1] int32: the global index of each sequence's first chunk
                                (sum of ceil(T_m / BT) over m < n); chunk_offsets[N] is the
                                number of chunks.
@@ -45,10 +47,11 @@ def _running_max(a, b):
     return tl.maximum(a, b)
 
 
-@triton.jit(do_not_specialize=["N", "T"])
+@triton.jit(do_not_specialize=["N", "T", "n_pool"])
 def _chunk_offsets_kernel(
-    cu_ptr, safe_ptr, off_ptr, err_ptr, N, T, BT: tl.constexpr, BLOCK: tl.constexpr
-):
+    cu_ptr, safe_ptr, off_ptr, err_ptr, idx_ptr, n_pool, N, T, BT: tl.constexpr,
+    BLOCK: tl.constexpr, HAS_IDX: tl.constexpr,
+):  # fmt: skip
     # One program, two sequential passes over the sequences, BLOCK at a time.
     # Pass 1: cu_safe = running max of cu clamped into [0, T]; flag what changed.
     first = tl.load(cu_ptr).to(tl.int32)
@@ -63,6 +66,10 @@ def _chunk_offsets_kernel(
         safe = tl.maximum(tl.associative_scan(clamped, 0, _running_max), prev)
         tl.store(safe_ptr + idx + 1, safe, mask=valid)
         bad = tl.maximum(bad, tl.max(tl.where(valid & (raw != safe), 1, 0), 0))
+        if HAS_IDX:
+            slot = tl.load(idx_ptr + idx, mask=valid, other=0)
+            out = valid & ((slot < -1) | (slot >= n_pool))
+            bad = tl.maximum(bad, tl.max(tl.where(out, 1, 0), 0))
         prev = tl.maximum(prev, tl.max(tl.where(valid, safe, 0), 0))
     bad = tl.maximum(bad, (prev != T).to(tl.int32))
     tl.store(err_ptr, bad)
@@ -109,14 +116,18 @@ def _seq_order_kernel(safe_ptr, order_ptr, N, BLOCK: tl.constexpr):
 
 
 def build_chunk_tables(
-    cu_seqlens, total_t, cu_safe, cu_error, chunk_offsets, chunk_seq, seq_order
-) -> None:
+    cu_seqlens, total_t, cu_safe, cu_error, chunk_offsets, chunk_seq, seq_order,
+    state_indices=None, n_pool=0,
+) -> None:  # fmt: skip
     """Fill cu_safe [N+1], cu_error [1], chunk_offsets [N+1], chunk_seq [>= max_chunks] and
-    seq_order [N] (int32 device tensors) from cu_seqlens (int32 or int64)."""
+    seq_order [N] (int32 device tensors) from cu_seqlens (int32 or int64); state_indices
+    (int32 [N], into a pool of n_pool rows) is checked into cu_error too."""
     n_seqs = cu_seqlens.shape[0] - 1
+    has_idx = state_indices is not None
     _chunk_offsets_kernel[(1,)](
-        cu_seqlens, cu_safe, chunk_offsets, cu_error, n_seqs, total_t, BT=CHUNK, BLOCK=1024
-    )
+        cu_seqlens, cu_safe, chunk_offsets, cu_error, state_indices if has_idx else cu_error,
+        n_pool, n_seqs, total_t, BT=CHUNK, BLOCK=1024, HAS_IDX=has_idx,
+    )  # fmt: skip
     if n_seqs > 0:
         _chunk_seq_kernel[(n_seqs,)](chunk_offsets, chunk_seq, BLOCK=256)
         _seq_order_kernel[(n_seqs,)](cu_safe, seq_order, n_seqs, BLOCK=256)

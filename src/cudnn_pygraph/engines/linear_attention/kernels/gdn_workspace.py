@@ -20,16 +20,25 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _layout(
     total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, backward, has_checkpoints, safe_gate,
-    fused_output=False,
+    fused_output=False, strided=(),
 ):  # fmt: skip
     """[(name, dtype, shape)] of every scratch buffer, in carving order. fused_output: the
-    forward writes O from the state kernel, so it keeps neither h nor E (kernels/gdn.py
-    forward_fuses_output): ~T x HO x (V + K V / 64) x 2 bytes less, 0.4 GB at 32K tokens and
-    16 heads of 128."""
+    forward writes O from the state kernel, so it keeps neither h nor E (kernels/configs.py
+    fuses_output): ~T x HO x (V + K V / 64) x 2 bytes less, 0.4 GB at 32K tokens and 16
+    heads of 128. strided: ((input name, dtype), ...) of the non-contiguous inputs among
+    q / k / v / g / beta, each copied once into a dense buffer here (dense_copy.py)."""
     cdt = _compute_dtype(dtype)
     f32 = torch.float32
     n_chunks = max_chunks(total_t, n_seqs)
-    rows = [
+    input_shapes = {
+        "q": (total_t, n_q, dim_k),
+        "k": (total_t, n_k, dim_k),
+        "v": (total_t, n_v, dim_v),
+        "g": (total_t, n_out),
+        "beta": (total_t, n_out),
+    }
+    rows = [(f"{name}_dense", dt, input_shapes[name]) for name, dt in strided]
+    rows += [
         ("cu_safe", torch.int32, (n_seqs + 1,)),
         ("cu_error", torch.int32, (1,)),
         ("chunk_offsets", torch.int32, (n_seqs + 1,)),
@@ -93,10 +102,13 @@ def gdn_workspace_bytes(
     has_checkpoints: bool = False,
     safe_gate: bool = False,
     fused_output: bool = False,
+    strided: tuple = (),
 ) -> int:
     """Bytes of scratch the gdn forward (backward=False) or backward launcher carves.
-    fused_output: the forward's output stage runs inside the state kernel for this batch
-    (kernels/gdn.py forward_fuses_output); without it the size covers both forward paths."""
+    fused_output: the forward's output stage runs inside the state kernel under the call's
+    config (kernels/configs.py fuses_output); without it the size covers both forward
+    paths. strided: ((name, dtype), ...) of the non-contiguous inputs (their dense copies
+    are carved here too)."""
     n_out = max(n_q_heads, n_v_heads)
     rows = _layout(
         total_t,
@@ -112,6 +124,7 @@ def gdn_workspace_bytes(
         has_checkpoints,
         safe_gate,
         fused_output,
+        tuple(strided),
     )
     return sum(_aligned(_nbytes(dt, shape)) for _, dt, shape in rows)
 

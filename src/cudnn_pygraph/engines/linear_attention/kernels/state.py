@@ -88,6 +88,7 @@ def state_fwd_kernel(
     HO,
     H,
     HK,
+    n_pool,
     K: tl.constexpr,
     V: tl.constexpr,
     BV: tl.constexpr,
@@ -121,12 +122,18 @@ def state_fwd_kernel(
     v_idx = iv * BV + tl.arange(0, BV)
     r = tl.arange(0, 64)
     slot = n
+    in_pool = True
     if HAS_IDX:
+        # -1 (a serving stack's padding slot) and an index outside the pool: the pool is
+        # neither read nor written for this sequence, which runs from a zero state (an
+        # out-of-range index also raised the call's error flag: chunk_index.py).
         slot = tl.load(idx_ptr + n)
+        in_pool = (slot >= 0) & (slot < n_pool)
+        slot = tl.where(in_pool, slot, 0)
     s = tl.zeros([K, BV], dtype=tl.float32)
     if HAS_INIT:
         init_ptrs = state_block(init_ptr, slot.to(tl.int64) * si_n + h * si_h, v_idx, K, si_v, si_k)
-        s = tl.load(init_ptrs).to(tl.float32)
+        s = tl.load(init_ptrs, mask=in_pool, other=0.0).to(tl.float32)
     n_chunks = (tl.maximum(eos - bos, 0) + 63) // 64
     for i in range(n_chunks):
         t0 = bos + i * 64
@@ -147,9 +154,7 @@ def state_fwd_kernel(
         if FUSE_OUTPUT:
             q = load_rows(q_ptr, t0, r, valid, H * K, (h // (HO // H)) * K, K)
             rq = inv_norm(q, 1, L2NORM, EPS)
-            p = tl.dot(q, kt, input_precision=PREC) * (
-                decay_mask(g, g, valid, True) * rk[None, :]
-            )
+            p = tl.dot(q, kt, input_precision=PREC) * (decay_mask(g, g, valid, True) * rk[None, :])
             o = tl.dot(q, s.to(dt), input_precision=PREC) * tl.exp(g)[:, None]
             o += tl.dot(p.to(dt), e.to(dt), input_precision=PREC)
             o = o * (scale * rq)[:, None]
@@ -160,7 +165,7 @@ def state_fwd_kernel(
         s = s * tl.exp(g_last) + tl.dot(kt.to(dt), e.to(dt), input_precision=PREC)
     if HAS_FINAL:
         ptrs = state_block(final_ptr, slot.to(tl.int64) * sf_n + h * sf_h, v_idx, K, sf_v, sf_k)
-        tl.store(ptrs, s.to(final_ptr.dtype.element_ty))
+        tl.store(ptrs, s.to(final_ptr.dtype.element_ty), mask=in_pool)
 
 
 @triton.jit

@@ -67,17 +67,6 @@ def _store_gate_and_beta_grads(
     tl.store(dbeta_ptr + offs, d_braw.to(dbeta_ptr.dtype.element_ty), mask=row_ok)
 
 
-@triton.jit
-def _operand(x, ty, LOW: tl.constexpr):
-    """A tile as a tl.dot operand: the inputs' 16-bit dtype `ty` under LOW, else fp32 (fp32
-    runs and tf32 products). A 16-bit input tile passes through exactly either way."""
-    if LOW:
-        x = x.to(ty)
-    else:
-        x = x.to(tl.float32)
-    return x
-
-
 @triton.jit(do_not_specialize=["N"])
 def wy_bwd_kernel(
     k_ptr,
@@ -121,8 +110,6 @@ def wy_bwd_kernel(
     FINAL_DK: tl.constexpr,
     FINAL_DV: tl.constexpr,
     PREC: tl.constexpr,
-    LOW: tl.constexpr = False,
-    PARK: tl.constexpr = True,
 ):
     """dk, dv, dbeta and dG in BV / BK column slices, so that only the [64, 64] matrices
     (A^T, dA, the key Gram) stay whole. (The previous kernel held a dozen [64, 128] fp32
@@ -131,22 +118,21 @@ def wy_bwd_kernel(
     4 warps, bench/results/gdn.md.)
 
     Pass over V: dv, dbeta's value part, dA += dU (beta V)^T.
-    Pass 1 over K: dA += dW (beta d k_hat)^T, the Gram k_hat k_hat^T, and dk's first part
-    (beta d A^T dW + the stage-4 partial) parked in dk_part; without PARK, pass 2 forms
-    A^T dW again from a second read of dW (the fp32 round trip through dk_part traded for
-    one more product per slice).
+    Pass 1 over K: dA += dW (beta d k_hat)^T and the Gram k_hat k_hat^T; pass 2 forms
+    A^T dW again from a second read of dW (one more product per slice instead of an fp32
+    round trip through dk_part: (a) fwd+bwd 4.221 vs 4.311 ms, H200).
     Then dL = -A^T dA A^T and dM = dL * decay * beta (strictly lower); dM^T is read back
     transposed through this chunk's rows of the A buffer (A^T is already in registers):
     tl.trans of a computed tile fed to tl.dot is what Triton 3.6 miscompiles on Hopper.
     Pass 2 over K: dk = parked + (dM + dM^T) k_hat, then the l2norm Jacobian, whose row dot
     <k_hat, dk> is known before pass 2 from the reductions already made.
 
-    LOW (16-bit runs): every product takes 16-bit operands (fp32 accumulation), as fla's
+    16-bit runs: every product takes 16-bit operands (fp32 accumulation), as fla's
     WY backward does: A, dU, dW and dA are rounded to the inputs' dtype on entry to a
     product; k and v enter exactly. Column and row factors (beta, d, 1/||k||) are applied to
     fp32 results or to the [64, 64] matrices instead of to the key / value tiles, so that
-    the raw 16-bit tiles enter the products unrounded (timed: bench/results/gdn.md,
-    session 4)."""
+    the raw 16-bit tiles enter the products unrounded (tf32 products instead: (a) 1.329 vs
+    1.036 ms per launch, H200, bench/results/gdn.md). fp32 runs: fp32 operands, ieee."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -162,15 +148,15 @@ def wy_bwd_kernel(
     d = tl.where(row_ok, tl.exp(g), 0.0)
     bd = b * d
     ty = k_ptr.dtype.element_ty
-    at = _operand(_load_a(a_ptr, t0, valid, HO, h, True), ty, LOW)
+    at = (_load_a(a_ptr, t0, valid, HO, h, True)).to(ty)
 
     da = tl.zeros([64, 64], dtype=tl.float32)
     dbeta = tl.zeros([64], dtype=tl.float32)
     for iv in range(V // BV):
         col = iv * BV
-        du = _operand(load_rows(du_ptr, t0, r, valid, HO * V, h * V + col, BV), ty, LOW)
+        du = (load_rows(du_ptr, t0, r, valid, HO * V, h * V + col, BV)).to(ty)
         v = load_rows(v_ptr, t0, r, valid, HV * V, hv * V + col, BV).to(tl.float32)
-        vt = _operand(load_rows_t(v_ptr, t0, r, valid, HV * V, hv * V + col, BV), ty, LOW)
+        vt = (load_rows_t(v_ptr, t0, r, valid, HV * V, hv * V + col, BV)).to(ty)
         at_du = tl.dot(at, du, input_precision=PREC)
         dbeta += tl.sum(v * at_du, 1)
         if FINAL_DV:
@@ -184,9 +170,9 @@ def wy_bwd_kernel(
     kdp = tl.zeros([64], dtype=tl.float32)  # <k_hat, stage-4 partial dk> per row
     for ik in range(K // BK):
         col = ik * BK
-        k = _operand(load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK), ty, LOW)
-        kt = _operand(load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K + col, BK), ty, LOW)
-        dw = _operand(load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK), ty, LOW)
+        k = (load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK)).to(ty)
+        kt = (load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K + col, BK)).to(ty)
+        dw = (load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK)).to(ty)
         dkp = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
         at_dw = tl.dot(at, dw, input_precision=PREC)
         k_hat = k.to(tl.float32) * rk[:, None]
@@ -194,13 +180,10 @@ def wy_bwd_kernel(
         kdp += tl.sum(k_hat * dkp, 1)
         da += tl.dot(dw, kt, input_precision=PREC) * (rk * bd)[None, :]
         kk += tl.dot(k, kt, input_precision=PREC)
-        if PARK:
-            dkp += bd[:, None] * at_dw
-            store_rows(dk_part_ptr, dkp, t0, r, valid, HO * K, h * K + col, BK)
     kk = kk * rk[:, None] * rk[None, :]
 
-    dl = tl.dot(at, _operand(da, ty, LOW), input_precision=PREC)
-    dl = -tl.dot(_operand(dl, ty, LOW), at, input_precision=PREC)
+    dl = tl.dot(at, (da).to(ty), input_precision=PREC)
+    dl = -tl.dot((dl).to(ty), at, input_precision=PREC)
     strict = (r[:, None] > r[None, :]) & (r[:, None] < valid)
     dm = tl.where(strict, dl * tl.exp(tl.where(strict, g[:, None] - g[None, :], 0.0)), 0.0)
     dbeta += tl.sum(dm * kk, 1) + d * kdw
@@ -210,20 +193,19 @@ def wy_bwd_kernel(
     row_dot = bd * kdw + tl.sum(p, 1) + tl.sum(p, 0) + kdp
 
     a_rows = a_ptr + (t0.to(tl.int64) * HO + h) * 64
-    tl.debug_barrier()  # every thread has read A (and parked dk) before A is overwritten
+    tl.debug_barrier()  # every thread has read A before A is overwritten
     tl.store(a_rows + r[:, None] * (HO * 64) + r[None, :], dm, mask=row_ok[:, None])
     tl.debug_barrier()
     dmt = tl.load(a_rows + r[None, :] * (HO * 64) + r[:, None], mask=row_ok[None, :], other=0.0)
-    dsym = _operand((dm + dmt) * rk[None, :], ty, LOW)
+    dsym = ((dm + dmt) * rk[None, :]).to(ty)
     for ik in range(K // BK):
         col = ik * BK
         k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK)
         k_hat = k.to(tl.float32) * rk[:, None]
         dk = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
-        dk += tl.dot(dsym, _operand(k, ty, LOW), input_precision=PREC)
-        if not PARK:
-            dw = _operand(load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK), ty, LOW)
-            dk += bd[:, None] * tl.dot(at, dw, input_precision=PREC)
+        dk += tl.dot(dsym, (k).to(ty), input_precision=PREC)
+        dw = load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK).to(ty)
+        dk += bd[:, None] * tl.dot(at, dw, input_precision=PREC)
         if FINAL_DK:
             if L2NORM:
                 dk = (dk - k_hat * row_dot[:, None]) * rk[:, None]

@@ -7,43 +7,31 @@ k_hat the keys after the optional l2norm):
 so that the chunk's delta-rule corrections are E = u - w S_0 (S_0 the incoming state).
 
 wy_solve_kernel (one program per chunk and output head) computes the gates (stage 1), L and
-A, and writes G, beta_eff and the keys' inverse row norms. Two ways to finish (the
-launcher's FUSED config):
-- fused (APPLY): the same program forms w and u from A's blocks in registers, BA columns
-  at a time, and stores A (fp32, [T, HO, 64]) only when asked (STORE_A: the backward's
-  wy_bwd reads it; the forward does not). On the H200, (a) 8 x 4096: the forward's WY
-  stage 0.508 -> 0.478 ms (bench/results/gdn.md, session 3).
-- unfused: wy_solve stores A and wy_apply_kernel (same grid, more warps) reads it back.
+A, writes G, beta_eff and the keys' inverse row norms, and forms w and u from A's blocks in
+registers, BA columns at a time; it stores A (fp32, [T, HO, 64]) only when asked (STORE_A:
+the backward's wy_bwd reads it; the forward does not).
 
 The solve, per chunk:
 - L in ten 16x16 blocks (four diagonal, six below), each a tensor-core product of the RAW
   key tiles accumulated over BK-wide column slices, so no fp32 copy of the [64, K] key tile
-  is ever held (the previous single kernel held it and spilled ~600 B at 4 warps). The
-  l2norm enters as the outer product of inverse row norms, read off the Gram diagonal.
-- The four diagonal blocks inverted (INV):
-  "rows": forward substitution (row i of (I + L_ii)^-1 is e_i - sum_{j<i} L_ij row_j), the
-  four chains interleaved in one loop for ILP; 14 serial steps, each a masked row
-  extraction and a cross-lane reduction;
-  "dots": block doubling, X <- X - X (E X) at block sizes 4, 8, 16 (_invert_by_doubling):
-  six 16x16 tensor-core products per block.
+  is ever held. The l2norm enters as the outer product of inverse row norms, read off the
+  Gram diagonal.
+- The four diagonal blocks inverted by block doubling, X <- X - X (E X) at block sizes 4,
+  8, 16 (_invert_by_doubling): six 16x16 tensor-core products per block instead of 14
+  serial forward-substitution steps.
 - The six off-diagonal blocks by block forward substitution with small dots:
   A_ij = -A_ii sum_{i > m >= j} L_im A_mj. Plain Neumann products of L are exact only in
   exact arithmetic: with repeated keys L^m grows like binomials and fp32 cancels; the
   doubling above multiplies blocks of the inverse itself, never powers of L.
   For 16-bit inputs the doubling and merge products run as MERGE says (fp32 inputs: ieee).
-  Session 3 moved the merges from ieee to tf32x3 (ptxas sm_90, 1 warp: spills 788 B ->
-  none); session 4 measured plain tf32 faster still at the same test errors (below).
-- The apply's A operand (A_TERMS, 16-bit inputs only): 0 keeps A fp32 and converts each
-  row tile to fp32 for tf32 products; 1 folds the row scale into A's columns and rounds
-  A diag(s) once to the inputs' 16-bit type, so the raw 16-bit rows go straight into 16-bit
-  tensor-core products (as fla does with its bf16 A); 2 keeps A diag(s) as two 16-bit
-  terms (hi + lo, ~16 significant bits).
-H200, (a) 8 x 4096 bf16, the kernel alone (bench/gdn_wy_fwd.py, session 4): session 3's
-rows / tf32x3 / A_TERMS 0 0.418 ms; A_TERMS 1 0.382 (BA 32: 0.352), 2: 0.399; rows +
-tf32 + A_TERMS 1 0.339; dots + tf32 + A_TERMS 1 0.315 (at BA 32 the forward is 0.03 ms
-faster again: shipped, kernels/gdn.py KERNEL_CONFIGS); dots with tf32x3 0.733
-(its tf32x3 operand splits spill: 156-244 B). w / u vs float64: 1.7e-3 / 1.7e-3 with fp32
-A, 2.3e-3 / 1.7e-3 with A_TERMS 1 (fla 0.6.0: 3.0e-3 / 2.3e-3); O moves 1.6e-3.
+- The apply, 16-bit inputs: the row scale folded into A's columns and A diag(s) rounded
+  once to the inputs' 16-bit type, so the raw 16-bit rows go straight into 16-bit
+  tensor-core products (as fla does with its bf16 A); fp32 inputs keep A and the rows fp32
+  (ieee products: the accuracy reference).
+H200, (a) 8 x 4096 bf16, the kernel alone: 0.315 ms (forward substitution instead of the
+doubling 0.339, an fp32 A with tf32 products 0.382, a two-term 16-bit A 0.399, tf32x3
+doubling 0.733: its operand splits spill). w / u vs float64 2.3e-3 / 1.7e-3 (an fp32 A:
+1.7e-3 / 1.7e-3; fla 0.6.0: 3.0e-3 / 2.3e-3).
 Tried and dropped: one warp per 16-row block (4 warps, [4, 16, *] batched tiles, earlier
 blocks shared through the A buffer): 0.62-0.91 ms; 255 registers per thread even so.
 """
@@ -55,7 +43,7 @@ import triton.language as tl
 
 from .chunk_index import locate_chunk
 from .gates import effective_beta, log_decay
-from .tiles import load_rows, load_rows_t, load_vec, store_rows, store_vec
+from .tiles import load_rows, load_rows_t, store_rows, store_vec
 
 
 @triton.jit
@@ -110,16 +98,6 @@ def _inv_norms(kk_ii, L2NORM: tl.constexpr, EPS: tl.constexpr):
     else:
         ones = tl.full([16], 1.0, tl.float32)
         return ones, ones
-
-
-@triton.jit
-def _substitute_row(lb, ai, i):
-    """One forward-substitution step on a strictly lower 16x16 block: row i of
-    (I + lb)^-1 - I, from the rows above it (ai holds those, without the identity)."""
-    r = tl.arange(0, 16)
-    minus_l_i = tl.sum(tl.where(r[:, None] == i, -lb, 0.0), 0)  # -L[i, :], indexed by column
-    row = minus_l_i + tl.sum(minus_l_i[:, None] * ai, 0)
-    return tl.where(r[:, None] == i, row[None, :], ai)
 
 
 @triton.jit
@@ -232,34 +210,20 @@ def _invert_by_doubling(lb, PM: tl.constexpr):
 
 
 @triton.jit
-def _scaled_terms(a, s, TERMS: tl.constexpr, DT: tl.constexpr):
-    """A_ij diag(s_j) as 16-bit dot operands: (hi, lo) with hi + lo ~ 16 significant bits
-    when TERMS == 2; lo is hi (unused) when TERMS == 1."""
-    x = a * s[None, :]
-    hi = x.to(DT)
-    if TERMS == 2:
-        return hi, (x - hi.to(tl.float32)).to(DT)
-    return hi, hi
-
-
-@triton.jit
-def _dot_terms(hi, lo, x, acc, TERMS: tl.constexpr):
-    acc = tl.dot(hi, x, acc)
-    if TERMS == 2:
-        acc = tl.dot(lo, x, acc)
-    return acc
+def _scaled16(a, s, DT: tl.constexpr):
+    """A_ij diag(s_j) rounded once to the inputs' 16-bit type (a 16-bit dot operand)."""
+    return (a * s[None, :]).to(DT)
 
 
 @triton.jit
 def _apply_rows16(
     x_ptr, t0, valid, stride_x, col_x,
     h00, h10, h11, h20, h21, h22, h30, h31, h32, h33,
-    l00, l10, l11, l20, l21, l22, l30, l31, l32, l33,
-    out_ptr, stride_out, col_out, D: tl.constexpr, BA: tl.constexpr, TERMS: tl.constexpr,
+    out_ptr, stride_out, col_out, D: tl.constexpr, BA: tl.constexpr,
 ):  # fmt: skip
     """_apply_rows for 16-bit inputs with the row scale folded into A's columns:
-    out = (A diag(s)) X from the 16-bit terms h (+ l) of A diag(s) (_scaled_terms), X fed raw
-    (no fp32 copy of the tile; 16-bit tensor-core products, fp32 accumulation)."""
+    out = (A diag(s)) X from the 16-bit A diag(s) (_scaled16), X fed raw (no fp32 copy of
+    the tile; 16-bit tensor-core products, fp32 accumulation)."""
     r = tl.arange(0, 16)
     for ic in range(D // BA):
         c = ic * BA
@@ -267,13 +231,11 @@ def _apply_rows16(
         x1 = load_rows(x_ptr, t0, r + 16, valid, stride_x, col_x + c, BA)
         x2 = load_rows(x_ptr, t0, r + 32, valid, stride_x, col_x + c, BA)
         x3 = load_rows(x_ptr, t0, r + 48, valid, stride_x, col_x + c, BA)
-        zero = tl.zeros([16, BA], dtype=tl.float32)
-        o0 = _dot_terms(h00, l00, x0, zero, TERMS)
-        o1 = _dot_terms(h11, l11, x1, _dot_terms(h10, l10, x0, zero, TERMS), TERMS)
-        o2 = _dot_terms(h21, l21, x1, _dot_terms(h20, l20, x0, zero, TERMS), TERMS)
-        o2 = _dot_terms(h22, l22, x2, o2, TERMS)
-        o3 = _dot_terms(h31, l31, x1, _dot_terms(h30, l30, x0, zero, TERMS), TERMS)
-        o3 = _dot_terms(h33, l33, x3, _dot_terms(h32, l32, x2, o3, TERMS), TERMS)
+        o0 = tl.dot(h00, x0)
+        o1 = tl.dot(h11, x1, tl.dot(h10, x0))
+        o2 = tl.dot(h22, x2, tl.dot(h21, x1, tl.dot(h20, x0)))
+        o3 = tl.dot(h31, x1, tl.dot(h30, x0))
+        o3 = tl.dot(h33, x3, tl.dot(h32, x2, o3))
         store_rows(out_ptr, o0, t0, r, valid, stride_out, col_out + c, BA)
         store_rows(out_ptr, o1, t0, r + 16, valid, stride_out, col_out + c, BA)
         store_rows(out_ptr, o2, t0, r + 32, valid, stride_out, col_out + c, BA)
@@ -314,17 +276,13 @@ def wy_solve_kernel(
     NEG_EIGVAL: tl.constexpr,
     PREC: tl.constexpr,
     MERGE: tl.constexpr,
-    APPLY: tl.constexpr,
     STORE_A: tl.constexpr,
     EPS: tl.constexpr,
-    INV: tl.constexpr = "rows",
-    A_TERMS: tl.constexpr = 0,
 ):
     """One program per (chunk, output head): writes G, beta_eff, rk (the keys' inverse row
     norms, 1 without the l2norm) as [T, HO] fp32; A = (I + L)^-1 as [T, HO, 64] when STORE_A;
-    with APPLY also w and u from A in registers (wy_apply_kernel's products, BA columns at a
-    time). MERGE: the input_precision of the doubling and merge products for 16-bit inputs;
-    INV, A_TERMS: the module docstring."""
+    w and u from A in registers, BA columns at a time. MERGE: the input_precision of the
+    doubling and merge products for 16-bit inputs (the module docstring)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -389,27 +347,10 @@ def wy_solve_kernel(
 
     # The merges' precision (module docstring); fp32 inputs are the accuracy reference: ieee.
     PM: tl.constexpr = "ieee" if PREC == "ieee" else MERGE
-    if INV == "dots":
-        a00 = _invert_by_doubling(l00, PM)
-        a11 = _invert_by_doubling(l11, PM)
-        a22 = _invert_by_doubling(l22, PM)
-        a33 = _invert_by_doubling(l33, PM)
-    else:
-        # Rows 0 and 1 of (I + L_ii)^-1 - I are -L_ii's; rows 2..15 by substitution.
-        a00 = -l00
-        a11 = -l11
-        a22 = -l22
-        a33 = -l33
-        for i in range(2, 16):
-            a00 = _substitute_row(l00, a00, i)
-            a11 = _substitute_row(l11, a11, i)
-            a22 = _substitute_row(l22, a22, i)
-            a33 = _substitute_row(l33, a33, i)
-        eye = (r[:, None] == r[None, :]).to(tl.float32)
-        a00 += eye
-        a11 += eye
-        a22 += eye
-        a33 += eye
+    a00 = _invert_by_doubling(l00, PM)
+    a11 = _invert_by_doubling(l11, PM)
+    a22 = _invert_by_doubling(l22, PM)
+    a33 = _invert_by_doubling(l33, PM)
     a10 = -_mm(a11, _mm(l10, a00, PM), PM)
     a21 = -_mm(a22, _mm(l21, a11, PM), PM)
     a32 = -_mm(a33, _mm(l32, a22, PM), PM)
@@ -428,47 +369,45 @@ def wy_solve_kernel(
         _store_a_block(a_ptr, a31, t0, 3, 1, valid, HO, h)
         _store_a_block(a_ptr, a32, t0, 3, 2, valid, HO, h)
         _store_a_block(a_ptr, a33, t0, 3, 3, valid, HO, h)
-    if APPLY and A_TERMS > 0 and PREC != "ieee":
+    if PREC != "ieee":
         # Both scaled copies of A formed before either product, so the fp32 blocks die here.
         DT: tl.constexpr = k_ptr.dtype.element_ty
         e0 = b0 * tl.exp(g0) * n0
         e1 = b1 * tl.exp(g1) * n1
         e2 = b2 * tl.exp(g2) * n2
         e3 = b3 * tl.exp(g3) * n3
-        uh00, ul00 = _scaled_terms(a00, b0, A_TERMS, DT)
-        uh10, ul10 = _scaled_terms(a10, b0, A_TERMS, DT)
-        uh11, ul11 = _scaled_terms(a11, b1, A_TERMS, DT)
-        uh20, ul20 = _scaled_terms(a20, b0, A_TERMS, DT)
-        uh21, ul21 = _scaled_terms(a21, b1, A_TERMS, DT)
-        uh22, ul22 = _scaled_terms(a22, b2, A_TERMS, DT)
-        uh30, ul30 = _scaled_terms(a30, b0, A_TERMS, DT)
-        uh31, ul31 = _scaled_terms(a31, b1, A_TERMS, DT)
-        uh32, ul32 = _scaled_terms(a32, b2, A_TERMS, DT)
-        uh33, ul33 = _scaled_terms(a33, b3, A_TERMS, DT)
-        wh00, wl00 = _scaled_terms(a00, e0, A_TERMS, DT)
-        wh10, wl10 = _scaled_terms(a10, e0, A_TERMS, DT)
-        wh11, wl11 = _scaled_terms(a11, e1, A_TERMS, DT)
-        wh20, wl20 = _scaled_terms(a20, e0, A_TERMS, DT)
-        wh21, wl21 = _scaled_terms(a21, e1, A_TERMS, DT)
-        wh22, wl22 = _scaled_terms(a22, e2, A_TERMS, DT)
-        wh30, wl30 = _scaled_terms(a30, e0, A_TERMS, DT)
-        wh31, wl31 = _scaled_terms(a31, e1, A_TERMS, DT)
-        wh32, wl32 = _scaled_terms(a32, e2, A_TERMS, DT)
-        wh33, wl33 = _scaled_terms(a33, e3, A_TERMS, DT)
+        uh00 = _scaled16(a00, b0, DT)
+        uh10 = _scaled16(a10, b0, DT)
+        uh11 = _scaled16(a11, b1, DT)
+        uh20 = _scaled16(a20, b0, DT)
+        uh21 = _scaled16(a21, b1, DT)
+        uh22 = _scaled16(a22, b2, DT)
+        uh30 = _scaled16(a30, b0, DT)
+        uh31 = _scaled16(a31, b1, DT)
+        uh32 = _scaled16(a32, b2, DT)
+        uh33 = _scaled16(a33, b3, DT)
+        wh00 = _scaled16(a00, e0, DT)
+        wh10 = _scaled16(a10, e0, DT)
+        wh11 = _scaled16(a11, e1, DT)
+        wh20 = _scaled16(a20, e0, DT)
+        wh21 = _scaled16(a21, e1, DT)
+        wh22 = _scaled16(a22, e2, DT)
+        wh30 = _scaled16(a30, e0, DT)
+        wh31 = _scaled16(a31, e1, DT)
+        wh32 = _scaled16(a32, e2, DT)
+        wh33 = _scaled16(a33, e3, DT)
         hv = h // (HO // HV)
         _apply_rows16(
             v_ptr, t0, valid, HV * V, hv * V,
             uh00, uh10, uh11, uh20, uh21, uh22, uh30, uh31, uh32, uh33,
-            ul00, ul10, ul11, ul20, ul21, ul22, ul30, ul31, ul32, ul33,
-            u_ptr, HO * V, h * V, V, BA, A_TERMS,
+            u_ptr, HO * V, h * V, V, BA,
         )  # fmt: skip
         _apply_rows16(
             k_ptr, t0, valid, HK * K, hk * K,
             wh00, wh10, wh11, wh20, wh21, wh22, wh30, wh31, wh32, wh33,
-            wl00, wl10, wl11, wl20, wl21, wl22, wl30, wl31, wl32, wl33,
-            w_ptr, HO * K, h * K, K, BA, A_TERMS,
+            w_ptr, HO * K, h * K, K, BA,
         )  # fmt: skip
-    elif APPLY:
+    else:
         hv = h // (HO // HV)
         _apply_rows(
             v_ptr, t0, valid, HV * V, hv * V, b0, b1, b2, b3,
@@ -482,55 +421,3 @@ def wy_solve_kernel(
             a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
             w_ptr, HO * K, h * K, K, BA, PREC,
         )  # fmt: skip
-
-
-@triton.jit(do_not_specialize=["N"])
-def wy_apply_kernel(
-    k_ptr,
-    v_ptr,
-    gc_ptr,
-    beff_ptr,
-    rk_ptr,
-    a_ptr,
-    cu_ptr,
-    off_ptr,
-    seq_ptr,
-    N,
-    w_ptr,
-    u_ptr,
-    HO,
-    HK,
-    HV,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """One program per (chunk, output head): w = A (beta d rk k), u = A (beta v), BK / BV
-    columns at a time. A and the operands stay fp32 into the product (tf32 for 16-bit inputs,
-    ieee for fp32): the A entries are what every later stage is corrected by."""
-    c = tl.program_id(0)
-    h = tl.program_id(1)
-    _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
-    if valid <= 0:
-        return
-    hk = h // (HO // HK)
-    hv = h // (HO // HV)
-    r = tl.arange(0, 64)
-    keep = (r[None, :] <= r[:, None]) & (r < valid)[:, None]
-    base = a_ptr + (t0.to(tl.int64) * HO + h) * 64
-    a = tl.load(base + r[:, None] * (HO * 64) + r[None, :], mask=keep, other=0.0)
-    a = a.to(tl.float32)
-    b = load_vec(beff_ptr, t0, r, valid, HO, h)
-    for iv in range(V // BV):
-        x = load_rows(v_ptr, t0, r, valid, HV * V, hv * V + iv * BV, BV).to(tl.float32)
-        u = tl.dot(a, x * b[:, None], input_precision=PREC)
-        store_rows(u_ptr, u, t0, r, valid, HO * V, h * V + iv * BV, BV)
-    g = load_vec(gc_ptr, t0, r, valid, HO, h)
-    rk = load_vec(rk_ptr, t0, r, valid, HO, h)
-    row_scale = tl.where(r < valid, b * tl.exp(g) * rk, 0.0)
-    for ik in range(K // BK):
-        x = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + ik * BK, BK).to(tl.float32)
-        w = tl.dot(a, x * row_scale[:, None], input_precision=PREC)
-        store_rows(w_ptr, w, t0, r, valid, HO * K, h * K + ik * BK, BK)

@@ -1,0 +1,146 @@
+"""The gdn kernels' tile configs: one immutable table of named, complete configs (every
+kernel's BK / BV slices, warps, stages and flags), selected by the plan's knob.
+
+A plan records (engine_id, GdnKnobs(CONFIG=i)) and builds CONFIGS[i] whatever the batch,
+so a replay by knobs builds the same kernels (pygraph-design.txt, "every python plan lists
+the knobs it will build"). The family's hook (engines/linear_attention/heuristics.py)
+proposes recommend_config()'s pick first and the rest of the table behind it for a caller
+that autotunes. Every entry is checked against the float64 reference on the H200
+(tests/gpu/test_gdn_gpu.py runs each one: Triton 3.6 on Hopper miscompiles some configs,
+BRIEF.md); add one only with that test, and time it with `bench/gdn.py --sweep`.
+
+This module imports neither torch nor triton: the planner's hook reads it.
+
+Why these values (H200, bench/results/gdn.md; forward / fwd+bwd ms of (a) 8 x 4096,
+(b) 1 x 32768, (c) 64 mixed sequences, H16, K = V = 128, bf16):
+- wy_solve (kernels/wy_fwd.py): w and u formed in the program that solves A, the diagonal
+  inversions by block doubling, the doubling / merge products in plain tf32 (MERGE), w and
+  u from A diag(s) rounded to 16 bits, 32-wide apply slices (BA), 1 warp, 3 stages: the
+  kernel alone on (a) 0.315 ms (forward 0.726); BA 32 vs 16: (a) 0.702 / 4.260 vs
+  0.732 / 4.311, bitwise-equal results. 2 warps 1.441 vs 1.147 (forward, older kernel).
+- state_fwd / state_bwd: one program per (sequence, head, V block) walks all of a
+  sequence's chunks, so how many programs a batch gives decides the best config:
+  "wide" (the batch gives every SM a program): state_fwd writes O itself (FUSE_OUTPUT: no
+  h / E round trips, no output_fwd launch) at BV=64, 4 warps, 2 stages on the V-fastest
+  grid (V_FASTEST, kernels/state.py state_program): (a) 0.845 / 4.849, (c) 1.850 / 10.663;
+  unfused 0.927 / 4.944, 1.850 / 10.839. state_bwd BV=32 at 4 warps / 2 stages V-fastest.
+  "few" (one long sequence: the recurrence's latency): state_fwd BV=16 at 4 warps
+  (b) 1.232 / 6.460 vs the wide config's 3.158; state_bwd BV=16 at 2 stages 6.694.
+  state_bwd at BV=16 / 4 warps / 1 stage gives NaN gradients on the H200 (Triton 3.6):
+  not a config to use.
+- output_fwd: BV=128 at 4 warps 1.86 / 2.48 vs 8 warps 2.00 / 2.57.
+- dqk (two launches: the dq side, then the dk side) at BV=64, 8 warps, 2 stages,
+  registers capped at 128 (two programs per SM): 5.49 (one launch: 5.68).
+- wy_bwd (kernels/wy.py: 16-bit product operands, A^T dW formed twice rather than parked):
+  32-wide slices at 4 warps; at 2 stages these slices hit an illegal address at (a)'s size
+  (Triton 3.6 on Hopper): not a config to use.
+- dv_local: chosen by ptxas (no spills).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import MappingProxyType
+
+
+def _frozen(kernels: dict) -> MappingProxyType:
+    return MappingProxyType({name: MappingProxyType(dict(cfg)) for name, cfg in kernels.items()})
+
+
+_SHARED = {
+    "wy_solve": {"BK": 64, "BA": 32, "MERGE": "tf32", "num_warps": 1, "num_stages": 3},
+    "output_fwd": {"BV": 128, "num_warps": 4},
+    "dv_local": {"BV": 128, "num_warps": 8},
+    "dqk": {"BV": 64, "num_warps": 8, "num_stages": 2, "maxnreg": 128},
+    "wy_bwd": {"BK": 32, "BV": 32, "num_warps": 4},
+}
+_WIDE_STATE_BWD = {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True}
+
+# (name, {kernel: config}); a plan's CONFIG knob is the index. Append only: a recorded
+# plan's index must keep naming the same kernels.
+CONFIGS = (
+    (
+        "wide",
+        _frozen({
+            **_SHARED,
+            "state_fwd": {"BV": 64, "num_warps": 4, "num_stages": 2, "V_FASTEST": True,
+                          "FUSE_OUTPUT": True},
+            "state_bwd": _WIDE_STATE_BWD,
+        }),
+    ),
+    (
+        "few",
+        _frozen({
+            **_SHARED,
+            "state_fwd": {"BV": 16, "num_warps": 4},
+            "state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 2},
+        }),
+    ),
+    (
+        # The wide grid with the two-stage output (state_fwd stores h and E, output_fwd
+        # reads them): (a) 0.927 ms forward vs 0.845 fused.
+        "wide-unfused",
+        _frozen({
+            **_SHARED,
+            "state_fwd": {"BV": 64, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
+            "state_bwd": _WIDE_STATE_BWD,
+        }),
+    ),
+)  # fmt: skip
+CONFIG_NAMES = tuple(name for name, _ in CONFIGS)
+
+# A batch takes "wide" when that config's state grid has at least this many programs per
+# SM, else "few" (the measurements above).
+STATE_WIDE_MIN_FILL = 1.0
+# The Triton interpreter has no SMs; a notional count makes the CPU suite take both
+# configs (its multi-sequence cases "wide", its one-sequence cases "few").
+INTERPRETER_SMS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class GdnKnobs:
+    """CONFIG: the index of the named config in CONFIGS the plan builds."""
+
+    CONFIG: int = 0
+
+    def __post_init__(self):
+        if not 0 <= self.CONFIG < len(CONFIGS):
+            raise ValueError(
+                f"GdnKnobs.CONFIG={self.CONFIG}: must index one of {len(CONFIGS)} configs "
+                f"{list(CONFIG_NAMES)}"
+            )
+
+    @property
+    def name(self) -> str:
+        return CONFIG_NAMES[self.CONFIG]
+
+
+def config(name: str) -> MappingProxyType:
+    """The named config ({kernel: {parameter: value}}, read-only)."""
+    if name not in CONFIG_NAMES:
+        raise ValueError(f"config: {name!r} is not one of {list(CONFIG_NAMES)}")
+    return CONFIGS[CONFIG_NAMES.index(name)][1]
+
+
+def knobs_for(name: str) -> GdnKnobs:
+    config(name)  # names the bad value
+    return GdnKnobs(CONFIG_NAMES.index(name))
+
+
+def fuses_output(name: str) -> bool:
+    """Whether the forward under this config writes O from the state kernel (then it keeps
+    no h / E scratch: gdn_workspace_bytes(fused_output=True))."""
+    return bool(config(name)["state_fwd"].get("FUSE_OUTPUT"))
+
+
+def recommend_config(n_seqs, n_out, dim_v, sm_count, batch_invariant) -> str:
+    """The config a batch of n_seqs sequences of n_out heads of V = dim_v runs best on, from
+    shapes alone. batch_invariant pins "wide" whatever the batch: a config's kernels split
+    the work by (sequence, head, V block) and never by the batch, so a sequence's outputs
+    are then bitwise the same alone or in any batch (spec: "the work split may depend on
+    the sequence's own length only, never on the batch")."""
+    if batch_invariant:
+        return "wide"
+    bv = min(config("wide")["state_fwd"]["BV"], dim_v)
+    programs = n_seqs * n_out * (dim_v // bv)
+    return "wide" if programs >= STATE_WIDE_MIN_FILL * sm_count else "few"
