@@ -258,3 +258,13 @@ def test_a_ragged_operand_may_be_the_packed_rows_under_a_padded_declaration():
     pack = VariantPack.from_mapping(_declared(host=[0]), {1: eps, 2: packed})
     with pytest.raises(ValueError, match=r"'q'"):
         pack.check_declared(2, 0)  # not ragged: the declared extent is read
+
+
+def test_a_boolean_tensor_is_the_bit_packed_bytes_the_backend_writes():
+    # NVIDIA's relu-bitmask sample binds a uint8 [N, C // 8] buffer to a BOOLEAN [N, C]
+    # output: the backend stores booleans eight to a byte, so only the device is checked.
+    layout = DeclaredLayout([(1, (4, 64), (64, 1), int(cudnn.data_type.BOOLEAN), 8)], names=["m"])
+    VariantPack.from_mapping(layout, {1: Cuda(BASE["A"], (4, 8), typestr="<u1")}).check_declared(2, 0)
+    on_host = np.zeros((4, 8), dtype=np.uint8)
+    with pytest.raises(ValueError, match="'m'.*rule: device"):
+        VariantPack.from_mapping(layout, {1: on_host}).check_declared(2, 0)

@@ -731,6 +731,10 @@ static int declared_rule(PgPack *p, Py_ssize_t i, int32_t device_type, int32_t d
         }
     }
     if (!p->layout->described) return 0;
+    /* The backend stores a BOOLEAN tensor bit-packed, eight to a byte (NVIDIA's relu-bitmask
+     * sample binds a uint8 [N, C / 8] buffer to a BOOLEAN [N, C] output), which a
+     * byte-per-element declaration cannot describe: only its device is checked. */
+    if (d->decl.code == PG_CODE_BOOLEAN) return 0;
     if (v->code != d->decl.code) {
         operand_error(OperandMismatchError, p, i, NULL, "the buffer holds data_type %d and the "
                       "declaration data_type %d; this plan reads the declared dtype (rule: "

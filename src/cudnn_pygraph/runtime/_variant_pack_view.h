@@ -28,6 +28,8 @@ typedef struct {
     uint8_t dl_bits;
 } PgDtypeRow;
 
+enum { PG_CODE_BOOLEAN = 12 }; /* data_type.BOOLEAN */
+
 static const PgDtypeRow PG_DTYPES[] = {
     {1, PG_DL_FLOAT, 32},  /* FLOAT */
     {2, PG_DL_FLOAT, 64},  /* DOUBLE */
@@ -37,7 +39,7 @@ static const PgDtypeRow PG_DTYPES[] = {
     {7, PG_DL_UINT, 8},    /* UINT8 */
     {10, PG_DL_BFLOAT, 16}, /* BFLOAT16 */
     {11, PG_DL_INT, 64},   /* INT64 */
-    {12, PG_DL_BOOL, 8},   /* BOOLEAN */
+    {PG_CODE_BOOLEAN, PG_DL_BOOL, 8}, /* BOOLEAN (one byte an element, as DLPack's bool) */
     {14, PG_DL_F8_E4M3FN, 8},  /* FP8_E4M3 (the OCP "fn" variant) */
     {15, PG_DL_F8_E5M2, 8},    /* FP8_E5M2 */
     {17, PG_DL_F8_E8M0FNU, 8}, /* FP8_E8M0 */
