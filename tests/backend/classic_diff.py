@@ -177,6 +177,14 @@ def _diff_dict(out, sig, path, a, b):
 
 
 # ---------------------------------------------------------------- one graph, both packages
+def same_verdict(ours, nvidia):
+    """The same stage, and ours raised NVIDIA's error type or a subclass of a class of that
+    name (an `except` written for NVIDIA's error catches ours). Outcomes of run()."""
+    if ours.stage != nvidia.stage:
+        return False
+    return ours.stage == "ok" or nvidia.error in ours.error_bases
+
+
 @dataclasses.dataclass
 class Result:
     desc: cg.GraphDesc
@@ -186,11 +194,7 @@ class Result:
 
     @property
     def verdicts_agree(self):
-        """The same stage, and ours raised NVIDIA's error type or a subclass of a class
-        of that name (an `except` written for NVIDIA's error catches ours)."""
-        if self.ours.stage != self.nvidia.stage:
-            return False
-        return self.ours.stage == "ok" or self.nvidia.error in self.ours.error_bases
+        return same_verdict(self.ours, self.nvidia)
 
     @property
     def lowered_equal(self):
