@@ -73,9 +73,13 @@ def nv():
 
 @pytest.mark.parametrize("key", list(ARRAYS))
 def test_an_array_is_declared_as_nvidias_tensor_like_declares_it(nv, key):
-    got = describe(ours, ARRAYS[key])
-    assert got == describe(nv, ARRAYS[key])
-    assert got[2] == "unset" and got[3] is False  # a host numpy array is not by value
+    got, theirs = describe(ours, ARRAYS[key]), describe(nv, ARRAYS[key])
+    if 0 in got[0]:
+        # an empty array's strides address nothing, and numpy releases report them
+        # differently (2.5 says 0s): dims, dtype and by-value are what a declaration keeps
+        got, theirs = got[:1] + got[2:], theirs[:1] + theirs[2:]
+    assert got == theirs
+    assert got[-2] == "unset" and got[-1] is False  # a host numpy array is not by value
 
 
 def test_a_dlpack_producer_is_read_through_dlpack(nv):

@@ -550,3 +550,20 @@ def test_replaying_engine_id_and_knobs_builds_the_same_kernels(make):
         assert replayed.built[replayed.plans[0].identity].kernel_keys == listed, (index, knobs)
     if make is _dense_d128_graph:  # the D128 list carries a register-capped config
         assert capped and all("maxnreg=128" in options for options in capped)
+
+
+def test_a_length_tensor_of_another_rank_is_declined_as_the_backend_refuses_it():
+    """The backend refuses seq_len_kv of rank 3 when it builds (H200 differential: NVIDIA's
+    package found no plan where our decode engine ran); our engines decline it, naming it."""
+    i32 = {"data_type": DT.INT32}
+    g = _graph()
+    cache = g.tensor([6, 2, 16, 64], name="cache")
+    table = g.tensor([2, 1, 3, 1], **i32, name="table")
+    o = g.sdpa(g.tensor([2, 8, 1, 64], name="q"), cache, cache, generate_stats=False,
+               use_padding_mask=True, seq_len_q=g.tensor([2, 1, 1, 1], **i32),
+               seq_len_kv=g.tensor([2, 1, 1], **i32), paged_attention_k_table=table,
+               paged_attention_v_table=table, paged_attention_max_seq_len_kv=48)[0]  # fmt: skip
+    o.set_output(True)
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError):
+        g.create_execution_plans([cudnn.heur_mode.A])
+    assert "seq_len_kv has rank 3" in g.explain()

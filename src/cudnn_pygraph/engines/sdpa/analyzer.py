@@ -47,7 +47,14 @@ class SdpaGraphFacts:
     conflict: str | None = None
 
 
-def _conflict(q, k, v, paged):
+def _conflict(q, k, v, paged, inputs):
+    # The backend refuses a per-batch length or page table that is not rank 4 when it
+    # builds (seqLenKVDesc.getNbDims() != 4): a python plan accepting it would run a graph
+    # the classic refuses.
+    for name in ("seq_len_q", "seq_len_kv", "paged_attention_k_table", "paged_attention_v_table"):
+        t = inputs.get(name)
+        if t is not None and len(t.dim) != 4:
+            return f"{name} has rank {len(t.dim)}; the backend takes it as a rank-4 tensor"
     if k.dim[3] != q.dim[3]:
         return f"k's head dim {k.dim[3]} differs from q's d_qk={q.dim[3]}"
     if paged:
@@ -122,5 +129,5 @@ def analyze(graph, device):
         attn_scale=a.get("attn_scale"),
         gqa_ratio=q.dim[1] // max(k.dim[1], 1),
         device=device,
-        conflict=_conflict(q, k, v, paged),
+        conflict=_conflict(q, k, v, paged, i),
     )
