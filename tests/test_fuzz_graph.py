@@ -234,3 +234,10 @@ def test_a_refused_tensor_call_leaves_no_half_built_tensor(kwargs):
     with pytest.raises(CLASSIC_ERRORS):
         g.tensor(**kwargs)
     assert g.tensors == ()
+
+
+def test_an_enum_attribute_past_any_int_range_is_a_classic_error():
+    """bench/fuzz.py at 50,000 graphs: an enum attribute of 2**70 raised OverflowError."""
+    g = cudnn.pygraph()
+    with pytest.raises(ValueError, match="mode"):
+        g.reduction(input=g.tensor([2, 2]), mode=2**70)

@@ -47,7 +47,7 @@ def coerce_attr(spec, param, value):
             if isinstance(value, str):
                 return param.enum[value]
             return param.enum(int(value))
-        except (KeyError, ValueError, TypeError):
+        except (KeyError, ValueError, TypeError, OverflowError):  # 2**64 is no member either
             members = ", ".join(param.enum.__members__)
             raise ValueError(f"{where}: {value!r} is not one of {members}") from None
     if param.choices is not None and value not in param.choices:
