@@ -38,13 +38,21 @@ REPS = 25
 
 # ---------------------------------------------------------------- graphs, both sides
 def _ours_graph(name):
-    return ours.pygraph(name=name, io_data_type=ours.data_type.BFLOAT16,
-                        intermediate_data_type=ours.data_type.FLOAT, compute_data_type=ours.data_type.FLOAT)
+    return ours.pygraph(
+        name=name,
+        io_data_type=ours.data_type.BFLOAT16,
+        intermediate_data_type=ours.data_type.FLOAT,
+        compute_data_type=ours.data_type.FLOAT,
+    )
 
 
 def _theirs_graph(name):
-    return nv.pygraph(name=name, io_data_type=nv.data_type.BFLOAT16,
-                      intermediate_data_type=nv.data_type.FLOAT, compute_data_type=nv.data_type.FLOAT)
+    return nv.pygraph(
+        name=name,
+        io_data_type=nv.data_type.BFLOAT16,
+        intermediate_data_type=nv.data_type.FLOAT,
+        compute_data_type=nv.data_type.FLOAT,
+    )
 
 
 def matmul_graph(side, M, N, K):
@@ -62,7 +70,9 @@ def sdpa_graph(side, b, h, s, d, causal):
     g = _ours_graph("sdpa") if side == "ours" else _theirs_graph("sdpa")
     dims, strides = [b, h, s, d], [h * s * d, s * d, d, 1]
     q, k, v = (g.tensor(dims, strides, name=n) for n in "qkv")
-    O, _ = g.sdpa(q, k, v, attn_scale=d**-0.5, generate_stats=False, use_causal_mask=causal, name="attn")
+    O, _ = g.sdpa(
+        q, k, v, attn_scale=d**-0.5, generate_stats=False, use_causal_mask=causal, name="attn"
+    )
     O.set_output(True).set_name("O").set_dim(dims).set_stride(strides)
     if side == "theirs":
         O.set_data_type(nv.data_type.BFLOAT16)
@@ -121,8 +131,10 @@ def paths(kind, shape, modes):
     torch.manual_seed(0)
     if kind == "matmul":
         M, N, K = shape
-        feeds = {"A": torch.randn(1, M, K, device="cuda").bfloat16(),
-                 "B": torch.randn(1, K, N, device="cuda").bfloat16()}
+        feeds = {
+            "A": torch.randn(1, M, K, device="cuda").bfloat16(),
+            "B": torch.randn(1, K, N, device="cuda").bfloat16(),
+        }
         out_shape, ref = (1, M, N), (feeds["A"].double() @ feeds["B"].double())
         build = lambda side: matmul_graph(side, M, N, K)  # noqa: E731
     else:
@@ -130,7 +142,8 @@ def paths(kind, shape, modes):
         feeds = {n: torch.randn(b, h, s, d, device="cuda").bfloat16() for n in "qkv"}
         out_shape = (b, h, s, d)
         ref = torch.nn.functional.scaled_dot_product_attention(
-            *(feeds[n].float() for n in "qkv"), is_causal=causal)
+            *(feeds[n].float() for n in "qkv"), is_causal=causal
+        )
         build = lambda side: sdpa_graph(side, *shape)  # noqa: E731
     out_name = "C" if kind == "matmul" else "O"
     calls, graphs = {}, {}
@@ -153,7 +166,9 @@ def paths(kind, shape, modes):
             calls["floor"] = _floor(g, pack, ws)
         else:
             handle = nv.create_handle()
-            calls["theirs"] = lambda g=g, pack=pack, ws=ws, handle=handle: g.execute(pack, ws, handle=handle)
+            calls["theirs"] = lambda g=g, pack=pack, ws=ws, handle=handle: g.execute(
+                pack, ws, handle=handle
+            )
     errs = {}
     for name, call in calls.items():
         side = "theirs" if name == "theirs" else "ours"
@@ -209,8 +224,19 @@ def python_gemm_calls(M, N, K):
     calls["ours-triton-int"] = lambda: g.execute(ints)
     compiled = g._planning.built[g.plans[g.selected_plan].identity].compiled
     launch, stream = compiled.launch, torch.cuda.current_stream().cuda_stream
-    args = (a.data_ptr(), b.data_ptr(), c.data_ptr(), (), M, N, K, 1,
-            (M * K, K, 1, K * N, N, 1, M * N, N, 1), (), stream)
+    args = (
+        a.data_ptr(),
+        b.data_ptr(),
+        c.data_ptr(),
+        (),
+        M,
+        N,
+        K,
+        1,
+        (M * K, K, 1, K * N, N, 1, M * N, N, 1),
+        (),
+        stream,
+    )
     calls["triton-bare"] = lambda: launch(*args)
     ref = a.double() @ b.double()
     errs = {}
@@ -234,19 +260,27 @@ def main():
         REPS = 5
     lines = []
     p = torch.cuda.get_device_properties(0)
-    head = (f"# cuDNN backend: cudnn_pygraph vs NVIDIA cudnn.pygraph\n\n"
-            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {p.name} (sm_{p.major}{p.minor}), "
-            f"torch {torch.__version__}, nvidia-cudnn-frontend {nv.__version__}, "
-            f"libcudnn {nv.backend_version()}\n\n"
-            f"Command: `PYTHONPATH=src python3 bench/backend.py --out bench/results/backend.md`\n")
+    head = (
+        f"# cuDNN backend: cudnn_pygraph vs NVIDIA cudnn.pygraph\n\n"
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {p.name} (sm_{p.major}{p.minor}), "
+        f"torch {torch.__version__}, nvidia-cudnn-frontend {nv.__version__}, "
+        f"libcudnn {nv.backend_version()}\n\n"
+        f"Command: `PYTHONPATH=src python3 bench/backend.py --out bench/results/backend.md`\n"
+    )
     lines.append(head)
 
-    lines.append("## Host time per execute, backend plan (µs, min / median over "
-                 f"{REPS} reps of a burst, drained queue)\n")
-    lines.append("| graph | burst | ours | ours-int | ours-2d | theirs | floor | ours/theirs (min) | ours/floor (min) |")
+    lines.append(
+        "## Host time per execute, backend plan (µs, min / median over "
+        f"{REPS} reps of a burst, drained queue)\n"
+    )
+    lines.append(
+        "| graph | burst | ours | ours-int | ours-2d | theirs | floor | ours/theirs (min) | ours/floor (min) |"
+    )
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    host_cases = {"matmul 128x256x128 bf16": ("matmul", (128, 256, 128)),
-                  "sdpa B1 H1 S128 D64 bf16": ("sdpa", (1, 1, 128, 64, False))}
+    host_cases = {
+        "matmul 128x256x128 bf16": ("matmul", (128, 256, 128)),
+        "sdpa B1 H1 S128 D64 bf16": ("sdpa", (1, 1, 128, 64, False)),
+    }
     for label, (kind, shape) in host_cases.items():
         calls, _, errs = paths(kind, shape, [heur_mode.A])
         for burst in BURSTS:
@@ -255,36 +289,53 @@ def main():
             lines.append(
                 f"| {label} | {burst} | "
                 + " | ".join(cell(n) for n in ("ours", "ours-int", "ours-2d", "theirs", "floor"))
-                + f" | {r['ours'][0] / r['theirs'][0]:.2f} | {r['ours'][0] / r['floor'][0]:.2f} |")
+                + f" | {r['ours'][0] / r['theirs'][0]:.2f} | {r['ours'][0] / r['floor'][0]:.2f} |"
+            )
         err = lambda n: f"{errs[n]:.1e}" if n in errs else "—"  # noqa: E731
-        lines.append("|  | rel err | " + " | ".join(err(n) for n in ("ours", "ours-int", "ours-2d", "theirs", "floor"))
-                     + " | | |")
-        print("\n".join(lines[-len(BURSTS) - 1:]), flush=True)
+        lines.append(
+            "|  | rel err | "
+            + " | ".join(err(n) for n in ("ours", "ours-int", "ours-2d", "theirs", "floor"))
+            + " | | |"
+        )
+        print("\n".join(lines[-len(BURSTS) - 1 :]), flush=True)
 
-    lines.append("\n## Host time per execute, our Triton GEMM plan (µs, min / median, same protocol)\n")
-    lines.append("| graph | burst | ours-triton | ours-triton-int | triton-bare | ours-triton/triton-bare (min) |")
+    lines.append(
+        "\n## Host time per execute, our Triton GEMM plan (µs, min / median, same protocol)\n"
+    )
+    lines.append(
+        "| graph | burst | ours-triton | ours-triton-int | triton-bare | ours-triton/triton-bare (min) |"
+    )
     lines.append("|---|---:|---:|---:|---:|---:|")
     try:  # the GEMM engine's launch signature is that engine's: a change there is reported
         calls, errs, plan_name = python_gemm_calls(128, 256, 128)
     except Exception as exc:  # noqa: BLE001 — the backend tables above and below still stand
-        lines.append(f"| matmul 128x256x128 bf16 | — | not measured: {type(exc).__name__}: "
-                     f"{str(exc)[:160]} | | | |")
+        lines.append(
+            f"| matmul 128x256x128 bf16 | — | not measured: {type(exc).__name__}: "
+            f"{str(exc)[:160]} | | | |"
+        )
         calls = None
     if calls is not None:
         for burst in BURSTS:
             r = {name: host_us(call, burst) for name, call in calls.items()}
-            lines.append(f"| matmul 128x256x128 bf16 | {burst} | "
-                         + " | ".join(f"{r[n][0]:.1f} / {r[n][1]:.1f}" for n in calls)
-                         + f" | {r['ours-triton'][0] / r['triton-bare'][0]:.2f} |")
-        lines.append("|  | rel err | " + " | ".join(f"{errs[n]:.1e}" for n in calls)
-                     + f" | plan {plan_name} |")
-    print("\n".join(lines[-len(BURSTS) - 1:]), flush=True)
+            lines.append(
+                f"| matmul 128x256x128 bf16 | {burst} | "
+                + " | ".join(f"{r[n][0]:.1f} / {r[n][1]:.1f}" for n in calls)
+                + f" | {r['ours-triton'][0] / r['triton-bare'][0]:.2f} |"
+            )
+        lines.append(
+            "|  | rel err | "
+            + " | ".join(f"{errs[n]:.1e}" for n in calls)
+            + f" | plan {plan_name} |"
+        )
+    print("\n".join(lines[-len(BURSTS) - 1 :]), flush=True)
 
     lines.append("\n## Kernel time, first plan of [A, FALLBACK] (ms, CUDA events, median of 20)\n")
     lines.append("| graph | ours | theirs | ours plan | theirs plan | ours vs theirs output |")
     lines.append("|---|---:|---:|---|---|---|")
-    kernel_cases = {"sdpa fwd B2 H16 S8192 D128 bf16 causal": ("sdpa", (2, 16, 8192, 128, True)),
-                    "matmul 8192^3 bf16": ("matmul", (8192, 8192, 8192))}
+    kernel_cases = {
+        "sdpa fwd B2 H16 S8192 D128 bf16 causal": ("sdpa", (2, 16, 8192, 128, True)),
+        "matmul 8192^3 bf16": ("matmul", (8192, 8192, 8192)),
+    }
     for label, (kind, shape) in kernel_cases.items():
         calls, graphs, _ = paths(kind, shape, [heur_mode.A, heur_mode.FALLBACK])
         t_ours, t_theirs = kernel_ms(calls["ours"]), kernel_ms(calls["theirs"])
@@ -296,8 +347,10 @@ def main():
                 names.append(g.get_plan_name_at_index(g.selected_plan if side == "ours" else 0))
             except Exception as exc:  # noqa: BLE001 — a name is informative only
                 names.append(f"? ({type(exc).__name__})")
-        lines.append(f"| {label} | {t_ours:.3f} | {t_theirs:.3f} | {names[0]} | {names[1]} | "
-                     f"{'bit-identical' if same else 'differ'} |")
+        lines.append(
+            f"| {label} | {t_ours:.3f} | {t_theirs:.3f} | {names[0]} | {names[1]} | "
+            f"{'bit-identical' if same else 'differ'} |"
+        )
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     print(text)

@@ -57,11 +57,16 @@ def _graph():
     adapter.lower_for_validation = lambda g: None
     adapter.finalize_layout = lambda g: None
     family = manifest.EngineFamily(
-        "null", 60, ("matmul",), slots=(manifest.EngineSlot(0, "null", "_null_engine", "NullEngine"),)
+        "null",
+        60,
+        ("matmul",),
+        slots=(manifest.EngineSlot(0, "null", "_null_engine", "NullEngine"),),
     )
     with manifest.use_families([family]):
-        g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF,
-                          device_property=DeviceProperties("constructed", 9, 0, 132, 1 << 20))
+        g = cudnn.pygraph(
+            io_data_type=cudnn.data_type.HALF,
+            device_property=DeviceProperties("constructed", 9, 0, 132, 1 << 20),
+        )
         a, b = g.tensor([1, 128, 128], name="A"), g.tensor([1, 128, 256], name="B")
         c = g.matmul(a, b)
         c.set_output(True)
@@ -115,7 +120,11 @@ def _backend_graph():
 def _backend_rows(torch_tensor):
     g, (a, b, c) = _backend_graph()
     ints = {a.uid: 1 << 20, b.uid: 2 << 20, c.uid: 3 << 20}
-    tensors = {a: torch_tensor(1, 128, 128), b: torch_tensor(1, 128, 256), c: torch_tensor(1, 128, 256)}
+    tensors = {
+        a: torch_tensor(1, 128, 128),
+        b: torch_tensor(1, 128, 256),
+        c: torch_tensor(1, 128, 256),
+    }
     ws = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8)
     g.execute(ints, ws)
     import ctypes
@@ -125,11 +134,18 @@ def _backend_rows(torch_tensor):
     floor = _us(lambda: raw(address, 3, 1 << 30, 1, 0))
     rows = [
         ("backend plan: floor (the raw call, pointers precomputed)", floor),
-        ("backend plan: graph.execute({uid: address}, workspace address)",
-         _us(lambda: g.execute(ints, 1 << 30))),
-        ("backend plan: graph.execute({uid: address}, workspace tensor)", _us(lambda: g.execute(ints, ws))),
-        ("backend plan: graph.execute({Tensor: torch tensor}, workspace tensor)",
-         _us(lambda: g.execute(tensors, ws))),
+        (
+            "backend plan: graph.execute({uid: address}, workspace address)",
+            _us(lambda: g.execute(ints, 1 << 30)),
+        ),
+        (
+            "backend plan: graph.execute({uid: address}, workspace tensor)",
+            _us(lambda: g.execute(ints, ws)),
+        ),
+        (
+            "backend plan: graph.execute({Tensor: torch tensor}, workspace tensor)",
+            _us(lambda: g.execute(tensors, ws)),
+        ),
     ]
     return [(name, us, us - floor) for name, us in rows]
 
@@ -140,8 +156,11 @@ def main():
     args = parser.parse_args()
     g, (a, b, c) = _graph()
     ints = {a.uid: 1 << 20, b.uid: 2 << 20, c.uid: 3 << 20}
-    tensors = {a: torch.empty(1, 128, 128, dtype=torch.half), b: torch.empty(1, 128, 256, dtype=torch.half),
-               c: torch.empty(1, 128, 256, dtype=torch.half)}
+    tensors = {
+        a: torch.empty(1, 128, 128, dtype=torch.half),
+        b: torch.empty(1, 128, 256, dtype=torch.half),
+        c: torch.empty(1, 128, 256, dtype=torch.half),
+    }
     g.execute(ints)
     record = g._planning
     call = record._runner.call
@@ -150,7 +169,11 @@ def main():
         ("null plan: graph.execute({Tensor: torch tensor})", _us(lambda: g.execute(tensors)), None),
         ("null plan: the plan's closure, addresses", _us(lambda: call(ints)), None),
         ("null plan: the pack alone, addresses", _us(lambda: record.layout.pack(ints)), None),
-        ("null plan: the pack alone, Tensor -> torch tensor", _us(lambda: record.layout.pack(tensors)), None),
+        (
+            "null plan: the pack alone, Tensor -> torch tensor",
+            _us(lambda: record.layout.pack(tensors)),
+            None,
+        ),
     ]
     rows += _backend_rows(lambda *shape: torch.empty(*shape, dtype=torch.half))
     lines = [
@@ -163,7 +186,10 @@ def main():
         "",
         "| path | µs per call | over the floor |",
         "|---|---:|---:|",
-        *[f"| {name} | {us:.2f} | {'' if over is None else f'{over:+.2f}'} |" for name, us, over in rows],
+        *[
+            f"| {name} | {us:.2f} | {'' if over is None else f'{over:+.2f}'} |"
+            for name, us, over in rows
+        ],
         "",
     ]
     text = "\n".join(lines)

@@ -61,8 +61,10 @@ def main():
     args = (q[0], k[0], v[0], g[0], beta[0], cu, None, None, None, D**-0.5, False, True,
             False, False, False, "log", False)  # fmt: skip
     impl = median_us(lambda: ops._gdn_fwd_impl(*args))
-    print(f"{datetime.date.today()}, {platform.processor() or platform.machine()}, "
-          f"torch {torch.__version__}, T={T} H={H} D={D}, launches stubbed, median µs per call")
+    print(
+        f"{datetime.date.today()}, {platform.processor() or platform.machine()}, "
+        f"torch {torch.__version__}, T={T} H={H} D={D}, launches stubbed, median µs per call"
+    )
     print()
     print("| call | µs |")
     print("|---|---:|")

@@ -59,5 +59,6 @@ def main():
             except Exception as err:  # noqa: BLE001 (a config that does not fit: report it)
                 print(f"| {label} | failed: {str(err)[:80]} | |", flush=True)
 
+
 if __name__ == "__main__":
     main()

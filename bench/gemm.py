@@ -61,6 +61,8 @@ def fp8_spec():
 
     return GemmSpec("fp8e4m3", "fp8e4m3", "bf16", "row", "col", "row", FP8_CHAIN, True,
                     (False, False))  # fmt: skip
+
+
 BF16 = torch.bfloat16
 HOST_SHAPE = (128, 256, 128)
 
@@ -292,6 +294,7 @@ def section_fp8(get_plan, num_sms, stream, raw):
             times[knobs.short()] = kernel_ms(p, flop)
         t_torch = None
         try:
+
             def scaled_mm():
                 return torch._scaled_mm(a[0], b[0], scale_a=sa, scale_b=sb, out_dtype=BF16)
 
@@ -316,9 +319,8 @@ def section_host(raw):
     from types import SimpleNamespace
 
     import cudnn_pygraph as cudnn
-    from cudnn_pygraph.runtime.execute import ExecutionContext
     from cudnn_pygraph.engines.gemm.kernels.launch import _lower
-    from cudnn_pygraph.runtime.execute import GraphLayout
+    from cudnn_pygraph.runtime.execute import ExecutionContext, GraphLayout
 
     M, N, K = HOST_SHAPE
     g, t = _graph(M, N, K)
@@ -344,9 +346,11 @@ def section_host(raw):
     proxy = SimpleNamespace(
         function=compiled.kernel.function,
         packed_metadata=compiled.kernel.packed_metadata,
-        run=SimpleNamespace(launch=lambda *x: recorded.append(x),
-                            launch_cooperative_grid=run.launch_cooperative_grid,
-                            launch_pdl=run.launch_pdl),  # fmt: skip
+        run=SimpleNamespace(
+            launch=lambda *x: recorded.append(x),
+            launch_cooperative_grid=run.launch_cooperative_grid,
+            launch_pdl=run.launch_pdl,
+        ),  # fmt: skip
     )
     _lower(compiled.recipe, compiled.knobs, proxy, compiled.arg_plan, compiled.constants,
            compiled.scratch, compiled.num_sms)(*args)  # fmt: skip

@@ -75,8 +75,16 @@ def median_ms(fn, reps: int) -> float:
 
 
 def K(m, n, st, w, pack=False, tma=False, lazy=False, regs=None):
-    return SdpaFwdKnobs(TILE_M=m, TILE_N=n, NUM_STAGES=st, NUM_WARPS=w, PACK_GQA=pack, TMA=tma,
-                        LAZY_RESCALE=lazy, MAX_REGS=regs)
+    return SdpaFwdKnobs(
+        TILE_M=m,
+        TILE_N=n,
+        NUM_STAGES=st,
+        NUM_WARPS=w,
+        PACK_GQA=pack,
+        TMA=tma,
+        LAZY_RESCALE=lazy,
+        MAX_REGS=regs,
+    )
 
 
 def name(kn) -> str:
@@ -106,8 +114,10 @@ def torch_flash(q, k, v, causal, scale):
 
     def run():
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
-                                                  enable_gqa=gqa)
+            return F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa
+            )
+
     run()
     return run
 
@@ -119,8 +129,10 @@ def torch_flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale):
     def make(kk, vv):
         def run():
             return op(q, kk, vv, cu_q, cu_k, max_q, max_k, 0.0, True, False, scale=scale)
+
         run()
         return run
+
     try:
         return make(k, v), ""
     except Exception:  # noqa: BLE001 - older kernels want equal head counts
@@ -138,9 +150,12 @@ def _nvidia_plan(declare):
         return None, f"no cudnn module ({type(exc).__name__})"
     try:
         handle = cudnn.create_handle()
-        g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16,
-                          intermediate_data_type=cudnn.data_type.FLOAT,
-                          compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+        g = cudnn.pygraph(
+            io_data_type=cudnn.data_type.BFLOAT16,
+            intermediate_data_type=cudnn.data_type.FLOAT,
+            compute_data_type=cudnn.data_type.FLOAT,
+            handle=handle,
+        )
         pack = declare(cudnn, g)
         g.validate()
         g.build_operation_graph()
@@ -151,6 +166,7 @@ def _nvidia_plan(declare):
 
         def run():
             g.execute(pack, ws, handle=handle)
+
         run()
         sync()
         return run, ""
@@ -160,12 +176,21 @@ def _nvidia_plan(declare):
 
 def cudnn_backend(q, k, v, out, causal, scale):
     """Dense BHSD: the backend's first plan, or (None, reason)."""
+
     def declare(cudnn, g):
         tq, tk, tv = g.tensor_like(q), g.tensor_like(k), g.tensor_like(v)
-        o, _ = g.sdpa(name="sdpa", q=tq, k=tk, v=tv, generate_stats=False, attn_scale=scale,
-                      use_causal_mask=causal)
+        o, _ = g.sdpa(
+            name="sdpa",
+            q=tq,
+            k=tk,
+            v=tv,
+            generate_stats=False,
+            attn_scale=scale,
+            use_causal_mask=causal,
+        )
         o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride()))
         return {tq: q, tk: k, tv: v, o: out}
+
     return _nvidia_plan(declare)
 
 
@@ -182,21 +207,46 @@ def cudnn_backend_thd(q, k, v, out, cu, lens, scale):
     def declare(cudnn, g):
         c_oq, c_okv, c_oo = (g.tensor_like(t) for t in (off_q, off_kv, off_q))
         c_sq, c_skv = g.tensor_like(seq), g.tensor_like(seq)
-        tq = g.tensor(dim=[b, hq, s_max, d], stride=[s_max * hq * d, d, hq * d, 1],
-                      data_type=cudnn.data_type.BFLOAT16)
+        tq = g.tensor(
+            dim=[b, hq, s_max, d],
+            stride=[s_max * hq * d, d, hq * d, 1],
+            data_type=cudnn.data_type.BFLOAT16,
+        )
         tq.set_ragged_offset(c_oq)
         kv = []
         for _ in range(2):
-            t = g.tensor(dim=[b, hkv, s_max, d], stride=[s_max * hkv * d, d, hkv * d, 1],
-                         data_type=cudnn.data_type.BFLOAT16)
+            t = g.tensor(
+                dim=[b, hkv, s_max, d],
+                stride=[s_max * hkv * d, d, hkv * d, 1],
+                data_type=cudnn.data_type.BFLOAT16,
+            )
             kv.append(t.set_ragged_offset(c_okv))
-        o, _ = g.sdpa(name="sdpa", q=tq, k=kv[0], v=kv[1], generate_stats=False,
-                      attn_scale=scale, use_causal_mask=True, use_padding_mask=True,
-                      seq_len_q=c_sq, seq_len_kv=c_skv)
+        o, _ = g.sdpa(
+            name="sdpa",
+            q=tq,
+            k=kv[0],
+            v=kv[1],
+            generate_stats=False,
+            attn_scale=scale,
+            use_causal_mask=True,
+            use_padding_mask=True,
+            seq_len_q=c_sq,
+            seq_len_kv=c_skv,
+        )
         o.set_output(True).set_dim([b, hq, s_max, d]).set_stride([s_max * hq * d, d, hq * d, 1])
         o.set_ragged_offset(c_oo)
-        return {tq: q, kv[0]: k, kv[1]: v, o: out, c_oq: off_q, c_okv: off_kv, c_oo: off_q,
-                c_sq: seq, c_skv: seq}
+        return {
+            tq: q,
+            kv[0]: k,
+            kv[1]: v,
+            o: out,
+            c_oq: off_q,
+            c_okv: off_kv,
+            c_oo: off_q,
+            c_sq: seq,
+            c_skv: seq,
+        }
+
     return _nvidia_plan(declare)
 
 
@@ -212,13 +262,23 @@ def cudnn_backend_paged_decode(q, kc, vc, table, seq, out, page, scale):
         tq, tk, tv = g.tensor_like(q), g.tensor_like(kd), g.tensor_like(vd)
         t_tk, t_tv = g.tensor_like(table4), g.tensor_like(table4)
         t_sq, t_skv = g.tensor_like(ones), g.tensor_like(seq4)
-        o, _ = g.sdpa(name="sdpa", q=tq, k=tk, v=tv, generate_stats=False, attn_scale=scale,
-                      use_padding_mask=True, seq_len_q=t_sq, seq_len_kv=t_skv,
-                      paged_attention_k_table=t_tk, paged_attention_v_table=t_tv,
-                      paged_attention_max_seq_len_kv=max_pages * page)
+        o, _ = g.sdpa(
+            name="sdpa",
+            q=tq,
+            k=tk,
+            v=tv,
+            generate_stats=False,
+            attn_scale=scale,
+            use_padding_mask=True,
+            seq_len_q=t_sq,
+            seq_len_kv=t_skv,
+            paged_attention_k_table=t_tk,
+            paged_attention_v_table=t_tv,
+            paged_attention_max_seq_len_kv=max_pages * page,
+        )
         o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride()))
-        return {tq: q, tk: kd, tv: vd, t_tk: table4, t_tv: table4, t_sq: ones, t_skv: seq4,
-                o: out}
+        return {tq: q, tk: kd, tv: vd, t_tk: table4, t_tv: table4, t_sq: ones, t_skv: seq4, o: out}
+
     return _nvidia_plan(declare)
 
 
@@ -261,8 +321,10 @@ def try_configs(shape, configs, launch, check, reps, budget_s):
             continue
         ok = err <= TOL_OUT
         TIMINGS.append((shape, name(kn), ms, f"{err:.1e}" + ("" if ok else " WRONG")))
-        print(f"  {shape} {name(kn)}: {ms:.3f} ms err {err:.1e} t={time.time() - START:.0f}s",
-              flush=True)
+        print(
+            f"  {shape} {name(kn)}: {ms:.3f} ms err {err:.1e} t={time.time() - START:.0f}s",
+            flush=True,
+        )
         if ok:
             results[kn] = ms
     return results
@@ -276,8 +338,9 @@ def dense_row(b, h, s, d, causal, candidates, budget_s, reps=10):
     out = torch.empty_like(q)
     mask = AttnMask.causal() if causal else AttnMask()
     heads = [0, h - 1]
-    ref, _ = attention_one(q[0, heads], k[0, heads], v[0, heads], scale, None,
-                           0 if causal else None, False)
+    ref, _ = attention_one(
+        q[0, heads], k[0, heads], v[0, heads], scale, None, 0 if causal else None, False
+    )
 
     def launch(kn):
         sdpa_prefill(q, k, v, out, attn_scale=scale, knobs=kn, mask=mask)
@@ -302,14 +365,31 @@ def dense_row(b, h, s, d, causal, candidates, budget_s, reps=10):
     b_ms = median_ms(run_b, reps) if run_b else None
     why = "; ".join(x for x in (t_why and f"torch: {t_why}", why and f"backend: {why}") if x)
     best = min(results, key=results.get) if results else None
-    ROWS.append((shape, best, results.get(best), results.get(first), t_ms, b_ms, flops, "prefill",
-                 why))
+    ROWS.append(
+        (shape, best, results.get(best), results.get(first), t_ms, b_ms, flops, "prefill", why)
+    )
     return sorted(results, key=results.get)
 
 
 def thd_row(candidates, budget_s, reps=10):
-    lens = [256, 8192, 512, 4096, 1024, 2048, 384, 6144,
-            768, 3072, 1536, 5120, 320, 7168, 640, 2560]
+    lens = [
+        256,
+        8192,
+        512,
+        4096,
+        1024,
+        2048,
+        384,
+        6144,
+        768,
+        3072,
+        1536,
+        5120,
+        320,
+        7168,
+        640,
+        2560,
+    ]
     hq, hkv, d = 32, 8, 128
     shape = f"THD 16 seqs {min(lens)}..{max(lens)} (sum {sum(lens)}) GQA {hq}/{hkv} D{d} causal"
     lens = [small(n // 64) for n in lens] if DRY else lens
@@ -324,24 +404,45 @@ def thd_row(candidates, budget_s, reps=10):
     refs = []
     for i in checks:
         sl = slice(offs[i], offs[i + 1])
-        refs.append(attention_one(q[sl, :4].transpose(0, 1), k[sl, :1].transpose(0, 1),
-                                  v[sl, :1].transpose(0, 1), scale, None, 0, False)[0])
+        refs.append(
+            attention_one(
+                q[sl, :4].transpose(0, 1),
+                k[sl, :1].transpose(0, 1),
+                v[sl, :1].transpose(0, 1),
+                scale,
+                None,
+                0,
+                False,
+            )[0]
+        )
     current = [None]
 
     def launch(kn):
         current[0] = kn
-        sdpa_prefill(q, k, v, out, attn_scale=scale, knobs=kn, mask=AttnMask.causal(),
-                     ragged_offsets_q=cu, ragged_offsets_kv=cu, max_seqlen_q=max(lens))
+        sdpa_prefill(
+            q,
+            k,
+            v,
+            out,
+            attn_scale=scale,
+            knobs=kn,
+            mask=AttnMask.causal(),
+            ragged_offsets_q=cu,
+            ragged_offsets_kv=cu,
+            max_seqlen_q=max(lens),
+        )
 
     def check():
         out.fill_(float("nan"))
         launch(current[0])
         sync()
-        return max(rel_err(out[offs[i]: offs[i + 1], :4].transpose(0, 1), r)
-                   for i, r in zip(checks, refs))
+        return max(
+            rel_err(out[offs[i] : offs[i + 1], :4].transpose(0, 1), r) for i, r in zip(checks, refs)
+        )
 
-    first = recommend_prefill(head_dim=d, causal=True, group=hq // hkv, is_thd=True,
-                              max_seqlen_q=max(lens))[0]
+    first = recommend_prefill(
+        head_dim=d, causal=True, group=hq // hkv, is_thd=True, max_seqlen_q=max(lens)
+    )[0]
     results = try_configs(shape, dedup([first] + candidates), launch, check, reps, budget_s)
     flops = prefill_flops(hq, d, lens, lens, AttnMask.causal())
     varlen_note = [""]
@@ -354,9 +455,20 @@ def thd_row(candidates, budget_s, reps=10):
     run_b, b_why = cudnn_backend_thd(q, k, v, torch.empty_like(q), cu, lens, scale)
     b_ms = median_ms(run_b, reps) if run_b else None
     best = min(results, key=results.get) if results else None
-    ROWS.append((shape, best, results.get(best), results.get(first), t_ms, b_ms, flops, "prefill",
-                 f"torch: aten varlen flash{varlen_note[0]} {why}"
-                 + (f"; backend: {b_why}" if b_why else "")))
+    ROWS.append(
+        (
+            shape,
+            best,
+            results.get(best),
+            results.get(first),
+            t_ms,
+            b_ms,
+            flops,
+            "prefill",
+            f"torch: aten varlen flash{varlen_note[0]} {why}"
+            + (f"; backend: {b_why}" if b_why else ""),
+        )
+    )
 
 
 def decode_row(page, candidates, budget_s, reps=20):
@@ -395,14 +507,25 @@ def decode_row(page, candidates, budget_s, reps=20):
     first = recommend_decode(head_dim=d, page_size=page, batch=b, heads_kv=hkv)[0]
     results = try_configs(shape, dedup([first] + candidates), launch, check, reps, budget_s)
     t_ms, why = time_or_none(lambda: torch_flash(q, kd, vd, False, scale), reps)
-    run_b, b_why = cudnn_backend_paged_decode(q, kc, vc, table, seq, torch.empty_like(q), page,
-                                              scale)
+    run_b, b_why = cudnn_backend_paged_decode(
+        q, kc, vc, table, seq, torch.empty_like(q), page, scale
+    )
     b_ms = median_ms(run_b, reps) if run_b else None
     kv_bytes = 2 * b * L * hkv * d * kd.element_size()
     best = min(results, key=results.get) if results else None
-    ROWS.append((shape, best, results.get(best), results.get(first), t_ms, b_ms, kv_bytes,
-                 "decode", f"torch: flash on a dense copy {why}"
-                 + (f"; backend: {b_why}" if b_why else "")))
+    ROWS.append(
+        (
+            shape,
+            best,
+            results.get(best),
+            results.get(first),
+            t_ms,
+            b_ms,
+            kv_bytes,
+            "decode",
+            f"torch: flash on a dense copy {why}" + (f"; backend: {b_why}" if b_why else ""),
+        )
+    )
 
 
 # ---------------------------------------------------------------- report
@@ -424,7 +547,7 @@ def report() -> str:
         "| ours | torch | backend | ours/torch | ours/backend |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for shape, best, o_ms, f_ms, t_ms, b_ms, work, kind, note in ROWS:
+    for shape, best, o_ms, f_ms, t_ms, b_ms, work, kind, _note in ROWS:
         # work is FLOPs (prefill) or K/V bytes (decode): both print as 1e12 per second.
         rate = lambda ms: None if ms is None else work / (ms * 1e-3) / 1e12  # noqa: E731
         unit, spec = ("TFLOP/s", ".0f") if kind == "prefill" else ("TB/s", ".2f")
@@ -435,13 +558,19 @@ def report() -> str:
             f"| {fmt(f_ms, '.3f')} "
             f"| {fmt(t_ms, '.3f')} | {fmt(b_ms, '.3f')} | {fmt(rate(o_ms), spec)} {unit} "
             f"| {fmt(rate(t_ms), spec)} | {fmt(rate(b_ms), spec)} | {fmt(ratio_t, '.2f')}x "
-            f"| {fmt(ratio_b, '.2f')}x |")
+            f"| {fmt(ratio_b, '.2f')}x |"
+        )
     lines.append("")
     for shape, *_rest, note in ROWS:
         if note:
             lines.append(f"- {shape}: {note}")
-    lines += ["", "Every config timed (err = ||out-ref||/||ref|| vs float64 on a slice):", "",
-              "| shape | config | ms | err |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "Every config timed (err = ||out-ref||/||ref|| vs float64 on a slice):",
+        "",
+        "| shape | config | ms | err |",
+        "|---|---|---|---|",
+    ]
     for shape, cfg, ms, err in TIMINGS:
         lines.append(f"| {shape} | {cfg} | {fmt(ms, '.3f')} | {err} |")
     return "\n".join(lines)
@@ -466,21 +595,34 @@ def main():
     # spill / 96 KB (2); m64n64s2w4 203 / 80 KB (2); m64n64s3w4 226 / 112 KB (2).
     # D64 m128n64s3w4 252 / 64 KB (2); m128n64s3w8 124 / 64 KB (2, 16 warps);
     # m64n64s3w4 128 / 56 KB (4).
-    d128 = [K(128, 64, 3, 8), K(128, 64, 2, 8, regs=128), K(64, 64, 2, 4), K(64, 64, 3, 4),
-            K(128, 64, 2, 8)]
+    d128 = [
+        K(128, 64, 3, 8),
+        K(128, 64, 2, 8, regs=128),
+        K(64, 64, 2, 4),
+        K(64, 64, 3, 4),
+        K(128, 64, 2, 8),
+    ]
     ranked = dense_row(2, 16, 8192, 128, True, d128, budget * 0.3)
     dense_row(2, 16, 8192, 128, False, d128, budget * 0.5)
-    dense_row(8, 16, 2048, 64, True,
-              [K(128, 64, 3, 4), K(128, 64, 3, 8), K(64, 64, 3, 4), K(64, 64, 2, 4),
-               K(128, 32, 4, 4)], budget * 0.62)
+    dense_row(
+        8,
+        16,
+        2048,
+        64,
+        True,
+        [K(128, 64, 3, 4), K(128, 64, 3, 8), K(64, 64, 3, 4), K(64, 64, 2, 4), K(128, 32, 4, 4)],
+        budget * 0.62,
+    )
     top = ranked[:2] or d128[:2]
     thd = top + [SdpaFwdKnobs(**{**top[0].__dict__, "PACK_GQA": True})]
     thd_row(dedup(thd), budget * 0.8)
     # Run 1: page 16 split1 255 us / split2 263 / split4 270 / n128split2w8 267; page 64
     # split1 305 / split2 262 / split4 273 / n128split2w8 265.
     # Run 2: s4 ties s3 (263 / 264 us), n32split2s4w2 is 20% behind: two configs per page.
-    dec = [SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=1, NUM_STAGES=3, NUM_WARPS=4),
-           SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=2, NUM_STAGES=3, NUM_WARPS=4)]
+    dec = [
+        SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=1, NUM_STAGES=3, NUM_WARPS=4),
+        SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=2, NUM_STAGES=3, NUM_WARPS=4),
+    ]
     decode_row(16, dec, budget * 0.9)
     decode_row(64, dec, budget)
     text = report()

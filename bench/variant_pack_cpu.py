@@ -83,8 +83,12 @@ def main():
         ("torch: 2-D A bound to [1, m, k]", [a_2d, b, c], addresses, {1}),
         ("bare addresses (int)", addresses, addresses, {1, 2, 3}),
         ("OperandBuffers (copied)", buffers, addresses, set()),
-        ("numpy arrays (__dlpack__ capsule)", numpy_arrays,
-         [x.ctypes.data for x in numpy_arrays], set()),
+        (
+            "numpy arrays (__dlpack__ capsule)",
+            numpy_arrays,
+            [x.ctypes.data for x in numpy_arrays],
+            set(),
+        ),
     ]
     from_objects = VariantPack.from_objects
     rows = []
@@ -113,35 +117,48 @@ def main():
 
     pack = from_objects(layout, tensors)
     positions = [pack.index_of(uid) for uid in (1, 2, 3)]
-    rows.append(("pack.operands(3 positions) -> OperandBuffers",
-                 *time_per_call(lambda: pack.operands(positions)), 3))
+    rows.append(
+        (
+            "pack.operands(3 positions) -> OperandBuffers",
+            *time_per_call(lambda: pack.operands(positions)),
+            3,
+        )
+    )
     rows.append(("pack.address", *time_per_call(lambda: pack.address), 1))
 
     def attribute_walk():
         for t in tensors:
             (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
 
-    rows.append(("reference: python attribute walk of 3 torch tensors",
-                 *time_per_call(attribute_walk), 3))
+    rows.append(
+        ("reference: python attribute walk of 3 torch tensors", *time_per_call(attribute_walk), 3)
+    )
 
     command = "PYTHONPATH=src python bench/variant_pack_cpu.py"
     print("# Variant pack normalization, CPU (host only)\n")
     print(f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
     print(f"- CPU: {cpu_name()} ({platform.machine()})")
-    print(f"- Python {platform.python_version()}, torch {torch.__version__}, "
-          f"numpy {np.__version__}")
+    print(
+        f"- Python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}"
+    )
     print(f"- command: `{command}`")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"- host load average at the end: {load:.2f} on {os.cpu_count()} CPUs "
-          "(medians move with it; the min is the number to watch)")
-    print(f"- method: min / median over {REPEATS} bursts of {LOOP} calls; pack of 3 operands "
-          f"(bf16 matmul A [1,{M},{K}], B [1,{K},{N}], C [1,{M},{N}]); every case checked "
-          "for pointers and graph_described before timing\n")
+    print(
+        f"- host load average at the end: {load:.2f} on {os.cpu_count()} CPUs "
+        "(medians move with it; the min is the number to watch)"
+    )
+    print(
+        f"- method: min / median over {REPEATS} bursts of {LOOP} calls; pack of 3 operands "
+        f"(bf16 matmul A [1,{M},{K}], B [1,{K},{N}], C [1,{M},{N}]); every case checked "
+        "for pointers and graph_described before timing\n"
+    )
     print("| case | min ns/call | median ns/call | min ns/operand | median ns/operand |")
     print("|---|---:|---:|---:|---:|")
     for name, best, median, operands in rows:
-        print(f"| {name} | {best:.0f} | {median:.0f} | {best / operands:.0f} "
-              f"| {median / operands:.0f} |")
+        print(
+            f"| {name} | {best:.0f} | {median:.0f} | {best / operands:.0f} "
+            f"| {median / operands:.0f} |"
+        )
     return 0
 
 

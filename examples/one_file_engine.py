@@ -82,11 +82,15 @@ class TritonSwishEngine(BaseEngine):
             raise NotImplementedError("serves a graph of exactly one swish node")
         x, y = nodes[0].inputs["input"], nodes[0].outputs["output"]
         if tuple(x.dim) != tuple(y.dim):
-            raise NotImplementedError(f"input dims {list(x.dim)} differ from output dims {list(y.dim)}")
+            raise NotImplementedError(
+                f"input dims {list(x.dim)} differ from output dims {list(y.dim)}"
+            )
         for port, t in (("input", x), ("output", y)):
             if tuple(t.stride) != _dense(t.dim):
                 raise NotImplementedError(f"{port}: stride {list(t.stride)} is not dense row-major")
-        self.capabilities.require(graph_device(graph), dtypes=[("input", x.data_type), ("output", y.data_type)])
+        self.capabilities.require(
+            graph_device(graph), dtypes=[("input", x.data_type), ("output", y.data_type)]
+        )
 
     def build_plan(self, graph, plan, ctx):
         """Build EXACTLY the config plan.knobs names; settle every per-call fact here."""
@@ -158,7 +162,9 @@ def with_example_family():
 
 
 def swish_graph(shape=(4, 1000), dtype=cudnn.data_type.HALF):
-    g = cudnn.pygraph(name="example_swish", io_data_type=dtype, compute_data_type=cudnn.data_type.FLOAT)
+    g = cudnn.pygraph(
+        name="example_swish", io_data_type=dtype, compute_data_type=cudnn.data_type.FLOAT
+    )
     x = g.tensor(list(shape), name="x")
     y = g.swish(x)
     y.set_output(True).set_data_type(dtype)

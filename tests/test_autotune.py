@@ -83,7 +83,9 @@ def recommend(kind, facts, offered):
     """Sleepy's tiles in the listed order, then NoBuild (Decliner never accepts)."""
     sleepy = [e for e in offered if e == FAMILY.engine_id(FAMILY.slots[0])]
     nobuild = [e for e in offered if e == FAMILY.engine_id(FAMILY.slots[1])]
-    return [PlanConfig(e, Tile(t)) for e in sleepy for t in (16, 32, 64)] + [PlanConfig(e) for e in nobuild]
+    return [PlanConfig(e, Tile(t)) for e in sleepy for t in (16, 32, 64)] + [
+        PlanConfig(e) for e in nobuild
+    ]
 
 
 FAMILY = manifest.EngineFamily(
@@ -189,7 +191,9 @@ def test_no_plan_that_runs_names_every_reason():
     def refusing(call, warmup, reps):
         raise NotImplementedError("refused at execute")
 
-    with pytest.raises(cudnnGraphNotSupportedError, match="no plan runs here.*refused at execute.*does not build"):
+    with pytest.raises(
+        cudnnGraphNotSupportedError, match="no plan runs here.*refused at execute.*does not build"
+    ):
         graph.autotune(pack, use_cache=False, timer=refusing)
 
 
@@ -197,7 +201,9 @@ def test_no_plan_that_runs_names_every_reason():
 def test_a_second_process_replays_the_choice_without_timing(tmp_path):
     graph, pack = planned_graph()
     first = graph.autotune(pack, timer=table_timer([3.0, 2.0, 1.0]))  # tile 64, not rank-first
-    assert not first.from_cache and tile_of(first) == 64 and pathlib.Path(first.cache_path).is_file()
+    assert (
+        not first.from_cache and tile_of(first) == 64 and pathlib.Path(first.cache_path).is_file()
+    )
     script = (
         "import json, sys, torch\n"
         f"sys.path.insert(0, {str(HERE)!r})\n"
@@ -210,8 +216,13 @@ def test_a_second_process_replays_the_choice_without_timing(tmp_path):
         "                      'selected': graph.selected_plan, 'executed': t.EXECUTED}))\n"
     )
     # the second process sees the same packages (the backend too: its version is in the key)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     second = json.loads(proc.stdout.strip().splitlines()[-1])
     assert second == {"from_cache": True, "tile": 64, "selected": first.index, "executed": []}
@@ -234,7 +245,9 @@ def _corrupt(path, how):
         path.write_text("[1, 2, 3]")
 
 
-@pytest.mark.parametrize("how", ["truncated", "other-environment", "plan-not-in-list", "unknown-knob", "not-a-dict"])
+@pytest.mark.parametrize(
+    "how", ["truncated", "other-environment", "plan-not-in-list", "unknown-knob", "not-a-dict"]
+)
 def test_anything_doubtful_is_a_miss_and_is_rewritten(how):
     graph, pack = planned_graph()
     first = graph.autotune(pack, timer=table_timer([3.0, 2.0, 1.0]))
@@ -248,7 +261,11 @@ def test_anything_doubtful_is_a_miss_and_is_rewritten(how):
     assert replay.from_cache and tile_of(replay) == 16
     after = at.stats()
     assert {k: after[k] - before[k] for k in ("invalid", "written", "hits", "misses")} == {
-        "invalid": 1, "written": 1, "hits": 1, "misses": 0}
+        "invalid": 1,
+        "written": 1,
+        "hits": 1,
+        "misses": 0,
+    }
 
 
 def test_writes_are_atomic_and_leave_no_temp_files(tmp_path):
@@ -319,8 +336,11 @@ def test_rotating_copies_only_when_the_pack_fits_in_l2(l2_bytes, copies):
         assert all(torch.equal(p[k], pack[k]) for k in pack)
 
 
-@pytest.mark.parametrize("dead, cap, left", [(3, 32, 3), (5, 3, 2), (2, 1, 0)],
-                         ids=["under-the-cap", "oldest-go-first", "only-our-own-left"])
+@pytest.mark.parametrize(
+    "dead, cap, left",
+    [(3, 32, 3), (5, 3, 2), (2, 1, 0)],
+    ids=["under-the-cap", "oldest-go-first", "only-our-own-left"],
+)
 def test_dead_environments_are_retired_oldest_first(monkeypatch, dead, cap, left):
     monkeypatch.setenv(at.MAX_ENVS_ENV, str(cap))
     root = at.cache_root() / "v1"
@@ -336,7 +356,9 @@ def test_dead_environments_are_retired_oldest_first(monkeypatch, dead, cap, left
 
 
 # ---------------------------------------------------------------- real plans (GPU)
-GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="real plans are timed on a GPU (H200 run)")
+GPU = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="real plans are timed on a GPU (H200 run)"
+)
 REPLAY_GEMM = (
     "import json, torch\n"
     "from cudnn_pygraph import heur_mode\n"
@@ -367,9 +389,20 @@ def test_gpu_real_plans_are_timed_selected_and_replayed_by_a_second_process():
         ex.graph.execute({**bound, ex.output: out})  # the chosen plan, selected and built
         torch.cuda.synchronize()
         ref = ex.reference(torch, bound)
-        assert float(torch.linalg.vector_norm(out.double() - ref) / torch.linalg.vector_norm(ref)) <= ex.tolerance
+        assert (
+            float(torch.linalg.vector_norm(out.double() - ref) / torch.linalg.vector_norm(ref))
+            <= ex.tolerance
+        )
     # the second process sees the same packages (the backend too: its version is in the key)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", REPLAY_GEMM], env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", REPLAY_GEMM], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"from_cache": True, "index": result.index}
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
+        "from_cache": True,
+        "index": result.index,
+    }

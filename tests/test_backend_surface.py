@@ -12,8 +12,8 @@ import pytest
 cudnn_frontend = pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend is not installed")
 
 from cudnn_pygraph._types import ENUMS, FRONTEND_KNOB_TYPE_BASE  # noqa: E402
-from cudnn_pygraph.graph.opspec import REQUIRED, PortKind, _parse_default  # noqa: E402
 from cudnn_pygraph.graph.ops import OPS  # noqa: E402
+from cudnn_pygraph.graph.opspec import REQUIRED, PortKind, _parse_default  # noqa: E402
 
 _TOOL = pathlib.Path(__file__).resolve().parents[1] / "tools" / "gen_backend_signatures.py"
 
@@ -74,13 +74,17 @@ def test_builder_has_an_opspec_matching_the_live_signature(method):
                     assert p.enum is not None and p.enum.__name__ == kind[5:].rstrip("?"), name
             live_default = _parse_default(default)
             if p.kind is PortKind.OUTPUT_TENSOR:
-                assert live_default is None, f"{method}.{name}: an output-direction kwarg must default to None"
-            else:
-                assert p.default == live_default or (p.default is REQUIRED and live_default is REQUIRED), (
-                    f"{method}.{name}: default {p.default!r} vs live {live_default!r}"
+                assert live_default is None, (
+                    f"{method}.{name}: an output-direction kwarg must default to None"
                 )
+            else:
+                assert p.default == live_default or (
+                    p.default is REQUIRED and live_default is REQUIRED
+                ), f"{method}.{name}: default {p.default!r} vs live {live_default!r}"
             seen.add(name)
-    assert set(ours) == seen, f"{method}: OpSpec params {sorted(set(ours) - seen)} are not the backend's"
+    assert set(ours) == seen, (
+        f"{method}: OpSpec params {sorted(set(ours) - seen)} are not the backend's"
+    )
 
 
 def test_every_backend_op_spec_names_a_live_builder():
@@ -105,7 +109,8 @@ def test_knob_vocabulary_covers_the_backend_band():
     knobs must be nameable in the one public vocabulary."""
     ours = ENUMS["knob_type"]
     missing = sorted(
-        f"{k}={int(v.value)}" for k, v in MODULE.knob_type.__members__.items()
+        f"{k}={int(v.value)}"
+        for k, v in MODULE.knob_type.__members__.items()
         if int(v.value) < FRONTEND_KNOB_TYPE_BASE and k not in ours.__members__
     )
     assert missing == [], f"cudnn_pygraph._types.knob_type lacks the backend's {missing}"

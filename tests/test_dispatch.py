@@ -3,6 +3,7 @@ the manifest (the path production engines take) record what reached them."""
 
 import numpy as np
 import pytest
+from fakes import dispatch_engines as fakes
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph import heur_mode, knob_type
@@ -10,10 +11,12 @@ from cudnn_pygraph.backend import adapter
 from cudnn_pygraph.planning import engine_ids, manifest
 from cudnn_pygraph.planning.device import DeviceProperties
 from cudnn_pygraph.planning.manifest import EngineFamily, EngineSlot
-from fakes import dispatch_engines as fakes
 
 M = "fakes.dispatch_engines"
-SM = {arch: DeviceProperties(f"sm{arch}", arch // 10, arch % 10, 100, 1 << 20) for arch in (80, 90, 100, 120)}
+SM = {
+    arch: DeviceProperties(f"sm{arch}", arch // 10, arch % 10, 100, 1 << 20)
+    for arch in (80, 90, 100, 120)
+}
 
 
 def family(slots, heuristics=None, analyzer=None, anchors=("matmul",), index=50):
@@ -21,7 +24,9 @@ def family(slots, heuristics=None, analyzer=None, anchors=("matmul",), index=50)
         "fake_gemm",
         index=index,
         anchors=anchors,
-        slots=tuple(EngineSlot(i, name, M, cls, opt_in=opt) for i, (name, cls, opt) in enumerate(slots)),
+        slots=tuple(
+            EngineSlot(i, name, M, cls, opt_in=opt) for i, (name, cls, opt) in enumerate(slots)
+        ),
         heuristics=(M, heuristics) if heuristics else None,
         analyzer=(M, analyzer) if analyzer else None,
     )
@@ -105,7 +110,8 @@ def test_opt_in_gate(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "exc", [NotImplementedError("no"), cudnn.cudnnGraphNotSupportedError("no"), ImportError("no triton")],
+    "exc",
+    [NotImplementedError("no"), cudnn.cudnnGraphNotSupportedError("no"), ImportError("no triton")],
     ids=["NotImplementedError", "cudnnGraphNotSupportedError", "ImportError"],
 )
 def test_decline_types(exc):
@@ -165,7 +171,11 @@ def test_opensource_ours_then_delegate_never_native():
     with manifest.use_families([family(AB)]):
         g = gemm_graph()
         g.create_execution_plans([heur_mode.OPENSOURCE])
-        assert names(g) == ["fake_a[MMA_TILE_M=128, NUM_WARPS=4]", "fake_b[]", "cudnn_backend:eng19999[]"]
+        assert names(g) == [
+            "fake_a[MMA_TILE_M=128, NUM_WARPS=4]",
+            "fake_b[]",
+            "cudnn_backend:eng19999[]",
+        ]
 
 
 def test_facts_computed_once_per_graph():

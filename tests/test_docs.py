@@ -76,7 +76,7 @@ def _blocks_to_run():
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_every_code_block_says_whether_it_runs(page):
-    for lang, body, marked in code_blocks(page):
+    for lang, body, _marked in code_blocks(page):
         assert lang in (*RUN_LANGS, "text"), (
             f"{page.name}: a ```{lang or ''} block: say python or bash (run by this test) or "
             f"text (a listing), or mark it <!-- not run: why -->\n{body[:200]}"
@@ -124,7 +124,7 @@ def _argv(cmd):
 def _run_page_prefix(page, upto, tmp_path, env):
     """Run the python blocks before block `upto` on `page` (files a later command reads,
     such as my_graph.json, are written by them)."""
-    for i, (lang, body, marked) in enumerate(code_blocks(page)[:upto]):
+    for lang, body, marked in code_blocks(page)[:upto]:
         if lang == "python" and not marked and "open(" in body:
             _run_python(body, tmp_path, env)
 

@@ -52,8 +52,12 @@ def _rel_err(got, xs):
     return float(torch.linalg.vector_norm(got.double() - ref) / torch.linalg.vector_norm(ref))
 
 
-@pytest.mark.parametrize("dtype", [cudnn.data_type.HALF, cudnn.data_type.FLOAT], ids=["fp16", "fp32"])
-@pytest.mark.parametrize("shape", [(4, 1000), (3, 5, 7), (1,)], ids=["4x1000", "3x5x7-ragged-tail", "one-element"])
+@pytest.mark.parametrize(
+    "dtype", [cudnn.data_type.HALF, cudnn.data_type.FLOAT], ids=["fp16", "fp32"]
+)
+@pytest.mark.parametrize(
+    "shape", [(4, 1000), (3, 5, 7), (1,)], ids=["4x1000", "3x5x7-ragged-tail", "one-element"]
+)
 def test_plans_builds_and_executes(dtype, shape):
     g, x, y = ex.swish_graph(shape, dtype)
     g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
@@ -68,11 +72,18 @@ def test_plans_builds_and_executes(dtype, shape):
 @pytest.mark.parametrize(
     "build, reason",
     [
-        (lambda g, x: g.swish(x, compute_data_type=cudnn.data_type.FLOAT) and g.relu(x),
-         "serves a graph of exactly one swish node"),
-        (lambda g, x: g.swish(g.tensor([64, 32], stride=[1, 64], name="xt")), "input: stride [1, 64] is not dense"),
-        (lambda g, x: g.swish(g.tensor([64, 32], data_type=cudnn.data_type.BFLOAT16, name="xb")),
-         "input: dtype BFLOAT16 is not served (allowed: FLOAT, HALF)"),
+        (
+            lambda g, x: g.swish(x, compute_data_type=cudnn.data_type.FLOAT) and g.relu(x),
+            "serves a graph of exactly one swish node",
+        ),
+        (
+            lambda g, x: g.swish(g.tensor([64, 32], stride=[1, 64], name="xt")),
+            "input: stride [1, 64] is not dense",
+        ),
+        (
+            lambda g, x: g.swish(g.tensor([64, 32], data_type=cudnn.data_type.BFLOAT16, name="xb")),
+            "input: dtype BFLOAT16 is not served (allowed: FLOAT, HALF)",
+        ),
     ],
     ids=["two-nodes", "transposed-input", "bf16"],
 )

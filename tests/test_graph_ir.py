@@ -8,8 +8,8 @@ import pytest
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph import data_type as dt
-from cudnn_pygraph.graph.opspec import OpGroup, PortKind
 from cudnn_pygraph.graph.ops import OPS
+from cudnn_pygraph.graph.opspec import OpGroup, PortKind
 
 
 def gdn_graph(T=128, N=2, H=2, K=64, V=64, **attrs):
@@ -21,7 +21,9 @@ def gdn_graph(T=128, N=2, H=2, K=64, V=64, **attrs):
     beta = g.tensor([T, H], name="beta")
     cu = g.tensor([N + 1], data_type=dt.INT32, name="cu_seqlens")
     init = g.tensor([N, H, V, K], data_type=dt.FLOAT, name="h0")
-    o, final, _ = g.gdn(q, k, v, gate, beta, cu, initial_state=init, output_final_state=True, **attrs)
+    o, final, _ = g.gdn(
+        q, k, v, gate, beta, cu, initial_state=init, output_final_state=True, **attrs
+    )
     o.set_output(True)
     final.set_output(True)
     return g
@@ -57,7 +59,14 @@ def test_matmul_epilogue_is_introspectable():
 
 def test_builders_keep_the_backend_signature():
     sig = inspect.signature(cudnn.pygraph.layernorm)
-    assert list(sig.parameters)[:6] == ["self", "norm_forward_phase", "input", "scale", "bias", "epsilon"]
+    assert list(sig.parameters)[:6] == [
+        "self",
+        "norm_forward_phase",
+        "input",
+        "scale",
+        "bias",
+        "epsilon",
+    ]
     assert inspect.signature(cudnn.pygraph.matmul).parameters["padding"].default == 0.0
     g = cudnn.pygraph(io_data_type=dt.FLOAT)
     x = g.tensor([4, 8, 1, 1])
@@ -66,7 +75,9 @@ def test_builders_keep_the_backend_signature():
     # positional, with a required parameter after defaulted ones, as pybind allows
     y, mean, inv = g.layernorm(cudnn.norm_forward_phase.TRAINING, x, s, s, eps)
     assert mean.dim == (4, 1, 1, 1) and mean.data_type == dt.FLOAT
-    y2, mean2, inv2 = g.layernorm(norm_forward_phase="INFERENCE", input=x, scale=s, bias=s, epsilon=eps)
+    y2, mean2, inv2 = g.layernorm(
+        norm_forward_phase="INFERENCE", input=x, scale=s, bias=s, epsilon=eps
+    )
     assert mean2 is None and inv2 is None  # classic conditional outputs
 
 
@@ -82,11 +93,19 @@ def test_torch_dtypes_and_sizes_are_accepted():
 @pytest.mark.parametrize(
     "build,match",
     [
-        (lambda g, t: g.matmul(t([1, 4, 8]), t([1, 4, 8])), "matmul node 'matmul.0': B: K mismatch"),
+        (
+            lambda g, t: g.matmul(t([1, 4, 8]), t([1, 4, 8])),
+            "matmul node 'matmul.0': B: K mismatch",
+        ),
         (lambda g, t: g.add(t([2, 3]), t([2, 4])), "add node 'add.0': b: dim 1"),
-        (lambda g, t: g.sdpa(t([1, 2, 8, 60]), t([1, 2, 8, 60]), t([1, 2, 8, 60])),
-         "sdpa node 'sdpa.0': q: head dims d_qk=60, d_v=60 must be multiples of 8"),
-        (lambda g, t: g.sdpa(t([1, 3, 8, 64]), t([1, 2, 8, 64]), t([1, 2, 8, 64])), "k: h_q=3 is not a multiple"),
+        (
+            lambda g, t: g.sdpa(t([1, 2, 8, 60]), t([1, 2, 8, 60]), t([1, 2, 8, 60])),
+            "sdpa node 'sdpa.0': q: head dims d_qk=60, d_v=60 must be multiples of 8",
+        ),
+        (
+            lambda g, t: g.sdpa(t([1, 3, 8, 64]), t([1, 2, 8, 64]), t([1, 2, 8, 64])),
+            "k: h_q=3 is not a multiple",
+        ),
         (lambda g, t: g.transpose(t([2, 3]), [0, 0]), "permutation"),
     ],
     ids=["matmul-K", "broadcast", "sdpa-head-dim-60", "sdpa-gqa", "transpose"],
@@ -102,7 +121,10 @@ def test_shape_rules_name_op_node_and_port(build, match):
     "attrs,match",
     [
         ({"allow_neg_eigval": True}, "allow_neg_eigval: requires use_beta_sigmoid"),
-        ({"safe_gate": True, "gate_domain": "linear"}, 'safe_gate: cannot combine with gate_domain="linear"'),
+        (
+            {"safe_gate": True, "gate_domain": "linear"},
+            'safe_gate: cannot combine with gate_domain="linear"',
+        ),
         ({"checkpoint_every_n_tokens": 96}, "not a positive multiple of 64"),
     ],
     ids=["neg-eigval", "safe-gate-linear", "checkpoint-cadence"],
@@ -117,13 +139,25 @@ def test_gdn_port_rules():
     q = g.tensor([64, 2, 64])
     cu = g.tensor([3], data_type=dt.FLOAT)  # wrong dtype
     g.gdn(q, q, q, g.tensor([64, 2]), g.tensor([64, 2]), cu)
-    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="cu_seqlens: data_type FLOAT is not allowed"):
+    with pytest.raises(
+        cudnn.cudnnGraphNotSupportedError, match="cu_seqlens: data_type FLOAT is not allowed"
+    ):
         g.validate()
     g = cudnn.pygraph(io_data_type=dt.BFLOAT16)
     q = g.tensor([64, 2, 64])
     k = g.tensor([64 * 2, 2, 64])
-    g.gdp(q, k, k, g.tensor([64, 2]), g.tensor([64 * 3, 2]), g.tensor([3], data_type=dt.INT64), num_householder=2)
-    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match=r"beta: dims \[192, 2\], expected \[128, 2\]"):
+    g.gdp(
+        q,
+        k,
+        k,
+        g.tensor([64, 2]),
+        g.tensor([64 * 3, 2]),
+        g.tensor([3], data_type=dt.INT64),
+        num_householder=2,
+    )
+    with pytest.raises(
+        cudnn.cudnnGraphNotSupportedError, match=r"beta: dims \[192, 2\], expected \[128, 2\]"
+    ):
         g.validate()
 
 

@@ -1,7 +1,6 @@
 """A property: any graph a caller can describe either validates or raises one of the
 classic error types, never another exception."""
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

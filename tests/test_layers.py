@@ -66,9 +66,13 @@ def imports_of(path):
             # `from . import x` / `from .pkg import mod`: the imported name may be a module
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
-                yield (sub if (ROOT.parent / sub.replace(".", "/")).exists()
-                       or (ROOT.parent / (sub.replace(".", "/") + ".py")).exists() else target,
-                       node.lineno)
+                yield (
+                    sub
+                    if (ROOT.parent / sub.replace(".", "/")).exists()
+                    or (ROOT.parent / (sub.replace(".", "/") + ".py")).exists()
+                    else target,
+                    node.lineno,
+                )
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == PKG:

@@ -15,23 +15,51 @@ import re
 
 import cudnn
 
-OUT = pathlib.Path(__file__).resolve().parents[1] / "src/cudnn_pygraph/graph/ops/backend_signatures.py"
+OUT = (
+    pathlib.Path(__file__).resolve().parents[1]
+    / "src/cudnn_pygraph/graph/ops/backend_signatures.py"
+)
 TENSOR = "cudnn._compiled_module.tensor"
 
 # Methods of the builder class that are not op builders: planning, plan queries,
 # serialization, tensor creation. They are the graph class's own API, not ops.
 NOT_OPS = {
-    "build", "build_operation_graph", "build_plan_at_index", "build_plans", "check_support",
-    "create_execution_plan", "create_execution_plans", "deselect_behavior_notes",
-    "deselect_engines", "deselect_numeric_notes", "deselect_workspace_greater_than",
-    "deserialize", "get_behavior_notes", "get_behavior_notes_for_plan_at_index",
-    "get_cuda_graph_retention", "get_engine_and_knobs_at_index", "get_engine_count",
-    "get_execution_plan_count", "get_knobs_for_engine", "get_plan_name_at_index",
-    "get_workspace_size", "get_workspace_size_plan_at_index", "key", "populate_cuda_graph",
-    "query_tensor_attributes_of_uid", "select_behavior_notes", "select_numeric_notes",
-    "serialize", "tensor", "tensor_like", "tensor_scalar", "update_cuda_graph", "validate",
+    "build",
+    "build_operation_graph",
+    "build_plan_at_index",
+    "build_plans",
+    "check_support",
+    "create_execution_plan",
+    "create_execution_plans",
+    "deselect_behavior_notes",
+    "deselect_engines",
+    "deselect_numeric_notes",
+    "deselect_workspace_greater_than",
+    "deserialize",
+    "get_behavior_notes",
+    "get_behavior_notes_for_plan_at_index",
+    "get_cuda_graph_retention",
+    "get_engine_and_knobs_at_index",
+    "get_engine_count",
+    "get_execution_plan_count",
+    "get_knobs_for_engine",
+    "get_plan_name_at_index",
+    "get_workspace_size",
+    "get_workspace_size_plan_at_index",
+    "key",
+    "populate_cuda_graph",
+    "query_tensor_attributes_of_uid",
+    "select_behavior_notes",
+    "select_numeric_notes",
+    "serialize",
+    "tensor",
+    "tensor_like",
+    "tensor_scalar",
+    "update_cuda_graph",
+    "validate",
     # deprecated aliases whose docstring is sdpa's / sdpa_backward's own
-    "scaled_dot_product_flash_attention", "scaled_dot_product_flash_attention_backward",
+    "scaled_dot_product_flash_attention",
+    "scaled_dot_product_flash_attention_backward",
 }
 
 
@@ -70,9 +98,16 @@ def kind_of(annotation):
     m = re.fullmatch(r"cudnn\._compiled_module\.(\w+)( \| None)?", a)
     if m:
         return "enum:" + m.group(1) + ("?" if m.group(2) else "")
-    return {"float": "float", "int": "int", "bool": "bool", "str": "str",
-            "object | None": "value?", "object": "value", "float | None": "float?",
-            "int | None": "int?"}[a]
+    return {
+        "float": "float",
+        "int": "int",
+        "bool": "bool",
+        "str": "str",
+        "object | None": "value?",
+        "object": "value",
+        "float | None": "float?",
+        "int | None": "int?",
+    }[a]
 
 
 def parse(line):
@@ -93,11 +128,14 @@ def parse(line):
 
 
 def main():
-    graph_cls = getattr(cudnn._pybind_module, "backend_graph")
+    graph_cls = cudnn._pybind_module.backend_graph
     sigs = {}
     for name in sorted(n for n in dir(graph_cls) if not n.startswith("_") and n not in NOT_OPS):
-        lines = [l for l in (getattr(graph_cls, name).__doc__ or "").splitlines()
-                 if l.startswith(name + "(")]
+        lines = [
+            l
+            for l in (getattr(graph_cls, name).__doc__ or "").splitlines()
+            if l.startswith(name + "(")
+        ]
         merged, returns_list = {}, False
         for line in lines:  # overloads: union of their parameters, first order wins
             _, params, returns_list = parse(line)

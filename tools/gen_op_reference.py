@@ -53,10 +53,21 @@ def _cell(text):
 
 
 def _op_section(spec):
-    backend = f"backend builder `{spec.backend_method}`" if spec.backend_method else "python-only (never lowers)"
-    lines = [f"### `{spec.name}`", "", _cell(spec.doc) if spec.doc else "", "",
-             f"Group: {spec.group.value}; {backend}; returns "
-             + ("a list" if spec.returns_list else "one tensor") + ".", ""]
+    backend = (
+        f"backend builder `{spec.backend_method}`"
+        if spec.backend_method
+        else "python-only (never lowers)"
+    )
+    lines = [
+        f"### `{spec.name}`",
+        "",
+        _cell(spec.doc) if spec.doc else "",
+        "",
+        f"Group: {spec.group.value}; {backend}; returns "
+        + ("a list" if spec.returns_list else "one tensor")
+        + ".",
+        "",
+    ]
     lines += ["| parameter | kind | default | notes |", "|---|---|---|---|"]
     for p in spec.params:
         notes = []
@@ -101,8 +112,10 @@ def render():
     for group in GROUP_TITLES:
         specs = sorted(by_group.get(group, []), key=lambda s: s.name)
         if specs:
-            lines.append(f"- [{GROUP_TITLES[group]}](#{_anchor(GROUP_TITLES[group])}): "
-                         + ", ".join(f"`{s.name}`" for s in specs))
+            lines.append(
+                f"- [{GROUP_TITLES[group]}](#{_anchor(GROUP_TITLES[group])}): "
+                + ", ".join(f"`{s.name}`" for s in specs)
+            )
     lines.append("")
     for group, title in GROUP_TITLES.items():
         specs = sorted(by_group.get(group, []), key=lambda s: s.name)
@@ -113,7 +126,9 @@ def render():
             lines += _op_section(spec)
     unknown = set(by_group) - set(GROUP_TITLES)
     if unknown:
-        raise SystemExit(f"gen_op_reference: no title for op group(s) {sorted(unknown)}: add them to GROUP_TITLES")
+        raise SystemExit(
+            f"gen_op_reference: no title for op group(s) {sorted(unknown)}: add them to GROUP_TITLES"
+        )
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -130,8 +145,10 @@ def main(argv=None):
     if args.check:
         current = OUT.read_text() if OUT.exists() else ""
         if current != text:
-            print(f"{OUT.relative_to(ROOT)} is stale: run PYTHONPATH=src python tools/gen_op_reference.py",
-                  file=sys.stderr)
+            print(
+                f"{OUT.relative_to(ROOT)} is stale: run PYTHONPATH=src python tools/gen_op_reference.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -48,7 +48,6 @@ from ._types import (  # the vocabulary is tiny and always needed
     scalar_type,
     tensor_reordering,
 )
-
 from ._version import __version__
 
 _CLASSIC = "cudnn_pygraph.classic"

@@ -44,7 +44,9 @@ class Example:
 def _pygraph(name):
     from .graph.pygraph import pygraph
 
-    return pygraph(name=name, io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+    return pygraph(
+        name=name, io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT
+    )
 
 
 def gemm_example(big=False):
@@ -62,14 +64,16 @@ def gemm_example(big=False):
         return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
     # k^-1/2 scaling keeps the gelu's argument O(1) at any K (fp16 then loses nothing).
-    inputs = {a: _randn([1, m, k], k ** -0.5), b: _randn([1, k, n]), bias: _randn([1, 1, n])}
-    return Example("gemm", f"gemm + bias + gelu, M={m} N={n} K={k}, fp16", g, inputs, out, reference, 1e-2)
+    inputs = {a: _randn([1, m, k], k**-0.5), b: _randn([1, k, n]), bias: _randn([1, 1, n])}
+    return Example(
+        "gemm", f"gemm + bias + gelu, M={m} N={n} K={k}, fp16", g, inputs, out, reference, 1e-2
+    )
 
 
 def sdpa_example(big=False):
     """O = softmax(q k^T * scale, causal) v, BHSD."""
     b, h, s, d = (4, 16, 2048, 128) if big else (1, 2, 64, 64)  # the engines serve d 64 and 128
-    scale = d ** -0.5
+    scale = d**-0.5
     g = _pygraph("demo_sdpa")
     q = g.tensor([b, h, s, d], name="q")
     k = g.tensor([b, h, s, d], name="k")
@@ -84,7 +88,9 @@ def sdpa_example(big=False):
         return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ vv
 
     inputs = {t: _randn([b, h, s, d]) for t in (q, k, v)}
-    return Example("sdpa", f"causal sdpa, b={b} h={h} s={s} d={d}, fp16", g, inputs, o, reference, 1e-2)
+    return Example(
+        "sdpa", f"causal sdpa, b={b} h={h} s={s} d={d}, fp16", g, inputs, o, reference, 1e-2
+    )
 
 
 def gdn_example(big=False):
@@ -95,7 +101,7 @@ def gdn_example(big=False):
     # and 2.0e-4.
     nseq, length, h, dk, dv = (4, 2048, 16, 128, 128) if big else (2, 32, 2, 64, 64)
     t_total = nseq * length
-    scale = dk ** -0.5
+    scale = dk**-0.5
     g = _pygraph("demo_gdn")
     q = g.tensor([t_total, h, dk], name="q")
     k = g.tensor([t_total, h, dk], name="k")
@@ -125,6 +131,7 @@ def gdn_example(big=False):
 def _gdn_reference(torch, bound, q, k, v, gate, beta, nseq, length, scale):
     """Token-by-token delta rule in float64, batched over (sequence, head):
     S <- exp(g) S;  S <- S - beta k (k^T S) + beta k v^T;  o = scale q^T S  (S is K x V)."""
+
     def seqs(t):  # [T, H, ...] -> [N, L, H, ...]
         x = bound[t].double()
         return x.reshape(nseq, length, *x.shape[1:])
@@ -132,7 +139,9 @@ def _gdn_reference(torch, bound, q, k, v, gate, beta, nseq, length, scale):
     qq, kk, vv, gg, bb = (seqs(t) for t in (q, k, v, gate, beta))
     qq = qq / torch.sqrt((qq * qq).sum(-1, keepdim=True) + 1e-6)
     kk = kk / torch.sqrt((kk * kk).sum(-1, keepdim=True) + 1e-6)
-    s = torch.zeros(nseq, qq.shape[2], kk.shape[-1], vv.shape[-1], dtype=torch.float64, device=qq.device)
+    s = torch.zeros(
+        nseq, qq.shape[2], kk.shape[-1], vv.shape[-1], dtype=torch.float64, device=qq.device
+    )
     out = []
     for t in range(length):
         kt, vt, bt = kk[:, t], vv[:, t], bb[:, t, :, None, None]
@@ -196,8 +205,11 @@ def run(names=tuple(EXAMPLES), quick=False, out=None, seed=0):
     device = detect_device()
     on_gpu = device is not None and not device.is_interpreter and torch.cuda.is_available()
     p = Progress(out)
-    where = (f"{device.name} (sm_{device.sm}, {device.sm_count} SMs)" if on_gpu
-             else "no GPU: kernels run under the Triton interpreter (TRITON_INTERPRET=1) at a small size")
+    where = (
+        f"{device.name} (sm_{device.sm}, {device.sm_count} SMs)"
+        if on_gpu
+        else "no GPU: kernels run under the Triton interpreter (TRITON_INTERPRET=1) at a small size"
+    )
     p.say(f"cudnn-pygraph demo: {where}")
     outcomes = []
     for name in names:
@@ -241,7 +253,9 @@ def _run_one(name, torch, big, on_gpu, p, seed):
     bound = {t: make(torch, dev, gen) for t, make in ex.inputs.items()}
     result = torch.empty(tuple(ex.output.dim), dtype=torch.float16, device=dev)
     pack = {**bound, ex.output: result}
-    index, tried = _first_plan_that_runs(ex.graph, pack, torch, dev, poison=lambda: result.fill_(float("nan")))
+    index, tried = _first_plan_that_runs(
+        ex.graph, pack, torch, dev, poison=lambda: result.fill_(float("nan"))
+    )
     for line in tried:
         p.say("  " + line)
     if index is None:
@@ -254,12 +268,16 @@ def _run_one(name, torch, big, on_gpu, p, seed):
     got = result.double()
     outcome.rel_err = float(torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref))
     outcome.passed = math.isfinite(outcome.rel_err) and outcome.rel_err <= ex.tolerance
-    p.say(f"  ||out-ref||/||ref|| = {outcome.rel_err:.3e} (tolerance {ex.tolerance:g}): "
-          + ("ok" if outcome.passed else "MISMATCH"))
+    p.say(
+        f"  ||out-ref||/||ref|| = {outcome.rel_err:.3e} (tolerance {ex.tolerance:g}): "
+        + ("ok" if outcome.passed else "MISMATCH")
+    )
     if on_gpu:
         outcome.kernel_ms, outcome.host_us = _time_on_gpu(ex.graph, pack, index, torch)
-        p.say(f"  kernel {outcome.kernel_ms * 1e3:.1f} us (CUDA events, median of 20), "
-              f"host {outcome.host_us:.1f} us per call (enqueue, burst of 50)")
+        p.say(
+            f"  kernel {outcome.kernel_ms * 1e3:.1f} us (CUDA events, median of 20), "
+            f"host {outcome.host_us:.1f} us per call (enqueue, burst of 50)"
+        )
     return outcome
 
 
@@ -277,7 +295,10 @@ def plan_and_explain(graph, modes, say):
         family = graph._planning.family
         if family is not None and not family.slots:
             say(f"  the {family.name} family has no python engine in the manifest yet")
-        if any(not v.accepted and v.reason.startswith("opt-in engine") for v in graph._planning.verdicts):
+        if any(
+            not v.accepted and v.reason.startswith("opt-in engine")
+            for v in graph._planning.verdicts
+        ):
             say("  hint: rerun with --opt-in to include the opt-in engines")
         return "no plan for this graph here (reasons above)"
     except Exception as exc:  # a component that is not there yet; report and go on

@@ -12,8 +12,9 @@ F32, F16, BF16, I32 = dt.FLOAT, dt.HALF, dt.BFLOAT16, dt.INT32
 
 def new_graph(io, deviceless, name):
     kw = {"sm_version": 90, "sm_count": 132} if deviceless else {}
-    return cudnn.pygraph(name=name, io_data_type=io, intermediate_data_type=F32,
-                         compute_data_type=F32, **kw)
+    return cudnn.pygraph(
+        name=name, io_data_type=io, intermediate_data_type=F32, compute_data_type=F32, **kw
+    )
 
 
 def outputs(*tensors):
@@ -54,12 +55,22 @@ def layernorm(N=256, H=512, deviceless=False, io=BF16):
     bias = g.tensor([1, H, 1, 1], [H, 1, H, H], data_type=F32, name="bias")
     # epsilon as the caller's pass-by-value host scalar (a variant-pack slot)
     eps = g.tensor([1, 1, 1, 1], data_type=F32, is_pass_by_value=True, name="eps")
-    Y, mean, inv_var = g.layernorm(cudnn.norm_forward_phase.TRAINING, x, scale, bias, eps, name="ln")
+    Y, mean, inv_var = g.layernorm(
+        cudnn.norm_forward_phase.TRAINING, x, scale, bias, eps, name="ln"
+    )
     Y.set_name("Y")
     mean.set_name("mean").set_data_type(F32)  # unset, the backend writes the io type
     inv_var.set_name("inv_var").set_data_type(F32)
     outputs(Y, mean, inv_var)
-    return g, {"x": x, "scale": scale, "bias": bias, "eps": eps, "Y": Y, "mean": mean, "inv_var": inv_var}
+    return g, {
+        "x": x,
+        "scale": scale,
+        "bias": bias,
+        "eps": eps,
+        "Y": Y,
+        "mean": mean,
+        "inv_var": inv_var,
+    }
 
 
 def layernorm_backward(N=256, H=512, deviceless=False, io=BF16):
@@ -74,8 +85,16 @@ def layernorm_backward(N=256, H=512, deviceless=False, io=BF16):
     dscale.set_name("dscale").set_data_type(F32)
     dbias.set_name("dbias").set_data_type(F32)
     outputs(dx, dscale, dbias)
-    return g, {"x": x, "dy": dy, "scale": scale, "mean": mean, "inv_var": inv_var,
-               "dx": dx, "dscale": dscale, "dbias": dbias}
+    return g, {
+        "x": x,
+        "dy": dy,
+        "scale": scale,
+        "mean": mean,
+        "inv_var": inv_var,
+        "dx": dx,
+        "dscale": dscale,
+        "dbias": dbias,
+    }
 
 
 def rmsnorm(N=256, H=512, deviceless=False, io=BF16):
@@ -212,11 +231,22 @@ def sdpa_backward(deviceless=False, io=BF16, **shape):
     p = dict(SDPA, **shape)
     b, hq, hk, s, d = p["b"], p["hq"], p["hk"], p["s"], p["d"]
     g = new_graph(io, deviceless, "sdpa_bwd")
-    t = {name: g.tensor(*_bshd(b, h, s, d), name=name)
-         for name, h in (("q", hq), ("k", hk), ("v", hk), ("o", hq), ("dO", hq))}
+    t = {
+        name: g.tensor(*_bshd(b, h, s, d), name=name)
+        for name, h in (("q", hq), ("k", hk), ("v", hk), ("o", hq), ("dO", hq))
+    }
     t["stats"] = g.tensor([b, hq, s, 1], data_type=F32, name="stats")
-    dQ, dK, dV = g.sdpa_backward(t["q"], t["k"], t["v"], t["o"], t["dO"], t["stats"],
-                                 attn_scale=d**-0.5, use_causal_mask=True, name="attn_bwd")
+    dQ, dK, dV = g.sdpa_backward(
+        t["q"],
+        t["k"],
+        t["v"],
+        t["o"],
+        t["dO"],
+        t["stats"],
+        attn_scale=d**-0.5,
+        use_causal_mask=True,
+        name="attn_bwd",
+    )
     for name, x, h in (("dQ", dQ, hq), ("dK", dK, hk), ("dV", dV, hk)):
         # the backend infers no dims for sdpa_backward's outputs: declare them (classic)
         x.set_name(name).set_dim([b, h, s, d]).set_stride(_bshd(b, h, s, d)[1])

@@ -51,8 +51,10 @@ FAMILY = EngineFamily(
     "parity_gemm",
     index=50,
     anchors=("matmul",),
-    slots=(EngineSlot(0, "tc_big", __name__, "TensorCoreBig"),
-           EngineSlot(1, "plain_small", __name__, "PlainSmall")),
+    slots=(
+        EngineSlot(0, "tc_big", __name__, "TensorCoreBig"),
+        EngineSlot(1, "plain_small", __name__, "PlainSmall"),
+    ),
 )
 
 
@@ -70,7 +72,10 @@ class TwoTiles(_Engine):
     KNOB_FIELDS = {knob_type.TILE_M: "TILE_M"}
 
     def default_plans(self, graph):
-        return [PlanConfig(self.engine_id, TileKnobs(128)), PlanConfig(self.engine_id, TileKnobs(64))]
+        return [
+            PlanConfig(self.engine_id, TileKnobs(128)),
+            PlanConfig(self.engine_id, TileKnobs(64)),
+        ]
 
     def build_plan(self, graph, plan, ctx):
         CALLS.append(("build_plan", self.name, plan.knobs.TILE_M))
@@ -123,7 +128,9 @@ HOOKED_FAMILY = EngineFamily(
     "parity_hooked",
     index=53,
     anchors=("matmul",),
-    slots=(EngineSlot(0, "plain_small", __name__, "PlainSmall"),
-           EngineSlot(1, "uneven_tiles", __name__, "UnevenTiles")),
+    slots=(
+        EngineSlot(0, "plain_small", __name__, "PlainSmall"),
+        EngineSlot(1, "uneven_tiles", __name__, "UnevenTiles"),
+    ),
     heuristics=(__name__, "list_plain_only"),
 )

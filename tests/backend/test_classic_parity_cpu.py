@@ -49,11 +49,23 @@ NOTE_CASES = {
     # call, notes -> the plan the build selects (tc_big carries TENSOR_CORE and
     # RUNTIME_COMPILATION, plain_small no note; the stand-in backend's entries follow)
     "select-numeric-kept": ("select_numeric_notes", [numerical_note.TENSOR_CORE], "tc_big"),
-    "deselect-numeric-barred": ("deselect_numeric_notes", [numerical_note.TENSOR_CORE], "plain_small"),
-    "select-numeric-none-carry": ("select_numeric_notes", [numerical_note.FFT], "cudnn_backend:heuristic"),
+    "deselect-numeric-barred": (
+        "deselect_numeric_notes",
+        [numerical_note.TENSOR_CORE],
+        "plain_small",
+    ),
+    "select-numeric-none-carry": (
+        "select_numeric_notes",
+        [numerical_note.FFT],
+        "cudnn_backend:heuristic",
+    ),
     "deselect-numeric-none-carry": ("deselect_numeric_notes", [numerical_note.FFT], "tc_big"),
     "select-behavior": ("select_behavior_notes", [behavior_note.RUNTIME_COMPILATION], "tc_big"),
-    "deselect-behavior": ("deselect_behavior_notes", [behavior_note.RUNTIME_COMPILATION], "plain_small"),
+    "deselect-behavior": (
+        "deselect_behavior_notes",
+        [behavior_note.RUNTIME_COMPILATION],
+        "plain_small",
+    ),
 }
 
 
@@ -70,14 +82,21 @@ def test_note_filters_bar_python_plans_by_their_declared_notes(case, when):
             getattr(g, method)(notes)
         g.build_plans()
     name = selected_name(g)
-    assert name == expected or (expected.startswith("cudnn_backend") and name.startswith("cudnn_backend"))
+    assert name == expected or (
+        expected.startswith("cudnn_backend") and name.startswith("cudnn_backend")
+    )
     # the list keeps its indices: a filter bars entries, it never renumbers them
-    assert [g.get_plan_name_at_index(i).split("[")[0] for i in range(2)] == ["tc_big", "plain_small"]
+    assert [g.get_plan_name_at_index(i).split("[")[0] for i in range(2)] == [
+        "tc_big",
+        "plain_small",
+    ]
 
 
 def test_note_filter_names_the_bad_argument():
     g = gemm_graph()
-    with pytest.raises(ValueError, match=r"select_numeric_notes\(\): notes\[1\] = 'fast' is not a numerical_note"):
+    with pytest.raises(
+        ValueError, match=r"select_numeric_notes\(\): notes\[1\] = 'fast' is not a numerical_note"
+    ):
         g.select_numeric_notes([numerical_note.TENSOR_CORE, "fast"])
     with pytest.raises(TypeError, match="notes must be a list of behavior_note"):
         g.deselect_behavior_notes(behavior_note.RUNTIME_COMPILATION)
@@ -105,8 +124,11 @@ def test_notes_accept_the_frontends_members_by_name():
 
 
 # ---------------------------------------------------------------- workspace limit
-@pytest.mark.parametrize("limit, expected", [(1 << 20, "tc_big"), ((1 << 20) - 1, "plain_small"), (0, "plain_small")],
-                         ids=["at-the-limit", "one-byte-under", "zero"])
+@pytest.mark.parametrize(
+    "limit, expected",
+    [(1 << 20, "tc_big"), ((1 << 20) - 1, "plain_small"), (0, "plain_small")],
+    ids=["at-the-limit", "one-byte-under", "zero"],
+)
 def test_workspace_limit_walks_past_a_python_plan_over_it(limit, expected):
     with manifest.use_families([pe.FAMILY]):
         g = gemm_graph()
@@ -132,7 +154,9 @@ def test_workspace_limit_refuses_a_pinned_or_indexed_plan_over_it():
         g = gemm_graph()
         g.create_execution_plans([heur_mode.A])
         g.deselect_workspace_greater_than(1024)
-        with pytest.raises(cudnn.cudnnGraphNotSupportedError, match=r"#0 tc_big.* needs 1048576 workspace bytes"):
+        with pytest.raises(
+            cudnn.cudnnGraphNotSupportedError, match=r"#0 tc_big.* needs 1048576 workspace bytes"
+        ):
             g.build_plan_at_index(0)
         g.select_plan(0)
         with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="pinned plan #0 tc_big"):
@@ -141,7 +165,9 @@ def test_workspace_limit_refuses_a_pinned_or_indexed_plan_over_it():
 
 @pytest.mark.parametrize("limit", [-1, 1.5, True, "1k"], ids=["negative", "float", "bool", "str"])
 def test_workspace_limit_must_be_a_byte_count(limit):
-    with pytest.raises(ValueError, match=r"deselect_workspace_greater_than\(\): the limit must be a byte count"):
+    with pytest.raises(
+        ValueError, match=r"deselect_workspace_greater_than\(\): the limit must be a byte count"
+    ):
         gemm_graph().deselect_workspace_greater_than(limit)
 
 
@@ -154,8 +180,10 @@ def test_cuda_graph_calls_refuse_a_python_plan_by_name(call):
         with pytest.raises(GraphStateError, match="build_plans"):
             getattr(g, call)(None, {}, None, 1)
         g.build_plans()
-        with pytest.raises(cudnn.cudnnGraphNotSupportedError,
-                           match=rf"{call}\(\) records a cuDNN backend plan.*#0 tc_big.*python plan"):
+        with pytest.raises(
+            cudnn.cudnnGraphNotSupportedError,
+            match=rf"{call}\(\) records a cuDNN backend plan.*#0 tc_big.*python plan",
+        ):
             getattr(g, call)(None, {}, None, 1)
 
 
@@ -165,12 +193,16 @@ def test_deserialize_refuses_a_graph_with_nodes():
         gemm_graph().deserialize(b"blob")
 
 
-@pytest.mark.parametrize("args, kwargs, message", [
-    ((), {}, "no serialized data"),
-    ((3.5,), {}, "data must be bytes"),
-    ((1, b"x", 2), {}, r"deserialize\(data\) or deserialize\(handle, data\)"),
-    ((b"x",), {"precompiled": True}, "unexpected keyword"),
-], ids=["nothing", "float", "three-args", "bad-keyword"])
+@pytest.mark.parametrize(
+    "args, kwargs, message",
+    [
+        ((), {}, "no serialized data"),
+        ((3.5,), {}, "data must be bytes"),
+        ((1, b"x", 2), {}, r"deserialize\(data\) or deserialize\(handle, data\)"),
+        ((b"x",), {"precompiled": True}, "unexpected keyword"),
+    ],
+    ids=["nothing", "float", "three-args", "bad-keyword"],
+)
 def test_deserialize_argument_forms(args, kwargs, message):
     with pytest.raises(TypeError, match=message):
         cudnn.pygraph().deserialize(*args, **kwargs)
@@ -178,7 +210,9 @@ def test_deserialize_argument_forms(args, kwargs, message):
 
 def test_deserialize_garbage_is_the_backends_error_not_a_crash():
     pytest.importorskip("cudnn")
-    with pytest.raises((cudnn.cudnnGraphNotSupportedError, BackendUnavailableError), match="deserialize"):
+    with pytest.raises(
+        (cudnn.cudnnGraphNotSupportedError, BackendUnavailableError), match="deserialize"
+    ):
         cudnn.pygraph().deserialize([1, 2, 3])
 
 
@@ -218,7 +252,12 @@ def test_the_closure_refuses_bad_input_like_the_general_path():
         with pytest.raises(MissingOperandError, match="'B'"):
             g.execute(pack)
         with pytest.raises(ValueError, match="override_shapes"):
-            g.execute(_pack(g), override_uids=[1], override_shapes=[[1, 16, 8]], override_strides=[[128, 8, 1]])
+            g.execute(
+                _pack(g),
+                override_uids=[1],
+                override_shapes=[[1, 16, 8]],
+                override_strides=[[128, 8, 1]],
+            )
 
 
 # ---------------------------------------------------------------- forwarding to the backend
@@ -240,8 +279,11 @@ def _lowered_stand_in(plans):
     from cudnn_pygraph import behavior_note as bn
     from cudnn_pygraph import numerical_note as nn
 
-    fe = types.SimpleNamespace(module=types.SimpleNamespace(numerical_note=nn, behavior_note=bn),
-                               errors=(RuntimeError,), frontend_version="stand-in")
+    fe = types.SimpleNamespace(
+        module=types.SimpleNamespace(numerical_note=nn, behavior_note=bn),
+        errors=(RuntimeError,),
+        frontend_version="stand-in",
+    )
     return types.SimpleNamespace(backend=_RecordingBackend(plans), fe=fe, lock=threading.Lock())
 
 
@@ -257,8 +299,10 @@ def test_filters_reach_the_lowered_backend_graph_once_it_has_plans(plans):
     classic_parity.forward_to_backend(g)
     expected = [("deselect_workspace_greater_than", 4096)]
     if plans:  # its note filters mark entries of its plan list: nothing to mark before
-        expected += [("select_numeric_notes", [numerical_note.TENSOR_CORE]),
-                     ("deselect_behavior_notes", [behavior_note.RUNTIME_COMPILATION])]
+        expected += [
+            ("select_numeric_notes", [numerical_note.TENSOR_CORE]),
+            ("deselect_behavior_notes", [behavior_note.RUNTIME_COMPILATION]),
+        ]
     assert lg.backend.calls == expected
 
 
@@ -293,7 +337,9 @@ TWO_TILES, UNEVEN = python_engine_id(51, 0), python_engine_id(52, 0)
 RC, CG = behavior_note.RUNTIME_COMPILATION, behavior_note.SUPPORTS_CUDA_GRAPH_NATIVE_API
 
 
-def planned(monkeypatch, families=(pe.FAMILY,), backend=None, modes=(heur_mode.A, heur_mode.FALLBACK)):
+def planned(
+    monkeypatch, families=(pe.FAMILY,), backend=None, modes=(heur_mode.A, heur_mode.FALLBACK)
+):
     monkeypatch.setattr(adapter, "BACKEND", backend or fakes.FakeLoweringBackend())
     with manifest.use_families(list(families)):
         g = gemm_graph()
@@ -323,8 +369,11 @@ def test_behavior_notes_at_our_index(monkeypatch, case):
 
 def test_the_delegating_entry_has_notes_only_once_built(monkeypatch):
     g = planned(monkeypatch)
-    with pytest.raises(GraphStateError, match=r"plan #2 cudnn_backend:eng19999.*delegates to the "
-                                              r"backend's own choice.*build_plan_at_index\(2\)"):
+    with pytest.raises(
+        GraphStateError,
+        match=r"plan #2 cudnn_backend:eng19999.*delegates to the "
+        r"backend's own choice.*build_plan_at_index\(2\)",
+    ):
         g.get_behavior_notes_for_plan_at_index(2)
     g.build_plan_at_index(2)  # the stand-in backend's own pick: its cpp 1
     assert g.get_behavior_notes_for_plan_at_index(2) == [RC]
@@ -364,20 +413,31 @@ def test_behavior_notes_state_rules(monkeypatch):
         g.get_behavior_notes()
 
 
-@pytest.mark.parametrize("index", [-1, 6, True, "0", 1.0], ids=["negative", "past-end", "bool", "str", "float"])
+@pytest.mark.parametrize(
+    "index", [-1, 6, True, "0", 1.0], ids=["negative", "past-end", "bool", "str", "float"]
+)
 def test_behavior_notes_at_a_bad_index(monkeypatch, index):
     g = planned(monkeypatch)
-    with pytest.raises(IndexError, match=r"get_behavior_notes_for_plan_at_index\(.*\): index .* is "
-                                         r"out of range: the plan list has 6 plans"):
+    with pytest.raises(
+        IndexError,
+        match=r"get_behavior_notes_for_plan_at_index\(.*\): index .* is "
+        r"out of range: the plan list has 6 plans",
+    ):
         g.get_behavior_notes_for_plan_at_index(index)
 
 
 ENGINES = {
     # backend stand-in, families -> the ids get_engine_count counts
-    "backend-and-python": (lambda: fakes.FakeLoweringBackend(), (pe.FAMILY,),
-                           list(range(12)) + [TC_BIG, PLAIN_SMALL]),
-    "backend-without-a-device": (lambda: fakes.FakeLoweringBackend(no_device="no device here"),
-                                 (pe.FAMILY,), [TC_BIG, PLAIN_SMALL]),
+    "backend-and-python": (
+        lambda: fakes.FakeLoweringBackend(),
+        (pe.FAMILY,),
+        list(range(12)) + [TC_BIG, PLAIN_SMALL],
+    ),
+    "backend-without-a-device": (
+        lambda: fakes.FakeLoweringBackend(no_device="no device here"),
+        (pe.FAMILY,),
+        [TC_BIG, PLAIN_SMALL],
+    ),
     "backend-not-lowered": (lambda: fakes.FakeBackend(), (pe.FAMILY,), [TC_BIG, PLAIN_SMALL]),
     "backend-only": (lambda: fakes.FakeLoweringBackend(), (), list(range(12))),
 }
@@ -399,16 +459,27 @@ def test_engine_count_state_rule():
 KNOBS = {
     # engine id, families -> its KnobRange list
     "backend-listed": (7, (pe.FAMILY,), [KnobRange(knob_type.TILE_SIZE, 0, 3, 1)]),
-    "backend-two-axes": (9, (pe.FAMILY,), [KnobRange(knob_type.SPLIT_K_SLC, 1, 8, 1),
-                                           KnobRange(knob_type.STAGES, 2, 6, 2)]),
+    "backend-two-axes": (
+        9,
+        (pe.FAMILY,),
+        [KnobRange(knob_type.SPLIT_K_SLC, 1, 8, 1), KnobRange(knob_type.STAGES, 2, 6, 2)],
+    ),
     "backend-counted-not-listed": (0, (pe.FAMILY,), []),
     "delegating-entry": (BACKEND_HEURISTIC_ENGINE_ID, (pe.FAMILY,), []),
     "python-no-axes": (TC_BIG, (pe.FAMILY,), []),
-    "python-even-values": (TWO_TILES, (pe.TILES_FAMILY,),
-                           [KnobRange(knob_type.TILE_M, 64, 128, 64, (64, 128))]),
-    "python-uneven-values": (UNEVEN, (pe.UNEVEN_FAMILY,),
-                             [KnobRange(knob_type.TILE_M, 32, 128, 0, (32, 64, 128)),
-                              KnobRange(knob_type.TILE_N, 64, 64, 1, (64,))]),
+    "python-even-values": (
+        TWO_TILES,
+        (pe.TILES_FAMILY,),
+        [KnobRange(knob_type.TILE_M, 64, 128, 64, (64, 128))],
+    ),
+    "python-uneven-values": (
+        UNEVEN,
+        (pe.UNEVEN_FAMILY,),
+        [
+            KnobRange(knob_type.TILE_M, 32, 128, 0, (32, 64, 128)),
+            KnobRange(knob_type.TILE_N, 64, 64, 1, (64,)),
+        ],
+    ),
 }
 
 
@@ -424,8 +495,11 @@ def test_knobs_for_engine(monkeypatch, case):
 def test_a_python_engines_knob_values_are_the_ones_its_listed_plans_take(monkeypatch):
     g = planned(monkeypatch, (pe.UNEVEN_FAMILY,))
     (m, n) = g.get_knobs_for_engine(UNEVEN)
-    listed = [g.get_engine_and_knobs_at_index(i)[1] for i in range(len(g.plans))
-              if g.plans[i].engine_id == UNEVEN]
+    listed = [
+        g.get_engine_and_knobs_at_index(i)[1]
+        for i in range(len(g.plans))
+        if g.plans[i].engine_id == UNEVEN
+    ]
     assert sorted(k[knob_type.TILE_M] for k in listed) == list(m.values)
     assert {k[knob_type.TILE_N] for k in listed} == set(n.values)
 
@@ -438,13 +512,25 @@ def test_an_accepted_engine_its_hook_left_unlisted_answers_its_default_plans(mon
     assert [k.values for k in g.get_knobs_for_engine(unlisted)] == [(32, 64, 128), (64,)]
 
 
-@pytest.mark.parametrize("engine_id, error, message", [
-    (12, ValueError, r"engine_id 12 is not an engine of graph 'test_graph': its engines are \[0, 1,"),
-    (-1, ValueError, "engine_id -1 is not an engine"),
-    (TWO_TILES, ValueError, f"engine_id {TWO_TILES} is not an engine"),  # not this graph's family
-    ("7", TypeError, "engine_id must be an int"),
-    (True, TypeError, "engine_id must be an int"),
-], ids=["past-the-backends", "negative", "python-not-accepted", "str", "bool"])
+@pytest.mark.parametrize(
+    "engine_id, error, message",
+    [
+        (
+            12,
+            ValueError,
+            r"engine_id 12 is not an engine of graph 'test_graph': its engines are \[0, 1,",
+        ),
+        (-1, ValueError, "engine_id -1 is not an engine"),
+        (
+            TWO_TILES,
+            ValueError,
+            f"engine_id {TWO_TILES} is not an engine",
+        ),  # not this graph's family
+        ("7", TypeError, "engine_id must be an int"),
+        (True, TypeError, "engine_id must be an int"),
+    ],
+    ids=["past-the-backends", "negative", "python-not-accepted", "str", "bool"],
+)
 def test_knobs_for_a_bad_engine_id(monkeypatch, engine_id, error, message):
     g = planned(monkeypatch)
     with pytest.raises(error, match=message):
@@ -469,11 +555,19 @@ def test_query_tensor_attributes_of_a_user_uid():
     assert g.query_tensor_attributes_of_uid(41) is x
 
 
-@pytest.mark.parametrize("uid, error, message", [
-    (999, ValueError, r"uid 999 is not a tensor of graph 'test_graph' \(its uids: \[1, 2, 3\]\)"),
-    ("1", TypeError, "uid must be an int"),
-    (None, TypeError, "uid must be an int"),
-], ids=["unknown", "str", "none"])
+@pytest.mark.parametrize(
+    "uid, error, message",
+    [
+        (
+            999,
+            ValueError,
+            r"uid 999 is not a tensor of graph 'test_graph' \(its uids: \[1, 2, 3\]\)",
+        ),
+        ("1", TypeError, "uid must be an int"),
+        (None, TypeError, "uid must be an int"),
+    ],
+    ids=["unknown", "str", "none"],
+)
 def test_query_tensor_attributes_of_a_bad_uid(uid, error, message):
     with pytest.raises(error, match=message):
         gemm_graph().query_tensor_attributes_of_uid(uid)
@@ -511,12 +605,20 @@ def test_cuda_graph_retention_of_a_lowered_graph_is_the_backends(monkeypatch):
 
 
 def test_a_bad_cuda_graph_retention_is_named():
-    with pytest.raises(ValueError, match="cuda_graph_retention 'often' is not a cuda_graph_retention"):
+    with pytest.raises(
+        ValueError, match="cuda_graph_retention 'often' is not a cuda_graph_retention"
+    ):
         cudnn.pygraph(cuda_graph_retention="often").get_cuda_graph_retention()
 
 
-CLASSIC_QUERIES = ["get_behavior_notes", "get_behavior_notes_for_plan_at_index", "get_engine_count",
-                   "get_knobs_for_engine", "query_tensor_attributes_of_uid", "get_cuda_graph_retention"]
+CLASSIC_QUERIES = [
+    "get_behavior_notes",
+    "get_behavior_notes_for_plan_at_index",
+    "get_engine_count",
+    "get_knobs_for_engine",
+    "query_tensor_attributes_of_uid",
+    "get_cuda_graph_retention",
+]
 
 
 @pytest.mark.parametrize("name", CLASSIC_QUERIES)
@@ -537,13 +639,17 @@ def test_a_backend_refusal_is_the_classic_error_naming_the_call(monkeypatch):
         raise RuntimeError("CUDNN_STATUS_BAD_PARAM: stand-in refusal")
 
     monkeypatch.setattr(g._lowered.backend, "get_behavior_notes_for_plan_at_index", refuse)
-    with pytest.raises(cudnn.cudnnGraphNotSupportedError,
-                       match=r"get_behavior_notes_for_plan_at_index\(3\): CUDNN_STATUS_BAD_PARAM"):
+    with pytest.raises(
+        cudnn.cudnnGraphNotSupportedError,
+        match=r"get_behavior_notes_for_plan_at_index\(3\): CUDNN_STATUS_BAD_PARAM",
+    ):
         g.get_behavior_notes_for_plan_at_index(3)
 
 
 def test_a_backend_note_we_lack_is_a_version_skew_said_so(monkeypatch):
     monkeypatch.setitem(fakes.FakeBackendGraph.NOTES, 0, ("FUTURE_NOTE",))
     g = planned(monkeypatch)
-    with pytest.raises(RuntimeError, match="behavior note .*FUTURE_NOTE.* cudnn_pygraph.behavior_note lacks"):
+    with pytest.raises(
+        RuntimeError, match="behavior note .*FUTURE_NOTE.* cudnn_pygraph.behavior_note lacks"
+    ):
         g.get_behavior_notes_for_plan_at_index(3)

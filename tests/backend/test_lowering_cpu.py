@@ -6,16 +6,18 @@ cudnnCreate"). Where libcudnn cannot load the lowering rows skip with that reaso
 rows marked `anywhere` run on any machine."""
 
 import pytest
+from backend_graphs import CASES, conv_fprop, matmul
 
 import cudnn_pygraph as cudnn
-from backend_graphs import CASES, conv_fprop, matmul
 from cudnn_pygraph import heur_mode, knob_type
 from cudnn_pygraph.backend import adapter, lowering
 from cudnn_pygraph.planning import manifest
 from cudnn_pygraph.planning.device import detect_device
 
 REASON = lowering.unavailable_reason()
-needs_backend = pytest.mark.skipif(REASON is not None, reason=f"the backend cannot lower here: {REASON}")
+needs_backend = pytest.mark.skipif(
+    REASON is not None, reason=f"the backend cannot lower here: {REASON}"
+)
 HAS_GPU = (detect_device() is not None) and not detect_device().is_interpreter
 
 
@@ -58,8 +60,11 @@ def test_case_lowers_with_our_uids_and_our_shapes(case):
 def test_backend_layout_lands_on_fields_the_caller_left(case):
     g, _ = CASES[case](deviceless=True)
     g.validate()
-    declared = {t.uid: {f: t.is_user_set(f) and getattr(t, f) for f in ("dim", "stride", "data_type")}
-                for n in g.nodes for t in n.output_tensors()}
+    declared = {
+        t.uid: {f: t.is_user_set(f) and getattr(t, f) for f in ("dim", "stride", "data_type")}
+        for n in g.nodes
+        for t in n.output_tensors()
+    }
     assert adapter.finalize_layout(g) is None
     lg = g._lowered
     for n in g.nodes:
@@ -70,7 +75,9 @@ def test_backend_layout_lands_on_fields_the_caller_left(case):
             assert theirs_dtype in (0, int(t.data_type)), t.name
             for field, value in declared[t.uid].items():
                 if value is not False:
-                    assert getattr(t, field) == value, f"{t.name}: the caller's {field} was replaced"
+                    assert getattr(t, field) == value, (
+                        f"{t.name}: the caller's {field} was replaced"
+                    )
 
 
 @needs_backend
@@ -139,9 +146,14 @@ def test_python_only_graph_refused_at_lowering():  # anywhere: refused before th
 def test_backend_refusal_names_the_node():
     """The backend's own message, the classic type, the node named even when the
     message does not say it (found by validating growing prefixes)."""
-    g2 = cudnn.pygraph(name="alibi", io_data_type=cudnn.data_type.BFLOAT16,
-                       intermediate_data_type=cudnn.data_type.FLOAT,
-                       compute_data_type=cudnn.data_type.FLOAT, sm_version=90, sm_count=132)
+    g2 = cudnn.pygraph(
+        name="alibi",
+        io_data_type=cudnn.data_type.BFLOAT16,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+        sm_version=90,
+        sm_count=132,
+    )
     q, k, v = (g2.tensor([1, 2, 64, 64], name=n) for n in "qkv")
     x = g2.scale(q, g2.tensor([1, 1, 1, 1], name="s"), name="prescale")
     o, _ = g2.sdpa(x, k, v, attn_scale=0.125, use_alibi_mask=True, name="attn_alibi")
@@ -156,11 +168,22 @@ def test_backend_refusal_names_the_node():
 def test_score_mod_lowers_as_a_backend_hook():
     """A modifier recorded at describe time reaches the backend as its score_mod hook
     (tests/sdpa/test_score_mod.py compares the sub-graph it builds with NVIDIA's)."""
-    g = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, sm_version=90, sm_count=132,
-                      intermediate_data_type=cudnn.data_type.FLOAT)
+    g = cudnn.pygraph(
+        io_data_type=cudnn.data_type.BFLOAT16,
+        sm_version=90,
+        sm_count=132,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+    )
     q, k, v = (g.tensor([1, 2, 64, 64], name=n) for n in "qkv")
-    o, _ = g.sdpa(q, k, v, attn_scale=0.125, generate_stats=False,
-                  score_mod=lambda graph, s: graph.tanh(s), name="attn")
+    o, _ = g.sdpa(
+        q,
+        k,
+        v,
+        attn_scale=0.125,
+        generate_stats=False,
+        score_mod=lambda graph, s: graph.tanh(s),
+        name="attn",
+    )
     o.set_output(True)
     lowering.lowered(g)  # validated by the backend
     hook = lowering._Builder(lowering.frontend(), None, None).value(g.nodes[0].attrs["score_mod"])

@@ -59,7 +59,9 @@ def _nvidia_names():
     and a program that never imports it never sees the name."""
     out = subprocess.run(
         [sys.executable, "-c", "import cudnn, json; print(json.dumps(dir(cudnn)))"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return {n for n in json.loads(out.stdout.strip().splitlines()[-1]) if not n.startswith("_")}
 

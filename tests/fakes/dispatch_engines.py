@@ -48,7 +48,14 @@ class RecordingPlan(CompiledPlan):
     def execute(self, graph, pack, ctx):
         positions = [pack.index_of(t) for t in self.ports]
         buffers = pack.operands(positions)
-        CALLS.append(("execute", self.name, [(t.name, b.ptr) for t, b in zip(self.ports, buffers)], ctx.stream))
+        CALLS.append(
+            (
+                "execute",
+                self.name,
+                [(t.name, b.ptr) for t, b in zip(self.ports, buffers)],
+                ctx.stream,
+            )
+        )
 
 
 class EngineA(_Recording):
@@ -105,17 +112,24 @@ class FakeBackend:
         outcome = {}
         for m in modes:
             if m == heur_mode.A:
-                entries += [PlanConfig(7, frozenset({(knob_type.TILE_SIZE, 1)}), m, 0),
-                            PlanConfig(9, frozenset(), m, 1)]
+                entries += [
+                    PlanConfig(7, frozenset({(knob_type.TILE_SIZE, 1)}), m, 0),
+                    PlanConfig(9, frozenset(), m, 1),
+                ]
             elif m == heur_mode.FALLBACK:
-                entries += [PlanConfig(3, frozenset(), m, 2), PlanConfig(7, frozenset({(knob_type.TILE_SIZE, 1)}), m, 3)]
+                entries += [
+                    PlanConfig(3, frozenset(), m, 2),
+                    PlanConfig(7, frozenset({(knob_type.TILE_SIZE, 1)}), m, 3),
+                ]
             outcome[m] = "ok"
         return entries, outcome
 
     def replay_entry(self, graph, engine_id, knobs):
         for k in knobs:
             if int(k) >= 1000:
-                raise ValueError(f"knob {knob_type(k).name} is a frontend-band knob: the backend has no word for it")
+                raise ValueError(
+                    f"knob {knob_type(k).name} is a frontend-band knob: the backend has no word for it"
+                )
         return PlanConfig(engine_id, frozenset(knobs.items()))
 
     def build_plan(self, graph, plan, ctx):
@@ -129,8 +143,17 @@ class FakeBackend:
         return f"cudnn_backend:eng{plan.engine_id}"
 
 
-__all__ = ["EngineA", "EngineB", "Hopper", "Broken", "analyze", "recommend", "FakeBackend",
-           "cudnnGraphNotSupportedError", "data_type"]
+__all__ = [
+    "EngineA",
+    "EngineB",
+    "Hopper",
+    "Broken",
+    "analyze",
+    "recommend",
+    "FakeBackend",
+    "cudnnGraphNotSupportedError",
+    "data_type",
+]
 
 
 # ---------------------------------------------------------------- a lowered backend graph
@@ -140,10 +163,16 @@ class FakeBackendGraph:
     engines (0..11), knob ranges per engine, and the candidate plan a build leaves (the
     delegating entry's build makes its first plan, cpp 1, the candidate)."""
 
-    NOTES = {0: ("SUPPORTS_CUDA_GRAPH_NATIVE_API",), 1: ("RUNTIME_COMPILATION",), 2: (),
-             3: ("SUPPORTS_CUDA_GRAPH_NATIVE_API",)}
-    KNOBS = {7: [(knob_type.TILE_SIZE, 0, 3, 1)], 9: [(knob_type.SPLIT_K_SLC, 1, 8, 1),
-                                                      (knob_type.STAGES, 2, 6, 2)]}
+    NOTES = {
+        0: ("SUPPORTS_CUDA_GRAPH_NATIVE_API",),
+        1: ("RUNTIME_COMPILATION",),
+        2: (),
+        3: ("SUPPORTS_CUDA_GRAPH_NATIVE_API",),
+    }
+    KNOBS = {
+        7: [(knob_type.TILE_SIZE, 0, 3, 1)],
+        9: [(knob_type.SPLIT_K_SLC, 1, 8, 1), (knob_type.STAGES, 2, 6, 2)],
+    }
     ENGINES = 12
 
     def __init__(self, retention=None):
@@ -170,8 +199,10 @@ class FakeBackendGraph:
 
     def get_knobs_for_engine(self, engine_id):
         self.calls.append(("knobs", engine_id))
-        return [_BackendKnob(_BackendMember(kt.name), lo, hi, step)
-                for kt, lo, hi, step in self.KNOBS.get(engine_id, [])]
+        return [
+            _BackendKnob(_BackendMember(kt.name), lo, hi, step)
+            for kt, lo, hi, step in self.KNOBS.get(engine_id, [])
+        ]
 
     def get_cuda_graph_retention(self):
         return _BackendMember(self.retention or "PER_GRAPH")
@@ -207,7 +238,8 @@ class FakeLoweringBackend(FakeBackend):
         backend = FakeBackendGraph(self.retention)
         fe = types.SimpleNamespace(errors=(RuntimeError,), frontend_version="stand-in")
         graph.__dict__["_lowered"] = types.SimpleNamespace(
-            backend=backend, fe=fe, lock=backend.lock, build_operation_graph=lambda: self.no_device)
+            backend=backend, fe=fe, lock=backend.lock, build_operation_graph=lambda: self.no_device
+        )
         if self.no_device is not None:
             return [], {m: self.no_device for m in modes}
         return super().plan_entries(graph, modes)

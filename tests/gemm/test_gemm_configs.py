@@ -2,12 +2,12 @@
 
 import pytest
 
+from cudnn_pygraph.engines.gemm.kernels.chain import step
 from cudnn_pygraph.engines.gemm.kernels.configs import (
     SMEM_LIMIT_BYTES,
     recommend_configs,
     shared_memory_bytes,
 )
-from cudnn_pygraph.engines.gemm.kernels.chain import step
 from cudnn_pygraph.engines.gemm.kernels.knobs import GemmKnobs
 
 # (M, N, K, input dtype) -> the config the rule must put first: our fastest, or within 5% of

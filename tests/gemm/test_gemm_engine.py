@@ -13,10 +13,10 @@ from gemm_reference import rel_err
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph.backend import adapter
-from cudnn_pygraph.runtime.execute import ExecutionContext
 from cudnn_pygraph.engines.gemm.kernels.knobs import GemmKnobs
 from cudnn_pygraph.planning import manifest
 from cudnn_pygraph.planning.device import DeviceProperties
+from cudnn_pygraph.runtime.execute import ExecutionContext
 
 HALF, FLOAT = cudnn.data_type.HALF, cudnn.data_type.FLOAT
 TORCH = {HALF: torch.float16, FLOAT: torch.float32}

@@ -13,12 +13,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+from gemm_reference import gemm_reference, rel_err  # noqa: E402
 
 from cudnn_pygraph.engines.gemm.kernels.chain import step  # noqa: E402
 from cudnn_pygraph.engines.gemm.kernels.knobs import GemmKnobs  # noqa: E402
 from cudnn_pygraph.engines.gemm.kernels.torch_gemm import gemm  # noqa: E402
-
-from gemm_reference import gemm_reference, rel_err  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Small tiles keep the interpreter fast and make the odd shapes cross several tiles.

@@ -57,11 +57,20 @@ def test_decode_at_serving_size(page):
     clen = g.tensor_like(seq_kv, name="seq_len_kv")
     seq_q = torch.ones_like(seq_kv)  # the classic refuses a padding mask with one side's lengths
     clen_q = g.tensor_like(seq_q, name="seq_len_q")
-    O, stats = g.sdpa(cq, ck, cv, seq_len_q=clen_q, seq_len_kv=clen, use_padding_mask=True,
-                      generate_stats=True,
-                      attn_scale=SCALE, paged_attention_k_table=ctab_k,
-                      paged_attention_v_table=ctab_v,
-                      paged_attention_max_seq_len_kv=page * max_pages, compute_data_type=DT.FLOAT)
+    O, stats = g.sdpa(
+        cq,
+        ck,
+        cv,
+        seq_len_q=clen_q,
+        seq_len_kv=clen,
+        use_padding_mask=True,
+        generate_stats=True,
+        attn_scale=SCALE,
+        paged_attention_k_table=ctab_k,
+        paged_attention_v_table=ctab_v,
+        paged_attention_max_seq_len_kv=page * max_pages,
+        compute_data_type=DT.FLOAT,
+    )
     O.set_output(True).set_dim([b, H_QO, 1, D]).set_stride([H_QO * D, D, H_QO * D, 1])
     stats.set_output(True).set_data_type(DT.FLOAT).set_dim([b, H_QO, 1, 1])
     stats.set_stride([H_QO, 1, H_QO, 1])
@@ -69,8 +78,20 @@ def test_decode_at_serving_size(page):
     out = torch.full((b, H_QO, D), float("nan"), device=DEV, dtype=IO)
     lse = torch.full((b, H_QO), float("nan"), device=DEV)
     ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8, device=DEV)
-    g.execute({cq: q, ck: k_cache, cv: v_cache, ctab_k: table, ctab_v: table, clen: seq_kv,
-               clen_q: seq_q, O: out, stats: lse}, ws)
+    g.execute(
+        {
+            cq: q,
+            ck: k_cache,
+            cv: v_cache,
+            ctab_k: table,
+            ctab_v: table,
+            clen: seq_kv,
+            clen_q: seq_q,
+            O: out,
+            stats: lse,
+        },
+        ws,
+    )
     for i, n in enumerate(lens):
         kd, vd = (gate._gather(c, table[i, 0, :, 0], n, page) for c in (k_cache, v_cache))
         ref_o, ref_l = attention_one(q[i][:, None], kd, vd, SCALE)
@@ -103,10 +124,21 @@ def test_paged_prefill_at_serving_size():
     ck, cv = g.tensor_like(k_cache, name="k_cache"), g.tensor_like(v_cache, name="v_cache")
     ctab_k, ctab_v = g.tensor_like(table, name="table_k"), g.tensor_like(table, name="table_v")
     clq, clkv = g.tensor_like(seq_q, name="seq_len_q"), g.tensor_like(seq_kv, name="seq_len_kv")
-    O, stats = g.sdpa(cq, ck, cv, seq_len_q=clq, seq_len_kv=clkv, use_padding_mask=True,
-                      attn_scale=SCALE, generate_stats=True, use_causal_mask_bottom_right=True,
-                      paged_attention_k_table=ctab_k, paged_attention_v_table=ctab_v,
-                      paged_attention_max_seq_len_kv=page * max_pages, compute_data_type=DT.FLOAT)
+    O, stats = g.sdpa(
+        cq,
+        ck,
+        cv,
+        seq_len_q=clq,
+        seq_len_kv=clkv,
+        use_padding_mask=True,
+        attn_scale=SCALE,
+        generate_stats=True,
+        use_causal_mask_bottom_right=True,
+        paged_attention_k_table=ctab_k,
+        paged_attention_v_table=ctab_v,
+        paged_attention_max_seq_len_kv=page * max_pages,
+        compute_data_type=DT.FLOAT,
+    )
     c_ooff = g.tensor_like(q_off, name="ragged_o")
     c_soff = g.tensor_like(st_off, name="ragged_stats")
     O.set_ragged_offset(c_ooff).set_output(True).set_dim([b, H_QO, s_max, D]).set_stride(tok)
@@ -115,13 +147,28 @@ def test_paged_prefill_at_serving_size():
     name = gate._plan_ours(g)
     out = torch.full((total, H_QO, D), float("nan"), device=DEV, dtype=IO)
     lse = torch.full((total, H_QO), float("nan"), device=DEV)
-    g.execute({cq: q, c_qoff: q_off, ck: k_cache, cv: v_cache, ctab_k: table, ctab_v: table,
-               clq: seq_q, clkv: seq_kv, O: out, c_ooff: q_off, stats: lse, c_soff: st_off},
-              torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8, device=DEV))
-    for i, (nq, nkv) in enumerate(zip(q_lens, kv_lens)):
+    g.execute(
+        {
+            cq: q,
+            c_qoff: q_off,
+            ck: k_cache,
+            cv: v_cache,
+            ctab_k: table,
+            ctab_v: table,
+            clq: seq_q,
+            clkv: seq_kv,
+            O: out,
+            c_ooff: q_off,
+            stats: lse,
+            c_soff: st_off,
+        },
+        torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8, device=DEV),
+    )
+    for i, (_nq, nkv) in enumerate(zip(q_lens, kv_lens)):
         rows = slice(cu[i], cu[i + 1])
         kd, vd = (gate._gather(c, table[i, 0, :, 0], nkv, page) for c in (k_cache, v_cache))
-        ref_o, ref_l = attention_one(q[rows].transpose(0, 1), kd, vd, SCALE, None, 0,
-                                     bottom_right=True)
+        ref_o, ref_l = attention_one(
+            q[rows].transpose(0, 1), kd, vd, SCALE, None, 0, bottom_right=True
+        )
         assert rel_err(out[rows].transpose(0, 1), ref_o) <= TOL["out"], (name, i)
         assert lse_err(lse[rows].transpose(0, 1), ref_l) <= TOL["stats"], (name, i)

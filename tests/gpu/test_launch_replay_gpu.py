@@ -40,10 +40,10 @@ def op_inputs(seed, requires_grad=False):
     return x
 
 
-
 def cu_seqlens():
-    return torch.tensor([0, *torch.tensor(SEQLENS).cumsum(0).tolist()], dtype=torch.int32,
-                        device=DEV)
+    return torch.tensor(
+        [0, *torch.tensor(SEQLENS).cumsum(0).tolist()], dtype=torch.int32, device=DEV
+    )
 
 
 def run_op(x, cu):
@@ -115,8 +115,10 @@ def _forward_graph(x, cu):
     flat["initial_state"] = flat["initial_state"].transpose(-1, -2).contiguous()  # V-major
     flat["cu_seqlens"] = cu
     kinds = {torch.bfloat16: dt.BFLOAT16, torch.float32: dt.FLOAT, torch.int32: dt.INT32}
-    t = {n: g.tensor(list(b.shape), list(b.stride()), data_type=kinds[b.dtype], name=n)
-         for n, b in flat.items()}
+    t = {
+        n: g.tensor(list(b.shape), list(b.stride()), data_type=kinds[b.dtype], name=n)
+        for n, b in flat.items()
+    }
     o, final, _ = g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
                         initial_state=t["initial_state"], output_final_state=True,
                         use_qk_l2norm=True)  # fmt: skip
@@ -136,8 +138,10 @@ def test_graph_execute_replays_and_a_short_or_misaligned_workspace_is_refused():
     arena = torch.empty(size + 64, dtype=torch.uint8, device=DEV)
 
     def outputs():
-        return (torch.full((sum(SEQLENS), H, V), float("nan"), dtype=torch.bfloat16, device=DEV),
-                torch.full((len(SEQLENS), H, V, K), float("nan"), device=DEV))
+        return (
+            torch.full((sum(SEQLENS), H, V), float("nan"), dtype=torch.bfloat16, device=DEV),
+            torch.full((len(SEQLENS), H, V, K), float("nan"), device=DEV),
+        )
 
     outs = {}
     for label in ("record", "replay"):
@@ -152,16 +156,18 @@ def test_graph_execute_replays_and_a_short_or_misaligned_workspace_is_refused():
     # Too small: the replay (which skips the launcher's own checks) refuses it by name.
     o_buf, f_buf = outputs()
     with pytest.raises(ValueError, match="workspace"):
-        g.execute({**{t[n]: b for n, b in flat.items()}, o: o_buf, final: f_buf},
-                  arena[: size - 256])
+        g.execute(
+            {**{t[n]: b for n, b in flat.items()}, o: o_buf, final: f_buf}, arena[: size - 256]
+        )
     torch.cuda.synchronize()
     assert torch.isnan(o_buf.float()).all() and torch.isnan(f_buf).all()
     # 8 bytes past a 16-byte boundary: the replay's guard declines it and the launcher
     # refuses it by name, before any launch (the H200 computed garbage with it, session 3).
     o_buf, f_buf = outputs()
     with pytest.raises(ValueError, match="workspace: its address must be 16-byte aligned"):
-        g.execute({**{t[n]: b for n, b in flat.items()}, o: o_buf, final: f_buf},
-                  arena[8:8 + size])
+        g.execute(
+            {**{t[n]: b for n, b in flat.items()}, o: o_buf, final: f_buf}, arena[8 : 8 + size]
+        )
     torch.cuda.synchronize()
     assert torch.isnan(o_buf.float()).all() and torch.isnan(f_buf).all()
 

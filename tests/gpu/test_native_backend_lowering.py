@@ -30,8 +30,12 @@ TOL_STATS = 1e-4  # fp32 statistics of bf16 inputs (mean, inv_var, LSE)
 TOL_SDPA_O = 2e-2  # bf16 P in the second GEMM
 TOL_SDPA_GRAD = 3e-2
 
-TORCH = {cudnn.data_type.FLOAT: torch.float32, cudnn.data_type.HALF: torch.float16,
-         cudnn.data_type.BFLOAT16: torch.bfloat16, cudnn.data_type.INT32: torch.int32}
+TORCH = {
+    cudnn.data_type.FLOAT: torch.float32,
+    cudnn.data_type.HALF: torch.float16,
+    cudnn.data_type.BFLOAT16: torch.bfloat16,
+    cudnn.data_type.INT32: torch.int32,
+}
 
 
 def setup_module(module):
@@ -83,8 +87,9 @@ def execute(g, feeds, out_names, t, workspace="auto"):
 
 
 # ---------------------------------------------------------------- matmul
-@pytest.mark.parametrize("epilogue", [None, "bias", "relu", "bias_gelu"],
-                         ids=["plain", "bias", "relu", "bias-gelu"])
+@pytest.mark.parametrize(
+    "epilogue", [None, "bias", "relu", "bias_gelu"], ids=["plain", "bias", "relu", "bias-gelu"]
+)
 def test_matmul(epilogue):
     torch.manual_seed(0)
     g, t = bg.matmul(epilogue, M=256, N=384, K=192)
@@ -110,8 +115,14 @@ def test_matmul_bare_addresses_and_no_workspace():
     plan_on_backend(g)
     a, b, bias = randn(t["A"]), randn(t["B"]), randn(t["bias"])
     c = empty_like_ir(t["C"])
-    g.execute({t["A"].uid: a.data_ptr(), t["B"].uid: b.data_ptr(),
-               t["bias"].uid: bias.data_ptr(), t["C"].uid: c.data_ptr()})
+    g.execute(
+        {
+            t["A"].uid: a.data_ptr(),
+            t["B"].uid: b.data_ptr(),
+            t["bias"].uid: bias.data_ptr(),
+            t["C"].uid: c.data_ptr(),
+        }
+    )
     torch.cuda.synchronize()
     assert rel_err(c, a.double() @ b.double() + bias.double()) < TOL_BF16
 
@@ -159,7 +170,9 @@ def test_layernorm_forward():
     plan_on_backend(g)
     x, scale, bias = randn(t["x"]), randn(t["scale"]), randn(t["bias"])
     eps = torch.full((1, 1, 1, 1), EPS, dtype=torch.float32)  # the host scalar slot
-    out = execute(g, {"x": x, "scale": scale, "bias": bias, "eps": eps}, ["Y", "mean", "inv_var"], t)
+    out = execute(
+        g, {"x": x, "scale": scale, "bias": bias, "eps": eps}, ["Y", "mean", "inv_var"], t
+    )
     mean, inv_var = _ln_stats(x)
     y = (x.double() - mean) * inv_var * scale.double() + bias.double()
     assert rel_err(out["Y"], y) < TOL_BF16
@@ -173,9 +186,13 @@ def test_layernorm_backward():
     plan_on_backend(g)
     x, dy, scale = randn(t["x"]), randn(t["dy"]), randn(t["scale"])
     mean, inv_var = _ln_stats(x)
-    feeds = {"x": x, "dy": dy, "scale": scale,
-             "mean": mean.float().reshape(t["mean"].dim).contiguous(),
-             "inv_var": inv_var.float().reshape(t["inv_var"].dim).contiguous()}
+    feeds = {
+        "x": x,
+        "dy": dy,
+        "scale": scale,
+        "mean": mean.float().reshape(t["mean"].dim).contiguous(),
+        "inv_var": inv_var.float().reshape(t["inv_var"].dim).contiguous(),
+    }
     out = execute(g, feeds, ["dx", "dscale", "dbias"], t)
     xd = x.double().requires_grad_()
     sd = scale.double().requires_grad_()
@@ -208,7 +225,12 @@ def test_rmsnorm_backward():
     plan_on_backend(g)
     x, dy, scale = randn(t["x"]), randn(t["dy"]), randn(t["scale"])
     inv = _rms_inv(x)
-    feeds = {"x": x, "dy": dy, "scale": scale, "inv_var": inv.float().reshape(t["inv_var"].dim).contiguous()}
+    feeds = {
+        "x": x,
+        "dy": dy,
+        "scale": scale,
+        "inv_var": inv.float().reshape(t["inv_var"].dim).contiguous(),
+    }
     out = execute(g, feeds, ["dx", "dscale"], t)
     xd = x.double().requires_grad_()
     sd = scale.double().requires_grad_()
@@ -322,17 +344,23 @@ def test_sdpa_forward_thd_ragged():
     stats = empty_like_ir(t["stats"])
     pack = {t[n]: packed[n] for n in "qkv"}
     pack.update({t[f"{n}_offsets"]: offsets for n in "qkvo"})
-    pack.update({t["seq_q"]: seq.view(b, 1, 1, 1), t["seq_kv"]: seq.view(b, 1, 1, 1),
-                 t["O"]: o, t["stats"]: stats})
+    pack.update(
+        {
+            t["seq_q"]: seq.view(b, 1, 1, 1),
+            t["seq_kv"]: seq.view(b, 1, 1, 1),
+            t["O"]: o,
+            t["stats"]: stats,
+        }
+    )
     g.execute(pack)
     torch.cuda.synchronize()
     errs = []
     for i in range(b):
         lo, n = int(cum[i]), int(seq[i])
-        qi, ki, vi = (packed[x][lo:lo + n].transpose(0, 1)[None] for x in "qkv")
+        qi, ki, vi = (packed[x][lo : lo + n].transpose(0, 1)[None] for x in "qkv")
         o_ref, lse_ref = _attention_ref(qi, ki, vi, d**-0.5, True)
-        errs.append(rel_err(o[lo:lo + n].transpose(0, 1)[None], o_ref))
-        errs.append(rel_err(stats[i:i + 1, :, :n], lse_ref) / TOL_STATS * TOL_SDPA_O)
+        errs.append(rel_err(o[lo : lo + n].transpose(0, 1)[None], o_ref))
+        errs.append(rel_err(stats[i : i + 1, :, :n], lse_ref) / TOL_STATS * TOL_SDPA_O)
     assert max(errs) < TOL_SDPA_O, errs
 
 
@@ -343,8 +371,14 @@ def test_sdpa_backward():
     q, k, v, dO = randn(t["q"]), randn(t["k"]), randn(t["v"]), randn(t["dO"])
     scale = t["q"].dim[3] ** -0.5
     o_ref, lse = _attention_ref(q, k, v, scale, True)
-    feeds = {"q": q, "k": k, "v": v, "dO": dO,
-             "o": randn(t["o"]).copy_(o_ref), "stats": lse.float().contiguous()}
+    feeds = {
+        "q": q,
+        "k": k,
+        "v": v,
+        "dO": dO,
+        "o": randn(t["o"]).copy_(o_ref),
+        "stats": lse.float().contiguous(),
+    }
     out = execute(g, feeds, ["dQ", "dK", "dV"], t)
     qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
     o, _ = _attention_ref(qd, kd, vd, scale, True)
@@ -388,19 +422,27 @@ def test_classic_queries_on_backend_entries_are_the_backends_answers():
         theirs = backend.get_behavior_notes_for_plan_at_index(p.cpp_index)
         assert [n.name for n in ours] == [n.name for n in theirs], (i, p)
     for eid in sorted({p.engine_id for _, p in entries}):
-        ours = [(k.type.name, k.min_value, k.max_value, k.stride) for k in g.get_knobs_for_engine(eid)]
-        theirs = [(k.type.name, k.min_value, k.max_value, k.stride)
-                  for k in backend.get_knobs_for_engine(eid)]
+        ours = [
+            (k.type.name, k.min_value, k.max_value, k.stride) for k in g.get_knobs_for_engine(eid)
+        ]
+        theirs = [
+            (k.type.name, k.min_value, k.max_value, k.stride)
+            for k in backend.get_knobs_for_engine(eid)
+        ]
         assert ours == theirs, eid
     assert g.get_engine_count() == backend.get_engine_count() > 0
     assert g.get_engine_ids() == list(range(backend.get_engine_count()))
     selected = g.plans[g.selected_plan]
     assert selected.engine_id == engine_ids.BACKEND_HEURISTIC_ENGINE_ID, g.explain()
-    assert [n.name for n in g.get_behavior_notes()] == [n.name for n in backend.get_behavior_notes()]
+    assert [n.name for n in g.get_behavior_notes()] == [
+        n.name for n in backend.get_behavior_notes()
+    ]
     assert g.get_cuda_graph_retention().name == backend.get_cuda_graph_retention().name
     assert g.query_tensor_attributes_of_uid(t["A"].uid) is t["A"]
-    print(f"\n[classic queries] {len(entries)} entries, engines {g.get_engine_count()}, "
-          f"selected notes {g.get_behavior_notes()}")
+    print(
+        f"\n[classic queries] {len(entries)} entries, engines {g.get_engine_count()}, "
+        f"selected notes {g.get_behavior_notes()}"
+    )
 
 
 # ---------------------------------------------------------------- classic parity calls
@@ -420,10 +462,14 @@ def _driver():
 
     def launch(graph):
         exe = ctypes.c_void_p()
-        check(drv.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, ctypes.c_ulonglong(0)),
-              "cuGraphInstantiateWithFlags")
-        check(drv.cuGraphLaunch(exe, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)),
-              "cuGraphLaunch")
+        check(
+            drv.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, ctypes.c_ulonglong(0)),
+            "cuGraphInstantiateWithFlags",
+        )
+        check(
+            drv.cuGraphLaunch(exe, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)),
+            "cuGraphLaunch",
+        )
         torch.cuda.synchronize()
         check(drv.cuGraphExecDestroy(exe), "cuGraphExecDestroy")
 
@@ -488,8 +534,10 @@ def test_numeric_note_filter_bars_backend_entries():
         with manifest.use_families([]):
             g.create_execution_plans([heur_mode.A, heur_mode.FALLBACK])
         refused[filtered] = {i for i, m in _pinned_build_refusals(g).items() if m}
-    print(f"\n[note filter] FFT selected: entries refused {sorted(refused[True])}, "
-          f"without the filter {sorted(refused[False])}")
+    print(
+        f"\n[note filter] FFT selected: entries refused {sorted(refused[True])}, "
+        f"without the filter {sorted(refused[False])}"
+    )
     assert refused[True] > refused[False]
 
 
@@ -499,13 +547,18 @@ def test_behavior_note_filter_keeps_exactly_the_entries_with_the_note():
     with manifest.use_families([]):
         g.create_execution_plans([heur_mode.A, heur_mode.FALLBACK])
     backend = g._lowered.backend
-    has = {i: "SUPPORTS_CUDA_GRAPH_NATIVE_API" in
-           {n.name for n in backend.get_behavior_notes_for_plan_at_index(p.cpp_index)}
-           for i, p in enumerate(g.plans) if p.cpp_index is not None}
+    has = {
+        i: "SUPPORTS_CUDA_GRAPH_NATIVE_API"
+        in {n.name for n in backend.get_behavior_notes_for_plan_at_index(p.cpp_index)}
+        for i, p in enumerate(g.plans)
+        if p.cpp_index is not None
+    }
     refusals = _pinned_build_refusals(g)
     barred = {i for i, m in refusals.items() if m and "deselected" in m}
-    print(f"\n[note filter] CUDA-graph note on entries {sorted(i for i in has if has[i])}, "
-          f"barred {sorted(barred)}")
+    print(
+        f"\n[note filter] CUDA-graph note on entries {sorted(i for i in has if has[i])}, "
+        f"barred {sorted(barred)}"
+    )
     assert barred == {i for i in has if not has[i]}
 
 

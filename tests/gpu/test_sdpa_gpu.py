@@ -43,12 +43,18 @@ MASKS = {
 BASE = SdpaFwdKnobs(TILE_M=128, TILE_N=64, NUM_STAGES=3, NUM_WARPS=4)
 # (d, mask, knobs): every mask at both head dims on one config, then each knob variant once.
 DENSE_CASES = {f"d{d}-{m}-base": (d, MASKS[m], BASE) for d in (64, 128) for m in MASKS}
-DENSE_CASES.update({
-    "d128-causal-br-w8": (128, MASKS["causal-br"], SdpaFwdKnobs(128, 64, 3, 8)),
-    "d128-none-lazy": (128, MASKS["none"], SdpaFwdKnobs(128, 64, 3, 4, LAZY_RESCALE=True)),
-    "d128-window-lazy": (128, MASKS["window-l100-r0"], SdpaFwdKnobs(128, 64, 3, 4, LAZY_RESCALE=True)),
-    "d64-causal-tl-tma": (64, MASKS["causal-tl"], SdpaFwdKnobs(128, 64, 3, 4, TMA=True)),
-})
+DENSE_CASES.update(
+    {
+        "d128-causal-br-w8": (128, MASKS["causal-br"], SdpaFwdKnobs(128, 64, 3, 8)),
+        "d128-none-lazy": (128, MASKS["none"], SdpaFwdKnobs(128, 64, 3, 4, LAZY_RESCALE=True)),
+        "d128-window-lazy": (
+            128,
+            MASKS["window-l100-r0"],
+            SdpaFwdKnobs(128, 64, 3, 4, LAZY_RESCALE=True),
+        ),
+        "d64-causal-tl-tma": (64, MASKS["causal-tl"], SdpaFwdKnobs(128, 64, 3, 4, TMA=True)),
+    }
+)
 
 
 def rnd(*shape):
@@ -65,8 +71,9 @@ def test_prefill_dense_bf16(case):
     scale = 1 / math.sqrt(d)
     sdpa_prefill(q, k, v, out, attn_scale=scale, knobs=knobs, mask=mask, stats=stats)
     for i in range(b):
-        ref_o, ref_l = attention_one(q[i], k[i], v[i], scale, mask.window_left,
-                                     mask.window_right, mask.bottom_right)
+        ref_o, ref_l = attention_one(
+            q[i], k[i], v[i], scale, mask.window_left, mask.window_right, mask.bottom_right
+        )
         assert rel_err(out[i], ref_o) <= TOL["out"]
         assert lse_err(stats[i, ..., 0], ref_l) <= TOL["stats"]
 
@@ -92,13 +99,25 @@ def test_prefill_thd_gqa_bf16(knobs):
     q, k, v, cu = _thd_case(lens, hq, hkv, d)
     out = torch.full_like(q, float("nan"))
     stats = torch.full((q.shape[0], hq), float("nan"), device=DEV)
-    sdpa_prefill(q, k, v, out, attn_scale=0.1, knobs=knobs, mask=AttnMask.causal(), stats=stats,
-                 ragged_offsets_q=cu, ragged_offsets_kv=cu, max_seqlen_q=max(lens))
+    sdpa_prefill(
+        q,
+        k,
+        v,
+        out,
+        attn_scale=0.1,
+        knobs=knobs,
+        mask=AttnMask.causal(),
+        stats=stats,
+        ragged_offsets_q=cu,
+        ragged_offsets_kv=cu,
+        max_seqlen_q=max(lens),
+    )
     offs = cu.tolist()
     for i in range(len(lens)):
         sl = slice(offs[i], offs[i + 1])
-        ref_o, ref_l = attention_one(q[sl].transpose(0, 1), k[sl].transpose(0, 1),
-                                     v[sl].transpose(0, 1), 0.1, None, 0, False)
+        ref_o, ref_l = attention_one(
+            q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1), 0.1, None, 0, False
+        )
         assert rel_err(out[sl].transpose(0, 1), ref_o) <= TOL["out"]
         assert lse_err(stats[sl].transpose(0, 1), ref_l) <= TOL["stats"]
 
@@ -151,12 +170,23 @@ def test_cuda_graph_capture_and_replay():
     outd = torch.empty_like(qd)
     dknobs = SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=4)
     ws = torch.empty(2 * hq * 4 * (d + 1), device=DEV, dtype=torch.float32)
-    pknobs = recommend_prefill(head_dim=d, causal=True, group=hq // hkv, is_thd=True,
-                               max_seqlen_q=max(lens))[0]
+    pknobs = recommend_prefill(
+        head_dim=d, causal=True, group=hq // hkv, is_thd=True, max_seqlen_q=max(lens)
+    )[0]
 
     def step():
-        sdpa_prefill(q, k, v, out, attn_scale=0.1, knobs=pknobs, mask=AttnMask.causal(),
-                     ragged_offsets_q=cu, ragged_offsets_kv=cu, max_seqlen_q=max(lens))
+        sdpa_prefill(
+            q,
+            k,
+            v,
+            out,
+            attn_scale=0.1,
+            knobs=pknobs,
+            mask=AttnMask.causal(),
+            ragged_offsets_q=cu,
+            ragged_offsets_kv=cu,
+            max_seqlen_q=max(lens),
+        )
         sdpa_decode(qd, kc, vc, table, seq, outd, attn_scale=0.1, knobs=dknobs, workspace=ws)
 
     step()  # compile outside the capture
@@ -173,8 +203,9 @@ def test_cuda_graph_capture_and_replay():
     offs = cu.tolist()
     for i in range(len(lens)):
         sl = slice(offs[i], offs[i + 1])
-        ref_o, _ = attention_one(q[sl].transpose(0, 1), k[sl].transpose(0, 1),
-                                 v[sl].transpose(0, 1), 0.1, None, 0, False)
+        ref_o, _ = attention_one(
+            q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1), 0.1, None, 0, False
+        )
         assert rel_err(out[sl].transpose(0, 1), ref_o) <= TOL["out"]
     for i, (kd, vd) in enumerate(dense):
         assert rel_err(outd[i], attention_one(qd[i], kd, vd, 0.1)[0]) <= TOL["out"]
@@ -195,9 +226,19 @@ def test_one_kernel_per_layout_class_over_serving_shapes():
         lens = [17 + 31 * ((i + n) % 5) for i in range(b)]
         q, k, v, cu = _thd_case(lens, qh, kh, d)
         stats = torch.empty(q.shape[0], qh, 1, device=DEV)
-        sdpa_prefill(q, k, v, torch.empty_like(q), attn_scale=0.1, knobs=knobs,
-                     mask=AttnMask.causal(bottom_right=True), stats=stats,
-                     ragged_offsets_q=cu, ragged_offsets_kv=cu, max_seqlen_q=max(lens))
+        sdpa_prefill(
+            q,
+            k,
+            v,
+            torch.empty_like(q),
+            attn_scale=0.1,
+            knobs=knobs,
+            mask=AttnMask.causal(bottom_right=True),
+            stats=stats,
+            ragged_offsets_q=cu,
+            ragged_offsets_kv=cu,
+            max_seqlen_q=max(lens),
+        )
         kc, vc, table, _ = _paged(lens, kh, d, 16)
         qd = rnd(b, qh, 1, d)
         seq = torch.tensor(lens, dtype=torch.int32, device=DEV)
@@ -217,11 +258,22 @@ def test_prefill_thd_over_paged_kv_bf16(page):
     out = torch.full_like(q, float("nan"))
     cu = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=DEV)
     seq_kv = torch.tensor(lens_kv, dtype=torch.int32, device=DEV)
-    knobs = recommend_prefill(head_dim=d, causal=True, group=4, is_thd=True,
-                              max_seqlen_q=max(lens_q))[0]
-    sdpa_prefill(q, kc, vc, out, attn_scale=0.08, knobs=knobs,
-                 mask=AttnMask.causal(bottom_right=True), seq_len_kv=seq_kv, page_table=table,
-                 ragged_offsets_q=cu, max_seqlen_q=max(lens_q))
+    knobs = recommend_prefill(
+        head_dim=d, causal=True, group=4, is_thd=True, max_seqlen_q=max(lens_q)
+    )[0]
+    sdpa_prefill(
+        q,
+        kc,
+        vc,
+        out,
+        attn_scale=0.08,
+        knobs=knobs,
+        mask=AttnMask.causal(bottom_right=True),
+        seq_len_kv=seq_kv,
+        page_table=table,
+        ragged_offsets_q=cu,
+        max_seqlen_q=max(lens_q),
+    )
     offs = cu.tolist()
     for i, (kd, vd) in enumerate(dense):
         sl = slice(offs[i], offs[i + 1])
@@ -241,8 +293,10 @@ def test_engines_plan_build_execute_on_gpu():
     engine = "cudnn_pygraph.engines.sdpa.engines"
     fam = dataclasses.replace(
         manifest.family_by_name("sdpa_fwd"),
-        slots=(manifest.EngineSlot(0, "triton_sdpa_prefill", engine, "SdpaPrefillEngine"),
-               manifest.EngineSlot(1, "triton_sdpa_decode", engine, "SdpaDecodeEngine")),
+        slots=(
+            manifest.EngineSlot(0, "triton_sdpa_prefill", engine, "SdpaPrefillEngine"),
+            manifest.EngineSlot(1, "triton_sdpa_decode", engine, "SdpaDecodeEngine"),
+        ),
         heuristics=(engine, "recommend"),
     )
     families = tuple(fam if f.name == "sdpa_fwd" else f for f in manifest.FAMILIES)

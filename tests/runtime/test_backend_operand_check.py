@@ -18,8 +18,7 @@ import torch
 import cudnn_pygraph as cudnn
 from cudnn_pygraph._types import CLASSIC_ERRORS
 from cudnn_pygraph.backend.lowering import BackendPlan
-from cudnn_pygraph.runtime.execute import ExecutionContext
-from cudnn_pygraph.runtime.execute import GraphLayout
+from cudnn_pygraph.runtime.execute import ExecutionContext, GraphLayout
 from cudnn_pygraph.runtime.variant_pack import DeclaredLayout, VariantPack
 
 HALF = cudnn.data_type.HALF
@@ -254,7 +253,9 @@ def test_a_ragged_operand_may_be_the_packed_rows_under_a_padded_declaration():
     # whose ragged offset says where each sequence starts.
     eps = np.full((1, 1, 1, 1), 1e-5, dtype=np.float32)
     packed = Cuda(BASE["A"], (11, 4, 16))
-    VariantPack.from_mapping(_declared(host=[0], ragged=[1]), {1: eps, 2: packed}).check_declared(2, 0)
+    VariantPack.from_mapping(_declared(host=[0], ragged=[1]), {1: eps, 2: packed}).check_declared(
+        2, 0
+    )
     pack = VariantPack.from_mapping(_declared(host=[0]), {1: eps, 2: packed})
     with pytest.raises(ValueError, match=r"'q'"):
         pack.check_declared(2, 0)  # not ragged: the declared extent is read
@@ -264,7 +265,9 @@ def test_a_boolean_tensor_is_the_bit_packed_bytes_the_backend_writes():
     # NVIDIA's relu-bitmask sample binds a uint8 [N, C // 8] buffer to a BOOLEAN [N, C]
     # output: the backend stores booleans eight to a byte, so only the device is checked.
     layout = DeclaredLayout([(1, (4, 64), (64, 1), int(cudnn.data_type.BOOLEAN), 8)], names=["m"])
-    VariantPack.from_mapping(layout, {1: Cuda(BASE["A"], (4, 8), typestr="<u1")}).check_declared(2, 0)
+    VariantPack.from_mapping(layout, {1: Cuda(BASE["A"], (4, 8), typestr="<u1")}).check_declared(
+        2, 0
+    )
     on_host = np.zeros((4, 8), dtype=np.uint8)
     with pytest.raises(ValueError, match="'m'.*rule: device"):
         VariantPack.from_mapping(layout, {1: on_host}).check_declared(2, 0)

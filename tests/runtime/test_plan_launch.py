@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from cudnn_pygraph._types import data_type
-from cudnn_pygraph.runtime.execute import ExecutionContext
 from cudnn_pygraph.runtime import launch as rl
+from cudnn_pygraph.runtime.execute import ExecutionContext
 from cudnn_pygraph.runtime.handle import Handle, check_device, raw_stream, resolve_stream
 from cudnn_pygraph.runtime.variant_pack import DeclaredLayout, VariantPack
 

@@ -15,11 +15,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch
+from sdpa_reference import attention_one, lse_err, rel_err
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph.backend import adapter
 from cudnn_pygraph.planning import manifest
-from sdpa_reference import attention_one, lse_err, rel_err
 
 ENGINE = "cudnn_pygraph.engines.sdpa.engines"
 DT = cudnn.data_type
@@ -93,8 +93,17 @@ def test_thd_graph_with_ragged_offsets_runs():
     kv_stride = [s_max * hkv * d, d, hkv * d, 1]
     k = g.tensor([b, hkv, s_max, d], kv_stride, ragged_offset=off_kv, name="k")
     v = g.tensor([b, hkv, s_max, d], kv_stride, ragged_offset=off_kv, name="v")
-    o, stats = g.sdpa(q, k, v, attn_scale=0.125, use_causal_mask=True, generate_stats=True,
-                      use_padding_mask=True, seq_len_q=len_t, seq_len_kv=len_t)
+    o, stats = g.sdpa(
+        q,
+        k,
+        v,
+        attn_scale=0.125,
+        use_causal_mask=True,
+        generate_stats=True,
+        use_padding_mask=True,
+        seq_len_q=len_t,
+        seq_len_kv=len_t,
+    )
     o.set_output(True).set_stride([s_max * hq * d, d, hq * d, 1]).set_ragged_offset(off_q)
     stats.set_output(True).set_data_type(DT.FLOAT)
     _plan_and_build(g)
@@ -110,8 +119,9 @@ def test_thd_graph_with_ragged_offsets_runs():
     g.execute({q: tq, k: tk, v: tv, o: to, stats: ts, off_q: toq, off_kv: tok, len_t: tl})
     for i, (s0, n) in enumerate(zip(starts, lens)):
         sl = slice(s0, s0 + n)
-        ref_o, ref_l = attention_one(tq[sl].transpose(0, 1), tk[sl].transpose(0, 1),
-                                     tv[sl].transpose(0, 1), 0.125, None, 0)
+        ref_o, ref_l = attention_one(
+            tq[sl].transpose(0, 1), tk[sl].transpose(0, 1), tv[sl].transpose(0, 1), 0.125, None, 0
+        )
         assert rel_err(to[sl].transpose(0, 1), ref_o) <= TOL["out"]
         assert lse_err(ts[i, :, :n, 0], ref_l) <= TOL["stats"]
 
@@ -130,9 +140,19 @@ def test_paged_decode_graph_runs(page):
     table = g.tensor([b, 1, max_pages, 1], **i32, name="page_table")
     len_q = g.tensor([b, 1, 1, 1], **i32, name="seq_len_q")
     len_kv = g.tensor([b, 1, 1, 1], **i32, name="seq_len_kv")
-    o, _ = g.sdpa(q, kc, vc, attn_scale=0.125, generate_stats=False, use_padding_mask=True,
-                  seq_len_q=len_q, seq_len_kv=len_kv, paged_attention_k_table=table,
-                  paged_attention_v_table=table, paged_attention_max_seq_len_kv=max(lens))
+    o, _ = g.sdpa(
+        q,
+        kc,
+        vc,
+        attn_scale=0.125,
+        generate_stats=False,
+        use_padding_mask=True,
+        seq_len_q=len_q,
+        seq_len_kv=len_kv,
+        paged_attention_k_table=table,
+        paged_attention_v_table=table,
+        paged_attention_max_seq_len_kv=max(lens),
+    )
     o.set_output(True)
     g.create_execution_plans([cudnn.heur_mode.A])
     assert g.get_plan_name_at_index(0).startswith("triton_sdpa_decode[")
@@ -142,9 +162,18 @@ def test_paged_decode_graph_runs(page):
     tt = torch.randperm(num_pages)[: b * max_pages].to(torch.int32).reshape(b, 1, max_pages, 1)
     to = torch.full((b, hq, 1, d), float("nan")).half()
     ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8)
-    g.execute({q: tq, kc: tkc, vc: tvc, table: tt, o: to,
-               len_q: torch.ones(b, 1, 1, 1, dtype=torch.int32),
-               len_kv: torch.tensor(lens, dtype=torch.int32).reshape(b, 1, 1, 1)}, ws)
+    g.execute(
+        {
+            q: tq,
+            kc: tkc,
+            vc: tvc,
+            table: tt,
+            o: to,
+            len_q: torch.ones(b, 1, 1, 1, dtype=torch.int32),
+            len_kv: torch.tensor(lens, dtype=torch.int32).reshape(b, 1, 1, 1),
+        },
+        ws,
+    )
     for i, n in enumerate(lens):
         tok = torch.arange(n)
         pages = tt[i, 0, tok // page, 0].long()
@@ -165,42 +194,76 @@ def _paged_tables_of_other_dims(g):
     cache = g.tensor([6, 2, 16, 64], name="cache")
     tk = g.tensor([2, 1, 3, 1], **i32, name="table_k")
     tv = g.tensor([2, 1, 2, 1], **i32, name="table_v")
-    return g.sdpa(g.tensor([2, 8, 1, 64], name="q"), cache, cache, generate_stats=False,
-                  use_padding_mask=True, seq_len_q=g.tensor([2, 1, 1, 1], **i32),
-                  seq_len_kv=g.tensor([2, 1, 1, 1], **i32),
-                  paged_attention_k_table=tk, paged_attention_v_table=tv,
-                  paged_attention_max_seq_len_kv=48)[0]
+    return g.sdpa(
+        g.tensor([2, 8, 1, 64], name="q"),
+        cache,
+        cache,
+        generate_stats=False,
+        use_padding_mask=True,
+        seq_len_q=g.tensor([2, 1, 1, 1], **i32),
+        seq_len_kv=g.tensor([2, 1, 1, 1], **i32),
+        paged_attention_k_table=tk,
+        paged_attention_v_table=tv,
+        paged_attention_max_seq_len_kv=48,
+    )[0]
 
 
 def _with_score_outputs(g):
     q = g.tensor([1, 2, 16, 64])
     f32 = {"data_type": DT.FLOAT}
-    return g.sdpa(q, q, q, generate_stats=False, score_max=g.tensor([1, 2, 16, 1], **f32),
-                  score_sum_exp=g.tensor([1, 2, 16, 1], **f32))[0]
+    return g.sdpa(
+        q,
+        q,
+        q,
+        generate_stats=False,
+        score_max=g.tensor([1, 2, 16, 1], **f32),
+        score_sum_exp=g.tensor([1, 2, 16, 1], **f32),
+    )[0]
 
 
 def _paged_top_left_one_query(g):
     i32 = {"data_type": DT.INT32}
     cache = g.tensor([6, 2, 16, 64], name="cache")
     table = g.tensor([2, 1, 3, 1], **i32, name="table")
-    return g.sdpa(g.tensor([2, 8, 1, 64], name="q"), cache, cache, generate_stats=False,
-                  use_causal_mask=True, use_padding_mask=True,
-                  seq_len_q=g.tensor([2, 1, 1, 1], **i32, name="seq_len_q"),
-                  seq_len_kv=g.tensor([2, 1, 1, 1], **i32), paged_attention_k_table=table,
-                  paged_attention_v_table=table, paged_attention_max_seq_len_kv=48)[0]
+    return g.sdpa(
+        g.tensor([2, 8, 1, 64], name="q"),
+        cache,
+        cache,
+        generate_stats=False,
+        use_causal_mask=True,
+        use_padding_mask=True,
+        seq_len_q=g.tensor([2, 1, 1, 1], **i32, name="seq_len_q"),
+        seq_len_kv=g.tensor([2, 1, 1, 1], **i32),
+        paged_attention_k_table=table,
+        paged_attention_v_table=table,
+        paged_attention_max_seq_len_kv=48,
+    )[0]
 
 
 DECLINES = [
-    ("score-max", _with_score_outputs,
-     "score_max: the kernels do not write it (the backend serves it)"),
+    (
+        "score-max",
+        _with_score_outputs,
+        "score_max: the kernels do not write it (the backend serves it)",
+    ),
     ("bias", _with_bias, "an additive bias is not served"),
-    ("head-dim-96", lambda g: g.sdpa(*[g.tensor([1, 2, 16, 96])] * 3, generate_stats=False)[0],
-     "d_qk=96 is outside the row's domain"),
-    ("right-bound-3", lambda g: g.sdpa(*[g.tensor([1, 2, 16, 64])] * 3, generate_stats=False,
-                                       diagonal_band_right_bound=3)[0],
-     "diagonal_band_right_bound=3: only 0 (causal) is served"),
-    ("paged-v-table-dims", _paged_tables_of_other_dims,
-     "V page table dims [2, 1, 2, 1] differ from K's [2, 1, 3, 1]"),
+    (
+        "head-dim-96",
+        lambda g: g.sdpa(*[g.tensor([1, 2, 16, 96])] * 3, generate_stats=False)[0],
+        "d_qk=96 is outside the row's domain",
+    ),
+    (
+        "right-bound-3",
+        lambda g: g.sdpa(
+            *[g.tensor([1, 2, 16, 64])] * 3, generate_stats=False, diagonal_band_right_bound=3
+        )[0],
+        "diagonal_band_right_bound=3: only 0 (causal) is served",
+    ),
+    (
+        "paged-v-table-dims",
+        _paged_tables_of_other_dims,
+        "V page table dims [2, 1, 2, 1] differ from K's [2, 1, 3, 1]",
+    ),
 ]
 
 
@@ -233,9 +296,17 @@ def test_top_left_causal_decode_of_one_query_goes_to_prefill_and_sees_key_0_alon
     table = torch.tensor([0, 1, 2, 3, 4, 5], dtype=torch.int32).reshape(b, 1, 3, 1)
     to = torch.full((b, hq, 1, d), float("nan")).half()
     ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8)
-    g.execute({i["q"]: tq, i["k"]: cache, i["paged_attention_k_table"]: table, o: to,
-               i["seq_len_q"]: torch.ones(b, 1, 1, 1, dtype=torch.int32),
-               i["seq_len_kv"]: torch.tensor(lens, dtype=torch.int32).reshape(b, 1, 1, 1)}, ws)
+    g.execute(
+        {
+            i["q"]: tq,
+            i["k"]: cache,
+            i["paged_attention_k_table"]: table,
+            o: to,
+            i["seq_len_q"]: torch.ones(b, 1, 1, 1, dtype=torch.int32),
+            i["seq_len_kv"]: torch.tensor(lens, dtype=torch.int32).reshape(b, 1, 1, 1),
+        },
+        ws,
+    )
     for r in range(b):
         key0 = cache[table[r, 0, 0, 0].long(), :, 0]  # [hkv, d]: the one key row 0 sees
         want = key0.repeat_interleave(hq // hkv, 0)[:, None].float()  # its value row
@@ -251,9 +322,23 @@ def test_hook_places_backend_by_measured_shard():
     from cudnn_pygraph.planning.heuristics import BACKEND
 
     fields = {f.name: None for f in dataclasses.fields(SdpaGraphFacts)}
-    base = dict(fields, op="sdpa", batch=2, heads_q=16, heads_k=16, heads_v=16, seq_q=8192,
-                seq_kv=8192, d_qk=128, d_v=128, causal="top_left", window=(None, None),
-                ragged=False, paged=False, gqa_ratio=1)
+    base = dict(
+        fields,
+        op="sdpa",
+        batch=2,
+        heads_q=16,
+        heads_k=16,
+        heads_v=16,
+        seq_q=8192,
+        seq_kv=8192,
+        d_qk=128,
+        d_v=128,
+        causal="top_left",
+        window=(None, None),
+        ragged=False,
+        paged=False,
+        gqa_ratio=1,
+    )
     prefill = python_engine_id(1, 0)
     dense = recommend(cudnn.heur_mode.A, SdpaGraphFacts(**base), (prefill,))
     assert dense[0] is BACKEND and len(dense) > 1
@@ -293,8 +378,16 @@ def _thd_graph():
     lens = g.tensor([2, 1, 1, 1], **i32, name="lens")
     q = g.tensor([2, 4, 16, 64], [16 * 4 * 64, 64, 4 * 64, 1], ragged_offset=off, name="q")
     kv = g.tensor([2, 2, 16, 64], [16 * 2 * 64, 64, 2 * 64, 1], ragged_offset=off, name="k")
-    o, st = g.sdpa(q, kv, kv, use_causal_mask=True, generate_stats=True, use_padding_mask=True,
-                   seq_len_q=lens, seq_len_kv=lens)
+    o, st = g.sdpa(
+        q,
+        kv,
+        kv,
+        use_causal_mask=True,
+        generate_stats=True,
+        use_padding_mask=True,
+        seq_len_q=lens,
+        seq_len_kv=lens,
+    )
     o.set_output(True).set_stride([16 * 4 * 64, 64, 4 * 64, 1]).set_ragged_offset(off)
     st.set_output(True).set_data_type(DT.FLOAT)
     return g
@@ -304,15 +397,24 @@ def _thd_own_offsets_graph():
     """FlashInfer's ragged prefill: v, O and packed Stats each under their own offsets."""
     g = _graph()
     i32 = dict(data_type=DT.INT32)
-    off_q, off_k, off_v, off_o, off_l = (g.tensor([3, 1, 1, 1], **i32, name=n)
-                                         for n in ("off_q", "off_k", "off_v", "off_o", "off_l"))
+    off_q, off_k, off_v, off_o, off_l = (
+        g.tensor([3, 1, 1, 1], **i32, name=n) for n in ("off_q", "off_k", "off_v", "off_o", "off_l")
+    )
     lens = g.tensor([2, 1, 1, 1], **i32, name="lens")
     q = g.tensor([2, 4, 16, 64], [16 * 4 * 64, 64, 4 * 64, 1], ragged_offset=off_q, name="q")
     kv_st = [16 * 2 * 64, 64, 2 * 64, 1]
     k = g.tensor([2, 2, 16, 64], kv_st, ragged_offset=off_k, name="k")
     v = g.tensor([2, 2, 16, 64], kv_st, ragged_offset=off_v, name="v")
-    o, st = g.sdpa(q, k, v, use_causal_mask_bottom_right=True, generate_stats=True,
-                   use_padding_mask=True, seq_len_q=lens, seq_len_kv=lens)
+    o, st = g.sdpa(
+        q,
+        k,
+        v,
+        use_causal_mask_bottom_right=True,
+        generate_stats=True,
+        use_padding_mask=True,
+        seq_len_q=lens,
+        seq_len_kv=lens,
+    )
     o.set_output(True).set_stride([16 * 4 * 64, 64, 4 * 64, 1]).set_ragged_offset(off_o)
     st.set_output(True).set_data_type(DT.FLOAT).set_ragged_offset(off_l)
     st.set_dim([2, 4, 16, 1]).set_stride([16 * 4, 1, 4, 1])
@@ -325,9 +427,18 @@ def _paged_two_tables_graph():
     kc, vc = g.tensor([6, 2, 16, 64], name="k_cache"), g.tensor([6, 2, 16, 64], name="v_cache")
     tk, tv = g.tensor([2, 1, 3, 1], **i32, name="tk"), g.tensor([2, 1, 3, 1], **i32, name="tv")
     lens = g.tensor([2, 1, 1, 1], **i32, name="lens")
-    o, st = g.sdpa(g.tensor([2, 8, 1, 64], name="q"), kc, vc, generate_stats=True,
-                   use_padding_mask=True, seq_len_q=lens, seq_len_kv=lens, paged_attention_k_table=tk,
-                   paged_attention_v_table=tv, paged_attention_max_seq_len_kv=48)
+    o, st = g.sdpa(
+        g.tensor([2, 8, 1, 64], name="q"),
+        kc,
+        vc,
+        generate_stats=True,
+        use_padding_mask=True,
+        seq_len_q=lens,
+        seq_len_kv=lens,
+        paged_attention_k_table=tk,
+        paged_attention_v_table=tv,
+        paged_attention_max_seq_len_kv=48,
+    )
     o.set_output(True)
     st.set_output(True).set_data_type(DT.FLOAT)
     return g
@@ -339,9 +450,18 @@ def _paged_graph():
     cache = g.tensor([6, 2, 16, 64], name="cache")
     table = g.tensor([2, 1, 3, 1], **i32, name="table")
     lens = g.tensor([2, 1, 1, 1], **i32, name="lens")
-    o, st = g.sdpa(g.tensor([2, 8, 1, 64], name="q"), cache, cache, generate_stats=True,
-                   use_padding_mask=True, seq_len_q=lens, seq_len_kv=lens, paged_attention_k_table=table,
-                   paged_attention_v_table=table, paged_attention_max_seq_len_kv=48)
+    o, st = g.sdpa(
+        g.tensor([2, 8, 1, 64], name="q"),
+        cache,
+        cache,
+        generate_stats=True,
+        use_padding_mask=True,
+        seq_len_q=lens,
+        seq_len_kv=lens,
+        paged_attention_k_table=table,
+        paged_attention_v_table=table,
+        paged_attention_max_seq_len_kv=48,
+    )
     o.set_output(True)
     st.set_output(True).set_data_type(DT.FLOAT)
     return g
@@ -356,13 +476,27 @@ def _dense_graph():
     return g
 
 
-@pytest.mark.parametrize("make,which", [(_dense_graph, "prefill"), (_thd_graph, "prefill"),
-                                        (_thd_own_offsets_graph, "prefill"),
-                                        (_paged_graph, "decode"), (_paged_graph, "prefill"),
-                                        (_paged_two_tables_graph, "decode"),
-                                        (_paged_two_tables_graph, "prefill")],
-                         ids=["bshd", "thd", "thd-own-offsets", "paged-decode", "paged-prefill",
-                              "paged-two-tables-decode", "paged-two-tables-prefill"])
+@pytest.mark.parametrize(
+    "make,which",
+    [
+        (_dense_graph, "prefill"),
+        (_thd_graph, "prefill"),
+        (_thd_own_offsets_graph, "prefill"),
+        (_paged_graph, "decode"),
+        (_paged_graph, "prefill"),
+        (_paged_two_tables_graph, "decode"),
+        (_paged_two_tables_graph, "prefill"),
+    ],
+    ids=[
+        "bshd",
+        "thd",
+        "thd-own-offsets",
+        "paged-decode",
+        "paged-prefill",
+        "paged-two-tables-decode",
+        "paged-two-tables-prefill",
+    ],
+)
 def test_build_time_compile_launch_is_accepted(make, which):
     """build_plan runs the launchers' argument code on the declared operands and specializes
     every launch as Triton would (the binder of an sm_90 target): each kernel parameter is
@@ -377,8 +511,11 @@ def _assert_prepared(plan):
     for c in plan.launches:
         params = _jit(c.launch.fn).params
         assert len(c.values) == len(params) == len(c.spec)
-        units = [ty for p, v, (ty, _) in zip(params, c.values, c.spec)
-                 if type(v) is Stride and v.value == 1 and not p.do_not_specialize]
+        units = [
+            ty
+            for p, v, (ty, _) in zip(params, c.values, c.spec)
+            if type(v) is Stride and v.value == 1 and not p.do_not_specialize
+        ]
         assert set(units) <= {"constexpr"}
 
 
@@ -395,8 +532,9 @@ def test_deciding_imports_no_triton_or_torch():
         "print(sorted(m for m in ('triton', 'torch') if m in sys.modules))\n"
     )
     env = dict(os.environ)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout.strip()
     assert out == "[]"
 
 
@@ -415,9 +553,19 @@ def test_paged_decode_with_packed_queries_runs():
     table = g.tensor([b, 1, max_pages, 1], **i32, name="page_table")
     len_kv = g.tensor([b, 1, 1, 1], **i32, name="seq_len_kv")
     len_q = g.tensor([b, 1, 1, 1], **i32, name="seq_len_q")
-    o, st = g.sdpa(q, kc, vc, attn_scale=0.125, generate_stats=True, use_padding_mask=True,
-                   seq_len_q=len_q, seq_len_kv=len_kv, paged_attention_k_table=table,
-                   paged_attention_v_table=table, paged_attention_max_seq_len_kv=48)
+    o, st = g.sdpa(
+        q,
+        kc,
+        vc,
+        attn_scale=0.125,
+        generate_stats=True,
+        use_padding_mask=True,
+        seq_len_q=len_q,
+        seq_len_kv=len_kv,
+        paged_attention_k_table=table,
+        paged_attention_v_table=table,
+        paged_attention_max_seq_len_kv=48,
+    )
     o.set_output(True).set_stride([hq * d, d, hq * d, 1]).set_ragged_offset(off)
     st.set_output(True).set_data_type(DT.FLOAT)
     _plan_and_build(g)
@@ -429,9 +577,20 @@ def test_paged_decode_with_packed_queries_runs():
     tt = torch.randperm(num_pages).to(torch.int32).reshape(b, 1, max_pages, 1)
     toff = torch.arange(b + 1, dtype=torch.int32).reshape(b + 1, 1, 1, 1) * hq * d
     ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8)
-    g.execute({q: tq, kc: tkc, vc: tvc, table: tt, o: to, st: ts, off: toff,
-               len_q: torch.ones(b, 1, 1, 1, dtype=torch.int32),
-               len_kv: torch.tensor(lens, dtype=torch.int32).reshape(b, 1, 1, 1)}, ws)
+    g.execute(
+        {
+            q: tq,
+            kc: tkc,
+            vc: tvc,
+            table: tt,
+            o: to,
+            st: ts,
+            off: toff,
+            len_q: torch.ones(b, 1, 1, 1, dtype=torch.int32),
+            len_kv: torch.tensor(lens, dtype=torch.int32).reshape(b, 1, 1, 1),
+        },
+        ws,
+    )
     for i, n in enumerate(lens):
         tok = torch.arange(n)
         pages = tt[i, 0, tok // page, 0].long()
@@ -450,9 +609,18 @@ def test_build_time_compile_launch_with_packed_queries():
     table = g.tensor([2, 1, 3, 1], **i32, name="table")
     lens = g.tensor([2, 1, 1, 1], **i32, name="lens")
     q = g.tensor([2, 8, 1, 64], [8 * 64, 64, 8 * 64, 1], ragged_offset=off, name="q")
-    o, _ = g.sdpa(q, cache, cache, generate_stats=False, use_padding_mask=True,
-                  seq_len_q=lens, seq_len_kv=lens, paged_attention_k_table=table,
-                  paged_attention_v_table=table, paged_attention_max_seq_len_kv=48)
+    o, _ = g.sdpa(
+        q,
+        cache,
+        cache,
+        generate_stats=False,
+        use_padding_mask=True,
+        seq_len_q=lens,
+        seq_len_kv=lens,
+        paged_attention_k_table=table,
+        paged_attention_v_table=table,
+        paged_attention_max_seq_len_kv=48,
+    )
     o.set_output(True).set_stride([8 * 64, 64, 8 * 64, 1]).set_ragged_offset(off)
     _assert_prepared(_built_plans(g, "decode"))
 
@@ -472,10 +640,20 @@ def test_thd_prefill_over_paged_kv_runs():
     table = g.tensor([b, 1, max_pages, 1], **i32, name="page_table")
     len_q = g.tensor([b, 1, 1, 1], **i32, name="seq_len_q")
     len_kv = g.tensor([b, 1, 1, 1], **i32, name="seq_len_kv")
-    o, _ = g.sdpa(q, kc, vc, attn_scale=0.125, generate_stats=False, use_padding_mask=True,
-                  use_causal_mask_bottom_right=True, seq_len_q=len_q, seq_len_kv=len_kv,
-                  paged_attention_k_table=table, paged_attention_v_table=table,
-                  paged_attention_max_seq_len_kv=s_max)
+    o, _ = g.sdpa(
+        q,
+        kc,
+        vc,
+        attn_scale=0.125,
+        generate_stats=False,
+        use_padding_mask=True,
+        use_causal_mask_bottom_right=True,
+        seq_len_q=len_q,
+        seq_len_kv=len_kv,
+        paged_attention_k_table=table,
+        paged_attention_v_table=table,
+        paged_attention_max_seq_len_kv=s_max,
+    )
     o.set_output(True).set_stride([s_max * hq * d, d, hq * d, 1]).set_ragged_offset(off)
     _plan_and_build(g)
     assert g.get_plan_name_at_index(0).startswith("triton_sdpa_prefill[")
@@ -486,16 +664,25 @@ def test_thd_prefill_over_paged_kv_runs():
     tt = torch.randperm(num_pages)[: b * max_pages].to(torch.int32).reshape(b, 1, max_pages, 1)
     starts = [0, lens_q[0]]
     toff = torch.tensor(starts + [total], dtype=torch.int32).reshape(b + 1, 1, 1, 1) * hq * d
-    g.execute({q: tq, kc: tkc, vc: tvc, table: tt, o: to, off: toff,
-               len_q: torch.tensor(lens_q, dtype=torch.int32).reshape(b, 1, 1, 1),
-               len_kv: torch.tensor(lens_kv, dtype=torch.int32).reshape(b, 1, 1, 1)})
+    g.execute(
+        {
+            q: tq,
+            kc: tkc,
+            vc: tvc,
+            table: tt,
+            o: to,
+            off: toff,
+            len_q: torch.tensor(lens_q, dtype=torch.int32).reshape(b, 1, 1, 1),
+            len_kv: torch.tensor(lens_kv, dtype=torch.int32).reshape(b, 1, 1, 1),
+        }
+    )
     for i, (s0, nq, nk) in enumerate(zip(starts, lens_q, lens_kv)):
         tok = torch.arange(nk)
         pages = tt[i, 0, tok // page, 0].long()
         kd = tkc[pages, :, tok % page].transpose(0, 1)
         vd = tvc[pages, :, tok % page].transpose(0, 1)
-        ref_o, _ = attention_one(tq[s0: s0 + nq].transpose(0, 1), kd, vd, 0.125, None, 0, True)
-        assert rel_err(to[s0: s0 + nq].transpose(0, 1), ref_o) <= TOL["out"]
+        ref_o, _ = attention_one(tq[s0 : s0 + nq].transpose(0, 1), kd, vd, 0.125, None, 0, True)
+        assert rel_err(to[s0 : s0 + nq].transpose(0, 1), ref_o) <= TOL["out"]
 
 
 def _paged_thd_graph():
@@ -506,10 +693,19 @@ def _paged_thd_graph():
     table = g.tensor([2, 1, 3, 1], **i32, name="table")
     lens = g.tensor([2, 1, 1, 1], **i32, name="lens")
     q = g.tensor([2, 8, 24, 64], [24 * 8 * 64, 64, 8 * 64, 1], ragged_offset=off, name="q")
-    o, _ = g.sdpa(q, cache, cache, generate_stats=False, use_padding_mask=True,
-                  use_causal_mask_bottom_right=True, seq_len_q=lens, seq_len_kv=lens,
-                  paged_attention_k_table=table, paged_attention_v_table=table,
-                  paged_attention_max_seq_len_kv=48)
+    o, _ = g.sdpa(
+        q,
+        cache,
+        cache,
+        generate_stats=False,
+        use_padding_mask=True,
+        use_causal_mask_bottom_right=True,
+        seq_len_q=lens,
+        seq_len_kv=lens,
+        paged_attention_k_table=table,
+        paged_attention_v_table=table,
+        paged_attention_max_seq_len_kv=48,
+    )
     o.set_output(True).set_stride([24 * 8 * 64, 64, 8 * 64, 1]).set_ragged_offset(off)
     return g
 
@@ -526,9 +722,11 @@ def _dense_d128_graph():
     return g
 
 
-@pytest.mark.parametrize("make", [_dense_graph, _dense_d128_graph, _thd_graph, _paged_graph,
-                                  _paged_thd_graph],
-                         ids=["bshd", "d128", "thd", "paged", "paged-thd"])
+@pytest.mark.parametrize(
+    "make",
+    [_dense_graph, _dense_d128_graph, _thd_graph, _paged_graph, _paged_thd_graph],
+    ids=["bshd", "d128", "thd", "paged", "paged-thd"],
+)
 def test_replaying_engine_id_and_knobs_builds_the_same_kernels(make):
     """Every axis a kernel is compiled on is a public knob or a fact of the graph: each listed
     plan, rebuilt by create_execution_plan(engine_id, knobs) on a fresh graph, compiles the

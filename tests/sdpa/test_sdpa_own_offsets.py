@@ -77,27 +77,47 @@ def test_prefill_reads_v_o_stats_through_their_own_offsets(paged):
         k, v = rand(60, HKV, D), torch.full((65, HKV, D), float("nan"), device=DEV)
         dense = []
         for i, n in enumerate(lens_kv):
-            v[v_starts[i]: v_starts[i] + n] = rand(n, HKV, D)
-            dense.append((k[k_starts[i]: k_starts[i] + n].transpose(0, 1).cpu(),
-                          v[v_starts[i]: v_starts[i] + n].transpose(0, 1).cpu()))
-        extra = dict(ragged_offsets_kv=elem_offsets(k_starts, HKV * D),
-                     ragged_offsets_v=elem_offsets(v_starts, HKV * D))
-    sdpa_prefill(q, k, v, out, attn_scale=0.3, knobs=KNOBS, mask=mask, stats=stats,
-                 seq_len_q=seq_q, seq_len_kv=seq_kv, max_seqlen_q=max(lens_q),
-                 offsets_unit="elements", ragged_offsets_q=elem_offsets(q_starts, HQ * D),
-                 ragged_offsets_o=elem_offsets(o_starts, HQ * D),
-                 ragged_offsets_stats=elem_offsets(l_starts, HQ), **extra)
+            v[v_starts[i] : v_starts[i] + n] = rand(n, HKV, D)
+            dense.append(
+                (
+                    k[k_starts[i] : k_starts[i] + n].transpose(0, 1).cpu(),
+                    v[v_starts[i] : v_starts[i] + n].transpose(0, 1).cpu(),
+                )
+            )
+        extra = dict(
+            ragged_offsets_kv=elem_offsets(k_starts, HKV * D),
+            ragged_offsets_v=elem_offsets(v_starts, HKV * D),
+        )
+    sdpa_prefill(
+        q,
+        k,
+        v,
+        out,
+        attn_scale=0.3,
+        knobs=KNOBS,
+        mask=mask,
+        stats=stats,
+        seq_len_q=seq_q,
+        seq_len_kv=seq_kv,
+        max_seqlen_q=max(lens_q),
+        offsets_unit="elements",
+        ragged_offsets_q=elem_offsets(q_starts, HQ * D),
+        ragged_offsets_o=elem_offsets(o_starts, HQ * D),
+        ragged_offsets_stats=elem_offsets(l_starts, HQ),
+        **extra,
+    )
     written_o, written_l = torch.zeros(21, dtype=torch.bool), torch.zeros(19, dtype=torch.bool)
     for i, (kd, vd) in enumerate(dense):
         n = lens_q[i]
-        ref_o, ref_l = attention_one(q[q_starts[i]: q_starts[i] + n].transpose(0, 1).cpu(), kd,
-                                     vd, 0.3, None, 0, True)
-        o_i = out[o_starts[i]: o_starts[i] + n].transpose(0, 1).cpu()
-        l_i = stats[l_starts[i]: l_starts[i] + n].transpose(0, 1).cpu()
+        ref_o, ref_l = attention_one(
+            q[q_starts[i] : q_starts[i] + n].transpose(0, 1).cpu(), kd, vd, 0.3, None, 0, True
+        )
+        o_i = out[o_starts[i] : o_starts[i] + n].transpose(0, 1).cpu()
+        l_i = stats[l_starts[i] : l_starts[i] + n].transpose(0, 1).cpu()
         assert rel_err(o_i, ref_o) <= TOL["out"], f"request {i}: out"
         assert lse_err(l_i, ref_l) <= TOL["stats"], f"request {i}: stats"
-        written_o[o_starts[i]: o_starts[i] + n] = True
-        written_l[l_starts[i]: l_starts[i] + n] = True
+        written_o[o_starts[i] : o_starts[i] + n] = True
+        written_l[l_starts[i] : l_starts[i] + n] = True
     assert torch.isnan(out[~written_o.to(DEV)]).all(), "O rows outside its offsets were written"
     assert torch.isnan(stats[~written_l.to(DEV)]).all(), "Stats rows outside its offsets written"
 
@@ -112,10 +132,19 @@ def test_decode_reads_v_table_and_o_offsets_of_their_own(split):
     q = store_q.as_strided((3, HQ, 1, D), (0, D, HQ * D, 1))
     out = store_o.as_strided((3, HQ, 1, D), (0, D, HQ * D, 1))
     seq = torch.tensor(lens, dtype=torch.int32, device=DEV)
-    sdpa_decode(q, kc, vc, tk, seq, out, attn_scale=0.3,
-                knobs=SdpaDecodeKnobs(TILE_N=16, SPLIT_KV=split),
-                ragged_offsets_q=elem_offsets(q_starts, HQ * D), page_table_v=tv,
-                ragged_offsets_o=elem_offsets(o_starts, HQ * D))
+    sdpa_decode(
+        q,
+        kc,
+        vc,
+        tk,
+        seq,
+        out,
+        attn_scale=0.3,
+        knobs=SdpaDecodeKnobs(TILE_N=16, SPLIT_KV=split),
+        ragged_offsets_q=elem_offsets(q_starts, HQ * D),
+        page_table_v=tv,
+        ragged_offsets_o=elem_offsets(o_starts, HQ * D),
+    )
     for i, (kd, vd) in enumerate(dense):
         ref_o, _ = attention_one(store_q[q_starts[i]][:, None].cpu(), kd, vd, 0.3)
         assert rel_err(store_o[o_starts[i]][:, None].cpu(), ref_o) <= TOL["out"], f"request {i}"
@@ -123,10 +152,14 @@ def test_decode_reads_v_table_and_o_offsets_of_their_own(split):
 
 
 BAD = {
-    "v-offsets-without-thd": (dict(ragged_offsets_v=torch.zeros(2, dtype=torch.int32)),
-                              "ragged_offsets_v: given without ragged_offsets_q"),
-    "v-table-without-table": (dict(page_table_v=torch.zeros(1, 1, dtype=torch.int32)),
-                              "page_table_v: given without page_table"),
+    "v-offsets-without-thd": (
+        dict(ragged_offsets_v=torch.zeros(2, dtype=torch.int32)),
+        "ragged_offsets_v: given without ragged_offsets_q",
+    ),
+    "v-table-without-table": (
+        dict(page_table_v=torch.zeros(1, 1, dtype=torch.int32)),
+        "page_table_v: given without page_table",
+    ),
 }
 
 
@@ -136,5 +169,12 @@ def test_prefill_own_offsets_bad_input_names_argument(case):
     q = rand(1, HQ, 4, D)
     k = v = rand(1, HKV, 4, D)
     with pytest.raises(ValueError, match=match):
-        sdpa_prefill(q, k, v, torch.empty_like(q), attn_scale=1.0, knobs=KNOBS,
-                     **{n: t.to(DEV) for n, t in kwargs.items()})
+        sdpa_prefill(
+            q,
+            k,
+            v,
+            torch.empty_like(q),
+            attn_scale=1.0,
+            knobs=KNOBS,
+            **{n: t.to(DEV) for n, t in kwargs.items()},
+        )

@@ -84,12 +84,16 @@ def filter_notes(graph, kind, notes, keep):
 def _parse_notes(where, kind, notes):
     enum = _NOTE_ENUMS[kind]
     if isinstance(notes, (str, bytes)) or not hasattr(notes, "__iter__"):
-        raise TypeError(f"{where}: notes must be a list of {enum.__name__}, got {type(notes).__name__}")
+        raise TypeError(
+            f"{where}: notes must be a list of {enum.__name__}, got {type(notes).__name__}"
+        )
     out = []
     for i, note in enumerate(notes):
         name = getattr(note, "name", None)  # ours, or the frontend's member of that name
         try:
-            out.append(enum[name] if isinstance(name, str) and not isinstance(note, int) else enum(note))
+            out.append(
+                enum[name] if isinstance(name, str) and not isinstance(note, int) else enum(note)
+            )
         except (KeyError, ValueError, TypeError):
             raise ValueError(f"{where}: notes[{i}] = {note!r} is not a {enum.__name__}") from None
     return out
@@ -150,7 +154,9 @@ def deselect_engines(graph, names):
     delegating entry) then skips the same engines."""
     where = "deselect_engines()"
     if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
-        raise TypeError(f"{where}: names must be a list of engine names, got {type(names).__name__}")
+        raise TypeError(
+            f"{where}: names must be a list of engine names, got {type(names).__name__}"
+        )
     names = list(names)
     for i, name in enumerate(names):
         if not isinstance(name, str) or not name:
@@ -189,7 +195,9 @@ def check_support(graph):
         if why is None:
             return
         reasons.append(f"#{index} {record.plan_name(index)}: {why}")
-    raise cudnnGraphNotSupportedError("check_support(): no plan is supported: " + "; ".join(reasons))
+    raise cudnnGraphNotSupportedError(
+        "check_support(): no plan is supported: " + "; ".join(reasons)
+    )
 
 
 def _backend_support(graph):
@@ -231,8 +239,10 @@ def over_limit(graph, index):
         return None
     need = record.workspace_size_at(index)
     if need > filters.workspace_limit:
-        return (f"plan #{index} {record.plan_name(index)} needs {need} workspace bytes, over the "
-                f"deselect_workspace_greater_than({filters.workspace_limit}) limit")
+        return (
+            f"plan #{index} {record.plan_name(index)} needs {need} workspace bytes, over the "
+            f"deselect_workspace_greater_than({filters.workspace_limit}) limit"
+        )
     return None
 
 
@@ -270,8 +280,9 @@ def cuda_graph_call(graph, name, handle, variant_pack, workspace, cuda_graph):
             "graph.execute() on a stream instead (torch.cuda.graph), or select a backend plan"
         )
     if isinstance(cuda_graph, bool) or not isinstance(cuda_graph, int) or cuda_graph == 0:
-        raise TypeError(f"{name}(): cuda_graph must be a cudaGraph_t as a non-zero int, "
-                        f"got {cuda_graph!r}")
+        raise TypeError(
+            f"{name}(): cuda_graph must be a cudaGraph_t as a non-zero int, got {cuda_graph!r}"
+        )
     layout = record.__dict__.get("layout")
     if layout is None:
         from ..runtime.execute import GraphLayout
@@ -392,6 +403,8 @@ def _deserialize_args(args, kwargs):
     if data is None:
         raise TypeError("deserialize(): no serialized data given")
     if not isinstance(data, (bytes, bytearray, list, str)):
-        raise TypeError(f"deserialize(): data must be bytes or a list of byte values (what "
-                        f"serialize() returns), got {type(data).__name__}")
+        raise TypeError(
+            f"deserialize(): data must be bytes or a list of byte values (what "
+            f"serialize() returns), got {type(data).__name__}"
+        )
     return handle, data, enforce

@@ -31,9 +31,9 @@ for `_make_tensor`); it is not tested.
 import ctypes
 import enum
 import functools
-import os
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import threading
 from types import SimpleNamespace

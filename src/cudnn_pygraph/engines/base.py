@@ -159,7 +159,9 @@ class BaseEngine:
     def knobs_from_public(self, public):
         if not self.KNOB_FIELDS:
             if public:
-                raise ValueError(f"{self.name} takes no knobs, got {sorted(k.name for k in public)}")
+                raise ValueError(
+                    f"{self.name} takes no knobs, got {sorted(k.name for k in public)}"
+                )
             return ()
         unknown = set(public) - set(self.KNOB_FIELDS)
         if unknown:

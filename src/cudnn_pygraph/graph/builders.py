@@ -131,7 +131,9 @@ class Builder:
         params = [P("self", P.POSITIONAL_ONLY)]
         for p in self.spec.params:
             default = P.empty if p.default is REQUIRED else p.default
-            params.append(P(p.name, P.POSITIONAL_OR_KEYWORD, default=default, annotation=annotation(p)))
+            params.append(
+                P(p.name, P.POSITIONAL_OR_KEYWORD, default=default, annotation=annotation(p))
+            )
         params.append(P("name", P.KEYWORD_ONLY, default="", annotation="str"))
         returns = "list[Tensor | None]" if self.spec.returns_list else "Tensor"
         return inspect.Signature(params, return_annotation=returns, __validate_parameters__=False)
@@ -143,7 +145,13 @@ _PORT_ANNOTATIONS = {
     PortKind.OUTPUT_TENSOR: "Tensor | None",
     PortKind.TENSOR_LIST: "Sequence[Tensor]",
 }
-_VALUE_ANNOTATIONS = {"int": "int", "float": "float", "bool": "bool", "str": "str", "ints": "Sequence[int]"}
+_VALUE_ANNOTATIONS = {
+    "int": "int",
+    "float": "float",
+    "bool": "bool",
+    "str": "str",
+    "ints": "Sequence[int]",
+}
 
 
 def annotation(param):
@@ -157,4 +165,3 @@ def annotation(param):
         text = _VALUE_ANNOTATIONS.get(param.value_kind, "object")
     optional = param.default is None or (param.value_type or "").endswith("?")
     return f"{text} | None" if optional and text != "object" else text
-

@@ -241,8 +241,14 @@ class pygraph:
         memory; an array's dtype other than torch's leaves the data type unset (the
         graph's io_data_type then decides), and a numpy array is not pass-by-value."""
         if isinstance(input, Tensor):
-            return self.tensor(input.dim, input.stride, input.data_type, is_virtual=is_virtual,
-                               is_pass_by_value=input.is_pass_by_value, name=name)
+            return self.tensor(
+                input.dim,
+                input.stride,
+                input.data_type,
+                is_virtual=is_virtual,
+                is_pass_by_value=input.is_pass_by_value,
+                name=name,
+            )
         dim, stride = _array_layout(input)
         dtype = getattr(input, "dtype", None)
         if str(dtype).startswith("torch."):

@@ -36,7 +36,9 @@ def apply_inference(node, strict):
         return
     except (TypeError, IndexError, KeyError, AttributeError):
         if strict and not declared:  # a declaration the rule could not read (no dims yet)
-            raise IllFormedError(f"{node.op} node '{node.name}': inputs are not fully declared")
+            raise IllFormedError(
+                f"{node.op} node '{node.name}': inputs are not fully declared"
+            ) from None
         return
     except ArithmeticError as exc:  # a 0 extent or attribute a rule divides by
         if strict and not declared:

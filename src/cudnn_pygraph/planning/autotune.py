@@ -99,7 +99,9 @@ def cuda_event_times(fn, warmup, reps, stream=None):
     run when the caller's handle carries one; None is the current stream."""
     import torch
 
-    ctx = torch.cuda.stream(torch.cuda.ExternalStream(stream)) if stream else contextlib.nullcontext()
+    ctx = (
+        torch.cuda.stream(torch.cuda.ExternalStream(stream)) if stream else contextlib.nullcontext()
+    )
     with ctx:
         for _ in range(warmup):
             fn(0)
@@ -135,13 +137,19 @@ def rotated_packs(variant_pack, l2_bytes, max_copies=8):
     L2 (a bigger one evicts itself) and every buffer can be cloned (torch tensors); else
     the caller's pack alone."""
     objs = list(variant_pack.values())
-    if l2_bytes <= 0 or not objs or not all(hasattr(o, "clone") and hasattr(o, "nbytes") for o in objs):
+    if (
+        l2_bytes <= 0
+        or not objs
+        or not all(hasattr(o, "clone") and hasattr(o, "nbytes") for o in objs)
+    ):
         return [variant_pack]
     total = sum(int(o.nbytes) for o in objs)
     if total == 0 or total > l2_bytes:
         return [variant_pack]
     copies = min(max_copies, -(-2 * l2_bytes // total))  # enough to cycle through 2x L2
-    return [variant_pack] + [{k: v.clone() for k, v in variant_pack.items()} for _ in range(copies - 1)]
+    return [variant_pack] + [
+        {k: v.clone() for k, v in variant_pack.items()} for _ in range(copies - 1)
+    ]
 
 
 # ---------------------------------------------------------------- the key
@@ -170,9 +178,14 @@ def environment_key(device):
     from .._version import __version__
 
     dev = (
-        {"name": device.name, "cc": [device.major, device.minor], "sm_count": device.sm_count,
-         "interpreter": device.is_interpreter}
-        if device is not None else "unknown"
+        {
+            "name": device.name,
+            "cc": [device.major, device.minor],
+            "sm_count": device.sm_count,
+            "interpreter": device.is_interpreter,
+        }
+        if device is not None
+        else "unknown"
     )
     return {
         "device": dev,
@@ -347,8 +360,18 @@ def _workspace_for(needed, given, pack):
         return None, f"needs {needed} workspace bytes (caller gave {have})"
 
 
-def autotune(graph, variant_pack, workspace=None, handle=None, *, warmup=3, reps=10,
-             rotate_inputs=True, use_cache=True, timer=None):
+def autotune(
+    graph,
+    variant_pack,
+    workspace=None,
+    handle=None,
+    *,
+    warmup=3,
+    reps=10,
+    rotate_inputs=True,
+    use_cache=True,
+    timer=None,
+):
     """Time every plan of a planned graph on the caller's buffers and select the fastest.
 
     warmup, reps: calls before timing, timed calls per plan (the median counts);
@@ -370,7 +393,11 @@ def autotune(graph, variant_pack, workspace=None, handle=None, *, warmup=3, reps
 
     device = graph_device(graph)
     use_cache = use_cache and cache_enabled()
-    key = {"graph": graph_digest(graph), "environment": environment_key(device)} if use_cache else None
+    key = (
+        {"graph": graph_digest(graph), "environment": environment_key(device)}
+        if use_cache
+        else None
+    )
 
     if use_cache:
         hit = load_entry(key)
@@ -379,20 +406,39 @@ def autotune(graph, variant_pack, workspace=None, handle=None, *, warmup=3, reps
             index = _find_plan(graph, engine_id, knobs)
             if index is not None and _select_built(graph, record, index):
                 _STATS["hits"] += 1
-                log.info("autotune graph '%s': cache hit, #%d %s (%s)", graph.name, index,
-                         graph.get_plan_name_at_index(index), path)
-                return AutotuneResult(index, engine_id, knobs, graph.get_plan_name_at_index(index),
-                                      True, [], str(path))
+                log.info(
+                    "autotune graph '%s': cache hit, #%d %s (%s)",
+                    graph.name,
+                    index,
+                    graph.get_plan_name_at_index(index),
+                    path,
+                )
+                return AutotuneResult(
+                    index,
+                    engine_id,
+                    knobs,
+                    graph.get_plan_name_at_index(index),
+                    True,
+                    [],
+                    str(path),
+                )
         outcome = "invalid" if entry_path(key).exists() else "misses"
         _STATS[outcome] += 1
-        log.info("autotune graph '%s': cache %s, timing every plan", graph.name,
-                 "entry doubtful (a miss)" if outcome == "invalid" else "miss")
+        log.info(
+            "autotune graph '%s': cache %s, timing every plan",
+            graph.name,
+            "entry doubtful (a miss)" if outcome == "invalid" else "miss",
+        )
     else:
         _STATS["bypassed"] += 1
         log.info("autotune graph '%s': cache off, timing every plan", graph.name)
 
     timer = timer or default_timer(device, handle)
-    packs = rotated_packs(variant_pack, device.l2_bytes if device else 0) if rotate_inputs else [variant_pack]
+    packs = (
+        rotated_packs(variant_pack, device.l2_bytes if device else 0)
+        if rotate_inputs
+        else [variant_pack]
+    )
     timings = []
     count = graph.get_execution_plan_count()
     with progress(f"autotune graph '{graph.name}' ({count} plans)"):
@@ -400,22 +446,37 @@ def autotune(graph, variant_pack, workspace=None, handle=None, *, warmup=3, reps
             t = _time_plan(graph, record, index, packs, workspace, handle, timer, warmup, reps)
             timings.append(t)
             outcome = f"{t.median_ms:.4f} ms" if t.median_ms is not None else f"skipped: {t.reason}"
-            log.info("autotune graph '%s': %d/%d #%d %s %s", graph.name, index + 1, count, index,
-                     t.name, outcome)
+            log.info(
+                "autotune graph '%s': %d/%d #%d %s %s",
+                graph.name,
+                index + 1,
+                count,
+                index,
+                t.name,
+                outcome,
+            )
     timed = [t for t in timings if t.median_ms is not None]
     if not timed:
         _raise_callers_mistake(timings)
         raise cudnnGraphNotSupportedError(
-            "autotune(): no plan runs here: " + "; ".join(f"#{t.index} {t.name}: {t.reason}" for t in timings)
+            "autotune(): no plan runs here: "
+            + "; ".join(f"#{t.index} {t.name}: {t.reason}" for t in timings)
         )
     best = min(timed, key=lambda t: (t.median_ms, t.index))  # ties keep the ranking's order
     _select_built(graph, record, best.index)
     engine_id, knobs = graph.get_engine_and_knobs_at_index(best.index)
     path = store_entry(key, engine_id, knobs, best.name, timings) if use_cache else None
-    log.info("autotune graph '%s': selected #%d %s (%.4f ms)%s", graph.name, best.index, best.name,
-             best.median_ms, f", cached in {path}" if path else "")
-    return AutotuneResult(best.index, engine_id, knobs, best.name, False, timings,
-                          str(path) if path else None)
+    log.info(
+        "autotune graph '%s': selected #%d %s (%.4f ms)%s",
+        graph.name,
+        best.index,
+        best.name,
+        best.median_ms,
+        f", cached in {path}" if path else "",
+    )
+    return AutotuneResult(
+        best.index, engine_id, knobs, best.name, False, timings, str(path) if path else None
+    )
 
 
 def _raise_callers_mistake(timings):

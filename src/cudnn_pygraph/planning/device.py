@@ -86,7 +86,11 @@ def _device(ordinal):
     """(libcuda, CUdevice) for `ordinal`, or None when it does not exist here."""
     lib = _driver()
     count = ctypes.c_int()
-    if lib is None or lib.cuDeviceGetCount(ctypes.byref(count)) != 0 or not 0 <= ordinal < count.value:
+    if (
+        lib is None
+        or lib.cuDeviceGetCount(ctypes.byref(count)) != 0
+        or not 0 <= ordinal < count.value
+    ):
         return None
     dev = ctypes.c_int()
     return (lib, dev) if lib.cuDeviceGet(ctypes.byref(dev), ordinal) == 0 else None

@@ -6,8 +6,8 @@ when absent). _assemble expands the marker into that mode's backend entries, str
 modes and deduplicates by (engine_id, knobs), first position wins."""
 
 from .._types import heur_mode
-from .engine_ids import BACKEND_HEURISTIC_ENGINE_ID
 from ..engines.base import PlanConfig
+from .engine_ids import BACKEND_HEURISTIC_ENGINE_ID
 
 
 class _BackendMarker:
@@ -33,7 +33,9 @@ def _backend_block(kind, backend_entries):
     """The delegating entry leads the backend's entries (the backend tries it before its
     own configs); then the backend's entries of this mode."""
     delegate = [e for e in backend_entries if e.engine_id == BACKEND_HEURISTIC_ENGINE_ID]
-    tagged = [e for e in backend_entries if e.mode == kind and e.engine_id != BACKEND_HEURISTIC_ENGINE_ID]
+    tagged = [
+        e for e in backend_entries if e.mode == kind and e.engine_id != BACKEND_HEURISTIC_ENGINE_ID
+    ]
     return delegate + tagged
 
 
@@ -52,7 +54,9 @@ def rank(graph, hook, facts, accepted, backend_entries, modes):
             proposals = list(hook(kind, facts, offered))
         for p in proposals:
             if p is not BACKEND and p.engine_id not in accepted:
-                raise RuntimeError(f"heuristics proposed engine {p.engine_id}, which was not offered {offered}")
+                raise RuntimeError(
+                    f"heuristics proposed engine {p.engine_id}, which was not offered {offered}"
+                )
         ranked.extend(_assemble(kind, proposals, backend_entries))
     return _dedup(ranked)
 

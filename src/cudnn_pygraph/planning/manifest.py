@@ -68,7 +68,9 @@ FAMILIES = (
         # test_flashinfer_shaped_sdpa.py, in bf16 by tests/gpu/test_flashinfer_shaped_sdpa_gpu.py)
         # passed on the H200 on 2026-11-29 with tests/gpu/test_sdpa_gpu.py: 36 passed.
         slots=(
-            EngineSlot(0, "triton_sdpa_prefill", f"{_PKG}.engines.sdpa.engines", "SdpaPrefillEngine"),
+            EngineSlot(
+                0, "triton_sdpa_prefill", f"{_PKG}.engines.sdpa.engines", "SdpaPrefillEngine"
+            ),
             EngineSlot(1, "triton_sdpa_decode", f"{_PKG}.engines.sdpa.engines", "SdpaDecodeEngine"),
         ),
         analyzer=_SDPA_ANALYZER,
@@ -86,13 +88,32 @@ FAMILIES = (
         "gdn",
         index=3,
         anchors=("gdn", "gdn_bwd", "gdn_summary", "gdn_summary_bwd"),
-        slots=(EngineSlot(0, "triton_gdn", f"{_PKG}.engines.linear_attention.gdn_engine", "GdnTritonEngine"),),
+        slots=(
+            EngineSlot(
+                0, "triton_gdn", f"{_PKG}.engines.linear_attention.gdn_engine", "GdnTritonEngine"
+            ),
+        ),
         analyzer=_LA_ANALYZER,
         heuristics=(f"{_PKG}.engines.linear_attention.heuristics", "recommend"),
     ),
-    EngineFamily("kda", index=4, anchors=("kda", "kda_bwd", "kda_summary", "kda_summary_bwd"), analyzer=_LA_ANALYZER),
-    EngineFamily("gdn2", index=5, anchors=("gdn2", "gdn2_bwd", "gdn2_summary", "gdn2_summary_bwd"), analyzer=_LA_ANALYZER),
-    EngineFamily("gdp", index=6, anchors=("gdp", "gdp_bwd", "gdp_summary", "gdp_summary_bwd"), analyzer=_LA_ANALYZER),
+    EngineFamily(
+        "kda",
+        index=4,
+        anchors=("kda", "kda_bwd", "kda_summary", "kda_summary_bwd"),
+        analyzer=_LA_ANALYZER,
+    ),
+    EngineFamily(
+        "gdn2",
+        index=5,
+        anchors=("gdn2", "gdn2_bwd", "gdn2_summary", "gdn2_summary_bwd"),
+        analyzer=_LA_ANALYZER,
+    ),
+    EngineFamily(
+        "gdp",
+        index=6,
+        anchors=("gdp", "gdp_bwd", "gdp_summary", "gdp_summary_bwd"),
+        analyzer=_LA_ANALYZER,
+    ),
 )
 
 

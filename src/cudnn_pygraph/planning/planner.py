@@ -36,7 +36,9 @@ class Verdict:
 
     def __str__(self):
         mark = "accepts" if self.accepted else "declines"
-        return f"{self.name} [{self.engine_id}] {mark}" + (f": {self.reason}" if self.reason else "")
+        return f"{self.name} [{self.engine_id}] {mark}" + (
+            f": {self.reason}" if self.reason else ""
+        )
 
 
 # ---------------------------------------------------------------- candidates
@@ -49,7 +51,9 @@ def candidate_verdicts(graph, family):
     for slot in family.slots:
         eid = family.engine_id(slot)
         if slot not in offered:
-            verdicts.append(Verdict(eid, slot.name, False, f"opt-in engine: set {manifest.OPT_IN_ENV}=1"))
+            verdicts.append(
+                Verdict(eid, slot.name, False, f"opt-in engine: set {manifest.OPT_IN_ENV}=1")
+            )
             continue
         try:
             engine = manifest.instantiate(family, slot)
@@ -67,8 +71,10 @@ def candidate_verdicts(graph, family):
 def _prepare(graph):
     """validate -> finalize backend layout -> freeze -> attach facts."""
     if graph._planning is not None:
-        raise GraphStateError("create_execution_plans() was already called: plan a new graph "
-                              "to plan differently, or switch plans with select_plan()")
+        raise GraphStateError(
+            "create_execution_plans() was already called: plan a new graph "
+            "to plan differently, or switch plans with select_plan()"
+        )
     graph.validate()
     adapter = manifest.backend_adapter()
     backend_decline = adapter.finalize_layout(graph)
@@ -84,9 +90,13 @@ def create_execution_plans(graph, modes):
     verdicts, accepted = candidate_verdicts(graph, family)
     backend = adapter.BACKEND
     backend_entries, backend_outcome = backend.plan_entries(graph, modes)
-    hook = manifest.resolve(family.heuristics) if family and family.heuristics and accepted else None
+    hook = (
+        manifest.resolve(family.heuristics) if family and family.heuristics and accepted else None
+    )
     plans = heuristics.rank(graph, hook, record_facts, accepted, backend_entries, modes)
-    record = PlanningRecord(graph, family, accepted, backend, plans, verdicts, backend_outcome, backend_decline)
+    record = PlanningRecord(
+        graph, family, accepted, backend, plans, verdicts, backend_outcome, backend_decline
+    )
     graph.__dict__["_planning"] = record
     graph.__dict__["_state"] = lifecycle.Planned()
     by_outcome = {}  # one record per distinct outcome: a reason shared by modes is said once
@@ -122,7 +132,9 @@ def create_execution_plan(graph, engine_id, public_knobs):
         try:
             engine.check_support(graph)
         except DECLINE_ERRORS as exc:
-            raise cudnnGraphNotSupportedError(f"{slot.name} [{engine_id}] declines this graph: {exc}") from exc
+            raise cudnnGraphNotSupportedError(
+                f"{slot.name} [{engine_id}] declines this graph: {exc}"
+            ) from exc
         plan = PlanConfig(engine_id, engine.knobs_from_public(knobs))
         accepted, verdicts = {engine_id: engine}, [Verdict(engine_id, slot.name, True)]
     record = PlanningRecord(graph, family, accepted, backend, [plan], verdicts, {}, backend_decline)
@@ -145,7 +157,9 @@ def build_plans(graph, policy):
 
 # ---------------------------------------------------------------- the plan list
 class PlanningRecord:
-    def __init__(self, graph, family, accepted, backend, plans, verdicts, backend_outcome, backend_decline):
+    def __init__(
+        self, graph, family, accepted, backend, plans, verdicts, backend_outcome, backend_decline
+    ):
         self.graph = graph
         self.family = family
         self.engines = accepted  # {engine_id: engine}
@@ -166,7 +180,9 @@ class PlanningRecord:
     # ---- names and knobs
     def _check_index(self, index):
         if not isinstance(index, int) or not 0 <= index < len(self.plans):
-            raise IndexError(f"plan index {index!r} is out of range: the list has {len(self.plans)} plans")
+            raise IndexError(
+                f"plan index {index!r} is out of range: the list has {len(self.plans)} plans"
+            )
         return self.plans[index]
 
     def executor(self, plan):
@@ -178,7 +194,9 @@ class PlanningRecord:
         plan = self._check_index(index)
         ex = self.executor(plan)
         knobs = ex.knobs_to_public(plan.knobs)
-        inner = ", ".join(f"{k.name}={v}" for k, v in sorted(knobs.items(), key=lambda kv: kv[0].name))
+        inner = ", ".join(
+            f"{k.name}={v}" for k, v in sorted(knobs.items(), key=lambda kv: kv[0].name)
+        )
         return f"{ex.plan_label(plan) if hasattr(ex, 'plan_label') else ex.name}[{inner}]"
 
     def engine_and_knobs(self, index):
@@ -225,7 +243,9 @@ class PlanningRecord:
         """Walk the list from the selected index and take the first entry that builds (a
         decline advances); a pinned plan builds or raises. policy ALL builds every
         entry from there (an autotuner's step)."""
-        policy = build_plan_policy.HEURISTICS_CHOICE if policy is None else build_plan_policy(policy)
+        policy = (
+            build_plan_policy.HEURISTICS_CHOICE if policy is None else build_plan_policy(policy)
+        )
         start = self.selected if self.selected is not None else 0
         indices = [start] if self.pinned else range(start, len(self.plans))
         first_built, reasons = None, []
@@ -243,7 +263,9 @@ class PlanningRecord:
                 self.build_errors[self.plans[index].identity] = str(exc)
                 log.info("graph '%s': #%d %s does not build: %s", self.graph.name, index, name, exc)
                 if self.pinned:
-                    raise cudnnGraphNotSupportedError(f"pinned plan #{index} {name} does not build: {exc}") from exc
+                    raise cudnnGraphNotSupportedError(
+                        f"pinned plan #{index} {name} does not build: {exc}"
+                    ) from exc
                 reasons.append(f"#{index} {name}: {exc}")
                 continue
             if first_built is None:
@@ -255,7 +277,9 @@ class PlanningRecord:
         self.selected = first_built
         self._runner = None
         self.graph.__dict__["_state"] = lifecycle.Built()
-        log.info("graph '%s': selected #%d %s", self.graph.name, first_built, self.plan_name(first_built))
+        log.info(
+            "graph '%s': selected #%d %s", self.graph.name, first_built, self.plan_name(first_built)
+        )
 
     def workspace_size_at(self, index):
         return self.build_at(index).workspace_size
@@ -266,9 +290,19 @@ class PlanningRecord:
         return self.workspace_size_at(self.selected)
 
     # ---- execution
-    def execute(self, variant_pack, workspace, handle, override_uids=None, override_shapes=None,
-                override_strides=None, index=None):
-        overrides = None if not override_uids else (override_uids, override_shapes, override_strides)
+    def execute(
+        self,
+        variant_pack,
+        workspace,
+        handle,
+        override_uids=None,
+        override_shapes=None,
+        override_strides=None,
+        index=None,
+    ):
+        overrides = (
+            None if not override_uids else (override_uids, override_shapes, override_strides)
+        )
         runner = self._runner if index is None else None
         if runner is None:
             runner = self._make_runner(index)
@@ -286,7 +320,9 @@ class PlanningRecord:
 
     # ---- explanation
     def explain(self):
-        lines = [f"graph '{self.graph.name}': family {self.family.name if self.family else 'none (backend only)'}"]
+        lines = [
+            f"graph '{self.graph.name}': family {self.family.name if self.family else 'none (backend only)'}"
+        ]
         lines += [f"  {v}" for v in self.verdicts] or ["  no python engine is a candidate"]
         for mode, outcome in self.backend_outcome.items():
             lines.append(f"  backend {heur_mode(mode).name}: {outcome}")

@@ -15,7 +15,9 @@ def after_native_validation(graph):
     if _is_python_only(graph) or _natively_validated(graph, family):
         graph.__dict__["_state"] = lifecycle.ValidatedOpen()
         return
-    manifest.backend_adapter().lower_for_validation(graph)  # no-op without the backend; raises its verdict
+    manifest.backend_adapter().lower_for_validation(
+        graph
+    )  # no-op without the backend; raises its verdict
     graph._freeze()
 
 

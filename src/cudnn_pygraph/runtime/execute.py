@@ -61,8 +61,11 @@ class GraphLayout:
                     wired.add(t)
                     if t.ragged_offset is not None:
                         wired.add(t.ragged_offset)
-            tensors = [t for t in sorted(wired, key=lambda t: t.uid)
-                       if not t.is_virtual and not (t.is_pass_by_value and t.value is not None)]
+            tensors = [
+                t
+                for t in sorted(wired, key=lambda t: t.uid)
+                if not t.is_virtual and not (t.is_pass_by_value and t.value is not None)
+            ]
             required = {t.uid for t in tensors}
         self.tensors = tensors
         self.graph = graph
@@ -132,11 +135,14 @@ class GraphLayout:
             if isinstance(key, str):
                 named = [t for t in graph.tensors if t.name == key]
                 if not named:
-                    raise KeyError(f"variant pack key {key!r}: no tensor is named so in graph "
-                                   f"'{graph.name}'")
+                    raise KeyError(
+                        f"variant pack key {key!r}: no tensor is named so in graph '{graph.name}'"
+                    )
                 if len(named) > 1:  # names are labels: a duplicate is legal, not a key
-                    raise ValueError(f"variant pack key {key!r}: {len(named)} tensors are named "
-                                     "so; key the variant pack by Tensor or uid")
+                    raise ValueError(
+                        f"variant pack key {key!r}: {len(named)} tensors are named "
+                        "so; key the variant pack by Tensor or uid"
+                    )
                 key, changed = named[0].uid, True
             uid = key if isinstance(key, int) else getattr(key, "uid", key)
             if isinstance(uid, int) and uid not in self.position and uid in graph._by_uid:
@@ -165,8 +171,16 @@ class PlanRunner:
     backend); others get `_plain_call`. `__call__` is the general path: every argument
     form (handles, workspaces, overrides)."""
 
-    __slots__ = ("record", "graph", "layout", "execute", "supports_overrides", "device",
-                 "default_ctx", "call")
+    __slots__ = (
+        "record",
+        "graph",
+        "layout",
+        "execute",
+        "supports_overrides",
+        "device",
+        "default_ctx",
+        "call",
+    )
 
     def __init__(self, record, compiled):
         layout = record.__dict__.get("layout")
@@ -191,8 +205,9 @@ class PlanRunner:
             if handle is None and workspace is None and graph.backend_options["handle"] is None:
                 self.execute(graph, pack, self.default_ctx)
                 return
-            check_device(handle if handle is not None else graph.backend_options["handle"],
-                         self.device)
+            check_device(
+                handle if handle is not None else graph.backend_options["handle"], self.device
+            )
             ctx = ExecutionContext(handle, resolve_stream(handle, graph), workspace, self.device)
         else:
             ctx = self._with_overrides(pack, workspace, handle, overrides)
@@ -206,8 +221,9 @@ class PlanRunner:
                 "declared shapes; build a graph for the new shapes (or use a backend plan)"
             )
         pack.override_all(uids, shapes, strides)  # three parallel lists, refused as a whole
-        check_device(handle if handle is not None else self.graph.backend_options["handle"],
-                     self.device)
+        check_device(
+            handle if handle is not None else self.graph.backend_options["handle"], self.device
+        )
         ctx = ExecutionContext(handle, resolve_stream(handle, self.graph), workspace, self.device)
         ctx.overrides = overrides  # the backend's override path takes the lists themselves
         return ctx
@@ -223,11 +239,21 @@ def _plain_call(runner):
     if graph.backend_options["handle"] is not None:
         return through_graph(graph)  # the graph's own handle: the general path
 
-    def call(variant_pack, workspace=None, handle=None, override_uids=None,
-             override_shapes=None, override_strides=None):
+    def call(
+        variant_pack,
+        workspace=None,
+        handle=None,
+        override_uids=None,
+        override_shapes=None,
+        override_strides=None,
+    ):
         """graph.execute, served by the selected plan's closure (runtime/execute.py)."""
-        if (handle is None and workspace is None and override_uids is None
-                and record._runner is runner):
+        if (
+            handle is None
+            and workspace is None
+            and override_uids is None
+            and record._runner is runner
+        ):
             try:
                 pack = from_mapping(declared, variant_pack, required=required)
             except (TypeError, UnknownOperandError):  # a classic key: the general path
@@ -235,8 +261,9 @@ def _plain_call(runner):
             if pack is not None:
                 execute(graph, pack, ctx)
                 return
-        general(graph, variant_pack, workspace, handle, override_uids, override_shapes,
-                override_strides)
+        general(
+            graph, variant_pack, workspace, handle, override_uids, override_shapes, override_strides
+        )
 
     return call
 
@@ -246,9 +273,16 @@ def through_graph(graph):
     path, which also installs the selected plan's closure on the graph again)."""
     general = type(graph).execute
 
-    def call(variant_pack, workspace=None, handle=None, override_uids=None,
-             override_shapes=None, override_strides=None):
-        general(graph, variant_pack, workspace, handle, override_uids, override_shapes,
-                override_strides)
+    def call(
+        variant_pack,
+        workspace=None,
+        handle=None,
+        override_uids=None,
+        override_shapes=None,
+        override_strides=None,
+    ):
+        general(
+            graph, variant_pack, workspace, handle, override_uids, override_shapes, override_strides
+        )
 
     return call

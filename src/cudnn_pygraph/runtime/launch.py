@@ -440,7 +440,7 @@ def _launch_line(j, c, env, declared):
     on the CI CPU (no-op launcher) than the addresses and *T{j}."""
     k = c.kernel
     args = []
-    for i, v in enumerate(c.values):
+    for v in c.values:
         if type(v) is SymbolicTensor:
             base = "ws" if v.slot == WORKSPACE else f"p{v.slot}"
             args.append((True, f"{base} + {v.offset}" if v.offset else base))

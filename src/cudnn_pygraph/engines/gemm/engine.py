@@ -17,8 +17,8 @@ from ..._types import data_type, knob_type
 from ...planning.facts import facts_for, graph_device
 from ..base import BaseEngine, Capabilities, CompiledPlan, PlanConfig, require_module
 from .analyzer import analyze
-from .kernels.chain import lower_chain
 from .heuristics import configs_for
+from .kernels.chain import lower_chain
 from .kernels.knobs import GemmKnobs
 from .kernels.spec import ELEM_BYTES, TMA_ALIGN_BYTES, UNIT_STRIDE, GemmSpec, major_of
 

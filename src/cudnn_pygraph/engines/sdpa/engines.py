@@ -129,8 +129,9 @@ def _mask(facts, node):
         # right_bound = 0 is causal (keys j <= i'); other values are not yet matched
         # against the backend's convention.
         _decline(f"diagonal_band_right_bound={right}: only 0 (causal) is served")
-    bottom_right = facts.causal == "bottom_right" or int(
-        node.attrs.get("diagonal_alignment", 0) or 0) == 1
+    bottom_right = (
+        facts.causal == "bottom_right" or int(node.attrs.get("diagonal_alignment", 0) or 0) == 1
+    )
     window_left = None
     if left is not None:
         # cuDNN's left bound L keeps keys j > i' - L: our inclusive band is L - 1.
@@ -169,8 +170,9 @@ def _paged_checks(engine, graph, node, facts):
 
 class SdpaPrefillEngine(BaseEngine):
     name = PREFILL_NAME
-    capabilities = Capabilities(sm_lo=SM_LO, dtypes=SERVED,
-                                features={"d_qk": HEAD_DIMS, "page_size": PAGE_SIZES})
+    capabilities = Capabilities(
+        sm_lo=SM_LO, dtypes=SERVED, features={"d_qk": HEAD_DIMS, "page_size": PAGE_SIZES}
+    )
     KNOB_FIELDS = _PREFILL_KNOBS
     knob_class = SdpaFwdKnobs
     requires = ("triton", "torch")
@@ -222,9 +224,13 @@ class SdpaPrefillEngine(BaseEngine):
 
 
 def _prefill_configs(facts):
-    return recommend_prefill(head_dim=facts.d_qk, causal=facts.causal is not None,
-                             group=facts.gqa_ratio, is_thd=facts.ragged,
-                             max_seqlen_q=facts.seq_q)
+    return recommend_prefill(
+        head_dim=facts.d_qk,
+        causal=facts.causal is not None,
+        group=facts.gqa_ratio,
+        is_thd=facts.ragged,
+        max_seqlen_q=facts.seq_q,
+    )
 
 
 def _operands(slots, position, modes, dtype):
@@ -294,14 +300,20 @@ def _build_prefill(facts, knobs, position, device):
 
     node, q, k, v, o, stats = _node_tensors(facts)
     if knobs.TMA:
-        raise ValueError(f"{PREFILL_NAME}: TMA=1 is not an axis of this engine's plans (it "
-                         "serves element ragged offsets and pointer loads)")
+        raise ValueError(
+            f"{PREFILL_NAME}: TMA=1 is not an axis of this engine's plans (it "
+            "serves element ragged offsets and pointer loads)"
+        )
     thd, paged = facts.ragged, facts.paged
     lengths = facts.padding or thd or paged  # paged K/V always read seq_len_kv
     ragged_stats = thd and stats is not None and stats.ragged_offset is not None
     i = node.inputs
     slots = [
-        ("q", q), ("k", k), ("v", v), ("O", o), ("Stats", stats),
+        ("q", q),
+        ("k", k),
+        ("v", v),
+        ("O", o),
+        ("Stats", stats),
         ("seq_len_q", i.get("seq_len_q") if lengths else None),
         ("seq_len_kv", i.get("seq_len_kv") if lengths else None),
         ("q ragged offset", q.ragged_offset if thd else None),
@@ -330,12 +342,25 @@ def _build_prefill(facts, knobs, position, device):
     if off_l is not None:
         st = st[:, :, 0]  # packed [tokens, h, 1] -> [tokens, h]
     launch = prefill_launch(
-        q_, k_, v_, o_, attn_scale=_attn_scale(facts), knobs=knobs, mask=_mask(facts, node),
-        stats=st, seq_len_q=len_q, seq_len_kv=len_kv,
-        ragged_offsets_q=off_q, ragged_offsets_kv=off_kv, ragged_offsets_v=off_v,
-        ragged_offsets_o=off_o, ragged_offsets_stats=off_l,
+        q_,
+        k_,
+        v_,
+        o_,
+        attn_scale=_attn_scale(facts),
+        knobs=knobs,
+        mask=_mask(facts, node),
+        stats=st,
+        seq_len_q=len_q,
+        seq_len_kv=len_kv,
+        ragged_offsets_q=off_q,
+        ragged_offsets_kv=off_kv,
+        ragged_offsets_v=off_v,
+        ragged_offsets_o=off_o,
+        ragged_offsets_stats=off_l,
         max_seqlen_q=facts.seq_q if thd else None,
-        offsets_unit="elements", page_table=table, page_table_v=table_v,
+        offsets_unit="elements",
+        page_table=table,
+        page_table_v=table_v,
     )
     return _PreparedPlan(f"{PREFILL_NAME} {knobs}", ops, [] if launch is None else [launch], 0,
                          device)  # fmt: skip
@@ -346,8 +371,9 @@ def _build_prefill(facts, knobs, position, device):
 
 class SdpaDecodeEngine(BaseEngine):
     name = DECODE_NAME
-    capabilities = Capabilities(sm_lo=SM_LO, dtypes=SERVED,
-                                features={"d_qk": HEAD_DIMS, "page_size": PAGE_SIZES})
+    capabilities = Capabilities(
+        sm_lo=SM_LO, dtypes=SERVED, features={"d_qk": HEAD_DIMS, "page_size": PAGE_SIZES}
+    )
     KNOB_FIELDS = _DECODE_KNOBS
     knob_class = SdpaDecodeKnobs
     requires = ("triton", "torch")
@@ -376,8 +402,10 @@ class SdpaDecodeEngine(BaseEngine):
             # serves it); the kernel's queries are the last s_q positions.
             _decline("top-left causal decode: queries are the last s_q positions (bottom-right)")
         if facts.gqa_ratio * facts.seq_q > 128:
-            _decline(f"{facts.gqa_ratio} heads per kv head x s_q={facts.seq_q} exceed one "
-                     "tile (128 rows)")
+            _decline(
+                f"{facts.gqa_ratio} heads per kv head x s_q={facts.seq_q} exceed one "
+                "tile (128 rows)"
+            )
 
     def default_plans(self, graph):
         return [PlanConfig(self.engine_id, _decode_configs(facts_for(graph, analyze))[0])]
@@ -395,8 +423,13 @@ class SdpaDecodeEngine(BaseEngine):
 
 def _decode_configs(facts):
     sms = getattr(facts.device, "sm_count", 0) or 132
-    return recommend_decode(head_dim=facts.d_qk, page_size=facts.page_size, batch=facts.batch,
-                            heads_kv=facts.heads_k, sm_count=sms)
+    return recommend_decode(
+        head_dim=facts.d_qk,
+        page_size=facts.page_size,
+        batch=facts.batch,
+        heads_kv=facts.heads_k,
+        sm_count=sms,
+    )
 
 
 def _build_decode(facts, knobs, position, device):
@@ -424,13 +457,22 @@ def _build_decode(facts, knobs, position, device):
     numel = decode_workspace_numel(facts.batch, facts.heads_q, facts.seq_q, facts.d_qk, knobs)
     workspace = workspace_tensor(4 * numel, torch.float32) if numel else None
     launches = decode_launches(
-        q_, k_.permute(0, 2, 1, 3), v_.permute(0, 2, 1, 3), table[:, 0, :, 0], lengths, o_,
-        attn_scale=_attn_scale(facts), knobs=knobs,
+        q_,
+        k_.permute(0, 2, 1, 3),
+        v_.permute(0, 2, 1, 3),
+        table[:, 0, :, 0],
+        lengths,
+        o_,
+        attn_scale=_attn_scale(facts),
+        knobs=knobs,
         # Queries are the last s_q positions (bottom-right): one query sees every key, so
         # s_q = 1 needs no mask (top-left causal is declined in check_support).
         causal=facts.causal is not None and facts.seq_q > 1,
-        stats=st, workspace=workspace, ragged_offsets_q=offsets,
-        page_table_v=table_v[:, 0, :, 0], ragged_offsets_o=offsets_o,
+        stats=st,
+        workspace=workspace,
+        ragged_offsets_q=offsets,
+        page_table_v=table_v[:, 0, :, 0],
+        ragged_offsets_o=offsets_o,
     )
     return _PreparedPlan(f"{DECODE_NAME} {knobs}", ops, launches, 4 * numel, device)
 

@@ -123,7 +123,10 @@ def _outputs(fam, kind):
         )
     if kind == "_summary":
         return (OutputPort("H"), OutputPort("M_buf"))
-    return (OutputPort("G"), OutputPort("transition", lambda a, i: bool(a.get("output_transition"))))
+    return (
+        OutputPort("G"),
+        OutputPort("transition", lambda a, i: bool(a.get("output_transition"))),
+    )
 
 
 # ---------------------------------------------------------------- the shape rule
@@ -177,11 +180,7 @@ def _rule(fam, kind):
             if tuple(got) != want:
                 node.fail(port, f"dims {list(got)}, expected {list(want)}")
             rules.require_dtype(node, port, GATE_DTYPES)
-        if (
-            fam.write_gate
-            and "w" in inp
-            and tuple(rules.require_declared(node, "w")) != (T, HO, V)
-        ):
+        if fam.write_gate and "w" in inp and tuple(rules.require_declared(node, "w")) != (T, HO, V):
             node.fail("w", f"dims {list(inp['w'].dim)}, expected {[T, HO, V]}")
         # attribute rules
         if a["allow_neg_eigval"] and not a["use_beta_sigmoid"]:
@@ -203,12 +202,18 @@ def _rule(fam, kind):
             idx = inp.get("state_indices")
             want = (init.dim[0], HO, V, K) if idx is not None else state
             if tuple(init.dim) != want:
-                node.fail("initial_state", f"dims {list(init.dim)}, expected {list(want)} ([N, HO, V, K], V-major)")
+                node.fail(
+                    "initial_state",
+                    f"dims {list(init.dim)}, expected {list(want)} ([N, HO, V, K], V-major)",
+                )
         if inp.get("state_indices") is not None:
             if init is None:
                 node.fail("state_indices", "requires initial_state (the pool it indexes)")
             if tuple(inp["state_indices"].dim) != (nseq,):
-                node.fail("state_indices", f"dims {list(inp['state_indices'].dim)}, expected [{nseq}] (one row per sequence)")
+                node.fail(
+                    "state_indices",
+                    f"dims {list(inp['state_indices'].dim)}, expected [{nseq}] (one row per sequence)",
+                )
             rules.require_dtype(node, "state_indices", (I32,))
             if a.get("checkpoint_every_n_tokens", 0):
                 node.fail("state_indices", "cannot combine with checkpoint_every_n_tokens")
@@ -247,7 +252,14 @@ def _infer_outputs(node, fam, kind, T, n, HO, K, V, nseq, state, state_dtype, io
         return out
     if kind == "_bwd":
         out = {}
-        for port, src in (("dQ", "q"), ("dK", "k"), ("dV", "v"), ("dG", "g"), ("dBeta", "beta"), ("dW", "w")):
+        for port, src in (
+            ("dQ", "q"),
+            ("dK", "k"),
+            ("dV", "v"),
+            ("dG", "g"),
+            ("dBeta", "beta"),
+            ("dW", "w"),
+        ):
             if src in inp:
                 out[port] = Inferred(tuple(inp[src].dim), inp[src].data_type)
         if inp.get("initial_state") is not None:

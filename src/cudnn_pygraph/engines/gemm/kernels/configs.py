@@ -139,6 +139,7 @@ def recommend_configs(
         if tiles >= WAVE_FILL * num_sms:
             first = knobs
             break
+
     # Split-K was timed and GPU-tested with 16-bit inputs only; fp8 plans are not split.
     def split_k(knobs):
         return split_k_for(knobs, M, N, K, batch, num_sms) if in_bytes > 1 else knobs

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 # The fixup sums the slices unrolled, and each slice's partial tile costs workspace.
 MAX_SPLIT_K = 16
 

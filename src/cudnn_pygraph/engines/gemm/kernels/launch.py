@@ -191,7 +191,7 @@ class LaunchTable:
                 "profile_scratch": none, "packed_metadata": meta}  # fmt: skip
         full_args = [head.get(f, none) for f in LAUNCHER_HEAD] + [where[j] for j in arg_plan]
         last_var = max(i for i, at in enumerate(full_args) if at < n_head)
-        self.const_tail = tuple(full_consts[at - n_head] for at in full_args[last_var + 1:])
+        self.const_tail = tuple(full_consts[at - n_head] for at in full_args[last_var + 1 :])
         unit = [where[r.frame_index] for r in rec.rules if r.kind == "unit"] + [one, one]
         aligned, masks = [], []
         for r in rec.rules:
@@ -239,7 +239,10 @@ def _lower(rec, knobs, kernel, arg_plan, constants, scratch, num_sms):
         where += [SRC_WS, SRC_LOCKS]
     table = LaunchTable(rec, kernel, arg_plan, where, n_var, constants)
     raw_launch, head, const_tail, head_consts = (
-        table.raw_launch, table.head, table.const_tail, table.head_consts
+        table.raw_launch,
+        table.head,
+        table.const_tail,
+        table.head_consts,
     )
     pick_unit, ones, pick_aligned, masks = table.unit, table.ones, table.aligned, table.masks
     pick_positive, n_short = table.positive, table.n_short

@@ -110,8 +110,16 @@ def _round_to(DT: tl.constexpr, x):
 
 
 @triton.jit
-def _split_k_fixup(acc, ws_ptr, lock_ptr, tile, split, SPLIT_K: tl.constexpr,
-                   TILE_M: tl.constexpr, TILE_N: tl.constexpr):
+def _split_k_fixup(
+    acc,
+    ws_ptr,
+    lock_ptr,
+    tile,
+    split,
+    SPLIT_K: tl.constexpr,
+    TILE_M: tl.constexpr,
+    TILE_N: tl.constexpr,
+):
     """Split-K, deterministically: every split stores its fp32 partial tile to the workspace
     and counts itself in on the tile's counter; the split that arrives last sums the
     SPLIT_K partials IN SPLIT ORDER (so the result does not depend on which one that was),
@@ -291,8 +299,9 @@ def gemm_kernel(
         offs_m = pid_m_c * TILE_M + tl.arange(0, TILE_M)
         offs_n = pid_n_c * TILE_N + tl.arange(0, TILE_N)
         if SPLIT_K > 1:
-            acc, last = _split_k_fixup(acc, ws_ptr, lock_ptr, tile_c, work_c % SPLIT_K,
-                                       SPLIT_K, TILE_M, TILE_N)
+            acc, last = _split_k_fixup(
+                acc, ws_ptr, lock_ptr, tile_c, work_c % SPLIT_K, SPLIT_K, TILE_M, TILE_N
+            )
         else:
             last = True
         if last:

@@ -13,7 +13,7 @@ import torch
 from .chain import lower_chain
 from .knobs import GemmKnobs
 from .matmul import gemm_kernel
-from .spec import GemmSpec, TMA_ALIGN_BYTES, check_frame, major_of, recipe
+from .spec import TMA_ALIGN_BYTES, GemmSpec, check_frame, major_of, recipe
 
 TORCH_DTYPE_NAMES = {
     torch.float16: "fp16",
@@ -92,7 +92,7 @@ def describe(a, b, c, chain=(), operands=(), values=(), use_tma=None, approx_tan
     strides += [_batch_stride(b3), b3.stride(1), b3.stride(2)]
     strides += [c3.stride(0), c3.stride(1), c3.stride(2)]
     # A unit-extent axis may carry any stride; the layout class pins its stride to 1.
-    for op, maj, base in (("a", a_major, 0), ("b", b_major, 3), ("c", c_major, 6)):
+    for maj, base in ((a_major, 0), (b_major, 3), (c_major, 6)):
         if maj == "row":
             strides[base + 2] = 1
         elif maj == "col":
@@ -196,7 +196,6 @@ def _default_knobs(spec, frame) -> GemmKnobs:
     if not frame[2].is_cuda:
         return GemmKnobs(TILE_M=32, TILE_N=32, TILE_K=32, NUM_STAGES=2, NUM_WARPS=4, GROUP_M=4)
     from .configs import recommend_configs
-
     from .spec import ELEM_BYTES
 
     tile_bytes = sum(ELEM_BYTES[s.dtype] for s in spec.chain if s.takes_tensor and s.kind == "tile")

@@ -20,8 +20,9 @@ _DEFAULT_SM_COUNT = 132
 
 
 def _k(m, n, stages, warps, tma=False, regs=0) -> SdpaFwdKnobs:
-    return SdpaFwdKnobs(TILE_M=m, TILE_N=n, NUM_STAGES=stages, NUM_WARPS=warps, TMA=tma,
-                        MAX_REGS=regs)
+    return SdpaFwdKnobs(
+        TILE_M=m, TILE_N=n, NUM_STAGES=stages, NUM_WARPS=warps, TMA=tma, MAX_REGS=regs
+    )
 
 
 def recommend_prefill(

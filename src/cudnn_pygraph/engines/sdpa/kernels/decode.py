@@ -26,20 +26,65 @@ from .prefill import LOG2E, _check, _flat_lengths, _page_tables
 
 # Batch- and head-dependent ints (and the page table's row stride, which is max_pages) are
 # not value-specialised, so serving shapes with other b / qh / kh reuse the kernel.
-@triton.jit(do_not_specialize=["seq_q", "num_heads_q", "stride_pb", "stride_vpb", "stride_lb",
-                               "stride_lh", "stride_ls"])
+@triton.jit(
+    do_not_specialize=[
+        "seq_q",
+        "num_heads_q",
+        "stride_pb",
+        "stride_vpb",
+        "stride_lb",
+        "stride_lh",
+        "stride_ls",
+    ]
+)
 def _sdpa_decode_kernel(
-    Q, KC, VC, PAGE_TABLE, PAGE_TABLE_V, SEQLEN_KV, O, LSE, O_PART, LSE_PART, OFFS_Q, OFFS_O,
-    stride_qb, stride_qh, stride_qs, stride_qd,
-    stride_kp, stride_kt, stride_kh, stride_kd,
-    stride_vp, stride_vt, stride_vh, stride_vd,
-    stride_pb, stride_pp, stride_vpb, stride_vpp,
-    stride_ob, stride_oh, stride_os, stride_od,
-    stride_lb, stride_lh, stride_ls,
-    seq_q, num_heads_q, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, SPLIT_KV: tl.constexpr,
-    CAUSAL: tl.constexpr, WRITE_LSE: tl.constexpr, Q_RAGGED: tl.constexpr,
+    Q,
+    KC,
+    VC,
+    PAGE_TABLE,
+    PAGE_TABLE_V,
+    SEQLEN_KV,
+    O,
+    LSE,
+    O_PART,
+    LSE_PART,
+    OFFS_Q,
+    OFFS_O,
+    stride_qb,
+    stride_qh,
+    stride_qs,
+    stride_qd,
+    stride_kp,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vp,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_pb,
+    stride_pp,
+    stride_vpb,
+    stride_vpp,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_od,
+    stride_lb,
+    stride_lh,
+    stride_ls,
+    seq_q,
+    num_heads_q,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    SPLIT_KV: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    Q_RAGGED: tl.constexpr,
 ):
     kv_head = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -61,8 +106,13 @@ def _sdpa_decode_kernel(
     else:
         q_base = b64 * stride_qb
         o_base = b64 * stride_ob
-    q_ptrs = (Q + q_base + q_pos[:, None] * stride_qs + head[:, None] * stride_qh
-              + offs_d[None, :] * stride_qd)
+    q_ptrs = (
+        Q
+        + q_base
+        + q_pos[:, None] * stride_qs
+        + head[:, None] * stride_qh
+        + offs_d[None, :] * stride_qd
+    )
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
 
     # This split's key range, in whole TILE_N steps so a step never straddles two splits.
@@ -95,8 +145,9 @@ def _sdpa_decode_kernel(
             tok = cols % PAGE_SIZE
             k_rows = pages.to(tl.int64) * stride_kp + tok * stride_kt
             v_rows = pages_v.to(tl.int64) * stride_vp + tok * stride_vt
-        k_t = tl.load(k_head + k_rows[None, :] + offs_d[:, None] * stride_kd,
-                      mask=in_kv[None, :], other=0.0)
+        k_t = tl.load(
+            k_head + k_rows[None, :] + offs_d[:, None] * stride_kd, mask=in_kv[None, :], other=0.0
+        )
         s = tl.dot(q, k_t) * qk_scale
         keep = in_kv[None, :]
         if CAUSAL:
@@ -107,8 +158,9 @@ def _sdpa_decode_kernel(
         p = tl.math.exp2(s - m_ref[:, None])
         alpha = tl.math.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_head + v_rows[:, None] + offs_d[None, :] * stride_vd,
-                    mask=in_kv[:, None], other=0.0)
+        v = tl.load(
+            v_head + v_rows[:, None] + offs_d[None, :] * stride_vd, mask=in_kv[:, None], other=0.0
+        )
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
 
@@ -117,12 +169,20 @@ def _sdpa_decode_kernel(
     out = acc / l_ref[:, None]
     lse2 = tl.where(seen, m_i + tl.math.log2(l_ref), float("-inf"))
     if SPLIT_KV == 1:
-        o_ptrs = (O + o_base + q_pos[:, None] * stride_os + head[:, None] * stride_oh
-                  + offs_d[None, :] * stride_od)
+        o_ptrs = (
+            O
+            + o_base
+            + q_pos[:, None] * stride_os
+            + head[:, None] * stride_oh
+            + offs_d[None, :] * stride_od
+        )
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
         if WRITE_LSE:
-            tl.store(LSE + b64 * stride_lb + head * stride_lh + q_pos * stride_ls,
-                     lse2 * 0.6931471805599453, mask=row_ok)
+            tl.store(
+                LSE + b64 * stride_lb + head * stride_lh + q_pos * stride_ls,
+                lse2 * 0.6931471805599453,
+                mask=row_ok,
+            )
     else:
         # Workspace rows are (b, head, q_pos, split), contiguous; D innermost for O_PART.
         part = ((b64 * num_heads_q + head) * seq_q + q_pos) * SPLIT_KV + split
@@ -132,11 +192,23 @@ def _sdpa_decode_kernel(
 
 @triton.jit(do_not_specialize=["seq_q", "num_heads_q", "stride_lb", "stride_lh", "stride_ls"])
 def _sdpa_decode_combine_kernel(
-    O_PART, LSE_PART, O, LSE, OFFS_O,
-    stride_ob, stride_oh, stride_os, stride_od,
-    stride_lb, stride_lh, stride_ls,
-    seq_q, num_heads_q,
-    HEAD_DIM: tl.constexpr, SPLIT_KV: tl.constexpr, WRITE_LSE: tl.constexpr,
+    O_PART,
+    LSE_PART,
+    O,
+    LSE,
+    OFFS_O,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_od,
+    stride_lb,
+    stride_lh,
+    stride_ls,
+    seq_q,
+    num_heads_q,
+    HEAD_DIM: tl.constexpr,
+    SPLIT_KV: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
     Q_RAGGED: tl.constexpr,
 ):
     row = tl.program_id(0)  # head * seq_q + q_pos
@@ -157,11 +229,14 @@ def _sdpa_decode_combine_kernel(
         o_base = tl.load(OFFS_O + pid_b).to(tl.int64)
     else:
         o_base = b64 * stride_ob
-    tl.store(O + o_base + head * stride_oh + q_pos * stride_os + offs_d * stride_od,
-             out.to(O.dtype.element_ty))
+    tl.store(
+        O + o_base + head * stride_oh + q_pos * stride_os + offs_d * stride_od,
+        out.to(O.dtype.element_ty),
+    )
     if WRITE_LSE:
-        lse_out = tl.where(total > 0.0, (m_ref + tl.math.log2(total)) * 0.6931471805599453,
-                           float("-inf"))
+        lse_out = tl.where(
+            total > 0.0, (m_ref + tl.math.log2(total)) * 0.6931471805599453, float("-inf")
+        )
         tl.store(LSE + b64 * stride_lb + head * stride_lh + q_pos * stride_ls, lse_out)
 
 
@@ -174,8 +249,9 @@ def _offsets(t, name: str, batch: int):
     return flat
 
 
-def decode_workspace_numel(batch: int, heads_q: int, seq_q: int, head_dim: int,
-                           knobs: SdpaDecodeKnobs) -> int:
+def decode_workspace_numel(
+    batch: int, heads_q: int, seq_q: int, head_dim: int, knobs: SdpaDecodeKnobs
+) -> int:
     """fp32 elements the split-KV partials need (0 when SPLIT_KV == 1)."""
     if knobs.SPLIT_KV == 1:
         return 0
@@ -198,7 +274,13 @@ def sdpa_decode(q, k_cache, v_cache, page_table, seq_len_kv, out, **kwargs) -> N
 
 
 def decode_launches(
-    q, k_cache, v_cache, page_table, seq_len_kv, out, *,
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    seq_len_kv,
+    out,
+    *,
     attn_scale: float,
     knobs: SdpaDecodeKnobs,
     causal: bool = False,
@@ -231,21 +313,29 @@ def decode_launches(
         _check(t.dim() == 4, f"{name}: expected rank 4, got shape {tuple(t.shape)}")
         _check(t.dtype == q.dtype, f"{name}: dtype {t.dtype} differs from q's {q.dtype}")
         _check(t.device == q.device, f"{name}: device {t.device} differs from q's {q.device}")
-    _check(q.dtype in (torch.float16, torch.bfloat16, torch.float32),
-           f"q: dtype must be float16, bfloat16 or float32, got {q.dtype}")
+    _check(
+        q.dtype in (torch.float16, torch.bfloat16, torch.float32),
+        f"q: dtype must be float16, bfloat16 or float32, got {q.dtype}",
+    )
     batch, heads_q, seq_q, head_dim = q.shape
     _check(head_dim in SUPPORTED_HEAD_DIMS, f"q: head dim {head_dim} not in {SUPPORTED_HEAD_DIMS}")
     _check(out.shape == q.shape, f"out: shape {tuple(out.shape)} must equal q's {tuple(q.shape)}")
     # v_cache may hold another number of pages (it is addressed through page_table_v).
-    _check(k_cache.shape[1:] == v_cache.shape[1:],
-           f"v_cache: shape {tuple(v_cache.shape)} must match k_cache's {tuple(k_cache.shape)} "
-           "past the page count")
+    _check(
+        k_cache.shape[1:] == v_cache.shape[1:],
+        f"v_cache: shape {tuple(v_cache.shape)} must match k_cache's {tuple(k_cache.shape)} "
+        "past the page count",
+    )
     _, page_size, heads_kv, cache_d = k_cache.shape
     _check(cache_d == head_dim, f"k_cache: head dim {cache_d} differs from q's {head_dim}")
-    _check(page_size > 0 and page_size & (page_size - 1) == 0,
-           f"k_cache: page size {page_size} must be a power of two")
-    _check(heads_kv > 0 and heads_q % heads_kv == 0,
-           f"k_cache: kv heads {heads_kv} must divide q heads {heads_q}")
+    _check(
+        page_size > 0 and page_size & (page_size - 1) == 0,
+        f"k_cache: page size {page_size} must be a power of two",
+    )
+    _check(
+        heads_kv > 0 and heads_q % heads_kv == 0,
+        f"k_cache: kv heads {heads_kv} must divide q heads {heads_q}",
+    )
     group = heads_q // heads_kv
     page_table, page_table_v = _page_tables(page_table, page_table_v, batch)
     lengths = _flat_lengths(seq_len_kv, "seq_len_kv", batch)
@@ -254,25 +344,32 @@ def decode_launches(
     l_strides = (0, 0, 0)
     if stats is not None:
         _check(stats.dtype == torch.float32, f"stats: dtype must be float32, got {stats.dtype}")
-        _check(stats.dim() in (3, 4) and tuple(stats.shape[:3]) == (batch, heads_q, seq_q),
-               f"stats: must be [B, Hq, Sq, 1], got {tuple(stats.shape)}")
+        _check(
+            stats.dim() in (3, 4) and tuple(stats.shape[:3]) == (batch, heads_q, seq_q),
+            f"stats: must be [B, Hq, Sq, 1], got {tuple(stats.shape)}",
+        )
         l_strides = (stats.stride(0), stats.stride(1), stats.stride(2))
     split = knobs.SPLIT_KV
     need = decode_workspace_numel(batch, heads_q, seq_q, head_dim, knobs)
     if split > 1:
         _check(workspace is not None, f"workspace: SPLIT_KV={split} needs {need} float32 elements")
-        _check(workspace.dtype == torch.float32 and workspace.numel() >= need
-               and workspace.is_contiguous(),
-               f"workspace: needs {need} contiguous float32 elements")
+        _check(
+            workspace.dtype == torch.float32
+            and workspace.numel() >= need
+            and workspace.is_contiguous(),
+            f"workspace: needs {need} contiguous float32 elements",
+        )
         o_part = workspace[: batch * heads_q * seq_q * split * head_dim]
-        lse_part = workspace[batch * heads_q * seq_q * split * head_dim: need]
+        lse_part = workspace[batch * heads_q * seq_q * split * head_dim : need]
     else:
         o_part = lse_part = out  # never read (SPLIT_KV == 1 writes out directly)
     if batch == 0 or seq_q == 0:
         return []
     offs_q = offs_o = lengths  # placeholders, never read without Q_RAGGED
-    _check(ragged_offsets_o is None or ragged_offsets_q is not None,
-           "ragged_offsets_o: given without ragged_offsets_q")
+    _check(
+        ragged_offsets_o is None or ragged_offsets_q is not None,
+        "ragged_offsets_o: given without ragged_offsets_q",
+    )
     if ragged_offsets_q is not None:
         offs_q = _offsets(ragged_offsets_q, "ragged_offsets_q", batch)
         offs_o = offs_q
@@ -280,26 +377,66 @@ def decode_launches(
             offs_o = _offsets(ragged_offsets_o, "ragged_offsets_o", batch)
     lse_arg = stats if stats is not None else out
     main = (
-        q, k_cache, v_cache, page_table, page_table_v, lengths, out, lse_arg, o_part, lse_part,
-        offs_q, offs_o,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *page_table.stride(),
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        page_table_v,
+        lengths,
+        out,
+        lse_arg,
+        o_part,
+        lse_part,
+        offs_q,
+        offs_o,
+        *q.stride(),
+        *k_cache.stride(),
+        *v_cache.stride(),
+        *page_table.stride(),
         *page_table_v.stride(),
-        *out.stride(), *l_strides,
-        seq_q, heads_q, float(attn_scale) * LOG2E,
+        *out.stride(),
+        *l_strides,
+        seq_q,
+        heads_q,
+        float(attn_scale) * LOG2E,
     )
-    launches = [Launch(_sdpa_decode_kernel, (heads_kv, batch, split), main, dict(
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=knobs.TILE_N, PAGE_SIZE=page_size,
-        GROUP=group, SPLIT_KV=split, CAUSAL=causal, WRITE_LSE=stats is not None,
-        Q_RAGGED=ragged_offsets_q is not None,
-        num_warps=knobs.NUM_WARPS, num_stages=knobs.NUM_STAGES,
-    ))]
+    launches = [
+        Launch(
+            _sdpa_decode_kernel,
+            (heads_kv, batch, split),
+            main,
+            dict(
+                HEAD_DIM=head_dim,
+                BLOCK_M=block_m,
+                BLOCK_N=knobs.TILE_N,
+                PAGE_SIZE=page_size,
+                GROUP=group,
+                SPLIT_KV=split,
+                CAUSAL=causal,
+                WRITE_LSE=stats is not None,
+                Q_RAGGED=ragged_offsets_q is not None,
+                num_warps=knobs.NUM_WARPS,
+                num_stages=knobs.NUM_STAGES,
+            ),
+        )
+    ]
     if split > 1:
         combine = (o_part, lse_part, out, lse_arg, offs_o, *out.stride(), *l_strides, seq_q,
                    heads_q)  # fmt: skip
-        launches.append(Launch(_sdpa_decode_combine_kernel, (heads_q * seq_q, batch), combine,
-                               dict(HEAD_DIM=head_dim, SPLIT_KV=split,
-                                    WRITE_LSE=stats is not None,
-                                    Q_RAGGED=ragged_offsets_q is not None, num_warps=4)))
+        launches.append(
+            Launch(
+                _sdpa_decode_combine_kernel,
+                (heads_q * seq_q, batch),
+                combine,
+                dict(
+                    HEAD_DIM=head_dim,
+                    SPLIT_KV=split,
+                    WRITE_LSE=stats is not None,
+                    Q_RAGGED=ragged_offsets_q is not None,
+                    num_warps=4,
+                ),
+            )
+        )
     return launches
 
 

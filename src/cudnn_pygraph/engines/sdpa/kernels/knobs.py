@@ -63,19 +63,26 @@ class SdpaFwdKnobs:
             raise ValueError(f"SdpaFwdKnobs.NUM_STAGES={self.NUM_STAGES}: must be in 1..6")
         if self.MAX_REGS is None:  # the compiler's choice, one spelling: 0
             object.__setattr__(self, "MAX_REGS", 0)
-        if not (isinstance(self.MAX_REGS, int) and (self.MAX_REGS == 0
-                                                    or 24 <= self.MAX_REGS <= 255)):
-            raise ValueError(f"SdpaFwdKnobs.MAX_REGS={self.MAX_REGS}: must be 0 (the "
-                             "compiler's choice) or 24..255")
+        if not (
+            isinstance(self.MAX_REGS, int) and (self.MAX_REGS == 0 or 24 <= self.MAX_REGS <= 255)
+        ):
+            raise ValueError(
+                f"SdpaFwdKnobs.MAX_REGS={self.MAX_REGS}: must be 0 (the "
+                "compiler's choice) or 24..255"
+            )
         # Measured on the H200 (triton 3.6, 2026-11-29): ptxas dies (SIGSEGV) compiling TMA
         # loads with TILE_N=128 (D=64 and D=128), and TMA with LAZY_RESCALE at D=128 (causal,
         # no mask, THD with PACK_GQA; it compiled at D=64 and under a window mask, which is
         # not enough to keep it). A config that cannot compile is refused where it is named.
         if self.TMA and self.TILE_N > 64:
-            raise ValueError(f"SdpaFwdKnobs: TMA needs TILE_N <= 64 (got {self.TILE_N}): "
-                             "larger K/V boxes crash ptxas in triton 3.6 on sm_90")
+            raise ValueError(
+                f"SdpaFwdKnobs: TMA needs TILE_N <= 64 (got {self.TILE_N}): "
+                "larger K/V boxes crash ptxas in triton 3.6 on sm_90"
+            )
         if self.TMA and self.LAZY_RESCALE:
-            raise ValueError("SdpaFwdKnobs: TMA with LAZY_RESCALE crashes ptxas in triton 3.6 on sm_90")
+            raise ValueError(
+                "SdpaFwdKnobs: TMA with LAZY_RESCALE crashes ptxas in triton 3.6 on sm_90"
+            )
 
 
 @dataclass(frozen=True)
@@ -96,12 +103,15 @@ class SdpaDecodeKnobs:
     def __post_init__(self):
         if not (_is_pow2(self.TILE_N) and 16 <= self.TILE_N <= 256):
             raise ValueError(
-                f"SdpaDecodeKnobs.TILE_N={self.TILE_N}: must be a power of two in 16..256")
+                f"SdpaDecodeKnobs.TILE_N={self.TILE_N}: must be a power of two in 16..256"
+            )
         if not (_is_pow2(self.SPLIT_KV) and self.SPLIT_KV <= 64):
             raise ValueError(
-                f"SdpaDecodeKnobs.SPLIT_KV={self.SPLIT_KV}: must be a power of two <= 64")
+                f"SdpaDecodeKnobs.SPLIT_KV={self.SPLIT_KV}: must be a power of two <= 64"
+            )
         if self.NUM_WARPS not in (1, 2, 4, 8, 16):
             raise ValueError(
-                f"SdpaDecodeKnobs.NUM_WARPS={self.NUM_WARPS}: must be 1, 2, 4, 8 or 16")
+                f"SdpaDecodeKnobs.NUM_WARPS={self.NUM_WARPS}: must be 1, 2, 4, 8 or 16"
+            )
         if not 1 <= self.NUM_STAGES <= 6:
             raise ValueError(f"SdpaDecodeKnobs.NUM_STAGES={self.NUM_STAGES}: must be in 1..6")

@@ -21,7 +21,7 @@ class AttnMask:
     bottom_right: bool = False
 
     @staticmethod
-    def causal(bottom_right: bool = False) -> "AttnMask":
+    def causal(bottom_right: bool = False) -> AttnMask:
         return AttnMask(window_left=None, window_right=0, bottom_right=bottom_right)
 
     def __post_init__(self):
