@@ -7,6 +7,7 @@ real engines take; the backend never takes part): one computes the delta rule in
 one is wrong on purpose, so the demo's execute-and-check path is exercised whatever the
 shipped manifest holds today."""
 
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -331,7 +332,8 @@ def test_doctor_reports_versions_device_and_why_each_engine_is_not_offered(capsy
     assert rc == 0
     for field in ("cudnn_pygraph", "python", "torch", "triton", "backend (cudnn-fe)", "libcudnn"):
         assert f"  {field} " in out
-    assert f"torch                  {torch.__version__}" in out
+    # the distribution's version, as pip reports it (torch.__version__ may add +cu130)
+    assert f"torch                  {importlib.metadata.version('torch')}" in out
     assert "Triton interpreter (CPU): no GPU" in out  # CI has no GPU
     expected = {
         "[20300] TorchDeltaRule": "offered",
@@ -355,7 +357,7 @@ def test_doctor_json_is_the_same_report_as_data(capsys):
     rc, out, _ = run_cli(capsys, "doctor", "--json")
     assert rc == 0
     data = json.loads(out)
-    assert data["software"]["torch"] == torch.__version__
+    assert data["software"]["torch"] == importlib.metadata.version("torch")
     assert data["cuda"]["torch_cuda"] == torch.version.cuda
     assert set(data["cuda"]) >= {"driver", "runtime", "torch_cuda", "libcudnn"}
     assert data["backend"]["status"] in ("usable", "installed, not usable here", "not installed")

@@ -4,6 +4,7 @@ into the backend's score_mod hook, where they build the same sub-graph NVIDIA's 
 builds for the same calls (the backend runs the hook at build_operation_graph, which
 gets that far on a CPU before it needs the GPU)."""
 
+import contextlib
 import json
 
 import pytest
@@ -170,7 +171,8 @@ def _nvidia_sub_graph(modifier):
     g._backend_handle_for_lowering = lambda kwargs: None  # lowered without a GPU
     backend = g._lower_to_cpp()
     outer = json.loads(str(backend))
-    with pytest.raises(Exception):  # noqa: B017 — a CPU stops after the hook ran
+    # runs the hook; what follows depends on the machine (without a GPU it may stop)
+    with contextlib.suppress(Exception):
         backend.build_operation_graph()
     return seen["doc"], outer
 
@@ -194,7 +196,7 @@ def _our_sub_graph(modifier, monkeypatch):
     g.validate()
     lowered = lowering.lowered(g)
     outer = json.loads(str(lowered.backend))
-    assert lowered.build_operation_graph() is not None  # a CPU stops after the hook ran
+    lowered.build_operation_graph()  # runs the hook (its outcome depends on the machine)
     return seen["doc"], outer
 
 
