@@ -37,6 +37,11 @@ def main():
     ap.add_argument("--graphs", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "bench/results/reliability.md"))
+    ap.add_argument(
+        "--trace",
+        help="write each recipe here before it runs: a graph that crashes the process "
+        "(inside the backend) is the file's content afterwards",
+    )
     args = ap.parse_args()
     failures = collections.Counter()
     examples = {}
@@ -48,6 +53,9 @@ def main():
     def one(recipe):
         nonlocal count
         count += 1
+        if args.trace:
+            with open(args.trace, "w") as f:
+                f.write(repr(recipe))
         try:
             fuzz.run_one(recipe)
         except fuzz.CLASSIC_ERRORS:

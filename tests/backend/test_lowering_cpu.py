@@ -259,3 +259,37 @@ def test_nvidias_package_keeps_working_after_ours_loaded_the_frontend():
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("ok")
+
+
+@needs_backend
+@pytest.mark.parametrize("producer", ["relu", "conv"])
+def test_a_slice_of_a_node_output_lowers_without_crashing_the_backend(producer):
+    """The backend's slice reads its input's dims when called: a node output it has not
+    dimensioned crashed the process (both packages). Ours pushes the IR's dims first: the
+    graph validates or is refused with a classic error, in a process that survives."""
+    import subprocess
+    import sys
+
+    make = {
+        "relu": "y = g.relu(input=x)",
+        "conv": "y = g.conv_fprop(image=x, weight=g.tensor([8, 8, 3, 3], name='w'), "
+        "padding=[1, 1], stride=[1, 1], dilation=[1, 1])",
+    }[producer]
+    program = (
+        "import cudnn_pygraph as c\n"
+        "dt = c.data_type\n"
+        "g = c.pygraph(io_data_type=dt.HALF, intermediate_data_type=dt.FLOAT,"
+        " compute_data_type=dt.FLOAT)\n"
+        "x = g.tensor([1, 8, 16, 16], name='x')\n"
+        f"{make}\n"
+        "s = g.slice(y, [slice(0, 1), slice(0, 4), slice(0, 16), slice(0, 16)])\n"
+        "s.set_output(True)\n"
+        "try:\n"
+        "    g.validate()\n"
+        "    print('validated')\n"
+        "except c.cudnnGraphNotSupportedError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith(("validated", "refused: slice node"))

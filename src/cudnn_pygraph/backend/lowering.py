@@ -308,6 +308,10 @@ def _context_kwargs(graph, fe):
     return kw
 
 
+# Ops whose backend builder reads its input's dims at call time.
+_READS_INPUT_DIMS = frozenset({"slice"})
+
+
 class _Builder:
     """One lowering pass: our tensors -> backend tensors (uid -> backend tensor)."""
 
@@ -473,6 +477,14 @@ class _Builder:
     def lower_node(self, node):
         spec, where = node.spec, f"{node.op} node '{node.name}'"
         kwargs = self.kwargs(node)
+        if node.op in _READS_INPUT_DIMS:
+            # The backend's builder reads this input's dims when it is called; a node
+            # output whose dims the backend has not inferred yet has none, and the call
+            # crashes the process (relu -> slice, conv -> slice, in NVIDIA's package
+            # too). The IR's inferred dims are pushed (strides stay the backend's).
+            t = node.inputs["input"]
+            if t.producer is not None and t.dim and not t.is_user_set("dim"):
+                self.made[t.uid].set_dim(list(t.dim))
         try:
             result = getattr(self.backend, spec.backend_method)(**kwargs)
         except self.fe.errors as exc:
