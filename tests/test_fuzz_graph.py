@@ -11,6 +11,9 @@ the same strategy 100,000 times and records the count in bench/results/reliabili
 """
 
 import math
+import pathlib
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -241,3 +244,31 @@ def test_an_enum_attribute_past_any_int_range_is_a_classic_error():
     g = cudnn.pygraph()
     with pytest.raises(ValueError, match="mode"):
         g.reduction(input=g.tensor([2, 2]), mode=2**70)
+
+
+def test_the_recipe_that_crashed_the_backend_now_validates_or_is_refused():
+    """bench/fuzz.py --seed 2 at volume: slices of an undimensioned tensor next to a
+    batchnorm_backward crashed the process inside the backend's validate(). Run in a
+    subprocess, so a crash fails this test instead of ending the suite."""
+    program = f"""
+import sys
+sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})
+import test_fuzz_graph as fuzz
+from cudnn_pygraph._types import data_type as dt
+recipe = (
+    {{"io_data_type": dt.HALF, "intermediate_data_type": dt.INT4, "compute_data_type": dt.HALF}},
+    [{{"dim": [6, 2, 2**62, 2], "stride": [2, 0, 11, 0], "data_type": dt.INT8x4}}],
+    [("slice", {{"input": fuzz.Ref(11), "compute_data_type": "FP8_E5M2"}}),
+     ("slice", {{"input": fuzz.Ref(11), "compute_data_type": "FP8_E5M2"}}),
+     ("batchnorm_backward", {{"inv_variance": fuzz.Ref(11), "compute_data_type": dt.FP8_E8M0,
+                             "scale": fuzz.Ref(7), "peer_stats": [], "input": fuzz.Ref(7),
+                             "grad": fuzz.Ref(6), "mean": fuzz.Ref(9)}}),
+     ("slice", {{"input": fuzz.Ref(11), "compute_data_type": "FP8_E5M2"}})],
+    False,
+)
+fuzz.run_one(recipe)
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("ok")
