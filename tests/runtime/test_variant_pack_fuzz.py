@@ -154,8 +154,8 @@ def reference(plan_graph, tensors, bindings):
 def dtype_gap(plan_graph, bindings):
     """True when the pack hands the plan an operand in another dtype than declared (a
     buffer of the declared extents, or too small, at another width keeps its own dtype):
-    the python plans check extents, not dtypes, so the GEMM plan would launch on it. The
-    known gap, pinned by the strict xfail below; the fuzz leaves those draws out."""
+    the plan refuses it (check_extent's dtype rule, tested below); the fuzz's own expectation
+    leaves those draws out."""
     from cudnn_pygraph.runtime.execute import GraphLayout
 
     layout = GraphLayout(plan_graph)
@@ -213,11 +213,6 @@ def test_the_well_formed_call_computes_the_product(plan):
     assert torch.allclose(c, a @ b, atol=0.05) and bound["C"].touched_only_its_footprint()
 
 
-@pytest.mark.xfail(
-    reason="python plans check extents, not dtypes: an fp32 buffer of the declared extents "
-    "reaches the fp16 GEMM kernel (engines/gemm; the backend path refuses it)",
-    strict=True,
-)
 def test_an_operand_of_another_dtype_is_refused_by_a_python_plan(plan):
     g, tensors = plan
     rng = torch.Generator().manual_seed(0)

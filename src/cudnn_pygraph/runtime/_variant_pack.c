@@ -665,6 +665,17 @@ static PyObject *pack_check_extent(PgPack *p, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     if (extent_rule(p, i, args[1]) < 0) return NULL;
+    /* A python plan reads the operand as its declared dtype: a buffer that kept another
+     * one (not re-described from the declaration: another slot width) would be misread. */
+    const PgSlot *s = &p->slots[i];
+    int32_t want = p->layout->items[i].decl.code;
+    if (s->kind != PG_ADDRESS && p->layout->described && s->view.code != want) {
+        PyErr_Format(OperandMismatchError, "operand %R (uid %lld): the buffer holds data_type "
+                     "%d and the declaration data_type %d; this plan reads the declared dtype "
+                     "(rule: dtype)", args[1], (long long)p->layout->items[i].uid,
+                     (int)s->view.code, (int)want);
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
