@@ -293,3 +293,31 @@ def test_a_slice_of_a_node_output_lowers_without_crashing_the_backend(producer):
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith(("validated", "refused: slice node"))
+
+
+def test_a_node_reading_a_virtual_adalayernorm_dbias_is_refused_without_a_crash():
+    """bench/fuzz.py --seed 2: the backend dimensions adalayernorm_backward's DBIAS only
+    when it is a graph output, and instancenorm_backward reading the virtual DBIAS crashed
+    the process in validate(). Ours pushes the IR's dims first: a classic refusal, in a
+    process that survives."""
+    import subprocess
+    import sys
+
+    program = (
+        "import cudnn_pygraph as c\n"
+        "dt = c.data_type\n"
+        "g = c.pygraph(io_data_type=dt.FLOAT, intermediate_data_type=dt.FLOAT,"
+        " compute_data_type=dt.FLOAT)\n"
+        "x = g.tensor([3, 6, 6, 5], name='x', data_type=dt.HALF)\n"
+        "dx, ds, db = g.adalayernorm_backward(grad=x, input=x, scale=x, mean=x,"
+        " inv_variance=x)\n"
+        "g.instancenorm_backward(grad=x, input=db, scale=x, mean=x, inv_variance=x)\n"
+        "try:\n"
+        "    g.validate()\n"
+        "    print('validated')\n"
+        "except c.cudnnGraphNotSupportedError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith(("validated", "refused: adalayernorm_backward node"))

@@ -308,8 +308,22 @@ def _context_kwargs(graph, fe):
     return kw
 
 
-# Ops whose backend builder reads its input's dims at call time.
+# Where the backend would meet a node output without dims, it crashes the process (in
+# NVIDIA's package too); lowering pushes the IR's inferred dims first (strides stay the
+# backend's). slice's builder reads its input's dims when it is called, before the backend
+# has inferred any node output; adalayernorm_backward's inference dimensions DBIAS only
+# when it is a graph output, and the node reading a virtual DBIAS crashes validate().
 _READS_INPUT_DIMS = frozenset({"slice"})
+_LEFT_UNDIMENSIONED = frozenset({("adalayernorm_backward", "dbias")})
+
+
+def _needs_ir_dims(node, name, t):
+    if not isinstance(t, Tensor) or t.producer is None or not t.dim or t.is_user_set("dim"):
+        return False
+    if node.op in _READS_INPUT_DIMS and name == "input":
+        return True
+    port = next((p for p, o in t.producer.outputs.items() if o is t), None)
+    return (t.producer.op, port) in _LEFT_UNDIMENSIONED
 
 
 class _Builder:
@@ -477,13 +491,8 @@ class _Builder:
     def lower_node(self, node):
         spec, where = node.spec, f"{node.op} node '{node.name}'"
         kwargs = self.kwargs(node)
-        if node.op in _READS_INPUT_DIMS:
-            # The backend's builder reads this input's dims when it is called; a node
-            # output whose dims the backend has not inferred yet has none, and the call
-            # crashes the process (relu -> slice, conv -> slice, in NVIDIA's package
-            # too). The IR's inferred dims are pushed (strides stay the backend's).
-            t = node.inputs["input"]
-            if t.producer is not None and t.dim and not t.is_user_set("dim"):
+        for name, t in node.inputs.items():
+            if _needs_ir_dims(node, name, t):
                 self.made[t.uid].set_dim(list(t.dim))
         try:
             result = getattr(self.backend, spec.backend_method)(**kwargs)
