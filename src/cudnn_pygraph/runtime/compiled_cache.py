@@ -536,7 +536,7 @@ def _remove(path) -> None:
 def _scan(path, pattern):
     try:
         with os.scandir(path) as it:
-            return sorted(e for e in it if pattern.fullmatch(e.name))
+            return sorted((e for e in it if pattern.fullmatch(e.name)), key=lambda e: e.name)
     except OSError:
         return []
 
