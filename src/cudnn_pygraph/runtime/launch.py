@@ -648,6 +648,27 @@ def record_launches():
             JITFunction.run = original
 
 
+@contextlib.contextmanager
+def cached_jit_compiles():
+    """Within it, a Triton JIT launch that compiles (a launcher compiling its kernels by
+    running them once, as the GDN plans do at build) compiles through the compiled-plan
+    cache, as compile_kernel does. record_launches does the same for what it records."""
+    from triton.runtime.jit import JITFunction
+
+    with _PATCH_LOCK:
+        original = JITFunction.run
+
+        def run(self, *args, grid, warmup, **kwargs):
+            _route_compiles(self)
+            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+        JITFunction.run = run
+        try:
+            yield
+        finally:
+            JITFunction.run = original
+
+
 def _route_compiles(fn):
     """Send a JIT function's compiles through the compiled-plan cache, as compile_kernel
     does. Triton binds `fn.compile` to triton.compile when it builds the function's binder
@@ -753,5 +774,5 @@ def build_replay(record: LaunchRecord, roots: list, label: str):
 __all__ = [
     "ALIGN", "LAUNCHER_HEAD", "WORKSPACE", "CompiledLaunch", "Kernel", "Launch",
     "LaunchRecord", "Operand", "Refusal", "Stride", "SymbolicTensor", "build_replay",
-    "compile_kernel", "compile_launch", "prepare_execute", "record_launches", "workspace_tensor",
+    "cached_jit_compiles", "compile_kernel", "compile_launch", "prepare_execute", "record_launches", "workspace_tensor",
 ]  # fmt: skip
