@@ -3,7 +3,7 @@ explicit sm_90 target (its bundled ptxas; no driver needed), and a `Store` keyed
 stated H200 environment keeps it. Shared by tests/runtime/test_compiled_cache.py and the
 worker processes it starts:
 
-    python cache_artifacts.py ROOT DIM [STAGE]
+    PYTHONPATH=src python tests/runtime/cache_artifacts.py ROOT DIM [STAGE]
 
 compiles the D=DIM dense copy through the store at ROOT and prints {"sha256": ..,
 "stats": ..} of the kernel it got; with STAGE it SIGKILLs itself while writing the entry
@@ -14,12 +14,8 @@ metadata, no record; "record": the record's temp file written, not yet moved int
 import hashlib
 import json
 import os
-import pathlib
 import signal
 import sys
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "src"))
 
 import torch
 from triton.backends.compiler import GPUTarget

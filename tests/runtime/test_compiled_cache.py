@@ -287,9 +287,14 @@ def test_the_warning_cannot_fail_a_call_that_turns_warnings_into_errors(tmp_path
 
 # ---------------------------------------------------------------- processes
 def _worker(root, dim, stage=None):
+    """A fresh process on the package this one imported (same sources: same environment)."""
+    import cudnn_pygraph
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(pathlib.Path(cudnn_pygraph.__file__).parent.parent)
     cmd = [sys.executable, str(HERE / "cache_artifacts.py"), str(root), str(dim)]
-    return subprocess.Popen(cmd + ([stage] if stage else []), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(cmd + ([stage] if stage else []), env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
 
 
 def test_concurrent_writers_in_several_processes_leave_one_good_entry(tmp_path, fresh):
@@ -348,6 +353,21 @@ def test_a_kernel_outside_the_package_or_with_an_unnamed_value_is_not_persisted(
 def test_the_disable_variable_bypasses_the_cache(tmp_path, fresh, monkeypatch):
     monkeypatch.setenv(cc.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv(cc.DISABLE_ENV, "1")
+    src, options = source(16)
+    got, delta = counted(cc.compile, src, TARGET, options)
+    assert delta == {"bypassed": 1} and got.kernel == fresh[16].kernel
+    assert not (tmp_path / "cache").exists()
+
+
+def test_without_a_cuda_device_the_live_cache_compiles_as_if_off(tmp_path, fresh, monkeypatch):
+    """The module-level compile keys on the current CUDA device: with none (a CPU-only
+    torch, a deviceless ahead-of-time compile) it compiles, writes nothing, raises nothing."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: (_ for _ in ()).throw(
+        RuntimeError("no CUDA device")))  # fmt: skip
+    monkeypatch.setenv(cc.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(cc.DISABLE_ENV, raising=False)
     src, options = source(16)
     got, delta = counted(cc.compile, src, TARGET, options)
     assert delta == {"bypassed": 1} and got.kernel == fresh[16].kernel
