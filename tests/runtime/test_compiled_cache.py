@@ -352,6 +352,17 @@ def test_a_kernel_outside_the_package_or_with_an_unnamed_value_is_not_persisted(
     assert cc.kernel_key(unnamed, TARGET, options) is None
 
 
+def test_a_compile_default_moved_by_a_triton_variable_is_another_key(monkeypatch):
+    """A compile site that passes only some options (the GEMM's) gets Triton's defaults for
+    the rest, and some defaults follow Triton's variables: the key holds them completed."""
+    src, _ = source(16)
+    given = {"num_warps": 4}
+    default = cc.kernel_key(src, TARGET, given)
+    assert default == cc.kernel_key(src, TARGET, {**given, "enable_fp_fusion": True})
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    assert cc.kernel_key(src, TARGET, given) != default
+
+
 def test_the_disable_variable_bypasses_the_cache(tmp_path, fresh, monkeypatch):
     monkeypatch.setenv(cc.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv(cc.DISABLE_ENV, "1")

@@ -207,14 +207,18 @@ def _plain(v):
 
 def kernel_key(src, target, options):
     """The entry's key: the kernel (module, name, the digest of its own source text), its
-    specialization (signature, constexprs, attributes), the compile options and the
+    specialization (signature, constexprs, attributes), the compile options as Triton's
+    backend completes them (defaults that Triton's variables can move included) and the
     target. None when it cannot be persisted: a kernel outside this package, or a part
     that is not a plain value."""
     fn = getattr(src, "fn", None)
     module = getattr(getattr(fn, "fn", None), "__module__", "") or ""
     if not module.startswith(_PACKAGE + "."):
         return None
+    from triton.compiler import make_backend
+
     try:
+        options = make_backend(target).parse_options(dict(options or {})).__dict__
         key = {
             "kernel": f"{module}:{fn.fn.__qualname__}",
             "source": hashlib.sha256(fn.src.encode()).hexdigest(),
@@ -224,7 +228,7 @@ def kernel_key(src, target, options):
             "options": _plain(dict(options or {})),
             "target": [target.backend, target.arch, target.warp_size],
         }
-    except (_NotPlain, AttributeError):
+    except (_NotPlain, AttributeError, TypeError, ValueError):
         return None
     return json.loads(json.dumps(key))  # the form a record reads back, compared whole
 
