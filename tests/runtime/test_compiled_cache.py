@@ -363,6 +363,17 @@ def test_a_compile_default_moved_by_a_triton_variable_is_another_key(monkeypatch
     assert cc.kernel_key(src, TARGET, given) != default
 
 
+@pytest.mark.parametrize("variable", ["TRITON_ALWAYS_COMPILE", "TRITON_KERNEL_OVERRIDE"])
+def test_triton_asked_to_compile_every_time_the_cache_stands_aside(tmp_path, fresh, monkeypatch,
+                                                                   variable):  # fmt: skip
+    root = tmp_path / "cache"
+    compile_via(root, 16)
+    monkeypatch.setenv(variable, "1")
+    monkeypatch.setenv("TRITON_OVERRIDE_DIR", str(tmp_path / "override"))  # holds nothing
+    got, delta = counted(compile_via, root, 16)
+    assert delta == {"bypassed": 1} and got.kernel == fresh[16].kernel
+
+
 def test_the_disable_variable_bypasses_the_cache(tmp_path, fresh, monkeypatch):
     monkeypatch.setenv(cc.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv(cc.DISABLE_ENV, "1")

@@ -33,7 +33,8 @@ The rules (spec: "The compiled-plan cache"), kept here:
     otherwise the cache is off for the process, with one warning saying why. Nothing
     inside the root is reached through a symlink;
   * only kernels whose source is in this package are persisted (the source digest covers
-    them), and only when every part of the key is a plain value.
+    them), and only when every part of the key is a plain value; the cache stands aside
+    while Triton is asked to compile every time, override or dump kernels.
 Location: CUDNN_PYGRAPH_COMPILED_CACHE, else $XDG_CACHE_HOME/cudnn_pygraph/compiled_plans
 (~/.cache when XDG_CACHE_HOME is unset); CUDNN_PYGRAPH_DISABLE_COMPILED_CACHE=1 turns it
 off. A process's first write retires dead environments, whole directories, other schemas
@@ -233,6 +234,19 @@ def kernel_key(src, target, options):
     return json.loads(json.dumps(key))  # the form a record reads back, compared whole
 
 
+def _compile_requested() -> bool:
+    """Triton asked to compile every time (TRITON_ALWAYS_COMPILE), to override a kernel's IR
+    from files (TRITON_KERNEL_OVERRIDE) or to dump it (TRITON_KERNEL_DUMP): a cached binary
+    would defeat what the user is doing, so the cache stands aside."""
+    try:
+        from triton import knobs
+
+        c = knobs.compilation
+        return bool(c.always_compile or c.override or c.dump_ir)
+    except Exception:  # noqa: BLE001 - a Triton without these knobs asks for nothing
+        return False
+
+
 # ---------------------------------------------------------------- counters
 # This process's traffic: hits, misses (no entry), invalid (an entry there but doubtful),
 # bypassed (off, refused, or a kernel that is not persisted), written, pruned (environment
@@ -377,7 +391,7 @@ class Store:
         """triton.compile(src, target, options) through the cache."""
         import triton
 
-        key = kernel_key(src, target, options)
+        key = None if _compile_requested() else kernel_key(src, target, options)
         why = None if key is None else check_root(self.root, create=True)
         if key is None or why is not None:
             if why is not None:
