@@ -21,6 +21,8 @@ PARITY_ONLY=0; [ "${1:-}" = "--parity" ] && PARITY_ONLY=1
 # and misaligned-operand suite with compute-sanitizer (bench/reliability_gpu.sh) and
 # doctor (~6 min).
 SERVING_ONLY=0; [ "${1:-}" = "--serving" ] && SERVING_ONLY=1
+# `--cold-start` runs the compiled-plan cache's GPU suite and bench/cold_start.py (~5 min).
+COLD_ONLY=0; [ "${1:-}" = "--cold-start" ] && COLD_ONLY=1
 OUT=${OUT:-/tmp/out}
 LOG=/tmp/session
 mkdir -p "$OUT" "$LOG"
@@ -54,6 +56,13 @@ if [ "$PARITY_ONLY" = 1 ]; then
     --workers 14 --out "$LOG/classic_differential.md"
   wait "$suites"; echo "== gpu_classic: rc=$?"
   tail -n 12 "$LOG/gpu_classic.log"
+  tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
+fi
+if [ "$COLD_ONLY" = 1 ]; then
+  step gpu_compiled_cache 200 python3 -m pytest -q -p no:cacheprovider -rfs \
+    tests/gpu/test_compiled_cache_gpu.py
+  step cold_start 280 python3 bench/cold_start.py --out "$LOG/cold_start.md"
+  cat "$LOG/cold_start.md"
   tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
 fi
 if [ "$SERVING_ONLY" = 1 ]; then

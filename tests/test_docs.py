@@ -85,12 +85,13 @@ def test_every_code_block_says_whether_it_runs(page):
 
 def _user_env(tmp_path):
     """A user's shell: this package on the path, TRITON_INTERPRET as a user leaves it
-    (unset), the autotune cache private to the test."""
+    (unset), the autotune and compiled-plan caches private to the test."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(
         os.pathsep
     )
     env["CUDNN_PYGRAPH_AUTOTUNE_CACHE"] = str(tmp_path / "autotune")
+    env["CUDNN_PYGRAPH_COMPILED_CACHE"] = str(tmp_path / "compiled")
     return env
 
 

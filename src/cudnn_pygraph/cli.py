@@ -7,6 +7,7 @@
         [--modes A,FALLBACK,OPENSOURCE] [--write-json PATH]
   autotune --show | --clear               the persistent autotune cache
   autotune --example NAME [--reps N]      time every plan of an example graph, cache it
+  cache stats | list | clear              the compiled-plan cache (python plans' kernels)
 
 Exit codes: 0 done; 1 the graph has no plan here / a demo check failed; 2 bad input or a
 missing optional dependency (one line on stderr saying what to fix); 3 an internal
@@ -208,6 +209,7 @@ def doctor_data():
     from . import __version__
     from .planning import autotune, manifest
     from .planning.device import INTERPRET_ENV, USER_INTERPRET, detect_device
+    from .runtime import compiled_cache
 
     driver, driver_why = cuda_driver()
     runtime, runtime_where = cuda_runtime()
@@ -245,6 +247,11 @@ def doctor_data():
             "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
         },
         "autotune_cache": {"path": str(autotune.cache_root()), "enabled": autotune.cache_enabled()},
+        "compiled_cache": {
+            "path": str(compiled_cache.cache_root()),
+            "enabled": compiled_cache.enabled(),
+            "refused": compiled_cache.check_root(compiled_cache.cache_root()),
+        },
         "device": None if device is None else device.to_json(),
         "families": [],
     }
@@ -301,6 +308,7 @@ def doctor_report(data=None):
 
     state = "on" if cache["enabled"] else f"off ({autotune.DISABLE_ENV}=1)"
     lines.append(f"  {'autotune cache':<37} {cache['path']} ({state})")
+    lines.append(f"  {'compiled-plan cache':<37} {_compiled_cache_line(data['compiled_cache'])}")
 
     device = data["device"]
     lines += ["", "device:"]
@@ -455,6 +463,84 @@ def cmd_plans(args):
     return 0
 
 
+def _compiled_cache_line(cache):
+    from .runtime import compiled_cache
+
+    if not cache["enabled"]:
+        return f"{cache['path']} (off: {compiled_cache.DISABLE_ENV}=1)"
+    if cache["refused"]:
+        return f"{cache['path']} (refused: {cache['refused']})"
+    return f"{cache['path']} (on)"
+
+
+# ---------------------------------------------------------------- compiled-plan cache
+def _size(n):
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _live_environment():
+    """The environment hash this machine's device 0 would write under; None without one."""
+    from .runtime import compiled_cache
+
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+    except ImportError:
+        return None
+    env = compiled_cache.environment(compiled_cache.device_facts(0))
+    return compiled_cache.environment_hash(env)
+
+
+def cmd_cache(args):
+    from .runtime import compiled_cache
+
+    root = compiled_cache.cache_root()
+    if args.action == "clear":
+        try:
+            count, size = compiled_cache.clear(root)
+        except compiled_cache.Unsafe as exc:
+            raise UsageError(str(exc)) from None
+        print(f"removed {count} entries ({_size(size)}) from {root}")
+        return 0
+    if args.action == "list":
+        rows = compiled_cache.entries(root)
+        print(f"compiled-plan cache: {root}, {len(rows)} entries")
+        for e in rows:
+            rec = e["record"]
+            if rec is None:
+                print(f"  {e['env']}/{e['entry']}  no readable record (a miss)")
+                continue
+            target = (rec.get("key") or {}).get("target") or ["?", "?"]
+            kernel = (rec.get("key") or {}).get("kernel", rec.get("name", "?"))
+            print(
+                f"  {e['env']}/{e['entry']}  {kernel}  sm_{target[1]}  {e['bytes']} B  "
+                f"written {rec.get('written', '?')}"
+            )
+        return 0
+    u = compiled_cache.usage(root)
+    limit = _size(u["max_bytes"]) if u["max_bytes"] else "none"
+    state = "on" if u["enabled"] else f"off ({compiled_cache.DISABLE_ENV}=1)"
+    if u["refused"]:
+        state = f"refused: {u['refused']}"
+    print(f"compiled-plan cache: {root} ({state})")
+    print(f"  schema v{u['schema']}, {_size(u['bytes'])} on disk, limit {limit} "
+          f"({compiled_cache.MAX_BYTES_ENV})")  # fmt: skip
+    print(f"  {len(u['environments'])} environments, "
+          f"{sum(r['entries'] for r in u['environments'].values())} entries")  # fmt: skip
+    live = _live_environment()
+    print(f"  live environment (device 0): {live or 'none (no CUDA device here)'}")
+    for env, r in sorted(u["environments"].items(), key=lambda kv: kv[1]["written"]):
+        mark = "*" if env == live else " "
+        print(f" {mark}{env}  {r['entries']:>4} entries  {_size(r['bytes']):>10}  {r['device']}  "
+              f"last written {r['written'] or '?'}")  # fmt: skip
+    return 0
+
+
 # ---------------------------------------------------------------- autotune cache
 def cmd_autotune(args):
     from .planning import autotune
@@ -591,6 +677,16 @@ def build_parser():
     a.add_argument("--reps", type=int, default=10)
     a.add_argument("--quick", action="store_true", help="the small size on a GPU too")
     a.set_defaults(func=cmd_autotune)
+
+    c = sub.add_parser(
+        "cache", help="inspect or clear the compiled-plan cache (python plans' kernels)"
+    )
+    c.add_argument(
+        "action",
+        choices=("stats", "list", "clear"),
+        help="stats: size and environments; list: every entry; clear: remove them all",
+    )
+    c.set_defaults(func=cmd_cache)
     return p
 
 

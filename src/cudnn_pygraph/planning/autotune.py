@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
-import importlib.metadata
 import json
 import os
 import pathlib
@@ -39,12 +38,13 @@ import time
 from .._log import log, progress
 from .._types import GraphStateError, cudnnGraphNotSupportedError, knob_type
 from ..engines.base import DECLINE_ERRORS
+from ..runtime.compiled_cache import cache_home, source_digest
+from ..runtime.compiled_cache import dist_version as _dist_version
 
 CACHE_ENV = "CUDNN_PYGRAPH_AUTOTUNE_CACHE"
 DISABLE_ENV = "CUDNN_PYGRAPH_DISABLE_AUTOTUNE_CACHE"
 MAX_ENVS_ENV = "CUDNN_PYGRAPH_AUTOTUNE_CACHE_MAX_ENVS"
 _SCHEMA = "v1"  # bump on any incompatible change of the entry format or the key
-_PKG_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @dataclasses.dataclass
@@ -153,26 +153,6 @@ def rotated_packs(variant_pack, l2_bytes, max_copies=8):
 
 
 # ---------------------------------------------------------------- the key
-@functools.cache
-def source_digest():
-    """sha256 over every .py of the installed package (path and bytes), once per process."""
-    h = hashlib.sha256()
-    for path in sorted(_PKG_ROOT.rglob("*.py")):
-        h.update(str(path.relative_to(_PKG_ROOT)).encode())
-        try:
-            h.update(path.read_bytes())
-        except OSError:
-            h.update(b"unknown")
-    return h.hexdigest()
-
-
-def _dist_version(name):
-    try:
-        return importlib.metadata.version(name)
-    except Exception:  # noqa: BLE001 - any metadata trouble is "unknown", never an error
-        return "unknown"
-
-
 def environment_key(device):
     """Everything but the graph: the device and the software that planned and built."""
     from .._version import __version__
@@ -214,10 +194,7 @@ def cache_enabled():
 
 def cache_root():
     given = os.environ.get(CACHE_ENV)
-    if given:
-        return pathlib.Path(given)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "cudnn_pygraph" / "autotune"
+    return pathlib.Path(given) if given else cache_home() / "autotune"
 
 
 def entry_path(key):

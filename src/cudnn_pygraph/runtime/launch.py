@@ -234,20 +234,32 @@ class CompiledLaunch:
     __slots__ = ("ast", "kernel", "key", "launch", "options", "spec", "target", "values")
 
     def load(self, device_ordinal):
-        """Compile (Triton's on-disk cache answers a repeat) and load on the device."""
+        """Compile (or read from the compiled-plan cache) and load on the device."""
         import torch
-        import triton
         from triton.compiler import ASTSource
 
+        fn, sig, cx, attrs = self.ast
+        compiled = compile_kernel(ASTSource(fn, sig, cx, attrs), self.options, device_ordinal)
         with torch.cuda.device(device_ordinal):
-            target = triton.runtime.driver.active.get_current_target()
-            fn, sig, cx, attrs = self.ast
-            compiled = triton.compile(ASTSource(fn, sig, cx, attrs), target=target,
-                                      options=self.options)  # fmt: skip
             self.kernel = Kernel(compiled, key=self.key, name=fn.__name__)
         if self.kernel.profile_bytes:
             raise NotImplementedError(f"{fn.__name__}: profile scratch is not served")
         return self.kernel
+
+
+def compile_kernel(src, options, device):
+    """Triton's CompiledKernel of `src` (an ASTSource) for CUDA device `device` (an ordinal
+    or a torch device): the one compile of every python plan's kernels. It goes through
+    the compiled-plan cache (runtime/compiled_cache.py), so a later process reads it back
+    instead of compiling; a hit and a miss are the same object to `Kernel`."""
+    import torch
+    import triton
+
+    from . import compiled_cache
+
+    with torch.cuda.device(device):
+        target = triton.runtime.driver.active.get_current_target()
+        return compiled_cache.compile(src, target, options)
 
 
 def _jit(fn):
@@ -620,6 +632,7 @@ def record_launches():
         original = JITFunction.run
 
         def run(self, *args, grid, warmup, **kwargs):
+            _route_compiles(self)
             compiled = original(self, *args, grid=grid, warmup=warmup, **kwargs)
             if not warmup and getattr(_RECORDING, "record", None) is record:
                 record.add(self, compiled, grid, args, kwargs)
@@ -633,6 +646,41 @@ def record_launches():
         finally:
             _RECORDING.record = None
             JITFunction.run = original
+
+
+@contextlib.contextmanager
+def cached_jit_compiles():
+    """Within it, a Triton JIT launch that compiles (a launcher compiling its kernels by
+    running them once, as the GDN plans do at build) compiles through the compiled-plan
+    cache, as compile_kernel does. record_launches does the same for what it records."""
+    from triton.runtime.jit import JITFunction
+
+    with _PATCH_LOCK:
+        original = JITFunction.run
+
+        def run(self, *args, grid, warmup, **kwargs):
+            _route_compiles(self)
+            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+        JITFunction.run = run
+        try:
+            yield
+        finally:
+            JITFunction.run = original
+
+
+def _route_compiles(fn):
+    """Send a JIT function's compiles through the compiled-plan cache, as compile_kernel
+    does. Triton binds `fn.compile` to triton.compile when it builds the function's binder
+    for a device, so that binder is built first."""
+    import triton.compiler
+    from triton.runtime.driver import driver
+
+    from . import compiled_cache
+
+    fn.device_caches[driver.active.get_current_device()]
+    if fn.compile is triton.compiler.compile:
+        fn.compile = compiled_cache.compile
 
 
 def _span(t) -> int:
@@ -726,5 +774,5 @@ def build_replay(record: LaunchRecord, roots: list, label: str):
 __all__ = [
     "ALIGN", "LAUNCHER_HEAD", "WORKSPACE", "CompiledLaunch", "Kernel", "Launch",
     "LaunchRecord", "Operand", "Refusal", "Stride", "SymbolicTensor", "build_replay",
-    "compile_launch", "prepare_execute", "record_launches", "workspace_tensor",
+    "cached_jit_compiles", "compile_kernel", "compile_launch", "prepare_execute", "record_launches", "workspace_tensor",
 ]  # fmt: skip

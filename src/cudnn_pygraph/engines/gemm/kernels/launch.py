@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import operator
 
-from ....runtime.launch import LAUNCHER_HEAD, Kernel
+from ....runtime.launch import LAUNCHER_HEAD, Kernel, compile_kernel
 from .knobs import GemmKnobs
 from .matmul import gemm_kernel
 from .spec import (
@@ -462,7 +462,6 @@ def compile_gemm(spec: GemmSpec, knobs: GemmKnobs, device=None) -> CompiledGemm:
     index; default the current CUDA device). Raises what Triton raises when the config does
     not fit the device (shared memory, say)."""
     import torch
-    import triton
 
     src, options, rec, arg_plan, constants = _ast_source(spec, knobs)
     device = (
@@ -471,8 +470,7 @@ def compile_gemm(spec: GemmSpec, knobs: GemmKnobs, device=None) -> CompiledGemm:
         else torch.device(device)
     )
     with torch.cuda.device(device):
-        target = triton.runtime.driver.active.get_current_target()
-        kernel = triton.compile(src, target=target, options=options)
+        kernel = compile_kernel(src, options, device)
         num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         # One slot per program; the grid never exceeds num_sms programs.
         scratch = ScratchPerStream(num_sms * kernel.metadata.global_scratch_size, device)

@@ -1,0 +1,267 @@
+"""Cold start of the python plans: in a fresh process, the time from create_execution_plans
+to the first finished execute, with the compiled-plan cache (runtime/compiled_cache.py)
+and Triton's own cache empty or warm. Needs a GPU.
+
+    PYTHONPATH=src python3 bench/cold_start.py [--out bench/results/cold_start.md]
+        [--only gemm,sdpa_prefill,decode,gdn_op] [--small]
+
+Every cell is its own child process (`--child FAMILY`), run in this order per family:
+  cold    both caches empty (fresh directories): what a first start costs
+  triton  ours off (CUDNN_PYGRAPH_DISABLE_COMPILED_CACHE=1), Triton's as `cold` left it:
+          what a restart paid before this cache
+  warm    both as `cold` left them: a restart on the same machine
+  ours    ours warm, Triton's empty: a new machine that carries only our cache (Triton
+          still builds its C launcher once per kernel signature, into its own cache)
+A child imports torch, triton and the package, creates the CUDA context and its inputs
+first (not timed), then times planning, build and the first execute up to torch.cuda.synchronize(),
+and reports the cache counters, so each row says whether the warm start really hit. The
+backend is hidden: the subject is the python plans (the backend compiles nothing of ours).
+Goal (issue 21): warm <= 50 ms per plan.
+
+The GPU test tests/gpu/test_compiled_cache_gpu.py runs the same children (`--small
+--save PATH`) to check that a warm start gives bit-identical outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FAMILIES = ("gemm", "sdpa_prefill", "decode", "gdn_op")
+GOAL_MS = 50.0
+# What each family declares (full size, then --small for the GPU test).
+SHAPES = {
+    "gemm": ({"M": 4096, "N": 4096, "K": 4096}, {"M": 256, "N": 384, "K": 512}),
+    "sdpa_prefill": ({"b": 2, "h": 16, "s": 2048, "d": 128}, {"b": 1, "h": 2, "s": 128, "d": 64}),
+    "decode": (
+        {"b": 8, "hq": 32, "hkv": 8, "kv": 1024, "page": 16, "d": 128},
+        {"b": 2, "hq": 4, "hkv": 2, "kv": 100, "page": 16, "d": 64},
+    ),
+    "gdn_op": (
+        {"seqs": 2, "len": 1024, "h": 16, "dim": 128},
+        {"seqs": 2, "len": 64, "h": 2, "dim": 128},
+    ),
+}
+
+
+# ---------------------------------------------------------------- the child
+def _graph_case(cudnn, torch, family, s, dev="cuda"):
+    """(graph, pack, output) declared, its buffers allocated on `dev`."""
+    dt = cudnn.data_type
+    g = cudnn.pygraph(io_data_type=dt.BFLOAT16, compute_data_type=dt.FLOAT)
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device=dev, dtype=torch.bfloat16)
+
+    if family == "gemm":
+        a = g.tensor([1, s["M"], s["K"]], name="A")
+        b = g.tensor([1, s["K"], s["N"]], name="B")
+        c = g.matmul(a, b)
+        c.set_output(True).set_data_type(dt.BFLOAT16)
+        pack = {a: rnd(1, s["M"], s["K"]), b: rnd(1, s["K"], s["N"])}
+        pack[c] = torch.empty(1, s["M"], s["N"], device=dev, dtype=torch.bfloat16)
+        return g, pack, c
+    if family == "sdpa_prefill":
+        shape = [s["b"], s["h"], s["s"], s["d"]]
+        q, k, v = (g.tensor(shape, name=n) for n in "qkv")
+        o, _ = g.sdpa(q, k, v, attn_scale=s["d"] ** -0.5, use_causal_mask=True,
+                      generate_stats=False)  # fmt: skip
+        o.set_output(True)
+        pack = {q: rnd(*shape), k: rnd(*shape), v: rnd(*shape)}
+        pack[o] = torch.empty(*shape, device=dev, dtype=torch.bfloat16)
+        return g, pack, o
+    # paged decode: every sequence holds s["kv"] tokens in pages of s["page"]
+    b, hq, hkv, d, page = s["b"], s["hq"], s["hkv"], s["d"], s["page"]
+    per = -(-s["kv"] // page)
+    pages = b * per + 3
+    i32 = {"data_type": dt.INT32}
+    q = g.tensor([b, hq, 1, d], name="q")
+    kc = g.tensor([pages, hkv, page, d], name="k_cache")
+    vc = g.tensor([pages, hkv, page, d], name="v_cache")
+    table = g.tensor([b, 1, per, 1], **i32, name="page_table")
+    len_q = g.tensor([b, 1, 1, 1], **i32, name="seq_len_q")
+    len_kv = g.tensor([b, 1, 1, 1], **i32, name="seq_len_kv")
+    o, _ = g.sdpa(q, kc, vc, attn_scale=d**-0.5, generate_stats=False, use_padding_mask=True,
+                  seq_len_q=len_q, seq_len_kv=len_kv, paged_attention_k_table=table,
+                  paged_attention_v_table=table, paged_attention_max_seq_len_kv=s["kv"])  # fmt: skip
+    o.set_output(True)
+    perm = torch.randperm(pages, generator=torch.Generator().manual_seed(0))[: b * per]
+    pack = {
+        q: rnd(b, hq, 1, d),
+        kc: rnd(pages, hkv, page, d),
+        vc: rnd(pages, hkv, page, d),
+        table: perm.to(torch.int32).reshape(b, 1, per, 1).to(dev),
+        len_q: torch.ones(b, 1, 1, 1, dtype=torch.int32, device=dev),
+        len_kv: torch.full((b, 1, 1, 1), s["kv"], dtype=torch.int32, device=dev),
+    }
+    pack[o] = torch.empty(b, hq, 1, d, device=dev, dtype=torch.bfloat16)
+    return g, pack, o
+
+
+def child(family, small, save):
+    import torch
+
+    import cudnn_pygraph as cudnn
+    from cudnn_pygraph.backend import adapter
+    from cudnn_pygraph.runtime import compiled_cache
+
+    adapter.backend_installed = lambda: False  # the subject is the python plans
+    s = SHAPES[family][1 if small else 0]
+    import triton  # noqa: F401 - a server has it imported: its import is not a plan's cost
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # the CUDA context exists before the clock starts
+    steps = {}
+    if family == "gdn_op":
+        from cudnn_pygraph.linear_attention import ops
+
+        total, h, dim = s["seqs"] * s["len"], s["h"], s["dim"]
+        gen = torch.Generator(device="cuda").manual_seed(0)
+
+        def r(*shape):
+            return torch.randn(*shape, generator=gen, device="cuda")
+
+        q, k, v = (r(1, total, h, dim).bfloat16() for _ in range(3))
+        g = torch.nn.functional.logsigmoid(r(1, total, h)).bfloat16()
+        beta = torch.rand(1, total, h, generator=gen, device="cuda").bfloat16()
+        cu = torch.arange(0, total + 1, s["len"], dtype=torch.int32, device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out, _ = ops.gated_delta_net(q, k, v, g, beta, cu_seqlens=cu,
+                                     use_qk_l2norm_in_kernel=True)  # fmt: skip
+        torch.cuda.synchronize()
+        steps["first call"] = time.perf_counter() - t0
+        plan = "gated_delta_net op"
+    else:
+        graph, pack, out_t = _graph_case(cudnn, torch, family, s)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        graph.create_execution_plans([cudnn.heur_mode.A])
+        t1 = time.perf_counter()
+        graph.build_plans()
+        t2 = time.perf_counter()
+        size = graph.get_workspace_size()
+        ws = torch.empty(max(1, size), dtype=torch.uint8, device="cuda")
+        graph.execute(pack, ws)
+        torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        steps = {"plan": t1 - t0, "build": t2 - t1, "execute": t3 - t2}
+        plan = graph.get_plan_name_at_index(0)
+        out = pack[out_t]
+    total_s = sum(steps.values())
+    if save:
+        torch.save(out.cpu(), save)
+    return {"family": family, "plan": plan, "seconds": total_s, "steps": steps,
+            "cache": compiled_cache.stats()}  # fmt: skip
+
+
+# ---------------------------------------------------------------- the parent
+MODES = ("cold", "triton", "warm", "ours")
+
+
+def run_child(family, mode, ours, triton_dir, small=False, save=None):
+    env = dict(os.environ)
+    env["CUDNN_PYGRAPH_COMPILED_CACHE"] = str(ours)
+    env["TRITON_CACHE_DIR"] = str(triton_dir)
+    env.pop("TRITON_INTERPRET", None)
+    if mode == "triton":
+        env["CUDNN_PYGRAPH_DISABLE_COMPILED_CACHE"] = "1"
+    else:
+        env.pop("CUDNN_PYGRAPH_DISABLE_COMPILED_CACHE", None)
+    cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--child", family]
+    cmd += ["--small"] if small else []
+    cmd += ["--save", str(save)] if save else []
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{family} {mode}: rc {done.returncode}\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure(family, work, small=False):
+    """The four cells of one family, each a fresh process, in MODES order."""
+    ours, triton_a, triton_b = (pathlib.Path(work) / family / n for n in ("ours", "ta", "tb"))
+    for d in (ours, triton_a, triton_b):
+        d.mkdir(parents=True, mode=0o700)
+    return {
+        "cold": run_child(family, "cold", ours, triton_a, small),
+        "triton": run_child(family, "triton", ours.parent / "off", triton_a, small),
+        "warm": run_child(family, "warm", ours, triton_a, small),
+        "ours": run_child(family, "ours", ours, triton_b, small),
+    }
+
+
+def _ms(r):
+    return f"{r['seconds'] * 1e3:.0f}"
+
+
+def _hits(r):
+    c = r["cache"]
+    return f"{c['hits']}/{c['hits'] + c['misses'] + c['invalid']}"
+
+
+def report(results, small):
+    import torch
+    import triton
+
+    p = torch.cuda.get_device_properties(0)
+    lines = [
+        "# Cold start of the python plans (compiled-plan cache)\n",
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {p.name} "
+        f"(sm_{p.major}{p.minor}), torch {torch.__version__}, triton {triton.__version__}"
+        f"{', small shapes' if small else ''}\n",
+        "Command: `PYTHONPATH=src python3 bench/cold_start.py --out bench/results/cold_start.md`\n",
+        "Fresh process per cell; time from create_execution_plans to the first finished "
+        "execute (the GDN op: its first call); torch and triton imported, CUDA context and "
+        "inputs made before the clock starts. cold: both caches empty; triton: ours off, Triton's warm (before "
+        "this cache); warm: both warm; ours: ours warm, Triton's empty. hits: kernels read "
+        f"from our cache / kernels asked for. Goal: warm <= {GOAL_MS:.0f} ms per plan.\n",
+        "| family | plan | cold ms | triton ms | warm ms | ours ms | warm hits | "
+        "warm steps ms | goal |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for family, r in results.items():
+        warm = r["warm"]
+        steps = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in warm["steps"].items())
+        met = "met" if warm["seconds"] * 1e3 <= GOAL_MS else "not met"
+        lines.append(
+            f"| {family} | {warm['plan']} | {_ms(r['cold'])} | {_ms(r['triton'])} | "
+            f"{_ms(warm)} | {_ms(r['ours'])} | {_hits(warm)} | {steps} | {met} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", help="write the Markdown table here (else print it)")
+    ap.add_argument("--only", default=",".join(FAMILIES))
+    ap.add_argument("--small", action="store_true", help="the GPU test's small shapes")
+    ap.add_argument("--child", choices=FAMILIES, help=argparse.SUPPRESS)
+    ap.add_argument("--save", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.small, args.save)))
+        return 0
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="cold_start-") as work:
+        for family in args.only.split(","):
+            results[family] = measure(family, work, args.small)
+            print(family, {m: round(r["seconds"], 3) for m, r in results[family].items()},
+                  flush=True)  # fmt: skip
+    text = report(results, args.small)
+    if args.out:
+        pathlib.Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The compiled-plan cache's hit path on the GPU: a fresh process builds every python plan
+of a family from a warm cache (no kernel compiled: every one read back and loaded) and its
+first execute gives bit-identical outputs to the process that compiled them; with every
+cached binary corrupted, the next process misses (never loads one) and still gives the
+same outputs. The children are bench/cold_start.py's (`--child FAMILY --small`), each a
+fresh interpreter with private caches. The CPU suite covers the store itself
+(tests/runtime/test_compiled_cache.py). Run:
+PYTHONPATH=src:tests python -m pytest -q tests/gpu/test_compiled_cache_gpu.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("cold_start", ROOT / "bench" / "cold_start.py")
+cold_start = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cold_start)
+
+
+def _flip_one_byte_of_every_binary(root):
+    flipped = 0
+    for cubin in root.rglob("*.cubin"):
+        data = bytearray(cubin.read_bytes())
+        data[len(data) // 2] ^= 0x5A
+        cubin.write_bytes(bytes(data))
+        flipped += 1
+    return flipped
+
+
+@pytest.mark.parametrize("family", cold_start.FAMILIES)
+def test_a_fresh_process_builds_from_a_warm_cache_with_identical_outputs(tmp_path, family):
+    ours, triton_dir = tmp_path / "ours", tmp_path / "triton"
+    for d in (ours, triton_dir):
+        d.mkdir(mode=0o700)
+    outputs = [tmp_path / f"out{i}.pt" for i in range(3)]
+
+    def run(i):
+        return cold_start.run_child(family, "warm", ours, triton_dir, small=True,
+                                    save=outputs[i])["cache"]  # fmt: skip
+
+    first = run(0)
+    assert first["misses"] >= 1, f"{family}: no kernel went through the cache: {first}"
+    assert first["written"] == first["misses"] and first["invalid"] == 0, first
+
+    second = run(1)
+    assert second["hits"] == first["misses"], second
+    assert second["misses"] == 0 and second["invalid"] == 0 and second["written"] == 0, second
+    assert torch.equal(torch.load(outputs[0]), torch.load(outputs[1]))
+
+    assert _flip_one_byte_of_every_binary(ours) == first["misses"]
+    third = run(2)
+    assert third["hits"] == 0 and third["invalid"] == first["misses"], third
+    assert torch.equal(torch.load(outputs[0]), torch.load(outputs[2]))
