@@ -81,7 +81,19 @@ FAMILIES = (
         "sdpa_bwd",
         index=2,
         anchors=("sdpa_backward", "sdpa_fp8_backward", "sdpa_mxfp8_backward"),
+        # Opt-in until tests/gpu/test_sdpa_bwd_gpu.py passes on the H200 (Triton 3.6
+        # miscompiles some backward patterns on Hopper: a config ships only once proven).
+        slots=(
+            EngineSlot(
+                0,
+                "triton_sdpa_backward",
+                f"{_PKG}.engines.sdpa.backward_engine",
+                "SdpaBackwardEngine",
+                opt_in=True,
+            ),
+        ),
         analyzer=_SDPA_ANALYZER,
+        heuristics=(f"{_PKG}.engines.sdpa.backward_engine", "recommend"),
         validator=(f"{_PKG}.graph.validators", "validate_sdpa"),
     ),
     EngineFamily(
