@@ -1,7 +1,6 @@
 """The sdpa_bwd family's Triton engine under the Triton interpreter: the kernels against
 float64 autograd (every mask kind, GQA, padding, THD with uneven sequences, fp16 and fp32),
-sdpa_backward graphs planned, built and executed through the manifest (the opt-in slot
-turned on), declines naming the row's rule, and the hook's complete knobs.
+sdpa_backward graphs planned, built and executed through the manifest, declines naming the row's rule, and the hook's complete knobs.
 
 The backend is hidden (adapter.backend_installed -> False): the subject is the engine.
 """
@@ -32,9 +31,8 @@ SMALL = SdpaBwdKnobs(TILE_M=16, TILE_N=32, NUM_STAGES=1, NUM_WARPS=4)
 
 
 @pytest.fixture(autouse=True)
-def backward_offered(monkeypatch):
+def backend_hidden(monkeypatch):
     monkeypatch.setattr(adapter, "backend_installed", lambda: False)
-    monkeypatch.setenv(manifest.OPT_IN_ENV, "1")
 
 
 # ------------------------------------------------------------------ the kernels
@@ -170,11 +168,21 @@ def test_hook_lists_complete_knobs_that_replay():
     assert replay.get_engine_and_knobs_at_index(0) == (engine_id, knobs)
 
 
-def test_opt_in_gate_hides_the_engine(monkeypatch):
-    monkeypatch.delenv(manifest.OPT_IN_ENV)
+def test_hook_keeps_the_backend_first_in_untimed_cells():
+    from cudnn_pygraph.engines.sdpa import backward_engine
+    from cudnn_pygraph.planning.facts import facts_for
+    from cudnn_pygraph.planning.heuristics import BACKEND
+
     g = declare(BwdCase((40,), (40,), 2, 2, 64, "causal-tl")).graph
-    with pytest.raises(cudnn.cudnnGraphNotSupportedError):
-        g.create_execution_plans([cudnn.heur_mode.A])
+    g.create_execution_plans([cudnn.heur_mode.A])
+    facts = facts_for(g, backward_engine.analyze)
+    eid = manifest.family_by_name("sdpa_bwd").engine_id(
+        manifest.family_by_name("sdpa_bwd").slots[0]
+    )
+    ranked = backward_engine.recommend(cudnn.heur_mode.A, facts, (eid,))
+    assert ranked[0] is BACKEND and len(ranked) == 4
+    assert backward_engine.recommend(cudnn.heur_mode.OPENSOURCE, facts, (eid,))[0] is not BACKEND
+    assert len(backward_engine.recommend(cudnn.heur_mode.FALLBACK, facts, (eid,))) == 2
 
 
 def _declined(graph, match):

@@ -81,15 +81,16 @@ FAMILIES = (
         "sdpa_bwd",
         index=2,
         anchors=("sdpa_backward", "sdpa_fp8_backward", "sdpa_mxfp8_backward"),
-        # Opt-in until tests/gpu/test_sdpa_bwd_gpu.py passes on the H200 (Triton 3.6
-        # miscompiles some backward patterns on Hopper: a config ships only once proven).
+        # Offered by default: its hook keeps the backend's block first on the GPU until a
+        # cell is timed faster there (engines/sdpa/backward_engine.py), so on a machine with
+        # the backend an untimed Triton config runs only where the backend's plans fail to
+        # build or when picked by index.
         slots=(
             EngineSlot(
                 0,
                 "triton_sdpa_backward",
                 f"{_PKG}.engines.sdpa.backward_engine",
                 "SdpaBackwardEngine",
-                opt_in=True,
             ),
         ),
         analyzer=_SDPA_ANALYZER,

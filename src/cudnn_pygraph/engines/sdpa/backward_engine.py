@@ -198,11 +198,12 @@ def _build(facts, knobs, position, device):
 
 # ------------------------------------------------------------------ who goes first
 
-# Placement by measured shard: a (head_dim, causal, THD) cell listed here was timed slower
-# than the backend on the H200 (bench/sdpa_bwd.py -> bench/results/sdpa_bwd.md), so the
-# backend's block leads there. No cell has been timed yet: every cell keeps ours first (the
-# spec's rule for a cell nobody timed).
-_BACKEND_LEADS = frozenset()
+# Placement by measured shard: a (head_dim, causal-like, THD) cell listed here was timed
+# faster than the backend on the H200 (bench/sdpa_bwd.py -> bench/results/sdpa_bwd.md), so
+# ours leads there. Every other cell keeps the historical order, the backend first: it
+# served every sdpa_backward graph before this engine existed, and no cell has been timed
+# yet (the forward's timed cells all had the backend ahead, engines.py).
+_OURS_LEADS = frozenset()
 
 
 def _cell(facts):
@@ -221,9 +222,9 @@ def recommend(kind, facts, offered):
         return ours
     if kind is heur_mode.FALLBACK:
         ours = ours[:1]
-    if _cell(facts) in _BACKEND_LEADS:
-        return [BACKEND] + ours
-    return ours + [BACKEND]
+    if _cell(facts) in _OURS_LEADS:
+        return ours + [BACKEND]
+    return [BACKEND] + ours
 
 
 __all__ = ["SdpaBackwardEngine", "recommend"]
