@@ -250,3 +250,93 @@ def test_outside_the_rows_is_declined_with_the_rows_reason(dims, match):
 def test_mask_kinds_cover_the_reference_table():
     # Every mask kind of the shared case table is exercised by a graph case above.
     assert {c.mask for c in GRAPH_CASES} == set(MASKS)
+
+
+def test_kernel_thd_reads_each_tensors_own_offsets_and_packed_stats():
+    """THD with every tensor in its own buffer under its own element offsets (gaps between
+    sequences differ per tensor, so a tensor read through another's offsets is wrong) and
+    Stats packed [tokens, h] under its own offsets; GQA 4/2, causal bottom-right."""
+    gen = torch.Generator().manual_seed(9)
+    lens_q, lens_k, hq, hk, d = [5, 20, 11], [9, 20, 30], 4, 2, 32
+    dtype, b = torch.float32, 3
+    mask = AttnMask.causal(bottom_right=True)
+
+    def layout(lens, gap):
+        starts, at = [], 0
+        for n in lens:
+            starts.append(at)
+            at += n + gap
+        return starts, at
+
+    seqs = []
+    for lq, lk in zip(lens_q, lens_k):
+        q, do = (torch.randn(hq, lq, d, generator=gen) for _ in range(2))
+        k, v = (torch.randn(hk, lk, d, generator=gen) for _ in range(2))
+        out, lse, *grads = attention_grads_one(q, k, v, do, 0.125, None, 0, True)
+        seqs.append(dict(q=q, k=k, v=v, o=out.float(), do=do, lse=lse.float(), grads=grads))
+    views, offsets, outs = {}, {}, {}
+    gaps = dict(q=1, k=2, v=3, o=4, do=5, dq=6, dk=7, dv=0)
+    for name, gap in gaps.items():
+        heads = hq if name in ("q", "o", "do", "dq") else hk
+        lens = lens_q if heads == hq else lens_k
+        starts, total = layout(lens, gap)
+        buf = torch.full((total, heads, d), float("nan"), dtype=dtype)
+        src = {"dq": None, "dk": None, "dv": None}.get(name, name)
+        for i, s0 in enumerate(starts):
+            if src is not None:
+                buf[s0 : s0 + lens[i]] = seqs[i][src].transpose(0, 1)
+        s_max = max(lens)
+        views[name] = buf.as_strided((b, heads, s_max, d), (0, d, heads * d, 1))
+        offsets[name] = torch.tensor(starts + [total], dtype=torch.int32) * heads * d
+        outs[name] = (buf, starts, lens)
+    st_starts, st_total = layout(lens_q, 2)
+    stats_buf = torch.full((st_total, hq), float("nan"))
+    for i, s0 in enumerate(st_starts):
+        stats_buf[s0 : s0 + lens_q[i]] = seqs[i]["lse"].transpose(0, 1)
+    stats = stats_buf.as_strided((b, hq, max(lens_q), 1), (0, 1, hq, 1))
+    offsets["stats"] = torch.tensor(st_starts + [st_total], dtype=torch.int32) * hq
+    v_ = views
+    sdpa_backward(
+        v_["q"], v_["k"], v_["v"], v_["o"], v_["do"], stats, v_["dq"], v_["dk"], v_["dv"],
+        attn_scale=0.125, knobs=SMALL, mask=mask,
+        seq_len_q=torch.tensor(lens_q, dtype=torch.int32),
+        seq_len_kv=torch.tensor(lens_k, dtype=torch.int32),
+        ragged_offsets=offsets, stats_ragged=True,
+    )  # fmt: skip
+    for name, j in (("dq", 0), ("dk", 1), ("dv", 2)):
+        buf, starts, lens = outs[name]
+        for i, s0 in enumerate(starts):
+            got = buf[s0 : s0 + lens[i]].transpose(0, 1)
+            assert rel_err(got, seqs[i]["grads"][j]) <= 1e-5, (name, i)
+        # Rows between sequences are another sequence's business: never written.
+        written = torch.zeros(buf.shape[0], dtype=torch.bool)
+        for i, s0 in enumerate(starts):
+            written[s0 : s0 + lens[i]] = True
+        assert torch.isnan(buf[~written]).all()
+
+
+@pytest.mark.parametrize(
+    "ragged_q, match",
+    [(True, "THD: dQ has no ragged offset"), (False, "dQ is ragged while q is not")],
+    ids=["thd-with-dense-dQ", "dense-with-ragged-dQ"],
+)
+def test_mixed_ragged_and_dense_tensors_are_declined_naming_one(ragged_q, match):
+    b, h, s, d = 2, 2, 16, 64
+    g = cudnn.pygraph(io_data_type=DT.HALF, compute_data_type=DT.FLOAT)
+    off = g.tensor([b + 1, 1, 1, 1], data_type=DT.INT32, name="off")
+    lens = [g.tensor([b, 1, 1, 1], data_type=DT.INT32, name=n) for n in ("lq", "lk")]
+    strides = [s * h * d, d, h * d, 1]
+    ports = [
+        g.tensor([b, h, s, d], strides, ragged_offset=off if ragged_q else None, name=n)
+        for n in ("q", "k", "v", "o", "dO")
+    ]
+    stats = g.tensor([b, h, s, 1], data_type=DT.FLOAT, name="stats")
+    grads = g.sdpa_backward(*ports, stats, attn_scale=0.1, use_padding_mask=True,
+                            seq_len_q=lens[0], seq_len_kv=lens[1])  # fmt: skip
+    for i, t in enumerate(grads):
+        t.set_output(True).set_dim([b, h, s, d]).set_stride(strides)
+        # THD: every gradient ragged but dQ; dense: only dQ ragged.
+        if (i > 0) == ragged_q:
+            t.set_ragged_offset(off)
+    g.validate()
+    _declined(g, match)
