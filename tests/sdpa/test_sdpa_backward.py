@@ -179,6 +179,7 @@ def test_hook_keeps_the_backend_first_in_untimed_cells():
     eid = manifest.family_by_name("sdpa_bwd").engine_id(
         manifest.family_by_name("sdpa_bwd").slots[0]
     )
+    assert facts.op == "sdpa_backward" and not facts.deterministic and facts.conflict is None
     ranked = backward_engine.recommend(cudnn.heur_mode.A, facts, (eid,))
     assert ranked[0] is BACKEND and len(ranked) == 4
     assert backward_engine.recommend(cudnn.heur_mode.OPENSOURCE, facts, (eid,))[0] is not BACKEND

@@ -8,6 +8,8 @@ import dataclasses
 from ...graph.ops.sdpa import stats_requested
 
 LAYOUT_BHSD, LAYOUT_BSHD, LAYOUT_THD, LAYOUT_OTHER = "BHSD", "BSHD", "THD", "strided"
+# The sdpa_backward ports whose data types SdpaGraphFacts.grad_dtypes records, in order.
+GRAD_PORTS = ("dO", "stats", "dQ", "dK", "dV")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +47,7 @@ class SdpaGraphFacts:
     # validate() accepts such a declaration (its backend refuses it at planning), so it
     # is a fact every engine declines on, not a validate() error.
     conflict: str | None = None
-    # sdpa_backward only: the data types of (dO, Stats, dQ, dK, dV), the classic's
+    # sdpa_backward only: the data types of GRAD_PORTS, the classic's
     # use_deterministic_algorithm, and the gradient ports the caller asked for besides
     # dQ / dK / dV (dBias, dSink_token).
     grad_dtypes: tuple = ()
@@ -163,11 +165,8 @@ def analyze(graph, device):
 
 def _backward_facts(node):
     i, out = node.inputs, node.outputs
-    ports = ("dO", "stats")
-    dtypes = tuple(i[p].data_type if i.get(p) is not None else None for p in ports)
-    dtypes += tuple(
-        out[p].data_type if out.get(p) is not None else None for p in ("dQ", "dK", "dV")
-    )
+    tensors = [i.get(p) if p in ("dO", "stats") else out.get(p) for p in GRAD_PORTS]
+    dtypes = tuple(t.data_type if t is not None else None for t in tensors)
     extra = tuple(
         p for p in ("dBias", "dSink_token") if i.get(p) is not None or out.get(p) is not None
     )

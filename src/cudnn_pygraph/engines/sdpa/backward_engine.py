@@ -22,7 +22,7 @@ from ...planning import manifest
 from ...planning.facts import facts_for, graph_device
 from ...planning.heuristics import BACKEND
 from ..base import BaseEngine, Capabilities, PlanConfig, require_module
-from .analyzer import LAYOUT_THD, analyze
+from .analyzer import GRAD_PORTS, LAYOUT_THD, analyze
 from .engines import SERVED, SM_LO, _attn_scale, _mask, _operands, _PreparedPlan, _torch_dtype
 from .kernels.configs import recommend_backward
 from .kernels.knobs import SdpaBwdKnobs
@@ -37,8 +37,6 @@ _KNOBS = {
     knob_type.STAGES: "NUM_STAGES",
     knob_type.NUM_WARPS: "NUM_WARPS",
 }
-# The gradient tensors, in the order their dtypes are recorded in SdpaGraphFacts.grad_dtypes.
-_GRAD_PORTS = ("dO", "stats", "dQ", "dK", "dV")
 
 
 def _decline(reason: str):
@@ -72,15 +70,16 @@ class SdpaBackwardEngine(BaseEngine):
         node, q, k, v, o, do, stats, dq, dk, dv = _tensors(facts)
         named = (("q", q), ("k", k), ("v", v), ("o", o), ("dO", do), ("dQ", dq), ("dK", dk),
                  ("dV", dv))  # fmt: skip
+        grads = dict(zip(GRAD_PORTS, facts.grad_dtypes))
+        dtypes = list(zip(("q", "k", "v", "o"), facts.dtypes))
+        dtypes += [(p, grads[p]) for p in ("dO", "dQ", "dK", "dV")]
         self.capabilities.require(
-            graph_device(graph),
-            dtypes=[(n, t.data_type) for n, t in named],
-            features=[("d_qk", facts.d_qk)],
+            graph_device(graph), dtypes=dtypes, features=[("d_qk", facts.d_qk)]
         )
-        if len({t.data_type for _, t in named}) != 1:
+        if len({dt for _, dt in dtypes}) != 1:
             _decline("q, k, v, o, dO, dQ, dK and dV must share one dtype")
-        if stats.data_type != data_type.FLOAT:
-            _decline(f"stats: data type {data_type(stats.data_type).name}; the kernel reads FLOAT")
+        if grads["stats"] != data_type.FLOAT:
+            _decline(f"stats: data type {data_type(grads['stats']).name}; the kernel reads FLOAT")
         if facts.d_v != facts.d_qk:
             _decline(f"d_v={facts.d_v} differs from d_qk={facts.d_qk}: one head dim is served")
         if facts.heads_k != facts.heads_v:
