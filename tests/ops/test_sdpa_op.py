@@ -177,3 +177,23 @@ def test_compiles_without_a_graph_break():
     step(q, k, v).backward()
     for got, want in zip(grads, (q.grad, k.grad, v.grad)):
         assert _rel(got, want) <= 1e-3
+
+
+def test_an_expanded_or_transposed_gradient_is_served():
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 2, 32, 64, generator=gen).half().requires_grad_() for _ in range(3))
+    out = ops.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.float().sum().backward()  # an expanded (zero-stride) gradient of ones
+    ref = _reference(q, k, v, torch.ones(out.shape), is_causal=True, alignment="top_left",
+                     window_left=None, scale=None, enable_gqa=False)  # fmt: skip
+    for got, want in zip((q.grad, k.grad, v.grad), ref[1:]):
+        assert _rel(got, want) <= TOL
+    for t in (q, k, v):
+        t.grad = None
+    out = ops.scaled_dot_product_attention(q, k, v, is_causal=True)
+    g = torch.randn(1, 32, 2, 64, generator=gen).half().transpose(1, 2)  # BSHD strides
+    out.backward(g)
+    ref = _reference(q, k, v, g, is_causal=True, alignment="top_left", window_left=None,
+                     scale=None, enable_gqa=False)  # fmt: skip
+    for got, want in zip((q.grad, k.grad, v.grad), ref[1:]):
+        assert _rel(got, want) <= TOL

@@ -265,9 +265,10 @@ def _bwd(
     window_left: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if d_out.stride() != out.stride():
-        # Autograd may hand an expanded or otherwise strided gradient; the graph declares dO
-        # like O (THD: under the q side's one ragged offset).
+    dense_ok = d_out.stride(-1) == 1 and 0 not in d_out.stride()
+    if (cu_q is not None or not dense_ok) and d_out.stride() != out.stride():
+        # Autograd may hand an expanded gradient (out.sum().backward()), and THD declares dO
+        # under the q side's one ragged offset, so like O; a dense dO keeps its own strides.
         d_out = torch.empty_like(out).copy_(d_out)
     thd = None if cu_q is None else (cu_q.shape[0] - 1, max_q, max_k)
     attrs = {"scale": scale, "causal": causal, "window_left": window_left, "thd": thd}
