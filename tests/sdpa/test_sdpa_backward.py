@@ -341,3 +341,18 @@ def test_mixed_ragged_and_dense_tensors_are_declined_naming_one(ragged_q, match)
             t.set_ragged_offset(off)
     g.validate()
     _declined(g, match)
+
+
+def test_int64_sequence_lengths_are_declined_at_planning_not_at_build():
+    # Accept means run: the kernel reads INT32 lengths, so another type is a decline.
+    b, h, s, d = 2, 2, 16, 64
+    g = cudnn.pygraph(io_data_type=DT.HALF, compute_data_type=DT.FLOAT)
+    lens = [g.tensor([b, 1, 1, 1], data_type=DT.INT64, name=n) for n in ("lq", "lk")]
+    ports = [g.tensor([b, h, s, d], name=n) for n in ("q", "k", "v", "o", "dO")]
+    stats = g.tensor([b, h, s, 1], data_type=DT.FLOAT, name="stats")
+    grads = g.sdpa_backward(*ports, stats, attn_scale=0.1, use_padding_mask=True,
+                            seq_len_q=lens[0], seq_len_kv=lens[1])  # fmt: skip
+    for t in grads:
+        t.set_output(True)
+    g.validate()
+    _declined(g, "seq_len_q: data type INT64")

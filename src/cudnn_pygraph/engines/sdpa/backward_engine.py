@@ -102,6 +102,14 @@ class SdpaBackwardEngine(BaseEngine):
             if getattr(t, "ragged_offset_multiplier", 1) not in (1, None):
                 _decline(f"{name}: ragged_offset_multiplier != 1")
         _mask(facts, node)
+        for name in ("seq_len_q", "seq_len_kv"):
+            t = node.inputs.get(name)
+            if t is not None and t.data_type != data_type.INT32:
+                _decline(f"{name}: data type {data_type(t.data_type).name}; the kernel reads INT32")
+        for name, t in (*named, ("stats", stats)):
+            off = t.ragged_offset
+            if off is not None and off.data_type not in (data_type.INT32, data_type.INT64):
+                _decline(f"{name}'s ragged offset: data type {data_type(off.data_type).name}")
         if facts.layout == LAYOUT_THD or facts.ragged:
             for name, t in named:
                 if t.ragged_offset is None:
