@@ -197,3 +197,23 @@ def test_an_expanded_or_transposed_gradient_is_served():
                      scale=None, enable_gqa=False)  # fmt: skip
     for got, want in zip((q.grad, k.grad, v.grad), ref[1:]):
         assert _rel(got, want) <= TOL
+
+
+def test_varlen_batches_in_one_length_bucket_share_a_graph():
+    gen = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(40, 2, 64, generator=gen).half() for _ in range(3))
+    outs = []
+    for cut in (17, 25):  # longest sequences 23 and 25: both declare 32
+        cu = torch.tensor([0, cut, 40], dtype=torch.int32)
+        longest = max(cut, 40 - cut)
+        before = len(graph_ops._GRAPHS)
+        outs.append(ops.scaled_dot_product_attention(
+            q, k, v, is_causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
+            max_seqlen_q=longest, max_seqlen_k=longest,
+        ))  # fmt: skip
+        grew = len(graph_ops._GRAPHS) - before
+    assert grew == 0
+    ref = F.scaled_dot_product_attention(q[25:].transpose(0, 1).double(),
+                                         k[25:].transpose(0, 1).double(),
+                                         v[25:].transpose(0, 1).double(), is_causal=True)  # fmt: skip
+    assert _rel(outs[1][25:].transpose(0, 1), ref) <= TOL

@@ -11,8 +11,8 @@ varlen inputs (`cu_seqlens_q` / `cu_seqlens_k` int32 [B + 1], `max_seqlen_q` /
 Dense inputs are [B, H, S, D] under any strides with a unit D stride: a BSHD tensor viewed
 [B, H, S, D] (`x.transpose(1, 2)`) keeps its layout, and the output takes the query's.
 Underneath, a forward graph (sdpa with Stats) and a backward graph (sdpa_backward) are
-built per DECLARATION (shapes, strides, dtype, mask, scale, device: never the data) and
-cached; their kernels are compiled per layout class (batch, heads and lengths are runtime
+built per DECLARATION (shapes, strides, dtype, mask, scale, device: never the data; THD's
+padded length rounded up to a power of two) and cached; their kernels are compiled per layout class (batch, heads and lengths are runtime
 values of the Triton kernels, so a new batch size plans a graph and reuses the compiled
 kernel). Registered with torch.library (fake implementations included) so torch.compile
 traces it without a graph break, with autograd through the backward graph.
@@ -86,6 +86,14 @@ def _uncovered(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, alignment, 
         if bounded and q.shape[2] > k.shape[2]:
             return "a bottom-right diagonal or a window with s_q > s_kv"
     return None
+
+
+def _bucket(max_seqlen):
+    """The padded THD length a graph declares: the next power of two (at least 16). The
+    kernels read each sequence's length from seq_len, so a longer declaration changes only
+    how many programs exit at once; varlen batches whose longest sequence lands in one
+    bucket then share one graph instead of planning one per maximum."""
+    return max(16, 1 << (max(1, max_seqlen) - 1).bit_length())
 
 
 def _fall_back(reason):
@@ -358,7 +366,7 @@ def scaled_dot_product_attention(
     window = -1 if window_left is None else int(window_left)
     if varlen:
         query, key, value = (t.contiguous() for t in (query, key, value))
-        max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
+        max_q, max_k = _bucket(int(max_seqlen_q)), _bucket(int(max_seqlen_k))
     else:
         max_q = max_k = 0
     out, _ = _fwd(query, key, value, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, causal,
