@@ -23,6 +23,8 @@ PARITY_ONLY=0; [ "${1:-}" = "--parity" ] && PARITY_ONLY=1
 SERVING_ONLY=0; [ "${1:-}" = "--serving" ] && SERVING_ONLY=1
 # `--cold-start` runs the compiled-plan cache's GPU suite and bench/cold_start.py (~5 min).
 COLD_ONLY=0; [ "${1:-}" = "--cold-start" ] && COLD_ONLY=1
+# `--sdpa-bwd` runs the SDPA backward GPU suite and bench/sdpa_bwd.py (~8 min).
+SDPA_BWD_ONLY=0; [ "${1:-}" = "--sdpa-bwd" ] && SDPA_BWD_ONLY=1
 OUT=${OUT:-/tmp/out}
 LOG=/tmp/session
 mkdir -p "$OUT" "$LOG"
@@ -73,10 +75,17 @@ if [ "$SERVING_ONLY" = 1 ]; then
   tail -n 3 "$LOG"/gpu_*.log
   tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
 fi
+if [ "$SDPA_BWD_ONLY" = 1 ]; then
+  step gpu_sdpa_bwd 300 python3 -m pytest -q -p no:cacheprovider -rfs tests/gpu/test_sdpa_bwd_gpu.py
+  step sdpa_bwd 280 python3 bench/sdpa_bwd.py --budget-s 220 --out "$LOG/sdpa_bwd.md"
+  tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
+fi
 # the correctness gate, one suite per step so a slow compile cannot hide the others
 step gpu_gdn 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gdn_gpu.py
 step gpu_replay 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_launch_replay_gpu.py
-step gpu_sdpa 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/*sdpa*.py
+step gpu_sdpa 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/*sdpa*.py \
+  --ignore=tests/gpu/test_sdpa_bwd_gpu.py
+step gpu_sdpa_bwd 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sdpa_bwd_gpu.py
 step gpu_gemm 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm_gpu.py
 step gpu_backend 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_native_backend_lowering.py
 step gpu_autotune 45 python3 -m pytest -q -p no:cacheprovider \

@@ -57,3 +57,14 @@ def lse_err(lse, ref) -> float:
     if inf_ref.all():
         return 0.0
     return (lse[~inf_ref] - ref[~inf_ref]).abs().max().item()
+
+
+def attention_grads_one(q, k, v, d_out, scale, window_left=None, window_right=None,
+                        bottom_right=False):  # fmt: skip
+    """Float64 autograd of `attention_one`: (out, lse, dq, dk, dv) for one sequence, with
+    q [Hq, Sq, D], k/v [Hkv, Skv, D] and the upstream gradient d_out [Hq, Sq, D]. dk / dv
+    are summed over each kv head's query-head group (GQA) by autograd itself."""
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out, lse = attention_one(q, k, v, scale, window_left, window_right, bottom_right)
+    out.backward(d_out.double())
+    return out.detach(), lse.detach(), q.grad, k.grad, v.grad

@@ -12,6 +12,7 @@ _LAZY = {
     "causal_conv1d": (".causal_conv", "causal_conv1d"),
     "causal_conv1d_nwh": (".causal_conv", "causal_conv1d_nwh"),
     "b2b_causal_conv1d": (".causal_conv", "b2b_causal_conv1d"),
+    "scaled_dot_product_attention": (".attention", "scaled_dot_product_attention"),
 }
 
 __all__ = list(_LAZY)

@@ -81,7 +81,20 @@ FAMILIES = (
         "sdpa_bwd",
         index=2,
         anchors=("sdpa_backward", "sdpa_fp8_backward", "sdpa_mxfp8_backward"),
+        # Offered by default: its hook keeps the backend's block first on the GPU until a
+        # cell is timed faster there (engines/sdpa/backward_engine.py), so on a machine with
+        # the backend an untimed Triton config runs only where the backend's plans fail to
+        # build or when picked by index.
+        slots=(
+            EngineSlot(
+                0,
+                "triton_sdpa_backward",
+                f"{_PKG}.engines.sdpa.backward_engine",
+                "SdpaBackwardEngine",
+            ),
+        ),
         analyzer=_SDPA_ANALYZER,
+        heuristics=(f"{_PKG}.engines.sdpa.backward_engine", "recommend"),
         validator=(f"{_PKG}.graph.validators", "validate_sdpa"),
     ),
     EngineFamily(

@@ -26,9 +26,10 @@ def _is_python_only(graph):
 
 
 def _natively_validated(graph, family):
-    """The family's validator judged the whole graph. A family with no engine offered
-    here validates natively too when it has a validator (sdpa_bwd): the classic does the
-    same for the SDPA family, whose backend gates (arch, version) wait for planning."""
+    """The family's validator judged the whole graph. A family with a validator and no
+    slots at all validates natively too (the classic does so for the SDPA family, whose
+    backend gates, arch and version, wait for planning); one whose slots are all gated off
+    here (opt-in) is lowered classically."""
     if family is None or family.validator is None:
         return False
     if not family.offered_slots() and family.slots:

@@ -8,6 +8,8 @@ import dataclasses
 from ...graph.ops.sdpa import stats_requested
 
 LAYOUT_BHSD, LAYOUT_BSHD, LAYOUT_THD, LAYOUT_OTHER = "BHSD", "BSHD", "THD", "strided"
+# The sdpa_backward ports whose data types SdpaGraphFacts.grad_dtypes records, in order.
+GRAD_PORTS = ("dO", "stats", "dQ", "dK", "dV")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,12 @@ class SdpaGraphFacts:
     # validate() accepts such a declaration (its backend refuses it at planning), so it
     # is a fact every engine declines on, not a validate() error.
     conflict: str | None = None
+    # sdpa_backward only: the data types of GRAD_PORTS, the classic's
+    # use_deterministic_algorithm, and the gradient ports the caller asked for besides
+    # dQ / dK / dV (dBias, dSink_token).
+    grad_dtypes: tuple = ()
+    deterministic: bool = False
+    extra_grads: tuple = ()
 
 
 def _conflict(q, k, v, paged, inputs):
@@ -64,6 +72,26 @@ def _conflict(q, k, v, paged, inputs):
             return f"{name}'s batch {t.dim[0]} differs from q's {q.dim[0]}"
     if v.dim[2] != k.dim[2]:
         return f"v's key length {v.dim[2]} differs from k's {k.dim[2]}"
+    return None
+
+
+def _backward_conflict(node):
+    """Where the backward's dO, Stats or gradients disagree with the forward it differentiates
+    (O is [b, h_q, s_q, d_v]): the classic's validate() accepts such a graph and its backend
+    refuses it at planning, so like _conflict it is a fact engines decline on."""
+    i, out = node.inputs, node.outputs
+    q, k, v = i["q"], i["k"], i["v"]
+    o = i.get("o") if i.get("o") is not None else i.get("o_f16")
+    want_o = (q.dim[0], q.dim[1], q.dim[2], v.dim[3])
+    checks = [("o", o, want_o), ("dO", i.get("dO"), want_o)]
+    checks.append(("stats", i.get("stats"), (q.dim[0], q.dim[1], q.dim[2], 1)))
+    checks += [("dQ", out.get("dQ"), q.dim), ("dK", out.get("dK"), k.dim)]
+    checks.append(("dV", out.get("dV"), v.dim))
+    for name, t, want in checks:
+        if t is None:
+            return f"{name} is not given"
+        if tuple(t.dim) != tuple(want):
+            return f"{name} dims {list(t.dim)} differ from the forward's {list(want)}"
     return None
 
 
@@ -129,5 +157,21 @@ def analyze(graph, device):
         attn_scale=a.get("attn_scale"),
         gqa_ratio=q.dim[1] // max(k.dim[1], 1),
         device=device,
-        conflict=_conflict(q, k, v, paged, i),
+        conflict=_conflict(q, k, v, paged, i)
+        or (_backward_conflict(node) if node.op == "sdpa_backward" else None),
+        **(_backward_facts(node) if node.op == "sdpa_backward" else {}),
+    )
+
+
+def _backward_facts(node):
+    i, out = node.inputs, node.outputs
+    tensors = [i.get(p) if p in ("dO", "stats") else out.get(p) for p in GRAD_PORTS]
+    dtypes = tuple(t.data_type if t is not None else None for t in tensors)
+    extra = tuple(
+        p for p in ("dBias", "dSink_token") if i.get(p) is not None or out.get(p) is not None
+    )
+    return dict(
+        grad_dtypes=dtypes,
+        deterministic=bool(node.attrs.get("use_deterministic_algorithm")),
+        extra_grads=extra,
     )

@@ -11,6 +11,7 @@ import importlib
 _EXPORTS = {
     "SdpaFwdKnobs": "knobs",
     "SdpaDecodeKnobs": "knobs",
+    "SdpaBwdKnobs": "knobs",
     "SUPPORTED_HEAD_DIMS": "knobs",
     "SUPPORTED_PAGE_SIZES": "knobs",
     "AttnMask": "mask",
@@ -20,6 +21,9 @@ _EXPORTS = {
     "decode_workspace_numel": "decode",
     "recommend_prefill": "configs",
     "recommend_decode": "configs",
+    "recommend_backward": "configs",
+    "sdpa_backward": "backward",
+    "backward_flops": "backward",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .knobs import SdpaDecodeKnobs, SdpaFwdKnobs
+from .knobs import SdpaBwdKnobs, SdpaDecodeKnobs, SdpaFwdKnobs
 
 # H200: 132 SMs.
 _DEFAULT_SM_COUNT = 132
@@ -98,4 +98,26 @@ def recommend_decode(
     return ranked
 
 
-__all__ = ["recommend_prefill", "recommend_decode"]
+__all__ = ["recommend_prefill", "recommend_decode", "recommend_backward"]
+
+
+def _b(m, n, stages, warps) -> SdpaBwdKnobs:
+    return SdpaBwdKnobs(TILE_M=m, TILE_N=n, NUM_STAGES=stages, NUM_WARPS=warps)
+
+
+# Every backward config that ships, per head dim, first = the rule's choice. Untimed on the
+# H200 so far: the order is reasoned (a 128-key dK/dV tile halves the passes over Q and dO;
+# at D=256 the two fp32 [TILE_N, D] accumulators alone are 64 KB at TILE_N=32), and
+# tests/gpu/test_sdpa_bwd_gpu.py holds every listed config against float64 and the backend
+# plan, which is what lets a config ship (Triton 3.6 miscompiles some backward patterns on
+# Hopper).
+BACKWARD_CONFIGS = {
+    64: (_b(32, 128, 3, 4), _b(64, 128, 2, 8), _b(32, 64, 3, 4)),
+    128: (_b(32, 128, 2, 8), _b(64, 128, 2, 8), _b(32, 64, 2, 4)),
+    256: (_b(16, 64, 1, 8), _b(32, 64, 1, 8), _b(16, 32, 2, 4)),
+}
+
+
+def recommend_backward(*, head_dim: int) -> list[SdpaBwdKnobs]:
+    """Complete backward configs for one graph, first = the rule's choice (untimed)."""
+    return list(BACKWARD_CONFIGS[head_dim])

@@ -115,3 +115,30 @@ class SdpaDecodeKnobs:
             )
         if not 1 <= self.NUM_STAGES <= 6:
             raise ValueError(f"SdpaDecodeKnobs.NUM_STAGES={self.NUM_STAGES}: must be in 1..6")
+
+
+@dataclass(frozen=True)
+class SdpaBwdKnobs:
+    """Backward kernel config (kernels/backward.py): every axis its three kernels compile on.
+
+    TILE_N: keys per dK/dV program and query rows per dQ program (the tile a program owns;
+    also the preprocess kernel's rows). TILE_M: the step those programs walk the other axis
+    in (query rows for dK/dV, keys for dQ). NUM_STAGES / NUM_WARPS: Triton's pipelining depth
+    and warps per program of the dK/dV and dQ kernels. No config uses atomics: every one is
+    deterministic.
+    """
+
+    TILE_M: int = 32
+    TILE_N: int = 128
+    NUM_STAGES: int = 2
+    NUM_WARPS: int = 8
+
+    def __post_init__(self):
+        for name in ("TILE_M", "TILE_N"):
+            value = getattr(self, name)
+            if not (_is_pow2(value) and 16 <= value <= 256):
+                raise ValueError(f"SdpaBwdKnobs.{name}={value}: must be a power of two in 16..256")
+        if self.NUM_WARPS not in (1, 2, 4, 8, 16):
+            raise ValueError(f"SdpaBwdKnobs.NUM_WARPS={self.NUM_WARPS}: must be 1, 2, 4, 8 or 16")
+        if not 1 <= self.NUM_STAGES <= 6:
+            raise ValueError(f"SdpaBwdKnobs.NUM_STAGES={self.NUM_STAGES}: must be in 1..6")

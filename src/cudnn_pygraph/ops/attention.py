@@ -1,0 +1,412 @@
+"""Scaled dot-product attention as a torch operation over cached sdpa / sdpa_backward graphs.
+
+`scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+is_causal=False, scale=None, enable_gqa=False)` takes torch's positional order and names,
+so a model swaps it in by changing one import; keyword-only extras say what torch's cannot:
+`causal_alignment` ("top_left", torch's, or "bottom_right"), `window_left` (a sliding
+window: each query also sees the `window_left` keys before its diagonal key), and THD
+varlen inputs (`cu_seqlens_q` / `cu_seqlens_k` int32 [B + 1], `max_seqlen_q` /
+`max_seqlen_k` host ints, q [Tq, Hq, D], k / v [Tk, Hkv, D]).
+
+Dense inputs are [B, H, S, D] under any strides with a unit D stride: a BSHD tensor viewed
+[B, H, S, D] (`x.transpose(1, 2)`) keeps its layout, and the output takes the query's.
+Underneath, a forward graph (sdpa with Stats) and a backward graph (sdpa_backward) are
+built per DECLARATION (shapes, strides, dtype, mask, scale, device: never the data; THD's
+padded length rounded up to a power of two) and cached; their kernels are compiled per layout class (batch, heads and lengths are runtime
+values of the Triton kernels, so a new batch size plans a graph and reuses the compiled
+kernel). Registered with torch.library (fake implementations included) so torch.compile
+traces it without a graph break, with autograd through the backward graph.
+
+A call outside what the graphs cover (an attn_mask, dropout, another dtype or head dim, a
+non-unit D stride, ...) runs torch's own SDPA, and the reason is logged once on the
+`cudnn_pygraph` logger.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .. import heur_mode
+from .._log import log
+from .._types import data_type
+from ..graph.pygraph import pygraph
+from ..graph.tensor import to_data_type
+from ..linear_attention.ops import _Built, _cached
+
+_CAUSAL = {None: 0, "top_left": 1, "bottom_right": 2}
+_DTYPES = (torch.float16, torch.bfloat16)
+# Head dims the graphs cover: on a GPU the backend plans forward and backward for all three;
+# under the Triton interpreter (no backend) the forward's Triton engine serves 64 and 128.
+_HEAD_DIMS_GPU = (64, 128, 256)
+_HEAD_DIMS_INTERPRETER = (64, 128)
+_LOGGED: set = set()
+
+
+def _uncovered(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, alignment, window_left,
+               varlen):  # fmt: skip
+    """Why the graphs do not cover this call, or None."""
+    if attn_mask is not None:
+        return "an attn_mask is given"
+    if dropout_p:
+        return "dropout_p > 0"
+    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"dtypes {q.dtype}/{k.dtype}/{v.dtype}: float16 or bfloat16, one for all three"
+    rank = 3 if varlen else 4
+    if q.dim() != rank or k.dim() != rank or v.dim() != rank:
+        return f"ranks {q.dim()}/{k.dim()}/{v.dim()}: {rank}-d q, k, v are covered"
+    if not (q.device == k.device == v.device):
+        return "q, k and v are on different devices"
+    if q.device.type != "cuda":
+        from ..planning.device import interpreter_chosen
+
+        if q.device.type != "cpu" or not interpreter_chosen():
+            return f"device {q.device}: CUDA (or the CPU under the Triton interpreter)"
+    dims = _HEAD_DIMS_GPU if q.device.type == "cuda" else _HEAD_DIMS_INTERPRETER
+    d = q.shape[-1]
+    if d not in dims or k.shape[-1] != d or v.shape[-1] != d:
+        return f"head dims {d}/{k.shape[-1]}/{v.shape[-1]}: one of {dims} for q, k and v"
+    if any(t.stride(-1) != 1 for t in (q, k, v)):
+        return "a non-unit head-dim stride"
+    hq, hk = q.shape[1], k.shape[1]  # [B, H, S, D] and [T, H, D] alike
+    if v.shape[1] != hk or hk == 0 or hq % hk:
+        return f"heads {hq}/{hk}/{v.shape[1]}: q's a multiple of k's = v's"
+    if hq != hk and not enable_gqa:
+        return "q and k/v head counts differ without enable_gqa"
+    if alignment not in ("top_left", "bottom_right"):
+        return f"causal_alignment={alignment!r}: 'top_left' or 'bottom_right'"
+    if window_left is not None and (not is_causal or window_left < 0):
+        return "window_left needs is_causal and a count >= 0"
+    if not varlen:
+        if k.shape[0] != q.shape[0] or v.shape[:3] != k.shape[:3]:
+            return "q, k, v batch or key lengths disagree"
+        bounded = is_causal and (alignment == "bottom_right" or window_left is not None)
+        if bounded and q.shape[2] > k.shape[2]:
+            return "a bottom-right diagonal or a window with s_q > s_kv"
+    return None
+
+
+def _bucket(max_seqlen):
+    """The padded THD length a graph declares: the next power of two (at least 16). The
+    kernels read each sequence's length from seq_len, so a longer declaration changes only
+    how many programs exit at once; varlen batches whose longest sequence lands in one
+    bucket then share one graph instead of planning one per maximum."""
+    return max(16, 1 << (max(1, max_seqlen) - 1).bit_length())
+
+
+def _fall_back(reason):
+    if reason not in _LOGGED:
+        _LOGGED.add(reason)
+        log.info("scaled_dot_product_attention: torch's SDPA serves this call: %s", reason)
+
+
+# ---------------------------------------------------------------- graphs
+
+
+def _attrs(scale, causal, window_left):
+    attrs = {"attn_scale": scale}
+    if causal == 1:
+        attrs["use_causal_mask"] = True
+    elif causal == 2:
+        attrs["use_causal_mask_bottom_right"] = True
+    if window_left >= 0:
+        # cuDNN's left bound L keeps keys j > i - L: `window_left` keys before the diagonal.
+        attrs["diagonal_band_left_bound"] = window_left + 1
+    return attrs
+
+
+def _thd_dims(t, batch, s_max):
+    """A packed [T, H, D] buffer as the padded [B, H, S_max, D] declaration THD takes."""
+    _, h, d = t.shape
+    return [batch, h, s_max, d], [s_max * t.stride(0), t.stride(1), t.stride(0), t.stride(2)]
+
+
+class _Declared:
+    """The graph's common inputs: q, k, v (dense or THD) and the THD side tensors."""
+
+    def __init__(self, g, q, k, v, thd):
+        self.ports = {}
+        extra = {}
+        if thd is None:
+            for name, t in (("q", q), ("k", k), ("v", v)):
+                self.ports[name] = g.tensor(list(t.shape), list(t.stride()), name=name)
+        else:
+            batch, max_q, max_k = thd
+            i32 = dict(data_type=data_type.INT32)
+            for name, rows in (("seq_len_q", batch), ("seq_len_kv", batch),
+                               ("off_q", batch + 1), ("off_k", batch + 1)):  # fmt: skip
+                self.ports[name] = g.tensor([rows, 1, 1, 1], **i32, name=name)
+            for name, t, s_max, off in (("q", q, max_q, "off_q"), ("k", k, max_k, "off_k"),
+                                        ("v", v, max_k, "off_k")):  # fmt: skip
+                dims, strides = _thd_dims(t, batch, s_max)
+                self.ports[name] = g.tensor(dims, strides, ragged_offset=self.ports[off],
+                                            name=name)  # fmt: skip
+            extra = dict(use_padding_mask=True, seq_len_q=self.ports["seq_len_q"],
+                         seq_len_kv=self.ports["seq_len_kv"])  # fmt: skip
+        self.extra = extra
+
+    def like(self, g, name, t, ref):
+        """A tensor declared like `ref` (the q-side THD declaration) over buffer `t`."""
+        if ref.ragged_offset is None:
+            return g.tensor(list(t.shape), list(t.stride()), name=name)
+        _, h, s_max, _ = ref.dim
+        dims, strides = _thd_dims(t, ref.dim[0], s_max)
+        return g.tensor(dims, strides, ragged_offset=ref.ragged_offset, name=name)
+
+
+def _plan(g):
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([heur_mode.A, heur_mode.FALLBACK])
+    g.build_plans()
+
+
+def _build_fwd(q, k, v, out, lse, scale, causal, window_left, thd):
+    g = pygraph(name="sdpa_op_fwd", io_data_type=to_data_type(q.dtype),
+                intermediate_data_type=data_type.FLOAT, compute_data_type=data_type.FLOAT)  # fmt: skip
+    d = _Declared(g, q, k, v, thd)
+    p = d.ports
+    o, stats = g.sdpa(p["q"], p["k"], p["v"], generate_stats=True, **_attrs(scale, causal,
+                      window_left), **d.extra)  # fmt: skip
+    ref = d.like(g, "O", out, p["q"])
+    o.set_output(True).set_dim(ref.dim).set_stride(ref.stride)
+    if ref.ragged_offset is not None:
+        o.set_ragged_offset(ref.ragged_offset)
+    stats.set_output(True).set_data_type(data_type.FLOAT).set_dim(list(lse.shape))
+    stats.set_stride(list(lse.stride()))
+    p["O"], p["Stats"] = o, stats
+    _plan(g)
+    return _Built(g, p)
+
+
+def _build_bwd(q, k, v, out, lse, d_out, dq, dk, dv, scale, causal, window_left, thd):
+    g = pygraph(name="sdpa_op_bwd", io_data_type=to_data_type(q.dtype),
+                intermediate_data_type=data_type.FLOAT, compute_data_type=data_type.FLOAT)  # fmt: skip
+    d = _Declared(g, q, k, v, thd)
+    p = d.ports
+    p["o"] = d.like(g, "o", out, p["q"])
+    p["dO"] = d.like(g, "dO", d_out, p["q"])
+    p["stats"] = g.tensor(list(lse.shape), list(lse.stride()), data_type=data_type.FLOAT,
+                          name="stats")  # fmt: skip
+    grads = g.sdpa_backward(p["q"], p["k"], p["v"], p["o"], p["dO"], p["stats"],
+                            **_attrs(scale, causal, window_left), **d.extra)  # fmt: skip
+    for name, grad, buf, like in (("dQ", grads[0], dq, "q"), ("dK", grads[1], dk, "k"),
+                                  ("dV", grads[2], dv, "v")):  # fmt: skip
+        ref = d.like(g, f"{name}_decl", buf, p[like])
+        grad.set_output(True).set_dim(ref.dim).set_stride(ref.stride)
+        if ref.ragged_offset is not None:
+            grad.set_ragged_offset(ref.ragged_offset)
+        p[name] = grad
+    _plan(g)
+    return _Built(g, p)
+
+
+def _thd_side(cu_q, cu_k, q, k):
+    """Per-call THD inputs from cu_seqlens: lengths [B, 1, 1, 1] and element offsets."""
+    b = cu_q.shape[0] - 1
+    i32 = torch.int32
+    return {
+        "seq_len_q": (cu_q[1:] - cu_q[:-1]).to(i32).reshape(b, 1, 1, 1),
+        "seq_len_kv": (cu_k[1:] - cu_k[:-1]).to(i32).reshape(b, 1, 1, 1),
+        "off_q": (cu_q * q.stride(0)).to(i32).reshape(b + 1, 1, 1, 1),
+        "off_k": (cu_k * k.stride(0)).to(i32).reshape(b + 1, 1, 1, 1),
+    }
+
+
+def _lse_shape(q, cu_q, max_q):
+    if cu_q is None:
+        return (q.shape[0], q.shape[1], q.shape[2], 1)
+    return (cu_q.shape[0] - 1, q.shape[1], max_q, 1)
+
+
+# ---------------------------------------------------------------- the custom ops
+
+
+@torch.library.custom_op("cudnn_pygraph::sdpa_fwd", mutates_args=())
+def _fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_q: Tensor | None,
+    cu_k: Tensor | None,
+    max_q: int,
+    max_k: int,
+    scale: float,
+    causal: int,
+    window_left: int,
+) -> tuple[Tensor, Tensor]:
+    out = torch.empty_like(q)
+    lse = torch.empty(_lse_shape(q, cu_q, max_q), dtype=torch.float32, device=q.device)
+    thd = None if cu_q is None else (cu_q.shape[0] - 1, max_q, max_k)
+    attrs = {"scale": scale, "causal": causal, "window_left": window_left, "thd": thd}
+    built = _cached("sdpa_fwd", (q, k, v, out, lse), attrs,
+                    lambda: _build_fwd(q, k, v, out, lse, scale, causal, window_left, thd))  # fmt: skip
+    buffers = {"q": q, "k": k, "v": v, "O": out, "Stats": lse}
+    if thd is not None:
+        buffers.update(_thd_side(cu_q, cu_k, q, k))
+    built.run(buffers)
+    return out, lse
+
+
+@_fwd.register_fake
+def _(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window_left):
+    out = torch.empty_like(q)
+    return out, q.new_empty(_lse_shape(q, cu_q, max_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("cudnn_pygraph::sdpa_bwd", mutates_args=())
+def _bwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    d_out: Tensor,
+    cu_q: Tensor | None,
+    cu_k: Tensor | None,
+    max_q: int,
+    max_k: int,
+    scale: float,
+    causal: int,
+    window_left: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dense_ok = d_out.stride(-1) == 1 and 0 not in d_out.stride()
+    if (cu_q is not None or not dense_ok) and d_out.stride() != out.stride():
+        # Autograd may hand an expanded gradient (out.sum().backward()), and THD declares dO
+        # under the q side's one ragged offset, so like O; a dense dO keeps its own strides.
+        d_out = torch.empty_like(out).copy_(d_out)
+    thd = None if cu_q is None else (cu_q.shape[0] - 1, max_q, max_k)
+    attrs = {"scale": scale, "causal": causal, "window_left": window_left, "thd": thd}
+    built = _cached(
+        "sdpa_bwd",
+        (q, k, v, out, lse, d_out, dq, dk, dv),
+        attrs,
+        lambda: _build_bwd(
+            q, k, v, out, lse, d_out, dq, dk, dv, scale, causal, window_left, thd
+        ),  # fmt: skip
+    )
+    buffers = {"q": q, "k": k, "v": v, "o": out, "dO": d_out, "stats": lse, "dQ": dq, "dK": dk,
+               "dV": dv}  # fmt: skip
+    if thd is not None:
+        buffers.update(_thd_side(cu_q, cu_k, q, k))
+    built.run(buffers)
+    return dq, dk, dv
+
+
+@_bwd.register_fake
+def _(q, k, v, out, lse, d_out, cu_q, cu_k, max_q, max_k, scale, causal, window_left):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window_left = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.args = (max_q, max_k, scale, causal, window_left)
+
+
+def _backward(ctx, d_out, d_lse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = _bwd(q, k, v, out, lse, d_out, cu_q, cu_k, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------- the public op
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    causal_alignment: str = "top_left",
+    window_left: int | None = None,
+    cu_seqlens_q: Tensor | None = None,
+    cu_seqlens_k: Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+) -> Tensor:
+    """softmax(scale * q k^T + mask) v, as torch.nn.functional.scaled_dot_product_attention.
+
+    Dense: query [B, Hq, S_q, D], key / value [B, Hkv, S_kv, D] (any strides, unit D stride;
+    Hq a multiple of Hkv with enable_gqa); returns [B, Hq, S_q, D] in the query's layout.
+    THD (cu_seqlens_q / cu_seqlens_k given): query [Tq, Hq, D], key / value [Tk, Hkv, D],
+    sequences back to back; returns [Tq, Hq, D]. is_causal masks keys after each query's
+    diagonal, aligned top-left (torch's) or bottom-right (`causal_alignment`); window_left
+    (with is_causal) keeps only the `window_left` keys before the diagonal as well.
+    scale defaults to 1/sqrt(D). Differentiable in query, key and value.
+    """
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    reason = _uncovered(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa,
+                        causal_alignment, window_left, varlen)  # fmt: skip
+    if varlen:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise ValueError("cu_seqlens_q and cu_seqlens_k: THD takes both")
+        if max_seqlen_q is None or max_seqlen_k is None:
+            raise ValueError("max_seqlen_q / max_seqlen_k: THD takes both as host ints")
+    if reason is not None:
+        _fall_back(reason)
+        return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                           enable_gqa, causal_alignment, window_left, cu_seqlens_q,
+                           cu_seqlens_k)  # fmt: skip
+    d = query.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    causal = _CAUSAL[causal_alignment] if is_causal else 0
+    window = -1 if window_left is None else int(window_left)
+    if varlen:
+        query, key, value = (t.contiguous() for t in (query, key, value))
+        max_q, max_k = _bucket(int(max_seqlen_q)), _bucket(int(max_seqlen_k))
+    else:
+        max_q = max_k = 0
+    out, _ = _fwd(query, key, value, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, causal,
+                  window)  # fmt: skip
+    return out
+
+
+def _torch_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, alignment,
+                window_left, cu_q, cu_k):  # fmt: skip
+    """torch's SDPA on a call the graphs do not cover (per sequence for THD), with the
+    bottom-right diagonal and the window spelled as a boolean mask."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    bounded = is_causal and (alignment == "bottom_right" or window_left is not None)
+    if cu_q is None:
+        if not bounded:
+            return sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale=scale,
+                        enable_gqa=enable_gqa)  # fmt: skip
+        mask = _band(q.shape[-2], k.shape[-2], alignment, window_left, q.device)
+        return sdpa(q, k, v, mask, dropout_p, False, scale=scale, enable_gqa=enable_gqa)
+    outs = []
+    bq, bk = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(bq) - 1):
+        qi = q[bq[i] : bq[i + 1]].transpose(0, 1)
+        ki, vi = (t[bk[i] : bk[i + 1]].transpose(0, 1) for t in (k, v))
+        mask = None
+        if is_causal:
+            mask = _band(qi.shape[1], ki.shape[1], alignment, window_left, q.device)
+        oi = sdpa(qi, ki, vi, mask, dropout_p, False, scale=scale, enable_gqa=enable_gqa)
+        outs.append(oi.transpose(0, 1))
+    return torch.cat(outs)
+
+
+def _band(s_q, s_kv, alignment, window_left, device):
+    shift = s_kv - s_q if alignment == "bottom_right" else 0
+    i = torch.arange(s_q, device=device)[:, None] + shift
+    j = torch.arange(s_kv, device=device)[None, :]
+    keep = j <= i
+    if window_left is not None:
+        keep &= j >= i - window_left
+    return keep
+
+
+__all__ = ["scaled_dot_product_attention"]
