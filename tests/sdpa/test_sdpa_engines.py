@@ -765,3 +765,68 @@ def test_a_length_tensor_of_another_rank_is_declined_as_the_backend_refuses_it()
     with pytest.raises(cudnn.cudnnGraphNotSupportedError):
         g.create_execution_plans([cudnn.heur_mode.A])
     assert "seq_len_kv has rank 3" in g.explain()
+
+
+def _decode_stats_graph(b, hq, hkv, d, page, max_pages, num_pages, s_max):
+    g = _graph()
+    i32 = dict(data_type=DT.INT32)
+    t = {
+        "q": g.tensor([b, hq, 1, d], name="q"),
+        "kc": g.tensor([num_pages, hkv, page, d], name="k_cache"),
+        "vc": g.tensor([num_pages, hkv, page, d], name="v_cache"),
+        "table": g.tensor([b, 1, max_pages, 1], **i32, name="page_table"),
+        "len_q": g.tensor([b, 1, 1, 1], **i32, name="seq_len_q"),
+        "len_kv": g.tensor([b, 1, 1, 1], **i32, name="seq_len_kv"),
+    }
+    t["o"], t["st"] = g.sdpa(t["q"], t["kc"], t["vc"], attn_scale=0.125, generate_stats=True,
+                             use_padding_mask=True, use_causal_mask_bottom_right=True,
+                             seq_len_q=t["len_q"], seq_len_kv=t["len_kv"],
+                             paged_attention_k_table=t["table"],
+                             paged_attention_v_table=t["table"],
+                             paged_attention_max_seq_len_kv=s_max)  # fmt: skip
+    t["o"].set_output(True)
+    t["st"].set_output(True).set_data_type(DT.FLOAT)
+    return g, t
+
+
+@pytest.mark.parametrize("split", [1, 2, 4], ids=["direct", "merge2", "merge4"])
+def test_decode_plan_is_one_launch_and_its_merge_leaves_the_counters_for_the_next_call(split):
+    """SPLIT_KV = 1 writes O directly; SPLIT_KV > 1 merges in the program that arrives last,
+    counted in the plan's own zeroed counters, which it resets: either way one launch per
+    call, and a second call (what a CUDA graph replays) is right too, through a workspace
+    full of NaN. GQA 4:1, Stats, bottom-right causal, an empty request."""
+
+    lens, hq, hkv, d, page = [0, 37, 100], 8, 2, 64, 16
+    b, max_pages = len(lens), 7
+    num_pages = b * max_pages + 1
+    g, t = _decode_stats_graph(b, hq, hkv, d, page, max_pages, num_pages, 112)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    engine_id, knobs = g.get_engine_and_knobs_at_index(0)
+    knobs = {**knobs, cudnn.knob_type.SPLIT_KV: split, cudnn.knob_type.TILE_N: 16}
+    g, t = _decode_stats_graph(b, hq, hkv, d, page, max_pages, num_pages, 112)
+    g.create_execution_plan(engine_id, knobs)
+    g.build_plans()
+    planning = g._require_planning()
+    assert len(planning.built[planning.plans[0].identity].kernel_keys) == 1
+    assert g.get_workspace_size() == (0 if split == 1 else 4 * b * hq * split * (d + 1))
+    tkc, tvc = (torch.randn(num_pages, hkv, page, d).half() for _ in range(2))
+    tt = torch.randperm(num_pages)[: b * max_pages].to(torch.int32).reshape(b, 1, max_pages, 1)
+    ws = torch.full((max(1, g.get_workspace_size() // 4),), float("nan"))
+    for _ in range(2):
+        tq = torch.randn(b, hq, 1, d).half()
+        to = torch.full((b, hq, 1, d), float("nan")).half()
+        ts = torch.full((b, hq, 1, 1), float("nan"))
+        pack = {t["q"]: tq, t["kc"]: tkc, t["vc"]: tvc, t["table"]: tt, t["o"]: to, t["st"]: ts,
+                t["len_q"]: torch.ones(b, 1, 1, 1, dtype=torch.int32),
+                t["len_kv"]: torch.tensor(lens, dtype=torch.int32).reshape(b, 1, 1, 1)}  # fmt: skip
+        g.execute(pack, ws)
+        assert torch.equal(to[0], torch.zeros_like(to[0]))
+        assert torch.isinf(ts[0]).all() and (ts[0] < 0).all()
+        for i, n in enumerate(lens[1:], 1):
+            tok = torch.arange(n)
+            pages = tt[i, 0, tok // page, 0].long()
+            kd = tkc[pages, :, tok % page].transpose(0, 1)
+            vd = tvc[pages, :, tok % page].transpose(0, 1)
+            ref_o, ref_l = attention_one(tq[i], kd, vd, 0.125)
+            assert rel_err(to[i], ref_o) <= TOL["out"]
+            assert lse_err(ts[i, :, :, 0], ref_l) <= TOL["stats"]

@@ -44,6 +44,9 @@ LAUNCHER_HEAD = (
 )  # fmt: skip
 # The operand index of the caller's workspace in a launch's symbolic arguments.
 WORKSPACE = -1
+# The operand index of the plan's own zeroed memory (`zeroed_tensor`): counters a kernel
+# leaves at zero, which the caller's workspace cannot hold (its content is never assumed).
+ZEROED = -2
 
 
 class Kernel:
@@ -332,23 +335,70 @@ def workspace_tensor(nbytes, dtype):
     return SymbolicTensor(WORKSPACE, (n,), (1,), dtype)
 
 
+def zeroed_tensor(nbytes, dtype):
+    """The plan's own zeroed memory as a launcher's argument code sees it: a flat `dtype`
+    run, zero before the plan's first launch on a stream. The kernels that take it must
+    leave it zero (an arrival counter reset by the last arrival): every later launch on
+    that stream, and a CUDA graph's replay, finds it zero again."""
+    import torch
+
+    n = nbytes // torch.empty((), dtype=dtype).element_size()
+    return SymbolicTensor(ZEROED, (n,), (1,), dtype)
+
+
+class ZeroedPerStream(dict):
+    """stream -> the address of one plan's zeroed memory for launches on that stream.
+    Per stream because two launches in flight must not count into one set of counters.
+    Allocated on the stream's first launch, the zero-fill enqueued on that stream, so
+    stream order puts it before the kernel with no host wait (a synchronize would break a
+    first launch under CUDA-graph capture; under capture the fill is recorded into the
+    graph and is harmless on replay). Under the interpreter the memory is a CPU tensor."""
+
+    def __init__(self, nbytes, ordinal, interpreter=False):
+        super().__init__()
+        self.nbytes, self.ordinal, self.interpreter = nbytes, ordinal, interpreter
+        self.tensors = {}
+
+    def tensor(self, stream):
+        """The zeroed memory of `stream` as a torch uint8 tensor (allocated here once)."""
+        t = self.tensors.get(stream)
+        if t is None:
+            import torch
+
+            if self.interpreter:
+                t = torch.zeros(self.nbytes, dtype=torch.uint8)
+            else:
+                device = torch.device("cuda", self.ordinal)
+                with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device)):
+                    t = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
+            self.tensors[stream] = t
+        return t
+
+    def __missing__(self, stream):
+        self[stream] = address = self.tensor(stream).data_ptr()
+        return address
+
+
 class Refusal(ValueError):
     pass
 
 
-def prepare_execute(label, operands, launches, workspace_size, device):
+def prepare_execute(label, operands, launches, workspace_size, device, zeroed_size=0):
     """execute(graph, pack, ctx) over `launches` (their arguments built on
-    `operands[i].symbolic(i)` and `workspace_tensor`): compiled and loaded here, or under the
-    interpreter the same launches through `kernel[grid]`. Returns (execute, [CompiledLaunch])."""
+    `operands[i].symbolic(i)`, `workspace_tensor` and `zeroed_tensor` of `zeroed_size`
+    bytes): compiled and loaded here, or under the interpreter the same launches through
+    `kernel[grid]`. Returns (execute, [CompiledLaunch])."""
     compiled = [compile_launch(launch) for launch in launches]
-    if getattr(device, "is_interpreter", False):
-        return _interpreted(operands, compiled, workspace_size), compiled
+    interpreter = getattr(device, "is_interpreter", False)
     ordinal = getattr(device, "ordinal", 0) or 0
+    zeroed = ZeroedPerStream(zeroed_size, ordinal, interpreter) if zeroed_size else None
+    if interpreter:
+        return _interpreted(operands, compiled, workspace_size, zeroed), compiled
     for c in compiled:
         c.load(ordinal)
         if c.kernel.scratch_bytes:
             raise NotImplementedError(f"{label}: {c.kernel.name} needs global scratch")
-    return _generated(label, operands, compiled, workspace_size), compiled
+    return _generated(label, operands, compiled, workspace_size, zeroed), compiled
 
 
 def _rules(operands, compiled):
@@ -360,6 +410,8 @@ def _rules(operands, compiled):
             rules.append(("dims", op_i, None))
     for c in compiled:
         for v, (ty, attr) in zip(c.values, c.spec):
+            if type(v) is SymbolicTensor and v.slot == ZEROED:
+                continue  # the allocator's alignment
             if type(v) is SymbolicTensor and attr == "D":
                 rules.append(("aligned", v.slot, v.offset))
             elif type(v) is Stride:
@@ -370,11 +422,11 @@ def _rules(operands, compiled):
     return list(dict.fromkeys(rules))
 
 
-def _generated(label, operands, compiled, workspace_size):
+def _generated(label, operands, compiled, workspace_size, zeroed=None):
     """The straight-line execute (the spec's "source codegen off the same table")."""
     env = {"POSITIONS": tuple(op.position for op in operands), "refuse": _refuse,
            "OPERANDS": tuple(operands), "workspace_address": _workspace_address(),
-           "NEED": workspace_size}  # fmt: skip
+           "NEED": workspace_size, "ZEROED": zeroed}  # fmt: skip
     n = len(operands)
     strided = [i for i, op in enumerate(operands) if op.mode == "strided"]
     lines = ["def execute(graph, pack, ctx):"]
@@ -386,6 +438,8 @@ def _generated(label, operands, compiled, workspace_size):
     lines.append("    stream = ctx.stream or 0")
     if workspace_size:
         lines.append("    ws = workspace_address(ctx.workspace, NEED)")
+    if zeroed is not None:
+        lines.append("    zs = ZEROED[stream]")
     # Two levels: the common call (every strided buffer under its declared strides, every
     # address 16-byte aligned) passes one tuple comparison per operand and one OR of the
     # addresses; the declared strides satisfy every stride rule by construction (the
@@ -442,7 +496,7 @@ def _launch_line(j, c, env, declared):
     args = []
     for v in c.values:
         if type(v) is SymbolicTensor:
-            base = "ws" if v.slot == WORKSPACE else f"p{v.slot}"
+            base = {WORKSPACE: "ws", ZEROED: "zs"}.get(v.slot, f"p{v.slot}")
             args.append((True, f"{base} + {v.offset}" if v.offset else base))
         elif type(v) is Stride:
             if declared is None:
@@ -511,7 +565,7 @@ def _refuse(operands, rules, bufs, ws):
     raise AssertionError(f"a call failed the launch test but breaks no named rule: {rules}")
 
 
-def _interpreted(operands, compiled, workspace_size):
+def _interpreted(operands, compiled, workspace_size, zeroed=None):
     """TRITON_INTERPRET=1: the same launches, each pointer a torch view of its buffer."""
     import torch
 
@@ -532,6 +586,7 @@ def _interpreted(operands, compiled, workspace_size):
         if workspace_size:
             workspace_address(ctx.workspace, workspace_size)  # the named refusal
             ws = torch.from_dlpack(ctx.workspace).reshape(-1)
+        zs = zeroed.tensor(ctx.stream or 0) if zeroed is not None else None
         for kind, slot, x in _rules(operands, compiled):
             if kind in ("rank", "dims", "unit"):
                 bad = ((kind == "rank" and len(bufs[slot].strides) != x)
@@ -543,7 +598,8 @@ def _interpreted(operands, compiled, workspace_size):
             args = []
             for v in c.values:
                 if type(v) is SymbolicTensor:
-                    args.append(view(ws if v.slot == WORKSPACE else roots[v.slot], v))
+                    root = {WORKSPACE: ws, ZEROED: zs}.get(v.slot) if v.slot < 0 else roots[v.slot]
+                    args.append(view(root, v))
                 elif type(v) is Stride:
                     args.append(bufs[v.slot].strides[v.axis])
                 else:
@@ -724,7 +780,8 @@ def build_replay(record: LaunchRecord, roots: list, label: str):
 
 
 __all__ = [
-    "ALIGN", "LAUNCHER_HEAD", "WORKSPACE", "CompiledLaunch", "Kernel", "Launch",
-    "LaunchRecord", "Operand", "Refusal", "Stride", "SymbolicTensor", "build_replay",
-    "compile_launch", "prepare_execute", "record_launches", "workspace_tensor",
+    "ALIGN", "LAUNCHER_HEAD", "WORKSPACE", "ZEROED", "CompiledLaunch", "Kernel", "Launch",
+    "LaunchRecord", "Operand", "Refusal", "Stride", "SymbolicTensor", "ZeroedPerStream",
+    "build_replay", "compile_launch", "prepare_execute", "record_launches", "workspace_tensor",
+    "zeroed_tensor",
 ]  # fmt: skip

@@ -282,12 +282,12 @@ class _PreparedPlan(CompiledPlan):
     pack's buffers by position, the rules the compiled kernels assume, Triton's C launcher
     on the handle's stream (no handle: the default stream)."""
 
-    def __init__(self, label, operands, launches, workspace_size, device):
+    def __init__(self, label, operands, launches, workspace_size, device, zeroed_size=0):
         from ...runtime.launch import prepare_execute
 
         self.workspace_size = workspace_size
-        self.execute, self.launches = prepare_execute(label, operands, launches,
-                                                      workspace_size, device)  # fmt: skip
+        self.execute, self.launches = prepare_execute(label, operands, launches, workspace_size,
+                                                      device, zeroed_size)  # fmt: skip
 
     @property
     def kernel_keys(self):
@@ -435,8 +435,8 @@ def _decode_configs(facts):
 def _build_decode(facts, knobs, position, device):
     import torch
 
-    from ...runtime.launch import workspace_tensor
-    from .kernels.decode import decode_launches, decode_workspace_numel
+    from ...runtime.launch import workspace_tensor, zeroed_tensor
+    from .kernels.decode import decode_counter_numel, decode_launches, decode_workspace_numel
 
     node, q, k, v, o, stats = _node_tensors(facts)
     i = node.inputs
@@ -456,6 +456,9 @@ def _build_decode(facts, knobs, position, device):
     q_, k_, v_, o_, st, table, lengths, offsets, table_v, offsets_o = sym
     numel = decode_workspace_numel(facts.batch, facts.heads_q, facts.seq_q, facts.d_qk, knobs)
     workspace = workspace_tensor(4 * numel, torch.float32) if numel else None
+    # The split-KV merge's arrival counters are the plan's own (zeroed once per stream).
+    n_counters = decode_counter_numel(facts.batch, facts.heads_k, knobs)
+    counters = zeroed_tensor(4 * n_counters, torch.int32) if n_counters else None
     launches = decode_launches(
         q_,
         k_.permute(0, 2, 1, 3),
@@ -470,11 +473,13 @@ def _build_decode(facts, knobs, position, device):
         causal=facts.causal is not None and facts.seq_q > 1,
         stats=st,
         workspace=workspace,
+        counters=counters,
         ragged_offsets_q=offsets,
         page_table_v=table_v[:, 0, :, 0],
         ragged_offsets_o=offsets_o,
     )
-    return _PreparedPlan(f"{DECODE_NAME} {knobs}", ops, launches, 4 * numel, device)
+    return _PreparedPlan(f"{DECODE_NAME} {knobs}", ops, launches, 4 * numel, device,
+                         4 * n_counters)  # fmt: skip
 
 
 # ------------------------------------------------------------------ who goes first

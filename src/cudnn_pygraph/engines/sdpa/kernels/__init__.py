@@ -18,6 +18,7 @@ _EXPORTS = {
     "prefill_flops": "prefill",
     "sdpa_decode": "decode",
     "decode_workspace_numel": "decode",
+    "decode_counter_numel": "decode",
     "recommend_prefill": "configs",
     "recommend_decode": "configs",
 }
