@@ -350,6 +350,25 @@ def test_hook_places_backend_by_measured_shard():
     assert page16[0].engine_id == decode and page16[-1] is BACKEND
     page64 = recommend(cudnn.heur_mode.A, SdpaGraphFacts(**dict(paged, page_size=64)), (decode,))
     assert page64[0] is BACKEND
+    page32 = recommend(cudnn.heur_mode.A, SdpaGraphFacts(**dict(paged, page_size=32)), (decode,))
+    assert page32[0].engine_id == decode  # untimed: ours first
+
+
+def test_the_placement_cell_autotune_records_is_the_one_the_hook_ranks_by():
+    """planning/autotune.shard_of names a planned graph's cell through the family's shard
+    rule: the cell the hook placed the backend by."""
+    from cudnn_pygraph.planning.autotune import shard_of
+
+    cells = {}
+    for make in (_dense_graph, _thd_graph, _paged_graph):
+        g = make()
+        g.create_execution_plans([cudnn.heur_mode.A])
+        cells[make.__name__] = shard_of(g)
+    assert cells == {
+        "_dense_graph": "sdpa_fwd/dense",
+        "_thd_graph": "sdpa_fwd/thd",
+        "_paged_graph": "sdpa_fwd/paged page_size=16",
+    }
 
 
 def _built_plans(g, which="prefill"):

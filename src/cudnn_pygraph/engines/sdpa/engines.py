@@ -484,21 +484,24 @@ def _build_decode(facts, knobs, position, device):
 
 # ------------------------------------------------------------------ who goes first
 
-# Placement by measured shard (bench/results/sdpa_fwd.md, H200 2026-11-29, run 4 at 17:52
-# UTC): the backend ran every timed prefill cell faster, dense and ragged (ours 0.79x / 0.77x
-# at D128 S8192 causal / not: 1.149 vs 0.906 ms, 2.099 vs 1.613 ms; 0.90x at D64 S2048
-# causal: 0.200 vs 0.181 ms; 0.79x on THD GQA 32/8 D128: 3.830 vs 3.037 ms) and page-64
-# paged decode (266 vs 252 us): there the backend's block leads, so the first plan is the
-# fastest one listed. Page-16 paged decode measured at par (ours 255 us, the backend 254):
-# ours stays first. Untimed page sizes keep ours first (the spec's rule for a cell nobody
-# timed).
-_BACKEND_LEADS_PAGE_SIZES = frozenset({64})
 
-
-def _backend_leads(facts) -> bool:
+def shard(facts) -> str:
+    """The placement cell of a graph (manifest: EngineFamily.shard): what the ranking below
+    places the backend by, and what autotune records its timings under."""
     if facts.paged:
-        return facts.page_size in _BACKEND_LEADS_PAGE_SIZES
-    return True
+        return f"paged page_size={facts.page_size}"
+    return "thd" if facts.ragged else "dense"
+
+
+# The cells where the backend's block leads, by end-to-end time (bench/results/sdpa_fwd.md,
+# H200 2026-11-29, run 4 at 17:52 UTC): the backend ran every timed prefill cell faster,
+# dense and ragged (ours 0.79x / 0.77x at D128 S8192 causal / not: 1.149 vs 0.906 ms, 2.099
+# vs 1.613 ms; 0.90x at D64 S2048 causal: 0.200 vs 0.181 ms; 0.79x on THD GQA 32/8 D128:
+# 3.830 vs 3.037 ms) and page-64 paged decode (266 vs 252 us): there the first plan is the
+# fastest one listed. Page-16 paged decode measured at par (ours 255 us, the backend 254):
+# ours stays first. A cell nobody timed (other page sizes) keeps ours first, the spec's
+# rule for an untimed cell.
+_BACKEND_LEADS = frozenset({"dense", "thd", "paged page_size=64"})
 
 
 def recommend(kind, facts, offered):
@@ -518,9 +521,9 @@ def recommend(kind, facts, offered):
         return ours
     if kind is heur_mode.FALLBACK:
         ours = ours[:1]
-    if _backend_leads(facts):
+    if shard(facts) in _BACKEND_LEADS:
         return [BACKEND] + ours
     return ours + [BACKEND]
 
 
-__all__ = ["SdpaPrefillEngine", "SdpaDecodeEngine", "recommend"]
+__all__ = ["SdpaPrefillEngine", "SdpaDecodeEngine", "recommend", "shard"]
