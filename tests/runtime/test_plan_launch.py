@@ -161,7 +161,7 @@ def test_a_plans_zeroed_memory_is_its_own_per_stream():
         launch=lambda *a: calls.append(a), function="F", packed_metadata="M",
         cooperative=False, pdl=False,
     )  # fmt: skip
-    zeroed = rl.ZeroedPerStream(16, 0, interpreter=True)
+    zeroed = rl.PerStreamMemory(16, 0, interpreter=True)
     execute = rl._generated("test", ops, [compiled], 0, zeroed)
     layout = DeclaredLayout([(1, (4,), (1,), int(data_type.INT32), 32)], names=["x"])
     x = torch.ones(4, dtype=torch.int32)
@@ -173,3 +173,21 @@ def test_a_plans_zeroed_memory_is_its_own_per_stream():
     assert addresses[0] == addresses[2] != addresses[1]
     assert addresses[0] == zeroed.tensor(0).data_ptr()
     assert not zeroed.tensor(0x10).any()
+
+
+def test_a_kernels_global_scratch_is_the_plans_own_per_stream():
+    """A kernel that writes tensor descriptors at launch (Triton's global scratch) gets the
+    plan's own scratch for the stream it launches on, in the launcher's scratch slot."""
+    calls = []
+    _, compiled = _plan(calls)
+    compiled.scratch = rl.PerStreamMemory(4 * 128, 0, interpreter=True)
+    ops = [rl.Operand(i, n, (4, 32), (32, 1), torch.float16, "strided") for i, n in enumerate("xy")]
+    execute = rl._generated("test", ops, [compiled], 0)
+    x, y = torch.randn(4, 32).half(), torch.empty(4, 32).half()
+    for stream in (None, 0x20):
+        execute(None, _pack(x, y), ExecutionContext(None, stream, None, None))
+    slot = rl.LAUNCHER_HEAD.index("global_scratch")
+    assert [c[slot] for c in calls] == [
+        compiled.scratch.tensor(0).data_ptr(),
+        compiled.scratch.tensor(0x20).data_ptr(),
+    ]

@@ -849,3 +849,65 @@ def test_decode_plan_is_one_launch_and_its_merge_leaves_the_counters_for_the_nex
             ref_o, ref_l = attention_one(tq[i], kd, vd, 0.125)
             assert rel_err(to[i], ref_o) <= TOL["out"]
             assert lse_err(ts[i, :, :, 0], ref_l) <= TOL["stats"]
+
+
+def _dense_stats_graph(b, h, s, d, causal=True):
+    g = _graph()
+    q, k, v = (g.tensor([b, h, s, d], name=n) for n in ("q", "k", "v"))
+    o, st = g.sdpa(q, k, v, attn_scale=d**-0.5, use_causal_mask=causal, generate_stats=True)
+    o.set_output(True)
+    st.set_output(True).set_data_type(DT.FLOAT)
+    return g, (q, k, v, o, st)
+
+
+def _run_dense(g, t, b, h, s, d, causal=True):
+    q, k, v, o, st = t
+    tq, tk, tv = (torch.randn(b, h, s, d).half() for _ in range(3))
+    to = torch.full((b, h, s, d), float("nan")).half()
+    ts = torch.full((b, h, s, 1), float("nan"))
+    g.execute({q: tq, k: tk, v: tv, o: to, st: ts})
+    for i in range(b):
+        ref_o, ref_l = attention_one(tq[i], tk[i], tv[i], d**-0.5, None, 0 if causal else None)
+        assert rel_err(to[i], ref_o) <= TOL["out"]
+        assert lse_err(ts[i, :, :, 0], ref_l) <= TOL["stats"]
+
+
+def test_head_dim_256_is_a_prefill_row_and_runs_on_its_smaller_tiles():
+    """D=256 is in the prefill engine's capability row (decode's stays 64 / 128): the hook
+    lists 64-row tiles, and the first listed plan is right against float64."""
+    b, h, s, d = 1, 2, 24, 256
+    g, t = _dense_stats_graph(b, h, s, d)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    tiles = {g.get_engine_and_knobs_at_index(i)[1][cudnn.knob_type.TILE_M]
+             for i in range(g.get_execution_plan_count())}  # fmt: skip
+    assert tiles == {64}
+    g.build_plans()
+    _run_dense(g, t, b, h, s, d)
+
+
+def test_tma_is_a_knob_of_dense_prefill_plans_and_declines_where_no_descriptor_exists():
+    """INPUT_TMA_ENABLE=1 replays a dense plan with K/V through tensor descriptors (the
+    compiled key says TMA), right against float64; a THD graph has element offsets and no
+    descriptor path, so its TMA=1 plan declines, naming why."""
+    b, h, s, d = 1, 2, 40, 64
+    g, _ = _dense_stats_graph(b, h, s, d)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    engine_id, knobs = g.get_engine_and_knobs_at_index(0)
+    assert knobs[cudnn.knob_type.INPUT_TMA_ENABLE] == 0
+    tma = {**knobs, cudnn.knob_type.INPUT_TMA_ENABLE: 1, cudnn.knob_type.TILE_N: 64}
+    keys = {}
+    for flag in (0, 1):
+        g, t = _dense_stats_graph(b, h, s, d)
+        g.create_execution_plan(engine_id, {**tma, cudnn.knob_type.INPUT_TMA_ENABLE: flag})
+        g.build_plans()
+        planning = g._require_planning()
+        plan = planning.built[planning.plans[0].identity]
+        (keys[flag],) = plan.kernel_keys
+        assert plan.launches[0].launch.kwargs["TMA"] is bool(flag)
+        _run_dense(g, t, b, h, s, d)
+    assert keys[0] != keys[1]
+    thd = _thd_graph()
+    thd.create_execution_plan(engine_id, tma)
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError) as err:
+        thd.build_plans()
+    assert "THD has no tensor-descriptor path" in str(err.value) + thd.explain()

@@ -62,6 +62,7 @@ class Kernel:
         "key",
         "launch",
         "name",
+        "num_ctas",
         "packed_metadata",
         "pdl",
         "profile_bytes",
@@ -77,6 +78,7 @@ class Kernel:
         self.pdl = run.launch_pdl
         self.packed_metadata = compiled.packed_metadata
         self.scratch_bytes = run.global_scratch_size
+        self.num_ctas = getattr(run, "num_ctas", 1)
         self.profile_bytes = run.profile_scratch_size
         self.key = key
         self.name = name
@@ -234,7 +236,8 @@ class CompiledLaunch:
     specialization of them, and the key of the binary. `kernel` is the loaded `Kernel`
     (None until `load`; under the interpreter nothing is compiled)."""
 
-    __slots__ = ("ast", "kernel", "key", "launch", "options", "spec", "target", "values")
+    __slots__ = ("ast", "kernel", "key", "launch", "options", "scratch", "spec", "target",
+                 "values")  # fmt: skip
 
     def load(self, device_ordinal):
         """Compile (Triton's on-disk cache answers a repeat) and load on the device."""
@@ -296,7 +299,7 @@ def compile_launch(launch: Launch, arch: int = 90) -> CompiledLaunch:
     out.key = (fn.__name__, str(spec), str(options))
     out.ast = (fn, sig, cx, attrs)
     out.options = options.__dict__
-    out.kernel = None
+    out.kernel = out.scratch = None
     return out
 
 
@@ -346,9 +349,11 @@ def zeroed_tensor(nbytes, dtype):
     return SymbolicTensor(ZEROED, (n,), (1,), dtype)
 
 
-class ZeroedPerStream(dict):
-    """stream -> the address of one plan's zeroed memory for launches on that stream.
-    Per stream because two launches in flight must not count into one set of counters.
+class PerStreamMemory(dict):
+    """stream -> the address of `nbytes` of one plan's own device memory for launches on
+    that stream, zeroed when allocated: the memory of `zeroed_tensor`, and a kernel's global
+    scratch (where Triton's tensor descriptors are written at every launch). Per stream
+    because two launches in flight must not share counters or scratch.
     Allocated on the stream's first launch, the zero-fill enqueued on that stream, so
     stream order puts it before the kernel with no host wait (a synchronize would break a
     first launch under CUDA-graph capture; under capture the fill is recorded into the
@@ -391,13 +396,16 @@ def prepare_execute(label, operands, launches, workspace_size, device, zeroed_si
     compiled = [compile_launch(launch) for launch in launches]
     interpreter = getattr(device, "is_interpreter", False)
     ordinal = getattr(device, "ordinal", 0) or 0
-    zeroed = ZeroedPerStream(zeroed_size, ordinal, interpreter) if zeroed_size else None
+    zeroed = PerStreamMemory(zeroed_size, ordinal, interpreter) if zeroed_size else None
     if interpreter:
         return _interpreted(operands, compiled, workspace_size, zeroed), compiled
     for c in compiled:
         c.load(ordinal)
         if c.kernel.scratch_bytes:
-            raise NotImplementedError(f"{label}: {c.kernel.name} needs global scratch")
+            # Triton's launcher sizes it per program: grid x CTAs x the kernel's bytes.
+            gx, gy, gz = c.launch.grid
+            c.scratch = PerStreamMemory(gx * gy * gz * c.kernel.num_ctas * c.kernel.scratch_bytes,
+                                        ordinal)  # fmt: skip
     return _generated(label, operands, compiled, workspace_size, zeroed), compiled
 
 
@@ -440,6 +448,10 @@ def _generated(label, operands, compiled, workspace_size, zeroed=None):
         lines.append("    ws = workspace_address(ctx.workspace, NEED)")
     if zeroed is not None:
         lines.append("    zs = ZEROED[stream]")
+    for j, c in enumerate(compiled):
+        if c.scratch is not None:
+            env[f"GS{j}"] = c.scratch
+            lines.append(f"    gs{j} = GS{j}[stream]")
     # Two levels: the common call (every strided buffer under its declared strides, every
     # address 16-byte aligned) passes one tuple comparison per operand and one OR of the
     # addresses; the declared strides satisfy every stride rule by construction (the
@@ -506,8 +518,9 @@ def _launch_line(j, c, env, declared):
         else:
             args.append((False, v))
     gx, gy, gz = c.launch.grid
-    head = (f"L{j}({gx}, {gy}, {gz}, stream, F{j}, {k.cooperative!r}, {k.pdl!r}, None, None, "
-            f"M{j}, None, None, None")  # fmt: skip
+    scratch = "None" if c.scratch is None else f"gs{j}"
+    head = (f"L{j}({gx}, {gy}, {gz}, stream, F{j}, {k.cooperative!r}, {k.pdl!r}, {scratch}, "
+            f"None, M{j}, None, None, None")  # fmt: skip
     if declared is not None:
         last = max((i for i, (var, _) in enumerate(args) if var), default=-1)
         env[f"T{j}"] = tuple(value for _, value in args[last + 1 :])
@@ -781,7 +794,7 @@ def build_replay(record: LaunchRecord, roots: list, label: str):
 
 __all__ = [
     "ALIGN", "LAUNCHER_HEAD", "WORKSPACE", "ZEROED", "CompiledLaunch", "Kernel", "Launch",
-    "LaunchRecord", "Operand", "Refusal", "Stride", "SymbolicTensor", "ZeroedPerStream",
+    "LaunchRecord", "Operand", "Refusal", "Stride", "SymbolicTensor", "PerStreamMemory",
     "build_replay", "compile_launch", "prepare_execute", "record_launches", "workspace_tensor",
     "zeroed_tensor",
 ]  # fmt: skip

@@ -31,9 +31,12 @@ from .kernels.configs import recommend_decode, recommend_prefill
 from .kernels.knobs import SdpaDecodeKnobs, SdpaFwdKnobs
 
 SERVED = frozenset({data_type.HALF, data_type.BFLOAT16})
-# Head dims checked on the H200 (bf16 against float64; bench/results/sdpa_fwd.md). The
-# kernels also compile D=16/32/256, but only 64 and 128 ran on the GPU.
-HEAD_DIMS = frozenset({64, 128})
+# Head dims checked on the H200 (bf16 against float64; bench/results/sdpa_fwd.md): 64 and
+# 128. The prefill row adds 256 (FlashInfer serves it), on the smaller tiles of
+# kernels/configs.py; right under the Triton interpreter, its GPU check is
+# tests/gpu/test_sdpa_gpu.py::test_prefill_engine_head_dim_256. Decode stays at 64 / 128.
+PREFILL_HEAD_DIMS = frozenset({64, 128, 256})
+DECODE_HEAD_DIMS = frozenset({64, 128})
 PAGE_SIZES = frozenset({16, 32, 64, 128})
 # The kernels run on sm_90 (wgmma via tl.dot, TMA descriptors); only the H200 has run them.
 SM_LO = 90
@@ -48,11 +51,14 @@ _PREFILL_KNOBS = {
     knob_type.PACK_GQA: "PACK_GQA",
     knob_type.LAZY_RESCALE: "LAZY_RESCALE",
     knob_type.MAX_REGS: "MAX_REGS",
+    knob_type.INPUT_TMA_ENABLE: "TMA",
 }
 # Every other constexpr of the kernels (head dim, GQA ratio, mask terms, layout class, page
-# size) is a fact of the graph. SdpaFwdKnobs.TMA is the torch entry's alone: the engine
-# passes element ragged offsets, which the tensor-descriptor path cannot take, and its
-# plans refuse TMA=1 (the public list has no INPUT_TMA_ENABLE axis to replay).
+# size) is a fact of the graph. TMA=1 builds K/V tensor descriptors for a dense graph whose
+# K/V declaration allows them (tma_eligible); THD (element ragged offsets, device values)
+# and paged K/V (gathered rows) have no descriptor path, so a TMA=1 plan of those declines
+# rather than build the pointer kernel under another name. The kernels have no warp-
+# specialized variant, so there is no axis for it.
 _DECODE_KNOBS = {
     knob_type.TILE_N: "TILE_N",
     knob_type.SPLIT_KV: "SPLIT_KV",
@@ -171,7 +177,7 @@ def _paged_checks(engine, graph, node, facts):
 class SdpaPrefillEngine(BaseEngine):
     name = PREFILL_NAME
     capabilities = Capabilities(
-        sm_lo=SM_LO, dtypes=SERVED, features={"d_qk": HEAD_DIMS, "page_size": PAGE_SIZES}
+        sm_lo=SM_LO, dtypes=SERVED, features={"d_qk": PREFILL_HEAD_DIMS, "page_size": PAGE_SIZES}
     )
     KNOB_FIELDS = _PREFILL_KNOBS
     knob_class = SdpaFwdKnobs
@@ -296,15 +302,15 @@ class _PreparedPlan(CompiledPlan):
 
 
 def _build_prefill(facts, knobs, position, device):
-    from .kernels.prefill import prefill_launch
+    from .kernels.prefill import prefill_launch, tma_eligible
 
     node, q, k, v, o, stats = _node_tensors(facts)
-    if knobs.TMA:
-        raise ValueError(
-            f"{PREFILL_NAME}: TMA=1 is not an axis of this engine's plans (it "
-            "serves element ragged offsets and pointer loads)"
-        )
     thd, paged = facts.ragged, facts.paged
+    if knobs.TMA and (thd or paged):
+        _decline(
+            f"{PREFILL_NAME}[TMA=1]: {'THD' if thd else 'paged K/V'} has no tensor-descriptor "
+            "path (element offsets / gathered pages): pointer loads only (TMA=0)"
+        )
     lengths = facts.padding or thd or paged  # paged K/V always read seq_len_kv
     ragged_stats = thd and stats is not None and stats.ragged_offset is not None
     i = node.inputs
@@ -341,6 +347,11 @@ def _build_prefill(facts, knobs, position, device):
         table, table_v = table[:, 0, :, 0], table_v[:, 0, :, 0]
     if off_l is not None:
         st = st[:, :, 0]  # packed [tokens, h, 1] -> [tokens, h]
+    if knobs.TMA and not tma_eligible((k_, v_), False):
+        _decline(
+            f"{PREFILL_NAME}[TMA=1]: K/V are declared with a D stride other than 1, or "
+            "another stride that is not a multiple of 16 elements: no tensor descriptor"
+        )
     launch = prefill_launch(
         q_,
         k_,
@@ -372,7 +383,7 @@ def _build_prefill(facts, knobs, position, device):
 class SdpaDecodeEngine(BaseEngine):
     name = DECODE_NAME
     capabilities = Capabilities(
-        sm_lo=SM_LO, dtypes=SERVED, features={"d_qk": HEAD_DIMS, "page_size": PAGE_SIZES}
+        sm_lo=SM_LO, dtypes=SERVED, features={"d_qk": DECODE_HEAD_DIMS, "page_size": PAGE_SIZES}
     )
     KNOB_FIELDS = _DECODE_KNOBS
     knob_class = SdpaDecodeKnobs
