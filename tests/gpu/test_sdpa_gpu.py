@@ -160,7 +160,9 @@ def test_decode_paged_bf16(page, knobs):
 
 
 def test_cuda_graph_capture_and_replay():
-    """Prefill (THD, GQA) and split-KV decode captured once, replayed on new inputs."""
+    """Prefill (THD, GQA) and split-KV decode captured once, replayed twice on new inputs:
+    the decode's arrival counters are zeroed once, outside the capture, and each launch's
+    last arrival leaves them zero for the next replay."""
     lens, hq, hkv, d = [5, 200, 64], 8, 2, 128
     q, k, v, cu = _thd_case(lens, hq, hkv, d)
     out = torch.empty_like(q)
@@ -170,6 +172,7 @@ def test_cuda_graph_capture_and_replay():
     outd = torch.empty_like(qd)
     dknobs = SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=4)
     ws = torch.empty(2 * hq * 4 * (d + 1), device=DEV, dtype=torch.float32)
+    counters = torch.zeros(2 * hkv, device=DEV, dtype=torch.int32)
     pknobs = recommend_prefill(
         head_dim=d, causal=True, group=hq // hkv, is_thd=True, max_seqlen_q=max(lens)
     )[0]
@@ -187,19 +190,22 @@ def test_cuda_graph_capture_and_replay():
             ragged_offsets_kv=cu,
             max_seqlen_q=max(lens),
         )
-        sdpa_decode(qd, kc, vc, table, seq, outd, attn_scale=0.1, knobs=dknobs, workspace=ws)
+        sdpa_decode(qd, kc, vc, table, seq, outd, attn_scale=0.1, knobs=dknobs, workspace=ws,
+                    counters=counters)  # fmt: skip
 
     step()  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    q.copy_(torch.randn_like(q))
-    qd.copy_(torch.randn_like(qd))
-    out.fill_(float("nan"))
-    outd.fill_(float("nan"))
-    graph.replay()
+    for _ in range(2):
+        q.copy_(torch.randn_like(q))
+        qd.copy_(torch.randn_like(qd))
+        out.fill_(float("nan"))
+        outd.fill_(float("nan"))
+        graph.replay()
     torch.cuda.synchronize()
+    assert not counters.any()
     offs = cu.tolist()
     for i in range(len(lens)):
         sl = slice(offs[i], offs[i + 1])
