@@ -363,9 +363,14 @@ class PerStreamMemory(dict):
         super().__init__()
         self.nbytes, self.ordinal, self.interpreter = nbytes, ordinal, interpreter
         self.tensors = {}
+        self._lock = threading.Lock()  # two threads' first launches on one stream: one set
 
     def tensor(self, stream):
         """The zeroed memory of `stream` as a torch uint8 tensor (allocated here once)."""
+        with self._lock:
+            return self._tensor(stream)
+
+    def _tensor(self, stream):
         t = self.tensors.get(stream)
         if t is None:
             import torch
@@ -374,7 +379,10 @@ class PerStreamMemory(dict):
                 t = torch.zeros(self.nbytes, dtype=torch.uint8)
             else:
                 device = torch.device("cuda", self.ordinal)
-                with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device)):
+                # 0 is the legacy default stream: torch's default stream on the device.
+                on = (torch.cuda.default_stream(device) if stream == 0
+                      else torch.cuda.ExternalStream(stream, device=device))  # fmt: skip
+                with torch.cuda.stream(on):
                     t = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
             self.tensors[stream] = t
         return t
