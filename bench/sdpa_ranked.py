@@ -157,7 +157,7 @@ def row(label, make, reps):
             f"{len(timed)} (+{skipped} not run) |")  # fmt: skip
 
 
-def ranked_rows(lines, reps=5):
+def ranked_rows(lines, reps=5, out=None):
     lines.append(
         "\n## The plan ranked first vs the fastest listed (µs per call back to back, "
         f"autotune's back_to_back_ms: bursts of {autotune.BURST}, median of {reps})\n"
@@ -171,6 +171,8 @@ def ranked_rows(lines, reps=5):
         except Exception as exc:  # noqa: BLE001 -- one row's failure is reported, not fatal
             lines.append(f"| {label} | failed: {type(exc).__name__}: {str(exc)[:200]} | | | | | |")
         print(lines[-1], f"({time.time() - t0:.0f} s)", flush=True)
+        if out:  # row by row: a step cut short by its time cap keeps what it measured
+            Path(out).write_text("\n".join(lines) + "\n")
 
 
 def main():
@@ -181,11 +183,8 @@ def main():
     args = ap.parse_args()
     torch.manual_seed(0)
     lines = ["# Ranked first vs fastest listed" + (" (--dry: CPU interpreter)" if DRY else "")]
-    ranked_rows(lines, args.reps)
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text)
+    ranked_rows(lines, args.reps, args.out)
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
