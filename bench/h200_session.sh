@@ -17,14 +17,20 @@
 set -u
 GATE_ONLY=0; [ "${1:-}" = "--gate" ] && GATE_ONLY=1
 PARITY_ONLY=0; [ "${1:-}" = "--parity" ] && PARITY_ONLY=1
-# `--serving` runs the python plans' stream / capture / vs-backend suites, the 32-thread
-# and misaligned-operand suite with compute-sanitizer (bench/reliability_gpu.sh) and
-# doctor (~6 min).
+# `--serving` is issue 16's one call (~9 min): the python plans' stream / capture /
+# vs-backend suites and the engine-path SDPA checks (D=256, TMA plans), then every table
+# its Measure section names: sdpa_host.md (host µs per execute of every engine's plan vs
+# the backend plan vs NVIDIA's pygraph; the serving decode back to back at pages 16 / 64 vs
+# the backend and torch), sdpa_ranked.md (the plan ranked first vs the fastest listed, by
+# autotune's measurement, per cell) and sdpa_fwd.md (prefill TFLOP/s at the four shapes vs
+# torch flash and the backend). `--reliability` runs the 32-thread and misaligned-operand
+# suite with compute-sanitizer (bench/reliability_gpu.sh) and doctor (~4 min).
 SERVING_ONLY=0; [ "${1:-}" = "--serving" ] && SERVING_ONLY=1
 # `--cold-start` runs the compiled-plan cache's GPU suite and bench/cold_start.py (~5 min).
 COLD_ONLY=0; [ "${1:-}" = "--cold-start" ] && COLD_ONLY=1
 # `--sdpa-bwd` runs the SDPA backward GPU suite and bench/sdpa_bwd.py (~8 min).
 SDPA_BWD_ONLY=0; [ "${1:-}" = "--sdpa-bwd" ] && SDPA_BWD_ONLY=1
+RELIABILITY_ONLY=0; [ "${1:-}" = "--reliability" ] && RELIABILITY_ONLY=1
 OUT=${OUT:-/tmp/out}
 LOG=/tmp/session
 mkdir -p "$OUT" "$LOG"
@@ -68,11 +74,18 @@ if [ "$COLD_ONLY" = 1 ]; then
   tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
 fi
 if [ "$SERVING_ONLY" = 1 ]; then
-  step gpu_streams 110 python3 -m pytest -q -p no:cacheprovider -rfs \
-    tests/gpu/test_plan_streams_gpu.py tests/gpu/test_sdpa_vs_backend_gpu.py
+  step gpu_streams 100 python3 -m pytest -q -p no:cacheprovider -rfs \
+    tests/gpu/test_plan_streams_gpu.py tests/gpu/test_sdpa_vs_backend_gpu.py \
+    tests/gpu/test_sdpa_gpu.py -k "streams or backend or engine"
+  step sdpa_host 140 python3 bench/sdpa_host.py --out "$LOG/sdpa_host.md"
+  step sdpa_ranked 120 python3 bench/sdpa_ranked.py --out "$LOG/sdpa_ranked.md"
+  step sdpa 130 python3 bench/sdpa_fwd.py --budget-s 90 --out "$LOG/sdpa_fwd.md"
+  tail -n 3 "$LOG"/gpu_*.log
+  tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
+fi
+if [ "$RELIABILITY_ONLY" = 1 ]; then
   step reliability 220 env OUT= PER_RUN=45 RESULTS="$LOG/reliability.md" bash bench/reliability_gpu.sh
   step doctor 30 python3 -m cudnn_pygraph doctor
-  tail -n 3 "$LOG"/gpu_*.log
   tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
 fi
 if [ "$SDPA_BWD_ONLY" = 1 ]; then

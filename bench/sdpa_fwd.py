@@ -492,11 +492,14 @@ def decode_row(page, candidates, budget_s, reps=20):
     checks = [0, b - 1]
     refs = [attention_one(q[i], kd[i], vd[i], scale)[0] for i in checks]
     ws = torch.empty(b * hq * 64 * (d + 1), device=DEV, dtype=torch.float32)
+    # The split-KV merge's arrival counters: zeroed once, every launch leaves them zero.
+    counters = torch.zeros(b * hkv, device=DEV, dtype=torch.int32)
     current = [None]
 
     def launch(kn):
         current[0] = kn
-        sdpa_decode(q, kc, vc, table, seq, out, attn_scale=scale, knobs=kn, workspace=ws)
+        sdpa_decode(q, kc, vc, table, seq, out, attn_scale=scale, knobs=kn, workspace=ws,
+                    counters=counters)  # fmt: skip
 
     def check():
         out.fill_(float("nan"))

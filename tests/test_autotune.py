@@ -98,6 +98,7 @@ FAMILY = manifest.EngineFamily(
         manifest.EngineSlot(2, Decliner.name, __name__, "Decliner"),
     ),
     heuristics=(__name__, "recommend"),
+    shard=(__name__, "shard"),
 )
 
 
@@ -155,6 +156,75 @@ def test_wall_clock_selects_the_fastest_plan_and_skips_what_does_not_build():
     EXECUTED.clear()
     graph.execute(pack)  # the selected plan is built and ready
     assert EXECUTED == [32]
+
+
+class FakeClock:
+    """An injected clock: a stand-in plan's call advances it by its tile's cost (host ms
+    on every call, plus device ms that run behind the host and are paid at the drain)."""
+
+    def __init__(self, host_ms, device_ms):
+        self.now = 0.0
+        self.host_ms, self.device_ms = host_ms, device_ms
+        self.queue_end = 0.0  # when the device finishes what was issued
+
+    def __call__(self):
+        return self.now
+
+    def issue(self, tile):
+        self.now += self.host_ms[tile] / 1e3
+        start = max(self.now, self.queue_end)
+        self.queue_end = start + self.device_ms[tile] / 1e3
+
+    def drain(self):
+        self.now = max(self.now, self.queue_end)
+
+
+def test_placement_ranks_by_time_per_call_back_to_back_host_and_device(monkeypatch):
+    """What autotune ranks by is end-to-end time per call issued back to back: tile 16 has
+    the fastest kernel but a slow host side (host-bound at 5 ms a call), tile 64 the fastest
+    host side but a slow kernel (device-bound at 4), tile 32 costs 3 both ways: tile 32
+    wins. Each median is the slower side's rate plus the faster side of one call (the call
+    that fills the pipeline), spread over the burst. The result and the cache entry name
+    the family's placement cell."""
+    clock = FakeClock(host_ms={16: 5.0, 32: 3.0, 64: 0.5}, device_ms={16: 0.5, 32: 3.0, 64: 4.0})
+    monkeypatch.setattr(SleepyPlan, "execute", lambda self, g, p, c: clock.issue(self.tile))
+    timer = lambda call, warmup, reps: at.back_to_back_ms(  # noqa: E731
+        call, warmup, reps, clock=clock, drain=clock.drain
+    )
+    graph, pack = planned_graph()
+    result = graph.autotune(pack, warmup=2, reps=3, timer=timer)
+    assert tile_of(result) == 32
+    medians = {t.name: t.median_ms for t in result.timings if t.median_ms is not None}
+    n = at.BURST
+    want = {16: 5.0 + 0.5 / n, 32: 3.0 + 3.0 / n, 64: 4.0 + 0.5 / n}
+    assert medians == pytest.approx({f"standin_sleepy[TILE_M={t}]": ms for t, ms in want.items()})
+    assert result.first_listed_gap() == pytest.approx(want[16] / want[32] - 1.0)
+    assert result.shard == "gdn/standin cell"
+    entry = json.loads(pathlib.Path(result.cache_path).read_text())
+    assert entry["shard"] == "gdn/standin cell"
+    assert entry["timings_ms"]["standin_sleepy[TILE_M=64]"] == pytest.approx(want[64])
+    replay = planned_graph()[0].autotune(pack, timer=forbidden_timer)
+    assert replay.from_cache and replay.shard == "gdn/standin cell"
+
+
+def test_a_burst_is_timed_from_a_drained_queue_and_divided_per_call():
+    """back_to_back_ms on its own: warmup calls untimed, each rep one burst of calls between
+    two drains, the figure per call; every call gets its own rotation index."""
+    clock = FakeClock(host_ms={0: 1.0}, device_ms={0: 2.0})
+    seen = []
+
+    def call(i):
+        seen.append(i)
+        clock.issue(0)
+
+    out = at.back_to_back_ms(call, 2, 3, burst=4, clock=clock, drain=clock.drain)
+    # device-bound: one host call fills the pipeline, then 4 kernels of 2 ms: 9 ms / 4
+    assert out == pytest.approx([2.25, 2.25, 2.25])
+    assert seen == list(range(2 + 3 * 4))
+
+
+def shard(facts):
+    return "standin cell"
 
 
 @pytest.mark.parametrize(

@@ -265,6 +265,43 @@ def test_bad_input_is_named():
             gemm_graph().create_execution_plan(eid, {knob_type.MMA_TILE_M: 64})
 
 
+def _executes():
+    return [c for c in fakes.CALLS if len(c) == 4]
+
+
+@pytest.mark.parametrize("how", ["handle-arg", "graph-handle"])
+def test_a_stream_the_plan_cannot_read_or_a_handle_of_another_device_launches_nothing(how):
+    """execute(handle=h) where h's stream is an object with no CUDA stream in it (assigned,
+    not bound through set_stream), or h belongs to another device than the plan's: the
+    classic error types (TypeError / ValueError) naming the stream or the device, and the
+    plan never runs. Binding such a stream is refused at set_stream already."""
+    with manifest.use_families([family(AB)]):
+        g = gemm_graph()  # planned for SM[90], ordinal 0
+        if how == "graph-handle":
+            g._backend_options["handle"] = cudnn.create_handle()
+        g.create_execution_plans([heur_mode.A])
+        g.build_plans()
+        a, b, c = (np.full(s, 1.0, np.float16) for s in ((1, 16, 8), (1, 8, 4), (1, 16, 4)))
+        by_name = {t.name: t for t in g.tensors}
+        pack = {by_name["A"]: a, by_name["B"]: b, by_name["C"]: c}
+        h = g._backend_options["handle"] or cudnn.create_handle()
+        given = None if how == "graph-handle" else h
+        with pytest.raises(TypeError, match="stream"):
+            cudnn.set_stream(handle=h, stream=object())
+        h.stream = object()
+        with pytest.raises(TypeError, match="cannot read a CUDA stream from object"):
+            g.execute(pack, handle=given)
+        h.stream = None
+        h.device = 1
+        with pytest.raises(ValueError, match="handle: device 1, but this graph's plans were "
+                           "built for device 0"):  # fmt: skip
+            g.execute(pack, handle=given)
+        assert _executes() == []
+        h.device = 0
+        g.execute(pack, handle=given)
+        assert len(_executes()) == 1
+
+
 def test_python_only_graph_never_reaches_the_backend(monkeypatch):
     monkeypatch.setattr(adapter, "BACKEND", adapter.BackendPeer())
     from test_graph_ir import gdn_graph

@@ -133,6 +133,31 @@ def test_replays_a_recorded_plan_by_engine_id_and_knobs():
     assert rel_err(tc, ta.double() @ tb.double()) < TOL[HALF]
 
 
+@pytest.mark.parametrize("case", ["plain", "scale-bias-relu", "transposed-B"])
+def test_every_listed_plan_rebuilt_from_its_engine_id_and_knobs_compiles_the_same_kernel(case):
+    """Every axis the kernel is compiled on is a public knob or a fact of the graph: each
+    listed plan, rebuilt by create_execution_plan(engine_id, knobs) on a fresh graph,
+    reports the same kernel key (signature, constexprs, aligned parameters, options), and
+    the listed configs are distinct kernels."""
+    g = _graph()
+    _build(case, g, 2, 48, 40, 32, HALF)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    planning = g._require_planning()
+    keys = []
+    for index in range(g.get_execution_plan_count()):
+        engine_id, knobs = g.get_engine_and_knobs_at_index(index)
+        g.build_plan_at_index(index)
+        listed = planning.built[planning.plans[index].identity].kernel_keys
+        again = _graph()
+        _build(case, again, 2, 48, 40, 32, HALF)
+        again.create_execution_plan(engine_id, knobs)
+        again.build_plan_at_index(0)
+        replayed = again._require_planning()
+        assert replayed.built[replayed.plans[0].identity].kernel_keys == listed, (index, knobs)
+        keys += listed
+    assert len(keys) > 1 and len(set(keys)) == len(keys)
+
+
 def _intermediate_output(g):
     x = g.matmul(g.tensor([1, 16, 8], name="A"), g.tensor([1, 8, 4], name="B"))
     x.set_output(True).set_name("mm")

@@ -7,7 +7,7 @@ kinds: no handle (the legacy default stream, as the backend's default handle), a
 bound to 0 (the legacy default stream), to a new torch stream, to CUDA's per-thread default
 stream (cudaStreamPerThread, what a framework built for it uses). Then capture into a CUDA
 graph on a non-default stream and replay after the input changed. Engines: GEMM, SDPA
-prefill, SDPA decode with its split-KV combine, GDN. Skips without a CUDA device.
+prefill, SDPA decode with its split-KV merge, GDN. Skips without a CUDA device.
 
 Run: PYTHONPATH=src:tests python -m pytest -q tests/gpu/test_plan_streams_gpu.py
 """
@@ -82,7 +82,7 @@ def _decode():
     o.set_output(True)
     name = _ours_first(g)
     assert name.startswith("triton_sdpa_decode"), name
-    assert g.get_workspace_size() > 0, "split-KV: the combine launch is part of the plan"
+    assert g.get_workspace_size() > 0, "split-KV: the in-kernel merge is part of the plan"
     bf = {"device": DEV, "dtype": torch.bfloat16}
     feed = {q: torch.randn(b, hq, 1, d, **bf), kc: torch.randn(pages, hkv, page, d, **bf),
             vc: torch.randn(pages, hkv, page, d, **bf),

@@ -160,7 +160,9 @@ def test_decode_paged_bf16(page, knobs):
 
 
 def test_cuda_graph_capture_and_replay():
-    """Prefill (THD, GQA) and split-KV decode captured once, replayed on new inputs."""
+    """Prefill (THD, GQA) and split-KV decode captured once, replayed twice on new inputs:
+    the decode's arrival counters are zeroed once, outside the capture, and each launch's
+    last arrival leaves them zero for the next replay."""
     lens, hq, hkv, d = [5, 200, 64], 8, 2, 128
     q, k, v, cu = _thd_case(lens, hq, hkv, d)
     out = torch.empty_like(q)
@@ -170,6 +172,7 @@ def test_cuda_graph_capture_and_replay():
     outd = torch.empty_like(qd)
     dknobs = SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=4)
     ws = torch.empty(2 * hq * 4 * (d + 1), device=DEV, dtype=torch.float32)
+    counters = torch.zeros(2 * hkv, device=DEV, dtype=torch.int32)
     pknobs = recommend_prefill(
         head_dim=d, causal=True, group=hq // hkv, is_thd=True, max_seqlen_q=max(lens)
     )[0]
@@ -187,19 +190,22 @@ def test_cuda_graph_capture_and_replay():
             ragged_offsets_kv=cu,
             max_seqlen_q=max(lens),
         )
-        sdpa_decode(qd, kc, vc, table, seq, outd, attn_scale=0.1, knobs=dknobs, workspace=ws)
+        sdpa_decode(qd, kc, vc, table, seq, outd, attn_scale=0.1, knobs=dknobs, workspace=ws,
+                    counters=counters)  # fmt: skip
 
     step()  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    q.copy_(torch.randn_like(q))
-    qd.copy_(torch.randn_like(qd))
-    out.fill_(float("nan"))
-    outd.fill_(float("nan"))
-    graph.replay()
+    for _ in range(2):
+        q.copy_(torch.randn_like(q))
+        qd.copy_(torch.randn_like(qd))
+        out.fill_(float("nan"))
+        outd.fill_(float("nan"))
+        graph.replay()
     torch.cuda.synchronize()
+    assert not counters.any()
     offs = cu.tolist()
     for i in range(len(lens)):
         sl = slice(offs[i], offs[i + 1])
@@ -328,3 +334,104 @@ def test_engines_plan_build_execute_on_gpu():
                 assert rel_err(to[i], ref_o) <= TOL["out"]
     finally:
         adapter.backend_installed = saved
+
+
+def _engines_only():
+    """The sdpa_fwd engines through the manifest, the backend hidden (a context manager)."""
+    import contextlib
+    import dataclasses
+
+    from cudnn_pygraph.backend import adapter
+    from cudnn_pygraph.planning import manifest
+
+    engine = "cudnn_pygraph.engines.sdpa.engines"
+    fam = dataclasses.replace(
+        manifest.family_by_name("sdpa_fwd"),
+        slots=(
+            manifest.EngineSlot(0, "triton_sdpa_prefill", engine, "SdpaPrefillEngine"),
+            manifest.EngineSlot(1, "triton_sdpa_decode", engine, "SdpaDecodeEngine"),
+        ),
+        heuristics=(engine, "recommend"),
+    )
+    families = tuple(fam if f.name == "sdpa_fwd" else f for f in manifest.FAMILIES)
+
+    @contextlib.contextmanager
+    def scope():
+        saved = adapter.backend_installed
+        adapter.backend_installed = lambda: False
+        try:
+            with manifest.use_families(families):
+                yield
+        finally:
+            adapter.backend_installed = saved
+
+    return scope()
+
+
+def _dense_engine_graph(b, h, s, d, causal):
+    import cudnn_pygraph as cudnn
+
+    dt = cudnn.data_type
+    g = cudnn.pygraph(io_data_type=dt.BFLOAT16, compute_data_type=dt.FLOAT)
+    q = g.tensor([b, h, s, d], name="q")
+    k = g.tensor([b, h, s, d], name="k")
+    v = g.tensor([b, h, s, d], name="v")
+    o, st = g.sdpa(q, k, v, attn_scale=d**-0.5, use_causal_mask=causal, generate_stats=True)
+    o.set_output(True)
+    st.set_output(True).set_data_type(dt.FLOAT)
+    return g, (q, k, v, o, st)
+
+
+def _run_engine_plan(g, t, b, h, s, d, causal, stream):
+    import cudnn_pygraph as cudnn
+
+    q, k, v, o, st = t
+    tq, tk, tv = rnd(b, h, s, d), rnd(b, h, s, d), rnd(b, h, s, d)
+    to = torch.full((b, h, s, d), float("nan"), device=DEV, dtype=BF16)
+    ts = torch.full((b, h, s, 1), float("nan"), device=DEV)
+    stream.wait_stream(torch.cuda.current_stream())
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle=handle, stream=stream.cuda_stream)
+    g.execute({q: tq, k: tk, v: tv, o: to, st: ts}, handle=handle)
+    stream.synchronize()
+    for i in range(b):
+        ref_o, ref_l = attention_one(tq[i], tk[i], tv[i], d**-0.5, None, 0 if causal else None)
+        assert rel_err(to[i], ref_o) <= TOL["out"]
+        assert lse_err(ts[i, ..., 0], ref_l) <= TOL["stats"]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_prefill_engine_head_dim_256(causal):
+    """The prefill row's D=256: every listed plan (kernels/configs.py's smaller tiles) builds
+    and runs right through the engine, on a handle's stream."""
+    import cudnn_pygraph as cudnn
+
+    b, h, s, d = 2, 4, 333, 256
+    with _engines_only():
+        g, _ = _dense_engine_graph(b, h, s, d, causal)
+        g.create_execution_plans([cudnn.heur_mode.A])
+        listed = [g.get_engine_and_knobs_at_index(i) for i in range(g.get_execution_plan_count())]
+        for engine_id, knobs in listed:
+            g, t = _dense_engine_graph(b, h, s, d, causal)
+            g.create_execution_plan(engine_id, knobs)
+            g.build_plans()
+            _run_engine_plan(g, t, b, h, s, d, causal, torch.cuda.Stream())
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_prefill_engine_tma_plan(d):
+    """INPUT_TMA_ENABLE=1 on the engine path: K/V through tensor descriptors, their global
+    scratch the plan's own per stream, right against float64 on two streams."""
+    import cudnn_pygraph as cudnn
+
+    b, h, s = 2, 4, 333
+    with _engines_only():
+        g, _ = _dense_engine_graph(b, h, s, d, True)
+        g.create_execution_plans([cudnn.heur_mode.A])
+        engine_id, knobs = g.get_engine_and_knobs_at_index(0)
+        knobs = {**knobs, cudnn.knob_type.INPUT_TMA_ENABLE: 1, cudnn.knob_type.TILE_N: 64}
+        g, t = _dense_engine_graph(b, h, s, d, True)
+        g.create_execution_plan(engine_id, knobs)
+        g.build_plans()
+        for _ in range(2):
+            _run_engine_plan(g, t, b, h, s, d, True, torch.cuda.Stream())

@@ -1,6 +1,6 @@
 """Every python SDPA plan the heuristics list, against the backend plan on the same graph, in
 bf16: mask kinds (none, top-left and bottom-right causal, sliding window, padding), GQA,
-THD ragged, paged decode (pages of 16 and 64, split-KV and its combine), paged prefill, and
+THD ragged, paged decode (pages of 16 and 64, split-KV and its in-kernel merge), paged prefill, and
 Stats. The float64 references elsewhere check the formula; this checks the answer a caller
 gets is the answer the backend gives, whichever plan the list puts first. Skips without a
 CUDA device; a case the backend builds no plan for is skipped with its reason.
@@ -144,6 +144,7 @@ def _thd(q_lens, kv_lens, hq, hkv, d, *, stats=True, **mask):
 
 CASES = {
     "bhsd-none-stats": lambda: _dense(2, 8, 8, 256, 256, 128),
+    "d256-causal-stats": lambda: _dense(2, 4, 4, 200, 200, 256, use_causal_mask=True),
     "bshd-causal-gqa": lambda: _dense(2, 16, 4, 384, 384, 128, bshd=True, use_causal_mask=True),
     "bottom-right-gqa": lambda: _dense(2, 8, 2, 128, 384, 128, use_causal_mask_bottom_right=True),
     "window-d64": lambda: _dense(

@@ -314,11 +314,12 @@ def _forward_graph(x, **attrs):
     return g, t, o, final
 
 
-def _execute(g, t, o, final, x, *, plan=None):
-    """Build (the plan list's first plan, or a replayed one) and execute into NaN-filled
+def _execute(g, t, o, final, x, *, plan=None, index=0):
+    """Build (the plan list's plan at `index`, or a replayed one) and execute into NaN-filled
     outputs; returns (O, final state)."""
     if plan is None:
         g.create_execution_plans([cudnn.heur_mode.A])
+        g.select_plan(index)
     else:
         g.create_execution_plan(*plan)
     g.build_plans()
@@ -367,6 +368,36 @@ def test_plans_name_their_config_and_a_replay_by_knobs_builds_the_same_kernels(m
         g4, *_ = _forward_graph(x)
         with pytest.raises(ValueError, match="CONFIG=9"):
             g4.create_execution_plan(engine_id, {cudnn.knob_type.KERNEL_CFG: 9})
+
+
+def test_every_listed_plan_rebuilt_from_its_engine_id_and_knobs_launches_the_same_kernels(
+    monkeypatch,
+):
+    # Item by item over the list: each listed plan and its replay by (engine_id, knobs) on a
+    # fresh graph launch the same kernels with the same constexprs (what Triton compiles on),
+    # and the listed configs differ from each other.
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
+
+    seen = []
+    for name in dir(gdn_mod):
+        if name.endswith("_kernel"):
+            monkeypatch.setattr(gdn_mod, name, LaunchSpy(name, getattr(gdn_mod, name), seen))
+    x = inputs(seqlens=(20,))
+    with with_gdn_engine():
+        g, *_ = _forward_graph(x)
+        g.create_execution_plans([cudnn.heur_mode.A])
+        listed = [g.get_engine_and_knobs_at_index(i) for i in range(g.get_execution_plan_count())]
+        launched = []
+        for index, plan in enumerate(listed):
+            runs = []
+            for replay in (None, plan):
+                seen.clear()
+                g, t, o, final = _forward_graph(x)
+                _execute(g, t, o, final, x, plan=replay, index=index)
+                runs.append(tuple(seen))
+            assert runs[0] == runs[1], plan
+            launched.append(runs[0])
+        assert len(listed) > 1 and len(set(launched)) == len(launched)
 
 
 def test_batch_invariant_lists_one_config_first_whatever_the_batch():

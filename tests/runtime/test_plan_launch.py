@@ -142,3 +142,52 @@ def test_a_handle_of_another_device_is_refused():
         check_device(Handle(device=0), gpu1)
     check_device(Handle(device=1), gpu1)  # the same device: served
     check_device(None, gpu1)  # no handle: the default stream of the plan's device
+
+
+@triton.jit
+def _count(X, C):
+    tl.atomic_add(C + tl.program_id(0), tl.load(X))
+
+
+def test_a_plans_zeroed_memory_is_its_own_per_stream():
+    """A launch argument on `zeroed_tensor` reads the plan's own zeroed memory: one set per
+    stream (two launches in flight never count into one), the same set on every call of a
+    stream (a kernel that leaves it zero finds it zero again)."""
+    calls = []
+    ops = [rl.Operand(0, "x", (4,), (1,), torch.int32, "declared")]
+    launch = rl.Launch(_count, (4,), (ops[0].symbolic(0), rl.zeroed_tensor(16, torch.int32)), {})
+    compiled = rl.compile_launch(launch)
+    compiled.kernel = types.SimpleNamespace(
+        launch=lambda *a: calls.append(a), function="F", packed_metadata="M",
+        cooperative=False, pdl=False,
+    )  # fmt: skip
+    zeroed = rl.PerStreamMemory(16, 0, interpreter=True)
+    execute = rl._generated("test", ops, [compiled], 0, zeroed)
+    layout = DeclaredLayout([(1, (4,), (1,), int(data_type.INT32), 32)], names=["x"])
+    x = torch.ones(4, dtype=torch.int32)
+    for stream in (None, 0x10, None):
+        execute(
+            None, VariantPack.from_objects(layout, [x]), ExecutionContext(None, stream, None, None)
+        )
+    addresses = [c[len(rl.LAUNCHER_HEAD) + 1] for c in calls]
+    assert addresses[0] == addresses[2] != addresses[1]
+    assert addresses[0] == zeroed.tensor(0).data_ptr()
+    assert not zeroed.tensor(0x10).any()
+
+
+def test_a_kernels_global_scratch_is_the_plans_own_per_stream():
+    """A kernel that writes tensor descriptors at launch (Triton's global scratch) gets the
+    plan's own scratch for the stream it launches on, in the launcher's scratch slot."""
+    calls = []
+    _, compiled = _plan(calls)
+    compiled.scratch = rl.PerStreamMemory(4 * 128, 0, interpreter=True)
+    ops = [rl.Operand(i, n, (4, 32), (32, 1), torch.float16, "strided") for i, n in enumerate("xy")]
+    execute = rl._generated("test", ops, [compiled], 0)
+    x, y = torch.randn(4, 32).half(), torch.empty(4, 32).half()
+    for stream in (None, 0x20):
+        execute(None, _pack(x, y), ExecutionContext(None, stream, None, None))
+    slot = rl.LAUNCHER_HEAD.index("global_scratch")
+    assert [c[slot] for c in calls] == [
+        compiled.scratch.tensor(0).data_ptr(),
+        compiled.scratch.tensor(0x20).data_ptr(),
+    ]

@@ -350,6 +350,25 @@ def test_hook_places_backend_by_measured_shard():
     assert page16[0].engine_id == decode and page16[-1] is BACKEND
     page64 = recommend(cudnn.heur_mode.A, SdpaGraphFacts(**dict(paged, page_size=64)), (decode,))
     assert page64[0] is BACKEND
+    page32 = recommend(cudnn.heur_mode.A, SdpaGraphFacts(**dict(paged, page_size=32)), (decode,))
+    assert page32[0].engine_id == decode  # untimed: ours first
+
+
+def test_the_placement_cell_autotune_records_is_the_one_the_hook_ranks_by():
+    """planning/autotune.shard_of names a planned graph's cell through the family's shard
+    rule: the cell the hook placed the backend by."""
+    from cudnn_pygraph.planning.autotune import shard_of
+
+    cells = {}
+    for make in (_dense_graph, _thd_graph, _paged_graph):
+        g = make()
+        g.create_execution_plans([cudnn.heur_mode.A])
+        cells[make.__name__] = shard_of(g)
+    assert cells == {
+        "_dense_graph": "sdpa_fwd/dense",
+        "_thd_graph": "sdpa_fwd/thd",
+        "_paged_graph": "sdpa_fwd/paged page_size=16",
+    }
 
 
 def _built_plans(g, which="prefill"):
@@ -765,3 +784,130 @@ def test_a_length_tensor_of_another_rank_is_declined_as_the_backend_refuses_it()
     with pytest.raises(cudnn.cudnnGraphNotSupportedError):
         g.create_execution_plans([cudnn.heur_mode.A])
     assert "seq_len_kv has rank 3" in g.explain()
+
+
+def _decode_stats_graph(b, hq, hkv, d, page, max_pages, num_pages, s_max):
+    g = _graph()
+    i32 = dict(data_type=DT.INT32)
+    t = {
+        "q": g.tensor([b, hq, 1, d], name="q"),
+        "kc": g.tensor([num_pages, hkv, page, d], name="k_cache"),
+        "vc": g.tensor([num_pages, hkv, page, d], name="v_cache"),
+        "table": g.tensor([b, 1, max_pages, 1], **i32, name="page_table"),
+        "len_q": g.tensor([b, 1, 1, 1], **i32, name="seq_len_q"),
+        "len_kv": g.tensor([b, 1, 1, 1], **i32, name="seq_len_kv"),
+    }
+    t["o"], t["st"] = g.sdpa(t["q"], t["kc"], t["vc"], attn_scale=0.125, generate_stats=True,
+                             use_padding_mask=True, use_causal_mask_bottom_right=True,
+                             seq_len_q=t["len_q"], seq_len_kv=t["len_kv"],
+                             paged_attention_k_table=t["table"],
+                             paged_attention_v_table=t["table"],
+                             paged_attention_max_seq_len_kv=s_max)  # fmt: skip
+    t["o"].set_output(True)
+    t["st"].set_output(True).set_data_type(DT.FLOAT)
+    return g, t
+
+
+@pytest.mark.parametrize("split", [1, 2, 4], ids=["direct", "merge2", "merge4"])
+def test_decode_plan_is_one_launch_and_its_merge_leaves_the_counters_for_the_next_call(split):
+    """SPLIT_KV = 1 writes O directly; SPLIT_KV > 1 merges in the program that arrives last,
+    counted in the plan's own zeroed counters, which it resets: either way one launch per
+    call, and a second call (what a CUDA graph replays) is right too, through a workspace
+    full of NaN. GQA 4:1, Stats, bottom-right causal, an empty request."""
+
+    lens, hq, hkv, d, page = [0, 37, 100], 8, 2, 64, 16
+    b, max_pages = len(lens), 7
+    num_pages = b * max_pages + 1
+    g, t = _decode_stats_graph(b, hq, hkv, d, page, max_pages, num_pages, 112)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    engine_id, knobs = g.get_engine_and_knobs_at_index(0)
+    knobs = {**knobs, cudnn.knob_type.SPLIT_KV: split, cudnn.knob_type.TILE_N: 16}
+    g, t = _decode_stats_graph(b, hq, hkv, d, page, max_pages, num_pages, 112)
+    g.create_execution_plan(engine_id, knobs)
+    g.build_plans()
+    planning = g._require_planning()
+    assert len(planning.built[planning.plans[0].identity].kernel_keys) == 1
+    assert g.get_workspace_size() == (0 if split == 1 else 4 * b * hq * split * (d + 1))
+    tkc, tvc = (torch.randn(num_pages, hkv, page, d).half() for _ in range(2))
+    tt = torch.randperm(num_pages)[: b * max_pages].to(torch.int32).reshape(b, 1, max_pages, 1)
+    ws = torch.full((max(1, g.get_workspace_size() // 4),), float("nan"))
+    for _ in range(2):
+        tq = torch.randn(b, hq, 1, d).half()
+        to = torch.full((b, hq, 1, d), float("nan")).half()
+        ts = torch.full((b, hq, 1, 1), float("nan"))
+        pack = {t["q"]: tq, t["kc"]: tkc, t["vc"]: tvc, t["table"]: tt, t["o"]: to, t["st"]: ts,
+                t["len_q"]: torch.ones(b, 1, 1, 1, dtype=torch.int32),
+                t["len_kv"]: torch.tensor(lens, dtype=torch.int32).reshape(b, 1, 1, 1)}  # fmt: skip
+        g.execute(pack, ws)
+        assert torch.equal(to[0], torch.zeros_like(to[0]))
+        assert torch.isinf(ts[0]).all() and (ts[0] < 0).all()
+        for i, n in enumerate(lens[1:], 1):
+            tok = torch.arange(n)
+            pages = tt[i, 0, tok // page, 0].long()
+            kd = tkc[pages, :, tok % page].transpose(0, 1)
+            vd = tvc[pages, :, tok % page].transpose(0, 1)
+            ref_o, ref_l = attention_one(tq[i], kd, vd, 0.125)
+            assert rel_err(to[i], ref_o) <= TOL["out"]
+            assert lse_err(ts[i, :, :, 0], ref_l) <= TOL["stats"]
+
+
+def _dense_stats_graph(b, h, s, d, causal=True):
+    g = _graph()
+    q, k, v = (g.tensor([b, h, s, d], name=n) for n in ("q", "k", "v"))
+    o, st = g.sdpa(q, k, v, attn_scale=d**-0.5, use_causal_mask=causal, generate_stats=True)
+    o.set_output(True)
+    st.set_output(True).set_data_type(DT.FLOAT)
+    return g, (q, k, v, o, st)
+
+
+def _run_dense(g, t, b, h, s, d, causal=True):
+    q, k, v, o, st = t
+    tq, tk, tv = (torch.randn(b, h, s, d).half() for _ in range(3))
+    to = torch.full((b, h, s, d), float("nan")).half()
+    ts = torch.full((b, h, s, 1), float("nan"))
+    g.execute({q: tq, k: tk, v: tv, o: to, st: ts})
+    for i in range(b):
+        ref_o, ref_l = attention_one(tq[i], tk[i], tv[i], d**-0.5, None, 0 if causal else None)
+        assert rel_err(to[i], ref_o) <= TOL["out"]
+        assert lse_err(ts[i, :, :, 0], ref_l) <= TOL["stats"]
+
+
+def test_head_dim_256_is_a_prefill_row_and_runs_on_its_smaller_tiles():
+    """D=256 is in the prefill engine's capability row (decode's stays 64 / 128): the hook
+    lists 64-row tiles, and the first listed plan is right against float64."""
+    b, h, s, d = 1, 2, 24, 256
+    g, t = _dense_stats_graph(b, h, s, d)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    tiles = {g.get_engine_and_knobs_at_index(i)[1][cudnn.knob_type.TILE_M]
+             for i in range(g.get_execution_plan_count())}  # fmt: skip
+    assert tiles == {64}
+    g.build_plans()
+    _run_dense(g, t, b, h, s, d)
+
+
+def test_tma_is_a_knob_of_dense_prefill_plans_and_declines_where_no_descriptor_exists():
+    """INPUT_TMA_ENABLE=1 replays a dense plan with K/V through tensor descriptors (the
+    compiled key says TMA), right against float64; a THD graph has element offsets and no
+    descriptor path, so its TMA=1 plan declines, naming why."""
+    b, h, s, d = 1, 2, 40, 64
+    g, _ = _dense_stats_graph(b, h, s, d)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    engine_id, knobs = g.get_engine_and_knobs_at_index(0)
+    assert knobs[cudnn.knob_type.INPUT_TMA_ENABLE] == 0
+    tma = {**knobs, cudnn.knob_type.INPUT_TMA_ENABLE: 1, cudnn.knob_type.TILE_N: 64}
+    keys = {}
+    for flag in (0, 1):
+        g, t = _dense_stats_graph(b, h, s, d)
+        g.create_execution_plan(engine_id, {**tma, cudnn.knob_type.INPUT_TMA_ENABLE: flag})
+        g.build_plans()
+        planning = g._require_planning()
+        plan = planning.built[planning.plans[0].identity]
+        (keys[flag],) = plan.kernel_keys
+        assert plan.launches[0].launch.kwargs["TMA"] is bool(flag)
+        _run_dense(g, t, b, h, s, d)
+    assert keys[0] != keys[1]
+    thd = _thd_graph()
+    thd.create_execution_plan(engine_id, tma)
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError) as err:
+        thd.build_plans()
+    assert "THD has no tensor-descriptor path" in str(err.value) + thd.explain()

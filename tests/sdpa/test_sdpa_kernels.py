@@ -486,6 +486,27 @@ def test_decode_bad_page_table():
 
 
 @pytest.mark.parametrize(
+    "counters",
+    [None, torch.zeros(3, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)],
+    ids=["missing", "too-few", "int64"],
+)
+def test_decode_split_kv_without_its_counters_is_refused_by_name(counters):
+    """SPLIT_KV > 1 merges in the last arriving program, counted in int32 counters, one per
+    (request, kv head): a call without enough of them is refused before any launch."""
+    from cudnn_pygraph.engines.sdpa.kernels.decode import decode_launches
+
+    q = rand(2, 4, 1, 16, dtype=torch.float16)
+    cache = rand(4, 16, 2, 16, dtype=torch.float16)
+    knobs = SdpaDecodeKnobs(TILE_N=16, SPLIT_KV=2)
+    ws = torch.empty(decode_workspace_numel(2, 4, 1, 16, knobs), device=DEVICE)
+    with pytest.raises(ValueError, match="counters: SPLIT_KV=2 needs 4 contiguous int32"):
+        decode_launches(q, cache, cache, torch.zeros(2, 2, dtype=torch.int32, device=DEVICE),
+                        torch.ones(2, dtype=torch.int32, device=DEVICE), torch.empty_like(q),
+                        attn_scale=1.0, knobs=knobs, workspace=ws,
+                        counters=None if counters is None else counters.to(DEVICE))  # fmt: skip
+
+
+@pytest.mark.parametrize(
     "bad",
     [{"TILE_M": 24}, {"TILE_N": 8}, {"NUM_WARPS": 3}, {"NUM_STAGES": 0}],
     ids=["tile-m-24", "tile-n-8", "warps-3", "stages-0"],

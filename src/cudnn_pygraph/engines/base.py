@@ -113,6 +113,10 @@ class CompiledPlan:
     # was written against the VariantPack from the start, so nothing is left to migrate.
     # A python plan is compiled for the declared shapes; dynamic overrides are refused.
     supports_overrides = False
+    # What the plan compiled, one comparable value per kernel (Triton's specialization and
+    # options): a plan rebuilt by create_execution_plan(engine_id, knobs) reports the same,
+    # which is what makes a recorded (engine_id, knobs) a complete record. () = not known.
+    kernel_keys = ()
 
     def execute(self, graph, pack, ctx):
         """`ctx` is a runtime.execute.ExecutionContext: handle, stream, workspace."""

@@ -4,7 +4,15 @@ planning the same declaration on the same device replays it without timing anyth
 
   graph.autotune(variant_pack, workspace, handle, warmup=, reps=, ...)
       -> AutotuneResult (selected index, engine_id, public knobs, per-plan medians,
-         from_cache)
+         from_cache, the placement shard)
+
+What is timed is what a serving loop pays: `back_to_back_ms`, the time per call of a burst
+issued back to back from a drained queue, host and device together (a plan whose host side
+is slower than its kernels is timed at its host rate). The same function is the benches'
+(bench/sdpa_host.py), so a placement measured there is the figure autotune ranks by. Each
+result names its shard -- the family's placement cell for the graph (EngineFamily.shard:
+the cell the family hook places the backend by, e.g. "paged page_size=64") -- and the cache
+entry records it beside every plan's time.
 
 The cache follows the compiled-plan cache's safety rules (spec: "The compiled-plan
 cache"):
@@ -66,6 +74,18 @@ class AutotuneResult:
     from_cache: bool  # True: replayed from the cache, nothing was timed
     timings: list  # of PlanTiming (empty on a cache hit)
     cache_path: str | None  # the entry read or written; None with the cache off
+    shard: str = ""  # "<family>/<cell>": the placement cell the timings speak for
+
+    def first_listed_gap(self):
+        """How much slower the plan list's FIRST runnable plan ran than the fastest one
+        (0.0 when it is the fastest; None on a cache hit): what "the plan ranked first is
+        within 3% of the fastest listed plan" reads."""
+        timed = [t for t in self.timings if t.median_ms is not None]
+        if not timed:
+            return None
+        first = min(timed, key=lambda t: t.index)
+        best = min(t.median_ms for t in timed)
+        return first.median_ms / best - 1.0 if best > 0 else 0.0
 
     def table(self):
         """The timings as aligned text, fastest first (what the CLI prints)."""
@@ -81,15 +101,34 @@ class AutotuneResult:
 
 
 # ---------------------------------------------------------------- clocks
-def wall_times(fn, warmup, reps):
-    """Per-call wall-clock times in ms (the CPU path: the interpreter, stand-in engines)."""
+# Calls per timed burst: enough that one drain per burst costs little per call, few enough
+# that a plan of a few ms is timed in well under a second.
+BURST = 16
+
+
+def back_to_back_ms(call, warmup, reps, *, burst=BURST, clock=time.perf_counter, drain=None):
+    """End-to-end ms per call, one figure per rep: each rep drains the queue (`drain`, e.g.
+    torch.cuda.synchronize; None on the CPU), reads `clock` (seconds), issues `burst` calls
+    back to back, drains again and reads the clock. A plan whose host side outruns its
+    kernels is timed at the device rate, one whose kernels outrun the host at the host
+    rate: either way what a caller issuing it back to back pays per call (spec: "a number
+    flat in the burst size is host-bound; one that climbs with it is the device rate").
+    `call(i)` runs the plan once on rotation copy i (i counts through every call)."""
+    n = 0
     for _ in range(warmup):
-        fn(0)
+        call(n)
+        n += 1
     out = []
-    for i in range(reps):
-        t0 = time.perf_counter()
-        fn(i)
-        out.append((time.perf_counter() - t0) * 1e3)
+    for _ in range(reps):
+        if drain is not None:
+            drain()
+        t0 = clock()
+        for _ in range(burst):
+            call(n)
+            n += 1
+        if drain is not None:
+            drain()
+        out.append((clock() - t0) * 1e3 / burst)
     return out
 
 
@@ -117,17 +156,34 @@ def cuda_event_times(fn, warmup, reps, stream=None):
 
 
 def default_timer(device, handle=None):
-    """CUDA events (on the handle's stream) when the graph is planned for a GPU that torch
-    can see; else the wall clock (the Triton interpreter and CPU stand-ins)."""
+    """`back_to_back_ms`, draining the device (every stream, the handle's included) when the
+    graph is planned for a GPU that torch can see; else on the CPU's clock alone (the
+    Triton interpreter and CPU stand-ins)."""
     if device is not None and not device.is_interpreter:
         try:
             import torch
 
             if torch.cuda.is_available():
-                return functools.partial(cuda_event_times, stream=getattr(handle, "stream", None))
+                return functools.partial(back_to_back_ms, drain=torch.cuda.synchronize)
         except ImportError:
             pass
-    return wall_times
+    return back_to_back_ms
+
+
+def shard_of(graph):
+    """ "<family>/<cell>": the placement cell of a planned graph, read by the family's shard
+    rule (EngineFamily.shard) from the same facts its hook ranked by; "<family>/" when the
+    family names no cells, "" for a graph no family serves."""
+    record = graph._planning
+    family = record.family if record is not None else None
+    if family is None:
+        return ""
+    cell = ""
+    if family.shard is not None:
+        from . import facts, manifest
+
+        cell = str(manifest.resolve(family.shard)(facts.family_facts(graph, family)))
+    return f"{family.name}/{cell}"
 
 
 # ---------------------------------------------------------------- rotating inputs
@@ -229,7 +285,7 @@ def load_entry(key):
     return engine_id, knobs, path
 
 
-def store_entry(key, engine_id, knobs, plan_name, timings):
+def store_entry(key, engine_id, knobs, plan_name, timings, shard=""):
     """Write through a temp file in the same directory + os.replace (atomic on POSIX):
     a reader sees the old entry or the whole new one. A failure to write is not an
     error: the choice is still made in this process."""
@@ -239,6 +295,7 @@ def store_entry(key, engine_id, knobs, plan_name, timings):
         "engine_id": int(engine_id),
         "knobs": {knob_type(k).name: int(v) for k, v in knobs.items()},
         "plan_name": plan_name,
+        "shard": shard,
         "timings_ms": {t.name: t.median_ms for t in timings},
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -355,8 +412,9 @@ def autotune(
     rotate_inputs: time over distinct copies of the pack when it fits in L2 (GPU);
     use_cache: read and write the persistent cache (also off under
         CUDNN_PYGRAPH_DISABLE_AUTOTUNE_CACHE=1);
-    timer: fn(call, warmup, reps) -> [ms per rep]; default CUDA events on a GPU, the wall
-        clock otherwise. `call(i)` runs the plan once on rotation copy i.
+    timer: fn(call, warmup, reps) -> [ms per call, one per rep]; default
+        `back_to_back_ms` (end to end, host and device). `call(i)` runs the plan once on
+        rotation copy i.
 
     A plan that does not build or run here is skipped with its reason; none runs ->
     cudnnGraphNotSupportedError listing every reason. Returns an AutotuneResult and leaves
@@ -398,6 +456,7 @@ def autotune(
                     True,
                     [],
                     str(path),
+                    shard_of(graph),
                 )
         outcome = "invalid" if entry_path(key).exists() else "misses"
         _STATS[outcome] += 1
@@ -442,7 +501,8 @@ def autotune(
     best = min(timed, key=lambda t: (t.median_ms, t.index))  # ties keep the ranking's order
     _select_built(graph, record, best.index)
     engine_id, knobs = graph.get_engine_and_knobs_at_index(best.index)
-    path = store_entry(key, engine_id, knobs, best.name, timings) if use_cache else None
+    shard = shard_of(graph)
+    path = store_entry(key, engine_id, knobs, best.name, timings, shard) if use_cache else None
     log.info(
         "autotune graph '%s': selected #%d %s (%.4f ms)%s",
         graph.name,
@@ -452,7 +512,7 @@ def autotune(
         f", cached in {path}" if path else "",
     )
     return AutotuneResult(
-        best.index, engine_id, knobs, best.name, False, timings, str(path) if path else None
+        best.index, engine_id, knobs, best.name, False, timings, str(path) if path else None, shard
     )
 
 
@@ -505,6 +565,7 @@ __all__ = [
     "AutotuneResult",
     "PlanTiming",
     "autotune",
+    "back_to_back_ms",
     "cache_root",
     "clear",
     "cuda_event_times",
@@ -515,5 +576,5 @@ __all__ = [
     "prune",
     "source_digest",
     "stats",
-    "wall_times",
+    "shard_of",
 ]

@@ -37,6 +37,9 @@ class EngineFamily:
     analyzer: tuple | None = None  # ("module", "callable") -> facts record
     heuristics: tuple | None = None  # ("module", "callable"): recommend(kind, facts, offered)
     validator: tuple | None = None  # ("module", "callable"): validate_graph(graph) -> bool
+    # ("module", "callable"): shard(facts) -> str, the placement cell the hook ranks by
+    # (autotune records its timings under it); None: the family has one cell.
+    shard: tuple | None = None
 
     def engine_id(self, slot):
         return engine_ids.python_engine_id(self.index, slot.slot)
@@ -75,6 +78,7 @@ FAMILIES = (
         ),
         analyzer=_SDPA_ANALYZER,
         heuristics=(f"{_PKG}.engines.sdpa.engines", "recommend"),
+        shard=(f"{_PKG}.engines.sdpa.engines", "shard"),
         validator=(f"{_PKG}.graph.validators", "validate_sdpa"),
     ),
     EngineFamily(

@@ -44,6 +44,9 @@ LAUNCHER_HEAD = (
 )  # fmt: skip
 # The operand index of the caller's workspace in a launch's symbolic arguments.
 WORKSPACE = -1
+# The operand index of the plan's own zeroed memory (`zeroed_tensor`): counters a kernel
+# leaves at zero, which the caller's workspace cannot hold (its content is never assumed).
+ZEROED = -2
 
 
 class Kernel:
@@ -59,6 +62,7 @@ class Kernel:
         "key",
         "launch",
         "name",
+        "num_ctas",
         "packed_metadata",
         "pdl",
         "profile_bytes",
@@ -74,6 +78,7 @@ class Kernel:
         self.pdl = run.launch_pdl
         self.packed_metadata = compiled.packed_metadata
         self.scratch_bytes = run.global_scratch_size
+        self.num_ctas = getattr(run, "num_ctas", 1)
         self.profile_bytes = run.profile_scratch_size
         self.key = key
         self.name = name
@@ -231,7 +236,8 @@ class CompiledLaunch:
     specialization of them, and the key of the binary. `kernel` is the loaded `Kernel`
     (None until `load`; under the interpreter nothing is compiled)."""
 
-    __slots__ = ("ast", "kernel", "key", "launch", "options", "spec", "target", "values")
+    __slots__ = ("ast", "kernel", "key", "launch", "options", "scratch", "spec", "target",
+                 "values")  # fmt: skip
 
     def load(self, device_ordinal):
         """Compile (or read from the compiled-plan cache) and load on the device."""
@@ -305,7 +311,7 @@ def compile_launch(launch: Launch, arch: int = 90) -> CompiledLaunch:
     out.key = (fn.__name__, str(spec), str(options))
     out.ast = (fn, sig, cx, attrs)
     out.options = options.__dict__
-    out.kernel = None
+    out.kernel = out.scratch = None
     return out
 
 
@@ -344,23 +350,83 @@ def workspace_tensor(nbytes, dtype):
     return SymbolicTensor(WORKSPACE, (n,), (1,), dtype)
 
 
+def zeroed_tensor(nbytes, dtype):
+    """The plan's own zeroed memory as a launcher's argument code sees it: a flat `dtype`
+    run, zero before the plan's first launch on a stream. The kernels that take it must
+    leave it zero (an arrival counter reset by the last arrival): every later launch on
+    that stream, and a CUDA graph's replay, finds it zero again."""
+    import torch
+
+    n = nbytes // torch.empty((), dtype=dtype).element_size()
+    return SymbolicTensor(ZEROED, (n,), (1,), dtype)
+
+
+class PerStreamMemory(dict):
+    """stream -> the address of `nbytes` of one plan's own device memory for launches on
+    that stream, zeroed when allocated: the memory of `zeroed_tensor`, and a kernel's global
+    scratch (where Triton's tensor descriptors are written at every launch). Per stream
+    because two launches in flight must not share counters or scratch.
+    Allocated on the stream's first launch, the zero-fill enqueued on that stream, so
+    stream order puts it before the kernel with no host wait (a synchronize would break a
+    first launch under CUDA-graph capture; under capture the fill is recorded into the
+    graph and is harmless on replay). Under the interpreter the memory is a CPU tensor."""
+
+    def __init__(self, nbytes, ordinal, interpreter=False):
+        super().__init__()
+        self.nbytes, self.ordinal, self.interpreter = nbytes, ordinal, interpreter
+        self.tensors = {}
+        self._lock = threading.Lock()  # two threads' first launches on one stream: one set
+
+    def tensor(self, stream):
+        """The zeroed memory of `stream` as a torch uint8 tensor (allocated here once)."""
+        with self._lock:
+            return self._tensor(stream)
+
+    def _tensor(self, stream):
+        t = self.tensors.get(stream)
+        if t is None:
+            import torch
+
+            if self.interpreter:
+                t = torch.zeros(self.nbytes, dtype=torch.uint8)
+            else:
+                device = torch.device("cuda", self.ordinal)
+                # 0 is the legacy default stream: torch's default stream on the device.
+                on = (torch.cuda.default_stream(device) if stream == 0
+                      else torch.cuda.ExternalStream(stream, device=device))  # fmt: skip
+                with torch.cuda.stream(on):
+                    t = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
+            self.tensors[stream] = t
+        return t
+
+    def __missing__(self, stream):
+        self[stream] = address = self.tensor(stream).data_ptr()
+        return address
+
+
 class Refusal(ValueError):
     pass
 
 
-def prepare_execute(label, operands, launches, workspace_size, device):
+def prepare_execute(label, operands, launches, workspace_size, device, zeroed_size=0):
     """execute(graph, pack, ctx) over `launches` (their arguments built on
-    `operands[i].symbolic(i)` and `workspace_tensor`): compiled and loaded here, or under the
-    interpreter the same launches through `kernel[grid]`. Returns (execute, [CompiledLaunch])."""
+    `operands[i].symbolic(i)`, `workspace_tensor` and `zeroed_tensor` of `zeroed_size`
+    bytes): compiled and loaded here, or under the interpreter the same launches through
+    `kernel[grid]`. Returns (execute, [CompiledLaunch])."""
     compiled = [compile_launch(launch) for launch in launches]
-    if getattr(device, "is_interpreter", False):
-        return _interpreted(operands, compiled, workspace_size), compiled
+    interpreter = getattr(device, "is_interpreter", False)
     ordinal = getattr(device, "ordinal", 0) or 0
+    zeroed = PerStreamMemory(zeroed_size, ordinal, interpreter) if zeroed_size else None
+    if interpreter:
+        return _interpreted(operands, compiled, workspace_size, zeroed), compiled
     for c in compiled:
         c.load(ordinal)
         if c.kernel.scratch_bytes:
-            raise NotImplementedError(f"{label}: {c.kernel.name} needs global scratch")
-    return _generated(label, operands, compiled, workspace_size), compiled
+            # Triton's launcher sizes it per program: grid x CTAs x the kernel's bytes.
+            gx, gy, gz = c.launch.grid
+            c.scratch = PerStreamMemory(gx * gy * gz * c.kernel.num_ctas * c.kernel.scratch_bytes,
+                                        ordinal)  # fmt: skip
+    return _generated(label, operands, compiled, workspace_size, zeroed), compiled
 
 
 def _rules(operands, compiled):
@@ -372,6 +438,8 @@ def _rules(operands, compiled):
             rules.append(("dims", op_i, None))
     for c in compiled:
         for v, (ty, attr) in zip(c.values, c.spec):
+            if type(v) is SymbolicTensor and v.slot == ZEROED:
+                continue  # the allocator's alignment
             if type(v) is SymbolicTensor and attr == "D":
                 rules.append(("aligned", v.slot, v.offset))
             elif type(v) is Stride:
@@ -382,11 +450,11 @@ def _rules(operands, compiled):
     return list(dict.fromkeys(rules))
 
 
-def _generated(label, operands, compiled, workspace_size):
+def _generated(label, operands, compiled, workspace_size, zeroed=None):
     """The straight-line execute (the spec's "source codegen off the same table")."""
     env = {"POSITIONS": tuple(op.position for op in operands), "refuse": _refuse,
            "OPERANDS": tuple(operands), "workspace_address": _workspace_address(),
-           "NEED": workspace_size}  # fmt: skip
+           "NEED": workspace_size, "ZEROED": zeroed}  # fmt: skip
     n = len(operands)
     strided = [i for i, op in enumerate(operands) if op.mode == "strided"]
     lines = ["def execute(graph, pack, ctx):"]
@@ -398,6 +466,12 @@ def _generated(label, operands, compiled, workspace_size):
     lines.append("    stream = ctx.stream or 0")
     if workspace_size:
         lines.append("    ws = workspace_address(ctx.workspace, NEED)")
+    if zeroed is not None:
+        lines.append("    zs = ZEROED[stream]")
+    for j, c in enumerate(compiled):
+        if c.scratch is not None:
+            env[f"GS{j}"] = c.scratch
+            lines.append(f"    gs{j} = GS{j}[stream]")
     # Two levels: the common call (every strided buffer under its declared strides, every
     # address 16-byte aligned) passes one tuple comparison per operand and one OR of the
     # addresses; the declared strides satisfy every stride rule by construction (the
@@ -454,7 +528,7 @@ def _launch_line(j, c, env, declared):
     args = []
     for v in c.values:
         if type(v) is SymbolicTensor:
-            base = "ws" if v.slot == WORKSPACE else f"p{v.slot}"
+            base = {WORKSPACE: "ws", ZEROED: "zs"}.get(v.slot, f"p{v.slot}")
             args.append((True, f"{base} + {v.offset}" if v.offset else base))
         elif type(v) is Stride:
             if declared is None:
@@ -464,8 +538,9 @@ def _launch_line(j, c, env, declared):
         else:
             args.append((False, v))
     gx, gy, gz = c.launch.grid
-    head = (f"L{j}({gx}, {gy}, {gz}, stream, F{j}, {k.cooperative!r}, {k.pdl!r}, None, None, "
-            f"M{j}, None, None, None")  # fmt: skip
+    scratch = "None" if c.scratch is None else f"gs{j}"
+    head = (f"L{j}({gx}, {gy}, {gz}, stream, F{j}, {k.cooperative!r}, {k.pdl!r}, {scratch}, "
+            f"None, M{j}, None, None, None")  # fmt: skip
     if declared is not None:
         last = max((i for i, (var, _) in enumerate(args) if var), default=-1)
         env[f"T{j}"] = tuple(value for _, value in args[last + 1 :])
@@ -523,7 +598,7 @@ def _refuse(operands, rules, bufs, ws):
     raise AssertionError(f"a call failed the launch test but breaks no named rule: {rules}")
 
 
-def _interpreted(operands, compiled, workspace_size):
+def _interpreted(operands, compiled, workspace_size, zeroed=None):
     """TRITON_INTERPRET=1: the same launches, each pointer a torch view of its buffer."""
     import torch
 
@@ -544,6 +619,7 @@ def _interpreted(operands, compiled, workspace_size):
         if workspace_size:
             workspace_address(ctx.workspace, workspace_size)  # the named refusal
             ws = torch.from_dlpack(ctx.workspace).reshape(-1)
+        zs = zeroed.tensor(ctx.stream or 0) if zeroed is not None else None
         for kind, slot, x in _rules(operands, compiled):
             if kind in ("rank", "dims", "unit"):
                 bad = ((kind == "rank" and len(bufs[slot].strides) != x)
@@ -555,7 +631,8 @@ def _interpreted(operands, compiled, workspace_size):
             args = []
             for v in c.values:
                 if type(v) is SymbolicTensor:
-                    args.append(view(ws if v.slot == WORKSPACE else roots[v.slot], v))
+                    root = {WORKSPACE: ws, ZEROED: zs}.get(v.slot) if v.slot < 0 else roots[v.slot]
+                    args.append(view(root, v))
                 elif type(v) is Stride:
                     args.append(bufs[v.slot].strides[v.axis])
                 else:
@@ -772,7 +849,8 @@ def build_replay(record: LaunchRecord, roots: list, label: str):
 
 
 __all__ = [
-    "ALIGN", "LAUNCHER_HEAD", "WORKSPACE", "CompiledLaunch", "Kernel", "Launch",
-    "LaunchRecord", "Operand", "Refusal", "Stride", "SymbolicTensor", "build_replay",
-    "cached_jit_compiles", "compile_kernel", "compile_launch", "prepare_execute", "record_launches", "workspace_tensor",
+    "ALIGN", "LAUNCHER_HEAD", "WORKSPACE", "ZEROED", "CompiledLaunch", "Kernel", "Launch",
+    "LaunchRecord", "Operand", "Refusal", "Stride", "SymbolicTensor", "PerStreamMemory",
+    "build_replay", "cached_jit_compiles", "compile_kernel", "compile_launch",
+    "prepare_execute", "record_launches", "workspace_tensor", "zeroed_tensor",
 ]  # fmt: skip

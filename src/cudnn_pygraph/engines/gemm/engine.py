@@ -314,8 +314,9 @@ class _CompiledGemmPlan(CompiledPlan):
     workspace_size = 0
 
     def __init__(self, compiled, positions, names, ranks, stride_plan, extents, values):
-        from .kernels.launch import lower_pack_execute
+        from .kernels.launch import kernel_key, lower_pack_execute
 
+        self.kernel_keys = (kernel_key(compiled.spec, compiled.knobs),)
         self.compiled = compiled
         self.execute = lower_pack_execute(
             compiled, positions, names, ranks, stride_plan, extents, values
@@ -329,6 +330,9 @@ class _InterpretedGemmPlan(CompiledPlan):
     workspace_size = 0
 
     def __init__(self, spec, knobs, positions, names, stride_plan, extents, values):
+        from .kernels.launch import kernel_key
+
+        self.kernel_keys = (kernel_key(spec, knobs),)
         self.spec, self.knobs = spec, knobs
         self.positions, self.names = list(positions), names
         self.stride_plan, self.extents, self.values = stride_plan, extents, values

@@ -31,9 +31,12 @@ from .kernels.configs import recommend_decode, recommend_prefill
 from .kernels.knobs import SdpaDecodeKnobs, SdpaFwdKnobs
 
 SERVED = frozenset({data_type.HALF, data_type.BFLOAT16})
-# Head dims checked on the H200 (bf16 against float64; bench/results/sdpa_fwd.md). The
-# kernels also compile D=16/32/256, but only 64 and 128 ran on the GPU.
-HEAD_DIMS = frozenset({64, 128})
+# Head dims checked on the H200 (bf16 against float64; bench/results/sdpa_fwd.md): 64 and
+# 128. The prefill row adds 256 (FlashInfer serves it), on the smaller tiles of
+# kernels/configs.py; right under the Triton interpreter, its GPU check is
+# tests/gpu/test_sdpa_gpu.py::test_prefill_engine_head_dim_256. Decode stays at 64 / 128.
+PREFILL_HEAD_DIMS = frozenset({64, 128, 256})
+DECODE_HEAD_DIMS = frozenset({64, 128})
 PAGE_SIZES = frozenset({16, 32, 64, 128})
 # The kernels run on sm_90 (wgmma via tl.dot, TMA descriptors); only the H200 has run them.
 SM_LO = 90
@@ -48,11 +51,14 @@ _PREFILL_KNOBS = {
     knob_type.PACK_GQA: "PACK_GQA",
     knob_type.LAZY_RESCALE: "LAZY_RESCALE",
     knob_type.MAX_REGS: "MAX_REGS",
+    knob_type.INPUT_TMA_ENABLE: "TMA",
 }
 # Every other constexpr of the kernels (head dim, GQA ratio, mask terms, layout class, page
-# size) is a fact of the graph. SdpaFwdKnobs.TMA is the torch entry's alone: the engine
-# passes element ragged offsets, which the tensor-descriptor path cannot take, and its
-# plans refuse TMA=1 (the public list has no INPUT_TMA_ENABLE axis to replay).
+# size) is a fact of the graph. TMA=1 builds K/V tensor descriptors for a dense graph whose
+# K/V declaration allows them (tma_eligible); THD (element ragged offsets, device values)
+# and paged K/V (gathered rows) have no descriptor path, so a TMA=1 plan of those declines
+# rather than build the pointer kernel under another name. The kernels have no warp-
+# specialized variant, so there is no axis for it.
 _DECODE_KNOBS = {
     knob_type.TILE_N: "TILE_N",
     knob_type.SPLIT_KV: "SPLIT_KV",
@@ -171,7 +177,7 @@ def _paged_checks(engine, graph, node, facts):
 class SdpaPrefillEngine(BaseEngine):
     name = PREFILL_NAME
     capabilities = Capabilities(
-        sm_lo=SM_LO, dtypes=SERVED, features={"d_qk": HEAD_DIMS, "page_size": PAGE_SIZES}
+        sm_lo=SM_LO, dtypes=SERVED, features={"d_qk": PREFILL_HEAD_DIMS, "page_size": PAGE_SIZES}
     )
     KNOB_FIELDS = _PREFILL_KNOBS
     knob_class = SdpaFwdKnobs
@@ -282,12 +288,12 @@ class _PreparedPlan(CompiledPlan):
     pack's buffers by position, the rules the compiled kernels assume, Triton's C launcher
     on the handle's stream (no handle: the default stream)."""
 
-    def __init__(self, label, operands, launches, workspace_size, device):
+    def __init__(self, label, operands, launches, workspace_size, device, zeroed_size=0):
         from ...runtime.launch import prepare_execute
 
         self.workspace_size = workspace_size
-        self.execute, self.launches = prepare_execute(label, operands, launches,
-                                                      workspace_size, device)  # fmt: skip
+        self.execute, self.launches = prepare_execute(label, operands, launches, workspace_size,
+                                                      device, zeroed_size)  # fmt: skip
 
     @property
     def kernel_keys(self):
@@ -296,15 +302,15 @@ class _PreparedPlan(CompiledPlan):
 
 
 def _build_prefill(facts, knobs, position, device):
-    from .kernels.prefill import prefill_launch
+    from .kernels.prefill import prefill_launch, tma_eligible
 
     node, q, k, v, o, stats = _node_tensors(facts)
-    if knobs.TMA:
-        raise ValueError(
-            f"{PREFILL_NAME}: TMA=1 is not an axis of this engine's plans (it "
-            "serves element ragged offsets and pointer loads)"
-        )
     thd, paged = facts.ragged, facts.paged
+    if knobs.TMA and (thd or paged):
+        _decline(
+            f"{PREFILL_NAME}[TMA=1]: {'THD' if thd else 'paged K/V'} has no tensor-descriptor "
+            "path (element offsets / gathered pages): pointer loads only (TMA=0)"
+        )
     lengths = facts.padding or thd or paged  # paged K/V always read seq_len_kv
     ragged_stats = thd and stats is not None and stats.ragged_offset is not None
     i = node.inputs
@@ -341,6 +347,11 @@ def _build_prefill(facts, knobs, position, device):
         table, table_v = table[:, 0, :, 0], table_v[:, 0, :, 0]
     if off_l is not None:
         st = st[:, :, 0]  # packed [tokens, h, 1] -> [tokens, h]
+    if knobs.TMA and not tma_eligible((k_, v_), False):
+        _decline(
+            f"{PREFILL_NAME}[TMA=1]: K/V are declared with a D stride other than 1, or "
+            "another stride that is not a multiple of 16 elements: no tensor descriptor"
+        )
     launch = prefill_launch(
         q_,
         k_,
@@ -372,7 +383,7 @@ def _build_prefill(facts, knobs, position, device):
 class SdpaDecodeEngine(BaseEngine):
     name = DECODE_NAME
     capabilities = Capabilities(
-        sm_lo=SM_LO, dtypes=SERVED, features={"d_qk": HEAD_DIMS, "page_size": PAGE_SIZES}
+        sm_lo=SM_LO, dtypes=SERVED, features={"d_qk": DECODE_HEAD_DIMS, "page_size": PAGE_SIZES}
     )
     KNOB_FIELDS = _DECODE_KNOBS
     knob_class = SdpaDecodeKnobs
@@ -435,8 +446,8 @@ def _decode_configs(facts):
 def _build_decode(facts, knobs, position, device):
     import torch
 
-    from ...runtime.launch import workspace_tensor
-    from .kernels.decode import decode_launches, decode_workspace_numel
+    from ...runtime.launch import workspace_tensor, zeroed_tensor
+    from .kernels.decode import decode_counter_numel, decode_launches, decode_workspace_numel
 
     node, q, k, v, o, stats = _node_tensors(facts)
     i = node.inputs
@@ -456,6 +467,9 @@ def _build_decode(facts, knobs, position, device):
     q_, k_, v_, o_, st, table, lengths, offsets, table_v, offsets_o = sym
     numel = decode_workspace_numel(facts.batch, facts.heads_q, facts.seq_q, facts.d_qk, knobs)
     workspace = workspace_tensor(4 * numel, torch.float32) if numel else None
+    # The split-KV merge's arrival counters are the plan's own (zeroed once per stream).
+    n_counters = decode_counter_numel(facts.batch, facts.heads_k, knobs)
+    counters = zeroed_tensor(4 * n_counters, torch.int32) if n_counters else None
     launches = decode_launches(
         q_,
         k_.permute(0, 2, 1, 3),
@@ -470,30 +484,36 @@ def _build_decode(facts, knobs, position, device):
         causal=facts.causal is not None and facts.seq_q > 1,
         stats=st,
         workspace=workspace,
+        counters=counters,
         ragged_offsets_q=offsets,
         page_table_v=table_v[:, 0, :, 0],
         ragged_offsets_o=offsets_o,
     )
-    return _PreparedPlan(f"{DECODE_NAME} {knobs}", ops, launches, 4 * numel, device)
+    return _PreparedPlan(f"{DECODE_NAME} {knobs}", ops, launches, 4 * numel, device,
+                         4 * n_counters)  # fmt: skip
 
 
 # ------------------------------------------------------------------ who goes first
 
-# Placement by measured shard (bench/results/sdpa_fwd.md, H200 2026-11-29, run 4 at 17:52
-# UTC): the backend ran every timed prefill cell faster, dense and ragged (ours 0.79x / 0.77x
-# at D128 S8192 causal / not: 1.149 vs 0.906 ms, 2.099 vs 1.613 ms; 0.90x at D64 S2048
-# causal: 0.200 vs 0.181 ms; 0.79x on THD GQA 32/8 D128: 3.830 vs 3.037 ms) and page-64
-# paged decode (266 vs 252 us): there the backend's block leads, so the first plan is the
-# fastest one listed. Page-16 paged decode measured at par (ours 255 us, the backend 254):
-# ours stays first. Untimed page sizes keep ours first (the spec's rule for a cell nobody
-# timed).
-_BACKEND_LEADS_PAGE_SIZES = frozenset({64})
 
-
-def _backend_leads(facts) -> bool:
+def shard(facts) -> str:
+    """The placement cell of a graph (manifest: EngineFamily.shard): what the ranking below
+    places the backend by, and what autotune records its timings under."""
     if facts.paged:
-        return facts.page_size in _BACKEND_LEADS_PAGE_SIZES
-    return True
+        return f"paged page_size={facts.page_size}"
+    return "thd" if facts.ragged else "dense"
+
+
+# The cells where the backend's block leads, as measured (bench/results/sdpa_fwd.md, H200
+# 2026-11-29, run 4 at 17:52 UTC; bench/sdpa_ranked.py re-times each cell end to end with
+# autotune's measurement): the backend ran every timed prefill cell faster,
+# dense and ragged (ours 0.79x / 0.77x at D128 S8192 causal / not: 1.149 vs 0.906 ms, 2.099
+# vs 1.613 ms; 0.90x at D64 S2048 causal: 0.200 vs 0.181 ms; 0.79x on THD GQA 32/8 D128:
+# 3.830 vs 3.037 ms) and page-64 paged decode (266 vs 252 us): there the first plan is the
+# fastest one listed. Page-16 paged decode measured at par (ours 255 us, the backend 254):
+# ours stays first. A cell nobody timed (other page sizes) keeps ours first, the spec's
+# rule for an untimed cell.
+_BACKEND_LEADS = frozenset({"dense", "thd", "paged page_size=64"})
 
 
 def recommend(kind, facts, offered):
@@ -513,9 +533,9 @@ def recommend(kind, facts, offered):
         return ours
     if kind is heur_mode.FALLBACK:
         ours = ours[:1]
-    if _backend_leads(facts):
+    if shard(facts) in _BACKEND_LEADS:
         return [BACKEND] + ours
     return ours + [BACKEND]
 
 
-__all__ = ["SdpaPrefillEngine", "SdpaDecodeEngine", "recommend"]
+__all__ = ["SdpaPrefillEngine", "SdpaDecodeEngine", "recommend", "shard"]

@@ -420,6 +420,20 @@ def _refuse_pack(table, src, bufs, names, ranks):
     table.refuse(src)
 
 
+def kernel_key(spec: GemmSpec, knobs: GemmKnobs) -> tuple:
+    """What `compile_gemm` compiles for (spec, knobs), as a comparable value: the kernel's
+    signature, constexprs, 16-byte-aligned parameters and options. Two plans with one key
+    run one binary; computed without a device (the interpreter's plans report it too)."""
+    rec, sig, cx, _, _ = kernel_signature(spec, knobs)
+    return (
+        gemm_kernel.__name__,
+        tuple(sig.items()),
+        tuple(sorted((k, repr(v)) for k, v in cx.items())),
+        tuple(rec.aligned_params),
+        (("num_stages", knobs.NUM_STAGES), ("num_warps", knobs.NUM_WARPS)),
+    )
+
+
 def _ast_source(spec: GemmSpec, knobs: GemmKnobs):
     from triton.compiler import ASTSource
 

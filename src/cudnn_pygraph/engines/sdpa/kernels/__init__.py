@@ -19,6 +19,7 @@ _EXPORTS = {
     "prefill_flops": "prefill",
     "sdpa_decode": "decode",
     "decode_workspace_numel": "decode",
+    "decode_counter_numel": "decode",
     "recommend_prefill": "configs",
     "recommend_decode": "configs",
     "recommend_backward": "configs",

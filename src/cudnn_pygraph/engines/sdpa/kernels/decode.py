@@ -3,8 +3,12 @@
 Decode is bound by reading K/V once, so one program serves every query head of one kv head
 (GQA packed: the group's rows x the query tokens form the tile's M axis) and SPLIT_KV
 programs share one request's keys when batch x kv heads alone would not fill the GPU. With
-SPLIT_KV > 1 each program writes an fp32 partial output and its base-2 log-sum-exp to a
-workspace and a second launch merges them, each weighted by exp2(lse_i - max lse).
+SPLIT_KV = 1 a program writes its rows of O directly. With SPLIT_KV > 1 each program writes
+an fp32 partial output and its base-2 log-sum-exp to the workspace, and the program that
+arrives last on its (request, kv head) -- an int32 counter per pair, which it leaves at
+zero -- merges them, each weighted by exp2(lse_i - max lse). Either way a call is ONE
+launch: a separate merge kernel doubled the host cost of a decode plan (1.57-1.65x the
+backend's, bench/results/sdpa_host.md) for a merge that reads a few KB per request.
 
 Paged cache (chosen layout): K and V are logical [num_pages, page_size, H_kv, D] (the
 vLLM / FlashInfer "NHD" page) under ANY strides, so the "HND" page [num_pages, H_kv,
@@ -48,6 +52,7 @@ def _sdpa_decode_kernel(
     LSE,
     O_PART,
     LSE_PART,
+    COUNTERS,
     OFFS_Q,
     OFFS_O,
     stride_qb,
@@ -166,78 +171,81 @@ def _sdpa_decode_kernel(
 
     seen = l_i > 0.0
     l_ref = tl.where(seen, l_i, 1.0)
-    out = acc / l_ref[:, None]
     lse2 = tl.where(seen, m_i + tl.math.log2(l_ref), float("-inf"))
+    o_rows = O + o_base
+    lse_rows = LSE + b64 * stride_lb
     if SPLIT_KV == 1:
-        o_ptrs = (
-            O
-            + o_base
-            + q_pos[:, None] * stride_os
-            + head[:, None] * stride_oh
-            + offs_d[None, :] * stride_od
-        )
-        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
-        if WRITE_LSE:
-            tl.store(
-                LSE + b64 * stride_lb + head * stride_lh + q_pos * stride_ls,
-                lse2 * 0.6931471805599453,
-                mask=row_ok,
-            )
+        _write_rows(acc / l_ref[:, None], lse2, q_pos, head, row_ok, offs_d, o_rows, stride_os,
+                    stride_oh, stride_od, lse_rows, stride_lh, stride_ls, WRITE_LSE)  # fmt: skip
     else:
         # Workspace rows are (b, head, q_pos, split), contiguous; D innermost for O_PART.
-        part = ((b64 * num_heads_q + head) * seq_q + q_pos) * SPLIT_KV + split
-        tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
-        tl.store(LSE_PART + part, lse2, mask=row_ok)
-
-
-@triton.jit(do_not_specialize=["seq_q", "num_heads_q", "stride_lb", "stride_lh", "stride_ls"])
-def _sdpa_decode_combine_kernel(
-    O_PART,
-    LSE_PART,
-    O,
-    LSE,
-    OFFS_O,
-    stride_ob,
-    stride_oh,
-    stride_os,
-    stride_od,
-    stride_lb,
-    stride_lh,
-    stride_ls,
-    seq_q,
-    num_heads_q,
-    HEAD_DIM: tl.constexpr,
-    SPLIT_KV: tl.constexpr,
-    WRITE_LSE: tl.constexpr,
-    Q_RAGGED: tl.constexpr,
-):
-    row = tl.program_id(0)  # head * seq_q + q_pos
-    pid_b = tl.program_id(1)
-    head = row // seq_q
-    q_pos = row % seq_q
-    b64 = pid_b.to(tl.int64)
-    part = (b64 * num_heads_q * seq_q + row) * SPLIT_KV + tl.arange(0, SPLIT_KV)
-    lse = tl.load(LSE_PART + part)
-    m = tl.max(lse, 0)
-    m_ref = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.math.exp2(lse - m_ref)
-    total = tl.sum(w, 0)
-    offs_d = tl.arange(0, HEAD_DIM)
-    o = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :])
-    out = tl.sum(o * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
-    if Q_RAGGED:
-        o_base = tl.load(OFFS_O + pid_b).to(tl.int64)
-    else:
-        o_base = b64 * stride_ob
-    tl.store(
-        O + o_base + head * stride_oh + q_pos * stride_os + offs_d * stride_od,
-        out.to(O.dtype.element_ty),
-    )
-    if WRITE_LSE:
-        lse_out = tl.where(
-            total > 0.0, (m_ref + tl.math.log2(total)) * 0.6931471805599453, float("-inf")
+        part = ((b64 * num_heads_q + head) * seq_q + q_pos) * SPLIT_KV
+        tl.store(
+            O_PART + (part + split)[:, None] * HEAD_DIM + offs_d[None, :],
+            acc / l_ref[:, None],
+            mask=row_ok[:, None],
         )
-        tl.store(LSE + b64 * stride_lb + head * stride_lh + q_pos * stride_ls, lse_out)
+        tl.store(LSE_PART + part + split, lse2, mask=row_ok)
+        # The program that arrives last on this (request, kv head) merges the SPLIT_KV
+        # partials IN SPLIT ORDER (the result does not depend on which one that was) and
+        # leaves the counter at zero for the next launch (and a CUDA graph's replay). The
+        # barrier puts every thread's partial before the one atomic that releases them.
+        tl.debug_barrier()
+        counter = COUNTERS + pid_b * tl.num_programs(0) + kv_head
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_KV - 1:
+            out, lse = _merge_splits(O_PART, LSE_PART, part, row_ok, offs_d, HEAD_DIM,
+                                     BLOCK_M, SPLIT_KV)  # fmt: skip
+            _write_rows(out, lse, q_pos, head, row_ok, offs_d, o_rows, stride_os, stride_oh,
+                        stride_od, lse_rows, stride_lh, stride_ls, WRITE_LSE)  # fmt: skip
+            tl.store(counter, 0)
+
+
+@triton.jit
+def _merge_splits(O_PART, LSE_PART, part, row_ok, offs_d, HEAD_DIM: tl.constexpr,
+                  BLOCK_M: tl.constexpr, SPLIT_KV: tl.constexpr):  # fmt: skip
+    """(out, base-2 lse) of the tile's rows from their SPLIT_KV partials, each weighted by
+    exp2(lse_i - max lse). The .cg loads read at L2, where the other programs' partials
+    are (L1 is not coherent across programs)."""
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    for s in range(SPLIT_KV):
+        lse_s = tl.load(LSE_PART + part + s, mask=row_ok, other=float("-inf"),
+                        cache_modifier=".cg")  # fmt: skip
+        m = tl.maximum(m, lse_s)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    out = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    for s in range(SPLIT_KV):
+        lse_s = tl.load(LSE_PART + part + s, mask=row_ok, other=float("-inf"),
+                        cache_modifier=".cg")  # fmt: skip
+        o_s = tl.load(
+            O_PART + (part + s)[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=row_ok[:, None],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        w = tl.math.exp2(lse_s - m)
+        total += w
+        out += o_s * w[:, None]
+    out = out / tl.where(total > 0.0, total, 1.0)[:, None]
+    return out, tl.where(total > 0.0, m + tl.math.log2(total), float("-inf"))
+
+
+@triton.jit
+def _write_rows(out, lse2, q_pos, head, row_ok, offs_d, O_ROWS, stride_os, stride_oh, stride_od,
+                LSE_ROWS, stride_lh, stride_ls, WRITE_LSE: tl.constexpr):  # fmt: skip
+    """Store the tile's rows of O and, with WRITE_LSE, of Stats (the natural-log LSE from
+    the base-2 one)."""
+    o_ptrs = (
+        O_ROWS
+        + q_pos[:, None] * stride_os
+        + head[:, None] * stride_oh
+        + offs_d[None, :] * stride_od
+    )
+    tl.store(o_ptrs, out.to(O_ROWS.dtype.element_ty), mask=row_ok[:, None])
+    if WRITE_LSE:
+        tl.store(LSE_ROWS + head * stride_lh + q_pos * stride_ls, lse2 * 0.6931471805599453,
+                 mask=row_ok)  # fmt: skip
 
 
 def _offsets(t, name: str, batch: int):
@@ -258,17 +266,27 @@ def decode_workspace_numel(
     return batch * heads_q * seq_q * knobs.SPLIT_KV * (head_dim + 1)
 
 
+def decode_counter_numel(batch: int, heads_kv: int, knobs: SdpaDecodeKnobs) -> int:
+    """int32 arrival counters the split-KV merge needs, one per (request, kv head); zero
+    before the first launch, and every launch leaves them zero (0 when SPLIT_KV == 1)."""
+    return 0 if knobs.SPLIT_KV == 1 else batch * heads_kv
+
+
 def sdpa_decode(q, k_cache, v_cache, page_table, seq_len_kv, out, **kwargs) -> None:
     """Paged flash-decoding through Triton's own launch on torch's current stream: the torch
     entry (tests, benchmarks). Arguments: `decode_launches`; a split-KV call without a
-    workspace allocates one here."""
+    workspace or counters allocates them here."""
     import torch
 
     knobs = kwargs["knobs"]
-    if kwargs.get("workspace") is None and knobs.SPLIT_KV > 1:
+    if knobs.SPLIT_KV > 1:
         b, h, s, d = q.shape
-        kwargs["workspace"] = torch.empty(decode_workspace_numel(b, h, s, d, knobs),
-                                          dtype=torch.float32, device=q.device)  # fmt: skip
+        if kwargs.get("workspace") is None:
+            kwargs["workspace"] = torch.empty(decode_workspace_numel(b, h, s, d, knobs),
+                                              dtype=torch.float32, device=q.device)  # fmt: skip
+        if kwargs.get("counters") is None:
+            n = decode_counter_numel(b, k_cache.shape[2], knobs)
+            kwargs["counters"] = torch.zeros(n, dtype=torch.int32, device=q.device)
     for launch in decode_launches(q, k_cache, v_cache, page_table, seq_len_kv, out, **kwargs):
         launch.fn[launch.grid](*launch.args, **launch.kwargs)
 
@@ -286,11 +304,12 @@ def decode_launches(
     causal: bool = False,
     stats=None,
     workspace=None,
+    counters=None,
     ragged_offsets_q=None,
     page_table_v=None,
     ragged_offsets_o=None,
 ):
-    """The launches (runtime/launch.py `Launch`, one or two) of paged flash-decoding: out =
+    """The launch (runtime/launch.py `Launch`, in a list: none for an empty batch) of paged flash-decoding: out =
     softmax(attn_scale * q k^T) v over each request's pages. The tensors may be torch
     tensors or a plan's `SymbolicTensor`s: this code is the one place the kernels'
     arguments are computed.
@@ -300,8 +319,10 @@ def decode_launches(
     [B, max_pages]. seq_len_kv: int32 [B] (or [B, 1, 1, 1]), read on the device.
     causal: query t of Sq sees keys <= seq_len_kv - Sq + t (bottom-right). stats: fp32
     natural-log LSE [B, Hq, Sq(, 1)]. workspace: fp32, >= decode_workspace_numel(...)
-    elements, needed when SPLIT_KV > 1 (allocated here if omitted; pass one to keep a
-    CUDA graph's memory fixed). ragged_offsets_q: int32/int64 [B + 1] (or [B]) element
+    elements, needed when SPLIT_KV > 1 (the caller's: its content is never assumed).
+    counters: int32, >= decode_counter_numel(...) elements, zero before the first launch
+    (each launch leaves them zero), needed when SPLIT_KV > 1; one set per stream, since two
+    launches in flight must not count into one. ragged_offsets_q: int32/int64 [B + 1] (or [B]) element
     offsets of each request's queries in q's storage (cuDNN ragged offsets); the batch
     strides of q and out are then ignored. ragged_offsets_o: out's own offsets (omitted:
     out shares q's). page_table_v: v's own table (same shape; omitted: v uses page_table).
@@ -361,8 +382,18 @@ def decode_launches(
         )
         o_part = workspace[: batch * heads_q * seq_q * split * head_dim]
         lse_part = workspace[batch * heads_q * seq_q * split * head_dim : need]
+        n_counters = decode_counter_numel(batch, heads_kv, knobs)
+        _check(
+            counters is not None
+            and counters.dtype == torch.int32
+            and counters.numel() >= n_counters
+            and counters.is_contiguous(),
+            f"counters: SPLIT_KV={split} needs {n_counters} contiguous int32 zeros",
+        )
     else:
-        o_part = lse_part = out  # never read (SPLIT_KV == 1 writes out directly)
+        # Never read: SPLIT_KV == 1 writes out directly.
+        o_part = lse_part = out
+        counters = lengths
     if batch == 0 or seq_q == 0:
         return []
     offs_q = offs_o = lengths  # placeholders, never read without Q_RAGGED
@@ -387,6 +418,7 @@ def decode_launches(
         lse_arg,
         o_part,
         lse_part,
+        counters,
         offs_q,
         offs_o,
         *q.stride(),
@@ -420,24 +452,7 @@ def decode_launches(
             ),
         )
     ]
-    if split > 1:
-        combine = (o_part, lse_part, out, lse_arg, offs_o, *out.stride(), *l_strides, seq_q,
-                   heads_q)  # fmt: skip
-        launches.append(
-            Launch(
-                _sdpa_decode_combine_kernel,
-                (heads_q * seq_q, batch),
-                combine,
-                dict(
-                    HEAD_DIM=head_dim,
-                    SPLIT_KV=split,
-                    WRITE_LSE=stats is not None,
-                    Q_RAGGED=ragged_offsets_q is not None,
-                    num_warps=4,
-                ),
-            )
-        )
     return launches
 
 
-__all__ = ["sdpa_decode", "decode_launches", "decode_workspace_numel"]
+__all__ = ["sdpa_decode", "decode_launches", "decode_workspace_numel", "decode_counter_numel"]

@@ -90,8 +90,9 @@ class SdpaDecodeKnobs:
     """Decode (paged, split-KV) kernel config.
 
     TILE_N: keys per inner-loop step (may span several pages or part of one).
-    SPLIT_KV: programs that share one request's keys; >1 adds a combine launch that merges
-    the partial results weighted by their log-sum-exp. The query heads of one kv head are
+    SPLIT_KV: programs that share one request's keys; 1 writes O directly, >1 has the
+    program that arrives last on a (request, kv head) merge the partial results weighted
+    by their log-sum-exp (still one launch). The query heads of one kv head are
     always packed into one program (decode is bound by reading K/V once).
     """
 

@@ -577,19 +577,27 @@ def _own_offsets(t, name: str, batch: int, default):
     return flat
 
 
-def _tma_eligible(q, kv, offsets_unit: str) -> bool:
+def tma_eligible(kv, element_offsets: bool) -> bool:
     """Tensor descriptors need a unit D stride and 16-byte aligned bases and row strides.
 
     Element ragged offsets are device values, so their alignment cannot be checked here:
-    those calls use pointer loads.
+    those calls use pointer loads. A plan's `SymbolicTensor` (its build) is judged by its
+    declaration: its address is a per-call rule of the plan (16-byte aligned, as Triton
+    specializes the pointer), and each other stride must be a multiple of 16 elements,
+    which the plan then requires of every call's buffer (the multiple Triton specializes).
     """
-    if offsets_unit != "tokens":
+    if element_offsets:
         return False
     for t in kv:
-        size = t.element_size()
-        if t.stride(-1) != 1 or t.data_ptr() % 16:
+        strides = [getattr(s, "value", s) for s in t.stride()]
+        if strides[-1] != 1:
             return False
-        if any((st * size) % 16 for st in t.stride()[:-1]):
+        ptr = t.data_ptr()
+        if isinstance(ptr, int):
+            size = t.element_size()
+            if ptr % 16 or any((st * size) % 16 for st in strides[:-1]):
+                return False
+        elif ptr[1] % 16 or any(st % 16 for st in strides[:-1]):
             return False
     return True
 
@@ -868,7 +876,7 @@ def prefill_launch(
     if num_m_tiles == 0 or batch == 0:
         return None
     # Paged keys are gathered row by row through the page table: pointer loads there.
-    use_tma = knobs.TMA and not paged and _tma_eligible(q, (k, v), offsets_unit)
+    use_tma = knobs.TMA and not paged and tma_eligible((k, v), is_thd and offsets_unit != "tokens")
     if use_tma:
         _install_scratch_allocator()
     launch_opts = {"maxnreg": knobs.MAX_REGS} if knobs.MAX_REGS else {}
