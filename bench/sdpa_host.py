@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import statistics
 import sys
 from pathlib import Path
 
@@ -31,11 +30,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import backend as harness  # bench/backend.py: graphs, host_us (one harness)
+from timing import back_to_back_ms
 
 import cudnn_pygraph as ours
 from cudnn_pygraph import heur_mode
 from cudnn_pygraph.planning import manifest
-from cudnn_pygraph.planning.autotune import back_to_back_ms
 from cudnn_pygraph.runtime.handle import create_handle, set_stream
 
 DT = ours.data_type
@@ -220,8 +219,7 @@ def host_rows(lines):
 
 def back_to_back_us(call, n=50):
     """µs per call, the median over 5 bursts of `n` (what autotune ranks by)."""
-    times = back_to_back_ms(lambda _: call(), 3, 5, burst=n, drain=torch.cuda.synchronize)
-    return statistics.median(times) * 1000
+    return back_to_back_ms(call, calls=n) * 1000
 
 
 def serving_rows(lines):

@@ -38,17 +38,13 @@ def device_ms(fn, reps: int = 20, warmup: int = 3) -> float:
 
 
 def back_to_back_ms(fn, calls: int = 50, warmup: int = 3) -> float:
-    """ms per call of `calls` calls issued back to back from a drained queue (CUDA events
-    around the burst, no sleep ahead): host and device overlap as in a training step, so
-    this reads the device rate when the host keeps up and the host's when it does not
-    (what `device_ms` keeps out)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / calls
+    """ms per call of `calls` calls issued back to back from a drained queue, the median of
+    5 bursts: the measurement autotune ranks plans by (planning/autotune.back_to_back_ms).
+    Host and device overlap as in a serving loop, so it reads the device rate when the host
+    keeps up and the host's when it does not (what `device_ms` keeps out)."""
+    from cudnn_pygraph.planning import autotune
+
+    times = autotune.back_to_back_ms(
+        lambda _: fn(), warmup, 5, burst=calls, drain=torch.cuda.synchronize
+    )
+    return statistics.median(times)
