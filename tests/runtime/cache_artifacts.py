@@ -26,6 +26,30 @@ from cudnn_pygraph.runtime import compiled_cache
 from cudnn_pygraph.runtime.launch import Launch, SymbolicTensor, compile_launch
 
 TARGET = GPUTarget("cuda", 90, 32)
+
+
+def _language_namespaces():
+    import triton.language as tl
+
+    return (tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base)
+
+
+# The interpreter patches triton.language while a kernel runs, and a device-function call
+# inside an interpreted kernel patches it again without restoring (Triton 3.6's
+# InterpretedFunction.__call__ drops its patch scope): after some interpreted tests, a real
+# compile in the same process fails inside Triton's code generator. This module is imported
+# at collection, before any kernel has run, so its snapshot holds the real namespaces.
+_PRISTINE = [(ns, dict(vars(ns))) for ns in _language_namespaces()]
+
+
+def restore_triton_language():
+    """Put back what an interpreted kernel left patched in triton.language (see above)."""
+    for ns, saved in _PRISTINE:
+        for name, value in saved.items():
+            if vars(ns).get(name, value) is not value:
+                setattr(ns, name, value)
+
+
 H200 = {"name": "NVIDIA H200", "cc": [9, 0], "sm_count": 132, "l2_bytes": 62914560}
 
 

@@ -17,12 +17,19 @@ import sys
 import time
 
 import pytest
-from cache_artifacts import H200, TARGET, sha, source, store
+from cache_artifacts import H200, TARGET, restore_triton_language, sha, source, store
 
 from cudnn_pygraph import cli
 from cudnn_pygraph.runtime import compiled_cache as cc
 
 HERE = pathlib.Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _real_compiles():
+    """The tests compile for a real target: undo what earlier interpreted tests left (a
+    module-scoped autouse fixture runs before the module's other fixtures)."""
+    restore_triton_language()
 
 
 @pytest.fixture(scope="module")
