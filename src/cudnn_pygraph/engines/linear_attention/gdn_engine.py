@@ -279,9 +279,10 @@ class GdnPlan(CompiledPlan):
     """execute: the pack's buffers as zero-copy torch views, by the positions settled at
     build, handed to gdn_forward / gdn_backward with the caller's workspace."""
 
-    def __init__(self, backward, names, positions, flags, workspace_size, device, op):
+    def __init__(self, backward, names, positions, flags, workspace_size, device, op=None):
         self.backward = backward
-        self.op = op  # the node's op: the replay record's kind
+        # The node's op, the replay record's label.
+        self.op = op or ("gdn_bwd" if backward else "gdn")
         self.names = names
         self.positions = positions
         self.flags = flags
