@@ -21,6 +21,9 @@ PARITY_ONLY=0; [ "${1:-}" = "--parity" ] && PARITY_ONLY=1
 # and misaligned-operand suite with compute-sanitizer (bench/reliability_gpu.sh) and
 # doctor (~6 min).
 SERVING_ONLY=0; [ "${1:-}" = "--serving" ] && SERVING_ONLY=1
+# `--kda` runs the kda GPU suite and bench/kda.py's row (a) against NVIDIA's kda engine and
+# fla-core (~6 min).
+KDA_ONLY=0; [ "${1:-}" = "--kda" ] && KDA_ONLY=1
 OUT=${OUT:-/tmp/out}
 LOG=/tmp/session
 mkdir -p "$OUT" "$LOG"
@@ -54,6 +57,12 @@ if [ "$PARITY_ONLY" = 1 ]; then
     --workers 14 --out "$LOG/classic_differential.md"
   wait "$suites"; echo "== gpu_classic: rc=$?"
   tail -n 12 "$LOG/gpu_classic.log"
+  tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
+fi
+if [ "$KDA_ONLY" = 1 ]; then
+  step gpu_kda 240 python3 -m pytest -q -p no:cacheprovider -rfs tests/gpu/test_kda_gpu.py
+  step kda 280 python3 bench/kda.py --only "(a)"
+  tail -n 3 "$LOG"/gpu_*.log; cat "$LOG/kda.log"
   tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
 fi
 if [ "$SERVING_ONLY" = 1 ]; then

@@ -212,6 +212,11 @@ CASES = {
         {"use_qk_l2norm": True},
     ),
     "K64-V128": ({"dim_v": 128, "heads": (1, 1, 1), "seqlens": (70, 1)}, {"use_qk_l2norm": True}),
+    # fla serves K up to 256: the state's V-block narrows past K = 128 (kernels/gdn.py).
+    "K256-V256": (
+        {"dim_k": 256, "dim_v": 256, "heads": (1, 1, 1), "seqlens": (70, 3)},
+        {"use_qk_l2norm": True},
+    ),
 }
 
 

@@ -193,6 +193,12 @@ CASES = {
     "no-state": ({"with_state": False, "heads": (1, 1, 1)}, {"use_qk_l2norm": True}, "wide"),
     "group-q1-k1-v2": ({"heads": (1, 1, 2)}, {"use_qk_l2norm": True}, "wide"),
     "group-q2-k2-v1": ({"heads": (2, 2, 1)}, {"use_qk_l2norm": True}, "wide-unfused"),
+    # K = V = 256 (fla serves K up to 256): the state's V-block narrows past K = 128.
+    "K256-V256": (
+        {"dim_k": 256, "dim_v": 256, "heads": (1, 1, 1), "seqlens": (40, 3)},
+        {"use_qk_l2norm": True},
+        "wide",
+    ),
     "K128-V64-two-chunks": (
         {"dim_k": 128, "heads": (1, 1, 1), "seqlens": (70, 3)},
         {"use_qk_l2norm": True},

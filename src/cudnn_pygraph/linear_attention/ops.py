@@ -573,7 +573,7 @@ def _check_head_dims(q, v):
         if t.shape[-1] not in HEAD_DIMS:
             raise ValueError(
                 f"{name}: head dim {dim}={t.shape[-1]} is not served: this op serves K and V in "
-                f"{{{', '.join(map(str, HEAD_DIMS))}}} (fla's kernels also serve up to 256)"
+                f"{{{', '.join(map(str, HEAD_DIMS))}}}"
             )
 
 
@@ -620,7 +620,7 @@ def gated_delta_net(
 
     q/k [B, T, H, K], v [B, T, HV, V], g/beta [B, T, HO] (HO = max(H, HV)); with cu_seqlens
     (int32/int64 [N + 1]) B must be 1 and sequences are packed. initial_state [N, HO, K, V]
-    (K-major; [N, HO, V, K] with state_v_first). K and V: 64 or 128.
+    (K-major; [N, HO, V, K] with state_v_first). K and V: 64, 128 or 256.
     use_gate_in_kernel: g holds raw logits and the gate is -exp(A_log) * softplus(g +
     dt_bias) (absent A_log: exp(A_log) = 1). head_first=True is refused as fla refuses it.
     cu_seqlens_cpu and chunk_indices are hints fla may use to skip work: the result does not
@@ -1175,8 +1175,8 @@ def kimi_delta_attention(
     q/k [B, T, H, K], v [B, T, HV, V], g [B, T, HO, K] (a log-decay per key channel),
     beta [B, T, HO] (HO = max(H, HV)); with cu_seqlens (int32/int64 [N + 1]) B must be 1
     and sequences are packed. initial_state [N, HO, K, V] (K-major; [N, HO, V, K] with
-    state_v_first), fp32 or bf16; the final state comes back in its dtype. K and V: 64 or
-    128 (fla's kernels serve K up to 256).
+    state_v_first), fp32 or bf16; the final state comes back in its dtype. K and V: 64,
+    128 or 256.
     use_gate_in_kernel: g holds raw logits and the decay is -exp(A_log) * softplus(g +
     dt_bias), or with lower_bound lb * sigmoid(exp(A_log) * (g + dt_bias)) (A_log [HV] may
     then be None: exp(A_log) = 1; dt_bias [HV * K] or [HV, K], optional); the backward

@@ -31,7 +31,11 @@ from .kernels.configs import GdnKnobs, fuses_output
 
 IO_DTYPES = frozenset({data_type.HALF, data_type.BFLOAT16, data_type.FLOAT})
 STATE_DTYPES = (data_type.FLOAT, data_type.BFLOAT16)
-HEAD_DIMS = (64, 128)  # kernels/gdn.py SUPPORTED_HEAD_DIMS (not imported: no triton here)
+HEAD_DIMS = (
+    64,
+    128,
+    256,
+)  # kernels/gdn_checks.py SUPPORTED_HEAD_DIMS (not imported: no triton here)
 _DATA_PTR = operator.methodcaller("data_ptr")
 CHECKPOINT_CADENCE = 64  # the chunk size: one checkpoint per chunk
 # Ports the launchers read or write as dense row-major [total_T, heads(, dim)] tiles; the

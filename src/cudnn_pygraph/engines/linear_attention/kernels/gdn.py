@@ -97,9 +97,20 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _block_v(cfg: dict, dim_v: int) -> int:
-    """The config's V-block (popped from cfg), never wider than V itself (V=64 heads)."""
-    return min(cfg.pop("BV"), dim_v)
+# The configs' V-blocks are sized for K <= 128: a program holds a [K, BV] fp32 state block
+# (and [64, K] key / query tiles). Past that (K = 256) the V-block shrinks in proportion, so
+# a program's state block stays the size it has at K = 128 (a K = V = 256 fp32 state is
+# 256 KB, the whole register file of an SM; [256, 32] is 32 KB, as [128, 64] is).
+_STATE_K = 128
+
+
+def _block_v(cfg: dict, dim_v: int, dim_k: int) -> int:
+    """The config's V-block (popped from cfg), never wider than V itself (V=64 heads), and
+    narrowed past K = 128 (_STATE_K), never below a 16-wide tensor-core tile."""
+    bv = min(cfg.pop("BV"), dim_v)
+    if dim_k > _STATE_K:
+        bv = max(16, bv * _STATE_K // dim_k)
+    return bv
 
 
 def _slice(cfg: dict, key: str, dim: int) -> int:
@@ -187,7 +198,7 @@ def _run_wy_and_state(
     fuse = cfg.pop("FUSE_OUTPUT", False) and o is not None
     if not store_h and final_state is None and not fuse:
         return
-    bv = _block_v(cfg, dim_v)
+    bv = _block_v(cfg, dim_v, dim_k)
     state_fwd_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv)](
         k,
         ws["w"],
@@ -370,7 +381,7 @@ def gdn_forward(
 def _output_stage(q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, prec, gate_k):
     total_t, n_seqs, n_q, n_k, _, n_out, dim_k, dim_v = dims
     cfg = dict(kernel_cfgs["output_fwd"])
-    bv = _block_v(cfg, dim_v)
+    bv = _block_v(cfg, dim_v, dim_k)
     output_fwd_kernel[(max_chunks(total_t, n_seqs), n_out, dim_v // bv)](
         q,
         k,
@@ -523,13 +534,13 @@ def gdn_backward(
     dummy = ws["gc"]
 
     cfg = dict(kernel_cfgs["dv_local"])
-    bv = _block_v(cfg, dim_v)
+    bv = _block_v(cfg, dim_v, dim_k)
     dv_local_kernel[(n_chunks, n_out, dim_v // bv)](
         q, k, ws["gc"], do, ws["de"], *tables, scale, n_out, n_q, n_k, BV=bv, **common, **cfg
     )
 
     cfg = dict(kernel_cfgs["state_bwd"])
-    bv = _block_v(cfg, dim_v)
+    bv = _block_v(cfg, dim_v, dim_k)
     state_bwd_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv)](
         q,
         k,
@@ -560,7 +571,7 @@ def gdn_backward(
 
     final_dq = n_q == n_out
     cfg = dict(kernel_cfgs["dqk"])
-    bv = _block_v(cfg, dim_v)
+    bv = _block_v(cfg, dim_v, dim_k)
     # The dq side (PART 1), then the dk side (PART 2): two launches of lighter programs,
     # each recomputing dP (kernels/output.py dqk_kernel).
     for part in (1, 2):

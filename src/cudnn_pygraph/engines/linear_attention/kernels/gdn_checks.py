@@ -7,7 +7,7 @@ import torch
 
 from .chunk_index import max_chunks
 
-SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
 _GATE_DOMAINS = ("log", "linear")
 
 
