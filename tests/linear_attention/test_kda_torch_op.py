@@ -219,3 +219,39 @@ def test_head_dim_outside_the_served_set_is_refused_naming_the_dim():
     v = torch.zeros(1, 4, 1, 64)
     with pytest.raises(ValueError, match="K=96 is not served"):
         ops.kimi_delta_attention(q, q, v, torch.zeros(1, 4, 1, 96), torch.zeros(1, 4, 1))
+
+
+def test_fla_docstring_call_dense_batch_gate_in_kernel():
+    # fla's chunk_kda docstring, at small sizes: [B, T, H, K] without cu_seqlens, the gate
+    # computed in the kernel from A_log [H] and a flat dt_bias [H * K], bf16-free (CPU).
+    B, T, H = 2, 12, 1
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(B, T, H, K, generator=gen) for _ in range(3))
+    beta = torch.rand(B, T, H, generator=gen)
+    g = torch.rand(B, T, H, K, generator=gen)
+    h0 = 0.1 * torch.randn(B, H, K, K, generator=gen)
+    A_log, dt_bias = torch.randn(H, generator=gen), torch.randn(H * K, generator=gen)
+    o, ht = ops.kimi_delta_attention(
+        q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=True,
+        use_gate_in_kernel=True, initial_state=h0, output_final_state=True,
+    )  # fmt: skip
+    cu = torch.tensor([0, T, 2 * T], dtype=torch.int32)
+    flat = lambda t: t.reshape(1, B * T, *t.shape[2:])
+    ref_o, ref_ht = reference(
+        *(flat(t) for t in (q, k, v, g, beta)), cu, h0, use_qk_l2norm=True, safe_gate=True,
+        a_log=A_log, dt_bias=dt_bias.view(H, K),
+    )  # fmt: skip
+    assert o.shape == (B, T, H, K) and ht.shape == (B, H, K, K)
+    assert rel(o.reshape(1, B * T, H, K), ref_o) < TOL["o"] and rel(ht, ref_ht) < TOL["state"]
+
+
+def test_views_of_a_fused_projection_equal_dense_inputs():
+    q, k, v, g, beta, cu, h0 = inputs(T=24)
+    qkv = torch.cat([q, k, v], dim=-1)  # [1, T, H, 3K]: one projection, q / k / v its views
+    gb = torch.cat([g, beta[..., None].expand(*beta.shape, K)], dim=-1)  # [1, T, H, 2K]
+    views = (qkv[..., :K], qkv[..., K : 2 * K], qkv[..., 2 * K :], gb[..., :K], beta)
+    assert not any(t.is_contiguous() for t in views[:4])
+    kw = {"initial_state": h0, "output_final_state": True, "cu_seqlens": torch.tensor([0, 9, 24])}
+    o, ht = ops.kimi_delta_attention(q, k, v, g, beta, **kw)
+    o_v, ht_v = ops.kimi_delta_attention(*views, **kw)
+    assert torch.equal(o_v, o) and torch.equal(ht_v, ht)
