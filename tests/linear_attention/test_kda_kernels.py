@@ -348,3 +348,18 @@ def test_bad_lower_bound_is_refused(attrs, match):
     x, cu = make_inputs(seqlens=(5,))
     with pytest.raises(ValueError, match=match):
         run_forward(x, cu, 0.125, attrs)
+
+
+def test_batched_reference_equals_token_by_token_reference():
+    # The GPU suite holds the kernels to the batched reference: it must be this one.
+    from reference import kda_reference_batched
+
+    x, cu = make_inputs(seqlens=(9, 0, 4), heads=(1, 1, 2), gate="raw", has_a_log=True,
+                        has_dt_bias=True)  # fmt: skip
+    attrs = {"use_qk_l2norm": True, "safe_gate": True, "gate_lower_bound": -4.0}
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    kw = dict(scale=0.125, initial_state=x["initial_state"], a_log=x["a_log"],
+              dt_bias=x["dt_bias"], **attrs)  # fmt: skip
+    o, final = kda_reference(*args, cu, **kw)
+    o_b, final_b = kda_reference_batched(*args, cu, **kw)
+    assert rel_err(o_b, o) < 1e-12 and rel_err(final_b, final) < 1e-12
