@@ -67,7 +67,10 @@ def _layout(
         ("de", f32, (total_t, n_out, dim_v)),
         ("dh", cdt, (n_chunks, n_out, dim_v, dim_k)),
         ("dk_part", f32, (total_t, n_out, dim_k)),
-        ("dw", f32, (total_t, n_out, dim_k)),
+        # dW in the compute dtype: its only reader (wy_bwd) rounds it to the inputs' 16-bit
+        # type on load, so storing it rounded gives bitwise the same gradients for half the
+        # bytes written and read twice.
+        ("dw", cdt, (total_t, n_out, dim_k)),
         ("dg_part", f32, gate),
     ]
     if n_q != n_out:
