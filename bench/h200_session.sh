@@ -31,6 +31,9 @@ COLD_ONLY=0; [ "${1:-}" = "--cold-start" ] && COLD_ONLY=1
 # `--sdpa-bwd` runs the SDPA backward GPU suite and bench/sdpa_bwd.py (~8 min).
 SDPA_BWD_ONLY=0; [ "${1:-}" = "--sdpa-bwd" ] && SDPA_BWD_ONLY=1
 RELIABILITY_ONLY=0; [ "${1:-}" = "--reliability" ] && RELIABILITY_ONLY=1
+# `--kda` runs the kda GPU suite and bench/kda.py's row (a) against NVIDIA's kda engine and
+# fla-core (~6 min).
+KDA_ONLY=0; [ "${1:-}" = "--kda" ] && KDA_ONLY=1
 OUT=${OUT:-/tmp/out}
 LOG=/tmp/session
 mkdir -p "$OUT" "$LOG"
@@ -71,6 +74,12 @@ if [ "$COLD_ONLY" = 1 ]; then
     tests/gpu/test_compiled_cache_gpu.py
   step cold_start 280 python3 bench/cold_start.py --out "$LOG/cold_start.md"
   cat "$LOG/cold_start.md"
+  tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
+fi
+if [ "$KDA_ONLY" = 1 ]; then
+  step gpu_kda 240 python3 -m pytest -q -p no:cacheprovider -rfs tests/gpu/test_kda_gpu.py
+  step kda 280 python3 bench/kda.py --only "(a)"
+  tail -n 3 "$LOG"/gpu_*.log; cat "$LOG/kda.log"
   tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
 fi
 if [ "$SERVING_ONLY" = 1 ]; then

@@ -1,11 +1,16 @@
-"""Float64 token-by-token Gated DeltaNet: the arithmetic of docs/spec linear-attention.md.
+"""Float64 token-by-token Gated DeltaNet and Kimi Delta Attention: the arithmetic of
+docs/spec linear-attention.md.
 
 Test-only (never imported by the package). Written as a plain per-token loop so that the
 reading is obviously the spec's recurrence; torch.autograd through it gives the exact
 gradients the kernels are held to.
 
-Shapes (THD): q/k [T, H|HK, K], v [T, HV, V], g/beta [T, HO], states [N, HO, V, K]
-(V-major: the buffer holds S^T, S in R^{K x V}).
+Shapes (THD): q/k [T, H|HK, K], v [T, HV, V], beta [T, HO], states [N, HO, V, K]
+(V-major: the buffer holds S^T, S in R^{K x V}). g is [T, HO] (gdn: one decay per head)
+or [T, HO, K] (kda: one decay per key channel, dt_bias then [HO, K]); the same functions
+serve both, reading the gate's rank. kda's recurrence decays first and then applies the
+delta rule to the decayed state, S_t = (I - b k^T k) Diag(alpha) S + b k^T v, which for a
+scalar alpha is gdn's.
 """
 
 from __future__ import annotations
@@ -15,13 +20,17 @@ import torch
 L2NORM_EPS = 1e-6
 
 
-def log_decay(g, h, *, gate_domain, safe_gate, a_log, dt_bias):
-    """gamma_t for output head h, from what the caller passed in g[:, h]."""
+def log_decay(g, h, *, gate_domain, safe_gate, a_log, dt_bias, gate_lower_bound=None):
+    """gamma_t for output head h, from what the caller passed in g[:, h] ([T] or [T, K]).
+    safe_gate: -exp(a_log) softplus(g + dt_bias), or with gate_lower_bound lb
+    lb * sigmoid(exp(a_log) (g + dt_bias))."""
     if safe_gate:
         x = g[:, h]
         if dt_bias is not None:
             x = x + dt_bias[h]
         amplitude = torch.exp(a_log[h]) if a_log is not None else 1.0
+        if gate_lower_bound is not None:
+            return gate_lower_bound * torch.sigmoid(amplitude * x)
         return -amplitude * torch.nn.functional.softplus(x)
     if gate_domain == "linear":
         return torch.log(g[:, h])
@@ -58,6 +67,7 @@ def gdn_reference(
     a_log=None,
     dt_bias=None,
     gate_domain="log",
+    gate_lower_bound=None,
 ):
     """Returns (o [T, HO, V], final_state [N, HO, V, K]) in float64, differentiable."""
     q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
@@ -80,8 +90,9 @@ def gdn_reference(
             hk = h // (n_out_heads // n_k_heads)
             hv = h // (n_out_heads // n_v_heads)
             gamma = log_decay(
-                g, h, gate_domain=gate_domain, safe_gate=safe_gate, a_log=a_log, dt_bias=dt_bias
-            )
+                g, h, gate_domain=gate_domain, safe_gate=safe_gate, a_log=a_log, dt_bias=dt_bias,
+                gate_lower_bound=gate_lower_bound,
+            )  # fmt: skip
             b = effective_beta(
                 beta, h, use_beta_sigmoid=use_beta_sigmoid, allow_neg_eigval=allow_neg_eigval
             )
@@ -91,7 +102,8 @@ def gdn_reference(
                 s = torch.zeros(dim_k, dim_v, dtype=torch.float64, device=q.device)
             for t in range(bounds[n], bounds[n + 1]):
                 kt = k[t, hk]
-                s = torch.exp(gamma[t]) * s
+                decay = torch.exp(gamma[t])
+                s = (decay[:, None] if decay.dim() else decay) * s
                 s = s - b[t] * torch.outer(kt, kt @ s) + b[t] * torch.outer(kt, v[t, hv])
                 out_rows[t][h] = scale * (q[t, hq] @ s)
             per_head.append(s.transpose(0, 1))
@@ -121,6 +133,7 @@ def gdn_reference_batched(
     a_log=None,
     dt_bias=None,
     gate_domain="log",
+    gate_lower_bound=None,
 ):
     """The same recurrence, vectorized over sequences and heads (one loop over time): for
     real sizes on the GPU. Checked against gdn_reference on CPU (test_gdn_kernels.py)."""
@@ -138,8 +151,14 @@ def gdn_reference_batched(
     gamma = torch.stack(
         [
             log_decay(
-                g, h, gate_domain=gate_domain, safe_gate=safe_gate, a_log=a_log, dt_bias=dt_bias
-            )
+                g,
+                h,
+                gate_domain=gate_domain,
+                safe_gate=safe_gate,
+                a_log=a_log,
+                dt_bias=dt_bias,
+                gate_lower_bound=gate_lower_bound,
+            )  # fmt: skip
             for h in range(n_out)
         ],
         dim=1,
@@ -174,7 +193,8 @@ def gdn_reference_batched(
         m = live[:, t][:, None, None, None]
         kt, vt, qt = k[idx], v[idx], q[idx]  # [N, HO, D]
         bt = b[idx][..., None, None]
-        decayed = torch.exp(gamma[idx])[..., None, None] * s
+        decay = torch.exp(gamma[idx])  # [N, HO] or [N, HO, K]
+        decayed = (decay[..., None] if decay.dim() == 3 else decay[..., None, None]) * s
         kts = torch.einsum("nhk,nhkv->nhv", kt, decayed)
         new = decayed + bt * kt[..., :, None] * (vt - kts)[..., None, :]
         s = torch.where(m, new, s)
@@ -184,3 +204,8 @@ def gdn_reference_batched(
         vals = torch.cat([x[m] for _, m, x in outs])
         o = o.index_put((rows,), vals)
     return o, s.transpose(-1, -2)
+
+
+# kda is the same recurrence with g [T, HO, K]: one name for a reader looking for it.
+kda_reference = gdn_reference
+kda_reference_batched = gdn_reference_batched

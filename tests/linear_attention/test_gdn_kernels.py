@@ -212,6 +212,11 @@ CASES = {
         {"use_qk_l2norm": True},
     ),
     "K64-V128": ({"dim_v": 128, "heads": (1, 1, 1), "seqlens": (70, 1)}, {"use_qk_l2norm": True}),
+    # fla serves K up to 256: the state's V-block narrows past K = 128 (kernels/gdn.py).
+    "K256-V256": (
+        {"dim_k": 256, "dim_v": 256, "heads": (1, 1, 1), "seqlens": (70, 3)},
+        {"use_qk_l2norm": True},
+    ),
 }
 
 
@@ -814,3 +819,41 @@ def test_fused_output_forward_still_stores_requested_checkpoints():
     assert torch.isfinite(o).all()
     written = ~torch.isnan(plain)
     assert written.any() and torch.equal(fused[written], plain[written])
+
+
+@pytest.mark.parametrize("per_key", [False, True], ids=["gdn", "kda"])
+def test_dw_stored_in_16_bits_gives_bitwise_the_fp32_dw_gradients(per_key, monkeypatch):
+    # The backward keeps dW in the inputs' 16-bit type (gdn_workspace.py); its reader rounds
+    # it to that type anyway, so the gradients must equal an fp32 dW's bit for bit.
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
+
+    x, cu = make_inputs(dtype=torch.float16, seqlens=(70, 5), heads=(1, 1, 1))
+    if per_key:
+        x["g"] = -0.5 * torch.rand(75, 1, 64, generator=torch.Generator().manual_seed(2))
+    d_o = torch.randn(75, 1, 64, generator=torch.Generator().manual_seed(1))
+    d_final = torch.randn(2, 1, 64, 64, generator=torch.Generator().manual_seed(3))
+
+    def grads():
+        out = {n: nan_like(t) for n, t in x.items() if t is not None}
+        run = gdn_mod.kda_backward if per_key else gdn_backward
+        run(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], cu, d_o.half(), scale=0.125,
+            dq=out["q"], dk=out["k"], dv=out["v"], dg=out["g"], dbeta=out["beta"],
+            initial_state=x["initial_state"], d_final_state=d_final,
+            d_initial_state=out["initial_state"], use_qk_l2norm=True,
+        )  # fmt: skip
+        return out
+
+    stored_16 = grads()
+    layout = gdn_mod._layout
+
+    def fp32_dw(*args, **kwargs):
+        rows = layout(*args, **kwargs)
+        return [(n, torch.float32 if n == "dw" else dt, s) for n, dt, s in rows]
+
+    monkeypatch.setattr(gdn_mod, "_layout", fp32_dw)
+    stored_32 = grads()
+    rows = gdn_mod._layout(75, 2, 1, 1, 1, 1, 64, 64, torch.float16, True, False, False)
+    assert {n: dt for n, dt, _ in rows}["dw"] == torch.float32  # the patch took
+    for name in stored_16:
+        assert torch.equal(stored_16[name], stored_32[name]), name

@@ -1,4 +1,5 @@
-"""torch custom ops for Gated DeltaNet over cached gdn / gdn_bwd graphs.
+"""torch custom ops for Gated DeltaNet and Kimi Delta Attention over cached gdn / gdn_bwd
+and kda / kda_bwd graphs.
 
 `gated_delta_net` takes flash-linear-attention's `chunk_gated_delta_rule` arguments in fla's
 positional order and under fla's keyword names (q/k/v [B, T, H, D], B == 1 with cu_seqlens;
@@ -8,7 +9,8 @@ dtypes, attributes, device — never the data), a gdn graph whose states are dec
 [N, HO, V, K] over the caller's K-major memory (transposed strides: no copy), plans it,
 builds the first plan that builds and executes it on the caller's buffers. Registered with
 torch.library (fake implementations included) so torch.compile traces it; autograd runs
-the gdn_bwd graph.
+the gdn_bwd graph. `kimi_delta_attention` does the same for fla's `chunk_kda` over kda
+graphs (the same builders, cache and autograd, by family).
 
 dtype normalization happens here, on the torch side: gate parameters a_log / dt_bias are
 read as fp32, a state outside fp32/bf16 is carried in fp32.
@@ -110,10 +112,10 @@ def _plan(g):
 
 
 # ---------------------------------------------------------------- graph builders
-def _build_fwd(q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, attrs):
-    """A gdn graph declared over these buffers (idx: state_indices or None; ht: the final
-    state buffer or None)."""
-    gr = pygraph(name="gdn_fwd", io_data_type=to_data_type(v.dtype))
+def _build_fwd(family, q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, attrs):
+    """A `family` (gdn | kda) graph declared over these buffers (idx: state_indices or None;
+    ht: the final state buffer or None)."""
+    gr = pygraph(name=f"{family}_fwd", io_data_type=to_data_type(v.dtype))
     ins = {
         n: _declare(gr, t, n)
         for n, t in {
@@ -129,7 +131,7 @@ def _build_fwd(q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, attrs):
             "state_indices": idx,
         }.items()
     }
-    O, final, _ = gr.gdn(
+    O, final, _ = getattr(gr, family)(
         ins["q"],
         ins["k"],
         ins["v"],
@@ -151,8 +153,8 @@ def _build_fwd(q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, attrs):
     return _Built(gr, ports)
 
 
-def _build_bwd(q, k, v, g, beta, cu, do, h0, dht, a_log, dt_bias, attrs):
-    gr = pygraph(name="gdn_bwd", io_data_type=to_data_type(v.dtype))
+def _build_bwd(family, q, k, v, g, beta, cu, do, h0, dht, a_log, dt_bias, attrs):
+    gr = pygraph(name=f"{family}_bwd", io_data_type=to_data_type(v.dtype))
     ins = {
         n: _declare(gr, t, n)
         for n, t in {
@@ -169,7 +171,7 @@ def _build_bwd(q, k, v, g, beta, cu, do, h0, dht, a_log, dt_bias, attrs):
             "dt_bias": dt_bias,
         }.items()
     }
-    outs = gr.gdn_bwd(
+    outs = getattr(gr, f"{family}_bwd")(
         ins["q"],
         ins["k"],
         ins["v"],
@@ -246,6 +248,52 @@ def _state_dims(K, V, v_first):
     return (V, K) if v_first else (K, V)
 
 
+def _fwd(family, q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, state_v_first):
+    """The forward of either family on the caller's buffers; attrs: the node's attributes
+    (output_final_state among them)."""
+    T, HV, V = v.shape
+    HO, K = max(q.shape[1], HV), k.shape[2]
+    N = cu_seqlens.shape[0] - 1
+    output_final_state = attrs["output_final_state"]
+    o = torch.empty(T, HO, V, dtype=v.dtype, device=v.device)
+    state_dtype = initial_state.dtype if initial_state is not None else torch.float32
+    ht = torch.empty(
+        N if output_final_state else 0,
+        HO,
+        *_state_dims(K, V, state_v_first),
+        dtype=state_dtype,
+        device=v.device,
+    )
+    h0 = _state_view(initial_state, state_v_first)
+    ht_v = _state_view(ht, state_v_first) if output_final_state else None
+    # o and ht are made here from the inputs' shapes and dtypes: the inputs key the graph.
+    tensors = (q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias)
+    built = _cached(
+        f"{family}_fwd",
+        tensors,
+        attrs,
+        lambda: _build_fwd(
+            family, q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias, None, o, ht_v, attrs
+        ),
+    )
+    built.run(
+        {
+            "q": q,
+            "k": k,
+            "v": v,
+            "g": g,
+            "beta": beta,
+            "cu_seqlens": cu_seqlens,
+            "initial_state": h0,
+            "a_log": a_log,
+            "dt_bias": dt_bias,
+            "O": o,
+            "final_state": ht_v,
+        }
+    )
+    return o, ht
+
+
 def _gdn_fwd_impl(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -266,18 +314,6 @@ def _gdn_fwd_impl(
     batch_invariant: bool,
     state_v_first: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    T, HV, V = v.shape
-    HO, K = max(q.shape[1], HV), k.shape[2]
-    N = cu_seqlens.shape[0] - 1
-    o = torch.empty(T, HO, V, dtype=v.dtype, device=v.device)
-    state_dtype = initial_state.dtype if initial_state is not None else torch.float32
-    ht = torch.empty(
-        N if output_final_state else 0,
-        HO,
-        *_state_dims(K, V, state_v_first),
-        dtype=state_dtype,
-        device=v.device,
-    )
     attrs = _attrs(
         scale,
         use_qk_l2norm,
@@ -288,32 +324,9 @@ def _gdn_fwd_impl(
         batch_invariant,
     )
     attrs["output_final_state"] = output_final_state
-    h0 = _state_view(initial_state, state_v_first)
-    ht_v = _state_view(ht, state_v_first) if output_final_state else None
-    # o and ht are made here from the inputs' shapes and dtypes: the inputs key the graph.
-    tensors = (q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias)
-    built = _cached(
-        "fwd",
-        tensors,
-        attrs,
-        lambda: _build_fwd(q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias, None, o, ht_v, attrs),
+    return _fwd(
+        "gdn", q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, state_v_first
     )
-    built.run(
-        {
-            "q": q,
-            "k": k,
-            "v": v,
-            "g": g,
-            "beta": beta,
-            "cu_seqlens": cu_seqlens,
-            "initial_state": h0,
-            "a_log": a_log,
-            "dt_bias": dt_bias,
-            "O": o,
-            "final_state": ht_v,
-        }
-    )
-    return o, ht
 
 
 _gdn_fwd = torch.library.custom_op("cudnn_pygraph::gdn_fwd", _gdn_fwd_impl, mutates_args=())
@@ -340,6 +353,10 @@ def _(
     batch_invariant,
     state_v_first,
 ):
+    return _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, state_v_first)
+
+
+def _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, state_v_first):
     T, HV, V = v.shape
     HO, K = max(q.shape[1], HV), k.shape[2]
     N = cu_seqlens.shape[0] - 1
@@ -350,6 +367,64 @@ def _(
             N if output_final_state else 0, HO, *_state_dims(K, V, state_v_first), dtype=dtype
         ),
     )
+
+
+def _bwd(family, q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state, a_log,
+         dt_bias, attrs, state_v_first):  # fmt: skip
+    """The backward of either family: [dQ, dK, dV, dG, dBeta, d_initial_state, d_a_log,
+    d_dt_bias], an absent one as an empty tensor."""
+    h0 = _state_view(initial_state, state_v_first)
+    dht = _state_view(d_final_state, state_v_first)
+    # Gradients dense whatever the inputs' strides (the engine reads strided q / k / v / g /
+    # beta, views of a fused projection, but writes dense gradients).
+    dense = torch.contiguous_format
+    outs = {
+        "dQ": torch.empty_like(q, memory_format=dense),
+        "dK": torch.empty_like(k, memory_format=dense),
+        "dV": torch.empty_like(v, memory_format=dense),
+        "dG": torch.empty_like(g, memory_format=dense),
+        "dBeta": torch.empty_like(beta, memory_format=dense),
+        "d_initial_state": torch.empty_like(initial_state) if initial_state is not None else None,
+        "d_a_log": torch.empty_like(a_log) if attrs["safe_gate"] and a_log is not None else None,
+        "d_dt_bias": (
+            torch.empty_like(dt_bias) if attrs["safe_gate"] and dt_bias is not None else None
+        ),
+    }
+    tensors = (q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias)
+    built = _cached(
+        f"{family}_bwd",
+        tensors,
+        attrs,
+        lambda: _build_bwd(
+            family, q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias, attrs
+        ),
+    )
+    d_h0 = _state_view(outs["d_initial_state"], state_v_first)
+    built.run(
+        {
+            "q": q,
+            "k": k,
+            "v": v,
+            "g": g,
+            "beta": beta,
+            "cu_seqlens": cu_seqlens,
+            "dO": do,
+            "initial_state": h0,
+            "d_final_state": dht,
+            "a_log": a_log,
+            "dt_bias": dt_bias,
+            "dQ": outs["dQ"],
+            "dK": outs["dK"],
+            "dV": outs["dV"],
+            "dG": outs["dG"],
+            "dBeta": outs["dBeta"],
+            "d_initial_state": d_h0,
+            "d_a_log": outs["d_a_log"],
+            "d_dt_bias": outs["d_dt_bias"],
+        }
+    )
+    # an absent gradient is an empty tensor of its own (returns may not alias)
+    return [t if t is not None else q.new_empty(0) for t in outs.values()]
 
 
 def _gdn_bwd_impl(
@@ -382,54 +457,10 @@ def _gdn_bwd_impl(
         gate_domain,
         batch_invariant,
     )
-    h0 = _state_view(initial_state, state_v_first)
-    dht = _state_view(d_final_state, state_v_first)
-    # Gradients dense whatever the inputs' strides (the engine reads strided q / k / v / g /
-    # beta, views of a fused projection, but writes dense gradients).
-    dense = torch.contiguous_format
-    outs = {
-        "dQ": torch.empty_like(q, memory_format=dense),
-        "dK": torch.empty_like(k, memory_format=dense),
-        "dV": torch.empty_like(v, memory_format=dense),
-        "dG": torch.empty_like(g, memory_format=dense),
-        "dBeta": torch.empty_like(beta, memory_format=dense),
-        "d_initial_state": torch.empty_like(initial_state) if initial_state is not None else None,
-        "d_a_log": torch.empty_like(a_log) if safe_gate and a_log is not None else None,
-        "d_dt_bias": torch.empty_like(dt_bias) if safe_gate and dt_bias is not None else None,
-    }
-    tensors = (q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias)
-    built = _cached(
-        "bwd",
-        tensors,
-        attrs,
-        lambda: _build_bwd(q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias, attrs),
-    )
-    d_h0 = _state_view(outs["d_initial_state"], state_v_first)
-    built.run(
-        {
-            "q": q,
-            "k": k,
-            "v": v,
-            "g": g,
-            "beta": beta,
-            "cu_seqlens": cu_seqlens,
-            "dO": do,
-            "initial_state": h0,
-            "d_final_state": dht,
-            "a_log": a_log,
-            "dt_bias": dt_bias,
-            "dQ": outs["dQ"],
-            "dK": outs["dK"],
-            "dV": outs["dV"],
-            "dG": outs["dG"],
-            "dBeta": outs["dBeta"],
-            "d_initial_state": d_h0,
-            "d_a_log": outs["d_a_log"],
-            "d_dt_bias": outs["d_dt_bias"],
-        }
-    )
-    # an absent gradient is an empty tensor of its own (returns may not alias)
-    return [t if t is not None else q.new_empty(0) for t in outs.values()]
+    return _bwd(
+        "gdn", q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state, a_log, dt_bias,
+        attrs, state_v_first,
+    )  # fmt: skip
 
 
 _gdn_bwd = torch.library.custom_op("cudnn_pygraph::gdn_bwd", _gdn_bwd_impl, mutates_args=())
@@ -457,6 +488,10 @@ def _(
     batch_invariant,
     state_v_first,
 ):
+    return _bwd_fake(q, k, v, g, beta, initial_state, a_log, dt_bias, safe_gate)
+
+
+def _bwd_fake(q, k, v, g, beta, initial_state, a_log, dt_bias, safe_gate):
     dense = torch.contiguous_format
     return [
         torch.empty_like(q, memory_format=dense),
@@ -483,56 +518,44 @@ _FWD_FLAGS = (
 )
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, g, beta, cu, h0, a_log, dt_bias, *flags = inputs
-    ctx.save_for_backward(q, k, v, g, beta, cu, h0, a_log, dt_bias)
-    ctx.flags = dict(zip(_FWD_FLAGS, flags))
+def _autograd(fwd_flags, bwd_impl, bwd_op):
+    """(setup_context, backward) of a forward op whose arguments are (q, k, v, g, beta,
+    cu_seqlens, initial_state, a_log, dt_bias, *fwd_flags) and whose backward op takes
+    (q, k, v, g, beta, cu_seqlens, dO, initial_state, d_final_state, a_log, dt_bias, *the
+    flags but output_final_state)."""
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, g, beta, cu, h0, a_log, dt_bias, *flags = inputs
+        ctx.save_for_backward(q, k, v, g, beta, cu, h0, a_log, dt_bias)
+        ctx.flags = dict(zip(fwd_flags, flags))
+
+    def backward(ctx, d_o, d_ht):
+        q, k, v, g, beta, cu, h0, a_log, dt_bias = ctx.saved_tensors
+        f = dict(ctx.flags)
+        output_final_state = f.pop("output_final_state")
+        d_final = d_ht if output_final_state and d_ht is not None and d_ht.numel() else None
+        d_o = d_o.contiguous()
+        eager = _eager(q, k, v, g, beta, cu, d_o, h0, d_final, a_log, dt_bias)
+        bwd = bwd_impl if eager else bwd_op
+        grads = bwd(q, k, v, g, beta, cu, d_o, h0, d_final, a_log, dt_bias, *f.values())
+        dq, dk, dv, dg, dbeta, dh0, da, ddt = grads
+        none_if_empty = lambda t, ref: t if ref is not None and t.numel() else None
+        return (
+            dq,
+            dk,
+            dv,
+            dg,
+            dbeta,
+            None,
+            none_if_empty(dh0, h0),
+            none_if_empty(da, a_log),
+            none_if_empty(ddt, dt_bias),
+        ) + (None,) * len(fwd_flags)
+
+    return setup_context, backward
 
 
-def _backward(ctx, d_o, d_ht):
-    q, k, v, g, beta, cu, h0, a_log, dt_bias = ctx.saved_tensors
-    f = dict(ctx.flags)
-    output_final_state = f.pop("output_final_state")
-    d_final = d_ht if output_final_state and d_ht is not None and d_ht.numel() else None
-    d_o = d_o.contiguous()
-    eager = _eager(q, k, v, g, beta, cu, d_o, h0, d_final, a_log, dt_bias)
-    bwd = _gdn_bwd_impl if eager else _gdn_bwd
-    grads = bwd(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        cu,
-        d_o,
-        h0,
-        d_final,
-        a_log,
-        dt_bias,
-        f["scale"],
-        f["use_qk_l2norm"],
-        f["use_beta_sigmoid"],
-        f["allow_neg_eigval"],
-        f["safe_gate"],
-        f["gate_domain"],
-        f["batch_invariant"],
-        f["state_v_first"],
-    )
-    dq, dk, dv, dg, dbeta, dh0, da, ddt = grads
-    none_if_empty = lambda t, ref: t if ref is not None and t.numel() else None
-    return (
-        dq,
-        dk,
-        dv,
-        dg,
-        dbeta,
-        None,
-        none_if_empty(dh0, h0),
-        none_if_empty(da, a_log),
-        none_if_empty(ddt, dt_bias),
-    ) + (None,) * len(_FWD_FLAGS)
-
-
+_setup_context, _backward = _autograd(_FWD_FLAGS, _gdn_bwd_impl, _gdn_bwd)
 _gdn_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
@@ -550,7 +573,7 @@ def _check_head_dims(q, v):
         if t.shape[-1] not in HEAD_DIMS:
             raise ValueError(
                 f"{name}: head dim {dim}={t.shape[-1]} is not served: this op serves K and V in "
-                f"{{{', '.join(map(str, HEAD_DIMS))}}} (fla's kernels also serve up to 256)"
+                f"{{{', '.join(map(str, HEAD_DIMS))}}}"
             )
 
 
@@ -597,7 +620,7 @@ def gated_delta_net(
 
     q/k [B, T, H, K], v [B, T, HV, V], g/beta [B, T, HO] (HO = max(H, HV)); with cu_seqlens
     (int32/int64 [N + 1]) B must be 1 and sequences are packed. initial_state [N, HO, K, V]
-    (K-major; [N, HO, V, K] with state_v_first). K and V: 64 or 128.
+    (K-major; [N, HO, V, K] with state_v_first). K and V: 64, 128 or 256.
     use_gate_in_kernel: g holds raw logits and the gate is -exp(A_log) * softplus(g +
     dt_bias) (absent A_log: exp(A_log) = 1). head_first=True is refused as fla refuses it.
     cu_seqlens_cpu and chunk_indices are hints fla may use to skip work: the result does not
@@ -674,6 +697,55 @@ def gated_delta_net(
     return o, (ht if output_final_state else None)
 
 
+def _fwd_overwrite(family, q, k, v, g, beta, cu_seqlens, state, state_indices, a_log,
+                   dt_bias, attrs):  # fmt: skip
+    """The in-place forward of either family: `state` (K-major, a pool under state_indices)
+    seeds and receives the final states. Returns o."""
+    T, HV, V = v.shape
+    o = torch.empty(T, max(q.shape[1], HV), V, dtype=v.dtype, device=v.device)
+    attrs.update(output_final_state=True, overwrite_initial_state=True)
+    pool = _state_view(state)
+    tensors = (q, k, v, g, beta, cu_seqlens, pool, a_log, dt_bias, state_indices)  # o: made here
+    built = _cached(
+        f"{family}_fwd_overwrite",
+        tensors,
+        attrs,
+        lambda: _build_fwd(
+            family,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            cu_seqlens,
+            pool,
+            a_log,
+            dt_bias,
+            state_indices,
+            o,
+            pool,
+            attrs,
+        ),  # fmt: skip
+    )
+    built.run(
+        {
+            "q": q,
+            "k": k,
+            "v": v,
+            "g": g,
+            "beta": beta,
+            "cu_seqlens": cu_seqlens,
+            "initial_state": pool,
+            "a_log": a_log,
+            "dt_bias": dt_bias,
+            "state_indices": state_indices,
+            "O": o,
+            "final_state": pool,
+        }
+    )
+    return o
+
+
 def _gdn_fwd_overwrite_state_impl(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -693,8 +765,6 @@ def _gdn_fwd_overwrite_state_impl(
     gate_domain: str,
     batch_invariant: bool,
 ) -> torch.Tensor:
-    T, HV, V = v.shape
-    o = torch.empty(T, max(q.shape[1], HV), V, dtype=v.dtype, device=v.device)
     attrs = _attrs(
         scale,
         use_qk_l2norm,
@@ -704,34 +774,9 @@ def _gdn_fwd_overwrite_state_impl(
         gate_domain,
         batch_invariant,
     )
-    attrs.update(output_final_state=True, overwrite_initial_state=True)
-    pool = _state_view(state)
-    tensors = (q, k, v, g, beta, cu_seqlens, pool, a_log, dt_bias, state_indices)  # o: made here
-    built = _cached(
-        "fwd_overwrite",
-        tensors,
-        attrs,
-        lambda: _build_fwd(
-            q, k, v, g, beta, cu_seqlens, pool, a_log, dt_bias, state_indices, o, pool, attrs
-        ),
+    return _fwd_overwrite(
+        "gdn", q, k, v, g, beta, cu_seqlens, state, state_indices, a_log, dt_bias, attrs
     )
-    built.run(
-        {
-            "q": q,
-            "k": k,
-            "v": v,
-            "g": g,
-            "beta": beta,
-            "cu_seqlens": cu_seqlens,
-            "initial_state": pool,
-            "a_log": a_log,
-            "dt_bias": dt_bias,
-            "state_indices": state_indices,
-            "O": o,
-            "final_state": pool,
-        }
-    )
-    return o
 
 
 _gdn_fwd_overwrite_state = torch.library.custom_op(
@@ -833,4 +878,479 @@ def gated_delta_net_overwrite_state(
     return o.unsqueeze(0)
 
 
-__all__ = ["gated_delta_net", "gated_delta_net_overwrite_state"]
+# ---------------------------------------------------------------- kda (Kimi Delta Attention)
+# The same graphs with the kda ops (g [T, HO, K], dt_bias [HO, K]) and one more attribute,
+# gate_lower_bound; the builders, cache, autograd and in-place path above serve both.
+def _kda_attrs(
+    scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_lower_bound,
+    gate_domain, batch_invariant,
+):  # fmt: skip
+    attrs = _attrs(
+        scale,
+        use_qk_l2norm,
+        use_beta_sigmoid,
+        allow_neg_eigval,
+        safe_gate,
+        gate_domain,
+        batch_invariant,
+    )
+    attrs["gate_lower_bound"] = gate_lower_bound
+    return attrs
+
+
+def _kda_fwd_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    a_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    output_final_state: bool,
+    use_qk_l2norm: bool,
+    use_beta_sigmoid: bool,
+    allow_neg_eigval: bool,
+    safe_gate: bool,
+    gate_lower_bound: float | None,
+    gate_domain: str,
+    batch_invariant: bool,
+    state_v_first: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    attrs = _kda_attrs(
+        scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_lower_bound,
+        gate_domain, batch_invariant,
+    )  # fmt: skip
+    attrs["output_final_state"] = output_final_state
+    return _fwd(
+        "kda", q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, state_v_first
+    )
+
+
+_kda_fwd = torch.library.custom_op("cudnn_pygraph::kda_fwd", _kda_fwd_impl, mutates_args=())
+
+
+@_kda_fwd.register_fake
+def _(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    initial_state,
+    a_log,
+    dt_bias,
+    scale,
+    output_final_state,
+    use_qk_l2norm,
+    use_beta_sigmoid,
+    allow_neg_eigval,
+    safe_gate,
+    gate_lower_bound,
+    gate_domain,
+    batch_invariant,
+    state_v_first,
+):
+    return _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, state_v_first)
+
+
+def _kda_bwd_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    do: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    d_final_state: torch.Tensor | None,
+    a_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    use_qk_l2norm: bool,
+    use_beta_sigmoid: bool,
+    allow_neg_eigval: bool,
+    safe_gate: bool,
+    gate_lower_bound: float | None,
+    gate_domain: str,
+    batch_invariant: bool,
+    state_v_first: bool,
+) -> list[torch.Tensor]:
+    attrs = _kda_attrs(
+        scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_lower_bound,
+        gate_domain, batch_invariant,
+    )  # fmt: skip
+    return _bwd(
+        "kda", q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state, a_log, dt_bias,
+        attrs, state_v_first,
+    )  # fmt: skip
+
+
+_kda_bwd = torch.library.custom_op("cudnn_pygraph::kda_bwd", _kda_bwd_impl, mutates_args=())
+
+
+@_kda_bwd.register_fake
+def _(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    do,
+    initial_state,
+    d_final_state,
+    a_log,
+    dt_bias,
+    scale,
+    use_qk_l2norm,
+    use_beta_sigmoid,
+    allow_neg_eigval,
+    safe_gate,
+    gate_lower_bound,
+    gate_domain,
+    batch_invariant,
+    state_v_first,
+):
+    return _bwd_fake(q, k, v, g, beta, initial_state, a_log, dt_bias, safe_gate)
+
+
+_KDA_FWD_FLAGS = (
+    "scale",
+    "output_final_state",
+    "use_qk_l2norm",
+    "use_beta_sigmoid",
+    "allow_neg_eigval",
+    "safe_gate",
+    "gate_lower_bound",
+    "gate_domain",
+    "batch_invariant",
+    "state_v_first",
+)
+_kda_setup_context, _kda_backward = _autograd(_KDA_FWD_FLAGS, _kda_bwd_impl, _kda_bwd)
+_kda_fwd.register_autograd(_kda_backward, setup_context=_kda_setup_context)
+
+
+def _kda_fwd_overwrite_state_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state: torch.Tensor,
+    state_indices: torch.Tensor | None,
+    a_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    use_qk_l2norm: bool,
+    use_beta_sigmoid: bool,
+    allow_neg_eigval: bool,
+    safe_gate: bool,
+    gate_lower_bound: float | None,
+    gate_domain: str,
+    batch_invariant: bool,
+) -> torch.Tensor:
+    attrs = _kda_attrs(
+        scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_lower_bound,
+        gate_domain, batch_invariant,
+    )  # fmt: skip
+    return _fwd_overwrite(
+        "kda", q, k, v, g, beta, cu_seqlens, state, state_indices, a_log, dt_bias, attrs
+    )
+
+
+_kda_fwd_overwrite_state = torch.library.custom_op(
+    "cudnn_pygraph::kda_fwd_overwrite_state",
+    _kda_fwd_overwrite_state_impl,
+    mutates_args=("state",),
+)
+
+
+@_kda_fwd_overwrite_state.register_fake
+def _(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    state,
+    state_indices,
+    a_log,
+    dt_bias,
+    scale,
+    use_qk_l2norm,
+    use_beta_sigmoid,
+    allow_neg_eigval,
+    safe_gate,
+    gate_lower_bound,
+    gate_domain,
+    batch_invariant,
+):
+    T, HV, V = v.shape
+    return v.new_empty(T, max(q.shape[1], HV), V)
+
+
+# fla's chunk_kda refuses these in its own words (fla/ops/kda/chunk.py).
+_KDA_CHUNK_SIZES = (32, 64)
+_KDA_KWARGS = ("A_log", "dt_bias", "chunk_size", "transpose_state_layout")
+_KDA_LOWER_BOUND_RANGE = (-5.0, 0.0)  # fla's safe_gate range: [-5, 0)
+
+
+def _kda_gate_args(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias, heads, K):
+    """fla's gate arguments as the kda node's: (safe_gate, gate_lower_bound, a_log [HO] fp32,
+    dt_bias [HO, K] fp32). fla's use_gate_in_kernel is the node's safe_gate (g holds raw
+    logits); its lower_bound, under use_gate_in_kernel, the node's gate_lower_bound. fla's
+    own safe_gate (a kernel-selection flag: g pre-clamped to [lower_bound, 0)) changes no
+    arithmetic here: its rules are checked as fla checks them and nothing else follows."""
+    if safe_gate and use_gate_in_kernel:
+        if lower_bound is None:
+            raise ValueError(
+                "`lower_bound` must be specified when `safe_gate=True` and "
+                "`use_gate_in_kernel=True`."
+            )
+        low, high = _KDA_LOWER_BOUND_RANGE
+        if not (low <= lower_bound < high):
+            raise ValueError(f"`lower_bound` must be in the safe range [-5, 0), got {lower_bound}.")
+    if not use_gate_in_kernel:
+        if A_log is not None or dt_bias is not None:
+            raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
+        return False, None, None, None
+    if A_log is None and lower_bound is None:
+        raise ValueError(
+            "`A_log` must be provided when `use_gate_in_kernel=True` and `lower_bound` is not set."
+        )
+    if lower_bound is not None and not (float("-inf") < lower_bound < 0):
+        raise ValueError(
+            f"lower_bound: must be a finite negative log-decay floor, got {lower_bound}"
+        )
+    if A_log is not None and tuple(A_log.shape) != (heads,):
+        raise ValueError(f"A_log: expected [HV] = [{heads}], got {list(A_log.shape)}")
+    if dt_bias is not None:
+        if dt_bias.numel() != heads * K or tuple(dt_bias.shape) not in ((heads * K,), (heads, K)):
+            raise ValueError(
+                f"dt_bias: expected [HV * K] = [{heads * K}] (or [HV, K]), got {list(dt_bias.shape)}"
+            )
+        dt_bias = dt_bias.reshape(heads, K)
+    f32 = lambda t: None if t is None else t.float().contiguous()
+    lb = None if lower_bound is None else float(lower_bound)
+    return True, lb, f32(A_log), f32(dt_bias)
+
+
+def kimi_delta_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    cp_context: object | None = None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
+    *,
+    gate_domain: str = "log",
+    batch_invariant: bool = False,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Kimi Delta Attention, called as fla's `chunk_kda` (same positional order, same
+    keyword names; A_log, dt_bias and chunk_size by keyword, as fla reads them).
+
+    q/k [B, T, H, K], v [B, T, HV, V], g [B, T, HO, K] (a log-decay per key channel),
+    beta [B, T, HO] (HO = max(H, HV)); with cu_seqlens (int32/int64 [N + 1]) B must be 1
+    and sequences are packed. initial_state [N, HO, K, V] (K-major; [N, HO, V, K] with
+    state_v_first), fp32 or bf16; the final state comes back in its dtype. K and V: 64,
+    128 or 256.
+    use_gate_in_kernel: g holds raw logits and the decay is -exp(A_log) * softplus(g +
+    dt_bias), or with lower_bound lb * sigmoid(exp(A_log) * (g + dt_bias)) (A_log [HV] may
+    then be None: exp(A_log) = 1; dt_bias [HV * K] or [HV, K], optional); the backward
+    returns the gradients of the raw g and of the parameters given. fla's safe_gate (g
+    pre-clamped, a kernel choice) is checked as fla checks it and changes nothing here:
+    these kernels are exact for any non-positive log-decay.
+    disable_recompute, use_graph, max_num_seqs and cu_seqlens_cpu are fla's speed and
+    memory hints: the result does not depend on them (this op never syncs and is
+    CUDA-graph capturable as it is). chunk_size is accepted as fla accepts it (32 or 64);
+    the kernels chunk by 64 whatever it says, which changes rounding only.
+    return_intermediate_states and cp_context are not served.
+    gate_domain ("log" | "linear": g holds the decay itself) and batch_invariant are this
+    op's own. q / k / v / g / beta may be strided views; cu_seqlens is checked on the
+    device (no sync): a malformed table makes every output NaN.
+
+    Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)."""
+    unknown = sorted(set(kwargs) - set(_KDA_KWARGS))
+    if unknown:
+        raise TypeError(f"kimi_delta_attention() got unexpected keyword arguments {unknown}")
+    if kwargs.get("transpose_state_layout") is not None:
+        if state_v_first:
+            raise ValueError(
+                "Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`."
+            )
+        state_v_first = bool(kwargs["transpose_state_layout"])
+    if cp_context is not None:
+        raise NotImplementedError("cp_context: context parallelism is not served by this op")
+    if return_intermediate_states:
+        raise NotImplementedError(
+            "return_intermediate_states: the per-chunk states for inference are not served by "
+            "this op (the graph op kda's checkpoint_every_n_tokens output holds them)"
+        )
+    chunk_size = kwargs.get("chunk_size", 64)
+    if chunk_size not in _KDA_CHUNK_SIZES:
+        raise ValueError(f"`chunk_size` must be either 32 or 64 for KDA, got {chunk_size}.")
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+    if q.dim() != 4:
+        raise ValueError(f"q: expected [B, T, H, K], got shape {tuple(q.shape)}")
+    if k.shape != q.shape:
+        raise ValueError(f"q and k must have the same shape, got q={q.shape} vs k={k.shape}")
+    _check_head_dims(q, v)
+    B, T, H, K = q.shape
+    HV = v.shape[2]
+    if HV % H:
+        raise ValueError(
+            f"For GVA, num_v_heads (HV={HV}) must be evenly divisible by num_qk_heads (H={H}), "
+            f"but got HV % H = {HV % H}"
+        )
+    heads = max(H, HV)
+    if tuple(g.shape) != (B, T, heads, K):
+        raise ValueError(f"g must have shape [B, T, HV, K]={[B, T, heads, K]}, got {list(g.shape)}")
+    if tuple(beta.shape) != (B, T, heads):
+        raise ValueError(f"beta must have shape [B, T, HV]={[B, T, heads]}, got {list(beta.shape)}")
+    if cu_seqlens is None:
+        cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
+    elif B != 1:
+        raise ValueError(
+            f"The batch size is expected to be 1 rather than {B} when using `cu_seqlens`."
+            f"Please flatten variable-length inputs before processing."
+        )
+    gate, lb, A_log, dt_bias = _kda_gate_args(
+        use_gate_in_kernel, safe_gate, lower_bound, kwargs.get("A_log"), kwargs.get("dt_bias"),
+        heads, K,
+    )  # fmt: skip
+    n_seq = cu_seqlens.shape[0] - 1
+    if initial_state is not None and initial_state.shape[0] != n_seq:
+        raise ValueError(
+            f"The number of initial states is expected to be equal to the number of input "
+            f"sequences, i.e., {n_seq} rather than {initial_state.shape[0]}."
+        )
+    _check_state("initial_state", initial_state, n_seq, heads, K, v.shape[-1], state_v_first)
+    flat = (lambda t: t[0]) if B == 1 else (lambda t: t.reshape(B * T, *t.shape[2:]))
+    if initial_state is not None and initial_state.dtype not in (torch.float32, torch.bfloat16):
+        initial_state = initial_state.float()
+    scale = float(K**-0.5 if scale is None else scale)
+    eager = _eager(q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias)
+    o, ht = (_kda_fwd_impl if eager else _kda_fwd)(
+        flat(q),
+        flat(k),
+        flat(v),
+        flat(g),
+        flat(beta),
+        cu_seqlens,
+        initial_state,
+        A_log,
+        dt_bias,
+        scale,
+        bool(output_final_state),
+        bool(use_qk_l2norm_in_kernel),
+        bool(use_beta_sigmoid_in_kernel),
+        bool(allow_neg_eigval),
+        gate,
+        lb,
+        str(gate_domain),
+        bool(batch_invariant),
+        bool(state_v_first),
+    )
+    o = o.unsqueeze(0) if B == 1 else o.reshape(B, T, *o.shape[1:])
+    return o, (ht if output_final_state else None)
+
+
+def kimi_delta_attention_overwrite_state(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state_indices: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    *,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    use_gate_in_kernel: bool = False,
+    lower_bound: float | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    gate_domain: str = "log",
+    batch_invariant: bool = False,
+) -> torch.Tensor:
+    """Inference: run KDA and update `state` IN PLACE (K-major [N or N_pool, HO, K, V], fp32
+    or bf16), as gated_delta_net_overwrite_state does for GDN: with state_indices (int32
+    [N]) `state` is a pool whose row state_indices[i] seeds sequence i and receives its
+    final state; -1 (a serving stack's padding slot) neither reads nor writes the pool; an
+    index outside the pool touches nothing there and makes o and the indexed rows NaN. No
+    autograd. q/k/v/g/beta and the gate keywords as in kimi_delta_attention, B == 1.
+    Returns o [1, T, HO, V]."""
+    if q.dim() != 4 or q.shape[0] != 1:
+        raise ValueError(f"q: expected [1, T, H, K] (packed tokens), got shape {tuple(q.shape)}")
+    _check_head_dims(q, v)
+    if state.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(
+            f"state: dtype {state.dtype} is not fp32 or bf16 (updated in place, so it is not converted)"
+        )
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+    if state_indices is not None and state_indices.dtype != torch.int32:
+        raise ValueError(f"state_indices: dtype {state_indices.dtype}, expected torch.int32")
+    heads, K = max(q.shape[2], v.shape[2]), q.shape[-1]
+    gate, lb, A_log, dt_bias = _kda_gate_args(
+        use_gate_in_kernel, False, lower_bound, A_log, dt_bias, heads, K
+    )
+    rows = state.shape[0] if state_indices is not None else cu_seqlens.shape[0] - 1
+    _check_state("state", state, rows, heads, K, v.shape[-1], False)
+    eager = _eager(q, k, v, g, beta, cu_seqlens, state, state_indices, A_log, dt_bias)
+    o = (_kda_fwd_overwrite_state_impl if eager else _kda_fwd_overwrite_state)(
+        q[0],
+        k[0],
+        v[0],
+        g[0],
+        beta[0],
+        cu_seqlens,
+        state,
+        state_indices,
+        A_log,
+        dt_bias,
+        float(K**-0.5 if scale is None else scale),
+        bool(use_qk_l2norm_in_kernel),
+        bool(use_beta_sigmoid_in_kernel),
+        bool(allow_neg_eigval),
+        gate,
+        lb,
+        str(gate_domain),
+        bool(batch_invariant),
+    )
+    return o.unsqueeze(0)
+
+
+__all__ = [
+    "gated_delta_net",
+    "gated_delta_net_overwrite_state",
+    "kimi_delta_attention",
+    "kimi_delta_attention_overwrite_state",
+]

@@ -117,7 +117,13 @@ FAMILIES = (
         "kda",
         index=4,
         anchors=("kda", "kda_bwd", "kda_summary", "kda_summary_bwd"),
+        slots=(
+            EngineSlot(
+                0, "triton_kda", f"{_PKG}.engines.linear_attention.kda_engine", "KdaTritonEngine"
+            ),
+        ),
         analyzer=_LA_ANALYZER,
+        heuristics=(f"{_PKG}.engines.linear_attention.heuristics", "recommend"),
     ),
     EngineFamily(
         "gdn2",

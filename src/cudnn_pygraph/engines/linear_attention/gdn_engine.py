@@ -1,6 +1,8 @@
 """The gdn family's Triton engine: the gdn and gdn_bwd graph ops over the chunked kernels
 (kernels/gdn.py: cumulative gate, WY transform, state recurrence, output; forward and
-backward).
+backward). The kda family's engine (kda_engine.py) is this class with another family: the
+kernels take the gate's shape as a constexpr, so the two engines differ in the ops they
+anchor and nothing else.
 
 check_support decides everything the declaration decides (one gdn / gdn_bwd node, head dims
 the kernels serve, dtypes, dense token-packed outputs, the state dtype rule, the checkpoint
@@ -29,7 +31,11 @@ from .kernels.configs import GdnKnobs, fuses_output
 
 IO_DTYPES = frozenset({data_type.HALF, data_type.BFLOAT16, data_type.FLOAT})
 STATE_DTYPES = (data_type.FLOAT, data_type.BFLOAT16)
-HEAD_DIMS = (64, 128)  # kernels/gdn.py SUPPORTED_HEAD_DIMS (not imported: no triton here)
+HEAD_DIMS = (
+    64,
+    128,
+    256,
+)  # kernels/gdn_checks.py SUPPORTED_HEAD_DIMS (not imported: no triton here)
 _DATA_PTR = operator.methodcaller("data_ptr")
 CHECKPOINT_CADENCE = 64  # the chunk size: one checkpoint per chunk
 # Ports the launchers read or write as dense row-major [total_T, heads(, dim)] tiles; the
@@ -98,6 +104,7 @@ def _ports(node):
 
 class GdnTritonEngine(BaseEngine):
     name = "triton_gdn"
+    family = "gdn"  # the op family served: gdn / gdn_bwd (kda_engine.py: kda / kda_bwd)
     # The one tuning axis: which named config of kernels/configs.py the plan builds (the
     # backend's KERNEL_CFG: "an engine's kernel configuration, by index").
     KNOB_FIELDS = MappingProxyType({knob_type.KERNEL_CFG: "CONFIG"})
@@ -111,8 +118,10 @@ class GdnTritonEngine(BaseEngine):
         for module in self.requires:
             require_module(module, self.name)
         facts = facts_for(graph, analyze)
-        if facts is None or facts.family != "gdn":
-            raise NotImplementedError("serves a graph of exactly one gdn or gdn_bwd node")
+        if facts is None or facts.family != self.family:
+            raise NotImplementedError(
+                f"serves a graph of exactly one {self.family} or {self.family}_bwd node"
+            )
         if facts.kind not in ("", "_bwd"):
             raise NotImplementedError(f"{facts.op}: the summary ops are not served")
         node = graph.nodes[0]
@@ -136,10 +145,10 @@ class GdnTritonEngine(BaseEngine):
             t = ports.get(port)
             if t is not None and any(s < 0 for s in t.stride):
                 raise NotImplementedError(f"{port}: negative stride {list(t.stride)}")
-        for port in VECTOR_PORTS:
+        for port in VECTOR_PORTS:  # dense: [N + 1], [HO], or kda's dt_bias [HO, K]
             t = ports.get(port)
-            if t is not None and t.dim[0] > 1 and t.stride[0] != 1:
-                raise NotImplementedError(f"{port}: stride {t.stride[0]} is not 1")
+            if t is not None and not _contiguous(t.dim, t.stride):
+                raise NotImplementedError(f"{port}: stride {list(t.stride)} is not dense")
         state_dtypes = {ports[p].data_type for p in STATE_PORTS if p in ports}
         for dtype in state_dtypes:
             if dtype not in STATE_DTYPES:
@@ -187,6 +196,8 @@ class GdnTritonEngine(BaseEngine):
             "gate_domain": a.get("gate_domain", "log"),
             "batch_invariant": bool(a.get("batch_invariant")),
             "config": plan.knobs.name,
+            "gate_per_key": facts.family == "kda",
+            "gate_lower_bound": a.get("gate_lower_bound"),
         }
         import torch
 
@@ -209,12 +220,14 @@ class GdnTritonEngine(BaseEngine):
             safe_gate=flags["safe_gate"],
             fused_output=not backward and fuses_output(plan.knobs.name),
             strided=tuple((n, getattr(torch, dt)) for n, dt in strided_inputs(ports)),
+            gate_per_key=flags["gate_per_key"],
         )
         on_cuda = not getattr(device, "is_interpreter", True)
         dev = torch.device("cuda", device.ordinal) if on_cuda else torch.device("cpu")
         built = GdnPlan(
-            backward, names, [position[ports[n].uid] for n in names], flags, nbytes, device
-        )
+            backward, names, [position[ports[n].uid] for n in names], flags, nbytes, device,
+            facts.op,
+        )  # fmt: skip
         if built.on_cuda:
             _compile_by_warm_launch(built, {n: ports[n] for n in names}, dev)
         return built
@@ -273,8 +286,10 @@ class GdnPlan(CompiledPlan):
     """execute: the pack's buffers as zero-copy torch views, by the positions settled at
     build, handed to gdn_forward / gdn_backward with the caller's workspace."""
 
-    def __init__(self, backward, names, positions, flags, workspace_size, device):
+    def __init__(self, backward, names, positions, flags, workspace_size, device, op=None):
         self.backward = backward
+        # The node's op, the replay record's label.
+        self.op = op or ("gdn_bwd" if backward else "gdn")
         self.names = names
         self.positions = positions
         self.flags = flags
@@ -357,8 +372,7 @@ class GdnPlan(CompiledPlan):
             self._launch(t, workspace)
         names = [n for n in self.names if t.get(n) is not None]
         roots = [(n, t[n]) for n in names] + [("workspace", workspace)]
-        kind = "gdn_bwd" if self.backward else "gdn"
-        self._replay, self.replay_refused = build_replay(record, roots, kind)
+        self._replay, self.replay_refused = build_replay(record, roots, self.op)
         self._root_names = tuple(names)
         if bufs is not None:
             self._record_sig = tuple(None if b is None else (b.shape, b.strides) for b in bufs)

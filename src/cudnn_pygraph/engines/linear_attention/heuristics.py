@@ -1,6 +1,7 @@
-"""The gdn family's hook: the plan list from facts alone. Every plan names its kernel
-config (kernels/configs.py) as a knob, the rule's pick first and the rest of the table
-behind it for a caller that autotunes. gdn graphs have no backend plan: nothing to place."""
+"""The gdn and kda families' hook (one set of kernels, one config table): the plan list
+from facts alone. Every plan names its kernel config (kernels/configs.py) as a knob, the
+rule's pick first and the rest of the table behind it for a caller that autotunes. gdn /
+kda graphs have no backend plan: nothing to place."""
 
 from ..base import PlanConfig
 from .kernels.configs import CONFIG_NAMES, INTERPRETER_SMS, GdnKnobs, recommend_config

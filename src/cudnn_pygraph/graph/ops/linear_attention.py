@@ -32,11 +32,20 @@ class Family:
     beta_per_key: bool  # beta is [T, HO, K] (gdn2) rather than [T, HO]
     write_gate: bool  # gdn2's w [T, HO, V]
     householder: bool  # gdp's num_householder sub-tokens per token
+    # safe_gate's lower-bound form lb * sigmoid(exp(a_log) (g + dt_bias)) (gate_lower_bound)
+    gate_lower_bound: bool = False
 
 
 _FAMILIES = (
     Family("gdn", gate_per_key=False, beta_per_key=False, write_gate=False, householder=False),
-    Family("kda", gate_per_key=True, beta_per_key=False, write_gate=False, householder=False),
+    Family(
+        "kda",
+        gate_per_key=True,
+        beta_per_key=False,
+        write_gate=False,
+        householder=False,
+        gate_lower_bound=True,
+    ),
     Family("gdn2", gate_per_key=True, beta_per_key=True, write_gate=True, householder=False),
     Family("gdp", gate_per_key=False, beta_per_key=False, write_gate=False, householder=True),
 )
@@ -87,6 +96,8 @@ def _params(fam, kind):
         _attr("safe_gate", False),
         _attr("gate_domain", "log", choices=("log", "linear")),
     ]
+    if fam.gate_lower_bound:
+        params.append(_attr("gate_lower_bound", None, value_type="float?"))
     if kind in ("", "_bwd"):
         params += [_attr("checkpoint_every_n_tokens", 0), _attr("overwrite_initial_state", False)]
     params.append(_attr("batch_invariant", False))
@@ -187,6 +198,14 @@ def _rule(fam, kind):
             node.fail("allow_neg_eigval", "requires use_beta_sigmoid")
         if a["safe_gate"] and a["gate_domain"] == "linear":
             node.fail("safe_gate", 'cannot combine with gate_domain="linear"')
+        lb = a.get("gate_lower_bound")
+        if lb is not None:
+            if not a["safe_gate"]:
+                node.fail("gate_lower_bound", "is only read under safe_gate=True")
+            if not (float("-inf") < lb < 0):
+                node.fail(
+                    "gate_lower_bound", f"must be a finite negative log-decay floor, got {lb}"
+                )
         param_dims = (HO, K) if fam.gate_per_key else (HO,)
         for port in ("a_log", "dt_bias"):
             if inp.get(port) is not None:

@@ -1,11 +1,15 @@
 """Stage 1: the chunk-local cumulative gate (and the beta gate), forward and backward.
 
-The op's decay enters as a per-token log-decay gamma (docs: linear-attention.md "Gates"):
+The op's decay enters as a log-decay gamma per token (gdn) or per token and key channel
+(kda), docs: linear-attention.md "Gates":
   log domain     gamma = g
   linear domain  gamma = log(g)                       (g holds alpha; dG is w.r.t. alpha)
-  safe_gate      gamma = -exp(a_log[h]) * softplus(g + dt_bias[h])
+  safe_gate      gamma = -exp(a_log[h]) * softplus(g + dt_bias[h(, c)])
+  safe_gate with a lower bound lb < 0 (kda's gate_lower_bound)
+                 gamma = lb * sigmoid(exp(a_log[h]) * (g + dt_bias[h(, c)]))
 Inside a chunk the kernels use G_i = sum_{j <= i} gamma_j (chunk-local cumulative sum), so
-exp(G_i - G_j) is the decay from token j to token i and exp(G_last) the whole chunk's decay.
+exp(G_i - G_j) is the decay from token j to token i and exp(G_last) the whole chunk's decay
+(per key channel for kda).
 
 beta: plain, sigmoid(beta) (use_beta_sigmoid) or 2*sigmoid(beta) (allow_neg_eigval).
 
@@ -36,19 +40,29 @@ def log_decay(
     a_log_ptr,
     dt_bias_ptr,
     h,
+    dt_off,
+    lower_bound,
     LINEAR: tl.constexpr,
     SAFE: tl.constexpr,
     HAS_A: tl.constexpr,
     HAS_DT: tl.constexpr,
+    HAS_LB: tl.constexpr,
 ):
-    """gamma from the caller's g values (any shape) for output head h, in fp32."""
+    """gamma from the caller's g values (any shape) for output head h, in fp32. dt_off: the
+    offsets of dt_bias broadcast against g_raw (h for a per-head gate, h * K + channel for a
+    per-key one)."""
     x = g_raw.to(tl.float32)
     if SAFE:
         if HAS_DT:
-            x = x + tl.load(dt_bias_ptr + h).to(tl.float32)
-        gamma = -_softplus(x)
-        if HAS_A:
-            gamma = gamma * tl.exp(tl.load(a_log_ptr + h).to(tl.float32))
+            x = x + tl.load(dt_bias_ptr + dt_off).to(tl.float32)
+        if HAS_LB:
+            if HAS_A:
+                x = x * tl.exp(tl.load(a_log_ptr + h).to(tl.float32))
+            gamma = lower_bound * _sigmoid(x)
+        else:
+            gamma = -_softplus(x)
+            if HAS_A:
+                gamma = gamma * tl.exp(tl.load(a_log_ptr + h).to(tl.float32))
     elif LINEAR:
         gamma = tl.log(x)
     else:
@@ -63,10 +77,13 @@ def log_decay_bwd(
     a_log_ptr,
     dt_bias_ptr,
     h,
+    dt_off,
+    lower_bound,
     LINEAR: tl.constexpr,
     SAFE: tl.constexpr,
     HAS_A: tl.constexpr,
     HAS_DT: tl.constexpr,
+    HAS_LB: tl.constexpr,
 ):
     """(dL/dg_raw, dL/da_log per element, dL/ddt_bias per element), all fp32.
 
@@ -76,13 +93,22 @@ def log_decay_bwd(
     d_a = tl.zeros_like(d_gamma)
     if SAFE:
         if HAS_DT:
-            x = x + tl.load(dt_bias_ptr + h).to(tl.float32)
+            x = x + tl.load(dt_bias_ptr + dt_off).to(tl.float32)
         amplitude = 1.0
         if HAS_A:
             amplitude = tl.exp(tl.load(a_log_ptr + h).to(tl.float32))
-        # d gamma / d x = -exp(a_log) * sigmoid(x); d gamma / d a_log = gamma.
-        d_g = -d_gamma * amplitude * _sigmoid(x)
-        d_a = -d_gamma * amplitude * _softplus(x)
+        if HAS_LB:
+            # gamma = lb * sigmoid(z), z = exp(a_log) x: d gamma / d x = lb s (1 - s) exp(a_log),
+            # d gamma / d a_log = lb s (1 - s) z.
+            z = x * amplitude
+            s = _sigmoid(z)
+            dz = d_gamma * lower_bound * s * (1.0 - s)
+            d_g = dz * amplitude
+            d_a = dz * z
+        else:
+            # d gamma / d x = -exp(a_log) * sigmoid(x); d gamma / d a_log = gamma.
+            d_g = -d_gamma * amplitude * _sigmoid(x)
+            d_a = -d_gamma * amplitude * _softplus(x)
     elif LINEAR:
         d_g = d_gamma / x
     return d_g, d_a, d_g

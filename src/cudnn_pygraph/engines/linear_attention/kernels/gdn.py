@@ -1,4 +1,8 @@
-"""Gated DeltaNet (gdn / gdn_bwd) launchers over the shared chunked stages.
+"""Gated DeltaNet and Kimi Delta Attention (gdn / gdn_bwd, kda / kda_bwd) launchers over
+the shared chunked stages. One set of kernels serves both: kda's decay per key channel (g
+[T, HO, K], dt_bias [HO, K]) is the stage kernels' GATE_K constexpr (gated.py says how the
+intra-chunk products carry it); kda_forward / kda_backward are gdn_forward / gdn_backward
+with gate_per_key=True.
 
 Forward:  chunk tables -> wy_solve (stage 1 gates + stage 2's A = (I + L)^-1, w and u)
           -> state_fwd (stage 3: h per chunk, E, final state) -> output_fwd (stage 4: O);
@@ -62,6 +66,8 @@ __all__ = [
     "gdn_backward",
     "gdn_forward",
     "gdn_workspace_bytes",
+    "kda_backward",
+    "kda_forward",
 ]
 
 
@@ -91,9 +97,20 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _block_v(cfg: dict, dim_v: int) -> int:
-    """The config's V-block (popped from cfg), never wider than V itself (V=64 heads)."""
-    return min(cfg.pop("BV"), dim_v)
+# The configs' V-blocks are sized for K <= 128: a program holds a [K, BV] fp32 state block
+# (and [64, K] key / query tiles). Past that (K = 256) the V-block shrinks in proportion, so
+# a program's state block stays the size it has at K = 128 (a K = V = 256 fp32 state is
+# 256 KB, the whole register file of an SM; [256, 32] is 32 KB, as [128, 64] is).
+_STATE_K = 128
+
+
+def _block_v(cfg: dict, dim_v: int, dim_k: int) -> int:
+    """The config's V-block (popped from cfg), never wider than V itself (V=64 heads), and
+    narrowed past K = 128 (_STATE_K), never below a 16-wide tensor-core tile."""
+    bv = min(cfg.pop("BV"), dim_v)
+    if dim_k > _STATE_K:
+        bv = max(16, bv * _STATE_K // dim_k)
+    return bv
 
 
 def _slice(cfg: dict, key: str, dim: int) -> int:
@@ -105,7 +122,10 @@ def _state_strides(t):
     return tuple(t.stride()) if t is not None else (0, 0, 0, 0)
 
 
-def _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval):
+def _gate_flags(
+    gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval, gate_per_key,
+    lower_bound,
+):  # fmt: skip
     return {
         "LINEAR": gate_domain == "linear",
         "SAFE": safe_gate,
@@ -113,7 +133,13 @@ def _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_
         "HAS_DT": dt_bias is not None,
         "SIGMOID": use_beta_sigmoid,
         "NEG_EIGVAL": allow_neg_eigval,
+        "GATE_K": gate_per_key,
+        "HAS_LB": lower_bound is not None,
     }
+
+
+def _lower_bound(flags, lower_bound):
+    return float(lower_bound) if flags["HAS_LB"] else 0.0
 
 
 def _run_wy_and_state(
@@ -139,6 +165,7 @@ def _run_wy_and_state(
     store_h,
     vnew,
     kernel_cfgs,
+    lower_bound,
     o=None,
 ):
     """kernel_cfgs: the call's config ({kernel: parameters}, kernels/configs.py). o: the
@@ -163,7 +190,7 @@ def _run_wy_and_state(
             k, v, g, beta, a_log if a_log is not None else dummy,
             dt_bias if dt_bias is not None else dummy, cu, ws["chunk_offsets"],
             ws["chunk_seq"], n_seqs, ws["gc"], ws["beta_eff"], ws["rk"], ws["a"], ws["w"],
-            ws["u"], n_out, n_k, n_v, K=dim_k, V=dim_v, BK=_slice(cfg, "BK", dim_k),
+            ws["u"], n_out, n_k, n_v, lower_bound, K=dim_k, V=dim_v, BK=_slice(cfg, "BK", dim_k),
             BA=_slice(cfg, "BA", min(dim_k, dim_v)), L2NORM=l2norm, **flags, PREC=prec,
             STORE_A="dw" in ws, EPS=L2NORM_EPS, **cfg,
         )  # fmt: skip
@@ -171,7 +198,7 @@ def _run_wy_and_state(
     fuse = cfg.pop("FUSE_OUTPUT", False) and o is not None
     if not store_h and final_state is None and not fuse:
         return
-    bv = _block_v(cfg, dim_v)
+    bv = _block_v(cfg, dim_v, dim_k)
     state_fwd_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv)](
         k,
         ws["w"],
@@ -208,6 +235,7 @@ def _run_wy_and_state(
         FUSE_OUTPUT=fuse,
         L2NORM=l2norm,
         EPS=L2NORM_EPS,
+        GATE_K=flags["GATE_K"],
         **cfg,
     )
 
@@ -232,7 +260,7 @@ def _strided(inputs):
 def _prepare_and_recompute(
     q, k, v, g, beta, cu_seqlens, dims, *, backward, workspace, checkpoints, scale,
     use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, a_log, dt_bias,
-    initial_state, final_state, state_indices, kernel_cfgs, o=None,
+    initial_state, final_state, state_indices, kernel_cfgs, gate_per_key, lower_bound, o=None,
 ):  # fmt: skip
     """What the forward runs and the backward recomputes: the call's workspace views, the
     dense copies of strided inputs, the chunk tables (and the error flag), gates, WY (w, u)
@@ -245,12 +273,15 @@ def _prepare_and_recompute(
     rows = _layout(
         total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, q.dtype, backward,
         checkpoints is not None, safe_gate, fused_output=o is not None,
-        strided=_strided(inputs),
+        strided=_strided(inputs), gate_per_key=gate_per_key,
     )  # fmt: skip
     ws = _carve(rows, workspace, q.device)
     q, k, v, g, beta = _dense_inputs(inputs, ws)
     prec = _dot_precision(q.dtype)
-    flags = _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval)
+    flags = _gate_flags(
+        gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval, gate_per_key,
+        lower_bound,
+    )  # fmt: skip
     h_buf = checkpoints if checkpoints is not None else ws.get("h")
     _run_wy_and_state(
         q, k, v, g, beta, cu_seqlens, ws, dims,
@@ -259,7 +290,8 @@ def _prepare_and_recompute(
         state_indices=state_indices, h_buf=h_buf,
         store_h=(checkpoints is not None) if o is not None else (
             not backward or checkpoints is None),
-        vnew=None if o is not None else ws.get("vnew"), kernel_cfgs=kernel_cfgs, o=o,
+        vnew=None if o is not None else ws.get("vnew"), kernel_cfgs=kernel_cfgs,
+        lower_bound=_lower_bound(flags, lower_bound), o=o,
     )  # fmt: skip
     return ws, h_buf, prec, flags, (q, k, v, g, beta)
 
@@ -288,10 +320,14 @@ def gdn_forward(
     workspace=None,
     batch_invariant=False,
     config=None,
+    gate_lower_bound=None,
+    gate_per_key=False,
 ) -> None:
     """O [total_T, HO, V] (and final_state [N|pool, HO, V, K], checkpoints [chunks, HO, V, K]
     fp32: the state at each chunk's start) written in place. config: a name in
-    kernels/configs.py (None: recommend_config's pick). See the module docstring."""
+    kernels/configs.py (None: recommend_config's pick). gate_per_key: kda (g [T, HO, K],
+    dt_bias [HO, K]); gate_lower_bound (safe_gate only): the gate lb * sigmoid(exp(a_log)
+    (g + dt_bias)). See the module docstring."""
     dims = _validate(
         q,
         k,
@@ -300,7 +336,14 @@ def gdn_forward(
         beta,
         cu_seqlens,
         scale,
-        (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain),
+        (
+            use_beta_sigmoid,
+            allow_neg_eigval,
+            safe_gate,
+            gate_domain,
+            gate_per_key,
+            gate_lower_bound,
+        ),
         initial_state,
         final_state,
         state_indices,
@@ -322,21 +365,23 @@ def gdn_forward(
         use_qk_l2norm=use_qk_l2norm, use_beta_sigmoid=use_beta_sigmoid,
         allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, gate_domain=gate_domain,
         a_log=a_log, dt_bias=dt_bias, initial_state=initial_state, final_state=final_state,
-        state_indices=state_indices, kernel_cfgs=kernel_cfgs,
-        o=o if fuse_output else None,
+        state_indices=state_indices, kernel_cfgs=kernel_cfgs, gate_per_key=gate_per_key,
+        lower_bound=gate_lower_bound, o=o if fuse_output else None,
     )  # fmt: skip
     if not fuse_output and total_t:
-        _output_stage(q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, prec)
+        _output_stage(
+            q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, prec, gate_per_key
+        )
     err = ws["cu_error"]
     poison_dense(err, o)
     poison_states(err, checkpoints)
     poison_states(err, final_state, state_indices)
 
 
-def _output_stage(q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, prec):
+def _output_stage(q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, prec, gate_k):
     total_t, n_seqs, n_q, n_k, _, n_out, dim_k, dim_v = dims
     cfg = dict(kernel_cfgs["output_fwd"])
-    bv = _block_v(cfg, dim_v)
+    bv = _block_v(cfg, dim_v, dim_k)
     output_fwd_kernel[(max_chunks(total_t, n_seqs), n_out, dim_v // bv)](
         q,
         k,
@@ -360,6 +405,7 @@ def _output_stage(q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, p
         L2NORM=use_qk_l2norm,
         PREC=prec,
         EPS=L2NORM_EPS,
+        GATE_K=gate_k,
         **cfg,
     )
 
@@ -395,9 +441,12 @@ def gdn_backward(
     workspace=None,
     batch_invariant=False,
     config=None,
+    gate_lower_bound=None,
+    gate_per_key=False,
 ) -> None:
     """Gradients of gdn_forward written in place: dq/dk/dv like q/k/v, dg/dbeta like g/beta
-    (w.r.t. what was passed), d_initial_state like initial_state, d_a_log / d_dt_bias [HO].
+    (w.r.t. what was passed), d_initial_state like initial_state, d_a_log [HO] / d_dt_bias
+    like dt_bias.
     config: as gdn_forward's (the backward runs its recompute under the same config)."""
     dims = _validate(
         q,
@@ -407,7 +456,14 @@ def gdn_backward(
         beta,
         cu_seqlens,
         scale,
-        (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain),
+        (
+            use_beta_sigmoid,
+            allow_neg_eigval,
+            safe_gate,
+            gate_domain,
+            gate_per_key,
+            gate_lower_bound,
+        ),
         initial_state,
         None,
         None,
@@ -443,9 +499,10 @@ def gdn_backward(
         "is only produced when initial_state is given",
     )
     _check("d_a_log", (d_a_log is None) == (a_log is None), "is required iff a_log is given")
-    for name, t in (("d_a_log", d_a_log), ("d_dt_bias", d_dt_bias)):
-        _check(name, t is None or (t.shape == (n_out,) and t.is_contiguous()),
-               f"must be contiguous [HO] = [{n_out}]")  # fmt: skip
+    for name, t, ref in (("d_a_log", d_a_log, a_log), ("d_dt_bias", d_dt_bias, dt_bias)):
+        _check(name, t is None or (t.shape == ref.shape and t.is_contiguous()),
+               f"must be contiguous {list(ref.shape) if ref is not None else []} like its "
+               "parameter")  # fmt: skip
     _check(
         "d_dt_bias", (d_dt_bias is None) == (dt_bias is None), "is required iff dt_bias is given"
     )
@@ -453,7 +510,8 @@ def gdn_backward(
     grads = (dq, dk, dv, dg, dbeta, d_a_log, d_dt_bias)
     if total_t == 0:
         ws = _carve(_layout(0, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, q.dtype, True,
-                            checkpoints is not None, safe_gate), workspace, q.device)  # fmt: skip
+                            checkpoints is not None, safe_gate, gate_per_key=gate_per_key),
+                    workspace, q.device)  # fmt: skip
         build_chunk_tables(cu_seqlens, 0, ws["cu_safe"], ws["cu_error"], ws["chunk_offsets"],
                            ws["chunk_seq"], ws["seq_order"])  # fmt: skip
         _empty_backward(d_final_state, d_initial_state, d_a_log, d_dt_bias)
@@ -466,21 +524,23 @@ def gdn_backward(
         use_qk_l2norm=use_qk_l2norm, use_beta_sigmoid=use_beta_sigmoid,
         allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, gate_domain=gate_domain,
         a_log=a_log, dt_bias=dt_bias, initial_state=initial_state, final_state=None,
-        state_indices=None, kernel_cfgs=kernel_cfgs,
+        state_indices=None, kernel_cfgs=kernel_cfgs, gate_per_key=gate_per_key,
+        lower_bound=gate_lower_bound,
     )  # fmt: skip
     n_chunks = max_chunks(total_t, n_seqs)
     tables = (ws["cu_safe"], ws["chunk_offsets"], ws["chunk_seq"], n_seqs)
-    common = {"K": dim_k, "V": dim_v, "L2NORM": use_qk_l2norm, "PREC": prec, "EPS": L2NORM_EPS}
+    common = {"K": dim_k, "V": dim_v, "L2NORM": use_qk_l2norm, "PREC": prec, "EPS": L2NORM_EPS,
+              "GATE_K": gate_per_key}  # fmt: skip
     dummy = ws["gc"]
 
     cfg = dict(kernel_cfgs["dv_local"])
-    bv = _block_v(cfg, dim_v)
+    bv = _block_v(cfg, dim_v, dim_k)
     dv_local_kernel[(n_chunks, n_out, dim_v // bv)](
         q, k, ws["gc"], do, ws["de"], *tables, scale, n_out, n_q, n_k, BV=bv, **common, **cfg
     )
 
     cfg = dict(kernel_cfgs["state_bwd"])
-    bv = _block_v(cfg, dim_v)
+    bv = _block_v(cfg, dim_v, dim_k)
     state_bwd_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv)](
         q,
         k,
@@ -511,7 +571,7 @@ def gdn_backward(
 
     final_dq = n_q == n_out
     cfg = dict(kernel_cfgs["dqk"])
-    bv = _block_v(cfg, dim_v)
+    bv = _block_v(cfg, dim_v, dim_k)
     # The dq side (PART 1), then the dk side (PART 2): two launches of lighter programs,
     # each recomputing dP (kernels/output.py dqk_kernel).
     for part in (1, 2):
@@ -547,6 +607,7 @@ def gdn_backward(
         n_out,
         n_k,
         n_v,
+        _lower_bound(flags, gate_lower_bound),
         K=dim_k,
         V=dim_v,
         BK=_slice(cfg, "BK", dim_k),
@@ -601,3 +662,15 @@ def _empty_backward(d_final_state, d_initial_state, d_a_log, d_dt_bias):
     for t in (d_a_log, d_dt_bias):
         if t is not None:
             t.zero_()
+
+
+def kda_forward(*args, **kwargs) -> None:
+    """Kimi Delta Attention's forward: gdn_forward with a decay per key channel (g
+    [T, HO, K], dt_bias [HO, K]); the same arguments otherwise."""
+    gdn_forward(*args, gate_per_key=True, **kwargs)
+
+
+def kda_backward(*args, **kwargs) -> None:
+    """Kimi Delta Attention's backward: gdn_backward with a decay per key channel (dg like
+    g [T, HO, K], d_dt_bias like dt_bias [HO, K])."""
+    gdn_backward(*args, gate_per_key=True, **kwargs)

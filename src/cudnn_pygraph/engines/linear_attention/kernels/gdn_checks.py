@@ -7,7 +7,7 @@ import torch
 
 from .chunk_index import max_chunks
 
-SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
 _GATE_DOMAINS = ("log", "linear")
 
 
@@ -32,7 +32,7 @@ def _validate(
     a_log,
     dt_bias,
 ):
-    use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain = flags
+    use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, gate_per_key, lower_bound = flags
     _check("q", q.dim() == 3, "must be [total_T, H, K]")
     total_t, n_q, dim_k = q.shape
     _check(
@@ -58,7 +58,16 @@ def _validate(
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         # Any strides: gdn.py copies a non-contiguous input once.
         _check(name, all(st >= 0 for st in t.stride()), "strides must be non-negative")
-    _check("g", tuple(g.shape) == (total_t, n_out), f"must be [total_T, HO] = {(total_t, n_out)}")
+    if gate_per_key:
+        _check(
+            "g",
+            tuple(g.shape) == (total_t, n_out, dim_k),
+            f"must be [total_T, HO, K] = {(total_t, n_out, dim_k)} (a decay per key channel)",
+        )
+    else:
+        _check(
+            "g", tuple(g.shape) == (total_t, n_out), f"must be [total_T, HO] = {(total_t, n_out)}"
+        )
     _check(
         "beta", tuple(beta.shape) == (total_t, n_out), f"must be [total_T, HO] = {(total_t, n_out)}"
     )
@@ -81,9 +90,24 @@ def _validate(
     )
     _check("a_log", a_log is None or safe_gate, "is only used with safe_gate")
     _check("dt_bias", dt_bias is None or safe_gate, "is only used with safe_gate")
-    for name, t in (("a_log", a_log), ("dt_bias", dt_bias)):
-        if t is not None:
-            _check(name, t.shape == (n_out,) and t.is_contiguous(), f"must be [HO] = [{n_out}]")
+    if lower_bound is not None:
+        _check("gate_lower_bound", safe_gate, "is only used with safe_gate")
+        _check(
+            "gate_lower_bound",
+            lower_bound < 0 and lower_bound > float("-inf"),
+            f"must be a finite negative log-decay floor, got {lower_bound}",
+        )
+    if a_log is not None:
+        _check(
+            "a_log", a_log.shape == (n_out,) and a_log.is_contiguous(), f"must be [HO] = [{n_out}]"
+        )
+    if dt_bias is not None:
+        want = (n_out, dim_k) if gate_per_key else (n_out,)
+        _check(
+            "dt_bias",
+            tuple(dt_bias.shape) == want and dt_bias.is_contiguous(),
+            f"must be contiguous {list(want)} ({'[HO, K]' if gate_per_key else '[HO]'})",
+        )
     n_seqs = cu_seqlens.numel() - 1
     state_shape = (n_seqs, n_out, dim_v, dim_k)
     if state_indices is not None:

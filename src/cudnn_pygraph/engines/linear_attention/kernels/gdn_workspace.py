@@ -20,21 +20,23 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _layout(
     total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, backward, has_checkpoints, safe_gate,
-    fused_output=False, strided=(),
+    fused_output=False, strided=(), gate_per_key=False,
 ):  # fmt: skip
     """[(name, dtype, shape)] of every scratch buffer, in carving order. fused_output: the
     forward writes O from the state kernel, so it keeps neither h nor E (kernels/configs.py
     fuses_output): ~T x HO x (V + K V / 64) x 2 bytes less, 0.4 GB at 32K tokens and 16
     heads of 128. strided: ((input name, dtype), ...) of the non-contiguous inputs among
-    q / k / v / g / beta, each copied once into a dense buffer here (dense_copy.py)."""
+    q / k / v / g / beta, each copied once into a dense buffer here (dense_copy.py).
+    gate_per_key (kda): the cumulative gate and its gradients carry a K axis."""
     cdt = _compute_dtype(dtype)
     f32 = torch.float32
     n_chunks = max_chunks(total_t, n_seqs)
+    gate = (total_t, n_out, dim_k) if gate_per_key else (total_t, n_out)
     input_shapes = {
         "q": (total_t, n_q, dim_k),
         "k": (total_t, n_k, dim_k),
         "v": (total_t, n_v, dim_v),
-        "g": (total_t, n_out),
+        "g": gate,
         "beta": (total_t, n_out),
     }
     rows = [(f"{name}_dense", dt, input_shapes[name]) for name, dt in strided]
@@ -44,7 +46,7 @@ def _layout(
         ("chunk_offsets", torch.int32, (n_seqs + 1,)),
         ("chunk_seq", torch.int32, (n_chunks,)),
         ("seq_order", torch.int32, (n_seqs,)),
-        ("gc", f32, (total_t, n_out)),
+        ("gc", f32, gate),
         ("beta_eff", f32, (total_t, n_out)),
         ("rk", f32, (total_t, n_out)),
         ("a", f32, (total_t, n_out, CHUNK)),
@@ -65,15 +67,18 @@ def _layout(
         ("de", f32, (total_t, n_out, dim_v)),
         ("dh", cdt, (n_chunks, n_out, dim_v, dim_k)),
         ("dk_part", f32, (total_t, n_out, dim_k)),
-        ("dw", f32, (total_t, n_out, dim_k)),
-        ("dg_part", f32, (total_t, n_out)),
+        # dW in the compute dtype: its only reader (wy_bwd) rounds it to the inputs' 16-bit
+        # type on load, so storing it rounded gives bitwise the same gradients for half the
+        # bytes written and read twice.
+        ("dw", cdt, (total_t, n_out, dim_k)),
+        ("dg_part", f32, gate),
     ]
     if n_q != n_out:
         rows.append(("dq_group", f32, (total_t, n_out, dim_k)))
     if n_v != n_out:
         rows.append(("dv_group", f32, (total_t, n_out, dim_v)))
     if safe_gate:
-        rows += [("da_tok", f32, (total_t, n_out)), ("ddt_tok", f32, (total_t, n_out))]
+        rows += [("da_tok", f32, (total_t, n_out)), ("ddt_tok", f32, gate)]
     return rows
 
 
@@ -103,12 +108,13 @@ def gdn_workspace_bytes(
     safe_gate: bool = False,
     fused_output: bool = False,
     strided: tuple = (),
+    gate_per_key: bool = False,
 ) -> int:
     """Bytes of scratch the gdn forward (backward=False) or backward launcher carves.
     fused_output: the forward's output stage runs inside the state kernel under the call's
     config (kernels/configs.py fuses_output); without it the size covers both forward
     paths. strided: ((name, dtype), ...) of the non-contiguous inputs (their dense copies
-    are carved here too)."""
+    are carved here too). gate_per_key: kda's [T, HO, K] gate."""
     n_out = max(n_q_heads, n_v_heads)
     rows = _layout(
         total_t,
@@ -125,6 +131,7 @@ def gdn_workspace_bytes(
         safe_gate,
         fused_output,
         tuple(strided),
+        gate_per_key,
     )
     return sum(_aligned(_nbytes(dt, shape)) for _, dt, shape in rows)
 

@@ -10,6 +10,12 @@ Backward (one program per chunk and head; dS_C = dh[c] the gradient at the chunk
   dG  = rowsum(dQ_inter * Q) + rowsum(dP * QK^T) - colsum(dP * QK^T) + the S_C terms
 Transposed operands are computed or read transposed (never tl.trans of a dot result fed to
 tl.dot: Triton 3.6 miscompiles that on Hopper, BRIEF.md).
+
+GATE_K (kda: a decay per key channel): P_ij = sum_c q_ic k_jc exp(G_ic - G_jc) and its
+gradients come from gated.py; (Q * exp(G)) is elementwise; dG is per channel, [T, HO, K]:
+  dG = Q_hat * dQ_hat - K_hat * dK_hat(P and state terms) (+ the chunk's last row:
+       sum_j K_hat_j * dK_state_j + exp(g_last) * rowsum(S_0 * dS_C) per channel),
+the per-channel form of the scalar dG above (whose channels are summed).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import triton
 import triton.language as tl
 
 from .chunk_index import locate_chunk
+from .gated import gated_apply, gated_scores
 from .normalize import inv_norm, l2norm_rows, l2norm_rows_bwd
 from .tiles import (
     decay_mask,
@@ -71,6 +78,7 @@ def output_fwd_kernel(
     L2NORM: tl.constexpr,
     PREC: tl.constexpr,
     EPS: tl.constexpr,
+    GATE_K: tl.constexpr = False,
 ):
     """O = scale rq * (exp(G) * (q S_0) + (q k^T * rk_j * decay) E), q and k RAW: the l2norm
     enters as the query's inverse row norm rq (computed here) on O's rows and the keys' rk
@@ -90,15 +98,26 @@ def output_fwd_kernel(
     dt = vnew_ptr.dtype.element_ty
     r = tl.arange(0, 64)
     q = load_rows(q_ptr, t0, r, valid, H * K, (h // (HO // H)) * K, K)
-    kt = load_rows_t(k_ptr, t0, r, valid, HK * K, (h // (HO // HK)) * K, K)
-    g = load_vec(gc_ptr, t0, r, valid, HO, h)
     rk = load_vec(rk_ptr, t0, r, valid, HO, h)
     rq = inv_norm(q, 1, L2NORM, EPS)
-    p = tl.dot(q, kt, input_precision=PREC) * (decay_mask(g, g, valid, True) * rk[None, :])
     v_idx = iv * BV + tl.arange(0, BV)
-    s0 = tl.load(state_block(h_ptr, c.to(tl.int64) * sh_c + h * sh_h, v_idx, K, sh_v, sh_k))
-    e = load_rows(vnew_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
-    o = tl.dot(q, s0.to(q.dtype), input_precision=PREC) * tl.exp(g)[:, None]
+    if GATE_K:
+        hk = h // (HO // HK)
+        gq = load_rows(gc_ptr, t0, r, valid, HO * K, h * K, K)
+        p = gated_scores(
+            q, gq, r, k_ptr, gc_ptr, t0, 0, valid, HK * K, hk * K, HO * K, h * K, 64, K, True
+        ) * rk[None, :]  # fmt: skip
+        s0 = tl.load(state_block(h_ptr, c.to(tl.int64) * sh_c + h * sh_h, v_idx, K, sh_v, sh_k))
+        e = load_rows(vnew_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
+        qg = (q.to(tl.float32) * tl.exp(gq)).to(q.dtype)
+        o = tl.dot(qg, s0.to(q.dtype), input_precision=PREC)
+    else:
+        kt = load_rows_t(k_ptr, t0, r, valid, HK * K, (h // (HO // HK)) * K, K)
+        g = load_vec(gc_ptr, t0, r, valid, HO, h)
+        p = tl.dot(q, kt, input_precision=PREC) * (decay_mask(g, g, valid, True) * rk[None, :])
+        s0 = tl.load(state_block(h_ptr, c.to(tl.int64) * sh_c + h * sh_h, v_idx, K, sh_v, sh_k))
+        e = load_rows(vnew_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
+        o = tl.dot(q, s0.to(q.dtype), input_precision=PREC) * tl.exp(g)[:, None]
     o += tl.dot(p.to(dt), e, input_precision=PREC)
     store_rows(o_ptr, o * (scale * rq)[:, None], t0, r, valid, HO * V, h * V + iv * BV, BV)
 
@@ -124,6 +143,7 @@ def dv_local_kernel(
     L2NORM: tl.constexpr,
     PREC: tl.constexpr,
     EPS: tl.constexpr,
+    GATE_K: tl.constexpr = False,
 ):
     """dE_local = scale P^T dO (fp32), the intra-chunk part of the correction gradient."""
     c = tl.program_id(0)
@@ -136,13 +156,23 @@ def dv_local_kernel(
     r = tl.arange(0, 64)
     hq = h // (HO // H)
     hk = h // (HO // HK)
-    k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)
-    qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K).to(tl.float32)
-    if L2NORM:
-        k = l2norm_rows(k, 1, EPS)
-        qt = l2norm_rows(qt, 0, EPS)
-    g = load_vec(gc_ptr, t0, r, valid, HO, h)
-    pt = tl.dot(k.to(dt), qt.to(dt), input_precision=PREC) * decay_mask(g, g, valid, False)
+    if GATE_K:
+        # P^T formed directly (rows: keys), the norms as row / column scales.
+        k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
+        qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
+        gk = load_rows(gc_ptr, t0, r, valid, HO * K, h * K, K)
+        pt = gated_scores(
+            k, gk, r, q_ptr, gc_ptr, t0, 0, valid, H * K, hq * K, HO * K, h * K, 64, K, False
+        )  # fmt: skip
+        pt = pt * inv_norm(k, 1, L2NORM, EPS)[:, None] * inv_norm(qt, 0, L2NORM, EPS)[None, :]
+    else:
+        k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)
+        qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K).to(tl.float32)
+        if L2NORM:
+            k = l2norm_rows(k, 1, EPS)
+            qt = l2norm_rows(qt, 0, EPS)
+        g = load_vec(gc_ptr, t0, r, valid, HO, h)
+        pt = tl.dot(k.to(dt), qt.to(dt), input_precision=PREC) * decay_mask(g, g, valid, False)
     do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
     de = tl.dot(pt.to(dt), do.to(dt), input_precision=PREC) * scale
     store_rows(de_ptr, de, t0, r, valid, HO * V, h * V + iv * BV, BV)
@@ -189,9 +219,10 @@ def dqk_kernel(
     PART: tl.constexpr,
     PREC: tl.constexpr,
     EPS: tl.constexpr,
+    GATE_K: tl.constexpr = False,
 ):
     """Writes dq (final if FINAL_DQ, else fp32 per output head), and fp32 partials dk, dw,
-    dG [T, HO] that the WY backward completes.
+    dG [T, HO] ([T, HO, K] under GATE_K) that the WY backward completes.
 
     dK is built transposed, dK^T = Q^T dP + dS_C E^T (rows: key channel), so that each
     product is computed once: dP = dO E^T and its consumers (dQ = dP K, dK^T = Q^T dP) take
@@ -220,12 +251,18 @@ def dqk_kernel(
         # those of the main loop (ptxas, sm_90, 8 warps: 164 B of spills with one loop). The
         # same loop reduces <dS_C, S_0> from two tiles of one orientation.
         dw = tl.zeros([64, K], dtype=tl.float32)
-        s_dot = tl.zeros([], dtype=tl.float32)
+        if GATE_K:
+            s_dot = tl.zeros([K], dtype=tl.float32)  # per key channel
+        else:
+            s_dot = tl.zeros([], dtype=tl.float32)
         for iv in range(V // BV):
             v_idx = iv * BV + tl.arange(0, BV)
             x0 = tl.load(state_block_t(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)  # [BV, K]
             dxc = tl.load(state_block_t(dh_ptr, dbase, v_idx, K, sd_v, sd_k)).to(tl.float32)
-            s_dot += tl.sum(tl.sum(dxc * x0.to(tl.float32), 1), 0)
+            if GATE_K:
+                s_dot += tl.sum(dxc * x0.to(tl.float32), 0)
+            else:
+                s_dot += tl.sum(tl.sum(dxc * x0.to(tl.float32), 1), 0)
             de = load_rows(de_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
             dw -= tl.dot(de, x0, input_precision=PREC)
         store_rows(dw_ptr, dw, t0, r, valid, HO * K, h * K, K)
@@ -257,41 +294,115 @@ def dqk_kernel(
             dsc = tl.load(state_block(dh_ptr, dbase, v_idx, K, sd_v, sd_k)).to(dt)  # [K, BV]
             dkt_state += tl.dot(dsc, et, input_precision=PREC)
 
-    # In an order that ends each [64, K] tile's life early (ptxas holds the peak here).
-    g = load_vec(gc_ptr, t0, r, valid, HO, h)
-    g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
-    dpg = dp * scale * decay_mask(g, g, valid, True)
+    if GATE_K:
+        if PART == 1:
+            _dqk_gated_tail(
+                q_ptr, k_ptr, gc_ptr, dq_ptr, dk_ptr, dg_ptr, dp, dq_inter, dp, dp, t0, valid,
+                scale, HO, H, HK, h, hq, hk, K, L2NORM, FINAL_DQ, PART, EPS,
+            )  # fmt: skip
+        if PART == 2:
+            _dqk_gated_tail(
+                q_ptr, k_ptr, gc_ptr, dq_ptr, dk_ptr, dg_ptr, dp, dp, dkt_state, s_dot, t0,
+                valid, scale, HO, H, HK, h, hq, hk, K, L2NORM, FINAL_DQ, PART, EPS,
+            )  # fmt: skip
+    else:
+        # In an order that ends each [64, K] tile's life early (ptxas holds the peak here).
+        g = load_vec(gc_ptr, t0, r, valid, HO, h)
+        g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
+        dpg = dp * scale * decay_mask(g, g, valid, True)
+        if PART == 1:
+            q = load_rows(q_ptr, t0, r, valid, H * K, hq * K, K)
+            kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
+            rq = inv_norm(q, 1, L2NORM, EPS)
+            rkt = inv_norm(kt, 0, L2NORM, EPS)  # the keys' inverse norms, along kt's columns
+            pq = dpg * (tl.dot(q, kt, input_precision=PREC) * (rq[:, None] * rkt[None, :]))
+            dg = tl.sum(pq, 1) - tl.sum(pq, 0)  # dP * (Q_hat K_hat^T): rows minus columns
+
+        if PART == 2:
+            qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
+            kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
+            rkt = inv_norm(kt, 0, L2NORM, EPS)
+            rq = inv_norm(qt, 0, L2NORM, EPS)
+            decay_out = tl.where(r < valid, tl.exp(g_last - g), 0.0)
+            dkt_state = dkt_state * decay_out[None, :]
+            term = tl.sum(kt.to(tl.float32) * dkt_state, 0) * rkt  # <k_hat, dk_state> per token
+            dkt = tl.dot(qt, (dpg * rq[:, None]).to(dt), input_precision=PREC) + dkt_state
+            _store_rows_t(dk_ptr, dkt, t0, r, valid, HO * K, h * K, K)
+            dg_k = tl.where(r == valid - 1, tl.exp(g_last) * s_dot + tl.sum(term, 0), 0.0) - term
+            dg = load_vec(dg_ptr, t0, r, valid, HO, h) + dg_k  # PART 1 ran first and stored it
+
+        if PART == 1:
+            k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
+            rk = inv_norm(k, 1, L2NORM, EPS)
+            dq_inter = dq_inter * (scale * tl.exp(g))[:, None]
+            dq = dq_inter + tl.dot((dpg * rk[None, :]).to(dt), k, input_precision=PREC)
+            dg += tl.sum(dq_inter * q.to(tl.float32), 1) * rq
+            if FINAL_DQ:
+                if L2NORM:
+                    dq = l2norm_rows_bwd(q.to(tl.float32), dq, EPS)
+                store_rows(dq_ptr, dq, t0, r, valid, H * K, hq * K, K)
+            else:
+                store_rows(dq_ptr, dq, t0, r, valid, HO * K, h * K, K)
+        store_vec(dg_ptr, dg, t0, r, valid, HO, h)
+
+
+@triton.jit
+def _dqk_gated_tail(
+    q_ptr, k_ptr, gc_ptr, dq_ptr, dk_ptr, dg_ptr, dp, dq_inter, dkt_state, s_dot, t0, valid,
+    scale, HO, H, HK, h, hq, hk, K: tl.constexpr, L2NORM: tl.constexpr, FINAL_DQ: tl.constexpr,
+    PART: tl.constexpr, EPS: tl.constexpr,
+):  # fmt: skip
+    """dqk_kernel's finish under a per-key-channel decay (GATE_K), from the V loop's sums:
+    dp = dO E^T, dq_inter = dO S_0^T (PART 1), dkt_state = (E dS_C^T)^T and s_dot =
+    rowsum(S_0 * dS_C) per channel (PART 2). PART 1 stores dq and dG's query term
+    Q_hat * dQ_hat; PART 2 stores the partial dk (fp32) and adds dG's key terms."""
+    r = tl.arange(0, 64)
+    row_ok = r < valid
+    dpg = tl.where((r[:, None] >= r[None, :]) & row_ok[:, None], dp * scale, 0.0)
+    gq = load_rows(gc_ptr, t0, r, valid, HO * K, h * K, K)  # G, [64, K]
     if PART == 1:
         q = load_rows(q_ptr, t0, r, valid, H * K, hq * K, K)
-        kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
-        rq = inv_norm(q, 1, L2NORM, EPS)
-        rkt = inv_norm(kt, 0, L2NORM, EPS)  # the keys' inverse norms, along kt's columns
-        pq = dpg * (tl.dot(q, kt, input_precision=PREC) * (rq[:, None] * rkt[None, :]))
-        dg = tl.sum(pq, 1) - tl.sum(pq, 0)  # dP * (Q_hat K_hat^T): rows minus columns
-
-    if PART == 2:
-        qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
-        kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
-        rkt = inv_norm(kt, 0, L2NORM, EPS)
-        rq = inv_norm(qt, 0, L2NORM, EPS)
-        decay_out = tl.where(r < valid, tl.exp(g_last - g), 0.0)
-        dkt_state = dkt_state * decay_out[None, :]
-        term = tl.sum(kt.to(tl.float32) * dkt_state, 0) * rkt  # <k_hat, dk_state> per token
-        dkt = tl.dot(qt, (dpg * rq[:, None]).to(dt), input_precision=PREC) + dkt_state
-        _store_rows_t(dk_ptr, dkt, t0, r, valid, HO * K, h * K, K)
-        dg_k = tl.where(r == valid - 1, tl.exp(g_last) * s_dot + tl.sum(term, 0), 0.0) - term
-        dg = load_vec(dg_ptr, t0, r, valid, HO, h) + dg_k  # PART 1 ran first and stored it
-
-    if PART == 1:
         k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
+        rq = inv_norm(q, 1, L2NORM, EPS)
         rk = inv_norm(k, 1, L2NORM, EPS)
-        dq_inter = dq_inter * (scale * tl.exp(g))[:, None]
-        dq = dq_inter + tl.dot((dpg * rk[None, :]).to(dt), k, input_precision=PREC)
-        dg += tl.sum(dq_inter * q.to(tl.float32), 1) * rq
+        dq = dq_inter * (scale * tl.exp(gq)) + gated_apply(
+            dpg * rk[None, :], gq, k_ptr, gc_ptr, t0, valid, HK * K, hk * K, HO * K, h * K, K,
+            True,
+        )  # fmt: skip
+        dg = q.to(tl.float32) * rq[:, None] * dq
         if FINAL_DQ:
             if L2NORM:
                 dq = l2norm_rows_bwd(q.to(tl.float32), dq, EPS)
             store_rows(dq_ptr, dq, t0, r, valid, H * K, hq * K, K)
         else:
             store_rows(dq_ptr, dq, t0, r, valid, HO * K, h * K, K)
-    store_vec(dg_ptr, dg, t0, r, valid, HO, h)
+        store_rows(dg_ptr, dg, t0, r, valid, HO * K, h * K, K)
+    if PART == 2:
+        kc = tl.arange(0, K)
+        g_last = tl.load(gc_ptr + ((t0 + valid - 1).to(tl.int64) * HO + h) * K + kc)
+        gt = load_rows_t(gc_ptr, t0, r, valid, HO * K, h * K, K)
+        col_ok = row_ok[None, :]
+        dkt_state = tl.where(
+            col_ok, dkt_state * tl.exp(tl.where(col_ok, g_last[:, None] - gt, 0.0)), 0.0
+        )
+        kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
+        rkt = inv_norm(kt, 0, L2NORM, EPS)
+        kds = tl.sum(kt.to(tl.float32) * rkt[None, :] * dkt_state, 1)  # sum_j k_hat_j dk_state_j
+        # The state term lands transposed; read back as rows after every thread stored it.
+        _store_rows_t(dk_ptr, dkt_state, t0, r, valid, HO * K, h * K, K)
+        tl.debug_barrier()
+        qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
+        rq = inv_norm(qt, 0, L2NORM, EPS)
+        dk = load_rows(dk_ptr, t0, r, valid, HO * K, h * K, K) + gated_apply(
+            dpg * rq[:, None], gq, q_ptr, gc_ptr, t0, valid, H * K, hq * K, HO * K, h * K, K,
+            False,
+        )  # fmt: skip
+        tl.debug_barrier()
+        store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K, K)
+        k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
+        rk = inv_norm(k, 1, L2NORM, EPS)
+        last = (r == valid - 1)[:, None]
+        dg = -(k.to(tl.float32) * rk[:, None]) * dk
+        dg += tl.where(last, (tl.exp(g_last) * s_dot + kds)[None, :], 0.0)
+        dg += load_rows(dg_ptr, t0, r, valid, HO * K, h * K, K)  # PART 1 ran first
+        store_rows(dg_ptr, dg, t0, r, valid, HO * K, h * K, K)

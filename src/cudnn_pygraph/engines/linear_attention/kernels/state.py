@@ -18,6 +18,10 @@ Backward, per chunk in reverse, with dS the gradient at the chunk's end:
   dS    = exp(g_last) dS + scale (Q * exp(G))^T dO - w^T dE
 The program that reads a sequence's incoming state writes its outgoing state, after the
 read: initial and final state may be one buffer (overwrite_initial_state).
+
+GATE_K (kda): G, g_last are per key channel ([64, K], [K]); exp(g_last) scales S's rows
+(key channels) and the decays scale the key / query tiles elementwise instead of E's / dO's
+rows. The fused output's intra-chunk scores then come from gated.py.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .gated import gated_scores
 from .normalize import inv_norm
 from .tiles import decay_mask, load_rows, load_rows_t, load_vec, state_block, store_rows
 
@@ -102,6 +107,7 @@ def state_fwd_kernel(
     L2NORM: tl.constexpr = False,
     EPS: tl.constexpr = 1e-6,
     V_FASTEST: tl.constexpr = False,
+    GATE_K: tl.constexpr = False,
 ):
     """rk_ptr: the keys' inverse row norms [T, HO] (1 without the l2norm) from wy_solve, so
     the chain of dependent steps per chunk holds no norm reduction.
@@ -147,22 +153,46 @@ def state_fwd_kernel(
         e = u.to(tl.float32) - tl.dot(w, s.to(dt), input_precision=PREC)
         if STORE_VNEW:
             store_rows(vnew_ptr, e, t0, r, valid, HO * V, h * V + iv * BV, BV)
-        g = load_vec(gc_ptr, t0, r, valid, HO, h)
-        g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
         kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
         rk = load_vec(rk_ptr, t0, r, valid, HO, h)
-        if FUSE_OUTPUT:
-            q = load_rows(q_ptr, t0, r, valid, H * K, (h // (HO // H)) * K, K)
-            rq = inv_norm(q, 1, L2NORM, EPS)
-            p = tl.dot(q, kt, input_precision=PREC) * (decay_mask(g, g, valid, True) * rk[None, :])
-            o = tl.dot(q, s.to(dt), input_precision=PREC) * tl.exp(g)[:, None]
-            o += tl.dot(p.to(dt), e.to(dt), input_precision=PREC)
-            o = o * (scale * rq)[:, None]
-            store_rows(o_ptr, o, t0, r, valid, HO * V, h * V + iv * BV, BV)
-        # k^T diag(rk * decay) E: the l2norm of k folded into the rows of E.
-        row_scale = tl.where(r < valid, tl.exp(g_last - g) * rk, 0.0)
-        e = e * row_scale[:, None]
-        s = s * tl.exp(g_last) + tl.dot(kt.to(dt), e.to(dt), input_precision=PREC)
+        if GATE_K:
+            kc = tl.arange(0, K)
+            g_last = tl.load(gc_ptr + ((t0 + valid - 1).to(tl.int64) * HO + h) * K + kc)
+            gt = load_rows_t(gc_ptr, t0, r, valid, HO * K, h * K, K)  # [K, 64] = G^T
+            if FUSE_OUTPUT:
+                q = load_rows(q_ptr, t0, r, valid, H * K, (h // (HO // H)) * K, K)
+                rq = inv_norm(q, 1, L2NORM, EPS)
+                gq = load_rows(gc_ptr, t0, r, valid, HO * K, h * K, K)
+                p = gated_scores(
+                    q, gq, r, k_ptr, gc_ptr, t0, 0, valid, HK * K, hk * K, HO * K, h * K, 64, K,
+                    True,
+                ) * rk[None, :]  # fmt: skip
+                qg = (q.to(tl.float32) * tl.exp(gq)).to(dt)
+                o = tl.dot(qg, s.to(dt), input_precision=PREC)
+                o += tl.dot(p.to(dt), e.to(dt), input_precision=PREC)
+                o = o * (scale * rq)[:, None]
+                store_rows(o_ptr, o, t0, r, valid, HO * V, h * V + iv * BV, BV)
+            col_ok = (r < valid)[None, :]
+            k_scale = tl.exp(tl.where(col_ok, g_last[:, None] - gt, 0.0)) * rk[None, :]
+            kt = tl.where(col_ok, kt.to(tl.float32) * k_scale, 0.0)
+            s = s * tl.exp(g_last)[:, None] + tl.dot(kt.to(dt), e.to(dt), input_precision=PREC)
+        else:
+            g = load_vec(gc_ptr, t0, r, valid, HO, h)
+            g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
+            if FUSE_OUTPUT:
+                q = load_rows(q_ptr, t0, r, valid, H * K, (h // (HO // H)) * K, K)
+                rq = inv_norm(q, 1, L2NORM, EPS)
+                p = tl.dot(q, kt, input_precision=PREC) * (
+                    decay_mask(g, g, valid, True) * rk[None, :]
+                )
+                o = tl.dot(q, s.to(dt), input_precision=PREC) * tl.exp(g)[:, None]
+                o += tl.dot(p.to(dt), e.to(dt), input_precision=PREC)
+                o = o * (scale * rq)[:, None]
+                store_rows(o_ptr, o, t0, r, valid, HO * V, h * V + iv * BV, BV)
+            # k^T diag(rk * decay) E: the l2norm of k folded into the rows of E.
+            row_scale = tl.where(r < valid, tl.exp(g_last - g) * rk, 0.0)
+            e = e * row_scale[:, None]
+            s = s * tl.exp(g_last) + tl.dot(kt.to(dt), e.to(dt), input_precision=PREC)
     if HAS_FINAL:
         ptrs = state_block(final_ptr, slot.to(tl.int64) * sf_n + h * sf_h, v_idx, K, sf_v, sf_k)
         tl.store(ptrs, s.to(final_ptr.dtype.element_ty), mask=in_pool)
@@ -208,6 +238,7 @@ def state_bwd_kernel(
     PREC: tl.constexpr,
     EPS: tl.constexpr,
     V_FASTEST: tl.constexpr = False,
+    GATE_K: tl.constexpr = False,
 ):
     """de_ptr holds dE_local on entry (fp32 [T, HO, V]) and dE on exit, in place.
 
@@ -241,24 +272,49 @@ def state_bwd_kernel(
         base = (c0 + i).to(tl.int64) * sh_c + h * sh_h
         dh_ptrs = state_block(dh_ptr, base, v_idx, K, sh_v, sh_k)
         tl.store(dh_ptrs, ds.to(dh_ptr.dtype.element_ty))
-        g = load_vec(gc_ptr, t0, r, valid, HO, h)
-        g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
-        rk = load_vec(rk_ptr, t0, r, valid, HO, h)
-        k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
-        de = load_rows(de_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
-        k_scale = tl.where(r < valid, tl.exp(g_last - g) * rk, 0.0)
-        de += tl.dot(k, ds.to(dt), input_precision=PREC) * k_scale[:, None]
-        store_rows(de_ptr, de, t0, r, valid, HO * V, h * V + iv * BV, BV)
-        qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
-        rq = inv_norm(qt, 0, L2NORM, EPS)
-        do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(tl.float32)
-        do = do * (scale * tl.exp(g) * rq)[:, None]
-        wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
-        ds = (
-            ds * tl.exp(g_last)
-            + tl.dot(qt, do.to(dt), input_precision=PREC)
-            - tl.dot(wt, de.to(dt), input_precision=PREC)
-        )
+        if GATE_K:
+            rk = load_vec(rk_ptr, t0, r, valid, HO, h)
+            k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
+            de = load_rows(de_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
+            kc = tl.arange(0, K)
+            g_last = tl.load(gc_ptr + ((t0 + valid - 1).to(tl.int64) * HO + h) * K + kc)
+            gk = load_rows(gc_ptr, t0, r, valid, HO * K, h * K, K)
+            row_ok = (r < valid)[:, None]
+            k_scale = tl.exp(tl.where(row_ok, g_last[None, :] - gk, 0.0)) * rk[:, None]
+            kg = tl.where(row_ok, k.to(tl.float32) * k_scale, 0.0)
+            de += tl.dot(kg.to(dt), ds.to(dt), input_precision=PREC)
+            store_rows(de_ptr, de, t0, r, valid, HO * V, h * V + iv * BV, BV)
+            qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
+            rq = inv_norm(qt, 0, L2NORM, EPS)
+            do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(tl.float32)
+            wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
+            gt = load_rows_t(gc_ptr, t0, r, valid, HO * K, h * K, K)
+            qg = tl.where((r < valid)[None, :], qt.to(tl.float32) * tl.exp(gt), 0.0)
+            do = do * (scale * rq)[:, None]
+            ds = (
+                ds * tl.exp(g_last)[:, None]
+                + tl.dot(qg.to(dt), do.to(dt), input_precision=PREC)
+                - tl.dot(wt, de.to(dt), input_precision=PREC)
+            )
+        else:
+            g = load_vec(gc_ptr, t0, r, valid, HO, h)
+            g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
+            rk = load_vec(rk_ptr, t0, r, valid, HO, h)
+            k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
+            de = load_rows(de_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
+            k_scale = tl.where(r < valid, tl.exp(g_last - g) * rk, 0.0)
+            de += tl.dot(k, ds.to(dt), input_precision=PREC) * k_scale[:, None]
+            store_rows(de_ptr, de, t0, r, valid, HO * V, h * V + iv * BV, BV)
+            qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
+            rq = inv_norm(qt, 0, L2NORM, EPS)
+            do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(tl.float32)
+            do = do * (scale * tl.exp(g) * rq)[:, None]
+            wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
+            ds = (
+                ds * tl.exp(g_last)
+                + tl.dot(qt, do.to(dt), input_precision=PREC)
+                - tl.dot(wt, de.to(dt), input_precision=PREC)
+            )
     if HAS_DINIT:
         ptrs = state_block(dinit_ptr, n.to(tl.int64) * si_n + h * si_h, v_idx, K, si_v, si_k)
         tl.store(ptrs, ds.to(dinit_ptr.dtype.element_ty))

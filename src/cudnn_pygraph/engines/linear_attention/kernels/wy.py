@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from .chunk_index import locate_chunk
+from .gated import gated_apply, gated_scores
 from .gates import effective_beta_bwd, log_decay_bwd, reverse_cumsum
 from .normalize import l2norm_rows_bwd
 from .tiles import load_rows, load_rows_t, load_vec, store_rows
@@ -40,9 +41,9 @@ def _load_a(a_ptr, t0, valid, HO, h, TRANSPOSE: tl.constexpr):
 @triton.jit
 def _store_gate_and_beta_grads(
     dg, dbeta, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, dg_part_ptr, dg_ptr, dbeta_ptr,
-    da_tok_ptr, ddt_tok_ptr, t0, valid, HO, h, LINEAR: tl.constexpr, SAFE: tl.constexpr,
-    HAS_A: tl.constexpr, HAS_DT: tl.constexpr, SIGMOID: tl.constexpr,
-    NEG_EIGVAL: tl.constexpr,
+    da_tok_ptr, ddt_tok_ptr, t0, valid, HO, h, lower_bound, LINEAR: tl.constexpr,
+    SAFE: tl.constexpr, HAS_A: tl.constexpr, HAS_DT: tl.constexpr, HAS_LB: tl.constexpr,
+    SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr,
 ):  # fmt: skip
     """A chunk's per-token finish: dG (w.r.t. the cumulative gate, plus the stage-4 partial)
     back through the chunk-local cumsum and the gate transform; dbeta (w.r.t. the effective
@@ -54,7 +55,18 @@ def _store_gate_and_beta_grads(
     offs = (t0 + r).to(tl.int64) * HO + h
     g_raw = tl.load(g_ptr + offs, mask=row_ok, other=1.0)
     d_graw, d_a, d_dt = log_decay_bwd(
-        g_raw, d_gamma, a_log_ptr, dt_bias_ptr, h, LINEAR, SAFE, HAS_A, HAS_DT
+        g_raw,
+        d_gamma,
+        a_log_ptr,
+        dt_bias_ptr,
+        h,
+        h,
+        lower_bound,
+        LINEAR,
+        SAFE,
+        HAS_A,
+        HAS_DT,
+        HAS_LB,
     )
     tl.store(dg_ptr + offs, d_graw.to(dg_ptr.dtype.element_ty), mask=row_ok)
     if SAFE:
@@ -96,6 +108,7 @@ def wy_bwd_kernel(
     HO,
     HK,
     HV,
+    lower_bound,
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
@@ -110,6 +123,8 @@ def wy_bwd_kernel(
     FINAL_DK: tl.constexpr,
     FINAL_DV: tl.constexpr,
     PREC: tl.constexpr,
+    GATE_K: tl.constexpr = False,
+    HAS_LB: tl.constexpr = False,
 ):
     """dk, dv, dbeta and dG in BV / BK column slices, so that only the [64, 64] matrices
     (A^T, dA, the key Gram) stay whole. (The previous kernel held a dozen [64, 128] fp32
@@ -127,6 +142,9 @@ def wy_bwd_kernel(
     Pass 2 over K: dk = parked + (dM + dM^T) k_hat, then the l2norm Jacobian, whose row dot
     <k_hat, dk> is known before pass 2 from the reductions already made.
 
+    GATE_K (kda: a decay per key channel, G [T, HO, K]): the V pass is the same; the key side
+    is _wy_bwd_gated_keys.
+
     16-bit runs: every product takes 16-bit operands (fp32 accumulation), as fla's
     WY backward does: A, dU, dW and dA are rounded to the inputs' dtype on entry to a
     product; k and v enter exactly. Column and row factors (beta, d, 1/||k||) are applied to
@@ -142,11 +160,8 @@ def wy_bwd_kernel(
     hv = h // (HO // HV)
     r = tl.arange(0, 64)
     row_ok = r < valid
-    g = load_vec(gc_ptr, t0, r, valid, HO, h)
     b = load_vec(beff_ptr, t0, r, valid, HO, h)
     rk = load_vec(rk_ptr, t0, r, valid, HO, h)
-    d = tl.where(row_ok, tl.exp(g), 0.0)
-    bd = b * d
     ty = k_ptr.dtype.element_ty
     at = (_load_a(a_ptr, t0, valid, HO, h, True)).to(ty)
 
@@ -165,59 +180,70 @@ def wy_bwd_kernel(
             store_rows(dv_ptr, b[:, None] * at_du, t0, r, valid, HO * V, h * V + col, BV)
         da += tl.dot(du, vt, input_precision=PREC) * b[None, :]
 
-    kk = tl.zeros([64, 64], dtype=tl.float32)
-    kdw = tl.zeros([64], dtype=tl.float32)  # <k_hat, A^T dW> per row
-    kdp = tl.zeros([64], dtype=tl.float32)  # <k_hat, stage-4 partial dk> per row
-    for ik in range(K // BK):
-        col = ik * BK
-        k = (load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK)).to(ty)
-        kt = (load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K + col, BK)).to(ty)
-        dw = (load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK)).to(ty)
-        dkp = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
-        at_dw = tl.dot(at, dw, input_precision=PREC)
-        k_hat = k.to(tl.float32) * rk[:, None]
-        kdw += tl.sum(k_hat * at_dw, 1)
-        kdp += tl.sum(k_hat * dkp, 1)
-        da += tl.dot(dw, kt, input_precision=PREC) * (rk * bd)[None, :]
-        kk += tl.dot(k, kt, input_precision=PREC)
-    kk = kk * rk[:, None] * rk[None, :]
+    if GATE_K:
+        _wy_bwd_gated_keys(
+            k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, gc_ptr, a_ptr, dw_ptr, dk_part_ptr,
+            dg_part_ptr, dk_ptr, dg_ptr, dbeta_ptr, da_tok_ptr, ddt_tok_ptr, at, da, dbeta, b,
+            rk, t0, valid, HO, HK, h, hk, lower_bound, K, BK, L2NORM, LINEAR, SAFE, HAS_A,
+            HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, FINAL_DK, PREC,
+        )  # fmt: skip
+    else:
+        g = load_vec(gc_ptr, t0, r, valid, HO, h)
+        d = tl.where(row_ok, tl.exp(g), 0.0)
+        bd = b * d
+        kk = tl.zeros([64, 64], dtype=tl.float32)
+        kdw = tl.zeros([64], dtype=tl.float32)  # <k_hat, A^T dW> per row
+        kdp = tl.zeros([64], dtype=tl.float32)  # <k_hat, stage-4 partial dk> per row
+        for ik in range(K // BK):
+            col = ik * BK
+            k = (load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK)).to(ty)
+            kt = (load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K + col, BK)).to(ty)
+            dw = (load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK)).to(ty)
+            dkp = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
+            at_dw = tl.dot(at, dw, input_precision=PREC)
+            k_hat = k.to(tl.float32) * rk[:, None]
+            kdw += tl.sum(k_hat * at_dw, 1)
+            kdp += tl.sum(k_hat * dkp, 1)
+            da += tl.dot(dw, kt, input_precision=PREC) * (rk * bd)[None, :]
+            kk += tl.dot(k, kt, input_precision=PREC)
+        kk = kk * rk[:, None] * rk[None, :]
 
-    dl = tl.dot(at, (da).to(ty), input_precision=PREC)
-    dl = -tl.dot((dl).to(ty), at, input_precision=PREC)
-    strict = (r[:, None] > r[None, :]) & (r[:, None] < valid)
-    dm = tl.where(strict, dl * tl.exp(tl.where(strict, g[:, None] - g[None, :], 0.0)), 0.0)
-    dbeta += tl.sum(dm * kk, 1) + d * kdw
-    dm = dm * b[:, None]
-    p = dm * kk
-    dg = bd * kdw + tl.sum(p, 1) - tl.sum(p, 0)
-    row_dot = bd * kdw + tl.sum(p, 1) + tl.sum(p, 0) + kdp
+        dl = tl.dot(at, (da).to(ty), input_precision=PREC)
+        dl = -tl.dot((dl).to(ty), at, input_precision=PREC)
+        strict = (r[:, None] > r[None, :]) & (r[:, None] < valid)
+        dm = tl.where(strict, dl * tl.exp(tl.where(strict, g[:, None] - g[None, :], 0.0)), 0.0)
+        dbeta += tl.sum(dm * kk, 1) + d * kdw
+        dm = dm * b[:, None]
+        p = dm * kk
+        dg = bd * kdw + tl.sum(p, 1) - tl.sum(p, 0)
+        row_dot = bd * kdw + tl.sum(p, 1) + tl.sum(p, 0) + kdp
 
-    a_rows = a_ptr + (t0.to(tl.int64) * HO + h) * 64
-    tl.debug_barrier()  # every thread has read A before A is overwritten
-    tl.store(a_rows + r[:, None] * (HO * 64) + r[None, :], dm, mask=row_ok[:, None])
-    tl.debug_barrier()
-    dmt = tl.load(a_rows + r[None, :] * (HO * 64) + r[:, None], mask=row_ok[None, :], other=0.0)
-    dsym = ((dm + dmt) * rk[None, :]).to(ty)
-    for ik in range(K // BK):
-        col = ik * BK
-        k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK)
-        k_hat = k.to(tl.float32) * rk[:, None]
-        dk = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
-        dk += tl.dot(dsym, (k).to(ty), input_precision=PREC)
-        dw = load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK).to(ty)
-        dk += bd[:, None] * tl.dot(at, dw, input_precision=PREC)
-        if FINAL_DK:
-            if L2NORM:
-                dk = (dk - k_hat * row_dot[:, None]) * rk[:, None]
-            store_rows(dk_ptr, dk, t0, r, valid, HK * K, hk * K + col, BK)
-        else:
-            store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K + col, BK)
+        a_rows = a_ptr + (t0.to(tl.int64) * HO + h) * 64
+        tl.debug_barrier()  # every thread has read A before A is overwritten
+        tl.store(a_rows + r[:, None] * (HO * 64) + r[None, :], dm, mask=row_ok[:, None])
+        tl.debug_barrier()
+        dmt = tl.load(a_rows + r[None, :] * (HO * 64) + r[:, None], mask=row_ok[None, :], other=0.0)
+        dsym = ((dm + dmt) * rk[None, :]).to(ty)
+        for ik in range(K // BK):
+            col = ik * BK
+            k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK)
+            k_hat = k.to(tl.float32) * rk[:, None]
+            dk = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
+            dk += tl.dot(dsym, (k).to(ty), input_precision=PREC)
+            dw = load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK).to(ty)
+            dk += bd[:, None] * tl.dot(at, dw, input_precision=PREC)
+            if FINAL_DK:
+                if L2NORM:
+                    dk = (dk - k_hat * row_dot[:, None]) * rk[:, None]
+                store_rows(dk_ptr, dk, t0, r, valid, HK * K, hk * K + col, BK)
+            else:
+                store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K + col, BK)
 
-    _store_gate_and_beta_grads(
-        dg, dbeta, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, dg_part_ptr, dg_ptr, dbeta_ptr,
-        da_tok_ptr, ddt_tok_ptr, t0, valid, HO, h, LINEAR, SAFE, HAS_A, HAS_DT, SIGMOID,
-        NEG_EIGVAL,
-    )  # fmt: skip
+        _store_gate_and_beta_grads(
+            dg, dbeta, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, dg_part_ptr, dg_ptr, dbeta_ptr,
+            da_tok_ptr, ddt_tok_ptr, t0, valid, HO, h, lower_bound, LINEAR, SAFE, HAS_A, HAS_DT,
+            HAS_LB, SIGMOID, NEG_EIGVAL,
+        )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -246,3 +272,110 @@ def group_reduce_kernel(
         x = load_rows(x_ptr, t0, r, valid, HS * D, hs * D, D).to(tl.float32)
         acc = l2norm_rows_bwd(x, acc, EPS)
     store_rows(out_ptr, acc, t0, r, valid, HS * D, hs * D, D)
+
+
+@triton.jit
+def _wy_bwd_gated_keys(
+    k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, gc_ptr, a_ptr, dw_ptr, dk_part_ptr,
+    dg_part_ptr, dk_ptr, dg_ptr, dbeta_ptr, da_tok_ptr, ddt_tok_ptr, at, da, dbeta, b, rk, t0,
+    valid, HO, HK, h, hk, lower_bound, K: tl.constexpr, BK: tl.constexpr,
+    L2NORM: tl.constexpr, LINEAR: tl.constexpr, SAFE: tl.constexpr, HAS_A: tl.constexpr,
+    HAS_DT: tl.constexpr, HAS_LB: tl.constexpr, SIGMOID: tl.constexpr,
+    NEG_EIGVAL: tl.constexpr, FINAL_DK: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """wy_bwd_kernel's key side under a per-key-channel decay (G, dG and dt_bias per
+    channel), given A^T, the V pass's dA and dbeta. With W_raw = beta D * k_hat (D = exp(G)
+    elementwise) and L_ij = beta_i sum_c k_hat_ic k_hat_jc exp(G_ic - G_jc):
+    pass 1 over BK slices: dA += dW W_raw^T, dbeta += <A^T dW, D k_hat>, the gated Gram;
+    then dL = -A^T dA A^T and dM = beta_i dL (strictly lower);
+    pass 2: dk_hat = parked + beta D (A^T dW) + the gated products of dM by rows and by
+    columns (gated.py), stored unnormalized in place of the parked partial; dG per channel
+    = parked + k_hat * (beta D A^T dW + rows - columns), then per slice the reverse cumsum
+    and the gate transform (d_a_log per token, d_dt_bias per token and channel);
+    pass 3: the l2norm Jacobian (its row dot <k_hat, dk_hat> summed in pass 2)."""
+    r = tl.arange(0, 64)
+    row_ok = r < valid
+    ty = k_ptr.dtype.element_ty
+    kk = tl.zeros([64, 64], dtype=tl.float32)
+    for ik in range(K // BK):
+        col = ik * BK
+        k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK)
+        kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K + col, BK)
+        gk = load_rows(gc_ptr, t0, r, valid, HO * K, h * K + col, BK)
+        gt = load_rows_t(gc_ptr, t0, r, valid, HO * K, h * K + col, BK)
+        dw = (load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK)).to(ty)
+        at_dw = tl.dot(at, dw, input_precision=PREC)
+        dgate = tl.where(row_ok[:, None], tl.exp(gk), 0.0)
+        dbeta += tl.sum(k.to(tl.float32) * rk[:, None] * dgate * at_dw, 1)
+        ktg = tl.where(row_ok[None, :], kt.to(tl.float32) * tl.exp(gt), 0.0)
+        da += tl.dot(dw, ktg.to(ty), input_precision=PREC) * (rk * b)[None, :]
+        kk += gated_scores(
+            k, gk, r, k_ptr, gc_ptr, t0, 0, valid, HK * K, hk * K + col, HO * K, h * K + col,
+            64, BK, True,
+        )  # fmt: skip
+    kk = kk * rk[:, None] * rk[None, :]
+
+    dl = tl.dot(at, (da).to(ty), input_precision=PREC)
+    dl = -tl.dot((dl).to(ty), at, input_precision=PREC)
+    strict = (r[:, None] > r[None, :]) & (r[:, None] < valid)
+    dm = tl.where(strict, dl, 0.0)
+    dbeta += tl.sum(dm * kk, 1)
+    dm = dm * b[:, None]
+
+    row_dot = tl.zeros([64], dtype=tl.float32)
+    d_a = tl.zeros([64], dtype=tl.float32)
+    offs = (t0 + r).to(tl.int64) * HO + h
+    for ik in range(K // BK):
+        col = ik * BK
+        cols = col + tl.arange(0, BK)
+        k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK).to(tl.float32)
+        k_hat = k * rk[:, None]
+        gk = load_rows(gc_ptr, t0, r, valid, HO * K, h * K + col, BK)
+        dw = (load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK)).to(ty)
+        dk_w = tl.dot(at, dw, input_precision=PREC) * b[:, None]
+        dk_w = tl.where(row_ok[:, None], dk_w * tl.exp(gk), 0.0)
+        rows = gated_apply(
+            dm * rk[None, :], gk, k_ptr, gc_ptr, t0, valid, HK * K, hk * K + col, HO * K,
+            h * K + col, BK, True,
+        )  # fmt: skip
+        colm = gated_apply(
+            dm * rk[:, None], gk, k_ptr, gc_ptr, t0, valid, HK * K, hk * K + col, HO * K,
+            h * K + col, BK, False,
+        )  # fmt: skip
+        dk = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK) + dk_w + rows + colm
+        row_dot += tl.sum(k_hat * dk, 1)
+        store_rows(dk_part_ptr, dk, t0, r, valid, HO * K, h * K + col, BK)
+        dg = load_rows(dg_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
+        dg += k_hat * (dk_w + rows - colm)
+        d_gamma = reverse_cumsum(tl.where(row_ok[:, None], dg, 0.0))
+        g_raw = tl.load(g_ptr + offs[:, None] * K + cols[None, :], mask=row_ok[:, None], other=1.0)
+        d_graw, d_a_el, d_dt = log_decay_bwd(
+            g_raw, d_gamma, a_log_ptr, dt_bias_ptr, h, h * K + cols[None, :], lower_bound,
+            LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB,
+        )  # fmt: skip
+        tl.store(
+            dg_ptr + offs[:, None] * K + cols[None, :],
+            d_graw.to(dg_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
+        if SAFE:
+            d_a += tl.sum(tl.where(row_ok[:, None], d_a_el, 0.0), 1)
+            if HAS_DT:
+                tl.store(
+                    ddt_tok_ptr + offs[:, None] * K + cols[None, :], d_dt, mask=row_ok[:, None]
+                )
+    if SAFE:
+        if HAS_A:
+            tl.store(da_tok_ptr + offs, d_a, mask=row_ok)
+    if FINAL_DK:
+        tl.debug_barrier()  # every slice stored before it is read back
+        for ik in range(K // BK):
+            col = ik * BK
+            dk = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
+            if L2NORM:
+                k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK).to(tl.float32)
+                dk = (dk - k * rk[:, None] * row_dot[:, None]) * rk[:, None]
+            store_rows(dk_ptr, dk, t0, r, valid, HK * K, hk * K + col, BK)
+    b_raw = tl.load(beta_ptr + offs, mask=row_ok, other=0.0)
+    d_braw = effective_beta_bwd(b_raw, dbeta, SIGMOID, NEG_EIGVAL)
+    tl.store(dbeta_ptr + offs, d_braw.to(dbeta_ptr.dtype.element_ty), mask=row_ok)

@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from .chunk_index import locate_chunk
+from .gated import gated_scores
 from .gates import effective_beta, log_decay
 from .tiles import load_rows, load_rows_t, store_rows, store_vec
 
@@ -57,20 +58,36 @@ def _gate_rows(
     valid,
     h,
     HO,
+    lower_bound,
+    K: tl.constexpr,
+    GATE_K: tl.constexpr,
     LINEAR: tl.constexpr,
     SAFE: tl.constexpr,
     HAS_A: tl.constexpr,
     HAS_DT: tl.constexpr,
+    HAS_LB: tl.constexpr,
     SIGMOID: tl.constexpr,
     NEG_EIGVAL: tl.constexpr,
 ):
-    """(gamma, beta_eff) of rows t0 + rows, 0 outside the chunk."""
+    """(gamma, beta_eff) of rows t0 + rows, 0 outside the chunk; gamma is [R] (a decay per
+    head) or [R, K] (GATE_K: per key channel, g [T, HO, K], dt_bias [HO, K])."""
     m = rows < valid
     offs = (t0 + rows).to(tl.int64) * HO + h
-    g_raw = tl.load(g_ptr + offs, mask=m, other=1.0)
-    gamma = tl.where(
-        m, log_decay(g_raw, a_log_ptr, dt_bias_ptr, h, LINEAR, SAFE, HAS_A, HAS_DT), 0.0
-    )
+    if GATE_K:
+        cols = tl.arange(0, K)
+        g_raw = tl.load(g_ptr + offs[:, None] * K + cols[None, :], mask=m[:, None], other=1.0)
+        gamma = log_decay(
+            g_raw, a_log_ptr, dt_bias_ptr, h, h * K + cols[None, :], lower_bound,
+            LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB,
+        )  # fmt: skip
+        gamma = tl.where(m[:, None], gamma, 0.0)
+    else:
+        g_raw = tl.load(g_ptr + offs, mask=m, other=1.0)
+        gamma = log_decay(
+            g_raw, a_log_ptr, dt_bias_ptr, h, h, lower_bound,
+            LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB,
+        )  # fmt: skip
+        gamma = tl.where(m, gamma, 0.0)
     b_raw = tl.load(beta_ptr + offs, mask=m, other=0.0)
     beta = tl.where(m, effective_beta(b_raw, SIGMOID, NEG_EIGVAL), 0.0)
     return gamma, beta
@@ -162,13 +179,200 @@ def _gram_slices(k_ptr, t0, valid, stride_t, col0, K: tl.constexpr, BK: tl.const
 
 
 @triton.jit
+def _gated_gram(k_ptr, gc_ptr, t0, valid, stride_k, col_k, stride_g, col_g, g0, g1, g2, g3,
+                K: tl.constexpr):  # fmt: skip
+    """_gram_slices' ten blocks under a per-key-channel decay: block (i, j) holds
+    sum_c k_ac k_bc exp(G_ac - G_bc) (gated.py; diagonal blocks with their diagonal, the
+    squared norms, so _inv_norms reads them as it does the plain Gram's). g0..g3: the
+    [16, K] cumulative gates of the four row blocks."""
+    r = tl.arange(0, 16)
+    k0 = load_rows(k_ptr, t0, r, valid, stride_k, col_k, K)
+    k1 = load_rows(k_ptr, t0, r + 16, valid, stride_k, col_k, K)
+    k2 = load_rows(k_ptr, t0, r + 32, valid, stride_k, col_k, K)
+    k3 = load_rows(k_ptr, t0, r + 48, valid, stride_k, col_k, K)
+    kk00 = gated_scores(
+        k0,
+        g0,
+        r,
+        k_ptr,
+        gc_ptr,
+        t0,
+        0,
+        valid,
+        stride_k,
+        col_k,
+        stride_g,
+        col_g,
+        16,
+        K,
+        True,
+    )
+    kk11 = gated_scores(
+        k1,
+        g1,
+        r + 16,
+        k_ptr,
+        gc_ptr,
+        t0,
+        16,
+        valid,
+        stride_k,
+        col_k,
+        stride_g,
+        col_g,
+        16,
+        K,
+        True,
+    )
+    kk22 = gated_scores(
+        k2,
+        g2,
+        r + 32,
+        k_ptr,
+        gc_ptr,
+        t0,
+        32,
+        valid,
+        stride_k,
+        col_k,
+        stride_g,
+        col_g,
+        16,
+        K,
+        True,
+    )
+    kk33 = gated_scores(
+        k3,
+        g3,
+        r + 48,
+        k_ptr,
+        gc_ptr,
+        t0,
+        48,
+        valid,
+        stride_k,
+        col_k,
+        stride_g,
+        col_g,
+        16,
+        K,
+        True,
+    )
+    kk10 = gated_scores(
+        k1,
+        g1,
+        r + 16,
+        k_ptr,
+        gc_ptr,
+        t0,
+        0,
+        valid,
+        stride_k,
+        col_k,
+        stride_g,
+        col_g,
+        16,
+        K,
+        True,
+    )
+    kk20 = gated_scores(
+        k2,
+        g2,
+        r + 32,
+        k_ptr,
+        gc_ptr,
+        t0,
+        0,
+        valid,
+        stride_k,
+        col_k,
+        stride_g,
+        col_g,
+        16,
+        K,
+        True,
+    )
+    kk21 = gated_scores(
+        k2,
+        g2,
+        r + 32,
+        k_ptr,
+        gc_ptr,
+        t0,
+        16,
+        valid,
+        stride_k,
+        col_k,
+        stride_g,
+        col_g,
+        16,
+        K,
+        True,
+    )
+    kk30 = gated_scores(
+        k3,
+        g3,
+        r + 48,
+        k_ptr,
+        gc_ptr,
+        t0,
+        0,
+        valid,
+        stride_k,
+        col_k,
+        stride_g,
+        col_g,
+        16,
+        K,
+        True,
+    )
+    kk31 = gated_scores(
+        k3,
+        g3,
+        r + 48,
+        k_ptr,
+        gc_ptr,
+        t0,
+        16,
+        valid,
+        stride_k,
+        col_k,
+        stride_g,
+        col_g,
+        16,
+        K,
+        True,
+    )
+    kk32 = gated_scores(
+        k3,
+        g3,
+        r + 48,
+        k_ptr,
+        gc_ptr,
+        t0,
+        32,
+        valid,
+        stride_k,
+        col_k,
+        stride_g,
+        col_g,
+        16,
+        K,
+        True,
+    )
+    return kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32
+
+
+@triton.jit
 def _apply_rows(
     x_ptr, t0, valid, stride_x, col_x, s0, s1, s2, s3,
     a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
     out_ptr, stride_out, col_out, D: tl.constexpr, BA: tl.constexpr, PREC: tl.constexpr,
+    gate_ptr, stride_g, col_g, GATED: tl.constexpr,
 ):  # fmt: skip
     """out = A diag(s) X for the chunk's [64, D] rows of X, BA columns at a time: per 16-row
-    block i, out_i = sum_{j <= i} A_ij (s_j X_j), A's blocks straight from registers."""
+    block i, out_i = sum_{j <= i} A_ij (s_j X_j), A's blocks straight from registers.
+    GATED: X's elements are first scaled by exp(G) (a per-key-channel decay, gate_ptr)."""
     r = tl.arange(0, 16)
     for ic in range(D // BA):
         c = ic * BA
@@ -176,6 +380,11 @@ def _apply_rows(
         x1 = load_rows(x_ptr, t0, r + 16, valid, stride_x, col_x + c, BA).to(tl.float32)
         x2 = load_rows(x_ptr, t0, r + 32, valid, stride_x, col_x + c, BA).to(tl.float32)
         x3 = load_rows(x_ptr, t0, r + 48, valid, stride_x, col_x + c, BA).to(tl.float32)
+        if GATED:
+            x0 = x0 * tl.exp(load_rows(gate_ptr, t0, r, valid, stride_g, col_g + c, BA))
+            x1 = x1 * tl.exp(load_rows(gate_ptr, t0, r + 16, valid, stride_g, col_g + c, BA))
+            x2 = x2 * tl.exp(load_rows(gate_ptr, t0, r + 32, valid, stride_g, col_g + c, BA))
+            x3 = x3 * tl.exp(load_rows(gate_ptr, t0, r + 48, valid, stride_g, col_g + c, BA))
         x0 = x0 * s0[:, None]
         x1 = x1 * s1[:, None]
         x2 = x2 * s2[:, None]
@@ -220,10 +429,12 @@ def _apply_rows16(
     x_ptr, t0, valid, stride_x, col_x,
     h00, h10, h11, h20, h21, h22, h30, h31, h32, h33,
     out_ptr, stride_out, col_out, D: tl.constexpr, BA: tl.constexpr,
+    gate_ptr, stride_g, col_g, GATED: tl.constexpr,
 ):  # fmt: skip
     """_apply_rows for 16-bit inputs with the row scale folded into A's columns:
     out = (A diag(s)) X from the 16-bit A diag(s) (_scaled16), X fed raw (no fp32 copy of
-    the tile; 16-bit tensor-core products, fp32 accumulation)."""
+    the tile; 16-bit tensor-core products, fp32 accumulation). GATED: X exp(G) instead,
+    rounded once to the 16-bit type (a per-key-channel decay cannot fold into A)."""
     r = tl.arange(0, 16)
     for ic in range(D // BA):
         c = ic * BA
@@ -231,6 +442,16 @@ def _apply_rows16(
         x1 = load_rows(x_ptr, t0, r + 16, valid, stride_x, col_x + c, BA)
         x2 = load_rows(x_ptr, t0, r + 32, valid, stride_x, col_x + c, BA)
         x3 = load_rows(x_ptr, t0, r + 48, valid, stride_x, col_x + c, BA)
+        if GATED:
+            DT: tl.constexpr = x_ptr.dtype.element_ty
+            e0 = tl.exp(load_rows(gate_ptr, t0, r, valid, stride_g, col_g + c, BA))
+            e1 = tl.exp(load_rows(gate_ptr, t0, r + 16, valid, stride_g, col_g + c, BA))
+            e2 = tl.exp(load_rows(gate_ptr, t0, r + 32, valid, stride_g, col_g + c, BA))
+            e3 = tl.exp(load_rows(gate_ptr, t0, r + 48, valid, stride_g, col_g + c, BA))
+            x0 = (x0.to(tl.float32) * e0).to(DT)
+            x1 = (x1.to(tl.float32) * e1).to(DT)
+            x2 = (x2.to(tl.float32) * e2).to(DT)
+            x3 = (x3.to(tl.float32) * e3).to(DT)
         o0 = tl.dot(h00, x0)
         o1 = tl.dot(h11, x1, tl.dot(h10, x0))
         o2 = tl.dot(h22, x2, tl.dot(h21, x1, tl.dot(h20, x0)))
@@ -263,6 +484,7 @@ def wy_solve_kernel(
     HO,
     HK,
     HV,
+    lower_bound,
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
@@ -278,11 +500,19 @@ def wy_solve_kernel(
     MERGE: tl.constexpr,
     STORE_A: tl.constexpr,
     EPS: tl.constexpr,
+    GATE_K: tl.constexpr = False,
+    HAS_LB: tl.constexpr = False,
 ):
     """One program per (chunk, output head): writes G, beta_eff, rk (the keys' inverse row
-    norms, 1 without the l2norm) as [T, HO] fp32; A = (I + L)^-1 as [T, HO, 64] when STORE_A;
-    w and u from A in registers, BA columns at a time. MERGE: the input_precision of the
-    doubling and merge products for 16-bit inputs (the module docstring)."""
+    norms, 1 without the l2norm) as [T, HO] fp32 (G as [T, HO, K] under GATE_K); A =
+    (I + L)^-1 as [T, HO, 64] when STORE_A; w and u from A in registers, BA columns at a
+    time. MERGE: the input_precision of the doubling and merge products for 16-bit inputs
+    (the module docstring).
+
+    GATE_K (kda: a decay per key channel): the Gram blocks carry the decay inside the sum
+    over channels (gated.py, formed exactly in fp32 from the stored G), L's blocks then
+    take no further decay factor, and w's rows are the keys scaled by exp(G) elementwise.
+    Everything after L (the solve, A, u) is the same code."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -291,20 +521,20 @@ def wy_solve_kernel(
     hk = h // (HO // HK)
     r = tl.arange(0, 16)
     gam0, b0 = _gate_rows(
-        g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r, valid, h, HO,
-        LINEAR, SAFE, HAS_A, HAS_DT, SIGMOID, NEG_EIGVAL,
+        g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r, valid, h, HO, lower_bound, K, GATE_K,
+        LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL,
     )  # fmt: skip
     gam1, b1 = _gate_rows(
-        g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 16, valid, h, HO,
-        LINEAR, SAFE, HAS_A, HAS_DT, SIGMOID, NEG_EIGVAL,
+        g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 16, valid, h, HO, lower_bound, K,
+        GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL,
     )  # fmt: skip
     gam2, b2 = _gate_rows(
-        g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 32, valid, h, HO,
-        LINEAR, SAFE, HAS_A, HAS_DT, SIGMOID, NEG_EIGVAL,
+        g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 32, valid, h, HO, lower_bound, K,
+        GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL,
     )  # fmt: skip
     gam3, b3 = _gate_rows(
-        g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 48, valid, h, HO,
-        LINEAR, SAFE, HAS_A, HAS_DT, SIGMOID, NEG_EIGVAL,
+        g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 48, valid, h, HO, lower_bound, K,
+        GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL,
     )  # fmt: skip
     s0 = tl.sum(gam0, 0)
     s1 = s0 + tl.sum(gam1, 0)
@@ -313,18 +543,40 @@ def wy_solve_kernel(
     g1 = tl.cumsum(gam1, 0) + s0
     g2 = tl.cumsum(gam2, 0) + s1
     g3 = tl.cumsum(gam3, 0) + s2
-    store_vec(gc_ptr, g0, t0, r, valid, HO, h)
-    store_vec(gc_ptr, g1, t0, r + 16, valid, HO, h)
-    store_vec(gc_ptr, g2, t0, r + 32, valid, HO, h)
-    store_vec(gc_ptr, g3, t0, r + 48, valid, HO, h)
+    if GATE_K:
+        store_rows(gc_ptr, g0, t0, r, valid, HO * K, h * K, K)
+        store_rows(gc_ptr, g1, t0, r + 16, valid, HO * K, h * K, K)
+        store_rows(gc_ptr, g2, t0, r + 32, valid, HO * K, h * K, K)
+        store_rows(gc_ptr, g3, t0, r + 48, valid, HO * K, h * K, K)
+    else:
+        store_vec(gc_ptr, g0, t0, r, valid, HO, h)
+        store_vec(gc_ptr, g1, t0, r + 16, valid, HO, h)
+        store_vec(gc_ptr, g2, t0, r + 32, valid, HO, h)
+        store_vec(gc_ptr, g3, t0, r + 48, valid, HO, h)
     store_vec(beff_ptr, b0, t0, r, valid, HO, h)
     store_vec(beff_ptr, b1, t0, r + 16, valid, HO, h)
     store_vec(beff_ptr, b2, t0, r + 32, valid, HO, h)
     store_vec(beff_ptr, b3, t0, r + 48, valid, HO, h)
 
-    kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32 = _gram_slices(
-        k_ptr, t0, valid, HK * K, hk * K, K, BK, PREC
-    )
+    if GATE_K:
+        # The gated Gram reads the partner rows' G back from gc: every thread's store first.
+        tl.debug_barrier()
+        kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32 = _gated_gram(
+            k_ptr, gc_ptr, t0, valid, HK * K, hk * K, HO * K, h * K, g0, g1, g2, g3, K
+        )
+        # The decay is inside the Gram: L's blocks take none (exp(0) below).
+        d0 = tl.zeros([16], dtype=tl.float32)
+        d1 = d0
+        d2 = d0
+        d3 = d0
+    else:
+        kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32 = _gram_slices(
+            k_ptr, t0, valid, HK * K, hk * K, K, BK, PREC
+        )
+        d0 = g0
+        d1 = g1
+        d2 = g2
+        d3 = g3
     n0, m0 = _inv_norms(kk00, L2NORM, EPS)  # n: indexed like rows, m: like columns
     n1, m1 = _inv_norms(kk11, L2NORM, EPS)
     n2, m2 = _inv_norms(kk22, L2NORM, EPS)
@@ -334,16 +586,16 @@ def wy_solve_kernel(
     store_vec(rk_ptr, n2, t0, r + 32, valid, HO, h)
     store_vec(rk_ptr, n3, t0, r + 48, valid, HO, h)
 
-    l00 = _scale_block(kk00, n0, m0, b0, g0, g0, True)
-    l11 = _scale_block(kk11, n1, m1, b1, g1, g1, True)
-    l22 = _scale_block(kk22, n2, m2, b2, g2, g2, True)
-    l33 = _scale_block(kk33, n3, m3, b3, g3, g3, True)
-    l10 = _scale_block(kk10, n1, m0, b1, g1, g0, False)
-    l20 = _scale_block(kk20, n2, m0, b2, g2, g0, False)
-    l21 = _scale_block(kk21, n2, m1, b2, g2, g1, False)
-    l30 = _scale_block(kk30, n3, m0, b3, g3, g0, False)
-    l31 = _scale_block(kk31, n3, m1, b3, g3, g1, False)
-    l32 = _scale_block(kk32, n3, m2, b3, g3, g2, False)
+    l00 = _scale_block(kk00, n0, m0, b0, d0, d0, True)
+    l11 = _scale_block(kk11, n1, m1, b1, d1, d1, True)
+    l22 = _scale_block(kk22, n2, m2, b2, d2, d2, True)
+    l33 = _scale_block(kk33, n3, m3, b3, d3, d3, True)
+    l10 = _scale_block(kk10, n1, m0, b1, d1, d0, False)
+    l20 = _scale_block(kk20, n2, m0, b2, d2, d0, False)
+    l21 = _scale_block(kk21, n2, m1, b2, d2, d1, False)
+    l30 = _scale_block(kk30, n3, m0, b3, d3, d0, False)
+    l31 = _scale_block(kk31, n3, m1, b3, d3, d1, False)
+    l32 = _scale_block(kk32, n3, m2, b3, d3, d2, False)
 
     # The merges' precision (module docstring); fp32 inputs are the accuracy reference: ieee.
     PM: tl.constexpr = "ieee" if PREC == "ieee" else MERGE
@@ -372,10 +624,12 @@ def wy_solve_kernel(
     if PREC != "ieee":
         # Both scaled copies of A formed before either product, so the fp32 blocks die here.
         DT: tl.constexpr = k_ptr.dtype.element_ty
-        e0 = b0 * tl.exp(g0) * n0
-        e1 = b1 * tl.exp(g1) * n1
-        e2 = b2 * tl.exp(g2) * n2
-        e3 = b3 * tl.exp(g3) * n3
+        # The row scales of w's X: beta, the decay (a per-head one folds in here; GATE_K's
+        # scales X's elements in _apply_rows16) and the keys' inverse norms.
+        e0 = b0 * tl.exp(d0) * n0
+        e1 = b1 * tl.exp(d1) * n1
+        e2 = b2 * tl.exp(d2) * n2
+        e3 = b3 * tl.exp(d3) * n3
         uh00 = _scaled16(a00, b0, DT)
         uh10 = _scaled16(a10, b0, DT)
         uh11 = _scaled16(a11, b1, DT)
@@ -400,24 +654,24 @@ def wy_solve_kernel(
         _apply_rows16(
             v_ptr, t0, valid, HV * V, hv * V,
             uh00, uh10, uh11, uh20, uh21, uh22, uh30, uh31, uh32, uh33,
-            u_ptr, HO * V, h * V, V, BA,
+            u_ptr, HO * V, h * V, V, BA, gc_ptr, 0, 0, False,
         )  # fmt: skip
         _apply_rows16(
             k_ptr, t0, valid, HK * K, hk * K,
             wh00, wh10, wh11, wh20, wh21, wh22, wh30, wh31, wh32, wh33,
-            w_ptr, HO * K, h * K, K, BA,
+            w_ptr, HO * K, h * K, K, BA, gc_ptr, HO * K, h * K, GATE_K,
         )  # fmt: skip
     else:
         hv = h // (HO // HV)
         _apply_rows(
             v_ptr, t0, valid, HV * V, hv * V, b0, b1, b2, b3,
             a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
-            u_ptr, HO * V, h * V, V, BA, PREC,
+            u_ptr, HO * V, h * V, V, BA, PREC, gc_ptr, 0, 0, False,
         )  # fmt: skip
         _apply_rows(
             k_ptr, t0, valid, HK * K, hk * K,
-            b0 * tl.exp(g0) * n0, b1 * tl.exp(g1) * n1, b2 * tl.exp(g2) * n2,
-            b3 * tl.exp(g3) * n3,
+            b0 * tl.exp(d0) * n0, b1 * tl.exp(d1) * n1, b2 * tl.exp(d2) * n2,
+            b3 * tl.exp(d3) * n3,
             a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
-            w_ptr, HO * K, h * K, K, BA, PREC,
+            w_ptr, HO * K, h * K, K, BA, PREC, gc_ptr, HO * K, h * K, GATE_K,
         )  # fmt: skip

@@ -1,0 +1,203 @@
+"""Kimi Delta Attention forward / forward+backward: our Triton kernels (the shared chunked
+stages with a per-key-channel decay) vs NVIDIA's kda engine (nvidia-cudnn-frontend's
+pygraph torch op, cudnn.linear_attention.ops.kimi_delta_attention) and fla-core's chunk_kda,
+side by side in one run (H200; bf16, H=HV=16, K=V=128, l2norm on, a log-space gate).
+
+Checks first (our O, final state and gradients against NVIDIA's and fla's where they ran),
+then times each call with bench/timing.py's device_ms (the project's one harness: CUDA
+events, each call queued behind a GPU sleep) and prints a Markdown table row per shape as
+it completes. The ratio columns are the peer's time over ours: above 1, ours is faster.
+
+  PYTHONPATH=src python bench/kda.py --only "(a)"          # the issue's row, all three
+  PYTHONPATH=src python bench/kda.py --no-fla --no-nvidia  # ours only, every shape
+
+fla compiles and autotunes on its first call (bench/gdn.py quick_fla_autotune shortens it);
+run one `--only` row per step to stay inside a device call's time cap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from gdn import quick_fla_autotune, rel, shapes
+from timing import device_ms
+
+from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
+    gdn_workspace_bytes,
+    kda_backward,
+    kda_forward,
+)
+
+H = 16
+DIM = 128
+SCALE = DIM**-0.5
+REPS = 20
+WARMUP = 3
+
+
+def make_inputs(seqlens, with_state):
+    total = sum(seqlens)
+    dev, bf = "cuda", torch.bfloat16
+    x = {
+        "q": torch.randn(total, H, DIM, device=dev, dtype=bf),
+        "k": torch.randn(total, H, DIM, device=dev, dtype=bf),
+        "v": torch.randn(total, H, DIM, device=dev, dtype=bf),
+        # a log-decay per key channel, as Kimi's gate produces it
+        "g": torch.nn.functional.logsigmoid(torch.randn(total, H, DIM, device=dev) + 2.0),
+        "beta": torch.rand(total, H, device=dev).to(bf),
+    }
+    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], device=dev, dtype=torch.int32)
+    init = (0.1 * torch.randn(len(seqlens), H, DIM, DIM, device=dev)) if with_state else None
+    return x, cu, init
+
+
+def median_ms(fn):
+    return device_ms(fn, reps=REPS, warmup=WARMUP)
+
+
+class Ours:
+    """Our launchers on one problem, the config the family hook would list first."""
+
+    def __init__(self, x, cu, init):
+        self.x, self.cu, self.init = x, cu, init
+        total, n = x["q"].shape[0], cu.numel() - 1
+        nbytes = max(
+            gdn_workspace_bytes(
+                total, n, H, H, H, DIM, DIM, torch.bfloat16, backward=b, gate_per_key=True
+            )  # fmt: skip
+            for b in (False, True)
+        )
+        self.ws = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        self.o = torch.empty_like(x["v"])
+        self.final = torch.empty_like(init) if init is not None else None
+        self.do = torch.randn_like(x["v"])
+        self.grads = {n: torch.empty_like(t) for n, t in x.items()}
+        self.dinit = torch.empty_like(init) if init is not None else None
+
+    def forward(self):
+        x = self.x
+        kda_forward(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], self.cu, scale=SCALE, o=self.o,
+            initial_state=self.init, final_state=self.final, use_qk_l2norm=True,
+            workspace=self.ws,
+        )  # fmt: skip
+
+    def backward(self):
+        x, d = self.x, self.grads
+        kda_backward(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], self.cu, self.do, scale=SCALE,
+            dq=d["q"], dk=d["k"], dv=d["v"], dg=d["g"], dbeta=d["beta"],
+            initial_state=self.init, d_initial_state=self.dinit, use_qk_l2norm=True,
+            workspace=self.ws,
+        )  # fmt: skip
+
+    def forward_backward(self):
+        self.forward()
+        self.backward()
+
+
+def nvidia_call(x, cu, init, do=None):
+    """NVIDIA's kda through its pygraph torch op (THD, V-major state as ours); with `do`,
+    forward and backward through its autograd. Returns (o, final, grads or None)."""
+    from cudnn.linear_attention.ops import kimi_delta_attention
+
+    leaves = {n: t.detach().requires_grad_(do is not None) for n, t in x.items()}
+    o, final = kimi_delta_attention(
+        leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"], cu, scale=SCALE,
+        initial_state=init, output_final_state=init is not None, use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+    if do is None:
+        return o, final, None
+    o.backward(do)
+    return o, final, {n: t.grad for n, t in leaves.items()}
+
+
+def fla_call(x, cu, init, do=None):
+    """fla-core's chunk_kda ([1, T, H, K], K-major state); with `do`, forward and backward."""
+    from fla.ops.kda import chunk_kda
+
+    leaves = {n: t.detach().requires_grad_(do is not None) for n, t in x.items()}
+    h0 = init.transpose(-1, -2).contiguous() if init is not None else None
+    o, ht = chunk_kda(
+        leaves["q"][None], leaves["k"][None], leaves["v"][None], leaves["g"][None],
+        leaves["beta"][None], scale=SCALE, initial_state=h0,
+        output_final_state=init is not None, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+    )  # fmt: skip
+    if do is None:
+        return o[0], (ht.transpose(-1, -2) if ht is not None else None), None
+    o.backward(do[None])
+    return o[0], None, {n: t.grad for n, t in leaves.items()}
+
+
+def peer(name, call, ours, x, cu, init):
+    """(fwd ms, fwd+bwd ms, agreement note) of one peer, or dashes and the reason."""
+    try:
+        o, final, _ = call(x, cu, init)
+        note = f"O {rel(ours.o, o):.1e}"
+        if init is not None and final is not None and final.numel():
+            note += f", state {rel(ours.final, final):.1e}"
+        fwd = median_ms(lambda: call(x, cu, init))
+    except Exception as err:  # noqa: BLE001 (a peer that cannot run here: say so, go on)
+        print(f"{name} forward failed: {type(err).__name__}: {str(err)[:160]}", file=sys.stderr)
+        return "-", "-", f"{name}: failed"
+    try:
+        _, _, grads = call(x, cu, init, ours.do)
+        worst = max(rel(ours.grads[n], grads[n]) for n in ("q", "k", "v", "g", "beta"))
+        note += f", grads <= {worst:.1e}"
+        fb = f"{median_ms(lambda: call(x, cu, init, ours.do)):.3f}"
+    except Exception as err:  # noqa: BLE001
+        print(f"{name} backward failed: {type(err).__name__}: {str(err)[:160]}", file=sys.stderr)
+        fb = "refused"
+    return f"{fwd:.3f}", fb, f"{name}: {note}"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--no-fla", action="store_true")
+    parser.add_argument("--no-nvidia", action="store_true")
+    parser.add_argument("--only", default=None, help="substring of a shape name")
+    args = parser.parse_args()
+    if not args.no_fla:
+        quick_fla_autotune()
+    print(
+        "| shape | init/final state | ours fwd ms | ours fwd+bwd ms | NVIDIA kda fwd ms | "
+        "NVIDIA fwd+bwd ms | fla fwd ms | fla fwd+bwd ms | NVIDIA / ours fwd+bwd | "
+        "fla / ours fwd+bwd | check |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    for name, seqlens in shapes().items():
+        if args.only and args.only not in name:
+            continue
+        for with_state in (False, True):
+            torch.manual_seed(1)
+            x, cu, init = make_inputs(seqlens, with_state)
+            ours = Ours(x, cu, init)
+            ours.forward_backward()
+            finite = all(torch.isfinite(t).all().item() for t in ours.grads.values())
+            fwd, fb = median_ms(ours.forward), median_ms(ours.forward_backward)
+            notes = [] if finite else ["OURS NON-FINITE GRADS"]
+            cols = []
+            for skip, label, call, cu_peer in (
+                (args.no_nvidia, "NVIDIA", nvidia_call, cu),
+                # fla caches its chunk indices by the int64 cu_seqlens tensor's identity
+                (args.no_fla, "fla", fla_call, cu.long()),
+            ):
+                if skip:
+                    cols.append(("-", "-"))
+                    continue
+                p_fwd, p_fb, note = peer(label, call, ours, x, cu_peer, init)
+                cols.append((p_fwd, p_fb))
+                notes.append(note)
+            ratio = lambda s: f"{float(s) / fb:.2f}x" if s not in ("-", "refused") else "-"
+            print(
+                f"| {name} | {'yes' if with_state else 'no'} | {fwd:.3f} | {fb:.3f} | "
+                f"{cols[0][0]} | {cols[0][1]} | {cols[1][0]} | {cols[1][1]} | "
+                f"{ratio(cols[0][1])} | {ratio(cols[1][1])} | {'; '.join(notes)} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

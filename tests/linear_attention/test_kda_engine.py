@@ -1,0 +1,203 @@
+"""The kda Triton engine through the graph API, as the manifest offers it: plan, build and
+execute kda and kda_bwd graphs against the float64 reference, checkpoints from one graph
+into the other, the plan list's knobs, and declines that name their rule. CPU: the Triton
+interpreter."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from reference import kda_reference
+
+import cudnn_pygraph as cudnn
+from cudnn_pygraph import data_type as dt
+from cudnn_pygraph._types import cudnnGraphNotSupportedError
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FP32_TOL = 1e-4  # ||out - ref|| / ||ref||, fp32 (the kernel tests measure ~1e-7..6e-6)
+# Every graph here reads g as raw logits through the lower-bound gate (a_log, dt_bias given).
+GATE_ATTRS = {"safe_gate": True, "gate_lower_bound": -5.0}
+
+
+def rel_err(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def inputs(seqlens=(64, 5, 1), heads=1, dim=64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(seqlens)
+    x = {
+        "q": torch.randn(total, heads, dim, generator=gen),
+        "k": torch.randn(total, heads, dim, generator=gen),
+        "v": torch.randn(total, heads, dim, generator=gen),
+        "g": torch.randn(total, heads, dim, generator=gen),  # raw logits (safe_gate)
+        "beta": torch.rand(total, heads, generator=gen),
+        "initial_state": 0.3 * torch.randn(len(seqlens), heads, dim, dim, generator=gen),
+        "a_log": 0.3 * torch.randn(heads, generator=gen),
+        "dt_bias": 0.3 * torch.randn(heads, dim, generator=gen),
+        "cu_seqlens": torch.tensor(
+            [0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int32
+        ),
+    }
+    return {n: t.to(DEVICE) for n, t in x.items()}
+
+
+def declare(g, x):
+    return {
+        n: g.tensor(list(t.shape), list(t.stride()), data_type=_dtype(t), name=n)
+        for n, t in x.items()
+    }
+
+
+def _dtype(t):
+    return {torch.float32: dt.FLOAT, torch.int32: dt.INT32, torch.bfloat16: dt.BFLOAT16}[t.dtype]
+
+
+def run_graph(g, pack):
+    g.create_execution_plans([cudnn.heur_mode.A])
+    g.build_plans()
+    size = g.get_workspace_size()
+    workspace = torch.empty(size, dtype=torch.uint8, device=DEVICE) if size else None
+    g.execute(pack, workspace)
+    return g
+
+
+def forward_graph(x, **attrs):
+    g = cudnn.pygraph(name="kda", io_data_type=dt.FLOAT)
+    t = declare(g, x)
+    o, final, ckpt = g.kda(
+        t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
+        initial_state=t["initial_state"], a_log=t.get("a_log"), dt_bias=t.get("dt_bias"),
+        output_final_state=True, scale=0.125, use_qk_l2norm=True, **GATE_ATTRS, **attrs,
+    )  # fmt: skip
+    o.set_output(True)
+    final.set_output(True)
+    if ckpt is not None:
+        ckpt.set_output(True)
+    return g, t, o, final, ckpt
+
+
+def backward_graph(x, d_o, d_final, checkpoints=None, **attrs):
+    extra = {"dO": d_o, "d_final_state": d_final}
+    if checkpoints is not None:
+        extra["checkpoints"] = checkpoints
+    g = cudnn.pygraph(name="kda_bwd", io_data_type=dt.FLOAT)
+    t = declare(g, {**x, **extra})
+    outs = g.kda_bwd(
+        t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"], t["dO"],
+        initial_state=t["initial_state"], d_final_state=t["d_final_state"],
+        checkpoints=t.get("checkpoints"), a_log=t["a_log"], dt_bias=t["dt_bias"], scale=0.125,
+        use_qk_l2norm=True, **GATE_ATTRS, **attrs,
+    )  # fmt: skip
+    names = ("q", "k", "v", "g", "beta", "initial_state", "a_log", "dt_bias")
+    grads = {}
+    for name, port in zip(names, outs):
+        port.set_output(True)
+        grads[name] = (port, torch.full_like(x[name], float("nan")))
+    pack = {t[n]: b for n, b in {**x, **extra}.items()}
+    pack.update({port: buf for port, buf in grads.values()})
+    run_graph(g, pack)
+    return g, {n: buf for n, (_, buf) in grads.items()}
+
+
+def test_kda_and_kda_bwd_graphs_execute_on_the_engine():
+    x = inputs()
+    n_seqs, total = 3, 70
+    g, t, o, final, _ = forward_graph(x)
+    o_buf = torch.full((total, 1, 64), float("nan"), device=DEVICE)
+    final_buf = torch.full((n_seqs, 1, 64, 64), float("nan"), device=DEVICE)
+    run_graph(g, {**{t[n]: x[n] for n in x}, o: o_buf, final: final_buf})
+    assert "triton_kda" in g.get_plan_name_at_index(g.selected_plan)
+
+    gen = torch.Generator().manual_seed(1)
+    d_o = torch.randn(total, 1, 64, generator=gen).to(DEVICE)
+    d_final = torch.randn(n_seqs, 1, 64, 64, generator=gen).to(DEVICE)
+    gb, grads = backward_graph(x, d_o, d_final)
+    assert "triton_kda" in gb.get_plan_name_at_index(gb.selected_plan)
+
+    leaves = {n: x[n].double().requires_grad_() for n in grads}
+    ref_o, ref_final = kda_reference(
+        *(leaves[n] for n in ("q", "k", "v", "g", "beta")), x["cu_seqlens"], scale=0.125,
+        initial_state=leaves["initial_state"], a_log=leaves["a_log"],
+        dt_bias=leaves["dt_bias"], use_qk_l2norm=True, safe_gate=True, gate_lower_bound=-5.0,
+    )  # fmt: skip
+    ((ref_o * d_o.double()).sum() + (ref_final * d_final.double()).sum()).backward()
+    assert rel_err(o_buf, ref_o) <= FP32_TOL
+    assert rel_err(final_buf, ref_final) <= FP32_TOL
+    for name, buf in grads.items():
+        assert rel_err(buf, leaves[name].grad) <= FP32_TOL, name
+
+
+def test_checkpoints_flow_from_the_kda_graph_into_the_kda_bwd_graph():
+    x = inputs(seqlens=(70, 3))
+    g, t, o, final, ckpt = forward_graph(x, checkpoint_every_n_tokens=64)
+    ckpt_buf = torch.full(list(ckpt.dim), float("nan"), device=DEVICE)
+    o_buf = torch.empty(73, 1, 64, device=DEVICE)
+    final_buf = torch.empty(2, 1, 64, 64, device=DEVICE)
+    run_graph(g, {**{t[n]: x[n] for n in x}, o: o_buf, ckpt: ckpt_buf, final: final_buf})
+    gen = torch.Generator().manual_seed(2)
+    d_o = torch.randn(73, 1, 64, generator=gen).to(DEVICE)
+    d_final = torch.randn(2, 1, 64, 64, generator=gen).to(DEVICE)
+    _, plain = backward_graph(x, d_o, d_final)
+    _, from_ckpt = backward_graph(x, d_o, d_final, checkpoints=ckpt_buf)
+    for name in plain:
+        assert rel_err(from_ckpt[name], plain[name]) <= 1e-6, name
+
+
+def test_plans_list_the_kernel_configs_as_knobs():
+    from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES
+
+    g, *_ = forward_graph(inputs(seqlens=(70,)))
+    g.create_execution_plans([cudnn.heur_mode.A])
+    listed = [g.get_engine_and_knobs_at_index(i) for i in range(g.get_execution_plan_count())]
+    assert [k[cudnn.knob_type.KERNEL_CFG] for _, k in listed] == [
+        CONFIG_NAMES.index(n) for n in ("few", "wide", "wide-unfused")
+    ]
+    assert "triton_kda" in g.get_plan_name_at_index(0)
+
+
+def test_a_malformed_cu_seqlens_makes_the_graph_outputs_nan():
+    x = inputs(seqlens=(5, 9))
+    x["cu_seqlens"] = torch.tensor([0, 9, 5], dtype=torch.int32, device=DEVICE)
+    g, t, o, final, _ = forward_graph(x)
+    o_buf = torch.zeros(14, 1, 64, device=DEVICE)
+    final_buf = torch.zeros(2, 1, 64, 64, device=DEVICE)
+    run_graph(g, {**{t[n]: x[n] for n in x}, o: o_buf, final: final_buf})
+    assert torch.isnan(o_buf).all() and torch.isnan(final_buf).all()
+
+
+DECLINES = {
+    "head-dim-96": ({"dim": 96}, {}, "head dim K=96"),
+    "checkpoint-every-128": (
+        {},
+        {"checkpoint_every_n_tokens": 128},
+        "checkpoint_every_n_tokens=128",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(DECLINES), ids=list(DECLINES))
+def test_engine_declines_naming_the_rule(case):
+    shape, attrs, reason = DECLINES[case]
+    x = inputs(seqlens=(70,), **shape)
+    x.pop("a_log"), x.pop("dt_bias")
+    g, *_ = forward_graph(x, **attrs)
+    with pytest.raises(cudnnGraphNotSupportedError, match=f"triton_kda .* declines: {reason}"):
+        g.create_execution_plans([cudnn.heur_mode.A])
+
+
+def test_the_summary_op_is_declined_by_name():
+    x = inputs(seqlens=(70,))
+    g = cudnn.pygraph(name="kda_summary", io_data_type=dt.FLOAT)
+    t = declare(g, x)
+    h, m = g.kda_summary(t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"])
+    h.set_output(True)
+    m.set_output(True)
+    with pytest.raises(cudnnGraphNotSupportedError, match="kda_summary: the summary ops"):
+        g.create_execution_plans([cudnn.heur_mode.A])
