@@ -148,24 +148,27 @@ def _transition(k, ws, dims, out, strides, cfg, prec):
     )  # fmt: skip
 
 
-def _prepare(q, k, v, g, beta, cu_seqlens, dims, backward, workspace, flags, a_log, dt_bias,
+def _prepare(inputs, cu_seqlens, dims, backward, workspace, flags, a_log, dt_bias,
              use_qk_l2norm, kernel_cfgs, final_state):  # fmt: skip
+    """Scratch carved, strided inputs copied dense, then the tables, gates and WY factors
+    (and H, when final_state is given). inputs: {name: tensor} of q (the backward only),
+    k, v, g, beta as the stages read them; returns (ws, prec, the dense inputs by name)."""
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
-    inputs = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
     strided = tuple((n, t.dtype) for n, t in inputs.items() if not t.is_contiguous())
     rows = _summary_rows(
-        total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, q.dtype, backward, strided
-    )
-    ws = _carve(rows, workspace, q.device)
-    q, k, v, g, beta = _dense(inputs, ws)
-    prec = _dot_precision(q.dtype)
+        total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, inputs["k"].dtype, backward,
+        strided,
+    )  # fmt: skip
+    ws = _carve(rows, workspace, inputs["k"].device)
+    x = dict(zip(inputs, _dense(inputs, ws)))
+    prec = _dot_precision(x["k"].dtype)
     _run_wy_and_state(
-        q, k, v, g, beta, cu_seqlens, ws, dims,
+        x.get("q", x["k"]), x["k"], x["v"], x["g"], x["beta"], cu_seqlens, ws, dims,
         scale=1.0, flags=flags, l2norm=use_qk_l2norm, a_log=a_log, dt_bias=dt_bias, prec=prec,
         initial_state=None, final_state=final_state, state_indices=None, h_buf=None,
         store_h=False, vnew=None, kernel_cfgs=kernel_cfgs,
     )  # fmt: skip
-    return ws, prec, (q, k)
+    return ws, prec, x
 
 
 def gdn_summary(
@@ -184,12 +187,11 @@ def gdn_summary(
     _check_summary("m_out", m_out, (n_seqs, n_out, dim_k, dim_k))
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, k.device, batch_invariant)
     flags = _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval)
-    ws, prec, (_, k) = _prepare(
-        k, k, v, g, beta, cu_seqlens, dims, False, workspace, flags, a_log, dt_bias,
-        use_qk_l2norm, kernel_cfgs, h_out,
-    )  # fmt: skip
+    inputs = {"k": k, "v": v, "g": g, "beta": beta}
+    ws, prec, x = _prepare(inputs, cu_seqlens, dims, False, workspace, flags, a_log, dt_bias,
+                           use_qk_l2norm, kernel_cfgs, h_out)  # fmt: skip
     if n_seqs:
-        _transition(k, ws, dims, m_out, (m_out.stride(2), m_out.stride(3)),
+        _transition(x["k"], ws, dims, m_out, (m_out.stride(2), m_out.stride(3)),
                     kernel_cfgs["state_fwd"], prec)  # fmt: skip
     poison_states(ws["cu_error"], h_out)
     poison_states(ws["cu_error"], m_out)
@@ -218,10 +220,10 @@ def gdn_summary_bwd(
         _check_summary("transition", transition, (n_seqs, n_out, dim_k, dim_k))
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant)
     flags = _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval)
-    ws, prec, (q, k) = _prepare(
-        q, k, do, g, beta, cu_seqlens, dims, True, workspace, flags, a_log, dt_bias,
-        use_qk_l2norm, kernel_cfgs, None,
-    )  # fmt: skip
+    inputs = {"q": q, "k": k, "v": do, "g": g, "beta": beta}
+    ws, prec, x = _prepare(inputs, cu_seqlens, dims, True, workspace, flags, a_log, dt_bias,
+                           use_qk_l2norm, kernel_cfgs, None)  # fmt: skip
+    q, k = x["q"], x["k"]
     if n_seqs:
         common = {"K": dim_k, "V": dim_v, "L2NORM": use_qk_l2norm, "PREC": prec,
                   "EPS": L2NORM_EPS}  # fmt: skip
