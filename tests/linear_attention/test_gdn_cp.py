@@ -26,9 +26,14 @@ TOL = 1e-4  # ||cp - one process|| / ||one process||, fp32
 TOKEN_INPUTS = ("q", "k", "v", "g", "beta")
 CASES = {
     # two ranks, the safe gate with its parameters (their gradients are per-rank shares)
-    "two-ranks-safe-gate": dict(spans=(40, 30), heads=(2, 2, 2), safe_gate=True, batch=2),
+    "two-ranks-safe-gate": dict(
+        spans=(40, 30), heads=(2, 2, 2), safe_gate=True, batch=2, piece_tokens=None
+    ),
     # three ranks of ragged spans, one q / k head serving two output heads, the l2norm
-    "three-ranks-grouped": dict(spans=(30, 20, 28), heads=(1, 1, 2), safe_gate=False, batch=1),
+    # (pieces of 64 tokens: rank 0's span is three pieces, rank 2's two)
+    "three-ranks-grouped": dict(
+        spans=(130, 20, 70), heads=(1, 1, 2), safe_gate=False, batch=1, piece_tokens=64
+    ),
 }
 
 
@@ -84,7 +89,7 @@ def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def _rank(rank, world, port, spans, x, d, safe_gate, expected):
+def _rank(rank, world, port, spans, x, d, safe_gate, piece_tokens, expected):
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
@@ -101,6 +106,7 @@ def _rank(rank, world, port, spans, x, d, safe_gate, expected):
             output_final_state=True,
             **{n: whole[n] for n in ("A_log", "dt_bias") if n in whole},
             **_flags(safe_gate),
+            piece_tokens=piece_tokens,
         )
         ((o * d["o"][:, lo:hi]).sum() + (final * d["final"][rank]).sum()).backward()
 
@@ -130,13 +136,21 @@ def _free_port():
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_context_parallel_ranks_match_one_process(case):
-    spans, heads, safe_gate, batch = (
-        CASES[case][n] for n in ("spans", "heads", "safe_gate", "batch")
+    spans, heads, safe_gate, batch, pieces = (
+        CASES[case][n] for n in ("spans", "heads", "safe_gate", "batch", "piece_tokens")
     )
     x, d = _inputs(spans, heads, safe_gate, batch)
     expected = _one_process(x, d, safe_gate)
     world = len(spans)
-    mp.spawn(_rank, args=(world, _free_port(), spans, x, d, safe_gate, expected), nprocs=world)
+    mp.spawn(
+        _rank, args=(world, _free_port(), spans, x, d, safe_gate, pieces, expected), nprocs=world
+    )
+
+
+def test_piece_tokens_must_be_whole_chunks():
+    x, _ = _inputs((64,), (1, 1, 1), False, batch=1)
+    with pytest.raises(ValueError, match="piece_tokens: 100"):
+        gated_delta_net_cp(*(x[n] for n in TOKEN_INPUTS), piece_tokens=100)
 
 
 def test_refuses_without_an_initialized_process_group():
