@@ -21,6 +21,9 @@ PARITY_ONLY=0; [ "${1:-}" = "--parity" ] && PARITY_ONLY=1
 # and misaligned-operand suite with compute-sanitizer (bench/reliability_gpu.sh) and
 # doctor (~6 min).
 SERVING_ONLY=0; [ "${1:-}" = "--serving" ] && SERVING_ONLY=1
+# `--cp` (on the nvidia-h200-x2 kind) runs the summary / context-parallel GPU suite (its
+# NCCL case needs the two GPUs) and bench/cp.py under torchrun on both (~6 min).
+CP_ONLY=0; [ "${1:-}" = "--cp" ] && CP_ONLY=1
 OUT=${OUT:-/tmp/out}
 LOG=/tmp/session
 mkdir -p "$OUT" "$LOG"
@@ -64,8 +67,17 @@ if [ "$SERVING_ONLY" = 1 ]; then
   tail -n 3 "$LOG"/gpu_*.log
   tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
 fi
+if [ "$CP_ONLY" = 1 ]; then
+  step gpu_cp 200 python3 -m pytest -q -p no:cacheprovider -rfs -s tests/gpu/test_cp_gpu.py
+  step cp 240 torchrun --nproc-per-node 2 bench/cp.py --out "$LOG/cp.md"
+  step cp_pieces 240 torchrun --nproc-per-node 2 bench/cp.py --reps 5 \
+    --piece-tokens 1024,4096,16384 --out "$LOG/cp_pieces.md"
+  tail -n 3 "$LOG"/gpu_*.log
+  tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
+fi
 # the correctness gate, one suite per step so a slow compile cannot hide the others
 step gpu_gdn 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gdn_gpu.py
+step gpu_cp 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cp_gpu.py
 step gpu_replay 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_launch_replay_gpu.py
 step gpu_sdpa 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/*sdpa*.py
 step gpu_gemm 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm_gpu.py

@@ -57,7 +57,8 @@ GROUP_NOTES = {
         "  rank; `final_state`'s incoming gradients are summed over the group;",
         "  `initial_state`'s gradient is whole on rank 0 and zero elsewhere, and `A_log` /",
         "  `dt_bias` get each rank's share (sum them over the group, as data parallelism",
-        "  does for parameters).",
+        "  does for parameters). A span is summarized in pieces (`piece_tokens`, a multiple",
+        "  of 64; by default enough to keep every SM walking), folded pairwise in fp32.",
         "",
     ],
 }
