@@ -258,3 +258,35 @@ def test_summary_engine_declines_naming_the_rule(case):
     ):
         g.create_execution_plans([cudnn.heur_mode.A])
         g.build_plans()
+
+
+@pytest.mark.parametrize("op", ["gdn_summary", "gdn_summary_bwd"])
+def test_build_time_warm_launch_serves_the_summary_ports(op):
+    # On a GPU, build_plan compiles by one warm launch on a one-token problem shaped like
+    # the declaration (gdn_engine._compile_by_warm_launch): here it runs under the
+    # interpreter on both summary ops, grouped heads, a transposed M_buf / transition.
+    from cudnn_pygraph.engines.linear_attention.gdn_engine import _compile_by_warm_launch
+    from cudnn_pygraph.engines.linear_attention.summary_engine import (
+        BACKWARD_PORTS,
+        FORWARD_PORTS,
+        SummaryPlan,
+    )
+
+    x, d = case_inputs(((70,),), (1, 1, 2), {})
+    g = cudnn.pygraph(name=op, io_data_type=dt.FLOAT)
+    ins = dict(k=x["k"], g=x["g"], beta=x["beta"], cu_seqlens=cu([70]))
+    ins.update(dict(v=x["v"]) if op == "gdn_summary" else dict(q=x["q"], dO=d["dO"]))
+    ports = {n: g.tensor(list(t.shape), list(t.stride()), data_type=DTYPES[t.dtype], name=n)
+             for n, t in ins.items()}  # fmt: skip
+    extra = {} if op == "gdn_summary" else {"scale": 0.125, "output_transition": True}
+    outs = getattr(g, op)(**ports, **extra)
+    for name, port in zip(OUTPUTS[op], outs):
+        ports[name] = port
+    ports[OUTPUTS[op][1]].set_stride([2 * 64 * 64, 64 * 64, 1, 64])
+    backward = op == "gdn_summary_bwd"
+    names = tuple(n for n in (BACKWARD_PORTS if backward else FORWARD_PORTS) if n in ports)
+    flags = {"use_qk_l2norm": False, "use_beta_sigmoid": False, "allow_neg_eigval": False,
+             "safe_gate": False, "gate_domain": "log", "batch_invariant": False,
+             "config": "few", **({"scale": 0.125} if backward else {})}  # fmt: skip
+    plan = SummaryPlan(backward, names, [], flags, 0, None)
+    _compile_by_warm_launch(plan, {n: ports[n] for n in names}, torch.device(DEVICE))
