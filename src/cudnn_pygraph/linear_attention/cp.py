@@ -59,15 +59,9 @@ PIECE_PROGRAMS_PER_SM = 8
 _CU_CACHE: dict = {}
 
 
-def _sm_count(device):
-    if device.type != "cuda":
-        from ..engines.linear_attention.kernels.configs import INTERPRETER_SMS
-
-        return INTERPRETER_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _piece_tokens(n_seqs, span, n_out, device):
+    from ..engines.linear_attention.kernels.gdn import _sm_count  # the launchers' count
+
     chunks = max(1, -(-span // CHUNK))
     want = -(-PIECE_PROGRAMS_PER_SM * _sm_count(device) // (n_seqs * n_out))
     return CHUNK * -(-chunks // max(1, min(chunks, want)))
