@@ -34,6 +34,9 @@ RELIABILITY_ONLY=0; [ "${1:-}" = "--reliability" ] && RELIABILITY_ONLY=1
 # `--kda` runs the kda GPU suite and bench/kda.py's row (a) against NVIDIA's kda engine and
 # fla-core (~6 min).
 KDA_ONLY=0; [ "${1:-}" = "--kda" ] && KDA_ONLY=1
+# `--cp` (on the nvidia-h200-x2 kind) runs the summary / context-parallel GPU suite (its
+# NCCL case needs the two GPUs) and bench/cp.py under torchrun on both (~6 min).
+CP_ONLY=0; [ "${1:-}" = "--cp" ] && CP_ONLY=1
 OUT=${OUT:-/tmp/out}
 LOG=/tmp/session
 mkdir -p "$OUT" "$LOG"
@@ -102,8 +105,17 @@ if [ "$SDPA_BWD_ONLY" = 1 ]; then
   step sdpa_bwd 280 python3 bench/sdpa_bwd.py --budget-s 220 --out "$LOG/sdpa_bwd.md"
   tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
 fi
+if [ "$CP_ONLY" = 1 ]; then
+  step gpu_cp 200 python3 -m pytest -q -p no:cacheprovider -rfs -s tests/gpu/test_cp_gpu.py
+  step cp 240 torchrun --nproc-per-node 2 bench/cp.py --out "$LOG/cp.md"
+  step cp_pieces 240 torchrun --nproc-per-node 2 bench/cp.py --reps 5 \
+    --piece-tokens 1024,4096,16384 --out "$LOG/cp_pieces.md"
+  tail -n 3 "$LOG"/gpu_*.log
+  tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
+fi
 # the correctness gate, one suite per step so a slow compile cannot hide the others
 step gpu_gdn 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gdn_gpu.py
+step gpu_cp 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cp_gpu.py
 step gpu_replay 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_launch_replay_gpu.py
 step gpu_sdpa 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/*sdpa*.py \
   --ignore=tests/gpu/test_sdpa_bwd_gpu.py

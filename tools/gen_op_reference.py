@@ -21,6 +21,47 @@ GROUP_TITLES = {
     "SDPA": "Attention (SDPA)",
     "LINEAR_ATTENTION": "Linear attention (python-only)",
 }
+# A group's prose, under its title: what its ops are for beyond one op's table.
+GROUP_NOTES = {
+    "LINEAR_ATTENTION": [
+        "The arithmetic of every op here is pinned by the linear-attention spec (shapes THD,",
+        "states V-major `[N, HO, V, K]`); which engine serves which op is the manifest's",
+        "(`cudnn_pygraph/planning/manifest.py`).",
+        "",
+        "The summary ops describe one span of tokens of each sequence, for context",
+        "parallelism: `<op>_summary` returns `H` (the span's final state from a zero seed) and",
+        "`M_buf` (its state transition, stored transposed), fp32, so spans compose forward as",
+        "`X_next = X @ M_buf + H`; `<op>_summary_bwd` returns `G` (the gradient the span's",
+        "outputs send to its incoming state) and, with `output_transition=True`,",
+        "`transition` (`M_buf` transposed), so state gradients compose backward as",
+        "`dX = dX_next @ transition + G`.",
+        "",
+        "torch users:",
+        "",
+        "- `cudnn_pygraph.linear_attention.ops.gated_delta_net`: fla's `chunk_gated_delta_rule`",
+        "  over cached gdn / gdn_bwd graphs ([getting started](getting-started.md)).",
+        "- `cudnn_pygraph.linear_attention.summary.gdn_summary(k, v, g, beta, cu_seqlens, ...)`",
+        "  -> `(H, M_buf)` and `gdn_summary_bwd(q, k, g, beta, cu_seqlens, dO, scale=...,",
+        "  output_transition=False, ...)` -> `(G, transition | None)`: the summary graphs",
+        "  on THD tensors, no autograd.",
+        "- `cudnn_pygraph.linear_attention.cp.gated_delta_net_cp(q, k, v, g, beta, ...,",
+        "  group=None)`: Gated DeltaNet with each sequence split across the ranks of a",
+        "  torch.distributed process group (NCCL, gloo). Every rank passes its own span",
+        "  `[B, T_r, ...]` of the B sequences (rank 0 the first tokens; T_r may differ by",
+        "  rank) and `gated_delta_net`'s other arguments. The forward summarizes the span,",
+        "  all-gathers the summaries (one collective of `B x HO x (V + K) x K` fp32 per rank),",
+        "  composes the seed of its span and runs it; the backward does the same in reverse",
+        "  (one all-gather of `2 x B x HO x V x K` fp32). It returns this rank's span of `o`",
+        "  and the whole sequences' final state (the same on every rank). Gradients are",
+        "  those of the loss summed over the ranks: for the span's q, k, v, g, beta on its",
+        "  rank; `final_state`'s incoming gradients are summed over the group;",
+        "  `initial_state`'s gradient is whole on rank 0 and zero elsewhere, and `A_log` /",
+        "  `dt_bias` get each rank's share (sum them over the group, as data parallelism",
+        "  does for parameters). A span is summarized in pieces (`piece_tokens`, a multiple",
+        "  of 64; by default enough to keep every SM walking), folded pairwise in fp32.",
+        "",
+    ],
+}
 
 
 def _default(param):
@@ -121,7 +162,7 @@ def render():
         specs = sorted(by_group.get(group, []), key=lambda s: s.name)
         if not specs:
             continue
-        lines += [f"## {title}", ""]
+        lines += [f"## {title}", "", *GROUP_NOTES.get(group, ())]
         for spec in specs:
             lines += _op_section(spec)
     unknown = set(by_group) - set(GROUP_TITLES)

@@ -626,7 +626,8 @@ def gated_delta_net(
     cu_seqlens_cpu and chunk_indices are hints fla may use to skip work: the result does not
     depend on them and they are not read. chunk_size is accepted as fla accepts it (16, 32,
     64); the kernels chunk by 64 whatever it says, which changes rounding only.
-    cp_context (context parallelism) is not served.
+    cp_context (fla's context parallelism) is not served: context parallelism over
+    torch.distributed is cudnn_pygraph.linear_attention.cp.gated_delta_net_cp.
     gate_domain ("log" | "linear") and batch_invariant are this op's own.
     q / k / v / g / beta may be strided views (split from one fused projection): the engine
     copies each non-contiguous one once into its workspace. cu_seqlens is checked on the
@@ -637,7 +638,10 @@ def gated_delta_net(
     if head_first:
         raise ValueError(_HEAD_FIRST_REMOVED)
     if cp_context is not None:
-        raise NotImplementedError("cp_context: context parallelism is not served by this op")
+        raise NotImplementedError(
+            "cp_context: context parallelism is not served by this op; "
+            "cudnn_pygraph.linear_attention.cp.gated_delta_net_cp serves it"
+        )
     if chunk_size not in _FLA_CHUNK_SIZES:
         raise ValueError(
             f"`chunk_size` must be 16, 32, or 64 for Gated Delta Rule, got {chunk_size}."

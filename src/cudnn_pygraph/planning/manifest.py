@@ -109,6 +109,12 @@ FAMILIES = (
             EngineSlot(
                 0, "triton_gdn", f"{_PKG}.engines.linear_attention.gdn_engine", "GdnTritonEngine"
             ),
+            EngineSlot(
+                1,
+                "triton_gdn_summary",
+                f"{_PKG}.engines.linear_attention.summary_engine",
+                "GdnSummaryEngine",
+            ),
         ),
         analyzer=_LA_ANALYZER,
         heuristics=(f"{_PKG}.engines.linear_attention.heuristics", "recommend"),

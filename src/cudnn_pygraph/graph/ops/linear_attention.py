@@ -292,6 +292,16 @@ def _infer_outputs(node, fam, kind, T, n, HO, K, V, nseq, state, state_dtype, io
     return {"G": Inferred(state, F32), "transition": Inferred((nseq, HO, K, K), F32)}
 
 
+_KIND_DOCS = {
+    "": "",
+    "_bwd": "the gradients of the forward; ",
+    "_summary": "a span's summary for context parallelism: H, the final state from a zero "
+    "seed, and M_buf, the transition stored transposed, fp32: X_next = X @ M_buf + H; ",
+    "_summary_bwd": "a span's backward summary: G, the incoming-state gradient from dO "
+    "alone, and with output_transition M_buf^T, fp32: dX = dX_next @ transition + G; ",
+}
+
+
 def _spec(fam, kind):
     name = fam.name + kind
     params = _params(fam, kind)
@@ -304,7 +314,7 @@ def _spec(fam, kind):
         shape_rule=_rule(fam, kind),
         python_only_attrs=frozenset(p.name for p in params if p.kind is PortKind.ATTR),
         backend_method=None,
-        doc=f"`{name}` (python-only linear attention; see docs/ops.md and linear-attention.md).",
+        doc=f"`{name}` (python-only linear attention; {_KIND_DOCS[kind]}see linear-attention.md).",
     )
 
 

@@ -1,0 +1,171 @@
+"""The gdn family's summary engine: gdn_summary and gdn_summary_bwd graphs over
+kernels/summary.py (the span summaries of context parallelism, spec linear-attention.md).
+
+The plan is the gdn engine's (GdnPlan: zero-copy views of the caller's buffers, scratch
+from the caller's workspace, on CUDA the first call recorded and later calls replayed as raw
+launches through runtime/launch.py) with the summary launchers in place of gdn_forward /
+gdn_backward, and the same knob: the kernel config the stages they share run under.
+
+check_support takes what the launchers serve: one gdn_summary / gdn_summary_bwd node, head
+dims 64 / 128, one I/O dtype, fp32 summaries of any non-negative strides, a dense dO.
+"""
+
+from __future__ import annotations
+
+from ..._types import data_type
+from ...planning.facts import facts_for, graph_device
+from ..base import require_module
+from .analyzer import analyze
+from .gdn_engine import (
+    _TORCH_DTYPES,
+    HEAD_DIMS,
+    STRIDED_PORTS,
+    VECTOR_PORTS,
+    GdnPlan,
+    GdnTritonEngine,
+    _compile_by_warm_launch,
+    _contiguous,
+    _ports,
+    strided_inputs,
+)
+
+KINDS = ("_summary", "_summary_bwd")
+SUMMARY_PORTS = ("H", "M_buf", "G", "transition")
+FORWARD_PORTS = ("k", "v", "g", "beta", "cu_seqlens", "a_log", "dt_bias", "H", "M_buf")
+BACKWARD_PORTS = (
+    "q", "k", "g", "beta", "cu_seqlens", "dO", "a_log", "dt_bias", "G", "transition",
+)  # fmt: skip
+
+
+class GdnSummaryEngine(GdnTritonEngine):
+    """The gdn engine's capability row, knob and plan; its own ops (KINDS)."""
+
+    name = "triton_gdn_summary"
+
+    def check_support(self, graph):
+        for module in self.requires:
+            require_module(module, self.name)
+        facts = facts_for(graph, analyze)
+        if facts is None or facts.family != "gdn" or facts.kind not in KINDS:
+            raise NotImplementedError(
+                "serves a graph of exactly one gdn_summary or gdn_summary_bwd node"
+            )
+        node = graph.nodes[0]
+        ports = _ports(node)
+        io_ports = [p for p in ("q", "k", "v", "dO") if p in ports]
+        self.capabilities.require(
+            graph_device(graph), dtypes=[(p, ports[p].data_type) for p in io_ports]
+        )
+        if len({ports[p].data_type for p in io_ports}) != 1:
+            raise NotImplementedError(f"{', '.join(io_ports)} must share one dtype")
+        for dim, name in ((facts.head_dim_k, "K"), (facts.head_dim_v, "V")):
+            if dim not in HEAD_DIMS:
+                raise NotImplementedError(f"head dim {name}={dim} is not served ({HEAD_DIMS})")
+        t = ports.get("dO")
+        if t is not None and not _contiguous(t.dim, t.stride):
+            raise NotImplementedError(
+                f"dO: stride {list(t.stride)} is not dense row-major (THD tokens packed)"
+            )
+        for port in STRIDED_PORTS + SUMMARY_PORTS:
+            t = ports.get(port)
+            if t is not None and any(s < 0 for s in t.stride):
+                raise NotImplementedError(f"{port}: negative stride {list(t.stride)}")
+        for port in VECTOR_PORTS:
+            t = ports.get(port)
+            if t is not None and t.dim[0] > 1 and t.stride[0] != 1:
+                raise NotImplementedError(f"{port}: stride {t.stride[0]} is not 1")
+        for port in SUMMARY_PORTS:
+            t = ports.get(port)
+            if t is not None and t.data_type != data_type.FLOAT:
+                raise NotImplementedError(
+                    f"{port}: dtype {data_type(t.data_type).name}; summaries are fp32"
+                )
+        compute = node.attrs.get("compute_data_type", data_type.NOT_SET)
+        if compute not in (data_type.NOT_SET, data_type.FLOAT):
+            raise NotImplementedError(
+                f"compute_data_type={data_type(compute).name}: the kernels accumulate in fp32"
+            )
+
+    def build_plan(self, graph, plan, ctx):
+        import torch
+
+        from ...runtime.execute import GraphLayout
+        from .kernels.summary import summary_workspace_bytes
+
+        facts = facts_for(graph, analyze)
+        node = graph.nodes[0]
+        device = ctx.device if ctx.device is not None else graph_device(graph)
+        backward = facts.kind == "_summary_bwd"
+        ports = _ports(node)
+        names = tuple(n for n in (BACKWARD_PORTS if backward else FORWARD_PORTS) if n in ports)
+        position = GraphLayout(graph).position
+        a = node.attrs
+        flags = {
+            "use_qk_l2norm": bool(a.get("use_qk_l2norm")),
+            "use_beta_sigmoid": bool(a.get("use_beta_sigmoid")),
+            "allow_neg_eigval": bool(a.get("allow_neg_eigval")),
+            "safe_gate": bool(a.get("safe_gate")),
+            "gate_domain": a.get("gate_domain", "log"),
+            "batch_invariant": bool(a.get("batch_invariant")),
+            "config": plan.knobs.name,
+        }
+        if backward:
+            scale = a.get("scale")
+            flags["scale"] = facts.head_dim_k**-0.5 if scale is None else float(scale)
+        io_dtype = getattr(torch, _TORCH_DTYPES[data_type(facts.io_dtype)])
+        nbytes = summary_workspace_bytes(
+            facts.total_tokens,
+            facts.num_seqs,
+            facts.heads_q,
+            facts.heads_k,
+            facts.heads_v,
+            facts.head_dim_k,
+            facts.head_dim_v,
+            io_dtype,
+            backward=backward,
+            strided=tuple((n, getattr(torch, dt)) for n, dt in strided_inputs(ports)),
+        )
+        built = SummaryPlan(
+            backward, names, [position[ports[n].uid] for n in names], flags, nbytes, device
+        )
+        if built.on_cuda:
+            dev = torch.device("cuda", device.ordinal)
+            _compile_by_warm_launch(built, {n: ports[n] for n in names}, dev)
+        return built
+
+
+class SummaryPlan(GdnPlan):
+    """GdnPlan's execute, torch entry and launch replay, launching the summary launchers."""
+
+    def __init__(self, backward, names, positions, flags, workspace_size, device):
+        super().__init__(backward, names, positions, flags, workspace_size, device)
+        from .kernels.summary import gdn_summary, gdn_summary_bwd
+
+        self._run = gdn_summary_bwd if backward else gdn_summary
+
+    def _launch(self, t, workspace):
+        get = t.get
+        common = dict(a_log=get("a_log"), dt_bias=get("dt_bias"), workspace=workspace, **self.flags)
+        if self.backward:
+            self._run(
+                t["q"],
+                t["k"],
+                t["g"],
+                t["beta"],
+                t["cu_seqlens"],
+                t["dO"],
+                g_out=t["G"],
+                transition=get("transition"),
+                **common,
+            )
+        else:
+            self._run(
+                t["k"],
+                t["v"],
+                t["g"],
+                t["beta"],
+                t["cu_seqlens"],
+                h_out=t["H"],
+                m_out=t["M_buf"],
+                **common,
+            )

@@ -1,0 +1,262 @@
+"""Context parallelism for Gated DeltaNet over torch.distributed: one long sequence split
+across the ranks of a process group, each rank holding one contiguous span of it.
+
+Forward (spec linear-attention.md, "Summary ops"; pygraph-design.txt, "Context parallelism
+across devices"): every rank summarizes its span (gdn_summary: H_r, M_buf_r), the ranks
+all-gather the summaries (one collective), every rank composes X_{j+1} = X_j @ M_buf_j + H_j
+from the initial state up to its own seed X_r (and on to the final state X_P) in fp32, then
+runs its span's gdn forward seeded with X_r. Backward, in reverse: every rank forms G_r of
+its span (gdn_summary_bwd), the ranks all-gather G and their final-state gradients (one
+collective), every rank composes dX_j = dX_{j+1} @ M_buf_j^T + G_j down from dX_P to its
+outgoing gradient dX_{r+1}, then runs its span's gdn backward from (X_r, dX_{r+1}). The
+transitions are the forward's M_buf, kept from the forward's all-gather.
+
+A span is summarized in pieces: one summary call over the span cut into pieces of whole
+chunks (each piece a sequence of the call's cu_seqlens), then the pieces folded pairwise
+in fp32 (log2(pieces) batched products). A summary walks its chunks one after another,
+as the main run does: one long span per rank would leave it a latency-bound walk of
+HO x (V / BV + K / BC) programs, as long as the main run's own walk. In pieces every SM
+walks (PIECE_PROGRAMS_PER_SM). The cut points follow from the shapes (the spans are dense
+[B, T_r]), so they are made on the host once per shape, no device value read.
+
+Rank r's gradients are those of the loss summed over the group with respect to its own
+span's q / k / v / g / beta. A tensor every rank holds whole follows the data-parallel
+convention (summed over the group it is the gradient of the summed loss): each rank's
+final_state output is the same X_P and its incoming gradients are summed over the group;
+initial_state's gradient is whole on rank 0 and zero elsewhere; A_log's and dt_bias's are
+each rank's share from its own span.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .ops import _check_head_dims, _check_state, _gdn_bwd_impl, _gdn_fwd_impl, _state_view
+from .summary import gdn_summary, gdn_summary_bwd
+
+
+def _all_gather(t, group):
+    """[P, *t.shape]: every rank's t, in rank order."""
+    out = t.new_empty(dist.get_world_size(group), *t.shape)
+    dist.all_gather(list(out.unbind(0)), t.contiguous(), group=group)
+    return out
+
+
+def _summary_keys(k, n_q, n_out):
+    """k as the summaries take it: they read no q (forward) or no v (backward), so their
+    keys must serve whole q heads or whole output heads. Keys shared by grouped value heads
+    (HK = HV < H) are repeated to the output heads; any other k is passed as is."""
+    n_k = k.shape[1]
+    return k if n_k in (n_q, n_out) else k.repeat_interleave(n_out // n_k, dim=1)
+
+
+CHUNK = 64  # the kernels' chunk: pieces are cut on chunk boundaries
+# Pieces per sequence aim at this many walk programs per SM (each piece walks its chunks in
+# HO x (V / BV + K / BC) programs): the summaries then fill the GPU however few the
+# sequences. The fold over pieces is log2(pieces) batched products, cheap either way.
+PIECE_PROGRAMS_PER_SM = 8
+_CU_CACHE: dict = {}
+
+
+def _piece_tokens(n_seqs, span, n_out, device):
+    from ..engines.linear_attention.kernels.gdn import _sm_count  # the launchers' count
+
+    chunks = max(1, -(-span // CHUNK))
+    want = -(-PIECE_PROGRAMS_PER_SM * _sm_count(device) // (n_seqs * n_out))
+    return CHUNK * -(-chunks // max(1, min(chunks, want)))
+
+
+def _cu(n_seqs, span, piece, device):
+    """cu_seqlens of n_seqs sequences of `span` tokens each cut into pieces of `piece`
+    tokens (the last one shorter): from shapes alone, made once per shape and device."""
+    key = (n_seqs, span, piece, device)
+    cu = _CU_CACHE.get(key)
+    if cu is None:
+        cuts = list(range(0, span, piece)) or [0]
+        bounds = [b * span + c for b in range(n_seqs) for c in cuts] + [n_seqs * span]
+        cu = _CU_CACHE[key] = torch.tensor(bounds, dtype=torch.int32, device=device)
+    return cu
+
+
+def _halves(x, fill):
+    """(even, odd) pieces along dim 1, an odd count padded with `fill` (a neutral piece)."""
+    if x.shape[1] % 2:
+        x = torch.cat([x, fill.expand(x.shape[0], 1, *x.shape[2:])], dim=1)
+    return x[:, 0::2], x[:, 1::2]
+
+
+def _fold_forward(H, M):
+    """The span's (H, M_buf) [N, HO, ., K] from its n consecutive pieces' [N, n, HO, ., K]:
+    pairs composed as X -> (X @ M_e + H_e) @ M_o + H_o, log2(n) rounds."""
+    eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
+    while H.shape[1] > 1:
+        (h_e, h_o), (m_e, m_o) = _halves(H, H.new_zeros(())), _halves(M, eye)
+        H, M = (
+            torch.baddbmm(h_o.flatten(0, 2), h_e.flatten(0, 2), m_o.flatten(0, 2)).view(h_o.shape),
+            torch.matmul(m_e, m_o),
+        )
+    return H[:, 0], M[:, 0]
+
+
+def _fold_backward(G, M):
+    """The span's G from its pieces' G and forward M_buf [N, n, HO, ., K]: pairs composed
+    in reverse, dX -> (dX @ M_o^T + G_o) @ M_e^T + G_e, log2(n) rounds."""
+    eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
+    while G.shape[1] > 1:
+        (g_e, g_o), (m_e, m_o) = _halves(G, G.new_zeros(())), _halves(M, eye)
+        G = torch.baddbmm(
+            g_e.flatten(0, 2), g_o.flatten(0, 2), m_e.flatten(0, 2).transpose(-1, -2)
+        ).view(g_e.shape)
+        M = torch.matmul(m_e, m_o)
+    return G[:, 0]
+
+
+class _GdnContextParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, h0, a_log, dt_bias, cfg):
+        group, flags, scale = cfg["group"], cfg["flags"], cfg["scale"]
+        rank = dist.get_rank(group)
+        n_seqs, span, piece = cfg["batch"]
+        cu = _cu(n_seqs, span, span or 1, q.device)
+        cu_pieces = _cu(n_seqs, span, piece, q.device)
+        # the span summarized piece by piece (every piece's walk at once), then folded
+        k_s = _summary_keys(k, q.shape[1], g.shape[1])
+        H, M = gdn_summary(k_s, v, g, beta, cu_pieces, a_log=a_log, dt_bias=dt_bias, **flags)
+        pieces_m = M.view(n_seqs, -1, *M.shape[1:])
+        H, M = _fold_forward(H.view(n_seqs, -1, *H.shape[1:]), pieces_m)
+        dim_v = H.shape[2]
+        both = _all_gather(torch.cat([H, M], dim=2), group)  # [P, N, HO, V + K, K]
+        x = torch.zeros_like(H) if h0 is None else h0.float()
+        for j in range(both.shape[0]):
+            if j == rank:
+                seed = x
+            x = torch.baddbmm(
+                both[j, :, :, :dim_v].flatten(0, 1),
+                x.flatten(0, 1),
+                both[j, :, :, dim_v:].flatten(0, 1),
+            ).view_as(x)
+        fwd_flags = (scale, False, *flags.values(), True)
+        o, _ = _gdn_fwd_impl(q, k, v, g, beta, cu, seed, a_log, dt_bias, *fwd_flags)
+        ctx.save_for_backward(q, k, v, g, beta, seed, a_log, dt_bias)
+        ctx.transitions = both[:, :, :, dim_v:]  # M_buf of every rank's span
+        ctx.pieces_m = pieces_m  # M_buf of this span's pieces
+        ctx.cfg, ctx.h0 = cfg, h0 is not None
+        return o, x
+
+    @staticmethod
+    def backward(ctx, d_o, d_final):
+        q, k, v, g, beta, seed, a_log, dt_bias = ctx.saved_tensors
+        group, flags, scale = ctx.cfg["group"], ctx.cfg["flags"], ctx.cfg["scale"]
+        n_seqs, span, piece = ctx.cfg["batch"]
+        rank = dist.get_rank(group)
+        d_o = d_o.contiguous()
+        G, _ = gdn_summary_bwd(
+            q,
+            _summary_keys(k, q.shape[1], g.shape[1]),
+            g,
+            beta,
+            _cu(n_seqs, span, piece, q.device),
+            d_o,
+            scale=scale,
+            a_log=a_log,
+            dt_bias=dt_bias,
+            **flags,
+        )
+        G = _fold_backward(G.view(n_seqs, -1, *G.shape[1:]), ctx.pieces_m)
+        d_final = torch.zeros_like(G) if d_final is None else d_final.float()
+        both = _all_gather(torch.stack([G, d_final]), group)  # [P, 2, N, HO, V, K]
+        dx = both[:, 1].sum(0)  # dX_P: the final state's gradient, summed over the group
+        for j in range(both.shape[0] - 1, rank, -1):
+            m_t = ctx.transitions[j].flatten(0, 1).transpose(-1, -2)
+            dx = torch.baddbmm(both[j, 0].flatten(0, 1), dx.flatten(0, 1), m_t).view_as(dx)
+        cu = _cu(n_seqs, span, span or 1, q.device)
+        dq, dk, dv, dg, dbeta, dh0, da, ddt = _gdn_bwd_impl(
+            q, k, v, g, beta, cu, d_o, seed, dx, a_log, dt_bias, scale, *flags.values(), True
+        )
+        if ctx.h0:
+            dh0 = dh0 if rank == 0 else torch.zeros_like(dh0)
+        else:
+            dh0 = None
+        none_if_absent = lambda t, ref: t if ref is not None and t.numel() else None
+        return (
+            dq, dk, dv, dg, dbeta, dh0, none_if_absent(da, a_log), none_if_absent(ddt, dt_bias),
+            None,
+        )  # fmt: skip
+
+
+def gated_delta_net_cp(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    *,
+    group: dist.ProcessGroup | None = None,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    gate_domain: str = "log",
+    batch_invariant: bool = False,
+    piece_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """gated_delta_net (ops.py: same arguments, same meaning) over sequences split across
+    the ranks of `group` (None: the default group). q / k [B, T_r, H, K], v [B, T_r, HV, V],
+    g / beta [B, T_r, HO]: this rank's span of each of the B sequences, the spans in rank
+    order (rank 0 holds their first tokens); T_r may differ between ranks. initial_state,
+    A_log and dt_bias are the same on every rank. Every rank makes the same collectives
+    (two all-gathers per forward and backward, of [B, HO, V + K, K] and [2, B, HO, V, K]
+    fp32), so every rank must call it. Gradients: see the module docstring.
+    piece_tokens: the length of the pieces a span is summarized in (a multiple of 64;
+    None: enough pieces per sequence to give every SM PIECE_PROGRAMS_PER_SM programs).
+
+    Returns (o [B, T_r, HO, V], this rank's span of the output; final_state [B, HO, K, V]
+    (or [B, HO, V, K] with state_v_first), fp32, the same on every rank, or None)."""
+    if piece_tokens is not None and (piece_tokens <= 0 or piece_tokens % CHUNK):
+        raise ValueError(f"piece_tokens: {piece_tokens} is not a positive multiple of {CHUNK}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("gated_delta_net_cp: torch.distributed is not initialized")
+    if q.dim() != 4:
+        raise ValueError(f"q: expected [B, T, H, K], got shape {tuple(q.shape)}")
+    _check_head_dims(q, v)
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval requires use_beta_sigmoid_in_kernel=True")
+    if (A_log is not None or dt_bias is not None) and not use_gate_in_kernel:
+        raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
+    B, T = q.shape[:2]
+    heads = max(q.shape[2], v.shape[2])
+    _check_state("initial_state", initial_state, B, heads, q.shape[-1], v.shape[-1], state_v_first)
+    flat = lambda t: t.reshape(B * T, *t.shape[2:])
+    f32 = lambda t: None if t is None else t.float()
+    flags = {
+        "use_qk_l2norm": bool(use_qk_l2norm_in_kernel),
+        "use_beta_sigmoid": bool(use_beta_sigmoid_in_kernel),
+        "allow_neg_eigval": bool(allow_neg_eigval),
+        "safe_gate": bool(use_gate_in_kernel),
+        "gate_domain": str(gate_domain),
+        "batch_invariant": bool(batch_invariant),
+    }
+    cfg = {
+        "group": group,
+        "flags": flags,
+        "scale": float(q.shape[-1] ** -0.5 if scale is None else scale),
+        "batch": (B, T, piece_tokens or _piece_tokens(B, T, heads, q.device)),
+    }
+    h0 = _state_view(initial_state, state_v_first)
+    o, final = _GdnContextParallel.apply(
+        flat(q), flat(k), flat(v), flat(g), flat(beta), h0, f32(A_log), f32(dt_bias), cfg
+    )
+    o = o.reshape(B, T, *o.shape[1:])
+    if not output_final_state:
+        return o, None
+    return o, (final if state_v_first else final.transpose(-1, -2))
+
+
+__all__ = ["gated_delta_net_cp"]

@@ -1,0 +1,123 @@
+"""The gdn span summaries for torch callers, over cached gdn_summary / gdn_summary_bwd
+graphs (the same cache and launch path as ops.py's gated_delta_net).
+
+THD tensors as the graph ops take them (q / k [T, H, K], v [T, HV, V], g / beta [T, HO],
+dO [T, HO, V], cu_seqlens [N + 1]); the summaries are fp32 and V-major (spec
+linear-attention.md, "Summary ops"):
+- gdn_summary -> (H [N, HO, V, K], M_buf [N, HO, K, K]): X_out = X_in @ M_buf + H.
+- gdn_summary_bwd -> (G [N, HO, V, K], transition [N, HO, K, K] or None):
+  dX_in = dX_out @ transition + G, transition = M_buf^T.
+No autograd: these are the pieces context parallelism (cp.py) composes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..graph.pygraph import pygraph
+from ..graph.tensor import to_data_type
+from .ops import _Built, _cached, _declare, _plan
+
+
+def _build(op, io_dtype, tensors, attrs, out_names):
+    gr = pygraph(name=op, io_data_type=to_data_type(io_dtype))
+    ins = {n: _declare(gr, t, n) for n, t in tensors.items()}
+    outs = getattr(gr, op)(**ins, **attrs)
+    ports = dict(ins)
+    for name, t in zip(out_names, outs):
+        if t is not None:
+            ports[name] = t.set_output(True)
+    _plan(gr)
+    return _Built(gr, ports)
+
+
+def _run(op, tensors, attrs, outputs):
+    """outputs: {port: fp32 buffer, made here from the inputs' shapes}."""
+    built = _cached(
+        op,
+        tuple(tensors.values()),
+        attrs,
+        lambda: _build(op, tensors["k"].dtype, tensors, attrs, tuple(outputs)),
+    )
+    built.run({**tensors, **outputs})
+
+
+def _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+           batch_invariant):  # fmt: skip
+    return {
+        "use_qk_l2norm": bool(use_qk_l2norm),
+        "use_beta_sigmoid": bool(use_beta_sigmoid),
+        "allow_neg_eigval": bool(allow_neg_eigval),
+        "safe_gate": bool(safe_gate),
+        "gate_domain": str(gate_domain),
+        "batch_invariant": bool(batch_invariant),
+    }
+
+
+def gdn_summary(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    a_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    use_qk_l2norm: bool = False,
+    use_beta_sigmoid: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    gate_domain: str = "log",
+    batch_invariant: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(H, M_buf) of each sequence of the batch: its final state from a zero seed and its
+    state transition (M^T), fp32."""
+    n, ho, dim_k, dim_v = cu_seqlens.shape[0] - 1, v.shape[1], k.shape[2], v.shape[2]
+    ho = max(ho, k.shape[1])
+    out = {
+        "H": torch.empty(n, ho, dim_v, dim_k, dtype=torch.float32, device=k.device),
+        "M_buf": torch.empty(n, ho, dim_k, dim_k, dtype=torch.float32, device=k.device),
+    }
+    tensors = {"k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu_seqlens}
+    tensors.update({n_: t for n_, t in (("a_log", a_log), ("dt_bias", dt_bias)) if t is not None})
+    attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+                   batch_invariant)  # fmt: skip
+    _run("gdn_summary", tensors, attrs, out)
+    return out["H"], out["M_buf"]
+
+
+def gdn_summary_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    do: torch.Tensor,
+    *,
+    scale: float,
+    output_transition: bool = False,
+    a_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    use_qk_l2norm: bool = False,
+    use_beta_sigmoid: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    gate_domain: str = "log",
+    batch_invariant: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(G, transition or None) of each sequence: the gradient its outputs send to its
+    incoming state (the outgoing-state gradient taken as zero), and M_buf^T, fp32."""
+    n, ho, dim_k, dim_v = cu_seqlens.shape[0] - 1, do.shape[1], k.shape[2], do.shape[2]
+    out = {"G": torch.empty(n, ho, dim_v, dim_k, dtype=torch.float32, device=k.device)}
+    if output_transition:
+        out["transition"] = torch.empty(n, ho, dim_k, dim_k, dtype=torch.float32, device=k.device)
+    tensors = {"q": q, "k": k, "g": g, "beta": beta, "cu_seqlens": cu_seqlens, "dO": do}
+    tensors.update({n_: t for n_, t in (("a_log", a_log), ("dt_bias", dt_bias)) if t is not None})
+    attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+                   batch_invariant)  # fmt: skip
+    attrs.update(scale=float(scale), output_transition=bool(output_transition))
+    _run("gdn_summary_bwd", tensors, attrs, out)
+    return out["G"], out.get("transition")
+
+
+__all__ = ["gdn_summary", "gdn_summary_bwd"]

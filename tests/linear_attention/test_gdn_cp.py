@@ -1,0 +1,159 @@
+"""Context parallelism (cudnn_pygraph.linear_attention.cp) on the CPU: several processes
+over torch.distributed's gloo backend, each holding one span of the sequences, against the
+single-process gated_delta_net of the whole sequences: outputs, final state and every
+gradient. The Triton interpreter runs the kernels in every process."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from cudnn_pygraph.linear_attention.cp import gated_delta_net_cp
+from cudnn_pygraph.linear_attention.ops import gated_delta_net
+
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="needs the gloo backend"
+)
+TOL = 1e-4  # ||cp - one process|| / ||one process||, fp32
+TOKEN_INPUTS = ("q", "k", "v", "g", "beta")
+CASES = {
+    # two ranks, the safe gate with its parameters (their gradients are per-rank shares)
+    "two-ranks-safe-gate": dict(
+        spans=(40, 30), heads=(2, 2, 2), safe_gate=True, batch=2, piece_tokens=None
+    ),
+    # three ranks of ragged spans, one q / k head serving two output heads, the l2norm
+    # (pieces of 64 tokens: rank 0's span is three pieces, rank 2's two)
+    "three-ranks-grouped": dict(
+        spans=(130, 20, 70), heads=(1, 1, 2), safe_gate=False, batch=1, piece_tokens=64
+    ),
+}
+
+
+def _inputs(spans, heads, safe_gate, batch, dim=64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    n_q, n_k, n_v = heads
+    n_out = max(n_q, n_v)
+    T = sum(spans)
+    x = {
+        "q": torch.randn(batch, T, n_q, dim, generator=gen),
+        "k": torch.randn(batch, T, n_k, dim, generator=gen),
+        "v": torch.randn(batch, T, n_v, dim, generator=gen),
+        "g": -0.3 * torch.rand(batch, T, n_out, generator=gen),
+        "beta": torch.rand(batch, T, n_out, generator=gen),
+        "initial_state": 0.3 * torch.randn(batch, n_out, dim, dim, generator=gen),
+    }
+    if safe_gate:
+        x["g"] = torch.randn(batch, T, n_out, generator=gen)
+        x["A_log"] = 0.2 * torch.randn(n_out, generator=gen)
+        x["dt_bias"] = 0.2 * torch.randn(n_out, generator=gen)
+    d = {
+        "o": torch.randn(batch, T, n_out, dim, generator=gen),
+        # one final-state gradient per rank: their sum is the summed loss's
+        "final": torch.randn(len(spans), batch, n_out, dim, dim, generator=gen),
+    }
+    return x, d
+
+
+def _flags(safe_gate):
+    if safe_gate:
+        return dict(use_gate_in_kernel=True)
+    return dict(use_qk_l2norm_in_kernel=True)
+
+
+def _one_process(x, d, safe_gate):
+    leaves = {n: t.clone().requires_grad_() for n, t in x.items()}
+    state = leaves.pop("initial_state")
+    o, final = gated_delta_net(
+        *(leaves[n] for n in TOKEN_INPUTS),
+        scale=0.125,
+        initial_state=state,
+        output_final_state=True,
+        **{n: leaves[n] for n in ("A_log", "dt_bias") if n in leaves},
+        **_flags(safe_gate),
+    )
+    ((o * d["o"]).sum() + (final * d["final"].sum(0)).sum()).backward()
+    grads = {n: t.grad for n, t in leaves.items()}
+    grads["initial_state"] = state.grad
+    return o.detach(), final.detach(), grads
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _rank(rank, world, port, spans, x, d, safe_gate, piece_tokens, expected):
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        lo = sum(spans[:rank])
+        hi = lo + spans[rank]
+        local = {n: x[n][:, lo:hi].clone().requires_grad_() for n in TOKEN_INPUTS}
+        whole = {n: x[n].clone().requires_grad_() for n in ("initial_state", "A_log", "dt_bias")
+                 if n in x}  # fmt: skip
+        o, final = gated_delta_net_cp(
+            *(local[n] for n in TOKEN_INPUTS),
+            scale=0.125,
+            initial_state=whole["initial_state"],
+            output_final_state=True,
+            **{n: whole[n] for n in ("A_log", "dt_bias") if n in whole},
+            **_flags(safe_gate),
+            piece_tokens=piece_tokens,
+        )
+        ((o * d["o"][:, lo:hi]).sum() + (final * d["final"][rank]).sum()).backward()
+
+        ref_o, ref_final, ref_grads = expected
+        assert _rel(o.detach(), ref_o[:, lo:hi]) <= TOL
+        assert _rel(final.detach(), ref_final) <= TOL  # the same final state on every rank
+        for n in TOKEN_INPUTS:
+            assert _rel(local[n].grad, ref_grads[n][:, lo:hi]) <= TOL, (rank, n)
+        if rank == 0:
+            assert _rel(whole["initial_state"].grad, ref_grads["initial_state"]) <= TOL
+        else:
+            assert not whole["initial_state"].grad.any()
+        for n in ("A_log", "dt_bias"):
+            if n in whole:  # shares: summed over the group they are the gradient
+                share = whole[n].grad.clone()
+                dist.all_reduce(share)
+                assert _rel(share, ref_grads[n]) <= TOL, (rank, n)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_context_parallel_ranks_match_one_process(case):
+    spans, heads, safe_gate, batch, pieces = (
+        CASES[case][n] for n in ("spans", "heads", "safe_gate", "batch", "piece_tokens")
+    )
+    x, d = _inputs(spans, heads, safe_gate, batch)
+    expected = _one_process(x, d, safe_gate)
+    world = len(spans)
+    mp.spawn(
+        _rank, args=(world, _free_port(), spans, x, d, safe_gate, pieces, expected), nprocs=world
+    )
+
+
+def test_piece_tokens_must_be_whole_chunks():
+    x, _ = _inputs((64,), (1, 1, 1), False, batch=1)
+    with pytest.raises(ValueError, match="piece_tokens: 100"):
+        gated_delta_net_cp(*(x[n] for n in TOKEN_INPUTS), piece_tokens=100)
+
+
+def test_refuses_without_an_initialized_process_group():
+    x, _ = _inputs((64,), (1, 1, 1), False, batch=1)
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
+        gated_delta_net_cp(*(x[n] for n in TOKEN_INPUTS))
