@@ -251,7 +251,8 @@ def _state_dims(K, V, v_first):
 def _fwd(family, q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, state_v_first):
     """The forward of either family on the caller's buffers; attrs: the node's attributes
     (output_final_state among them)."""
-    T, HV, V = v.shape
+    _, HV, V = v.shape
+    T = q.shape[0]  # real tokens (gdp's k / v carry num_householder rows per token)
     HO, K = max(q.shape[1], HV), k.shape[2]
     N = cu_seqlens.shape[0] - 1
     output_final_state = attrs["output_final_state"]
