@@ -322,3 +322,61 @@ def test_engine_declines_a_head_dim_it_does_not_serve():
     o.set_output(True)
     with pytest.raises(cudnnGraphNotSupportedError, match="triton_gdp .* declines: head dim K=96"):
         gr.create_execution_plans([cudnn.heur_mode.A])
+
+
+def test_plans_list_the_kernel_configs_and_each_config_gives_the_same_answer():
+    from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES
+
+    x = inputs(seqlens=(40, 3), n=2)
+    o, final, _, gr = forward(x, num_householder=2)
+    listed = [gr.get_engine_and_knobs_at_index(i) for i in range(gr.get_execution_plan_count())]
+    assert sorted(k[cudnn.knob_type.KERNEL_CFG] for _, k in listed) == list(
+        range(len(CONFIG_NAMES))
+    )
+    assert all("triton_gdp" in gr.get_plan_name_at_index(i) for i in range(len(listed)))
+    for _, knobs in listed[1:]:
+        g2 = cudnn.pygraph(name="gdp", io_data_type=dt.FLOAT)
+        t = declare(g2, x)
+        o2, final2, _ = g2.gdp(
+            t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
+            initial_state=t["initial_state"], output_final_state=True, scale=SCALE,
+            num_householder=2,
+        )  # fmt: skip
+        o2.set_output(True)
+        final2.set_output(True)
+        g2.create_execution_plan(listed[0][0], knobs)
+        g2.build_plans()
+        o_buf, final_buf = torch.empty_like(o), torch.empty_like(final)
+        size = g2.get_workspace_size()
+        ws = torch.empty(size, dtype=torch.uint8, device=DEVICE) if size else None
+        g2.execute({**{t[n]: x[n] for n in x}, o2: o_buf, final2: final_buf}, ws)
+        assert rel_err(o_buf, o) <= 1e-5 and rel_err(final_buf, final) <= 1e-5
+
+
+def test_strided_views_of_one_projection_equal_dense_inputs():
+    x = inputs(seqlens=(9, 4), n=3)
+    o, final, _, _ = forward(x, num_householder=3)
+    qg = torch.cat([x["q"].flatten(1), x["g"]], dim=1)  # [T, H K + HO]: one projection
+    kvb = torch.cat([x["k"].flatten(1), x["v"].flatten(1), x["beta"]], dim=1)
+    strided = dict(
+        x,
+        q=qg[:, :64].view(-1, 1, 64),
+        g=qg[:, 64:],
+        k=kvb[:, :64].view(-1, 1, 64),
+        v=kvb[:, 64:128].view(-1, 1, 64),
+        beta=kvb[:, 128:],
+    )
+    assert not strided["q"].is_contiguous() and not strided["beta"].is_contiguous()
+    o2, final2, _, _ = forward(strided, num_householder=3)
+    assert rel_err(o2, o) <= 1e-6 and rel_err(final2, final) <= 1e-6
+
+
+def test_the_summary_op_is_declined_by_name():
+    x = inputs(seqlens=(5,), n=2)
+    gr = cudnn.pygraph(name="gdp_summary", io_data_type=dt.FLOAT)
+    t = declare(gr, x)
+    h, m = gr.gdp_summary(t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"], num_householder=2)
+    h.set_output(True)
+    m.set_output(True)
+    with pytest.raises(cudnnGraphNotSupportedError, match="summary ops are not served"):
+        gr.create_execution_plans([cudnn.heur_mode.A])

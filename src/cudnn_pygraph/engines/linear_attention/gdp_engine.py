@@ -104,10 +104,10 @@ class GdpPlan(GdnPlan):
     """The gdn plan on the expanded timeline: expand, launch, fold (module docstring)."""
 
     def __init__(self, inner, n, workspace_size):
-        self.__dict__.update(inner.__dict__)
-        self.op = inner.op
+        self.__dict__.update(inner.__dict__)  # the gdn plan's flags, ports and launcher
         self.n = n
         self.workspace_size = workspace_size
+        self._carved = (None, None)  # (workspace identity, rows) -> views of the copies
 
     def _first_or_launch(self, t, workspace, bufs):
         # The expansion is torch work between the launches: a recorded replay would skip it.
@@ -131,7 +131,11 @@ class GdpPlan(GdnPlan):
         if workspace is not None:
             inner_ws = workspace[mine:]
             workspace = workspace[:mine]
-        x = _carve(rows, workspace, q.device)
+        key = None if workspace is None else (workspace.data_ptr(), workspace.numel(), rows)
+        x = self._carved[1] if key is not None and self._carved[0] == key else None
+        if x is None:
+            x = _carve(rows, workspace, q.device)
+            self._carved = (key, x)
         _spread(x["q"], q, n, n - 1, 0.0)
         _spread(x["g"], g, n, 0, self._gate_fill())
         torch.mul(cu, n, out=x["cu_seqlens"])
@@ -162,5 +166,6 @@ def _rows_of(expanded, n, i):
 def _spread(expanded, src, n, i, fill):
     """expanded [total_T * n, ...]: src at sub-token i of each token, `fill` elsewhere."""
     grid = expanded.view(expanded.shape[0] // n, n, *expanded.shape[1:])
-    grid.fill_(fill)
+    grid[:, :i].fill_(fill)
+    grid[:, i + 1 :].fill_(fill)
     grid[:, i].copy_(src)
