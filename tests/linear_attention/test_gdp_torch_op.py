@@ -8,7 +8,10 @@ import torch
 from reference import gdp_reference
 
 from cudnn_pygraph.linear_attention import ops
-from cudnn_pygraph.linear_attention.gdp import gated_delta_product
+from cudnn_pygraph.linear_attention.gdp import (
+    gated_delta_product,
+    gated_delta_product_overwrite_state,
+)
 
 TOL = {"o": 2e-4, "state": 2e-4, "grad": 5e-4}
 K = 64
@@ -134,6 +137,34 @@ def test_opcheck_forward_and_backward():
         torch.ops.cudnn_pygraph.gdp_bwd.default,
         (*flat, cu, do, h0, torch.ones_like(h0), None, None, *bwd_flags),
     )
+    pool = torch.zeros(3, 1, K, K)
+    idx = torch.tensor([1, 0], dtype=torch.int32)
+    torch.library.opcheck(
+        torch.ops.cudnn_pygraph.gdp_fwd_overwrite_state.default,
+        (*flat, cu, pool, idx, None, None, K**-0.5, True, False, False, False, "log", False, 2),
+    )
+
+
+def test_pool_state_is_updated_in_place_at_the_indexed_rows():
+    q, k, v, g, beta, h0 = inputs(n=3)
+    cu = torch.tensor([0, 7, 20], dtype=torch.int32)
+    pool = 0.1 * torch.randn(4, 1, K, K, generator=torch.Generator().manual_seed(2))
+    before = pool.clone()
+    idx = torch.tensor([2, -1], dtype=torch.int32)  # -1: a padding slot, from a zero state
+    o = gated_delta_product_overwrite_state(q, k, v, g, beta, 3, pool, cu, idx)
+    seeds = torch.stack([before[2], torch.zeros(1, K, K)])
+    ref_o, ref_ht = reference(q, k, v, g, beta, cu, seeds, 3)
+    assert rel(o, ref_o) < TOL["o"]
+    assert rel(pool[2], ref_ht[0]) < TOL["state"]
+    for row in (0, 1, 3):
+        assert torch.equal(pool[row], before[row]), row
+    # without indices: one state per sequence, updated in place as the two-buffer call
+    state = h0.clone()
+    o2 = gated_delta_product_overwrite_state(q, k, v, g, beta, 3, state, cu)
+    o3, ht3 = gated_delta_product(
+        q, k, v, g, beta, 3, initial_state=h0, output_final_state=True, cu_seqlens=cu
+    )
+    assert torch.equal(o2, o3) and torch.equal(state, ht3)
 
 
 BAD_CALLS = {

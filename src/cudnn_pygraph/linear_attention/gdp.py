@@ -25,6 +25,7 @@ from .ops import (
     _eager,
     _fwd,
     _fwd_fake,
+    _fwd_overwrite,
 )
 
 _GDP_FWD_FLAGS = (*_FWD_FLAGS, "num_householder")
@@ -128,6 +129,121 @@ _setup_context, _backward = _autograd(_GDP_FWD_FLAGS, _gdp_bwd_impl, _gdp_bwd)
 _gdp_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _check_rows(q, k, v, g, beta, n):
+    """k / v / beta at B x T * n rows, g at B x T (q's [B, T])."""
+    B, T = q.shape[:2]
+    for name, t in (("k", k), ("v", v), ("beta", beta)):
+        if t.shape[:2] != (B, T * n):
+            raise ValueError(
+                f"{name}: expected [B, T * num_householder, ...] = [{B}, {T * n}, ...] "
+                f"(q is [{B}, {T}, ...], num_householder={n}), got {list(t.shape)}"
+            )
+    if g.shape[:2] != (B, T):
+        raise ValueError(f"g: expected [B, T, HO] = [{B}, {T}, ...], got {list(g.shape)}")
+
+
+def _gdp_fwd_overwrite_state_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state: torch.Tensor,
+    state_indices: torch.Tensor | None,
+    a_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    use_qk_l2norm: bool,
+    use_beta_sigmoid: bool,
+    allow_neg_eigval: bool,
+    safe_gate: bool,
+    gate_domain: str,
+    batch_invariant: bool,
+    num_householder: int,
+) -> torch.Tensor:
+    attrs = _gdp_attrs(
+        scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+        batch_invariant, num_householder,
+    )  # fmt: skip
+    return _fwd_overwrite(
+        "gdp", q, k, v, g, beta, cu_seqlens, state, state_indices, a_log, dt_bias, attrs
+    )
+
+
+_gdp_fwd_overwrite_state = torch.library.custom_op(
+    "cudnn_pygraph::gdp_fwd_overwrite_state",
+    _gdp_fwd_overwrite_state_impl,
+    mutates_args=("state",),
+)
+
+
+@_gdp_fwd_overwrite_state.register_fake
+def _(q, k, v, g, beta, cu_seqlens, state, state_indices, a_log, dt_bias, scale, use_qk_l2norm,
+      use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, batch_invariant,
+      num_householder):  # fmt: skip
+    return v.new_empty(q.shape[0], max(q.shape[1], v.shape[1]), v.shape[2])
+
+
+def gated_delta_product_overwrite_state(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    num_householder: int,
+    state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state_indices: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    *,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    gate_domain: str = "log",
+    batch_invariant: bool = False,
+) -> torch.Tensor:
+    """Inference: run GDP and update `state` IN PLACE (K-major [N or N_pool, HO, K, V], fp32
+    or bf16), with ops.gated_delta_net_overwrite_state's pool rules (state_indices int32
+    [N]; -1 reads and writes nothing). q [1, T, H, K], g [1, T, HO]; k / v / beta at
+    T * num_householder rows, as in gated_delta_product. No autograd. Returns o
+    [1, T, HO, V]."""
+    n = int(num_householder)
+    if n < 1:
+        raise ValueError(f"num_householder: must be >= 1, got {num_householder}")
+    if q.dim() != 4 or q.shape[0] != 1:
+        raise ValueError(f"q: expected [1, T, H, K] (packed tokens), got shape {tuple(q.shape)}")
+    _check_rows(q, k, v, g, beta, n)
+    _check_head_dims(q, v)
+    if state.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(
+            f"state: dtype {state.dtype} is not fp32 or bf16 (updated in place, so it is not "
+            "converted)"
+        )
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval requires use_beta_sigmoid_in_kernel=True")
+    if (A_log is not None or dt_bias is not None) and not use_gate_in_kernel:
+        raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
+    if state_indices is not None and state_indices.dtype != torch.int32:
+        raise ValueError(f"state_indices: dtype {state_indices.dtype}, expected torch.int32")
+    rows = state.shape[0] if state_indices is not None else cu_seqlens.shape[0] - 1
+    heads = max(q.shape[2], v.shape[2])
+    _check_state("state", state, rows, heads, q.shape[-1], v.shape[-1], False)
+    f32 = lambda t: None if t is None else t.float()
+    A_log, dt_bias = f32(A_log), f32(dt_bias)
+    eager = _eager(q, k, v, g, beta, cu_seqlens, state, state_indices, A_log, dt_bias)
+    o = (_gdp_fwd_overwrite_state_impl if eager else _gdp_fwd_overwrite_state)(
+        q[0], k[0], v[0], g[0], beta[0], cu_seqlens, state, state_indices, A_log, dt_bias,
+        float(q.shape[-1] ** -0.5 if scale is None else scale), bool(use_qk_l2norm_in_kernel),
+        bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(use_gate_in_kernel),
+        str(gate_domain), bool(batch_invariant), n,
+    )  # fmt: skip
+    return o.unsqueeze(0)
+
+
 def gated_delta_product(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -173,14 +289,7 @@ def gated_delta_product(
     if q.dim() != 4:
         raise ValueError(f"q: expected [B, T, H, K], got shape {tuple(q.shape)}")
     B, T = q.shape[:2]
-    for name, t in (("k", k), ("v", v), ("beta", beta)):
-        if t.shape[:2] != (B, T * n):
-            raise ValueError(
-                f"{name}: expected [B, T * num_householder, ...] = [{B}, {T * n}, ...] "
-                f"(q is [{B}, {T}, ...], num_householder={n}), got {list(t.shape)}"
-            )
-    if g.shape[:2] != (B, T):
-        raise ValueError(f"g: expected [B, T, HO] = [{B}, {T}, ...], got {list(g.shape)}")
+    _check_rows(q, k, v, g, beta, n)
     _check_head_dims(q, v)
     if cu_seqlens is None:
         cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
