@@ -34,6 +34,9 @@ RELIABILITY_ONLY=0; [ "${1:-}" = "--reliability" ] && RELIABILITY_ONLY=1
 # `--kda` runs the kda GPU suite and bench/kda.py's row (a) against NVIDIA's kda engine and
 # fla-core (~6 min).
 KDA_ONLY=0; [ "${1:-}" = "--kda" ] && KDA_ONLY=1
+# `--gdp` runs the gdp GPU suite and bench/gdp.py's row (a) at n = 2 and 3 against fla-core
+# (~6 min).
+GDP_ONLY=0; [ "${1:-}" = "--gdp" ] && GDP_ONLY=1
 # `--cp` (on the nvidia-h200-x2 kind) runs the summary / context-parallel GPU suite (its
 # NCCL case needs the two GPUs) and bench/cp.py under torchrun on both (~6 min).
 CP_ONLY=0; [ "${1:-}" = "--cp" ] && CP_ONLY=1
@@ -83,6 +86,12 @@ if [ "$KDA_ONLY" = 1 ]; then
   step gpu_kda 240 python3 -m pytest -q -p no:cacheprovider -rfs tests/gpu/test_kda_gpu.py
   step kda 280 python3 bench/kda.py --only "(a)"
   tail -n 3 "$LOG"/gpu_*.log; cat "$LOG/kda.log"
+  tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
+fi
+if [ "$GDP_ONLY" = 1 ]; then
+  step gpu_gdp 200 python3 -m pytest -q -p no:cacheprovider -rfs tests/gpu/test_gdp_gpu.py
+  step gdp 320 python3 bench/gdp.py --only "(a)"
+  tail -n 3 "$LOG"/gpu_*.log; cat "$LOG/gdp.log"
   tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
 fi
 if [ "$SERVING_ONLY" = 1 ]; then

@@ -116,6 +116,74 @@ def gdn_reference(
     return o, final
 
 
+def gdp_reference(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    *,
+    num_householder,
+    scale,
+    initial_state=None,
+    use_qk_l2norm=False,
+    use_beta_sigmoid=False,
+    allow_neg_eigval=False,
+    safe_gate=False,
+    a_log=None,
+    dt_bias=None,
+    gate_domain="log",
+):
+    """Gated DeltaProduct: q / g [T, ...] at real-token rows, k / v / beta [T * n, ...] at
+    sub-token rows (token t's i-th row is t * n + i), cu_seqlens in real tokens. Per token:
+    S <- alpha_t S once, then n delta-rule steps, then o_t = scale q_t S. Returns
+    (o [T, HO, V], final_state [N, HO, V, K]) in float64, differentiable."""
+    n = num_householder
+    q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
+    a_log = a_log.double() if a_log is not None else None
+    dt_bias = dt_bias.double() if dt_bias is not None else None
+    if use_qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+    total_t, n_q_heads, dim_k = q.shape
+    n_k_heads = k.shape[1]
+    n_v_heads, dim_v = v.shape[1], v.shape[2]
+    n_out_heads = max(n_q_heads, n_v_heads)
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    out_rows = [[None] * n_out_heads for _ in range(total_t)]
+    finals = []
+    for seq in range(len(bounds) - 1):
+        per_head = []
+        for h in range(n_out_heads):
+            hq = h // (n_out_heads // n_q_heads)
+            hk = h // (n_out_heads // n_k_heads)
+            hv = h // (n_out_heads // n_v_heads)
+            gamma = log_decay(
+                g, h, gate_domain=gate_domain, safe_gate=safe_gate, a_log=a_log, dt_bias=dt_bias
+            )
+            b = effective_beta(
+                beta, h, use_beta_sigmoid=use_beta_sigmoid, allow_neg_eigval=allow_neg_eigval
+            )
+            if initial_state is not None:
+                s = initial_state[seq, h].double().transpose(0, 1)  # S = X^T, [K, V]
+            else:
+                s = torch.zeros(dim_k, dim_v, dtype=torch.float64, device=q.device)
+            for t in range(bounds[seq], bounds[seq + 1]):
+                s = torch.exp(gamma[t]) * s
+                for r in range(t * n, t * n + n):
+                    kr = k[r, hk]
+                    s = s - b[r] * torch.outer(kr, kr @ s) + b[r] * torch.outer(kr, v[r, hv])
+                out_rows[t][h] = scale * (q[t, hq] @ s)
+            per_head.append(s.transpose(0, 1))
+        finals.append(torch.stack(per_head))
+    if total_t:
+        o = torch.stack([torch.stack(row) for row in out_rows])
+    else:
+        o = torch.zeros(0, n_out_heads, dim_v, dtype=torch.float64, device=q.device)
+    final = torch.stack(finals) if finals else torch.zeros(0, n_out_heads, dim_v, dim_k)
+    return o, final
+
+
 def gdn_reference_batched(
     q,
     k,

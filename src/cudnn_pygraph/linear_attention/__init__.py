@@ -1,5 +1,6 @@
 """Linear attention for torch users: `cudnn_pygraph.linear_attention.ops` holds the torch
-custom ops (gated_delta_net, ...), thin adapters over cached gdn / gdn_bwd graphs;
+custom ops (gated_delta_net, ...), thin adapters over cached gdn / gdn_bwd graphs, `gdp`
+Gated DeltaProduct (gated_delta_product) over gdp graphs;
 `summary` the span summaries (gdn_summary / gdn_summary_bwd graphs) and `cp` context
 parallelism over torch.distributed built on them. Loaded lazily: importing this package
 does not import torch."""
@@ -8,6 +9,6 @@ import importlib
 
 
 def __getattr__(name):
-    if name in ("ops", "summary", "cp"):
+    if name in ("ops", "gdp", "summary", "cp"):
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

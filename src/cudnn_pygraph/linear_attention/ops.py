@@ -251,7 +251,8 @@ def _state_dims(K, V, v_first):
 def _fwd(family, q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, state_v_first):
     """The forward of either family on the caller's buffers; attrs: the node's attributes
     (output_final_state among them)."""
-    T, HV, V = v.shape
+    _, HV, V = v.shape
+    T = q.shape[0]  # real tokens (gdp's k / v carry num_householder rows per token)
     HO, K = max(q.shape[1], HV), k.shape[2]
     N = cu_seqlens.shape[0] - 1
     output_final_state = attrs["output_final_state"]
@@ -705,7 +706,8 @@ def _fwd_overwrite(family, q, k, v, g, beta, cu_seqlens, state, state_indices, a
                    dt_bias, attrs):  # fmt: skip
     """The in-place forward of either family: `state` (K-major, a pool under state_indices)
     seeds and receives the final states. Returns o."""
-    T, HV, V = v.shape
+    _, HV, V = v.shape
+    T = q.shape[0]  # real tokens (gdp's k / v carry num_householder rows per token)
     o = torch.empty(T, max(q.shape[1], HV), V, dtype=v.dtype, device=v.device)
     attrs.update(output_final_state=True, overwrite_initial_state=True)
     pool = _state_view(state)

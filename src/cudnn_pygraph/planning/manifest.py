@@ -141,7 +141,13 @@ FAMILIES = (
         "gdp",
         index=6,
         anchors=("gdp", "gdp_bwd", "gdp_summary", "gdp_summary_bwd"),
+        slots=(
+            EngineSlot(
+                0, "triton_gdp", f"{_PKG}.engines.linear_attention.gdp_engine", "GdpTritonEngine"
+            ),
+        ),
         analyzer=_LA_ANALYZER,
+        heuristics=(f"{_PKG}.engines.linear_attention.heuristics", "recommend"),
     ),
 )
 

@@ -12,6 +12,7 @@ differ only in which ports they take and write.
 """
 
 import dataclasses
+import math
 
 from ..._types import data_type
 from ..opspec import REQUIRED, Inferred, OpGroup, OpSpec, OutputPort, Param, PortKind
@@ -239,6 +240,12 @@ def _rule(fam, kind):
         every = a.get("checkpoint_every_n_tokens", 0)
         if every and (every < 0 or every % CHUNK):
             node.fail("checkpoint_every_n_tokens", f"{every} is not a positive multiple of {CHUNK}")
+        if every and every % math.lcm(CHUNK, n):
+            node.fail(
+                "checkpoint_every_n_tokens",
+                f"{every} sub-tokens is not a multiple of lcm({CHUNK}, num_householder={n}) = "
+                f"{math.lcm(CHUNK, n)}: a checkpoint would fall inside a real token",
+            )
         if a.get("overwrite_initial_state"):
             if init is None:
                 node.fail("overwrite_initial_state", "requires initial_state")

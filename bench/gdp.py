@@ -1,0 +1,133 @@
+"""Gated DeltaProduct forward / forward+backward at num_householder n = 2 and 3: our torch
+op (cudnn_pygraph.linear_attention.gdp.gated_delta_product: the gdp engine, the gdn kernels
+over total_T * n sub-tokens) vs fla-core's chunk_gated_delta_product, side by side in one
+run (H200; bf16, H=HV=16, K=V=128, l2norm on, a log-space gate; T real tokens per
+sequence, so k / v / beta carry T * n rows).
+
+Checks first (our O, final state and gradients against fla's), then times each call with
+bench/timing.py's device_ms (the project's one harness) and prints a Markdown table row per
+shape as it completes. Both sides are timed through their autograd functions (the torch op
+and fla's), forward under no_grad. The ratio column is fla's time over ours: above 1, ours
+is faster (the issue's goal: >= 1.5x).
+
+  PYTHONPATH=src python bench/gdp.py --only "(a)"     # needs fla-core 0.6.0 importable
+  PYTHONPATH=src python bench/gdp.py --no-fla         # ours only, every shape
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from gdn import quick_fla_autotune, rel, shapes
+from timing import device_ms
+
+from cudnn_pygraph.linear_attention.gdp import gated_delta_product
+
+H = 16
+DIM = 128
+SCALE = DIM**-0.5
+REPS = 20
+WARMUP = 3
+NAMES = ("q", "k", "v", "g", "beta")
+
+
+def make_inputs(seqlens, n, with_state):
+    total = sum(seqlens)
+    dev, bf = "cuda", torch.bfloat16
+    x = {
+        "q": torch.randn(1, total, H, DIM, device=dev, dtype=bf),
+        "k": torch.randn(1, total * n, H, DIM, device=dev, dtype=bf),
+        "v": torch.randn(1, total * n, H, DIM, device=dev, dtype=bf),
+        "g": torch.nn.functional.logsigmoid(torch.randn(1, total, H, device=dev) + 2.0),
+        "beta": torch.rand(1, total * n, H, device=dev).to(bf),
+    }
+    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], device=dev)
+    init = (0.1 * torch.randn(len(seqlens), H, DIM, DIM, device=dev)) if with_state else None
+    return x, cu, init
+
+
+def ours_call(x, cu, init, n, do=None):
+    leaves = {name: t.detach().requires_grad_(do is not None) for name, t in x.items()}
+    o, ht = gated_delta_product(
+        *(leaves[name] for name in NAMES), n, scale=SCALE, initial_state=init,
+        output_final_state=init is not None, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+    if do is not None:
+        o.backward(do)
+        return o, ht, {name: t.grad for name, t in leaves.items()}
+    return o, ht, None
+
+
+def fla_call(x, cu, init, n, do=None):
+    from fla.ops.gated_delta_product import chunk_gated_delta_product
+
+    leaves = {name: t.detach().requires_grad_(do is not None) for name, t in x.items()}
+    o, ht = chunk_gated_delta_product(
+        *(leaves[name] for name in NAMES), n, scale=SCALE, initial_state=init,
+        output_final_state=init is not None, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+    if do is not None:
+        o.backward(do)
+        return o, ht, {name: t.grad for name, t in leaves.items()}
+    return o, ht, None
+
+
+def timed(call, x, cu, init, n, do):
+    with torch.no_grad():
+        fwd = device_ms(lambda: call(x, cu, init, n), reps=REPS, warmup=WARMUP)
+    fb = device_ms(lambda: call(x, cu, init, n, do), reps=REPS, warmup=WARMUP)
+    return fwd, fb
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--no-fla", action="store_true")
+    parser.add_argument("--only", default=None, help="substring of a shape name")
+    parser.add_argument("--n", default="2,3", help="num_householder values")
+    args = parser.parse_args()
+    if not args.no_fla:
+        quick_fla_autotune()
+    print(
+        "| shape (real tokens) | n | init/final state | ours fwd ms | ours fwd+bwd ms | "
+        "fla fwd ms | fla fwd+bwd ms | fla / ours fwd | fla / ours fwd+bwd | check |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    for name, seqlens in shapes().items():
+        if args.only and args.only not in name:
+            continue
+        for n in (int(s) for s in args.n.split(",")):
+            for with_state in (False, True):
+                torch.manual_seed(1)
+                x, cu, init = make_inputs(seqlens, n, with_state)
+                do = torch.randn(1, sum(seqlens), H, DIM, device="cuda", dtype=torch.bfloat16)
+                o, ht, grads = ours_call(x, cu, init, n, do)
+                finite = all(torch.isfinite(t).all().item() for t in grads.values())
+                notes = [] if finite else ["OURS NON-FINITE GRADS"]
+                fwd, fb = timed(ours_call, x, cu, init, n, do)
+                p_fwd = p_fb = "-"
+                if not args.no_fla:
+                    try:
+                        fo, fht, fgrads = fla_call(x, cu, init, n, do)
+                        note = f"O {rel(o, fo):.1e}"
+                        if init is not None:
+                            note += f", state {rel(ht, fht):.1e}"
+                        worst = max(rel(grads[k], fgrads[k]) for k in NAMES)
+                        notes.append(f"fla: {note}, grads <= {worst:.1e}")
+                        p_fwd, p_fb = (f"{t:.3f}" for t in timed(fla_call, x, cu, init, n, do))
+                    except Exception as err:  # noqa: BLE001 (a peer that cannot run: say so)
+                        print(f"fla failed: {type(err).__name__}: {str(err)[:160]}",
+                              file=sys.stderr)  # fmt: skip
+                        notes.append("fla: failed")
+                ratio = lambda s, ours: f"{float(s) / ours:.2f}x" if s != "-" else "-"
+                print(
+                    f"| {name} | {n} | {'yes' if with_state else 'no'} | {fwd:.3f} | {fb:.3f} | "
+                    f"{p_fwd} | {p_fb} | {ratio(p_fwd, fwd)} | {ratio(p_fb, fb)} | "
+                    f"{'; '.join(notes)} |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,320 @@
+"""torch custom op for Gated DeltaProduct over cached gdp / gdp_bwd graphs.
+
+`gated_delta_product` takes flash-linear-attention's `chunk_gated_delta_product` arguments
+in fla's positional order and under fla's keyword names: q [B, T, H, K] and g [B, T, HO] at
+real-token rows, k [B, T * n, HK, K], v [B, T * n, HV, V] and beta [B, T * n, HO] at
+sub-token rows (token t's i-th Householder row is t * n + i), n = num_householder;
+cu_seqlens counts real tokens. The graph builders, the declaration-keyed cache, the
+backward and the autograd wiring are the gdn op's (ops.py), by family; only the shapes
+differ.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .ops import (
+    _FWD_FLAGS,
+    _HEAD_FIRST_REMOVED,
+    _attrs,
+    _autograd,
+    _bwd,
+    _bwd_fake,
+    _check_head_dims,
+    _check_state,
+    _eager,
+    _fwd,
+    _fwd_fake,
+    _fwd_overwrite,
+)
+
+_GDP_FWD_FLAGS = (*_FWD_FLAGS, "num_householder")
+
+
+def _gdp_attrs(scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+               batch_invariant, num_householder):  # fmt: skip
+    attrs = _attrs(
+        scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+        batch_invariant,
+    )  # fmt: skip
+    attrs["num_householder"] = num_householder
+    return attrs
+
+
+def _gdp_fwd_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    a_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    output_final_state: bool,
+    use_qk_l2norm: bool,
+    use_beta_sigmoid: bool,
+    allow_neg_eigval: bool,
+    safe_gate: bool,
+    gate_domain: str,
+    batch_invariant: bool,
+    state_v_first: bool,
+    num_householder: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    attrs = _gdp_attrs(
+        scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+        batch_invariant, num_householder,
+    )  # fmt: skip
+    attrs["output_final_state"] = output_final_state
+    return _fwd(
+        "gdp", q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, state_v_first
+    )
+
+
+_gdp_fwd = torch.library.custom_op("cudnn_pygraph::gdp_fwd", _gdp_fwd_impl, mutates_args=())
+
+
+@_gdp_fwd.register_fake
+def _(q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, scale, output_final_state,
+      use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+      batch_invariant, state_v_first, num_householder):  # fmt: skip
+    o, ht = _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, state_v_first)
+    return o.new_empty(q.shape[0], *o.shape[1:]), ht
+
+
+def _gdp_bwd_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    do: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    d_final_state: torch.Tensor | None,
+    a_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    use_qk_l2norm: bool,
+    use_beta_sigmoid: bool,
+    allow_neg_eigval: bool,
+    safe_gate: bool,
+    gate_domain: str,
+    batch_invariant: bool,
+    state_v_first: bool,
+    num_householder: int,
+) -> list[torch.Tensor]:
+    attrs = _gdp_attrs(
+        scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+        batch_invariant, num_householder,
+    )  # fmt: skip
+    return _bwd(
+        "gdp", q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state, a_log, dt_bias,
+        attrs, state_v_first,
+    )  # fmt: skip
+
+
+_gdp_bwd = torch.library.custom_op("cudnn_pygraph::gdp_bwd", _gdp_bwd_impl, mutates_args=())
+
+
+@_gdp_bwd.register_fake
+def _(q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state, a_log, dt_bias, scale,
+      use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+      batch_invariant, state_v_first, num_householder):  # fmt: skip
+    return _bwd_fake(q, k, v, g, beta, initial_state, a_log, dt_bias, safe_gate)
+
+
+_setup_context, _backward = _autograd(_GDP_FWD_FLAGS, _gdp_bwd_impl, _gdp_bwd)
+_gdp_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _check_rows(q, k, v, g, beta, n):
+    """k / v / beta at B x T * n rows, g at B x T (q's [B, T])."""
+    B, T = q.shape[:2]
+    for name, t in (("k", k), ("v", v), ("beta", beta)):
+        if t.shape[:2] != (B, T * n):
+            raise ValueError(
+                f"{name}: expected [B, T * num_householder, ...] = [{B}, {T * n}, ...] "
+                f"(q is [{B}, {T}, ...], num_householder={n}), got {list(t.shape)}"
+            )
+    if g.shape[:2] != (B, T):
+        raise ValueError(f"g: expected [B, T, HO] = [{B}, {T}, ...], got {list(g.shape)}")
+
+
+def _gdp_fwd_overwrite_state_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state: torch.Tensor,
+    state_indices: torch.Tensor | None,
+    a_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    use_qk_l2norm: bool,
+    use_beta_sigmoid: bool,
+    allow_neg_eigval: bool,
+    safe_gate: bool,
+    gate_domain: str,
+    batch_invariant: bool,
+    num_householder: int,
+) -> torch.Tensor:
+    attrs = _gdp_attrs(
+        scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+        batch_invariant, num_householder,
+    )  # fmt: skip
+    return _fwd_overwrite(
+        "gdp", q, k, v, g, beta, cu_seqlens, state, state_indices, a_log, dt_bias, attrs
+    )
+
+
+_gdp_fwd_overwrite_state = torch.library.custom_op(
+    "cudnn_pygraph::gdp_fwd_overwrite_state",
+    _gdp_fwd_overwrite_state_impl,
+    mutates_args=("state",),
+)
+
+
+@_gdp_fwd_overwrite_state.register_fake
+def _(q, k, v, g, beta, cu_seqlens, state, state_indices, a_log, dt_bias, scale, use_qk_l2norm,
+      use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, batch_invariant,
+      num_householder):  # fmt: skip
+    return v.new_empty(q.shape[0], max(q.shape[1], v.shape[1]), v.shape[2])
+
+
+def gated_delta_product_overwrite_state(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    num_householder: int,
+    state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state_indices: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    *,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    gate_domain: str = "log",
+    batch_invariant: bool = False,
+) -> torch.Tensor:
+    """Inference: run GDP and update `state` IN PLACE (K-major [N or N_pool, HO, K, V], fp32
+    or bf16), with ops.gated_delta_net_overwrite_state's pool rules (state_indices int32
+    [N]; -1 reads and writes nothing). q [1, T, H, K], g [1, T, HO]; k / v / beta at
+    T * num_householder rows, as in gated_delta_product. No autograd. Returns o
+    [1, T, HO, V]."""
+    n = int(num_householder)
+    if n < 1:
+        raise ValueError(f"num_householder: must be >= 1, got {num_householder}")
+    if q.dim() != 4 or q.shape[0] != 1:
+        raise ValueError(f"q: expected [1, T, H, K] (packed tokens), got shape {tuple(q.shape)}")
+    _check_rows(q, k, v, g, beta, n)
+    _check_head_dims(q, v)
+    if state.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(
+            f"state: dtype {state.dtype} is not fp32 or bf16 (updated in place, so it is not "
+            "converted)"
+        )
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval requires use_beta_sigmoid_in_kernel=True")
+    if (A_log is not None or dt_bias is not None) and not use_gate_in_kernel:
+        raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
+    if state_indices is not None and state_indices.dtype != torch.int32:
+        raise ValueError(f"state_indices: dtype {state_indices.dtype}, expected torch.int32")
+    rows = state.shape[0] if state_indices is not None else cu_seqlens.shape[0] - 1
+    heads = max(q.shape[2], v.shape[2])
+    _check_state("state", state, rows, heads, q.shape[-1], v.shape[-1], False)
+    f32 = lambda t: None if t is None else t.float()
+    A_log, dt_bias = f32(A_log), f32(dt_bias)
+    eager = _eager(q, k, v, g, beta, cu_seqlens, state, state_indices, A_log, dt_bias)
+    o = (_gdp_fwd_overwrite_state_impl if eager else _gdp_fwd_overwrite_state)(
+        q[0], k[0], v[0], g[0], beta[0], cu_seqlens, state, state_indices, A_log, dt_bias,
+        float(q.shape[-1] ** -0.5 if scale is None else scale), bool(use_qk_l2norm_in_kernel),
+        bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(use_gate_in_kernel),
+        str(gate_domain), bool(batch_invariant), n,
+    )  # fmt: skip
+    return o.unsqueeze(0)
+
+
+def gated_delta_product(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    num_householder: int,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    *,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    head_first: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    gate_domain: str = "log",
+    batch_invariant: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gated DeltaProduct, called as fla's `chunk_gated_delta_product` (same positional
+    order, same keyword names).
+
+    q [B, T, H, K], g [B, T, HO]; k [B, T * n, HK, K], v [B, T * n, HV, V], beta
+    [B, T * n, HO] with n = num_householder (token t's Householder rows at t * n .. t * n +
+    n - 1); HO = max(H, HV). With cu_seqlens (int32/int64 [N + 1], in real tokens) B must be
+    1. initial_state [N, HO, K, V] (K-major; [N, HO, V, K] with state_v_first). K and V: 64,
+    128 or 256. Per token the state decays once (exp(g), or g itself with
+    gate_domain="linear", or -exp(A_log) * softplus(g + dt_bias) with use_gate_in_kernel)
+    and then takes n delta-rule steps; o reads it after the last. num_householder=1 is
+    gated_delta_net. use_beta_sigmoid_in_kernel / allow_neg_eigval (beta = 2 sigmoid(x)),
+    gate_domain and batch_invariant are this op's own (fla's has none of them).
+
+    Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)."""
+    if head_first:
+        raise ValueError(_HEAD_FIRST_REMOVED)
+    n = int(num_householder)
+    if n < 1:
+        raise ValueError(f"num_householder: must be >= 1, got {num_householder}")
+    if q.dim() != 4:
+        raise ValueError(f"q: expected [B, T, H, K], got shape {tuple(q.shape)}")
+    B, T = q.shape[:2]
+    _check_rows(q, k, v, g, beta, n)
+    _check_head_dims(q, v)
+    if cu_seqlens is None:
+        cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
+    elif B != 1:
+        raise ValueError(f"q: with cu_seqlens the batch must be 1 (packed tokens), got B={B}")
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval requires use_beta_sigmoid_in_kernel=True")
+    if (A_log is not None or dt_bias is not None) and not use_gate_in_kernel:
+        raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
+    heads = max(q.shape[2], v.shape[2])
+    _check_state(
+        "initial_state", initial_state, cu_seqlens.shape[0] - 1, heads, q.shape[-1],
+        v.shape[-1], state_v_first,
+    )  # fmt: skip
+    flat = lambda t: t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
+    if initial_state is not None and initial_state.dtype not in (torch.float32, torch.bfloat16):
+        initial_state = initial_state.float()
+    f32 = lambda t: None if t is None else t.float()
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    A_log, dt_bias = f32(A_log), f32(dt_bias)
+    eager = _eager(q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias)
+    o, ht = (_gdp_fwd_impl if eager else _gdp_fwd)(
+        flat(q), flat(k), flat(v), flat(g), flat(beta), cu_seqlens, initial_state, A_log,
+        dt_bias, scale, bool(output_final_state), bool(use_qk_l2norm_in_kernel),
+        bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(use_gate_in_kernel),
+        str(gate_domain), bool(batch_invariant), bool(state_v_first), n,
+    )  # fmt: skip
+    return o.reshape(B, T, *o.shape[1:]), (ht if output_final_state else None)
