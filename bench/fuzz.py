@@ -53,6 +53,8 @@ def main():
     def one(recipe):
         nonlocal count
         count += 1
+        if count % 1000 == 0:  # a run the backend kills still says how far it got
+            print(f"{count} graphs, {sum(failures.values())} findings", flush=True)
         if args.trace:
             with open(args.trace, "w") as f:
                 f.write(repr(recipe))

@@ -321,3 +321,32 @@ def test_a_node_reading_a_virtual_adalayernorm_dbias_is_refused_without_a_crash(
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith(("validated", "refused: adalayernorm_backward node"))
+
+
+@pytest.mark.parametrize("n_slices", [0, 1])
+def test_a_slice_short_of_the_input_rank_is_refused_before_a_reader_crashes(n_slices):
+    """bench/fuzz.py --seed 2: the backend gives a slice's output one dim per slice (none
+    for an empty list) and one stride per input axis; adalayernorm reading that output
+    crashed the process in validate(). The classic refuses such an output; ours refuses the
+    slice at validate, naming the attribute, in a process that survives."""
+    import subprocess
+    import sys
+
+    program = (
+        "import cudnn_pygraph as c\n"
+        "dt = c.data_type\n"
+        "g = c.pygraph(io_data_type=dt.HALF, intermediate_data_type=dt.FLOAT,"
+        " compute_data_type=dt.FLOAT)\n"
+        "x = g.tensor([4, 6], name='x', data_type=dt.FLOAT)\n"
+        f"s = g.slice(input=x, slices=[slice(0, 2)] * {n_slices})\n"
+        "g.adalayernorm(input=s, scale=s, epsilon=x,"
+        " norm_forward_phase=c.norm_forward_phase.TRAINING)\n"
+        "try:\n"
+        "    g.validate()\n"
+        "    print('validated')\n"
+        "except c.cudnnGraphNotSupportedError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("refused: slice node") and "slices" in out.stdout

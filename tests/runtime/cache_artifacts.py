@@ -45,6 +45,8 @@ _PRISTINE = [(ns, dict(vars(ns))) for ns in _language_namespaces()]
 def restore_triton_language():
     """Put back what an interpreted kernel left patched in triton.language (see above)."""
     for ns, saved in _PRISTINE:
+        for name in [n for n in vars(ns) if n not in saved]:
+            delattr(ns, name)
         for name, value in saved.items():
             if vars(ns).get(name, value) is not value:
                 setattr(ns, name, value)

@@ -158,6 +158,14 @@ def _slice(node):
     slices = tuple(node.attrs["slices"])
     if len(slices) > len(x):
         node.ill_formed("slices", f"{len(slices)} slices for rank {len(x)}")
+    if len(slices) < len(x) and not node.outputs["output"].is_user_set("dim"):
+        # The backend gives the output one dim per slice and one stride per input axis: no
+        # dims at all, or dims that disagree with the strides. It refuses that output, and
+        # a node reading it as an intermediate crashes the process in validate().
+        node.ill_formed(
+            "slices",
+            f"{len(slices)} slices for rank {len(x)}: one per axis, or the output's dims set",
+        )
     out = list(x)
     for i, s in enumerate(slices):
         if not isinstance(s, slice):
