@@ -135,7 +135,16 @@ FAMILIES = (
         "gdn2",
         index=5,
         anchors=("gdn2", "gdn2_bwd", "gdn2_summary", "gdn2_summary_bwd"),
+        slots=(
+            EngineSlot(
+                0,
+                "triton_gdn2",
+                f"{_PKG}.engines.linear_attention.gdn2_engine",
+                "Gdn2TritonEngine",
+            ),
+        ),
         analyzer=_LA_ANALYZER,
+        heuristics=(f"{_PKG}.engines.linear_attention.heuristics", "recommend"),
     ),
     EngineFamily(
         "gdp",
