@@ -142,6 +142,12 @@ FAMILIES = (
                 f"{_PKG}.engines.linear_attention.gdn2_engine",
                 "Gdn2TritonEngine",
             ),
+            EngineSlot(
+                1,
+                "triton_gdn2_summary",
+                f"{_PKG}.engines.linear_attention.summary_engine",
+                "Gdn2SummaryEngine",
+            ),
         ),
         analyzer=_LA_ANALYZER,
         heuristics=(f"{_PKG}.engines.linear_attention.heuristics", "recommend"),
