@@ -190,3 +190,20 @@ def test_summaries_of_an_empty_span_are_zero_and_identity():
     assert torch.equal(s["M_buf"][0, 0], eye) and torch.equal(sb["transition"][0, 0], eye)
     assert torch.equal(sb["G"][0], torch.zeros_like(sb["G"][0]))
     assert torch.isfinite(s["M_buf"][1]).all() and not torch.equal(s["M_buf"][1, 0], eye)
+
+
+def test_torch_summaries_are_the_graph_ops():
+    from cudnn_pygraph.linear_attention import summary
+
+    x, d = case_inputs((70,), (1, 1, 1), {})
+    span_cu = cu([70]).to(DEVICE)
+    gates = dict(g=x["g"], beta=x["beta"], cu_seqlens=span_cu)
+    s = run_op("gdn2_summary", dict(k=x["k"], v=x["v"], w=x["w"], **gates))
+    sb = run_op("gdn2_summary_bwd", dict(q=x["q"], k=x["k"], dO=d["dO"], **gates), scale=0.125,
+                output_transition=True)  # fmt: skip
+    H, M = summary.gdn2_summary(x["k"], x["v"], x["g"], x["beta"], x["w"], span_cu)
+    G, T = summary.gdn2_summary_bwd(
+        x["q"], x["k"], x["g"], x["beta"], span_cu, d["dO"], scale=0.125, output_transition=True
+    )
+    assert torch.equal(H, s["H"]) and torch.equal(M, s["M_buf"])
+    assert torch.equal(G, sb["G"]) and torch.equal(T, sb["transition"])
