@@ -1,8 +1,11 @@
-"""Gated DeltaNet and Kimi Delta Attention (gdn / gdn_bwd, kda / kda_bwd) launchers over
-the shared chunked stages. One set of kernels serves both: kda's decay per key channel (g
-[T, HO, K], dt_bias [HO, K]) is the stage kernels' GATE_K constexpr (gated.py says how the
-intra-chunk products carry it); kda_forward / kda_backward are gdn_forward / gdn_backward
-with gate_per_key=True.
+"""Gated DeltaNet, Kimi Delta Attention and GDN-2 (gdn / gdn_bwd, kda / kda_bwd, gdn2 /
+gdn2_bwd) launchers over the shared chunked stages. One set of kernels serves all three:
+kda's decay per key channel (g [T, HO, K], dt_bias [HO, K]) is the stage kernels' GATE_K
+constexpr (gated.py says how the intra-chunk products carry it); kda_forward /
+kda_backward are gdn_forward / gdn_backward with gate_per_key=True. GDN-2 adds an erase gate
+per key channel (beta [T, HO, K]) and a write gate per value channel (w [T, HO, V]): only
+the WY stage reads them (wy_fwd.py / wy.py BETA_K, with dW from wy_bwd); gdn2_forward /
+gdn2_backward are gdn_forward / gdn_backward with gate_per_key=True and write_gate=w.
 
 Forward:  chunk tables -> wy_solve (stage 1 gates + stage 2's A = (I + L)^-1, w and u)
           -> state_fwd (stage 3: h per chunk, E, final state) -> output_fwd (stage 4: O);
