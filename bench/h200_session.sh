@@ -37,6 +37,8 @@ KDA_ONLY=0; [ "${1:-}" = "--kda" ] && KDA_ONLY=1
 # `--gdp` runs the gdp GPU suite and bench/gdp.py's row (a) at n = 2 and 3 against fla-core
 # (~6 min).
 GDP_ONLY=0; [ "${1:-}" = "--gdp" ] && GDP_ONLY=1
+# `--gdn2` runs the gdn2 GPU suite and bench/kda.py --gdn2's row (a): GDN-2 vs our GDN (~5 min).
+GDN2_ONLY=0; [ "${1:-}" = "--gdn2" ] && GDN2_ONLY=1
 # `--cp` (on the nvidia-h200-x2 kind) runs the summary / context-parallel GPU suite (its
 # NCCL case needs the two GPUs) and bench/cp.py under torchrun on both (~6 min).
 CP_ONLY=0; [ "${1:-}" = "--cp" ] && CP_ONLY=1
@@ -92,6 +94,12 @@ if [ "$GDP_ONLY" = 1 ]; then
   step gpu_gdp 200 python3 -m pytest -q -p no:cacheprovider -rfs tests/gpu/test_gdp_gpu.py
   step gdp 320 python3 bench/gdp.py --only "(a)"
   tail -n 3 "$LOG"/gpu_*.log; cat "$LOG/gdp.log"
+  tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
+fi
+if [ "$GDN2_ONLY" = 1 ]; then
+  step gpu_gdn2 240 python3 -m pytest -q -p no:cacheprovider -rfs -s tests/gpu/test_gdn2_gpu.py
+  step gdn2 120 python3 bench/kda.py --gdn2 --only "(a)"
+  tail -n 3 "$LOG"/gpu_*.log; cat "$LOG/gdn2.log"
   tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
 fi
 if [ "$SERVING_ONLY" = 1 ]; then

@@ -10,6 +10,11 @@ it completes. The ratio columns are the peer's time over ours: above 1, ours is 
 
   PYTHONPATH=src python bench/kda.py --only "(a)"          # the issue's row, all three
   PYTHONPATH=src python bench/kda.py --no-fla --no-nvidia  # ours only, every shape
+  PYTHONPATH=src python bench/kda.py --gdn2 --only "(a)"   # GDN-2 vs our GDN, same kernels
+
+--gdn2 times GDN-2 (kda's stages with an erase gate per key channel and a write gate per
+value channel: the WY stage's BETA_K) against our GDN at the same shape (a decay and a beta
+per head: less work); there is no GDN-2 peer on Hopper (NVIDIA ships it for SM100 only).
 
 fla compiles and autotunes on its first call (bench/gdn.py quick_fla_autotune shortens it);
 run one `--only` row per step to stay inside a device call's time cap.
@@ -25,9 +30,9 @@ from gdn import quick_fla_autotune, rel, shapes
 from timing import device_ms
 
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
+    gdn_backward,
+    gdn_forward,
     gdn_workspace_bytes,
-    kda_backward,
-    kda_forward,
 )
 
 H = 16
@@ -58,14 +63,28 @@ def median_ms(fn):
 
 
 class Ours:
-    """Our launchers on one problem, the config the family hook would list first."""
+    """Our launchers on one problem, the config the family hook would list first: kda by
+    default; gdn (g and beta [T, H]) or gdn2 (beta [T, H, K] and the write gate x["w"])
+    by the inputs' shapes."""
 
     def __init__(self, x, cu, init):
         self.x, self.cu, self.init = x, cu, init
         total, n = x["q"].shape[0], cu.numel() - 1
+        self.per_key = x["g"].dim() == 3
+        self.w = x.get("w")
         nbytes = max(
             gdn_workspace_bytes(
-                total, n, H, H, H, DIM, DIM, torch.bfloat16, backward=b, gate_per_key=True
+                total,
+                n,
+                H,
+                H,
+                H,
+                DIM,
+                DIM,
+                torch.bfloat16,
+                backward=b,
+                gate_per_key=self.per_key,
+                beta_per_key=self.w is not None,
             )  # fmt: skip
             for b in (False, True)
         )
@@ -78,19 +97,20 @@ class Ours:
 
     def forward(self):
         x = self.x
-        kda_forward(
+        gdn_forward(
             x["q"], x["k"], x["v"], x["g"], x["beta"], self.cu, scale=SCALE, o=self.o,
             initial_state=self.init, final_state=self.final, use_qk_l2norm=True,
-            workspace=self.ws,
+            workspace=self.ws, gate_per_key=self.per_key, write_gate=self.w,
         )  # fmt: skip
 
     def backward(self):
         x, d = self.x, self.grads
-        kda_backward(
+        gdn_backward(
             x["q"], x["k"], x["v"], x["g"], x["beta"], self.cu, self.do, scale=SCALE,
             dq=d["q"], dk=d["k"], dv=d["v"], dg=d["g"], dbeta=d["beta"],
             initial_state=self.init, d_initial_state=self.dinit, use_qk_l2norm=True,
-            workspace=self.ws,
+            workspace=self.ws, gate_per_key=self.per_key, write_gate=self.w,
+            dwrite_gate=d.get("w"),
         )  # fmt: skip
 
     def forward_backward(self):
@@ -153,12 +173,51 @@ def peer(name, call, ours, x, cu, init):
     return f"{fwd:.3f}", fb, f"{name}: {note}"
 
 
+def gdn2_rows(only):
+    """GDN-2 vs our GDN at each shape (goal: GDN-2 <= 1.3x GDN's time, which does less)."""
+    print(
+        "| shape | init/final state | GDN-2 fwd ms | GDN-2 fwd+bwd ms | GDN fwd ms | "
+        "GDN fwd+bwd ms | GDN-2 / GDN fwd | GDN-2 / GDN fwd+bwd | check |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    for name, seqlens in shapes().items():
+        if only and only not in name:
+            continue
+        for with_state in (False, True):
+            torch.manual_seed(1)
+            x, cu, init = make_inputs(seqlens, with_state)
+            total = x["q"].shape[0]
+            x2 = dict(
+                x,
+                beta=torch.rand(total, H, DIM, device="cuda").to(torch.bfloat16),
+                w=torch.rand(total, H, DIM, device="cuda").to(torch.bfloat16),
+            )
+            x1 = dict(x, g=x["g"][..., 0].contiguous())  # GDN: one decay per head
+            times, notes = [], []
+            for label, inputs in (("GDN-2", x2), ("GDN", x1)):
+                ours = Ours(inputs, cu, init)
+                ours.forward_backward()
+                if not all(torch.isfinite(t).all().item() for t in ours.grads.values()):
+                    notes.append(f"{label} NON-FINITE GRADS")
+                times += [median_ms(ours.forward), median_ms(ours.forward_backward)]
+            print(
+                f"| {name} | {'yes' if with_state else 'no'} | {times[0]:.3f} | {times[1]:.3f} "
+                f"| {times[2]:.3f} | {times[3]:.3f} | {times[0] / times[2]:.2f}x | "
+                f"{times[1] / times[3]:.2f}x | {'; '.join(notes) or 'finite'} |",
+                flush=True,
+            )
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--no-fla", action="store_true")
     parser.add_argument("--no-nvidia", action="store_true")
+    parser.add_argument("--gdn2", action="store_true", help="GDN-2 vs our GDN instead")
     parser.add_argument("--only", default=None, help="substring of a shape name")
     args = parser.parse_args()
+    if args.gdn2:
+        gdn2_rows(args.only)
+        return
     if not args.no_fla:
         quick_fla_autotune()
     print(

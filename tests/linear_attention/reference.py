@@ -11,6 +11,11 @@ or [T, HO, K] (kda: one decay per key channel, dt_bias then [HO, K]); the same f
 serve both, reading the gate's rank. kda's recurrence decays first and then applies the
 delta rule to the decayed state, S_t = (I - b k^T k) Diag(alpha) S + b k^T v, which for a
 scalar alpha is gdn's.
+
+gdn2 (GDN-2) generalizes both gates: beta is [T, HO, K] (an erase gate per key channel) and
+a write gate w [T, HO, V] scales the value written,
+S_t = (I - k^T (beta (.) k)) Diag(alpha) S + k^T (w (.) v); passing write_gate selects it
+(without it the value written is beta v, kda's and gdn's).
 """
 
 from __future__ import annotations
@@ -68,9 +73,11 @@ def gdn_reference(
     dt_bias=None,
     gate_domain="log",
     gate_lower_bound=None,
+    write_gate=None,
 ):
     """Returns (o [T, HO, V], final_state [N, HO, V, K]) in float64, differentiable."""
     q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
+    write_gate = write_gate.double() if write_gate is not None else None
     a_log = a_log.double() if a_log is not None else None
     dt_bias = dt_bias.double() if dt_bias is not None else None
     if use_qk_l2norm:
@@ -104,7 +111,8 @@ def gdn_reference(
                 kt = k[t, hk]
                 decay = torch.exp(gamma[t])
                 s = (decay[:, None] if decay.dim() else decay) * s
-                s = s - b[t] * torch.outer(kt, kt @ s) + b[t] * torch.outer(kt, v[t, hv])
+                written = b[t] * v[t, hv] if write_gate is None else write_gate[t, h] * v[t, hv]
+                s = s - torch.outer(kt, (b[t] * kt) @ s) + torch.outer(kt, written)
                 out_rows[t][h] = scale * (q[t, hq] @ s)
             per_head.append(s.transpose(0, 1))
         finals.append(torch.stack(per_head))
@@ -202,6 +210,7 @@ def gdn_reference_batched(
     dt_bias=None,
     gate_domain="log",
     gate_lower_bound=None,
+    write_gate=None,
 ):
     """The same recurrence, vectorized over sequences and heads (one loop over time): for
     real sizes on the GPU. Checked against gdn_reference on CPU (test_gdn_kernels.py)."""
@@ -213,6 +222,7 @@ def gdn_reference_batched(
     total_t, n_q, dim_k = q.shape
     n_v, dim_v = v.shape[1], v.shape[2]
     n_out = max(n_q, n_v)
+    write_gate = write_gate.double() if write_gate is not None else None
     q = q.repeat_interleave(n_out // n_q, dim=1)
     k = k.repeat_interleave(n_out // k.shape[1], dim=1)
     v = v.repeat_interleave(n_out // n_v, dim=1)
@@ -260,11 +270,12 @@ def gdn_reference_batched(
         idx = tok[:, t]
         m = live[:, t][:, None, None, None]
         kt, vt, qt = k[idx], v[idx], q[idx]  # [N, HO, D]
-        bt = b[idx][..., None, None]
+        bt = b[idx] if b.dim() == 3 else b[idx][..., None]  # [N, HO, K or 1]
+        written = bt * vt if write_gate is None else write_gate[idx] * vt
         decay = torch.exp(gamma[idx])  # [N, HO] or [N, HO, K]
         decayed = (decay[..., None] if decay.dim() == 3 else decay[..., None, None]) * s
-        kts = torch.einsum("nhk,nhkv->nhv", kt, decayed)
-        new = decayed + bt * kt[..., :, None] * (vt - kts)[..., None, :]
+        erased = torch.einsum("nhk,nhkv->nhv", bt * kt, decayed)
+        new = decayed + kt[..., :, None] * (written - erased)[..., None, :]
         s = torch.where(m, new, s)
         outs.append((idx, live[:, t], scale * torch.einsum("nhk,nhkv->nhv", qt, s)))
     if outs:
@@ -277,3 +288,6 @@ def gdn_reference_batched(
 # kda is the same recurrence with g [T, HO, K]: one name for a reader looking for it.
 kda_reference = gdn_reference
 kda_reference_batched = gdn_reference_batched
+# gdn2 too, with beta [T, HO, K] and write_gate [T, HO, V].
+gdn2_reference = gdn_reference
+gdn2_reference_batched = gdn_reference_batched

@@ -1,5 +1,5 @@
-"""torch custom ops for Gated DeltaNet and Kimi Delta Attention over cached gdn / gdn_bwd
-and kda / kda_bwd graphs.
+"""torch custom ops for Gated DeltaNet, Kimi Delta Attention and GDN-2 over cached gdn /
+gdn_bwd, kda / kda_bwd and gdn2 / gdn2_bwd graphs.
 
 `gated_delta_net` takes flash-linear-attention's `chunk_gated_delta_rule` arguments in fla's
 positional order and under fla's keyword names (q/k/v [B, T, H, D], B == 1 with cu_seqlens;
@@ -112,9 +112,9 @@ def _plan(g):
 
 
 # ---------------------------------------------------------------- graph builders
-def _build_fwd(family, q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, attrs):
-    """A `family` (gdn | kda) graph declared over these buffers (idx: state_indices or None;
-    ht: the final state buffer or None)."""
+def _build_fwd(family, q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, attrs, w=None):
+    """A `family` (gdn | kda | gdn2) graph declared over these buffers (idx: state_indices or
+    None; ht: the final state buffer or None; w: gdn2's write gate, its port after beta)."""
     gr = pygraph(name=f"{family}_fwd", io_data_type=to_data_type(v.dtype))
     ins = {
         n: _declare(gr, t, n)
@@ -129,14 +129,17 @@ def _build_fwd(family, q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, att
             "a_log": a_log,
             "dt_bias": dt_bias,
             "state_indices": idx,
+            "w": w,
         }.items()
     }
+    write_gate = () if w is None else (ins["w"],)
     O, final, _ = getattr(gr, family)(
         ins["q"],
         ins["k"],
         ins["v"],
         ins["g"],
         ins["beta"],
+        *write_gate,
         ins["cu_seqlens"],
         initial_state=ins["initial_state"],
         a_log=ins["a_log"],
@@ -153,7 +156,7 @@ def _build_fwd(family, q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, att
     return _Built(gr, ports)
 
 
-def _build_bwd(family, q, k, v, g, beta, cu, do, h0, dht, a_log, dt_bias, attrs):
+def _build_bwd(family, q, k, v, g, beta, cu, do, h0, dht, a_log, dt_bias, attrs, w=None):
     gr = pygraph(name=f"{family}_bwd", io_data_type=to_data_type(v.dtype))
     ins = {
         n: _declare(gr, t, n)
@@ -169,14 +172,17 @@ def _build_bwd(family, q, k, v, g, beta, cu, do, h0, dht, a_log, dt_bias, attrs)
             "d_final_state": dht,
             "a_log": a_log,
             "dt_bias": dt_bias,
+            "w": w,
         }.items()
     }
+    write_gate = () if w is None else (ins["w"],)
     outs = getattr(gr, f"{family}_bwd")(
         ins["q"],
         ins["k"],
         ins["v"],
         ins["g"],
         ins["beta"],
+        *write_gate,
         ins["cu_seqlens"],
         ins["dO"],
         initial_state=ins["initial_state"],
@@ -185,7 +191,8 @@ def _build_bwd(family, q, k, v, g, beta, cu, do, h0, dht, a_log, dt_bias, attrs)
         dt_bias=ins["dt_bias"],
         **attrs,
     )
-    names = ("dQ", "dK", "dV", "dG", "dBeta", "d_initial_state", "d_a_log", "d_dt_bias")
+    names = ("dQ", "dK", "dV", "dG", "dBeta") + (() if w is None else ("dW",))
+    names += ("d_initial_state", "d_a_log", "d_dt_bias")
     ports = dict(ins)
     for name, t in zip(names, outs):
         if t is not None:
@@ -248,9 +255,10 @@ def _state_dims(K, V, v_first):
     return (V, K) if v_first else (K, V)
 
 
-def _fwd(family, q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, state_v_first):
-    """The forward of either family on the caller's buffers; attrs: the node's attributes
-    (output_final_state among them)."""
+def _fwd(family, q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, state_v_first,
+         w=None):  # fmt: skip
+    """The forward of any family on the caller's buffers; attrs: the node's attributes
+    (output_final_state among them); w: gdn2's write gate."""
     _, HV, V = v.shape
     T = q.shape[0]  # real tokens (gdp's k / v carry num_householder rows per token)
     HO, K = max(q.shape[1], HV), k.shape[2]
@@ -268,13 +276,13 @@ def _fwd(family, q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, at
     h0 = _state_view(initial_state, state_v_first)
     ht_v = _state_view(ht, state_v_first) if output_final_state else None
     # o and ht are made here from the inputs' shapes and dtypes: the inputs key the graph.
-    tensors = (q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias)
+    tensors = (q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias, w)
     built = _cached(
         f"{family}_fwd",
         tensors,
         attrs,
         lambda: _build_fwd(
-            family, q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias, None, o, ht_v, attrs
+            family, q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias, None, o, ht_v, attrs, w
         ),
     )
     built.run(
@@ -290,6 +298,7 @@ def _fwd(family, q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, at
             "dt_bias": dt_bias,
             "O": o,
             "final_state": ht_v,
+            "w": w,
         }
     )
     return o, ht
@@ -371,9 +380,9 @@ def _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, state_v_fi
 
 
 def _bwd(family, q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state, a_log,
-         dt_bias, attrs, state_v_first):  # fmt: skip
-    """The backward of either family: [dQ, dK, dV, dG, dBeta, d_initial_state, d_a_log,
-    d_dt_bias], an absent one as an empty tensor."""
+         dt_bias, attrs, state_v_first, w=None):  # fmt: skip
+    """The backward of any family: [dQ, dK, dV, dG, dBeta, (gdn2: dW,) d_initial_state,
+    d_a_log, d_dt_bias], an absent one as an empty tensor."""
     h0 = _state_view(initial_state, state_v_first)
     dht = _state_view(d_final_state, state_v_first)
     # Gradients dense whatever the inputs' strides (the engine reads strided q / k / v / g /
@@ -385,19 +394,20 @@ def _bwd(family, q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state,
         "dV": torch.empty_like(v, memory_format=dense),
         "dG": torch.empty_like(g, memory_format=dense),
         "dBeta": torch.empty_like(beta, memory_format=dense),
+        **({} if w is None else {"dW": torch.empty_like(w, memory_format=dense)}),
         "d_initial_state": torch.empty_like(initial_state) if initial_state is not None else None,
         "d_a_log": torch.empty_like(a_log) if attrs["safe_gate"] and a_log is not None else None,
         "d_dt_bias": (
             torch.empty_like(dt_bias) if attrs["safe_gate"] and dt_bias is not None else None
         ),
     }
-    tensors = (q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias)
+    tensors = (q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias, w)
     built = _cached(
         f"{family}_bwd",
         tensors,
         attrs,
         lambda: _build_bwd(
-            family, q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias, attrs
+            family, q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias, attrs, w
         ),
     )
     d_h0 = _state_view(outs["d_initial_state"], state_v_first)
@@ -422,6 +432,8 @@ def _bwd(family, q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state,
             "d_initial_state": d_h0,
             "d_a_log": outs["d_a_log"],
             "d_dt_bias": outs["d_dt_bias"],
+            "w": w,
+            "dW": outs.get("dW"),
         }
     )
     # an absent gradient is an empty tensor of its own (returns may not alias)
@@ -1354,8 +1366,275 @@ def kimi_delta_attention_overwrite_state(
     return o.unsqueeze(0)
 
 
+# ---------------------------------------------------------------- gdn2 (GDN-2)
+# The same graphs with the gdn2 ops: g and beta [T, HO, K] (a decay and an erase gate per key
+# channel) and the write gate w [T, HO, V], whose gradient dW the backward adds. fla has no
+# GDN-2; the public op takes NVIDIA's `gated_delta_net_v2` layout: THD tensors and V-major
+# states [N, HO, V, K].
+def _gdn2_fwd_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    w: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    a_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    output_final_state: bool,
+    use_qk_l2norm: bool,
+    use_beta_sigmoid: bool,
+    allow_neg_eigval: bool,
+    safe_gate: bool,
+    gate_domain: str,
+    batch_invariant: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    attrs = _attrs(
+        scale,
+        use_qk_l2norm,
+        use_beta_sigmoid,
+        allow_neg_eigval,
+        safe_gate,
+        gate_domain,
+        batch_invariant,
+    )
+    attrs["output_final_state"] = output_final_state
+    return _fwd("gdn2", q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, True, w)
+
+
+_gdn2_fwd = torch.library.custom_op("cudnn_pygraph::gdn2_fwd", _gdn2_fwd_impl, mutates_args=())
+
+
+@_gdn2_fwd.register_fake
+def _(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    w,
+    cu_seqlens,
+    initial_state,
+    a_log,
+    dt_bias,
+    scale,
+    output_final_state,
+    use_qk_l2norm,
+    use_beta_sigmoid,
+    allow_neg_eigval,
+    safe_gate,
+    gate_domain,
+    batch_invariant,
+):
+    return _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, True)
+
+
+def _gdn2_bwd_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    w: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    do: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    d_final_state: torch.Tensor | None,
+    a_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    use_qk_l2norm: bool,
+    use_beta_sigmoid: bool,
+    allow_neg_eigval: bool,
+    safe_gate: bool,
+    gate_domain: str,
+    batch_invariant: bool,
+) -> list[torch.Tensor]:
+    attrs = _attrs(
+        scale,
+        use_qk_l2norm,
+        use_beta_sigmoid,
+        allow_neg_eigval,
+        safe_gate,
+        gate_domain,
+        batch_invariant,
+    )
+    return _bwd(
+        "gdn2", q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state, a_log, dt_bias,
+        attrs, True, w,
+    )  # fmt: skip
+
+
+_gdn2_bwd = torch.library.custom_op("cudnn_pygraph::gdn2_bwd", _gdn2_bwd_impl, mutates_args=())
+
+
+@_gdn2_bwd.register_fake
+def _(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    w,
+    cu_seqlens,
+    do,
+    initial_state,
+    d_final_state,
+    a_log,
+    dt_bias,
+    scale,
+    use_qk_l2norm,
+    use_beta_sigmoid,
+    allow_neg_eigval,
+    safe_gate,
+    gate_domain,
+    batch_invariant,
+):
+    grads = _bwd_fake(q, k, v, g, beta, initial_state, a_log, dt_bias, safe_gate)
+    return grads[:5] + [torch.empty_like(w, memory_format=torch.contiguous_format)] + grads[5:]
+
+
+_GDN2_FWD_FLAGS = (
+    "scale",
+    "output_final_state",
+    "use_qk_l2norm",
+    "use_beta_sigmoid",
+    "allow_neg_eigval",
+    "safe_gate",
+    "gate_domain",
+    "batch_invariant",
+)
+
+
+def _gdn2_setup_context(ctx, inputs, output):
+    q, k, v, g, beta, w, cu, h0, a_log, dt_bias, *flags = inputs
+    ctx.save_for_backward(q, k, v, g, beta, w, cu, h0, a_log, dt_bias)
+    ctx.flags = dict(zip(_GDN2_FWD_FLAGS, flags))
+
+
+def _gdn2_backward(ctx, d_o, d_ht):
+    q, k, v, g, beta, w, cu, h0, a_log, dt_bias = ctx.saved_tensors
+    f = dict(ctx.flags)
+    output_final_state = f.pop("output_final_state")
+    d_final = d_ht if output_final_state and d_ht is not None and d_ht.numel() else None
+    d_o = d_o.contiguous()
+    eager = _eager(q, k, v, g, beta, w, cu, d_o, h0, d_final, a_log, dt_bias)
+    bwd = _gdn2_bwd_impl if eager else _gdn2_bwd
+    grads = bwd(q, k, v, g, beta, w, cu, d_o, h0, d_final, a_log, dt_bias, *f.values())
+    dq, dk, dv, dg, dbeta, dw, dh0, da, ddt = grads
+    none_if_empty = lambda t, ref: t if ref is not None and t.numel() else None
+    return (
+        dq,
+        dk,
+        dv,
+        dg,
+        dbeta,
+        dw,
+        None,
+        none_if_empty(dh0, h0),
+        none_if_empty(da, a_log),
+        none_if_empty(ddt, dt_bias),
+    ) + (None,) * len(_GDN2_FWD_FLAGS)
+
+
+_gdn2_fwd.register_autograd(_gdn2_backward, setup_context=_gdn2_setup_context)
+
+
+def gated_delta_net_v2(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    w: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    batch_invariant: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    gate_domain: str = "log",
+    a_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet v2 (GDN-2), called as NVIDIA's cudnn.gated_delta_net_v2 (same
+    positional order and keyword names, for the attributes the gdn2 op carries):
+    S_t = (I - k_t^T (beta_t * k_t)) Diag(exp(g_t)) S_{t-1} + k_t^T (w_t * v_t).
+
+    THD: q [total_T, H, K], k [total_T, HK, K] (HK = H or HV), v [total_T, HV, V];
+    g and beta [total_T, HO, K] (a log-decay and an erase gate per key channel), w
+    [total_T, HO, V] (a write gate per value channel), HO = max(H, HV); cu_seqlens
+    int32/int64 [N + 1]. initial_state [N, HO, V, K] (V-major), fp32 or bf16; the final
+    state comes back in its dtype. K and V: 64, 128 or 256.
+    use_beta_sigmoid_in_kernel: beta holds logits (beta = sigmoid, 2 sigmoid with
+    allow_neg_eigval). safe_gate: g holds raw logits and the log-decay is
+    -exp(a_log) * softplus(g + dt_bias) (a_log [HO], dt_bias [HO, K], each optional).
+    gate_domain "linear": g holds the decay itself. Gradients (autograd): dq, dk, dv, dg,
+    dbeta, dw, d_initial_state, d_a_log, d_dt_bias, with respect to what was passed.
+    q / k / v / g / beta / w may be strided views; cu_seqlens is checked on the device (no
+    sync): a malformed table makes every output NaN.
+
+    Returns (o [total_T, HO, V], final_state [N, HO, V, K]: empty unless
+    output_final_state)."""
+    if q.dim() != 3:
+        raise ValueError(f"q: expected THD [total_T, H, K], got shape {tuple(q.shape)}")
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval: requires use_beta_sigmoid_in_kernel")
+    if (a_log is not None or dt_bias is not None) and not safe_gate:
+        raise ValueError("a_log / dt_bias: only used with safe_gate=True")
+    _check_head_dims(q, v)
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    heads = max(H, HV)
+    for name, t, want, last in (
+        ("g", g, (T, heads, K), "K"),
+        ("beta", beta, (T, heads, K), "K"),
+        ("w", w, (T, heads, V), "V"),
+    ):
+        if tuple(t.shape) != want:
+            raise ValueError(
+                f"{name}: expected [total_T, HO, {last}] = {list(want)}, got {list(t.shape)}"
+            )
+    n_seq = cu_seqlens.shape[0] - 1
+    _check_state("initial_state", initial_state, n_seq, heads, K, V, True)
+    if initial_state is not None and initial_state.dtype not in (torch.float32, torch.bfloat16):
+        initial_state = initial_state.float()
+    if a_log is not None:
+        a_log = a_log.float()
+    if dt_bias is not None:
+        dt_bias = dt_bias.float()
+    scale = float(K**-0.5 if scale is None else scale)
+    eager = _eager(q, k, v, g, beta, w, cu_seqlens, initial_state, a_log, dt_bias)
+    return (_gdn2_fwd_impl if eager else _gdn2_fwd)(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        w,
+        cu_seqlens,
+        initial_state,
+        a_log,
+        dt_bias,
+        scale,
+        bool(output_final_state),
+        bool(use_qk_l2norm_in_kernel),
+        bool(use_beta_sigmoid_in_kernel),
+        bool(allow_neg_eigval),
+        bool(safe_gate),
+        str(gate_domain),
+        bool(batch_invariant),
+    )
+
+
 __all__ = [
     "gated_delta_net",
+    "gated_delta_net_v2",
     "gated_delta_net_overwrite_state",
     "kimi_delta_attention",
     "kimi_delta_attention_overwrite_state",

@@ -1,5 +1,5 @@
-"""The gdn span summaries for torch callers, over cached gdn_summary / gdn_summary_bwd
-graphs (the same cache and launch path as ops.py's gated_delta_net).
+"""The gdn and gdn2 span summaries for torch callers, over cached <op>_summary /
+<op>_summary_bwd graphs (the same cache and launch path as ops.py's gated_delta_net).
 
 THD tensors as the graph ops take them (q / k [T, H, K], v [T, HV, V], g / beta [T, HO],
 dO [T, HO, V], cu_seqlens [N + 1]); the summaries are fp32 and V-major (spec
@@ -7,6 +7,8 @@ linear-attention.md, "Summary ops"):
 - gdn_summary -> (H [N, HO, V, K], M_buf [N, HO, K, K]): X_out = X_in @ M_buf + H.
 - gdn_summary_bwd -> (G [N, HO, V, K], transition [N, HO, K, K] or None):
   dX_in = dX_out @ transition + G, transition = M_buf^T.
+- gdn2_summary / gdn2_summary_bwd: the same with GDN-2's gates (g and beta [T, HO, K];
+  the forward summary also reads the write gate w [T, HO, V]).
 No autograd: these are the pieces context parallelism (cp.py) composes.
 """
 
@@ -72,17 +74,22 @@ def gdn_summary(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(H, M_buf) of each sequence of the batch: its final state from a zero seed and its
     state transition (M^T), fp32."""
+    tensors = {"k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu_seqlens}
+    attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+                   batch_invariant)  # fmt: skip
+    return _forward_summary("gdn_summary", tensors, a_log, dt_bias, attrs)
+
+
+def _forward_summary(op, tensors, a_log, dt_bias, attrs):
+    k, v, cu_seqlens = tensors["k"], tensors["v"], tensors["cu_seqlens"]
     n, ho, dim_k, dim_v = cu_seqlens.shape[0] - 1, v.shape[1], k.shape[2], v.shape[2]
     ho = max(ho, k.shape[1])
     out = {
         "H": torch.empty(n, ho, dim_v, dim_k, dtype=torch.float32, device=k.device),
         "M_buf": torch.empty(n, ho, dim_k, dim_k, dtype=torch.float32, device=k.device),
     }
-    tensors = {"k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu_seqlens}
     tensors.update({n_: t for n_, t in (("a_log", a_log), ("dt_bias", dt_bias)) if t is not None})
-    attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
-                   batch_invariant)  # fmt: skip
-    _run("gdn_summary", tensors, attrs, out)
+    _run(op, tensors, attrs, out)
     return out["H"], out["M_buf"]
 
 
@@ -107,17 +114,76 @@ def gdn_summary_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(G, transition or None) of each sequence: the gradient its outputs send to its
     incoming state (the outgoing-state gradient taken as zero), and M_buf^T, fp32."""
+    return _backward_summary(
+        "gdn_summary_bwd", q, k, g, beta, cu_seqlens, do, scale, output_transition, a_log,
+        dt_bias, _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate,
+                        gate_domain, batch_invariant),
+    )  # fmt: skip
+
+
+def _backward_summary(op, q, k, g, beta, cu_seqlens, do, scale, output_transition, a_log,
+                      dt_bias, attrs):  # fmt: skip
     n, ho, dim_k, dim_v = cu_seqlens.shape[0] - 1, do.shape[1], k.shape[2], do.shape[2]
     out = {"G": torch.empty(n, ho, dim_v, dim_k, dtype=torch.float32, device=k.device)}
     if output_transition:
         out["transition"] = torch.empty(n, ho, dim_k, dim_k, dtype=torch.float32, device=k.device)
     tensors = {"q": q, "k": k, "g": g, "beta": beta, "cu_seqlens": cu_seqlens, "dO": do}
     tensors.update({n_: t for n_, t in (("a_log", a_log), ("dt_bias", dt_bias)) if t is not None})
-    attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
-                   batch_invariant)  # fmt: skip
-    attrs.update(scale=float(scale), output_transition=bool(output_transition))
-    _run("gdn_summary_bwd", tensors, attrs, out)
+    attrs = dict(attrs, scale=float(scale), output_transition=bool(output_transition))
+    _run(op, tensors, attrs, out)
     return out["G"], out.get("transition")
 
 
-__all__ = ["gdn_summary", "gdn_summary_bwd"]
+def gdn2_summary(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    w: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    a_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    use_qk_l2norm: bool = False,
+    use_beta_sigmoid: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    gate_domain: str = "log",
+    batch_invariant: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """gdn_summary for GDN-2: g / beta [T, HO, K], the write gate w [T, HO, V], dt_bias
+    [HO, K]."""
+    tensors = {"k": k, "v": v, "g": g, "beta": beta, "w": w, "cu_seqlens": cu_seqlens}
+    attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+                   batch_invariant)  # fmt: skip
+    return _forward_summary("gdn2_summary", tensors, a_log, dt_bias, attrs)
+
+
+def gdn2_summary_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    do: torch.Tensor,
+    *,
+    scale: float,
+    output_transition: bool = False,
+    a_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    use_qk_l2norm: bool = False,
+    use_beta_sigmoid: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    gate_domain: str = "log",
+    batch_invariant: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """gdn_summary_bwd for GDN-2 (G does not depend on the write gate: no w)."""
+    return _backward_summary(
+        "gdn2_summary_bwd", q, k, g, beta, cu_seqlens, do, scale, output_transition, a_log,
+        dt_bias, _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate,
+                        gate_domain, batch_invariant),
+    )  # fmt: skip
+
+
+__all__ = ["gdn2_summary", "gdn2_summary_bwd", "gdn_summary", "gdn_summary_bwd"]

@@ -135,7 +135,22 @@ FAMILIES = (
         "gdn2",
         index=5,
         anchors=("gdn2", "gdn2_bwd", "gdn2_summary", "gdn2_summary_bwd"),
+        slots=(
+            EngineSlot(
+                0,
+                "triton_gdn2",
+                f"{_PKG}.engines.linear_attention.gdn2_engine",
+                "Gdn2TritonEngine",
+            ),
+            EngineSlot(
+                1,
+                "triton_gdn2_summary",
+                f"{_PKG}.engines.linear_attention.summary_engine",
+                "Gdn2SummaryEngine",
+            ),
+        ),
         analyzer=_LA_ANALYZER,
+        heuristics=(f"{_PKG}.engines.linear_attention.heuristics", "recommend"),
     ),
     EngineFamily(
         "gdp",

@@ -40,8 +40,8 @@ _DATA_PTR = operator.methodcaller("data_ptr")
 CHECKPOINT_CADENCE = 64  # the chunk size: one checkpoint per chunk
 # Ports the launchers read or write as dense row-major [total_T, heads(, dim)] tiles; the
 # inputs q / k / v / g / beta may have any (non-negative) strides: copied once (STRIDED_PORTS).
-DENSE_PORTS = ("dO", "O", "dQ", "dK", "dV", "dG", "dBeta")
-STRIDED_PORTS = ("q", "k", "v", "g", "beta")
+DENSE_PORTS = ("dO", "O", "dQ", "dK", "dV", "dG", "dBeta", "dW")
+STRIDED_PORTS = ("q", "k", "v", "g", "beta", "w")  # w: gdn2's write gate
 STATE_PORTS = ("initial_state", "final_state", "d_final_state", "d_initial_state")
 VECTOR_PORTS = ("cu_seqlens", "a_log", "dt_bias", "state_indices", "d_a_log", "d_dt_bias")
 FORWARD_INPUTS = (
@@ -50,6 +50,7 @@ FORWARD_INPUTS = (
     "v",
     "g",
     "beta",
+    "w",
     "cu_seqlens",
     "initial_state",
     "a_log",
@@ -63,6 +64,7 @@ BACKWARD_INPUTS = (
     "v",
     "g",
     "beta",
+    "w",
     "cu_seqlens",
     "dO",
     "initial_state",
@@ -71,7 +73,19 @@ BACKWARD_INPUTS = (
     "a_log",
     "dt_bias",
 )
-BACKWARD_OUTPUTS = ("dQ", "dK", "dV", "dG", "dBeta", "d_initial_state", "d_a_log", "d_dt_bias")
+BACKWARD_OUTPUTS = (
+    "dQ",
+    "dK",
+    "dV",
+    "dG",
+    "dBeta",
+    "dW",
+    "d_initial_state",
+    "d_a_log",
+    "d_dt_bias",
+)
+# The families whose gate g carries a K axis (g [T, HO, K]: the stage kernels' GATE_K).
+GATE_PER_KEY_FAMILIES = frozenset({"kda", "gdn2"})
 
 
 def _contiguous(dim, stride):
@@ -196,7 +210,7 @@ class GdnTritonEngine(BaseEngine):
             "gate_domain": a.get("gate_domain", "log"),
             "batch_invariant": bool(a.get("batch_invariant")),
             "config": plan.knobs.name,
-            "gate_per_key": facts.family == "kda",
+            "gate_per_key": facts.family in GATE_PER_KEY_FAMILIES,
             "gate_lower_bound": a.get("gate_lower_bound"),
         }
         import torch
@@ -221,6 +235,7 @@ class GdnTritonEngine(BaseEngine):
             fused_output=not backward and fuses_output(plan.knobs.name),
             strided=tuple((n, getattr(torch, dt)) for n, dt in strided_inputs(ports)),
             gate_per_key=flags["gate_per_key"],
+            beta_per_key="w" in ports,
         )
         on_cuda = not getattr(device, "is_interpreter", True)
         dev = torch.device("cuda", device.ordinal) if on_cuda else torch.device("cpu")
@@ -398,6 +413,8 @@ class GdnPlan(CompiledPlan):
             workspace=workspace,
             **self.flags,
         )
+        if get("w") is not None:  # gdn2: the write gate (and dW in the backward)
+            common["write_gate"] = t["w"]
         if self.backward:
             self._run(
                 t["q"],
@@ -416,6 +433,7 @@ class GdnPlan(CompiledPlan):
                 d_initial_state=get("d_initial_state"),
                 d_a_log=get("d_a_log"),
                 d_dt_bias=get("d_dt_bias"),
+                **({"dwrite_gate": t["dW"]} if get("w") is not None else {}),
                 **common,
             )
         else:

@@ -1,5 +1,5 @@
-"""The gdn family's summary engine: gdn_summary and gdn_summary_bwd graphs over
-kernels/summary.py (the span summaries of context parallelism, spec linear-attention.md).
+"""The gdn and gdn2 families' summary engines: <family>_summary and <family>_summary_bwd
+graphs over kernels/summary.py (the span summaries of context parallelism, spec linear-attention.md).
 
 The plan is the gdn engine's (GdnPlan: zero-copy views of the caller's buffers, scratch
 from the caller's workspace, on CUDA the first call recorded and later calls replayed as raw
@@ -18,6 +18,7 @@ from ..base import require_module
 from .analyzer import analyze
 from .gdn_engine import (
     _TORCH_DTYPES,
+    GATE_PER_KEY_FAMILIES,
     HEAD_DIMS,
     STRIDED_PORTS,
     VECTOR_PORTS,
@@ -31,7 +32,7 @@ from .gdn_engine import (
 
 KINDS = ("_summary", "_summary_bwd")
 SUMMARY_PORTS = ("H", "M_buf", "G", "transition")
-FORWARD_PORTS = ("k", "v", "g", "beta", "cu_seqlens", "a_log", "dt_bias", "H", "M_buf")
+FORWARD_PORTS = ("k", "v", "g", "beta", "w", "cu_seqlens", "a_log", "dt_bias", "H", "M_buf")
 BACKWARD_PORTS = (
     "q", "k", "g", "beta", "cu_seqlens", "dO", "a_log", "dt_bias", "G", "transition",
 )  # fmt: skip
@@ -46,9 +47,10 @@ class GdnSummaryEngine(GdnTritonEngine):
         for module in self.requires:
             require_module(module, self.name)
         facts = facts_for(graph, analyze)
-        if facts is None or facts.family != "gdn" or facts.kind not in KINDS:
+        if facts is None or facts.family != self.family or facts.kind not in KINDS:
             raise NotImplementedError(
-                "serves a graph of exactly one gdn_summary or gdn_summary_bwd node"
+                f"serves a graph of exactly one {self.family}_summary or "
+                f"{self.family}_summary_bwd node"
             )
         node = graph.nodes[0]
         ports = _ports(node)
@@ -70,10 +72,10 @@ class GdnSummaryEngine(GdnTritonEngine):
             t = ports.get(port)
             if t is not None and any(s < 0 for s in t.stride):
                 raise NotImplementedError(f"{port}: negative stride {list(t.stride)}")
-        for port in VECTOR_PORTS:
+        for port in VECTOR_PORTS:  # dense: [N + 1], [HO], or gdn2's dt_bias [HO, K]
             t = ports.get(port)
-            if t is not None and t.dim[0] > 1 and t.stride[0] != 1:
-                raise NotImplementedError(f"{port}: stride {t.stride[0]} is not 1")
+            if t is not None and not _contiguous(t.dim, t.stride):
+                raise NotImplementedError(f"{port}: stride {list(t.stride)} is not dense")
         for port in SUMMARY_PORTS:
             t = ports.get(port)
             if t is not None and t.data_type != data_type.FLOAT:
@@ -108,8 +110,12 @@ class GdnSummaryEngine(GdnTritonEngine):
             "gate_domain": a.get("gate_domain", "log"),
             "batch_invariant": bool(a.get("batch_invariant")),
             "config": plan.knobs.name,
+            "gate_per_key": facts.family in GATE_PER_KEY_FAMILIES,
         }
+        # gdn2: beta per key channel (the forward summary reads the write gate w as well)
+        beta_per_key = len(ports["beta"].dim) == 3
         if backward:
+            flags["beta_per_key"] = beta_per_key
             scale = a.get("scale")
             flags["scale"] = facts.head_dim_k**-0.5 if scale is None else float(scale)
         io_dtype = getattr(torch, _TORCH_DTYPES[data_type(facts.io_dtype)])
@@ -124,6 +130,8 @@ class GdnSummaryEngine(GdnTritonEngine):
             io_dtype,
             backward=backward,
             strided=tuple((n, getattr(torch, dt)) for n, dt in strided_inputs(ports)),
+            gate_per_key=flags["gate_per_key"],
+            beta_per_key=beta_per_key,
         )
         built = SummaryPlan(
             backward, names, [position[ports[n].uid] for n in names], flags, nbytes, device
@@ -167,5 +175,13 @@ class SummaryPlan(GdnPlan):
                 t["cu_seqlens"],
                 h_out=t["H"],
                 m_out=t["M_buf"],
+                write_gate=get("w"),
                 **common,
             )
+
+
+class Gdn2SummaryEngine(GdnSummaryEngine):
+    """gdn2_summary / gdn2_summary_bwd: the same launchers with GDN-2's gates."""
+
+    name = "triton_gdn2_summary"
+    family = "gdn2"

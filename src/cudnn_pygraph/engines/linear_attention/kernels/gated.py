@@ -83,12 +83,17 @@ def gated_apply(
     col_g,
     D: tl.constexpr,
     ROWS: tl.constexpr,
+    m_ptr,
+    stride_m,
+    col_m,
+    MUL: tl.constexpr,
 ):
     """[64, D] products of a [64, 64] score gradient ds (fp32, rows and columns the chunk's
     tokens) with the chunk's rows of y under the per-channel decay; gx [64, D] are the
     cumulative gates of the output's rows.
     ROWS:  out[r, c] = sum_{j <= r} ds[r, j] y[j, c] exp(gx[r, c] - gy[j, c])  (a dq / dk_i)
-    else:  out[r, c] = sum_{i >= r} ds[i, r] y[i, c] exp(gy[i, c] - gx[r, c])  (a dk_j)."""
+    else:  out[r, c] = sum_{i >= r} ds[i, r] y[i, c] exp(gy[i, c] - gx[r, c])  (a dk_j).
+    MUL: y's rows are first scaled per channel by the rows of m (fp32; gdn2's erase gate)."""
     r = tl.arange(0, 64)
     cols = tl.arange(0, D)
     out = tl.zeros([64, D], dtype=tl.float32)
@@ -96,6 +101,8 @@ def gated_apply(
     for j in range(valid):
         base = t0.to(tl.int64) + j
         yj = tl.load(y_ptr + base * stride_y + col_y + cols).to(tl.float32)
+        if MUL:
+            yj = yj * tl.load(m_ptr + base * stride_m + col_m + cols)
         gj = tl.load(gy_ptr + base * stride_g + col_g + cols)
         if ROWS:
             d = tl.sum(tl.where(r[None, :] == j, ds, 0.0), 1)  # ds[:, j]

@@ -1,8 +1,11 @@
-"""Gated DeltaNet and Kimi Delta Attention (gdn / gdn_bwd, kda / kda_bwd) launchers over
-the shared chunked stages. One set of kernels serves both: kda's decay per key channel (g
-[T, HO, K], dt_bias [HO, K]) is the stage kernels' GATE_K constexpr (gated.py says how the
-intra-chunk products carry it); kda_forward / kda_backward are gdn_forward / gdn_backward
-with gate_per_key=True.
+"""Gated DeltaNet, Kimi Delta Attention and GDN-2 (gdn / gdn_bwd, kda / kda_bwd, gdn2 /
+gdn2_bwd) launchers over the shared chunked stages. One set of kernels serves all three:
+kda's decay per key channel (g [T, HO, K], dt_bias [HO, K]) is the stage kernels' GATE_K
+constexpr (gated.py says how the intra-chunk products carry it); kda_forward /
+kda_backward are gdn_forward / gdn_backward with gate_per_key=True. GDN-2 adds an erase gate
+per key channel (beta [T, HO, K]) and a write gate per value channel (w [T, HO, V]): only
+the WY stage reads them (wy_fwd.py / wy.py BETA_K, with dW from wy_bwd); gdn2_forward /
+gdn2_backward are gdn_forward / gdn_backward with gate_per_key=True and write_gate=w.
 
 Forward:  chunk tables -> wy_solve (stage 1 gates + stage 2's A = (I + L)^-1, w and u)
           -> state_fwd (stage 3: h per chunk, E, final state) -> output_fwd (stage 4: O);
@@ -63,6 +66,8 @@ from .wy_fwd import wy_solve_kernel
 
 __all__ = [
     "SUPPORTED_HEAD_DIMS",
+    "gdn2_backward",
+    "gdn2_forward",
     "gdn_backward",
     "gdn_forward",
     "gdn_workspace_bytes",
@@ -167,10 +172,12 @@ def _run_wy_and_state(
     kernel_cfgs,
     lower_bound,
     o=None,
+    write_gate=None,
 ):
     """kernel_cfgs: the call's config ({kernel: parameters}, kernels/configs.py). o: the
     forward's output, written by state_fwd itself when the config says FUSE_OUTPUT
-    (kernels/state.py); the caller then launches no output stage."""
+    (kernels/state.py); the caller then launches no output stage. write_gate: gdn2's
+    [T, HO, V] (beta then [T, HO, K]: the WY stage's BETA_K)."""
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
     n_chunks = max_chunks(total_t, n_seqs)
     dummy = ws["gc"]
@@ -187,12 +194,13 @@ def _run_wy_and_state(
         # backward's wy_bwd (only the backward's workspace has "dw").
         cfg = dict(kernel_cfgs["wy_solve"])
         wy_solve_kernel[(n_chunks, n_out)](
-            k, v, g, beta, a_log if a_log is not None else dummy,
+            k, v, g, beta, write_gate if write_gate is not None else dummy,
+            a_log if a_log is not None else dummy,
             dt_bias if dt_bias is not None else dummy, cu, ws["chunk_offsets"],
             ws["chunk_seq"], n_seqs, ws["gc"], ws["beta_eff"], ws["rk"], ws["a"], ws["w"],
             ws["u"], n_out, n_k, n_v, lower_bound, K=dim_k, V=dim_v, BK=_slice(cfg, "BK", dim_k),
             BA=_slice(cfg, "BA", min(dim_k, dim_v)), L2NORM=l2norm, **flags, PREC=prec,
-            STORE_A="dw" in ws, EPS=L2NORM_EPS, **cfg,
+            STORE_A="dw" in ws, EPS=L2NORM_EPS, BETA_K=write_gate is not None, **cfg,
         )  # fmt: skip
     cfg = dict(kernel_cfgs["state_fwd"])
     fuse = cfg.pop("FUSE_OUTPUT", False) and o is not None
@@ -261,22 +269,28 @@ def _prepare_and_recompute(
     q, k, v, g, beta, cu_seqlens, dims, *, backward, workspace, checkpoints, scale,
     use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, a_log, dt_bias,
     initial_state, final_state, state_indices, kernel_cfgs, gate_per_key, lower_bound, o=None,
+    write_gate=None,
 ):  # fmt: skip
     """What the forward runs and the backward recomputes: the call's workspace views, the
     dense copies of strided inputs, the chunk tables (and the error flag), gates, WY (w, u)
     and the chunk-start states h (into `checkpoints` when given; the backward skips storing
     them then). With `o` (the forward, when the config fuses the output stage) O is written
     here and h / E are stored only as asked (checkpoints). Returns (ws, h_buf, prec, flags,
-    (q, k, v, g, beta) as the stages read them)."""
+    (q, k, v, g, beta, write_gate) as the stages read them). write_gate: gdn2's (None
+    otherwise)."""
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
     inputs = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+    if write_gate is not None:
+        inputs["w"] = write_gate
     rows = _layout(
         total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, q.dtype, backward,
         checkpoints is not None, safe_gate, fused_output=o is not None,
         strided=_strided(inputs), gate_per_key=gate_per_key,
+        beta_per_key=write_gate is not None,
     )  # fmt: skip
     ws = _carve(rows, workspace, q.device)
-    q, k, v, g, beta = _dense_inputs(inputs, ws)
+    q, k, v, g, beta, *rest = _dense_inputs(inputs, ws)
+    write_gate = rest[0] if rest else None
     prec = _dot_precision(q.dtype)
     flags = _gate_flags(
         gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval, gate_per_key,
@@ -291,9 +305,9 @@ def _prepare_and_recompute(
         store_h=(checkpoints is not None) if o is not None else (
             not backward or checkpoints is None),
         vnew=None if o is not None else ws.get("vnew"), kernel_cfgs=kernel_cfgs,
-        lower_bound=_lower_bound(flags, lower_bound), o=o,
+        lower_bound=_lower_bound(flags, lower_bound), o=o, write_gate=write_gate,
     )  # fmt: skip
-    return ws, h_buf, prec, flags, (q, k, v, g, beta)
+    return ws, h_buf, prec, flags, (q, k, v, g, beta, write_gate)
 
 
 def gdn_forward(
@@ -322,12 +336,14 @@ def gdn_forward(
     config=None,
     gate_lower_bound=None,
     gate_per_key=False,
+    write_gate=None,
 ) -> None:
     """O [total_T, HO, V] (and final_state [N|pool, HO, V, K], checkpoints [chunks, HO, V, K]
     fp32: the state at each chunk's start) written in place. config: a name in
     kernels/configs.py (None: recommend_config's pick). gate_per_key: kda (g [T, HO, K],
     dt_bias [HO, K]); gate_lower_bound (safe_gate only): the gate lb * sigmoid(exp(a_log)
-    (g + dt_bias)). See the module docstring."""
+    (g + dt_bias)). write_gate [T, HO, V]: gdn2 (with gate_per_key; beta [T, HO, K]). See
+    the module docstring."""
     dims = _validate(
         q,
         k,
@@ -350,6 +366,7 @@ def gdn_forward(
         checkpoints,
         a_log,
         dt_bias,
+        write_gate,
     )
     total_t, n_seqs, _, _, _, n_out, _, dim_v = dims
     _check(
@@ -366,7 +383,7 @@ def gdn_forward(
         allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, gate_domain=gate_domain,
         a_log=a_log, dt_bias=dt_bias, initial_state=initial_state, final_state=final_state,
         state_indices=state_indices, kernel_cfgs=kernel_cfgs, gate_per_key=gate_per_key,
-        lower_bound=gate_lower_bound, o=o if fuse_output else None,
+        lower_bound=gate_lower_bound, o=o if fuse_output else None, write_gate=write_gate,
     )  # fmt: skip
     if not fuse_output and total_t:
         _output_stage(
@@ -443,10 +460,12 @@ def gdn_backward(
     config=None,
     gate_lower_bound=None,
     gate_per_key=False,
+    write_gate=None,
+    dwrite_gate=None,
 ) -> None:
     """Gradients of gdn_forward written in place: dq/dk/dv like q/k/v, dg/dbeta like g/beta
     (w.r.t. what was passed), d_initial_state like initial_state, d_a_log [HO] / d_dt_bias
-    like dt_bias.
+    like dt_bias; gdn2 (write_gate given): dwrite_gate like write_gate.
     config: as gdn_forward's (the backward runs its recompute under the same config)."""
     dims = _validate(
         q,
@@ -470,15 +489,20 @@ def gdn_backward(
         checkpoints,
         a_log,
         dt_bias,
+        write_gate,
     )
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
+    _check("dw", (dwrite_gate is None) == (write_gate is None), "is required iff w is given")
     for name, grad, ref in (
         ("dq", dq, q),
         ("dk", dk, k),
         ("dv", dv, v),
         ("dg", dg, g),
         ("dbeta", dbeta, beta),
+        ("dw", dwrite_gate, write_gate),
     ):
+        if ref is None:
+            continue
         _check(
             name,
             grad.shape == ref.shape and grad.is_contiguous(),
@@ -507,10 +531,11 @@ def gdn_backward(
         "d_dt_bias", (d_dt_bias is None) == (dt_bias is None), "is required iff dt_bias is given"
     )
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant)
-    grads = (dq, dk, dv, dg, dbeta, d_a_log, d_dt_bias)
+    grads = (dq, dk, dv, dg, dbeta, d_a_log, d_dt_bias, dwrite_gate)
     if total_t == 0:
         ws = _carve(_layout(0, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, q.dtype, True,
-                            checkpoints is not None, safe_gate, gate_per_key=gate_per_key),
+                            checkpoints is not None, safe_gate, gate_per_key=gate_per_key,
+                            beta_per_key=write_gate is not None),
                     workspace, q.device)  # fmt: skip
         build_chunk_tables(cu_seqlens, 0, ws["cu_safe"], ws["cu_error"], ws["chunk_offsets"],
                            ws["chunk_seq"], ws["seq_order"])  # fmt: skip
@@ -518,14 +543,14 @@ def gdn_backward(
         poison_dense(ws["cu_error"], *grads)
         poison_states(ws["cu_error"], d_initial_state)
         return
-    ws, h_buf, prec, flags, (q, k, v, g, beta) = _prepare_and_recompute(
+    ws, h_buf, prec, flags, (q, k, v, g, beta, write_gate) = _prepare_and_recompute(
         q, k, v, g, beta, cu_seqlens, dims,
         backward=True, workspace=workspace, checkpoints=checkpoints, scale=scale,
         use_qk_l2norm=use_qk_l2norm, use_beta_sigmoid=use_beta_sigmoid,
         allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, gate_domain=gate_domain,
         a_log=a_log, dt_bias=dt_bias, initial_state=initial_state, final_state=None,
         state_indices=None, kernel_cfgs=kernel_cfgs, gate_per_key=gate_per_key,
-        lower_bound=gate_lower_bound,
+        lower_bound=gate_lower_bound, write_gate=write_gate,
     )  # fmt: skip
     n_chunks = max_chunks(total_t, n_seqs)
     tables = (ws["cu_safe"], ws["chunk_offsets"], ws["chunk_seq"], n_seqs)
@@ -591,10 +616,12 @@ def gdn_backward(
         dv if final_dv else ws["dv_group"],
         dg,
         dbeta,
+        dwrite_gate if dwrite_gate is not None else dummy,
         ws["da_tok"] if safe_gate else dummy,
         ws["ddt_tok"] if safe_gate else dummy,
     )
-    gates = (k, v, g, beta, a_log if a_log is not None else dummy)
+    gates = (k, v, g, beta, write_gate if write_gate is not None else dummy)
+    gates += (a_log if a_log is not None else dummy,)
     gates += (dt_bias if dt_bias is not None else dummy, ws["gc"], ws["beta_eff"])
     partials = (ws["a"], ws["dw"], ws["de"], ws["dk_part"], ws["dg_part"])
     finals = {"FINAL_DK": final_dk, "FINAL_DV": final_dv}
@@ -616,6 +643,7 @@ def gdn_backward(
         **flags,
         **finals,
         PREC=prec,
+        BETA_K=write_gate is not None,
         **cfg,
     )
 
@@ -668,6 +696,21 @@ def kda_forward(*args, **kwargs) -> None:
     """Kimi Delta Attention's forward: gdn_forward with a decay per key channel (g
     [T, HO, K], dt_bias [HO, K]); the same arguments otherwise."""
     gdn_forward(*args, gate_per_key=True, **kwargs)
+
+
+def gdn2_forward(q, k, v, g, beta, w, cu_seqlens, **kwargs) -> None:
+    """GDN-2's forward: kda_forward with beta an erase gate per key channel [T, HO, K] and
+    the write gate w [T, HO, V] (the WY stage's BETA_K); the same arguments otherwise."""
+    gdn_forward(q, k, v, g, beta, cu_seqlens, gate_per_key=True, write_gate=w, **kwargs)
+
+
+def gdn2_backward(q, k, v, g, beta, w, cu_seqlens, do, *, dw, **kwargs) -> None:
+    """GDN-2's backward: kda_backward with gdn2_forward's gates; dbeta like beta
+    [T, HO, K] and dw like w [T, HO, V] (the write gate's gradient)."""
+    gdn_backward(
+        q, k, v, g, beta, cu_seqlens, do, gate_per_key=True, write_gate=w, dwrite_gate=dw,
+        **kwargs,
+    )  # fmt: skip
 
 
 def kda_backward(*args, **kwargs) -> None:

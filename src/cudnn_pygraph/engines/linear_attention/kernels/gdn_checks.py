@@ -31,7 +31,10 @@ def _validate(
     checkpoints,
     a_log,
     dt_bias,
+    write_gate=None,
 ):
+    """write_gate (gdn2's, [total_T, HO, V]): beta is then an erase gate per key channel
+    [total_T, HO, K] and the decay is per key channel too."""
     use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, gate_per_key, lower_bound = flags
     _check("q", q.dim() == 3, "must be [total_T, H, K]")
     total_t, n_q, dim_k = q.shape
@@ -68,9 +71,30 @@ def _validate(
         _check(
             "g", tuple(g.shape) == (total_t, n_out), f"must be [total_T, HO] = {(total_t, n_out)}"
         )
-    _check(
-        "beta", tuple(beta.shape) == (total_t, n_out), f"must be [total_T, HO] = {(total_t, n_out)}"
-    )
+    if write_gate is not None:
+        _check("g", gate_per_key, "gdn2 needs a decay per key channel (gate_per_key)")
+        _check(
+            "beta",
+            tuple(beta.shape) == (total_t, n_out, dim_k),
+            f"must be [total_T, HO, K] = {(total_t, n_out, dim_k)} (an erase gate per key channel)",
+        )
+        _check(
+            "w",
+            tuple(write_gate.shape) == (total_t, n_out, dim_v),
+            f"must be [total_T, HO, V] = {(total_t, n_out, dim_v)} (a write gate per value channel)",
+        )
+        _check("w", all(st >= 0 for st in write_gate.stride()), "strides must be non-negative")
+        _check(
+            "w",
+            write_gate.dtype in (torch.float32, torch.bfloat16, torch.float16),
+            "dtype must be float32, bfloat16 or float16",
+        )
+    else:
+        _check(
+            "beta",
+            tuple(beta.shape) == (total_t, n_out),
+            f"must be [total_T, HO] = {(total_t, n_out)}",
+        )
     _check(
         "cu_seqlens",
         cu_seqlens.dim() == 1

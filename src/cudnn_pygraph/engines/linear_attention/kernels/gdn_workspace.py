@@ -20,14 +20,15 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _layout(
     total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, backward, has_checkpoints, safe_gate,
-    fused_output=False, strided=(), gate_per_key=False,
+    fused_output=False, strided=(), gate_per_key=False, beta_per_key=False,
 ):  # fmt: skip
     """[(name, dtype, shape)] of every scratch buffer, in carving order. fused_output: the
     forward writes O from the state kernel, so it keeps neither h nor E (kernels/configs.py
     fuses_output): ~T x HO x (V + K V / 64) x 2 bytes less, 0.4 GB at 32K tokens and 16
     heads of 128. strided: ((input name, dtype), ...) of the non-contiguous inputs among
     q / k / v / g / beta, each copied once into a dense buffer here (dense_copy.py).
-    gate_per_key (kda): the cumulative gate and its gradients carry a K axis."""
+    gate_per_key (kda): the cumulative gate and its gradients carry a K axis. beta_per_key
+    (gdn2): so do beta and beta_eff, and the write gate "w" [T, HO, V] is an input."""
     cdt = _compute_dtype(dtype)
     f32 = torch.float32
     n_chunks = max_chunks(total_t, n_seqs)
@@ -37,7 +38,8 @@ def _layout(
         "k": (total_t, n_k, dim_k),
         "v": (total_t, n_v, dim_v),
         "g": gate,
-        "beta": (total_t, n_out),
+        "beta": (total_t, n_out, dim_k) if beta_per_key else (total_t, n_out),
+        "w": (total_t, n_out, dim_v),
     }
     rows = [(f"{name}_dense", dt, input_shapes[name]) for name, dt in strided]
     rows += [
@@ -47,7 +49,7 @@ def _layout(
         ("chunk_seq", torch.int32, (n_chunks,)),
         ("seq_order", torch.int32, (n_seqs,)),
         ("gc", f32, gate),
-        ("beta_eff", f32, (total_t, n_out)),
+        ("beta_eff", f32, (total_t, n_out, dim_k) if beta_per_key else (total_t, n_out)),
         ("rk", f32, (total_t, n_out)),
         ("a", f32, (total_t, n_out, CHUNK)),
         ("w", cdt, (total_t, n_out, dim_k)),
@@ -109,12 +111,14 @@ def gdn_workspace_bytes(
     fused_output: bool = False,
     strided: tuple = (),
     gate_per_key: bool = False,
+    beta_per_key: bool = False,
 ) -> int:
     """Bytes of scratch the gdn forward (backward=False) or backward launcher carves.
     fused_output: the forward's output stage runs inside the state kernel under the call's
     config (kernels/configs.py fuses_output); without it the size covers both forward
     paths. strided: ((name, dtype), ...) of the non-contiguous inputs (their dense copies
-    are carved here too). gate_per_key: kda's [T, HO, K] gate."""
+    are carved here too). gate_per_key: kda's [T, HO, K] gate; beta_per_key: gdn2's
+    [T, HO, K] erase gate (with gate_per_key)."""
     n_out = max(n_q_heads, n_v_heads)
     rows = _layout(
         total_t,
@@ -132,6 +136,7 @@ def gdn_workspace_bytes(
         fused_output,
         tuple(strided),
         gate_per_key,
+        beta_per_key,
     )
     return sum(_aligned(_nbytes(dt, shape)) for _, dt, shape in rows)
 

@@ -367,7 +367,7 @@ def _dqk_gated_tail(
         rk = inv_norm(k, 1, L2NORM, EPS)
         dq = dq_inter * (scale * tl.exp(gq)) + gated_apply(
             dpg * rk[None, :], gq, k_ptr, gc_ptr, t0, valid, HK * K, hk * K, HO * K, h * K, K,
-            True,
+            True, k_ptr, 0, 0, False,
         )  # fmt: skip
         dg = q.to(tl.float32) * rq[:, None] * dq
         if FINAL_DQ:
@@ -395,7 +395,7 @@ def _dqk_gated_tail(
         rq = inv_norm(qt, 0, L2NORM, EPS)
         dk = load_rows(dk_ptr, t0, r, valid, HO * K, h * K, K) + gated_apply(
             dpg * rq[:, None], gq, q_ptr, gc_ptr, t0, valid, H * K, hq * K, HO * K, h * K, K,
-            False,
+            False, q_ptr, 0, 0, False,
         )  # fmt: skip
         tl.debug_barrier()
         store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K, K)

@@ -85,6 +85,7 @@ def wy_bwd_kernel(
     v_ptr,
     g_ptr,
     beta_ptr,
+    wg_ptr,
     a_log_ptr,
     dt_bias_ptr,
     gc_ptr,
@@ -99,6 +100,7 @@ def wy_bwd_kernel(
     dv_ptr,
     dg_ptr,
     dbeta_ptr,
+    dwg_ptr,
     da_tok_ptr,
     ddt_tok_ptr,
     cu_ptr,
@@ -125,6 +127,7 @@ def wy_bwd_kernel(
     PREC: tl.constexpr,
     GATE_K: tl.constexpr = False,
     HAS_LB: tl.constexpr = False,
+    BETA_K: tl.constexpr = False,
 ):
     """dk, dv, dbeta and dG in BV / BK column slices, so that only the [64, 64] matrices
     (A^T, dA, the key Gram) stay whole. (The previous kernel held a dozen [64, 128] fp32
@@ -145,6 +148,10 @@ def wy_bwd_kernel(
     GATE_K (kda: a decay per key channel, G [T, HO, K]): the V pass is the same; the key side
     is _wy_bwd_gated_keys.
 
+    BETA_K (gdn2, with GATE_K: u = A (wg * V), beta [T, HO, K] per key channel): the V pass
+    gives dv = wg * A^T dU and the write gate's gradient dwg = V * A^T dU (dwg_ptr, like
+    wg), dA takes dU (wg * V)^T; the key side takes beta per channel (_wy_bwd_gated_keys).
+
     16-bit runs: every product takes 16-bit operands (fp32 accumulation), as fla's
     WY backward does: A, dU, dW and dA are rounded to the inputs' dtype on entry to a
     product; k and v enter exactly. Column and row factors (beta, d, 1/||k||) are applied to
@@ -160,7 +167,11 @@ def wy_bwd_kernel(
     hv = h // (HO // HV)
     r = tl.arange(0, 64)
     row_ok = r < valid
-    b = load_vec(beff_ptr, t0, r, valid, HO, h)
+    if BETA_K:
+        # beta is per channel (the key side reads it); the V side's row scale is 1.
+        b = tl.full([64], 1.0, tl.float32)
+    else:
+        b = load_vec(beff_ptr, t0, r, valid, HO, h)
     rk = load_vec(rk_ptr, t0, r, valid, HO, h)
     ty = k_ptr.dtype.element_ty
     at = (_load_a(a_ptr, t0, valid, HO, h, True)).to(ty)
@@ -173,11 +184,19 @@ def wy_bwd_kernel(
         v = load_rows(v_ptr, t0, r, valid, HV * V, hv * V + col, BV).to(tl.float32)
         vt = (load_rows_t(v_ptr, t0, r, valid, HV * V, hv * V + col, BV)).to(ty)
         at_du = tl.dot(at, du, input_precision=PREC)
-        dbeta += tl.sum(v * at_du, 1)
-        if FINAL_DV:
-            store_rows(dv_ptr, b[:, None] * at_du, t0, r, valid, HV * V, hv * V + col, BV)
+        if BETA_K:
+            wg = load_rows(wg_ptr, t0, r, valid, HO * V, h * V + col, BV).to(tl.float32)
+            wgt = load_rows_t(wg_ptr, t0, r, valid, HO * V, h * V + col, BV).to(tl.float32)
+            store_rows(dwg_ptr, v * at_du, t0, r, valid, HO * V, h * V + col, BV)
+            dv_rows = wg * at_du
+            vt = (vt.to(tl.float32) * wgt).to(ty)
         else:
-            store_rows(dv_ptr, b[:, None] * at_du, t0, r, valid, HO * V, h * V + col, BV)
+            dbeta += tl.sum(v * at_du, 1)
+            dv_rows = b[:, None] * at_du
+        if FINAL_DV:
+            store_rows(dv_ptr, dv_rows, t0, r, valid, HV * V, hv * V + col, BV)
+        else:
+            store_rows(dv_ptr, dv_rows, t0, r, valid, HO * V, h * V + col, BV)
         da += tl.dot(du, vt, input_precision=PREC) * b[None, :]
 
     if GATE_K:
@@ -185,7 +204,7 @@ def wy_bwd_kernel(
             k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, gc_ptr, a_ptr, dw_ptr, dk_part_ptr,
             dg_part_ptr, dk_ptr, dg_ptr, dbeta_ptr, da_tok_ptr, ddt_tok_ptr, at, da, dbeta, b,
             rk, t0, valid, HO, HK, h, hk, lower_bound, K, BK, L2NORM, LINEAR, SAFE, HAS_A,
-            HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, FINAL_DK, PREC,
+            HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, FINAL_DK, PREC, beff_ptr, BETA_K,
         )  # fmt: skip
     else:
         g = load_vec(gc_ptr, t0, r, valid, HO, h)
@@ -281,7 +300,8 @@ def _wy_bwd_gated_keys(
     valid, HO, HK, h, hk, lower_bound, K: tl.constexpr, BK: tl.constexpr,
     L2NORM: tl.constexpr, LINEAR: tl.constexpr, SAFE: tl.constexpr, HAS_A: tl.constexpr,
     HAS_DT: tl.constexpr, HAS_LB: tl.constexpr, SIGMOID: tl.constexpr,
-    NEG_EIGVAL: tl.constexpr, FINAL_DK: tl.constexpr, PREC: tl.constexpr,
+    NEG_EIGVAL: tl.constexpr, FINAL_DK: tl.constexpr, PREC: tl.constexpr, beff_ptr,
+    BETA_K: tl.constexpr,
 ):  # fmt: skip
     """wy_bwd_kernel's key side under a per-key-channel decay (G, dG and dt_bias per
     channel), given A^T, the V pass's dA and dbeta. With W_raw = beta D * k_hat (D = exp(G)
@@ -292,7 +312,12 @@ def _wy_bwd_gated_keys(
     columns (gated.py), stored unnormalized in place of the parked partial; dG per channel
     = parked + k_hat * (beta D A^T dW + rows - columns), then per slice the reverse cumsum
     and the gate transform (d_a_log per token, d_dt_bias per token and channel);
-    pass 3: the l2norm Jacobian (its row dot <k_hat, dk_hat> summed in pass 2)."""
+    pass 3: the l2norm Jacobian (its row dot <k_hat, dk_hat> summed in pass 2).
+    BETA_K (gdn2: beta per channel, L_ij = sum_c beta_ic k_hat_ic k_hat_jc exp(G_ic - G_jc),
+    W_raw = beta D * k_hat elementwise; b is 1 here): pass 1 takes beta into dW W_raw^T and
+    forms no Gram; in pass 2 the row products of dM (before beta) give dbeta per channel,
+    k_hat * (D A^T dW + rows), and beta * rows; the column products read beta k (gated.py's
+    MUL); dbeta is stored per slice."""
     r = tl.arange(0, 64)
     row_ok = r < valid
     ty = k_ptr.dtype.element_ty
@@ -304,22 +329,26 @@ def _wy_bwd_gated_keys(
         gk = load_rows(gc_ptr, t0, r, valid, HO * K, h * K + col, BK)
         gt = load_rows_t(gc_ptr, t0, r, valid, HO * K, h * K + col, BK)
         dw = (load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK)).to(ty)
-        at_dw = tl.dot(at, dw, input_precision=PREC)
-        dgate = tl.where(row_ok[:, None], tl.exp(gk), 0.0)
-        dbeta += tl.sum(k.to(tl.float32) * rk[:, None] * dgate * at_dw, 1)
         ktg = tl.where(row_ok[None, :], kt.to(tl.float32) * tl.exp(gt), 0.0)
+        if BETA_K:
+            ktg = ktg * load_rows_t(beff_ptr, t0, r, valid, HO * K, h * K + col, BK)
+        else:
+            at_dw = tl.dot(at, dw, input_precision=PREC)
+            dgate = tl.where(row_ok[:, None], tl.exp(gk), 0.0)
+            dbeta += tl.sum(k.to(tl.float32) * rk[:, None] * dgate * at_dw, 1)
+            kk += gated_scores(
+                k, gk, r, k_ptr, gc_ptr, t0, 0, valid, HK * K, hk * K + col, HO * K,
+                h * K + col, 64, BK, True,
+            )  # fmt: skip
         da += tl.dot(dw, ktg.to(ty), input_precision=PREC) * (rk * b)[None, :]
-        kk += gated_scores(
-            k, gk, r, k_ptr, gc_ptr, t0, 0, valid, HK * K, hk * K + col, HO * K, h * K + col,
-            64, BK, True,
-        )  # fmt: skip
     kk = kk * rk[:, None] * rk[None, :]
 
     dl = tl.dot(at, (da).to(ty), input_precision=PREC)
     dl = -tl.dot((dl).to(ty), at, input_precision=PREC)
     strict = (r[:, None] > r[None, :]) & (r[:, None] < valid)
     dm = tl.where(strict, dl, 0.0)
-    dbeta += tl.sum(dm * kk, 1)
+    if not BETA_K:
+        dbeta += tl.sum(dm * kk, 1)
     dm = dm * b[:, None]
 
     row_dot = tl.zeros([64], dtype=tl.float32)
@@ -332,16 +361,33 @@ def _wy_bwd_gated_keys(
         k_hat = k * rk[:, None]
         gk = load_rows(gc_ptr, t0, r, valid, HO * K, h * K + col, BK)
         dw = (load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK)).to(ty)
-        dk_w = tl.dot(at, dw, input_precision=PREC) * b[:, None]
-        dk_w = tl.where(row_ok[:, None], dk_w * tl.exp(gk), 0.0)
+        at_dw = tl.dot(at, dw, input_precision=PREC)
         rows = gated_apply(
             dm * rk[None, :], gk, k_ptr, gc_ptr, t0, valid, HK * K, hk * K + col, HO * K,
-            h * K + col, BK, True,
+            h * K + col, BK, True, k_ptr, 0, 0, False,
         )  # fmt: skip
         colm = gated_apply(
             dm * rk[:, None], gk, k_ptr, gc_ptr, t0, valid, HK * K, hk * K + col, HO * K,
-            h * K + col, BK, False,
+            h * K + col, BK, False, beff_ptr, HO * K, h * K + col, BETA_K,
         )  # fmt: skip
+        if BETA_K:
+            bs = load_rows(beff_ptr, t0, r, valid, HO * K, h * K + col, BK)
+            eg = tl.where(row_ok[:, None], tl.exp(gk), 0.0)
+            db_el = k_hat * (eg * at_dw + rows)
+            dk_w = bs * at_dw * eg
+            rows = bs * rows
+            b_raw = tl.load(
+                beta_ptr + offs[:, None] * K + cols[None, :], mask=row_ok[:, None], other=0.0
+            )
+            tl.store(
+                dbeta_ptr + offs[:, None] * K + cols[None, :],
+                effective_beta_bwd(b_raw, db_el, SIGMOID, NEG_EIGVAL).to(
+                    dbeta_ptr.dtype.element_ty
+                ),
+                mask=row_ok[:, None],
+            )
+        else:
+            dk_w = tl.where(row_ok[:, None], at_dw * b[:, None] * tl.exp(gk), 0.0)
         dk = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK) + dk_w + rows + colm
         row_dot += tl.sum(k_hat * dk, 1)
         store_rows(dk_part_ptr, dk, t0, r, valid, HO * K, h * K + col, BK)
@@ -376,6 +422,7 @@ def _wy_bwd_gated_keys(
                 k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK).to(tl.float32)
                 dk = (dk - k * rk[:, None] * row_dot[:, None]) * rk[:, None]
             store_rows(dk_ptr, dk, t0, r, valid, HK * K, hk * K + col, BK)
-    b_raw = tl.load(beta_ptr + offs, mask=row_ok, other=0.0)
-    d_braw = effective_beta_bwd(b_raw, dbeta, SIGMOID, NEG_EIGVAL)
-    tl.store(dbeta_ptr + offs, d_braw.to(dbeta_ptr.dtype.element_ty), mask=row_ok)
+    if not BETA_K:
+        b_raw = tl.load(beta_ptr + offs, mask=row_ok, other=0.0)
+        d_braw = effective_beta_bwd(b_raw, dbeta, SIGMOID, NEG_EIGVAL)
+        tl.store(dbeta_ptr + offs, d_braw.to(dbeta_ptr.dtype.element_ty), mask=row_ok)

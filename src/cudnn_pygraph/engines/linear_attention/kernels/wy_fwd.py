@@ -68,9 +68,11 @@ def _gate_rows(
     HAS_LB: tl.constexpr,
     SIGMOID: tl.constexpr,
     NEG_EIGVAL: tl.constexpr,
+    BETA_K: tl.constexpr,
 ):
     """(gamma, beta_eff) of rows t0 + rows, 0 outside the chunk; gamma is [R] (a decay per
-    head) or [R, K] (GATE_K: per key channel, g [T, HO, K], dt_bias [HO, K])."""
+    head) or [R, K] (GATE_K: per key channel, g [T, HO, K], dt_bias [HO, K]); beta_eff is
+    [R], or [R, K] under BETA_K (gdn2's erase gate per key channel, beta [T, HO, K])."""
     m = rows < valid
     offs = (t0 + rows).to(tl.int64) * HO + h
     if GATE_K:
@@ -88,8 +90,13 @@ def _gate_rows(
             LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB,
         )  # fmt: skip
         gamma = tl.where(m, gamma, 0.0)
-    b_raw = tl.load(beta_ptr + offs, mask=m, other=0.0)
-    beta = tl.where(m, effective_beta(b_raw, SIGMOID, NEG_EIGVAL), 0.0)
+    if BETA_K:
+        kc = tl.arange(0, K)
+        b_raw = tl.load(beta_ptr + offs[:, None] * K + kc[None, :], mask=m[:, None], other=0.0)
+        beta = tl.where(m[:, None], effective_beta(b_raw, SIGMOID, NEG_EIGVAL), 0.0)
+    else:
+        b_raw = tl.load(beta_ptr + offs, mask=m, other=0.0)
+        beta = tl.where(m, effective_beta(b_raw, SIGMOID, NEG_EIGVAL), 0.0)
     return gamma, beta
 
 
@@ -115,6 +122,14 @@ def _inv_norms(kk_ii, L2NORM: tl.constexpr, EPS: tl.constexpr):
     else:
         ones = tl.full([16], 1.0, tl.float32)
         return ones, ones
+
+
+@triton.jit
+def _row_inv_norms(k_ptr, t0, rows, valid, stride_k, col_k, K: tl.constexpr, EPS: tl.constexpr):
+    """1 / sqrt(||k_i||^2 + eps) of the raw key rows: the l2norm's factor where the Gram's
+    diagonal does not hold the squared norms (BETA_K weighs it by the erase gate)."""
+    x = load_rows(k_ptr, t0, rows, valid, stride_k, col_k, K).to(tl.float32)
+    return 1.0 / tl.sqrt(tl.sum(x * x, 1) + EPS)
 
 
 @triton.jit
@@ -180,16 +195,23 @@ def _gram_slices(k_ptr, t0, valid, stride_t, col0, K: tl.constexpr, BK: tl.const
 
 @triton.jit
 def _gated_gram(k_ptr, gc_ptr, t0, valid, stride_k, col_k, stride_g, col_g, g0, g1, g2, g3,
-                K: tl.constexpr):  # fmt: skip
+                b0, b1, b2, b3, K: tl.constexpr, BETA_K: tl.constexpr):  # fmt: skip
     """_gram_slices' ten blocks under a per-key-channel decay: block (i, j) holds
     sum_c k_ac k_bc exp(G_ac - G_bc) (gated.py; diagonal blocks with their diagonal, the
     squared norms, so _inv_norms reads them as it does the plain Gram's). g0..g3: the
-    [16, K] cumulative gates of the four row blocks."""
+    [16, K] cumulative gates of the four row blocks. BETA_K: the later row's erase gate
+    b0..b3 [16, K] weighs each channel, sum_c beta_ac k_ac k_bc exp(G_ac - G_bc) (then the
+    diagonal is no norm: _row_inv_norms)."""
     r = tl.arange(0, 16)
     k0 = load_rows(k_ptr, t0, r, valid, stride_k, col_k, K)
     k1 = load_rows(k_ptr, t0, r + 16, valid, stride_k, col_k, K)
     k2 = load_rows(k_ptr, t0, r + 32, valid, stride_k, col_k, K)
     k3 = load_rows(k_ptr, t0, r + 48, valid, stride_k, col_k, K)
+    if BETA_K:
+        k0 = k0.to(tl.float32) * b0
+        k1 = k1.to(tl.float32) * b1
+        k2 = k2.to(tl.float32) * b2
+        k3 = k3.to(tl.float32) * b3
     kk00 = gated_scores(
         k0,
         g0,
@@ -364,15 +386,31 @@ def _gated_gram(k_ptr, gc_ptr, t0, valid, stride_k, col_k, stride_g, col_g, g0, 
 
 
 @triton.jit
+def _channel_scaled(
+    x, t0, rows, valid, c, BA: tl.constexpr, gate_ptr, stride_g, col_g, GATED: tl.constexpr,
+    mul_ptr, stride_m, col_m, MUL: tl.constexpr,
+):  # fmt: skip
+    """x [R, BA] (fp32) scaled elementwise by exp(G) (GATED: a per-key-channel decay) and by
+    a per-channel factor read from mul_ptr (MUL: gdn2's erase gate on the keys, its write
+    gate on the values)."""
+    if GATED:
+        x = x * tl.exp(load_rows(gate_ptr, t0, rows, valid, stride_g, col_g + c, BA))
+    if MUL:
+        x = x * load_rows(mul_ptr, t0, rows, valid, stride_m, col_m + c, BA).to(tl.float32)
+    return x
+
+
+@triton.jit
 def _apply_rows(
     x_ptr, t0, valid, stride_x, col_x, s0, s1, s2, s3,
     a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
     out_ptr, stride_out, col_out, D: tl.constexpr, BA: tl.constexpr, PREC: tl.constexpr,
     gate_ptr, stride_g, col_g, GATED: tl.constexpr,
+    mul_ptr, stride_m, col_m, MUL: tl.constexpr,
 ):  # fmt: skip
     """out = A diag(s) X for the chunk's [64, D] rows of X, BA columns at a time: per 16-row
     block i, out_i = sum_{j <= i} A_ij (s_j X_j), A's blocks straight from registers.
-    GATED: X's elements are first scaled by exp(G) (a per-key-channel decay, gate_ptr)."""
+    GATED / MUL: X's elements are first scaled per channel (_channel_scaled)."""
     r = tl.arange(0, 16)
     for ic in range(D // BA):
         c = ic * BA
@@ -380,11 +418,23 @@ def _apply_rows(
         x1 = load_rows(x_ptr, t0, r + 16, valid, stride_x, col_x + c, BA).to(tl.float32)
         x2 = load_rows(x_ptr, t0, r + 32, valid, stride_x, col_x + c, BA).to(tl.float32)
         x3 = load_rows(x_ptr, t0, r + 48, valid, stride_x, col_x + c, BA).to(tl.float32)
-        if GATED:
-            x0 = x0 * tl.exp(load_rows(gate_ptr, t0, r, valid, stride_g, col_g + c, BA))
-            x1 = x1 * tl.exp(load_rows(gate_ptr, t0, r + 16, valid, stride_g, col_g + c, BA))
-            x2 = x2 * tl.exp(load_rows(gate_ptr, t0, r + 32, valid, stride_g, col_g + c, BA))
-            x3 = x3 * tl.exp(load_rows(gate_ptr, t0, r + 48, valid, stride_g, col_g + c, BA))
+        if GATED or MUL:
+            x0 = _channel_scaled(
+                x0, t0, r, valid, c, BA, gate_ptr, stride_g, col_g, GATED,
+                mul_ptr, stride_m, col_m, MUL,
+            )  # fmt: skip
+            x1 = _channel_scaled(
+                x1, t0, r + 16, valid, c, BA, gate_ptr, stride_g, col_g, GATED,
+                mul_ptr, stride_m, col_m, MUL,
+            )  # fmt: skip
+            x2 = _channel_scaled(
+                x2, t0, r + 32, valid, c, BA, gate_ptr, stride_g, col_g, GATED,
+                mul_ptr, stride_m, col_m, MUL,
+            )  # fmt: skip
+            x3 = _channel_scaled(
+                x3, t0, r + 48, valid, c, BA, gate_ptr, stride_g, col_g, GATED,
+                mul_ptr, stride_m, col_m, MUL,
+            )  # fmt: skip
         x0 = x0 * s0[:, None]
         x1 = x1 * s1[:, None]
         x2 = x2 * s2[:, None]
@@ -430,11 +480,13 @@ def _apply_rows16(
     h00, h10, h11, h20, h21, h22, h30, h31, h32, h33,
     out_ptr, stride_out, col_out, D: tl.constexpr, BA: tl.constexpr,
     gate_ptr, stride_g, col_g, GATED: tl.constexpr,
+    mul_ptr, stride_m, col_m, MUL: tl.constexpr,
 ):  # fmt: skip
     """_apply_rows for 16-bit inputs with the row scale folded into A's columns:
     out = (A diag(s)) X from the 16-bit A diag(s) (_scaled16), X fed raw (no fp32 copy of
-    the tile; 16-bit tensor-core products, fp32 accumulation). GATED: X exp(G) instead,
-    rounded once to the 16-bit type (a per-key-channel decay cannot fold into A)."""
+    the tile; 16-bit tensor-core products, fp32 accumulation). GATED / MUL: X scaled per
+    channel (_channel_scaled) instead, rounded once to the 16-bit type (a per-channel factor
+    cannot fold into A)."""
     r = tl.arange(0, 16)
     for ic in range(D // BA):
         c = ic * BA
@@ -442,16 +494,24 @@ def _apply_rows16(
         x1 = load_rows(x_ptr, t0, r + 16, valid, stride_x, col_x + c, BA)
         x2 = load_rows(x_ptr, t0, r + 32, valid, stride_x, col_x + c, BA)
         x3 = load_rows(x_ptr, t0, r + 48, valid, stride_x, col_x + c, BA)
-        if GATED:
+        if GATED or MUL:
             DT: tl.constexpr = x_ptr.dtype.element_ty
-            e0 = tl.exp(load_rows(gate_ptr, t0, r, valid, stride_g, col_g + c, BA))
-            e1 = tl.exp(load_rows(gate_ptr, t0, r + 16, valid, stride_g, col_g + c, BA))
-            e2 = tl.exp(load_rows(gate_ptr, t0, r + 32, valid, stride_g, col_g + c, BA))
-            e3 = tl.exp(load_rows(gate_ptr, t0, r + 48, valid, stride_g, col_g + c, BA))
-            x0 = (x0.to(tl.float32) * e0).to(DT)
-            x1 = (x1.to(tl.float32) * e1).to(DT)
-            x2 = (x2.to(tl.float32) * e2).to(DT)
-            x3 = (x3.to(tl.float32) * e3).to(DT)
+            x0 = _channel_scaled(
+                x0.to(tl.float32), t0, r, valid, c, BA, gate_ptr, stride_g, col_g, GATED,
+                mul_ptr, stride_m, col_m, MUL,
+            ).to(DT)  # fmt: skip
+            x1 = _channel_scaled(
+                x1.to(tl.float32), t0, r + 16, valid, c, BA, gate_ptr, stride_g, col_g, GATED,
+                mul_ptr, stride_m, col_m, MUL,
+            ).to(DT)  # fmt: skip
+            x2 = _channel_scaled(
+                x2.to(tl.float32), t0, r + 32, valid, c, BA, gate_ptr, stride_g, col_g, GATED,
+                mul_ptr, stride_m, col_m, MUL,
+            ).to(DT)  # fmt: skip
+            x3 = _channel_scaled(
+                x3.to(tl.float32), t0, r + 48, valid, c, BA, gate_ptr, stride_g, col_g, GATED,
+                mul_ptr, stride_m, col_m, MUL,
+            ).to(DT)  # fmt: skip
         o0 = tl.dot(h00, x0)
         o1 = tl.dot(h11, x1, tl.dot(h10, x0))
         o2 = tl.dot(h22, x2, tl.dot(h21, x1, tl.dot(h20, x0)))
@@ -469,6 +529,7 @@ def wy_solve_kernel(
     v_ptr,
     g_ptr,
     beta_ptr,
+    wg_ptr,
     a_log_ptr,
     dt_bias_ptr,
     cu_ptr,
@@ -502,6 +563,7 @@ def wy_solve_kernel(
     EPS: tl.constexpr,
     GATE_K: tl.constexpr = False,
     HAS_LB: tl.constexpr = False,
+    BETA_K: tl.constexpr = False,
 ):
     """One program per (chunk, output head): writes G, beta_eff, rk (the keys' inverse row
     norms, 1 without the l2norm) as [T, HO] fp32 (G as [T, HO, K] under GATE_K); A =
@@ -512,7 +574,12 @@ def wy_solve_kernel(
     GATE_K (kda: a decay per key channel): the Gram blocks carry the decay inside the sum
     over channels (gated.py, formed exactly in fp32 from the stored G), L's blocks then
     take no further decay factor, and w's rows are the keys scaled by exp(G) elementwise.
-    Everything after L (the solve, A, u) is the same code."""
+    Everything after L (the solve, A, u) is the same code.
+
+    BETA_K (gdn2, with GATE_K): the erase gate beta [T, HO, K] weighs the Gram's channels
+    (L_ij = sum_c beta_ic k_ic k_jc exp(G_ic - G_jc)) and w's rows elementwise
+    (w = A (beta * exp(G) * k_hat)), and the write gate wg [T, HO, V] takes beta's place on
+    the values (u = A (wg * V)); beta_eff is stored [T, HO, K]. The solve is the same code."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -522,19 +589,19 @@ def wy_solve_kernel(
     r = tl.arange(0, 16)
     gam0, b0 = _gate_rows(
         g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r, valid, h, HO, lower_bound, K, GATE_K,
-        LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL,
+        LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K,
     )  # fmt: skip
     gam1, b1 = _gate_rows(
         g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 16, valid, h, HO, lower_bound, K,
-        GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL,
+        GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K,
     )  # fmt: skip
     gam2, b2 = _gate_rows(
         g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 32, valid, h, HO, lower_bound, K,
-        GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL,
+        GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K,
     )  # fmt: skip
     gam3, b3 = _gate_rows(
         g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 48, valid, h, HO, lower_bound, K,
-        GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL,
+        GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K,
     )  # fmt: skip
     s0 = tl.sum(gam0, 0)
     s1 = s0 + tl.sum(gam1, 0)
@@ -553,17 +620,24 @@ def wy_solve_kernel(
         store_vec(gc_ptr, g1, t0, r + 16, valid, HO, h)
         store_vec(gc_ptr, g2, t0, r + 32, valid, HO, h)
         store_vec(gc_ptr, g3, t0, r + 48, valid, HO, h)
-    store_vec(beff_ptr, b0, t0, r, valid, HO, h)
-    store_vec(beff_ptr, b1, t0, r + 16, valid, HO, h)
-    store_vec(beff_ptr, b2, t0, r + 32, valid, HO, h)
-    store_vec(beff_ptr, b3, t0, r + 48, valid, HO, h)
+    if BETA_K:
+        store_rows(beff_ptr, b0, t0, r, valid, HO * K, h * K, K)
+        store_rows(beff_ptr, b1, t0, r + 16, valid, HO * K, h * K, K)
+        store_rows(beff_ptr, b2, t0, r + 32, valid, HO * K, h * K, K)
+        store_rows(beff_ptr, b3, t0, r + 48, valid, HO * K, h * K, K)
+    else:
+        store_vec(beff_ptr, b0, t0, r, valid, HO, h)
+        store_vec(beff_ptr, b1, t0, r + 16, valid, HO, h)
+        store_vec(beff_ptr, b2, t0, r + 32, valid, HO, h)
+        store_vec(beff_ptr, b3, t0, r + 48, valid, HO, h)
 
     if GATE_K:
         # The gated Gram reads the partner rows' G back from gc: every thread's store first.
         tl.debug_barrier()
         kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32 = _gated_gram(
-            k_ptr, gc_ptr, t0, valid, HK * K, hk * K, HO * K, h * K, g0, g1, g2, g3, K
-        )
+            k_ptr, gc_ptr, t0, valid, HK * K, hk * K, HO * K, h * K, g0, g1, g2, g3,
+            b0, b1, b2, b3, K, BETA_K,
+        )  # fmt: skip
         # The decay is inside the Gram: L's blocks take none (exp(0) below).
         d0 = tl.zeros([16], dtype=tl.float32)
         d1 = d0
@@ -577,25 +651,48 @@ def wy_solve_kernel(
         d1 = g1
         d2 = g2
         d3 = g3
-    n0, m0 = _inv_norms(kk00, L2NORM, EPS)  # n: indexed like rows, m: like columns
-    n1, m1 = _inv_norms(kk11, L2NORM, EPS)
-    n2, m2 = _inv_norms(kk22, L2NORM, EPS)
-    n3, m3 = _inv_norms(kk33, L2NORM, EPS)
+    if BETA_K and L2NORM:
+        n0 = _row_inv_norms(k_ptr, t0, r, valid, HK * K, hk * K, K, EPS)
+        n1 = _row_inv_norms(k_ptr, t0, r + 16, valid, HK * K, hk * K, K, EPS)
+        n2 = _row_inv_norms(k_ptr, t0, r + 32, valid, HK * K, hk * K, K, EPS)
+        n3 = _row_inv_norms(k_ptr, t0, r + 48, valid, HK * K, hk * K, K, EPS)
+        m0 = n0
+        m1 = n1
+        m2 = n2
+        m3 = n3
+    else:
+        n0, m0 = _inv_norms(kk00, L2NORM, EPS)  # n: indexed like rows, m: like columns
+        n1, m1 = _inv_norms(kk11, L2NORM, EPS)
+        n2, m2 = _inv_norms(kk22, L2NORM, EPS)
+        n3, m3 = _inv_norms(kk33, L2NORM, EPS)
+    # The rows' scalar gate on L, w and u: beta itself, or 1 under BETA_K (the erase gate is
+    # inside the Gram and scales w's channels, the write gate scales u's).
+    if BETA_K:
+        ones = tl.full([16], 1.0, tl.float32)
+        c0 = ones
+        c1 = ones
+        c2 = ones
+        c3 = ones
+    else:
+        c0 = b0
+        c1 = b1
+        c2 = b2
+        c3 = b3
     store_vec(rk_ptr, n0, t0, r, valid, HO, h)
     store_vec(rk_ptr, n1, t0, r + 16, valid, HO, h)
     store_vec(rk_ptr, n2, t0, r + 32, valid, HO, h)
     store_vec(rk_ptr, n3, t0, r + 48, valid, HO, h)
 
-    l00 = _scale_block(kk00, n0, m0, b0, d0, d0, True)
-    l11 = _scale_block(kk11, n1, m1, b1, d1, d1, True)
-    l22 = _scale_block(kk22, n2, m2, b2, d2, d2, True)
-    l33 = _scale_block(kk33, n3, m3, b3, d3, d3, True)
-    l10 = _scale_block(kk10, n1, m0, b1, d1, d0, False)
-    l20 = _scale_block(kk20, n2, m0, b2, d2, d0, False)
-    l21 = _scale_block(kk21, n2, m1, b2, d2, d1, False)
-    l30 = _scale_block(kk30, n3, m0, b3, d3, d0, False)
-    l31 = _scale_block(kk31, n3, m1, b3, d3, d1, False)
-    l32 = _scale_block(kk32, n3, m2, b3, d3, d2, False)
+    l00 = _scale_block(kk00, n0, m0, c0, d0, d0, True)
+    l11 = _scale_block(kk11, n1, m1, c1, d1, d1, True)
+    l22 = _scale_block(kk22, n2, m2, c2, d2, d2, True)
+    l33 = _scale_block(kk33, n3, m3, c3, d3, d3, True)
+    l10 = _scale_block(kk10, n1, m0, c1, d1, d0, False)
+    l20 = _scale_block(kk20, n2, m0, c2, d2, d0, False)
+    l21 = _scale_block(kk21, n2, m1, c2, d2, d1, False)
+    l30 = _scale_block(kk30, n3, m0, c3, d3, d0, False)
+    l31 = _scale_block(kk31, n3, m1, c3, d3, d1, False)
+    l32 = _scale_block(kk32, n3, m2, c3, d3, d2, False)
 
     # The merges' precision (module docstring); fp32 inputs are the accuracy reference: ieee.
     PM: tl.constexpr = "ieee" if PREC == "ieee" else MERGE
@@ -626,20 +723,20 @@ def wy_solve_kernel(
         DT: tl.constexpr = k_ptr.dtype.element_ty
         # The row scales of w's X: beta, the decay (a per-head one folds in here; GATE_K's
         # scales X's elements in _apply_rows16) and the keys' inverse norms.
-        e0 = b0 * tl.exp(d0) * n0
-        e1 = b1 * tl.exp(d1) * n1
-        e2 = b2 * tl.exp(d2) * n2
-        e3 = b3 * tl.exp(d3) * n3
-        uh00 = _scaled16(a00, b0, DT)
-        uh10 = _scaled16(a10, b0, DT)
-        uh11 = _scaled16(a11, b1, DT)
-        uh20 = _scaled16(a20, b0, DT)
-        uh21 = _scaled16(a21, b1, DT)
-        uh22 = _scaled16(a22, b2, DT)
-        uh30 = _scaled16(a30, b0, DT)
-        uh31 = _scaled16(a31, b1, DT)
-        uh32 = _scaled16(a32, b2, DT)
-        uh33 = _scaled16(a33, b3, DT)
+        e0 = c0 * tl.exp(d0) * n0
+        e1 = c1 * tl.exp(d1) * n1
+        e2 = c2 * tl.exp(d2) * n2
+        e3 = c3 * tl.exp(d3) * n3
+        uh00 = _scaled16(a00, c0, DT)
+        uh10 = _scaled16(a10, c0, DT)
+        uh11 = _scaled16(a11, c1, DT)
+        uh20 = _scaled16(a20, c0, DT)
+        uh21 = _scaled16(a21, c1, DT)
+        uh22 = _scaled16(a22, c2, DT)
+        uh30 = _scaled16(a30, c0, DT)
+        uh31 = _scaled16(a31, c1, DT)
+        uh32 = _scaled16(a32, c2, DT)
+        uh33 = _scaled16(a33, c3, DT)
         wh00 = _scaled16(a00, e0, DT)
         wh10 = _scaled16(a10, e0, DT)
         wh11 = _scaled16(a11, e1, DT)
@@ -654,24 +751,26 @@ def wy_solve_kernel(
         _apply_rows16(
             v_ptr, t0, valid, HV * V, hv * V,
             uh00, uh10, uh11, uh20, uh21, uh22, uh30, uh31, uh32, uh33,
-            u_ptr, HO * V, h * V, V, BA, gc_ptr, 0, 0, False,
+            u_ptr, HO * V, h * V, V, BA, gc_ptr, 0, 0, False, wg_ptr, HO * V, h * V, BETA_K,
         )  # fmt: skip
         _apply_rows16(
             k_ptr, t0, valid, HK * K, hk * K,
             wh00, wh10, wh11, wh20, wh21, wh22, wh30, wh31, wh32, wh33,
             w_ptr, HO * K, h * K, K, BA, gc_ptr, HO * K, h * K, GATE_K,
+            beff_ptr, HO * K, h * K, BETA_K,
         )  # fmt: skip
     else:
         hv = h // (HO // HV)
         _apply_rows(
-            v_ptr, t0, valid, HV * V, hv * V, b0, b1, b2, b3,
+            v_ptr, t0, valid, HV * V, hv * V, c0, c1, c2, c3,
             a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
-            u_ptr, HO * V, h * V, V, BA, PREC, gc_ptr, 0, 0, False,
+            u_ptr, HO * V, h * V, V, BA, PREC, gc_ptr, 0, 0, False, wg_ptr, HO * V, h * V, BETA_K,
         )  # fmt: skip
         _apply_rows(
             k_ptr, t0, valid, HK * K, hk * K,
-            b0 * tl.exp(d0) * n0, b1 * tl.exp(d1) * n1, b2 * tl.exp(d2) * n2,
-            b3 * tl.exp(d3) * n3,
+            c0 * tl.exp(d0) * n0, c1 * tl.exp(d1) * n1, c2 * tl.exp(d2) * n2,
+            c3 * tl.exp(d3) * n3,
             a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
             w_ptr, HO * K, h * K, K, BA, PREC, gc_ptr, HO * K, h * K, GATE_K,
+            beff_ptr, HO * K, h * K, BETA_K,
         )  # fmt: skip
