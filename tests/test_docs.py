@@ -362,3 +362,20 @@ def test_plot_without_results_is_not_an_error(tmp_path):
     )
     assert rc == 0 and "No results are committed yet" in doc.read_text()
     assert not (tmp_path / "img").exists()
+
+
+def test_the_committed_benchmarks_page_charts_the_latest_run_of_each_table(tmp_path):
+    """docs/benchmarks.md is what bench/plot.py renders from bench/results now: one chart
+    per table's latest run, none superseded (results committed without re-plotting fail)."""
+    pytest.importorskip("matplotlib")
+    import shutil
+
+    shutil.copytree(ROOT / "bench" / "results", tmp_path / "bench" / "results")
+    doc = tmp_path / "docs" / "benchmarks.md"
+    doc.parent.mkdir()
+    shutil.copy(ROOT / "docs" / "benchmarks.md", doc)
+    argv = ["--results", str(tmp_path / "bench" / "results"), "--img", str(doc.parent / "img")]
+    assert plot.main([*argv, "--doc", str(doc)]) == 0
+    assert doc.read_text() == (ROOT / "docs" / "benchmarks.md").read_text(), (
+        "docs/benchmarks.md is stale: run python bench/plot.py"
+    )
