@@ -595,21 +595,44 @@ def _exchange_api_of(tp):
         return None
     if type(attr).__name__ != "PyCapsule" or not _capsule_is_valid(attr, _EXCHANGE_CAPSULE):
         return None
-    header = ctypes.cast(_capsule_pointer(attr, _EXCHANGE_CAPSULE), ctypes.POINTER(_ExchangeHeader))
-    while header and header.contents.version.major != _DLPACK_MAJOR:
-        header = header.contents.prev_api
-    if not header:
-        return None
-    return ctypes.cast(header, ctypes.POINTER(_ExchangeAPI)).contents
+    address = _capsule_pointer(attr, _EXCHANGE_CAPSULE)
+    if address not in _TABLES:  # a producer's table is static: read it once
+        header = ctypes.cast(address, ctypes.POINTER(_ExchangeHeader))
+        while header and header.contents.version.major != _DLPACK_MAJOR:
+            header = header.contents.prev_api
+        _TABLES[address] = (
+            _Table(ctypes.cast(header, ctypes.POINTER(_ExchangeAPI)).contents) if header else None
+        )
+    return _TABLES[address]
+
+
+class _Table:
+    """A producer's exchange table with its entries as callables, made once per table."""
+
+    def __init__(self, api):
+        self.dltensor_from = (
+            _DLTENSOR_FROM(api.dltensor_from_py_object_no_sync)
+            if api.dltensor_from_py_object_no_sync
+            else None
+        )
+        from_, to = (
+            api.managed_tensor_from_py_object_no_sync,
+            api.managed_tensor_to_py_object_no_sync,
+        )
+        self.managed_from = _MANAGED_FROM(from_) if from_ else None
+        self.managed_to = _MANAGED_TO(to) if to else None
+
+
+_TABLES = {}  # table address -> _Table (None: no table of our major version)
 
 
 def _read_exchange(api, obj):
     """(view, keeper) through the producer's C exchange table."""
     refused = f"its producer ({_type_name(obj)[:80]}) refused the DLPack export"
-    if api.dltensor_from_py_object_no_sync:
+    if api.dltensor_from is not None:
         t = _DLTensor()
         try:
-            rc = _DLTENSOR_FROM(api.dltensor_from_py_object_no_sync)(obj, ctypes.byref(t))
+            rc = api.dltensor_from(obj, ctypes.byref(t))
         except Exception as error:
             raise _Fail(UnreadableOperandError, refused) from error
         if rc != 0:
@@ -617,7 +640,7 @@ def _read_exchange(api, obj):
         return _view_from_dl(t, 0), None
     managed = ctypes.POINTER(_DLManagedTensorVersioned)()
     try:
-        rc = _MANAGED_FROM(api.managed_tensor_from_py_object_no_sync)(obj, ctypes.byref(managed))
+        rc = api.managed_from(obj, ctypes.byref(managed))
     except Exception as error:
         raise _Fail(UnreadableOperandError, refused) from error
     if rc != 0 or not managed:
@@ -797,9 +820,7 @@ def _is_integer_scalar(obj):
     tp = type(obj)
     if tp is OperandBuffer or isinstance(obj, bool) or not hasattr(tp, "__index__"):
         return False
-    if _exchange_api_of(tp) is not None:
-        return False
-    return isinstance(obj, numbers.Integral)
+    return isinstance(obj, numbers.Integral) and _exchange_api_of(tp) is None
 
 
 # ---------------------------------------------------------------------------------------
@@ -1616,18 +1637,18 @@ def _via_exchange_api(obj, managed):
         raise TypeError(f"{_type_name(obj)[:100]} publishes no exchange table")
     if managed:  # managed export, then the producer's import
         m = ctypes.POINTER(_DLManagedTensorVersioned)()
-        if _MANAGED_FROM(api.managed_tensor_from_py_object_no_sync)(obj, ctypes.byref(m)):
+        if api.managed_from(obj, ctypes.byref(m)):
             raise TypeError("managed export failed")
         out = ctypes.c_void_p()
-        if _MANAGED_TO(api.managed_tensor_to_py_object_no_sync)(m, ctypes.byref(out)):
+        if api.managed_to(m, ctypes.byref(out)):
             raise TypeError("managed import failed")
         result = ctypes.cast(out, ctypes.py_object).value
         _py_decref(out.value)  # the producer handed over a new reference; .value took another
         return result
-    if not api.dltensor_from_py_object_no_sync:
+    if api.dltensor_from is None:
         raise TypeError("no dltensor_from_py_object_no_sync")
     t = _DLTensor()
-    if _DLTENSOR_FROM(api.dltensor_from_py_object_no_sync)(obj, ctypes.byref(t)):
+    if api.dltensor_from(obj, ctypes.byref(t)):
         raise TypeError("export failed")
     try:
         view = _view_from_dl(t, 0)
