@@ -9,6 +9,7 @@ so, and the "native" runs skip.
 """
 
 import importlib.machinery
+import os
 import pathlib
 import sys
 
@@ -31,7 +32,6 @@ def _built_is_current() -> bool:
 
 if _SOURCES[0].exists() and not _built_is_current():
     import importlib.util
-    import os
 
     _spec = importlib.util.spec_from_file_location(
         "build_variant_pack", pathlib.Path(__file__).with_name("build_variant_pack.py")
@@ -56,10 +56,15 @@ def pytest_configure(config):
     )
 
 
+# Which implementations the marked modules run against (tools/sanitizer_check.sh runs the
+# native one alone: the sanitizers instrument C).
+IMPLEMENTATIONS = os.environ.get("CUDNN_PYGRAPH_TEST_VARIANT_PACKS", "native,python").split(",")
+
+
 def pytest_generate_tests(metafunc):
     if metafunc.definition.get_closest_marker("both_variant_packs"):
         metafunc.parametrize(
-            "variant_pack_implementation", ["native", "python"], indirect=True, scope="module"
+            "variant_pack_implementation", IMPLEMENTATIONS, indirect=True, scope="module"
         )
 
 

@@ -8,7 +8,14 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
+
+pytestmark = pytest.mark.skipif(
+    "python" not in os.environ.get("CUDNN_PYGRAPH_TEST_VARIANT_PACKS", "python"),
+    reason="the pure-Python pack is not tested in this run (CUDNN_PYGRAPH_TEST_VARIANT_PACKS)",
+)
 
 SCRIPT = r"""
 import json, sys
