@@ -20,11 +20,14 @@ NOTICE = (
 class OptionalBuildExt(build_ext):
     """build_ext whose failure is one line, not a failed install."""
 
+    skipped = False
+
     def run(self):
         try:
             super().run()
-        except Exception as error:  # no compiler found at all (a platform error, before any file)
-            self._skip(error)
+        except Exception as error:  # no compiler at all; or, once skipped, the copy in place
+            if not self.skipped:  # (an editable install) of the module that was not built
+                self._skip(error)
 
     def build_extension(self, ext):
         try:
@@ -33,6 +36,7 @@ class OptionalBuildExt(build_ext):
             self._skip(error)
 
     def _skip(self, error):
+        self.skipped = True
         compiler = getattr(getattr(self, "compiler", None), "compiler_so", None)
         if compiler:  # the compiler ran, or was not found: name it, not its whole command line
             reason = f"compiling with {compiler[0]!r} failed: {type(error).__name__}"
