@@ -476,3 +476,19 @@ def test_gpu_real_plans_are_timed_selected_and_replayed_by_a_second_process():
         "from_cache": True,
         "index": result.index,
     }
+
+
+def test_a_pack_without_its_output_is_the_callers_mistake_said_once():
+    """docs/migrating.md's pack once left the output out: each plan refused it, and the
+    caller read "no plan runs here" once per plan. It is one ValueError naming the operand,
+    whatever the plans that do not build here (standin_nobuild) say."""
+    graph, pack = planned_graph()
+    output = list(pack)[-1]  # planned_graph binds the output last
+    del pack[output]
+    with pytest.raises(
+        ValueError, match="every plan that builds here refuses these buffers"
+    ) as info:
+        graph.autotune(pack, use_cache=False)
+    message = str(info.value)
+    assert "no plan runs here" not in message
+    assert message.count(f"'{output.name}'") == 1 and "not supplied" in message, message

@@ -204,7 +204,10 @@ def test_plans_without_an_engine_shows_every_reason_and_exits_1(capsys):
     assert rc == 1
     assert "NeedsNothingHere [20300] declines: does not run under the Triton interpreter" in out
     assert f"TorchDeltaRule [20301] declines: opt-in engine: set {manifest.OPT_IN_ENV}=1" in out
-    assert "backend OPENSOURCE: gdn node 'gdn.0' is a python-only op" in out
+    assert (
+        "backend (heur_mode OPENSOURCE; layout inference): gdn node 'gdn.0' is a python-only op"
+        in out
+    )
 
 
 @pytest.mark.parametrize("flag", [[], ["--opt-in"]], ids=["gate-closed", "opt-in-flag"])

@@ -2,7 +2,8 @@
 blocks each in a fresh interpreter, command blocks line by line, in a user's environment:
 no TRITON_INTERPRET set, a private autotune cache); docs/ops.md is what
 tools/gen_op_reference.py renders from the OpSpec tables (stale -> this fails; regenerate
-it), every relative link in docs/ resolves and README's links are absolute (PyPI shows it),
+it), every relative link in docs/ resolves, README's links resolve (absolute under pyproject's
+Source URL once the project has one, for PyPI),
 every module the architecture page names exists, and bench/plot.py turns results tables
 into charts (and copes with results that do not exist yet)."""
 
@@ -172,7 +173,7 @@ def test_code_block_runs_as_written(page, lang, body, tmp_path):
         assert "Traceback" not in proc.stderr, proc.stderr
 
 
-def test_readme_keeps_two_commands_and_absolute_links():
+def test_readme_keeps_two_commands_and_links_that_resolve():
     text = (ROOT / "README.md").read_text()
     commands = [
         c
@@ -181,14 +182,16 @@ def test_readme_keeps_two_commands_and_absolute_links():
         for c in body.strip().splitlines()
     ]
     assert len(commands) == 2, commands  # install + demo, install + tests
-    source = re.search(
-        r'^Source = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE
-    ).group(1)
-    for target in re.findall(r"\]\(([^)\s]+)\)", text):
-        assert target.startswith(f"{source}/blob/main/"), (
-            f"README link {target} is not absolute (PyPI)"
-        )
-        assert (ROOT / target.split("/blob/main/", 1)[1].split("#")[0]).exists(), target
+    # PyPI renders README without the repository, so its links must be absolute there: under
+    # the Source URL pyproject declares. The project has no public address yet, so none is
+    # declared (an invented one would be a broken link everywhere) and the links are relative.
+    source = re.search(r'^Source = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    prefix = f"{source.group(1)}/blob/main/" if source else ""
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert targets
+    for target in targets:
+        assert target.startswith(prefix) and ("://" in target) == bool(source), target
+        assert (ROOT / target.removeprefix(prefix).split("#")[0]).exists(), target
 
 
 @pytest.mark.parametrize("doc", DOC_FILES, ids=[d.name for d in DOC_FILES])
@@ -360,3 +363,20 @@ def test_plot_without_results_is_not_an_error(tmp_path):
     )
     assert rc == 0 and "No results are committed yet" in doc.read_text()
     assert not (tmp_path / "img").exists()
+
+
+def test_the_committed_benchmarks_page_charts_the_latest_run_of_each_table(tmp_path):
+    """docs/benchmarks.md is what bench/plot.py renders from bench/results now: one chart
+    per table's latest run, none superseded (results committed without re-plotting fail)."""
+    pytest.importorskip("matplotlib")
+    import shutil
+
+    shutil.copytree(ROOT / "bench" / "results", tmp_path / "bench" / "results")
+    doc = tmp_path / "docs" / "benchmarks.md"
+    doc.parent.mkdir()
+    shutil.copy(ROOT / "docs" / "benchmarks.md", doc)
+    argv = ["--results", str(tmp_path / "bench" / "results"), "--img", str(doc.parent / "img")]
+    assert plot.main([*argv, "--doc", str(doc)]) == 0
+    assert doc.read_text() == (ROOT / "docs" / "benchmarks.md").read_text(), (
+        "docs/benchmarks.md is stale: run python bench/plot.py"
+    )

@@ -204,6 +204,20 @@ def backend_status(device):
     return "installed, not usable here", str(outcome or "the probe graph got no backend plan")
 
 
+def variant_pack_status():
+    """Which variant pack runs: the C extension, or the pure-Python one (same rules, slower
+    per operand) where the extension was not built."""
+    from .runtime import variant_pack
+
+    if variant_pack.NATIVE:
+        return {"implementation": "native", "note": "C extension"}
+    return {
+        "implementation": "python",
+        "note": "pure Python, slower per operand: the C extension is not built here "
+        f"({variant_pack.NATIVE_UNAVAILABLE}); reinstall with a C compiler to build it",
+    }
+
+
 def doctor_data():
     """Everything doctor reports, as JSON-ready data."""
     from . import __version__
@@ -227,6 +241,7 @@ def doctor_data():
         software[dist] = dist_version(dist)
     data = {
         "software": software,
+        "variant_pack": variant_pack_status(),
         "cuda": {
             "driver": driver,
             "driver_note": driver_why,
@@ -286,6 +301,8 @@ def doctor_report(data=None):
     lines.append(f"  {'cudnn_pygraph':<22} {sw['cudnn_pygraph']}")
     lines.append(f"  {'python':<22} {sw['python']} ({sw['python_executable']})")
     lines.append(f"  {'platform':<22} {sw['platform']}")
+    pack = data["variant_pack"]
+    lines.append(f"  {'variant pack':<22} {pack['implementation']} ({pack['note']})")
     for label, dist, hint in (
         ("torch", "torch", "pip install 'cudnn-pygraph[demo]'"),
         ("triton", "triton", "pip install 'cudnn-pygraph[demo]'"),

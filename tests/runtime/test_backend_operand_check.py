@@ -21,6 +21,8 @@ from cudnn_pygraph.backend.lowering import BackendPlan
 from cudnn_pygraph.runtime.execute import ExecutionContext, GraphLayout
 from cudnn_pygraph.runtime.variant_pack import DeclaredLayout, VariantPack
 
+pytestmark = pytest.mark.both_variant_packs  # native and pure-Python (conftest)
+
 HALF = cudnn.data_type.HALF
 DEVICE = 0
 BASE = {"A": 0x10000, "B": 0x20000, "C": 0x30000}

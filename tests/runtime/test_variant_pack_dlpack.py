@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from cudnn_pygraph._types import data_type
-from cudnn_pygraph.runtime import _variant_pack
+from cudnn_pygraph.runtime import variant_pack
 from cudnn_pygraph.runtime.variant_pack import DeclaredLayout, OperandBuffer, VariantPack
+
+pytestmark = pytest.mark.both_variant_packs  # native and pure-Python (conftest)
 
 
 def pack_of(tensor, dims, strides, dtype=data_type.FLOAT, bits=32):
@@ -97,11 +99,16 @@ def test_numpy_and_the_legacy_capsule_read_the_same_memory():
 
 @pytest.mark.parametrize("managed", [False, True], ids=["dltensor", "managed-round-trip"])
 def test_the_exchange_table_on_the_type_describes_the_same_memory(managed):
+    if variant_pack.implementation.__file__.endswith(".py"):
+        # The pure-Python pack publishes no table (a C table calling back into Python is
+        # unsafe while an exception unwinds); consumers read its buffers through __dlpack__.
+        assert not hasattr(OperandBuffer, "__dlpack_c_exchange_api__")
+        return
     capsule = OperandBuffer.__dlpack_c_exchange_api__
     assert type(capsule).__name__ == "PyCapsule" and "dlpack_exchange_api" in repr(capsule)
     tensor = torch.randn(1, 6, 4).transpose(1, 2)
     (buf,) = pack_of(tensor, (1, 4, 6), (24, 6, 1)).operands([0])
-    again = _variant_pack._via_exchange_api(buf, managed)
+    again = variant_pack.implementation._via_exchange_api(buf, managed)
     assert (again.ptr, again.shape, again.strides, again.dtype) == (
         tensor.data_ptr(),
         (1, 4, 6),
@@ -114,7 +121,7 @@ def test_the_exchange_table_on_the_type_describes_the_same_memory(managed):
 def test_torch_is_read_through_its_exchange_table():
     # The fast path: the same description as torch's own DLPack export.
     tensor = torch.randn(2, 8)[:, ::2]
-    through_table = _variant_pack._via_exchange_api(tensor, False)
+    through_table = variant_pack.implementation._via_exchange_api(tensor, False)
     assert (through_table.ptr, through_table.shape, through_table.strides) == (
         tensor.data_ptr(),
         (2, 4),

@@ -29,6 +29,8 @@ from cudnn_pygraph._types import CLASSIC_ERRORS
 from cudnn_pygraph.backend import adapter
 from cudnn_pygraph.planning import manifest
 
+pytestmark = pytest.mark.both_variant_packs  # native and pure-Python (conftest)
+
 HALF, FLOAT = cudnn.data_type.HALF, cudnn.data_type.FLOAT
 M = N = K = 8
 DECLARED = {"A": (1, M, K), "B": (1, K, N), "C": (1, M, N)}

@@ -17,6 +17,8 @@ from cudnn_pygraph.runtime.variant_pack import (
     VariantPack,
 )
 
+pytestmark = pytest.mark.both_variant_packs  # native and pure-Python (conftest)
+
 FP4, INT4 = data_type.FP4_E2M1, data_type.INT4
 
 # (id, dtype, element dims, element strides, storage dims, storage strides)

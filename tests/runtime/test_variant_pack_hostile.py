@@ -19,6 +19,8 @@ from cudnn_pygraph.runtime.variant_pack import (
     workspace_address,
 )
 
+pytestmark = pytest.mark.both_variant_packs  # native and pure-Python (conftest)
+
 FLOAT = int(data_type.FLOAT)
 # x [4] float (an input), y [4] float (an output the plan writes)
 LAYOUT = DeclaredLayout(

@@ -19,6 +19,8 @@ from cudnn_pygraph.runtime.variant_pack import (
     VariantPack,
 )
 
+pytestmark = pytest.mark.both_variant_packs  # native and pure-Python (conftest)
+
 # torch dtype -> data_type (None: the backend has no name for it)
 BUFFER_DTYPES = {
     torch.float32: data_type.FLOAT,

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cudnn_pygraph._types import ELEMENT_BITS, data_type
+from cudnn_pygraph.runtime import variant_pack
 from cudnn_pygraph.runtime.variant_pack import (
     DeclaredLayout,
     MissingOperandError,
@@ -18,6 +19,8 @@ from cudnn_pygraph.runtime.variant_pack import (
     UnreadableOperandError,
     VariantPack,
 )
+
+pytestmark = pytest.mark.both_variant_packs  # native and pure-Python (conftest)
 
 DL_CPU, DL_CUDA = 1, 2
 
@@ -348,6 +351,7 @@ UNREADABLE_ROWS = [
     "make, error, words", [r[1:] for r in UNREADABLE_ROWS], ids=[r[0] for r in UNREADABLE_ROWS]
 )
 def test_an_unreadable_operand_is_refused_naming_it(make, error, words):
+    error = getattr(variant_pack, error.__name__, error)  # this run's class (conftest)
     layout = declared(*D3, uid=42, name="scale")
     with pytest.raises(error, match=rf"operand 'scale' \(uid 42\): .*{words}"):
         VariantPack.from_objects(layout, [make()])
@@ -488,5 +492,6 @@ MAPPING_REFUSALS = [
     "mapping, error, words", [r[1:] for r in MAPPING_REFUSALS], ids=[r[0] for r in MAPPING_REFUSALS]
 )
 def test_from_mapping_refusals_name_the_operand(mapping, error, words):
+    error = getattr(variant_pack, error.__name__, error)  # this run's class (conftest)
     with pytest.raises(error, match=words):
         VariantPack.from_mapping(_three_slots(), mapping, required=[0, 1, 2])

@@ -8,6 +8,8 @@ import torch
 from cudnn_pygraph import data_type
 from cudnn_pygraph.runtime.variant_pack import DeclaredLayout, VariantPack, workspace_address
 
+pytestmark = pytest.mark.both_variant_packs  # native and pure-Python (conftest)
+
 NEED = 256
 
 

@@ -61,7 +61,8 @@ class PlanTiming:
     name: str
     median_ms: float | None  # None: the plan did not build or run here
     reason: str = ""  # why it has no time
-    # the caller-side refusal (ValueError / TypeError at execute), kept to re-raise it once
+    # what the call raised once the plan built (a refusal of the buffers, or a failure while
+    # running), kept to re-raise a refusal that every built plan shares once
     error: Exception | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
@@ -517,12 +518,16 @@ def autotune(
 
 
 def _raise_callers_mistake(timings):
-    """Every plan refused the call with the same ValueError / TypeError: the buffers are
-    wrong, not the plans (an output missing from the pack, a wrong shape). Say that once."""
-    kinds = {None if t.error is None else (type(t.error), str(t.error)) for t in timings}
-    if len(kinds) == 1 and None not in kinds:
-        error = timings[0].error
-        raise type(error)(f"autotune(): every plan refuses these buffers: {error}") from error
+    """Every plan that builds here refused the call with the same ValueError / TypeError:
+    the buffers are wrong, not the plans (an output missing from the pack, a wrong shape).
+    Say that once; a plan that does not build here has no say in it."""
+    reached = [t for t in timings if t.error is not None]  # built, then called
+    kinds = {(type(t.error), str(t.error)) for t in reached}
+    error = reached[0].error if len(kinds) == 1 else None
+    if isinstance(error, (ValueError, TypeError)):
+        raise type(error)(
+            f"autotune(): every plan that builds here refuses these buffers: {error}"
+        ) from error
 
 
 def _time_plan(graph, record, index, packs, workspace, handle, timer, warmup, reps):
@@ -542,8 +547,8 @@ def _time_plan(graph, record, index, packs, workspace, handle, timer, warmup, re
         return PlanTiming(index, name, None, str(exc) or type(exc).__name__)
     except (ValueError, TypeError) as exc:  # refused at execute: maybe the caller's buffers
         return PlanTiming(index, name, None, f"{type(exc).__name__}: {exc}", exc)
-    except RuntimeError as exc:  # failed while running
-        return PlanTiming(index, name, None, f"{type(exc).__name__}: {exc}")
+    except RuntimeError as exc:  # failed while running: it took the buffers
+        return PlanTiming(index, name, None, f"{type(exc).__name__}: {exc}", exc)
     return PlanTiming(index, name, statistics.median(times))
 
 

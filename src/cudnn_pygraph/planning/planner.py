@@ -99,10 +99,7 @@ def create_execution_plans(graph, modes):
     )
     graph.__dict__["_planning"] = record
     graph.__dict__["_state"] = lifecycle.Planned()
-    by_outcome = {}  # one record per distinct outcome: a reason shared by modes is said once
-    for mode, outcome in backend_outcome.items():
-        by_outcome.setdefault(outcome, []).append(heur_mode(mode).name)
-    for outcome, names in by_outcome.items():
+    for names, outcome in record.backend_reasons(layout=False):
         log.info("backend %s for graph '%s': %s", ", ".join(names), graph.name, outcome)
     if log.isEnabledFor(logging.INFO):  # the names cost a knob conversion per plan
         names = "".join(f"\n  #{i} {record.plan_name(i)}" for i in range(len(plans)))
@@ -324,10 +321,7 @@ class PlanningRecord:
             f"graph '{self.graph.name}': family {self.family.name if self.family else 'none (backend only)'}"
         ]
         lines += [f"  {v}" for v in self.verdicts] or ["  no python engine is a candidate"]
-        for mode, outcome in self.backend_outcome.items():
-            lines.append(f"  backend {heur_mode(mode).name}: {outcome}")
-        if self.backend_decline:
-            lines.append(f"  backend layout inference: {self.backend_decline}")
+        lines += [f"  {self._backend_label(n)}: {o}" for n, o in self.backend_reasons()]
         lines.append("plans:" if self.plans else "plans: (none)")
         for i in range(len(self.plans)):
             mark = "*" if i == self.selected else " "
@@ -336,7 +330,23 @@ class PlanningRecord:
 
     def why_empty(self):
         parts = [str(v) for v in self.verdicts] or ["no python engine serves this kind of graph"]
-        parts += [f"backend {heur_mode(m).name}: {o}" for m, o in self.backend_outcome.items()]
-        if self.backend_decline:
-            parts.append(f"backend: {self.backend_decline}")
+        parts += [f"{self._backend_label(n)}: {o}" for n, o in self.backend_reasons()]
         return "; ".join(parts)
+
+    def backend_reasons(self, layout=True):
+        """[(names, reason)]: each distinct backend outcome once, with the heuristic modes
+        that gave it (and "layout inference" for the adapter's decline, when `layout`). The
+        modes of one graph mostly decline for one reason; said per mode it reads as many."""
+        by_reason = {}
+        for mode, outcome in self.backend_outcome.items():
+            by_reason.setdefault(str(outcome), []).append(heur_mode(mode).name)
+        if layout and self.backend_decline:
+            by_reason.setdefault(str(self.backend_decline), []).append("layout inference")
+        return [(names, reason) for reason, names in by_reason.items()]
+
+    @staticmethod
+    def _backend_label(names):
+        modes = [n for n in names if n != "layout inference"]
+        said = [f"heur_mode {', '.join(modes)}"] if modes else []
+        said += [n for n in names if n == "layout inference"]
+        return f"backend ({'; '.join(said)})"

@@ -6,8 +6,11 @@
 and nothing below execute branches on what the caller's object was: an engine and the
 backend read the same slots, so one call cannot get two answers by plan selection.
 
-Everything here is native (``_variant_pack.c``); this module names it and states the
-contract. docs/variant-pack.md has the rules with examples.
+The implementation is native (``_variant_pack.c``, built by the package install); where
+that module was not built (no C compiler) or does not load, ``_variant_pack_python`` serves
+the same types, rules and errors in pure Python, slower per operand. `NATIVE` says which one
+runs (``cudnn-pygraph doctor`` prints it). This module names the implementation and states
+the contract. docs/variant-pack.md has the rules with examples.
 
 Declaration (once per graph)::
 
@@ -122,19 +125,28 @@ a 3-operand pack of torch tensors costs 118 ns per operand through the exchange 
 reading the same facts off a torch tensor in Python.
 """
 
-from cudnn_pygraph.runtime._variant_pack import (
-    MAX_DIMS,
-    DeclaredLayout,
-    MissingOperandError,
-    OperandBuffer,
-    OperandExtentError,
-    OperandMismatchError,
-    RawExecutor,
-    UnknownOperandError,
-    UnreadableOperandError,
-    VariantPack,
-    workspace_address,
-)
+try:
+    from cudnn_pygraph.runtime import _variant_pack as implementation
+except ImportError as error:  # not built (no C compiler at install), or built for another ABI
+    from cudnn_pygraph.runtime import _variant_pack_python as implementation
+
+    NATIVE_UNAVAILABLE = f"{type(error).__name__}: {error}"
+else:
+    NATIVE_UNAVAILABLE = None
+
+NATIVE = NATIVE_UNAVAILABLE is None  # the C module runs; else the pure-Python one
+
+MAX_DIMS = implementation.MAX_DIMS
+DeclaredLayout = implementation.DeclaredLayout
+MissingOperandError = implementation.MissingOperandError
+OperandBuffer = implementation.OperandBuffer
+OperandExtentError = implementation.OperandExtentError
+OperandMismatchError = implementation.OperandMismatchError
+RawExecutor = implementation.RawExecutor
+UnknownOperandError = implementation.UnknownOperandError
+UnreadableOperandError = implementation.UnreadableOperandError
+VariantPack = implementation.VariantPack
+workspace_address = implementation.workspace_address
 
 __all__ = [
     "MAX_DIMS",
@@ -150,7 +162,7 @@ __all__ = [
     "workspace_address",
 ]
 
-# The error types, for readers of this module (they are raised from C):
+# The error types, for readers of this module (raised by the implementation):
 #   UnknownOperandError(LookupError, ValueError)  a uid that is not an operand of the graph
 #   OperandMismatchError(ValueError)   a buffer a pointer-only plan would misread
 #   MissingOperandError(ValueError)    a required operand the caller did not supply
