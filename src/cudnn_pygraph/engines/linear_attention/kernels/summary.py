@@ -141,7 +141,7 @@ def _transition(k, ws, dims, out, strides, cfg, prec):
     _, n_seqs, _, n_k, _, n_out, dim_k, _ = dims
     cfg = dict(cfg)
     cfg.pop("FUSE_OUTPUT", None)
-    bc = _block_v(cfg, dim_k)
+    bc = _block_v(cfg, dim_k, dim_k)
     transition_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_k // bc)](
         k, ws["w"], ws["gc"], ws["rk"], ws["cu_safe"], ws["seq_order"], out,
         out.stride(0), out.stride(1), *strides, n_out, n_k, K=dim_k, BC=bc, PREC=prec, **cfg,
@@ -166,7 +166,7 @@ def _prepare(inputs, cu_seqlens, dims, backward, workspace, flags, a_log, dt_bia
         x.get("q", x["k"]), x["k"], x["v"], x["g"], x["beta"], cu_seqlens, ws, dims,
         scale=1.0, flags=flags, l2norm=use_qk_l2norm, a_log=a_log, dt_bias=dt_bias, prec=prec,
         initial_state=None, final_state=final_state, state_indices=None, h_buf=None,
-        store_h=False, vnew=None, kernel_cfgs=kernel_cfgs,
+        store_h=False, vnew=None, kernel_cfgs=kernel_cfgs, lower_bound=0.0,
     )  # fmt: skip
     return ws, prec, x
 
@@ -179,14 +179,16 @@ def gdn_summary(
     """Writes H (fp32 [N, HO, V, K], the final state from a zero seed) into h_out and
     M_buf = M^T (fp32 [N, HO, K, K]) into m_out, any strides. k [T, HK, K] with HK = H
     (the summary reads no q); v, g, beta and the flags as gdn_forward's."""
-    flag_args = (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain)
+    flag_args = (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, False, None)
     dims = _validate(k, k, v, g, beta, cu_seqlens, 1.0, flag_args, None, h_out, None, None,
                      a_log, dt_bias)  # fmt: skip
     total_t, n_seqs, _, _, _, n_out, dim_k, dim_v = dims
     _check_summary("h_out", h_out, (n_seqs, n_out, dim_v, dim_k))
     _check_summary("m_out", m_out, (n_seqs, n_out, dim_k, dim_k))
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, k.device, batch_invariant)
-    flags = _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval)
+    flags = _gate_flags(
+        gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval, False, None
+    )
     inputs = {"k": k, "v": v, "g": g, "beta": beta}
     ws, prec, x = _prepare(inputs, cu_seqlens, dims, False, workspace, flags, a_log, dt_bias,
                            use_qk_l2norm, kernel_cfgs, h_out)  # fmt: skip
@@ -205,7 +207,7 @@ def gdn_summary_bwd(
     """Writes G (fp32 [N, HO, V, K]: the incoming-state gradient from dO alone) into g_out
     and, when given, the transition M (fp32 [N, HO, K, K], = M_buf^T) into `transition`.
     q / k / g / beta / dO and the flags as gdn_backward's; dO [T, HO, V] contiguous."""
-    flag_args = (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain)
+    flag_args = (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, False, None)
     # dO stands in for v (HV = HO): only wy_solve's u reads it, and nothing reads u here.
     dims = _validate(q, k, do, g, beta, cu_seqlens, scale, flag_args, None, None, None, None,
                      a_log, dt_bias)  # fmt: skip
@@ -219,23 +221,25 @@ def gdn_summary_bwd(
     if transition is not None:
         _check_summary("transition", transition, (n_seqs, n_out, dim_k, dim_k))
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant)
-    flags = _gate_flags(gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval)
+    flags = _gate_flags(
+        gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval, False, None
+    )
     inputs = {"q": q, "k": k, "v": do, "g": g, "beta": beta}
     ws, prec, x = _prepare(inputs, cu_seqlens, dims, True, workspace, flags, a_log, dt_bias,
                            use_qk_l2norm, kernel_cfgs, None)  # fmt: skip
     q, k = x["q"], x["k"]
     if n_seqs:
         common = {"K": dim_k, "V": dim_v, "L2NORM": use_qk_l2norm, "PREC": prec,
-                  "EPS": L2NORM_EPS}  # fmt: skip
+                  "EPS": L2NORM_EPS, "GATE_K": False}  # fmt: skip
         if total_t:
             cfg = dict(kernel_cfgs["dv_local"])
-            bv = _block_v(cfg, dim_v)
+            bv = _block_v(cfg, dim_v, dim_k)
             dv_local_kernel[(max_chunks(total_t, n_seqs), n_out, dim_v // bv)](
                 q, k, ws["gc"], do, ws["de"], ws["cu_safe"], ws["chunk_offsets"],
                 ws["chunk_seq"], n_seqs, scale, n_out, n_q, n_k, BV=bv, **common, **cfg,
             )  # fmt: skip
         cfg = dict(kernel_cfgs["state_bwd"])
-        bv = _block_v(cfg, dim_v)
+        bv = _block_v(cfg, dim_v, dim_k)
         dh = ws["dh"]
         state_bwd_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv)](
             q, k, ws["w"], ws["gc"], ws["rk"], do, ws["de"], ws["cu_safe"],
