@@ -6,7 +6,7 @@ Forward:  piece_table (cu_pieces: sequence b owns slots b * P .. b * P + P - 1, 
           -> gdn_summary over the pieces (H from a zero seed, M_buf = M^T; P > 1 only)
           -> compose: X_0 = initial_state, X_{j+1} = X_j @ M_buf_j + H_j, fp32 FMA chain
           -> gdn_forward over the B * P pieces as independent sequences seeded by X
-          -> pick: final_state[b] = the state after slot b * P + P - 1
+          -> pick: final_state[b] = the state after sequence b's last filled piece
 Backward: piece_table -> gdn_summary -> compose (X, as the forward's)
           -> gdn_summary_bwd (G: the gradient a piece's outputs send to its seed)
           -> compose in reverse: dX_out of the last slot = d_final_state,
@@ -15,8 +15,9 @@ Backward: piece_table -> gdn_summary -> compose (X, as the forward's)
           -> pick: d_initial_state[b] = slot b * P's incoming-state gradient
 
 An empty piece (a sequence shorter than P pieces) passes its state through: H = 0, M = I,
-and the main kernels leave its state as seeded, so slot b * P + P - 1 always ends where
-sequence b ends. A one-piece chain launches no summary, seeds piece 0 with initial_state
+and the main kernels leave its state as seeded; final_state is taken from the last filled
+piece all the same (its walked state, not one composed past it), so a sequence's final
+state does not depend on how many empty slots follow it (batch_invariant). A one-piece chain launches no summary, seeds piece 0 with initial_state
 itself and runs the main kernels over the very table the uncut run reads: bitwise the
 uncut run. Every table and grid comes from shapes (sync-free, capturable) and every step
 is a Triton launch, so the plan's recorded launches replay (runtime/launch.py). A bad
@@ -104,13 +105,23 @@ def compose_kernel(seed_ptr, add_ptr, m_ptr, out_ptr, P, HO, s_n, s_h, s_v, s_k,
 
 
 @triton.jit
-def pick_kernel(src_ptr, dst_ptr, P, slot, HO, s_n, s_h, s_v, s_k, V: tl.constexpr,
-                K: tl.constexpr, BV: tl.constexpr):  # fmt: skip
-    """dst[n] (any strides, its own dtype) = the fp32 state of slot n * P + slot."""
+def pick_kernel(src_ptr, cu_ptr, dst_ptr, P, HO, s_n, s_h, s_v, s_k, V: tl.constexpr,
+                K: tl.constexpr, BV: tl.constexpr, BLOCK: tl.constexpr,
+                LAST: tl.constexpr):  # fmt: skip
+    """dst[n] (any strides, its own dtype) = the fp32 state of sequence n's slot 0, or under
+    LAST of its last filled slot (slot 0 for an empty sequence): the state the main kernels
+    walked there, never one composed past it, so the result is the same whatever the
+    empty slots after it."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     rows = tl.program_id(2) * BV + tl.arange(0, BV)
     cols = tl.arange(0, K)
+    slot = 0
+    if LAST:
+        j = tl.arange(0, BLOCK)
+        starts = tl.load(cu_ptr + n * P + j, mask=j < P, other=0)
+        eos = tl.load(cu_ptr + (n + 1) * P)
+        slot = tl.maximum(tl.sum(((j < P) & (starts < eos)).to(tl.int32), axis=0) - 1, 0)
     piece = (n * P + slot).to(tl.int64) * HO + h
     x = tl.load(src_ptr + piece * V * K + rows[:, None] * K + cols[None, :])
     dst = dst_ptr + n.to(tl.int64) * s_n + h * s_h + rows[:, None] * s_v + cols[None, :] * s_k
@@ -185,10 +196,13 @@ def _compose(seed, add, m, out, pieces, *, reverse):
     )  # fmt: skip
 
 
-def _pick(src, dst, pieces, slot):
+def _pick(src, cu_pieces, dst, pieces, *, last):
     n_seqs, n_out, dim_v, dim_k = dst.shape
     grid, bv = _state_grid(n_seqs, n_out, dim_v, src.device)
-    pick_kernel[grid](src, dst, pieces, slot, n_out, *dst.stride(), V=dim_v, K=dim_k, BV=bv)
+    pick_kernel[grid](
+        src, cu_pieces, dst, pieces, n_out, *dst.stride(), V=dim_v, K=dim_k, BV=bv,
+        BLOCK=triton.next_power_of_2(pieces), LAST=last,
+    )  # fmt: skip
 
 
 def _setup(q, v, cu_seqlens, pieces, backward, workspace, batch_invariant):
@@ -245,7 +259,7 @@ def chain_forward(q, k, v, g, beta, cu_seqlens, *, pieces, o, initial_state=None
     gdn_forward(q, k, v, g, beta, ws["cu_pieces"], o=o, initial_state=ws["x"],
                 final_state=out_states, workspace=inner, **flags)  # fmt: skip
     if final_state is not None:
-        _pick(out_states, final_state, pieces, pieces - 1)
+        _pick(out_states, ws["cu_pieces"], final_state, pieces, last=True)
 
 
 def chain_backward(q, k, v, g, beta, cu_seqlens, do, *, pieces, dq, dk, dv, dg, dbeta,
@@ -266,4 +280,4 @@ def chain_backward(q, k, v, g, beta, cu_seqlens, do, *, pieces, dq, dk, dv, dg, 
                  dbeta=dbeta, initial_state=ws["x"], d_final_state=ws["dxo"],
                  d_initial_state=ws["h"], workspace=inner, **flags)  # fmt: skip
     if d_initial_state is not None:
-        _pick(ws["h"], d_initial_state, pieces, 0)
+        _pick(ws["h"], ws["cu_pieces"], d_initial_state, pieces, last=False)
