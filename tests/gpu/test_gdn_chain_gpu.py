@@ -67,12 +67,13 @@ def forward(x, cu, pieces, workspace=None, config="few", **flags):
     return o, final
 
 
-def backward(x, cu, pieces, d_o, d_final):
+def backward(x, cu, pieces, d_o, d_final, **flags):
     grads = {n: torch.full_like(x[n], float("nan")) for n in GRADS}
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], cu, d_o)
     kw = dict(scale=SCALE, dq=grads["q"], dk=grads["k"], dv=grads["v"], dg=grads["g"],
               dbeta=grads["beta"], initial_state=x["initial_state"], d_final_state=d_final,
-              d_initial_state=grads["initial_state"], use_qk_l2norm=True, config="few")  # fmt: skip
+              d_initial_state=grads["initial_state"], use_qk_l2norm=True, config="few",
+              **flags)  # fmt: skip
     if pieces:
         chain_backward(*args, pieces=pieces, **kw)
     else:
@@ -169,3 +170,21 @@ def test_batch_invariant_chain_alone_equals_inside_batch():
     cu1 = torch.tensor([0, 20000], dtype=torch.int32, device="cuda")
     o1, f1 = forward(alone, cu1, alone_pieces, batch_invariant=True, config="wide")
     assert torch.equal(o1, o[rows]) and torch.equal(f1[0], f[1])
+
+
+def test_kda_chain_equals_uncut_bf16():
+    # The decay per key channel (gate_per_key): the summaries walk it as the main kernels do.
+    x, cu = make([12000, 0, 3000], 4)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    x["g"] = torch.nn.functional.logsigmoid(
+        torch.randn(15000, 4, DIM, device="cuda", generator=gen) + 4.0
+    )
+    o0, f0 = forward(x, cu, 0, gate_per_key=True)
+    o, f = forward(x, cu, 4, gate_per_key=True)
+    assert rel_err(o, o0) <= CHAIN_TOL and rel_err(f, f0) <= CHAIN_TOL
+    d_o = torch.randn_like(x["v"])
+    d_final = torch.randn_like(x["initial_state"])
+    g0 = backward(x, cu, 0, d_o, d_final, gate_per_key=True)
+    g = backward(x, cu, 4, d_o, d_final, gate_per_key=True)
+    for name in GRADS:
+        assert rel_err(g[name], g0[name]) <= CHAIN_TOL, name

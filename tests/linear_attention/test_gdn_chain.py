@@ -195,3 +195,63 @@ def test_the_piece_rule(shape, backward, batch_invariant, pieces):
         b, ho, total, sms, backward=backward, batch_invariant=batch_invariant
     )
     assert got == pieces
+
+
+def test_a_kda_chain_gives_the_uncut_output_and_gradients():
+    # kda through the same engine: the summaries walk the decay per key channel, here
+    # through the lower-bound gate (a_log, dt_bias) the kda graphs use.
+    from test_kda_engine import GATE_ATTRS
+    from test_kda_engine import declare as kda_declare
+    from test_kda_engine import inputs as kda_inputs
+
+    x = kda_inputs(seqlens=(200, 0, 70), heads=2)
+    # Mild decays (lb * sigmoid(logit - 6) ~ -0.01 a token): a piece's transition does not
+    # underflow, so the composed seeds carry the earlier pieces.
+    x["g"] = x["g"] - 6.0
+    gen = torch.Generator().manual_seed(6)
+    d_o = torch.randn(tuple(x["v"].shape), generator=gen).to(DEVICE)
+    d_final = torch.randn(tuple(x["initial_state"].shape), generator=gen).to(DEVICE)
+    grads = ("q", "k", "v", "g", "beta", "initial_state", "a_log", "dt_bias")
+    attrs = {**ATTRS, **GATE_ATTRS}
+    runs = []
+    for pieces in (0, 3):
+        g = cudnn.pygraph(name="kda", io_data_type=dt.FLOAT)
+        t = kda_declare(g, x)
+        o, final, _ = g.kda(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
+                            initial_state=t["initial_state"], a_log=t["a_log"],
+                            dt_bias=t["dt_bias"], output_final_state=True, **attrs)  # fmt: skip
+        o.set_output(True)
+        final.set_output(True)
+        g.create_execution_plans([cudnn.heur_mode.A])
+        eid = g.get_engine_and_knobs_at_index(0)[0]
+        g = cudnn.pygraph(name="kda", io_data_type=dt.FLOAT)
+        t = kda_declare(g, x)
+        o, final, _ = g.kda(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
+                            initial_state=t["initial_state"], a_log=t["a_log"],
+                            dt_bias=t["dt_bias"], output_final_state=True, **attrs)  # fmt: skip
+        o.set_output(True)
+        final.set_output(True)
+        g.create_execution_plan(*knobs(eid, pieces))
+        g.build_plans()
+        out = {"O": torch.full_like(x["v"], float("nan")),
+               "final": torch.full_like(x["initial_state"], float("nan"))}  # fmt: skip
+        g.execute({**{t[n]: x[n] for n in x}, o: out["O"], final: out["final"]}, _workspace(g))
+
+        gb = cudnn.pygraph(name="kda_bwd", io_data_type=dt.FLOAT)
+        tb = kda_declare(gb, {**x, "dO": d_o, "d_final_state": d_final})
+        outs = gb.kda_bwd(tb["q"], tb["k"], tb["v"], tb["g"], tb["beta"], tb["cu_seqlens"],
+                          tb["dO"], initial_state=tb["initial_state"],
+                          d_final_state=tb["d_final_state"], a_log=tb["a_log"],
+                          dt_bias=tb["dt_bias"], **attrs)  # fmt: skip
+        pack = {tb[n]: b for n, b in {**x, "dO": d_o, "d_final_state": d_final}.items()}
+        for name, port in zip(grads, outs):
+            port.set_output(True)
+            out[name] = pack[port] = torch.full_like(x[name], float("nan"))
+        gb.create_execution_plan(*knobs(eid, pieces))
+        gb.build_plans()
+        gb.execute(pack, _workspace(gb))
+        runs.append(out)
+    uncut, chain = runs
+    for name in uncut:
+        assert rel_err(chain[name], uncut[name]) <= CHAIN_TOL, name
+    assert not torch.equal(chain["O"], uncut["O"])

@@ -224,6 +224,7 @@ class GdnTritonEngine(BaseEngine):
             nbytes = chain_workspace_bytes(
                 shape[0], shape[1], pieces, *shape[2:], backward=backward,
                 safe_gate=flags["safe_gate"], fused_output=fused, strided=strided,
+                gate_per_key=flags["gate_per_key"],
             )  # fmt: skip
         else:
             nbytes = gdn_workspace_bytes(

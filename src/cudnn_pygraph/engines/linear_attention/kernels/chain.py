@@ -1,5 +1,6 @@
-"""The chain launchers: gdn_forward / gdn_backward over every sequence cut into P pieces
-(splitting.py decides P; spec pygraph-design.txt, "Sequence splitting").
+"""The chain launchers: gdn_forward / gdn_backward (and so kda's, gate_per_key) over every
+sequence cut into P pieces (splitting.py decides P; spec pygraph-design.txt, "Sequence
+splitting").
 
 Forward:  piece_table (cu_pieces: sequence b owns slots b * P .. b * P + P - 1, its filled
           pieces first, the rest empty at its end)
@@ -149,18 +150,20 @@ def _own_bytes(n_seqs, pieces, n_out, dim_k, dim_v, backward):
 
 def chain_workspace_bytes(total_t, n_seqs, pieces, n_q_heads, n_k_heads, n_v_heads, dim_k,
                           dim_v, dtype, *, backward, safe_gate=False, fused_output=False,
-                          strided=()):  # fmt: skip
+                          strided=(), gate_per_key=False):  # fmt: skip
     """Bytes chain_forward (backward=False) or chain_backward carves: the piece table and
     the fp32 H / M / X (and dX) slots, then one region the summaries and the main run take
     in turn (each launcher's own scratch over the B * P pieces)."""
     n_out = max(n_q_heads, n_v_heads)
     slots = n_seqs * pieces
     shape = (total_t, slots, n_q_heads, n_k_heads, n_v_heads, dim_k, dim_v, dtype)
+    common = {"strided": strided, "gate_per_key": gate_per_key}
     inner = [
         gdn_workspace_bytes(*shape, backward=backward, safe_gate=safe_gate,
-                            fused_output=fused_output, strided=strided),
+                            fused_output=fused_output, **common),
+        # the forward summary reads k in q's place; the backward's dO stands in for v
         summary_workspace_bytes(total_t, slots, n_k_heads, n_k_heads, n_v_heads, dim_k, dim_v,
-                                dtype, backward=False, strided=strided),
+                                dtype, backward=False, **common),
     ]  # fmt: skip
     if backward:
         inner.append(
@@ -174,7 +177,7 @@ def chain_workspace_bytes(total_t, n_seqs, pieces, n_q_heads, n_k_heads, n_v_hea
                 dim_v,
                 dtype,
                 backward=True,
-                strided=strided,
+                **common,
             )  # fmt: skip
         )
     return _own_bytes(n_seqs, pieces, n_out, dim_k, dim_v, backward) + max(inner)
@@ -229,14 +232,14 @@ def _setup(q, v, cu_seqlens, pieces, backward, workspace, batch_invariant):
 
 def _summary_flags(flags):
     names = ("use_qk_l2norm", "use_beta_sigmoid", "allow_neg_eigval", "safe_gate", "a_log",
-             "dt_bias", "gate_domain", "batch_invariant", "config")  # fmt: skip
+             "dt_bias", "gate_domain", "batch_invariant", "config", "gate_per_key",
+             "gate_lower_bound")  # fmt: skip
     return {n: flags[n] for n in names if n in flags}
 
 
 def _refuse_unchained(flags):
-    for name in ("state_indices", "checkpoints", "gate_lower_bound"):
+    for name in ("state_indices", "checkpoints"):
         _check(name, flags.get(name) is None, "is not served by the chain (splitting.py)")
-    _check("gate_per_key", not flags.get("gate_per_key"), "the chain summarizes gdn only")
 
 
 def _seeds(k, v, g, beta, ws, inner, initial_state, pieces, flags):

@@ -50,17 +50,15 @@ def choose_pieces(num_seqs, heads_out, total_tokens, sm_count, *, backward, batc
 
 def chain_refusal(facts):
     """Why a graph (its LinearAttentionFacts) cannot run as a chain, or None when it can.
-    The summaries (kernels/summary.py) take a scalar gate per head, no gate lower bound, and
-    keys that serve whole q heads or whole output heads; checkpoints are laid out per
-    sequence and a state pool per sequence row, neither per piece."""
-    if facts.family != "gdn" or facts.kind not in ("", "_bwd"):
-        return f"{facts.op}: the chain summarizes gdn pieces only"
+    The summaries (kernels/summary.py) take keys that serve whole q heads or whole output
+    heads; checkpoints are laid out per sequence and a state pool per sequence row, neither
+    per piece."""
+    if facts.family not in ("gdn", "kda") or facts.kind not in ("", "_bwd"):
+        return f"{facts.op}: the chain summarizes gdn and kda pieces only"
     if facts.num_seqs <= 0:
         return "cu_seqlens: no sequence to cut"
     if facts.heads_k not in (facts.heads_q, facts.heads_out):
         return f"k: {facts.heads_k} heads serve neither the q heads nor the output heads"
-    if facts.attrs.get("gate_lower_bound") is not None:
-        return "gate_lower_bound: the summaries take no gate bound"
     if facts.attrs.get("checkpoint_every_n_tokens", 0) or "checkpoints" in facts.inputs_present:
         return "checkpoints: laid out per sequence, not per piece"
     if "state_indices" in facts.inputs_present:

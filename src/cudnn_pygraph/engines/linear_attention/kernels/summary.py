@@ -29,7 +29,14 @@ import triton.language as tl
 
 from .chunk_index import max_chunks
 from .dense_copy import dense_copy
-from .gdn import _block_v, _dot_precision, _gate_flags, _resolve_config, _run_wy_and_state
+from .gdn import (
+    _block_v,
+    _dot_precision,
+    _gate_flags,
+    _lower_bound,
+    _resolve_config,
+    _run_wy_and_state,
+)
 from .gdn_checks import _check, _validate
 from .gdn_workspace import _aligned, _carve, _compute_dtype, _layout, _nbytes
 from .normalize import L2NORM_EPS
@@ -60,11 +67,12 @@ def transition_kernel(
     BC: tl.constexpr,
     PREC: tl.constexpr,
     V_FASTEST: tl.constexpr = False,
+    GATE_K: tl.constexpr = False,
 ):
     """M of each (sequence, head): state.py's forward walk with u = 0 from S = I, BC of M's
     columns per program. Stored element (c, r) of each [K, K] block at c * s_c + r * s_r is
     M[r, c]: (s_c, s_r) = (K, 1) on a contiguous buffer stores M^T (M_buf), (1, K) stores M
-    (the backward's transition)."""
+    (the backward's transition). GATE_K (kda): the decay per key channel, as state.py's."""
     n, h, ic = state_program(V_FASTEST, K // BC, HO, order_ptr)
     hk = h // (HO // HK)
     dt = w_ptr.dtype.element_ty
@@ -79,23 +87,33 @@ def transition_kernel(
         valid = tl.minimum(eos - t0, 64)
         w = load_rows(w_ptr, t0, r, valid, HO * K, h * K, K)
         e = -tl.dot(w, s.to(dt), input_precision=PREC)
-        g = load_vec(gc_ptr, t0, r, valid, HO, h)
-        g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
         kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
         rk = load_vec(rk_ptr, t0, r, valid, HO, h)
-        row_scale = tl.where(r < valid, tl.exp(g_last - g) * rk, 0.0)
-        e = e * row_scale[:, None]
-        s = s * tl.exp(g_last) + tl.dot(kt.to(dt), e.to(dt), input_precision=PREC)
+        if GATE_K:
+            kc = tl.arange(0, K)
+            g_last = tl.load(gc_ptr + ((t0 + valid - 1).to(tl.int64) * HO + h) * K + kc)
+            gt = load_rows_t(gc_ptr, t0, r, valid, HO * K, h * K, K)  # [K, 64] = G^T
+            col_ok = (r < valid)[None, :]
+            k_scale = tl.exp(tl.where(col_ok, g_last[:, None] - gt, 0.0)) * rk[None, :]
+            kt = tl.where(col_ok, kt.to(tl.float32) * k_scale, 0.0)
+            s = s * tl.exp(g_last)[:, None] + tl.dot(kt.to(dt), e.to(dt), input_precision=PREC)
+        else:
+            g = load_vec(gc_ptr, t0, r, valid, HO, h)
+            g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
+            row_scale = tl.where(r < valid, tl.exp(g_last - g) * rk, 0.0)
+            e = e * row_scale[:, None]
+            s = s * tl.exp(g_last) + tl.dot(kt.to(dt), e.to(dt), input_precision=PREC)
     ptrs = state_block(out_ptr, n.to(tl.int64) * s_n + h * s_h, cols, K, s_c, s_r)
     tl.store(ptrs, s.to(out_ptr.dtype.element_ty))
 
 
-def _summary_rows(total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, backward, strided):
+def _summary_rows(total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, backward, strided,
+                  gate_per_key=False):  # fmt: skip
     """[(name, dtype, shape)] of the scratch: the forward's gates and WY factors (no h, no E:
     nothing reads them), plus dE and dh for the backward summary's state_bwd."""
     rows = _layout(
         total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, False, False, False,
-        fused_output=True, strided=strided,
+        fused_output=True, strided=strided, gate_per_key=gate_per_key,
     )  # fmt: skip
     if backward:
         rows += [
@@ -107,14 +125,15 @@ def _summary_rows(total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, ba
 
 def summary_workspace_bytes(
     total_t, n_seqs, n_q_heads, n_k_heads, n_v_heads, dim_k, dim_v, dtype, *, backward,
-    strided=(),
+    strided=(), gate_per_key=False,
 ):  # fmt: skip
     """Bytes of scratch gdn_summary (backward=False) or gdn_summary_bwd carves. For the
-    backward, n_v_heads / dim_v are dO's heads and V. strided: as gdn_workspace_bytes'."""
+    backward, n_v_heads / dim_v are dO's heads and V. strided, gate_per_key: as
+    gdn_workspace_bytes'."""
     n_out = max(n_q_heads, n_v_heads)
     rows = _summary_rows(
         total_t, n_seqs, n_out, n_q_heads, n_k_heads, n_v_heads, dim_k, dim_v, dtype, backward,
-        tuple(strided),
+        tuple(strided), gate_per_key,
     )  # fmt: skip
     return sum(_aligned(_nbytes(dt, shape)) for _, dt, shape in rows)
 
@@ -137,19 +156,20 @@ def _check_summary(name, t, shape):
     )
 
 
-def _transition(k, ws, dims, out, strides, cfg, prec):
+def _transition(k, ws, dims, out, strides, cfg, prec, gate_per_key):
     _, n_seqs, _, n_k, _, n_out, dim_k, _ = dims
     cfg = dict(cfg)
     cfg.pop("FUSE_OUTPUT", None)
     bc = _block_v(cfg, dim_k, dim_k)
     transition_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_k // bc)](
         k, ws["w"], ws["gc"], ws["rk"], ws["cu_safe"], ws["seq_order"], out,
-        out.stride(0), out.stride(1), *strides, n_out, n_k, K=dim_k, BC=bc, PREC=prec, **cfg,
+        out.stride(0), out.stride(1), *strides, n_out, n_k, K=dim_k, BC=bc, PREC=prec,
+        GATE_K=gate_per_key, **cfg,
     )  # fmt: skip
 
 
 def _prepare(inputs, cu_seqlens, dims, backward, workspace, flags, a_log, dt_bias,
-             use_qk_l2norm, kernel_cfgs, final_state):  # fmt: skip
+             use_qk_l2norm, kernel_cfgs, final_state, lower_bound):  # fmt: skip
     """Scratch carved, strided inputs copied dense, then the tables, gates and WY factors
     (and H, when final_state is given). inputs: {name: tensor} of q (the backward only),
     k, v, g, beta as the stages read them; returns (ws, prec, the dense inputs by name)."""
@@ -157,7 +177,7 @@ def _prepare(inputs, cu_seqlens, dims, backward, workspace, flags, a_log, dt_bia
     strided = tuple((n, t.dtype) for n, t in inputs.items() if not t.is_contiguous())
     rows = _summary_rows(
         total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, inputs["k"].dtype, backward,
-        strided,
+        strided, flags["GATE_K"],
     )  # fmt: skip
     ws = _carve(rows, workspace, inputs["k"].device)
     x = dict(zip(inputs, _dense(inputs, ws)))
@@ -166,7 +186,8 @@ def _prepare(inputs, cu_seqlens, dims, backward, workspace, flags, a_log, dt_bia
         x.get("q", x["k"]), x["k"], x["v"], x["g"], x["beta"], cu_seqlens, ws, dims,
         scale=1.0, flags=flags, l2norm=use_qk_l2norm, a_log=a_log, dt_bias=dt_bias, prec=prec,
         initial_state=None, final_state=final_state, state_indices=None, h_buf=None,
-        store_h=False, vnew=None, kernel_cfgs=kernel_cfgs, lower_bound=0.0,
+        store_h=False, vnew=None, kernel_cfgs=kernel_cfgs,
+        lower_bound=_lower_bound(flags, lower_bound),
     )  # fmt: skip
     return ws, prec, x
 
@@ -174,12 +195,15 @@ def _prepare(inputs, cu_seqlens, dims, backward, workspace, flags, a_log, dt_bia
 def gdn_summary(
     k, v, g, beta, cu_seqlens, *, h_out, m_out, use_qk_l2norm=False, use_beta_sigmoid=False,
     allow_neg_eigval=False, safe_gate=False, a_log=None, dt_bias=None, gate_domain="log",
-    workspace=None, batch_invariant=False, config=None,
+    workspace=None, batch_invariant=False, config=None, gate_per_key=False,
+    gate_lower_bound=None,
 ) -> None:  # fmt: skip
     """Writes H (fp32 [N, HO, V, K], the final state from a zero seed) into h_out and
     M_buf = M^T (fp32 [N, HO, K, K]) into m_out, any strides. k [T, HK, K] with HK = H
-    (the summary reads no q); v, g, beta and the flags as gdn_forward's."""
-    flag_args = (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, False, None)
+    (the summary reads no q); v, g, beta and the flags as gdn_forward's (gate_per_key:
+    kda's decay per key channel; gate_lower_bound: as gdn_forward's)."""
+    flag_args = (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, gate_per_key,
+                 gate_lower_bound)  # fmt: skip
     dims = _validate(k, k, v, g, beta, cu_seqlens, 1.0, flag_args, None, h_out, None, None,
                      a_log, dt_bias)  # fmt: skip
     total_t, n_seqs, _, _, _, n_out, dim_k, dim_v = dims
@@ -187,14 +211,21 @@ def gdn_summary(
     _check_summary("m_out", m_out, (n_seqs, n_out, dim_k, dim_k))
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, k.device, batch_invariant)
     flags = _gate_flags(
-        gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval, False, None
+        gate_domain,
+        safe_gate,
+        a_log,
+        dt_bias,
+        use_beta_sigmoid,
+        allow_neg_eigval,
+        gate_per_key,
+        gate_lower_bound,
     )
     inputs = {"k": k, "v": v, "g": g, "beta": beta}
     ws, prec, x = _prepare(inputs, cu_seqlens, dims, False, workspace, flags, a_log, dt_bias,
-                           use_qk_l2norm, kernel_cfgs, h_out)  # fmt: skip
+                           use_qk_l2norm, kernel_cfgs, h_out, gate_lower_bound)  # fmt: skip
     if n_seqs:
         _transition(x["k"], ws, dims, m_out, (m_out.stride(2), m_out.stride(3)),
-                    kernel_cfgs["state_fwd"], prec)  # fmt: skip
+                    kernel_cfgs["state_fwd"], prec, gate_per_key)  # fmt: skip
     poison_states(ws["cu_error"], h_out)
     poison_states(ws["cu_error"], m_out)
 
@@ -203,11 +234,13 @@ def gdn_summary_bwd(
     q, k, g, beta, cu_seqlens, do, *, scale, g_out, transition=None, use_qk_l2norm=False,
     use_beta_sigmoid=False, allow_neg_eigval=False, safe_gate=False, a_log=None,
     dt_bias=None, gate_domain="log", workspace=None, batch_invariant=False, config=None,
+    gate_per_key=False, gate_lower_bound=None,
 ) -> None:  # fmt: skip
     """Writes G (fp32 [N, HO, V, K]: the incoming-state gradient from dO alone) into g_out
     and, when given, the transition M (fp32 [N, HO, K, K], = M_buf^T) into `transition`.
     q / k / g / beta / dO and the flags as gdn_backward's; dO [T, HO, V] contiguous."""
-    flag_args = (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, False, None)
+    flag_args = (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, gate_per_key,
+                 gate_lower_bound)  # fmt: skip
     # dO stands in for v (HV = HO): only wy_solve's u reads it, and nothing reads u here.
     dims = _validate(q, k, do, g, beta, cu_seqlens, scale, flag_args, None, None, None, None,
                      a_log, dt_bias)  # fmt: skip
@@ -222,15 +255,22 @@ def gdn_summary_bwd(
         _check_summary("transition", transition, (n_seqs, n_out, dim_k, dim_k))
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant)
     flags = _gate_flags(
-        gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval, False, None
+        gate_domain,
+        safe_gate,
+        a_log,
+        dt_bias,
+        use_beta_sigmoid,
+        allow_neg_eigval,
+        gate_per_key,
+        gate_lower_bound,
     )
     inputs = {"q": q, "k": k, "v": do, "g": g, "beta": beta}
     ws, prec, x = _prepare(inputs, cu_seqlens, dims, True, workspace, flags, a_log, dt_bias,
-                           use_qk_l2norm, kernel_cfgs, None)  # fmt: skip
+                           use_qk_l2norm, kernel_cfgs, None, gate_lower_bound)  # fmt: skip
     q, k = x["q"], x["k"]
     if n_seqs:
         common = {"K": dim_k, "V": dim_v, "L2NORM": use_qk_l2norm, "PREC": prec,
-                  "EPS": L2NORM_EPS, "GATE_K": False}  # fmt: skip
+                  "EPS": L2NORM_EPS, "GATE_K": gate_per_key}  # fmt: skip
         if total_t:
             cfg = dict(kernel_cfgs["dv_local"])
             bv = _block_v(cfg, dim_v, dim_k)
@@ -249,6 +289,6 @@ def gdn_summary_bwd(
         )  # fmt: skip
         if transition is not None:
             _transition(k, ws, dims, transition, (transition.stride(3), transition.stride(2)),
-                        kernel_cfgs["state_fwd"], prec)  # fmt: skip
+                        kernel_cfgs["state_fwd"], prec, gate_per_key)  # fmt: skip
     poison_states(ws["cu_error"], g_out)
     poison_states(ws["cu_error"], transition)
