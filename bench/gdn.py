@@ -14,6 +14,11 @@ Markdown table.
                                                 # (a plan's KERNEL_CFG knob): time +
                                                 # agreement; a new entry goes into that
                                                 # table only with tests/gpu/test_gdn_gpu.py
+  PYTHONPATH=src python bench/gdn.py --chain [--no-fla]
+                                                # one sequence of 131072 tokens: the
+                                                # chain of pieces (kernels/chain.py, the
+                                                # SEQ_PIECES knob the hook picks) vs uncut
+                                                # vs fla; goal chain >= 3x uncut forward
   PYTHONPATH=src python bench/gdn.py --host --only "(a)"
                                                 # host us per forward call: torch op vs
                                                 # launcher vs the bare launch sequence
@@ -26,6 +31,7 @@ it in the H200 runs): to reach every row, run one `--only` row per step.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
 import sys
@@ -33,6 +39,11 @@ import sys
 import torch
 from timing import device_ms
 
+from cudnn_pygraph.engines.linear_attention.kernels.chain import (
+    chain_backward,
+    chain_forward,
+    chain_workspace_bytes,
+)
 from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
     gdn_backward,
@@ -79,13 +90,19 @@ def median_ms(fn):
 
 class Ours:
     """Our launchers on one problem; `config` names a kernels/configs.py entry (None: the
-    config the family hook would list first for this batch)."""
+    config the family hook would list first for this batch); `pieces` > 0 runs every
+    sequence as a chain of that many pieces (kernels/chain.py; no checkpoints then)."""
 
-    def __init__(self, x, cu, init, config=None):
+    def __init__(self, x, cu, init, config=None, pieces=0):
         self.x, self.cu, self.init, self.config = x, cu, init, config
+        self.pieces = pieces
         total, n = x["q"].shape[0], cu.numel() - 1
         fwd_ws = gdn_workspace_bytes(total, n, H, H, H, DIM, DIM, torch.bfloat16, backward=False)
         bwd_ws = gdn_workspace_bytes(total, n, H, H, H, DIM, DIM, torch.bfloat16, backward=True)
+        if pieces:
+            size = (total, n, pieces, H, H, H, DIM, DIM, torch.bfloat16)
+            fwd_ws = chain_workspace_bytes(*size, backward=False)
+            bwd_ws = chain_workspace_bytes(*size, backward=True)
         self.ws = torch.empty(max(fwd_ws, bwd_ws), dtype=torch.uint8, device="cuda")
         self.o = torch.empty_like(x["v"])
         self.final = torch.empty_like(init) if init is not None else None
@@ -96,9 +113,17 @@ class Ours:
         self.ckpt = torch.empty(max_chunks(total, n), H, DIM, DIM, device="cuda")
         self.use_ckpt = False
 
+    def _launchers(self):
+        if self.pieces:
+            return (
+                functools.partial(chain_forward, pieces=self.pieces),
+                functools.partial(chain_backward, pieces=self.pieces),
+            )
+        return gdn_forward, gdn_backward
+
     def forward(self):
         x = self.x
-        gdn_forward(
+        self._launchers()[0](
             x["q"],
             x["k"],
             x["v"],
@@ -117,7 +142,7 @@ class Ours:
 
     def backward(self):
         x, d = self.x, self.grads
-        gdn_backward(
+        self._launchers()[1](
             x["q"],
             x["k"],
             x["v"],
@@ -309,6 +334,50 @@ def host_time(only):
     )
 
 
+CHAIN_SHAPE = ("(d) 1 x 131072", [131072])
+
+
+def chain_rows(no_fla):
+    """One sequence of 131072 tokens, H16: the chain of the pieces the family hook picks
+    for this GPU (kernels/splitting.py) vs the uncut run vs fla, forward and fwd+bwd."""
+    from cudnn_pygraph.engines.linear_attention.kernels.splitting import choose_pieces
+
+    name, seqlens = CHAIN_SHAPE
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    pieces = choose_pieces(1, H, sum(seqlens), sms, backward=False, batch_invariant=False)
+    bwd_pieces = choose_pieces(1, H, sum(seqlens), sms, backward=True, batch_invariant=False)
+    torch.manual_seed(1)
+    x, cu, init = make_inputs(seqlens, with_state=True)
+    uncut, chain = Ours(x, cu, init), Ours(x, cu, init, pieces=pieces)
+    chain.do, chain.dfinal = uncut.do, uncut.dfinal
+    uncut.forward()
+    chain.forward()
+    check = f"O {rel(chain.o, uncut.o):.1e}, state {rel(chain.final, uncut.final):.1e}"
+    uncut.backward()
+    chain.backward()
+    check += f", grads {max(rel(chain.grads[n], uncut.grads[n]) for n in x):.1e}"
+    fwd = {"uncut": median_ms(uncut.forward), "chain": median_ms(chain.forward)}
+    fb = {"uncut": median_ms(uncut.forward_backward), "chain": median_ms(chain.forward_backward)}
+    fla_fwd = fla_fb = "-"
+    if not no_fla:
+        cu64 = cu.long()
+        o_ref, _ = fla_forward(x, cu64, init)
+        check += f"; chain O vs fla {rel(chain.o, o_ref):.1e}"
+        fla_fwd = f"{median_ms(lambda: fla_forward(x, cu64, init)):.3f}"
+        fla_fb = f"{median_ms(lambda: fla_forward_backward(x, cu64, init)):.3f}"
+    print(
+        "| shape | pieces (fwd, bwd rule) | uncut fwd ms | chain fwd ms | chain fwd speedup "
+        "| fla fwd ms | uncut fwd+bwd ms | chain fwd+bwd ms | fla fwd+bwd ms | chain vs uncut |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        f"| {name} | {pieces}, {bwd_pieces} | {fwd['uncut']:.3f} | {fwd['chain']:.3f} | "
+        f"{fwd['uncut'] / fwd['chain']:.2f}x | {fla_fwd} | {fb['uncut']:.3f} | "
+        f"{fb['chain']:.3f} | {fla_fb} | {check} |",
+        flush=True,
+    )
+
+
 def quick_fla_autotune():
     """fla autotunes each kernel on its first call (38-70 s per op, cold): every candidate
     config is compiled and timed by triton.testing.do_bench (25 ms warm-up + 100 ms of
@@ -335,7 +404,13 @@ def main():
     parser.add_argument("--sweep", action="store_true", help="alternative configs, then exit")
     parser.add_argument("--host", action="store_true", help="host time per call, then exit")
     parser.add_argument("--entries", default=None, help="sweep: comma-separated label parts")
+    parser.add_argument("--chain", action="store_true", help="chain vs uncut vs fla, then exit")
     args = parser.parse_args()
+    if args.chain:
+        if not args.no_fla:
+            quick_fla_autotune()
+        chain_rows(args.no_fla)
+        return
     if args.host:
         host_time(args.only)
         return

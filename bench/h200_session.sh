@@ -42,6 +42,9 @@ GDN2_ONLY=0; [ "${1:-}" = "--gdn2" ] && GDN2_ONLY=1
 # `--cp` (on the nvidia-h200-x2 kind) runs the summary / context-parallel GPU suite (its
 # NCCL case needs the two GPUs) and bench/cp.py under torchrun on both (~6 min).
 CP_ONLY=0; [ "${1:-}" = "--cp" ] && CP_ONLY=1
+# `--chain` runs the sequence-splitting GPU suite and bench/gdn.py --chain (one sequence of
+# 131072 tokens, H16: chain vs uncut vs fla-core) (~6 min).
+CHAIN_ONLY=0; [ "${1:-}" = "--chain" ] && CHAIN_ONLY=1
 OUT=${OUT:-/tmp/out}
 LOG=/tmp/session
 mkdir -p "$OUT" "$LOG"
@@ -120,6 +123,11 @@ fi
 if [ "$SDPA_BWD_ONLY" = 1 ]; then
   step gpu_sdpa_bwd 300 python3 -m pytest -q -p no:cacheprovider -rfs tests/gpu/test_sdpa_bwd_gpu.py
   step sdpa_bwd 280 python3 bench/sdpa_bwd.py --budget-s 220 --out "$LOG/sdpa_bwd.md"
+  tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
+fi
+if [ "$CHAIN_ONLY" = 1 ]; then
+  step gpu_chain 200 python3 -m pytest -q -p no:cacheprovider -rfs tests/gpu/test_gdn_chain_gpu.py
+  step gdn_chain 200 python3 bench/gdn.py --chain
   tar czf "$OUT/session.tgz" -C "$LOG" .; exit 0
 fi
 if [ "$CP_ONLY" = 1 ]; then

@@ -135,6 +135,9 @@ class knob_type(enum.IntEnum):
     MAX_REGS = FRONTEND_KNOB_TYPE_BASE + 11
     # ours: the SDPA prefill's lazy accumulator rescale (1 = on)
     LAZY_RESCALE = FRONTEND_KNOB_TYPE_BASE + 12
+    # ours: sequence splitting, the pieces every sequence is cut into (0 = uncut, P >= 1 = a
+    # chain of P pieces whose states are composed)
+    SEQ_PIECES = FRONTEND_KNOB_TYPE_BASE + 13
 
 
 def is_frontend_knob_type(kt):

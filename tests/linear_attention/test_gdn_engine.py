@@ -362,12 +362,17 @@ def test_plans_name_their_config_and_a_replay_by_knobs_builds_the_same_kernels(m
         assert seen == launched and torch.equal(replayed, first)
         seen.clear()
         g3, t3, o3, final3 = _forward_graph(x)
-        other = {cudnn.knob_type.KERNEL_CFG: CONFIG_NAMES.index("wide")}
+        other = {
+            cudnn.knob_type.KERNEL_CFG: CONFIG_NAMES.index("wide"),
+            cudnn.knob_type.SEQ_PIECES: 0,
+        }
         _execute(g3, t3, o3, final3, x, plan=(engine_id, other))
         assert seen != launched
         g4, *_ = _forward_graph(x)
         with pytest.raises(ValueError, match="CONFIG=9"):
-            g4.create_execution_plan(engine_id, {cudnn.knob_type.KERNEL_CFG: 9})
+            g4.create_execution_plan(
+                engine_id, {cudnn.knob_type.KERNEL_CFG: 9, cudnn.knob_type.SEQ_PIECES: 0}
+            )
 
 
 def test_every_listed_plan_rebuilt_from_its_engine_id_and_knobs_launches_the_same_kernels(

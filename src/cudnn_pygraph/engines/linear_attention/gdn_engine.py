@@ -8,9 +8,11 @@ check_support decides everything the declaration decides (one gdn / gdn_bwd node
 the kernels serve, dtypes, dense token-packed outputs, the state dtype rule, the checkpoint
 cadence); whatever it accepts, build and execute serve. Strided q / k / v / g / beta are
 accepted: the launchers copy each once into the workspace (workspace_size counts it). The
-plan's one knob, KERNEL_CFG, names the kernels' tile config (kernels/configs.py); the
-family hook (heuristics.py) proposes it from facts, and build builds exactly it, so a
-replay by (engine_id, knobs) builds the same kernels. execute hands the caller's
+plan's knobs: KERNEL_CFG names the kernels' tile config (kernels/configs.py), SEQ_PIECES
+the sequence splitting (kernels/splitting.py: 0 uncut, P a chain of P pieces per sequence,
+run by kernels/chain.py); the family hook (heuristics.py) proposes both from facts, and
+build builds exactly them, so a replay by (engine_id, knobs) builds the same kernels. A
+chain asked of a graph it cannot serve declines at build, naming why. execute hands the caller's
 buffers (zero-copy torch views of the pack) straight to the launchers; scratch comes out of
 the caller's workspace (workspace_size), chunk tables are built on the device: no host
 sync, capturable. On CUDA the first call records the launcher's launches and later calls
@@ -121,7 +123,7 @@ class GdnTritonEngine(BaseEngine):
     family = "gdn"  # the op family served: gdn / gdn_bwd (kda_engine.py: kda / kda_bwd)
     # The one tuning axis: which named config of kernels/configs.py the plan builds (the
     # backend's KERNEL_CFG: "an engine's kernel configuration, by index").
-    KNOB_FIELDS = MappingProxyType({knob_type.KERNEL_CFG: "CONFIG"})
+    KNOB_FIELDS = MappingProxyType({knob_type.KERNEL_CFG: "CONFIG", knob_type.SEQ_PIECES: "PIECES"})
     knob_class = GdnKnobs
     # Run (and checked against the float64 reference) on the H200 only; the interpreter
     # runs the same kernels in CI.
@@ -198,6 +200,14 @@ class GdnTritonEngine(BaseEngine):
         from ...runtime.execute import GraphLayout
         from .kernels.gdn import gdn_workspace_bytes
 
+        pieces = plan.knobs.PIECES
+        if pieces:
+            from .kernels.chain import chain_workspace_bytes
+            from .kernels.splitting import chain_refusal
+
+            refusal = chain_refusal(facts)
+            if refusal is not None:
+                raise NotImplementedError(f"SEQ_PIECES={pieces}: {refusal}")
         position = GraphLayout(graph).position
         a = node.attrs
         scale = a.get("scale")
@@ -220,28 +230,32 @@ class GdnTritonEngine(BaseEngine):
             data_type.BFLOAT16: torch.bfloat16,
             data_type.FLOAT: torch.float32,
         }[data_type(facts.io_dtype)]
-        nbytes = gdn_workspace_bytes(
-            facts.total_tokens,
-            facts.num_seqs,
-            facts.heads_q,
-            facts.heads_k,
-            facts.heads_v,
-            facts.head_dim_k,
-            facts.head_dim_v,
-            io_dtype,
-            backward=backward,
-            has_checkpoints="checkpoints" in ports,
-            safe_gate=flags["safe_gate"],
-            fused_output=not backward and fuses_output(plan.knobs.name),
-            strided=tuple((n, getattr(torch, dt)) for n, dt in strided_inputs(ports)),
-            gate_per_key=flags["gate_per_key"],
-            beta_per_key="w" in ports,
-        )
+        shape = (facts.total_tokens, facts.num_seqs, facts.heads_q, facts.heads_k,
+                 facts.heads_v, facts.head_dim_k, facts.head_dim_v, io_dtype)  # fmt: skip
+        strided = tuple((n, getattr(torch, dt)) for n, dt in strided_inputs(ports))
+        fused = not backward and fuses_output(plan.knobs.name)
+        if pieces:
+            nbytes = chain_workspace_bytes(
+                shape[0], shape[1], pieces, *shape[2:], backward=backward,
+                safe_gate=flags["safe_gate"], fused_output=fused, strided=strided,
+                gate_per_key=flags["gate_per_key"],
+            )  # fmt: skip
+        else:
+            nbytes = gdn_workspace_bytes(
+                *shape,
+                backward=backward,
+                has_checkpoints="checkpoints" in ports,
+                safe_gate=flags["safe_gate"],
+                fused_output=fused,
+                strided=strided,
+                gate_per_key=flags["gate_per_key"],
+                beta_per_key="w" in ports,
+            )
         on_cuda = not getattr(device, "is_interpreter", True)
         dev = torch.device("cuda", device.ordinal) if on_cuda else torch.device("cpu")
         built = GdnPlan(
             backward, names, [position[ports[n].uid] for n in names], flags, nbytes, device,
-            facts.op,
+            facts.op, pieces=pieces,
         )  # fmt: skip
         if built.on_cuda:
             _compile_by_warm_launch(built, {n: ports[n] for n in names}, dev)
@@ -299,9 +313,11 @@ def _compile_by_warm_launch(plan, ports, dev):
 
 class GdnPlan(CompiledPlan):
     """execute: the pack's buffers as zero-copy torch views, by the positions settled at
-    build, handed to gdn_forward / gdn_backward with the caller's workspace."""
+    build, handed to gdn_forward / gdn_backward (a chain of `pieces` pieces: chain_forward /
+    chain_backward) with the caller's workspace."""
 
-    def __init__(self, backward, names, positions, flags, workspace_size, device, op=None):
+    def __init__(self, backward, names, positions, flags, workspace_size, device, op=None, *,
+                 pieces=0):  # fmt: skip
         self.backward = backward
         # The node's op, the replay record's label.
         self.op = op or ("gdn_bwd" if backward else "gdn")
@@ -324,6 +340,13 @@ class GdnPlan(CompiledPlan):
         from .kernels.gdn import gdn_backward, gdn_forward
 
         self._torch, self._run = torch, (gdn_backward if backward else gdn_forward)
+        self.pieces = pieces
+        if pieces:
+            from functools import partial
+
+            from .kernels.chain import chain_backward, chain_forward
+
+            self._run = partial(chain_backward if backward else chain_forward, pieces=pieces)
         self._workspace_address = workspace_address
 
     def execute(self, graph, pack, ctx):

@@ -1,10 +1,12 @@
 """The gdn and kda families' hook (one set of kernels, one config table): the plan list
 from facts alone. Every plan names its kernel config (kernels/configs.py) as a knob, the
-rule's pick first and the rest of the table behind it for a caller that autotunes. gdn /
-kda graphs have no backend plan: nothing to place."""
+rule's pick first and the rest of the table behind it for a caller that autotunes, and
+its sequence splitting (kernels/splitting.py: uncut or a chain of P pieces), one choice
+for the whole list. gdn / kda graphs have no backend plan: nothing to place."""
 
 from ..base import PlanConfig
 from .kernels.configs import CONFIG_NAMES, INTERPRETER_SMS, GdnKnobs, recommend_config
+from .kernels.splitting import chain_refusal, choose_pieces
 
 
 def sm_count(device) -> int:
@@ -13,9 +15,25 @@ def sm_count(device) -> int:
     return device.sm_count
 
 
-def recommend(kind, facts, offered):
-    pick = recommend_config(
+def pieces_for(facts) -> int:
+    """The PIECES knob for this graph on its declared device (0: uncut)."""
+    if chain_refusal(facts) is not None:
+        return 0
+    return choose_pieces(
         facts.num_seqs,
+        facts.heads_out,
+        facts.total_tokens,
+        sm_count(facts.device),
+        backward=facts.is_backward,
+        batch_invariant=bool(facts.attrs.get("batch_invariant")),
+    )
+
+
+def recommend(kind, facts, offered):
+    pieces = pieces_for(facts)
+    pick = recommend_config(
+        # a chain's main kernels walk B * P pieces
+        facts.num_seqs * max(pieces, 1),
         facts.heads_out,
         facts.head_dim_v,
         sm_count(facts.device),
@@ -23,5 +41,7 @@ def recommend(kind, facts, offered):
     )
     order = [pick] + [name for name in CONFIG_NAMES if name != pick]
     return [
-        PlanConfig(eid, GdnKnobs(CONFIG_NAMES.index(name))) for eid in offered for name in order
+        PlanConfig(eid, GdnKnobs(CONFIG_NAMES.index(name), pieces))
+        for eid in offered
+        for name in order
     ]

@@ -12,7 +12,9 @@ dims 64 / 128, one I/O dtype, fp32 summaries of any non-negative strides, a dens
 
 from __future__ import annotations
 
-from ..._types import data_type
+from types import MappingProxyType
+
+from ..._types import data_type, knob_type
 from ...planning.facts import facts_for, graph_device
 from ..base import require_module
 from .analyzer import analyze
@@ -42,6 +44,8 @@ class GdnSummaryEngine(GdnTritonEngine):
     """The gdn engine's capability row, knob and plan; its own ops (KINDS)."""
 
     name = "triton_gdn_summary"
+    # The kernel config only: a summary graph is never cut (its PIECES stays 0).
+    KNOB_FIELDS = MappingProxyType({knob_type.KERNEL_CFG: "CONFIG"})
 
     def check_support(self, graph):
         for module in self.requires:

@@ -99,15 +99,23 @@ INTERPRETER_SMS = 8
 
 @dataclasses.dataclass(frozen=True)
 class GdnKnobs:
-    """CONFIG: the index of the named config in CONFIGS the plan builds."""
+    """CONFIG: the index of the named config in CONFIGS the plan builds. PIECES: sequence
+    splitting (kernels/splitting.py), 0 uncut, P >= 1 every sequence a chain of P pieces."""
 
     CONFIG: int = 0
+    PIECES: int = 0
 
     def __post_init__(self):
+        from .splitting import MAX_PIECES
+
         if not 0 <= self.CONFIG < len(CONFIGS):
             raise ValueError(
                 f"GdnKnobs.CONFIG={self.CONFIG}: must index one of {len(CONFIGS)} configs "
                 f"{list(CONFIG_NAMES)}"
+            )
+        if not 0 <= self.PIECES <= MAX_PIECES:
+            raise ValueError(
+                f"GdnKnobs.PIECES={self.PIECES}: must be 0 (uncut) or 1..{MAX_PIECES} pieces"
             )
 
     @property

@@ -33,7 +33,14 @@ import triton.language as tl
 
 from .chunk_index import max_chunks
 from .dense_copy import dense_copy
-from .gdn import _block_v, _dot_precision, _gate_flags, _resolve_config, _run_wy_and_state
+from .gdn import (
+    _block_v,
+    _dot_precision,
+    _gate_flags,
+    _lower_bound,
+    _resolve_config,
+    _run_wy_and_state,
+)
 from .gdn_checks import _check, _validate
 from .gdn_workspace import _aligned, _carve, _compute_dtype, _layout, _nbytes
 from .normalize import L2NORM_EPS
@@ -69,7 +76,7 @@ def transition_kernel(
     """M of each (sequence, head): state.py's forward walk with u = 0 from S = I, BC of M's
     columns per program (GATE_K: a decay per key channel, as state_fwd_kernel's). Stored element (c, r) of each [K, K] block at c * s_c + r * s_r is
     M[r, c]: (s_c, s_r) = (K, 1) on a contiguous buffer stores M^T (M_buf), (1, K) stores M
-    (the backward's transition)."""
+    (the backward's transition). GATE_K (kda): the decay per key channel, as state.py's."""
     n, h, ic = state_program(V_FASTEST, K // BC, HO, order_ptr)
     hk = h // (HO // HK)
     dt = w_ptr.dtype.element_ty
@@ -153,7 +160,7 @@ def _check_summary(name, t, shape):
     )
 
 
-def _transition(k, ws, dims, out, strides, cfg, prec, gate_k):
+def _transition(k, ws, dims, out, strides, cfg, prec, gate_per_key):
     _, n_seqs, _, n_k, _, n_out, dim_k, _ = dims
     cfg = dict(cfg)
     cfg.pop("FUSE_OUTPUT", None)
@@ -161,12 +168,12 @@ def _transition(k, ws, dims, out, strides, cfg, prec, gate_k):
     transition_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_k // bc)](
         k, ws["w"], ws["gc"], ws["rk"], ws["cu_safe"], ws["seq_order"], out,
         out.stride(0), out.stride(1), *strides, n_out, n_k, K=dim_k, BC=bc, PREC=prec,
-        GATE_K=gate_k, **cfg,
+        GATE_K=gate_per_key, **cfg,
     )  # fmt: skip
 
 
 def _prepare(inputs, cu_seqlens, dims, backward, workspace, flags, a_log, dt_bias,
-             use_qk_l2norm, kernel_cfgs, final_state):  # fmt: skip
+             use_qk_l2norm, kernel_cfgs, final_state, lower_bound):  # fmt: skip
     """Scratch carved, strided inputs copied dense, then the tables, gates and WY factors
     (and H, when final_state is given). inputs: {name: tensor} of q (the backward only),
     k, v, g, beta (and gdn2's write gate w) as the stages read them; returns (ws, prec, the
@@ -184,7 +191,8 @@ def _prepare(inputs, cu_seqlens, dims, backward, workspace, flags, a_log, dt_bia
         x.get("q", x["k"]), x["k"], x["v"], x["g"], x["beta"], cu_seqlens, ws, dims,
         scale=1.0, flags=flags, l2norm=use_qk_l2norm, a_log=a_log, dt_bias=dt_bias, prec=prec,
         initial_state=None, final_state=final_state, state_indices=None, h_buf=None,
-        store_h=False, vnew=None, kernel_cfgs=kernel_cfgs, lower_bound=0.0, write_gate=x.get("w"),
+        store_h=False, vnew=None, kernel_cfgs=kernel_cfgs,
+        lower_bound=_lower_bound(flags, lower_bound), write_gate=x.get("w"),
     )  # fmt: skip
     return ws, prec, x
 
@@ -192,14 +200,15 @@ def _prepare(inputs, cu_seqlens, dims, backward, workspace, flags, a_log, dt_bia
 def gdn_summary(
     k, v, g, beta, cu_seqlens, *, h_out, m_out, use_qk_l2norm=False, use_beta_sigmoid=False,
     allow_neg_eigval=False, safe_gate=False, a_log=None, dt_bias=None, gate_domain="log",
-    workspace=None, batch_invariant=False, config=None, gate_per_key=False, write_gate=None,
+    workspace=None, batch_invariant=False, config=None, gate_per_key=False, gate_lower_bound=None,
+    write_gate=None,
 ) -> None:  # fmt: skip
     """Writes H (fp32 [N, HO, V, K], the final state from a zero seed) into h_out and
     M_buf = M^T (fp32 [N, HO, K, K]) into m_out, any strides. k [T, HK, K] with HK = H
     (the summary reads no q); v, g, beta and the flags as gdn_forward's (gate_per_key: kda
     and gdn2; write_gate: gdn2's w, beta then [T, HO, K])."""
-    # no lower-bound gate (gdn_checks._validate's last flag)
-    flag_args = (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, gate_per_key, None)
+    flag_args = (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, gate_per_key,
+                 gate_lower_bound)  # fmt: skip
     dims = _validate(k, k, v, g, beta, cu_seqlens, 1.0, flag_args, None, h_out, None, None,
                      a_log, dt_bias, write_gate)  # fmt: skip
     total_t, n_seqs, _, _, _, n_out, dim_k, dim_v = dims
@@ -207,14 +216,20 @@ def gdn_summary(
     _check_summary("m_out", m_out, (n_seqs, n_out, dim_k, dim_k))
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, k.device, batch_invariant)
     flags = _gate_flags(
-        gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval, gate_per_key,
-        None,
-    )  # fmt: skip
+        gate_domain,
+        safe_gate,
+        a_log,
+        dt_bias,
+        use_beta_sigmoid,
+        allow_neg_eigval,
+        gate_per_key,
+        gate_lower_bound,
+    )
     inputs = {"k": k, "v": v, "g": g, "beta": beta}
     if write_gate is not None:
         inputs["w"] = write_gate
     ws, prec, x = _prepare(inputs, cu_seqlens, dims, False, workspace, flags, a_log, dt_bias,
-                           use_qk_l2norm, kernel_cfgs, h_out)  # fmt: skip
+                           use_qk_l2norm, kernel_cfgs, h_out, gate_lower_bound)  # fmt: skip
     if n_seqs:
         _transition(x["k"], ws, dims, m_out, (m_out.stride(2), m_out.stride(3)),
                     kernel_cfgs["state_fwd"], prec, gate_per_key)  # fmt: skip
@@ -226,14 +241,14 @@ def gdn_summary_bwd(
     q, k, g, beta, cu_seqlens, do, *, scale, g_out, transition=None, use_qk_l2norm=False,
     use_beta_sigmoid=False, allow_neg_eigval=False, safe_gate=False, a_log=None,
     dt_bias=None, gate_domain="log", workspace=None, batch_invariant=False, config=None,
-    gate_per_key=False, beta_per_key=False,
+    gate_per_key=False, gate_lower_bound=None, beta_per_key=False,
 ) -> None:  # fmt: skip
     """Writes G (fp32 [N, HO, V, K]: the incoming-state gradient from dO alone) into g_out
     and, when given, the transition M (fp32 [N, HO, K, K], = M_buf^T) into `transition`.
     q / k / g / beta / dO and the flags as gdn_backward's; dO [T, HO, V] contiguous.
     gate_per_key: kda and gdn2; beta_per_key: gdn2 (beta [T, HO, K])."""
-    # no lower-bound gate (gdn_checks._validate's last flag)
-    flag_args = (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, gate_per_key, None)
+    flag_args = (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, gate_per_key,
+                 gate_lower_bound)  # fmt: skip
     # dO stands in for v (HV = HO), and for gdn2's write gate: only wy_solve's u reads them,
     # and nothing reads u here (G depends on q, k, g and beta only).
     stand_in = do if beta_per_key else None
@@ -250,14 +265,20 @@ def gdn_summary_bwd(
         _check_summary("transition", transition, (n_seqs, n_out, dim_k, dim_k))
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant)
     flags = _gate_flags(
-        gate_domain, safe_gate, a_log, dt_bias, use_beta_sigmoid, allow_neg_eigval, gate_per_key,
-        None,
-    )  # fmt: skip
+        gate_domain,
+        safe_gate,
+        a_log,
+        dt_bias,
+        use_beta_sigmoid,
+        allow_neg_eigval,
+        gate_per_key,
+        gate_lower_bound,
+    )
     inputs = {"q": q, "k": k, "v": do, "g": g, "beta": beta}
     if stand_in is not None:
         inputs["w"] = stand_in
     ws, prec, x = _prepare(inputs, cu_seqlens, dims, True, workspace, flags, a_log, dt_bias,
-                           use_qk_l2norm, kernel_cfgs, None)  # fmt: skip
+                           use_qk_l2norm, kernel_cfgs, None, gate_lower_bound)  # fmt: skip
     q, k = x["q"], x["k"]
     if n_seqs:
         common = {"K": dim_k, "V": dim_v, "L2NORM": use_qk_l2norm, "PREC": prec,

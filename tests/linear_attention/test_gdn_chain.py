@@ -1,0 +1,257 @@
+"""Sequence splitting through the graph API: a gdn / gdn_bwd plan whose SEQ_PIECES knob
+cuts every sequence into a chain of pieces (kernels/chain.py) gives the uncut plan's
+outputs and gradients, a one-piece chain bitwise; the family hook records its choice as a
+knob that replays; batch_invariant cuts a sequence by its own length. CPU: the Triton
+interpreter, pieces forced through the knob on small shapes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from test_gdn_engine import DEVICE, declare, inputs, with_gdn_engine
+
+import cudnn_pygraph as cudnn
+from cudnn_pygraph import data_type as dt
+from cudnn_pygraph._types import cudnnGraphNotSupportedError
+from cudnn_pygraph.engines.linear_attention.kernels import splitting
+from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES
+
+KT = cudnn.knob_type
+CHAIN_TOL = 1e-5  # ||chain - uncut|| / ||uncut||, fp32 (measured ~1e-8..4e-7)
+ATTRS = {"scale": 0.125, "use_qk_l2norm": True}
+GRADS = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+def rel_err(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _workspace(g):
+    size = g.get_workspace_size()
+    return torch.empty(size, dtype=torch.uint8, device=DEVICE) if size else None
+
+
+def forward(x, knobs=None, **attrs):
+    """(O, final state, the built plan's (engine_id, knobs))."""
+    g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
+    t = declare(g, x)
+    o, final, _ = g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
+                        initial_state=t["initial_state"], output_final_state=True,
+                        **ATTRS, **attrs)  # fmt: skip
+    o.set_output(True)
+    final.set_output(True)
+    if knobs is None:
+        g.create_execution_plans([cudnn.heur_mode.A])
+    else:
+        g.create_execution_plan(*knobs)
+    g.build_plans()
+    o_buf = torch.full(tuple(x["v"].shape), float("nan"), device=DEVICE)
+    final_buf = torch.full(tuple(x["initial_state"].shape), float("nan"), device=DEVICE)
+    g.execute({**{t[n]: x[n] for n in x}, o: o_buf, final: final_buf}, _workspace(g))
+    return o_buf, final_buf, g.get_engine_and_knobs_at_index(g.selected_plan)
+
+
+def backward(x, d_o, d_final, knobs):
+    """{gradient name: buffer} of a gdn_bwd plan built from `knobs` ((engine_id, knobs))."""
+    g = cudnn.pygraph(name="gdn_bwd", io_data_type=dt.FLOAT)
+    t = declare(g, {**x, "dO": d_o, "d_final_state": d_final})
+    outs = g.gdn_bwd(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"], t["dO"],
+                     initial_state=t["initial_state"], d_final_state=t["d_final_state"],
+                     **ATTRS)  # fmt: skip
+    bufs = {}
+    for name, port in zip(GRADS, outs):
+        port.set_output(True)
+        bufs[name] = (port, torch.full_like(x[name], float("nan")))
+    g.create_execution_plan(*knobs)
+    g.build_plans()
+    pack = {t[n]: b for n, b in {**x, "dO": d_o, "d_final_state": d_final}.items()}
+    pack.update(dict(bufs.values()))
+    g.execute(pack, _workspace(g))
+    return {n: b for n, (_, b) in bufs.items()}
+
+
+def engine_id_of(x):
+    with with_gdn_engine():
+        g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
+        t = declare(g, x)
+        g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"], **ATTRS)[0].set_output(
+            True
+        )
+        g.create_execution_plans([cudnn.heur_mode.A])
+        return g.get_engine_and_knobs_at_index(0)[0]
+
+
+def knobs(engine_id, pieces, config="wide"):
+    return engine_id, {KT.KERNEL_CFG: CONFIG_NAMES.index(config), KT.SEQ_PIECES: pieces}
+
+
+RAGGED = (200, 0, 70, 1)  # 4, 0, 2 and 1 chunks: full, empty, short and one-token chains
+
+
+def test_a_chain_forward_gives_the_uncut_output_and_final_state_one_piece_bitwise():
+    x = inputs(seqlens=RAGGED)
+    eid = engine_id_of(x)
+    with with_gdn_engine():
+        o0, f0, _ = forward(x, knobs(eid, 0))
+        o3, f3, built = forward(x, knobs(eid, 3))
+        o1, f1, _ = forward(x, knobs(eid, 1))
+    assert built[1][KT.SEQ_PIECES] == 3
+    assert rel_err(o3, o0) <= CHAIN_TOL and rel_err(f3, f0) <= CHAIN_TOL
+    assert not torch.equal(o3, o0)  # three pieces really were composed
+    assert torch.equal(o1, o0) and torch.equal(f1, f0)
+
+
+def test_a_chain_backward_gives_the_uncut_gradients_one_piece_bitwise():
+    x = inputs(seqlens=RAGGED)
+    gen = torch.Generator().manual_seed(3)
+    d_o = torch.randn(tuple(x["v"].shape), generator=gen).to(DEVICE)
+    d_final = torch.randn(tuple(x["initial_state"].shape), generator=gen).to(DEVICE)
+    eid = engine_id_of(x)
+    with with_gdn_engine():
+        uncut = backward(x, d_o, d_final, knobs(eid, 0))
+        chain = backward(x, d_o, d_final, knobs(eid, 3))
+        one = backward(x, d_o, d_final, knobs(eid, 1))
+    for name in GRADS:
+        assert rel_err(chain[name], uncut[name]) <= CHAIN_TOL, name
+        assert torch.equal(one[name], uncut[name]), name
+
+
+def test_the_hook_cuts_one_long_sequence_and_its_knob_replays():
+    # The interpreter's notional 8 SMs, 2 heads: P = min(8 // 2, 16, 12 chunks // 4) = 3.
+    x = inputs(seqlens=(768,), seed=4)
+    with with_gdn_engine():
+        o, final, plan = forward(x)
+        assert plan[1][KT.SEQ_PIECES] == 3
+        o_again, final_again, _ = forward(x, plan)
+        o_uncut, final_uncut, _ = forward(x, (plan[0], {**plan[1], KT.SEQ_PIECES: 0}))
+    assert torch.equal(o_again, o) and torch.equal(final_again, final)
+    assert rel_err(o, o_uncut) <= CHAIN_TOL and rel_err(final, final_uncut) <= CHAIN_TOL
+
+
+def test_batch_invariant_cuts_a_sequence_by_its_own_length(monkeypatch):
+    # One piece per 64 tokens: the 150-token sequence is 3 pieces alone (P = 3) and in a
+    # batch of 280 tokens (P = 5 slots, of which it fills 3), with the same numbers.
+    monkeypatch.setattr(splitting, "BATCH_INVARIANT_PIECE_TOKENS", 64)
+    batch = inputs(seqlens=(40, 150, 90), seed=5)
+    cu = batch["cu_seqlens"].tolist()
+    alone = {n: t[cu[1] : cu[2]] for n, t in batch.items() if n not in ("cu_seqlens",)}
+    alone["initial_state"] = batch["initial_state"][1:2]
+    alone["cu_seqlens"] = torch.tensor([0, 150], dtype=torch.int32, device=DEVICE)
+    with with_gdn_engine():
+        o_b, f_b, plan_b = forward(batch, batch_invariant=True)
+        o_a, f_a, plan_a = forward(alone, batch_invariant=True)
+    assert (plan_b[1][KT.SEQ_PIECES], plan_a[1][KT.SEQ_PIECES]) == (5, 3)
+    assert torch.equal(o_a, o_b[cu[1] : cu[2]]) and torch.equal(f_a[0], f_b[1])
+
+
+def test_a_chain_asked_of_a_graph_it_cannot_serve_declines_naming_why():
+    x = inputs(seqlens=(70,))
+    eid = engine_id_of(x)
+
+    def checkpointing_graph():
+        g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
+        t = declare(g, x)
+        o, _, ckpt = g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
+                           checkpoint_every_n_tokens=64, **ATTRS)  # fmt: skip
+        o.set_output(True)
+        ckpt.set_output(True)
+        return g
+
+    with with_gdn_engine():
+        g = checkpointing_graph()
+        g.create_execution_plan(*knobs(eid, 3))
+        with pytest.raises(cudnnGraphNotSupportedError, match="SEQ_PIECES=3: checkpoints"):
+            g.build_plans()
+        with pytest.raises(ValueError, match="PIECES=17"):
+            checkpointing_graph().create_execution_plan(*knobs(eid, 17))
+
+
+@pytest.mark.parametrize(
+    "shape, backward, batch_invariant, pieces",
+    [
+        ((1, 16, 131072, 132), False, False, 8),  # one long sequence on an H200: 132 // 16
+        ((1, 16, 131072, 132), True, False, 8),
+        ((8, 16, 8 * 4096, 132), False, False, 0),  # 128 programs already fill the GPU
+        ((1, 4, 32768, 132), False, False, 16),  # at most one wave of 16
+        ((1, 16, 512, 132), False, False, 0),  # 8 chunks // 4: 2 pieces, short of 3
+        ((1, 16, 512, 132), True, False, 2),  # the backward cuts from 2
+        ((1, 16, 1024, 132), True, False, 4),  # 16 chunks, each piece at least 4
+        ((2, 32, 4096, 132), True, False, 2),
+        ((2, 32, 4096, 132), False, False, 0),
+        ((3, 16, 8192, 132), False, True, 0),  # batch_invariant: one piece of 8192 is uncut
+        ((3, 16, 8193, 132), False, True, 2),
+        ((1, 16, 10**6, 132), False, True, 16),
+    ],
+)
+def test_the_piece_rule(shape, backward, batch_invariant, pieces):
+    b, ho, total, sms = shape
+    got = splitting.choose_pieces(
+        b, ho, total, sms, backward=backward, batch_invariant=batch_invariant
+    )
+    assert got == pieces
+
+
+def test_a_kda_chain_gives_the_uncut_output_and_gradients():
+    # kda through the same engine: the summaries walk the decay per key channel, here
+    # through the lower-bound gate (a_log, dt_bias) the kda graphs use.
+    from test_kda_engine import GATE_ATTRS
+    from test_kda_engine import declare as kda_declare
+    from test_kda_engine import inputs as kda_inputs
+
+    x = kda_inputs(seqlens=(200, 0, 70), heads=2)
+    # Mild decays (lb * sigmoid(logit - 6) ~ -0.01 a token): a piece's transition does not
+    # underflow, so the composed seeds carry the earlier pieces.
+    x["g"] = x["g"] - 6.0
+    gen = torch.Generator().manual_seed(6)
+    d_o = torch.randn(tuple(x["v"].shape), generator=gen).to(DEVICE)
+    d_final = torch.randn(tuple(x["initial_state"].shape), generator=gen).to(DEVICE)
+    grads = ("q", "k", "v", "g", "beta", "initial_state", "a_log", "dt_bias")
+    attrs = {**ATTRS, **GATE_ATTRS}
+    runs = []
+    for pieces in (0, 3):
+        g = cudnn.pygraph(name="kda", io_data_type=dt.FLOAT)
+        t = kda_declare(g, x)
+        o, final, _ = g.kda(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
+                            initial_state=t["initial_state"], a_log=t["a_log"],
+                            dt_bias=t["dt_bias"], output_final_state=True, **attrs)  # fmt: skip
+        o.set_output(True)
+        final.set_output(True)
+        g.create_execution_plans([cudnn.heur_mode.A])
+        eid = g.get_engine_and_knobs_at_index(0)[0]
+        g = cudnn.pygraph(name="kda", io_data_type=dt.FLOAT)
+        t = kda_declare(g, x)
+        o, final, _ = g.kda(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
+                            initial_state=t["initial_state"], a_log=t["a_log"],
+                            dt_bias=t["dt_bias"], output_final_state=True, **attrs)  # fmt: skip
+        o.set_output(True)
+        final.set_output(True)
+        g.create_execution_plan(*knobs(eid, pieces))
+        g.build_plans()
+        out = {"O": torch.full_like(x["v"], float("nan")),
+               "final": torch.full_like(x["initial_state"], float("nan"))}  # fmt: skip
+        g.execute({**{t[n]: x[n] for n in x}, o: out["O"], final: out["final"]}, _workspace(g))
+
+        gb = cudnn.pygraph(name="kda_bwd", io_data_type=dt.FLOAT)
+        tb = kda_declare(gb, {**x, "dO": d_o, "d_final_state": d_final})
+        outs = gb.kda_bwd(tb["q"], tb["k"], tb["v"], tb["g"], tb["beta"], tb["cu_seqlens"],
+                          tb["dO"], initial_state=tb["initial_state"],
+                          d_final_state=tb["d_final_state"], a_log=tb["a_log"],
+                          dt_bias=tb["dt_bias"], **attrs)  # fmt: skip
+        pack = {tb[n]: b for n, b in {**x, "dO": d_o, "d_final_state": d_final}.items()}
+        for name, port in zip(grads, outs):
+            port.set_output(True)
+            out[name] = pack[port] = torch.full_like(x[name], float("nan"))
+        gb.create_execution_plan(*knobs(eid, pieces))
+        gb.build_plans()
+        gb.execute(pack, _workspace(gb))
+        runs.append(out)
+    uncut, chain = runs
+    for name in uncut:
+        assert rel_err(chain[name], uncut[name]) <= CHAIN_TOL, name
+    assert not torch.equal(chain["O"], uncut["O"])
