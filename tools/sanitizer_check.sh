@@ -74,4 +74,7 @@ import sys, cudnn_pygraph.runtime._variant_pack as m
 assert "sanitizer_check" in m.__file__, f"imported {m.__file__}, not the sanitized build"
 print("sanitizer_check: testing", m.__file__)
 '
-python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/runtime" "$@"
+# The compiled-plan cache's tests hold no C of ours, and their doctor case loads libcudnn,
+# which aborts under the preloaded ASan runtime.
+python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/runtime" \
+  --ignore="$ROOT/tests/runtime/test_compiled_cache.py" "$@"

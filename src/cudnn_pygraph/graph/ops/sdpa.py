@@ -87,7 +87,11 @@ _ROWS = {
         ("dSink_token",),
     ),
     "sdpa_mxfp8": (("O", _STATS, "Amax_O"), _forward_rule(("Amax_O",)), ()),
-    "sdpa_mxfp8_backward": (("dQ", "dK", "dV"), _backward_rule(), ("dSink_token",)),
+    "sdpa_mxfp8_backward": (
+        ("dQ", "dK", "dV", "Amax_dQ", "Amax_dK", "Amax_dV"),
+        _backward_rule(("Amax_dQ", "Amax_dK", "Amax_dV")),
+        ("dSink_token",),
+    ),
 }
 
 
