@@ -350,3 +350,33 @@ def test_a_slice_short_of_the_input_rank_is_refused_before_a_reader_crashes(n_sl
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("refused: slice node") and "slices" in out.stdout
+
+
+def test_sdpa_mxfp8_backward_returns_and_lowers_the_six_outputs_of_the_classic():
+    """bench/fuzz.py --seed 2: the backend's sdpa_mxfp8_backward returns dQ, dK, dV and
+    their three amax scalars; the OpSpec declared three, and lowering raised a bare
+    RuntimeError. A classic program unpacks six."""
+    dt = cudnn.data_type
+    g = cudnn.pygraph(
+        io_data_type=dt.BFLOAT16, intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT
+    )
+    dims = [1, 2, 128, 128]
+
+    def t(d=dt.FP8_E4M3, shape=dims):
+        return g.tensor(shape, data_type=d)
+
+    def scale():
+        return t(dt.FP8_E8M0, dims[:3] + [4])
+
+    outs = g.sdpa_mxfp8_backward(
+        q=t(), q_T=t(), k=t(), k_T=t(), v=t(), o_f16=t(dt.BFLOAT16), dO_f16=t(dt.BFLOAT16),
+        dO=t(), dO_T=t(), stats=t(dt.FLOAT, dims[:3] + [1]), descale_q=scale(),
+        descale_q_T=scale(), descale_k=scale(), descale_k_T=scale(), descale_v=scale(),
+        descale_dO=scale(), descale_dO_T=scale(), attn_scale=0.125,
+    )  # fmt: skip
+    assert [o.name.split("::")[1] for o in outs] == [
+        "dQ", "dK", "dV", "Amax_dQ", "Amax_dK", "Amax_dV"
+    ]  # fmt: skip
+    for o in outs[:3]:
+        o.set_output(True)
+    g.validate()
