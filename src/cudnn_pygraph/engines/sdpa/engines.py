@@ -504,15 +504,10 @@ def shard(facts) -> str:
     return "thd" if facts.ragged else "dense"
 
 
-# The cells where the backend's block leads, as measured (bench/results/sdpa_fwd.md, H200
-# 2026-11-29, run 4 at 17:52 UTC; bench/sdpa_ranked.py re-times each cell end to end with
-# autotune's measurement): the backend ran every timed prefill cell faster,
-# dense and ragged (ours 0.79x / 0.77x at D128 S8192 causal / not: 1.149 vs 0.906 ms, 2.099
-# vs 1.613 ms; 0.90x at D64 S2048 causal: 0.200 vs 0.181 ms; 0.79x on THD GQA 32/8 D128:
-# 3.830 vs 3.037 ms) and page-64 paged decode (266 vs 252 us): there the first plan is the
-# fastest one listed. Page-16 paged decode measured at par (ours 255 us, the backend 254):
-# ours stays first. A cell nobody timed (other page sizes) keeps ours first, the spec's
-# rule for an untimed cell.
+# The placement cells where the backend's plans lead, as measured end to end
+# (bench/results/sdpa_fwd.md; bench/sdpa_ranked.py re-times each cell with autotune's
+# measurement). Page-16 decode measured at par, so ours stays first there; a cell nobody
+# timed keeps ours first, the spec's rule for an untimed cell.
 _BACKEND_LEADS = frozenset({"dense", "thd", "paged page_size=64"})
 
 
