@@ -129,6 +129,7 @@ ATTRIBUTE_CASES = {
     "linear-gate": ({"use_qk_l2norm": True, "gate_domain": "linear"}, {}),
     "group-q2-v4-K64": ({"use_qk_l2norm": True}, {"heads": (2, 2, 4), "dim": 64}),
     "group-q4-v2": ({"use_qk_l2norm": True}, {"heads": (4, 4, 2)}),
+    "K256-V256": ({"use_qk_l2norm": True}, {"heads": (2, 2, 2), "dim": 256}),
     "no-l2norm": ({}, {}),
 }
 
