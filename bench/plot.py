@@ -53,8 +53,9 @@ _MEASURE_WORDS = (
 # Which way is better, per ratio column header (first match wins). The headers read
 # differently: sdpa's `ours/torch` is a ratio of TFLOP/s and gemm's `torch/first` one of
 # times (both: above 1 = ours faster), the host tables' `ours/theirs` and `op / raw` are
-# ratios of microseconds per call (below 1 = ours faster).
+# ratios of microseconds per call (below 1 = ours faster), as is every `host ...` ratio.
 BETTER = (
+    (r"^host\b", "lower"),
     (r"speedup|\bvs\b", "higher"),
     (r"^ours/(torch|backend|fla)\b", "higher"),
     (r"^(torch|backend|fla|theirs)/(ours|first)\b", "higher"),
@@ -98,7 +99,7 @@ class RatioTable:
         gpu = _last(_GPU, self.context)
         versions = {}
         for name, v in _VERSIONS.findall(self.context):
-            versions[name] = v  # the nearest above the table wins
+            versions[name] = v.rstrip(".")  # the nearest above the table wins; no full stop
         parts = [gpu or "GPU not stated", self.date or "date not stated"]
         parts.append(", ".join(f"{k} {v}" for k, v in versions.items()) or "versions not stated")
         return " · ".join(parts)
@@ -186,15 +187,15 @@ def _ratio_table(title, header, rows):
     if not ratio_cols:
         return None
     n_label = next((j for j, h in enumerate(header) if j in ratio_cols or _is_measure(h)), 1) or 1
+    # A plan's full name (engine[KNOB=..., ...]) is no label: it is the same down a burst
+    # column and too long to read beside a bar; its table names it.
+    keep = [j for j in range(n_label) if header[j].strip().lower() != "plan"]
     labels, series = [], {header[j]: [] for j in ratio_cols}
     for r in rows:
         if not any(j < len(r) and _RATIO_CELL.match(r[j]) for j in ratio_cols):
             continue  # a note row (rel err, ...) with no ratio in it
-        labels.append(
-            " x ".join(r[:n_label])
-            if all(c.isdigit() for c in r[:n_label])
-            else ", ".join(r[:n_label])
-        )
+        parts = [r[j] for j in keep if j < len(r)]
+        labels.append(" x ".join(parts) if all(c.isdigit() for c in parts) else ", ".join(parts))
         for j in ratio_cols:
             m = _RATIO_CELL.match(r[j]) if j < len(r) else None
             series[header[j]].append(float(m.group(1)) if m else None)

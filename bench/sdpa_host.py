@@ -168,7 +168,7 @@ def host_rows(lines):
     }
     lines.append("## Host µs per execute (min / median over reps of a burst, drained queue)\n")
     lines.append(
-        "| graph | plan | burst | ours | ours-h0 | backend | theirs | ours/backend (min) |"
+        "| graph | plan | burst | ours | ours-h0 | backend | theirs | host ours/backend (min) |"
     )
     lines.append("|---|---|---:|---:|---:|---:|---:|---:|")
     for label, (make, prefix, theirs) in cases.items():

@@ -235,6 +235,10 @@ BACKEND_TABLE = """| graph | burst | ours | theirs | ours/theirs (min) | ours/fl
 | matmul bf16 | 1 | 22.8 / 26.7 | 26.2 / 28.4 | 0.87 | 1.72 |
 |  | rel err | 1.7e-03 | 1.7e-03 | | |
 """
+HOST_TABLE = """| graph | plan | burst | ours | backend | host ours/backend (min) |
+|---|---|---:|---:|---:|---:|
+| decode B4 | triton_sdpa_decode[NUM_WARPS=4, SPLIT_KV=16] | 8 | 11.4 / 11.7 | 9.9 / 10.4 | 1.14 |
+"""
 NO_RATIO = """| case | min ns/call |
 |---|---:|
 | from_objects | 355 |
@@ -260,6 +264,11 @@ NO_RATIO = """| case | min ns/call |
             ["matmul bf16, 1"],
             {"ours/theirs (min)": [0.87], "ours/floor (min)": [1.72]},
         ),
+        (
+            HOST_TABLE,
+            ["decode B4, 8"],
+            {"host ours/backend (min)": [1.14]},
+        ),  # the plan's full name is the table's, not the bar's label
         (NO_RATIO, None, None),
     ],
     ids=[
@@ -267,6 +276,7 @@ NO_RATIO = """| case | min ns/call |
         "sdpa-missing-cell",
         "gdn-own-ratio-excluded",
         "plain-ratios-note-row-dropped",
+        "plan-column-not-in-label",
         "a-unit-is-not-a-ratio",
     ],
 )
@@ -338,6 +348,8 @@ def test_plot_charts_the_latest_run_of_a_table_and_names_gpu_date_versions(newes
         ("torch/first", "higher"),
         ("ours/theirs (min)", "lower"),
         ("op / raw", "lower"),
+        ("host ours/backend (min)", "lower"),
+        ("ours/backend", "higher"),
     ],
 )
 def test_plot_says_which_way_is_better(header, way):
