@@ -12,6 +12,11 @@ from collections.abc import Sequence  # already loaded by the interpreter
 
 from .._types import data_type, tensor_reordering
 
+TYPE_CHECKING = False  # true for type checkers only: importing typing is not needed
+if TYPE_CHECKING:
+    from .._typing import DataTypeLike
+    from .pygraph import pygraph
+
 # torch dtype names -> ours, matched on str(dtype) so torch is never imported here.
 _FRAMEWORK_DTYPES = {
     "torch.float32": data_type.FLOAT,
@@ -81,7 +86,15 @@ class Tensor:
         "ragged_offset_multiplier",
     )
 
-    def __init__(self, graph, uid, name, dim=(), stride=(), dtype=data_type.NOT_SET):
+    def __init__(
+        self,
+        graph: pygraph,
+        uid: int,
+        name: str,
+        dim: Sequence[int] = (),
+        stride: Sequence[int] = (),
+        dtype: data_type = data_type.NOT_SET,
+    ) -> None:
         d = self.__dict__  # construction bypasses the write guard
         d["_graph"] = graph
         # The fields live in the instance dict itself, so reading one (`t.uid`, on every
@@ -110,7 +123,7 @@ class Tensor:
         return field in self._user_set
 
     @property
-    def graph(self):
+    def graph(self) -> pygraph:
         return self._graph
 
     def get_name(self) -> str:
@@ -180,7 +193,7 @@ class Tensor:
     def set_stride(self, stride: Sequence[int]) -> Tensor:
         return self._set("stride", stride)
 
-    def set_data_type(self, dtype: data_type | int | str | object) -> Tensor:
+    def set_data_type(self, dtype: DataTypeLike) -> Tensor:
         return self._set("data_type", dtype)
 
     def set_uid(self, uid: int) -> Tensor:
