@@ -11,10 +11,10 @@ imports without torch too.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
     from typing import TypeAlias
 
     import torch
@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from .graph.tensor import Tensor
     from .runtime._variant_pack_python import OperandBuffer
     from .runtime.handle import Handle
+
+
+# A decorated function's own type, kept through a decorator that returns it wrapped.
+FuncT = TypeVar("FuncT", bound="Callable[..., object]")
 
 
 class SupportsDLPack(Protocol):
@@ -86,8 +90,20 @@ HandleLike: TypeAlias = "Handle | int"
 StreamLike: TypeAlias = "int | HasCudaStream | None"
 # What serialize() returns and deserialize() reads.
 SerializedGraph: TypeAlias = "bytes | bytearray | list[int] | str"
+# A key naming one of a classic Graph's tensors: "<node>::<argument>", a tensor name, a
+# uid, the graph tensor, or the framework tensor that stood for it in the block.
+IoKey: TypeAlias = "str | int | Tensor | SupportsDLPack"
 HeurModes: TypeAlias = "Iterable[heur_mode | int]"
 KnobSettings: TypeAlias = "Mapping[knob_type | int, int]"
 NumericalNotes: TypeAlias = "Iterable[numerical_note | int]"
 BehaviorNotes: TypeAlias = "Iterable[behavior_note | int]"
 RetentionLike: TypeAlias = "cuda_graph_retention | int"
+
+
+class KernelCache(Protocol):
+    """The backend's kernel cache (create_kernel_cache())."""
+
+    def size(self) -> int: ...
+    def revision(self) -> int: ...
+    def serialize(self) -> str: ...
+    def deserialize(self, text: str, /) -> None: ...
