@@ -37,7 +37,7 @@ _FRAMEWORK_DTYPES = {
 }
 
 
-def to_data_type(value, what="data_type"):
+def to_data_type(value: DataTypeLike, what: str = "data_type") -> data_type:
     """Our data_type from a data_type, its int value, its name, or a torch dtype."""
     if isinstance(value, data_type):
         return value
