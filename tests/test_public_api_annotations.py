@@ -184,3 +184,19 @@ def test_every_public_callable_is_annotated():
     }
     report = "\n".join(f"{name}: {', '.join(m)}" for name, m in unannotated.items())
     assert not unannotated, f"{len(unannotated)} public callables lack annotations:\n{report}"
+
+
+def test_builder_parameters_say_more_than_object():
+    """The generated builders' annotations come from the OpSpecs: an attribute the backend
+    declares as `object` is typed where it is declared (graph/ops/sdpa.py), so help()
+    never shows a builder parameter that takes anything."""
+    from cudnn_pygraph.graph.ops import OPS
+    from cudnn_pygraph.graph.pygraph import pygraph
+
+    untyped = [
+        f"{op}({p.name})"
+        for op in OPS
+        for p in inspect.signature(getattr(pygraph, op)).parameters.values()
+        if p.name != "self" and p.annotation in ("object", "object | None")
+    ]
+    assert untyped == []
