@@ -200,3 +200,46 @@ def test_builder_parameters_say_more_than_object():
         if p.name != "self" and p.annotation in ("object", "object | None")
     ]
     assert untyped == []
+
+
+def _type_checking_imports(module):
+    """{bound name: the object its `if TYPE_CHECKING:` import names}, resolved now."""
+    import ast
+
+    tree = ast.parse(inspect.getsource(module))
+    found = {}
+    for node in tree.body:
+        if not (isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"):
+            continue
+        for statement in node.body:
+            assert isinstance(statement, ast.ImportFrom), ast.unparse(statement)
+            source = importlib.import_module(
+                "." * statement.level + (statement.module or ""), module.__name__
+            )
+            for alias in statement.names:
+                found[alias.asname or alias.name] = (
+                    getattr(source, alias.name, None)
+                    if hasattr(source, alias.name)
+                    else importlib.import_module(f"{source.__name__}.{alias.name}")
+                )
+    return found
+
+
+@pytest.mark.parametrize(
+    "module, lazy",
+    [
+        ("cudnn_pygraph", lambda m: set(m._LAZY) - set(m._DIRECT_OPS)),
+        ("cudnn_pygraph.ops", lambda m: set(m._LAZY)),
+        ("cudnn_pygraph.linear_attention", lambda m: {"ops", "gdp", "summary", "cp"}),
+    ],
+)
+def test_type_checkers_see_what_the_lazy_names_resolve_to(module, lazy):
+    """A type checker cannot follow a module's __getattr__, so each lazily exported name
+    is also imported under `if TYPE_CHECKING:`; that spelling must name the same object
+    the lazy lookup returns, and miss none (the direct kernels excepted: they are made
+    at import, so a type checker sees them through __getattr__)."""
+    package = importlib.import_module(module)
+    spelled = _type_checking_imports(package)
+    assert set(spelled) == lazy(package)
+    for name, value in spelled.items():
+        assert getattr(package, name) is value, name
