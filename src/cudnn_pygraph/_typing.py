@@ -63,6 +63,14 @@ class HasShape(Protocol):
     def shape(self) -> tuple[int, ...]: ...
 
 
+class NamedMember(Protocol):
+    """A member of another package's enum of the same name (the NVIDIA frontend's), which
+    the note filters and the graph's cuda_graph_retention read by its name."""
+
+    @property
+    def name(self) -> str: ...
+
+
 class HasCudaStream(Protocol):
     """A stream object that carries its raw cudaStream_t (torch.cuda.Stream)."""
 
@@ -95,9 +103,9 @@ SerializedGraph: TypeAlias = "bytes | bytearray | list[int] | str"
 IoKey: TypeAlias = "str | int | Tensor | SupportsDLPack"
 HeurModes: TypeAlias = "Iterable[heur_mode | int]"
 KnobSettings: TypeAlias = "Mapping[knob_type | int, int]"
-NumericalNotes: TypeAlias = "Iterable[numerical_note | int]"
-BehaviorNotes: TypeAlias = "Iterable[behavior_note | int]"
-RetentionLike: TypeAlias = "cuda_graph_retention | int"
+NumericalNotes: TypeAlias = "Iterable[numerical_note | int | NamedMember]"
+BehaviorNotes: TypeAlias = "Iterable[behavior_note | int | NamedMember]"
+RetentionLike: TypeAlias = "cuda_graph_retention | int | NamedMember"
 
 
 class KernelCache(Protocol):

@@ -383,7 +383,7 @@ class pygraph:
         return graph_to_json(self)
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, object]) -> pygraph:
+    def from_json(cls, doc: dict[str, object]) -> pygraph:
         from .json_form import graph_from_json
 
         return graph_from_json(cls, doc)
