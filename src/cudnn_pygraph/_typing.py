@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
-    from typing import TypeAlias
+    from typing import Any, TypeAlias
 
     import torch
 
@@ -34,12 +34,15 @@ if TYPE_CHECKING:
 
 # A decorated function's own type, kept through a decorator that returns it wrapped.
 FuncT = TypeVar("FuncT", bound="Callable[..., object]")
+# The caller's dict of buffers a classic Graph call fills and returns (a dict is invariant
+# in its keys and values: the caller's own dict type comes back).
+BuffersT = TypeVar("BuffersT", bound="dict[Any, Any]")
 
 
 class SupportsDLPack(Protocol):
     """A DLPack producer (torch, CuPy, JAX arrays)."""
 
-    def __dlpack__(self, *args: object, **kwargs: object) -> object: ...
+    def __dlpack__(self) -> object: ...  # what the producer's defaults give
 
 
 class SupportsCudaArrayInterface(Protocol):
@@ -86,8 +89,13 @@ Buffer: TypeAlias = (
     "SupportsDLPack | SupportsCudaArrayInterface | SupportsArrayInterface | OperandBuffer | int"
 )
 # execute()'s operands: {Tensor, uid or tensor name: buffer}; a None key or value is an
-# optional operand not given.
-VariantPackLike: TypeAlias = "Mapping[Tensor | int | str | None, Buffer | None]"
+# optional operand not given. A Mapping's key type is invariant, so each keying a caller's
+# dict is declared with is listed.
+VariantPackLike: TypeAlias = (
+    "Mapping[Tensor, Buffer | None] | Mapping[int, Buffer | None]"
+    " | Mapping[str, Buffer | None] | Mapping[Tensor | int, Buffer | None]"
+    " | Mapping[Tensor | int | str | None, Buffer | None]"
+)
 # An array tensor_like() reads its dims and strides from.
 ArrayLike: TypeAlias = (
     "SupportsDLPack | SupportsCudaArrayInterface | SupportsArrayInterface | HasShape"

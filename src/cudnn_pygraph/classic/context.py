@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from .._typing import Buffer, HandleLike, IoKey, SupportsDLPack
+    from .._typing import Buffer, BuffersT, HandleLike, IoKey, SupportsDLPack
     from ..runtime.handle import Handle
 
 # Reached through the object unchanged.
@@ -312,9 +312,9 @@ class Graph:
     # ------------------------------------------------------------ execution
     def __call__(
         self,
-        *args: SupportsDLPack | dict[IoKey, SupportsDLPack],
+        *args: SupportsDLPack | BuffersT,
         **kwargs: Buffer | HandleLike | Sequence[int] | Sequence[Sequence[int]] | None,
-    ) -> torch.Tensor | list[torch.Tensor] | dict[IoKey, SupportsDLPack]:
+    ) -> torch.Tensor | list[torch.Tensor] | BuffersT:
         """Execute the built plan (see the module doc for the two call forms). Keywords go
         to `execute` (handle=, workspace=, ...)."""
         if self._graph is None:

@@ -20,6 +20,12 @@ if TYPE_CHECKING:
 
 
 class Node:
+    # The fields' types, for type checkers (annotations only: set once, read-only).
+    spec: OpSpec
+    inputs: Mapping[str, Tensor | tuple[Tensor, ...] | None]
+    attrs: Mapping[str, object]
+    outputs: Mapping[str, Tensor | None]
+
     def __init__(
         self,
         graph: pygraph,

@@ -14,7 +14,11 @@ from .._types import data_type, tensor_reordering
 
 TYPE_CHECKING = False  # true for type checkers only: importing typing is not needed
 if TYPE_CHECKING:
+    # the fields `data_type` and `scalar_type` shadow the types' names in the class
+    from .._types import data_type as _data_type
+    from .._types import scalar_type as _scalar_type
     from .._typing import DataTypeLike
+    from .node import Node
     from .pygraph import pygraph
 
 # torch dtype names -> ours, matched on str(dtype) so torch is never imported here.
@@ -85,6 +89,21 @@ class Tensor:
         "uid",
         "ragged_offset_multiplier",
     )
+    # The fields' types, for type checkers (annotations only: the values live in the
+    # instance dict, written through the graph).
+    name: str
+    dim: tuple[int, ...]
+    stride: tuple[int, ...]
+    data_type: _data_type
+    is_virtual: bool
+    is_pass_by_value: bool
+    ragged_offset: Tensor | None
+    reordering_type: tensor_reordering
+    uid: int
+    ragged_offset_multiplier: int
+    producer: Node | None  # the node that writes this tensor; None for a graph input
+    value: int | float | None  # a graph-held scalar's value (tensor_scalar)
+    scalar_type: _scalar_type | None
 
     def __init__(
         self,
