@@ -110,7 +110,11 @@ SerializedGraph: TypeAlias = "bytes | bytearray | list[int] | str"
 # uid, the graph tensor, or the framework tensor that stood for it in the block.
 IoKey: TypeAlias = "str | int | Tensor | SupportsDLPack"
 HeurModes: TypeAlias = "Iterable[heur_mode | int]"
-KnobSettings: TypeAlias = "Mapping[knob_type | int, int]"
+# {knob_type: value}, as get_engine_and_knobs_at_index() gives it (keys invariant: each
+# keying is listed)
+KnobSettings: TypeAlias = (
+    "Mapping[knob_type, int] | Mapping[int, int] | Mapping[knob_type | int, int]"
+)
 NumericalNotes: TypeAlias = "Iterable[numerical_note | int | NamedMember]"
 BehaviorNotes: TypeAlias = "Iterable[behavior_note | int | NamedMember]"
 RetentionLike: TypeAlias = "cuda_graph_retention | int | NamedMember"
