@@ -27,8 +27,12 @@ MODULES = (
     "cudnn_pygraph.linear_attention.gdp",
     "cudnn_pygraph.linear_attention.summary",
 )
-# Objects the API hands back without naming their class: g.plans' entries.
-RETURNED_CLASSES = (("cudnn_pygraph.engines.base", "PlanConfig"),)
+# Objects the API hands back without naming their class: g.plans' entries and what
+# g.autotune() returns.
+RETURNED_CLASSES = (
+    ("cudnn_pygraph.engines.base", "PlanConfig"),
+    ("cudnn_pygraph.planning.autotune", "AutotuneResult"),
+)
 # Methods a user calls although their names are dunders: construction and calling.
 CALLED_DUNDERS = ("__init__", "__call__", "__enter__", "__exit__")
 
