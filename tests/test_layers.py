@@ -9,6 +9,9 @@ function) goes to the importing module's own layer or one below it.
                  and never importing each other
     facade       the pygraph class, the package root, the classic surface, the torch
                  ops, the CLI and the demo
+
+Imports under `if TYPE_CHECKING:` are left out: they never run, they only let an
+annotation name a type of another layer (a Tensor's `graph` is a pygraph).
 """
 
 import ast
@@ -29,7 +32,7 @@ FACADE_PACKAGES = (f"{PKG}.classic", f"{PKG}.linear_attention", f"{PKG}.ops")
 def layer_of(module):
     if module in FACADE or module.startswith(FACADE_PACKAGES):
         return "facade"
-    if module in (f"{PKG}._types", f"{PKG}._log", f"{PKG}._version"):
+    if module in (f"{PKG}._types", f"{PKG}._log", f"{PKG}._version", f"{PKG}._typing"):
         return "vocabulary"
     if module.startswith(f"{PKG}.graph"):
         return "ir"
@@ -49,11 +52,25 @@ def module_name(path):
     return ".".join(parts)
 
 
+def _type_checking_only(tree):
+    """The nodes inside `if TYPE_CHECKING:` blocks."""
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            for statement in node.body:
+                inside.update(id(n) for n in ast.walk(statement))
+    return inside
+
+
 def imports_of(path):
-    """(target module, line) for every import of ours in the file."""
+    """(target module, line) for every import of ours in the file that runs."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skipped = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")

@@ -104,6 +104,7 @@ def test_the_sdist_carries_the_tests_with_their_helpers(tmp_path):
         "tests/linear_attention/reference.py",
         "src/cudnn_pygraph/runtime/_variant_pack.c",
         "src/cudnn_pygraph/runtime/_variant_pack_python.py",
+        "src/cudnn_pygraph/py.typed",  # PEP 561: the annotations are for type checkers
         "LICENSE",
     ):
         assert needed in files, needed

@@ -19,10 +19,13 @@ import importlib
 # imported first and its binding dropped: `cudnn_pygraph.graph` is then the classic
 # function, while `from cudnn_pygraph.graph.pygraph import ...` still finds the IR (as in
 # NVIDIA's package, `import cudnn_pygraph.graph.x as m` resolves through the attribute and
-# fails: import from the package instead).
-from . import graph
+# fails: import from the package instead). Type checkers, which see `graph` as the
+# function (the TYPE_CHECKING block below), skip this.
+TYPE_CHECKING = False
+if not TYPE_CHECKING:
+    from . import graph
 
-del graph
+    del graph
 
 from ._types import (  # the vocabulary is tiny and always needed
     CLASSIC_ERRORS,
@@ -110,6 +113,44 @@ _LAZY = {
     "sdpa_capabilities": (f"{_CLASSIC}.versions", "sdpa_capabilities"),
     **{name: (f"{_CLASSIC}.direct_ops", name) for name in _DIRECT_OPS},
 }
+
+# What _LAZY resolves, spelled for type checkers, which cannot follow __getattr__; never
+# run. tests/test_public_api_annotations.py checks that each name here is the object
+# _LAZY gives. The direct kernels are made at import (classic/direct_ops.py): a type
+# checker sees them through __getattr__.
+if TYPE_CHECKING:  # `name as name`: a re-export (PEP 484), not an unused import
+    from . import engines as engines
+    from . import linear_attention as linear_attention
+    from . import ops as ops
+    from .backend.classic_queries import KnobRange as KnobRange
+    from .backend.classic_queries import KnobRange as knob  # noqa: F401
+    from .classic import context as wrapper  # noqa: F401
+    from .classic import datatypes as datatypes
+    from .classic.context import Graph as Graph
+    from .classic.decorators import graph as graph
+    from .classic.decorators import graph_cache as graph_cache
+    from .classic.decorators import jit as jit
+    from .classic.kernel_cache import create_kernel_cache as create_kernel_cache
+    from .classic.types import DeviceInfo as DeviceInfo
+    from .classic.types import GraphContext as GraphContext
+    from .classic.types import NodeType as NodeType
+    from .classic.versions import backend_version as backend_version
+    from .classic.versions import backend_version_string as backend_version_string
+    from .classic.versions import get_last_error_string as get_last_error_string
+    from .classic.versions import sdpa_capabilities as sdpa_capabilities
+    from .graph.node import Node as Node
+    from .graph.ops import OPS as OPS
+    from .graph.pygraph import pygraph as pygraph
+    from .graph.tensor import Tensor as Tensor
+    from .graph.tensor import Tensor as tensor  # noqa: F401
+    from .planning.device import DeviceProperties as DeviceProperties
+    from .planning.device import create_device_properties as create_device_properties
+    from .runtime.handle import Handle as Handle
+    from .runtime.handle import Handle as handle  # noqa: F401
+    from .runtime.handle import create_handle as create_handle
+    from .runtime.handle import destroy_handle as destroy_handle
+    from .runtime.handle import get_stream as get_stream
+    from .runtime.handle import set_stream as set_stream
 
 __all__ = [  # noqa: PLE0604 — the eager names, then _LAZY's keys
     "BackendUnavailableError",

@@ -140,7 +140,7 @@ class knob_type(enum.IntEnum):
     SEQ_PIECES = FRONTEND_KNOB_TYPE_BASE + 13
 
 
-def is_frontend_knob_type(kt):
+def is_frontend_knob_type(kt: knob_type | int) -> bool:
     return int(kt) >= FRONTEND_KNOB_TYPE_BASE
 
 

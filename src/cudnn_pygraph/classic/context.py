@@ -25,6 +25,8 @@ backend version is demanded; buffers are allocated on the CUDA device, or on the
 only the Triton interpreter runs.
 """
 
+from __future__ import annotations  # annotations stay text: no typing import
+
 import inspect
 import itertools
 import threading
@@ -32,6 +34,17 @@ import threading
 from .._types import heur_mode
 from ..graph.tensor import Tensor
 from .decorators import has_plans
+
+TYPE_CHECKING = False  # true for type checkers only: importing typing is not needed
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import TracebackType
+    from typing import Literal
+
+    import torch
+
+    from .._typing import Buffer, BuffersT, HandleLike, IoKey, SupportsDLPack
+    from ..runtime.handle import Handle
 
 # Reached through the object unchanged.
 _PASS_THROUGH = frozenset(
@@ -91,7 +104,7 @@ def _buffer_device(torch):
 _default_handles = threading.local()
 
 
-def default_handle():
+def default_handle() -> Handle:
     """This thread's handle for the current device, bound to torch's current stream (the
     handle "auto" resolves to); where CUDA is absent, one handle on the default stream."""
     from ..runtime.handle import create_handle, set_stream
@@ -113,13 +126,13 @@ class Graph:
     def __init__(
         self,
         *,
-        handle=None,
-        inputs=None,
-        outputs=None,
-        heuristics=None,
-        workspace_alloc=True,
-        **kwargs,
-    ):
+        handle: HandleLike | Literal["auto"] | None = None,
+        inputs: Sequence[IoKey] | None = None,
+        outputs: Sequence[IoKey] | None = None,
+        heuristics: Sequence[heur_mode | int] | None = None,
+        workspace_alloc: bool = True,
+        **kwargs: object,
+    ) -> None:
         """`handle`: a handle, "auto" (this thread's, on torch's current stream) or None
         (then every call must pass handle=). `inputs` / `outputs`: the positional order
         for calls, as set_io_tuples takes it. `heuristics`: the plan modes. Other keywords
@@ -144,7 +157,7 @@ class Graph:
         self._input_tuple = self._output_tuple = None
 
     # ------------------------------------------------------------ the block
-    def __enter__(self):
+    def __enter__(self) -> Graph:
         if self._graph is not None:
             raise RuntimeError("Graph already created")
         from ..graph.pygraph import pygraph
@@ -153,7 +166,12 @@ class Graph:
         self._graph = pygraph(**handle, **self._kwargs)
         return self
 
-    def __exit__(self, exc_type, exc_value, tb):
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
         if exc_type is not None:
             self._graph = None
             return False
@@ -250,7 +268,7 @@ class Graph:
                 return t
         raise ValueError(f"{what} at index {i} ({key}) not found in tensor map")
 
-    def set_io_tuples(self, inputs, outputs):
+    def set_io_tuples(self, inputs: Sequence[IoKey], outputs: Sequence[IoKey]) -> None:
         """The order of positional calls: every non-virtual tensor of the graph must be
         named once, inputs first. Before the block's exit the order is kept for then."""
         if not isinstance(inputs, (list, tuple)):
@@ -292,7 +310,11 @@ class Graph:
         self._output_tuple = tuple(resolved["Output"])
 
     # ------------------------------------------------------------ execution
-    def __call__(self, *args, **kwargs):
+    def __call__(
+        self,
+        *args: SupportsDLPack | BuffersT,
+        **kwargs: Buffer | HandleLike | Sequence[int] | Sequence[Sequence[int]] | None,
+    ) -> torch.Tensor | list[torch.Tensor] | BuffersT:
         """Execute the built plan (see the module doc for the two call forms). Keywords go
         to `execute` (handle=, workspace=, ...)."""
         if self._graph is None:

@@ -14,13 +14,27 @@ The usual stack (FlashInfer's cuDNN paths are written this way):
 `build(...)` returns `(graph, [uid, ...])`; a second call with the same key returns the
 same built graph and uids without planning again."""
 
+from __future__ import annotations  # annotations stay text: no typing import
+
 import contextlib
 import functools
 
 from .._types import GraphStateError, data_type, heur_mode
 
+TYPE_CHECKING = False  # true for type checkers only: importing typing is not needed
+if TYPE_CHECKING:
+    from collections.abc import Callable, Hashable, Iterator, Sequence
 
-def graph_cache(key_fn, maxsize=256):
+    from .._typing import DataTypeLike, FuncT, HandleLike
+    from ..graph.pygraph import pygraph
+    from ..graph.tensor import Tensor
+
+    # A builder jit() decorates returns (graph, tensors); the decorated call (graph, uids).
+    BuildFn = Callable[..., tuple[pygraph, Sequence[Tensor]]]
+    BuiltFn = Callable[..., tuple[pygraph, list[int]]]
+
+
+def graph_cache(key_fn: Callable[..., Hashable], maxsize: int = 256) -> Callable[[FuncT], FuncT]:
     """Memoize a builder on `key_fn(*args, **kwargs)`: a hit returns the cached result,
     a miss builds and stores it; past `maxsize` entries the oldest one is dropped."""
 
@@ -43,7 +57,10 @@ def graph_cache(key_fn, maxsize=256):
     return decorator
 
 
-def jit(heur_modes=heur_mode.A, **kwargs):
+def jit(
+    heur_modes: heur_mode | int | list[heur_mode | int] | tuple[heur_mode | int, ...] = heur_mode.A,
+    **kwargs: object,
+) -> Callable[[BuildFn], BuiltFn]:
     """Build the graph a builder returns: the builder returns `(graph, tensors)`; the
     decorated call plans and builds the graph with `heur_modes` (one mode or a list)
     unless it already has plans (a graph_cache hit), and returns `(graph, uids)`.
@@ -63,7 +80,7 @@ def jit(heur_modes=heur_mode.A, **kwargs):
     return decorator
 
 
-def has_plans(g):
+def has_plans(g: pygraph) -> bool:
     """True once `g` was planned (a graph_cache hit). An unplanned graph has no plans:
     our pygraph says so with GraphStateError where the classic one answers 0."""
     try:
@@ -74,13 +91,13 @@ def has_plans(g):
 
 @contextlib.contextmanager
 def graph(
-    handle,
-    name="cudnn_graph",
-    io_data_type=data_type.HALF,
-    intermediate_data_type=data_type.FLOAT,
-    compute_data_type=data_type.FLOAT,
-    **graph_kwargs,
-):
+    handle: HandleLike | None,
+    name: str = "cudnn_graph",
+    io_data_type: DataTypeLike = data_type.HALF,
+    intermediate_data_type: DataTypeLike = data_type.FLOAT,
+    compute_data_type: DataTypeLike = data_type.FLOAT,
+    **graph_kwargs: object,
+) -> Iterator[tuple[pygraph, list[Tensor]]]:
     """A new `pygraph` bound to `handle`, yielded as `(graph, [])`; keywords beyond the
     data types go to the pygraph constructor. Nothing happens at the block's exit: the
     caller (or `jit`) plans and builds."""

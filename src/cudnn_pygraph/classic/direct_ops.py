@@ -6,7 +6,13 @@ signatures are the backend's: `help()` on the backend's function shows it), and 
 BackendAbsentError where the backend cannot run, AttributeError where the installed
 frontend build lacks the kernel (the classic package then has no such name either)."""
 
+from __future__ import annotations  # annotations stay text: no typing import
+
 from .backend_calls import compiled_module
+
+TYPE_CHECKING = False  # true for type checkers only: importing typing is not needed
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 NAMES = (
     "causal_conv1d_forward",
@@ -31,7 +37,7 @@ NAMES = (
 )
 
 
-def backend_function(name):
+def backend_function(name: str) -> Callable[..., object]:
     """The installed backend's `name` (one of NAMES)."""
     module = compiled_module(f"{name}()")
     try:
@@ -43,7 +49,10 @@ def backend_function(name):
 
 
 def _delegate(name):
-    def call(*args, **kwargs):
+    # Arguments are device addresses, sizes and enum values (int), a few scales (float)
+    # and flags (bool), as the backend's kernel takes them; what comes back is the
+    # backend's (None for a kernel, a pair of sizes, an enum member).
+    def call(*args: int | float, **kwargs: int | float) -> object:
         return backend_function(name)(*args, **kwargs)
 
     call.__name__ = call.__qualname__ = name

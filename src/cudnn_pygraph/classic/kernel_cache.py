@@ -12,8 +12,14 @@ second graph of the same configuration loads it without compiling, with or witho
 kernel cache. Where the backend cannot run, BackendAbsentError (the classic call raises
 RuntimeError there too)."""
 
+from __future__ import annotations  # annotations stay text: no typing import
+
 from .backend_calls import compiled_module
 
+TYPE_CHECKING = False  # true for type checkers only: importing typing is not needed
+if TYPE_CHECKING:
+    from .._typing import KernelCache
 
-def create_kernel_cache():
+
+def create_kernel_cache() -> KernelCache:
     return compiled_module("create_kernel_cache()").create_kernel_cache()

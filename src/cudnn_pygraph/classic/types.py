@@ -3,6 +3,8 @@ kinds, named and numbered as the classic package numbers them; defined with the 
 enums in _types, as each node reports its own) and DeviceInfo (one GPU's facts, asked of
 the driver on first use)."""
 
+from __future__ import annotations  # annotations stay text: no typing import
+
 import dataclasses
 import functools
 
@@ -29,7 +31,7 @@ class DeviceInfo:
     planning/device.py, the one place that talks to the driver). Where that GPU does not
     exist here, every fact raises RuntimeError naming the ordinal."""
 
-    def __init__(self, ordinal):
+    def __init__(self, ordinal: int) -> None:
         self.ordinal = int(ordinal)
 
     def _properties(self):
@@ -39,34 +41,34 @@ class DeviceInfo:
         return props
 
     @functools.cached_property
-    def compute_capability(self):
+    def compute_capability(self) -> tuple[int, int]:
         props = self._properties()
         return props.major, props.minor
 
     @property
-    def sm_version(self):
+    def sm_version(self) -> int:
         major, minor = self.compute_capability
         return major * 10 + minor
 
     @functools.cached_property
-    def sm_count(self):
+    def sm_count(self) -> int:
         return self._properties().sm_count
 
     @functools.cached_property
-    def l2_cache_bytes(self):
+    def l2_cache_bytes(self) -> int:
         return self._properties().l2_bytes
 
     @functools.cached_property
-    def device_name(self):
+    def device_name(self) -> str:
         return self._properties().name
 
     @functools.cached_property
-    def shared_memory_per_block_optin(self):
+    def shared_memory_per_block_optin(self) -> int:
         self._properties()
         return _device.device_attribute(self.ordinal, _device.SHARED_MEMORY_PER_BLOCK_OPTIN)
 
     @functools.cached_property
-    def oversized_shared_memory_per_block(self):
+    def oversized_shared_memory_per_block(self) -> int:
         self._properties()
         return _device.device_attribute(self.ordinal, _OVERSIZED_SHARED_MEMORY_PER_BLOCK) or 0
 

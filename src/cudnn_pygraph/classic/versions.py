@@ -5,22 +5,22 @@ binding capabilities of the installed frontend build. Each answer is the backend
 from .backend_calls import compiled_module
 
 
-def backend_version():
+def backend_version() -> int:
     """libcudnn's version as an int (9.28.1 -> 92801), as the backend loaded it."""
     return compiled_module("backend_version()").backend_version()
 
 
-def backend_version_string():
+def backend_version_string() -> str:
     """libcudnn's version as text ("9.28.1")."""
     return compiled_module("backend_version_string()").backend_version_string()
 
 
-def get_last_error_string():
+def get_last_error_string() -> str:
     """libcudnn's message for the last error on this thread ("" when none)."""
     return compiled_module("get_last_error_string()").get_last_error_string()
 
 
-def sdpa_capabilities():
+def sdpa_capabilities() -> frozenset[str]:
     """The SDPA binding capabilities of the installed frontend build, a frozenset of str:
     each a `supports_<cap>` flag its native THD binder sets (packed splits, stride
     overrides, ...). Our SDPA graphs reach those contracts by lowering into that backend,

@@ -37,7 +37,7 @@ class PlanConfig:
     cpp_index: int | None = None  # where the backend's own list holds it; not identity
 
     @property
-    def identity(self):
+    def identity(self) -> tuple[int, object]:
         return (self.engine_id, self.knobs)
 
 

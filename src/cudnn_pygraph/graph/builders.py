@@ -5,6 +5,7 @@ Binding is done here rather than by inspect.Signature.bind because the backend h
 required parameters after defaulted ones (layernorm's `epsilon`), which a Python
 signature cannot spell but a pybind call accepts positionally or by keyword."""
 
+import enum
 import numbers
 import types
 
@@ -151,6 +152,9 @@ _VALUE_ANNOTATIONS = {
     "bool": "bool",
     "str": "str",
     "ints": "Sequence[int]",
+    "slices": "Sequence[slice]",
+    # a score modifier: fn(graph, S) adds nodes over the score tensor S, returns the result
+    "callable": "Callable[[pygraph, Tensor], Tensor]",
 }
 
 
@@ -159,8 +163,16 @@ def annotation(param):
     check_port / coerce_attr accept."""
     if param.is_port:
         return _PORT_ANNOTATIONS[param.kind]
-    if param.enum is not None:
+    if param.annotation is not None:
+        text = param.annotation
+    elif param.enum is not None:
         text = f"{param.enum.__name__} | int | str"
+        if param.enum.__name__ == "data_type":  # to_data_type reads a torch dtype too
+            text += " | torch.dtype"
+    elif param.choices is not None:
+        text = f"Literal[{', '.join(map(repr, param.choices))}]"
+    elif isinstance(param.default, enum.Enum):  # kept as given: an engine reads it by value
+        text = f"{type(param.default).__name__} | int"
     else:
         text = _VALUE_ANNOTATIONS.get(param.value_kind, "object")
     optional = param.default is None or (param.value_type or "").endswith("?")

@@ -1,6 +1,8 @@
 """Node: one op application. Its ports and attributes are read-only mappings from the
 moment it is built; the only thing a caller may change before the freeze is its name."""
 
+from __future__ import annotations  # annotations stay text: no typing import
+
 import enum
 from types import MappingProxyType
 
@@ -8,9 +10,31 @@ from .._types import NodeType
 from .opspec import IllFormedError, OpGroup, ShapeError
 from .tensor import Tensor
 
+TYPE_CHECKING = False  # true for type checkers only: importing typing is not needed
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+    from typing import NoReturn
+
+    from .opspec import OpSpec
+    from .pygraph import pygraph
+
 
 class Node:
-    def __init__(self, graph, spec, name, inputs, attrs, outputs):
+    # The fields' types, for type checkers (annotations only: set once, read-only).
+    spec: OpSpec
+    inputs: Mapping[str, Tensor | tuple[Tensor, ...] | None]
+    attrs: Mapping[str, object]
+    outputs: Mapping[str, Tensor | None]
+
+    def __init__(
+        self,
+        graph: pygraph,
+        spec: OpSpec,
+        name: str,
+        inputs: Mapping[str, Tensor | tuple[Tensor, ...] | None],
+        attrs: Mapping[str, object],
+        outputs: Mapping[str, Tensor | None],
+    ) -> None:
         d = self.__dict__
         d["_graph"] = graph
         d["spec"] = spec
@@ -20,15 +44,15 @@ class Node:
         d["outputs"] = MappingProxyType(dict(outputs))
 
     @property
-    def op(self):
+    def op(self) -> str:
         return self.spec.name
 
     @property
-    def name(self):
+    def name(self) -> str:
         return self._name
 
     @property
-    def node_type(self):
+    def node_type(self) -> NodeType:
         """The classic's NodeType of this node, as the classic's nodes report it: the op's
         name in capitals, a backward op's `_backward` as `_BWD` (sdpa_backward is
         SDPA_BWD); POINTWISE for every pointwise op and for an op with no kind of its own
@@ -48,7 +72,7 @@ class Node:
         raise AttributeError(f"node '{self._name}': {item!r} cannot be deleted")
 
     # ------------------------------------------------------------ reading
-    def input_tensors(self):
+    def input_tensors(self) -> Iterator[Tensor]:
         """Every tensor this node reads, ports first, then tensors inside attributes
         (sdpa's dropout seed/offset, the operands of a score modifier's nodes)."""
         for value in self.inputs.values():
@@ -56,21 +80,21 @@ class Node:
         for value in self.attrs.values():
             yield from _tensors_in(value)
 
-    def output_tensors(self):
+    def output_tensors(self) -> Iterator[Tensor]:
         for value in self.outputs.values():
             if value is not None:
                 yield value
 
-    def fail(self, port, rule):
+    def fail(self, port: str, rule: str) -> NoReturn:
         """Raise the classic error for a violated rule, naming op, node and port."""
         raise ShapeError(f"{self.op} node '{self.name}': {port}: {rule}")
 
-    def ill_formed(self, port, rule):
+    def ill_formed(self, port: str, rule: str) -> NoReturn:
         """Raise for an ill-formed declaration (the classic's ValueError cases), naming
         op, node and port; the error is also a cudnnGraphNotSupportedError."""
         raise IllFormedError(f"{self.op} node '{self.name}': {port}: {rule}")
 
-    def format_node(self):
+    def format_node(self) -> str:
         """One line: `%O:HALF[2x4x64x32], %Stats = sdpa(q=%q, ..., attn_scale=0.125)`."""
         outs = ", ".join(
             f"%{t.name}:{t.data_type.name}[{'x'.join(map(str, t.dim)) or '?'}]"

@@ -57,6 +57,9 @@ class Param:
     # The backend signature's type of an attribute (int, float, bool, str, ints, ...); for
     # our own attributes it is the default's type (value_kind).
     value_type: str | None = None
+    # The type a caller passes, as annotation text, where value_type cannot say it (the
+    # backend declares a few attributes as `object`); None: derived (builders.annotation).
+    annotation: str | None = None
 
     @property
     def is_port(self):

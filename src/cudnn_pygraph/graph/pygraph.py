@@ -3,6 +3,8 @@ here, fully introspectable; op builders are generated from the OpSpecs (builders
 planning, lowering and execution live in their own packages and are reached through the
 thin methods at the bottom of this class."""
 
+from __future__ import annotations  # annotations stay text: no typing, no torch
+
 import numbers
 from types import MappingProxyType
 
@@ -21,6 +23,30 @@ from .ops import OPS
 from .opspec import OpGroup, PortKind
 from .tensor import Tensor, row_major_strides, to_data_type, to_int_tuple
 from .validate import apply_inference, validate_graph
+
+TYPE_CHECKING = False  # true for type checkers only: importing typing is not needed
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, Sequence
+
+    from .._types import behavior_note, build_plan_policy, cuda_graph_retention, knob_type
+    from .._typing import (
+        ArrayLike,
+        BehaviorNotes,
+        Buffer,
+        DataTypeLike,
+        HandleLike,
+        HeurModes,
+        KernelCache,
+        KnobSettings,
+        NumericalNotes,
+        RetentionLike,
+        SerializedGraph,
+        VariantPackLike,
+    )
+    from ..backend.classic_queries import KnobRange
+    from ..engines.base import PlanConfig
+    from ..planning.autotune import AutotuneResult
+    from ..planning.device import DeviceProperties
 
 _NOT_SET = data_type.NOT_SET
 _scalar_type = scalar_type
@@ -42,21 +68,21 @@ class pygraph:
 
     def __init__(
         self,
-        name="test_graph",
-        io_data_type=data_type.NOT_SET,
-        intermediate_data_type=data_type.NOT_SET,
-        compute_data_type=data_type.NOT_SET,
-        handle=None,
-        sm_count=None,
-        sm_version=None,
-        kernel_cache=None,
-        device_property=None,
-        is_dynamic_shape_enabled=False,
-        is_override_shape_enabled=False,
-        cuda_graph_retention=None,
+        name: str = "test_graph",
+        io_data_type: DataTypeLike = data_type.NOT_SET,
+        intermediate_data_type: DataTypeLike = data_type.NOT_SET,
+        compute_data_type: DataTypeLike = data_type.NOT_SET,
+        handle: HandleLike | None = None,
+        sm_count: int | None = None,
+        sm_version: int | None = None,
+        kernel_cache: KernelCache | None = None,
+        device_property: DeviceProperties | None = None,
+        is_dynamic_shape_enabled: bool = False,
+        is_override_shape_enabled: bool = False,
+        cuda_graph_retention: RetentionLike | None = None,
         *,
-        is_cuda_graph_replay_expected=False,
-    ):
+        is_cuda_graph_replay_expected: bool = False,
+    ) -> None:
         d = self.__dict__
         # The caller's statement that it captures execute() into a CUDA graph and replays
         # it (the classic's keyword): engines' heuristics may read it; it is never handed
@@ -116,24 +142,24 @@ class pygraph:
         self._state.on_mutation(self)
 
     @property
-    def backend_options(self):
+    def backend_options(self) -> Mapping[str, object]:
         """The backend-only constructor options (handle, sm_count, ...), read-only."""
         return MappingProxyType(self._backend_options)
 
     @property
-    def state(self):
+    def state(self) -> str:
         """The lifecycle state's name: building, validated, planned or built."""
         return self._state.name
 
     @property
-    def nodes(self):
+    def nodes(self) -> tuple[Node, ...]:
         return tuple(self._nodes)
 
     @property
-    def tensors(self):
+    def tensors(self) -> tuple[Tensor, ...]:
         return tuple(self._tensors)
 
-    def tensor_by_uid(self, uid):
+    def tensor_by_uid(self, uid: int) -> Tensor:
         return self._by_uid[uid]
 
     # ------------------------------------------------------------ tensors and uids
@@ -192,17 +218,17 @@ class pygraph:
 
     def tensor(
         self,
-        dim,
-        stride=None,
-        data_type=data_type.NOT_SET,
-        is_virtual=False,
-        is_pass_by_value=False,
-        ragged_offset=None,
-        reordering_type=tensor_reordering.NONE,
-        name="",
-        uid=-1,
-        ragged_offset_multiplier=1,
-    ):
+        dim: Sequence[int],
+        stride: Sequence[int] | None = None,
+        data_type: DataTypeLike = data_type.NOT_SET,
+        is_virtual: bool = False,
+        is_pass_by_value: bool = False,
+        ragged_offset: Tensor | None = None,
+        reordering_type: tensor_reordering | int = tensor_reordering.NONE,
+        name: str = "",
+        uid: int = -1,
+        ragged_offset_multiplier: int = 1,
+    ) -> Tensor:
         """Declare a graph input (or a caller-created output-direction tensor).
         A missing stride is row-major; a missing name is the classic `tensor_N`. A call
         refused for any argument leaves the graph as it was."""
@@ -231,7 +257,9 @@ class pygraph:
             raise
         return t
 
-    def tensor_like(self, input, name="", is_virtual=False):
+    def tensor_like(
+        self, input: Tensor | ArrayLike, name: str = "", is_virtual: bool = False
+    ) -> Tensor:
         """A tensor declared like `input`: one of ours (its pass-by-value flag too), or any
         array (read without importing its framework where it can be): a torch-like tensor
         through .shape / .stride() / .dtype, a numpy or CuPy array through its array
@@ -260,7 +288,9 @@ class pygraph:
             dim, stride, dtype, is_virtual=is_virtual, is_pass_by_value=on_host, name=name
         )
 
-    def tensor_scalar(self, value, scalar_type, name=""):
+    def tensor_scalar(
+        self, value: int | float, scalar_type: scalar_type | int, name: str = ""
+    ) -> Tensor:
         """A pass-by-value scalar (1, 1, 1, 1) the graph holds: `value` travels with the
         graph (RUNTIME_PARAM: bound at execute by the graph itself; COMPILE_TIME_CONST:
         baked into the plan), so the caller never binds it. scalar_type is required, as
@@ -346,20 +376,20 @@ class pygraph:
 
     __repr__ = __str__
 
-    def to_json(self):
+    def to_json(self) -> dict[str, object]:
         """The IR's own JSON form (a dict); `pygraph.from_json` rebuilds it."""
         from .json_form import graph_to_json
 
         return graph_to_json(self)
 
     @classmethod
-    def from_json(cls, doc):
+    def from_json(cls, doc: dict[str, object]) -> pygraph:
         from .json_form import graph_from_json
 
         return graph_from_json(cls, doc)
 
     # ------------------------------------------------------------ lifecycle
-    def validate(self):
+    def validate(self) -> None:
         """Native semantic validation; then freeze any graph the backend can lower
         (classic error timing) unless it is python-only or its family validated it
         natively with a python engine as a candidate (spec: The manifest)."""
@@ -374,17 +404,17 @@ class pygraph:
         if self._state.mutable:
             self.__dict__["_state"] = lifecycle.ValidatedFrozen()
 
-    def build_operation_graph(self):
+    def build_operation_graph(self) -> None:
         self.validate()
 
-    def create_execution_plans(self, modes=(heur_mode.A,)):
+    def create_execution_plans(self, modes: HeurModes = (heur_mode.A,)) -> None:
         from ..backend import classic_parity
         from ..planning.planner import create_execution_plans
 
         create_execution_plans(self, modes)
         classic_parity.bar_python_plans(self)  # filters set before planning
 
-    def check_support(self):
+    def check_support(self) -> None:
         """Raise cudnnGraphNotSupportedError when no plan the build walk would try is
         supported (backend/classic_parity.py check_support)."""
         from ..backend import classic_parity
@@ -396,7 +426,7 @@ class pygraph:
             )
         classic_parity.check_support(self)
 
-    def build_plans(self, policy=None):
+    def build_plans(self, policy: build_plan_policy | int | None = None) -> None:
         """Walk the plan list and build the first plan that builds (policy ALL: every
         one). An unplanned graph is planned first with heur_mode.A, as classic."""
         from ..backend import classic_parity
@@ -405,7 +435,7 @@ class pygraph:
             self.create_execution_plans()
         classic_parity.build_within_limits(self, policy)
 
-    def build(self, modes=(heur_mode.A,)):
+    def build(self, modes: HeurModes = (heur_mode.A,)) -> None:
         """The classic one-shot helper: validate, plan with `modes` (unless planned),
         check_support, build_plans."""
         self.validate()
@@ -416,7 +446,7 @@ class pygraph:
 
     # the ONE ranked plan list and the classic at-index calls that address it
     @property
-    def plans(self):
+    def plans(self) -> tuple[PlanConfig, ...]:
         """The ranked plan list, as a tuple: a snapshot, never the list planning uses."""
         return tuple(self._require_planning().plans)
 
@@ -425,20 +455,20 @@ class pygraph:
             raise GraphStateError("no plan list yet: call create_execution_plans() first")
         return self._planning
 
-    def get_execution_plan_count(self):
+    def get_execution_plan_count(self) -> int:
         """The plan list's length; 0 before create_execution_plans() (classic: an
         unplanned graph has no plans, which is not an error)."""
         if self._planning is None:
             return 0
         return len(self._planning.plans)
 
-    def get_plan_name_at_index(self, index):
+    def get_plan_name_at_index(self, index: int) -> str:
         return self._require_planning().plan_name(index)
 
-    def get_engine_and_knobs_at_index(self, index):
+    def get_engine_and_knobs_at_index(self, index: int) -> tuple[int, dict[knob_type, int]]:
         return self._require_planning().engine_and_knobs(index)
 
-    def build_plan_at_index(self, index):
+    def build_plan_at_index(self, index: int) -> None:
         from ..backend import classic_parity
 
         self._refuse_barred(index, "build_plan_at_index")
@@ -447,26 +477,26 @@ class pygraph:
         if reason is not None:
             raise cudnnGraphNotSupportedError(f"build_plan_at_index(): {reason}")
 
-    def get_workspace_size_plan_at_index(self, index):
+    def get_workspace_size_plan_at_index(self, index: int) -> int:
         return self._require_planning().workspace_size_at(index)
 
-    def get_workspace_size(self):
+    def get_workspace_size(self) -> int:
         return self._require_planning().workspace_size()
 
-    def select_plan(self, index):
+    def select_plan(self, index: int) -> None:
         self._require_planning().select(index)
 
     @property
-    def selected_plan(self):
+    def selected_plan(self) -> int | None:
         return self._require_planning().selected
 
-    def create_execution_plan(self, engine_id, knobs=None):
+    def create_execution_plan(self, engine_id: int, knobs: KnobSettings | None = None) -> None:
         """Replay a recorded (engine_id, {knob_type: int}) exactly."""
         from ..planning.planner import create_execution_plan
 
         create_execution_plan(self, engine_id, knobs or {})
 
-    def deselect_engines(self, names):
+    def deselect_engines(self, names: Iterable[str]) -> None:
         """Exclude every plan whose name contains one of `names` (classic: by substring;
         a backend plan is `cudnn_backend:eng<id>[...]`, so "eng7" bars engine 7). Before
         or after planning; forwarded to the backend."""
@@ -485,37 +515,43 @@ class pygraph:
 
     # classic plan filters and the backend-plan calls (backend/classic_parity.py says what a
     # python plan answers to each: a documented filter or a clear error)
-    def select_numeric_notes(self, notes):
+    def select_numeric_notes(self, notes: NumericalNotes) -> None:
         """Keep only plans carrying every note in `notes` (numerical_note)."""
         from ..backend import classic_parity
 
         classic_parity.filter_notes(self, "numeric", notes, keep=True)
 
-    def deselect_numeric_notes(self, notes):
+    def deselect_numeric_notes(self, notes: NumericalNotes) -> None:
         """Exclude plans carrying any note in `notes` (numerical_note)."""
         from ..backend import classic_parity
 
         classic_parity.filter_notes(self, "numeric", notes, keep=False)
 
-    def select_behavior_notes(self, notes):
+    def select_behavior_notes(self, notes: BehaviorNotes) -> None:
         """Keep only plans carrying every note in `notes` (behavior_note)."""
         from ..backend import classic_parity
 
         classic_parity.filter_notes(self, "behavior", notes, keep=True)
 
-    def deselect_behavior_notes(self, notes):
+    def deselect_behavior_notes(self, notes: BehaviorNotes) -> None:
         """Exclude plans carrying any note in `notes` (behavior_note)."""
         from ..backend import classic_parity
 
         classic_parity.filter_notes(self, "behavior", notes, keep=False)
 
-    def deselect_workspace_greater_than(self, limit):
+    def deselect_workspace_greater_than(self, limit: int) -> None:
         """Exclude plans needing more than `limit` workspace bytes."""
         from ..backend import classic_parity
 
         classic_parity.limit_workspace(self, limit)
 
-    def populate_cuda_graph(self, handle, variant_pack, workspace, cuda_graph):
+    def populate_cuda_graph(
+        self,
+        handle: HandleLike | None,
+        variant_pack: VariantPackLike,
+        workspace: Buffer | None,
+        cuda_graph: int,
+    ) -> None:
         """Record the selected BACKEND plan into `cuda_graph` (a cudaGraph_t as an int)."""
         from ..backend import classic_parity
 
@@ -523,7 +559,13 @@ class pygraph:
             self, "populate_cuda_graph", handle, variant_pack, workspace, cuda_graph
         )
 
-    def update_cuda_graph(self, handle, variant_pack, workspace, cuda_graph):
+    def update_cuda_graph(
+        self,
+        handle: HandleLike | None,
+        variant_pack: VariantPackLike,
+        workspace: Buffer | None,
+        cuda_graph: int,
+    ) -> None:
         """Point a populated `cuda_graph` at new buffers (backend plans only)."""
         from ..backend import classic_parity
 
@@ -531,7 +573,11 @@ class pygraph:
             self, "update_cuda_graph", handle, variant_pack, workspace, cuda_graph
         )
 
-    def deserialize(self, *args, **kwargs):
+    def deserialize(
+        self,
+        *args: HandleLike | SerializedGraph | None,
+        **kwargs: HandleLike | SerializedGraph | bool | None,
+    ) -> None:
         """Restore a serialize()d backend plan into this EMPTY graph: deserialize(data) or
         deserialize(handle, data); it then executes with {uid: buffer} packs."""
         from ..backend import classic_parity
@@ -540,65 +586,65 @@ class pygraph:
 
     # classic queries about notes, engines, knobs, tensors and retention
     # (backend/classic_queries.py says what each answers for python and backend plans)
-    def get_behavior_notes_for_plan_at_index(self, index):
+    def get_behavior_notes_for_plan_at_index(self, index: int) -> list[behavior_note]:
         """The behavior_note list of plan `index` of OUR list (a python plan: its
         engine's declared notes)."""
         from ..backend import classic_queries
 
         return classic_queries.behavior_notes_at(self, index)
 
-    def get_behavior_notes(self):
+    def get_behavior_notes(self) -> list[behavior_note]:
         """The behavior_note list of the selected plan."""
         from ..backend import classic_queries
 
         return classic_queries.selected_behavior_notes(self)
 
-    def get_engine_count(self):
+    def get_engine_count(self) -> int:
         """The backend's engines for this graph plus the python engines that accepted
         it (their ids: get_engine_ids())."""
         from ..backend import classic_queries
 
         return classic_queries.engine_count(self)
 
-    def get_engine_ids(self):
+    def get_engine_ids(self) -> list[int]:
         """The engine ids get_engine_count() counts: the backend's 0..n-1, then ours."""
         from ..backend import classic_queries
 
         return classic_queries.engine_ids(self)
 
-    def get_knobs_for_engine(self, engine_id):
+    def get_knobs_for_engine(self, engine_id: int) -> list[KnobRange]:
         """The engine's tuning axes as KnobRange(type, min_value, max_value, stride,
         values)."""
         from ..backend import classic_queries
 
         return classic_queries.knobs_for_engine(self, engine_id)
 
-    def query_tensor_attributes_of_uid(self, uid):
+    def query_tensor_attributes_of_uid(self, uid: int) -> Tensor:
         """The graph's Tensor with this uid."""
         from ..backend import classic_queries
 
         return classic_queries.tensor_of_uid(self, uid)
 
-    def get_cuda_graph_retention(self):
+    def get_cuda_graph_retention(self) -> cuda_graph_retention:
         """The cuda_graph_retention in effect for this graph's backend plans."""
         from ..backend import classic_queries
 
         return classic_queries.retention(self)
 
-    def explain(self):
+    def explain(self) -> str:
         """Each candidate's verdict and reason from the last planning, and the backend's
         per-mode outcome."""
         return self._require_planning().explain()
 
     def execute(
         self,
-        variant_pack,
-        workspace=None,
-        handle=None,
-        override_uids=None,
-        override_shapes=None,
-        override_strides=None,
-    ):
+        variant_pack: VariantPackLike,
+        workspace: Buffer | None = None,
+        handle: HandleLike | None = None,
+        override_uids: Sequence[int] | None = None,
+        override_shapes: Sequence[Sequence[int]] | None = None,
+        override_strides: Sequence[Sequence[int]] | None = None,
+    ) -> None:
         """Run the selected (built) plan on the caller's buffers: {uid or Tensor: buffer}.
 
         After this first call the graph's `execute` IS the selected plan's closure
@@ -616,22 +662,28 @@ class pygraph:
             # the installed closure does not do: such a graph stays on this path.
             self.__dict__["execute"] = runner.call
 
-    def execute_plan_at_index(self, variant_pack, workspace, index, handle=None):
+    def execute_plan_at_index(
+        self,
+        variant_pack: VariantPackLike,
+        workspace: Buffer | None,
+        index: int,
+        handle: HandleLike | None = None,
+    ) -> None:
         self._refuse_barred(index, "execute_plan_at_index")
         return self._require_planning().execute(variant_pack, workspace, handle, index=index)
 
     def autotune(
         self,
-        variant_pack,
-        workspace=None,
-        handle=None,
+        variant_pack: VariantPackLike,
+        workspace: Buffer | None = None,
+        handle: HandleLike | None = None,
         *,
-        warmup=3,
-        reps=10,
-        rotate_inputs=True,
-        use_cache=True,
-        timer=None,
-    ):
+        warmup: int = 3,
+        reps: int = 10,
+        rotate_inputs: bool = True,
+        use_cache: bool = True,
+        timer: Callable[[Callable[[int], object], int, int], list[float]] | None = None,
+    ) -> AutotuneResult:
         """Build every plan in the list, time each (CUDA events on a GPU; `timer` replaces
         the clock), select the fastest and record (engine_id, knobs) in the persistent
         autotune cache, which a later process replays without timing
@@ -650,12 +702,12 @@ class pygraph:
             timer=timer,
         )
 
-    def key(self):
+    def key(self) -> int:
         from ..backend import adapter
 
         return adapter.graph_key(self)
 
-    def serialize(self, as_bytes=False):
+    def serialize(self, as_bytes: bool = False) -> list[int] | bytes:
         from ..backend import adapter
 
         return adapter.serialize(self, as_bytes)

@@ -12,6 +12,15 @@ from collections.abc import Sequence  # already loaded by the interpreter
 
 from .._types import data_type, tensor_reordering
 
+TYPE_CHECKING = False  # true for type checkers only: importing typing is not needed
+if TYPE_CHECKING:
+    # the fields `data_type` and `scalar_type` shadow the types' names in the class
+    from .._types import data_type as _data_type
+    from .._types import scalar_type as _scalar_type
+    from .._typing import DataTypeLike
+    from .node import Node
+    from .pygraph import pygraph
+
 # torch dtype names -> ours, matched on str(dtype) so torch is never imported here.
 _FRAMEWORK_DTYPES = {
     "torch.float32": data_type.FLOAT,
@@ -32,7 +41,7 @@ _FRAMEWORK_DTYPES = {
 }
 
 
-def to_data_type(value, what="data_type"):
+def to_data_type(value: DataTypeLike, what: str = "data_type") -> data_type:
     """Our data_type from a data_type, its int value, its name, or a torch dtype."""
     if isinstance(value, data_type):
         return value
@@ -80,8 +89,31 @@ class Tensor:
         "uid",
         "ragged_offset_multiplier",
     )
+    # The fields' types, for type checkers (annotations only: the values live in the
+    # instance dict, written through the graph).
+    name: str
+    dim: tuple[int, ...]
+    stride: tuple[int, ...]
+    data_type: _data_type
+    is_virtual: bool
+    is_pass_by_value: bool
+    ragged_offset: Tensor | None
+    reordering_type: tensor_reordering
+    uid: int
+    ragged_offset_multiplier: int
+    producer: Node | None  # the node that writes this tensor; None for a graph input
+    value: int | float | None  # a graph-held scalar's value (tensor_scalar)
+    scalar_type: _scalar_type | None
 
-    def __init__(self, graph, uid, name, dim=(), stride=(), dtype=data_type.NOT_SET):
+    def __init__(
+        self,
+        graph: pygraph,
+        uid: int,
+        name: str,
+        dim: Sequence[int] = (),
+        stride: Sequence[int] = (),
+        dtype: data_type = data_type.NOT_SET,
+    ) -> None:
         d = self.__dict__  # construction bypasses the write guard
         d["_graph"] = graph
         # The fields live in the instance dict itself, so reading one (`t.uid`, on every
@@ -110,7 +142,7 @@ class Tensor:
         return field in self._user_set
 
     @property
-    def graph(self):
+    def graph(self) -> pygraph:
         return self._graph
 
     def get_name(self) -> str:
@@ -180,7 +212,7 @@ class Tensor:
     def set_stride(self, stride: Sequence[int]) -> Tensor:
         return self._set("stride", stride)
 
-    def set_data_type(self, dtype: data_type | int | str | object) -> Tensor:
+    def set_data_type(self, dtype: DataTypeLike) -> Tensor:
         return self._set("data_type", dtype)
 
     def set_uid(self, uid: int) -> Tensor:

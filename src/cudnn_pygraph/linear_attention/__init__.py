@@ -7,6 +7,13 @@ does not import torch."""
 
 import importlib
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the submodules, for type checkers, which cannot follow __getattr__
+    from . import cp as cp
+    from . import gdp as gdp
+    from . import ops as ops
+    from . import summary as summary
+
 
 def __getattr__(name):
     if name in ("ops", "gdp", "summary", "cp"):

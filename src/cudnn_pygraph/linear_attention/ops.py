@@ -1185,7 +1185,7 @@ def kimi_delta_attention(
     *,
     gate_domain: str = "log",
     batch_invariant: bool = False,
-    **kwargs,
+    **kwargs: torch.Tensor | int | bool | None,  # fla's A_log, dt_bias, chunk_size, ...
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Kimi Delta Attention, called as fla's `chunk_kda` (same positional order, same
     keyword names; A_log, dt_bias and chunk_size by keyword, as fla reads them).

@@ -17,6 +17,13 @@ _LAZY = {
 
 __all__ = list(_LAZY)
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # _LAZY spelled for type checkers, which cannot follow __getattr__
+    from .attention import scaled_dot_product_attention as scaled_dot_product_attention
+    from .causal_conv import b2b_causal_conv1d as b2b_causal_conv1d
+    from .causal_conv import causal_conv1d as causal_conv1d
+    from .causal_conv import causal_conv1d_nwh as causal_conv1d_nwh
+
 
 def __getattr__(name):
     try:

@@ -273,7 +273,7 @@ def causal_conv1d(
     initial_states: Tensor | None = None,
     return_final_states: bool = False,
     final_states_out: Tensor | None = None,
-):
+) -> Tensor:
     """Depthwise causal convolution of x [B, D, T] with weight [D, W] and optional bias
     [D], then `activation` (None or 'identity', 'silu' or its alias 'swish').
     Differentiable in x, weight and bias; torch.compile-traceable. Returns a tensor shaped

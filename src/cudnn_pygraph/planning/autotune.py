@@ -70,14 +70,14 @@ class PlanTiming:
 class AutotuneResult:
     index: int  # the selected position in graph.plans
     engine_id: int
-    knobs: dict  # {knob_type: int}, the public form create_execution_plan replays
+    knobs: dict[knob_type, int]  # the public form create_execution_plan replays
     plan_name: str
     from_cache: bool  # True: replayed from the cache, nothing was timed
-    timings: list  # of PlanTiming (empty on a cache hit)
+    timings: list[PlanTiming]  # empty on a cache hit
     cache_path: str | None  # the entry read or written; None with the cache off
     shard: str = ""  # "<family>/<cell>": the placement cell the timings speak for
 
-    def first_listed_gap(self):
+    def first_listed_gap(self) -> float | None:
         """How much slower the plan list's FIRST runnable plan ran than the fastest one
         (0.0 when it is the fastest; None on a cache hit): what "the plan ranked first is
         within 3% of the fastest listed plan" reads."""
@@ -88,7 +88,7 @@ class AutotuneResult:
         best = min(t.median_ms for t in timed)
         return first.median_ms / best - 1.0 if best > 0 else 0.0
 
-    def table(self):
+    def table(self) -> str:
         """The timings as aligned text, fastest first (what the CLI prints)."""
         if self.from_cache:
             return f"cache hit: #{self.index} {self.plan_name} (nothing timed)"

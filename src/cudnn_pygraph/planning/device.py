@@ -35,13 +35,13 @@ class DeviceProperties:
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
-    def serialize(self):
+    def serialize(self) -> str:
         """The record as a JSON string: planning for a GPU this machine lacks (deviceless
         ahead-of-time planning) takes `create_device_properties(text)` of it."""
         return json.dumps(self.to_json(), sort_keys=True)
 
     @classmethod
-    def deserialize(cls, text):
+    def deserialize(cls, text: str) -> DeviceProperties:
         """The record serialize() wrote. ValueError naming what is wrong otherwise."""
         try:
             doc = json.loads(text)
@@ -170,7 +170,7 @@ def detect_device(ordinal: int = 0) -> DeviceProperties | None:
     return None
 
 
-def create_device_properties(device=0):
+def create_device_properties(device: int | str = 0) -> DeviceProperties:
     """The classic call: `device` an ordinal -> that GPU's record (RuntimeError when there
     is none, as the classic call raises); a string -> the record a `serialize()` wrote, for
     planning without that GPU (pass it as `pygraph(device_property=...)`)."""

@@ -4,7 +4,13 @@ binds to a handle (the backend's own cudnnHandle, made the first time a backend 
 one) hangs off `Handle.bindings` and follows the handle's stream, so handles work without
 the backend and without a GPU, and this module imports neither."""
 
+from __future__ import annotations  # annotations stay text: no typing import
+
 import dataclasses
+
+TYPE_CHECKING = False  # true for type checkers only: importing typing is not needed
+if TYPE_CHECKING:
+    from .._typing import StreamLike
 
 
 @dataclasses.dataclass(eq=False)
@@ -21,11 +27,11 @@ class Handle:
             raise ValueError("this handle was destroyed")
 
 
-def create_handle(device=0):
+def create_handle(device: int = 0) -> Handle:
     return Handle(device=device)
 
 
-def destroy_handle(handle):
+def destroy_handle(handle: Handle) -> None:
     handle._check()
     for binding in handle.bindings.values():
         binding.close()
@@ -33,7 +39,7 @@ def destroy_handle(handle):
     handle.destroyed = True
 
 
-def set_stream(handle, stream):
+def set_stream(handle: Handle, stream: StreamLike) -> None:
     """Bind a stream: a raw cudaStream_t int, or any object with `cuda_stream` (torch)."""
     handle._check()
     raw = (
@@ -60,7 +66,7 @@ def register_foreign_stream_reader(read):
         _FOREIGN_STREAM_READERS.append(read)
 
 
-def get_stream(handle):
+def get_stream(handle: Handle) -> int | None:
     """The handle's stream. A failed query on a supplied handle raises: running on the
     wrong stream is a correctness bug, not a degradation."""
     if not isinstance(handle, Handle):

@@ -9,6 +9,8 @@ The semantic rules (masks, dropout, paging, head dims) are graph/ops/sdpa_rules.
 classic judges dtypes and cross-tensor extents (q vs k head dim, batch) only when the
 backend plans, so they are facts the engines decline on, not validate() refusals."""
 
+import dataclasses
+
 from ..._types import data_type
 from ..opspec import Inferred, OpGroup, OpSpec, OutputPort, backend_params
 from . import rules, sdpa_rules
@@ -95,13 +97,40 @@ _ROWS = {
 }
 
 
+# What the attributes the backend declares as `object` take (its docstrings say so; the
+# builder's annotations show it), each optional unless the backend requires it.
+_BOUND = "int"
+_VALUE_ANNOTATIONS = {
+    "is_inference": "bool",
+    "generate_stats": "bool",
+    "attn_scale": "float | Tensor",
+    "sliding_window_length": _BOUND,
+    "diagonal_band_left_bound": _BOUND,
+    "diagonal_band_right_bound": _BOUND,
+    "sliding_window": _BOUND,
+    "left_bound": _BOUND,
+    "right_bound": _BOUND,
+    # (probability, seed, offset), or a custom mask: (mask, scale[, scale_inv])
+    "dropout": "tuple[float, Tensor, Tensor] | tuple[Tensor, ...]",
+    "paged_attention_max_seq_len_kv": "int",
+    "max_total_seq_len_q": "int",
+    "max_total_seq_len_kv": "int",
+}
+
+
+def _annotated(param):
+    if param.value_kind != "value":
+        return param
+    return dataclasses.replace(param, annotation=_VALUE_ANNOTATIONS.get(param.name))
+
+
 def _spec(name, outputs, rule, output_direction):
     params, returns_list = SIGNATURES[name]
     ports = tuple(OutputPort(*o) if isinstance(o, tuple) else OutputPort(o) for o in outputs)
     return OpSpec(
         name=name,
         group=OpGroup.SDPA,
-        params=backend_params(params, output_direction=output_direction),
+        params=tuple(map(_annotated, backend_params(params, output_direction=output_direction))),
         outputs=ports,
         returns_list=returns_list,
         shape_rule=rule,
