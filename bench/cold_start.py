@@ -18,6 +18,15 @@ and reports the cache counters, so each row says whether the warm start really h
 backend is hidden: the subject is the python plans (the backend compiles nothing of ours).
 Goal (issue 21): warm <= 50 ms per plan.
 
+Inside the clock, a child also times what Triton does for a kernel our cache hands over
+(`_Where`): building its C launcher (`compile_module_from_src`: a load from Triton's cache,
+or gcc when it is empty; `gcc` counts those), loading the binary on the device
+(`load_binary`), Triton's `ldconfig -p` for libcuda's directory, and our environment
+digest; the GDN op's first call is split into its graph build (plan, build: the kernels
+compiled by a warm launch) and the rest (the recorded first launch). The package is
+byte-compiled before the first cell, as an install leaves it, so no cell compiles our
+sources (PYTHONDONTWRITEBYTECODE may be set).
+
 The GPU test tests/gpu/test_compiled_cache_gpu.py runs the same children (`--small
 --save PATH`) to check that a warm start gives bit-identical outputs.
 """
@@ -25,6 +34,7 @@ The GPU test tests/gpu/test_compiled_cache_gpu.py runs the same children (`--sma
 from __future__ import annotations
 
 import argparse
+import compileall
 import datetime
 import json
 import os
@@ -107,6 +117,49 @@ def _graph_case(cudnn, torch, family, s, dev="cuda"):
     return g, pack, o
 
 
+class _Where:
+    """Milliseconds (and calls) inside the clock spent in Triton's host work around a
+    kernel and in our environment digest: timing wrappers around the functions that do it,
+    installed before the clock starts."""
+
+    def __init__(self):
+        self.seconds, self.calls = {}, {}
+
+    def wrap(self, owner, name, label):
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            key = label(*args, **kwargs) if callable(label) else label
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
+                self.calls[key] = self.calls.get(key, 0) + 1
+
+        setattr(owner, name, timed)
+
+    def install(self):
+        import triton.runtime.build as build
+        from triton.backends.nvidia import driver as nvidia
+        from triton.compiler import CompiledKernel
+
+        from cudnn_pygraph.runtime import compiled_cache
+
+        # Triton's CUDA driver object is made at the first kernel of a process: cuda_utils
+        # (a C module from Triton's cache, or gcc) and `ldconfig -p` for libcuda's directory.
+        self.wrap(nvidia.CudaDriver, "__init__", "triton driver")
+        self.wrap(nvidia, "libcuda_dirs", "ldconfig")
+        # Per kernel: its C launcher (Triton's cache, or gcc) and its binary's load.
+        self.wrap(nvidia, "compile_module_from_src", lambda *a, name="", **k: f"C module {name}")
+        self.wrap(build, "_build", "gcc")
+        self.wrap(CompiledKernel, "_init_handles", "kernel load (launcher + binary)")
+        self.wrap(compiled_cache, "environment", "our environment")
+
+    def report(self):
+        return {k: [round(v * 1e3, 1), self.calls[k]] for k, v in sorted(self.seconds.items())}
+
+
 def child(family, small, save):
     import torch
 
@@ -121,8 +174,12 @@ def child(family, small, save):
     torch.cuda.init()
     torch.empty(1, device="cuda")  # the CUDA context exists before the clock starts
     steps = {}
+    where = _Where()
+    where.install()
     if family == "gdn_op":
         from cudnn_pygraph.linear_attention import ops
+
+        where.wrap(ops, "_build_fwd", "op: graph plan + build")
 
         total, h, dim = s["seqs"] * s["len"], s["h"], s["dim"]
         gen = torch.Generator(device="cuda").manual_seed(0)
@@ -140,6 +197,8 @@ def child(family, small, save):
                                      use_qk_l2norm_in_kernel=True)  # fmt: skip
         torch.cuda.synchronize()
         steps["first call"] = time.perf_counter() - t0
+        steps["of which graph"] = where.seconds.pop("op: graph plan + build")
+        where.calls.pop("op: graph plan + build")
         plan = "gated_delta_net op"
     else:
         graph, pack, out_t = _graph_case(cudnn, torch, family, s)
@@ -157,11 +216,12 @@ def child(family, small, save):
         steps = {"plan": t1 - t0, "build": t2 - t1, "execute": t3 - t2}
         plan = graph.get_plan_name_at_index(0)
         out = pack[out_t]
-    total_s = sum(steps.values())
+    total_s = sum(v for k, v in steps.items() if not k.startswith("of which"))
     if save:
         torch.save(out.cpu(), save)
     return {"family": family, "plan": plan, "seconds": total_s, "steps": steps,
-            "cache": compiled_cache.stats()}  # fmt: skip
+            "cache": compiled_cache.stats(), "where": where.report(),
+            "dynamo": "torch._dynamo" in sys.modules}  # fmt: skip
 
 
 # ---------------------------------------------------------------- the parent
@@ -236,6 +296,19 @@ def report(results, small):
             f"| {family} | {warm['plan']} | {_ms(r['cold'])} | {_ms(r['triton'])} | "
             f"{_ms(warm)} | {_ms(r['ours'])} | {_hits(warm)} | {steps} | {met} |"
         )
+    lines += [
+        "",
+        "Inside the clock, per cell: ms (calls) in Triton's driver set-up, its C modules "
+        "(each kernel's launcher; gcc when Triton's cache lacks it), kernel loads "
+        "(launcher + binary), our environment digest; dynamo: torch._dynamo imported.\n",
+        "| family | mode | where ms (calls) | dynamo |",
+        "|---|---|---|---|",
+    ]
+    for family, r in results.items():
+        for mode in MODES:
+            w = r[mode].get("where", {})
+            text = ", ".join(f"{k} {ms:.0f} ({n})" for k, (ms, n) in w.items()) or "-"
+            lines.append(f"| {family} | {mode} | {text} | {r[mode].get('dynamo')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -251,6 +324,7 @@ def main():
         print(json.dumps(child(args.child, args.small, args.save)))
         return 0
     results = {}
+    compileall.compile_dir(ROOT / "src" / "cudnn_pygraph", quiet=1)  # as an install leaves it
     with tempfile.TemporaryDirectory(prefix="cold_start-") as work:
         for family in args.only.split(","):
             results[family] = measure(family, work, args.small)
