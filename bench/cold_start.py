@@ -3,7 +3,7 @@ to the first finished execute, with the compiled-plan cache (runtime/compiled_ca
 and Triton's own cache empty or warm. Needs a GPU.
 
     PYTHONPATH=src python3 bench/cold_start.py [--out bench/results/cold_start.md]
-        [--only gemm,sdpa_prefill,decode,gdn_op] [--small]
+        [--only gemm,sdpa_prefill,decode,gdn_op] [--small] [--repeat N]
 
 Every cell is its own child process (`--child FAMILY`), run in this order per family:
   cold    both caches empty (fresh directories): what a first start costs
@@ -246,17 +246,26 @@ def run_child(family, mode, ours, triton_dir, small=False, save=None):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure(family, work, small=False):
-    """The four cells of one family, each a fresh process, in MODES order."""
-    ours, triton_a, triton_b = (pathlib.Path(work) / family / n for n in ("ours", "ta", "tb"))
-    for d in (ours, triton_a, triton_b):
+def measure(family, work, small=False, repeat=1):
+    """The four cells of one family, each a fresh process, in MODES order. With repeat > 1
+    the triton / warm / ours cells run `repeat` times, interleaved (ours on a fresh Triton
+    cache each time), and the run of median time stands for the cell; "runs" lists all."""
+    base = pathlib.Path(work) / family
+    ours, triton_a = base / "ours", base / "ta"
+    for d in (ours, triton_a):
         d.mkdir(parents=True, mode=0o700)
-    return {
-        "cold": run_child(family, "cold", ours, triton_a, small),
-        "triton": run_child(family, "triton", ours.parent / "off", triton_a, small),
-        "warm": run_child(family, "warm", ours, triton_a, small),
-        "ours": run_child(family, "ours", ours, triton_b, small),
-    }
+    out = {"cold": run_child(family, "cold", ours, triton_a, small)}
+    runs = {mode: [] for mode in MODES[1:]}
+    for i in range(repeat):
+        triton_b = base / f"tb{i}"
+        triton_b.mkdir(mode=0o700)
+        runs["triton"].append(run_child(family, "triton", base / "off", triton_a, small))
+        runs["warm"].append(run_child(family, "warm", ours, triton_a, small))
+        runs["ours"].append(run_child(family, "ours", ours, triton_b, small))
+    for mode, done in runs.items():
+        done.sort(key=lambda r: r["seconds"])
+        out[mode] = dict(done[(len(done) - 1) // 2], runs=[r["seconds"] for r in done])
+    return out
 
 
 def _ms(r):
@@ -283,7 +292,8 @@ def report(results, small):
         "execute (the GDN op: its first call); torch and triton imported, CUDA context and "
         "inputs made before the clock starts. cold: both caches empty; triton: ours off, Triton's warm (before "
         "this cache); warm: both warm; ours: ours warm, Triton's empty. hits: kernels read "
-        f"from our cache / kernels asked for. Goal: warm <= {GOAL_MS:.0f} ms per plan.\n",
+        f"from our cache / kernels asked for. Goal: warm <= {GOAL_MS:.0f} ms per plan. "
+        "With --repeat, a cell is its median run (all runs in the second table).\n",
         "| family | plan | cold ms | triton ms | warm ms | ours ms | warm hits | "
         "warm steps ms | goal |",
         "|---|---|---:|---:|---:|---:|---:|---|---|",
@@ -301,14 +311,16 @@ def report(results, small):
         "Inside the clock, per cell: ms (calls) in Triton's driver set-up, its C modules "
         "(each kernel's launcher; gcc when Triton's cache lacks it), kernel loads "
         "(launcher + binary), our environment digest; dynamo: torch._dynamo imported.\n",
-        "| family | mode | where ms (calls) | dynamo |",
-        "|---|---|---|---|",
+        "| family | mode | runs ms | where ms (calls) | dynamo |",
+        "|---|---|---|---|---|",
     ]
     for family, r in results.items():
         for mode in MODES:
-            w = r[mode].get("where", {})
+            cell = r[mode]
+            runs = " ".join(f"{x * 1e3:.0f}" for x in cell.get("runs", [cell["seconds"]]))
+            w = cell.get("where", {})
             text = ", ".join(f"{k} {ms:.0f} ({n})" for k, (ms, n) in w.items()) or "-"
-            lines.append(f"| {family} | {mode} | {text} | {r[mode].get('dynamo')} |")
+            lines.append(f"| {family} | {mode} | {runs} | {text} | {cell.get('dynamo')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -317,6 +329,7 @@ def main():
     ap.add_argument("--out", help="write the Markdown table here (else print it)")
     ap.add_argument("--only", default=",".join(FAMILIES))
     ap.add_argument("--small", action="store_true", help="the GPU test's small shapes")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of the triton/warm/ours cells")
     ap.add_argument("--child", choices=FAMILIES, help=argparse.SUPPRESS)
     ap.add_argument("--save", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -327,7 +340,7 @@ def main():
     compileall.compile_dir(ROOT / "src" / "cudnn_pygraph", quiet=1)  # as an install leaves it
     with tempfile.TemporaryDirectory(prefix="cold_start-") as work:
         for family in args.only.split(","):
-            results[family] = measure(family, work, args.small)
+            results[family] = measure(family, work, args.small, args.repeat)
             print(family, {m: round(r["seconds"], 3) for m, r in results[family].items()},
                   flush=True)  # fmt: skip
     text = report(results, args.small)
