@@ -197,8 +197,8 @@ def child(family, small, save):
                                      use_qk_l2norm_in_kernel=True)  # fmt: skip
         torch.cuda.synchronize()
         steps["first call"] = time.perf_counter() - t0
-        steps["of which graph"] = where.seconds.pop("op: graph plan + build")
-        where.calls.pop("op: graph plan + build")
+        steps["of which graph"] = where.seconds.pop("op: graph plan + build", 0.0)
+        where.calls.pop("op: graph plan + build", None)
         plan = "gated_delta_net op"
     else:
         graph, pack, out_t = _graph_case(cudnn, torch, family, s)
