@@ -3,7 +3,7 @@ to the first finished execute, with the compiled-plan cache (runtime/compiled_ca
 and Triton's own cache empty or warm. Needs a GPU.
 
     PYTHONPATH=src python3 bench/cold_start.py [--out bench/results/cold_start.md]
-        [--only gemm,sdpa_prefill,decode,gdn_op] [--small]
+        [--only gemm,sdpa_prefill,decode,gdn_op] [--small] [--repeat N]
 
 Every cell is its own child process (`--child FAMILY`), run in this order per family:
   cold    both caches empty (fresh directories): what a first start costs
@@ -18,6 +18,15 @@ and reports the cache counters, so each row says whether the warm start really h
 backend is hidden: the subject is the python plans (the backend compiles nothing of ours).
 Goal (issue 21): warm <= 50 ms per plan.
 
+Inside the clock, a child also times what Triton does for a kernel our cache hands over
+(`_Where`): building its C launcher (`compile_module_from_src`: a load from Triton's cache,
+or gcc when it is empty; `gcc` counts those), loading the binary on the device
+(`load_binary`), Triton's `ldconfig -p` for libcuda's directory, and our environment
+digest; the GDN op's first call is split into its graph build (plan, build: the kernels
+compiled by a warm launch) and the rest (the recorded first launch). The package is
+byte-compiled before the first cell, as an install leaves it, so no cell compiles our
+sources (PYTHONDONTWRITEBYTECODE may be set).
+
 The GPU test tests/gpu/test_compiled_cache_gpu.py runs the same children (`--small
 --save PATH`) to check that a warm start gives bit-identical outputs.
 """
@@ -25,6 +34,7 @@ The GPU test tests/gpu/test_compiled_cache_gpu.py runs the same children (`--sma
 from __future__ import annotations
 
 import argparse
+import compileall
 import datetime
 import json
 import os
@@ -107,6 +117,49 @@ def _graph_case(cudnn, torch, family, s, dev="cuda"):
     return g, pack, o
 
 
+class _Where:
+    """Milliseconds (and calls) inside the clock spent in Triton's host work around a
+    kernel and in our environment digest: timing wrappers around the functions that do it,
+    installed before the clock starts."""
+
+    def __init__(self):
+        self.seconds, self.calls = {}, {}
+
+    def wrap(self, owner, name, label):
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            key = label(*args, **kwargs) if callable(label) else label
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
+                self.calls[key] = self.calls.get(key, 0) + 1
+
+        setattr(owner, name, timed)
+
+    def install(self):
+        import triton.runtime.build as build
+        from triton.backends.nvidia import driver as nvidia
+        from triton.compiler import CompiledKernel
+
+        from cudnn_pygraph.runtime import compiled_cache
+
+        # Triton's CUDA driver object is made at the first kernel of a process: cuda_utils
+        # (a C module from Triton's cache, or gcc) and `ldconfig -p` for libcuda's directory.
+        self.wrap(nvidia.CudaDriver, "__init__", "triton driver")
+        self.wrap(nvidia, "libcuda_dirs", "ldconfig")
+        # Per kernel: its C launcher (Triton's cache, or gcc) and its binary's load.
+        self.wrap(nvidia, "compile_module_from_src", lambda *a, name="", **k: f"C module {name}")
+        self.wrap(build, "_build", "gcc")
+        self.wrap(CompiledKernel, "_init_handles", "kernel load (launcher + binary)")
+        self.wrap(compiled_cache, "environment", "our environment")
+
+    def report(self):
+        return {k: [round(v * 1e3, 1), self.calls[k]] for k, v in sorted(self.seconds.items())}
+
+
 def child(family, small, save):
     import torch
 
@@ -121,8 +174,12 @@ def child(family, small, save):
     torch.cuda.init()
     torch.empty(1, device="cuda")  # the CUDA context exists before the clock starts
     steps = {}
+    where = _Where()
+    where.install()
     if family == "gdn_op":
         from cudnn_pygraph.linear_attention import ops
+
+        where.wrap(ops, "_build_fwd", "op: graph plan + build")
 
         total, h, dim = s["seqs"] * s["len"], s["h"], s["dim"]
         gen = torch.Generator(device="cuda").manual_seed(0)
@@ -140,6 +197,8 @@ def child(family, small, save):
                                      use_qk_l2norm_in_kernel=True)  # fmt: skip
         torch.cuda.synchronize()
         steps["first call"] = time.perf_counter() - t0
+        steps["of which graph"] = where.seconds.pop("op: graph plan + build", 0.0)
+        where.calls.pop("op: graph plan + build", None)
         plan = "gated_delta_net op"
     else:
         graph, pack, out_t = _graph_case(cudnn, torch, family, s)
@@ -157,11 +216,12 @@ def child(family, small, save):
         steps = {"plan": t1 - t0, "build": t2 - t1, "execute": t3 - t2}
         plan = graph.get_plan_name_at_index(0)
         out = pack[out_t]
-    total_s = sum(steps.values())
+    total_s = sum(v for k, v in steps.items() if not k.startswith("of which"))
     if save:
         torch.save(out.cpu(), save)
     return {"family": family, "plan": plan, "seconds": total_s, "steps": steps,
-            "cache": compiled_cache.stats()}  # fmt: skip
+            "cache": compiled_cache.stats(), "where": where.report(),
+            "dynamo": "torch._dynamo" in sys.modules}  # fmt: skip
 
 
 # ---------------------------------------------------------------- the parent
@@ -186,17 +246,26 @@ def run_child(family, mode, ours, triton_dir, small=False, save=None):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure(family, work, small=False):
-    """The four cells of one family, each a fresh process, in MODES order."""
-    ours, triton_a, triton_b = (pathlib.Path(work) / family / n for n in ("ours", "ta", "tb"))
-    for d in (ours, triton_a, triton_b):
+def measure(family, work, small=False, repeat=1):
+    """The four cells of one family, each a fresh process, in MODES order. With repeat > 1
+    the triton / warm / ours cells run `repeat` times, interleaved (ours on a fresh Triton
+    cache each time), and the run of median time stands for the cell; "runs" lists all."""
+    base = pathlib.Path(work) / family
+    ours, triton_a = base / "ours", base / "ta"
+    for d in (ours, triton_a):
         d.mkdir(parents=True, mode=0o700)
-    return {
-        "cold": run_child(family, "cold", ours, triton_a, small),
-        "triton": run_child(family, "triton", ours.parent / "off", triton_a, small),
-        "warm": run_child(family, "warm", ours, triton_a, small),
-        "ours": run_child(family, "ours", ours, triton_b, small),
-    }
+    out = {"cold": run_child(family, "cold", ours, triton_a, small)}
+    runs = {mode: [] for mode in MODES[1:]}
+    for i in range(repeat):
+        triton_b = base / f"tb{i}"
+        triton_b.mkdir(mode=0o700)
+        runs["triton"].append(run_child(family, "triton", base / "off", triton_a, small))
+        runs["warm"].append(run_child(family, "warm", ours, triton_a, small))
+        runs["ours"].append(run_child(family, "ours", ours, triton_b, small))
+    for mode, done in runs.items():
+        done.sort(key=lambda r: r["seconds"])
+        out[mode] = dict(done[(len(done) - 1) // 2], runs=[r["seconds"] for r in done])
+    return out
 
 
 def _ms(r):
@@ -223,7 +292,8 @@ def report(results, small):
         "execute (the GDN op: its first call); torch and triton imported, CUDA context and "
         "inputs made before the clock starts. cold: both caches empty; triton: ours off, Triton's warm (before "
         "this cache); warm: both warm; ours: ours warm, Triton's empty. hits: kernels read "
-        f"from our cache / kernels asked for. Goal: warm <= {GOAL_MS:.0f} ms per plan.\n",
+        f"from our cache / kernels asked for. Goal: warm <= {GOAL_MS:.0f} ms per plan. "
+        "With --repeat, a cell is its median run (all runs in the second table).\n",
         "| family | plan | cold ms | triton ms | warm ms | ours ms | warm hits | "
         "warm steps ms | goal |",
         "|---|---|---:|---:|---:|---:|---:|---|---|",
@@ -236,6 +306,21 @@ def report(results, small):
             f"| {family} | {warm['plan']} | {_ms(r['cold'])} | {_ms(r['triton'])} | "
             f"{_ms(warm)} | {_ms(r['ours'])} | {_hits(warm)} | {steps} | {met} |"
         )
+    lines += [
+        "",
+        "Inside the clock, per cell: ms (calls) in Triton's driver set-up, its C modules "
+        "(each kernel's launcher; gcc when Triton's cache lacks it), kernel loads "
+        "(launcher + binary), our environment digest; dynamo: torch._dynamo imported.\n",
+        "| family | mode | runs ms | where ms (calls) | dynamo |",
+        "|---|---|---|---|---|",
+    ]
+    for family, r in results.items():
+        for mode in MODES:
+            cell = r[mode]
+            runs = " ".join(f"{x * 1e3:.0f}" for x in cell.get("runs", [cell["seconds"]]))
+            w = cell.get("where", {})
+            text = ", ".join(f"{k} {ms:.0f} ({n})" for k, (ms, n) in w.items()) or "-"
+            lines.append(f"| {family} | {mode} | {runs} | {text} | {cell.get('dynamo')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -244,6 +329,7 @@ def main():
     ap.add_argument("--out", help="write the Markdown table here (else print it)")
     ap.add_argument("--only", default=",".join(FAMILIES))
     ap.add_argument("--small", action="store_true", help="the GPU test's small shapes")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of the triton/warm/ours cells")
     ap.add_argument("--child", choices=FAMILIES, help=argparse.SUPPRESS)
     ap.add_argument("--save", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -251,9 +337,10 @@ def main():
         print(json.dumps(child(args.child, args.small, args.save)))
         return 0
     results = {}
+    compileall.compile_dir(ROOT / "src" / "cudnn_pygraph", quiet=1)  # as an install leaves it
     with tempfile.TemporaryDirectory(prefix="cold_start-") as work:
         for family in args.only.split(","):
-            results[family] = measure(family, work, args.small)
+            results[family] = measure(family, work, args.small, args.repeat)
             print(family, {m: round(r["seconds"], 3) for m, r in results[family].items()},
                   flush=True)  # fmt: skip
     text = report(results, args.small)

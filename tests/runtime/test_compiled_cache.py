@@ -242,6 +242,36 @@ def test_every_part_of_the_environment_moves_the_directory():
     assert len(hashes) == len(changes) + 1
 
 
+def test_the_source_digest_moves_with_every_edit_and_only_with_sources(tmp_path, monkeypatch):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub" / "__pycache__").mkdir(parents=True)
+    (pkg / "a.py").write_text("A = 1\n")
+    (pkg / "sub" / "b.py").write_text("B = 2\n")
+
+    def digest():
+        monkeypatch.setattr(cc, "_PKG_ROOT", pkg)
+        cc.source_digest.cache_clear()
+        try:
+            return cc.source_digest()
+        finally:
+            cc.source_digest.cache_clear()
+
+    seen = {digest()}
+    (pkg / "sub" / "__pycache__" / "b.cpython-311.pyc").write_bytes(b"bytecode")
+    (pkg / "notes.txt").write_text("not a source")
+    assert digest() in seen  # what is not a source does not count
+    b = pkg / "sub" / "b.py"
+    st = b.stat()
+    b.write_text("B = 3\n")  # the same size, the mtime put back: still another digest
+    os.utime(b, ns=(st.st_atime_ns, st.st_mtime_ns))
+    seen.add(digest())
+    (pkg / "sub" / "c.py").write_text("")  # a new empty module
+    seen.add(digest())
+    (pkg / "sub" / "c.py").rename(pkg / "c.py")  # the same bytes, moved
+    seen.add(digest())
+    assert len(seen) == 4
+
+
 # ---------------------------------------------------------------- the directory's safety
 def test_a_planted_symlink_is_never_followed(tmp_path, fresh):
     root = tmp_path / "cache"

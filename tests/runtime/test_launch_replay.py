@@ -5,6 +5,9 @@ real kernels and launchers run in tests/gpu/test_launch_replay_gpu.py)."""
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
 import types
 
 import pytest
@@ -124,3 +127,25 @@ def test_recording_flags_a_torch_op_that_computes_but_not_a_view():
     with pytest.raises(RuntimeError), record_launches():
         raise RuntimeError("the launcher failed")
     assert JITFunction.run is original  # restored, on success and on error
+
+
+_RECORD_IN_A_FRESH_PROCESS = """
+import sys, torch
+from cudnn_pygraph.runtime.launch import record_launches
+before = "torch._dynamo" in sys.modules
+with record_launches() as record:
+    torch.randn(8).add(1.0)
+print(before, "torch._dynamo" in sys.modules, len(record.refusals))
+"""
+
+
+def test_recording_does_not_import_dynamo():
+    # The first call of a recorded plan (every GDN plan on CUDA) records it: importing
+    # torch._dynamo there (seconds) would be paid by every process's first call.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", _RECORD_IN_A_FRESH_PROCESS], env=env,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    before, after, refusals = out.stdout.split()
+    if before == "True":
+        pytest.skip("this torch imports torch._dynamo with itself")
+    assert (after, refusals) == ("False", "2")  # the watch still sees both ops

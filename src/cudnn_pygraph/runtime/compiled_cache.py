@@ -87,15 +87,30 @@ def cache_home() -> pathlib.Path:
 
 @functools.cache
 def source_digest() -> str:
-    """sha256 over every .py of the installed package (path and bytes), once per process."""
+    """sha256 over every .py of the installed package (path and bytes), once per process.
+
+    Every byte is read every process: a key on mtimes and sizes would miss an edit that
+    keeps both. The walk skips __pycache__ (as many entries again, none of them sources)."""
     h = hashlib.sha256()
-    for path in sorted(_PKG_ROOT.rglob("*.py")):
-        h.update(str(path.relative_to(_PKG_ROOT)).encode())
+    for rel in _package_sources():
+        h.update(rel.encode())
         try:
-            h.update(path.read_bytes())
+            with open(os.path.join(_PKG_ROOT, rel), "rb") as f:
+                h.update(f.read())
         except OSError:
             h.update(b"unknown")
     return h.hexdigest()
+
+
+def _package_sources() -> list:
+    """The package's .py files as sorted '/'-joined paths relative to its root."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(_PKG_ROOT):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        rel = os.path.relpath(dirpath, _PKG_ROOT).replace(os.sep, "/")
+        prefix = "" if rel == "." else rel + "/"
+        found += [prefix + name for name in filenames if name.endswith(".py")]
+    return sorted(found)
 
 
 def dist_version(name: str) -> str:

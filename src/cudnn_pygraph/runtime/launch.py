@@ -700,6 +700,14 @@ def record_launches():
     class ComputeWatch(TorchDispatchMode):
         # A view (a workspace slice) is host metadata; anything else runs on the device and
         # a replay would skip it.
+        @classmethod
+        def _should_skip_dynamo(cls):
+            # Else TorchDispatchMode wraps __torch_dispatch__ in torch._dynamo.disable, which
+            # imports torch._dynamo at the first dispatch: 1.7 s on the CI CPU, paid by the
+            # first call of every recorded plan. The watch runs only in an eager launch,
+            # never under Dynamo's tracing, where that wrapper calls straight through.
+            return False
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if not func.is_view:
                 record.refusals.append(f"torch op {func} runs on the device")
