@@ -703,7 +703,7 @@ def record_launches():
         @classmethod
         def _should_skip_dynamo(cls):
             # Else TorchDispatchMode wraps __torch_dispatch__ in torch._dynamo.disable, which
-            # imports torch._dynamo at the first dispatch: 1.7 s on the CI CPU, paid by the
+            # imports torch._dynamo at the first dispatch (seconds on a CPU), paid by the
             # first call of every recorded plan. The watch runs only in an eager launch,
             # never under Dynamo's tracing, where that wrapper calls straight through.
             return False
