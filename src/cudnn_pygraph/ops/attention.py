@@ -446,8 +446,10 @@ def _keys(tensors, thd, scale, causal, window_left):
     layout = [(scale, causal, window_left, None if thd is None else thd[1:])]
     shape = [thd[0] if thd is not None else tensors[0].shape[0]]
     for t in tensors:
-        layout.append((t.dtype, t.shape[1:], _rows_stride(t), t.stride()[1:], t.device))
-        shape.append(t.stride(0))
+        dims, strides = t.shape, t.stride()
+        rows = strides[0] if dims[0] > 1 else _rows_stride(t)
+        layout.append((t.dtype, dims[1:], rows, strides[1:], t.device))
+        shape.append(strides[0])
     return tuple(layout), tuple(shape)
 
 
