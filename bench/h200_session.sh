@@ -21,6 +21,9 @@
 #                serving decode back to back at pages 16 / 64 vs the backend and torch),
 #                sdpa_ranked.md (ranked first vs fastest listed) and sdpa_fwd.md
 #   sdpa-bwd     issue 17: the SDPA backward suite and sdpa_bwd.md
+#   sdpa-op      issue 17: the torch op's batches-per-layout-class suite and its op tests in
+#                the backward suite; sdpa_op_host.md (host cost per step, per layer, per new
+#                batch size)
 #   cold-start   issue 21: the compiled-plan cache suite and cold_start.md
 #   reliability  the 32-thread and misaligned-operand suite under compute-sanitizer, doctor
 #   kda | gdn2 | gdp | chain    issues 18 / 19: each family's suite and its bench row (a)
@@ -78,6 +81,11 @@ tests_serving() {
     tests/gpu/test_sdpa_gpu.py tests/gpu/test_launch_replay_gpu.py
 }
 tests_sdpa_bwd() { gpu_suite sdpa_bwd 300 tests/gpu/test_sdpa_bwd_gpu.py; }
+tests_sdpa_op() {
+  gpu_suite sdpa_op 200 tests/gpu/test_sdpa_op_batches_gpu.py \
+    "tests/gpu/test_sdpa_bwd_gpu.py::test_opcheck" \
+    "tests/gpu/test_sdpa_bwd_gpu.py::test_op_forward_and_backward_capture_in_a_cuda_graph"
+}
 tests_cold_start() { gpu_suite compiled_cache 200 tests/gpu/test_compiled_cache_gpu.py; }
 tests_reliability() { :; }
 tests_kda() { gpu_suite kda 240 tests/gpu/test_kda_gpu.py; }
@@ -111,6 +119,7 @@ bench_serving() {
 bench_sdpa_bwd() {
   step sdpa_bwd 280 python3 bench/sdpa_bwd.py --budget-s 220 --out "$LOG/sdpa_bwd.md"
 }
+bench_sdpa_op() { step sdpa_op_host 150 python3 bench/sdpa_op_host.py --out "$LOG/sdpa_op_host.md"; }
 bench_cold_start() { step cold_start 280 python3 bench/cold_start.py --out "$LOG/cold_start.md"; }
 bench_reliability() {
   step reliability 220 env OUT= PER_RUN=45 RESULTS="$LOG/reliability.md" bash bench/reliability_gpu.sh

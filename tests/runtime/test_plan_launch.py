@@ -17,7 +17,12 @@ from cudnn_pygraph._types import data_type
 from cudnn_pygraph.runtime import launch as rl
 from cudnn_pygraph.runtime.execute import ExecutionContext
 from cudnn_pygraph.runtime.handle import Handle, check_device, raw_stream, resolve_stream
-from cudnn_pygraph.runtime.variant_pack import DeclaredLayout, VariantPack
+from cudnn_pygraph.runtime.variant_pack import (
+    DeclaredLayout,
+    OperandExtentError,
+    OperandMismatchError,
+    VariantPack,
+)
 
 F16 = int(data_type.HALF)
 
@@ -191,3 +196,134 @@ def test_a_kernels_global_scratch_is_the_plans_own_per_stream():
         compiled.scratch.tensor(0).data_ptr(),
         compiled.scratch.tensor(0x20).data_ptr(),
     ]
+
+
+# ---------------------------------------------------------------- the per-call extent
+
+MAX_ROWS = 8  # the declared rows: the most a call may bring
+
+
+def _rows_plan(calls, interpreted=False):
+    """x, y [rows, 32] with rows the plan's per-call extent (declared 8): one program a row."""
+    rows = rl.Extent(MAX_ROWS)
+    ops = [
+        rl.Operand(0, "x", (rows, 32), (32, 1), torch.float16, "strided", code=F16),
+        rl.Operand(1, "y", (rows, 32), (32, 1), torch.float16, "strided", code=F16),
+    ]
+    x, y = ops[0].symbolic(0), ops[1].symbolic(1)
+    launch = rl.Launch(_scale_rows, (x.shape[0],), (x, y, x.stride(0), x.stride(1), 32),
+                       {"BLOCK": 32, "num_warps": 1})  # fmt: skip
+    compiled = rl.compile_launch(launch)
+    if interpreted:
+        return rl._interpreted(ops, [compiled], 0)
+    compiled.kernel = types.SimpleNamespace(
+        launch=lambda *a: calls.append(a), function="F", packed_metadata="M",
+        cooperative=False, pdl=False,
+    )  # fmt: skip
+    return rl._generated("test", ops, [compiled], 0)
+
+
+def _rows_pack(x, y):
+    return _pack(x, y, dims=(MAX_ROWS, 32))
+
+
+@pytest.mark.parametrize("rows", [1, 3, MAX_ROWS])
+def test_a_per_call_extent_launches_the_calls_grid_with_the_compiled_kernel(rows):
+    calls = []
+    execute = _rows_plan(calls)
+    x, y = torch.randn(rows, 32).half(), torch.empty(rows, 32).half()
+    execute(None, _rows_pack(x, y), CTX)
+    assert calls[0][:3] == (rows, 1, 1)
+    assert calls[0][len(rl.LAUNCHER_HEAD) :][:2] == (x.data_ptr(), y.data_ptr())
+
+
+def test_the_interpreter_runs_the_calls_extent():
+    execute = _rows_plan(None, interpreted=True)
+    for rows in (1, 5):
+        x, y = torch.randn(rows, 32).half(), torch.zeros(rows, 32).half()
+        execute(None, _rows_pack(x, y), CTX)
+        assert torch.equal(y, x * 2)
+
+
+@pytest.mark.parametrize("interpreted", [False, True], ids=["generated", "interpreter"])
+@pytest.mark.parametrize(
+    "bind,error,rule",
+    [
+        # 9 rows of a wider allocation: not dense, so the buffer keeps its own extents.
+        (lambda: (torch.randn(9, 64).half()[:, :32], torch.zeros(9, 32).half()), ValueError,
+         "operand 'x': extent 9 on axis 0 is outside what the plan serves"),
+        (lambda: (torch.randn(3, 32).half(), torch.zeros(2, 32).half()), OperandExtentError,
+         "operand 'y': the buffer spans 128 bytes and the call's extent 3"),
+        (lambda: (torch.randn(3, 32).half(), torch.zeros(3, 32)), OperandMismatchError,
+         "operand 'y': the buffer holds data_type"),
+        (lambda: (torch.randn(3, 16).half(), torch.zeros(3, 16).half()), OperandExtentError,
+         "operand 'x'"),
+        (lambda: (torch.randn(3, 64).half()[:, :48], torch.zeros(3, 32).half()), ValueError,
+         r"operand 'x': extents \(3, 48\) differ from this call's \(3, 32\)"),
+    ],
+    ids=["over-the-declared", "y-holds-fewer", "y-dtype", "narrower-rows", "wider-rows"],
+)  # fmt: skip
+def test_a_call_extent_the_plan_cannot_serve_is_refused_with_nothing_launched(
+    interpreted, bind, error, rule
+):
+    calls = []
+    execute = _rows_plan(calls, interpreted)
+    x, y = bind()
+    sentinel = y.clone()
+    with pytest.raises(error, match=rule):
+        execute(None, _rows_pack(x, y), CTX)
+    assert calls == []
+    assert torch.equal(y, sentinel)
+
+
+def test_an_empty_call_launches_nothing():
+    calls = []
+    execute = _rows_plan(calls)
+    execute(None, _rows_pack(torch.empty(0, 32).half(), torch.empty(0, 32).half()), CTX)
+    assert calls == []
+
+
+def test_a_launcher_that_loses_the_extent_or_passes_it_as_an_argument_is_refused_at_build():
+    rows = rl.Extent(MAX_ROWS)
+    ops = [rl.Operand(i, n, (rows, 32), (32, 1), torch.float16, "strided")
+           for i, n in enumerate("xy")]  # fmt: skip
+    x, y = ops[0].symbolic(0), ops[1].symbolic(1)
+    # Arithmetic other than +/- a constant yields the declared value: a grid of it would
+    # launch the maximum over the call's smaller buffers.
+    lost = rl.Launch(_scale_rows, (x.shape[0] * 2,), (x, y, x.stride(0), x.stride(1), 32),
+                     {"BLOCK": 32})  # fmt: skip
+    with pytest.raises(NotImplementedError, match="lost the per-call extent"):
+        rl._generated("test", ops, [rl.compile_launch(lost)], 0)
+    as_arg = rl.Launch(_scale_rows, (rows,), (x, y, x.stride(0), x.stride(1), rows),
+                       {"BLOCK": 32})  # fmt: skip
+    with pytest.raises(NotImplementedError, match="reaches argument 'n_cols'"):
+        rl.compile_launch(as_arg)
+
+
+def test_extent_arithmetic_keeps_offsets_per_call():
+    e = rl.Extent(8)
+    offsets = rl.SymbolicTensor(0, (e + 1, 1, 1, 1), (1, 1, 1, 1), torch.int32)
+    batch = offsets.reshape(-1).numel() - 1
+    assert type(batch) is rl.Extent and batch == 8 and batch.add == 0
+    assert type(e * 3) is int and e * 3 == 24
+
+
+def test_a_per_call_grids_scratch_is_sized_by_the_calls_extent():
+    calls = []
+    rows = rl.Extent(MAX_ROWS)
+    ops = [rl.Operand(i, n, (rows, 32), (32, 1), torch.float16, "strided")
+           for i, n in enumerate("xy")]  # fmt: skip
+    x, y = ops[0].symbolic(0), ops[1].symbolic(1)
+    compiled = rl.compile_launch(rl.Launch(_scale_rows, (rows,), (x, y, x.stride(0),
+                                           x.stride(1), 32), {"BLOCK": 32}))  # fmt: skip
+    compiled.kernel = types.SimpleNamespace(
+        launch=lambda *a: calls.append(a), function="F", packed_metadata="M",
+        cooperative=False, pdl=False,
+    )  # fmt: skip
+    compiled.scratch = rl.PerStreamMemory(128, 0, interpreter=True)  # bytes per row
+    execute = rl._generated("test", ops, [compiled], 0)
+    for n in (2, 5):
+        execute(None, _rows_pack(torch.randn(n, 32).half(), torch.empty(n, 32).half()), CTX)
+    slot = rl.LAUNCHER_HEAD.index("global_scratch")
+    assert [c[slot] for c in calls] == [compiled.scratch.tensor((0, n)).data_ptr() for n in (2, 5)]
+    assert compiled.scratch.tensor((0, 5)).numel() == 5 * 128

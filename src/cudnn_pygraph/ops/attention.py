@@ -10,12 +10,18 @@ varlen inputs (`cu_seqlens_q` / `cu_seqlens_k` int32 [B + 1], `max_seqlen_q` /
 
 Dense inputs are [B, H, S, D] under any strides with a unit D stride: a BSHD tensor viewed
 [B, H, S, D] (`x.transpose(1, 2)`) keeps its layout, and the output takes the query's.
-Underneath, a forward graph (sdpa with Stats) and a backward graph (sdpa_backward) are
-built per DECLARATION (shapes, strides, dtype, mask, scale, device: never the data; THD's
-padded length rounded up to a power of two) and cached; their kernels are compiled per layout class (batch, heads and lengths are runtime
-values of the Triton kernels, so a new batch size plans a graph and reuses the compiled
-kernel). Registered with torch.library (fake implementations included) so torch.compile
-traces it without a graph break, with autograd through the backward graph.
+Underneath, the forward (sdpa with Stats) and backward (sdpa_backward) graphs are kept per
+LAYOUT CLASS (dtype, head counts, head dim, sequence lengths (THD: the padded length rounded
+up to a power of two), strides past the batch axis, mask, window, scale, device: never the
+batch, never a THD token total). Which plans run a call is decided in one place,
+`_serving`: where the family's ranking puts a backend plan first (engines/sdpa: the
+backend's measured lead) the backend runs the call, from a small per-shape cache in the
+class's entry (a backend plan is compiled for its exact shapes); otherwise the python plans
+run it, planned ONCE per class at a batch capacity (the graphs are marked
+`mark_per_call_batch`, so their plans take any batch up to the declared one: runtime/
+launch.py `Extent`) and re-planned only when a call brings more (the capacity doubles).
+Registered with torch.library (fake implementations included) so torch.compile traces it
+without a graph break, with autograd through the backward graph.
 
 A call outside what the graphs cover (an attn_mask, dropout, another dtype or head dim, a
 non-unit D stride, ...) runs torch's own SDPA, and the reason is logged once on the
@@ -25,16 +31,20 @@ non-unit D stride, ...) runs torch's own SDPA, and the reason is logged once on 
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 from torch import Tensor
 
 from .. import heur_mode
 from .._log import log
-from .._types import data_type
+from .._types import cudnnGraphNotSupportedError, data_type
+from ..engines.sdpa.analyzer import mark_per_call_batch
 from ..graph.pygraph import pygraph
 from ..graph.tensor import to_data_type
-from ..linear_attention.ops import _Built, _cached
+from ..planning.engine_ids import is_backend_id
+from ..runtime.handle import create_handle, set_stream
+from ..runtime.variant_pack import VariantPack
 
 _CAUSAL = {None: 0, "top_left": 1, "bottom_right": 2}
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -43,6 +53,12 @@ _DTYPES = (torch.float16, torch.bfloat16)
 _HEAD_DIMS_GPU = (64, 128, 256)
 _HEAD_DIMS_INTERPRETER = (64, 128)
 _LOGGED: set = set()
+# The most batches (THD: sequences) a python plan takes: the kernels put the batch on the
+# grid's z axis, which CUDA caps at 65535.
+MAX_BATCH = 65535
+# The first capacity a layout class's python graphs declare: small batches (1, 2, 5, ...)
+# share one plan pair; a call beyond the capacity re-plans at the next power of two.
+MIN_CAPACITY = 8
 
 
 def _uncovered(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, alignment, window_left,
@@ -82,6 +98,8 @@ def _uncovered(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, alignment, 
     if not varlen:
         if k.shape[0] != q.shape[0] or v.shape[:3] != k.shape[:3]:
             return "q, k, v batch or key lengths disagree"
+        if q.shape[0] > MAX_BATCH:
+            return f"batch {q.shape[0]} > {MAX_BATCH} (the kernels' grid)"
         bounded = is_causal and (alignment == "bottom_right" or window_left is not None)
         if bounded and q.shape[2] > k.shape[2]:
             return "a bottom-right diagonal or a window with s_q > s_kv"
@@ -117,23 +135,44 @@ def _attrs(scale, causal, window_left):
     return attrs
 
 
+def _rows_stride(t):
+    """Axis 0's stride as the layout has it: the buffer's own, or for a single row (whose
+    stride torch leaves free) the one a dense run of rows would have."""
+    if t.shape[0] > 1:
+        return t.stride(0)
+    return max([e * s for e, s in zip(t.shape[1:], t.stride()[1:])] + [1])
+
+
+def _dense(t, batch):
+    """(dims, strides) of a [B, ...] buffer: its own, or declared at `batch` rows."""
+    if batch is None:
+        return list(t.shape), list(t.stride())
+    return [batch, *t.shape[1:]], [_rows_stride(t), *t.stride()[1:]]
+
+
 def _thd_dims(t, batch, s_max):
     """A packed [T, H, D] buffer as the padded [B, H, S_max, D] declaration THD takes."""
     _, h, d = t.shape
-    return [batch, h, s_max, d], [s_max * t.stride(0), t.stride(1), t.stride(0), t.stride(2)]
+    rows = _rows_stride(t)
+    return [batch, h, s_max, d], [s_max * rows, t.stride(1), rows, t.stride(2)]
 
 
 class _Declared:
-    """The graph's common inputs: q, k, v (dense or THD) and the THD side tensors."""
+    """The graph's common inputs: q, k, v (dense or THD) and the THD side tensors, declared
+    at the call's batch (`capacity` None: a backend graph) or at `capacity` batches (the
+    python graph of a layout class, which takes any batch up to it per call)."""
 
-    def __init__(self, g, q, k, v, thd):
+    def __init__(self, g, q, k, v, thd, capacity):
         self.ports = {}
+        self.capacity = capacity
         extra = {}
         if thd is None:
             for name, t in (("q", q), ("k", k), ("v", v)):
-                self.ports[name] = g.tensor(list(t.shape), list(t.stride()), name=name)
+                dims, strides = _dense(t, capacity)
+                self.ports[name] = g.tensor(dims, strides, name=name)
         else:
-            batch, max_q, max_k = thd
+            n_seqs, max_q, max_k = thd
+            batch = n_seqs if capacity is None else capacity
             i32 = dict(data_type=data_type.INT32)
             for name, rows in (("seq_len_q", batch), ("seq_len_kv", batch),
                                ("off_q", batch + 1), ("off_k", batch + 1)):  # fmt: skip
@@ -147,26 +186,27 @@ class _Declared:
                          seq_len_kv=self.ports["seq_len_kv"])  # fmt: skip
         self.extra = extra
 
-    def like(self, g, name, t, ref):
+    def like(self, g, name, t, ref, **kwargs):
         """A tensor declared like `ref` (the q-side THD declaration) over buffer `t`."""
         if ref.ragged_offset is None:
-            return g.tensor(list(t.shape), list(t.stride()), name=name)
+            dims, strides = _dense(t, self.capacity)
+            return g.tensor(dims, strides, name=name, **kwargs)
         _, h, s_max, _ = ref.dim
         dims, strides = _thd_dims(t, ref.dim[0], s_max)
         return g.tensor(dims, strides, ragged_offset=ref.ragged_offset, name=name)
 
 
-def _plan(g):
-    g.validate()
-    g.build_operation_graph()
-    g.create_execution_plans([heur_mode.A, heur_mode.FALLBACK])
-    g.build_plans()
-
-
-def _build_fwd(q, k, v, out, lse, scale, causal, window_left, thd):
-    g = pygraph(name="sdpa_op_fwd", io_data_type=to_data_type(q.dtype),
+def _graph(name, q, capacity):
+    g = pygraph(name=name, io_data_type=to_data_type(q.dtype),
                 intermediate_data_type=data_type.FLOAT, compute_data_type=data_type.FLOAT)  # fmt: skip
-    d = _Declared(g, q, k, v, thd)
+    if capacity is not None:
+        mark_per_call_batch(g)
+    return g
+
+
+def _declare_fwd(q, k, v, out, lse, scale, causal, window_left, thd, capacity):
+    g = _graph("sdpa_op_fwd", q, capacity)
+    d = _Declared(g, q, k, v, thd, capacity)
     p = d.ports
     o, stats = g.sdpa(p["q"], p["k"], p["v"], generate_stats=True, **_attrs(scale, causal,
                       window_left), **d.extra)  # fmt: skip
@@ -174,22 +214,21 @@ def _build_fwd(q, k, v, out, lse, scale, causal, window_left, thd):
     o.set_output(True).set_dim(ref.dim).set_stride(ref.stride)
     if ref.ragged_offset is not None:
         o.set_ragged_offset(ref.ragged_offset)
-    stats.set_output(True).set_data_type(data_type.FLOAT).set_dim(list(lse.shape))
-    stats.set_stride(list(lse.stride()))
+    dims, strides = _dense(lse, capacity)
+    stats.set_output(True).set_data_type(data_type.FLOAT).set_dim(dims).set_stride(strides)
     p["O"], p["Stats"] = o, stats
-    _plan(g)
-    return _Built(g, p)
+    return g, p
 
 
-def _build_bwd(q, k, v, out, lse, d_out, dq, dk, dv, scale, causal, window_left, thd):
-    g = pygraph(name="sdpa_op_bwd", io_data_type=to_data_type(q.dtype),
-                intermediate_data_type=data_type.FLOAT, compute_data_type=data_type.FLOAT)  # fmt: skip
-    d = _Declared(g, q, k, v, thd)
+def _declare_bwd(q, k, v, out, lse, d_out, dq, dk, dv, scale, causal, window_left, thd,
+                 capacity):  # fmt: skip
+    g = _graph("sdpa_op_bwd", q, capacity)
+    d = _Declared(g, q, k, v, thd, capacity)
     p = d.ports
     p["o"] = d.like(g, "o", out, p["q"])
     p["dO"] = d.like(g, "dO", d_out, p["q"])
-    p["stats"] = g.tensor(list(lse.shape), list(lse.stride()), data_type=data_type.FLOAT,
-                          name="stats")  # fmt: skip
+    dims, strides = _dense(lse, capacity)
+    p["stats"] = g.tensor(dims, strides, data_type=data_type.FLOAT, name="stats")
     grads = g.sdpa_backward(p["q"], p["k"], p["v"], p["o"], p["dO"], p["stats"],
                             **_attrs(scale, causal, window_left), **d.extra)  # fmt: skip
     for name, grad, buf, like in (("dQ", grads[0], dq, "q"), ("dK", grads[1], dk, "k"),
@@ -199,8 +238,191 @@ def _build_bwd(q, k, v, out, lse, d_out, dq, dk, dv, scale, causal, window_left,
         if ref.ragged_offset is not None:
             grad.set_ragged_offset(ref.ragged_offset)
         p[name] = grad
-    _plan(g)
-    return _Built(g, p)
+    return g, p
+
+
+def _rank(g):
+    """The graph's one ranked plan list: the family's hooks place the backend's plans by
+    the measured cells (engines/sdpa `_BACKEND_LEADS`, `_OURS_LEADS`)."""
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([heur_mode.A, heur_mode.FALLBACK])
+
+
+def _build_first(g, ports, backend):
+    """The first plan of the ranked list on the chosen side (`backend`: backend plans,
+    else python plans) that builds, as a _Plan; None when none does."""
+    for index, plan in enumerate(g.plans):
+        if is_backend_id(plan.engine_id) != backend:
+            continue
+        g.select_plan(index)
+        try:
+            g.build_plans()
+        except cudnnGraphNotSupportedError as exc:
+            log.info("scaled_dot_product_attention: %s: %s", g.name, exc)
+            continue
+        return _Plan(g, ports)
+    return None
+
+
+# ---------------------------------------------------------------- who runs a call
+
+
+class _LayoutClass:
+    """One layout class of one kind (forward or backward). `backend_leads` is what the
+    ranking of the class's first graph said (None until then); `python` the python plans,
+    built once at `capacity` batches; `backend` the backend's plans per exact call shape
+    (None where no backend plan builds for it); `outgrown` python plans a larger capacity
+    replaced, kept alive: a CUDA graph captured earlier may still use their workspaces."""
+
+    __slots__ = ("backend", "backend_leads", "capacity", "graph", "lock", "outgrown", "python")
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.backend_leads = None
+        self.graph = None  # the ranked (python-side) graph at `capacity`, and its ports
+        self.python = None
+        self.capacity = 0
+        self.backend = {}
+        self.outgrown = []
+
+
+_CLASSES: dict = {}
+_CLASSES_LOCK = threading.Lock()
+_MISSING = object()
+
+
+def _serving(kind, layout, shape, batch, declare):
+    """THE rule for which plans run a call of layout class `layout` and exact shape `shape`
+    with `batch` batches (THD: sequences); `declare(capacity)` declares the graph (None:
+    at the call's own shapes). Returns the _Plan that runs it.
+
+    The class's first call ranks a graph declared at the class's capacity: where the
+    family's hooks put a backend plan first, the backend runs every call it builds a plan
+    for, one plan per exact shape (a backend plan runs only its declaration), kept in the
+    class's entry; every other call runs the class's python plans, built once at a
+    capacity of batches and built again only when a call brings more (the capacity
+    doubles, at least MIN_CAPACITY): their plans take the call's batch (mark_per_call_batch)."""
+    entry = _CLASSES.get((kind, layout))
+    if entry is None:
+        with _CLASSES_LOCK:
+            entry = _CLASSES.setdefault((kind, layout), _LayoutClass())
+    if entry.backend_leads is None:
+        with entry.lock:
+            if entry.backend_leads is None:
+                _rerank(entry, batch, declare)
+    if entry.backend_leads:
+        plan = entry.backend.get(shape, _MISSING)
+        if plan is _MISSING:
+            with entry.lock:
+                plan = entry.backend.get(shape, _MISSING)
+                if plan is _MISSING:
+                    g, ports = declare(None)
+                    _rank(g)
+                    plan = entry.backend[shape] = _build_first(g, ports, backend=True)
+        if plan is not None:
+            return plan
+    python = entry.python
+    if python is None or batch > entry.capacity:
+        with entry.lock:
+            if entry.graph is None or batch > entry.capacity:
+                _rerank(entry, batch, declare)
+            if entry.python is None:
+                g, ports = entry.graph
+                entry.python = _build_first(g, ports, backend=False)
+                if entry.python is None:
+                    raise cudnnGraphNotSupportedError(
+                        f"scaled_dot_product_attention: no python plan of {g.name} builds "
+                        f"at batch capacity {entry.capacity}: {g.explain()}"
+                    )
+            python = entry.python
+    return python
+
+
+def _rerank(entry, batch, declare):
+    """Declare and rank the class's graph at a capacity that holds `batch` (the next power
+    of two, at least MIN_CAPACITY and twice the last), keeping the outgrown plans."""
+    capacity = max(MIN_CAPACITY, 2 * entry.capacity, 1 << max(0, batch - 1).bit_length())
+    capacity = min(capacity, MAX_BATCH)
+    g, ports = declare(capacity)
+    _rank(g)
+    if entry.python is not None:
+        entry.outgrown.append(entry.python)
+    entry.graph, entry.python, entry.capacity = (g, ports), None, capacity
+    if entry.backend_leads is None:
+        entry.backend_leads = bool(g.plans) and is_backend_id(g.plans[0].engine_id)
+
+
+# ---------------------------------------------------------------- running a plan
+
+_HANDLES: dict = {}
+
+
+class _Plan:
+    """A built graph's selected plan and the shortest safe path into it per call.
+
+    A backend plan on torch's default stream runs through graph.execute(pack) with
+    nothing else: the plan's own closure (backend/backend_plans.py RawExecutor) packs in C
+    and calls the backend with the default handle and the plan's own workspace. On another
+    stream it takes a handle of ours on that stream (its stream set only when it changes).
+    A python plan's execute is called with the pack and a context made once per stream (its
+    workspace included): the op owns every buffer, so graph.execute's routing, handle and
+    device resolution per call would re-prove what the op settled."""
+
+    __slots__ = ("backend", "compiled", "contexts", "declared", "device", "graph", "required",
+                 "uids", "workspace_size")  # fmt: skip
+
+    def __init__(self, graph, ports):
+        from ..runtime.execute import GraphLayout
+
+        self.graph = graph
+        self.uids = {name: t.uid for name, t in ports.items() if t is not None}
+        record = graph._require_planning()
+        plan = record.plans[record.selected]
+        self.compiled = record.built[plan.identity]
+        self.backend = is_backend_id(plan.engine_id)
+        self.device = record.device
+        self.workspace_size = graph.get_workspace_size()
+        layout = GraphLayout(graph)
+        self.declared, self.required = layout.declared, layout.required
+        self.contexts = {}
+
+    def run(self, buffers):
+        """Execute on `buffers` ({port: tensor}; None entries are skipped)."""
+        uids = self.uids
+        pack = {uids[name]: t for name, t in buffers.items() if t is not None}
+        device = buffers["q"].device
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        if self.backend:
+            if stream == 0:
+                self.graph.execute(pack)
+            else:
+                self.graph.execute(pack, handle=_handle(device, stream))
+            return
+        ctx = self.contexts.get(stream)
+        if ctx is None:
+            ctx = self._context(device, stream)
+        vp = VariantPack.from_mapping(self.declared, pack, required=self.required)
+        self.compiled.execute(self.graph, vp, ctx)
+
+    def _context(self, device, stream):
+        from ..runtime.execute import ExecutionContext
+
+        workspace = None
+        if self.workspace_size:
+            workspace = torch.empty(self.workspace_size, dtype=torch.uint8, device=device)
+        ctx = ExecutionContext(None, stream or None, workspace, self.device)
+        return self.contexts.setdefault(stream, ctx)
+
+
+def _handle(device, stream):
+    """Our handle of `device` on `stream` (set only when the stream changes)."""
+    h = _HANDLES.get(device.index)
+    if h is None:
+        h = _HANDLES.setdefault(device.index, create_handle(device.index or 0))
+    if h.stream != stream:
+        set_stream(h, stream)
+    return h
 
 
 def _thd_side(cu_q, cu_k, q, k):
@@ -213,6 +435,22 @@ def _thd_side(cu_q, cu_k, q, k):
         "off_q": (cu_q * q.stride(0)).to(i32).reshape(b + 1, 1, 1, 1),
         "off_k": (cu_k * k.stride(0)).to(i32).reshape(b + 1, 1, 1, 1),
     }
+
+
+def _keys(tensors, thd, scale, causal, window_left):
+    """(layout class, exact shape) of a call over `tensors` (those whose layout the graphs
+    declare; the op's own outputs follow them): the class is every declared fact but the
+    batch (THD: the sequence count; a token total is declared nowhere), the shape adds the
+    batch and each buffer's axis-0 stride (free for a single row), what a backend plan
+    declares exactly."""
+    layout = [(scale, causal, window_left, None if thd is None else thd[1:])]
+    shape = [thd[0] if thd is not None else tensors[0].shape[0]]
+    for t in tensors:
+        dims, strides = t.shape, t.stride()
+        rows = strides[0] if dims[0] > 1 else _rows_stride(t)
+        layout.append((t.dtype, dims[1:], rows, strides[1:], t.device))
+        shape.append(strides[0])
+    return tuple(layout), tuple(shape)
 
 
 def _lse_shape(q, cu_q, max_q):
@@ -240,13 +478,16 @@ def _fwd(
     out = torch.empty_like(q)
     lse = torch.empty(_lse_shape(q, cu_q, max_q), dtype=torch.float32, device=q.device)
     thd = None if cu_q is None else (cu_q.shape[0] - 1, max_q, max_k)
-    attrs = {"scale": scale, "causal": causal, "window_left": window_left, "thd": thd}
-    built = _cached("sdpa_fwd", (q, k, v, out, lse), attrs,
-                    lambda: _build_fwd(q, k, v, out, lse, scale, causal, window_left, thd))  # fmt: skip
+    layout, shape = _keys((q, k, v), thd, scale, causal, window_left)
+
+    def declare(capacity):
+        return _declare_fwd(q, k, v, out, lse, scale, causal, window_left, thd, capacity)
+
+    plan = _serving("sdpa_fwd", layout, shape, lse.shape[0], declare)
     buffers = {"q": q, "k": k, "v": v, "O": out, "Stats": lse}
     if thd is not None:
         buffers.update(_thd_side(cu_q, cu_k, q, k))
-    built.run(buffers)
+    plan.run(buffers)
     return out, lse
 
 
@@ -279,20 +520,19 @@ def _bwd(
         # under the q side's one ragged offset, so like O; a dense dO keeps its own strides.
         d_out = torch.empty_like(out).copy_(d_out)
     thd = None if cu_q is None else (cu_q.shape[0] - 1, max_q, max_k)
-    attrs = {"scale": scale, "causal": causal, "window_left": window_left, "thd": thd}
-    built = _cached(
-        "sdpa_bwd",
-        (q, k, v, out, lse, d_out, dq, dk, dv),
-        attrs,
-        lambda: _build_bwd(
-            q, k, v, out, lse, d_out, dq, dk, dv, scale, causal, window_left, thd
-        ),  # fmt: skip
-    )
+    # dQ, dK, dV are empty_like q, k, v: their layouts follow.
+    layout, shape = _keys((q, k, v, out, lse, d_out), thd, scale, causal, window_left)
+
+    def declare(capacity):
+        return _declare_bwd(q, k, v, out, lse, d_out, dq, dk, dv, scale, causal, window_left,
+                            thd, capacity)  # fmt: skip
+
+    plan = _serving("sdpa_bwd", layout, shape, lse.shape[0], declare)
     buffers = {"q": q, "k": k, "v": v, "o": out, "dO": d_out, "stats": lse, "dQ": dq, "dK": dk,
                "dV": dv}  # fmt: skip
     if thd is not None:
         buffers.update(_thd_side(cu_q, cu_k, q, k))
-    built.run(buffers)
+    plan.run(buffers)
     return dq, dk, dv
 
 

@@ -110,6 +110,41 @@ def _value(s):
     return s.value if type(s) is Stride else s
 
 
+class Extent(int):
+    """The plan's per-call extent E (a batch), plus `add`: an int equal to its declared
+    value (the maximum a call may bring), so a launcher's argument code checks and compares
+    it like any extent. Adding or subtracting a constant keeps it per call (a ragged
+    offsets tensor holds E + 1 entries; `numel() - 1` is E again), and so does a product
+    with 1; any other arithmetic is a plain int of the declared value. Only a launch's grid
+    may carry it (`compile_launch` refuses it as a kernel argument: Triton would specialize
+    the declared value)."""
+
+    def __new__(cls, value, add=0):
+        self = super().__new__(cls, value)
+        self.add = add
+        return self
+
+    def __add__(self, other):
+        if type(other) is int:
+            return Extent(int(self) + other, self.add + other)
+        return int(self) + other
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        if type(other) is int:
+            return Extent(int(self) - other, self.add - other)
+        return int(self) - other
+
+    def __mul__(self, other):
+        return self if type(other) is int and other == 1 else int(self) * other
+
+    __rmul__ = __mul__
+
+    def __repr__(self):
+        return f"Extent(E{self.add:+d}, declared {int(self)})"
+
+
 class SymbolicTensor:
     """Operand `slot` of a plan as its launcher's argument code sees it at build: the
     declared extents, each stride a `Stride` of the call's buffer or a constant, a byte
@@ -194,7 +229,8 @@ class Launch:
 
     def __init__(self, fn, grid, args, kwargs):
         self.fn = fn
-        self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        self.grid = tuple(g if type(g) is Extent else int(g) for g in grid)
+        self.grid += (1,) * (3 - len(self.grid))
         self.args, self.kwargs = tuple(args), dict(kwargs)
 
 
@@ -295,6 +331,12 @@ def compile_launch(launch: Launch, arch: int = 90) -> CompiledLaunch:
     )
     bound.apply_defaults()
     values = list(bound.arguments.values())
+    for name, v in zip(names, values):
+        if type(v) is Extent:
+            raise NotImplementedError(
+                f"{fn.__name__}: the per-call extent reaches argument {name!r}; only a "
+                "launch's grid may carry it (Triton would specialize the declared value)"
+            )
     at_build = [
         _PointerAtBuild(v.dtype, ALIGN * 4096 + v.offset) if type(v) is SymbolicTensor
         else _value(v)
@@ -325,14 +367,24 @@ class Operand:
     mode "strided": the buffer's own strides are launch arguments (rank and extents must
     be the declared ones); "declared": only the address is read, under the declared
     strides; "packed": the same, and the buffer may be smaller than the padded
-    declaration (a THD operand holds the packed tokens), so its extent is not checked."""
+    declaration (a THD operand holds the packed tokens), so its extent is not checked.
 
-    __slots__ = ("dims", "dtype", "mode", "name", "position", "strides")
+    An `Extent` among `dims` (axis `extent_axis`) is the plan's per-call extent: the
+    declaration is the maximum, and a call's buffer holds the call's value there (the
+    extent rule is then read at that value, not at the declared one). `code`, the declared
+    data_type, is what such a buffer must hold (the pack's check_extent checks it for the
+    others)."""
 
-    def __init__(self, position, name, dims, strides, dtype, mode):
+    __slots__ = ("code", "dims", "dtype", "extent_axis", "mode", "name", "position", "strides")
+
+    def __init__(self, position, name, dims, strides, dtype, mode, code=None):
         self.position, self.name = position, name
         self.dims, self.strides = tuple(dims), tuple(strides)
-        self.dtype, self.mode = dtype, mode
+        self.dtype, self.mode, self.code = dtype, mode, code
+        axes = [a for a, e in enumerate(self.dims) if type(e) is Extent]
+        if len(axes) > 1:
+            raise ValueError(f"operand {name!r}: the per-call extent on more than one axis")
+        self.extent_axis = axes[0] if axes else None
 
     def symbolic(self, slot):
         if self.mode == "strided":
@@ -340,6 +392,86 @@ class Operand:
         else:
             strides = self.strides
         return SymbolicTensor(slot, self.dims, strides, self.dtype)
+
+    def span_at(self):
+        """(s0, s1): the bytes the declaration reads, under its strides, at per-call extent
+        E are s0 + s1 * E (E + add >= 1)."""
+        import torch
+
+        a = self.extent_axis
+        size = torch.empty((), dtype=self.dtype).element_size()
+        rest = sum((e - 1) * s for i, (e, s) in enumerate(zip(self.dims, self.strides)) if i != a)
+        add = self.dims[a].add
+        return size * (1 + rest + (add - 1) * self.strides[a]), size * self.strides[a]
+
+
+class _PerCallExtent:
+    """Where a plan reads its per-call extent E and what a call must satisfy: the source
+    operand (the first non-packed one that carries it), the maximum (the declaration), and
+    for every non-packed operand that carries it its span at E (and its declared dtype)."""
+
+    def __init__(self, operands, compiled):
+        held = [i for i, op in enumerate(operands)
+                if op.extent_axis is not None and op.mode != "packed"]  # fmt: skip
+        in_grid = [any(type(g) is Extent for g in c.launch.grid) for c in compiled]
+        if not held:
+            if any(in_grid):
+                raise NotImplementedError(
+                    "a launch grid carries the per-call extent but no operand read per call "
+                    "holds it (a packed operand's extent is not checked)"
+                )
+            self.source = None
+            return
+        for c, has in zip(compiled, in_grid):
+            if not has:
+                raise NotImplementedError(
+                    f"{c.launch.fn.__name__}: its grid lost the per-call extent (the "
+                    "launcher did arithmetic on it): it would launch the declared maximum"
+                )
+        self.source = held[0]
+        src = operands[self.source]
+        self.axis, self.rank = src.extent_axis, len(src.dims)
+        self.add = src.dims[self.axis].add
+        self.maximum = int(src.dims[self.axis]) - self.add
+        self.held = tuple((i, *operands[i].span_at(), operands[i].code) for i in held)
+
+    def value(self, bufs):
+        """E of a call, or -1 when the source's rank is not the declared one."""
+        shape = bufs[self.source].shape
+        return shape[self.axis] - self.add if len(shape) == self.rank else -1
+
+    def refuse(self, operands, bufs, e):
+        """The first extent rule a call breaks, named; raises (nothing was launched): the
+        pack's own error types where the rule is check_extent's, read at E."""
+        from .variant_pack import OperandExtentError, OperandMismatchError
+
+        src = operands[self.source]
+        where = f"operand {src.name!r}"
+        if e < 0 and len(bufs[self.source].shape) != self.rank:
+            raise Refusal(
+                f"{where}: the buffer has {len(bufs[self.source].shape)} axes, the plan reads "
+                f"the declared {self.rank}"
+            )
+        if not 0 <= e <= self.maximum:
+            raise Refusal(
+                f"{where}: extent {bufs[self.source].shape[self.axis]} on axis {self.axis} is "
+                f"outside what the plan serves per call (0..{self.maximum + self.add}, the "
+                "declared maximum)"
+            )
+        for i, s0, s1, code in self.held:
+            buf, name = bufs[i], operands[i].name
+            if code is not None and buf.dtype != code:
+                raise OperandMismatchError(
+                    f"operand {name!r}: the buffer holds data_type {buf.dtype} and the "
+                    f"declaration {code}; this plan reads the declared dtype"
+                )
+            if e and 0 <= buf.nbytes_span < s0 + s1 * e:
+                raise OperandExtentError(
+                    f"operand {name!r}: the buffer spans {buf.nbytes_span} bytes and the call's "
+                    f"extent {e} (of {src.name!r}) reads {s0 + s1 * e}; it would read past the "
+                    "allocation"
+                )
+        raise AssertionError("a call failed the extent test but breaks no named rule")
 
 
 def workspace_tensor(nbytes, dtype):
@@ -378,25 +510,30 @@ class PerStreamMemory(dict):
         self._lock = threading.Lock()  # two threads' first launches on one stream: one set
 
     def tensor(self, stream):
-        """The zeroed memory of `stream` as a torch uint8 tensor (allocated here once)."""
+        """The zeroed memory of `stream` as a torch uint8 tensor (allocated here once).
+        `stream` may be a (stream, E) pair: then `nbytes` is per unit of the plan's
+        per-call extent E (a per-call grid's scratch), one allocation per E seen."""
         with self._lock:
             return self._tensor(stream)
 
-    def _tensor(self, stream):
-        t = self.tensors.get(stream)
+    def _tensor(self, key):
+        t = self.tensors.get(key)
         if t is None:
             import torch
 
+            stream, nbytes = key, self.nbytes
+            if type(key) is tuple:
+                stream, nbytes = key[0], self.nbytes * key[1]
             if self.interpreter:
-                t = torch.zeros(self.nbytes, dtype=torch.uint8)
+                t = torch.zeros(nbytes, dtype=torch.uint8)
             else:
                 device = torch.device("cuda", self.ordinal)
                 # 0 is the legacy default stream: torch's default stream on the device.
                 on = (torch.cuda.default_stream(device) if stream == 0
                       else torch.cuda.ExternalStream(stream, device=device))  # fmt: skip
                 with torch.cuda.stream(on):
-                    t = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
-            self.tensors[stream] = t
+                    t = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+            self.tensors[key] = t
         return t
 
     def __missing__(self, stream):
@@ -408,25 +545,33 @@ class Refusal(ValueError):
     pass
 
 
-def prepare_execute(label, operands, launches, workspace_size, device, zeroed_size=0):
+def prepare_execute(label, operands, launches, workspace_size, device, zeroed_size=0,
+                    workspace_per_extent=0):  # fmt: skip
     """execute(graph, pack, ctx) over `launches` (their arguments built on
     `operands[i].symbolic(i)`, `workspace_tensor` and `zeroed_tensor` of `zeroed_size`
     bytes): compiled and loaded here, or under the interpreter the same launches through
-    `kernel[grid]`. Returns (execute, [CompiledLaunch])."""
+    `kernel[grid]`. A call needs `workspace_size` + `workspace_per_extent` x E bytes of
+    workspace (E: the per-call extent, when the operands carry one). Returns (execute,
+    [CompiledLaunch])."""
     compiled = [compile_launch(launch) for launch in launches]
+    extent = _PerCallExtent(operands, compiled)
     interpreter = getattr(device, "is_interpreter", False)
     ordinal = getattr(device, "ordinal", 0) or 0
     zeroed = PerStreamMemory(zeroed_size, ordinal, interpreter) if zeroed_size else None
+    need = (workspace_size, workspace_per_extent)
     if interpreter:
-        return _interpreted(operands, compiled, workspace_size, zeroed), compiled
+        return _interpreted(operands, compiled, need, zeroed, extent), compiled
     for c in compiled:
         c.load(ordinal)
         if c.kernel.scratch_bytes:
-            # Triton's launcher sizes it per program: grid x CTAs x the kernel's bytes.
-            gx, gy, gz = c.launch.grid
-            c.scratch = PerStreamMemory(gx * gy * gz * c.kernel.num_ctas * c.kernel.scratch_bytes,
+            # Triton's launcher sizes it per program: grid x CTAs x the kernel's bytes (per
+            # unit of E for a per-call grid).
+            programs = 1
+            for g in c.launch.grid:
+                programs *= 1 if type(g) is Extent else g
+            c.scratch = PerStreamMemory(programs * c.kernel.num_ctas * c.kernel.scratch_bytes,
                                         ordinal)  # fmt: skip
-    return _generated(label, operands, compiled, workspace_size, zeroed), compiled
+    return _generated(label, operands, compiled, need, zeroed, extent), compiled
 
 
 def _rules(operands, compiled):
@@ -450,28 +595,53 @@ def _rules(operands, compiled):
     return list(dict.fromkeys(rules))
 
 
-def _generated(label, operands, compiled, workspace_size, zeroed=None):
-    """The straight-line execute (the spec's "source codegen off the same table")."""
+def _generated(label, operands, compiled, need, zeroed=None, extent=None):
+    """The straight-line execute (the spec's "source codegen off the same table"). `need`:
+    the workspace bytes, or (bytes, bytes per unit of the per-call extent)."""
+    workspace_size, per_extent = need if type(need) is tuple else (need, 0)
+    if extent is None:
+        extent = _PerCallExtent(operands, compiled)
     env = {"POSITIONS": tuple(op.position for op in operands), "refuse": _refuse,
            "OPERANDS": tuple(operands), "workspace_address": _workspace_address(),
-           "NEED": workspace_size, "ZEROED": zeroed}  # fmt: skip
+           "NEED": workspace_size, "PER_E": per_extent, "ZEROED": zeroed,
+           "EXTENT": extent}  # fmt: skip
+    per_call = extent is not None and extent.source is not None
+    held = {i for i, *_ in extent.held} if per_call else set()
     n = len(operands)
     strided = [i for i, op in enumerate(operands) if op.mode == "strided"]
+    bufs = ", ".join(f"b{i}" for i in range(n)) + ("," if n == 1 else "")
     lines = ["def execute(graph, pack, ctx):"]
     lines += [f"    pack.check_extent({op.position}, {op.name!r})"
-              for op in operands if op.mode != "packed"]  # fmt: skip
+              for i, op in enumerate(operands) if op.mode != "packed" and i not in held]  # fmt: skip
     lines.append("    " + "".join(f"b{i}, " for i in range(n)) + "= pack.operands(POSITIONS)")
+    if per_call:
+        # The call's extent, off its source buffer; every buffer that carries it must
+        # cover what the launches read at that extent (the extent rule at E).
+        src = extent.source
+        lines.append(f"    E = b{src}.shape[{extent.axis}] - {extent.add} "
+                     f"if len(b{src}.shape) == {extent.rank} else -1")  # fmt: skip
+        test = [f"E < 0 or E > {extent.maximum}"]
+        for i, s0, s1, code in extent.held:
+            test.append(f"b{i}.nbytes_span < {s0} + {s1} * E and b{i}.nbytes_span >= 0")
+            if code is not None:
+                test.append(f"b{i}.dtype != {int(code)}")
+        lines.append("    if " + " or ".join(f"({t})" for t in test) + ":")
+        lines.append(f"        EXTENT.refuse(OPERANDS, ({bufs}), E)")
+        lines.append("    if not E:")
+        lines.append("        return")
     lines += [f"    p{i} = b{i}.ptr" for i in range(n)]
     lines += [f"    s{i} = b{i}.strides" for i in strided]
     lines.append("    stream = ctx.stream or 0")
-    if workspace_size:
-        lines.append("    ws = workspace_address(ctx.workspace, NEED)")
+    if workspace_size or per_extent:
+        total = "NEED + PER_E * E" if per_call and per_extent else "NEED"
+        lines.append(f"    ws = workspace_address(ctx.workspace, {total})")
     if zeroed is not None:
         lines.append("    zs = ZEROED[stream]")
     for j, c in enumerate(compiled):
         if c.scratch is not None:
             env[f"GS{j}"] = c.scratch
-            lines.append(f"    gs{j} = GS{j}[stream]")
+            key = f"(stream, {_grid_extent(c)})" if per_call else "stream"
+            lines.append(f"    gs{j} = GS{j}[{key}]")
     # Two levels: the common call (every strided buffer under its declared strides, every
     # address 16-byte aligned) passes one tuple comparison per operand and one OR of the
     # addresses; the declared strides satisfy every stride rule by construction (the
@@ -483,8 +653,14 @@ def _generated(label, operands, compiled, workspace_size, zeroed=None):
             fast.append(f"s{slot} != DS{slot}")
             tests.append(f"len(s{slot}) != {x}")
         elif kind == "dims":
-            env[f"D{slot}"] = operands[slot].dims
-            tests.append(f"b{slot}.shape != D{slot}")
+            op = operands[slot]
+            a = op.extent_axis
+            if a is None:
+                env[f"D{slot}"] = op.dims
+                tests.append(f"b{slot}.shape != D{slot}")
+            else:  # the declared extents, the call's on the extent axis
+                env[f"D{slot}"], env[f"DT{slot}"] = op.dims[:a], op.dims[a + 1 :]
+                tests.append(f"b{slot}.shape != D{slot} + (E + {op.dims[a].add},) + DT{slot}")
         elif kind == "aligned":
             base = "ws" if slot == WORKSPACE else f"p{slot}"
             if x % ALIGN == 0:
@@ -504,11 +680,11 @@ def _generated(label, operands, compiled, workspace_size, zeroed=None):
         k = c.kernel
         env[f"L{j}"], env[f"F{j}"], env[f"M{j}"] = k.launch, k.function, k.packed_metadata
     if fast:
-        bufs = ", ".join(f"b{i}" for i in range(n))
-        ws = "ws" if workspace_size else "None"
+        ws = "ws" if workspace_size or per_extent else "None"
+        e = "E" if per_call else "None"
         lines.append("    if " + " or ".join(fast) + ":")
         lines.append("        if " + " or ".join(tests) + ":")
-        lines.append(f"            refuse(OPERANDS, RULES, ({bufs}{',' if n == 1 else ''}), {ws})")
+        lines.append(f"            refuse(OPERANDS, RULES, ({bufs}), {ws}, {e})")
         lines += ["        " + _launch_line(j, c, env, None) for j, c in enumerate(compiled)]
         lines.append("        return")
     lines += ["    " + _launch_line(j, c, env, operands) for j, c in enumerate(compiled)]
@@ -537,7 +713,7 @@ def _launch_line(j, c, env, declared):
                 args.append((False, declared[v.slot].strides[v.axis]))
         else:
             args.append((False, v))
-    gx, gy, gz = c.launch.grid
+    gx, gy, gz = (_grid_extent(c, g) if type(g) is Extent else g for g in c.launch.grid)
     scratch = "None" if c.scratch is None else f"gs{j}"
     head = (f"L{j}({gx}, {gy}, {gz}, stream, F{j}, {k.cooperative!r}, {k.pdl!r}, {scratch}, "
             f"None, M{j}, None, None, None")  # fmt: skip
@@ -555,14 +731,22 @@ def _launch_line(j, c, env, declared):
     return head + "".join(f", {e}" for e in spelled) + ")"
 
 
+def _grid_extent(c, g=None):
+    """The generated expression of a grid component that is the per-call extent."""
+    if g is None:
+        g = next(g for g in c.launch.grid if type(g) is Extent)
+    return f"(E + {g.add})" if g.add else "E"
+
+
 def _workspace_address():
     from .variant_pack import workspace_address
 
     return workspace_address
 
 
-def _refuse(operands, rules, bufs, ws):
-    """The checker: the first rule a call breaks, named; raises (nothing was launched)."""
+def _refuse(operands, rules, bufs, ws, extent=None):
+    """The checker: the first rule a call breaks, named; raises (nothing was launched).
+    `extent`: the call's per-call extent E, when the plan takes one."""
     for kind, slot, x in rules:
         if slot == WORKSPACE:
             if (ws + x) % ALIGN:
@@ -575,10 +759,14 @@ def _refuse(operands, rules, bufs, ws):
                 f"{where}: the buffer has {len(buf.strides)} axes, the plan reads the "
                 f"declared {x} (bind a view with the declared extents)"
             )
-        if kind == "dims" and tuple(buf.shape) != op.dims:
+        dims, whose = op.dims, "the declared"
+        if op.extent_axis is not None:
+            a = op.extent_axis
+            dims, whose = dims[:a] + (extent + dims[a].add,) + dims[a + 1 :], "this call's"
+        if kind == "dims" and tuple(buf.shape) != tuple(dims):
             raise Refusal(
-                f"{where}: extents {tuple(buf.shape)} differ from the declared "
-                f"{op.dims} (bind a view with the declared extents)"
+                f"{where}: extents {tuple(buf.shape)} differ from {whose} "
+                f"{tuple(int(e) for e in dims)} (bind a view with the declared extents)"
             )
         if kind == "aligned" and (buf.ptr + x) % ALIGN:
             raise Refusal(
@@ -598,11 +786,18 @@ def _refuse(operands, rules, bufs, ws):
     raise AssertionError(f"a call failed the launch test but breaks no named rule: {rules}")
 
 
-def _interpreted(operands, compiled, workspace_size, zeroed=None):
+def _interpreted(operands, compiled, need, zeroed=None, extent=None):
     """TRITON_INTERPRET=1: the same launches, each pointer a torch view of its buffer."""
     import torch
 
     from .variant_pack import workspace_address
+
+    need = need if type(need) is tuple else (need, 0)
+    if extent is None:
+        extent = _PerCallExtent(operands, compiled)
+
+    per_call = extent is not None and extent.source is not None
+    held = {i for i, *_ in extent.held} if per_call else set()
 
     def view(root, v):
         byte = root.storage_offset() * root.element_size() + v.offset
@@ -610,23 +805,40 @@ def _interpreted(operands, compiled, workspace_size, zeroed=None):
                                                   (1,), (1,))  # fmt: skip
 
     def execute(graph, pack, ctx):
-        for op in operands:
-            if op.mode != "packed":
+        for i, op in enumerate(operands):
+            if op.mode != "packed" and i not in held:
                 pack.check_extent(op.position, op.name)
         bufs = pack.operands([op.position for op in operands])
+        e = None
+        if per_call:
+            e = extent.value(bufs)
+            broken = not 0 <= e <= extent.maximum or any(
+                (code is not None and bufs[i].dtype != code)
+                or 0 <= bufs[i].nbytes_span < s0 + s1 * e
+                for i, s0, s1, code in extent.held
+            )
+            if broken:
+                extent.refuse(operands, bufs, e)
+            if not e:
+                return
         roots = [torch.from_dlpack(b) for b in bufs]
         ws = None
-        if workspace_size:
-            workspace_address(ctx.workspace, workspace_size)  # the named refusal
+        if need[0] or need[1]:
+            workspace_address(ctx.workspace, need[0] + need[1] * (e or 0))  # the named refusal
             ws = torch.from_dlpack(ctx.workspace).reshape(-1)
         zs = zeroed.tensor(ctx.stream or 0) if zeroed is not None else None
         for kind, slot, x in _rules(operands, compiled):
             if kind in ("rank", "dims", "unit"):
+                op = operands[slot]
+                dims = op.dims
+                if op.extent_axis is not None:
+                    a = op.extent_axis
+                    dims = dims[:a] + (e + dims[a].add,) + dims[a + 1 :]
                 bad = ((kind == "rank" and len(bufs[slot].strides) != x)
-                       or (kind == "dims" and tuple(bufs[slot].shape) != operands[slot].dims)
+                       or (kind == "dims" and tuple(bufs[slot].shape) != tuple(dims))
                        or (kind == "unit" and bufs[slot].strides[x] != 1))  # fmt: skip
                 if bad:
-                    _refuse(operands, [(kind, slot, x)], bufs, None)
+                    _refuse(operands, [(kind, slot, x)], bufs, None, e)
         for c in compiled:
             args = []
             for v in c.values:
@@ -641,7 +853,8 @@ def _interpreted(operands, compiled, workspace_size, zeroed=None):
             n_args = len(fn.arg_names)
             options = {k: v for k, v in c.launch.kwargs.items() if k not in fn.arg_names}
             options.pop("maxnreg", None)
-            fn[c.launch.grid](*args[:n_args], **options)
+            grid = tuple(e + g.add if type(g) is Extent else g for g in c.launch.grid)
+            fn[grid](*args[:n_args], **options)
 
     return execute
 
@@ -857,7 +1070,7 @@ def build_replay(record: LaunchRecord, roots: list, label: str):
 
 
 __all__ = [
-    "ALIGN", "LAUNCHER_HEAD", "WORKSPACE", "ZEROED", "CompiledLaunch", "Kernel", "Launch",
+    "ALIGN", "LAUNCHER_HEAD", "WORKSPACE", "ZEROED", "CompiledLaunch", "Extent", "Kernel", "Launch",
     "LaunchRecord", "Operand", "Refusal", "Stride", "SymbolicTensor", "PerStreamMemory",
     "build_replay", "cached_jit_compiles", "compile_kernel", "compile_launch",
     "prepare_execute", "record_launches", "workspace_tensor", "zeroed_tensor",

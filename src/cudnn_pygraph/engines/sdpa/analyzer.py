@@ -53,6 +53,24 @@ class SdpaGraphFacts:
     grad_dtypes: tuple = ()
     deterministic: bool = False
     extra_grads: tuple = ()
+    # The graph was built by the torch op (mark_per_call_batch): its declared batch is the
+    # most a call may bring, and a python plan takes each call's (runtime/launch.py Extent).
+    # Every other graph keeps the classic's strict declaration, as its backend plan does.
+    per_call_batch: bool = False
+
+
+# The graph attribute mark_per_call_batch sets: internal bookkeeping, no classic attribute.
+_PER_CALL_BATCH = "_sdpa_per_call_batch"
+
+
+def mark_per_call_batch(graph):
+    """Let the python plans of `graph` (an SDPA graph the torch op builds) take any batch
+    up to the declared one per call: dense, the batch; THD, the sequence count (and so any
+    token total the declared padded length covers). Only before planning: the engines read
+    it when they build. A backend plan of the same graph still runs only its declaration,
+    so the op plans such a graph with the python engines alone."""
+    graph._state.require_mutable("marking the graph's batch per call")
+    graph.__dict__[_PER_CALL_BATCH] = True
 
 
 def _conflict(q, k, v, paged, inputs):
@@ -160,6 +178,7 @@ def analyze(graph, device):
         conflict=_conflict(q, k, v, paged, i)
         or (_backward_conflict(node) if node.op == "sdpa_backward" else None),
         **(_backward_facts(node) if node.op == "sdpa_backward" else {}),
+        per_call_batch=bool(graph.__dict__.get(_PER_CALL_BATCH)),
     )
 
 

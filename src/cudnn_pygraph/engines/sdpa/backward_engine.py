@@ -168,7 +168,11 @@ def _build(facts, knobs, position, device):
     if thd and not ragged_stats:
         packed.discard(5)
     modes = {j: "packed" if j in packed else "strided" for j in range(9)}
-    ops, at = _operands(slots, position, modes, _torch_dtype(q.data_type))
+    # A marked graph takes the batch per call (the declared one is the most a call may
+    # bring); any other graph runs exactly its declaration, as its backend plan does.
+    batch = facts.batch if facts.per_call_batch else None
+    offsets = range(11, len(slots)) if thd else ()
+    ops, at = _operands(slots, position, modes, _torch_dtype(q.data_type), batch, offsets)
     sym = [None] * len(slots)
     for j, n in at.items():
         sym[j] = _batch_free(ops[n], n) if j in packed else ops[n].symbolic(n)
@@ -179,8 +183,11 @@ def _build(facts, knobs, position, device):
         offsets = dict(zip(names, sym[11:19]))
         if ragged_stats:
             offsets["stats"] = sym[19]
-    delta_bytes = 4 * facts.batch * facts.heads_q * facts.seq_q
-    workspace = -(-delta_bytes // 256) * 256
+    # D = rowsum(dO * O), fp32 [B, Hq, S_q], in the caller's workspace: per call's batch
+    # on a marked graph, the declared batch's otherwise.
+    delta_per_batch = 4 * facts.heads_q * facts.seq_q
+    workspace = -(-delta_per_batch * facts.batch // 256) * 256
+    fixed, per_batch = (workspace, 0) if batch is None else (0, delta_per_batch)
     launches = backward_launches(
         q_,
         k_,
@@ -200,7 +207,8 @@ def _build(facts, knobs, position, device):
         ragged_offsets=offsets,
         stats_ragged=ragged_stats,
     )
-    return _PreparedPlan(f"{BACKWARD_NAME} {knobs}", ops, launches, workspace, device)
+    return _PreparedPlan(f"{BACKWARD_NAME} {knobs}", ops, launches, fixed, device,
+                         workspace_per_batch=per_batch, batch=facts.batch)  # fmt: skip
 
 
 # ------------------------------------------------------------------ who goes first

@@ -1,0 +1,171 @@
+"""Host cost of cudnn_pygraph.ops.scaled_dot_product_attention per training step, layer by
+layer, and what a new batch size costs (issue 17: graphs per layout class, not per batch).
+
+1. Step time back to back (forward + backward, bench/timing.py back_to_back_ms) against the
+   device time (device_ms) at B8 H16 S2048 D64 causal bf16, ours and torch's SDPA: where
+   back to back exceeds device time, the host is the bound.
+2. Host µs per call of each layer at a tiny shape (B1 H1 S128 D64: the device is idle), a
+   burst of calls timed by the wall, min of 5: the public op forward + backward, the op
+   forward alone, the custom op, its implementation (layout keys, `_serving`, `_Plan.run`),
+   `_Plan.run` alone and the plan's graph.execute(pack). The differences say where a
+   step's host time goes: torch.library's dispatch and autograd wrapper, the op's own
+   rule, the execute path.
+3. First and repeated calls at batches 1, 2, 3, 5, 8 and 11 (a new batch each): wall ms of
+   the first call (planning and building where the side needs it) and of the second.
+
+Run from the repository root (with --dry on a CPU under the Triton interpreter, fp16, tiny
+shapes: not a measurement):
+    PYTHONPATH=src:bench python3 bench/sdpa_op_host.py --out bench/results/sdpa_op_host.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+DRY = "--dry" in sys.argv
+if DRY:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+from cudnn_pygraph import ops  # noqa: E402
+from cudnn_pygraph.ops import attention  # noqa: E402
+
+DEV = "cpu" if DRY else "cuda"
+DT = torch.float16 if DRY else torch.bfloat16
+F = torch.nn.functional
+
+
+def _inputs(b, h, s, d, grad=True):
+    gen = torch.Generator().manual_seed(b * 1000 + s)
+    x = [torch.randn(b, h, s, d, generator=gen).to(DEV, DT) for _ in range(4)]
+    return [t.requires_grad_(grad) for t in x[:3]] + [x[3]]
+
+
+def _sync():
+    if not DRY:
+        torch.cuda.synchronize()
+
+
+def _host_us(fn, calls=200):
+    """µs per call: bursts of `calls` by the wall (no synchronize inside), min of 5."""
+    fn()
+    _sync()
+    best = float("inf")
+    calls, reps = (1, 1) if DRY else (calls, 5)
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        _sync()
+    return best
+
+
+def steps(lines):
+    from timing import back_to_back_ms, device_ms
+
+    q, k, v, g = _inputs(8, 16, 2048, 64)
+    lines += ["## Step: forward + backward, B8 H16 S2048 D64 causal", "",
+              "| path | device ms | back-to-back ms/step |", "|---|---|---|"]  # fmt: skip
+    for name, sdpa in (("cudnn_pygraph.ops", ops.scaled_dot_product_attention),
+                       ("torch SDPA", F.scaled_dot_product_attention)):  # fmt: skip
+
+        def step(sdpa=sdpa):
+            sdpa(q, k, v, is_causal=True).backward(g)
+
+        lines.append(f"| {name} | {device_ms(step):.3f} | {back_to_back_ms(step):.3f} |")
+    lines.append("")
+
+
+def layers(lines):
+    q, k, v, g = _inputs(1, 1, 16 if DRY else 128, 64)
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    scale = 1 / 8
+    ops.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
+    args = (qd, kd, vd, None, None, 0, 0, scale, 1, -1)
+    out, lse = attention._fwd(*args)
+    plan = attention._serving(
+        "sdpa_fwd", *attention._keys((qd, kd, vd), None, scale, 1, -1), 1, None
+    )
+    buffers = {"q": qd, "k": kd, "v": vd, "O": out, "Stats": lse}
+    pack = {plan.uids[n]: t for n, t in buffers.items()}
+    rows = [
+        ("public op, forward + backward", lambda: ops.scaled_dot_product_attention(
+            q, k, v, is_causal=True).backward(g)),
+        ("public op, forward (inputs need grad)",
+         lambda: ops.scaled_dot_product_attention(q, k, v, is_causal=True)),
+        ("public op, forward (no grad)",
+         lambda: ops.scaled_dot_product_attention(qd, kd, vd, is_causal=True)),
+        ("custom op sdpa_fwd (no grad)", lambda: attention._fwd(*args)),
+        ("its implementation: keys, _serving, _Plan.run", lambda: attention._fwd._init_fn(*args)),
+        ("_Plan.run", lambda: plan.run(buffers)),
+        ("graph.execute(pack)", lambda: plan.graph.execute(pack)),
+    ]  # fmt: skip
+    side = "backend" if plan.backend else "python"
+    lines += [f"## Host µs per call, B1 H1 S128 D64 causal (the forward's plan: {side})", "",
+              "| layer | µs |", "|---|---|"]  # fmt: skip
+    for name, fn in rows:
+        lines.append(f"| {name} | {_host_us(fn):.1f} |")
+    lines.append("")
+
+
+def batches(lines):
+    lines += ["## A new batch size: wall ms, H16 S1024 D64 causal forward + backward", "",
+              "| batch | first call | second call | graphs ranked so far |", "|---|---|---|---|"]  # fmt: skip
+    ranked = []
+    real = attention._rank
+
+    def counting(g):
+        ranked.append(g.name)
+        real(g)
+
+    attention._rank = counting
+    try:
+        for b in (1, 2, 3, 5, 8, 11):
+            q, k, v, g = _inputs(b, 1 if DRY else 16, 16 if DRY else 1024, 64)
+            times = []
+            for _ in range(2):
+                _sync()
+                t0 = time.perf_counter()
+                ops.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.1).backward(g)
+                _sync()
+                times.append((time.perf_counter() - t0) * 1e3)
+            lines.append(f"| {b} | {times[0]:.1f} | {times[1]:.1f} | {len(ranked)} |")
+    finally:
+        attention._rank = real
+    lines.append("")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--dry", action="store_true")
+    args = parser.parse_args()
+    import datetime
+
+    head = "DRY RUN (CPU, Triton interpreter): not a measurement."
+    if not DRY:
+        import triton
+
+        head = (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+                f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+                f"triton {triton.__version__}")  # fmt: skip
+    lines = ["# SDPA torch op: host cost per step and per new batch size", "", head,
+             f"Command: `python bench/sdpa_op_host.py {' '.join(sys.argv[1:])}`", ""]  # fmt: skip
+    if not DRY:
+        steps(lines)
+    layers(lines)
+    batches(lines)
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
