@@ -27,7 +27,7 @@
 #   cold-start   issue 21: the compiled-plan cache suite and cold_start.md
 #   reliability  the 32-thread and misaligned-operand suite under compute-sanitizer, doctor
 #   kda | gdn2 | gdp | chain    issues 18 / 19: each family's suite and its bench row (a)
-#   cp           (nvidia-h200-x2) the summary / context-parallel suite, bench/cp.py on 2 ranks
+#   cp           (nvidia-h200-x2) the summary / context-parallel suites (gdn, kda, gdp), bench/cp.py on 2 ranks
 set -u
 [ $# -gt 0 ] || { echo "usage: bash bench/h200_session.sh TOPIC..." >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
@@ -92,7 +92,7 @@ tests_kda() { gpu_suite kda 240 tests/gpu/test_kda_gpu.py; }
 tests_gdn2() { gpu_suite gdn2 240 tests/gpu/test_gdn2_gpu.py; }
 tests_gdp() { gpu_suite gdp 200 tests/gpu/test_gdp_gpu.py; }
 tests_chain() { gpu_suite chain 200 tests/gpu/test_gdn_chain_gpu.py; }
-tests_cp() { gpu_suite cp 200 tests/gpu/test_cp_gpu.py; }
+tests_cp() { gpu_suite cp 240 tests/gpu/test_cp_gpu.py tests/gpu/test_summary_families_gpu.py; }
 
 # ---------------------------------------------------------------- the benchmarks
 bench_gate() { step demo 60 python3 -m cudnn_pygraph demo; }

@@ -1,7 +1,8 @@
 """The gdn summary ops and context parallelism on the GPU: bf16 at real sizes against the
 float64 reference, at every kernel config (the transition kernel is new: Triton 3.6 on
-Hopper miscompiles some configs, BRIEF.md); with two GPUs, gated_delta_net_cp over NCCL
-against the one-GPU gated_delta_net.
+Hopper miscompiles some configs, BRIEF.md); with two GPUs, gated_delta_net_cp (and
+kimi_delta_attention_cp) over NCCL against the one-GPU gated_delta_net
+(kimi_delta_attention). kda's and gdp's summaries: test_summary_families_gpu.py.
 
 Run: PYTHONPATH=src:tests python -m pytest tests/gpu/test_cp_gpu.py -q -s
 """
@@ -138,12 +139,19 @@ def test_summary_graphs_grouped_heads_safe_gate_bf16():
 
 
 # ---------------------------------------------------------------- two GPUs over NCCL
-def _one_gpu(x, d, device):
-    from cudnn_pygraph.linear_attention.ops import gated_delta_net
+def _ops(family):
+    """(the one-GPU op, its context-parallel op)."""
+    from cudnn_pygraph.linear_attention import cp, ops
 
+    if family == "kda":
+        return ops.kimi_delta_attention, cp.kimi_delta_attention_cp
+    return ops.gated_delta_net, cp.gated_delta_net_cp
+
+
+def _one_gpu(x, d, device, family):
     leaves = {n: t.to(device, copy=True).requires_grad_() for n, t in x.items()}
     state = leaves.pop("initial_state")
-    o, final = gated_delta_net(
+    o, final = _ops(family)[0](
         *(leaves[n] for n in ("q", "k", "v", "g", "beta")),
         initial_state=state,
         output_final_state=True,
@@ -157,10 +165,8 @@ def _one_gpu(x, d, device):
     return o.detach().cpu(), final.detach().cpu(), grads
 
 
-def _nccl_rank(rank, world, port, x, d, expected):
+def _nccl_rank(rank, world, port, x, d, expected, family):
     import torch.distributed as dist
-
-    from cudnn_pygraph.linear_attention.cp import gated_delta_net_cp
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -174,7 +180,7 @@ def _nccl_rank(rank, world, port, x, d, expected):
             for n in ("q", "k", "v", "g", "beta")
         }
         state = x["initial_state"].to(dev, copy=True).requires_grad_()
-        o, final = gated_delta_net_cp(
+        o, final = _ops(family)[1](
             *local.values(), initial_state=state, output_final_state=True,
             use_qk_l2norm_in_kernel=True,
         )  # fmt: skip
@@ -195,17 +201,20 @@ def _nccl_rank(rank, world, port, x, d, expected):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_two_gpus_over_nccl_match_one_gpu():
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_two_gpus_over_nccl_match_one_gpu(family):
     import torch.multiprocessing as mp
 
     x, _ = make_inputs([8192], (4, 4, 4), 128, device="cpu")
     x = {n: t[None] for n, t in x.items()}  # [1, T, ...]
     gen = torch.Generator().manual_seed(3)
+    if family == "kda":  # a slow decay per key channel
+        x["g"] = torch.nn.functional.logsigmoid(torch.randn(1, 8192, 4, 128, generator=gen) + 6)
     x["initial_state"] = 0.1 * torch.randn(1, 4, 128, 128, generator=gen)
     d = {"o": torch.randn(1, 8192, 4, 128, generator=gen),
          "final": torch.randn(2, 1, 4, 128, 128, generator=gen)}  # fmt: skip
-    expected = _one_gpu(x, d, torch.device("cuda", 0))
+    expected = _one_gpu(x, d, torch.device("cuda", 0), family)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_nccl_rank, args=(2, port, x, d, expected), nprocs=2)
+    mp.spawn(_nccl_rank, args=(2, port, x, d, expected, family), nprocs=2)

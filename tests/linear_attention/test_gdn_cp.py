@@ -1,7 +1,8 @@
 """Context parallelism (cudnn_pygraph.linear_attention.cp) on the CPU: several processes
 over torch.distributed's gloo backend, each holding one span of the sequences, against the
-single-process gated_delta_net of the whole sequences: outputs, final state and every
-gradient. The Triton interpreter runs the kernels in every process."""
+single-process gated_delta_net (kimi_delta_attention for kda) of the whole sequences:
+outputs, final state and every gradient. The Triton interpreter runs the kernels in every
+process."""
 
 from __future__ import annotations
 
@@ -16,14 +17,19 @@ import torch.multiprocessing as mp
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from cudnn_pygraph.linear_attention.cp import gated_delta_net_cp
-from cudnn_pygraph.linear_attention.ops import gated_delta_net
+from cudnn_pygraph.linear_attention.cp import gated_delta_net_cp, kimi_delta_attention_cp
+from cudnn_pygraph.linear_attention.ops import gated_delta_net, kimi_delta_attention
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="needs the gloo backend"
 )
 TOL = 1e-4  # ||cp - one process|| / ||one process||, fp32
 TOKEN_INPUTS = ("q", "k", "v", "g", "beta")
+# family -> (the one-process op, its context-parallel op)
+OPS = {
+    "gdn": (gated_delta_net, gated_delta_net_cp),
+    "kda": (kimi_delta_attention, kimi_delta_attention_cp),
+}
 CASES = {
     # two ranks, the safe gate with its parameters (their gradients are per-rank shares)
     "two-ranks-safe-gate": dict(
@@ -34,10 +40,15 @@ CASES = {
     "three-ranks-grouped": dict(
         spans=(130, 20, 70), heads=(1, 1, 2), safe_gate=False, batch=1, piece_tokens=64
     ),
+    # kda: a decay per key channel under the safe gate's lower-bound form, a rank holding
+    # one token, grouped value heads
+    "kda-two-ranks-lower-bound": dict(
+        spans=(33, 1), heads=(1, 1, 2), safe_gate=True, batch=1, piece_tokens=None, family="kda"
+    ),
 }
 
 
-def _inputs(spans, heads, safe_gate, batch, dim=64, seed=0):
+def _inputs(spans, heads, safe_gate, batch, dim=64, seed=0, family="gdn"):
     gen = torch.Generator().manual_seed(seed)
     n_q, n_k, n_v = heads
     n_out = max(n_q, n_v)
@@ -50,10 +61,12 @@ def _inputs(spans, heads, safe_gate, batch, dim=64, seed=0):
         "beta": torch.rand(batch, T, n_out, generator=gen),
         "initial_state": 0.3 * torch.randn(batch, n_out, dim, dim, generator=gen),
     }
+    if family == "kda":
+        x["g"] = -0.3 * torch.rand(batch, T, n_out, dim, generator=gen)
     if safe_gate:
-        x["g"] = torch.randn(batch, T, n_out, generator=gen)
+        x["g"] = torch.randn(*x["g"].shape, generator=gen)
         x["A_log"] = 0.2 * torch.randn(n_out, generator=gen)
-        x["dt_bias"] = 0.2 * torch.randn(n_out, generator=gen)
+        x["dt_bias"] = 0.2 * torch.randn(*x["g"].shape[2:], generator=gen)
     d = {
         "o": torch.randn(batch, T, n_out, dim, generator=gen),
         # one final-state gradient per rank: their sum is the summed loss's
@@ -62,22 +75,24 @@ def _inputs(spans, heads, safe_gate, batch, dim=64, seed=0):
     return x, d
 
 
-def _flags(safe_gate):
+def _flags(safe_gate, family):
+    if safe_gate and family == "kda":
+        return dict(use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0)
     if safe_gate:
         return dict(use_gate_in_kernel=True)
     return dict(use_qk_l2norm_in_kernel=True)
 
 
-def _one_process(x, d, safe_gate):
+def _one_process(x, d, safe_gate, family):
     leaves = {n: t.clone().requires_grad_() for n, t in x.items()}
     state = leaves.pop("initial_state")
-    o, final = gated_delta_net(
+    o, final = OPS[family][0](
         *(leaves[n] for n in TOKEN_INPUTS),
         scale=0.125,
         initial_state=state,
         output_final_state=True,
         **{n: leaves[n] for n in ("A_log", "dt_bias") if n in leaves},
-        **_flags(safe_gate),
+        **_flags(safe_gate, family),
     )
     ((o * d["o"]).sum() + (final * d["final"].sum(0)).sum()).backward()
     grads = {n: t.grad for n, t in leaves.items()}
@@ -89,7 +104,7 @@ def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def _rank(rank, world, port, spans, x, d, safe_gate, piece_tokens, expected):
+def _rank(rank, world, port, spans, x, d, safe_gate, piece_tokens, expected, family):
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
@@ -99,13 +114,13 @@ def _rank(rank, world, port, spans, x, d, safe_gate, piece_tokens, expected):
         local = {n: x[n][:, lo:hi].clone().requires_grad_() for n in TOKEN_INPUTS}
         whole = {n: x[n].clone().requires_grad_() for n in ("initial_state", "A_log", "dt_bias")
                  if n in x}  # fmt: skip
-        o, final = gated_delta_net_cp(
+        o, final = OPS[family][1](
             *(local[n] for n in TOKEN_INPUTS),
             scale=0.125,
             initial_state=whole["initial_state"],
             output_final_state=True,
             **{n: whole[n] for n in ("A_log", "dt_bias") if n in whole},
-            **_flags(safe_gate),
+            **_flags(safe_gate, family),
             piece_tokens=piece_tokens,
         )
         ((o * d["o"][:, lo:hi]).sum() + (final * d["final"][rank]).sum()).backward()
@@ -139,11 +154,14 @@ def test_context_parallel_ranks_match_one_process(case):
     spans, heads, safe_gate, batch, pieces = (
         CASES[case][n] for n in ("spans", "heads", "safe_gate", "batch", "piece_tokens")
     )
-    x, d = _inputs(spans, heads, safe_gate, batch)
-    expected = _one_process(x, d, safe_gate)
+    family = CASES[case].get("family", "gdn")
+    x, d = _inputs(spans, heads, safe_gate, batch, family=family)
+    expected = _one_process(x, d, safe_gate, family)
     world = len(spans)
     mp.spawn(
-        _rank, args=(world, _free_port(), spans, x, d, safe_gate, pieces, expected), nprocs=world
+        _rank,
+        args=(world, _free_port(), spans, x, d, safe_gate, pieces, expected, family),
+        nprocs=world,
     )
 
 
@@ -157,3 +175,12 @@ def test_refuses_without_an_initialized_process_group():
     x, _ = _inputs((64,), (1, 1, 1), False, batch=1)
     with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
         gated_delta_net_cp(*(x[n] for n in TOKEN_INPUTS))
+
+
+def test_kda_refuses_a_per_head_gate_and_fla_gate_rules():
+    x, _ = _inputs((64,), (1, 1, 1), False, batch=1, family="kda")
+    with pytest.raises(ValueError, match=r"g must have shape \[B, T, HV, K\]"):
+        kimi_delta_attention_cp(*(x[n] for n in ("q", "k", "v")), x["g"][..., 0], x["beta"])
+    with pytest.raises(ValueError, match="lower_bound"):
+        kimi_delta_attention_cp(*(x[n] for n in TOKEN_INPUTS), use_gate_in_kernel=True,
+                                safe_gate=True)  # fmt: skip

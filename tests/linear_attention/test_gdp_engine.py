@@ -369,14 +369,3 @@ def test_strided_views_of_one_projection_equal_dense_inputs():
     assert not strided["q"].is_contiguous() and not strided["beta"].is_contiguous()
     o2, final2, _, _ = forward(strided, num_householder=3)
     assert rel_err(o2, o) <= 1e-6 and rel_err(final2, final) <= 1e-6
-
-
-def test_the_summary_op_is_declined_by_name():
-    x = inputs(seqlens=(5,), n=2)
-    gr = cudnn.pygraph(name="gdp_summary", io_data_type=dt.FLOAT)
-    t = declare(gr, x)
-    h, m = gr.gdp_summary(t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"], num_householder=2)
-    h.set_output(True)
-    m.set_output(True)
-    with pytest.raises(cudnnGraphNotSupportedError, match="summary ops are not served"):
-        gr.create_execution_plans([cudnn.heur_mode.A])

@@ -190,14 +190,3 @@ def test_engine_declines_naming_the_rule(case):
     g, *_ = forward_graph(x, **attrs)
     with pytest.raises(cudnnGraphNotSupportedError, match=f"triton_kda .* declines: {reason}"):
         g.create_execution_plans([cudnn.heur_mode.A])
-
-
-def test_the_summary_op_is_declined_by_name():
-    x = inputs(seqlens=(70,))
-    g = cudnn.pygraph(name="kda_summary", io_data_type=dt.FLOAT)
-    t = declare(g, x)
-    h, m = g.kda_summary(t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"])
-    h.set_output(True)
-    m.set_output(True)
-    with pytest.raises(cudnnGraphNotSupportedError, match="kda_summary: the summary ops"):
-        g.create_execution_plans([cudnn.heur_mode.A])

@@ -1,9 +1,9 @@
 """Linear attention for torch users: `cudnn_pygraph.linear_attention.ops` holds the torch
 custom ops (gated_delta_net, ...), thin adapters over cached gdn / gdn_bwd graphs, `gdp`
-Gated DeltaProduct (gated_delta_product) over gdp graphs;
-`summary` the span summaries (gdn_summary / gdn_summary_bwd graphs) and `cp` context
-parallelism over torch.distributed built on them. Loaded lazily: importing this package
-does not import torch."""
+Gated DeltaProduct (gated_delta_product) over gdp graphs; `summary` the span summaries
+(<family>_summary / <family>_summary_bwd graphs of all four families) and `cp` context
+parallelism over torch.distributed built on them (gdn, kda). Loaded lazily: importing this
+package does not import torch."""
 
 import importlib
 

@@ -1,14 +1,16 @@
-"""Context parallelism for Gated DeltaNet over torch.distributed: one long sequence split
-across the ranks of a process group, each rank holding one contiguous span of it.
+"""Context parallelism for Gated DeltaNet and Kimi Delta Attention over torch.distributed:
+one long sequence split across the ranks of a process group, each rank holding one
+contiguous span of it. The two families differ in their ops only (_FAMILIES: the summaries
+and the forward / backward of the span); everything below serves both.
 
 Forward (spec linear-attention.md, "Summary ops"; pygraph-design.txt, "Context parallelism
-across devices"): every rank summarizes its span (gdn_summary: H_r, M_buf_r), the ranks
+across devices"): every rank summarizes its span (<op>_summary: H_r, M_buf_r), the ranks
 all-gather the summaries (one collective), every rank composes X_{j+1} = X_j @ M_buf_j + H_j
 from the initial state up to its own seed X_r (and on to the final state X_P) in fp32, then
-runs its span's gdn forward seeded with X_r. Backward, in reverse: every rank forms G_r of
-its span (gdn_summary_bwd), the ranks all-gather G and their final-state gradients (one
+runs its span's forward seeded with X_r. Backward, in reverse: every rank forms G_r of
+its span (<op>_summary_bwd), the ranks all-gather G and their final-state gradients (one
 collective), every rank composes dX_j = dX_{j+1} @ M_buf_j^T + G_j down from dX_P to its
-outgoing gradient dX_{r+1}, then runs its span's gdn backward from (X_r, dX_{r+1}). The
+outgoing gradient dX_{r+1}, then runs its span's backward from (X_r, dX_{r+1}). The
 transitions are the forward's M_buf, kept from the forward's all-gather.
 
 A span is summarized in pieces: one summary call over the span cut into pieces of whole
@@ -32,8 +34,25 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .ops import _check_head_dims, _check_state, _gdn_bwd_impl, _gdn_fwd_impl, _state_view
-from .summary import gdn_summary, gdn_summary_bwd
+from .ops import (
+    _check_head_dims,
+    _check_state,
+    _gdn_bwd_impl,
+    _gdn_fwd_impl,
+    _kda_bwd_impl,
+    _kda_fwd_impl,
+    _kda_gate_args,
+    _state_view,
+)
+from .summary import gdn_summary, gdn_summary_bwd, kda_summary, kda_summary_bwd
+
+# family -> (summary, summary_bwd, forward, backward). The forward / backward take the
+# flags positionally in the order of the cfg's "flags" dict (kda's gate_lower_bound after
+# safe_gate, as _kda_fwd_impl's); the summaries take them by name.
+_FAMILIES = {
+    "gdn": (gdn_summary, gdn_summary_bwd, _gdn_fwd_impl, _gdn_bwd_impl),
+    "kda": (kda_summary, kda_summary_bwd, _kda_fwd_impl, _kda_bwd_impl),
+}
 
 
 def _all_gather(t, group):
@@ -112,17 +131,18 @@ def _fold_backward(G, M):
     return G[:, 0]
 
 
-class _GdnContextParallel(torch.autograd.Function):
+class _ContextParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, h0, a_log, dt_bias, cfg):
         group, flags, scale = cfg["group"], cfg["flags"], cfg["scale"]
+        summary, _, fwd_impl, _ = _FAMILIES[cfg["family"]]
         rank = dist.get_rank(group)
         n_seqs, span, piece = cfg["batch"]
         cu = _cu(n_seqs, span, span or 1, q.device)
         cu_pieces = _cu(n_seqs, span, piece, q.device)
         # the span summarized piece by piece (every piece's walk at once), then folded
         k_s = _summary_keys(k, q.shape[1], g.shape[1])
-        H, M = gdn_summary(k_s, v, g, beta, cu_pieces, a_log=a_log, dt_bias=dt_bias, **flags)
+        H, M = summary(k_s, v, g, beta, cu_pieces, a_log=a_log, dt_bias=dt_bias, **flags)
         pieces_m = M.view(n_seqs, -1, *M.shape[1:])
         H, M = _fold_forward(H.view(n_seqs, -1, *H.shape[1:]), pieces_m)
         dim_v = H.shape[2]
@@ -137,7 +157,7 @@ class _GdnContextParallel(torch.autograd.Function):
                 both[j, :, :, dim_v:].flatten(0, 1),
             ).view_as(x)
         fwd_flags = (scale, False, *flags.values(), True)
-        o, _ = _gdn_fwd_impl(q, k, v, g, beta, cu, seed, a_log, dt_bias, *fwd_flags)
+        o, _ = fwd_impl(q, k, v, g, beta, cu, seed, a_log, dt_bias, *fwd_flags)
         ctx.save_for_backward(q, k, v, g, beta, seed, a_log, dt_bias)
         ctx.transitions = both[:, :, :, dim_v:]  # M_buf of every rank's span
         ctx.pieces_m = pieces_m  # M_buf of this span's pieces
@@ -148,10 +168,11 @@ class _GdnContextParallel(torch.autograd.Function):
     def backward(ctx, d_o, d_final):
         q, k, v, g, beta, seed, a_log, dt_bias = ctx.saved_tensors
         group, flags, scale = ctx.cfg["group"], ctx.cfg["flags"], ctx.cfg["scale"]
+        _, summary_bwd, _, bwd_impl = _FAMILIES[ctx.cfg["family"]]
         n_seqs, span, piece = ctx.cfg["batch"]
         rank = dist.get_rank(group)
         d_o = d_o.contiguous()
-        G, _ = gdn_summary_bwd(
+        G, _ = summary_bwd(
             q,
             _summary_keys(k, q.shape[1], g.shape[1]),
             g,
@@ -171,7 +192,7 @@ class _GdnContextParallel(torch.autograd.Function):
             m_t = ctx.transitions[j].flatten(0, 1).transpose(-1, -2)
             dx = torch.baddbmm(both[j, 0].flatten(0, 1), dx.flatten(0, 1), m_t).view_as(dx)
         cu = _cu(n_seqs, span, span or 1, q.device)
-        dq, dk, dv, dg, dbeta, dh0, da, ddt = _gdn_bwd_impl(
+        dq, dk, dv, dg, dbeta, dh0, da, ddt = bwd_impl(
             q, k, v, g, beta, cu, d_o, seed, dx, a_log, dt_bias, scale, *flags.values(), True
         )
         if ctx.h0:
@@ -183,6 +204,42 @@ class _GdnContextParallel(torch.autograd.Function):
             dq, dk, dv, dg, dbeta, dh0, none_if_absent(da, a_log), none_if_absent(ddt, dt_bias),
             None,
         )  # fmt: skip
+
+
+def _run(family, q, k, v, g, beta, scale, initial_state, output_final_state, state_v_first,
+         flags, a_log, dt_bias, group, piece_tokens):  # fmt: skip
+    """The checks and the call both families share: [B, T_r, ...] spans in, (o, final) out."""
+    name = "gated_delta_net_cp" if family == "gdn" else "kimi_delta_attention_cp"
+    if piece_tokens is not None and (piece_tokens <= 0 or piece_tokens % CHUNK):
+        raise ValueError(f"piece_tokens: {piece_tokens} is not a positive multiple of {CHUNK}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(f"{name}: torch.distributed is not initialized")
+    B, T = q.shape[:2]
+    heads = max(q.shape[2], v.shape[2])
+    _check_state("initial_state", initial_state, B, heads, q.shape[-1], v.shape[-1], state_v_first)
+    flat = lambda t: t.reshape(B * T, *t.shape[2:])
+    f32 = lambda t: None if t is None else t.float()
+    cfg = {
+        "family": family,
+        "group": group,
+        "flags": flags,
+        "scale": float(q.shape[-1] ** -0.5 if scale is None else scale),
+        "batch": (B, T, piece_tokens or _piece_tokens(B, T, heads, q.device)),
+    }
+    h0 = _state_view(initial_state, state_v_first)
+    o, final = _ContextParallel.apply(
+        flat(q), flat(k), flat(v), flat(g), flat(beta), h0, f32(a_log), f32(dt_bias), cfg
+    )
+    o = o.reshape(B, T, *o.shape[1:])
+    if not output_final_state:
+        return o, None
+    return o, (final if state_v_first else final.transpose(-1, -2))
+
+
+def _check_shapes(q, v):
+    if q.dim() != 4:
+        raise ValueError(f"q: expected [B, T, H, K], got shape {tuple(q.shape)}")
+    _check_head_dims(q, v)
 
 
 def gated_delta_net_cp(
@@ -219,22 +276,11 @@ def gated_delta_net_cp(
 
     Returns (o [B, T_r, HO, V], this rank's span of the output; final_state [B, HO, K, V]
     (or [B, HO, V, K] with state_v_first), fp32, the same on every rank, or None)."""
-    if piece_tokens is not None and (piece_tokens <= 0 or piece_tokens % CHUNK):
-        raise ValueError(f"piece_tokens: {piece_tokens} is not a positive multiple of {CHUNK}")
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("gated_delta_net_cp: torch.distributed is not initialized")
-    if q.dim() != 4:
-        raise ValueError(f"q: expected [B, T, H, K], got shape {tuple(q.shape)}")
-    _check_head_dims(q, v)
+    _check_shapes(q, v)
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError("allow_neg_eigval requires use_beta_sigmoid_in_kernel=True")
     if (A_log is not None or dt_bias is not None) and not use_gate_in_kernel:
         raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
-    B, T = q.shape[:2]
-    heads = max(q.shape[2], v.shape[2])
-    _check_state("initial_state", initial_state, B, heads, q.shape[-1], v.shape[-1], state_v_first)
-    flat = lambda t: t.reshape(B * T, *t.shape[2:])
-    f32 = lambda t: None if t is None else t.float()
     flags = {
         "use_qk_l2norm": bool(use_qk_l2norm_in_kernel),
         "use_beta_sigmoid": bool(use_beta_sigmoid_in_kernel),
@@ -243,20 +289,63 @@ def gated_delta_net_cp(
         "gate_domain": str(gate_domain),
         "batch_invariant": bool(batch_invariant),
     }
-    cfg = {
-        "group": group,
-        "flags": flags,
-        "scale": float(q.shape[-1] ** -0.5 if scale is None else scale),
-        "batch": (B, T, piece_tokens or _piece_tokens(B, T, heads, q.device)),
-    }
-    h0 = _state_view(initial_state, state_v_first)
-    o, final = _GdnContextParallel.apply(
-        flat(q), flat(k), flat(v), flat(g), flat(beta), h0, f32(A_log), f32(dt_bias), cfg
+    return _run("gdn", q, k, v, g, beta, scale, initial_state, output_final_state,
+                state_v_first, flags, A_log, dt_bias, group, piece_tokens)  # fmt: skip
+
+
+def kimi_delta_attention_cp(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    *,
+    state_v_first: bool = False,
+    group: dist.ProcessGroup | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    gate_domain: str = "log",
+    batch_invariant: bool = False,
+    piece_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """kimi_delta_attention (ops.py: same arguments, same meaning, its gate rules) over
+    sequences split across the ranks of `group`, as gated_delta_net_cp: g [B, T_r, HO, K]
+    (a log-decay per key channel), beta [B, T_r, HO]; A_log [HV] and dt_bias [HV * K] or
+    [HV, K] the same on every rank; state_v_first by keyword (kimi_delta_attention's
+    positional slots between lower_bound and it are hints this op has no use for). Same
+    collectives, gradients and return as gated_delta_net_cp's."""
+    _check_shapes(q, v)
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+    heads = max(q.shape[2], v.shape[2])
+    if tuple(g.shape) != (*q.shape[:2], heads, q.shape[3]):
+        raise ValueError(
+            f"g must have shape [B, T, HV, K]={[*q.shape[:2], heads, q.shape[3]]}, "
+            f"got {list(g.shape)}"
+        )
+    gate, lb, A_log, dt_bias = _kda_gate_args(
+        use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias, heads, q.shape[3]
     )
-    o = o.reshape(B, T, *o.shape[1:])
-    if not output_final_state:
-        return o, None
-    return o, (final if state_v_first else final.transpose(-1, -2))
+    flags = {
+        "use_qk_l2norm": bool(use_qk_l2norm_in_kernel),
+        "use_beta_sigmoid": bool(use_beta_sigmoid_in_kernel),
+        "allow_neg_eigval": bool(allow_neg_eigval),
+        "safe_gate": gate,
+        "gate_lower_bound": lb,
+        "gate_domain": str(gate_domain),
+        "batch_invariant": bool(batch_invariant),
+    }
+    return _run("kda", q, k, v, g, beta, scale, initial_state, output_final_state,
+                state_v_first, flags, A_log, dt_bias, group, piece_tokens)  # fmt: skip
 
 
-__all__ = ["gated_delta_net_cp"]
+__all__ = ["gated_delta_net_cp", "kimi_delta_attention_cp"]

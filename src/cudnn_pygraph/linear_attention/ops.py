@@ -1205,7 +1205,8 @@ def kimi_delta_attention(
     memory hints: the result does not depend on them (this op never syncs and is
     CUDA-graph capturable as it is). chunk_size is accepted as fla accepts it (32 or 64);
     the kernels chunk by 64 whatever it says, which changes rounding only.
-    return_intermediate_states and cp_context are not served.
+    return_intermediate_states and cp_context are not served (context parallelism over
+    torch.distributed is cudnn_pygraph.linear_attention.cp.kimi_delta_attention_cp).
     gate_domain ("log" | "linear": g holds the decay itself) and batch_invariant are this
     op's own. q / k / v / g / beta may be strided views; cu_seqlens is checked on the
     device (no sync): a malformed table makes every output NaN.
@@ -1221,7 +1222,10 @@ def kimi_delta_attention(
             )
         state_v_first = bool(kwargs["transpose_state_layout"])
     if cp_context is not None:
-        raise NotImplementedError("cp_context: context parallelism is not served by this op")
+        raise NotImplementedError(
+            "cp_context: context parallelism is not served by this op; "
+            "cudnn_pygraph.linear_attention.cp.kimi_delta_attention_cp serves it"
+        )
     if return_intermediate_states:
         raise NotImplementedError(
             "return_intermediate_states: the per-chunk states for inference are not served by "

@@ -1,4 +1,4 @@
-"""The gdn and gdn2 span summaries for torch callers, over cached <op>_summary /
+"""The span summaries of gdn, kda, gdn2 and gdp for torch callers, over cached <op>_summary /
 <op>_summary_bwd graphs (the same cache and launch path as ops.py's gated_delta_net).
 
 THD tensors as the graph ops take them (q / k [T, H, K], v [T, HV, V], g / beta [T, HO],
@@ -7,8 +7,12 @@ linear-attention.md, "Summary ops"):
 - gdn_summary -> (H [N, HO, V, K], M_buf [N, HO, K, K]): X_out = X_in @ M_buf + H.
 - gdn_summary_bwd -> (G [N, HO, V, K], transition [N, HO, K, K] or None):
   dX_in = dX_out @ transition + G, transition = M_buf^T.
+- kda_summary / kda_summary_bwd: the same with kda's decay per key channel (g [T, HO, K],
+  dt_bias [HO, K], and safe_gate's gate_lower_bound form).
 - gdn2_summary / gdn2_summary_bwd: the same with GDN-2's gates (g and beta [T, HO, K];
   the forward summary also reads the write gate w [T, HO, V]).
+- gdp_summary / gdp_summary_bwd: the same for Gated DeltaProduct: k / v / beta at
+  total_T * num_householder sub-token rows, q / g / dO at real-token rows.
 No autograd: these are the pieces context parallelism (cp.py) composes.
 """
 
@@ -186,4 +190,125 @@ def gdn2_summary_bwd(
     )  # fmt: skip
 
 
-__all__ = ["gdn2_summary", "gdn2_summary_bwd", "gdn_summary", "gdn_summary_bwd"]
+def kda_summary(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    a_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    use_qk_l2norm: bool = False,
+    use_beta_sigmoid: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    gate_domain: str = "log",
+    gate_lower_bound: float | None = None,
+    batch_invariant: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """gdn_summary for kda: g [T, HO, K], dt_bias [HO, K]; gate_lower_bound (with
+    safe_gate): the decay lb * sigmoid(exp(a_log) (g + dt_bias))."""
+    tensors = {"k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu_seqlens}
+    attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+                   batch_invariant)  # fmt: skip
+    attrs["gate_lower_bound"] = None if gate_lower_bound is None else float(gate_lower_bound)
+    return _forward_summary("kda_summary", tensors, a_log, dt_bias, attrs)
+
+
+def kda_summary_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    do: torch.Tensor,
+    *,
+    scale: float,
+    output_transition: bool = False,
+    a_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    use_qk_l2norm: bool = False,
+    use_beta_sigmoid: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    gate_domain: str = "log",
+    gate_lower_bound: float | None = None,
+    batch_invariant: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """gdn_summary_bwd for kda (gates as kda_summary's)."""
+    attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+                   batch_invariant)  # fmt: skip
+    attrs["gate_lower_bound"] = None if gate_lower_bound is None else float(gate_lower_bound)
+    return _backward_summary(
+        "kda_summary_bwd", q, k, g, beta, cu_seqlens, do, scale, output_transition, a_log,
+        dt_bias, attrs,
+    )  # fmt: skip
+
+
+def gdp_summary(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    num_householder: int,
+    a_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    use_qk_l2norm: bool = False,
+    use_beta_sigmoid: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    gate_domain: str = "log",
+    batch_invariant: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """gdn_summary for gdp: k / v / beta [T * n, ...] (token t's i-th sub-token at row
+    t * n + i), g [T, HO], cu_seqlens in real tokens."""
+    tensors = {"k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu_seqlens}
+    attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+                   batch_invariant)  # fmt: skip
+    attrs["num_householder"] = int(num_householder)
+    return _forward_summary("gdp_summary", tensors, a_log, dt_bias, attrs)
+
+
+def gdp_summary_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    do: torch.Tensor,
+    *,
+    scale: float,
+    num_householder: int,
+    output_transition: bool = False,
+    a_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    use_qk_l2norm: bool = False,
+    use_beta_sigmoid: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    gate_domain: str = "log",
+    batch_invariant: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """gdn_summary_bwd for gdp: q / g / dO at real-token rows, k / beta at sub-token rows."""
+    attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+                   batch_invariant)  # fmt: skip
+    attrs["num_householder"] = int(num_householder)
+    return _backward_summary(
+        "gdp_summary_bwd", q, k, g, beta, cu_seqlens, do, scale, output_transition, a_log,
+        dt_bias, attrs,
+    )  # fmt: skip
+
+
+__all__ = [
+    "gdn2_summary",
+    "gdn2_summary_bwd",
+    "gdn_summary",
+    "gdn_summary_bwd",
+    "gdp_summary",
+    "gdp_summary_bwd",
+    "kda_summary",
+    "kda_summary_bwd",
+]

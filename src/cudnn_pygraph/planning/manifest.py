@@ -127,6 +127,12 @@ FAMILIES = (
             EngineSlot(
                 0, "triton_kda", f"{_PKG}.engines.linear_attention.kda_engine", "KdaTritonEngine"
             ),
+            EngineSlot(
+                1,
+                "triton_kda_summary",
+                f"{_PKG}.engines.linear_attention.summary_engine",
+                "KdaSummaryEngine",
+            ),
         ),
         analyzer=_LA_ANALYZER,
         heuristics=(f"{_PKG}.engines.linear_attention.heuristics", "recommend"),
@@ -159,6 +165,12 @@ FAMILIES = (
         slots=(
             EngineSlot(
                 0, "triton_gdp", f"{_PKG}.engines.linear_attention.gdp_engine", "GdpTritonEngine"
+            ),
+            EngineSlot(
+                1,
+                "triton_gdp_summary",
+                f"{_PKG}.engines.linear_attention.gdp_engine",
+                "GdpSummaryEngine",
             ),
         ),
         analyzer=_LA_ANALYZER,

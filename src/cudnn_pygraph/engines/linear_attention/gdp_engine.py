@@ -1,5 +1,6 @@
-"""The gdp family's Triton engine: gdp and gdp_bwd (Gated DeltaProduct, num_householder = n
-Householder rows per token) over the gdn kernels, unchanged.
+"""The gdp family's Triton engines: gdp and gdp_bwd (Gated DeltaProduct, num_householder = n
+Householder rows per token) over the gdn kernels, unchanged, and gdp_summary /
+gdp_summary_bwd over the summary engine's launchers the same way.
 
 GDP is the gdn recurrence on the expanded timeline of total_T * n sub-tokens
 (linear-attention.md): the decay on sub-token 0 of each real token, the readout after
@@ -7,13 +8,16 @@ sub-token n - 1. k / v / beta already live at sub-token rows, so the kernels rea
 given; what lives at real-token rows is expanded into workspace copies before the gdn
 launch and folded back after it:
 
-- q (and dO in the backward) goes to sub-token n - 1, zero elsewhere: the outputs (and
-  dQ / dG) the kernels compute at the other sub-tokens are of a zero query, and dropped;
+- q (and dO in the backward and the backward summary) goes to sub-token n - 1, zero
+  elsewhere: the outputs (and dQ / dG) the kernels compute at the other sub-tokens are of
+  a zero query, and dropped;
 - g goes to sub-token 0; the other sub-tokens carry the identity decay in the gate's own
   domain: log 0, linear 1, and under safe_gate the raw logit -inf (softplus(-inf) = 0, so
   gamma = 0 and its gradients vanish), so the kernels' gate transform runs unchanged;
 - cu_seqlens is scaled by n (the kernels validate the scaled table: a malformed one still
-  poisons every output), O / dQ / dG are gathered back from their sub-token rows.
+  poisons every output), O / dQ / dG are gathered back from their sub-token rows. The
+  summaries (H, M_buf, G, transition) are per sequence: the expanded sequence's are the
+  real one's, nothing to gather.
 
 checkpoint_every_n_tokens counts sub-tokens; the shape rule requires a multiple of
 lcm(64, n) (a checkpoint on a real-token boundary) and the kernels serve the chunk cadence
@@ -28,36 +32,54 @@ from __future__ import annotations
 from ..._types import data_type
 from ...planning.facts import facts_for
 from .analyzer import analyze
-from .gdn_engine import GdnPlan, GdnTritonEngine, _ports, strided_inputs
+from .gdn_engine import _TORCH_DTYPES, GdnPlan, GdnTritonEngine, _ports, strided_inputs
 from .kernels.configs import fuses_output
+from .summary_engine import GdnSummaryEngine
 
 # Inputs at sub-token rows, read by the kernels as given (copied when strided).
 _SUB_TOKEN_INPUTS = ("k", "v", "beta")
+# The ports at real-token rows, each carried by one sub-token of its token on the expanded
+# timeline (cu_seqlens apart: scaled by n). Inputs are spread there (the other sub-tokens
+# filled), outputs gathered back from there. A summary has no output at token rows.
+_LAST, _FIRST = -1, 0
+_SPREAD = (("q", _LAST), ("g", _FIRST), ("dO", _LAST))
+_GATHER = (("O", _LAST), ("dQ", _LAST), ("dG", _FIRST))
+_REAL_ROW_PORTS = ("q", "g", "cu_seqlens", "dO", "O", "dQ", "dG")
 
 
-def _expansion_rows(total_t, n, n_seqs, n_q, n_out, dim_k, dim_v, io, gate, cu, backward):
-    """[(name, dtype, shape)] of the expanded copies (torch dtypes io / gate / cu), carved
-    ahead of the gdn scratch."""
-    rows_t = total_t * n
-    rows = [
-        ("q", io, (rows_t, n_q, dim_k)),
-        ("g", gate, (rows_t, n_out)),
-        ("cu_seqlens", cu, (n_seqs + 1,)),
-    ]
-    if backward:
-        return (
-            *rows,
-            ("dO", io, (rows_t, n_out, dim_v)),
-            ("dQ", io, (rows_t, n_q, dim_k)),
-            ("dG", gate, (rows_t, n_out)),
-        )
-    return (*rows, ("O", io, (rows_t, n_out, dim_v)))
+def _expansion_rows(shapes, n):
+    """[(name, torch dtype, shape)] of the expanded copies, carved ahead of the gdn scratch:
+    shapes {port: (dims, torch dtype)} of the plan's real-row ports (declared at build, the
+    tensors' at launch: one rule for both)."""
+    return tuple(
+        (p, dt, tuple(dims) if p == "cu_seqlens" else (dims[0] * n, *dims[1:]))
+        for p in _REAL_ROW_PORTS
+        if p in shapes
+        for dims, dt in (shapes[p],)
+    )
 
 
 def _rows_bytes(rows):
     from .kernels.gdn_workspace import _aligned, _nbytes
 
     return sum(_aligned(_nbytes(dt, shape)) for _, dt, shape in rows)
+
+
+def _expanded(inner, facts, ports, timeline_bytes):
+    """The plan `inner` (built for the declared graph) on gdp's expanded timeline, with a
+    workspace of the expansion plus `timeline_bytes`, the inner launcher's scratch over
+    total_T * n sub-tokens; n == 1 is the inner plan as is (exactly gdn)."""
+    n = facts.num_householder
+    if n == 1:
+        return inner
+    import torch
+
+    shapes = {
+        p: (ports[p].dim, getattr(torch, _TORCH_DTYPES[data_type(ports[p].data_type)]))
+        for p in _REAL_ROW_PORTS
+        if p in ports
+    }
+    return GdpPlan(inner, n, _rows_bytes(_expansion_rows(shapes, n)) + timeline_bytes)
 
 
 class GdpTritonEngine(GdnTritonEngine):
@@ -75,19 +97,11 @@ class GdpTritonEngine(GdnTritonEngine):
             return inner
         import torch
 
-        from .gdn_engine import _TORCH_DTYPES
         from .kernels.gdn import gdn_workspace_bytes
 
         ports = _ports(graph.nodes[0])
         dtype = lambda port: getattr(torch, _TORCH_DTYPES[data_type(ports[port].data_type)])
         io = dtype("v") if "v" in ports else dtype("dO")
-        expand = _rows_bytes(
-            _expansion_rows(
-                facts.total_tokens, n, facts.num_seqs, facts.heads_q, facts.heads_out,
-                facts.head_dim_k, facts.head_dim_v, io, dtype("g"), dtype("cu_seqlens"),
-                inner.backward,
-            )
-        )  # fmt: skip
         strided = tuple(
             (p, getattr(torch, dt)) for p, dt in strided_inputs(ports) if p in _SUB_TOKEN_INPUTS
         )
@@ -97,14 +111,29 @@ class GdpTritonEngine(GdnTritonEngine):
             has_checkpoints="checkpoints" in ports, safe_gate=inner.flags["safe_gate"],
             fused_output=not inner.backward and fuses_output(plan.knobs.name), strided=strided,
         )  # fmt: skip
-        return GdpPlan(inner, n, expand + nbytes)
+        return _expanded(inner, facts, ports, nbytes)
+
+
+class GdpSummaryEngine(GdnSummaryEngine):
+    """gdp_summary / gdp_summary_bwd: the summary engine's plan (sized for the sub-token
+    timeline) on the expanded timeline; the summaries are per sequence, nothing to fold."""
+
+    name = "triton_gdp_summary"
+    family = "gdp"
+
+    def build_plan(self, graph, plan, ctx):
+        inner = super().build_plan(graph, plan, ctx)
+        facts = facts_for(graph, analyze)
+        return _expanded(inner, facts, _ports(graph.nodes[0]), inner.workspace_size)
 
 
 class GdpPlan(GdnPlan):
-    """The gdn plan on the expanded timeline: expand, launch, fold (module docstring)."""
+    """An inner plan (GdnPlan or a summary's) on the expanded timeline: expand, launch,
+    fold (module docstring)."""
 
     def __init__(self, inner, n, workspace_size):
-        self.__dict__.update(inner.__dict__)  # the gdn plan's flags, ports and launcher
+        self.__dict__.update(inner.__dict__)  # the inner plan's flags, ports and launcher
+        self._inner_launch = inner._launch
         self.n = n
         self.workspace_size = workspace_size
         self._carved = (None, None)  # (workspace identity, rows) -> views of the copies
@@ -118,14 +147,9 @@ class GdpPlan(GdnPlan):
 
         from .kernels.gdn_workspace import _carve
 
-        n, q, g, cu = self.n, t["q"], t["g"], t["cu_seqlens"]
-        total_t, n_q, dim_k = q.shape
-        backward = self.backward
-        dim_v = (t["dO"] if backward else t["O"]).shape[2]
-        rows = _expansion_rows(
-            total_t, n, cu.shape[0] - 1, n_q, g.shape[1], dim_k, dim_v, q.dtype, g.dtype,
-            cu.dtype, backward,
-        )  # fmt: skip
+        n = self.n
+        shapes = {p: (t[p].shape, t[p].dtype) for p in _REAL_ROW_PORTS if t.get(p) is not None}
+        rows = _expansion_rows(shapes, n)
         mine = _rows_bytes(rows)
         inner_ws = None
         if workspace is not None:
@@ -134,23 +158,17 @@ class GdpPlan(GdnPlan):
         key = None if workspace is None else (workspace.data_ptr(), workspace.numel(), rows)
         x = self._carved[1] if key is not None and self._carved[0] == key else None
         if x is None:
-            x = _carve(rows, workspace, q.device)
+            x = _carve(rows, workspace, t["k"].device)
             self._carved = (key, x)
-        _spread(x["q"], q, n, n - 1, 0.0)
-        _spread(x["g"], g, n, 0, self._gate_fill())
-        torch.mul(cu, n, out=x["cu_seqlens"])
-        inner = dict(t, q=x["q"], g=x["g"], cu_seqlens=x["cu_seqlens"])
-        if backward:
-            _spread(x["dO"], t["dO"], n, n - 1, 0.0)
-            inner.update(dO=x["dO"], dQ=x["dQ"], dG=x["dG"])
-        else:
-            inner["O"] = x["O"]
-        super()._launch(inner, inner_ws)
-        if backward:
-            t["dQ"].copy_(_rows_of(x["dQ"], n, n - 1))
-            t["dG"].copy_(_rows_of(x["dG"], n, 0))
-        else:
-            t["O"].copy_(_rows_of(x["O"], n, n - 1))
+        for port, i in _SPREAD:
+            if port in x:
+                fill = self._gate_fill() if port == "g" else 0.0
+                _spread(x[port], t[port], n, i % n, fill)
+        torch.mul(t["cu_seqlens"], n, out=x["cu_seqlens"])
+        self._inner_launch(dict(t, **x), inner_ws)
+        for port, i in _GATHER:
+            if port in x:
+                t[port].copy_(_rows_of(x[port], n, i % n))
 
     def _gate_fill(self):
         if self.flags["safe_gate"]:

@@ -1,5 +1,7 @@
-"""The gdn and gdn2 families' summary engines: <family>_summary and <family>_summary_bwd
-graphs over kernels/summary.py (the span summaries of context parallelism, spec linear-attention.md).
+"""The summary engines of the gdn, kda and gdn2 families: <family>_summary and
+<family>_summary_bwd graphs over kernels/summary.py (the span summaries of context
+parallelism, spec linear-attention.md); gdp's (gdp_engine.py) is this one on gdp's
+expanded timeline.
 
 The plan is the gdn engine's (GdnPlan: zero-copy views of the caller's buffers, scratch
 from the caller's workspace, on CUDA the first call recorded and later calls replayed as raw
@@ -115,6 +117,7 @@ class GdnSummaryEngine(GdnTritonEngine):
             "batch_invariant": bool(a.get("batch_invariant")),
             "config": plan.knobs.name,
             "gate_per_key": facts.family in GATE_PER_KEY_FAMILIES,
+            "gate_lower_bound": a.get("gate_lower_bound"),  # kda's safe_gate form
         }
         # gdn2: beta per key channel (the forward summary reads the write gate w as well)
         beta_per_key = len(ports["beta"].dim) == 3
@@ -124,7 +127,8 @@ class GdnSummaryEngine(GdnTritonEngine):
             flags["scale"] = facts.head_dim_k**-0.5 if scale is None else float(scale)
         io_dtype = getattr(torch, _TORCH_DTYPES[data_type(facts.io_dtype)])
         nbytes = summary_workspace_bytes(
-            facts.total_tokens,
+            # the kernels' timeline: gdp's sub-tokens (n = 1 elsewhere)
+            facts.total_tokens * facts.num_householder,
             facts.num_seqs,
             facts.heads_q,
             facts.heads_k,
@@ -182,6 +186,13 @@ class SummaryPlan(GdnPlan):
                 write_gate=get("w"),
                 **common,
             )
+
+
+class KdaSummaryEngine(GdnSummaryEngine):
+    """kda_summary / kda_summary_bwd: the same launchers with the decay per key channel."""
+
+    name = "triton_kda_summary"
+    family = "kda"
 
 
 class Gdn2SummaryEngine(GdnSummaryEngine):
