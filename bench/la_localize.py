@@ -4,8 +4,9 @@ and a scan of the launch's tensor arguments. Prints the first launch that faults
 address is raised by the synchronize after the kernel that made it, named with its
 constexprs) and every launch that writes NaN / Inf into a tensor that was finite before it
 (outputs and scratch start zero-filled, so the first such line names the stage that made
-the NaN). --repeat N runs the backward N more times and names every gradient that is not
-bitwise the first run's (a launch that reads what it never wrote, or a race).
+the NaN). --repeat N runs the backward N more times, its scratch starting as other finite
+bytes, and names every gradient that is not bitwise the first run's (a launch that reads
+what it never wrote, or a race).
 
 The CPU suites cannot see these faults: they run the kernels under the Triton interpreter,
 where every enabled load / store lane is checked against the live tensors
@@ -61,7 +62,10 @@ def _checked_run(original):
     return run
 
 
-def _zeroed_carve(original):
+FILL = [0]  # the byte fresh scratch starts as: 0, then other finite garbage for repeats
+
+
+def _filled_carve(original):
     def carve(rows, workspace, device):
         if workspace is None:
             from cudnn_pygraph.engines.linear_attention.kernels.gdn_workspace import (
@@ -70,7 +74,7 @@ def _zeroed_carve(original):
             )
 
             total = sum(_aligned(_nbytes(dt, shape)) for _, dt, shape in rows)
-            workspace = torch.zeros(total, dtype=torch.uint8, device=device)
+            workspace = torch.full((total,), FILL[0], dtype=torch.uint8, device=device)
         return original(rows, workspace, device)
 
     return carve
@@ -90,7 +94,7 @@ def main():
     cpu = sys.modules[mod.run_forward.__module__]
     cpu.nan_like = torch.zeros_like  # outputs start finite: a NaN in them is the kernels'
     JITFunction.run = _checked_run(JITFunction.run)
-    gdn_mod._carve = _zeroed_carve(gdn_mod._carve)
+    gdn_mod._carve = _filled_carve(gdn_mod._carve)
     seqlens = [int(s) for s in args.seqlens.split(",")]
     attrs = {"use_qk_l2norm": True, "config": args.config}
     heads = (args.heads,) * 3
@@ -104,6 +108,7 @@ def main():
     d_final = torch.randn_like(final)
     first = mod.run_backward(x, cu, scale, attrs, d_o, d_final)
     for i in range(args.repeat):
+        FILL[0] = 0x3C + i  # finite garbage (fp32 ~0.01..0.75): a read of it shows as a diff
         again = mod.run_backward(x, cu, scale, attrs, d_o, d_final)
         for name, grad in first.items():
             if not torch.equal(again[name], grad):
