@@ -1,0 +1,129 @@
+"""Localize a linear-attention kernel fault on the GPU: one forward + backward of a family
+(gdn, kda, gdn2) at the GPU suites' shapes, every Triton launch followed by a synchronize
+and a scan of the launch's tensor arguments. Prints the first launch that faults (an illegal
+address is raised by the synchronize after the kernel that made it, named with its
+constexprs) and every launch that writes NaN / Inf into a tensor that was finite before it
+(outputs and scratch start zero-filled, so the first such line names the stage that made
+the NaN). --repeat N runs the backward N more times, its scratch starting as other finite
+bytes, and names every gradient that is not bitwise the first run's (a launch that reads
+what it never wrote, or a race).
+
+The CPU suites cannot see these faults: they run the kernels under the Triton interpreter,
+where every enabled load / store lane is checked against the live tensors
+(tests/linear_attention/test_kernel_bounds.py) and bf16 is not modelled.
+
+  PYTHONPATH=src:tests python bench/la_localize.py gdn2 --config wide
+  PYTHONPATH=src:tests python bench/la_localize.py kda --seqlens 12000,0,3000 --gate weak \
+      --config few --repeat 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import triton
+from triton.runtime.jit import JITFunction
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", "tests", p) for p in ("linear_attention", "gpu")]
+
+from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod  # noqa: E402
+
+REPORTS: list[str] = []
+
+
+def _finite(t):
+    return bool(torch.isfinite(t).all()) if t.is_floating_point() and t.numel() else True
+
+
+def _checked_run(original):
+    def run(self, *args, grid, warmup, **kwargs):
+        named = dict(zip(self.arg_names, args), **kwargs)
+        tensors = {n: t for n, t in named.items() if isinstance(t, torch.Tensor)}
+        clean = {n for n, t in tensors.items() if _finite(t)}
+        out = original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        consts = {n: v for n, v in named.items() if n.isupper() or n.startswith("num_")}
+        kernel = getattr(self, "__name__", None) or self.fn.__name__
+        try:
+            torch.cuda.synchronize()
+        except Exception as err:
+            print(f"FAULT in {kernel} grid={grid} {consts}: {err}", flush=True)
+            raise
+        for n in sorted(clean):
+            if not _finite(tensors[n]):
+                line = f"NaN/Inf written by {kernel} into {n} (grid={grid} {consts})"
+                REPORTS.append(line)
+                print(line, flush=True)
+        return out
+
+    return run
+
+
+FILL = [0]  # the byte fresh scratch starts as: 0, then other finite garbage for repeats
+
+
+def _filled_carve(original):
+    def carve(rows, workspace, device):
+        if workspace is None:
+            from cudnn_pygraph.engines.linear_attention.kernels.gdn_workspace import (
+                _aligned,
+                _nbytes,
+            )
+
+            total = sum(_aligned(_nbytes(dt, shape)) for _, dt, shape in rows)
+            workspace = torch.full((total,), FILL[0], dtype=torch.uint8, device=device)
+        return original(rows, workspace, device)
+
+    return carve
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("family", choices=("gdn", "kda", "gdn2"))
+    ap.add_argument("--seqlens", default="300,513,1,129")
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--config", default="wide")
+    ap.add_argument("--gate", choices=("suite", "weak"), default="suite",
+                    help="weak: logsigmoid(randn + 4), the chain suite's kda gate")  # fmt: skip
+    ap.add_argument("--repeat", type=int, default=0)
+    args = ap.parse_args()
+    mod = __import__(f"test_{args.family}_gpu")
+    cpu = sys.modules[mod.run_forward.__module__]
+    cpu.nan_like = torch.zeros_like  # outputs start finite: a NaN in them is the kernels'
+    JITFunction.run = _checked_run(JITFunction.run)
+    gdn_mod._carve = _filled_carve(gdn_mod._carve)
+    seqlens = [int(s) for s in args.seqlens.split(",")]
+    attrs = {"use_qk_l2norm": True, "config": args.config}
+    heads = (args.heads,) * 3
+    x, cu = mod.make_inputs(seqlens, heads, 128, attrs=attrs)
+    if args.gate == "weak" and args.family != "gdn":
+        x["g"] = torch.nn.functional.logsigmoid(torch.randn_like(x["g"]) + 4.0)
+    scale = x["q"].shape[-1] ** -0.5
+    print(f"triton {triton.__version__}, {torch.cuda.get_device_name()}: {args}", flush=True)
+    o, final = mod.run_forward(x, cu, scale, attrs)
+    d_o = torch.randn_like(o, dtype=torch.float32)
+    d_final = torch.randn_like(final)
+    first = mod.run_backward(x, cu, scale, attrs, d_o, d_final)
+    for i in range(args.repeat):
+        FILL[0] = 0x3C + i  # finite garbage (fp32 ~0.01..0.75): a read of it shows as a diff
+        again = mod.run_backward(x, cu, scale, attrs, d_o, d_final)
+        for name, grad in first.items():
+            if not torch.equal(again[name], grad):
+                diff = (again[name].double() - grad.double()).abs()
+                line = f"repeat {i + 1}: d_{name} not bitwise (max |diff| {diff.max().item():.3e})"
+                REPORTS.append(line)
+                print(line, flush=True)
+    for name, t in {
+        "o": o,
+        "final_state": final,
+        **{f"d_{n}": g for n, g in first.items()},
+    }.items():
+        print(f"{name}: finite={_finite(t)}")
+    print("CLEAN" if not REPORTS else f"{len(REPORTS)} findings", flush=True)
+
+
+if __name__ == "__main__":
+    main()
