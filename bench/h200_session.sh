@@ -27,8 +27,9 @@
 #   cold-start   issue 21: the compiled-plan cache suite and cold_start.md
 #   reliability  the 32-thread and misaligned-operand suite under compute-sanitizer, doctor
 #   kda | gdn2 | gdp | chain    issues 18 / 19: each family's suite and its bench row (a)
-#   la-localize  bench/la_localize.py on the cases those suites failed: the kernel that faults
-#                or first writes NaN, and whether a repeated backward is bitwise the same
+#   la-localize  bench/la_localize.py on the cases those suites failed, side by side with the
+#                other suites: the kernel that faults or first writes NaN, and whether a
+#                repeated backward is bitwise the same
 #   cp           (nvidia-h200-x2) the summary / context-parallel suites (gdn, kda, gdp), bench/cp.py on 2 ranks
 set -u
 [ $# -gt 0 ] || { echo "usage: bash bench/h200_session.sh TOPIC..." >&2; exit 2; }
@@ -96,7 +97,15 @@ tests_gdn2() { gpu_suite gdn2 240 -s tests/gpu/test_gdn2_gpu.py; }
 tests_gdp() { gpu_suite gdp 200 tests/gpu/test_gdp_gpu.py; }
 tests_chain() { gpu_suite chain 200 tests/gpu/test_gdn_chain_gpu.py; }
 tests_cp() { gpu_suite cp 240 tests/gpu/test_cp_gpu.py tests/gpu/test_summary_families_gpu.py; }
-tests_la_localize() { :; }
+# Diagnostics, not timings: the localizations run side by side with the other suites.
+tests_la_localize() {
+  step la_gdn2 300 python3 bench/la_localize.py gdn2 --config wide &
+  step la_kda_weak 300 python3 bench/la_localize.py kda --seqlens 12000,0,3000 --gate weak \
+    --config few --repeat 1 &
+  step la_gdn_long 240 python3 bench/la_localize.py gdn --seqlens 16384 --config few --repeat 2 &
+  step la_kda 300 python3 bench/la_localize.py kda --config wide &
+  wait
+}
 
 # ---------------------------------------------------------------- the benchmarks
 bench_gate() { step demo 60 python3 -m cudnn_pygraph demo; }
@@ -133,13 +142,7 @@ bench_kda() { step kda 280 python3 bench/kda.py --only "(a)"; }
 bench_gdn2() { step gdn2 120 python3 bench/kda.py --gdn2 --only "(a)"; }
 bench_gdp() { step gdp 320 python3 bench/gdp.py --only "(a)"; }
 bench_chain() { step gdn_chain 200 python3 bench/gdn.py --chain; }
-bench_la_localize() {  # in the failures' priority order; the first compiles dominate
-  step la_gdn2 200 python3 bench/la_localize.py gdn2 --config wide
-  step la_kda_weak 150 python3 bench/la_localize.py kda --seqlens 12000,0,3000 --gate weak \
-    --config few --repeat 1
-  step la_gdn_long 100 python3 bench/la_localize.py gdn --seqlens 16384 --config few --repeat 2
-  step la_kda 100 python3 bench/la_localize.py kda --config wide
-}
+bench_la_localize() { :; }
 bench_cp() {
   step cp 240 torchrun --nproc-per-node 2 bench/cp.py --out "$LOG/cp.md"
   step cp_pieces 240 torchrun --nproc-per-node 2 bench/cp.py --reps 5 \
