@@ -15,6 +15,13 @@ where every enabled load / store lane is checked against the live tensors
   PYTHONPATH=src:tests python bench/la_localize.py gdn2 --config wide
   PYTHONPATH=src:tests python bench/la_localize.py kda --seqlens 12000,0,3000 --gate weak \
       --config few --repeat 1
+
+--set KERNEL.KEY=VALUE overrides one entry of the named config (wy_bwd.num_stages=1), to
+tell a compiler fault from a kernel bug. --fill none leaves scratch uninitialized (for
+compute-sanitizer's initcheck, with PYTORCH_NO_CUDA_MEMORY_CACHING=1). --dump FILE saves
+the first launch of --dump-kernel (its arguments before, its tensors after, on the CPU);
+--replay FILE, under TRITON_INTERPRET=1 on any machine, runs that launch again from the
+saved arguments and prints, per written tensor, where the GPU's result differs.
 """
 
 from __future__ import annotations
@@ -44,14 +51,24 @@ def _checked_run(original):
         named = dict(zip(self.arg_names, args), **kwargs)
         tensors = {n: t for n, t in named.items() if isinstance(t, torch.Tensor)}
         clean = {n for n, t in tensors.items() if _finite(t)}
+        kernel = getattr(self, "__name__", None) or self.fn.__name__
+        dump = DUMP.get("path") if kernel == DUMP.get("kernel") and not DUMP.get("done") else None
+        if dump:
+            DUMP["done"] = True
+            before = {n: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v
+                      for n, v in named.items()}  # fmt: skip
+            saved = {"kernel": kernel, "grid": grid, "args": before, "after": None}
+            torch.save(saved, dump)  # kept even if the launch faults
         out = original(self, *args, grid=grid, warmup=warmup, **kwargs)
         consts = {n: v for n, v in named.items() if n.isupper() or n.startswith("num_")}
-        kernel = getattr(self, "__name__", None) or self.fn.__name__
         try:
             torch.cuda.synchronize()
         except Exception as err:
             print(f"FAULT in {kernel} grid={grid} {consts}: {err}", flush=True)
             raise
+        if dump:
+            saved["after"] = {n: t.detach().cpu().clone() for n, t in tensors.items()}
+            torch.save(saved, dump)
         for n in sorted(clean):
             if not _finite(tensors[n]):
                 line = f"NaN/Inf written by {kernel} into {n} (grid={grid} {consts})"
@@ -63,6 +80,7 @@ def _checked_run(original):
 
 
 FILL = [0]  # the byte fresh scratch starts as: 0, then other finite garbage for repeats
+DUMP: dict = {}
 
 
 def _filled_carve(original):
@@ -74,10 +92,68 @@ def _filled_carve(original):
             )
 
             total = sum(_aligned(_nbytes(dt, shape)) for _, dt, shape in rows)
-            workspace = torch.full((total,), FILL[0], dtype=torch.uint8, device=device)
+            if FILL[0] is None:
+                workspace = torch.empty((total,), dtype=torch.uint8, device=device)
+            else:
+                workspace = torch.full((total,), FILL[0], dtype=torch.uint8, device=device)
         return original(rows, workspace, device)
 
     return carve
+
+
+def _overridden(original, settings):
+    def resolve(*args, **kwargs):
+        cfgs = {name: dict(cfg) for name, cfg in original(*args, **kwargs).items()}
+        for setting in settings:
+            key, value = setting.split("=")
+            kernel, field = key.split(".")
+            cfgs[kernel][field] = value if value.isalpha() else int(value)
+        return cfgs
+
+    return resolve
+
+
+def replay(path):
+    """The saved launch again under the interpreter; per written tensor, where it differs."""
+    saved = torch.load(path, weights_only=False)
+    kernel = getattr(gdn_mod, saved["kernel"], None)
+    if kernel is None:
+        from cudnn_pygraph.engines.linear_attention.kernels import wy
+
+        kernel = getattr(wy, saved["kernel"])
+    # bf16 is not modelled by the interpreter: 16-bit tensors run as fp32 (the products then
+    # differ from the GPU's by rounding only, far inside the tolerance below).
+    args = {
+        n: (v.float() if v.dtype == torch.bfloat16 else v.clone())
+        if isinstance(v, torch.Tensor)
+        else v
+        for n, v in saved["args"].items()
+    }
+    kernel[saved["grid"]](**args)
+    after = saved["after"] or {}
+    print(f"{saved['kernel']} grid={saved['grid']}; GPU result saved: {bool(after)}")
+    for name, ours in args.items():
+        if not isinstance(ours, torch.Tensor) or not ours.is_floating_point():
+            continue
+        wrote = not torch.equal(ours, saved["args"][name].to(ours.dtype))
+        gpu = after.get(name)
+        if gpu is None or not wrote and torch.equal(gpu, saved["args"][name]):
+            continue
+        if gpu.dtype == torch.bfloat16 and ours.dtype != gpu.dtype:
+            ours = ours.to(gpu.dtype)
+        if not wrote and torch.equal(gpu, saved["args"][name]):
+            continue
+        a, b = ours.double(), gpu.double()
+        scale = a.nan_to_num(0.0, 0.0, 0.0).abs().max().clamp_min(1e-6).item()
+        bad = ~torch.isclose(a, b, rtol=2e-2, atol=2e-2 * scale)
+        bad |= torch.isnan(a) != torch.isnan(b)
+        where = bad.nonzero()
+        line = f"{name} {tuple(ours.shape)}: {int(bad.sum())} of {bad.numel()} differ"
+        if where.numel():
+            line += f"; first {where[0].tolist()}, last {where[-1].tolist()}"
+            for d in range(where.shape[1]):
+                line += f"; dim{d} in {sorted(set(where[:, d].tolist()))[:12]}"
+        print(line, f"gpu nan {int(torch.isnan(b).sum())}", flush=True)
 
 
 def main():
@@ -89,7 +165,17 @@ def main():
     ap.add_argument("--gate", choices=("suite", "weak"), default="suite",
                     help="weak: logsigmoid(randn + 4), the chain suite's kda gate")  # fmt: skip
     ap.add_argument("--repeat", type=int, default=0)
+    ap.add_argument("--set", action="append", default=[], metavar="KERNEL.KEY=VALUE")
+    ap.add_argument("--fill", choices=("zero", "none"), default="zero")
+    ap.add_argument("--dump", metavar="FILE")
+    ap.add_argument("--dump-kernel", default="wy_bwd_kernel")
     args = ap.parse_args()
+    if args.fill == "none":
+        FILL[0] = None
+    if args.dump:
+        DUMP.update(path=args.dump, kernel=args.dump_kernel)
+    if args.set:
+        gdn_mod._resolve_config = _overridden(gdn_mod._resolve_config, args.set)
     mod = __import__(f"test_{args.family}_gpu")
     cpu = sys.modules[mod.run_forward.__module__]
     cpu.nan_like = torch.zeros_like  # outputs start finite: a NaN in them is the kernels'
@@ -108,7 +194,9 @@ def main():
     d_final = torch.randn_like(final)
     first = mod.run_backward(x, cu, scale, attrs, d_o, d_final)
     for i in range(args.repeat):
-        FILL[0] = 0x3C + i  # finite garbage (fp32 ~0.01..0.75): a read of it shows as a diff
+        FILL[0] = (
+            None if FILL[0] is None else 0x3C + i
+        )  # finite garbage (fp32 ~0.01..0.75): a read of it shows as a diff
         again = mod.run_backward(x, cu, scale, attrs, d_o, d_final)
         for name, grad in first.items():
             if not torch.equal(again[name], grad):
@@ -126,4 +214,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--replay"]:
+        replay(sys.argv[2])
+    else:
+        main()

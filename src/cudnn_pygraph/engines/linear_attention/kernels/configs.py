@@ -34,6 +34,8 @@ Why these values (H200, bench/results/gdn.md; forward / fwd+bwd ms of (a) 8 x 40
 - wy_bwd (kernels/wy.py: 16-bit product operands, A^T dW formed twice rather than parked):
   32-wide slices at 4 warps; at 2 stages these slices hit an illegal address at (a)'s size
   (Triton 3.6 on Hopper): not a config to use.
+- wy_bwd_gated (the same kernel under a per-key-channel decay: kda, gdn2): its own entry,
+  because the key side is another program (gated.py's loops) and compiles differently.
 - dv_local: chosen by ptxas (no spills).
 """
 
@@ -53,6 +55,7 @@ _SHARED = {
     "dv_local": {"BV": 128, "num_warps": 8},
     "dqk": {"BV": 64, "num_warps": 8, "num_stages": 2, "maxnreg": 128},
     "wy_bwd": {"BK": 32, "BV": 32, "num_warps": 4},
+    "wy_bwd_gated": {"BK": 32, "BV": 32, "num_warps": 4},
 }
 _WIDE_STATE_BWD = {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True}
 

@@ -610,7 +610,7 @@ def gdn_backward(
 
     final_dk = n_k == n_out
     final_dv = n_v == n_out
-    cfg = dict(kernel_cfgs["wy_bwd"])
+    cfg = dict(kernel_cfgs["wy_bwd_gated" if gate_per_key else "wy_bwd"])
     outs = (
         dk if final_dk else ws["dk_part"],
         dv if final_dv else ws["dv_group"],
