@@ -12,18 +12,30 @@ Layout: <root>/v<SCHEMA>/<environment hash>/<entry hash>/
     <sha256>.cubin   the binary Triton's loader takes
     <sha256>.json    Triton's kernel metadata (what its launcher and `Kernel` read: shared
                      memory, warps, scratch sizes, cooperative / PDL launch, target)
+    <sha256>.so      Triton's C launcher of the kernel's signature (a CPython extension
+                     the host C compiler builds), when it could be built here
     record.json      the commit marker, written last: the full key, the environment, the
                      file names with their sha256 and sizes
 Every file is written to a temporary name in its directory and moved into place with
 os.replace; artifact files are named by their digest, so concurrent writers of one entry
 never mix bytes, and a process killed mid-write leaves no record, hence no entry.
 
+The launcher: Triton builds it when a kernel is first loaded (CudaLauncher ->
+compile_module_from_src), keyed in its own cache by the sha256 of the generated C source
+and the platform, and loads it from there. A miss here has Triton build it (into Triton's
+cache, as loading would a moment later) and keeps a copy; a hit recomputes Triton's key for
+this kernel in this process, checks it is the one recorded, and puts the verified copy into
+Triton's cache under that key unless Triton already has one. Triton's own lookup then finds
+it and loads it by its own code; the compiler never runs. A process whose Triton cache
+already holds the launcher loads that one, exactly as without this cache.
+
 The rules (spec: "The compiled-plan cache"), kept here:
   * identity is hashed whole: the package version and a digest of every .py in it (an
     edited checkout does not move the version; a kernel compiles from the helpers it
     imports as much as from its own source), the triton / torch versions, the CUDA
     version torch was built for, the driver's CUDA version, Triton's cache-invalidating
-    variables, and the device (name, compute capability, SM count, L2 size). Any change
+    variables, the interpreter's extension ABI (the launcher is an extension module of
+    it), and the device (name, compute capability, SM count, L2 size). Any change
     lands in another directory; an unreadable field hashes as "unknown", never skipped;
   * an entry is reused only under its own embedded key and environment, compared whole
     on load, and only after every artifact's size and sha256 match its record;
@@ -54,6 +66,7 @@ import pathlib
 import re
 import shutil
 import stat
+import sysconfig
 import tempfile
 import threading
 import time
@@ -65,13 +78,18 @@ CACHE_ENV = "CUDNN_PYGRAPH_COMPILED_CACHE"
 DISABLE_ENV = "CUDNN_PYGRAPH_DISABLE_COMPILED_CACHE"
 MAX_BYTES_ENV = "CUDNN_PYGRAPH_COMPILED_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 4 << 30
-SCHEMA = 1  # bump on any incompatible change of the layout, the record or the key
+SCHEMA = 2  # bump on any incompatible change of the layout, the record or the key
 RECORD = "record.json"
 _PACKAGE = __name__.split(".")[0]
 _PKG_ROOT = pathlib.Path(__file__).resolve().parent.parent
 _SCHEMA_DIR = re.compile(r"v\d+")
 _HASH_DIR = re.compile(r"[0-9a-f]{24}")
-_ARTIFACT = re.compile(r"[0-9a-f]{64}\.(cubin|json)")
+_ARTIFACT = re.compile(r"[0-9a-f]{64}\.(cubin|json|so)")
+# The module name Triton's CudaLauncher builds a kernel's launcher under, and the file name
+# it gives it (triton 3.6 backends/nvidia/driver.py, runtime/build.py).
+_LAUNCHER = "__triton_launcher"
+_EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or "unknown"
+_SUFFIX = {"cubin": "cubin", "json": "json", "launcher": "so"}  # an artifact's kind: its suffix
 _RECORD_MAX_BYTES = 1 << 20
 _TRITON_ENV = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_LIBDEVICE_PATH")
 
@@ -170,6 +188,7 @@ def environment(device: dict) -> dict:
         "cuda": cuda,
         "driver": _driver_version(),
         "triton_env": _triton_env(),
+        "python": _EXT_SUFFIX,
         "device": device,
     }
 
@@ -260,6 +279,73 @@ def _compile_requested() -> bool:
         return bool(c.always_compile or c.override or c.dump_ir)
     except Exception:  # noqa: BLE001 - a Triton without these knobs asks for nothing
         return False
+
+
+# ---------------------------------------------------------------- Triton's C launcher
+def _launcher_source(src, metadata) -> str:
+    """The C source of this kernel's launcher as CudaLauncher (triton 3.6
+    backends/nvidia/driver.py) generates it: make_launcher on the kernel's constants (by
+    parameter index), signature and tensor descriptors."""
+    from triton.backends.nvidia.driver import make_launcher
+
+    names = src.fn.arg_names
+    constants = {
+        ((names.index(k),) if isinstance(k, str) else k): v
+        for k, v in getattr(src, "constants", {}).items()
+    }
+    return make_launcher(constants, dict(src.signature), getattr(metadata, "tensordesc_meta", None))
+
+
+def _launcher_key(text: str) -> str:
+    """The key Triton's cache holds a launcher of C source `text` under, as
+    compile_module_from_src (runtime/build.py) computes it. Should Triton change this or
+    the source it generates, the key misses Triton's: Triton then builds the launcher
+    itself, as without this cache (tests/runtime/test_compiled_cache_launcher.py)."""
+    from triton.runtime.build import platform_key
+
+    return hashlib.sha256((text + platform_key()).encode()).hexdigest()
+
+
+def _launcher_file() -> str:
+    return f"{_LAUNCHER}{_EXT_SUFFIX}"
+
+
+def _built_launcher(compiled):
+    """(Triton's key, the bytes) of a freshly compiled kernel's launcher, built by Triton's
+    own compile_module_from_src into its own cache (what loading the kernel does next
+    anyway, and then loads from that cache) and read back from there. Raises when it
+    cannot be built (no C compiler, no libcuda to link): the entry is kept without it."""
+    from triton.backends.nvidia import driver as nvidia
+    from triton.runtime.cache import get_cache_manager
+
+    text = _launcher_source(compiled.src, compiled.metadata)
+    nvidia.compile_module_from_src(
+        src=text,
+        name=_LAUNCHER,
+        library_dirs=nvidia.library_dirs(),
+        include_dirs=nvidia.include_dirs,
+        libraries=nvidia.libraries,
+    )
+    key = _launcher_key(text)
+    path = get_cache_manager(key).get_file(_launcher_file())
+    if path is None:
+        raise FileNotFoundError("Triton's cache does not hold the launcher it built")
+    with open(path, "rb") as f:
+        return key, f.read()
+
+
+def _offer_launcher(key, blob):
+    """Put a verified launcher into Triton's cache under `key`, unless Triton has one
+    there: its own lookup then loads it instead of compiling. Never raises (Triton then
+    builds it, as without this cache)."""
+    from triton.runtime.cache import get_cache_manager
+
+    try:
+        cache = get_cache_manager(key)
+        if cache.get_file(_launcher_file()) is None:
+            cache.put(blob, _launcher_file(), binary=True)
+    except Exception as exc:  # noqa: BLE001 - Triton's cache unusable: it compiles, as before
+        log.info("compiled-plan cache: launcher not handed to Triton's cache: %s", exc)
 
 
 # ---------------------------------------------------------------- counters
@@ -456,11 +542,19 @@ class Store:
             raise ValueError("the record's key differs")
         if record.get("environment") != self.environment:
             raise ValueError("the record's environment differs")
+        launcher = record["launcher"]
+        kinds = ("cubin", "json") + (() if launcher is None else ("launcher",))
+        if sorted(record["files"]) != sorted(kinds):
+            raise ValueError(f"the record lists {sorted(record['files'])}, expected {kinds}")
         data, paths = {}, {}
-        for kind in ("cubin", "json"):
+        for kind in kinds:
             meta = record["files"][kind]
             name = meta["name"]
-            if not isinstance(name, str) or not _ARTIFACT.fullmatch(name):
+            if (
+                not isinstance(name, str)
+                or not _ARTIFACT.fullmatch(name)
+                or (not name.endswith("." + _SUFFIX[kind]))
+            ):
                 raise ValueError(f"artifact name {name!r}")
             blob = _read_file(entry / name, int(meta["bytes"]))
             if len(blob) != meta["bytes"] or hashlib.sha256(blob).hexdigest() != meta["sha256"]:
@@ -478,6 +572,13 @@ class Store:
         # what Triton read is what was verified (the binary is loaded only later, by `run`)
         if compiled.kernel != data["cubin"] or compiled.metadata.hash != record["triton_hash"]:
             raise ValueError("the artifact changed while it was read")
+        if launcher is not None:
+            # Triton's key for this kernel's launcher, computed here and now: a launcher of
+            # another signature, another Triton or another interpreter is never handed over.
+            triton_key = _launcher_key(_launcher_source(src, compiled.metadata))
+            if launcher != {"triton_key": triton_key, "file": _launcher_file()}:
+                raise ValueError("the launcher was built for another signature or interpreter")
+            _offer_launcher(triton_key, data["launcher"])
         return compiled
 
     def save(self, key, compiled) -> bool:
@@ -488,12 +589,21 @@ class Store:
             md = compiled.metadata._asdict()
             md["target"] = vars(md["target"])
             meta = json.dumps(md, sort_keys=True).encode()
+            blobs = [("cubin", binary), ("json", meta)]
+            try:
+                triton_key, launcher = _built_launcher(compiled)
+                blobs.append(("launcher", launcher))
+                launcher = {"triton_key": triton_key, "file": _launcher_file()}
+            except Exception as exc:  # noqa: BLE001 - kept without it: Triton builds it at load
+                launcher = None
+                log.info("compiled-plan cache: %s: launcher not kept: %s: %s",
+                         key["kernel"], type(exc).__name__, exc)  # fmt: skip
             for d in (self.env_dir.parent, self.env_dir, entry):
                 _inner_dir(d, create=True)
             files = {}
-            for kind, blob in (("cubin", binary), ("json", meta)):
+            for kind, blob in blobs:
                 digest = hashlib.sha256(blob).hexdigest()
-                name = f"{digest}.{kind}"
+                name = f"{digest}.{_SUFFIX[kind]}"
                 _write_file(entry, name, blob)
                 files[kind] = {"name": name, "sha256": digest, "bytes": len(blob)}
             record = {
@@ -503,6 +613,7 @@ class Store:
                 "name": compiled.metadata.name,
                 "triton_hash": compiled.hash,
                 "files": files,
+                "launcher": launcher,
                 "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
             _write_file(entry, RECORD, json.dumps(record, indent=1, sort_keys=True).encode())
