@@ -17,6 +17,7 @@ build a launcher there either. Launching is the GPU suite's part."""
 import ctypes
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -47,7 +48,7 @@ def stub_libcuda(tmp_path_factory):
     restore_triton_language()
     src, options = source(16)
     text = cc._launcher_source(src, triton.compile(src, target=TARGET, options=options).metadata)
-    names = sorted(set(re.findall(r"\b(cu[A-Z]\w*)\s*\(", text)))
+    names = sorted(set(re.findall(r"\b(cu[A-Z]\w*)\s*\(", text + driver_source())))
     assert names, "a launcher that calls no driver function: the stub would prove nothing"
     d = tmp_path_factory.mktemp("libcuda")
     (d / "stub.c").write_text("".join(f"int {n}(void) {{ return 1; }}\n" for n in names))
@@ -60,6 +61,24 @@ def stub_libcuda(tmp_path_factory):
         pytest.skip(f"the host C compiler cannot build a shared library: {built.stderr[-300:]}")
     ctypes.CDLL(str(d / "libcuda.so.1"))  # a launcher's NEEDED entry resolves to it by soname
     return d
+
+
+def driver_source():
+    from triton.backends.nvidia import driver as nvidia
+
+    return pathlib.Path(nvidia.dirname, "driver.c").read_text()
+
+
+def triton_driver_setup():
+    """What Triton's driver set-up builds or loads first (CudaUtils.__init__): its driver
+    utilities, through compile_module_from_src (without making the process-wide driver)."""
+    from triton.backends.nvidia import driver as nvidia
+
+    mod = nvidia.compile_module_from_src(
+        src=driver_source(), name="cuda_utils", library_dirs=nvidia.library_dirs(),
+        include_dirs=nvidia.include_dirs, libraries=nvidia.libraries,
+    )  # fmt: skip
+    assert callable(mod.load_binary)
 
 
 def _clear_triton_libcuda():
@@ -128,8 +147,8 @@ def triton_launcher(compiled):
     key of it."""
     from triton.runtime.cache import get_cache_manager
 
-    key = cc._launcher_key(cc._launcher_source(compiled.src, compiled.metadata))
-    return get_cache_manager(key).get_file(cc._launcher_file())
+    key = cc._module_key(cc._launcher_source(compiled.src, compiled.metadata))
+    return get_cache_manager(key).get_file(cc._module_file(cc._LAUNCHER))
 
 
 def load_launcher(compiled):
@@ -329,3 +348,59 @@ def test_a_libcuda_path_the_user_chose_is_kept(stub_libcuda, untold, monkeypatch
 def test_a_libcuda_not_loaded_tells_triton_nothing(untold):
     assert not launch.tell_triton_loaded_libcuda(soname="libcudnn_pygraph_never_loaded.so")
     assert untold.nvidia.libcuda_path is None and not launch._LIBCUDA_TOLD
+
+
+# ---------------------------------------------------------------- Triton's driver utilities
+def _driver_record(root):
+    return store(root).env_dir / cc._DRIVER_DIR / cc.RECORD
+
+
+def test_triton_s_driver_utilities_are_kept_and_handed_back_without_the_compiler(
+    tmp_path, toolchain, compiler_runs, monkeypatch
+):
+    root = tmp_path / "ours"
+    triton_driver_setup()  # a first process: Triton's driver set-up compiles them
+    assert compiler_runs.runs == ["cuda_utils"]
+    compile_16(root)  # its first write keeps them beside the entries, not as an entry
+    rec = json.loads(_driver_record(root).read_text())
+    assert rec["name"] == "cuda_utils" and list(rec["files"]) == ["module"]
+    assert [e["entry"] for e in cc.entries(root)] == [entry_16(root).name]
+
+    toolchain("triton-b")  # a new machine: Triton's cache empty
+    compiler_runs.forbid()
+    monkeypatch.setattr(cc, "_live_store", lambda: store(root))
+    monkeypatch.setattr(cc, "_DRIVER_PREPARED", False)
+    assert cc.prepare_triton_driver()
+    assert not cc.prepare_triton_driver()  # once per process
+    triton_driver_setup()
+    assert compiler_runs.runs == ["cuda_utils", "__triton_launcher"]
+
+
+@pytest.mark.parametrize("how", ["one byte flipped", "record of another triton"])
+def test_doubtful_driver_utilities_are_never_handed_over_and_are_kept_anew(
+    tmp_path, toolchain, compiler_runs, how
+):
+    root = tmp_path / "ours"
+    triton_driver_setup()
+    compile_16(root)
+    record = _driver_record(root)
+    rec = json.loads(record.read_text())
+    if how == "one byte flipped":
+        _flip_last_byte(record.parent / rec["files"]["module"]["name"])
+    else:
+        rec["key"]["triton_key"] = "0" * 64
+        record.write_text(json.dumps(rec))
+    fresh = toolchain("triton-b")
+    assert not store(root).offer_driver_module()
+    assert not list(fresh.rglob("cuda_utils*"))  # nothing handed to Triton
+    triton_driver_setup()  # Triton compiles them, as without this cache
+    assert compiler_runs.runs == ["cuda_utils", "__triton_launcher", "cuda_utils"]
+    # the next process's first write keeps them anew
+    compile_via_another_kernel(root)
+    toolchain("triton-c")
+    assert store(root).offer_driver_module()
+
+
+def compile_via_another_kernel(root):
+    src, options = source(32)
+    store(root).compile(src, TARGET, options)

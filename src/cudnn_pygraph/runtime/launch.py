@@ -300,9 +300,18 @@ def compile_kernel(src, options, device):
     from . import compiled_cache
 
     with torch.cuda.device(device):
-        tell_triton_loaded_libcuda()
+        _before_triton_driver()
         target = triton.runtime.driver.active.get_current_target()
         return compiled_cache.compile(src, target, options)
+
+
+def _before_triton_driver():
+    """What Triton's driver set-up (the first kernel of a process) can be spared: `ldconfig`
+    and compiling its driver utilities (kept by the compiled-plan cache)."""
+    from . import compiled_cache
+
+    tell_triton_loaded_libcuda()
+    compiled_cache.prepare_triton_driver()
 
 
 _LIBCUDA = "libcuda.so.1"  # what Triton links its launchers against (driver.py `libraries`)
@@ -955,7 +964,7 @@ def record_launches():
     from triton.runtime.jit import JITFunction
 
     record = LaunchRecord()
-    tell_triton_loaded_libcuda()
+    _before_triton_driver()
 
     class ComputeWatch(TorchDispatchMode):
         # A view (a workspace slice) is host metadata; anything else runs on the device and
@@ -1000,7 +1009,7 @@ def cached_jit_compiles():
     cache, as compile_kernel does. record_launches does the same for what it records."""
     from triton.runtime.jit import JITFunction
 
-    tell_triton_loaded_libcuda()
+    _before_triton_driver()
     with _PATCH_LOCK:
         original = JITFunction.run
 
