@@ -352,6 +352,8 @@ def tell_triton_loaded_libcuda(soname=_LIBCUDA) -> bool:
         directory = origin.value.decode()
         if not os.path.isfile(os.path.join(directory, _LIBCUDA)):
             return False
+        # Where the knob's setter keeps a value for this process (triton 3.6 knobs.env_base),
+        # written without the setter's export to os.environ (see above).
         vars(knobs.nvidia)["libcuda_path"] = directory
     except (OSError, AttributeError, ImportError, UnicodeDecodeError):
         return False  # not loaded, or no dlinfo: Triton asks ldconfig, as it always has
