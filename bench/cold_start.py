@@ -10,8 +10,9 @@ Every cell is its own child process (`--child FAMILY`), run in this order per fa
   triton  ours off (CUDNN_PYGRAPH_DISABLE_COMPILED_CACHE=1), Triton's as `cold` left it:
           what a restart paid before this cache
   warm    both as `cold` left them: a restart on the same machine
-  ours    ours warm, Triton's empty: a new machine that carries only our cache (Triton
-          still builds its C launcher once per kernel signature, into its own cache)
+  ours    ours warm, Triton's empty: a new machine that carries only our cache (it hands
+          Triton each kernel's C launcher and Triton's driver utilities, so no C compiler
+          runs; `gcc` in the cell's breakdown counts any that still does)
 A child imports torch, triton and the package, creates the CUDA context and its inputs
 first (not timed), then times planning, build and the first execute up to torch.cuda.synchronize(),
 and reports the cache counters, so each row says whether the warm start really hit. The
@@ -20,9 +21,10 @@ Goal (issue 21): warm <= 50 ms per plan.
 
 Inside the clock, a child also times what Triton does for a kernel our cache hands over
 (`_Where`): building its C launcher (`compile_module_from_src`: a load from Triton's cache,
-or gcc when it is empty; `gcc` counts those), loading the binary on the device
-(`load_binary`), Triton's `ldconfig -p` for libcuda's directory, and our environment
-digest; the GDN op's first call is split into its graph build (plan, build: the kernels
+or gcc when neither Triton's cache nor ours holds it; `gcc` counts those), loading the
+binary on the device (`load_binary`), Triton's libcuda lookup (`ldconfig -p`, skipped when
+the launch path could name the loaded libcuda's directory), handing Triton the driver
+utilities our cache keeps, and our environment digest; the GDN op's first call is split into its graph build (plan, build: the kernels
 compiled by a warm launch) and the rest (the recorded first launch). The package is
 byte-compiled before the first cell, as an install leaves it, so no cell compiles our
 sources (PYTHONDONTWRITEBYTECODE may be set).
@@ -155,6 +157,7 @@ class _Where:
         self.wrap(build, "_build", "gcc")
         self.wrap(CompiledKernel, "_init_handles", "kernel load (launcher + binary)")
         self.wrap(compiled_cache, "environment", "our environment")
+        self.wrap(compiled_cache, "prepare_triton_driver", "our driver hand-over")
 
     def report(self):
         return {k: [round(v * 1e3, 1), self.calls[k]] for k, v in sorted(self.seconds.items())}
@@ -308,9 +311,10 @@ def report(results, small):
         )
     lines += [
         "",
-        "Inside the clock, per cell: ms (calls) in Triton's driver set-up, its C modules "
-        "(each kernel's launcher; gcc when Triton's cache lacks it), kernel loads "
-        "(launcher + binary), our environment digest; dynamo: torch._dynamo imported.\n",
+        "Inside the clock, per cell: ms (calls) in Triton's driver set-up (ldconfig: its "
+        "libcuda lookup), its C modules (cuda_utils once, then each kernel's launcher; gcc "
+        "when neither cache holds one), kernel loads (launcher + binary), our environment "
+        "digest and driver hand-over; dynamo: torch._dynamo imported.\n",
         "| family | mode | runs ms | where ms (calls) | dynamo |",
         "|---|---|---|---|---|",
     ]

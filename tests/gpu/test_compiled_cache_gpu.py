@@ -1,8 +1,8 @@
 """The compiled-plan cache's hit path on the GPU: a fresh process builds every python plan
 of a family from a warm cache (no kernel compiled: every one read back and loaded) and its
-first execute gives bit-identical outputs to the process that compiled them; with every
-cached binary corrupted, the next process misses (never loads one) and still gives the
-same outputs. The children are bench/cold_start.py's (`--child FAMILY --small`), each a
+first execute gives bit-identical outputs to the process that compiled them, also with
+Triton's own cache empty (then without running the C compiler); with every cached binary
+corrupted, the next process misses (never loads one) and still gives the same outputs. The children are bench/cold_start.py's (`--child FAMILY --small`), each a
 fresh interpreter with private caches. The CPU suite covers the store itself
 (tests/runtime/test_compiled_cache.py). Run:
 PYTHONPATH=src:tests python -m pytest -q tests/gpu/test_compiled_cache_gpu.py
@@ -37,7 +37,7 @@ def _flip_one_byte_of_every_binary(root):
 @pytest.mark.parametrize("family", cold_start.FAMILIES)
 def test_a_fresh_process_builds_from_a_warm_cache_with_identical_outputs(tmp_path, family):
     ours, triton_dir = tmp_path / "ours", tmp_path / "triton"
-    for d in (ours, triton_dir):
+    for d in (ours, triton_dir, tmp_path / "triton-empty"):
         d.mkdir(mode=0o700)
     outputs = [tmp_path / f"out{i}.pt" for i in range(3)]
 
@@ -52,6 +52,17 @@ def test_a_fresh_process_builds_from_a_warm_cache_with_identical_outputs(tmp_pat
     second = run(1)
     assert second["hits"] == first["misses"], second
     assert second["misses"] == 0 and second["invalid"] == 0 and second["written"] == 0, second
+    assert torch.equal(torch.load(outputs[0]), torch.load(outputs[1]))
+
+    # a new machine that carries only our cache (Triton's empty): the kernels' launchers and
+    # Triton's driver utilities come from our cache, so the C compiler runs for none of
+    # them; only a kernel the cache does not persist (bypassed) may need a launcher built
+    alone = cold_start.run_child(family, "ours", ours, tmp_path / "triton-empty", small=True,
+                                 save=outputs[1])  # fmt: skip
+    c = alone["cache"]
+    assert c["hits"] == first["misses"] and c["misses"] == 0 and c["invalid"] == 0, c
+    gcc = alone["where"].get("gcc", [0, 0])[1]
+    assert gcc <= c["bypassed"], f"{family}: the C compiler ran {gcc} times: {alone['where']}"
     assert torch.equal(torch.load(outputs[0]), torch.load(outputs[1]))
 
     assert _flip_one_byte_of_every_binary(ours) == first["misses"]

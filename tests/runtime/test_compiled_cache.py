@@ -122,7 +122,7 @@ GARBLE = {
     "empty": lambda text: "",
     "not json": lambda text: "\x00\xffgarbage{" + text,
     "a list": lambda text: "[1, 2, 3]",
-    "another schema": lambda text: text.replace('"schema": 1', '"schema": 99'),
+    "another schema": lambda text: text.replace(f'"schema": {cc.SCHEMA}', '"schema": 99'),
     "another key": lambda text: text.replace('"D"', '"E"').replace("_dense_copy", "_other"),
     "no files": lambda text: json.dumps(
         {k: v for k, v in json.loads(text).items() if k != "files"}
@@ -233,6 +233,7 @@ def test_every_part_of_the_environment_moves_the_directory():
         "cuda": "12.8",
         "driver": 12080,
         "triton_env": {"TRITON_F32_DEFAULT": "ieee"},
+        "python": ".cpython-313-x86_64-linux-gnu.so",
         "device": H100,
     }
     assert set(changes) == set(base), "a new environment field needs a row here"

@@ -12,18 +12,34 @@ Layout: <root>/v<SCHEMA>/<environment hash>/<entry hash>/
     <sha256>.cubin   the binary Triton's loader takes
     <sha256>.json    Triton's kernel metadata (what its launcher and `Kernel` read: shared
                      memory, warps, scratch sizes, cooperative / PDL launch, target)
+    <sha256>.so      Triton's C launcher of the kernel's signature (a CPython extension
+                     the host C compiler builds), when it could be built here
     record.json      the commit marker, written last: the full key, the environment, the
                      file names with their sha256 and sizes
 Every file is written to a temporary name in its directory and moved into place with
 os.replace; artifact files are named by their digest, so concurrent writers of one entry
 never mix bytes, and a process killed mid-write leaves no record, hence no entry.
 
+The launcher: Triton builds it when a kernel is first loaded (CudaLauncher ->
+compile_module_from_src), keyed in its own cache by the sha256 of the generated C source
+and the platform, and loads it from there. A miss here has Triton build it (into Triton's
+cache, as loading would a moment later) and keeps a copy; a hit recomputes Triton's key for
+this kernel in this process, checks it is the one recorded, and puts the verified copy into
+Triton's cache under that key unless Triton already has one. Triton's own lookup then finds
+it and loads it by its own code; the compiler never runs. A process whose Triton cache
+already holds the launcher loads that one, exactly as without this cache. Triton's driver
+utilities (cuda_utils, compiled from its driver.c when its driver is first made in a
+process) go the same way, once per environment, in <environment hash>/triton-driver/:
+kept at a process's first write, handed to Triton's cache before its driver is made
+(`prepare_triton_driver`).
+
 The rules (spec: "The compiled-plan cache"), kept here:
   * identity is hashed whole: the package version and a digest of every .py in it (an
     edited checkout does not move the version; a kernel compiles from the helpers it
     imports as much as from its own source), the triton / torch versions, the CUDA
     version torch was built for, the driver's CUDA version, Triton's cache-invalidating
-    variables, and the device (name, compute capability, SM count, L2 size). Any change
+    variables, the interpreter's extension ABI (the launcher is an extension module of
+    it), and the device (name, compute capability, SM count, L2 size). Any change
     lands in another directory; an unreadable field hashes as "unknown", never skipped;
   * an entry is reused only under its own embedded key and environment, compared whole
     on load, and only after every artifact's size and sha256 match its record;
@@ -54,6 +70,7 @@ import pathlib
 import re
 import shutil
 import stat
+import sysconfig
 import tempfile
 import threading
 import time
@@ -65,13 +82,25 @@ CACHE_ENV = "CUDNN_PYGRAPH_COMPILED_CACHE"
 DISABLE_ENV = "CUDNN_PYGRAPH_DISABLE_COMPILED_CACHE"
 MAX_BYTES_ENV = "CUDNN_PYGRAPH_COMPILED_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 4 << 30
-SCHEMA = 1  # bump on any incompatible change of the layout, the record or the key
+SCHEMA = 2  # bump on any incompatible change of the layout, the record or the key
 RECORD = "record.json"
 _PACKAGE = __name__.split(".")[0]
 _PKG_ROOT = pathlib.Path(__file__).resolve().parent.parent
 _SCHEMA_DIR = re.compile(r"v\d+")
 _HASH_DIR = re.compile(r"[0-9a-f]{24}")
-_ARTIFACT = re.compile(r"[0-9a-f]{64}\.(cubin|json)")
+_ARTIFACT = re.compile(r"[0-9a-f]{64}\.(cubin|json|so)")
+# The module name Triton's CudaLauncher builds a kernel's launcher under, and the file name
+# it gives it (triton 3.6 backends/nvidia/driver.py, runtime/build.py).
+_LAUNCHER = "__triton_launcher"
+_DRIVER_MODULE = "cuda_utils"  # Triton's driver utilities (CudaUtils), built the same way
+_DRIVER_DIR = "triton-driver"  # where an environment keeps them (not a kernel's entry name)
+_EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or "unknown"
+_SUFFIX = {
+    "cubin": "cubin",
+    "json": "json",
+    "launcher": "so",
+    "module": "so",
+}  # an artifact's kind: its suffix
 _RECORD_MAX_BYTES = 1 << 20
 _TRITON_ENV = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_LIBDEVICE_PATH")
 
@@ -170,6 +199,7 @@ def environment(device: dict) -> dict:
         "cuda": cuda,
         "driver": _driver_version(),
         "triton_env": _triton_env(),
+        "python": _EXT_SUFFIX,
         "device": device,
     }
 
@@ -260,6 +290,85 @@ def _compile_requested() -> bool:
         return bool(c.always_compile or c.override or c.dump_ir)
     except Exception:  # noqa: BLE001 - a Triton without these knobs asks for nothing
         return False
+
+
+# ---------------------------------------------------------------- Triton's C modules
+def _launcher_source(src, metadata) -> str:
+    """The C source of this kernel's launcher as CudaLauncher (triton 3.6
+    backends/nvidia/driver.py) generates it: make_launcher on the kernel's constants (by
+    parameter index), signature and tensor descriptors."""
+    from triton.backends.nvidia.driver import make_launcher
+
+    names = src.fn.arg_names
+    constants = {
+        ((names.index(k),) if isinstance(k, str) else k): v
+        for k, v in getattr(src, "constants", {}).items()
+    }
+    return make_launcher(constants, dict(src.signature), getattr(metadata, "tensordesc_meta", None))
+
+
+def _module_key(text: str) -> str:
+    """The key Triton's cache holds a C module of source `text` under, as
+    compile_module_from_src (runtime/build.py) computes it. Should Triton change this or
+    the source it generates, the key misses Triton's: Triton then builds the module
+    itself, as without this cache (tests/runtime/test_compiled_cache_launcher.py)."""
+    from triton.runtime.build import platform_key
+
+    return hashlib.sha256((text + platform_key()).encode()).hexdigest()
+
+
+def _module_file(name) -> str:
+    """The file name Triton's cache gives C module `name` (an extension of this interpreter)."""
+    return f"{name}{_EXT_SUFFIX}"
+
+
+def _built_launcher(compiled):
+    """(Triton's key, the bytes) of a freshly compiled kernel's launcher, built by Triton's
+    own compile_module_from_src into its own cache (what loading the kernel does next
+    anyway, and then loads from that cache) and read back from there. Raises when it
+    cannot be built (no C compiler, no libcuda to link): the entry is kept without it."""
+    from triton.backends.nvidia import driver as nvidia
+    from triton.runtime.cache import get_cache_manager
+
+    text = _launcher_source(compiled.src, compiled.metadata)
+    nvidia.compile_module_from_src(
+        src=text,
+        name=_LAUNCHER,
+        library_dirs=nvidia.library_dirs(),
+        include_dirs=nvidia.include_dirs,
+        libraries=nvidia.libraries,
+    )
+    key = _module_key(text)
+    path = get_cache_manager(key).get_file(_module_file(_LAUNCHER))
+    if path is None:
+        raise FileNotFoundError("Triton's cache does not hold the launcher it built")
+    with open(path, "rb") as f:
+        return key, f.read()
+
+
+def _driver_module_key() -> str:
+    """Triton's key of its driver utilities: their C source, as CudaUtils reads it."""
+    from triton.backends.nvidia import driver as nvidia
+
+    return _module_key(pathlib.Path(nvidia.dirname, "driver.c").read_text())
+
+
+def _offer_module(key, name, blob) -> bool:
+    """Put a verified C module `name` of Triton's into Triton's cache under `key`, unless
+    Triton has one there: its own lookup (compile_module_from_src) then loads it instead of
+    compiling it. True when Triton's cache holds one; never raises (Triton then builds it,
+    as without this cache)."""
+    from triton.runtime.cache import get_cache_manager
+
+    file = _module_file(name)
+    try:
+        cache = get_cache_manager(key)
+        if cache.get_file(file) is None:
+            cache.put(blob, file, binary=True)
+    except Exception as exc:  # noqa: BLE001 - Triton's cache unusable: it compiles, as before
+        log.info("compiled-plan cache: %s not handed to Triton's cache: %s", name, exc)
+        return False
+    return True
 
 
 # ---------------------------------------------------------------- counters
@@ -433,14 +542,10 @@ class Store:
         doubtful; (None, None) when there is none. Never raises for what is on disk."""
         entry = self.entry_dir(key)
         try:
-            for d in (self.env_dir.parent, self.env_dir, entry):
-                if not _inner_dir(d, create=False):
-                    return None, None
-            try:
-                raw = _read_file(entry / RECORD, _RECORD_MAX_BYTES)
-            except FileNotFoundError:
+            record = self._read_record(entry)
+            if record is None:
                 return None, None
-            return self._verified(src, key, entry, json.loads(raw)), None
+            return self._verified(src, key, entry, record), None
         except Exception as exc:  # noqa: BLE001 - whatever is on disk, a doubt is a miss
             why = f"{type(exc).__name__}: {exc}"
             log.info("compiled-plan cache: %s: entry %s doubtful, a miss (%s)",
@@ -450,22 +555,9 @@ class Store:
     def _verified(self, src, key, entry, record):
         from triton.compiler import CompiledKernel
 
-        if record.get("schema") != SCHEMA:
-            raise ValueError(f"schema {record.get('schema')!r}, expected {SCHEMA}")
-        if record.get("key") != key:
-            raise ValueError("the record's key differs")
-        if record.get("environment") != self.environment:
-            raise ValueError("the record's environment differs")
-        data, paths = {}, {}
-        for kind in ("cubin", "json"):
-            meta = record["files"][kind]
-            name = meta["name"]
-            if not isinstance(name, str) or not _ARTIFACT.fullmatch(name):
-                raise ValueError(f"artifact name {name!r}")
-            blob = _read_file(entry / name, int(meta["bytes"]))
-            if len(blob) != meta["bytes"] or hashlib.sha256(blob).hexdigest() != meta["sha256"]:
-                raise ValueError(f"{name}: size or sha256 differs from the record")
-            data[kind], paths[kind] = blob, entry / name
+        launcher = record["launcher"]
+        kinds = ("cubin", "json") + (() if launcher is None else ("launcher",))
+        data, paths = self._artifacts(key, entry, record, kinds)
         metadata = json.loads(data["json"])
         target = metadata["target"]
         if [target["backend"], target["arch"], target["warp_size"]] != key["target"]:
@@ -478,34 +570,91 @@ class Store:
         # what Triton read is what was verified (the binary is loaded only later, by `run`)
         if compiled.kernel != data["cubin"] or compiled.metadata.hash != record["triton_hash"]:
             raise ValueError("the artifact changed while it was read")
+        if launcher is not None:
+            # Triton's key for this kernel's launcher, computed here and now: a launcher of
+            # another signature, another Triton or another interpreter is never handed over.
+            triton_key = _module_key(_launcher_source(src, compiled.metadata))
+            if launcher != {"triton_key": triton_key, "file": _module_file(_LAUNCHER)}:
+                raise ValueError("the launcher was built for another signature or interpreter")
+            _offer_module(triton_key, _LAUNCHER, data["launcher"])
         return compiled
+
+    def _artifacts(self, key, entry, record, kinds):
+        """({kind: bytes}, {kind: path}) of an entry's artifacts, each read without
+        following a symlink and checked against the record's name, size and sha256, after
+        the record's schema, key and environment; raises on any doubt."""
+        if record.get("schema") != SCHEMA:
+            raise ValueError(f"schema {record.get('schema')!r}, expected {SCHEMA}")
+        if record.get("key") != key:
+            raise ValueError("the record's key differs")
+        if record.get("environment") != self.environment:
+            raise ValueError("the record's environment differs")
+        if sorted(record["files"]) != sorted(kinds):
+            raise ValueError(f"the record lists {sorted(record['files'])}, expected {kinds}")
+        data, paths = {}, {}
+        for kind in kinds:
+            meta = record["files"][kind]
+            name = meta["name"]
+            if (
+                not isinstance(name, str)
+                or not _ARTIFACT.fullmatch(name)
+                or not name.endswith("." + _SUFFIX[kind])
+            ):
+                raise ValueError(f"artifact name {name!r}")
+            blob = _read_file(entry / name, int(meta["bytes"]))
+            if len(blob) != meta["bytes"] or hashlib.sha256(blob).hexdigest() != meta["sha256"]:
+                raise ValueError(f"{name}: size or sha256 differs from the record")
+            data[kind], paths[kind] = blob, entry / name
+        return data, paths
+
+    def _read_record(self, entry):
+        """The record of `entry` (None: no entry), reached through checked directories."""
+        for d in (self.env_dir.parent, self.env_dir, entry):
+            if not _inner_dir(d, create=False):
+                return None
+        try:
+            return json.loads(_read_file(entry / RECORD, _RECORD_MAX_BYTES))
+        except FileNotFoundError:
+            return None
+
+    def _write_entry(self, entry, key, blobs, **fields):
+        """Write `entry`: each (kind, bytes) under its digest, then the record, last."""
+        for d in (self.env_dir.parent, self.env_dir, entry):
+            _inner_dir(d, create=True)
+        files = {}
+        for kind, blob in blobs:
+            digest = hashlib.sha256(blob).hexdigest()
+            name = f"{digest}.{_SUFFIX[kind]}"
+            _write_file(entry, name, blob)
+            files[kind] = {"name": name, "sha256": digest, "bytes": len(blob)}
+        record = {
+            "schema": SCHEMA,
+            "key": key,
+            "environment": self.environment,
+            "files": files,
+            **fields,
+            "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        _write_file(entry, RECORD, json.dumps(record, indent=1, sort_keys=True).encode())
 
     def save(self, key, compiled) -> bool:
         """Persist a freshly compiled kernel; False (and nothing usable left) on failure."""
-        entry = self.entry_dir(key)
         try:
             binary = compiled.asm["cubin"]
             md = compiled.metadata._asdict()
             md["target"] = vars(md["target"])
             meta = json.dumps(md, sort_keys=True).encode()
-            for d in (self.env_dir.parent, self.env_dir, entry):
-                _inner_dir(d, create=True)
-            files = {}
-            for kind, blob in (("cubin", binary), ("json", meta)):
-                digest = hashlib.sha256(blob).hexdigest()
-                name = f"{digest}.{kind}"
-                _write_file(entry, name, blob)
-                files[kind] = {"name": name, "sha256": digest, "bytes": len(blob)}
-            record = {
-                "schema": SCHEMA,
-                "key": key,
-                "environment": self.environment,
-                "name": compiled.metadata.name,
-                "triton_hash": compiled.hash,
-                "files": files,
-                "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            }
-            _write_file(entry, RECORD, json.dumps(record, indent=1, sort_keys=True).encode())
+            blobs = [("cubin", binary), ("json", meta)]
+            try:
+                triton_key, launcher = _built_launcher(compiled)
+                blobs.append(("launcher", launcher))
+                launcher = {"triton_key": triton_key, "file": _module_file(_LAUNCHER)}
+            except Exception as exc:  # noqa: BLE001 - kept without it: Triton builds it at load
+                launcher = None
+                log.info("compiled-plan cache: %s: launcher not kept: %s: %s",
+                         key["kernel"], type(exc).__name__, exc)  # fmt: skip
+            self._write_entry(self.entry_dir(key), key, blobs, name=compiled.metadata.name,
+                              triton_hash=compiled.hash, launcher=launcher)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - failing to persist never fails the build
             log.warning("compiled-plan cache: %s not persisted: %s", key["kernel"], exc)
             return False
@@ -513,7 +662,59 @@ class Store:
         if not self._pruned:
             self._pruned = True
             _count("pruned", prune(self.root, keep=self.env_hash))
+            self.keep_driver_module()
         return True
+
+    # Triton's driver utilities (cuda_utils, from its driver.c) are built, like a launcher,
+    # by the host compiler into Triton's cache, once per process at its driver's set-up,
+    # before any kernel. Each environment keeps them once, in a directory of their own.
+    def _driver_slot(self):
+        """(key, entry directory) of the kept driver utilities of this environment."""
+        key = {"kernel": f"triton:{_DRIVER_MODULE}", "triton_key": _driver_module_key()}
+        return key, self.env_dir / _DRIVER_DIR
+
+    def _kept_driver_module(self, key, entry):
+        """The kept, verified bytes (None when there are none); raises when doubtful."""
+        record = self._read_record(entry)
+        if record is None:
+            return None
+        return self._artifacts(key, entry, record, ("module",))[0]["module"]
+
+    def keep_driver_module(self) -> bool:
+        """Keep the driver utilities Triton's cache holds (what its set-up in this process
+        built or loaded) unless this environment has good ones. Never raises."""
+        from triton.runtime.cache import get_cache_manager
+
+        try:
+            key, entry = self._driver_slot()
+            try:
+                if self._kept_driver_module(key, entry) is not None:
+                    return False
+            except Exception:  # noqa: BLE001, S110 - doubtful ones are written anew
+                pass
+            path = get_cache_manager(key["triton_key"]).get_file(_module_file(_DRIVER_MODULE))
+            if path is None:
+                return False
+            with open(path, "rb") as f:
+                blob = f.read()
+            self._write_entry(entry, key, [("module", blob)], name=_DRIVER_MODULE)
+        except Exception as exc:  # noqa: BLE001 - not kept: Triton compiles them, as before
+            log.info("compiled-plan cache: Triton's driver utilities not kept: %s", exc)
+            return False
+        return True
+
+    def offer_driver_module(self) -> bool:
+        """Before Triton's driver is made in this process: put the driver utilities this
+        environment keeps into Triton's cache (unless it has them), checked as a kernel's
+        artifacts are, so Triton's set-up loads them instead of compiling driver.c. False
+        when there are none or they are doubtful; never raises."""
+        try:
+            key, entry = self._driver_slot()
+            kept = self._kept_driver_module(key, entry)
+        except Exception as exc:  # noqa: BLE001 - doubtful: Triton compiles them, as before
+            log.info("compiled-plan cache: Triton's driver utilities doubtful: %s", exc)
+            return False
+        return kept is not None and _offer_module(key["triton_key"], _DRIVER_MODULE, kept)
 
     def discard(self, key):
         with contextlib.suppress(OSError):
@@ -539,6 +740,24 @@ def _live_store():
         if store is None:
             store = _STORES[(root, ordinal)] = Store(root, environment(device_facts(ordinal)))
     return store
+
+
+_DRIVER_PREPARED = False
+
+
+def prepare_triton_driver() -> bool:
+    """Before Triton's driver is first made in this process (the first kernel compiled or
+    launched): hand Triton's cache the driver utilities the live environment keeps, so the
+    driver's set-up loads them instead of compiling driver.c. Once per process that has a
+    live store; True when handed over. Never raises."""
+    global _DRIVER_PREPARED
+    if _DRIVER_PREPARED:
+        return False
+    store = _live_store()
+    if store is None or _compile_requested():
+        return False
+    _DRIVER_PREPARED = True
+    return store.offer_driver_module()
 
 
 def compile(src, target, options=None, _env_vars=None):  # noqa: A001 - triton.compile's drop-in
@@ -676,5 +895,5 @@ __all__ = [
     "CACHE_ENV", "DEFAULT_MAX_BYTES", "DISABLE_ENV", "MAX_BYTES_ENV", "SCHEMA", "Store",
     "Unsafe", "cache_home", "cache_root", "check_root", "clear", "compile", "device_facts",
     "dist_version", "enabled", "entries", "environment", "environment_hash", "kernel_key",
-    "max_bytes", "prune", "source_digest", "stats", "usage",
+    "max_bytes", "prepare_triton_driver", "prune", "source_digest", "stats", "usage",
 ]  # fmt: skip

@@ -300,8 +300,65 @@ def compile_kernel(src, options, device):
     from . import compiled_cache
 
     with torch.cuda.device(device):
+        _before_triton_driver()
         target = triton.runtime.driver.active.get_current_target()
         return compiled_cache.compile(src, target, options)
+
+
+def _before_triton_driver():
+    """What Triton's driver set-up (the first kernel of a process) can be spared: `ldconfig`
+    and compiling its driver utilities (kept by the compiled-plan cache)."""
+    from . import compiled_cache
+
+    tell_triton_loaded_libcuda()
+    compiled_cache.prepare_triton_driver()
+
+
+_LIBCUDA = "libcuda.so.1"  # what Triton links its launchers against (driver.py `libraries`)
+_LIBCUDA_TOLD = False
+
+
+def tell_triton_loaded_libcuda(soname=_LIBCUDA) -> bool:
+    """Where this process has already loaded libcuda (torch's CUDA initialisation does),
+    hand its directory to Triton, so that Triton's driver set-up finds it without running
+    `ldconfig -p` (a subprocess in every fresh process; triton 3.6 libcuda_dirs, which
+    honours TRITON_LIBCUDA_PATH first). Nothing when the user chose a path (the variable
+    or the knob), when libcuda is not loaded, or off Linux. True once Triton has a path.
+
+    The directory goes on Triton's knob object for this process only, never into
+    os.environ (the knob's own setter would export it): an exported variable is inherited
+    by every child process, which would then read it as the user's choice and link against
+    this process's libcuda directory even where its own library path differs. It is safe
+    here: Triton uses the directory only as `-L` when it links a launcher against
+    libcuda.so.1, and a loaded launcher resolves libcuda.so.1 by that name to the library
+    this process already has, the one in that directory."""
+    global _LIBCUDA_TOLD
+    if _LIBCUDA_TOLD:
+        return True
+    import ctypes
+    import os
+
+    try:
+        from triton import knobs
+
+        if knobs.nvidia.libcuda_path is not None:
+            _LIBCUDA_TOLD = True
+            return True
+        handle = ctypes.CDLL(soname, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)._handle
+        origin = ctypes.create_string_buffer(4097)
+        rtld_di_origin = 6  # <dlfcn.h>: the directory the object was loaded from
+        if ctypes.CDLL(None).dlinfo(ctypes.c_void_p(handle), rtld_di_origin, origin) != 0:
+            return False
+        directory = origin.value.decode()
+        if not os.path.isfile(os.path.join(directory, _LIBCUDA)):
+            return False
+        # Where the knob's setter keeps a value for this process (triton 3.6 knobs.env_base),
+        # written without the setter's export to os.environ (see above).
+        vars(knobs.nvidia)["libcuda_path"] = directory
+    except (OSError, AttributeError, ImportError, UnicodeDecodeError):
+        return False  # not loaded, or no dlinfo: Triton asks ldconfig, as it always has
+    _LIBCUDA_TOLD = True
+    return True
 
 
 def _jit(fn):
@@ -909,6 +966,7 @@ def record_launches():
     from triton.runtime.jit import JITFunction
 
     record = LaunchRecord()
+    _before_triton_driver()
 
     class ComputeWatch(TorchDispatchMode):
         # A view (a workspace slice) is host metadata; anything else runs on the device and
@@ -953,6 +1011,7 @@ def cached_jit_compiles():
     cache, as compile_kernel does. record_launches does the same for what it records."""
     from triton.runtime.jit import JITFunction
 
+    _before_triton_driver()
     with _PATCH_LOCK:
         original = JITFunction.run
 
