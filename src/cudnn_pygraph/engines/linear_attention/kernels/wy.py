@@ -130,10 +130,9 @@ def wy_bwd_kernel(
     BETA_K: tl.constexpr = False,
 ):
     """dk, dv, dbeta and dG in BV / BK column slices, so that only the [64, 64] matrices
-    (A^T, dA, the key Gram) stay whole. (The previous kernel held a dozen [64, 128] fp32
-    tiles at once: 224 KB of shared memory, one program per SM, 2.83 ms per call on (a)
-    8x4096 on the H200; this one 1.85 ms at 8 warps, and (a) fwd+bwd 8.83 -> 7.25 ms at
-    4 warps, bench/results/gdn.md.)
+    (A^T, dA, the key Gram) stay whole: a dozen whole [64, 128] fp32 tiles would need more
+    shared memory than leaves room for a second program per SM (bench/results/gdn.md).
+    Which slices and warps Triton 3.6 compiles right on Hopper: configs.py.
 
     Pass over V: dv, dbeta's value part, dA += dU (beta V)^T.
     Pass 1 over K: dA += dW (beta d k_hat)^T and the Gram k_hat k_hat^T; pass 2 forms
