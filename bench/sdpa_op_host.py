@@ -8,8 +8,8 @@ layer, and what a new batch size costs (issue 17: graphs per layout class, not p
    burst of calls timed by the wall, min of 5: the public op forward + backward, the op
    forward alone, the custom op, its implementation (layout keys, `_serving`, `_Plan.run`),
    `_Plan.run` alone and the plan's graph.execute(pack). The differences say where a
-   step's host time goes: torch.library's dispatch and autograd wrapper, the op's own
-   rule, the execute path.
+   step's host time goes: torch.library's dispatch (which only a traced call takes), the
+   autograd wrapper, the op's own rule, the execute path.
 3. First and repeated calls at batches 1, 2, 3, 5, 8 and 11 (a new batch each): wall ms of
    the first call (planning and building where the side needs it) and of the second.
 
@@ -102,7 +102,8 @@ def layers(lines):
         ("public op, forward (no grad)",
          lambda: ops.scaled_dot_product_attention(qd, kd, vd, is_causal=True)),
         ("custom op sdpa_fwd (no grad)", lambda: attention._fwd(*args)),
-        ("its implementation: keys, _serving, _Plan.run", lambda: attention._fwd._init_fn(*args)),
+        ("its implementation (an eager call's path): keys, _serving, _Plan.run",
+         lambda: attention._forward(*args)),
         ("_Plan.run", lambda: plan.run(buffers)),
         ("graph.execute(pack)", lambda: plan.graph.execute(pack)),
     ]  # fmt: skip

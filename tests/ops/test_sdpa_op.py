@@ -198,6 +198,32 @@ def test_compiles_without_a_graph_break():
         assert _rel(got, want) <= 1e-3
 
 
+def test_eager_calls_skip_torch_library_and_traced_calls_take_the_custom_op(monkeypatch):
+    """An eager call runs the implementations directly (torch.library's per-call dispatch is
+    host time a step pays for nothing); a call under a dispatch mode (what fake tensors,
+    export and make_fx bring) goes through the custom op, with the same result."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    through_op = []
+    real = attention._fwd
+    monkeypatch.setattr(attention, "_fwd", lambda *a: through_op.append(1) or real(*a))
+    gen = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(1, 2, 32, 64, generator=gen).half().requires_grad_() for _ in range(3))
+    out = ops.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.float().square().sum().backward()
+    with torch.no_grad():
+        ops.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert through_op == [] and q.grad is not None
+    with torch.no_grad(), Passthrough():
+        traced = ops.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert through_op == [1]
+    assert torch.equal(traced, out.detach())
+
+
 def test_an_expanded_or_transposed_gradient_is_served():
     gen = torch.Generator().manual_seed(9)
     q, k, v = (torch.randn(1, 2, 32, 64, generator=gen).half().requires_grad_() for _ in range(3))

@@ -21,7 +21,9 @@ run it, planned ONCE per class at a batch capacity (the graphs are marked
 `mark_per_call_batch`, so their plans take any batch up to the declared one: runtime/
 launch.py `Extent`) and re-planned only when a call brings more (the capacity doubles).
 Registered with torch.library (fake implementations included) so torch.compile traces it
-without a graph break, with autograd through the backward graph.
+without a graph break, with autograd through the backward graph; an eager call runs the
+same two implementations under a plain autograd.Function (`_eager`), without torch.library's
+per-call dispatch.
 
 A call outside what the graphs cover (an attn_mask, dropout, another dtype or head dim, a
 non-unit D stride, ...) runs torch's own SDPA, and the reason is logged once on the
@@ -35,6 +37,7 @@ import threading
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from .. import heur_mode
 from .._log import log
@@ -462,8 +465,7 @@ def _lse_shape(q, cu_q, max_q):
 # ---------------------------------------------------------------- the custom ops
 
 
-@torch.library.custom_op("cudnn_pygraph::sdpa_fwd", mutates_args=())
-def _fwd(
+def _forward(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -491,14 +493,16 @@ def _fwd(
     return out, lse
 
 
+_fwd = torch.library.custom_op("cudnn_pygraph::sdpa_fwd", _forward, mutates_args=())
+
+
 @_fwd.register_fake
 def _(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window_left):
     out = torch.empty_like(q)
     return out, q.new_empty(_lse_shape(q, cu_q, max_q), dtype=torch.float32)
 
 
-@torch.library.custom_op("cudnn_pygraph::sdpa_bwd", mutates_args=())
-def _bwd(
+def _backward_impl(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -536,6 +540,9 @@ def _bwd(
     return dq, dk, dv
 
 
+_bwd = torch.library.custom_op("cudnn_pygraph::sdpa_bwd", _backward_impl, mutates_args=())
+
+
 @_bwd.register_fake
 def _(q, k, v, out, lse, d_out, cu_q, cu_k, max_q, max_k, scale, causal, window_left):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -555,6 +562,40 @@ def _backward(ctx, d_out, d_lse):
 
 
 _fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _Eager(torch.autograd.Function):
+    """The same forward and backward outside torch.compile, called directly: torch.library's
+    Python dispatch and autograd wrapper cost more host time per step than the op's own work
+    (bench/results/sdpa_op_host.md), and an eager call needs neither (nothing traces it).
+    forward takes ctx (no setup_context): binding a setup_context signature costs an
+    inspect.signature per call. (Neither path serves functorch transforms: torch.library's
+    autograd registration refuses them too.)"""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window_left):
+        out, lse = _forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window_left)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.args = (max_q, max_k, scale, causal, window_left)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, d_lse):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = _backward_impl(q, k, v, out, lse, d_out, cu_q, cu_k, *ctx.args)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def _eager(*tensors) -> bool:
+    """Whether a call runs the implementations directly: plain tensors, no tracer, no
+    dispatch mode (fake tensors, torch.compile, export and make_fx go through the custom
+    ops, whose fake implementations they need)."""
+    return (
+        not torch.compiler.is_compiling()
+        and all(type(t) is Tensor for t in tensors)
+        and _current_dispatch_mode() is None
+    )
 
 
 # ---------------------------------------------------------------- the public op
@@ -609,9 +650,13 @@ def scaled_dot_product_attention(
         max_q, max_k = _bucket(int(max_seqlen_q)), _bucket(int(max_seqlen_k))
     else:
         max_q = max_k = 0
-    out, _ = _fwd(query, key, value, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, causal,
-                  window)  # fmt: skip
-    return out
+    args = (query, key, value, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, causal, window)
+    if not _eager(query, key, value):
+        return _fwd(*args)[0]
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad
+                                    or value.requires_grad):  # fmt: skip
+        return _Eager.apply(*args)[0]
+    return _forward(*args)[0]
 
 
 def _torch_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, alignment,
