@@ -22,8 +22,8 @@ run it, planned ONCE per class at a batch capacity (the graphs are marked
 launch.py `Extent`) and re-planned only when a call brings more (the capacity doubles).
 Registered with torch.library (fake implementations included) so torch.compile traces it
 without a graph break, with autograd through the backward graph; an eager call runs the
-same two implementations under a plain autograd.Function (`_eager`), without torch.library's
-per-call dispatch.
+same two implementations under a plain autograd.Function (`_Eager`), without torch.library's
+per-call dispatch (_torch_dispatch.py).
 
 A call outside what the graphs cover (an attn_mask, dropout, another dtype or head dim, a
 non-unit D stride, ...) runs torch's own SDPA, and the reason is logged once on the
@@ -37,10 +37,10 @@ import threading
 
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from .. import heur_mode
 from .._log import log
+from .._torch_dispatch import plain_call
 from .._types import cudnnGraphNotSupportedError, data_type
 from ..engines.sdpa.analyzer import mark_per_call_batch
 from ..graph.pygraph import pygraph
@@ -587,17 +587,6 @@ class _Eager(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def _eager(*tensors) -> bool:
-    """Whether a call runs the implementations directly: plain tensors, no tracer, no
-    dispatch mode (fake tensors, torch.compile, export and make_fx go through the custom
-    ops, whose fake implementations they need)."""
-    return (
-        not torch.compiler.is_compiling()
-        and all(type(t) is Tensor for t in tensors)
-        and _current_dispatch_mode() is None
-    )
-
-
 # ---------------------------------------------------------------- the public op
 
 
@@ -651,7 +640,7 @@ def scaled_dot_product_attention(
     else:
         max_q = max_k = 0
     args = (query, key, value, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, causal, window)
-    if not _eager(query, key, value):
+    if not plain_call(query, key, value):
         return _fwd(*args)[0]
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad
                                     or value.requires_grad):  # fmt: skip
