@@ -89,7 +89,7 @@ tests_sdpa_op() {
     "tests/gpu/test_sdpa_bwd_gpu.py::test_opcheck" \
     "tests/gpu/test_sdpa_bwd_gpu.py::test_op_forward_and_backward_capture_in_a_cuda_graph"
 }
-tests_cold_start() { gpu_suite compiled_cache 200 tests/gpu/test_compiled_cache_gpu.py; }
+tests_cold_start() { gpu_suite compiled_cache 300 tests/gpu/test_compiled_cache_gpu.py; }
 tests_reliability() { :; }
 # -s: each case prints its errors as it ends, so a suite cut by its cap still shows them.
 tests_kda() { gpu_suite kda 240 -s tests/gpu/test_kda_gpu.py; }
