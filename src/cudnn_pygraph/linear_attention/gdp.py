@@ -14,21 +14,22 @@ from __future__ import annotations
 import torch
 
 from .ops import (
-    _FWD_FLAGS,
     _HEAD_FIRST_REMOVED,
     _attrs,
     _autograd,
     _bwd,
     _bwd_fake,
+    _check_gate_flags,
     _check_head_dims,
+    _check_in_place_state,
     _check_state,
+    _check_state_indices,
     _eager,
     _fwd,
     _fwd_fake,
     _fwd_overwrite,
+    _packed_cu_seqlens,
 )
-
-_GDP_FWD_FLAGS = (*_FWD_FLAGS, "num_householder")
 
 
 def _gdp_attrs(scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
@@ -125,7 +126,7 @@ def _(q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state, a_log, dt_
     return _bwd_fake(q, k, v, g, beta, initial_state, a_log, dt_bias, safe_gate)
 
 
-_setup_context, _backward = _autograd(_GDP_FWD_FLAGS, _gdp_bwd_impl, _gdp_bwd)
+_setup_context, _backward = _autograd(_gdp_fwd_impl, _gdp_bwd_impl, _gdp_bwd)
 _gdp_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
@@ -218,17 +219,11 @@ def gated_delta_product_overwrite_state(
         raise ValueError(f"q: expected [1, T, H, K] (packed tokens), got shape {tuple(q.shape)}")
     _check_rows(q, k, v, g, beta, n)
     _check_head_dims(q, v)
-    if state.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(
-            f"state: dtype {state.dtype} is not fp32 or bf16 (updated in place, so it is not "
-            "converted)"
-        )
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("allow_neg_eigval requires use_beta_sigmoid_in_kernel=True")
-    if (A_log is not None or dt_bias is not None) and not use_gate_in_kernel:
-        raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
-    if state_indices is not None and state_indices.dtype != torch.int32:
-        raise ValueError(f"state_indices: dtype {state_indices.dtype}, expected torch.int32")
+    _check_in_place_state(state)
+    _check_gate_flags(
+        allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log, dt_bias
+    )
+    _check_state_indices(state_indices)
     rows = state.shape[0] if state_indices is not None else cu_seqlens.shape[0] - 1
     heads = max(q.shape[2], v.shape[2])
     _check_state("state", state, rows, heads, q.shape[-1], v.shape[-1], False)
@@ -291,14 +286,10 @@ def gated_delta_product(
     B, T = q.shape[:2]
     _check_rows(q, k, v, g, beta, n)
     _check_head_dims(q, v)
-    if cu_seqlens is None:
-        cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
-    elif B != 1:
-        raise ValueError(f"q: with cu_seqlens the batch must be 1 (packed tokens), got B={B}")
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("allow_neg_eigval requires use_beta_sigmoid_in_kernel=True")
-    if (A_log is not None or dt_bias is not None) and not use_gate_in_kernel:
-        raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
+    cu_seqlens = _packed_cu_seqlens(cu_seqlens, B, T, q.device)
+    _check_gate_flags(
+        allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log, dt_bias
+    )
     heads = max(q.shape[2], v.shape[2])
     _check_state(
         "initial_state", initial_state, cu_seqlens.shape[0] - 1, heads, q.shape[-1],
