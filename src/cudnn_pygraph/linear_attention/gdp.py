@@ -28,6 +28,7 @@ from .ops import (
     _fwd,
     _fwd_fake,
     _fwd_overwrite,
+    _o_shape,
     _packed_cu_seqlens,
 )
 
@@ -80,8 +81,7 @@ _gdp_fwd = torch.library.custom_op("cudnn_pygraph::gdp_fwd", _gdp_fwd_impl, muta
 def _(q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, scale, output_final_state,
       use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
       batch_invariant, state_v_first, num_householder):  # fmt: skip
-    o, ht = _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, state_v_first)
-    return o.new_empty(q.shape[0], *o.shape[1:]), ht
+    return _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, state_v_first)
 
 
 def _gdp_bwd_impl(
@@ -183,7 +183,7 @@ _gdp_fwd_overwrite_state = torch.library.custom_op(
 def _(q, k, v, g, beta, cu_seqlens, state, state_indices, a_log, dt_bias, scale, use_qk_l2norm,
       use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, batch_invariant,
       num_householder):  # fmt: skip
-    return v.new_empty(q.shape[0], max(q.shape[1], v.shape[1]), v.shape[2])
+    return v.new_empty(_o_shape(q, v))
 
 
 def gated_delta_product_overwrite_state(

@@ -256,13 +256,18 @@ def _state_dims(K, V, v_first):
     return (V, K) if v_first else (K, V)
 
 
+def _o_shape(q, v):
+    """o of every family's forward: [T, HO, V], T the real tokens (q's rows; gdp's k / v
+    carry num_householder rows per token), HO = max(H, HV)."""
+    return q.shape[0], max(q.shape[1], v.shape[1]), v.shape[2]
+
+
 def _fwd(family, q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, state_v_first,
          w=None):  # fmt: skip
     """The forward of any family on the caller's buffers; attrs: the node's attributes
     (output_final_state among them); w: gdn2's write gate."""
-    _, HV, V = v.shape
-    T = q.shape[0]  # real tokens (gdp's k / v carry num_householder rows per token)
-    HO, K = max(q.shape[1], HV), k.shape[2]
+    T, HO, V = _o_shape(q, v)
+    K = k.shape[2]
     N = cu_seqlens.shape[0] - 1
     output_final_state = attrs["output_final_state"]
     o = torch.empty(T, HO, V, dtype=v.dtype, device=v.device)
@@ -368,8 +373,8 @@ def _(
 
 
 def _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, state_v_first):
-    T, HV, V = v.shape
-    HO, K = max(q.shape[1], HV), k.shape[2]
+    T, HO, V = _o_shape(q, v)
+    K = k.shape[2]
     N = cu_seqlens.shape[0] - 1
     dtype = initial_state.dtype if initial_state is not None else torch.float32
     return (
@@ -741,9 +746,7 @@ def _fwd_overwrite(family, q, k, v, g, beta, cu_seqlens, state, state_indices, a
                    dt_bias, attrs):  # fmt: skip
     """The in-place forward of either family: `state` (K-major, a pool under state_indices)
     seeds and receives the final states. Returns o."""
-    _, HV, V = v.shape
-    T = q.shape[0]  # real tokens (gdp's k / v carry num_householder rows per token)
-    o = torch.empty(T, max(q.shape[1], HV), V, dtype=v.dtype, device=v.device)
+    o = torch.empty(_o_shape(q, v), dtype=v.dtype, device=v.device)
     attrs.update(output_final_state=True, overwrite_initial_state=True)
     pool = _state_view(state)
     tensors = (q, k, v, g, beta, cu_seqlens, pool, a_log, dt_bias, state_indices)  # o: made here
@@ -847,8 +850,7 @@ def _(
     gate_domain,
     batch_invariant,
 ):
-    T, HV, V = v.shape
-    return v.new_empty(T, max(q.shape[1], HV), V)
+    return v.new_empty(_o_shape(q, v))
 
 
 def gated_delta_net_overwrite_state(
@@ -1115,8 +1117,7 @@ def _(
     gate_domain,
     batch_invariant,
 ):
-    T, HV, V = v.shape
-    return v.new_empty(T, max(q.shape[1], HV), V)
+    return v.new_empty(_o_shape(q, v))
 
 
 # fla's chunk_kda refuses these in its own words (fla/ops/kda/chunk.py).
