@@ -37,6 +37,7 @@ import torch.distributed as dist
 from .ops import (
     _check_gate_flags,
     _check_head_dims,
+    _check_kda_beta_flags,
     _check_state,
     _gdn_bwd_impl,
     _gdn_fwd_impl,
@@ -324,8 +325,7 @@ def kimi_delta_attention_cp(
     positional slots between lower_bound and it are hints this op has no use for). Same
     collectives, gradients and return as gated_delta_net_cp's."""
     _check_shapes(q, v)
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+    _check_kda_beta_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel)
     heads = max(q.shape[2], v.shape[2])
     if tuple(g.shape) != (*q.shape[:2], heads, q.shape[3]):
         raise ValueError(

@@ -22,6 +22,8 @@ from .ops import (
     _check_gate_flags,
     _check_head_dims,
     _check_in_place_state,
+    _check_packed_q,
+    _check_pool,
     _check_state,
     _check_state_indices,
     _eager,
@@ -215,8 +217,7 @@ def gated_delta_product_overwrite_state(
     n = int(num_householder)
     if n < 1:
         raise ValueError(f"num_householder: must be >= 1, got {num_householder}")
-    if q.dim() != 4 or q.shape[0] != 1:
-        raise ValueError(f"q: expected [1, T, H, K] (packed tokens), got shape {tuple(q.shape)}")
+    _check_packed_q(q)
     _check_rows(q, k, v, g, beta, n)
     _check_head_dims(q, v)
     _check_in_place_state(state)
@@ -224,9 +225,7 @@ def gated_delta_product_overwrite_state(
         allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log, dt_bias
     )
     _check_state_indices(state_indices)
-    rows = state.shape[0] if state_indices is not None else cu_seqlens.shape[0] - 1
-    heads = max(q.shape[2], v.shape[2])
-    _check_state("state", state, rows, heads, q.shape[-1], v.shape[-1], False)
+    _check_pool(state, state_indices, cu_seqlens, q, v)
     f32 = lambda t: None if t is None else t.float()
     A_log, dt_bias = f32(A_log), f32(dt_bias)
     eager = _eager(q, k, v, g, beta, cu_seqlens, state, state_indices, A_log, dt_bias)

@@ -622,6 +622,20 @@ def _check_state_indices(state_indices):
         raise ValueError(f"state_indices: dtype {state_indices.dtype}, expected torch.int32")
 
 
+def _check_packed_q(q):
+    """The in-place ops take packed tokens only: q [1, T, H, K]."""
+    if q.dim() != 4 or q.shape[0] != 1:
+        raise ValueError(f"q: expected [1, T, H, K] (packed tokens), got shape {tuple(q.shape)}")
+
+
+def _check_pool(state, state_indices, cu_seqlens, q, v):
+    """The in-place state, K-major: a row per sequence, or under state_indices a pool of any
+    number of rows."""
+    rows = state.shape[0] if state_indices is not None else cu_seqlens.shape[0] - 1
+    heads = max(q.shape[2], v.shape[2])
+    _check_state("state", state, rows, heads, q.shape[-1], v.shape[-1], False)
+
+
 def _check_state(name, state, n_seq, heads, K, V, v_first):
     """The state in the caller's layout: [N, HV, K, V], or [N, HV, V, K] with state_v_first."""
     if state is None:
@@ -881,16 +895,14 @@ def gated_delta_net_overwrite_state(
     indexed rows NaN (checked on the device, no sync). No autograd.
     q/k/v/g/beta and the keyword flags as in gated_delta_net, B == 1 (packed tokens).
     Returns o [1, T, HO, V]."""
-    if q.dim() != 4 or q.shape[0] != 1:
-        raise ValueError(f"q: expected [1, T, H, K] (packed tokens), got shape {tuple(q.shape)}")
+    _check_packed_q(q)
     _check_head_dims(q, v)
     _check_in_place_state(state)
     _check_gate_flags(
         allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log, dt_bias
     )
     _check_state_indices(state_indices)
-    rows = state.shape[0] if state_indices is not None else cu_seqlens.shape[0] - 1
-    _check_state("state", state, rows, max(q.shape[2], v.shape[2]), q.shape[-1], v.shape[-1], False)
+    _check_pool(state, state_indices, cu_seqlens, q, v)
     f32 = lambda t: None if t is None else t.float()
     A_log, dt_bias = f32(A_log), f32(dt_bias)
     eager = _eager(q, k, v, g, beta, cu_seqlens, state, state_indices, A_log, dt_bias)
@@ -1126,6 +1138,12 @@ _KDA_KWARGS = ("A_log", "dt_bias", "chunk_size", "transpose_state_layout")
 _KDA_LOWER_BOUND_RANGE = (-5.0, 0.0)  # fla's safe_gate range: [-5, 0)
 
 
+def _check_kda_beta_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel):
+    """_check_gate_flags' beta rule, in the words fla's chunk_kda refuses it with."""
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+
+
 def _kda_gate_args(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias, heads, K):
     """fla's gate arguments as the kda node's: (safe_gate, gate_lower_bound, a_log [HO] fp32,
     dt_bias [HO, K] fp32). fla's use_gate_in_kernel is the node's safe_gate (g holds raw
@@ -1241,8 +1259,7 @@ def kimi_delta_attention(
     chunk_size = kwargs.get("chunk_size", 64)
     if chunk_size not in _KDA_CHUNK_SIZES:
         raise ValueError(f"`chunk_size` must be either 32 or 64 for KDA, got {chunk_size}.")
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+    _check_kda_beta_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel)
     if q.dim() != 4:
         raise ValueError(f"q: expected [B, T, H, K], got shape {tuple(q.shape)}")
     if k.shape != q.shape:
@@ -1336,19 +1353,16 @@ def kimi_delta_attention_overwrite_state(
     index outside the pool touches nothing there and makes o and the indexed rows NaN. No
     autograd. q/k/v/g/beta and the gate keywords as in kimi_delta_attention, B == 1.
     Returns o [1, T, HO, V]."""
-    if q.dim() != 4 or q.shape[0] != 1:
-        raise ValueError(f"q: expected [1, T, H, K] (packed tokens), got shape {tuple(q.shape)}")
+    _check_packed_q(q)
     _check_head_dims(q, v)
     _check_in_place_state(state)
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+    _check_kda_beta_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel)
     _check_state_indices(state_indices)
     heads, K = max(q.shape[2], v.shape[2]), q.shape[-1]
     gate, lb, A_log, dt_bias = _kda_gate_args(
         use_gate_in_kernel, False, lower_bound, A_log, dt_bias, heads, K
     )
-    rows = state.shape[0] if state_indices is not None else cu_seqlens.shape[0] - 1
-    _check_state("state", state, rows, heads, K, v.shape[-1], False)
+    _check_pool(state, state_indices, cu_seqlens, q, v)
     eager = _eager(q, k, v, g, beta, cu_seqlens, state, state_indices, A_log, dt_bias)
     o = (_kda_fwd_overwrite_state_impl if eager else _kda_fwd_overwrite_state)(
         q[0],
