@@ -272,12 +272,12 @@ def host_time(only):
     (gated_delta_net: graph cache, then the plan's replay of its recorded launches), our
     launcher (gdn_forward with a given workspace: validation, carving, Triton's JIT per
     launch), the same kernels launched bare through the JIT (each recorded launch replayed
-    with its recorded arguments), and launched raw (runtime/launch.py over this
+    with its recorded arguments), and launched raw (runtime/launch_replay.py over this
     call's buffers: Triton's C launcher alone, the floor)."""
     import time
 
     from cudnn_pygraph.linear_attention.ops import gated_delta_net
-    from cudnn_pygraph.runtime.launch import build_replay, record_launches
+    from cudnn_pygraph.runtime.launch_replay import build_replay, record_launches
 
     name, seqlens = next((n, s) for n, s in shapes().items() if not only or only in n)
     x, cu, init = make_inputs(seqlens, with_state=False)

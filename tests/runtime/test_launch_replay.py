@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 
-from cudnn_pygraph.runtime.launch import LaunchRecord, build_replay, record_launches
+from cudnn_pygraph.runtime.launch_replay import LaunchRecord, build_replay, record_launches
 
 
 def _kernel(x_ptr, y_ptr, n, scale, BLOCK=64):  # the fake kernel's Python signature
@@ -131,7 +131,7 @@ def test_recording_flags_a_torch_op_that_computes_but_not_a_view():
 
 _RECORD_IN_A_FRESH_PROCESS = """
 import sys, torch
-from cudnn_pygraph.runtime.launch import record_launches
+from cudnn_pygraph.runtime.launch_replay import record_launches
 before = "torch._dynamo" in sys.modules
 with record_launches() as record:
     torch.randn(8).add(1.0)

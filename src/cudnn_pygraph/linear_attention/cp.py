@@ -35,7 +35,9 @@ import torch
 import torch.distributed as dist
 
 from .ops import (
+    _check_gate_flags,
     _check_head_dims,
+    _check_kda_beta_flags,
     _check_state,
     _gdn_bwd_impl,
     _gdn_fwd_impl,
@@ -277,10 +279,9 @@ def gated_delta_net_cp(
     Returns (o [B, T_r, HO, V], this rank's span of the output; final_state [B, HO, K, V]
     (or [B, HO, V, K] with state_v_first), fp32, the same on every rank, or None)."""
     _check_shapes(q, v)
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("allow_neg_eigval requires use_beta_sigmoid_in_kernel=True")
-    if (A_log is not None or dt_bias is not None) and not use_gate_in_kernel:
-        raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
+    _check_gate_flags(
+        allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log, dt_bias
+    )
     flags = {
         "use_qk_l2norm": bool(use_qk_l2norm_in_kernel),
         "use_beta_sigmoid": bool(use_beta_sigmoid_in_kernel),
@@ -324,8 +325,7 @@ def kimi_delta_attention_cp(
     positional slots between lower_bound and it are hints this op has no use for). Same
     collectives, gradients and return as gated_delta_net_cp's."""
     _check_shapes(q, v)
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+    _check_kda_beta_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel)
     heads = max(q.shape[2], v.shape[2])
     if tuple(g.shape) != (*q.shape[:2], heads, q.shape[3]):
         raise ValueError(

@@ -14,21 +14,25 @@ from __future__ import annotations
 import torch
 
 from .ops import (
-    _FWD_FLAGS,
     _HEAD_FIRST_REMOVED,
     _attrs,
     _autograd,
     _bwd,
     _bwd_fake,
+    _check_gate_flags,
     _check_head_dims,
+    _check_in_place_state,
+    _check_packed_q,
+    _check_pool,
     _check_state,
+    _check_state_indices,
     _eager,
     _fwd,
     _fwd_fake,
     _fwd_overwrite,
+    _o_shape,
+    _packed_cu_seqlens,
 )
-
-_GDP_FWD_FLAGS = (*_FWD_FLAGS, "num_householder")
 
 
 def _gdp_attrs(scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
@@ -79,8 +83,7 @@ _gdp_fwd = torch.library.custom_op("cudnn_pygraph::gdp_fwd", _gdp_fwd_impl, muta
 def _(q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, scale, output_final_state,
       use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
       batch_invariant, state_v_first, num_householder):  # fmt: skip
-    o, ht = _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, state_v_first)
-    return o.new_empty(q.shape[0], *o.shape[1:]), ht
+    return _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, state_v_first)
 
 
 def _gdp_bwd_impl(
@@ -125,7 +128,7 @@ def _(q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state, a_log, dt_
     return _bwd_fake(q, k, v, g, beta, initial_state, a_log, dt_bias, safe_gate)
 
 
-_setup_context, _backward = _autograd(_GDP_FWD_FLAGS, _gdp_bwd_impl, _gdp_bwd)
+_setup_context, _backward = _autograd(_gdp_fwd_impl, _gdp_bwd_impl, _gdp_bwd)
 _gdp_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
@@ -182,7 +185,7 @@ _gdp_fwd_overwrite_state = torch.library.custom_op(
 def _(q, k, v, g, beta, cu_seqlens, state, state_indices, a_log, dt_bias, scale, use_qk_l2norm,
       use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, batch_invariant,
       num_householder):  # fmt: skip
-    return v.new_empty(q.shape[0], max(q.shape[1], v.shape[1]), v.shape[2])
+    return v.new_empty(_o_shape(q, v))
 
 
 def gated_delta_product_overwrite_state(
@@ -214,24 +217,15 @@ def gated_delta_product_overwrite_state(
     n = int(num_householder)
     if n < 1:
         raise ValueError(f"num_householder: must be >= 1, got {num_householder}")
-    if q.dim() != 4 or q.shape[0] != 1:
-        raise ValueError(f"q: expected [1, T, H, K] (packed tokens), got shape {tuple(q.shape)}")
+    _check_packed_q(q)
     _check_rows(q, k, v, g, beta, n)
     _check_head_dims(q, v)
-    if state.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(
-            f"state: dtype {state.dtype} is not fp32 or bf16 (updated in place, so it is not "
-            "converted)"
-        )
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("allow_neg_eigval requires use_beta_sigmoid_in_kernel=True")
-    if (A_log is not None or dt_bias is not None) and not use_gate_in_kernel:
-        raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
-    if state_indices is not None and state_indices.dtype != torch.int32:
-        raise ValueError(f"state_indices: dtype {state_indices.dtype}, expected torch.int32")
-    rows = state.shape[0] if state_indices is not None else cu_seqlens.shape[0] - 1
-    heads = max(q.shape[2], v.shape[2])
-    _check_state("state", state, rows, heads, q.shape[-1], v.shape[-1], False)
+    _check_in_place_state(state)
+    _check_gate_flags(
+        allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log, dt_bias
+    )
+    _check_state_indices(state_indices)
+    _check_pool(state, state_indices, cu_seqlens, q, v)
     f32 = lambda t: None if t is None else t.float()
     A_log, dt_bias = f32(A_log), f32(dt_bias)
     eager = _eager(q, k, v, g, beta, cu_seqlens, state, state_indices, A_log, dt_bias)
@@ -291,14 +285,10 @@ def gated_delta_product(
     B, T = q.shape[:2]
     _check_rows(q, k, v, g, beta, n)
     _check_head_dims(q, v)
-    if cu_seqlens is None:
-        cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
-    elif B != 1:
-        raise ValueError(f"q: with cu_seqlens the batch must be 1 (packed tokens), got B={B}")
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("allow_neg_eigval requires use_beta_sigmoid_in_kernel=True")
-    if (A_log is not None or dt_bias is not None) and not use_gate_in_kernel:
-        raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
+    cu_seqlens = _packed_cu_seqlens(cu_seqlens, B, T, q.device)
+    _check_gate_flags(
+        allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log, dt_bias
+    )
     heads = max(q.shape[2], v.shape[2])
     _check_state(
         "initial_state", initial_state, cu_seqlens.shape[0] - 1, heads, q.shape[-1],

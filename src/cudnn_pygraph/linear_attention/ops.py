@@ -18,6 +18,7 @@ read as fp32, a state outside fp32/bf16 is carried in fp32.
 
 from __future__ import annotations
 
+import inspect
 import threading
 
 import torch
@@ -255,13 +256,18 @@ def _state_dims(K, V, v_first):
     return (V, K) if v_first else (K, V)
 
 
+def _o_shape(q, v):
+    """o of every family's forward: [T, HO, V], T the real tokens (q's rows; gdp's k / v
+    carry num_householder rows per token), HO = max(H, HV)."""
+    return q.shape[0], max(q.shape[1], v.shape[1]), v.shape[2]
+
+
 def _fwd(family, q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, state_v_first,
          w=None):  # fmt: skip
     """The forward of any family on the caller's buffers; attrs: the node's attributes
     (output_final_state among them); w: gdn2's write gate."""
-    _, HV, V = v.shape
-    T = q.shape[0]  # real tokens (gdp's k / v carry num_householder rows per token)
-    HO, K = max(q.shape[1], HV), k.shape[2]
+    T, HO, V = _o_shape(q, v)
+    K = k.shape[2]
     N = cu_seqlens.shape[0] - 1
     output_final_state = attrs["output_final_state"]
     o = torch.empty(T, HO, V, dtype=v.dtype, device=v.device)
@@ -367,8 +373,8 @@ def _(
 
 
 def _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, state_v_first):
-    T, HV, V = v.shape
-    HO, K = max(q.shape[1], HV), k.shape[2]
+    T, HO, V = _o_shape(q, v)
+    K = k.shape[2]
     N = cu_seqlens.shape[0] - 1
     dtype = initial_state.dtype if initial_state is not None else torch.float32
     return (
@@ -518,47 +524,41 @@ def _bwd_fake(q, k, v, g, beta, initial_state, a_log, dt_bias, safe_gate):
     ]
 
 
-_FWD_FLAGS = (
-    "scale",
-    "output_final_state",
-    "use_qk_l2norm",
-    "use_beta_sigmoid",
-    "allow_neg_eigval",
-    "safe_gate",
-    "gate_domain",
-    "batch_invariant",
-    "state_v_first",
-)
-
-
-def _autograd(fwd_flags, bwd_impl, bwd_op):
-    """(setup_context, backward) of a forward op whose arguments are (q, k, v, g, beta,
-    cu_seqlens, initial_state, a_log, dt_bias, *fwd_flags) and whose backward op takes
-    (q, k, v, g, beta, cu_seqlens, dO, initial_state, d_final_state, a_log, dt_bias, *the
-    flags but output_final_state)."""
+def _autograd(fwd_impl, bwd_impl, bwd_op):
+    """(setup_context, backward) of a forward op whose arguments are its tensors, ending
+    with dt_bias, then its flags: (q, k, v, g, beta, [w,] cu_seqlens, initial_state, a_log,
+    dt_bias, *flags). Its backward op takes (q, k, v, g, beta, [w,] cu_seqlens, dO,
+    initial_state, d_final_state, a_log, dt_bias, *the flags but output_final_state) and
+    returns the gradients of (q, k, v, g, beta, [w,] initial_state, a_log, dt_bias). The
+    flags are read off the forward's signature, the one list of them."""
+    fwd_params = list(inspect.signature(fwd_impl).parameters)
+    n_tensors = fwd_params.index("dt_bias") + 1
+    fwd_flags = tuple(fwd_params[n_tensors:])
+    bwd_params = list(inspect.signature(bwd_impl).parameters)
+    bwd_flags = tuple(bwd_params[bwd_params.index("dt_bias") + 1 :])
+    if bwd_flags != tuple(f for f in fwd_flags if f != "output_final_state"):
+        raise TypeError(
+            f"{bwd_impl.__name__}: flags {bwd_flags} are not {fwd_impl.__name__}'s "
+            f"{fwd_flags} but output_final_state, in order"
+        )
 
     def setup_context(ctx, inputs, output):
-        q, k, v, g, beta, cu, h0, a_log, dt_bias, *flags = inputs
-        ctx.save_for_backward(q, k, v, g, beta, cu, h0, a_log, dt_bias)
-        ctx.flags = dict(zip(fwd_flags, flags))
+        ctx.save_for_backward(*inputs[:n_tensors])
+        ctx.flags = dict(zip(fwd_flags, inputs[n_tensors:]))
 
     def backward(ctx, d_o, d_ht):
-        q, k, v, g, beta, cu, h0, a_log, dt_bias = ctx.saved_tensors
+        *head, cu, h0, a_log, dt_bias = ctx.saved_tensors  # head: q, k, v, g, beta[, w]
         f = dict(ctx.flags)
         output_final_state = f.pop("output_final_state")
         d_final = d_ht if output_final_state and d_ht is not None and d_ht.numel() else None
         d_o = d_o.contiguous()
-        eager = _eager(q, k, v, g, beta, cu, d_o, h0, d_final, a_log, dt_bias)
+        eager = _eager(*head, cu, d_o, h0, d_final, a_log, dt_bias)
         bwd = bwd_impl if eager else bwd_op
-        grads = bwd(q, k, v, g, beta, cu, d_o, h0, d_final, a_log, dt_bias, *f.values())
-        dq, dk, dv, dg, dbeta, dh0, da, ddt = grads
+        grads = bwd(*head, cu, d_o, h0, d_final, a_log, dt_bias, *f.values())
+        *d_head, dh0, da, ddt = grads
         none_if_empty = lambda t, ref: t if ref is not None and t.numel() else None
         return (
-            dq,
-            dk,
-            dv,
-            dg,
-            dbeta,
+            *d_head,
             None,
             none_if_empty(dh0, h0),
             none_if_empty(da, a_log),
@@ -568,7 +568,7 @@ def _autograd(fwd_flags, bwd_impl, bwd_op):
     return setup_context, backward
 
 
-_setup_context, _backward = _autograd(_FWD_FLAGS, _gdn_bwd_impl, _gdn_bwd)
+_setup_context, _backward = _autograd(_gdn_fwd_impl, _gdn_bwd_impl, _gdn_bwd)
 _gdn_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
@@ -588,6 +588,52 @@ def _check_head_dims(q, v):
                 f"{name}: head dim {dim}={t.shape[-1]} is not served: this op serves K and V in "
                 f"{{{', '.join(map(str, HEAD_DIMS))}}}"
             )
+
+
+def _check_gate_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log,
+                      dt_bias):  # fmt: skip
+    """The flag rules of the gdn-shaped ops (gdn, gdp and their in-place and cp forms)."""
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval requires use_beta_sigmoid_in_kernel=True")
+    if (A_log is not None or dt_bias is not None) and not use_gate_in_kernel:
+        raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
+
+
+def _packed_cu_seqlens(cu_seqlens, B, T, device):
+    """The caller's cu_seqlens (then B must be 1: packed tokens), else B sequences of T."""
+    if cu_seqlens is None:
+        return torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device)
+    if B != 1:
+        raise ValueError(f"q: with cu_seqlens the batch must be 1 (packed tokens), got B={B}")
+    return cu_seqlens
+
+
+def _check_in_place_state(state):
+    """A state the op updates in place is kept in its dtype, which must be one it serves."""
+    if state.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(
+            f"state: dtype {state.dtype} is not fp32 or bf16 (updated in place, so it is not "
+            "converted)"
+        )
+
+
+def _check_state_indices(state_indices):
+    if state_indices is not None and state_indices.dtype != torch.int32:
+        raise ValueError(f"state_indices: dtype {state_indices.dtype}, expected torch.int32")
+
+
+def _check_packed_q(q):
+    """The in-place ops take packed tokens only: q [1, T, H, K]."""
+    if q.dim() != 4 or q.shape[0] != 1:
+        raise ValueError(f"q: expected [1, T, H, K] (packed tokens), got shape {tuple(q.shape)}")
+
+
+def _check_pool(state, state_indices, cu_seqlens, q, v):
+    """The in-place state, K-major: a row per sequence, or under state_indices a pool of any
+    number of rows."""
+    rows = state.shape[0] if state_indices is not None else cu_seqlens.shape[0] - 1
+    heads = max(q.shape[2], v.shape[2])
+    _check_state("state", state, rows, heads, q.shape[-1], v.shape[-1], False)
 
 
 def _check_state(name, state, n_seq, heads, K, V, v_first):
@@ -663,14 +709,10 @@ def gated_delta_net(
         raise ValueError(f"q: expected [B, T, H, K], got shape {tuple(q.shape)}")
     _check_head_dims(q, v)
     B, T = q.shape[:2]
-    if cu_seqlens is None:
-        cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
-    elif B != 1:
-        raise ValueError(f"q: with cu_seqlens the batch must be 1 (packed tokens), got B={B}")
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("allow_neg_eigval requires use_beta_sigmoid_in_kernel=True")
-    if (A_log is not None or dt_bias is not None) and not use_gate_in_kernel:
-        raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
+    cu_seqlens = _packed_cu_seqlens(cu_seqlens, B, T, q.device)
+    _check_gate_flags(
+        allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log, dt_bias
+    )
     heads = max(q.shape[2], v.shape[2])
     _check_state(
         "initial_state",
@@ -718,9 +760,7 @@ def _fwd_overwrite(family, q, k, v, g, beta, cu_seqlens, state, state_indices, a
                    dt_bias, attrs):  # fmt: skip
     """The in-place forward of either family: `state` (K-major, a pool under state_indices)
     seeds and receives the final states. Returns o."""
-    _, HV, V = v.shape
-    T = q.shape[0]  # real tokens (gdp's k / v carry num_householder rows per token)
-    o = torch.empty(T, max(q.shape[1], HV), V, dtype=v.dtype, device=v.device)
+    o = torch.empty(_o_shape(q, v), dtype=v.dtype, device=v.device)
     attrs.update(output_final_state=True, overwrite_initial_state=True)
     pool = _state_view(state)
     tensors = (q, k, v, g, beta, cu_seqlens, pool, a_log, dt_bias, state_indices)  # o: made here
@@ -824,8 +864,7 @@ def _(
     gate_domain,
     batch_invariant,
 ):
-    T, HV, V = v.shape
-    return v.new_empty(T, max(q.shape[1], HV), V)
+    return v.new_empty(_o_shape(q, v))
 
 
 def gated_delta_net_overwrite_state(
@@ -856,21 +895,14 @@ def gated_delta_net_overwrite_state(
     indexed rows NaN (checked on the device, no sync). No autograd.
     q/k/v/g/beta and the keyword flags as in gated_delta_net, B == 1 (packed tokens).
     Returns o [1, T, HO, V]."""
-    if q.dim() != 4 or q.shape[0] != 1:
-        raise ValueError(f"q: expected [1, T, H, K] (packed tokens), got shape {tuple(q.shape)}")
+    _check_packed_q(q)
     _check_head_dims(q, v)
-    if state.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(
-            f"state: dtype {state.dtype} is not fp32 or bf16 (updated in place, so it is not converted)"
-        )
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("allow_neg_eigval requires use_beta_sigmoid_in_kernel=True")
-    if (A_log is not None or dt_bias is not None) and not use_gate_in_kernel:
-        raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
-    if state_indices is not None and state_indices.dtype != torch.int32:
-        raise ValueError(f"state_indices: dtype {state_indices.dtype}, expected torch.int32")
-    rows = state.shape[0] if state_indices is not None else cu_seqlens.shape[0] - 1
-    _check_state("state", state, rows, max(q.shape[2], v.shape[2]), q.shape[-1], v.shape[-1], False)
+    _check_in_place_state(state)
+    _check_gate_flags(
+        allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log, dt_bias
+    )
+    _check_state_indices(state_indices)
+    _check_pool(state, state_indices, cu_seqlens, q, v)
     f32 = lambda t: None if t is None else t.float()
     A_log, dt_bias = f32(A_log), f32(dt_bias)
     eager = _eager(q, k, v, g, beta, cu_seqlens, state, state_indices, A_log, dt_bias)
@@ -1036,19 +1068,7 @@ def _(
     return _bwd_fake(q, k, v, g, beta, initial_state, a_log, dt_bias, safe_gate)
 
 
-_KDA_FWD_FLAGS = (
-    "scale",
-    "output_final_state",
-    "use_qk_l2norm",
-    "use_beta_sigmoid",
-    "allow_neg_eigval",
-    "safe_gate",
-    "gate_lower_bound",
-    "gate_domain",
-    "batch_invariant",
-    "state_v_first",
-)
-_kda_setup_context, _kda_backward = _autograd(_KDA_FWD_FLAGS, _kda_bwd_impl, _kda_bwd)
+_kda_setup_context, _kda_backward = _autograd(_kda_fwd_impl, _kda_bwd_impl, _kda_bwd)
 _kda_fwd.register_autograd(_kda_backward, setup_context=_kda_setup_context)
 
 
@@ -1109,14 +1129,19 @@ def _(
     gate_domain,
     batch_invariant,
 ):
-    T, HV, V = v.shape
-    return v.new_empty(T, max(q.shape[1], HV), V)
+    return v.new_empty(_o_shape(q, v))
 
 
 # fla's chunk_kda refuses these in its own words (fla/ops/kda/chunk.py).
 _KDA_CHUNK_SIZES = (32, 64)
 _KDA_KWARGS = ("A_log", "dt_bias", "chunk_size", "transpose_state_layout")
 _KDA_LOWER_BOUND_RANGE = (-5.0, 0.0)  # fla's safe_gate range: [-5, 0)
+
+
+def _check_kda_beta_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel):
+    """_check_gate_flags' beta rule, in the words fla's chunk_kda refuses it with."""
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
 
 
 def _kda_gate_args(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias, heads, K):
@@ -1234,8 +1259,7 @@ def kimi_delta_attention(
     chunk_size = kwargs.get("chunk_size", 64)
     if chunk_size not in _KDA_CHUNK_SIZES:
         raise ValueError(f"`chunk_size` must be either 32 or 64 for KDA, got {chunk_size}.")
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+    _check_kda_beta_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel)
     if q.dim() != 4:
         raise ValueError(f"q: expected [B, T, H, K], got shape {tuple(q.shape)}")
     if k.shape != q.shape:
@@ -1329,23 +1353,16 @@ def kimi_delta_attention_overwrite_state(
     index outside the pool touches nothing there and makes o and the indexed rows NaN. No
     autograd. q/k/v/g/beta and the gate keywords as in kimi_delta_attention, B == 1.
     Returns o [1, T, HO, V]."""
-    if q.dim() != 4 or q.shape[0] != 1:
-        raise ValueError(f"q: expected [1, T, H, K] (packed tokens), got shape {tuple(q.shape)}")
+    _check_packed_q(q)
     _check_head_dims(q, v)
-    if state.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(
-            f"state: dtype {state.dtype} is not fp32 or bf16 (updated in place, so it is not converted)"
-        )
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
-    if state_indices is not None and state_indices.dtype != torch.int32:
-        raise ValueError(f"state_indices: dtype {state_indices.dtype}, expected torch.int32")
+    _check_in_place_state(state)
+    _check_kda_beta_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel)
+    _check_state_indices(state_indices)
     heads, K = max(q.shape[2], v.shape[2]), q.shape[-1]
     gate, lb, A_log, dt_bias = _kda_gate_args(
         use_gate_in_kernel, False, lower_bound, A_log, dt_bias, heads, K
     )
-    rows = state.shape[0] if state_indices is not None else cu_seqlens.shape[0] - 1
-    _check_state("state", state, rows, heads, K, v.shape[-1], False)
+    _check_pool(state, state_indices, cu_seqlens, q, v)
     eager = _eager(q, k, v, g, beta, cu_seqlens, state, state_indices, A_log, dt_bias)
     o = (_kda_fwd_overwrite_state_impl if eager else _kda_fwd_overwrite_state)(
         q[0],
@@ -1500,49 +1517,7 @@ def _(
     return grads[:5] + [torch.empty_like(w, memory_format=torch.contiguous_format)] + grads[5:]
 
 
-_GDN2_FWD_FLAGS = (
-    "scale",
-    "output_final_state",
-    "use_qk_l2norm",
-    "use_beta_sigmoid",
-    "allow_neg_eigval",
-    "safe_gate",
-    "gate_domain",
-    "batch_invariant",
-)
-
-
-def _gdn2_setup_context(ctx, inputs, output):
-    q, k, v, g, beta, w, cu, h0, a_log, dt_bias, *flags = inputs
-    ctx.save_for_backward(q, k, v, g, beta, w, cu, h0, a_log, dt_bias)
-    ctx.flags = dict(zip(_GDN2_FWD_FLAGS, flags))
-
-
-def _gdn2_backward(ctx, d_o, d_ht):
-    q, k, v, g, beta, w, cu, h0, a_log, dt_bias = ctx.saved_tensors
-    f = dict(ctx.flags)
-    output_final_state = f.pop("output_final_state")
-    d_final = d_ht if output_final_state and d_ht is not None and d_ht.numel() else None
-    d_o = d_o.contiguous()
-    eager = _eager(q, k, v, g, beta, w, cu, d_o, h0, d_final, a_log, dt_bias)
-    bwd = _gdn2_bwd_impl if eager else _gdn2_bwd
-    grads = bwd(q, k, v, g, beta, w, cu, d_o, h0, d_final, a_log, dt_bias, *f.values())
-    dq, dk, dv, dg, dbeta, dw, dh0, da, ddt = grads
-    none_if_empty = lambda t, ref: t if ref is not None and t.numel() else None
-    return (
-        dq,
-        dk,
-        dv,
-        dg,
-        dbeta,
-        dw,
-        None,
-        none_if_empty(dh0, h0),
-        none_if_empty(da, a_log),
-        none_if_empty(ddt, dt_bias),
-    ) + (None,) * len(_GDN2_FWD_FLAGS)
-
-
+_gdn2_setup_context, _gdn2_backward = _autograd(_gdn2_fwd_impl, _gdn2_bwd_impl, _gdn2_bwd)
 _gdn2_fwd.register_autograd(_gdn2_backward, setup_context=_gdn2_setup_context)
 
 

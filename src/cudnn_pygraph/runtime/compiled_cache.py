@@ -2,11 +2,11 @@
 later process on the same machine loads it in milliseconds instead of compiling it again.
 
 `compile(src, target, options)` is the drop-in for `triton.compile` at every compile site
-of the package (runtime/launch.py). It returns Triton's own `CompiledKernel`: on a miss the
-one Triton compiled, persisted and read back from the cache; on a hit the one read from the
-cache. Both are loaded and launched by the same launcher (launch.Kernel), so what a hit
-runs is exactly what a miss runs; a bad artifact fails when it is written, not at the next
-start-up.
+of the package (runtime/launch.py, runtime/launch_replay.py). It returns Triton's own
+`CompiledKernel`: on a miss the one Triton compiled, persisted and read back from the
+cache; on a hit the one read from the cache. Both are loaded and launched by the same
+launcher (launch.Kernel), so what a hit runs is exactly what a miss runs; a bad artifact
+fails when it is written, not at the next start-up.
 
 Layout: <root>/v<SCHEMA>/<environment hash>/<entry hash>/
     <sha256>.cubin   the binary Triton's loader takes

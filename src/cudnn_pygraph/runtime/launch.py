@@ -8,17 +8,19 @@ and strides, compiles its kernels for exactly that (`compile_launch`), and execu
 one generated function (`prepare_execute`): the pack's buffers by position, a few integer
 tests, then Triton's C launcher, called directly, on the handle's stream.
 
-Three things live here and nowhere else:
+Two things live here and nowhere else:
 
 * `Kernel`: a compiled, loaded kernel and the ABI of Triton's C launcher (`LAUNCHER_HEAD`:
   the launcher's arguments ahead of the kernel's own). The GEMM engine's generated execute
-  (engines/gemm/kernels/launch.py) and the recorded-launch replay below read it.
+  (engines/gemm/kernels/launch.py) and the recorded-launch replay (launch_replay.py) read
+  it.
 * `SymbolicTensor` / `Stride`: a plan describes its operands symbolically at build, runs its
   launcher's ARGUMENT code on them (the same code that serves the torch entry), and gets
   its launches back with each pointer an (operand, byte offset) and each stride an
   (operand, axis) of the call's buffer or a constant of the declaration.
-* `record_launches` / `build_replay`: for a launcher whose argument code cannot run on
-  symbolic tensors (the GDN pipelines), record one real run and replay it raw.
+
+A launcher whose argument code cannot run on symbolic tensors (the GDN pipelines) records
+one real run and replays it raw instead: runtime/launch_replay.py, built on this module.
 
 Specialization is Triton's own, computed without a device (its binder, for an sm_90
 target): pointers 16-byte aligned, int arguments equal to 1 folded, multiples of 16 marked.
@@ -30,7 +32,6 @@ interpreter (`kernel[grid](...)` on torch views of the buffers), chosen once at 
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 # Triton specializes a pointer argument on address % 16 == 0.
@@ -300,14 +301,16 @@ def compile_kernel(src, options, device):
     from . import compiled_cache
 
     with torch.cuda.device(device):
-        _before_triton_driver()
+        before_triton_driver()
         target = triton.runtime.driver.active.get_current_target()
         return compiled_cache.compile(src, target, options)
 
 
-def _before_triton_driver():
+def before_triton_driver():
     """What Triton's driver set-up (the first kernel of a process) can be spared: `ldconfig`
-    and compiling its driver utilities (kept by the compiled-plan cache)."""
+    and compiling its driver utilities (kept by the compiled-plan cache). Every path that
+    may be first to reach Triton's driver calls it: compile_kernel here, and the JIT
+    launches of launch_replay.py."""
     from . import compiled_cache
 
     tell_triton_loaded_libcuda()
@@ -916,221 +919,8 @@ def _interpreted(operands, compiled, need, zeroed=None, extent=None):
     return execute
 
 
-# ------------------------------------------------------------------ recorded launches
-
-
-_RECORDING = threading.local()
-_PATCH_LOCK = threading.Lock()
-
-
-class LaunchRecord:
-    """What one run of a launcher did: launches [(name, compiled, (gx, gy, gz), values)] in
-    order, the same as JIT calls [(fn, grid, args, kwargs)] (what a benchmark replays to
-    time Triton's own launch path), and the reasons it cannot be replayed (empty if it
-    can)."""
-
-    def __init__(self):
-        self.launches = []
-        self.jit_calls = []
-        self.refusals = []
-
-    def add(self, fn, compiled, grid, args, kwargs):
-        self.jit_calls.append((fn, grid, args, kwargs))
-        names = set(fn.arg_names)
-        bound = fn.signature.bind(*args, **{k: v for k, v in kwargs.items() if k in names})
-        bound.apply_defaults()
-        values = list(bound.arguments.values())
-        if callable(grid):
-            grid = grid(dict(zip(fn.arg_names, values)))
-        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
-        launcher = compiled.run
-        if launcher.global_scratch_size or launcher.profile_scratch_size:
-            self.refusals.append(f"{fn.__name__} needs per-launch global scratch")
-        elif any(str(ty).startswith("tensordesc") for ty in compiled.src.signature.values()):
-            self.refusals.append(f"{fn.__name__} takes tensor descriptors")
-        self.launches.append((fn.__name__, compiled, grid, values))
-
-
-@contextlib.contextmanager
-def record_launches():
-    """Run a launcher inside this to record its Triton launches (they run as usual).
-
-    For a launcher whose argument code is not written against `SymbolicTensor` (a GDN
-    pipeline: Python that validates, carves a workspace and picks configs). The contract
-    such a launcher meets to be replayed: its launches are a function of its roots' shapes,
-    strides and dtypes and of which roots are the same buffer; every pointer it passes is a
-    root or lies inside exactly one root; it launches Triton kernels and does nothing else
-    on the device. A computing torch op or a pointer outside the roots makes `build_replay`
-    return the reason instead of a replay."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from triton.runtime.jit import JITFunction
-
-    record = LaunchRecord()
-    _before_triton_driver()
-
-    class ComputeWatch(TorchDispatchMode):
-        # A view (a workspace slice) is host metadata; anything else runs on the device and
-        # a replay would skip it.
-        @classmethod
-        def _should_skip_dynamo(cls):
-            # Else TorchDispatchMode wraps __torch_dispatch__ in torch._dynamo.disable, which
-            # imports torch._dynamo at the first dispatch (seconds on a CPU), paid by the
-            # first call of every recorded plan. The watch runs only in an eager launch,
-            # never under Dynamo's tracing, where that wrapper calls straight through.
-            return False
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not func.is_view:
-                record.refusals.append(f"torch op {func} runs on the device")
-            return func(*args, **(kwargs or {}))
-
-    with _PATCH_LOCK:
-        original = JITFunction.run
-
-        def run(self, *args, grid, warmup, **kwargs):
-            _route_compiles(self)
-            compiled = original(self, *args, grid=grid, warmup=warmup, **kwargs)
-            if not warmup and getattr(_RECORDING, "record", None) is record:
-                record.add(self, compiled, grid, args, kwargs)
-            return compiled
-
-        JITFunction.run = run
-        _RECORDING.record = record
-        try:
-            with ComputeWatch():
-                yield record
-        finally:
-            _RECORDING.record = None
-            JITFunction.run = original
-
-
-@contextlib.contextmanager
-def cached_jit_compiles():
-    """Within it, a Triton JIT launch that compiles (a launcher compiling its kernels by
-    running them once, as the GDN plans do at build) compiles through the compiled-plan
-    cache, as compile_kernel does. record_launches does the same for what it records."""
-    from triton.runtime.jit import JITFunction
-
-    _before_triton_driver()
-    with _PATCH_LOCK:
-        original = JITFunction.run
-
-        def run(self, *args, grid, warmup, **kwargs):
-            _route_compiles(self)
-            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
-
-        JITFunction.run = run
-        try:
-            yield
-        finally:
-            JITFunction.run = original
-
-
-def _route_compiles(fn):
-    """Send a JIT function's compiles through the compiled-plan cache, as compile_kernel
-    does. Triton binds `fn.compile` to triton.compile when it builds the function's binder
-    for a device, so that binder is built first."""
-    import triton.compiler
-    from triton.runtime.driver import driver
-
-    from . import compiled_cache
-
-    fn.device_caches[driver.active.get_current_device()]
-    if fn.compile is triton.compiler.compile:
-        fn.compile = compiled_cache.compile
-
-
-def _span(t) -> int:
-    """Bytes from t's first element to one past its last."""
-    if t.numel() == 0:
-        return 0
-    return t.element_size() * (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())))
-
-
-def build_replay(record: LaunchRecord, roots: list, label: str):
-    """(replay, None) or (None, reason). `roots`: [(name, tensor)] of the buffers the
-    launcher was given, in the order the caller will pass their addresses.
-
-    replay(P, stream) -> bool, P the roots' addresses (data_ptr) in that order: launches
-    the recorded sequence on `stream` (a raw CUstream int) and returns True, or returns
-    False having launched nothing: a root that fed a 16-byte-aligned pointer lost that
-    alignment (Triton compiled for it), or roots that were one buffer in the record are
-    not now."""
-    if record.refusals:
-        return None, "; ".join(dict.fromkeys(record.refusals))
-    if not record.launches:
-        return None, "the launcher launched no compiled Triton kernel"
-    import torch
-
-    names = [n for n, _ in roots]
-    tensors = [t for _, t in roots]
-    base = [t.data_ptr() for t in tensors]
-    end = [b + _span(t) for b, t in zip(base, tensors)]
-    env = {}
-    needs_aligned = set()
-    lines = []
-
-    def pointer(value, where):
-        for r, t in enumerate(tensors):
-            if value is t:
-                return r, 0
-        p = value.data_ptr()
-        holders = {base[r] for r in range(len(tensors)) if base[r] <= p < end[r]}
-        if len(holders) != 1:
-            raise LookupError(
-                f"{where}: address {p:#x} is inside "
-                + ("no root buffer" if not holders else "several different root buffers")
-            )
-        r = next(r for r in range(len(tensors)) if base[r] <= p < end[r])
-        return r, p - base[r]
-
-    try:
-        for i, (kname, compiled, grid, values) in enumerate(record.launches):
-            run = compiled.run
-            env[f"L{i}"] = run.launch
-            env[f"F{i}"] = compiled.function
-            env[f"M{i}"] = compiled.packed_metadata
-            coop, pdl = run.launch_cooperative_grid, run.launch_pdl
-            args = []
-            for j, value in enumerate(values):
-                if isinstance(value, torch.Tensor):
-                    r, off = pointer(value, f"{kname} argument {j}")
-                    if (base[r] + off) % ALIGN == 0:
-                        needs_aligned.add(r)
-                    args.append(f"p{r}" if off == 0 else f"p{r} + {off}")
-                else:
-                    env[f"C{i}_{j}"] = value
-                    args.append(f"C{i}_{j}")
-            gx, gy, gz = grid
-            lines.append(
-                f"    L{i}({gx}, {gy}, {gz}, stream, F{i}, {coop!r}, {pdl!r}, None, None, M{i}, "
-                f"None, None, None, {', '.join(args)})"
-            )
-    except LookupError as err:
-        return None, str(err)
-    guard = [f"p{r} & {ALIGN - 1} != {base[r] % ALIGN}" for r in sorted(needs_aligned)]
-    first = {}
-    for r, b in enumerate(base):  # roots that were one buffer stay one buffer
-        if b in first:
-            guard.append(f"p{r} != p{first[b]}")
-        else:
-            first[b] = r
-    params = ", ".join(f"p{r}" for r in range(len(tensors)))
-    body = ["def replay(P, stream):", f"    {params}{',' if len(tensors) == 1 else ''} = P"]
-    if guard:
-        body.append(f"    if {' or '.join(guard)}:")
-        body.append("        return False")
-    body += lines + ["    return True"]
-    source = "\n".join(body) + "\n"
-    exec(compile(source, f"<replay {label}>", "exec"), env)  # noqa: S102 (generated here)
-    replay = env["replay"]
-    replay.source, replay.names = source, tuple(names)
-    return replay, None
-
-
 __all__ = [
     "ALIGN", "LAUNCHER_HEAD", "WORKSPACE", "ZEROED", "CompiledLaunch", "Extent", "Kernel", "Launch",
-    "LaunchRecord", "Operand", "Refusal", "Stride", "SymbolicTensor", "PerStreamMemory",
-    "build_replay", "cached_jit_compiles", "compile_kernel", "compile_launch",
-    "prepare_execute", "record_launches", "workspace_tensor", "zeroed_tensor",
+    "Operand", "Refusal", "Stride", "SymbolicTensor", "PerStreamMemory", "before_triton_driver",
+    "compile_kernel", "compile_launch", "prepare_execute", "workspace_tensor", "zeroed_tensor",
 ]  # fmt: skip

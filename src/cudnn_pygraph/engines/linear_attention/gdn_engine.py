@@ -16,7 +16,7 @@ chain asked of a graph it cannot serve declines at build, naming why. execute ha
 buffers (zero-copy torch views of the pack) straight to the launchers; scratch comes out of
 the caller's workspace (workspace_size), chunk tables are built on the device: no host
 sync, capturable. On CUDA the first call records the launcher's launches and later calls
-replay them as raw launches (runtime/launch.py), skipping the launcher's Python and
+replay them as raw launches (runtime/launch_replay.py), skipping the launcher's Python and
 Triton's JIT binding.
 """
 
@@ -303,7 +303,7 @@ def _compile_by_warm_launch(plan, ports, dev):
         dims[0] = 1  # one token, under the declared strides (a strided input's copy kernel)
         fill = 1.0 if name == "g" and plan.flags["gate_domain"] == "linear" else 0.0
         views[name] = torch.empty_strided(dims, t.stride, dtype=dtype, device=dev).fill_(fill)
-    from ...runtime.launch import cached_jit_compiles
+    from ...runtime.launch_replay import cached_jit_compiles
 
     with cached_jit_compiles():  # a later process reads these kernels back
         plan._launch(views, None)
@@ -329,7 +329,7 @@ class GdnPlan(CompiledPlan):
         self._device_index = getattr(device, "ordinal", 0) or 0
         self._streams = {}
         # The first CUDA call records its launches; later calls replay them as raw launches
-        # (runtime/launch.py). `replay_refused` says why a plan keeps its launcher.
+        # (runtime/launch_replay.py). `replay_refused` says why a plan keeps its launcher.
         self._recorded = False
         self._replay = self._record_sig = None
         self.replay_refused = None
@@ -403,7 +403,7 @@ class GdnPlan(CompiledPlan):
         if self._recorded or not self.on_cuda or workspace is None:
             self._launch(t, workspace)
             return
-        from ...runtime.launch import build_replay, record_launches
+        from ...runtime.launch_replay import build_replay, record_launches
 
         self._recorded = True
         with record_launches() as record:

@@ -5,7 +5,7 @@ expanded timeline.
 
 The plan is the gdn engine's (GdnPlan: zero-copy views of the caller's buffers, scratch
 from the caller's workspace, on CUDA the first call recorded and later calls replayed as raw
-launches through runtime/launch.py) with the summary launchers in place of gdn_forward /
+launches through runtime/launch_replay.py) with the summary launchers in place of gdn_forward /
 gdn_backward, and the same knob: the kernel config the stages they share run under.
 
 check_support takes what the launchers serve: one gdn_summary / gdn_summary_bwd node, head

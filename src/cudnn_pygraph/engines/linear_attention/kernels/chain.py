@@ -21,7 +21,7 @@ piece all the same (its walked state, not one composed past it), so a sequence's
 state does not depend on how many empty slots follow it (batch_invariant). A one-piece chain launches no summary, seeds piece 0 with initial_state
 itself and runs the main kernels over the very table the uncut run reads: bitwise the
 uncut run. Every table and grid comes from shapes (sync-free, capturable) and every step
-is a Triton launch, so the plan's recorded launches replay (runtime/launch.py). A bad
+is a Triton launch, so the plan's recorded launches replay (runtime/launch_replay.py). A bad
 cu_seqlens gives a decreasing piece table, which the main kernels flag (poison.py).
 """
 
