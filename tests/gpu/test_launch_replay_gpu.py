@@ -1,4 +1,4 @@
-"""Recorded-launch replay (runtime/launch.py) of the gdn plans on the GPU: after the
+"""Recorded-launch replay (runtime/launch_replay.py) of the gdn plans on the GPU: after the
 first call a plan replays its launches as raw launches; the replay must give exactly what
 the launcher gives, hand a call its guard declines back to the launcher (which refuses a
 misaligned workspace by name), and capture into a CUDA graph. Run: PYTHONPATH=src:tests python -m pytest tests/gpu/test_launch_replay_gpu.py

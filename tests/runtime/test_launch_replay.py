@@ -1,4 +1,4 @@
-"""runtime/launch.py on the CPU: the generated replay's pointer arithmetic, its guard
+"""runtime/launch_replay.py on the CPU: the generated replay's pointer arithmetic, its guard
 and its refusals, with a fake compiled kernel whose C launcher records its arguments (the
 real kernels and launchers run in tests/gpu/test_launch_replay_gpu.py)."""
 
