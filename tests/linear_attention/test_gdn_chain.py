@@ -125,8 +125,8 @@ def test_a_chain_backward_gives_the_uncut_gradients_one_piece_bitwise():
 
 
 def test_the_hook_cuts_one_long_sequence_and_its_knob_replays():
-    # The interpreter's notional 8 SMs, 2 heads: P = min(8 // 2, 16, 12 chunks // 4) = 3.
-    x = inputs(seqlens=(768,), seed=4)
+    # The interpreter's notional 8 SMs, one head: P = min(8 // 1, 16, 12 chunks // 4) = 3.
+    x = inputs(seqlens=(768,), heads=1, seed=4)
     with with_gdn_engine():
         o, final, plan = forward(x)
         assert plan[1][KT.SEQ_PIECES] == 3
