@@ -159,7 +159,8 @@ def errors_against_reference(x, cu, attrs, **kw):
 # id -> (make_inputs options, op attributes, config): every gate form, both beta forms
 # (allow_neg_eigval included), the l2norm on and off, grouped heads, and each shipped config.
 CASES = {
-    "log-l2norm-wide": ({}, {"use_qk_l2norm": True}, "wide"),
+    # one head: two output heads are the grouped cases' (and test_kernel_bounds' gdn2-wide)
+    "log-l2norm-wide": ({"heads": (1, 1, 1)}, {"use_qk_l2norm": True}, "wide"),
     "log-plain-few": ({"unit_keys": True, "heads": (1, 1, 1)}, {}, "few"),
     "beta-sigmoid-neg-eigval": (
         {"beta_logits": True, "heads": (1, 1, 1)},

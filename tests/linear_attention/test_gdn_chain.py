@@ -91,7 +91,9 @@ def knobs(engine_id, pieces, config="wide"):
     return engine_id, {KT.KERNEL_CFG: CONFIG_NAMES.index(config), KT.SEQ_PIECES: pieces}
 
 
-RAGGED = (200, 0, 70, 1)  # 4, 0, 2 and 1 chunks: full, empty, short and one-token chains
+# 3, 0, 2 and 1 chunks: under 3 pieces a full chain (one chunk a piece, the last of 2
+# tokens), an empty sequence, a short one (its third slot empty) and a one-token one.
+RAGGED = (130, 0, 70, 1)
 
 
 def test_a_chain_forward_gives_the_uncut_output_and_final_state_one_piece_bitwise():
@@ -123,8 +125,8 @@ def test_a_chain_backward_gives_the_uncut_gradients_one_piece_bitwise():
 
 
 def test_the_hook_cuts_one_long_sequence_and_its_knob_replays():
-    # The interpreter's notional 8 SMs, 2 heads: P = min(8 // 2, 16, 12 chunks // 4) = 3.
-    x = inputs(seqlens=(768,), seed=4)
+    # The interpreter's notional 8 SMs, one head: P = min(8 // 1, 16, 12 chunks // 4) = 3.
+    x = inputs(seqlens=(768,), heads=1, seed=4)
     with with_gdn_engine():
         o, final, plan = forward(x)
         assert plan[1][KT.SEQ_PIECES] == 3
@@ -204,7 +206,10 @@ def test_a_kda_chain_gives_the_uncut_output_and_gradients():
     from test_kda_engine import declare as kda_declare
     from test_kda_engine import inputs as kda_inputs
 
-    x = kda_inputs(seqlens=(200, 0, 70), heads=2)
+    # 130 tokens: three pieces of one chunk each, the last of 2 tokens; 70: a piece of a
+    # chunk, one of 6 tokens and an empty slot; 0: an empty sequence. One head: the per-head
+    # grid of the chain is the gdn tests' above (two heads), the same kernels.
+    x = kda_inputs(seqlens=(130, 0, 70), heads=1)
     # Mild decays (lb * sigmoid(logit - 6) ~ -0.01 a token): a piece's transition does not
     # underflow, so the composed seeds carry the earlier pieces.
     x["g"] = x["g"] - 6.0

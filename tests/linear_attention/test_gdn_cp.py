@@ -23,6 +23,10 @@ from cudnn_pygraph.linear_attention.ops import gated_delta_net, kimi_delta_atten
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="needs the gloo backend"
 )
+# The ranks start from a fork server that imported these once (single-threaded, so safe
+# to fork) rather than each importing torch and the kernels afresh.
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "cudnn_pygraph.linear_attention.cp"]
+mp.set_forkserver_preload(FORKSERVER_PRELOAD)
 TOL = 1e-4  # ||cp - one process|| / ||one process||, fp32
 TOKEN_INPUTS = ("q", "k", "v", "g", "beta")
 # family -> (the one-process op, its context-parallel op)
@@ -158,10 +162,11 @@ def test_context_parallel_ranks_match_one_process(case):
     x, d = _inputs(spans, heads, safe_gate, batch, family=family)
     expected = _one_process(x, d, safe_gate, family)
     world = len(spans)
-    mp.spawn(
+    mp.start_processes(
         _rank,
         args=(world, _free_port(), spans, x, d, safe_gate, pieces, expected, family),
         nprocs=world,
+        start_method="forkserver",
     )
 
 

@@ -279,46 +279,63 @@ def test_autograd_and_modes_keep_the_registered_op():
         assert not ops._eager(torch.empty(2))
 
 
+def _weighted(x, cu, w_o, w_h):
+    """<w_o, o> + <w_h, final state> of the op on the inputs `x` (by name)."""
+    o, ht = ops.gated_delta_net(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        initial_state=x["initial_state"],
+        output_final_state=True,
+        cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=True,
+    )
+    return (o * w_o).sum() + (ht * w_h).sum()
+
+
+DERIVATIVE_DRAWS = 2  # (w_o, w_h) output weights, each with its own direction per input
+
+
+@pytest.fixture(scope="module")
+def autograd_gradients():
+    """(inputs, cu_seqlens, [(w_o, w_h, {input: autograd's gradient})] per draw): one
+    forward and backward per draw serves every input's test below (the backward computes
+    every gradient whichever inputs require one)."""
+    q, k, v, g, beta, cu, h0 = inputs(T=10, N=2)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    x = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
+    gen = torch.Generator().manual_seed(7)
+    draws = []
+    for _ in range(DERIVATIVE_DRAWS):
+        w_o = torch.randn(v.shape, generator=gen)  # o is [1, T, HO, V] like v here
+        w_h = torch.randn(h0.shape, generator=gen)
+        leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
+        grads = torch.autograd.grad(_weighted(leaves, cu, w_o, w_h), list(leaves.values()))
+        draws.append((w_o, w_h, dict(zip(leaves, grads))))
+    return x, cu, draws
+
+
 @pytest.mark.parametrize("wrt", ["q", "k", "v", "g", "beta", "initial_state"])
-def test_backward_is_the_derivative_of_the_forward(wrt):
+def test_backward_is_the_derivative_of_the_forward(wrt, autograd_gradients):
     # gradcheck's idea with one input at a time: for a random direction u and output weights
     # w, autograd's <grad of <w, f>, u> must equal the central difference of <w, f> along u,
     # our backward kernels against our forward kernels. The kernels take fp32 at most (no
     # float64, so no torch.autograd.gradcheck: its fp32 failure path builds the full
     # Jacobian, minutes here). Central differences at eps = 1e-2 agree to ~0.5% in fp32 (a
     # dq scaled by 1.05 fails); the float64-reference tests above bound the absolute error.
-    q, k, v, g, beta, cu, h0 = inputs(T=10, N=2)
-    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
-    x = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
-
-    def weighted(leaf, w_o, w_h):
-        args = {**x, wrt: leaf}
-        o, ht = ops.gated_delta_net(
-            args["q"],
-            args["k"],
-            args["v"],
-            args["g"],
-            args["beta"],
-            initial_state=args["initial_state"],
-            output_final_state=True,
-            cu_seqlens=cu,
-            use_qk_l2norm_in_kernel=True,
-        )
-        return (o * w_o).sum() + (ht * w_h).sum()
-
-    gen = torch.Generator().manual_seed(7)
+    x, cu, draws = autograd_gradients
+    gen = torch.Generator().manual_seed(list(x).index(wrt))
     eps = 1e-2
-    for _ in range(2):
+    for w_o, w_h, grads in draws:
         u = torch.randn(x[wrt].shape, generator=gen)
         u /= u.norm()
-        w_o = torch.randn(v.shape, generator=gen)  # o is [1, T, HO, V] like v here
-        w_h = torch.randn(h0.shape, generator=gen)
-        leaf = x[wrt].clone().requires_grad_(True)
-        (grad,) = torch.autograd.grad(weighted(leaf, w_o, w_h), leaf)
-        analytic = (grad * u).sum().item()
+        analytic = (grads[wrt] * u).sum().item()
         with torch.no_grad():
-            numeric = weighted(x[wrt] + eps * u, w_o, w_h) - weighted(x[wrt] - eps * u, w_o, w_h)
-            numeric = numeric.item() / (2 * eps)
+            plus = _weighted({**x, wrt: x[wrt] + eps * u}, cu, w_o, w_h)
+            minus = _weighted({**x, wrt: x[wrt] - eps * u}, cu, w_o, w_h)
+            numeric = (plus - minus).item() / (2 * eps)
         assert abs(analytic - numeric) <= 2e-2 * abs(numeric) + 1e-5, (wrt, analytic, numeric)
 
 

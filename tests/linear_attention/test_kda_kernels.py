@@ -151,12 +151,14 @@ def errors_against_reference(x, cu, attrs, **kw):
 
 
 # id -> (make_inputs options, op attributes, config): every gate form, both beta forms,
-# the l2norm on and off, grouped heads, and each shipped config at least once.
+# the l2norm on and off, grouped heads, and each shipped config at least once. Two output
+# heads where a per-head parameter (a_log, dt_bias) or a head grouping is under test; one
+# elsewhere (the interpreter runs each head's programs in turn).
 CASES = {
-    "log-l2norm-wide": ({}, {"use_qk_l2norm": True}, "wide"),
+    "log-l2norm-wide": ({"heads": (1, 1, 1)}, {"use_qk_l2norm": True}, "wide"),
     "log-plain-few": ({"unit_keys": True, "heads": (1, 1, 1)}, {}, "few"),
     "beta-sigmoid-neg-eigval": (
-        {"beta_logits": True},
+        {"beta_logits": True, "heads": (1, 1, 1)},
         {"use_qk_l2norm": True, "use_beta_sigmoid": True, "allow_neg_eigval": True},
         "wide-unfused",
     ),
