@@ -423,6 +423,29 @@ def test_autotune_example_times_then_a_later_run_replays(capsys, tmp_path, monke
     assert "cache hit: #0 standin_torch_gdn[] (nothing timed)" in out2
 
 
+def test_autotune_example_on_the_cpu_times_one_burst_unless_asked(capsys, tmp_path, monkeypatch):
+    """Under the interpreter a timing measures Python, not a GPU: the example's defaults are
+    no warmup and one burst there; the caller's --warmup / --reps still win."""
+    from cudnn_pygraph.graph.pygraph import pygraph as graph_class
+
+    asked = []
+    real = graph_class.autotune
+
+    def recording(self, pack, *, warmup, reps, **kw):
+        asked.append((warmup, reps))
+        return real(self, pack, warmup=warmup, reps=reps, **kw)
+
+    monkeypatch.setattr(graph_class, "autotune", recording)
+    monkeypatch.setenv(at.CACHE_ENV, str(tmp_path / "cache"))
+    with manifest.use_families([gdn_family(TorchDeltaRule)]):
+        assert run_cli(capsys, "autotune", "--example", "gdn")[0] == 0
+        monkeypatch.setenv(at.CACHE_ENV, str(tmp_path / "other"))
+        assert (
+            run_cli(capsys, "autotune", "--example", "gdn", "--warmup", "2", "--reps", "3")[0] == 0
+        )
+    assert asked == [(0, 1), (2, 3)]
+
+
 def test_autotune_example_without_a_plan_says_so(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv(at.CACHE_ENV, str(tmp_path / "cache"))
     with manifest.use_families([gdn_family()]):

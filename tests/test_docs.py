@@ -58,12 +58,6 @@ RUN_LANGS = ("python", "bash")
 # Command lines a page may show that the suite does not run: installs (CI's own first step)
 # and the test suite itself.
 NOT_RUN_COMMANDS = ("pip install", "python -m pytest")
-# Arguments the suite appends to a documented command when the kernels run under the CPU
-# interpreter (TRITON_INTERPRET=1 in the suite's own environment): `autotune --example`
-# times every plan in 3 + 10 bursts of 16 calls by default, ~45 s for the gemm example's
-# six plans there. One burst each runs the same steps (the first process times and caches,
-# a later one replays, --show lists); tests/test_autotune.py covers warmup and reps.
-INTERPRETER_ARGS = {("autotune", "--example"): ("--warmup", "0", "--reps", "1")}
 PAGES = [ROOT / "README.md", *DOC_FILES]
 
 
@@ -126,10 +120,6 @@ def _argv(cmd):
         words = [sys.executable, "-m", "cudnn_pygraph", *words[1:]]
     elif words[0] == "python":
         words = [sys.executable, *words[1:]]
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        for needed, extra in INTERPRETER_ARGS.items():
-            if all(w in words for w in needed):
-                words = [*words, *extra]
     return words, env
 
 
