@@ -731,6 +731,10 @@ def _live_store():
     try:
         import torch
 
+        # is_available first: current_device() initializes CUDA, which on a machine without
+        # a driver is slow and, under a preloaded sanitizer runtime, aborts the process.
+        if not torch.cuda.is_available():
+            return None
         ordinal = torch.cuda.current_device()
     except Exception:  # noqa: BLE001 - no device to key on: compile as if the cache were off
         return None
