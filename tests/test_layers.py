@@ -8,7 +8,7 @@ function) goes to the importing module's own layer or one below it.
     peers        engines/ and backend/: found by planning only through the manifest,
                  and never importing each other
     facade       the pygraph class, the package root, the classic surface, the torch
-                 ops, the CLI and the demo
+                 ops (and _torch_dispatch, their one dispatch rule), the CLI and the demo
 
 Imports under `if TYPE_CHECKING:` are left out: they never run, they only let an
 annotation name a type of another layer (a Tensor's `graph` is a pygraph).
@@ -25,7 +25,8 @@ ROOT = pathlib.Path(cudnn_pygraph.__file__).parent
 PKG = "cudnn_pygraph"
 
 LAYERS = ("vocabulary", "ir", "runtime", "planning", "peers", "facade")
-FACADE = {f"{PKG}.graph.pygraph", PKG, f"{PKG}.__main__", f"{PKG}.cli", f"{PKG}.demo"}
+FACADE = {f"{PKG}.graph.pygraph", PKG, f"{PKG}.__main__", f"{PKG}.cli", f"{PKG}.demo",
+          f"{PKG}._torch_dispatch"}  # fmt: skip
 FACADE_PACKAGES = (f"{PKG}.classic", f"{PKG}.linear_attention", f"{PKG}.ops")
 
 
