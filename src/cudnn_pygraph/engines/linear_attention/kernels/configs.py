@@ -32,13 +32,14 @@ Why these values (H200, bench/results/gdn.md; forward / fwd+bwd ms of (a) 8 x 40
 - dqk (two launches: the dq side, then the dk side) at BV=64, 8 warps, 2 stages,
   registers capped at 128 (two programs per SM): 5.49 (one launch: 5.68).
 - wy_bwd (kernels/wy.py: 16-bit product operands, A^T dW formed twice rather than parked):
-  32-wide slices at 8 warps. At 4 warps Triton 3.6 on Hopper miscompiles the kernel: under
-  a per-key-channel decay the key pass's later slices come out wrong (NaN in kda, an
-  out-of-range shared address in gdn2), and the per-head pass reads bytes it never wrote
-  (gradients that change with the scratch's contents) or faults at 1 or 2 stages
-  (bench/results/la_localize.md). 8 warps and 64-wide slices at 4 warps were both clean.
+  64-wide slices at 4 warps: gdn's backward (a) 4.268 ms vs 4.871 with 32-wide slices at 8
+  warps, kda's 47.1 vs 53.4 (bench/results/la_localize.md). 32-wide slices at 4 warps are
+  miscompiled by Triton 3.6 on Hopper: under a per-key-channel decay the key pass's later
+  slices come out wrong (NaN in kda, an out-of-range shared address in gdn2), and the
+  per-head pass reads bytes it never wrote (gradients that change with the scratch's
+  contents) or faults at 1 or 2 stages.
 - wy_bwd_gated (the same kernel under a per-key-channel decay: kda, gdn2): its own entry,
-  because the key side is another program (gated.py's loops) and compiles differently.
+  because the key side is another program (gated.py) and compiles differently.
 - dv_local: chosen by ptxas (no spills).
 """
 
@@ -57,8 +58,8 @@ _SHARED = {
     "output_fwd": {"BV": 128, "num_warps": 4},
     "dv_local": {"BV": 128, "num_warps": 8},
     "dqk": {"BV": 64, "num_warps": 8, "num_stages": 2, "maxnreg": 128},
-    "wy_bwd": {"BK": 32, "BV": 32, "num_warps": 8},
-    "wy_bwd_gated": {"BK": 32, "BV": 32, "num_warps": 8},
+    "wy_bwd": {"BK": 64, "BV": 64, "num_warps": 4},
+    "wy_bwd_gated": {"BK": 64, "BV": 64, "num_warps": 4},
 }
 _WIDE_STATE_BWD = {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True}
 
