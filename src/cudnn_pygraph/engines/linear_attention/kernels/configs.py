@@ -53,9 +53,9 @@ def _frozen(kernels: dict) -> MappingProxyType:
 
 
 _SHARED = {
-    "wy_solve": {"BK": 64, "BA": 32, "MERGE": "tf32", "num_warps": 1, "num_stages": 3},
-    "output_fwd": {"BV": 128, "num_warps": 4},
-    "dv_local": {"BV": 128, "num_warps": 8},
+    "wy_solve": {"BK": 64, "BA": 32, "BG": 32, "MERGE": "tf32", "num_warps": 1, "num_stages": 3},
+    "output_fwd": {"BV": 128, "BG": 32, "num_warps": 4},
+    "dv_local": {"BV": 128, "BG": 32, "num_warps": 8},
     "dqk": {"BV": 64, "num_warps": 8, "num_stages": 2, "maxnreg": 128},
     "wy_bwd": {"BK": 32, "BV": 32, "num_warps": 8},
     "wy_bwd_gated": {"BK": 32, "BV": 32, "num_warps": 8},
@@ -69,8 +69,8 @@ CONFIGS = (
         "wide",
         _frozen({
             **_SHARED,
-            "state_fwd": {"BV": 64, "num_warps": 4, "num_stages": 2, "V_FASTEST": True,
-                          "FUSE_OUTPUT": True},
+            "state_fwd": {"BV": 64, "BG": 32, "num_warps": 4, "num_stages": 2,
+                          "V_FASTEST": True, "FUSE_OUTPUT": True},
             "state_bwd": _WIDE_STATE_BWD,
         }),
     ),
@@ -78,7 +78,7 @@ CONFIGS = (
         "few",
         _frozen({
             **_SHARED,
-            "state_fwd": {"BV": 16, "num_warps": 4},
+            "state_fwd": {"BV": 16, "BG": 32, "num_warps": 4},
             "state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 2},
         }),
     ),
@@ -88,7 +88,8 @@ CONFIGS = (
         "wide-unfused",
         _frozen({
             **_SHARED,
-            "state_fwd": {"BV": 64, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
+            "state_fwd": {"BV": 64, "BG": 32, "num_warps": 4, "num_stages": 2,
+                          "V_FASTEST": True},
             "state_bwd": _WIDE_STATE_BWD,
         }),
     ),

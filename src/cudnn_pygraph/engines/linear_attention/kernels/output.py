@@ -79,6 +79,7 @@ def output_fwd_kernel(
     PREC: tl.constexpr,
     EPS: tl.constexpr,
     GATE_K: tl.constexpr = False,
+    BG: tl.constexpr = 32,
 ):
     """O = scale rq * (exp(G) * (q S_0) + (q k^T * rk_j * decay) E), q and k RAW: the l2norm
     enters as the query's inverse row norm rq (computed here) on O's rows and the keys' rk
@@ -105,7 +106,8 @@ def output_fwd_kernel(
         hk = h // (HO // HK)
         gq = load_rows(gc_ptr, t0, r, valid, HO * K, h * K, K)
         p = gated_scores(
-            q, gq, r, k_ptr, gc_ptr, t0, 0, valid, HK * K, hk * K, HO * K, h * K, 64, K, True
+            q_ptr, H * K, (h // (HO // H)) * K, k_ptr, HK * K, hk * K, gc_ptr, HO * K, h * K,
+            t0, valid, 0, 0, 64, K, BG, True, PREC, gc_ptr, 0, 0, False,
         ) * rk[None, :]  # fmt: skip
         s0 = tl.load(state_block(h_ptr, c.to(tl.int64) * sh_c + h * sh_h, v_idx, K, sh_v, sh_k))
         e = load_rows(vnew_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
@@ -144,8 +146,10 @@ def dv_local_kernel(
     PREC: tl.constexpr,
     EPS: tl.constexpr,
     GATE_K: tl.constexpr = False,
+    BG: tl.constexpr = 32,
 ):
-    """dE_local = scale P^T dO (fp32), the intra-chunk part of the correction gradient."""
+    """dE_local = scale P^T dO (fp32), the intra-chunk part of the correction gradient.
+    BG: the column slice of the gated scores (GATE_K)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     iv = tl.program_id(2)
@@ -160,9 +164,9 @@ def dv_local_kernel(
         # P^T formed directly (rows: keys), the norms as row / column scales.
         k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
         qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
-        gk = load_rows(gc_ptr, t0, r, valid, HO * K, h * K, K)
         pt = gated_scores(
-            k, gk, r, q_ptr, gc_ptr, t0, 0, valid, H * K, hq * K, HO * K, h * K, 64, K, False
+            k_ptr, HK * K, hk * K, q_ptr, H * K, hq * K, gc_ptr, HO * K, h * K, t0, valid,
+            0, 0, 64, K, BG, False, PREC, gc_ptr, 0, 0, False,
         )  # fmt: skip
         pt = pt * inv_norm(k, 1, L2NORM, EPS)[:, None] * inv_norm(qt, 0, L2NORM, EPS)[None, :]
     else:
@@ -298,12 +302,12 @@ def dqk_kernel(
         if PART == 1:
             _dqk_gated_tail(
                 q_ptr, k_ptr, gc_ptr, dq_ptr, dk_ptr, dg_ptr, dp, dq_inter, dp, dp, t0, valid,
-                scale, HO, H, HK, h, hq, hk, K, L2NORM, FINAL_DQ, PART, EPS,
+                scale, HO, H, HK, h, hq, hk, K, L2NORM, FINAL_DQ, PART, EPS, PREC,
             )  # fmt: skip
         if PART == 2:
             _dqk_gated_tail(
                 q_ptr, k_ptr, gc_ptr, dq_ptr, dk_ptr, dg_ptr, dp, dp, dkt_state, s_dot, t0,
-                valid, scale, HO, H, HK, h, hq, hk, K, L2NORM, FINAL_DQ, PART, EPS,
+                valid, scale, HO, H, HK, h, hq, hk, K, L2NORM, FINAL_DQ, PART, EPS, PREC,
             )  # fmt: skip
     else:
         # In an order that ends each [64, K] tile's life early (ptxas holds the peak here).
@@ -350,7 +354,7 @@ def dqk_kernel(
 def _dqk_gated_tail(
     q_ptr, k_ptr, gc_ptr, dq_ptr, dk_ptr, dg_ptr, dp, dq_inter, dkt_state, s_dot, t0, valid,
     scale, HO, H, HK, h, hq, hk, K: tl.constexpr, L2NORM: tl.constexpr, FINAL_DQ: tl.constexpr,
-    PART: tl.constexpr, EPS: tl.constexpr,
+    PART: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """dqk_kernel's finish under a per-key-channel decay (GATE_K), from the V loop's sums:
     dp = dO E^T, dq_inter = dO S_0^T (PART 1), dkt_state = (E dS_C^T)^T and s_dot =
@@ -359,15 +363,15 @@ def _dqk_gated_tail(
     r = tl.arange(0, 64)
     row_ok = r < valid
     dpg = tl.where((r[:, None] >= r[None, :]) & row_ok[:, None], dp * scale, 0.0)
-    gq = load_rows(gc_ptr, t0, r, valid, HO * K, h * K, K)  # G, [64, K]
     if PART == 1:
+        gq = load_rows(gc_ptr, t0, r, valid, HO * K, h * K, K)  # G, [64, K]
         q = load_rows(q_ptr, t0, r, valid, H * K, hq * K, K)
         k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
         rq = inv_norm(q, 1, L2NORM, EPS)
         rk = inv_norm(k, 1, L2NORM, EPS)
         dq = dq_inter * (scale * tl.exp(gq)) + gated_apply(
-            dpg * rk[None, :], gq, k_ptr, gc_ptr, t0, valid, HK * K, hk * K, HO * K, h * K, K,
-            True, k_ptr, 0, 0, False,
+            dpg * rk[None, :], k_ptr, HK * K, hk * K, gc_ptr, HO * K, h * K, t0, valid, K,
+            True, False, PREC, k_ptr, 0, 0, False,
         )  # fmt: skip
         dg = q.to(tl.float32) * rq[:, None] * dq
         if FINAL_DQ:
@@ -388,17 +392,17 @@ def _dqk_gated_tail(
         kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
         rkt = inv_norm(kt, 0, L2NORM, EPS)
         kds = tl.sum(kt.to(tl.float32) * rkt[None, :] * dkt_state, 1)  # sum_j k_hat_j dk_state_j
-        # The state term lands transposed; read back as rows after every thread stored it.
-        _store_rows_t(dk_ptr, dkt_state, t0, r, valid, HO * K, h * K, K)
-        tl.debug_barrier()
         qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
         rq = inv_norm(qt, 0, L2NORM, EPS)
-        dk = load_rows(dk_ptr, t0, r, valid, HO * K, h * K, K) + gated_apply(
-            dpg * rq[:, None], gq, q_ptr, gc_ptr, t0, valid, H * K, hq * K, HO * K, h * K, K,
-            False, q_ptr, 0, 0, False,
+        # dk^T = the state term + the gated products of dP's columns, formed transposed (no
+        # register tile transposed); read back as rows after every thread stored it.
+        dkt = dkt_state + gated_apply(
+            dpg * rq[:, None], q_ptr, H * K, hq * K, gc_ptr, HO * K, h * K, t0, valid, K,
+            False, True, PREC, q_ptr, 0, 0, False,
         )  # fmt: skip
+        _store_rows_t(dk_ptr, dkt, t0, r, valid, HO * K, h * K, K)
         tl.debug_barrier()
-        store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K, K)
+        dk = load_rows(dk_ptr, t0, r, valid, HO * K, h * K, K)
         k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
         rk = inv_norm(k, 1, L2NORM, EPS)
         last = (r == valid - 1)[:, None]
