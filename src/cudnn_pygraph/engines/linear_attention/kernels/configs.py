@@ -38,8 +38,12 @@ Why these values (H200, bench/results/gdn.md; forward / fwd+bwd ms of (a) 8 x 40
   (gradients that change with the scratch's contents) or faults at 1 or 2 stages
   (bench/results/la_localize.md). 8 warps and 64-wide slices at 4 warps were both clean.
 - wy_bwd_gated (the same kernel under a per-key-channel decay: kda, gdn2): its own entry,
-  because the key side is another program (gated.py's loops) and compiles differently.
+  because the key side is another program (gated.py's products) and compiles differently.
 - dv_local: chosen by ptxas (no spills).
+- BG (wy_solve, state_fwd, output_fwd, dv_local, dqk): the column slice in which kda's and
+  gdn2's gated intra-chunk products (kernels/gated.py) read their operands; unused by gdn.
+  32 is not timed on the H200 yet: ptxas (sm_90, offline) shows fewer spills and less shared
+  memory than at 64 in each of these kernels, and bench/kda.py --profile times them.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ _SHARED = {
     "wy_solve": {"BK": 64, "BA": 32, "BG": 32, "MERGE": "tf32", "num_warps": 1, "num_stages": 3},
     "output_fwd": {"BV": 128, "BG": 32, "num_warps": 4},
     "dv_local": {"BV": 128, "BG": 32, "num_warps": 8},
-    "dqk": {"BV": 64, "num_warps": 8, "num_stages": 2, "maxnreg": 128},
+    "dqk": {"BV": 64, "BG": 32, "num_warps": 8, "num_stages": 2, "maxnreg": 128},
     "wy_bwd": {"BK": 32, "BV": 32, "num_warps": 8},
     "wy_bwd_gated": {"BK": 32, "BV": 32, "num_warps": 8},
 }

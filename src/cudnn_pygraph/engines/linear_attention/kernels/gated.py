@@ -61,6 +61,26 @@ def _decayed(v, g, g_ref, ok, LATER: tl.constexpr):
 
 
 @triton.jit
+def _rows(y_ptr, t0, r, valid, stride_y, col_y, D: tl.constexpr, m_ptr, stride_m, col_m,
+          MUL: tl.constexpr):  # fmt: skip
+    """y's [64, D] rows in fp32, times m's (MUL)."""
+    y = load_rows(y_ptr, t0, r, valid, stride_y, col_y, D).to(tl.float32)
+    if MUL:
+        y = y * load_rows(m_ptr, t0, r, valid, stride_m, col_m, D)
+    return y
+
+
+@triton.jit
+def _rows_t(y_ptr, t0, r, valid, stride_y, col_y, D: tl.constexpr, m_ptr, stride_m, col_m,
+            MUL: tl.constexpr):  # fmt: skip
+    """The same, read transposed: [D, 64]."""
+    y = load_rows_t(y_ptr, t0, r, valid, stride_y, col_y, D).to(tl.float32)
+    if MUL:
+        y = y * load_rows_t(m_ptr, t0, r, valid, stride_m, col_m, D)
+    return y
+
+
+@triton.jit
 def gated_scores(
     x_ptr, stride_x, col_x, y_ptr, stride_y, col_y, g_ptr, stride_g, col_g, t0, valid,
     RX: tl.constexpr, RY: tl.constexpr, R: tl.constexpr, D: tl.constexpr, BK: tl.constexpr,
@@ -144,18 +164,13 @@ def gated_apply(
     r = tl.arange(0, 64)
     eye = r[:, None] == r[None, :]
     row_ok = r < valid
+    # The diagonal (exp(0)); y and G are read again per level (L1-hot) rather than held.
     if TRANS:
-        y = load_rows_t(y_ptr, t0, r, valid, stride_y, col_y, D).to(tl.float32)  # [D, 64]
-        if MUL:
-            y = y * load_rows_t(m_ptr, t0, r, valid, stride_m, col_m, D)
-        g = load_rows_t(g_ptr, t0, r, valid, stride_g, col_g, D)
-        out = y * tl.where(row_ok, tl.sum(tl.where(eye, ds, 0.0), 0), 0.0)[None, :]
+        out = _rows_t(y_ptr, t0, r, valid, stride_y, col_y, D, m_ptr, stride_m, col_m, MUL)
+        out = out * tl.where(row_ok, tl.sum(tl.where(eye, ds, 0.0), 0), 0.0)[None, :]
     else:
-        y = load_rows(y_ptr, t0, r, valid, stride_y, col_y, D).to(tl.float32)  # [64, D]
-        if MUL:
-            y = y * load_rows(m_ptr, t0, r, valid, stride_m, col_m, D)
-        g = load_rows(g_ptr, t0, r, valid, stride_g, col_g, D)
-        out = y * tl.where(row_ok, tl.sum(tl.where(eye, ds, 0.0), 1), 0.0)[:, None]
+        out = _rows(y_ptr, t0, r, valid, stride_y, col_y, D, m_ptr, stride_m, col_m, MUL)
+        out = out * tl.where(row_ok, tl.sum(tl.where(eye, ds, 0.0), 1), 0.0)[:, None]
     for s in range(6):
         later, blk, ref = _level(r, s)
         ok_l = later & row_ok
@@ -168,15 +183,19 @@ def gated_apply(
             ok_par = ok_l
         dsl = tl.where(blk[:, None] == blk[None, :], ds, 0.0)
         if TRANS:
+            g = load_rows_t(g_ptr, t0, r, valid, stride_g, col_g, D)
             gr = load_rows_t(g_ptr, t0, ref, valid, stride_g, col_g, D)
             d = tl.where(ok_l[None, :], g - gr, tl.where(ok_e[None, :], gr - g, 0.0))
             e = tl.exp(d)  # one exponential serves both sides: their rows are disjoint
+            y = _rows_t(y_ptr, t0, r, valid, stride_y, col_y, D, m_ptr, stride_m, col_m, MUL)
             ys = tl.where(ok_par[None, :], y * e, 0.0)
             out += tl.where(ok_out[None, :], e, 0.0) * tl.dot(ys, dsl, input_precision=PREC)
         else:
+            g = load_rows(g_ptr, t0, r, valid, stride_g, col_g, D)
             gr = load_rows(g_ptr, t0, ref, valid, stride_g, col_g, D)
             d = tl.where(ok_l[:, None], g - gr, tl.where(ok_e[:, None], gr - g, 0.0))
             e = tl.exp(d)
+            y = _rows(y_ptr, t0, r, valid, stride_y, col_y, D, m_ptr, stride_m, col_m, MUL)
             ys = tl.where(ok_par[:, None], y * e, 0.0)
             out += tl.where(ok_out[:, None], e, 0.0) * tl.dot(dsl, ys, input_precision=PREC)
     return out

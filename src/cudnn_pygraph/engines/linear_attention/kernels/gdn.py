@@ -601,6 +601,7 @@ def gdn_backward(
     final_dq = n_q == n_out
     cfg = dict(kernel_cfgs["dqk"])
     bv = _block_v(cfg, dim_v, dim_k)
+    cfg["BG"] = _slice(cfg, "BG", dim_k)
     # The dq side (PART 1), then the dk side (PART 2): two launches of lighter programs,
     # each recomputing dP (kernels/output.py dqk_kernel).
     for part in (1, 2):

@@ -119,7 +119,8 @@ def state_fwd_kernel(
     chunk's start while it is in registers. The forward then stores neither h nor E and
     launches no output stage: the backward recomputes both anyway. Its cost: q [64, K] per
     chunk and program and the chunk's Q K^T per V block (shared through L2 with V_FASTEST).
-    q_ptr / o_ptr / scale / H / L2NORM / EPS are read only under it."""
+    q_ptr / o_ptr / scale / H / L2NORM / EPS are read only under it. BG: the column slice
+    of the fused output's gated scores (GATE_K, gated.py)."""
     n, h, iv = state_program(V_FASTEST, V // BV, HO, order_ptr)
     hk = h // (HO // HK)
     dt = w_ptr.dtype.element_ty

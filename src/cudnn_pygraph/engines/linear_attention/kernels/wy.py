@@ -308,7 +308,8 @@ def _wy_bwd_gated_keys(
     pass 1 over BK slices: dA += dW W_raw^T, dbeta += <A^T dW, D k_hat>, the gated Gram;
     then dL = -A^T dA A^T and dM = beta_i dL (strictly lower);
     pass 2: dk_hat = parked + beta D (A^T dW) + the gated products of dM by rows and by
-    columns (gated.py), stored unnormalized in place of the parked partial; dG per channel
+    columns (gated.py; dM^T read back through the A buffer), stored unnormalized in place
+    of the parked partial; dG per channel
     = parked + k_hat * (beta D A^T dW + rows - columns), then per slice the reverse cumsum
     and the gate transform (d_a_log per token, d_dt_bias per token and channel);
     pass 3: the l2norm Jacobian (its row dot <k_hat, dk_hat> summed in pass 2).

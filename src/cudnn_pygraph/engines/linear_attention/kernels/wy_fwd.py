@@ -414,7 +414,7 @@ def wy_solve_kernel(
     norms, 1 without the l2norm) as [T, HO] fp32 (G as [T, HO, K] under GATE_K); A =
     (I + L)^-1 as [T, HO, 64] when STORE_A; w and u from A in registers, BA columns at a
     time. MERGE: the input_precision of the doubling and merge products for 16-bit inputs
-    (the module docstring).
+    (the module docstring). BG: the column slice of the gated Gram (GATE_K).
 
     GATE_K (kda: a decay per key channel): the Gram blocks carry the decay inside the sum
     over channels (gated.py, from the stored G in BG-wide column slices), L's blocks then
