@@ -19,17 +19,20 @@ H = 2^s) the rows fall into blocks of 2H, and a pair (i, j) with i in the later 
 block and j in its earlier half takes that later half's first row as r. Every pair j < i
 of the chunk belongs to exactly one level (the highest bit in which i and j differ), and
 the diagonal pairs i = j take exp(0) = 1. So a [64, 64] product is six masked [64, 64]
-tensor-core products plus the diagonal's, with two [64, K] exponentials per level (one per
-operand orientation) instead of one per pair and channel. The transposed forms (x or the
-output holding the EARLIER token) use the same reference row: then x's rows take
-exp(G_r - G) and the later partner's exp(G - G_r), again both <= 1.
+tensor-core products plus the diagonal's, with [64, K] exponentials per level instead of
+one per pair and channel: two in gated_scores (x's rows and y's, in the two orientations
+a product takes them), one in gated_apply (its output rows and partner rows are one tile's
+rows: a row is on one side of each level only). The forms with x or the output holding
+the EARLIER token use the same reference row: x's rows take exp(G_r - G) and the later
+partner's exp(G - G_r), again both <= 1.
 
 An off-diagonal block of rows (wy_fwd's 16x16 blocks: all of one block's rows after all of
 the other's) is one level: r is the later block's first row.
 
 Operands are rounded as PREC says (tf32 for 16-bit runs, as the other fp32-operand
 products; ieee for fp32 runs, the accuracy reference). Every row tile is read from memory
-(L1-hot: the same chunk's rows), in BK-wide column slices.
+(L1-hot: the same chunk's rows); gated_scores slices the channels BK at a time itself,
+gated_apply's callers pass it a column slice (its output is one).
 """
 
 from __future__ import annotations
@@ -164,13 +167,16 @@ def gated_apply(
     r = tl.arange(0, 64)
     eye = r[:, None] == r[None, :]
     row_ok = r < valid
-    # The diagonal (exp(0)); y and G are read again per level (L1-hot) rather than held.
+    # y and G held across the levels (callers pass BG- or BK-wide column slices); the
+    # diagonal is exp(0).
     if TRANS:
-        out = _rows_t(y_ptr, t0, r, valid, stride_y, col_y, D, m_ptr, stride_m, col_m, MUL)
-        out = out * tl.where(row_ok, tl.sum(tl.where(eye, ds, 0.0), 0), 0.0)[None, :]
+        y = _rows_t(y_ptr, t0, r, valid, stride_y, col_y, D, m_ptr, stride_m, col_m, MUL)
+        g = load_rows_t(g_ptr, t0, r, valid, stride_g, col_g, D)
+        out = y * tl.where(row_ok, tl.sum(tl.where(eye, ds, 0.0), 0), 0.0)[None, :]
     else:
-        out = _rows(y_ptr, t0, r, valid, stride_y, col_y, D, m_ptr, stride_m, col_m, MUL)
-        out = out * tl.where(row_ok, tl.sum(tl.where(eye, ds, 0.0), 1), 0.0)[:, None]
+        y = _rows(y_ptr, t0, r, valid, stride_y, col_y, D, m_ptr, stride_m, col_m, MUL)
+        g = load_rows(g_ptr, t0, r, valid, stride_g, col_g, D)
+        out = y * tl.where(row_ok, tl.sum(tl.where(eye, ds, 0.0), 1), 0.0)[:, None]
     for s in range(6):
         later, blk, ref = _level(r, s)
         ok_l = later & row_ok
@@ -183,19 +189,15 @@ def gated_apply(
             ok_par = ok_l
         dsl = tl.where(blk[:, None] == blk[None, :], ds, 0.0)
         if TRANS:
-            g = load_rows_t(g_ptr, t0, r, valid, stride_g, col_g, D)
             gr = load_rows_t(g_ptr, t0, ref, valid, stride_g, col_g, D)
             d = tl.where(ok_l[None, :], g - gr, tl.where(ok_e[None, :], gr - g, 0.0))
             e = tl.exp(d)  # one exponential serves both sides: their rows are disjoint
-            y = _rows_t(y_ptr, t0, r, valid, stride_y, col_y, D, m_ptr, stride_m, col_m, MUL)
             ys = tl.where(ok_par[None, :], y * e, 0.0)
             out += tl.where(ok_out[None, :], e, 0.0) * tl.dot(ys, dsl, input_precision=PREC)
         else:
-            g = load_rows(g_ptr, t0, r, valid, stride_g, col_g, D)
             gr = load_rows(g_ptr, t0, ref, valid, stride_g, col_g, D)
             d = tl.where(ok_l[:, None], g - gr, tl.where(ok_e[:, None], gr - g, 0.0))
             e = tl.exp(d)
-            y = _rows(y_ptr, t0, r, valid, stride_y, col_y, D, m_ptr, stride_m, col_m, MUL)
             ys = tl.where(ok_par[:, None], y * e, 0.0)
             out += tl.where(ok_out[:, None], e, 0.0) * tl.dot(dsl, ys, input_precision=PREC)
     return out

@@ -397,6 +397,7 @@ def _dqk_gated_tail(
             store_rows(dq_ptr, dq, t0, r, valid, H * K, hq * K, K)
         else:
             store_rows(dq_ptr, dq, t0, r, valid, HO * K, h * K, K)
+        tl.debug_barrier()  # every thread has read the sum before dG overwrites it
         store_rows(dg_ptr, dg, t0, r, valid, HO * K, h * K, K)
     if PART == 2:
         kc = tl.arange(0, K)

@@ -477,7 +477,7 @@ def wy_solve_kernel(
         store_vec(beff_ptr, b3, t0, r + 48, valid, HO, h)
 
     if GATE_K:
-        # The gated Gram reads the partner rows' G back from gc: every thread's store first.
+        # The gated Gram reads G (and beff) back from memory: every thread's store first.
         tl.debug_barrier()
         kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32 = _gated_gram(
             k_ptr, gc_ptr, beff_ptr, t0, valid, HK * K, hk * K, HO * K, h * K, K, BG, PREC,
