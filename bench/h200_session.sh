@@ -139,10 +139,10 @@ bench_reliability() {
   step reliability 220 env OUT= PER_RUN=45 RESULTS="$LOG/reliability.md" bash bench/reliability_gpu.sh
   step doctor 30 python3 -m cudnn_pygraph doctor
 }
-bench_kda() {
+bench_kda() {  # the short steps first: the peers' row (fla autotunes) may take the rest
+  step kda_profile 60 python3 bench/kda.py --profile --only "(a)"
+  step kda_unfused 60 python3 bench/kda.py --config wide-unfused --no-fla --no-nvidia --only "(a)"
   step kda 280 python3 bench/kda.py --only "(a)"
-  step kda_profile 90 python3 bench/kda.py --profile --only "(a)"
-  step kda_unfused 90 python3 bench/kda.py --config wide-unfused --no-fla --no-nvidia --only "(a)"
 }
 bench_gdn2() { step gdn2 120 python3 bench/kda.py --gdn2 --only "(a)"; }
 bench_gdp() { step gdp 320 python3 bench/gdp.py --only "(a)"; }
