@@ -5,6 +5,7 @@ follow from them (228 KB of shared memory and 64K registers per H200 SM); a conf
 fits more programs per SM hides more of the serial chunk walk's latency.
 
   PYTHONPATH=src python bench/gdn_static.py
+  PYTHONPATH=src python bench/gdn_static.py --gate-per-key   # kda's kernels (GATE_K) only
 
 The configs' timings are in kernels/configs.py's docstring.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 
 import triton
@@ -89,15 +91,17 @@ def compile_facts(fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg
     return kernel.metadata.shared, registers, spills
 
 
-def shipped_facts():
+def shipped_facts(gate_per_key=False):
     """Every kernel of the "wide" config (kernels/configs.py) of a bf16 call with l2norm and
-    initial / final state, as the launcher would compile it."""
+    initial / final state, as the launcher would compile it; gate_per_key: kda's (GATE_K:
+    the gated products of kernels/gated.py), with both dqk parts and the fused state_fwd."""
     from cudnn_pygraph.engines.linear_attention.kernels import output, wy, wy_fwd
     from cudnn_pygraph.engines.linear_attention.kernels.configs import config
 
     wide = config("wide")
 
-    common = {"K": 128, "V": 128, "L2NORM": True, "PREC": "tf32", "EPS": 1e-6}
+    common = {"K": 128, "V": 128, "L2NORM": True, "PREC": "tf32", "EPS": 1e-6,
+              **({"GATE_K": True} if gate_per_key else {})}  # fmt: skip
     gates = {"LINEAR": False, "SAFE": False, "HAS_A": False, "HAS_DT": False, "SIGMOID": False,
                  "NEG_EIGVAL": False}  # fmt: skip
     jobs = {
@@ -111,11 +115,17 @@ def shipped_facts():
         "wy_bwd": (wy.wy_bwd_kernel, {**{k: v for k, v in common.items() if k != "EPS"},
                                       **gates, "FINAL_DK": True, "FINAL_DV": True}),
     }  # fmt: skip
+    if gate_per_key:
+        jobs["dqk part 2"] = (output.dqk_kernel, {**jobs["dqk"][1], "PART": 2})
+        jobs["state_fwd fused"] = (state.state_fwd_kernel, {**jobs["state_fwd"][1],
+                                   "STORE_H": False, "STORE_VNEW": False, "FUSE_OUTPUT": True})  # fmt: skip
     print("| kernel (shipped config) | shared KB | registers | spill bytes | programs per SM |")
     print("|---|---|---|---|---|")
     for label, (fn, cx) in jobs.items():
-        cfg = dict(wide[label.split(" ")[0]])
-        # Unfused (the backward's recompute); the fused forward is in the table below.
+        name = label.split(" ")[0]
+        cfg = dict(wide["wy_bwd_gated" if gate_per_key and name == "wy_bwd" else name])
+        # Unfused unless the label says so (the backward's recompute); gdn's fused forward
+        # is in main()'s table.
         cfg.pop("V_FASTEST", None), cfg.pop("FUSE_OUTPUT", None)
         warps, stages = cfg.pop("num_warps", 4), cfg.pop("num_stages", 3)
         cx = {**cx, **{k: v for k, v in cfg.items() if k in fn.arg_names}}
@@ -125,6 +135,9 @@ def shipped_facts():
 
 
 def main():
+    if "--gate-per-key" in sys.argv[1:]:
+        shipped_facts(gate_per_key=True)
+        return
     shipped_facts()
     print()
     base = {"K": 128, "V": 128, "HAS_INIT": True, "HAS_FINAL": True, "HAS_IDX": False, "PREC": "tf32",

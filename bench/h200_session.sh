@@ -27,6 +27,7 @@
 #   cold-start   issue 21: the compiled-plan cache suite and cold_start.md
 #   reliability  the 32-thread and misaligned-operand suite under compute-sanitizer, doctor
 #   kda | gdn2 | gdp | chain    issues 18 / 19: each family's suite and its bench row (a)
+#                (kda also: its per-kernel profile and row (a) under "wide-unfused")
 #   la-localize  bench/la_localize.py on the cases those suites failed, side by side with the
 #                other suites: the kernel that faults or first writes NaN, and whether a
 #                repeated backward is bitwise the same
@@ -138,7 +139,11 @@ bench_reliability() {
   step reliability 220 env OUT= PER_RUN=45 RESULTS="$LOG/reliability.md" bash bench/reliability_gpu.sh
   step doctor 30 python3 -m cudnn_pygraph doctor
 }
-bench_kda() { step kda 280 python3 bench/kda.py --only "(a)"; }
+bench_kda() {  # the short steps first: the peers' row (fla autotunes) may take the rest
+  step kda_profile 60 python3 bench/kda.py --profile --only "(a)"
+  step kda_unfused 60 python3 bench/kda.py --config wide-unfused --no-fla --no-nvidia --only "(a)"
+  step kda 280 python3 bench/kda.py --only "(a)"
+}
 bench_gdn2() { step gdn2 120 python3 bench/kda.py --gdn2 --only "(a)"; }
 bench_gdp() { step gdp 320 python3 bench/gdp.py --only "(a)"; }
 bench_chain() { step gdn_chain 200 python3 bench/gdn.py --chain; }

@@ -11,6 +11,9 @@ it completes. The ratio columns are the peer's time over ours: above 1, ours is 
   PYTHONPATH=src python bench/kda.py --only "(a)"          # the issue's row, all three
   PYTHONPATH=src python bench/kda.py --no-fla --no-nvidia  # ours only, every shape
   PYTHONPATH=src python bench/kda.py --gdn2 --only "(a)"   # GDN-2 vs our GDN, same kernels
+  PYTHONPATH=src python bench/kda.py --profile --only "(a)"  # per-kernel CUDA time of ours
+  PYTHONPATH=src python bench/kda.py --config wide-unfused --no-fla --no-nvidia --only "(a)"
+                                                            # ours under a named config
 
 --gdn2 times GDN-2 (kda's stages with an erase gate per key channel and a write gate per
 value channel: the WY stage's BETA_K) against our GDN at the same shape (a decay and a beta
@@ -67,8 +70,8 @@ class Ours:
     default; gdn (g and beta [T, H]) or gdn2 (beta [T, H, K] and the write gate x["w"])
     by the inputs' shapes."""
 
-    def __init__(self, x, cu, init):
-        self.x, self.cu, self.init = x, cu, init
+    def __init__(self, x, cu, init, config=None):
+        self.x, self.cu, self.init, self.config = x, cu, init, config
         total, n = x["q"].shape[0], cu.numel() - 1
         self.per_key = x["g"].dim() == 3
         self.w = x.get("w")
@@ -100,7 +103,7 @@ class Ours:
         gdn_forward(
             x["q"], x["k"], x["v"], x["g"], x["beta"], self.cu, scale=SCALE, o=self.o,
             initial_state=self.init, final_state=self.final, use_qk_l2norm=True,
-            workspace=self.ws, gate_per_key=self.per_key, write_gate=self.w,
+            workspace=self.ws, gate_per_key=self.per_key, write_gate=self.w, config=self.config,
         )  # fmt: skip
 
     def backward(self):
@@ -110,7 +113,7 @@ class Ours:
             dq=d["q"], dk=d["k"], dv=d["v"], dg=d["g"], dbeta=d["beta"],
             initial_state=self.init, d_initial_state=self.dinit, use_qk_l2norm=True,
             workspace=self.ws, gate_per_key=self.per_key, write_gate=self.w,
-            dwrite_gate=d.get("w"),
+            dwrite_gate=d.get("w"), config=self.config,
         )  # fmt: skip
 
     def forward_backward(self):
@@ -208,13 +211,33 @@ def gdn2_rows(only):
             )
 
 
+def profile_kernels(only, config):
+    """Per-kernel CUDA time of our kda forward and backward (torch.profiler), one shape."""
+    name, seqlens = next((n, s) for n, s in shapes().items() if not only or only in n)
+    x, cu, init = make_inputs(seqlens, with_state=False)
+    ours = Ours(x, cu, init, config)
+    ours.forward_backward()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            ours.forward_backward()
+        torch.cuda.synchronize()
+    print(f"{name}, config {config or 'picked'}: 5 x (forward + backward)")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--no-fla", action="store_true")
     parser.add_argument("--no-nvidia", action="store_true")
     parser.add_argument("--gdn2", action="store_true", help="GDN-2 vs our GDN instead")
     parser.add_argument("--only", default=None, help="substring of a shape name")
+    parser.add_argument("--config", default=None, help="our config by name (kernels/configs.py)")
+    parser.add_argument("--profile", action="store_true", help="per-kernel times, then exit")
     args = parser.parse_args()
+    if args.profile:
+        profile_kernels(args.only, args.config)
+        return
     if args.gdn2:
         gdn2_rows(args.only)
         return
@@ -232,7 +255,7 @@ def main():
         for with_state in (False, True):
             torch.manual_seed(1)
             x, cu, init = make_inputs(seqlens, with_state)
-            ours = Ours(x, cu, init)
+            ours = Ours(x, cu, init, args.config)
             ours.forward_backward()
             finite = all(torch.isfinite(t).all().item() for t in ours.grads.values())
             fwd, fb = median_ms(ours.forward), median_ms(ours.forward_backward)

@@ -2,7 +2,7 @@
 decay per key channel) against the float64 token-by-token reference, on CPU.
 
 Runs under TRITON_INTERPRET=1 in fp32 (fp16 for one case); tiny shapes: the per-channel
-intra-chunk products (gated.py) are a loop of partner rows, slow under the interpreter.
+intra-chunk products (gated.py) are many masked products, slow under the interpreter.
 Every gate and beta attribute is a row of the table; every output and every gradient is
 compared with a named tolerance.
 """
@@ -219,9 +219,10 @@ def test_forward_and_backward_match_float64_reference(case):
 
 
 def test_steep_decay_stays_finite_and_exact():
-    # Log-decays down to -40 per token: a chunk's cumulative decay reaches e^-1000s, where
-    # splitting exp(G_i - G_j) as exp(G_i) exp(-G_j) overflows fp32. The gated products
-    # mask the exponent to causal pairs (<= 0), so every output and gradient stays exact.
+    # Log-decays down to -40 per token: a chunk's cumulative decay reaches e^-1000s and a
+    # 16-token sub-block's passes e^-88, where splitting exp(G_i - G_j) as exp(G_i) exp(-G_j)
+    # overflows fp32. The gated products (kernels/gated.py) split it at a row between the
+    # two tokens, both factors <= 1, so every output and gradient stays exact.
     x, cu = make_inputs(gate="steep", seqlens=(64, 9), heads=(1, 1, 1))
     errors = errors_against_reference(x, cu, {"use_qk_l2norm": True}, config="wide")
     bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}

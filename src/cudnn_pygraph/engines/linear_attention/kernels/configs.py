@@ -39,8 +39,12 @@ Why these values (H200, bench/results/gdn.md; forward / fwd+bwd ms of (a) 8 x 40
   per-head pass reads bytes it never wrote (gradients that change with the scratch's
   contents) or faults at 1 or 2 stages.
 - wy_bwd_gated (the same kernel under a per-key-channel decay: kda, gdn2): its own entry,
-  because the key side is another program (gated.py) and compiles differently.
+  because the key side is another program (gated.py's products) and compiles differently.
 - dv_local: chosen by ptxas (no spills).
+- BG (wy_solve, state_fwd, output_fwd, dv_local, dqk): the column slice in which kda's and
+  gdn2's gated intra-chunk products (kernels/gated.py) read their operands; unused by gdn.
+  32 is not timed on the H200 yet: ptxas (sm_90, offline) shows fewer spills and less shared
+  memory than at 64 in each of these kernels, and bench/kda.py --profile times them.
 """
 
 from __future__ import annotations
@@ -54,10 +58,10 @@ def _frozen(kernels: dict) -> MappingProxyType:
 
 
 _SHARED = {
-    "wy_solve": {"BK": 64, "BA": 32, "MERGE": "tf32", "num_warps": 1, "num_stages": 3},
-    "output_fwd": {"BV": 128, "num_warps": 4},
-    "dv_local": {"BV": 128, "num_warps": 8},
-    "dqk": {"BV": 64, "num_warps": 8, "num_stages": 2, "maxnreg": 128},
+    "wy_solve": {"BK": 64, "BA": 32, "BG": 32, "MERGE": "tf32", "num_warps": 1, "num_stages": 3},
+    "output_fwd": {"BV": 128, "BG": 32, "num_warps": 4},
+    "dv_local": {"BV": 128, "BG": 32, "num_warps": 8},
+    "dqk": {"BV": 64, "BG": 32, "num_warps": 8, "num_stages": 2, "maxnreg": 128},
     "wy_bwd": {"BK": 64, "BV": 64, "num_warps": 4},
     "wy_bwd_gated": {"BK": 64, "BV": 64, "num_warps": 4},
 }
@@ -70,8 +74,8 @@ CONFIGS = (
         "wide",
         _frozen({
             **_SHARED,
-            "state_fwd": {"BV": 64, "num_warps": 4, "num_stages": 2, "V_FASTEST": True,
-                          "FUSE_OUTPUT": True},
+            "state_fwd": {"BV": 64, "BG": 32, "num_warps": 4, "num_stages": 2,
+                          "V_FASTEST": True, "FUSE_OUTPUT": True},
             "state_bwd": _WIDE_STATE_BWD,
         }),
     ),
@@ -79,7 +83,7 @@ CONFIGS = (
         "few",
         _frozen({
             **_SHARED,
-            "state_fwd": {"BV": 16, "num_warps": 4},
+            "state_fwd": {"BV": 16, "BG": 32, "num_warps": 4},
             "state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 2},
         }),
     ),
@@ -89,7 +93,8 @@ CONFIGS = (
         "wide-unfused",
         _frozen({
             **_SHARED,
-            "state_fwd": {"BV": 64, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
+            "state_fwd": {"BV": 64, "BG": 32, "num_warps": 4, "num_stages": 2,
+                          "V_FASTEST": True},
             "state_bwd": _WIDE_STATE_BWD,
         }),
     ),

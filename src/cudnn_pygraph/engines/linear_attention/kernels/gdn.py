@@ -199,7 +199,8 @@ def _run_wy_and_state(
             dt_bias if dt_bias is not None else dummy, cu, ws["chunk_offsets"],
             ws["chunk_seq"], n_seqs, ws["gc"], ws["beta_eff"], ws["rk"], ws["a"], ws["w"],
             ws["u"], n_out, n_k, n_v, lower_bound, K=dim_k, V=dim_v, BK=_slice(cfg, "BK", dim_k),
-            BA=_slice(cfg, "BA", min(dim_k, dim_v)), L2NORM=l2norm, **flags, PREC=prec,
+            BA=_slice(cfg, "BA", min(dim_k, dim_v)), BG=_slice(cfg, "BG", dim_k), L2NORM=l2norm,
+            **flags, PREC=prec,
             STORE_A="dw" in ws, EPS=L2NORM_EPS, BETA_K=write_gate is not None, **cfg,
         )  # fmt: skip
     cfg = dict(kernel_cfgs["state_fwd"])
@@ -207,6 +208,7 @@ def _run_wy_and_state(
     if not store_h and final_state is None and not fuse:
         return
     bv = _block_v(cfg, dim_v, dim_k)
+    cfg["BG"] = _slice(cfg, "BG", dim_k)
     state_fwd_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv)](
         k,
         ws["w"],
@@ -399,6 +401,7 @@ def _output_stage(q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, p
     total_t, n_seqs, n_q, n_k, _, n_out, dim_k, dim_v = dims
     cfg = dict(kernel_cfgs["output_fwd"])
     bv = _block_v(cfg, dim_v, dim_k)
+    cfg["BG"] = _slice(cfg, "BG", dim_k)
     output_fwd_kernel[(max_chunks(total_t, n_seqs), n_out, dim_v // bv)](
         q,
         k,
@@ -560,6 +563,7 @@ def gdn_backward(
 
     cfg = dict(kernel_cfgs["dv_local"])
     bv = _block_v(cfg, dim_v, dim_k)
+    cfg["BG"] = _slice(cfg, "BG", dim_k)
     dv_local_kernel[(n_chunks, n_out, dim_v // bv)](
         q, k, ws["gc"], do, ws["de"], *tables, scale, n_out, n_q, n_k, BV=bv, **common, **cfg
     )
@@ -597,6 +601,7 @@ def gdn_backward(
     final_dq = n_q == n_out
     cfg = dict(kernel_cfgs["dqk"])
     bv = _block_v(cfg, dim_v, dim_k)
+    cfg["BG"] = _slice(cfg, "BG", dim_k)
     # The dq side (PART 1), then the dk side (PART 2): two launches of lighter programs,
     # each recomputing dP (kernels/output.py dqk_kernel).
     for part in (1, 2):

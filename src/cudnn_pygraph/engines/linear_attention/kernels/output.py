@@ -79,6 +79,7 @@ def output_fwd_kernel(
     PREC: tl.constexpr,
     EPS: tl.constexpr,
     GATE_K: tl.constexpr = False,
+    BG: tl.constexpr = 32,
 ):
     """O = scale rq * (exp(G) * (q S_0) + (q k^T * rk_j * decay) E), q and k RAW: the l2norm
     enters as the query's inverse row norm rq (computed here) on O's rows and the keys' rk
@@ -88,7 +89,8 @@ def output_fwd_kernel(
     state.py's state_fwd_kernel repeats these products under FUSE_OUTPUT. They stay two
     copies: one jit helper for both reorders the compiled code (ptxas, sm_90, offline,
     session 4: output_fwd 64 -> 80 KB of shared memory, the fused state_fwd 105 -> 113 KB)
-    and was not timed; change both together."""
+    and was not timed; change both together. BG: the column slice of the gated scores
+    (GATE_K, gated.py)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     iv = tl.program_id(2)
@@ -105,7 +107,8 @@ def output_fwd_kernel(
         hk = h // (HO // HK)
         gq = load_rows(gc_ptr, t0, r, valid, HO * K, h * K, K)
         p = gated_scores(
-            q, gq, r, k_ptr, gc_ptr, t0, 0, valid, HK * K, hk * K, HO * K, h * K, 64, K, True
+            q_ptr, H * K, (h // (HO // H)) * K, k_ptr, HK * K, hk * K, gc_ptr, HO * K, h * K,
+            t0, valid, 0, 0, 64, K, BG, True, PREC, gc_ptr, 0, 0, False,
         ) * rk[None, :]  # fmt: skip
         s0 = tl.load(state_block(h_ptr, c.to(tl.int64) * sh_c + h * sh_h, v_idx, K, sh_v, sh_k))
         e = load_rows(vnew_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
@@ -144,8 +147,10 @@ def dv_local_kernel(
     PREC: tl.constexpr,
     EPS: tl.constexpr,
     GATE_K: tl.constexpr = False,
+    BG: tl.constexpr = 32,
 ):
-    """dE_local = scale P^T dO (fp32), the intra-chunk part of the correction gradient."""
+    """dE_local = scale P^T dO (fp32), the intra-chunk part of the correction gradient.
+    BG: the column slice of the gated scores (GATE_K)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     iv = tl.program_id(2)
@@ -160,9 +165,9 @@ def dv_local_kernel(
         # P^T formed directly (rows: keys), the norms as row / column scales.
         k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
         qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
-        gk = load_rows(gc_ptr, t0, r, valid, HO * K, h * K, K)
         pt = gated_scores(
-            k, gk, r, q_ptr, gc_ptr, t0, 0, valid, H * K, hq * K, HO * K, h * K, 64, K, False
+            k_ptr, HK * K, hk * K, q_ptr, H * K, hq * K, gc_ptr, HO * K, h * K, t0, valid,
+            0, 0, 64, K, BG, False, PREC, gc_ptr, 0, 0, False,
         )  # fmt: skip
         pt = pt * inv_norm(k, 1, L2NORM, EPS)[:, None] * inv_norm(qt, 0, L2NORM, EPS)[None, :]
     else:
@@ -220,6 +225,7 @@ def dqk_kernel(
     PREC: tl.constexpr,
     EPS: tl.constexpr,
     GATE_K: tl.constexpr = False,
+    BG: tl.constexpr = 32,
 ):
     """Writes dq (final if FINAL_DQ, else fp32 per output head), and fp32 partials dk, dw,
     dG [T, HO] ([T, HO, K] under GATE_K) that the WY backward completes.
@@ -234,7 +240,8 @@ def dqk_kernel(
 
     Two launches of lighter programs, each recomputing dP: PART 1 (the dq side: dq and dG's
     query terms), then PART 2 (the dk side: dk, dw, and dG's key terms added to what PART 1
-    stored). (One launch computing both: (a) fwd+bwd 5.68 vs 5.49 ms, H200.)"""
+    stored). (One launch computing both: (a) fwd+bwd 5.68 vs 5.49 ms, H200.) BG: the column
+    slice of the gated products (GATE_K, _dqk_gated_tail)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -298,12 +305,12 @@ def dqk_kernel(
         if PART == 1:
             _dqk_gated_tail(
                 q_ptr, k_ptr, gc_ptr, dq_ptr, dk_ptr, dg_ptr, dp, dq_inter, dp, dp, t0, valid,
-                scale, HO, H, HK, h, hq, hk, K, L2NORM, FINAL_DQ, PART, EPS,
+                scale, HO, H, HK, h, hq, hk, K, L2NORM, FINAL_DQ, PART, EPS, PREC, BG,
             )  # fmt: skip
         if PART == 2:
             _dqk_gated_tail(
                 q_ptr, k_ptr, gc_ptr, dq_ptr, dk_ptr, dg_ptr, dp, dp, dkt_state, s_dot, t0,
-                valid, scale, HO, H, HK, h, hq, hk, K, L2NORM, FINAL_DQ, PART, EPS,
+                valid, scale, HO, H, HK, h, hq, hk, K, L2NORM, FINAL_DQ, PART, EPS, PREC, BG,
             )  # fmt: skip
     else:
         # In an order that ends each [64, K] tile's life early (ptxas holds the peak here).
@@ -350,32 +357,47 @@ def dqk_kernel(
 def _dqk_gated_tail(
     q_ptr, k_ptr, gc_ptr, dq_ptr, dk_ptr, dg_ptr, dp, dq_inter, dkt_state, s_dot, t0, valid,
     scale, HO, H, HK, h, hq, hk, K: tl.constexpr, L2NORM: tl.constexpr, FINAL_DQ: tl.constexpr,
-    PART: tl.constexpr, EPS: tl.constexpr,
+    PART: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, BG: tl.constexpr,
 ):  # fmt: skip
     """dqk_kernel's finish under a per-key-channel decay (GATE_K), from the V loop's sums:
     dp = dO E^T, dq_inter = dO S_0^T (PART 1), dkt_state = (E dS_C^T)^T and s_dot =
     rowsum(S_0 * dS_C) per channel (PART 2). PART 1 stores dq and dG's query term
-    Q_hat * dQ_hat; PART 2 stores the partial dk (fp32) and adds dG's key terms."""
+    Q_hat * dQ_hat; PART 2 stores the partial dk (fp32) and adds dG's key terms. The gated
+    products (gated.py) run in BG-wide column slices, each added to a sum held in memory
+    (dG's rows in PART 1, before dG is stored; dk's in PART 2), so that no [64, K] tile of
+    theirs is live beside the V loop's sums (ptxas, sm_90: far fewer spills than whole tiles
+    at the dqk config's 128-register cap)."""
     r = tl.arange(0, 64)
     row_ok = r < valid
     dpg = tl.where((r[:, None] >= r[None, :]) & row_ok[:, None], dp * scale, 0.0)
-    gq = load_rows(gc_ptr, t0, r, valid, HO * K, h * K, K)  # G, [64, K]
     if PART == 1:
-        q = load_rows(q_ptr, t0, r, valid, H * K, hq * K, K)
+        # dq = the state term + the gated products, summed in fp32 in dG's rows (scratch
+        # until dG is stored) a BG-wide column slice at a time: no [64, K] tile of the
+        # products is held beside the state term.
+        gq = load_rows(gc_ptr, t0, r, valid, HO * K, h * K, K)  # G, [64, K]
+        store_rows(dg_ptr, dq_inter * (scale * tl.exp(gq)), t0, r, valid, HO * K, h * K, K)
         k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
-        rq = inv_norm(q, 1, L2NORM, EPS)
-        rk = inv_norm(k, 1, L2NORM, EPS)
-        dq = dq_inter * (scale * tl.exp(gq)) + gated_apply(
-            dpg * rk[None, :], gq, k_ptr, gc_ptr, t0, valid, HK * K, hk * K, HO * K, h * K, K,
-            True, k_ptr, 0, 0, False,
-        )  # fmt: skip
-        dg = q.to(tl.float32) * rq[:, None] * dq
+        ds = dpg * inv_norm(k, 1, L2NORM, EPS)[None, :]
+        tl.debug_barrier()
+        for ic in range(K // BG):
+            c = ic * BG
+            dq = load_rows(dg_ptr, t0, r, valid, HO * K, h * K + c, BG) + gated_apply(
+                ds, k_ptr, HK * K, hk * K + c, gc_ptr, HO * K, h * K + c, t0, valid, BG, True,
+                False, PREC, k_ptr, 0, 0, False,
+            )  # fmt: skip
+            tl.debug_barrier()  # every thread has read the slice before it is overwritten
+            store_rows(dg_ptr, dq, t0, r, valid, HO * K, h * K + c, BG)
+        tl.debug_barrier()
+        dq = load_rows(dg_ptr, t0, r, valid, HO * K, h * K, K)
+        q = load_rows(q_ptr, t0, r, valid, H * K, hq * K, K)
+        dg = q.to(tl.float32) * inv_norm(q, 1, L2NORM, EPS)[:, None] * dq
         if FINAL_DQ:
             if L2NORM:
                 dq = l2norm_rows_bwd(q.to(tl.float32), dq, EPS)
             store_rows(dq_ptr, dq, t0, r, valid, H * K, hq * K, K)
         else:
             store_rows(dq_ptr, dq, t0, r, valid, HO * K, h * K, K)
+        tl.debug_barrier()  # every thread has read the sum before dG overwrites it
         store_rows(dg_ptr, dg, t0, r, valid, HO * K, h * K, K)
     if PART == 2:
         kc = tl.arange(0, K)
@@ -388,17 +410,23 @@ def _dqk_gated_tail(
         kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
         rkt = inv_norm(kt, 0, L2NORM, EPS)
         kds = tl.sum(kt.to(tl.float32) * rkt[None, :] * dkt_state, 1)  # sum_j k_hat_j dk_state_j
-        # The state term lands transposed; read back as rows after every thread stored it.
+        # dk^T = the state term + the gated products of dP's columns, formed transposed (no
+        # register tile transposed) and summed in dk's rows a BG-wide slice at a time; read
+        # back as rows after every thread stored its part.
         _store_rows_t(dk_ptr, dkt_state, t0, r, valid, HO * K, h * K, K)
-        tl.debug_barrier()
         qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
-        rq = inv_norm(qt, 0, L2NORM, EPS)
-        dk = load_rows(dk_ptr, t0, r, valid, HO * K, h * K, K) + gated_apply(
-            dpg * rq[:, None], gq, q_ptr, gc_ptr, t0, valid, H * K, hq * K, HO * K, h * K, K,
-            False, q_ptr, 0, 0, False,
-        )  # fmt: skip
+        ds = dpg * inv_norm(qt, 0, L2NORM, EPS)[:, None]
         tl.debug_barrier()
-        store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K, K)
+        for ic in range(K // BG):
+            c = ic * BG
+            dkt = load_rows_t(dk_ptr, t0, r, valid, HO * K, h * K + c, BG) + gated_apply(
+                ds, q_ptr, H * K, hq * K + c, gc_ptr, HO * K, h * K + c, t0, valid, BG, False,
+                True, PREC, q_ptr, 0, 0, False,
+            )  # fmt: skip
+            tl.debug_barrier()  # every thread has read the slice before it is overwritten
+            _store_rows_t(dk_ptr, dkt, t0, r, valid, HO * K, h * K + c, BG)
+        tl.debug_barrier()
+        dk = load_rows(dk_ptr, t0, r, valid, HO * K, h * K, K)
         k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
         rk = inv_norm(k, 1, L2NORM, EPS)
         last = (r == valid - 1)[:, None]

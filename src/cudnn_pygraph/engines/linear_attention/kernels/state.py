@@ -108,6 +108,7 @@ def state_fwd_kernel(
     EPS: tl.constexpr = 1e-6,
     V_FASTEST: tl.constexpr = False,
     GATE_K: tl.constexpr = False,
+    BG: tl.constexpr = 32,
 ):
     """rk_ptr: the keys' inverse row norms [T, HO] (1 without the l2norm) from wy_solve, so
     the chain of dependent steps per chunk holds no norm reduction.
@@ -118,7 +119,8 @@ def state_fwd_kernel(
     chunk's start while it is in registers. The forward then stores neither h nor E and
     launches no output stage: the backward recomputes both anyway. Its cost: q [64, K] per
     chunk and program and the chunk's Q K^T per V block (shared through L2 with V_FASTEST).
-    q_ptr / o_ptr / scale / H / L2NORM / EPS are read only under it."""
+    q_ptr / o_ptr / scale / H / L2NORM / EPS are read only under it. BG: the column slice
+    of the fused output's gated scores (GATE_K, gated.py)."""
     n, h, iv = state_program(V_FASTEST, V // BV, HO, order_ptr)
     hk = h // (HO // HK)
     dt = w_ptr.dtype.element_ty
@@ -164,8 +166,8 @@ def state_fwd_kernel(
                 rq = inv_norm(q, 1, L2NORM, EPS)
                 gq = load_rows(gc_ptr, t0, r, valid, HO * K, h * K, K)
                 p = gated_scores(
-                    q, gq, r, k_ptr, gc_ptr, t0, 0, valid, HK * K, hk * K, HO * K, h * K, 64, K,
-                    True,
+                    q_ptr, H * K, (h // (HO // H)) * K, k_ptr, HK * K, hk * K, gc_ptr, HO * K,
+                    h * K, t0, valid, 0, 0, 64, K, BG, True, PREC, gc_ptr, 0, 0, False,
                 ) * rk[None, :]  # fmt: skip
                 qg = (q.to(tl.float32) * tl.exp(gq)).to(dt)
                 o = tl.dot(qg, s.to(dt), input_precision=PREC)

@@ -40,6 +40,7 @@ from .gdn import (
     _lower_bound,
     _resolve_config,
     _run_wy_and_state,
+    _slice,
 )
 from .gdn_checks import _check, _validate
 from .gdn_workspace import _aligned, _carve, _compute_dtype, _layout, _nbytes
@@ -164,6 +165,7 @@ def _transition(k, ws, dims, out, strides, cfg, prec, gate_per_key):
     _, n_seqs, _, n_k, _, n_out, dim_k, _ = dims
     cfg = dict(cfg)
     cfg.pop("FUSE_OUTPUT", None)
+    cfg.pop("BG", None)  # the gated scores' slice: the transition forms no scores
     bc = _block_v(cfg, dim_k, dim_k)
     transition_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_k // bc)](
         k, ws["w"], ws["gc"], ws["rk"], ws["cu_safe"], ws["seq_order"], out,
@@ -286,6 +288,7 @@ def gdn_summary_bwd(
         if total_t:
             cfg = dict(kernel_cfgs["dv_local"])
             bv = _block_v(cfg, dim_v, dim_k)
+            cfg["BG"] = _slice(cfg, "BG", dim_k)
             dv_local_kernel[(max_chunks(total_t, n_seqs), n_out, dim_v // bv)](
                 q, k, ws["gc"], do, ws["de"], ws["cu_safe"], ws["chunk_offsets"],
                 ws["chunk_seq"], n_seqs, scale, n_out, n_q, n_k, BV=bv, **common, **cfg,

@@ -308,7 +308,8 @@ def _wy_bwd_gated_keys(
     pass 1 over BK slices: dA += dW W_raw^T, dbeta += <A^T dW, D k_hat>, the gated Gram;
     then dL = -A^T dA A^T and dM = beta_i dL (strictly lower);
     pass 2: dk_hat = parked + beta D (A^T dW) + the gated products of dM by rows and by
-    columns (gated.py), stored unnormalized in place of the parked partial; dG per channel
+    columns (gated.py; dM^T read back through the A buffer), stored unnormalized in place
+    of the parked partial; dG per channel
     = parked + k_hat * (beta D A^T dW + rows - columns), then per slice the reverse cumsum
     and the gate transform (d_a_log per token, d_dt_bias per token and channel);
     pass 3: the l2norm Jacobian (its row dot <k_hat, dk_hat> summed in pass 2).
@@ -336,8 +337,8 @@ def _wy_bwd_gated_keys(
             dgate = tl.where(row_ok[:, None], tl.exp(gk), 0.0)
             dbeta += tl.sum(k.to(tl.float32) * rk[:, None] * dgate * at_dw, 1)
             kk += gated_scores(
-                k, gk, r, k_ptr, gc_ptr, t0, 0, valid, HK * K, hk * K + col, HO * K,
-                h * K + col, 64, BK, True,
+                k_ptr, HK * K, hk * K + col, k_ptr, HK * K, hk * K + col, gc_ptr, HO * K,
+                h * K + col, t0, valid, 0, 0, 64, BK, BK, True, PREC, gc_ptr, 0, 0, False,
             )  # fmt: skip
         da += tl.dot(dw, ktg.to(ty), input_precision=PREC) * (rk * b)[None, :]
     kk = kk * rk[:, None] * rk[None, :]
@@ -349,6 +350,13 @@ def _wy_bwd_gated_keys(
     if not BETA_K:
         dbeta += tl.sum(dm * kk, 1)
     dm = dm * b[:, None]
+    # dM^T read back transposed through this chunk's rows of the A buffer (A^T is already in
+    # registers), for the products by columns (wy_bwd_kernel's docstring says why).
+    a_rows = a_ptr + (t0.to(tl.int64) * HO + h) * 64
+    tl.debug_barrier()  # every thread has read A before A is overwritten
+    tl.store(a_rows + r[:, None] * (HO * 64) + r[None, :], dm, mask=row_ok[:, None])
+    tl.debug_barrier()
+    dmt = tl.load(a_rows + r[None, :] * (HO * 64) + r[:, None], mask=row_ok[None, :], other=0.0)
 
     row_dot = tl.zeros([64], dtype=tl.float32)
     d_a = tl.zeros([64], dtype=tl.float32)
@@ -362,12 +370,12 @@ def _wy_bwd_gated_keys(
         dw = (load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK)).to(ty)
         at_dw = tl.dot(at, dw, input_precision=PREC)
         rows = gated_apply(
-            dm * rk[None, :], gk, k_ptr, gc_ptr, t0, valid, HK * K, hk * K + col, HO * K,
-            h * K + col, BK, True, k_ptr, 0, 0, False,
+            dm * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col, t0,
+            valid, BK, True, False, PREC, k_ptr, 0, 0, False,
         )  # fmt: skip
         colm = gated_apply(
-            dm * rk[:, None], gk, k_ptr, gc_ptr, t0, valid, HK * K, hk * K + col, HO * K,
-            h * K + col, BK, False, beff_ptr, HO * K, h * K + col, BETA_K,
+            dmt * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col, t0,
+            valid, BK, False, False, PREC, beff_ptr, HO * K, h * K + col, BETA_K,
         )  # fmt: skip
         if BETA_K:
             bs = load_rows(beff_ptr, t0, r, valid, HO * K, h * K + col, BK)

@@ -194,195 +194,39 @@ def _gram_slices(k_ptr, t0, valid, stride_t, col0, K: tl.constexpr, BK: tl.const
 
 
 @triton.jit
-def _gated_gram(k_ptr, gc_ptr, t0, valid, stride_k, col_k, stride_g, col_g, g0, g1, g2, g3,
-                b0, b1, b2, b3, K: tl.constexpr, BETA_K: tl.constexpr):  # fmt: skip
+def _gated_gram(kp, gp, bp, t0, valid, sk, ck, sg, cg, K: tl.constexpr,
+                BG: tl.constexpr, PREC: tl.constexpr, BETA_K: tl.constexpr):  # fmt: skip
     """_gram_slices' ten blocks under a per-key-channel decay: block (i, j) holds
-    sum_c k_ac k_bc exp(G_ac - G_bc) (gated.py; diagonal blocks with their diagonal, the
-    squared norms, so _inv_norms reads them as it does the plain Gram's). g0..g3: the
-    [16, K] cumulative gates of the four row blocks. BETA_K: the later row's erase gate
-    b0..b3 [16, K] weighs each channel, sum_c beta_ac k_ac k_bc exp(G_ac - G_bc) (then the
-    diagonal is no norm: _row_inv_norms)."""
-    r = tl.arange(0, 16)
-    k0 = load_rows(k_ptr, t0, r, valid, stride_k, col_k, K)
-    k1 = load_rows(k_ptr, t0, r + 16, valid, stride_k, col_k, K)
-    k2 = load_rows(k_ptr, t0, r + 32, valid, stride_k, col_k, K)
-    k3 = load_rows(k_ptr, t0, r + 48, valid, stride_k, col_k, K)
-    if BETA_K:
-        k0 = k0.to(tl.float32) * b0
-        k1 = k1.to(tl.float32) * b1
-        k2 = k2.to(tl.float32) * b2
-        k3 = k3.to(tl.float32) * b3
-    kk00 = gated_scores(
-        k0,
-        g0,
-        r,
-        k_ptr,
-        gc_ptr,
-        t0,
-        0,
-        valid,
-        stride_k,
-        col_k,
-        stride_g,
-        col_g,
-        16,
-        K,
-        True,
-    )
-    kk11 = gated_scores(
-        k1,
-        g1,
-        r + 16,
-        k_ptr,
-        gc_ptr,
-        t0,
-        16,
-        valid,
-        stride_k,
-        col_k,
-        stride_g,
-        col_g,
-        16,
-        K,
-        True,
-    )
-    kk22 = gated_scores(
-        k2,
-        g2,
-        r + 32,
-        k_ptr,
-        gc_ptr,
-        t0,
-        32,
-        valid,
-        stride_k,
-        col_k,
-        stride_g,
-        col_g,
-        16,
-        K,
-        True,
-    )
-    kk33 = gated_scores(
-        k3,
-        g3,
-        r + 48,
-        k_ptr,
-        gc_ptr,
-        t0,
-        48,
-        valid,
-        stride_k,
-        col_k,
-        stride_g,
-        col_g,
-        16,
-        K,
-        True,
-    )
-    kk10 = gated_scores(
-        k1,
-        g1,
-        r + 16,
-        k_ptr,
-        gc_ptr,
-        t0,
-        0,
-        valid,
-        stride_k,
-        col_k,
-        stride_g,
-        col_g,
-        16,
-        K,
-        True,
-    )
-    kk20 = gated_scores(
-        k2,
-        g2,
-        r + 32,
-        k_ptr,
-        gc_ptr,
-        t0,
-        0,
-        valid,
-        stride_k,
-        col_k,
-        stride_g,
-        col_g,
-        16,
-        K,
-        True,
-    )
-    kk21 = gated_scores(
-        k2,
-        g2,
-        r + 32,
-        k_ptr,
-        gc_ptr,
-        t0,
-        16,
-        valid,
-        stride_k,
-        col_k,
-        stride_g,
-        col_g,
-        16,
-        K,
-        True,
-    )
-    kk30 = gated_scores(
-        k3,
-        g3,
-        r + 48,
-        k_ptr,
-        gc_ptr,
-        t0,
-        0,
-        valid,
-        stride_k,
-        col_k,
-        stride_g,
-        col_g,
-        16,
-        K,
-        True,
-    )
-    kk31 = gated_scores(
-        k3,
-        g3,
-        r + 48,
-        k_ptr,
-        gc_ptr,
-        t0,
-        16,
-        valid,
-        stride_k,
-        col_k,
-        stride_g,
-        col_g,
-        16,
-        K,
-        True,
-    )
-    kk32 = gated_scores(
-        k3,
-        g3,
-        r + 48,
-        k_ptr,
-        gc_ptr,
-        t0,
-        32,
-        valid,
-        stride_k,
-        col_k,
-        stride_g,
-        col_g,
-        16,
-        K,
-        True,
-    )
+    sum_c k_ac k_bc exp(G_ac - G_bc) (gated.py: a diagonal block by the tree, with its
+    diagonal, the squared norms, so _inv_norms reads them as it does the plain Gram's; an
+    off-diagonal block as one product at row block i's first row). BETA_K: the later row's
+    erase gate (beff, stored) weighs each channel, sum_c beta_ac k_ac k_bc exp(G_ac - G_bc)
+    (then the diagonal is no norm: _row_inv_norms)."""
+    # fmt: off
+    kk00 = _gated_block(kp, gp, bp, t0, valid, sk, ck, sg, cg, 0, 0, K, BG, PREC, BETA_K)
+    kk11 = _gated_block(kp, gp, bp, t0, valid, sk, ck, sg, cg, 16, 16, K, BG, PREC, BETA_K)
+    kk22 = _gated_block(kp, gp, bp, t0, valid, sk, ck, sg, cg, 32, 32, K, BG, PREC, BETA_K)
+    kk33 = _gated_block(kp, gp, bp, t0, valid, sk, ck, sg, cg, 48, 48, K, BG, PREC, BETA_K)
+    kk10 = _gated_block(kp, gp, bp, t0, valid, sk, ck, sg, cg, 16, 0, K, BG, PREC, BETA_K)
+    kk20 = _gated_block(kp, gp, bp, t0, valid, sk, ck, sg, cg, 32, 0, K, BG, PREC, BETA_K)
+    kk21 = _gated_block(kp, gp, bp, t0, valid, sk, ck, sg, cg, 32, 16, K, BG, PREC, BETA_K)
+    kk30 = _gated_block(kp, gp, bp, t0, valid, sk, ck, sg, cg, 48, 0, K, BG, PREC, BETA_K)
+    kk31 = _gated_block(kp, gp, bp, t0, valid, sk, ck, sg, cg, 48, 16, K, BG, PREC, BETA_K)
+    kk32 = _gated_block(kp, gp, bp, t0, valid, sk, ck, sg, cg, 48, 32, K, BG, PREC, BETA_K)
+    # fmt: on
     return kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32
+
+
+@triton.jit
+def _gated_block(k_ptr, gc_ptr, beff_ptr, t0, valid, sk, ck, sg, cg, RI: tl.constexpr,
+                 RJ: tl.constexpr, K: tl.constexpr, BG: tl.constexpr, PREC: tl.constexpr,
+                 BETA_K: tl.constexpr):  # fmt: skip
+    """Gram block (RI / 16, RJ / 16) of the keys (k: row stride sk, first column ck; G and
+    beff: sg, cg)."""
+    return gated_scores(
+        k_ptr, sk, ck, k_ptr, sk, ck, gc_ptr, sg, cg, t0, valid, RI, RJ, 16, K, BG, True, PREC,
+        beff_ptr, sg, cg, BETA_K,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -564,15 +408,16 @@ def wy_solve_kernel(
     GATE_K: tl.constexpr = False,
     HAS_LB: tl.constexpr = False,
     BETA_K: tl.constexpr = False,
+    BG: tl.constexpr = 32,
 ):
     """One program per (chunk, output head): writes G, beta_eff, rk (the keys' inverse row
     norms, 1 without the l2norm) as [T, HO] fp32 (G as [T, HO, K] under GATE_K); A =
     (I + L)^-1 as [T, HO, 64] when STORE_A; w and u from A in registers, BA columns at a
     time. MERGE: the input_precision of the doubling and merge products for 16-bit inputs
-    (the module docstring).
+    (the module docstring). BG: the column slice of the gated Gram (GATE_K).
 
     GATE_K (kda: a decay per key channel): the Gram blocks carry the decay inside the sum
-    over channels (gated.py, formed exactly in fp32 from the stored G), L's blocks then
+    over channels (gated.py, from the stored G in BG-wide column slices), L's blocks then
     take no further decay factor, and w's rows are the keys scaled by exp(G) elementwise.
     Everything after L (the solve, A, u) is the same code.
 
@@ -632,11 +477,11 @@ def wy_solve_kernel(
         store_vec(beff_ptr, b3, t0, r + 48, valid, HO, h)
 
     if GATE_K:
-        # The gated Gram reads the partner rows' G back from gc: every thread's store first.
+        # The gated Gram reads G (and beff) back from memory: every thread's store first.
         tl.debug_barrier()
         kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32 = _gated_gram(
-            k_ptr, gc_ptr, t0, valid, HK * K, hk * K, HO * K, h * K, g0, g1, g2, g3,
-            b0, b1, b2, b3, K, BETA_K,
+            k_ptr, gc_ptr, beff_ptr, t0, valid, HK * K, hk * K, HO * K, h * K, K, BG, PREC,
+            BETA_K,
         )  # fmt: skip
         # The decay is inside the Gram: L's blocks take none (exp(0) below).
         d0 = tl.zeros([16], dtype=tl.float32)
