@@ -1,9 +1,10 @@
-"""The chain launchers: gdn_forward / gdn_backward (and so kda's, gate_per_key) over every
-sequence cut into P pieces (splitting.py decides P; spec pygraph-design.txt, "Sequence
-splitting").
+"""The chain launchers: gdn_forward / gdn_backward (and so kda's, gate_per_key, gdn2's, its
+write gate, and gdp's on the expanded timeline) over every sequence cut into P pieces
+(splitting.py decides P; spec pygraph-design.txt, "Sequence splitting").
 
 Forward:  piece_table (cu_pieces: sequence b owns slots b * P .. b * P + P - 1, its filled
-          pieces first, the rest empty at its end)
+          pieces first, the rest empty at its end; a piece spans whole units of
+          splitting.unit_chunks(token_rows) chunks, so gdp's cuts are real-token boundaries)
           -> gdn_summary over the pieces (H from a zero seed, M_buf = M^T; P > 1 only)
           -> compose: X_0 = initial_state, X_{j+1} = X_j @ M_buf_j + H_j, fp32 FMA chain
           -> gdn_forward over the B * P pieces as independent sequences seeded by X
@@ -41,12 +42,13 @@ __all__ = ["chain_backward", "chain_forward", "chain_workspace_bytes"]
 
 
 @triton.jit
-def piece_table_kernel(cu_ptr, out_ptr, P, piece_tokens, BLOCK: tl.constexpr,
+def piece_table_kernel(cu_ptr, out_ptr, P, piece_tokens, unit, BLOCK: tl.constexpr,
                        BATCH_INVARIANT: tl.constexpr):  # fmt: skip
-    """Sequence b's P slot starts: its filled pieces of `span` whole chunks each, then its
-    empty slots at its end; the last program also writes the table's end. Filled: every
-    slot (span = ceil(chunks / P)), or under BATCH_INVARIANT ceil(len / piece_tokens)
-    clamped to [1, P], so the cut follows the sequence's own length only."""
+    """Sequence b's P slot starts: its filled pieces of `span` whole units (`unit` chunks)
+    each, then its empty slots at its end; the last program also writes the table's end.
+    Filled: every slot (span = ceil(chunks / P) rounded up to units), or under
+    BATCH_INVARIANT ceil(len / piece_tokens) clamped to [1, P], so the cut follows the
+    sequence's own length only; rounding a span up to units may leave a slot empty."""
     b = tl.program_id(0)
     bos = tl.load(cu_ptr + b).to(tl.int32)
     eos = tl.load(cu_ptr + b + 1).to(tl.int32)
@@ -56,7 +58,8 @@ def piece_table_kernel(cu_ptr, out_ptr, P, piece_tokens, BLOCK: tl.constexpr,
         filled = tl.minimum(tl.maximum((length + piece_tokens - 1) // piece_tokens, 1), P)
     else:
         filled = P
-    span = tl.maximum((chunks + filled - 1) // filled, 1) * 64
+    per = tl.maximum((chunks + filled - 1) // filled, 1)
+    span = (per + unit - 1) // unit * unit * 64
     j = tl.arange(0, BLOCK)
     start = bos + tl.minimum(j * span, length)
     # A decreasing sequence stays decreasing in the table: the main kernels flag it.
@@ -150,14 +153,14 @@ def _own_bytes(n_seqs, pieces, n_out, dim_k, dim_v, backward):
 
 def chain_workspace_bytes(total_t, n_seqs, pieces, n_q_heads, n_k_heads, n_v_heads, dim_k,
                           dim_v, dtype, *, backward, safe_gate=False, fused_output=False,
-                          strided=(), gate_per_key=False):  # fmt: skip
+                          strided=(), gate_per_key=False, beta_per_key=False):  # fmt: skip
     """Bytes chain_forward (backward=False) or chain_backward carves: the piece table and
     the fp32 H / M / X (and dX) slots, then one region the summaries and the main run take
-    in turn (each launcher's own scratch over the B * P pieces)."""
+    in turn (each launcher's own scratch over the B * P pieces). beta_per_key: gdn2."""
     n_out = max(n_q_heads, n_v_heads)
     slots = n_seqs * pieces
     shape = (total_t, slots, n_q_heads, n_k_heads, n_v_heads, dim_k, dim_v, dtype)
-    common = {"strided": strided, "gate_per_key": gate_per_key}
+    common = {"strided": strided, "gate_per_key": gate_per_key, "beta_per_key": beta_per_key}
     inner = [
         gdn_workspace_bytes(*shape, backward=backward, safe_gate=safe_gate,
                             fused_output=fused_output, **common),
@@ -208,10 +211,11 @@ def _pick(src, cu_pieces, dst, pieces, *, last):
     )  # fmt: skip
 
 
-def _setup(q, v, cu_seqlens, pieces, backward, workspace, batch_invariant):
+def _setup(q, v, cu_seqlens, pieces, backward, workspace, batch_invariant, token_rows):
     """(chain scratch by name, the region after it for the inner launchers); the piece table
     written."""
     _check("pieces", isinstance(pieces, int) and pieces >= 1, "must be a count >= 1")
+    _check("token_rows", isinstance(token_rows, int) and token_rows >= 1, "must be a count >= 1")
     _check("cu_seqlens", cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 2,
            "must hold at least one sequence")  # fmt: skip
     n_seqs = cu_seqlens.numel() - 1
@@ -225,7 +229,7 @@ def _setup(q, v, cu_seqlens, pieces, backward, workspace, batch_invariant):
         ws, inner = _carve(rows, None, q.device), None
     piece_table_kernel[(n_seqs,)](
         cu_seqlens, ws["cu_pieces"], pieces, splitting.BATCH_INVARIANT_PIECE_TOKENS,
-        BLOCK=triton.next_power_of_2(pieces), BATCH_INVARIANT=bool(batch_invariant),
+        splitting.unit_chunks(token_rows), BLOCK=triton.next_power_of_2(pieces), BATCH_INVARIANT=bool(batch_invariant),
     )  # fmt: skip
     return ws, inner
 
@@ -246,17 +250,20 @@ def _seeds(k, v, g, beta, ws, inner, initial_state, pieces, flags):
     """X (every piece's seed) from initial_state; H and M_buf left in ws for the backward."""
     if pieces > 1:
         gdn_summary(k, v, g, beta, ws["cu_pieces"], h_out=ws["h"], m_out=ws["m"],
-                    workspace=inner, **_summary_flags(flags))  # fmt: skip
+                    workspace=inner, write_gate=flags.get("write_gate"),
+                    **_summary_flags(flags))  # fmt: skip
     _compose(initial_state, ws["h"], ws["m"], ws["x"], pieces, reverse=False)
 
 
 def chain_forward(q, k, v, g, beta, cu_seqlens, *, pieces, o, initial_state=None,
-                  final_state=None, workspace=None, **flags) -> None:  # fmt: skip
+                  final_state=None, workspace=None, token_rows=1, **flags) -> None:  # fmt: skip
     """gdn_forward's O and final_state, every sequence run as a chain of `pieces` pieces.
-    Arguments as gdn_forward's; workspace: chain_workspace_bytes(backward=False)."""
+    Arguments as gdn_forward's; workspace: chain_workspace_bytes(backward=False);
+    token_rows: timeline rows per real token (gdp's n on its expanded timeline), every cut
+    a multiple of it."""
     _refuse_unchained(flags)
     ws, inner = _setup(q, v, cu_seqlens, pieces, False, workspace,
-                       flags.get("batch_invariant"))  # fmt: skip
+                       flags.get("batch_invariant"), token_rows)  # fmt: skip
     _seeds(k, v, g, beta, ws, inner, initial_state, pieces, flags)
     out_states = ws["h"] if final_state is not None else None
     gdn_forward(q, k, v, g, beta, ws["cu_pieces"], o=o, initial_state=ws["x"],
@@ -267,17 +274,21 @@ def chain_forward(q, k, v, g, beta, cu_seqlens, *, pieces, o, initial_state=None
 
 def chain_backward(q, k, v, g, beta, cu_seqlens, do, *, pieces, dq, dk, dv, dg, dbeta,
                    initial_state=None, d_final_state=None, d_initial_state=None,
-                   workspace=None, **flags) -> None:  # fmt: skip
+                   workspace=None, token_rows=1, **flags) -> None:  # fmt: skip
     """gdn_backward's gradients, every sequence run as a chain of `pieces` pieces.
-    Arguments as gdn_backward's; workspace: chain_workspace_bytes(backward=True)."""
+    Arguments as gdn_backward's; workspace: chain_workspace_bytes(backward=True);
+    token_rows as chain_forward's."""
     _refuse_unchained(flags)
     _check("d_initial_state", d_initial_state is None or initial_state is not None,
            "is only produced when initial_state is given")  # fmt: skip
-    ws, inner = _setup(q, v, cu_seqlens, pieces, True, workspace, flags.get("batch_invariant"))
+    ws, inner = _setup(q, v, cu_seqlens, pieces, True, workspace, flags.get("batch_invariant"),
+                       token_rows)  # fmt: skip
     _seeds(k, v, g, beta, ws, inner, initial_state, pieces, flags)
     if pieces > 1:
         gdn_summary_bwd(q, k, g, beta, ws["cu_pieces"], do, scale=flags["scale"],
-                        g_out=ws["h"], workspace=inner, **_summary_flags(flags))  # fmt: skip
+                        g_out=ws["h"], workspace=inner,
+                        beta_per_key=flags.get("write_gate") is not None,
+                        **_summary_flags(flags))  # fmt: skip
     _compose(d_final_state, ws["h"], ws["m"], ws["dxo"], pieces, reverse=True)
     gdn_backward(q, k, v, g, beta, ws["cu_pieces"], do, dq=dq, dk=dk, dv=dv, dg=dg,
                  dbeta=dbeta, initial_state=ws["x"], d_final_state=ws["dxo"],
