@@ -95,7 +95,9 @@ tests_reliability() { :; }
 tests_kda() { gpu_suite kda 240 -s tests/gpu/test_kda_gpu.py; }
 tests_gdn2() { gpu_suite gdn2 240 -s tests/gpu/test_gdn2_gpu.py; }
 tests_gdp() { gpu_suite gdp 200 tests/gpu/test_gdp_gpu.py; }
-tests_chain() { gpu_suite chain 200 tests/gpu/test_gdn_chain_gpu.py; }
+tests_chain() {
+  gpu_suite chain 200 tests/gpu/test_gdn_chain_gpu.py tests/gpu/test_gdn2_gdp_chain_gpu.py
+}
 tests_cp() { gpu_suite cp 240 tests/gpu/test_cp_gpu.py tests/gpu/test_summary_families_gpu.py; }
 # Diagnostics, not timings: the localizations run side by side with the other suites.
 tests_la_localize() {
@@ -141,7 +143,10 @@ bench_reliability() {
 bench_kda() { step kda 280 python3 bench/kda.py --only "(a)"; }
 bench_gdn2() { step gdn2 120 python3 bench/kda.py --gdn2 --only "(a)"; }
 bench_gdp() { step gdp 320 python3 bench/gdp.py --only "(a)"; }
-bench_chain() { step gdn_chain 200 python3 bench/gdn.py --chain; }
+bench_chain() {
+  step gdn_chain 200 python3 bench/gdn.py --chain
+  step la_chain 200 python3 bench/la_chain.py
+}
 bench_la_localize() { :; }
 bench_cp() {
   step cp 240 torchrun --nproc-per-node 2 bench/cp.py --out "$LOG/cp.md"
