@@ -104,8 +104,9 @@ def gdn2_inputs(seqlens, seed=0):
 
 
 def test_a_gdn2_chain_gives_the_uncut_output_state_and_gradients_one_piece_bitwise():
-    # 130 tokens: three pieces of a chunk each, the last of 2 tokens; 0: an empty sequence;
-    # 70: a chunk, 6 tokens and an empty slot.
+    # 5 chunks over 9 slots: pieces of one chunk, three for the 130 tokens (the last of 2
+    # tokens), an empty slot for the empty sequence, then the 70 tokens' two (a chunk, 6
+    # tokens) and the 3 slots left over, empty.
     x = gdn2_inputs((130, 0, 70))
     d_o, d_final = _cotangents(x, x["v"].shape[0], seed=7)
     _, (eid, _) = gdn2_forward(x, None)
@@ -166,9 +167,10 @@ def gdp_backward(x, n, d_o, d_final, knobs, **attrs):
 
 GDP_CASES = {
     # n, real-token lengths, gate, attrs, P. n = 2: a unit is one chunk (32 tokens); 70
-    # tokens are 140 sub-tokens, 3 chunks: 2 pieces of 2 and 1 chunks. n = 3: a unit is 3
-    # chunks (64 tokens), so 100 tokens (5 chunks) fill 2 units of 3 pieces, the last slot
-    # empty; 3 tokens fill one piece.
+    # tokens are 140 sub-tokens, 3 chunks, 4 over the batch's 6 slots: pieces of a chunk,
+    # 3 for the first sequence, one empty slot, then the last sequence's piece and an empty
+    # slot. n = 3: a unit is 3 chunks (64 tokens): 100 tokens (5 chunks) are 2 units, the
+    # batch 3 over 9 slots: pieces of a unit, the last of 36 tokens.
     "n2": (2, (70, 0, 5), "log", {}, 2),
     "n3-safe-gate": (3, (100, 0, 3), "safe", {"safe_gate": True, "use_beta_sigmoid": True}, 3),
 }
@@ -207,13 +209,13 @@ def test_gdp_pieces_start_on_real_token_boundaries(n):
     pieces = 5
     q = torch.empty(1, 1, 64, device=DEVICE)
     ws, _ = chain._setup(q, q, cu, pieces, False, None, False, n)
-    starts = ws["cu_pieces"].cpu().tolist()
+    starts, first = ws["cu_pieces"].cpu().tolist(), ws["slots"].cpu().tolist()
     assert starts[-1] == cu[-1].item()
     assert starts == sorted(starts)
     assert all(s % n == 0 for s in starts)
     unit = splitting.unit_chunks(n) * splitting.CHUNK
     for b in range(len(lengths)):
-        bos, slots = cu[b].item(), starts[b * pieces : (b + 1) * pieces]
+        bos, slots = cu[b].item(), starts[first[b] : first[b + 1]]
         assert slots[0] == bos and all((s - bos) % unit == 0 or s == cu[b + 1] for s in slots)
 
 

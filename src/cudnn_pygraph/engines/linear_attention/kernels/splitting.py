@@ -1,14 +1,15 @@
-"""Sequence splitting: whether a gdn / kda / gdn2 / gdp plan (forward or backward) runs each sequence uncut (one persistent
-program per (sequence, head)) or as a chain of pieces whose states are composed (chain.py),
+"""Sequence splitting: whether a gdn / kda / gdn2 / gdp plan (forward or backward) runs each
+sequence uncut (one persistent program per (sequence, head)) or as a chain of pieces whose states are composed (chain.py),
 decided at plan time from the declared shapes and the device's SM count alone, and
 recorded as the plan's PIECES knob so that a replay by (engine_id, knobs) builds the same
 (spec pygraph-design.txt, "Sequence splitting").
 
 The state walk of one sequence is sequential in its chunks, so B sequences of HO heads
 keep B * HO programs busy however long they are: one long sequence leaves most SMs idle.
-The chain cuts every sequence into P pieces, summarizes each piece (its state from a zero
-seed and its transition), composes the pieces' seeds in fp32, and runs the main kernels
-over B * P independent pieces. The forward pays a summary launch for it, so it takes the
+The chain cuts the batch into B * P pieces of one span (flat: a long sequence of an uneven
+batch takes more of them than a short one; chain.py), summarizes each piece (its state
+from a zero seed and its transition), composes the pieces' seeds in fp32, and runs the
+main kernels over the B * P pieces as independent sequences. The forward pays a summary launch for it, so it takes the
 chain from 3 pieces; the backward's own walk is longer, so from 2.
 
 gdp runs on its expanded timeline of n sub-tokens per token (engines' gdp_engine.py), so
