@@ -15,10 +15,10 @@ Backward: piece_table -> gdn_summary -> compose (X, as the forward's)
           -> compose in reverse: dX_out of the last slot = d_final_state,
              dX_out_{j-1} = dX_out_j @ M_buf_j^T + G_j
           -> gdn_backward over the pieces from (X_j, dX_out_j)
-          -> pick: d_initial_state[b] = slot b * P's incoming-state gradient
+          -> pick: d_initial_state[b] = sequence b's first slot's incoming-state gradient
 
-Flat spans: every piece spans ceil(total units / (B * P)) units whichever sequence it belongs
-to, and a sequence takes ceil(its units / span) slots (one when empty), so a long sequence
+Flat spans: every piece spans ceil(total units / (B * P)) units whichever sequence it is
+of, and a sequence takes ceil(its units / span) slots (one when empty), so a long sequence
 of an uneven batch takes more slots than a short one and the batch walks the critical path
 of an even one; when those ceilings would overflow the B * P slots the span is recomputed
 against B * P - B (each ceiling exceeds its share by less than one slot). The last
@@ -28,9 +28,9 @@ piece) sequence b owns slots b * P .. b * P + P - 1 instead, cut by its own leng
 An empty piece (a sequence shorter than its slots) passes its state through: H = 0, M = I,
 and the main kernels leave its state as seeded; final_state is taken from the last filled
 piece all the same (its walked state, not one composed past it), so a sequence's final
-state does not depend on how many empty slots follow it (batch_invariant). A one-piece chain launches no summary, seeds piece 0 with initial_state
-itself and runs the main kernels over the very table the uncut run reads: bitwise the
-uncut run. Every table and grid comes from shapes (sync-free, capturable) and every step
+state does not depend on how many empty slots follow it (batch_invariant). A one-piece
+chain launches no summary, seeds piece 0 with initial_state itself and runs the main
+kernels over the very table the uncut run reads: bitwise the uncut run. Every table and grid comes from shapes (sync-free, capturable) and every step
 is a Triton launch, so the plan's recorded launches replay (runtime/launch_replay.py). A bad
 cu_seqlens gives a decreasing piece table, which the main kernels flag (poison.py).
 """
