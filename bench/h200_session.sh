@@ -30,7 +30,7 @@
 #   la-localize  bench/la_localize.py on the cases those suites failed, side by side with the
 #                other suites: the kernel that faults or first writes NaN, and whether a
 #                repeated backward is bitwise the same
-#   cp           (nvidia-h200-x2) the summary / context-parallel suites (gdn, kda, gdp), bench/cp.py on 2 ranks
+#   cp           (nvidia-h200-x2) the summary / context-parallel suites (all four families), bench/cp.py on 2 ranks
 set -u
 [ $# -gt 0 ] || { echo "usage: bash bench/h200_session.sh TOPIC..." >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
@@ -98,7 +98,10 @@ tests_gdp() { gpu_suite gdp 200 tests/gpu/test_gdp_gpu.py; }
 tests_chain() {
   gpu_suite chain 200 tests/gpu/test_gdn_chain_gpu.py tests/gpu/test_gdn2_gdp_chain_gpu.py
 }
-tests_cp() { gpu_suite cp 240 tests/gpu/test_cp_gpu.py tests/gpu/test_summary_families_gpu.py; }
+tests_cp() {
+  gpu_suite cp 240 tests/gpu/test_cp_gpu.py tests/gpu/test_summary_families_gpu.py \
+    tests/gpu/test_cp_families_gpu.py
+}
 # Diagnostics, not timings: the localizations run side by side with the other suites.
 tests_la_localize() {
   step la_gdn2 300 python3 bench/la_localize.py gdn2 --config wide &

@@ -101,7 +101,7 @@ def _call(case, t, whole, cp, piece_tokens=None):
             return gated_delta_net_v2_cp(*args, **common, piece_tokens=piece_tokens)
         B, T = args[0].shape[:2]
         flat = [a.reshape(B * T, *a.shape[2:]) for a in args]
-        cu = torch.arange(0, (B + 1) * T, T, dtype=torch.int32)
+        cu = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=args[0].device)
         o, final = gated_delta_net_v2(*flat, cu, **common)
         return o.reshape(B, T, *o.shape[1:]), final
     args = [t[n] for n in _token_inputs(case)] + [case["n"]]
@@ -121,9 +121,24 @@ def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def _rank(rank, world, port, case, x, d, expected):
+def _to(tree, device):
+    if isinstance(tree, dict):
+        return {k: _to(v, device) for k, v in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(_to(v, device) for v in tree)
+    return tree.to(device)
+
+
+def _rank(rank, world, port, case, x, d, expected, backend="gloo"):
+    """One rank: its spans through the cp op against `expected` (the one-process run).
+    backend "nccl" (tests/gpu/test_cp_families_gpu.py): rank r on GPU r."""
+    device = {}
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = {"device_id": torch.device("cuda", rank)}
+        x, d, expected = _to((x, d, expected), device["device_id"])
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, **device
     )
     try:
         spans, n = case["spans"], case.get("n", 1)
