@@ -31,7 +31,7 @@
 #   la-localize  bench/la_localize.py on the cases those suites failed, side by side with the
 #                other suites: the kernel that faults or first writes NaN, and whether a
 #                repeated backward is bitwise the same
-#   cp           (nvidia-h200-x2) the summary / context-parallel suites (gdn, kda, gdp), bench/cp.py on 2 ranks
+#   cp           (nvidia-h200-x2) the summary / context-parallel suites (all four families), bench/cp.py on 2 ranks
 set -u
 [ $# -gt 0 ] || { echo "usage: bash bench/h200_session.sh TOPIC..." >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
@@ -96,8 +96,13 @@ tests_reliability() { :; }
 tests_kda() { gpu_suite kda 240 -s tests/gpu/test_kda_gpu.py; }
 tests_gdn2() { gpu_suite gdn2 240 -s tests/gpu/test_gdn2_gpu.py; }
 tests_gdp() { gpu_suite gdp 200 tests/gpu/test_gdp_gpu.py; }
-tests_chain() { gpu_suite chain 200 tests/gpu/test_gdn_chain_gpu.py; }
-tests_cp() { gpu_suite cp 240 tests/gpu/test_cp_gpu.py tests/gpu/test_summary_families_gpu.py; }
+tests_chain() {
+  gpu_suite chain 200 tests/gpu/test_gdn_chain_gpu.py tests/gpu/test_gdn2_gdp_chain_gpu.py
+}
+tests_cp() {
+  gpu_suite cp 240 tests/gpu/test_cp_gpu.py tests/gpu/test_summary_families_gpu.py \
+    tests/gpu/test_cp_families_gpu.py
+}
 # Diagnostics, not timings: the localizations run side by side with the other suites.
 tests_la_localize() {
   step la_gdn2 300 python3 bench/la_localize.py gdn2 --config wide &
@@ -146,7 +151,10 @@ bench_kda() {  # the short steps first: the peers' row (fla autotunes) may take 
 }
 bench_gdn2() { step gdn2 120 python3 bench/kda.py --gdn2 --only "(a)"; }
 bench_gdp() { step gdp 320 python3 bench/gdp.py --only "(a)"; }
-bench_chain() { step gdn_chain 200 python3 bench/gdn.py --chain; }
+bench_chain() {
+  step gdn_chain 200 python3 bench/gdn.py --chain
+  step la_chain 200 python3 bench/la_chain.py
+}
 bench_la_localize() { :; }
 bench_cp() {
   step cp 240 torchrun --nproc-per-node 2 bench/cp.py --out "$LOG/cp.md"

@@ -91,7 +91,10 @@ def knobs(engine_id, pieces, config="wide"):
     return engine_id, {KT.KERNEL_CFG: CONFIG_NAMES.index(config), KT.SEQ_PIECES: pieces}
 
 
-# 3, 0, 2 and 1 chunks: under 3 pieces a full chain (one chunk a piece, the last of 2
+# 3, 0, 2 and 1 chunks: under 3 pieces the 12 slots take pieces of one chunk (6 chunks over
+# 12 slots, rounded up): 3 for the first (the last of 2 tokens), an empty slot for the
+# empty sequence, 2 for the third (the last of 6 tokens), then the one-token sequence's
+# piece and the 5 slots left over, empty.
 # tokens), an empty sequence, a short one (its third slot empty) and a one-token one.
 RAGGED = (130, 0, 70, 1)
 
@@ -206,9 +209,10 @@ def test_a_kda_chain_gives_the_uncut_output_and_gradients():
     from test_kda_engine import declare as kda_declare
     from test_kda_engine import inputs as kda_inputs
 
-    # 130 tokens: three pieces of one chunk each, the last of 2 tokens; 70: a piece of a
-    # chunk, one of 6 tokens and an empty slot; 0: an empty sequence. One head: the per-head
-    # grid of the chain is the gdn tests' above (two heads), the same kernels.
+    # 5 chunks over 9 slots: pieces of one chunk, three for the 130 tokens (the last of 2),
+    # an empty slot for the empty sequence, then the 70 tokens' two (a chunk, 6 tokens) and
+    # the 3 slots left over. One head: the per-head grid of the chain is the gdn tests'
+    # above (two heads), the same kernels.
     x = kda_inputs(seqlens=(130, 0, 70), heads=1)
     # Mild decays (lb * sigmoid(logit - 6) ~ -0.01 a token): a piece's transition does not
     # underflow, so the composed seeds carry the earlier pieces.
@@ -260,3 +264,58 @@ def test_a_kda_chain_gives_the_uncut_output_and_gradients():
     for name in uncut:
         assert rel_err(chain[name], uncut[name]) <= CHAIN_TOL, name
     assert not torch.equal(chain["O"], uncut["O"])
+
+
+def _tables(lengths, pieces):
+    """(cu_seqlens, each sequence's first slot, the piece starts) as the chain lays them."""
+    from cudnn_pygraph.engines.linear_attention.kernels import chain
+
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.empty(1, 1, 64, device=DEVICE)
+    ws, _ = chain._setup(q, q, cu.to(DEVICE), pieces, False, None, False, 1)
+    return cu.tolist(), ws["slots"].tolist()[: len(lengths) + 1], ws["cu_pieces"].tolist()
+
+
+def _check_cover(cu, first, starts):
+    """Every sequence's slots start at its first token, step forward and end at its last."""
+    assert starts[-1] == cu[-1] and starts == sorted(starts)
+    for b in range(len(cu) - 1):
+        mine = starts[first[b] : first[b + 1]] + [starts[first[b + 1]]]
+        assert mine[0] == cu[b] and mine[-1] == cu[b + 1], b
+
+
+@pytest.mark.parametrize(
+    "lengths, pieces, span_chunks",
+    [
+        # 81 chunks over 16 slots: 6 a piece, the long sequence 11 slots, the rest one each
+        # (uncut per sequence at P = 4, it would walk 16 chunks)
+        ((4096, 64, 0, 1000), 4, 6),
+        # 164 chunks over 16 slots: ceilings of 11 would need 22 slots, so 21 chunks a piece
+        # (164 over 16 - 8 slots), the long sequence in 8 of them
+        ((64,) * 7 + (10000,), 2, 21),
+        ((1, 1, 1, 1), 2, 1),  # tokens, not chunks: one slot each, the rest left over
+    ],
+)
+def test_flat_spans_give_an_uneven_batch_one_piece_length(lengths, pieces, span_chunks):
+    cu, first, starts = _tables(lengths, pieces)
+    _check_cover(cu, first, starts)
+    assert first[-1] <= len(lengths) * pieces
+    longest = max(b - a for a, b in zip(starts, starts[1:]))
+    assert longest <= span_chunks * 64
+    assert longest > (span_chunks - 1) * 64  # the span is reached: no slack rounding
+
+
+def test_flat_spans_fit_the_wave_for_any_batch():
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(12):
+        n = int(torch.randint(1, 9, (1,), generator=gen))
+        pieces = int(torch.randint(2, 17, (1,), generator=gen))
+        lengths = [int(x) for x in torch.randint(0, 3000, (n,), generator=gen)]
+        lengths[int(torch.randint(0, n, (1,), generator=gen))] *= 7  # one long sequence
+        cu, first, starts = _tables(lengths, pieces)
+        _check_cover(cu, first, starts)
+        total = sum(-(-x // 64) for x in lengths)
+        # the span: total over the slots, or over B * P - B when the ceilings overflow
+        assert max(b - a for a, b in zip(starts, starts[1:])) <= 64 * max(
+            1, -(-total // (n * pieces - n))
+        )

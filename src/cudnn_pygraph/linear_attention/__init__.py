@@ -2,7 +2,7 @@
 custom ops (gated_delta_net, ...), thin adapters over cached gdn / gdn_bwd graphs, `gdp`
 Gated DeltaProduct (gated_delta_product) over gdp graphs; `summary` the span summaries
 (<family>_summary / <family>_summary_bwd graphs of all four families) and `cp` context
-parallelism over torch.distributed built on them (gdn, kda). Loaded lazily: importing this
+parallelism over torch.distributed built on them (all four). Loaded lazily: importing this
 package does not import torch."""
 
 import importlib

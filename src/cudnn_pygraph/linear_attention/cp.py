@@ -1,7 +1,11 @@
-"""Context parallelism for Gated DeltaNet and Kimi Delta Attention over torch.distributed:
-one long sequence split across the ranks of a process group, each rank holding one
-contiguous span of it. The two families differ in their ops only (_FAMILIES: the summaries
-and the forward / backward of the span); everything below serves both.
+"""Context parallelism for Gated DeltaNet, Kimi Delta Attention, GDN-2 and Gated
+DeltaProduct over torch.distributed: one long sequence split across the ranks of a process
+group, each rank holding one contiguous span of it. The families differ in their ops only
+(_FAMILIES: the summaries and the forward / backward of the span, and how those take their
+arguments); everything below serves all four. GDN-2 adds its write gate w (an input of the
+span's forward summary and main ops, its gradient dW from the span's backward); GDP's
+spans and pieces are whole real tokens, n sub-token rows each, so every cut is a
+real-token boundary.
 
 Forward (spec linear-attention.md, "Summary ops"; pygraph-design.txt, "Context parallelism
 across devices"): every rank summarizes its span (<op>_summary: H_r, M_buf_r), the ranks
@@ -34,11 +38,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .gdp import _check_rows, _gdp_bwd_impl, _gdp_fwd_impl
 from .ops import (
     _check_gate_flags,
+    _check_gdn2_gates,
     _check_head_dims,
     _check_kda_beta_flags,
     _check_state,
+    _gdn2_bwd_impl,
+    _gdn2_fwd_impl,
     _gdn_bwd_impl,
     _gdn_fwd_impl,
     _kda_bwd_impl,
@@ -46,14 +54,34 @@ from .ops import (
     _kda_gate_args,
     _state_view,
 )
-from .summary import gdn_summary, gdn_summary_bwd, kda_summary, kda_summary_bwd
+from .summary import (
+    gdn2_summary,
+    gdn2_summary_bwd,
+    gdn_summary,
+    gdn_summary_bwd,
+    gdp_summary,
+    gdp_summary_bwd,
+    kda_summary,
+    kda_summary_bwd,
+)
 
-# family -> (summary, summary_bwd, forward, backward). The forward / backward take the
-# flags positionally in the order of the cfg's "flags" dict (kda's gate_lower_bound after
-# safe_gate, as _kda_fwd_impl's); the summaries take them by name.
+# family -> (summary, summary_bwd, forward, backward, v_first). The forward / backward take
+# the flags positionally in the order of the cfg's "flags" dict (kda's gate_lower_bound
+# after safe_gate, as _kda_fwd_impl's), then state_v_first=True where they take it
+# (v_first; gdn2's states are V-major always), then the cfg's "tail" (gdp's n); the
+# summaries take the flags and the cfg's "summary_kw" by name. gdn2's w follows beta in
+# every call but summary_bwd's (G does not depend on it).
 _FAMILIES = {
-    "gdn": (gdn_summary, gdn_summary_bwd, _gdn_fwd_impl, _gdn_bwd_impl),
-    "kda": (kda_summary, kda_summary_bwd, _kda_fwd_impl, _kda_bwd_impl),
+    "gdn": (gdn_summary, gdn_summary_bwd, _gdn_fwd_impl, _gdn_bwd_impl, True),
+    "kda": (kda_summary, kda_summary_bwd, _kda_fwd_impl, _kda_bwd_impl, True),
+    "gdn2": (gdn2_summary, gdn2_summary_bwd, _gdn2_fwd_impl, _gdn2_bwd_impl, False),
+    "gdp": (gdp_summary, gdp_summary_bwd, _gdp_fwd_impl, _gdp_bwd_impl, True),
+}
+_NAMES = {
+    "gdn": "gated_delta_net_cp",
+    "kda": "kimi_delta_attention_cp",
+    "gdn2": "gated_delta_net_v2_cp",
+    "gdp": "gated_delta_product_cp",
 }
 
 
@@ -80,12 +108,15 @@ PIECE_PROGRAMS_PER_SM = 8
 _CU_CACHE: dict = {}
 
 
-def _piece_tokens(n_seqs, span, n_out, device):
+def _piece_tokens(n_seqs, span, n_out, device, rows=1):
+    """Real tokens a piece spans, a multiple of 64: the span's `rows` rows a token (gdp's n)
+    cut into enough pieces, counted on that timeline."""
     from ..engines.linear_attention.kernels.gdn import _sm_count  # the launchers' count
 
-    chunks = max(1, -(-span // CHUNK))
+    chunks = max(1, -(-span * rows // CHUNK))
     want = -(-PIECE_PROGRAMS_PER_SM * _sm_count(device) // (n_seqs * n_out))
-    return CHUNK * -(-chunks // max(1, min(chunks, want)))
+    piece_rows = CHUNK * -(-chunks // max(1, min(chunks, want)))
+    return CHUNK * -(-piece_rows // (CHUNK * rows))
 
 
 def _cu(n_seqs, span, piece, device):
@@ -135,16 +166,18 @@ def _fold_backward(G, M):
 
 class _ContextParallel(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, h0, a_log, dt_bias, cfg):
+    def forward(ctx, q, k, v, g, beta, w, h0, a_log, dt_bias, cfg):
         group, flags, scale = cfg["group"], cfg["flags"], cfg["scale"]
-        summary, _, fwd_impl, _ = _FAMILIES[cfg["family"]]
+        summary, _, fwd_impl, _, v_first = _FAMILIES[cfg["family"]]
         rank = dist.get_rank(group)
         n_seqs, span, piece = cfg["batch"]
         cu = _cu(n_seqs, span, span or 1, q.device)
         cu_pieces = _cu(n_seqs, span, piece, q.device)
+        ws = () if w is None else (w,)
         # the span summarized piece by piece (every piece's walk at once), then folded
         k_s = _summary_keys(k, q.shape[1], g.shape[1])
-        H, M = summary(k_s, v, g, beta, cu_pieces, a_log=a_log, dt_bias=dt_bias, **flags)
+        H, M = summary(k_s, v, g, beta, *ws, cu_pieces, a_log=a_log, dt_bias=dt_bias, **flags,
+                       **cfg["summary_kw"])  # fmt: skip
         pieces_m = M.view(n_seqs, -1, *M.shape[1:])
         H, M = _fold_forward(H.view(n_seqs, -1, *H.shape[1:]), pieces_m)
         dim_v = H.shape[2]
@@ -158,9 +191,9 @@ class _ContextParallel(torch.autograd.Function):
                 x.flatten(0, 1),
                 both[j, :, :, dim_v:].flatten(0, 1),
             ).view_as(x)
-        fwd_flags = (scale, False, *flags.values(), True)
-        o, _ = fwd_impl(q, k, v, g, beta, cu, seed, a_log, dt_bias, *fwd_flags)
-        ctx.save_for_backward(q, k, v, g, beta, seed, a_log, dt_bias)
+        fwd_flags = (scale, False, *flags.values(), *(True,) * v_first, *cfg["tail"])
+        o, _ = fwd_impl(q, k, v, g, beta, *ws, cu, seed, a_log, dt_bias, *fwd_flags)
+        ctx.save_for_backward(q, k, v, g, beta, w, seed, a_log, dt_bias)
         ctx.transitions = both[:, :, :, dim_v:]  # M_buf of every rank's span
         ctx.pieces_m = pieces_m  # M_buf of this span's pieces
         ctx.cfg, ctx.h0 = cfg, h0 is not None
@@ -168,9 +201,10 @@ class _ContextParallel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_o, d_final):
-        q, k, v, g, beta, seed, a_log, dt_bias = ctx.saved_tensors
-        group, flags, scale = ctx.cfg["group"], ctx.cfg["flags"], ctx.cfg["scale"]
-        _, summary_bwd, _, bwd_impl = _FAMILIES[ctx.cfg["family"]]
+        q, k, v, g, beta, w, seed, a_log, dt_bias = ctx.saved_tensors
+        cfg = ctx.cfg
+        group, flags, scale = cfg["group"], cfg["flags"], cfg["scale"]
+        _, summary_bwd, _, bwd_impl, v_first = _FAMILIES[cfg["family"]]
         n_seqs, span, piece = ctx.cfg["batch"]
         rank = dist.get_rank(group)
         d_o = d_o.contiguous()
@@ -185,6 +219,7 @@ class _ContextParallel(torch.autograd.Function):
             a_log=a_log,
             dt_bias=dt_bias,
             **flags,
+            **cfg["summary_kw"],
         )
         G = _fold_backward(G.view(n_seqs, -1, *G.shape[1:]), ctx.pieces_m)
         d_final = torch.zeros_like(G) if d_final is None else d_final.float()
@@ -194,24 +229,30 @@ class _ContextParallel(torch.autograd.Function):
             m_t = ctx.transitions[j].flatten(0, 1).transpose(-1, -2)
             dx = torch.baddbmm(both[j, 0].flatten(0, 1), dx.flatten(0, 1), m_t).view_as(dx)
         cu = _cu(n_seqs, span, span or 1, q.device)
-        dq, dk, dv, dg, dbeta, dh0, da, ddt = bwd_impl(
-            q, k, v, g, beta, cu, d_o, seed, dx, a_log, dt_bias, scale, *flags.values(), True
-        )
+        ws = () if w is None else (w,)
+        grads = bwd_impl(
+            q, k, v, g, beta, *ws, cu, d_o, seed, dx, a_log, dt_bias, scale, *flags.values(),
+            *(True,) * v_first, *cfg["tail"],
+        )  # fmt: skip
+        if w is None:
+            grads = [*grads[:5], None, *grads[5:]]
+        dq, dk, dv, dg, dbeta, dw, dh0, da, ddt = grads
         if ctx.h0:
             dh0 = dh0 if rank == 0 else torch.zeros_like(dh0)
         else:
             dh0 = None
         none_if_absent = lambda t, ref: t if ref is not None and t.numel() else None
         return (
-            dq, dk, dv, dg, dbeta, dh0, none_if_absent(da, a_log), none_if_absent(ddt, dt_bias),
-            None,
+            dq, dk, dv, dg, dbeta, dw, dh0, none_if_absent(da, a_log),
+            none_if_absent(ddt, dt_bias), None,
         )  # fmt: skip
 
 
 def _run(family, q, k, v, g, beta, scale, initial_state, output_final_state, state_v_first,
-         flags, a_log, dt_bias, group, piece_tokens):  # fmt: skip
-    """The checks and the call both families share: [B, T_r, ...] spans in, (o, final) out."""
-    name = "gated_delta_net_cp" if family == "gdn" else "kimi_delta_attention_cp"
+         flags, a_log, dt_bias, group, piece_tokens, w=None, num_householder=1):  # fmt: skip
+    """The checks and the call every family shares: [B, T_r, ...] spans in (gdp's k / v /
+    beta [B, T_r * n, ...]), (o, final) out."""
+    name = _NAMES[family]
     if piece_tokens is not None and (piece_tokens <= 0 or piece_tokens % CHUNK):
         raise ValueError(f"piece_tokens: {piece_tokens} is not a positive multiple of {CHUNK}")
     if not dist.is_available() or not dist.is_initialized():
@@ -219,19 +260,24 @@ def _run(family, q, k, v, g, beta, scale, initial_state, output_final_state, sta
     B, T = q.shape[:2]
     heads = max(q.shape[2], v.shape[2])
     _check_state("initial_state", initial_state, B, heads, q.shape[-1], v.shape[-1], state_v_first)
-    flat = lambda t: t.reshape(B * T, *t.shape[2:])
+    flat = lambda t: None if t is None else t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
     f32 = lambda t: None if t is None else t.float()
+    n = num_householder
+    piece = piece_tokens or _piece_tokens(B, T, heads, q.device, rows=n)
     cfg = {
         "family": family,
         "group": group,
         "flags": flags,
         "scale": float(q.shape[-1] ** -0.5 if scale is None else scale),
-        "batch": (B, T, piece_tokens or _piece_tokens(B, T, heads, q.device)),
+        "batch": (B, T, piece),
+        "summary_kw": {"num_householder": n} if family == "gdp" else {},
+        "tail": (n,) if family == "gdp" else (),
     }
     h0 = _state_view(initial_state, state_v_first)
     o, final = _ContextParallel.apply(
-        flat(q), flat(k), flat(v), flat(g), flat(beta), h0, f32(a_log), f32(dt_bias), cfg
-    )
+        flat(q), flat(k), flat(v), flat(g), flat(beta), flat(w), h0, f32(a_log), f32(dt_bias),
+        cfg,
+    )  # fmt: skip
     o = o.reshape(B, T, *o.shape[1:])
     if not output_final_state:
         return o, None
@@ -348,4 +394,111 @@ def kimi_delta_attention_cp(
                 state_v_first, flags, A_log, dt_bias, group, piece_tokens)  # fmt: skip
 
 
-__all__ = ["gated_delta_net_cp", "kimi_delta_attention_cp"]
+def gated_delta_net_v2_cp(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    w: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    batch_invariant: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    gate_domain: str = "log",
+    a_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    *,
+    group: dist.ProcessGroup | None = None,
+    piece_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """gated_delta_net_v2 (ops.py: same arguments in the same order, same meaning, but no
+    cu_seqlens) over sequences split across the ranks of `group`, as gated_delta_net_cp:
+    q / k [B, T_r, H, K], v [B, T_r, HV, V], g / beta [B, T_r, HO, K], w [B, T_r, HO, V];
+    initial_state [B, HO, V, K] (V-major, as gated_delta_net_v2's), a_log [HO] and dt_bias
+    [HO, K] the same on every rank. Same collectives and gradients as gated_delta_net_cp's,
+    dw this rank's span's.
+
+    Returns (o [B, T_r, HO, V]; final_state [B, HO, V, K] fp32, the same on every rank, or
+    None)."""
+    _check_shapes(q, v)
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval: requires use_beta_sigmoid_in_kernel")
+    if (a_log is not None or dt_bias is not None) and not safe_gate:
+        raise ValueError("a_log / dt_bias: only used with safe_gate=True")
+    B, T, _, K = q.shape
+    _check_gdn2_gates(g, beta, w, (B, T), ("B", "T"), max(q.shape[2], v.shape[2]), K,
+                      v.shape[3])  # fmt: skip
+    flags = {
+        "use_qk_l2norm": bool(use_qk_l2norm_in_kernel),
+        "use_beta_sigmoid": bool(use_beta_sigmoid_in_kernel),
+        "allow_neg_eigval": bool(allow_neg_eigval),
+        "safe_gate": bool(safe_gate),
+        "gate_domain": str(gate_domain),
+        "batch_invariant": bool(batch_invariant),
+    }
+    return _run("gdn2", q, k, v, g, beta, scale, initial_state, output_final_state, True, flags,
+                a_log, dt_bias, group, piece_tokens, w=w)  # fmt: skip
+
+
+def gated_delta_product_cp(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    num_householder: int,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    *,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    gate_domain: str = "log",
+    batch_invariant: bool = False,
+    group: dist.ProcessGroup | None = None,
+    piece_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """gated_delta_product (gdp.py: fla's chunk_gated_delta_product arguments, same meaning,
+    but no cu_seqlens and no head_first) over sequences split across the ranks of `group`,
+    as gated_delta_net_cp: q [B, T_r, H, K] and g [B, T_r, HO] of this rank's T_r real
+    tokens, k [B, T_r * n, HK, K], v [B, T_r * n, HV, V], beta [B, T_r * n, HO] their
+    sub-token rows (a span holds whole tokens: every cut is a real-token boundary).
+    piece_tokens counts real tokens. Same collectives, gradients and return as
+    gated_delta_net_cp's."""
+    n = int(num_householder)
+    if n < 1:
+        raise ValueError(f"num_householder: must be >= 1, got {num_householder}")
+    _check_shapes(q, v)
+    _check_rows(q, k, v, g, beta, n)
+    _check_gate_flags(
+        allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log, dt_bias
+    )
+    flags = {
+        "use_qk_l2norm": bool(use_qk_l2norm_in_kernel),
+        "use_beta_sigmoid": bool(use_beta_sigmoid_in_kernel),
+        "allow_neg_eigval": bool(allow_neg_eigval),
+        "safe_gate": bool(use_gate_in_kernel),
+        "gate_domain": str(gate_domain),
+        "batch_invariant": bool(batch_invariant),
+    }
+    return _run("gdp", q, k, v, g, beta, scale, initial_state, output_final_state,
+                state_v_first, flags, A_log, dt_bias, group, piece_tokens,
+                num_householder=n)  # fmt: skip
+
+
+__all__ = [
+    "gated_delta_net_cp",
+    "gated_delta_net_v2_cp",
+    "gated_delta_product_cp",
+    "kimi_delta_attention_cp",
+]

@@ -1513,6 +1513,15 @@ _gdn2_setup_context, _gdn2_backward = _autograd(_gdn2_fwd_impl, _gdn2_bwd_impl, 
 _gdn2_fwd.register_autograd(_gdn2_backward, setup_context=_gdn2_setup_context)
 
 
+def _check_gdn2_gates(g, beta, w, lead, lead_names, heads, K, V):
+    """g and beta [*lead, HO, K], w [*lead, HO, V]: GDN-2's gates per channel."""
+    for name, t, last, dim in (("g", g, "K", K), ("beta", beta, "K", K), ("w", w, "V", V)):
+        want = (*lead, heads, dim)
+        if tuple(t.shape) != want:
+            axes = ", ".join((*lead_names, "HO", last))
+            raise ValueError(f"{name}: expected [{axes}] = {list(want)}, got {list(t.shape)}")
+
+
 def gated_delta_net_v2(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -1562,15 +1571,7 @@ def gated_delta_net_v2(
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     heads = max(H, HV)
-    for name, t, want, last in (
-        ("g", g, (T, heads, K), "K"),
-        ("beta", beta, (T, heads, K), "K"),
-        ("w", w, (T, heads, V), "V"),
-    ):
-        if tuple(t.shape) != want:
-            raise ValueError(
-                f"{name}: expected [total_T, HO, {last}] = {list(want)}, got {list(t.shape)}"
-            )
+    _check_gdn2_gates(g, beta, w, (T,), ("total_T",), heads, K, V)
     n_seq = cu_seqlens.shape[0] - 1
     _check_state("initial_state", initial_state, n_seq, heads, K, V, True)
     if initial_state is not None and initial_state.dtype not in (torch.float32, torch.bfloat16):

@@ -238,7 +238,7 @@ class GdnTritonEngine(BaseEngine):
             nbytes = chain_workspace_bytes(
                 shape[0], shape[1], pieces, *shape[2:], backward=backward,
                 safe_gate=flags["safe_gate"], fused_output=fused, strided=strided,
-                gate_per_key=flags["gate_per_key"],
+                gate_per_key=flags["gate_per_key"], beta_per_key="w" in ports,
             )  # fmt: skip
         else:
             nbytes = gdn_workspace_bytes(
@@ -255,7 +255,7 @@ class GdnTritonEngine(BaseEngine):
         dev = torch.device("cuda", device.ordinal) if on_cuda else torch.device("cpu")
         built = GdnPlan(
             backward, names, [position[ports[n].uid] for n in names], flags, nbytes, device,
-            facts.op, pieces=pieces,
+            facts.op, pieces=pieces, token_rows=facts.num_householder,
         )  # fmt: skip
         if built.on_cuda:
             _compile_by_warm_launch(built, {n: ports[n] for n in names}, dev)
@@ -317,7 +317,7 @@ class GdnPlan(CompiledPlan):
     chain_backward) with the caller's workspace."""
 
     def __init__(self, backward, names, positions, flags, workspace_size, device, op=None, *,
-                 pieces=0):  # fmt: skip
+                 pieces=0, token_rows=1):  # fmt: skip
         self.backward = backward
         # The node's op, the replay record's label.
         self.op = op or ("gdn_bwd" if backward else "gdn")
@@ -346,7 +346,9 @@ class GdnPlan(CompiledPlan):
 
             from .kernels.chain import chain_backward, chain_forward
 
-            self._run = partial(chain_backward if backward else chain_forward, pieces=pieces)
+            # token_rows: gdp's n (its plan launches this one on the expanded timeline)
+            self._run = partial(chain_backward if backward else chain_forward, pieces=pieces,
+                                token_rows=token_rows)  # fmt: skip
         self._workspace_address = workspace_address
 
     def execute(self, graph, pack, ctx):

@@ -97,6 +97,7 @@ class GdpTritonEngine(GdnTritonEngine):
             return inner
         import torch
 
+        from .kernels.chain import chain_workspace_bytes
         from .kernels.gdn import gdn_workspace_bytes
 
         ports = _ports(graph.nodes[0])
@@ -105,12 +106,18 @@ class GdpTritonEngine(GdnTritonEngine):
         strided = tuple(
             (p, getattr(torch, dt)) for p, dt in strided_inputs(ports) if p in _SUB_TOKEN_INPUTS
         )
-        nbytes = gdn_workspace_bytes(
-            facts.total_tokens * n, facts.num_seqs, facts.heads_q, facts.heads_k, facts.heads_v,
-            facts.head_dim_k, facts.head_dim_v, io, backward=inner.backward,
-            has_checkpoints="checkpoints" in ports, safe_gate=inner.flags["safe_gate"],
-            fused_output=not inner.backward and fuses_output(plan.knobs.name), strided=strided,
-        )  # fmt: skip
+        shape = (facts.total_tokens * n, facts.num_seqs, facts.heads_q, facts.heads_k,
+                 facts.heads_v, facts.head_dim_k, facts.head_dim_v, io)  # fmt: skip
+        common = {
+            "backward": inner.backward,
+            "safe_gate": inner.flags["safe_gate"],
+            "fused_output": not inner.backward and fuses_output(plan.knobs.name),
+            "strided": strided,
+        }
+        if inner.pieces:  # the chain over the expanded timeline (kernels/chain.py)
+            nbytes = chain_workspace_bytes(shape[0], shape[1], inner.pieces, *shape[2:], **common)
+        else:
+            nbytes = gdn_workspace_bytes(*shape, has_checkpoints="checkpoints" in ports, **common)
         return _expanded(inner, facts, ports, nbytes)
 
 

@@ -1,12 +1,13 @@
-"""The gdn and kda families' hook (one set of kernels, one config table): the plan list
+"""The gdn, kda, gdn2 and gdp families' hook (one set of kernels, one config table): the plan list
 from facts alone. Every plan names its kernel config (kernels/configs.py) as a knob, the
 rule's pick first and the rest of the table behind it for a caller that autotunes, and
 its sequence splitting (kernels/splitting.py: uncut or a chain of P pieces), one choice
-for the whole list. gdn / kda graphs have no backend plan: nothing to place."""
+for the whole list (gdp's counted on its expanded timeline, cut on real-token boundaries).
+These graphs have no backend plan: nothing to place."""
 
 from ..base import PlanConfig
 from .kernels.configs import CONFIG_NAMES, INTERPRETER_SMS, GdnKnobs, recommend_config
-from .kernels.splitting import chain_refusal, choose_pieces
+from .kernels.splitting import chain_refusal, choose_pieces, unit_chunks
 
 
 def sm_count(device) -> int:
@@ -19,13 +20,15 @@ def pieces_for(facts) -> int:
     """The PIECES knob for this graph on its declared device (0: uncut)."""
     if chain_refusal(facts) is not None:
         return 0
+    n = facts.num_householder
     return choose_pieces(
         facts.num_seqs,
         facts.heads_out,
-        facts.total_tokens,
+        facts.total_tokens * n,
         sm_count(facts.device),
         backward=facts.is_backward,
         batch_invariant=bool(facts.attrs.get("batch_invariant")),
+        unit=unit_chunks(n),
     )
 
 

@@ -1,24 +1,31 @@
-"""Sequence splitting: whether a gdn / gdn_bwd plan runs each sequence uncut (one persistent
-program per (sequence, head)) or as a chain of pieces whose states are composed (chain.py),
+"""Sequence splitting: whether a gdn / kda / gdn2 / gdp plan (forward or backward) runs each
+sequence uncut (one persistent program per (sequence, head)) or as a chain of pieces whose states are composed (chain.py),
 decided at plan time from the declared shapes and the device's SM count alone, and
 recorded as the plan's PIECES knob so that a replay by (engine_id, knobs) builds the same
 (spec pygraph-design.txt, "Sequence splitting").
 
 The state walk of one sequence is sequential in its chunks, so B sequences of HO heads
 keep B * HO programs busy however long they are: one long sequence leaves most SMs idle.
-The chain cuts every sequence into P pieces, summarizes each piece (its state from a zero
-seed and its transition), composes the pieces' seeds in fp32, and runs the main kernels
-over B * P independent pieces. The forward pays a summary launch for it, so it takes the
+The chain cuts the batch into B * P pieces of one span (flat: a long sequence of an uneven
+batch takes more of them than a short one; chain.py), summarizes each piece (its state
+from a zero seed and its transition), composes the pieces' seeds in fp32, and runs the
+main kernels over the B * P pieces as independent sequences. The forward pays a summary launch for it, so it takes the
 chain from 3 pieces; the backward's own walk is longer, so from 2.
+
+gdp runs on its expanded timeline of n sub-tokens per token (engines' gdp_engine.py), so
+its pieces count sub-token chunks and are cut in units of lcm(64, n) sub-tokens: every cut
+lands on a real-token boundary (unit_chunks).
 
 This module imports neither torch nor triton: the planner's hook reads it.
 """
 
 from __future__ import annotations
 
+import math
+
 CHUNK = 64  # the kernels' chunk: pieces are whole chunks
 MAX_PIECES = 16  # one wave: at most this many pieces per sequence
-MIN_PIECE_CHUNKS = 4  # a piece at least this many chunks long (unit = one chunk here)
+MIN_PIECE_CHUNKS = 4  # a piece at least this many units long (unit_chunks)
 FORWARD_MIN_PIECES = 3
 BACKWARD_MIN_PIECES = 2
 # batch_invariant: a sequence is cut by its own length alone, one piece per this many
@@ -26,9 +33,18 @@ BACKWARD_MIN_PIECES = 2
 BATCH_INVARIANT_PIECE_TOKENS = 8192
 
 
-def choose_pieces(num_seqs, heads_out, total_tokens, sm_count, *, backward, batch_invariant):
+def unit_chunks(token_rows):
+    """The chunks of a piece unit when a token spans `token_rows` timeline rows (gdp's n,
+    1 otherwise): lcm(64, n) / 64, so that a cut at a whole unit is a real-token boundary."""
+    n = max(int(token_rows), 1)
+    return n // math.gcd(CHUNK, n)
+
+
+def choose_pieces(num_seqs, heads_out, total_tokens, sm_count, *, backward, batch_invariant,
+                  unit=1):  # fmt: skip
     """The PIECES knob for a batch of these declared shapes: 0 (uncut) or P >= 1 pieces per
-    sequence. Without batch_invariant, P = min(SMs // (B * HO), 16, chunks // (4 * B)),
+    sequence. total_tokens counts timeline rows (gdp: sub-tokens); unit: unit_chunks.
+    Without batch_invariant, P = min(SMs // (B * HO), 16, chunks // (4 * B * unit)),
     taken when P reaches 3 (forward) or 2 (backward). Under batch_invariant, P slots per
     sequence from the total alone, P = clamp(ceil(total / 8192), 1, 16), uncut when the
     total fits one piece; each sequence fills clamp(ceil(len / 8192), 1, P) of them on
@@ -43,7 +59,7 @@ def choose_pieces(num_seqs, heads_out, total_tokens, sm_count, *, backward, batc
     pieces = min(
         sm_count // (num_seqs * heads_out),
         MAX_PIECES,
-        chunks // (MIN_PIECE_CHUNKS * num_seqs),
+        chunks // (MIN_PIECE_CHUNKS * num_seqs * unit),
     )
     return pieces if pieces >= (BACKWARD_MIN_PIECES if backward else FORWARD_MIN_PIECES) else 0
 
@@ -52,9 +68,9 @@ def chain_refusal(facts):
     """Why a graph (its LinearAttentionFacts) cannot run as a chain, or None when it can.
     The summaries (kernels/summary.py) take keys that serve whole q heads or whole output
     heads; checkpoints are laid out per sequence and a state pool per sequence row, neither
-    per piece."""
-    if facts.family not in ("gdn", "kda") or facts.kind not in ("", "_bwd"):
-        return f"{facts.op}: the chain summarizes gdn and kda pieces only"
+    per piece. The summary ops run their own summaries (summary_engine.py), not the chain."""
+    if facts.kind not in ("", "_bwd"):
+        return f"{facts.op}: the chain cuts the main ops only, not the summary ops"
     if facts.num_seqs <= 0:
         return "cu_seqlens: no sequence to cut"
     if facts.heads_k not in (facts.heads_q, facts.heads_out):
