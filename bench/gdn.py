@@ -338,14 +338,19 @@ CHAIN_SHAPE = ("(d) 1 x 131072", [131072])
 
 
 def chain_rows(no_fla):
-    """One sequence of 131072 tokens, H16: the chain of the pieces the family hook picks
-    for this GPU (kernels/splitting.py) vs the uncut run vs fla, forward and fwd+bwd."""
-    from cudnn_pygraph.engines.linear_attention.kernels.splitting import choose_pieces
+    """One sequence of 131072 tokens, H16: a chain of one wave of pieces (SMs // H, the
+    spec's count) vs the uncut run vs fla, forward and fwd+bwd; "hook picks" is what
+    kernels/splitting.py chooses for this GPU (0: uncut), forward and backward."""
+    from cudnn_pygraph.engines.linear_attention.kernels.splitting import (
+        MAX_PIECES,
+        choose_pieces,
+    )
 
     name, seqlens = CHAIN_SHAPE
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    pieces = choose_pieces(1, H, sum(seqlens), sms, backward=False, batch_invariant=False)
-    bwd_pieces = choose_pieces(1, H, sum(seqlens), sms, backward=True, batch_invariant=False)
+    pieces = min(sms // H, MAX_PIECES)
+    rule = {"dim_v": DIM, "batch_invariant": False}
+    picks = [choose_pieces(1, H, sum(seqlens), sms, backward=b, **rule) for b in (False, True)]
     torch.manual_seed(1)
     x, cu, init = make_inputs(seqlens, with_state=True)
     uncut, chain = Ours(x, cu, init), Ours(x, cu, init, pieces=pieces)
@@ -370,12 +375,12 @@ def chain_rows(no_fla):
             print(f"fla backward: {str(err)[:160]}", file=sys.stderr)
             fla_fb = "refused"
     print(
-        "| shape | pieces (fwd, bwd rule) | uncut fwd ms | chain fwd ms | chain fwd speedup "
+        "| shape | pieces | hook picks (fwd, bwd) | uncut fwd ms | chain fwd ms | chain fwd speedup "
         "| fla fwd ms | uncut fwd+bwd ms | chain fwd+bwd ms | fla fwd+bwd ms | chain vs uncut |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     print(
-        f"| {name} | {pieces}, {bwd_pieces} | {fwd['uncut']:.3f} | {fwd['chain']:.3f} | "
+        f"| {name} | {pieces} | {picks[0]}, {picks[1]} | {fwd['uncut']:.3f} | {fwd['chain']:.3f} | "
         f"{fwd['uncut'] / fwd['chain']:.2f}x | {fla_fwd} | {fb['uncut']:.3f} | "
         f"{fb['chain']:.3f} | {fla_fb} | {check} |",
         flush=True,

@@ -1,7 +1,7 @@
 """Sequence splitting for GDN-2 and Gated DeltaProduct (issue 19): one sequence of 131072
-tokens, H16, K = V = 128, bf16, the l2norm on: the chain of pieces the family hook picks
-(the SEQ_PIECES knob, kernels/splitting.py) vs the uncut plan of the same engine and
-config, forward and backward, through the graph API (the engines' own plans: gdp's on its
+tokens, H16, K = V = 128, bf16, the l2norm on: a chain of one wave of pieces (SMs // H,
+the spec's count; the SEQ_PIECES knob) vs the uncut plan of the same engine and config,
+forward and backward, through the graph API (the engines' own plans: gdp's on its
 expanded timeline), plus fla's chunk_gated_delta_product for gdp (fla has no GDN-2).
 Goal: chain >= 3x uncut in the forward.
 
@@ -24,6 +24,7 @@ from timing import device_ms
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph import data_type as dt
+from cudnn_pygraph.engines.linear_attention.kernels import splitting
 
 H = 16
 DIM = 128
@@ -125,12 +126,17 @@ def row(family, n, no_fla):
         "dO": torch.randn(TOKENS, H, DIM, device=DEV).to(x["q"].dtype),
         "d_final_state": torch.randn_like(x["initial_state"]),
     }
-    chain = Plan(family, n, x, False, None)  # the hook's pick
-    eid, knobs = chain.knobs
+    eid, knobs = Plan(family, n, x, False, None).knobs  # the hook's engine and config
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    pieces = min(sms // H, splitting.MAX_PIECES)
+    rule = {"dim_v": DIM, "batch_invariant": False, "unit": splitting.unit_chunks(n)}
+    picks = [splitting.choose_pieces(1, H, TOKENS * n, sms, backward=b, **rule)
+             for b in (False, True)]  # fmt: skip
     uncut = Plan(family, n, x, False, (eid, {**knobs, KT.SEQ_PIECES: 0}))
-    bwd_chain = Plan(family, n, x, True, None, cot)
-    bwd_pieces = bwd_chain.knobs[1][KT.SEQ_PIECES]
-    bwd_uncut = Plan(family, n, x, True, (eid, {**bwd_chain.knobs[1], KT.SEQ_PIECES: 0}), cot)
+    chain = Plan(family, n, x, False, (eid, {**knobs, KT.SEQ_PIECES: pieces}))
+    bwd_knobs = Plan(family, n, x, True, None, cot).knobs[1]
+    bwd_uncut = Plan(family, n, x, True, (eid, {**bwd_knobs, KT.SEQ_PIECES: 0}), cot)
+    bwd_chain = Plan(family, n, x, True, (eid, {**bwd_knobs, KT.SEQ_PIECES: pieces}), cot)
     for p in (chain, uncut, bwd_chain, bwd_uncut):
         p.run()
     check = f"O {rel(chain.out['O'], uncut.out['O']):.1e}, "
@@ -150,7 +156,7 @@ def row(family, n, no_fla):
             check += "; fla failed"
     label = f"{family}" + (f" n={n}" if family == "gdp" else "")
     print(
-        f"| {label} 1 x {TOKENS} H{H} | {knobs[KT.SEQ_PIECES]}, {bwd_pieces} | "
+        f"| {label} 1 x {TOKENS} H{H} | {pieces} | {picks[0]}, {picks[1]} | "
         f"{ms['fwd uncut']:.3f} | {ms['fwd chain']:.3f} | "
         f"{ms['fwd uncut'] / ms['fwd chain']:.2f}x | {fla_ms} | {ms['bwd uncut']:.3f} | "
         f"{ms['bwd chain']:.3f} | {ms['bwd uncut'] / ms['bwd chain']:.2f}x | {check} |",
@@ -167,10 +173,10 @@ def main():
     if not args.no_fla:
         quick_fla_autotune()
     print(
-        "| family, shape | pieces (fwd, bwd) | uncut fwd ms | chain fwd ms | chain fwd speedup "
+        "| family, shape | pieces | hook picks (fwd, bwd) | uncut fwd ms | chain fwd ms | chain fwd speedup "
         "| fla fwd ms | uncut bwd ms | chain bwd ms | chain bwd speedup | check (chain vs uncut) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for family in args.family.split(","):
         row(family, args.n, args.no_fla)
 

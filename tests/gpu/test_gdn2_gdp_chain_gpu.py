@@ -77,18 +77,19 @@ def test_gdp_chain_equals_uncut(n):
 
 @pytest.mark.parametrize("family", ["gdn2", "gdp"])
 def test_the_hook_takes_the_chain_for_one_long_sequence(family):
-    # 32768 tokens, 16 heads: on an H200 (132 SMs) 132 // 16 = 8 pieces.
+    # 32768 tokens, 2 heads of V = 128: 16 programs uncut, so an H200 (132 SMs) takes
+    # 132 // 16 = 8 pieces.
     n = 2 if family == "gdp" else 1
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    want = splitting.choose_pieces(1, 16, 32768 * n, sms, backward=False,
+    want = splitting.choose_pieces(1, 2, 32768 * n, sms, dim_v=DIM, backward=False,
                                    batch_invariant=False, unit=splitting.unit_chunks(n))  # fmt: skip
     assert want >= splitting.FORWARD_MIN_PIECES
     if family == "gdn2":
-        x = gdn2.inputs(seqlens=(32768,), heads=16, dim=DIM, seed=5)
+        x = gdn2.inputs(seqlens=(32768,), heads=2, dim=DIM, seed=5)
         x["g"] = x["g"] - 8.0
         run = lambda knobs: gdn2_forward(x, knobs)
     else:
-        x = gdp.inputs(seqlens=(32768,), n=n, heads=16, dim=DIM, seed=5)
+        x = gdp.inputs(seqlens=(32768,), n=n, heads=2, dim=DIM, seed=5)
         run = lambda knobs: gdp_forward(x, n, knobs)
     out, plan = run(None)
     assert plan[1][KT.SEQ_PIECES] == want

@@ -134,9 +134,11 @@ def test_torch_op_picks_the_chain_for_one_long_sequence_and_replays_it():
     from cudnn_pygraph.linear_attention.ops import gated_delta_net
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    pieces = splitting.choose_pieces(1, 16, 32768, sms, backward=False, batch_invariant=False)
-    assert pieces >= splitting.FORWARD_MIN_PIECES  # an H200: 132 // 16 = 8
-    x, cu = make([32768], 16)
+    # Two heads of V = 128: 16 programs uncut, so an H200 (132 SMs) takes 132 // 16 = 8.
+    pieces = splitting.choose_pieces(1, 2, 32768, sms, dim_v=DIM, backward=False,
+                                     batch_invariant=False)  # fmt: skip
+    assert pieces >= splitting.FORWARD_MIN_PIECES
+    x, cu = make([32768], 2)
     b = {n: x[n][None] for n in ("q", "k", "v", "g", "beta")}
     h0 = x["initial_state"].transpose(-1, -2).contiguous()  # the op's [N, H, K, V]
     runs = [
@@ -164,9 +166,9 @@ def test_batch_invariant_chain_alone_equals_inside_batch():
     # 20000 tokens: 3 pieces alone, 3 of the batch's 4 slots (one piece per 8192 tokens).
     x, cu = make([5000, 20000, 3000], 4)
     total = 28000
-    pieces = splitting.choose_pieces(3, 4, total, 132, backward=False, batch_invariant=True)
-    alone_pieces = splitting.choose_pieces(1, 4, 20000, 132, backward=False,
-                                           batch_invariant=True)  # fmt: skip
+    rule = {"dim_v": DIM, "backward": False, "batch_invariant": True}
+    pieces = splitting.choose_pieces(3, 4, total, 132, **rule)
+    alone_pieces = splitting.choose_pieces(1, 4, 20000, 132, **rule)
     assert (pieces, alone_pieces) == (4, 3)
     o, f = forward(x, cu, pieces, batch_invariant=True, config="wide")
     rows = slice(5000, 25000)

@@ -20,12 +20,16 @@ import test_gdp_engine as gdp
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph import data_type as dt
+from cudnn_pygraph.engines.linear_attention import heuristics
 from cudnn_pygraph.engines.linear_attention.kernels import splitting
 from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES
 
 DEVICE = gdn2.DEVICE
 KT = cudnn.knob_type
 CHAIN_TOL = 1e-5  # ||chain - uncut|| / ||uncut||, fp32 (as test_gdn_chain.py's)
+# The gate parameters' gradients are sums over every token and channel of the sequence,
+# whose order the cut changes: 10x the bound.
+REDUCED = {"a_log": 10 * CHAIN_TOL, "dt_bias": 10 * CHAIN_TOL}
 
 
 def rel_err(out, ref):
@@ -118,7 +122,7 @@ def test_a_gdn2_chain_gives_the_uncut_output_state_and_gradients_one_piece_bitwi
         runs[pieces] = out
     uncut, chain, one = runs[0], runs[3], runs[1]
     for name in uncut:
-        assert rel_err(chain[name], uncut[name]) <= CHAIN_TOL, name
+        assert rel_err(chain[name], uncut[name]) <= REDUCED.get(name, CHAIN_TOL), name
         assert torch.equal(one[name], uncut[name]), name
     assert not torch.equal(chain["O"], uncut["O"])  # really composed
 
@@ -192,7 +196,7 @@ def test_a_gdp_chain_gives_the_uncut_output_state_and_gradients_one_piece_bitwis
         runs[pieces] = out
     uncut, chain, one = runs[0], runs[cut], runs[1]
     for name in uncut:
-        assert rel_err(chain[name], uncut[name]) <= CHAIN_TOL, name
+        assert rel_err(chain[name], uncut[name]) <= REDUCED.get(name, CHAIN_TOL), name
         assert torch.equal(one[name], uncut[name]), name
     assert not torch.equal(chain["O"], uncut["O"])  # really composed
 
@@ -232,18 +236,17 @@ def test_gdp_pieces_start_on_real_token_boundaries(n):
 )
 def test_the_gdp_piece_rule_counts_sub_token_units(n, total, pieces):
     unit = splitting.unit_chunks(n)
-    fwd = splitting.choose_pieces(
-        1, 16, total * n, 132, backward=False, batch_invariant=False, unit=unit
-    )
-    bwd = splitting.choose_pieces(
-        1, 16, total * n, 132, backward=True, batch_invariant=False, unit=unit
-    )
+    rule = {"dim_v": 16, "batch_invariant": False, "unit": unit}  # one V block per head
+    fwd = splitting.choose_pieces(1, 16, total * n, 132, backward=False, **rule)
+    bwd = splitting.choose_pieces(1, 16, total * n, 132, backward=True, **rule)
     assert bwd == pieces
     assert fwd == (pieces if pieces >= splitting.FORWARD_MIN_PIECES else 0)
 
 
-def test_the_hook_cuts_one_long_gdp_sequence():
-    # The interpreter's notional 8 SMs, one head: 384 tokens x 2 = 12 chunks, P = 12 // 4 = 3.
+def test_the_hook_cuts_one_long_gdp_sequence(monkeypatch):
+    # A device of 12 SMs, one head of V = 64 (four 16-wide V blocks uncut): 384 tokens x 2
+    # = 12 chunks, P = min(12 // 4, 12 // 4) = 3.
+    monkeypatch.setattr(heuristics, "INTERPRETER_SMS", 12)
     x = gdp.inputs(seqlens=(384,), n=2, seed=4)
     out, plan = gdp_forward(x, 2, None)
     assert plan[1][KT.SEQ_PIECES] == 3

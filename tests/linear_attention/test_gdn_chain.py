@@ -19,6 +19,7 @@ from test_gdn_engine import DEVICE, declare, inputs, with_gdn_engine
 import cudnn_pygraph as cudnn
 from cudnn_pygraph import data_type as dt
 from cudnn_pygraph._types import cudnnGraphNotSupportedError
+from cudnn_pygraph.engines.linear_attention import heuristics
 from cudnn_pygraph.engines.linear_attention.kernels import splitting
 from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES
 
@@ -127,8 +128,10 @@ def test_a_chain_backward_gives_the_uncut_gradients_one_piece_bitwise():
         assert torch.equal(one[name], uncut[name]), name
 
 
-def test_the_hook_cuts_one_long_sequence_and_its_knob_replays():
-    # The interpreter's notional 8 SMs, one head: P = min(8 // 1, 16, 12 chunks // 4) = 3.
+def test_the_hook_cuts_one_long_sequence_and_its_knob_replays(monkeypatch):
+    # A device of 12 SMs, one head of V = 64 (four 16-wide V blocks uncut):
+    # P = min(12 // 4, 16, 12 chunks // 4) = 3.
+    monkeypatch.setattr(heuristics, "INTERPRETER_SMS", 12)
     x = inputs(seqlens=(768,), heads=1, seed=4)
     with with_gdn_engine():
         o, final, plan = forward(x)
@@ -180,24 +183,30 @@ def test_a_chain_asked_of_a_graph_it_cannot_serve_declines_naming_why():
 @pytest.mark.parametrize(
     "shape, backward, batch_invariant, pieces",
     [
-        ((1, 16, 131072, 132), False, False, 8),  # one long sequence on an H200: 132 // 16
-        ((1, 16, 131072, 132), True, False, 8),
-        ((8, 16, 8 * 4096, 132), False, False, 0),  # 128 programs already fill the GPU
-        ((1, 4, 32768, 132), False, False, 16),  # at most one wave of 16
-        ((1, 16, 512, 132), False, False, 0),  # 8 chunks // 4: 2 pieces, short of 3
-        ((1, 16, 512, 132), True, False, 2),  # the backward cuts from 2
-        ((1, 16, 1024, 132), True, False, 4),  # 16 chunks, each piece at least 4
-        ((2, 32, 4096, 132), True, False, 2),
-        ((2, 32, 4096, 132), False, False, 0),
-        ((3, 16, 8192, 132), False, True, 0),  # batch_invariant: one piece of 8192 is uncut
-        ((3, 16, 8193, 132), False, True, 2),
-        ((1, 16, 10**6, 132), False, True, 16),
+        # (B, HO, tokens, SMs, V): V = 16 is one V block, the spec's B * HO programs
+        ((1, 16, 131072, 132, 16), False, False, 8),  # one long sequence on an H200
+        ((1, 16, 131072, 132, 16), True, False, 8),
+        # V = 128 uncut is 8 blocks per head: 128 programs already fill 132 SMs (the chain
+        # measured 0.86x uncut there)
+        ((1, 16, 131072, 132, 128), False, False, 0),
+        ((1, 16, 131072, 132, 128), True, False, 0),
+        ((1, 2, 32768, 132, 128), False, False, 8),  # 16 programs: 132 // 16
+        ((8, 16, 8 * 4096, 132, 16), False, False, 0),  # 128 programs already fill the GPU
+        ((1, 4, 32768, 132, 16), False, False, 16),  # at most one wave of 16
+        ((1, 16, 512, 132, 16), False, False, 0),  # 8 chunks // 4: 2 pieces, short of 3
+        ((1, 16, 512, 132, 16), True, False, 2),  # the backward cuts from 2
+        ((1, 16, 1024, 132, 16), True, False, 4),  # 16 chunks, each piece at least 4
+        ((2, 32, 4096, 132, 16), True, False, 2),
+        ((2, 32, 4096, 132, 16), False, False, 0),
+        ((3, 16, 8192, 132, 128), False, True, 0),  # batch_invariant: one piece of 8192
+        ((3, 16, 8193, 132, 128), False, True, 2),
+        ((1, 16, 10**6, 132, 128), False, True, 16),
     ],
 )
 def test_the_piece_rule(shape, backward, batch_invariant, pieces):
-    b, ho, total, sms = shape
+    b, ho, total, sms, dim_v = shape
     got = splitting.choose_pieces(
-        b, ho, total, sms, backward=backward, batch_invariant=batch_invariant
+        b, ho, total, sms, dim_v=dim_v, backward=backward, batch_invariant=batch_invariant
     )
     assert got == pieces
 

@@ -26,6 +26,7 @@ def pieces_for(facts) -> int:
         facts.heads_out,
         facts.total_tokens * n,
         sm_count(facts.device),
+        dim_v=facts.head_dim_v,
         backward=facts.is_backward,
         batch_invariant=bool(facts.attrs.get("batch_invariant")),
         unit=unit_chunks(n),

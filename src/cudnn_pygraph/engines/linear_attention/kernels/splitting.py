@@ -1,16 +1,21 @@
-"""Sequence splitting: whether a gdn / kda / gdn2 / gdp plan (forward or backward) runs each
-sequence uncut (one persistent program per (sequence, head)) or as a chain of pieces whose states are composed (chain.py),
-decided at plan time from the declared shapes and the device's SM count alone, and
-recorded as the plan's PIECES knob so that a replay by (engine_id, knobs) builds the same
-(spec pygraph-design.txt, "Sequence splitting").
+"""Sequence splitting: whether a gdn / kda / gdn2 / gdp plan (forward or backward) runs
+each sequence uncut or as a chain of pieces whose states are composed (chain.py), decided
+at plan time from the declared shapes and the device's SM count alone, and recorded as the
+plan's PIECES knob so that a replay by (engine_id, knobs) builds the same (spec
+pygraph-design.txt, "Sequence splitting").
 
-The state walk of one sequence is sequential in its chunks, so B sequences of HO heads
-keep B * HO programs busy however long they are: one long sequence leaves most SMs idle.
+The state walk of one sequence is sequential in its chunks. Uncut, B sequences of HO heads
+keep B * HO * (V / BV) programs busy however long they are: the "few" config splits V into
+16-wide blocks (configs.py), so one sequence of 16 heads at V = 128 is already 128
+programs. The spec's rule counts B * HO programs (its kernels keep a whole V per program);
+ours counts the V blocks too, because on the H200 one sequence of 131072 tokens, H16,
+V = 128 ran 0.86x uncut as a chain of 8 pieces (bench/results/gdn.md).
 The chain cuts the batch into B * P pieces of one span (flat: a long sequence of an uneven
 batch takes more of them than a short one; chain.py), summarizes each piece (its state
 from a zero seed and its transition), composes the pieces' seeds in fp32, and runs the
-main kernels over the B * P pieces as independent sequences. The forward pays a summary launch for it, so it takes the
-chain from 3 pieces; the backward's own walk is longer, so from 2.
+main kernels over the B * P pieces as independent sequences. The forward pays a summary
+launch for it, so it takes the chain from 3 pieces; the backward's own walk is longer, so
+from 2.
 
 gdp runs on its expanded timeline of n sub-tokens per token (engines' gdp_engine.py), so
 its pieces count sub-token chunks and are cut in units of lcm(64, n) sub-tokens: every cut
@@ -40,11 +45,18 @@ def unit_chunks(token_rows):
     return n // math.gcd(CHUNK, n)
 
 
-def choose_pieces(num_seqs, heads_out, total_tokens, sm_count, *, backward, batch_invariant,
-                  unit=1):  # fmt: skip
+def uncut_programs(num_seqs, heads_out, dim_v):
+    """The state walk's programs of an uncut run that leaves SMs idle: "few"'s V blocks."""
+    from .configs import config
+
+    return num_seqs * heads_out * max(dim_v // config("few")["state_fwd"]["BV"], 1)
+
+
+def choose_pieces(num_seqs, heads_out, total_tokens, sm_count, *, dim_v, backward,
+                  batch_invariant, unit=1):  # fmt: skip
     """The PIECES knob for a batch of these declared shapes: 0 (uncut) or P >= 1 pieces per
     sequence. total_tokens counts timeline rows (gdp: sub-tokens); unit: unit_chunks.
-    Without batch_invariant, P = min(SMs // (B * HO), 16, chunks // (4 * B * unit)),
+    Without batch_invariant, P = min(SMs // uncut_programs, 16, chunks // (4 * B * unit)),
     taken when P reaches 3 (forward) or 2 (backward). Under batch_invariant, P slots per
     sequence from the total alone, P = clamp(ceil(total / 8192), 1, 16), uncut when the
     total fits one piece; each sequence fills clamp(ceil(len / 8192), 1, P) of them on
@@ -57,7 +69,7 @@ def choose_pieces(num_seqs, heads_out, total_tokens, sm_count, *, backward, batc
         return min(-(-total_tokens // BATCH_INVARIANT_PIECE_TOKENS), MAX_PIECES)
     chunks = -(-total_tokens // CHUNK)
     pieces = min(
-        sm_count // (num_seqs * heads_out),
+        sm_count // uncut_programs(num_seqs, heads_out, dim_v),
         MAX_PIECES,
         chunks // (MIN_PIECE_CHUNKS * num_seqs * unit),
     )
