@@ -204,7 +204,9 @@ def test_cuda_graph_capture_and_replay_forward_and_backward():
 
 def test_batch_invariant_one_sequence_alone_equals_inside_batch():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert recommend_config(3, 4, DIM, sms, True) == recommend_config(1, 4, DIM, sms, True)
+    assert recommend_config(3, 4, DIM, sms, True, gate_per_key=True) == recommend_config(
+        1, 4, DIM, sms, True, gate_per_key=True
+    )
     attrs = {"use_qk_l2norm": True, "batch_invariant": True}
     x, cu = make_inputs([1000, 2047, 65], (4, 4, 4), attrs=attrs)
     o, final = run_forward(x, cu, DIM**-0.5, attrs)

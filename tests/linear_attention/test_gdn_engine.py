@@ -296,7 +296,7 @@ def test_build_time_warm_launch_compiles_what_the_declared_batch_launches(seqlen
     flags = {"scale": 0.125, "use_qk_l2norm": True, "use_beta_sigmoid": False,
              "allow_neg_eigval": False, "safe_gate": False, "gate_domain": "log",
              "batch_invariant": False,
-             "config": recommend_config(len(seqlens), 2, 64, 8, False)}  # fmt: skip
+             "config": recommend_config(len(seqlens), 2, 64, 8, False, gate_per_key=False)}  # fmt: skip
     plan = GdnPlan(False, tuple(ports), [], flags, 0, None)
     seen.clear()
     _compile_by_warm_launch(plan, ports, torch.device(DEVICE))

@@ -452,8 +452,12 @@ def test_batch_invariant_pins_the_config_and_a_sequence_alone_equals_it_in_a_bat
     from cudnn_pygraph.engines.linear_attention.kernels.configs import recommend_config
 
     seqlens = (3, 70, 20, 5)
-    assert recommend_config(4, 2, 64, 8, False) != recommend_config(1, 2, 64, 8, False)
-    assert recommend_config(4, 2, 64, 8, True) == recommend_config(1, 2, 64, 8, True)
+    assert recommend_config(4, 2, 64, 8, False, gate_per_key=False) != recommend_config(
+        1, 2, 64, 8, False, gate_per_key=False
+    )
+    assert recommend_config(4, 2, 64, 8, True, gate_per_key=False) == recommend_config(
+        1, 2, 64, 8, True, gate_per_key=False
+    )
     x, cu = make_inputs(seqlens=seqlens)
     attrs = {"use_qk_l2norm": True, "batch_invariant": True}
     gen = torch.Generator().manual_seed(4)
@@ -857,3 +861,15 @@ def test_dw_stored_in_16_bits_gives_bitwise_the_fp32_dw_gradients(per_key, monke
     assert {n: dt for n, dt, _ in rows}["dw"] == torch.float32  # the patch took
     for name in stored_16:
         assert torch.equal(stored_16[name], stored_32[name]), name
+
+
+def test_a_per_key_gate_takes_the_wide_grid_unfused():
+    # kda / gdn2 form gated intra-chunk scores: fused into the state walk they are formed
+    # once per V block inside its serial loop, so their wide grid runs unfused.
+    from cudnn_pygraph.engines.linear_attention.kernels.configs import recommend_config
+
+    for batch_invariant in (False, True):
+        wide = (64, 16, 128, 132, batch_invariant)
+        assert recommend_config(*wide, gate_per_key=False) == "wide"
+        assert recommend_config(*wide, gate_per_key=True) == "wide-unfused"
+    assert recommend_config(1, 16, 128, 132, False, gate_per_key=True) == "few"

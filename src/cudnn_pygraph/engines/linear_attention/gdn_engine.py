@@ -29,6 +29,7 @@ from ..._types import data_type, knob_type
 from ...planning.facts import facts_for, graph_device
 from ..base import BaseEngine, Capabilities, CompiledPlan, require_module
 from .analyzer import analyze
+from .heuristics import GATE_PER_KEY_FAMILIES
 from .kernels.configs import GdnKnobs, fuses_output
 
 IO_DTYPES = frozenset({data_type.HALF, data_type.BFLOAT16, data_type.FLOAT})
@@ -86,8 +87,6 @@ BACKWARD_OUTPUTS = (
     "d_a_log",
     "d_dt_bias",
 )
-# The families whose gate g carries a K axis (g [T, HO, K]: the stage kernels' GATE_K).
-GATE_PER_KEY_FAMILIES = frozenset({"kda", "gdn2"})
 
 
 def _contiguous(dim, stride):

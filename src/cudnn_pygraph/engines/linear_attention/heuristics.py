@@ -9,6 +9,10 @@ from ..base import PlanConfig
 from .kernels.configs import CONFIG_NAMES, INTERPRETER_SMS, GdnKnobs, recommend_config
 from .kernels.splitting import chain_refusal, choose_pieces, unit_chunks
 
+# The families whose gate g carries a K axis (g [T, HO, K]: the stage kernels' GATE_K and
+# kernels/gated.py's products).
+GATE_PER_KEY_FAMILIES = frozenset({"kda", "gdn2"})
+
 
 def sm_count(device) -> int:
     if device is None or getattr(device, "is_interpreter", True):
@@ -42,6 +46,7 @@ def recommend(kind, facts, offered):
         facts.head_dim_v,
         sm_count(facts.device),
         bool(facts.attrs.get("batch_invariant")),
+        gate_per_key=facts.family in GATE_PER_KEY_FAMILIES,
     )
     order = [pick] + [name for name in CONFIG_NAMES if name != pick]
     return [

@@ -22,7 +22,6 @@ from ..base import require_module
 from .analyzer import analyze
 from .gdn_engine import (
     _TORCH_DTYPES,
-    GATE_PER_KEY_FAMILIES,
     HEAD_DIMS,
     STRIDED_PORTS,
     VECTOR_PORTS,
@@ -33,6 +32,7 @@ from .gdn_engine import (
     _ports,
     strided_inputs,
 )
+from .heuristics import GATE_PER_KEY_FAMILIES
 
 KINDS = ("_summary", "_summary_bwd")
 SUMMARY_PORTS = ("H", "M_buf", "G", "transition")

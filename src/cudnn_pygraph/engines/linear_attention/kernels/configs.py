@@ -153,14 +153,18 @@ def fuses_output(name: str) -> bool:
     return bool(config(name)["state_fwd"].get("FUSE_OUTPUT"))
 
 
-def recommend_config(n_seqs, n_out, dim_v, sm_count, batch_invariant) -> str:
+def recommend_config(n_seqs, n_out, dim_v, sm_count, batch_invariant, *, gate_per_key) -> str:
     """The config a batch of n_seqs sequences of n_out heads of V = dim_v runs best on, from
-    shapes alone. batch_invariant pins "wide" whatever the batch: a config's kernels split
-    the work by (sequence, head, V block) and never by the batch, so a sequence's outputs
-    are then bitwise the same alone or in any batch (spec: "the work split may depend on
-    the sequence's own length only, never on the batch")."""
+    shapes alone. batch_invariant pins the wide grid whatever the batch: a config's kernels
+    split the work by (sequence, head, V block) and never by the batch, so a sequence's
+    outputs are then bitwise the same alone or in any batch (spec: "the work split may
+    depend on the sequence's own length only, never on the batch").
+    gate_per_key (kda, gdn2): the wide grid unfused. Fused, the state kernel forms the
+    gated intra-chunk scores inside its serial walk once per V block; kda at (a) ran
+    7.49 / 28.23 ms fused, 4.56 / 25.33 unfused (bench/results/kda.md)."""
+    wide = "wide-unfused" if gate_per_key else "wide"
     if batch_invariant:
-        return "wide"
+        return wide
     bv = min(config("wide")["state_fwd"]["BV"], dim_v)
     programs = n_seqs * n_out * (dim_v // bv)
-    return "wide" if programs >= STATE_WIDE_MIN_FILL * sm_count else "few"
+    return wide if programs >= STATE_WIDE_MIN_FILL * sm_count else "few"

@@ -83,11 +83,12 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _resolve_config(config, n_seqs, n_out, dim_v, device, batch_invariant):
+def _resolve_config(config, n_seqs, n_out, dim_v, device, batch_invariant, gate_per_key):
     """The named config's {kernel: parameters} (kernels/configs.py); None: the config
     recommend_config picks for this batch (a graph plan always names one: its knob)."""
     if config is None:
-        config = recommend_config(n_seqs, n_out, dim_v, _sm_count(device), batch_invariant)
+        config = recommend_config(n_seqs, n_out, dim_v, _sm_count(device), batch_invariant,
+                                  gate_per_key=gate_per_key)  # fmt: skip
     return configs.config(config)
 
 
@@ -376,7 +377,8 @@ def gdn_forward(
         tuple(o.shape) == (total_t, n_out, dim_v) and o.is_contiguous(),
         f"must be contiguous [total_T, HO, V] = {(total_t, n_out, dim_v)}",
     )
-    kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant)
+    kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant,
+                                  gate_per_key)  # fmt: skip
     fuse_output = bool(kernel_cfgs["state_fwd"].get("FUSE_OUTPUT"))
     ws, h_buf, prec, _, (q, k, *_) = _prepare_and_recompute(
         q, k, v, g, beta, cu_seqlens, dims,
@@ -533,7 +535,8 @@ def gdn_backward(
     _check(
         "d_dt_bias", (d_dt_bias is None) == (dt_bias is None), "is required iff dt_bias is given"
     )
-    kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant)
+    kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant,
+                                  gate_per_key)  # fmt: skip
     grads = (dq, dk, dv, dg, dbeta, d_a_log, d_dt_bias, dwrite_gate)
     if total_t == 0:
         ws = _carve(_layout(0, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, q.dtype, True,

@@ -216,7 +216,8 @@ def gdn_summary(
     total_t, n_seqs, _, _, _, n_out, dim_k, dim_v = dims
     _check_summary("h_out", h_out, (n_seqs, n_out, dim_v, dim_k))
     _check_summary("m_out", m_out, (n_seqs, n_out, dim_k, dim_k))
-    kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, k.device, batch_invariant)
+    kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, k.device, batch_invariant,
+                                  gate_per_key)  # fmt: skip
     flags = _gate_flags(
         gate_domain,
         safe_gate,
@@ -265,7 +266,8 @@ def gdn_summary_bwd(
     _check_summary("g_out", g_out, (n_seqs, n_out, dim_v, dim_k))
     if transition is not None:
         _check_summary("transition", transition, (n_seqs, n_out, dim_k, dim_k))
-    kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant)
+    kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant,
+                                  gate_per_key)  # fmt: skip
     flags = _gate_flags(
         gate_domain,
         safe_gate,
