@@ -37,7 +37,7 @@ import statistics
 import sys
 
 import torch
-from timing import device_ms
+from timing import device_ms, kernel_table
 
 from cudnn_pygraph.engines.linear_attention.kernels.chain import (
     chain_backward,
@@ -210,14 +210,8 @@ def profile_kernels(only):
     name, seqlens = next((n, s) for n, s in shapes().items() if not only or only in n)
     x, cu, init = make_inputs(seqlens, with_state=False)
     ours = Ours(x, cu, init)
-    ours.forward_backward()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            ours.forward_backward()
-        torch.cuda.synchronize()
     print(f"{name}: 5 x (forward + backward)")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20))
+    print(kernel_table(ours.forward_backward))
 
 
 def sweep_entries(x, cu, init, entries):

@@ -30,7 +30,7 @@ import sys
 
 import torch
 from gdn import quick_fla_autotune, rel, shapes
-from timing import device_ms
+from timing import device_ms, kernel_table
 
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
     gdn_backward,
@@ -216,14 +216,8 @@ def profile_kernels(only, config):
     name, seqlens = next((n, s) for n, s in shapes().items() if not only or only in n)
     x, cu, init = make_inputs(seqlens, with_state=False)
     ours = Ours(x, cu, init, config)
-    ours.forward_backward()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            ours.forward_backward()
-        torch.cuda.synchronize()
     print(f"{name}, config {config or 'picked'}: 5 x (forward + backward)")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20))
+    print(kernel_table(ours.forward_backward))
 
 
 def main():

@@ -48,3 +48,15 @@ def back_to_back_ms(fn, calls: int = 50, warmup: int = 3) -> float:
         lambda _: fn(), warmup, 5, burst=calls, drain=torch.cuda.synchronize
     )
     return statistics.median(times)
+
+
+def kernel_table(fn, reps: int = 5) -> str:
+    """Per-kernel device time of `reps` calls after one warm call (torch.profiler's table,
+    heaviest kernel first): where a call's time goes, not a timing to report as one."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)

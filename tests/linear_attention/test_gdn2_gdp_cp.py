@@ -7,7 +7,6 @@ every process (test_gdn_cp.py holds gdn's and kda's)."""
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -16,6 +15,8 @@ import torch.multiprocessing as mp
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from test_gdn_cp import _free_port
 
 from cudnn_pygraph.linear_attention.cp import gated_delta_net_v2_cp, gated_delta_product_cp
 from cudnn_pygraph.linear_attention.gdp import gated_delta_product
@@ -170,12 +171,6 @@ def _rank(rank, world, port, case, x, d, expected, backend="gloo"):
                 assert _rel(share, ref_grads[name]) <= TOL, (rank, name)
     finally:
         dist.destroy_process_group()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("name", list(CASES), ids=list(CASES))

@@ -108,7 +108,7 @@ def test_graphs_are_cached_by_declaration_not_data():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"allow_neg_eigval": True}, "allow_neg_eigval requires use_beta_sigmoid_in_kernel"),
+        ({"allow_neg_eigval": True}, "allow_neg_eigval: requires use_beta_sigmoid_in_kernel"),
         ({"A_log": torch.zeros(2)}, "only read under use_gate_in_kernel"),
         (
             {"head_first": True},

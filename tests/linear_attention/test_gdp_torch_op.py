@@ -175,7 +175,7 @@ BAD_CALLS = {
     "beta-rows-not-t-times-n": (lambda a: dict(a, beta=a["beta"][:, :-2]), "beta: expected"),
     "g-at-sub-token-rows": (lambda a: dict(a, g=a["beta"]), "g: expected"),
     "num-householder-0": (lambda a: dict(a, num_householder=0), "num_householder: must be"),
-    "neg-eigval-alone": (lambda a: dict(a, allow_neg_eigval=True), "allow_neg_eigval requires"),
+    "neg-eigval-alone": (lambda a: dict(a, allow_neg_eigval=True), "allow_neg_eigval: requires"),
     "head-first": (lambda a: dict(a, head_first=True), "head_first has been removed"),
     "state-of-another-count": (
         lambda a: dict(a, initial_state=torch.zeros(3, 1, K, K)),

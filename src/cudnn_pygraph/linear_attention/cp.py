@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from .gdp import _check_rows, _gdp_bwd_impl, _gdp_fwd_impl
 from .ops import (
+    _GDN2_GATE_NAMES,
     _check_gate_flags,
     _check_gdn2_gates,
     _check_head_dims,
@@ -426,10 +427,8 @@ def gated_delta_net_v2_cp(
     Returns (o [B, T_r, HO, V]; final_state [B, HO, V, K] fp32, the same on every rank, or
     None)."""
     _check_shapes(q, v)
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("allow_neg_eigval: requires use_beta_sigmoid_in_kernel")
-    if (a_log is not None or dt_bias is not None) and not safe_gate:
-        raise ValueError("a_log / dt_bias: only used with safe_gate=True")
+    _check_gate_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel, safe_gate, a_log, dt_bias,
+                      names=_GDN2_GATE_NAMES)  # fmt: skip
     B, T, _, K = q.shape
     _check_gdn2_gates(g, beta, w, (B, T), ("B", "T"), max(q.shape[2], v.shape[2]), K,
                       v.shape[3])  # fmt: skip

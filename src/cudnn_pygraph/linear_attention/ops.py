@@ -583,12 +583,16 @@ def _check_head_dims(q, v):
 
 
 def _check_gate_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log,
-                      dt_bias):  # fmt: skip
-    """The flag rules of the gdn-shaped ops (gdn, gdp and their in-place and cp forms)."""
+                      dt_bias, *, names=("use_gate_in_kernel", "A_log / dt_bias")):  # fmt: skip
+    """The flag rules of the gdn-shaped ops (gdn, gdn2, gdp and their in-place and cp forms).
+    names: the op's own names of the gate flag and its parameters (gdn2: safe_gate, a_log)."""
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("allow_neg_eigval requires use_beta_sigmoid_in_kernel=True")
+        raise ValueError("allow_neg_eigval: requires use_beta_sigmoid_in_kernel=True")
     if (A_log is not None or dt_bias is not None) and not use_gate_in_kernel:
-        raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
+        raise ValueError(f"{names[1]}: only read under {names[0]}=True")
+
+
+_GDN2_GATE_NAMES = ("safe_gate", "a_log / dt_bias")
 
 
 def _packed_cu_seqlens(cu_seqlens, B, T, device):
@@ -1153,7 +1157,7 @@ def _kda_gate_args(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias, h
             raise ValueError(f"`lower_bound` must be in the safe range [-5, 0), got {lower_bound}.")
     if not use_gate_in_kernel:
         if A_log is not None or dt_bias is not None:
-            raise ValueError("A_log / dt_bias are only read under use_gate_in_kernel=True")
+            raise ValueError("A_log / dt_bias: only read under use_gate_in_kernel=True")
         return False, None, None, None
     if A_log is None and lower_bound is None:
         raise ValueError(
@@ -1563,10 +1567,8 @@ def gated_delta_net_v2(
     output_final_state)."""
     if q.dim() != 3:
         raise ValueError(f"q: expected THD [total_T, H, K], got shape {tuple(q.shape)}")
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("allow_neg_eigval: requires use_beta_sigmoid_in_kernel")
-    if (a_log is not None or dt_bias is not None) and not safe_gate:
-        raise ValueError("a_log / dt_bias: only used with safe_gate=True")
+    _check_gate_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel, safe_gate, a_log, dt_bias,
+                      names=_GDN2_GATE_NAMES)  # fmt: skip
     _check_head_dims(q, v)
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
