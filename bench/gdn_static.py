@@ -6,6 +6,8 @@ fits more programs per SM hides more of the serial chunk walk's latency.
 
   PYTHONPATH=src python bench/gdn_static.py
   PYTHONPATH=src python bench/gdn_static.py --gate-per-key   # kda's kernels (GATE_K) only
+  PYTHONPATH=src python bench/gdn_static.py --gate-per-key --fp32 --config few
+      # an fp32 call's kernels under a named config (kernels/configs.py)
 
 The configs' timings are in kernels/configs.py's docstring.
 """
@@ -49,8 +51,10 @@ CONFIGS = [
 ]
 
 
-def compile_facts(fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg=None):
-    """(shared bytes, registers, spill bytes) of fn compiled for sm_90."""
+def compile_facts(fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg=None,
+                  all_fp32=False):  # fmt: skip
+    """(shared bytes, registers, spill bytes) of fn compiled for sm_90; all_fp32: the
+    pointers of an fp32 call (every float operand fp32)."""
     fp32 = FP32_POINTERS | FP32_IN.get(fn.__name__, set())
     # A constexpr the caller leaves out takes its default, as the JIT would.
     defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
@@ -60,7 +64,10 @@ def compile_facts(fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg
         if name in constexprs:
             sig[name], cx[name] = "constexpr", constexprs[name]
         elif name.endswith("_ptr"):
-            sig[name] = "*fp32" if name in fp32 else "*i32" if name in INT_POINTERS else "*bf16"
+            if name in INT_POINTERS:
+                sig[name] = "*i32"
+            else:
+                sig[name] = "*fp32" if all_fp32 or name in fp32 else "*bf16"
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             sig[name] = "fp32" if name == "scale" else "i32"
@@ -91,16 +98,33 @@ def compile_facts(fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg
     return kernel.metadata.shared, registers, spills
 
 
-def shipped_facts(gate_per_key=False):
-    """Every kernel of the "wide" config (kernels/configs.py) of a bf16 call with l2norm and
-    initial / final state, as the launcher would compile it; gate_per_key: kda's (GATE_K:
-    the gated products of kernels/gated.py), with both dqk parts and the fused state_fwd."""
+def _launcher_blocks(kernel, cfg, dim):
+    """The block constexprs kernels/gdn.py launches this kernel with at K = V = dim (its
+    _block_v / _slice narrowing)."""
+    from cudnn_pygraph.engines.linear_attention.kernels.gdn import _block_v, _slice
+
+    cfg = dict(cfg)
+    out = {}
+    if "BV" in cfg:
+        out["BV"] = _slice(cfg, "BV", dim) if kernel == "wy_bwd" else _block_v(cfg, dim, dim)
+    for key in ("BK", "BA", "BG"):
+        if key in cfg:
+            out[key] = _slice(cfg, key, dim)
+    return {**cfg, **out}
+
+
+def shipped_facts(gate_per_key=False, name="wide", fp32=False, dim=128):
+    """Every kernel of the named config (kernels/configs.py) of a bf16 call (fp32: an fp32
+    call, exact fp32 products) with l2norm and initial / final state, as the launcher would
+    compile it; gate_per_key: kda's (GATE_K: the gated products of kernels/gated.py), with
+    both dqk parts and the fused state_fwd."""
     from cudnn_pygraph.engines.linear_attention.kernels import output, wy, wy_fwd
     from cudnn_pygraph.engines.linear_attention.kernels.configs import config
 
-    wide = config("wide")
+    wide = config(name)
+    print(f"config {name!r}, {'fp32' if fp32 else 'bf16'} operands, K = V = {dim}")
 
-    common = {"K": 128, "V": 128, "L2NORM": True, "PREC": "tf32", "EPS": 1e-6,
+    common = {"K": dim, "V": dim, "L2NORM": True, "PREC": "ieee" if fp32 else "tf32", "EPS": 1e-6,
               **({"GATE_K": True} if gate_per_key else {})}  # fmt: skip
     gates = {"LINEAR": False, "SAFE": False, "HAS_A": False, "HAS_DT": False, "SIGMOID": False,
                  "NEG_EIGVAL": False}  # fmt: skip
@@ -117,6 +141,7 @@ def shipped_facts(gate_per_key=False):
     }  # fmt: skip
     if gate_per_key:
         jobs["dqk part 2"] = (output.dqk_kernel, {**jobs["dqk"][1], "PART": 2})
+    if gate_per_key or wide["state_fwd"].get("FUSE_OUTPUT"):
         jobs["state_fwd fused"] = (state.state_fwd_kernel, {**jobs["state_fwd"][1],
                                    "STORE_H": False, "STORE_VNEW": False, "FUSE_OUTPUT": True})  # fmt: skip
     print("| kernel (shipped config) | shared KB | registers | spill bytes | programs per SM |")
@@ -128,15 +153,20 @@ def shipped_facts(gate_per_key=False):
         # is in main()'s table.
         cfg.pop("V_FASTEST", None), cfg.pop("FUSE_OUTPUT", None)
         warps, stages = cfg.pop("num_warps", 4), cfg.pop("num_stages", 3)
-        cx = {**cx, **{k: v for k, v in cfg.items() if k in fn.arg_names}}
-        shared, registers, spills = compile_facts(fn, cx, warps, stages, cfg.get("maxnreg"))
+        maxnreg = cfg.pop("maxnreg", None)
+        blocks = _launcher_blocks(name, cfg, dim)
+        cx = {**cx, **{k: v for k, v in blocks.items() if k in fn.arg_names}}
+        shared, registers, spills = compile_facts(fn, cx, warps, stages, maxnreg, fp32)
         per_sm = min(SM_SHARED // max(shared, 1), SM_REGISTERS // (registers * 32 * warps))
         print(f"| {label} | {shared / 1024:.0f} | {registers} | {spills} | {per_sm} |")
 
 
 def main():
-    if "--gate-per-key" in sys.argv[1:]:
-        shipped_facts(gate_per_key=True)
+    args = sys.argv[1:]
+    if {"--gate-per-key", "--fp32", "--config", "--dim"} & set(args):
+        name = args[args.index("--config") + 1] if "--config" in args else "wide"
+        dim = int(args[args.index("--dim") + 1]) if "--dim" in args else 128
+        shipped_facts("--gate-per-key" in args, name, "--fp32" in args, dim)
         return
     shipped_facts()
     print()

@@ -36,12 +36,15 @@ def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def make_inputs(seqlens, heads, dim=DIM, *, attrs, has_a_log=False, has_dt_bias=False, seed=0):
+def make_inputs(
+    seqlens, heads, dim=DIM, *, attrs, has_a_log=False, has_dt_bias=False, seed=0,
+    dtype=torch.bfloat16,
+):  # fmt: skip
     torch.manual_seed(seed)
     n_q, n_k, n_v = heads
     n_out = max(n_q, n_v)
     total = sum(seqlens)
-    dev, bf = "cuda", torch.bfloat16
+    dev = "cuda"
     gshape = (total, n_out, dim)
     if attrs.get("safe_gate"):
         g = torch.randn(gshape, device=dev)
@@ -55,9 +58,9 @@ def make_inputs(seqlens, heads, dim=DIM, *, attrs, has_a_log=False, has_dt_bias=
         else torch.rand(gshape, device=dev)
     )
     x = {
-        "q": torch.randn(total, n_q, dim, device=dev, dtype=bf),
-        "k": torch.randn(total, n_k, dim, device=dev, dtype=bf),
-        "v": torch.randn(total, n_v, dim, device=dev, dtype=bf),
+        "q": torch.randn(total, n_q, dim, device=dev, dtype=dtype),
+        "k": torch.randn(total, n_k, dim, device=dev, dtype=dtype),
+        "v": torch.randn(total, n_v, dim, device=dev, dtype=dtype),
         "g": g,
         "beta": beta,
         "w": 2.0 * torch.rand(total, n_out, dim, device=dev),
@@ -66,14 +69,15 @@ def make_inputs(seqlens, heads, dim=DIM, *, attrs, has_a_log=False, has_dt_bias=
         "dt_bias": 0.3 * torch.randn(n_out, dim, device=dev) if has_dt_bias else None,
     }
     if not attrs.get("use_qk_l2norm"):  # keep the recurrence contractive
-        x["k"] = torch.nn.functional.normalize(x["k"].float(), dim=-1).to(bf)
+        x["k"] = torch.nn.functional.normalize(x["k"].float(), dim=-1).to(dtype)
     cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], device=dev, dtype=torch.int32)
     return x, cu
 
 
-def check(errors):
+def check(errors, fp32=False):
     print(" ".join(f"{n}={e:.2e}" for n, e in errors.items()))
-    bad = {n: e for n, e in errors.items() if not e <= BF16_TOL.get(n, BF16_TOL["grad"])}
+    tol = lambda n: FP32_TOL if fp32 else BF16_TOL.get(n, BF16_TOL["grad"])
+    bad = {n: e for n, e in errors.items() if not e <= tol(n)}
     assert not bad, f"above tolerance: {bad}"
 
 
@@ -94,13 +98,34 @@ def _check_fwd_bwd(seqlens, heads, attrs, dim=DIM, **opts):
     grads = run_backward(x, cu, scale, attrs, d_o, d_final)
     errors = {"o": rel_err(o, ref_o), "final_state": rel_err(final, ref_final)}
     errors.update({f"d_{n}": rel_err(g, leaves[n].grad) for n, g in grads.items()})
-    check(errors)
+    check(errors, fp32=x["q"].dtype == torch.float32)
 
 
 @pytest.mark.parametrize("config", CONFIG_NAMES, ids=CONFIG_NAMES)
 def test_forward_backward_bf16_at_each_config(config):
     print(f"[{config}]", end=" ")
     _check_fwd_bwd([300, 513, 1, 129], (4, 4, 4), {"use_qk_l2norm": True, "config": config})
+
+
+# fp32 operands (exact fp32 products) and the widest head each config builds: the stages'
+# staged tiles double in fp32 and again at K = 256, so these are the cases where a config
+# can outgrow an SM's shared memory (bench/gdn_static.py --fp32 --dim 256 shows the sizes).
+FP32_TOL = 1e-4
+DTYPE_DIM_CASES = {
+    "fp32-K128": (torch.float32, 128),
+    "fp32-K256": (torch.float32, 256),
+    "bf16-K256": (torch.bfloat16, 256),
+}
+
+
+@pytest.mark.parametrize("config", CONFIG_NAMES, ids=CONFIG_NAMES)
+@pytest.mark.parametrize("case", list(DTYPE_DIM_CASES), ids=list(DTYPE_DIM_CASES))
+def test_dtype_and_head_dim_at_each_config(case, config):
+    dtype, dim = DTYPE_DIM_CASES[case]
+    print(f"[{case} {config}]", end=" ")
+    _check_fwd_bwd(
+        [300, 129, 1], (2, 2, 2), {"use_qk_l2norm": True, "config": config}, dim, dtype=dtype
+    )
 
 
 ATTRIBUTE_CASES = {

@@ -56,12 +56,15 @@ def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def make_inputs(seqlens, heads, dim, *, attrs, has_a_log=False, has_dt_bias=False, seed=0):
+def make_inputs(
+    seqlens, heads, dim, *, attrs, has_a_log=False, has_dt_bias=False, seed=0,
+    dtype=torch.bfloat16,
+):  # fmt: skip
     torch.manual_seed(seed)
     n_q, n_k, n_v = heads
     n_out = max(n_q, n_v)
     total = sum(seqlens)
-    dev, bf = "cuda", torch.bfloat16
+    dev = "cuda"
     if attrs.get("safe_gate"):
         g = torch.randn(total, n_out, device=dev)
     elif attrs.get("gate_domain") == "linear":
@@ -74,9 +77,9 @@ def make_inputs(seqlens, heads, dim, *, attrs, has_a_log=False, has_dt_bias=Fals
         else torch.rand(total, n_out, device=dev)
     )
     x = {
-        "q": torch.randn(total, n_q, dim, device=dev, dtype=bf),
-        "k": torch.randn(total, n_k, dim, device=dev, dtype=bf),
-        "v": torch.randn(total, n_v, dim, device=dev, dtype=bf),
+        "q": torch.randn(total, n_q, dim, device=dev, dtype=dtype),
+        "k": torch.randn(total, n_k, dim, device=dev, dtype=dtype),
+        "v": torch.randn(total, n_v, dim, device=dev, dtype=dtype),
         "g": g,
         "beta": beta,
         "initial_state": 0.3 * torch.randn(len(seqlens), n_out, dim, dim, device=dev),
@@ -87,9 +90,9 @@ def make_inputs(seqlens, heads, dim, *, attrs, has_a_log=False, has_dt_bias=Fals
     return x, cu
 
 
-def check(errors):
+def check(errors, fp32=False):
     print(" ".join(f"{n}={e:.2e}" for n, e in errors.items()))
-    bad = {n: e for n, e in errors.items() if not e <= BF16_TOL[n]}
+    bad = {n: e for n, e in errors.items() if not e <= (FP32_TOL if fp32 else BF16_TOL[n])}
     assert not bad, f"above tolerance: {bad}"
 
 
@@ -118,6 +121,26 @@ def test_forward_backward_bf16_at_each_config(config):
     attrs = {"use_qk_l2norm": True, "config": config}
     print(f"[{config}]", end=" ")
     _check_fwd_bwd([300, 513, 1, 129], (4, 4, 4), 128, attrs)
+
+
+# fp32 operands (exact fp32 products) and the widest head each config builds: the stages'
+# staged tiles double in fp32 and again at K = 256, so these are the cases where a config
+# can outgrow an SM's shared memory (bench/gdn_static.py --fp32 --dim 256 shows the sizes).
+FP32_TOL = 1e-4
+DTYPE_DIM_CASES = {
+    "fp32-K128": (torch.float32, 128),
+    "fp32-K256": (torch.float32, 256),
+    "bf16-K256": (torch.bfloat16, 256),
+}
+
+
+@pytest.mark.parametrize("config", CONFIG_NAMES, ids=CONFIG_NAMES)
+@pytest.mark.parametrize("case", list(DTYPE_DIM_CASES), ids=list(DTYPE_DIM_CASES))
+def test_dtype_and_head_dim_at_each_config(case, config):
+    dtype, dim = DTYPE_DIM_CASES[case]
+    print(f"[{case} {config}]", end=" ")
+    _check_fwd_bwd([300, 129, 1], (2, 2, 2), dim, {"use_qk_l2norm": True, "config": config},
+                   dtype=dtype)  # fmt: skip
 
 
 ATTRIBUTE_CASES = {
@@ -151,7 +174,7 @@ def _check_fwd_bwd(seqlens, heads, dim, attrs, **opts):
     x, cu = make_inputs(seqlens, heads, dim, attrs=attrs, **opts)
     op_attrs = {n: a for n, a in attrs.items() if n != "config"}  # what the reference reads
     if not attrs.get("use_qk_l2norm"):
-        x["k"] = torch.nn.functional.normalize(x["k"].float(), dim=-1).to(torch.bfloat16)
+        x["k"] = torch.nn.functional.normalize(x["k"].float(), dim=-1).to(x["k"].dtype)
     scale = dim**-0.5
     o, final = run_forward(x, cu, scale, attrs)
     d_o = torch.randn_like(o, dtype=torch.float32)
@@ -175,7 +198,7 @@ def _check_fwd_bwd(seqlens, heads, dim, attrs, **opts):
     errors = {"o": rel_err(o, ref_o), "final_state": rel_err(final, ref_final)}
     for name, grad in grads.items():
         errors[GRAD_NAMES[name]] = rel_err(grad, leaves[name].grad)
-    check(errors)
+    check(errors, fp32=x["q"].dtype == torch.float32)
 
 
 def test_cuda_graph_capture_and_replay():

@@ -17,12 +17,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from reference import gdn_reference
+from triton.runtime.errors import OutOfResources
 
 from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
     gdn_backward,
     gdn_forward,
     gdn_workspace_bytes,
+    launch_within_shared_memory,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -873,3 +875,33 @@ def test_a_per_key_gate_takes_the_wide_grid_unfused():
         assert recommend_config(*wide, gate_per_key=False) == "wide"
         assert recommend_config(*wide, gate_per_key=True) == "wide-unfused"
     assert recommend_config(1, 16, 128, 132, False, gate_per_key=True) == "few"
+
+
+class _StageRecordingKernel:
+    """A stand-in for a Triton kernel whose compiled program needs more of a resource than
+    an SM gives a program at more than `fits_at` pipeline stages."""
+
+    def __init__(self, fits_at, resource="shared memory"):
+        self.fits_at, self.resource, self.tried = fits_at, resource, []
+
+    def __getitem__(self, grid):
+        def launch(*args, num_stages, **kwargs):
+            self.tried.append(num_stages)
+            if num_stages > self.fits_at:
+                raise OutOfResources(240_000, 232_448, self.resource)
+            return grid, args, kwargs
+
+        return launch
+
+
+def test_a_state_walk_too_big_for_shared_memory_compiles_with_fewer_stages():
+    # fp32 operands or K = 256 outgrow the 16-bit configs' stages (launch_within_shared_memory).
+    kernel = _StageRecordingKernel(fits_at=1)
+    assert launch_within_shared_memory(kernel, (4, 2), "k", BV=16) == ((4, 2), ("k",), {"BV": 16})
+    assert kernel.tried == [3, 2, 1]
+    kernel = _StageRecordingKernel(fits_at=2)
+    launch_within_shared_memory(kernel, (1,), num_stages=2)
+    assert kernel.tried == [2]  # a config that fits keeps its stages
+    for kernel in (_StageRecordingKernel(fits_at=0), _StageRecordingKernel(1, "registers")):
+        with pytest.raises(OutOfResources):
+            launch_within_shared_memory(kernel, (1,))

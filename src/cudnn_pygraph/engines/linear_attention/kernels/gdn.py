@@ -50,6 +50,7 @@ import functools
 import os
 
 import torch
+from triton.runtime.errors import OutOfResources
 
 from . import configs
 from .chunk_index import CHUNK, build_chunk_tables, max_chunks
@@ -122,6 +123,28 @@ def _block_v(cfg: dict, dim_v: int, dim_k: int) -> int:
 def _slice(cfg: dict, key: str, dim: int) -> int:
     """A BK / BV column slice (popped from cfg): within [_MIN_SLICE, dim]."""
     return min(max(cfg.pop(key), _MIN_SLICE), dim)
+
+
+# Triton's pipeline depth where a launch names none (its CUDA backend's default).
+_DEFAULT_STAGES = 3
+
+
+def launch_within_shared_memory(kernel, grid, *args, **kwargs):
+    """kernel[grid](*args, **kwargs) for the state walks (state_fwd, state_bwd, the summary's
+    transition), one pipeline stage shorter each time the compiled program needs more shared
+    memory than a program may have. Their configs are sized for 16-bit operands at K <= 128;
+    fp32 operands and K = 256 double the [64, K] tiles every stage holds (kda's "few"
+    state_fwd: 238 KB at 3 stages in fp32, 137 KB at 2; bench/gdn_static.py --fp32 --dim).
+    A config that fits keeps its stages; the result depends on (config, dtype, K) alone, so
+    a replay by knobs compiles the same program."""
+    stages = kwargs.pop("num_stages", _DEFAULT_STAGES)
+    while True:
+        try:
+            return kernel[grid](*args, num_stages=stages, **kwargs)
+        except OutOfResources as err:
+            if stages == 1 or err.name != "shared memory":
+                raise
+            stages -= 1
 
 
 def _state_strides(t):
@@ -210,7 +233,9 @@ def _run_wy_and_state(
         return
     bv = _block_v(cfg, dim_v, dim_k)
     cfg["BG"] = _slice(cfg, "BG", dim_k)
-    state_fwd_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv)](
+    launch_within_shared_memory(
+        state_fwd_kernel,
+        state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv),
         k,
         ws["w"],
         ws["u"],
@@ -573,7 +598,9 @@ def gdn_backward(
 
     cfg = dict(kernel_cfgs["state_bwd"])
     bv = _block_v(cfg, dim_v, dim_k)
-    state_bwd_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv)](
+    launch_within_shared_memory(
+        state_bwd_kernel,
+        state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv),
         q,
         k,
         ws["w"],

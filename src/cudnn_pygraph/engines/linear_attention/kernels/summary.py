@@ -41,6 +41,7 @@ from .gdn import (
     _resolve_config,
     _run_wy_and_state,
     _slice,
+    launch_within_shared_memory,
 )
 from .gdn_checks import _check, _validate
 from .gdn_workspace import _aligned, _carve, _compute_dtype, _layout, _nbytes
@@ -167,7 +168,8 @@ def _transition(k, ws, dims, out, strides, cfg, prec, gate_per_key):
     cfg.pop("FUSE_OUTPUT", None)
     cfg.pop("BG", None)  # the gated scores' slice: the transition forms no scores
     bc = _block_v(cfg, dim_k, dim_k)
-    transition_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_k // bc)](
+    launch_within_shared_memory(
+        transition_kernel, state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_k // bc),
         k, ws["w"], ws["gc"], ws["rk"], ws["cu_safe"], ws["seq_order"], out,
         out.stride(0), out.stride(1), *strides, n_out, n_k, K=dim_k, BC=bc, PREC=prec,
         GATE_K=gate_per_key, **cfg,
@@ -298,7 +300,8 @@ def gdn_summary_bwd(
         cfg = dict(kernel_cfgs["state_bwd"])
         bv = _block_v(cfg, dim_v, dim_k)
         dh = ws["dh"]
-        state_bwd_kernel[state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv)](
+        launch_within_shared_memory(
+            state_bwd_kernel, state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv),
             q, k, ws["w"], ws["gc"], ws["rk"], do, ws["de"], ws["cu_safe"],
             ws["chunk_offsets"], ws["seq_order"], g_out, g_out, dh, 0, 0, 0, 0,
             *g_out.stride(), *dh.stride(), scale, n_out, n_q, n_k, BV=bv,
