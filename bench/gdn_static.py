@@ -119,9 +119,9 @@ def shipped_facts(gate_per_key=False, name="wide", fp32=False, dim=128):
     compile it; gate_per_key: kda's (GATE_K: the gated products of kernels/gated.py), with
     both dqk parts and the fused state_fwd."""
     from cudnn_pygraph.engines.linear_attention.kernels import output, wy, wy_fwd
-    from cudnn_pygraph.engines.linear_attention.kernels.configs import config
+    from cudnn_pygraph.engines.linear_attention.kernels.configs import kernel_configs
 
-    wide = config(name)
+    wide = kernel_configs(name, gate_per_key=gate_per_key)
     print(f"config {name!r}, {'fp32' if fp32 else 'bf16'} operands, K = V = {dim}")
 
     common = {"K": dim, "V": dim, "L2NORM": True, "PREC": "ieee" if fp32 else "tf32", "EPS": 1e-6,
@@ -148,7 +148,7 @@ def shipped_facts(gate_per_key=False, name="wide", fp32=False, dim=128):
     print("|---|---|---|---|---|")
     for label, (fn, cx) in jobs.items():
         name = label.split(" ")[0]
-        cfg = dict(wide["wy_bwd_gated" if gate_per_key and name == "wy_bwd" else name])
+        cfg = dict(wide[name])
         # Unfused unless the label says so (the backward's recompute); gdn's fused forward
         # is in main()'s table.
         cfg.pop("V_FASTEST", None), cfg.pop("FUSE_OUTPUT", None)

@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
 from reference import gdn_reference
 from triton.runtime.errors import OutOfResources
 
+from cudnn_pygraph.engines.linear_attention.kernels import configs
 from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
     gdn_backward,
@@ -905,3 +906,15 @@ def test_a_state_walk_too_big_for_shared_memory_compiles_with_fewer_stages():
     for kernel in (_StageRecordingKernel(fits_at=0), _StageRecordingKernel(1, "registers")):
         with pytest.raises(OutOfResources):
             launch_within_shared_memory(kernel, (1,))
+
+
+@pytest.mark.parametrize("name", configs.CONFIG_NAMES)
+def test_a_per_key_gate_launches_the_gated_entries_and_gdn_the_plain_ones(name):
+    table = configs.config(name)
+    plain = configs.kernel_configs(name, gate_per_key=False)
+    gated = configs.kernel_configs(name, gate_per_key=True)
+    assert set(plain) == set(gated) == {k for k in table if not k.endswith("_gated")}
+    for kernel in plain:
+        assert plain[kernel] == table[kernel]
+        assert gated[kernel] == table.get(f"{kernel}_gated", table[kernel])
+    assert gated["wy_bwd"] != plain["wy_bwd"]  # every config has a gated WY backward

@@ -38,8 +38,14 @@ Why these values (H200, bench/results/gdn.md; forward / fwd+bwd ms of (a) 8 x 40
   slices come out wrong (NaN in kda, an out-of-range shared address in gdn2), and the
   per-head pass reads bytes it never wrote (gradients that change with the scratch's
   contents) or faults at 1 or 2 stages.
-- wy_bwd_gated (the same kernel under a per-key-channel decay: kda, gdn2): its own entry,
-  because the key side is another program (gated.py's products) and compiles differently.
+- "<kernel>_gated" entries: the kernel under a per-key-channel decay (kda, gdn2), another
+  program (gated.py's products) with its own best warps; kernel_configs() puts them in
+  place of the plain entries. kda at (a), wide-unfused, one kernel changed at a time
+  (bench/results/kda.md, session 10): wy_bwd 8 warps 7.23 ms vs 4 warps 9.33 (fwd+bwd
+  23.10 vs 25.19), dv_local 4 warps 1.52 vs 8 warps 1.99, state_bwd 8 warps 1.62 vs 4
+  warps 2.04; wy_solve 1 warp 2.17 per call vs 2 warps 2.57 and 4 warps 3.60; output_fwd
+  8 warps 2.25 vs 4 warps 1.99; dqk 4 warps 2.32 vs 8 warps 2.35 (kept), without the
+  register cap 3.20; BG 64 slower in every kernel (fwd+bwd 29.51).
 - dv_local: chosen by ptxas (no spills).
 - BG (wy_solve, state_fwd, output_fwd, dv_local, dqk): the column slice in which kda's and
   gdn2's gated intra-chunk products (kernels/gated.py) read their operands; unused by gdn.
@@ -63,9 +69,11 @@ _SHARED = {
     "dv_local": {"BV": 128, "BG": 32, "num_warps": 8},
     "dqk": {"BV": 64, "BG": 32, "num_warps": 8, "num_stages": 2, "maxnreg": 128},
     "wy_bwd": {"BK": 64, "BV": 64, "num_warps": 4},
-    "wy_bwd_gated": {"BK": 64, "BV": 64, "num_warps": 4},
+    "wy_bwd_gated": {"BK": 64, "BV": 64, "num_warps": 8},
+    "dv_local_gated": {"BV": 128, "BG": 32, "num_warps": 4},
 }
 _WIDE_STATE_BWD = {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True}
+_WIDE_STATE_BWD_GATED = {**_WIDE_STATE_BWD, "num_warps": 8}
 
 # (name, {kernel: config}); a plan's CONFIG knob is the index. Append only: a recorded
 # plan's index must keep naming the same kernels.
@@ -77,6 +85,7 @@ CONFIGS = (
             "state_fwd": {"BV": 64, "BG": 32, "num_warps": 4, "num_stages": 2,
                           "V_FASTEST": True, "FUSE_OUTPUT": True},
             "state_bwd": _WIDE_STATE_BWD,
+            "state_bwd_gated": _WIDE_STATE_BWD_GATED,
         }),
     ),
     (
@@ -96,6 +105,7 @@ CONFIGS = (
             "state_fwd": {"BV": 64, "BG": 32, "num_warps": 4, "num_stages": 2,
                           "V_FASTEST": True},
             "state_bwd": _WIDE_STATE_BWD,
+            "state_bwd_gated": _WIDE_STATE_BWD_GATED,
         }),
     ),
 )  # fmt: skip
@@ -140,6 +150,22 @@ def config(name: str) -> MappingProxyType:
     if name not in CONFIG_NAMES:
         raise ValueError(f"config: {name!r} is not one of {list(CONFIG_NAMES)}")
     return CONFIGS[CONFIG_NAMES.index(name)][1]
+
+
+GATED_SUFFIX = "_gated"
+
+
+def kernel_configs(name: str, *, gate_per_key: bool) -> dict:
+    """The named config as a call launches it, {kernel: parameters}: under a per-key-channel
+    decay (kda, gdn2) a kernel's "<kernel>_gated" entry, where the config has one, stands in
+    for its plain entry."""
+    table = config(name)
+    plain = {k: v for k, v in table.items() if not k.endswith(GATED_SUFFIX)}
+    if gate_per_key:
+        plain.update(
+            {k[: -len(GATED_SUFFIX)]: v for k, v in table.items() if k.endswith(GATED_SUFFIX)}
+        )
+    return plain
 
 
 def knobs_for(name: str) -> GdnKnobs:

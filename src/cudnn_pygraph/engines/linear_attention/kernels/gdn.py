@@ -85,12 +85,13 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _resolve_config(config, n_seqs, n_out, dim_v, device, batch_invariant, gate_per_key):
-    """The named config's {kernel: parameters} (kernels/configs.py); None: the config
-    recommend_config picks for this batch (a graph plan always names one: its knob)."""
+    """The named config's {kernel: parameters} for this gate (kernels/configs.py
+    kernel_configs); None: the config recommend_config picks for this batch (a graph plan
+    always names one: its knob)."""
     if config is None:
         config = recommend_config(n_seqs, n_out, dim_v, _sm_count(device), batch_invariant,
                                   gate_per_key=gate_per_key)  # fmt: skip
-    return configs.config(config)
+    return configs.kernel_configs(config, gate_per_key=gate_per_key)
 
 
 # Under the Triton interpreter (CPU CI) the column slices are at least 64 wide: every loop
@@ -645,7 +646,7 @@ def gdn_backward(
 
     final_dk = n_k == n_out
     final_dv = n_v == n_out
-    cfg = dict(kernel_cfgs["wy_bwd_gated" if gate_per_key else "wy_bwd"])
+    cfg = dict(kernel_cfgs["wy_bwd"])
     outs = (
         dk if final_dk else ws["dk_part"],
         dv if final_dv else ws["dv_group"],
