@@ -59,6 +59,8 @@ BETTER = (
     (r"speedup|\bvs\b", "higher"),
     (r"^ours/(torch|backend|fla)\b", "higher"),
     (r"^(torch|backend|fla|theirs)/(ours|first)\b", "higher"),
+    (r"^(fla|nvidia)\s*/\s*ours\b", "higher"),
+    (r"^gdn-2\s*/\s*gdn\b", "lower"),
     (r"^ours/(theirs|floor)\b", "lower"),
     (r"^op\s*/", "lower"),
 )
