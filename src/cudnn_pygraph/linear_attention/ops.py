@@ -572,13 +572,13 @@ _FLA_CHUNK_SIZES = (16, 32, 64)
 
 
 def _check_head_dims(q, v):
-    from ..engines.linear_attention.gdn_engine import HEAD_DIMS
+    from ..engines.linear_attention.kernels.configs import SUPPORTED_HEAD_DIMS
 
     for name, t, dim in (("q", q, "K"), ("v", v, "V")):
-        if t.shape[-1] not in HEAD_DIMS:
+        if t.shape[-1] not in SUPPORTED_HEAD_DIMS:
             raise ValueError(
                 f"{name}: head dim {dim}={t.shape[-1]} is not served: this op serves K and V in "
-                f"{{{', '.join(map(str, HEAD_DIMS))}}}"
+                f"{{{', '.join(map(str, SUPPORTED_HEAD_DIMS))}}}"
             )
 
 

@@ -30,15 +30,10 @@ from ...planning.facts import facts_for, graph_device
 from ..base import BaseEngine, Capabilities, CompiledPlan, require_module
 from .analyzer import analyze
 from .heuristics import GATE_PER_KEY_FAMILIES
-from .kernels.configs import GdnKnobs, fuses_output
+from .kernels.configs import SUPPORTED_HEAD_DIMS, GdnKnobs, fuses_output
 
 IO_DTYPES = frozenset({data_type.HALF, data_type.BFLOAT16, data_type.FLOAT})
 STATE_DTYPES = (data_type.FLOAT, data_type.BFLOAT16)
-HEAD_DIMS = (
-    64,
-    128,
-    256,
-)  # kernels/gdn_checks.py SUPPORTED_HEAD_DIMS (not imported: no triton here)
 _DATA_PTR = operator.methodcaller("data_ptr")
 CHECKPOINT_CADENCE = 64  # the chunk size: one checkpoint per chunk
 # Ports the launchers read or write as dense row-major [total_T, heads(, dim)] tiles; the
@@ -148,8 +143,10 @@ class GdnTritonEngine(BaseEngine):
         if len({ports[p].data_type for p in io_ports}) != 1:
             raise NotImplementedError(f"{', '.join(io_ports)} must share one dtype")
         for dim, name in ((facts.head_dim_k, "K"), (facts.head_dim_v, "V")):
-            if dim not in HEAD_DIMS:
-                raise NotImplementedError(f"head dim {name}={dim} is not served ({HEAD_DIMS})")
+            if dim not in SUPPORTED_HEAD_DIMS:
+                raise NotImplementedError(
+                    f"head dim {name}={dim} is not served ({SUPPORTED_HEAD_DIMS})"
+                )
         for port in DENSE_PORTS:
             t = ports.get(port)
             if t is not None and not _contiguous(t.dim, t.stride):

@@ -22,7 +22,6 @@ from ..base import require_module
 from .analyzer import analyze
 from .gdn_engine import (
     _TORCH_DTYPES,
-    HEAD_DIMS,
     STRIDED_PORTS,
     VECTOR_PORTS,
     GdnPlan,
@@ -33,6 +32,7 @@ from .gdn_engine import (
     strided_inputs,
 )
 from .heuristics import GATE_PER_KEY_FAMILIES
+from .kernels.configs import SUPPORTED_HEAD_DIMS
 
 KINDS = ("_summary", "_summary_bwd")
 SUMMARY_PORTS = ("H", "M_buf", "G", "transition")
@@ -67,8 +67,10 @@ class GdnSummaryEngine(GdnTritonEngine):
         if len({ports[p].data_type for p in io_ports}) != 1:
             raise NotImplementedError(f"{', '.join(io_ports)} must share one dtype")
         for dim, name in ((facts.head_dim_k, "K"), (facts.head_dim_v, "V")):
-            if dim not in HEAD_DIMS:
-                raise NotImplementedError(f"head dim {name}={dim} is not served ({HEAD_DIMS})")
+            if dim not in SUPPORTED_HEAD_DIMS:
+                raise NotImplementedError(
+                    f"head dim {name}={dim} is not served ({SUPPORTED_HEAD_DIMS})"
+                )
         t = ports.get("dO")
         if t is not None and not _contiguous(t.dim, t.stride):
             raise NotImplementedError(

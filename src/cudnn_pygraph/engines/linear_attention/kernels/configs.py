@@ -111,6 +111,9 @@ CONFIGS = (
 )  # fmt: skip
 CONFIG_NAMES = tuple(name for name, _ in CONFIGS)
 
+# The head dims (K and V) every config builds; tests/gpu runs each at K = V = 64, 128, 256.
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+
 # A batch takes "wide" when that config's state grid has at least this many programs per
 # SM, else "few" (the measurements above).
 STATE_WIDE_MIN_FILL = 1.0

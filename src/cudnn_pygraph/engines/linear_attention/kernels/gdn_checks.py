@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from .chunk_index import max_chunks
+from .configs import SUPPORTED_HEAD_DIMS
 
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
 _GATE_DOMAINS = ("log", "linear")
 
 
