@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "linear_attention"))
 
+from la_dtype_cases import DTYPE_DIM_CASES, FP32_TOL
 from reference import gdn2_reference_batched
 from test_gdn2_kernels import GATED, run_backward, run_forward  # the CPU suite's calls
 
@@ -105,17 +106,6 @@ def _check_fwd_bwd(seqlens, heads, attrs, dim=DIM, **opts):
 def test_forward_backward_bf16_at_each_config(config):
     print(f"[{config}]", end=" ")
     _check_fwd_bwd([300, 513, 1, 129], (4, 4, 4), {"use_qk_l2norm": True, "config": config})
-
-
-# fp32 operands (exact fp32 products) and the widest head each config builds: the stages'
-# staged tiles double in fp32 and again at K = 256, so these are the cases where a config
-# can outgrow an SM's shared memory (bench/gdn_static.py --fp32 --dim 256 shows the sizes).
-FP32_TOL = 1e-4
-DTYPE_DIM_CASES = {
-    "fp32-K128": (torch.float32, 128),
-    "fp32-K256": (torch.float32, 256),
-    "bf16-K256": (torch.bfloat16, 256),
-}
 
 
 @pytest.mark.parametrize("config", CONFIG_NAMES, ids=CONFIG_NAMES)

@@ -41,7 +41,7 @@ Why these values (H200, bench/results/gdn.md; forward / fwd+bwd ms of (a) 8 x 40
 - "<kernel>_gated" entries: the kernel under a per-key-channel decay (kda, gdn2), another
   program (gated.py's products) with its own best warps; kernel_configs() puts them in
   place of the plain entries. kda at (a), wide-unfused, one kernel changed at a time
-  (bench/results/kda.md, session 10): wy_bwd 8 warps 7.23 ms vs 4 warps 9.33 (fwd+bwd
+  (bench/results/kda.md, `bench/kda.py --sweep`): wy_bwd 8 warps 7.23 ms vs 4 warps 9.33 (fwd+bwd
   23.10 vs 25.19), dv_local 4 warps 1.52 vs 8 warps 1.99, state_bwd 8 warps 1.62 vs 4
   warps 2.04; wy_solve 1 warp 2.17 per call vs 2 warps 2.57 and 4 warps 3.60; output_fwd
   8 warps 2.25 vs 4 warps 1.99; dqk 4 warps 2.32 vs 8 warps 2.35 (kept), without the
@@ -56,6 +56,7 @@ Why these values (H200, bench/results/gdn.md; forward / fwd+bwd ms of (a) 8 x 40
 from __future__ import annotations
 
 import dataclasses
+import functools
 from types import MappingProxyType
 
 
@@ -158,17 +159,18 @@ def config(name: str) -> MappingProxyType:
 GATED_SUFFIX = "_gated"
 
 
-def kernel_configs(name: str, *, gate_per_key: bool) -> dict:
-    """The named config as a call launches it, {kernel: parameters}: under a per-key-channel
-    decay (kda, gdn2) a kernel's "<kernel>_gated" entry, where the config has one, stands in
-    for its plain entry."""
+@functools.cache
+def kernel_configs(name: str, *, gate_per_key: bool) -> MappingProxyType:
+    """The named config as a call launches it, {kernel: parameters} (read-only): under a
+    per-key-channel decay (kda, gdn2) a kernel's "<kernel>_gated" entry, where the config
+    has one, stands in for its plain entry."""
     table = config(name)
     plain = {k: v for k, v in table.items() if not k.endswith(GATED_SUFFIX)}
     if gate_per_key:
         plain.update(
             {k[: -len(GATED_SUFFIX)]: v for k, v in table.items() if k.endswith(GATED_SUFFIX)}
         )
-    return plain
+    return MappingProxyType(plain)
 
 
 def knobs_for(name: str) -> GdnKnobs:
