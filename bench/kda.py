@@ -14,6 +14,7 @@ it completes. The ratio columns are the peer's time over ours: above 1, ours is 
   PYTHONPATH=src python bench/kda.py --profile --only "(a)"  # per-kernel CUDA time of ours
   PYTHONPATH=src python bench/kda.py --config wide-unfused --no-fla --no-nvidia --only "(a)"
                                                             # ours under a named config
+  PYTHONPATH=src python bench/kda.py --sweep --only "(a)"  # one kernel's config varied at a time
 
 --gdn2 times GDN-2 (kda's stages with an erase gate per key channel and a write gate per
 value channel: the WY stage's BETA_K) against our GDN at the same shape (a decay and a beta
@@ -30,8 +31,9 @@ import sys
 
 import torch
 from gdn import quick_fla_autotune, rel, shapes
-from timing import device_ms, kernel_table
+from timing import device_ms, kernel_ms, kernel_table
 
+from cudnn_pygraph.engines.linear_attention.kernels.configs import kernel_configs
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
     gdn_backward,
     gdn_forward,
@@ -220,6 +222,59 @@ def profile_kernels(only, config):
     print(kernel_table(ours.forward_backward))
 
 
+# --sweep: candidates against the config the hook picks for kda at (a), one kernel's
+# parameters changed at a time ({kernel: {parameter: value, None: dropped}}).
+SWEEP_BASE = "wide-unfused"
+SWEEP = {
+    "base": {},
+    "wy_solve 2 warps": {"wy_solve": {"num_warps": 2}},
+    "wy_solve 4 warps": {"wy_solve": {"num_warps": 4}},
+    "wy_bwd 4 warps": {"wy_bwd": {"num_warps": 4}},
+    "dv_local 8 warps": {"dv_local": {"num_warps": 8}},
+    "output_fwd 8 warps": {"output_fwd": {"num_warps": 8}},
+    "dqk 4 warps, no register cap": {"dqk": {"num_warps": 4, "maxnreg": None}},
+    "dqk without its register cap": {"dqk": {"maxnreg": None}},
+    "state_bwd 4 warps": {"state_bwd": {"num_warps": 4}},
+    "BG 64": {k: {"BG": 64} for k in ("wy_solve", "output_fwd", "dv_local", "dqk")},
+}
+
+
+def sweep(only):
+    """Each SWEEP candidate's kda forward + backward at one shape: ms by CUDA events, the
+    largest relative difference of any output from the base run's, and per-kernel ms."""
+    name, seqlens = next((n, s) for n, s in shapes().items() if not only or only in n)
+    base = kernel_configs(SWEEP_BASE, gate_per_key=True)
+    torch.manual_seed(1)
+    x, cu, init = make_inputs(seqlens, with_state=False)
+    do = torch.randn_like(x["v"])
+    print(f"{name}, candidates against {SWEEP_BASE!r} (kda's entries)")
+    print("| variant | fwd ms | fwd+bwd ms | max rel diff vs base | per kernel (ms per fwd+bwd) |")
+    print("|---|---|---|---|---|", flush=True)
+    ref = None
+    for label, changes in SWEEP.items():
+        cfgs = {k: dict(v) for k, v in base.items()}
+        for kernel, params in changes.items():
+            for param, value in params.items():
+                if value is None:
+                    cfgs[kernel].pop(param)
+                else:
+                    cfgs[kernel][param] = value
+        ours = Ours(x, cu, init, cfgs)
+        ours.do = do
+        ours.forward_backward()
+        outs = {
+            "o": ours.o.float().clone(),
+            **{n: g.float().clone() for n, g in ours.grads.items()},
+        }
+        if ref is None:
+            ref = outs
+        diff = max(rel(outs[n], ref[n]) for n in ref)
+        kernels = sorted(kernel_ms(ours.forward_backward).items(), key=lambda kv: -kv[1])
+        per_kernel = ", ".join(f"{k} {t:.2f}" for k, t in kernels if t > 0.05)
+        print(f"| {label} | {median_ms(ours.forward):.3f} | {median_ms(ours.forward_backward):.3f} "
+              f"| {diff:.1e} | {per_kernel} |", flush=True)  # fmt: skip
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--no-fla", action="store_true")
@@ -228,7 +283,11 @@ def main():
     parser.add_argument("--only", default=None, help="substring of a shape name")
     parser.add_argument("--config", default=None, help="our config by name (kernels/configs.py)")
     parser.add_argument("--profile", action="store_true", help="per-kernel times, then exit")
+    parser.add_argument("--sweep", action="store_true", help="SWEEP's candidates, then exit")
     args = parser.parse_args()
+    if args.sweep:
+        sweep(args.only)
+        return
     if args.profile:
         profile_kernels(args.only, args.config)
         return

@@ -50,13 +50,27 @@ def back_to_back_ms(fn, calls: int = 50, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def kernel_table(fn, reps: int = 5) -> str:
-    """Per-kernel device time of `reps` calls after one warm call (torch.profiler's table,
-    heaviest kernel first): where a call's time goes, not a timing to report as one."""
+def _profiled(fn, reps):
     fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)
+    return prof.key_averages()
+
+
+def kernel_table(fn, reps: int = 5) -> str:
+    """Per-kernel device time of `reps` calls after one warm call (torch.profiler's table,
+    heaviest kernel first): where a call's time goes, not a timing to report as one."""
+    return _profiled(fn, reps).table(sort_by="cuda_time_total", row_limit=20)
+
+
+def kernel_ms(fn, reps: int = 5) -> dict:
+    """{kernel name: device ms per call} of the same profile, Triton kernels only."""
+    out = {}
+    for event in _profiled(fn, reps):
+        total = getattr(event, "device_time_total", None) or event.cuda_time_total
+        if event.key.endswith("_kernel") and total:
+            out[event.key.removesuffix("_kernel")] = total / 1000 / reps
+    return out

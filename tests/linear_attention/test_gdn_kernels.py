@@ -918,3 +918,14 @@ def test_a_per_key_gate_launches_the_gated_entries_and_gdn_the_plain_ones(name):
         assert plain[kernel] == table[kernel]
         assert gated[kernel] == table.get(f"{kernel}_gated", table[kernel])
     assert gated["wy_bwd"] != plain["wy_bwd"]  # every config has a gated WY backward
+
+
+def test_a_config_given_as_its_mapping_runs_as_the_named_config():
+    # bench/kda.py --sweep times candidates this way, without touching the table.
+    x, cu = make_inputs()
+    attrs = {"use_qk_l2norm": True}
+    named = run_forward(x, cu, 0.125, {**attrs, "config": "few"})
+    mapping = configs.kernel_configs("few", gate_per_key=False)
+    given = run_forward(x, cu, 0.125, {**attrs, "config": mapping})
+    for a, b in zip(named, given):
+        assert torch.equal(a, b)

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 
 import torch
 from triton.runtime.errors import OutOfResources
@@ -87,7 +88,10 @@ def _sm_count(device: torch.device) -> int:
 def _resolve_config(config, n_seqs, n_out, dim_v, device, batch_invariant, gate_per_key):
     """The named config's {kernel: parameters} for this gate (kernels/configs.py
     kernel_configs); None: the config recommend_config picks for this batch (a graph plan
-    always names one: its knob)."""
+    always names one: its knob). A mapping is taken as the call's {kernel: parameters}
+    itself: a candidate a bench times before it joins the table (bench/kda.py --sweep)."""
+    if isinstance(config, Mapping):
+        return config
     if config is None:
         config = recommend_config(n_seqs, n_out, dim_v, _sm_count(device), batch_invariant,
                                   gate_per_key=gate_per_key)  # fmt: skip
@@ -369,7 +373,7 @@ def gdn_forward(
 ) -> None:
     """O [total_T, HO, V] (and final_state [N|pool, HO, V, K], checkpoints [chunks, HO, V, K]
     fp32: the state at each chunk's start) written in place. config: a name in
-    kernels/configs.py (None: recommend_config's pick). gate_per_key: kda (g [T, HO, K],
+    kernels/configs.py (None: recommend_config's pick; a mapping: _resolve_config). gate_per_key: kda (g [T, HO, K],
     dt_bias [HO, K]); gate_lower_bound (safe_gate only): the gate lb * sigmoid(exp(a_log)
     (g + dt_bias)). write_gate [T, HO, V]: gdn2 (with gate_per_key; beta [T, HO, K]). See
     the module docstring."""
