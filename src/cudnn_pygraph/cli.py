@@ -528,15 +528,13 @@ def cmd_cache(args):
         rows = compiled_cache.entries(root)
         print(f"compiled-plan cache: {root}, {len(rows)} entries")
         for e in rows:
-            rec = e["record"]
-            if rec is None:
-                print(f"  {e['env']}/{e['entry']}  no readable record (a miss)")
+            shown = e["shown"]
+            if shown is None:
+                print(f"  {e['env']}/{e['entry']}  no readable record (a miss): {e['problem']}")
                 continue
-            target = (rec.get("key") or {}).get("target") or ["?", "?"]
-            kernel = (rec.get("key") or {}).get("kernel", rec.get("name", "?"))
             print(
-                f"  {e['env']}/{e['entry']}  {kernel}  sm_{target[1]}  {e['bytes']} B  "
-                f"written {rec.get('written', '?')}"
+                f"  {e['env']}/{e['entry']}  {shown['kernel']}  sm_{shown['arch']}  "
+                f"{e['bytes']} B  written {shown['written']}"
             )
         return 0
     u = compiled_cache.usage(root)
@@ -553,8 +551,9 @@ def cmd_cache(args):
     print(f"  live environment (device 0): {live or 'none (no CUDA device here)'}")
     for env, r in sorted(u["environments"].items(), key=lambda kv: kv[1]["written"]):
         mark = "*" if env == live else " "
-        print(f" {mark}{env}  {r['entries']:>4} entries  {_size(r['bytes']):>10}  {r['device']}  "
-              f"last written {r['written'] or '?'}")  # fmt: skip
+        bad = f" ({r['unreadable']} unreadable: a miss)" if r["unreadable"] else ""
+        print(f" {mark}{env}  {r['entries']:>4} entries{bad}  {_size(r['bytes']):>10}  "
+              f"{r['device']}  last written {r['written'] or '?'}")  # fmt: skip
     return 0
 
 

@@ -9,11 +9,14 @@ never another kernel's binary. Loading the binary onto a device is the GPU suite
 (tests/gpu/test_compiled_cache_gpu.py)."""
 
 import json
+import logging
 import os
 import pathlib
 import re
+import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -458,6 +461,8 @@ def test_the_location_variable_and_the_default(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- the size limit
 def _fake_env(root, name, nbytes, age_s, schema=cc.SCHEMA):
+    assert cc.check_root(root, create=True) is None
+    cc._schema_dir(root / f"v{schema}", create=True)  # marked as the cache marks its own
     d = root / f"v{schema}" / name
     (d / ("e" * 32)).mkdir(parents=True)
     (d / ("e" * 32) / cc.RECORD).write_bytes(b"x" * nbytes)
@@ -526,3 +531,208 @@ def test_doctor_names_the_compiled_cache_and_its_state(tmp_path, monkeypatch):
     assert "writable by group or others" in data["compiled_cache"]["refused"]
     line = next(x for x in cli.doctor_report(data) if "compiled-plan cache" in x)
     assert str(root) in line and "refused" in line
+
+
+# ---------------------------------------------------------------- trust: owners and modes
+def _chmod(mode, where):
+    def apply(root):
+        path = where(root)
+        path.chmod(mode)
+        return path
+
+    return apply
+
+
+UNTRUSTED = {
+    "binary writable by others": _chmod(0o666, lambda root: _artifact(root, 16, "cubin")),
+    "metadata writable by group": _chmod(0o660, lambda root: _artifact(root, 16, "json")),
+    "record writable by others": _chmod(0o646, lambda root: _record(root, 16)),
+}
+
+
+@pytest.mark.parametrize("how", sorted(UNTRUSTED), ids=lambda h: h.replace(" ", "-"))
+def test_a_file_others_could_have_rewritten_is_a_miss_never_loaded(tmp_path, fresh, how):
+    """The victim's own file, mode 0666: another user may have rewritten it and its record
+    alike, so the digests prove nothing. A miss; the entry is rewritten private."""
+    root = tmp_path / "cache"
+    compile_via(root, 16)
+    path = UNTRUSTED[how](root)
+    got, delta = counted(compile_via, root, 16)
+    assert delta == {"invalid": 1, "written": 1} and got.kernel == fresh[16].kernel
+    assert stat.S_IMODE(path.stat().st_mode) & 0o022 == 0
+
+
+def test_an_entry_directory_others_can_write_is_never_read_and_logged_once(tmp_path, fresh,
+                                                                           caplog):  # fmt: skip
+    root = tmp_path / "cache"
+    compile_via(root, 16)
+    entry_of(root, 16).chmod(0o777)
+    with caplog.at_level(logging.WARNING, logger="cudnn_pygraph"):
+        for _ in range(2):
+            got, delta = counted(compile_via, root, 16)
+            assert delta.get("hits", 0) == 0 and got.kernel == fresh[16].kernel
+    said = [r for r in caplog.records if "not trusted" in r.getMessage()]
+    assert len(said) == 1 and "writable by group or others" in said[0].getMessage()
+
+
+def test_a_root_under_a_directory_others_can_write_is_refused_unless_sticky(tmp_path, fresh):
+    """Another user could move the root aside and put their own in its place; a sticky
+    directory (/tmp) lets no one move what is not theirs."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    root = shared / "cache"
+    with pytest.warns(RuntimeWarning, match="above the cache, is writable by group or others"):
+        got, delta = counted(compile_via, root, 16)
+    assert delta == {"refused": 1, "bypassed": 1} and got.kernel == fresh[16].kernel
+    assert not root.exists()  # nothing made there
+    shared.chmod(0o1777)
+    got, delta = counted(compile_via, root, 16)
+    assert delta == {"misses": 1, "written": 1}
+
+
+def test_every_directory_the_cache_makes_is_private_whatever_the_umask(tmp_path, fresh):
+    root = tmp_path / "a" / "b" / "cache"
+    old = os.umask(0)
+    try:
+        compile_via(root, 16)
+    finally:
+        os.umask(old)
+    entry = entry_of(root, 16)
+    made = [tmp_path / "a", tmp_path / "a" / "b", root, entry.parent.parent, entry.parent, entry,
+            store(root).triton_dir]  # fmt: skip
+    assert {str(d): stat.S_IMODE(d.stat().st_mode) for d in made} == {str(d): 0o700 for d in made}
+    _, delta = counted(compile_via, root, 16)
+    assert delta == {"hits": 1}
+
+
+# ---------------------------------------------------------------- Triton's own cache
+def test_a_kernel_planted_in_a_shared_triton_cache_is_never_kept(tmp_path, fresh, monkeypatch):
+    """Triton hands back what its cache directory holds; a miss here compiles in a Triton
+    cache of our own, so a binary another user rewrote in a shared one is never kept."""
+    import triton
+
+    shared = tmp_path / "shared-triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(shared))
+    src, options = source(16)
+    triton.compile(src, target=TARGET, options=options)
+    (cubin,) = shared.rglob("*.cubin")
+    planted = bytearray(cubin.read_bytes())
+    planted[-1] ^= 0xFF
+    cubin.write_bytes(bytes(planted))
+    assert triton.compile(src, target=TARGET, options=options).kernel == planted  # it is live
+    root = tmp_path / "cache"
+    got, delta = counted(compile_via, root, 16)
+    assert delta == {"misses": 1, "written": 1}
+    assert got.kernel == fresh[16].kernel != bytes(planted)
+    assert _artifact(root, 16, "cubin").read_bytes() == fresh[16].kernel
+
+
+# ---------------------------------------------------------------- never a hang
+def _unblock(path, thread):
+    """A reader blocked opening FIFO `path`: open and close its other end until it ends."""
+    while thread.is_alive():
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+        thread.join(0.2)
+
+
+@pytest.mark.parametrize("what", ["record", "binary"])
+def test_a_fifo_in_place_of_a_file_is_a_miss_never_a_hang(tmp_path, fresh, what):
+    root = tmp_path / "cache"
+    compile_via(root, 16)
+    path = _record(root, 16) if what == "record" else _artifact(root, 16, "cubin")
+    path.unlink()
+    os.mkfifo(path, 0o600)
+    done = {}
+
+    def run():
+        done["listed"] = cc.entries(root)
+        done["compiled"] = counted(compile_via, root, 16)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(120)  # a guard against a hang, not a timing: the run takes seconds
+    blocked = thread.is_alive()
+    _unblock(path, thread)
+    assert not blocked, f"blocked opening a FIFO in place of the {what}"
+    (row,) = done["listed"]
+    assert (row["shown"] is None) == (what == "record")
+    got, delta = done["compiled"]
+    assert delta == {"invalid": 1, "written": 1} and got.kernel == fresh[16].kernel
+
+
+# ---------------------------------------------------------------- only what is ours
+def test_prune_and_clear_touch_only_what_the_cache_marked(tmp_path, fresh, monkeypatch, capsys):
+    """A root pointed at a project folder: its own v1/ and v7/ are neither counted against
+    the limit nor removed."""
+    root = tmp_path / "project"
+    for name in ("v1", "v7"):
+        (root / name).mkdir(parents=True)
+        (root / name / "data.bin").write_bytes(b"x" * 100_000)
+    compile_via(root, 16)
+    ours = cc.usage(root)["bytes"]
+    assert 0 < ours < 100_000
+    assert cc.prune(root, keep=store(root).env_hash, limit=ours + 1000) == 0
+    monkeypatch.setenv(cc.CACHE_ENV, str(root))
+    assert cli.main(["cache", "clear"]) == 0
+    assert capsys.readouterr().out.startswith("removed 1 entries")
+    assert sorted(p.name for p in root.iterdir()) == ["v1", "v7"]
+    assert all((root / n / "data.bin").stat().st_size == 100_000 for n in ("v1", "v7"))
+
+
+def test_a_folder_of_the_users_named_like_the_schema_is_not_adopted(tmp_path, fresh):
+    root = tmp_path / "project"
+    mine = root / f"v{cc.SCHEMA}"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("the user's")
+    with pytest.warns(RuntimeWarning, match="not made by this cache"):
+        got, delta = counted(compile_via, root, 16)
+    assert delta == {"refused": 1, "bypassed": 1} and got.kernel == fresh[16].kernel
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert cc.clear(root) == (0, 0) and (mine / "notes.txt").exists()
+
+
+# ---------------------------------------------------------------- garbled records, listed
+def _edit(change):
+    def apply(blob):
+        rec = json.loads(blob)
+        change(rec)
+        return json.dumps(rec).encode()
+
+    return apply
+
+
+GARBLED = {
+    "truncated": lambda blob: blob[: len(blob) // 2],
+    "not UTF-8": lambda blob: b"\xff\xfe" + blob,
+    "nested garbage": lambda blob: b"[" * 200_000 + b"]" * 200_000,
+    "a number": lambda blob: b"1e999",
+    "key a list": _edit(lambda rec: rec.update(key=[1, 2])),
+    "target a number": _edit(lambda rec: rec["key"].update(target=7)),
+    "arch huge": _edit(lambda rec: rec["key"].update(target=["cuda", 10**400, 32])),
+    "written an object": _edit(lambda rec: rec.update(written={"at": [None]})),
+    "environment a string": _edit(lambda rec: rec.update(environment="x")),
+    "device cc a string": _edit(lambda rec: rec["environment"]["device"].update(cc="90")),
+    "kernel with escapes": _edit(lambda rec: rec["key"].update(kernel="\x1b[2Jgone")),
+}
+
+
+@pytest.mark.parametrize("how", sorted(GARBLED), ids=lambda h: h.replace(" ", "-"))
+def test_cache_list_and_stats_show_a_garbled_record_as_such(tmp_path, fresh, monkeypatch,
+                                                            capsys, how):  # fmt: skip
+    root = tmp_path / "cache"
+    monkeypatch.setenv(cc.CACHE_ENV, str(root))
+    compile_via(root, 16)
+    compile_via(root, 32)
+    record = _record(root, 32)
+    record.write_bytes(GARBLED[how](record.read_bytes()))
+    assert cli.main(["cache", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "2 entries" in out and "dense_copy:_dense_copy_kernel  sm_90" in out
+    assert out.count("no readable record (a miss): ") == 1 and "\x1b" not in out
+    assert cli.main(["cache", "stats"]) == 0
+    out = capsys.readouterr().out
+    assert "2 entries (1 unreadable: a miss)" in out and "NVIDIA H200 sm_90" in out

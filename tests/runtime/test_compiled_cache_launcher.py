@@ -169,13 +169,16 @@ def test_our_cache_alone_starts_a_kernel_without_the_c_compiler(tmp_path, toolch
     root = tmp_path / "ours"
     first, delta = compile_16(root)
     assert delta == {"misses": 1, "written": 1}
-    assert compiler_runs.runs == ["__triton_launcher"]  # built once, at the miss
+    # built once, at the miss, in our own Triton cache; so are the driver utilities, kept
+    # at a process's first write
+    built = ["__triton_launcher", "cuda_utils"]
+    assert compiler_runs.runs == built
     rec = record_16(root)
     kept = entry_16(root) / rec["files"]["launcher"]["name"]
     with open(triton_launcher(first), "rb") as f:
         assert kept.read_bytes() == f.read()
     load_launcher(first)  # Triton's own load of it, from its cache: no second build
-    assert compiler_runs.runs == ["__triton_launcher"]
+    assert compiler_runs.runs == built
 
     # a new machine: our cache copied, Triton's empty; neither compiler may run
     fresh = toolchain("triton-b")
@@ -188,7 +191,7 @@ def test_our_cache_alone_starts_a_kernel_without_the_c_compiler(tmp_path, toolch
     with open(placed, "rb") as f:
         assert f.read() == kept.read_bytes()
     load_launcher(again)
-    assert compiler_runs.runs == ["__triton_launcher"]
+    assert compiler_runs.runs == built
 
 
 def test_a_launcher_already_in_triton_s_cache_is_left_as_it_is(tmp_path, toolchain):
@@ -251,7 +254,7 @@ DOUBTFUL = {
 
 
 @pytest.mark.parametrize("how", sorted(DOUBTFUL), ids=lambda h: h.replace(" ", "-"))
-def test_a_doubtful_launcher_is_a_miss_built_anew_never_handed_to_triton(
+def test_a_doubtful_launcher_is_a_miss_never_handed_to_triton(
     tmp_path, toolchain, compiler_runs, how
 ):
     root = tmp_path / "ours"
@@ -264,11 +267,12 @@ def test_a_doubtful_launcher_is_a_miss_built_anew_never_handed_to_triton(
     runs = len(compiler_runs.runs)
     got, delta = compile_16(root)
     assert delta == {"invalid": 1, "written": 1}
-    assert compiler_runs.runs[runs:] == ["__triton_launcher"]  # built anew, once
+    assert compiler_runs.runs[runs:] == []  # our own Triton cache still holds the good one
     placed = triton_launcher(got)
     assert placed is not None and placed.startswith(str(fresh))
     with open(placed, "rb") as f:
         built = f.read()
+    assert built == kept
     if left is not None and left != kept:
         assert built != left  # the damaged bytes never reach Triton
     load_launcher(got)
@@ -279,6 +283,23 @@ def test_a_doubtful_launcher_is_a_miss_built_anew_never_handed_to_triton(
     _, delta = compile_16(root)
     assert delta == {"hits": 1}
     load_launcher(got)
+
+
+def test_a_launcher_planted_in_a_shared_triton_cache_is_never_kept(tmp_path, toolchain):
+    """Triton loads a launcher from its cache directory before it builds one: a miss here
+    builds in a Triton cache of our own, so one another user rewrote in a shared
+    TRITON_CACHE_DIR (still a loadable module) is never kept."""
+    import triton
+
+    src, options = source(16)
+    compiled = triton.compile(src, target=TARGET, options=options)
+    load_launcher(compiled)  # Triton builds it into its (shared) cache
+    with open(triton_launcher(compiled), "ab") as f:
+        f.write(b"planted")
+    load_launcher(compiled)  # and would load the rewritten one
+    root = tmp_path / "ours"
+    compile_16(root)
+    assert not _launcher_file(root).read_bytes().endswith(b"planted")
 
 
 # ---------------------------------------------------------------- the previous schema
@@ -361,7 +382,9 @@ def test_triton_s_driver_utilities_are_kept_and_handed_back_without_the_compiler
     root = tmp_path / "ours"
     triton_driver_setup()  # a first process: Triton's driver set-up compiles them
     assert compiler_runs.runs == ["cuda_utils"]
-    compile_16(root)  # its first write keeps them beside the entries, not as an entry
+    compile_16(root)  # its first write keeps them (built in our Triton cache), not as an entry
+    built = ["cuda_utils", "__triton_launcher", "cuda_utils"]
+    assert compiler_runs.runs == built
     rec = json.loads(_driver_record(root).read_text())
     assert rec["name"] == "cuda_utils" and list(rec["files"]) == ["module"]
     assert [e["entry"] for e in cc.entries(root)] == [entry_16(root).name]
@@ -373,7 +396,7 @@ def test_triton_s_driver_utilities_are_kept_and_handed_back_without_the_compiler
     assert cc.prepare_triton_driver()
     assert not cc.prepare_triton_driver()  # once per process
     triton_driver_setup()
-    assert compiler_runs.runs == ["cuda_utils", "__triton_launcher"]
+    assert compiler_runs.runs == built
 
 
 @pytest.mark.parametrize("how", ["one byte flipped", "record of another triton"])
@@ -394,8 +417,8 @@ def test_doubtful_driver_utilities_are_never_handed_over_and_are_kept_anew(
     assert not store(root).offer_driver_module()
     assert not list(fresh.rglob("cuda_utils*"))  # nothing handed to Triton
     triton_driver_setup()  # Triton compiles them, as without this cache
-    assert compiler_runs.runs == ["cuda_utils", "__triton_launcher", "cuda_utils"]
-    # the next process's first write keeps them anew
+    assert compiler_runs.runs == ["cuda_utils", "__triton_launcher", "cuda_utils", "cuda_utils"]
+    # the next process's first write keeps them anew (from our own Triton cache)
     compile_via_another_kernel(root)
     toolchain("triton-c")
     assert store(root).offer_driver_module()

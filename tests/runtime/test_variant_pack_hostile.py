@@ -5,6 +5,10 @@ tools/sanitizer_check.sh runs this directory under AddressSanitizer and UBSan, w
 use-after-free or a signed overflow aborts the run instead of passing by luck.
 """
 
+import ctypes
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -220,3 +224,110 @@ def test_the_pack_errors_are_classic_errors():
     for error in (UnknownOperandError, OperandExtentError, UnreadableOperandError):
         assert issubclass(error, CLASSIC_ERRORS)
     assert issubclass(UnknownOperandError, LookupError)
+
+
+# ---------------------------------------------------------------- the exported view's owner
+def test_an_exported_view_keeps_the_callers_memory_until_it_is_released():
+    tensor = torch.arange(4, dtype=torch.float32)
+    owner = weakref.ref(tensor)
+    (buf,) = VariantPack.from_objects(LAYOUT, [tensor, None]).operands([0])
+    view = torch.from_dlpack(buf)
+    del tensor, buf
+    gc.collect()
+    assert owner() is not None  # the view still reads the caller's memory
+    reuse = [torch.full((4,), -1.0) for _ in range(64)]  # what freed memory would now hold
+    assert view.tolist() == [0.0, 1.0, 2.0, 3.0]
+    del view, reuse
+    gc.collect()
+    assert owner() is None  # released with the view, never kept beyond it
+
+
+def test_an_unconsumed_capsule_keeps_the_memory_and_lets_it_go_when_dropped():
+    tensor = torch.arange(4, dtype=torch.float32)
+    owner = weakref.ref(tensor)
+    (buf,) = VariantPack.from_objects(LAYOUT, [tensor, None]).operands([0])
+    capsule = buf.__dlpack__(max_version=(1, 0))
+    del tensor, buf
+    gc.collect()
+    assert owner() is not None
+    del capsule
+    gc.collect()
+    assert owner() is None
+
+
+# ---------------------------------------------------------------- a producer's byte_offset
+_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_pointer.restype, _pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+
+
+class _DLTensor(ctypes.Structure):  # the public DLPack 1.x ABI
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", ctypes.c_int32 * 2),
+        ("ndim", ctypes.c_int32),
+        ("dtype", ctypes.c_uint8 * 4),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _Managed(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint32 * 2),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", _DLTensor),
+    ]
+
+
+class Offset:
+    """numpy's DLPack 1.x export of 4 floats, its byte_offset set to offset(data pointer)."""
+
+    def __init__(self, offset):
+        self.array, self.offset = np.zeros(4, np.float32), offset
+
+    def __dlpack__(self, **kwargs):
+        capsule = self.array.__dlpack__(max_version=(1, 0))
+        m = _Managed.from_address(_pointer(capsule, b"dltensor_versioned"))
+        m.dl_tensor.byte_offset = self.offset(m.dl_tensor.data)
+        return capsule
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+@pytest.mark.parametrize(
+    "offset",
+    [
+        lambda data: 2**64 - 1,  # the pointer wraps
+        lambda data: 2**64 - data,  # wraps to exactly NULL
+        lambda data: 2**64 - data - 8,  # the start fits, the 16 bytes' end wraps
+        lambda data: 2**63,  # beyond any buffer a 64-bit size describes
+    ],
+    ids=["max", "to-null", "end-wraps", "past-any-buffer"],
+)
+def test_a_dlpack_byte_offset_that_wraps_or_runs_past_any_buffer_is_refused(offset):
+    with pytest.raises(ValueError, match=r"operand 'x' \(uid 1\): its DLPack byte_offset \d+ "):
+        VariantPack.from_objects(LAYOUT, [Offset(offset), None])
+    (buf,) = VariantPack.from_objects(LAYOUT, [Offset(lambda data: 0), None]).operands([0])
+    assert buf.shape == (4,)  # an offset in range still reads
+
+
+# ---------------------------------------------------------------- an interrupt in a producer
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_inside_dlpack_propagates_unchanged(error):
+    raised = error("stop")
+
+    class Producer:
+        def __dlpack__(self, **kwargs):
+            raise raised
+
+        @property
+        def __array_interface__(self):  # never tried: the interrupt is the caller's
+            raise AssertionError("read on after an interrupt")
+
+    with pytest.raises(error) as caught:
+        VariantPack.from_objects(LAYOUT, [Producer(), None])
+    assert caught.value is raised

@@ -114,12 +114,16 @@ static int read_object(PyObject *obj, int device_id, PgView *v, PyObject **keepe
     if ((attr = PyObject_GetAttr(obj, s_dlpack)) != NULL) {
         rc = read_dlpack(obj, attr, v, keeper, f);
         Py_DECREF(attr);
-        if (rc == 0) return 0;
+        if (rc == 0 || pending_is_not_exception()) return rc;
         /* A producer that also speaks an array interface gets a second chance (numpy
          * refuses DLPack for some arrays its interface describes). */
         PyObject *refusal = take_exception();
         PyObject *iface = PyObject_GetAttr(obj, s_ai);
         if (iface == NULL) {
+            if (pending_is_not_exception()) {
+                Py_XDECREF(refusal);
+                return -1;
+            }
             PyErr_Clear();
             if (refusal) PyErr_SetObject((PyObject *)Py_TYPE(refusal), refusal);
             Py_XDECREF(refusal);
@@ -130,18 +134,21 @@ static int read_object(PyObject *obj, int device_id, PgView *v, PyObject **keepe
         Py_DECREF(iface);
         return rc;
     }
+    if (pending_is_not_exception()) return -1;
     PyErr_Clear();
     if ((attr = PyObject_GetAttr(obj, s_cai)) != NULL) {
         rc = read_interface(attr, PG_DL_CUDA, device_id, v, f);
         Py_DECREF(attr);
         return rc;
     }
+    if (pending_is_not_exception()) return -1;
     PyErr_Clear();
     if ((attr = PyObject_GetAttr(obj, s_ai)) != NULL) {
         rc = read_interface(attr, PG_DL_CPU, 0, v, f);
         Py_DECREF(attr);
         return rc;
     }
+    if (pending_is_not_exception()) return -1;
     PyErr_Clear();
     return PG_NOT_AN_OPERAND;
 }

@@ -39,9 +39,11 @@ static PyObject *label_of(PgLayout *lay, Py_ssize_t i)
     return PyUnicode_FromFormat("operand uid %lld", (long long)lay->items[i].uid);
 }
 
-/* Raise type("<label>: <message>"), chaining any pending exception. */
+/* Raise type("<label>: <message>"), chaining any pending exception (one that is not an
+ * Exception stays as it is). */
 static PyObject *slot_error(PyObject *type, PgLayout *lay, Py_ssize_t i, const char *message)
 {
+    if (pending_is_not_exception()) return NULL;
     PyObject *cause = take_exception();
     PyObject *label = label_of(lay, i);
     PyObject *msg = label ? PyUnicode_FromFormat("%U: %s", label, message) : NULL;

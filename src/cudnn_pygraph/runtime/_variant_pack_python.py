@@ -10,13 +10,12 @@ capsule or a producer's C exchange table), which matters for host time, not for 
 C's fixed-width arithmetic is part of the rule (a span that does not fit in 64 bits is
 refused, never wrapped), so every size computed here is checked against int64's range.
 
-One difference, by construction: C-level callbacks into Python are unsafe (a consumer may
-release a DLPack tensor while an exception unwinds, and a ctypes callback then loses that
-exception), so what this module exports runs no Python when released. An `OperandBuffer`'s
-``__dlpack__`` capsule is released with libc's ``free`` and does not keep the caller's
-object alive (the consumer's view is valid while the caller holds its memory, as it does
-for the whole of an execute), and its type publishes no ``__dlpack_c_exchange_api__``
-(consumers read it through ``__dlpack__``).
+Two differences, by construction. An `OperandBuffer`'s ``__dlpack__`` tensor keeps the
+caller's object alive, as the native one does, but its deleter is a ctypes callback (a
+little Python): a consumer that releases it while a Python exception is pending in its
+thread (a C error path) has that exception replaced by a SystemError, which ctypes prints
+and clears. And its type publishes no ``__dlpack_c_exchange_api__`` (consumers read it
+through ``__dlpack__``).
 """
 
 import ctypes
@@ -507,7 +506,8 @@ _py_decref = _pyapi("Py_DecRef", None, ctypes.c_void_p)
 _libc = ctypes.CDLL(None)
 _malloc = _libc.malloc
 _malloc.restype, _malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-_FREE = ctypes.cast(_libc.free, ctypes.c_void_p).value  # the exported tensors' deleter
+_free = _libc.free
+_free.restype, _free.argtypes = None, [ctypes.c_void_p]
 
 _DLTENSOR_FROM = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.POINTER(_DLTensor))
 _MANAGED_FROM = ctypes.PYFUNCTYPE(
@@ -549,7 +549,6 @@ def _view_from_dl(t, flags):
             "vector types",
         )
     v = _View()
-    v.ptr = ((t.data or 0) + t.byte_offset) % _U64
     v.code = _CODE_OF_DL.get((code, bits), 0)
     v.elem_bits = bits
     v.slot_bytes = 1 if bits < 8 else bits // 8
@@ -567,8 +566,19 @@ def _view_from_dl(t, flags):
         strides[i] = t.strides[i] if t.strides else expect
         expect = expect * extent if _fits(expect * extent) else _I64_MAX
     v.shape, v.strides = _storage_geometry(tuple(shape), tuple(strides), per_slot)
-    if _view_span(v) < 0:
+    span = _view_span(v)
+    if span < 0:
         raise _Fail(ValueError, "its extents and strides span more bytes than a 64-bit size holds")
+    # A producer's offset may be anything: one that wraps the address (or lies beyond any
+    # buffer a 64-bit size describes) would hand a plan memory the caller never named.
+    data, offset = t.data or 0, t.byte_offset
+    if offset > _I64_MAX or data + offset + span >= _U64:
+        raise _Fail(
+            ValueError,
+            f"its DLPack byte_offset {offset} runs past the end of the address space or of "
+            f"any buffer (data pointer {data:#x}, {span} bytes)",
+        )
+    v.ptr = data + offset
     return v
 
 
@@ -891,15 +901,63 @@ class OperandBuffer:
                 "OperandBuffer is read-only and a DLPack 0.x capsule cannot say so; ask for "
                 "max_version=(1, 0) or later"
             )
-        return _export(v, versioned)
+        return _export(self, versioned)
 
 
 OperandBuffer.__module__ = _MODULE
 
+# What an exported tensor keeps alive, by the address of its block: the OperandBuffer (its
+# owner holds the memory), as the native pack's managed tensor holds it, until the consumer
+# releases the tensor (or the capsule dies unconsumed).
+_EXPORTED = {}
+_VERSIONED, _LEGACY = b"dltensor_versioned", b"dltensor"  # alive as long as any capsule
 
-def _export(v, versioned):
-    """A DLPack capsule for view v: one malloc'd block (managed tensor, then shape and
-    strides) whose deleter is libc's free, so releasing it runs no Python."""
+
+def _release_export(address, _exported=_EXPORTED, _free=_free):
+    """The exported tensors' deleter (defaults bound: it may run while the interpreter winds
+    down and this module's names are gone). No call before the owner is let go: with a
+    Python exception pending in the releasing thread, a call's result is refused and what
+    follows it would not run."""
+    if address in _exported:
+        del _exported[address]
+    _free(address)
+
+
+def _release_unconsumed(capsule, _valid=None, _pointer=None, _release=_release_export):
+    """The capsules' destructor: one never consumed still owns its block."""
+    for name in (_VERSIONED, _LEGACY):
+        if _valid(capsule, name):
+            _release(_pointer(capsule, name))
+            return
+
+
+def _raw_capsule_api(name, restype):
+    # The destructor gets the dying capsule as a bare address: a py_object argument would
+    # take a reference to an object already being freed.
+    fn = ctypes.PYFUNCTYPE(restype, ctypes.c_void_p, ctypes.c_char_p)((name, ctypes.pythonapi))
+    return fn
+
+
+_release_unconsumed.__defaults__ = (
+    _raw_capsule_api("PyCapsule_IsValid", ctypes.c_int),
+    _raw_capsule_api("PyCapsule_GetPointer", ctypes.c_void_p),
+    _release_export,
+)
+# ctypes callbacks (each takes the GIL on whatever thread calls it), pinned for the life of
+# the process: a tensor may outlive this module, and its deleter must still be callable.
+_DELETER_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_release_export)
+_DESTRUCTOR_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_release_unconsumed)
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_DELETER_CALLBACK))
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_DESTRUCTOR_CALLBACK))
+_DELETER = ctypes.cast(_DELETER_CALLBACK, ctypes.c_void_p).value
+_DESTRUCTOR = ctypes.cast(_DESTRUCTOR_CALLBACK, ctypes.c_void_p).value
+
+
+def _export(buffer, versioned):
+    """A DLPack capsule for `buffer`'s view: one malloc'd block (managed tensor, then shape
+    and strides) that keeps `buffer` (hence the caller's memory) alive until its deleter
+    runs."""
+    v = buffer._view
     struct = _DLManagedTensorVersioned if versioned else _DLManagedTensor
     header = ctypes.sizeof(struct)
     ndim = len(v.shape)
@@ -922,15 +980,16 @@ def _export(v, versioned):
     t.dtype.lanes = 8 // dl_bits if dl_bits < 8 else 1
     t.shape = ctypes.cast(address + header, ctypes.POINTER(ctypes.c_int64))
     t.strides = ctypes.cast(address + header + 8 * MAX_DIMS, ctypes.POINTER(ctypes.c_int64))
-    m.deleter = _FREE
+    m.deleter = _DELETER
     if versioned:
         m.version.major, m.version.minor = _DLPACK_MAJOR, _DLPACK_MINOR
         m.flags = _FLAG_READ_ONLY if v.readonly else 0
-        name = b"dltensor_versioned"
-    else:
-        name = b"dltensor"
-    # No capsule destructor: one left unconsumed keeps its block (a consumer frees it).
-    return _capsule_new(address, name, None)
+    _EXPORTED[address] = buffer
+    try:
+        return _capsule_new(address, _VERSIONED if versioned else _LEGACY, _DESTRUCTOR)
+    except BaseException:
+        _release_export(address)
+        raise
 
 
 # ---------------------------------------------------------------------------------------

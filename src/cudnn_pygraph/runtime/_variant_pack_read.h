@@ -48,8 +48,6 @@ static int view_from_dl(const PgDLTensor *t, uint64_t flags, PgView *v, PgFail *
                  "readable: no vector types", code, bits, lanes);
         return -1;
     }
-    /* Address arithmetic in integers: a producer's offset may be anything. */
-    v->ptr = (char *)((uintptr_t)t->data + (uintptr_t)t->byte_offset);
     v->ndim = t->ndim;
     v->code = code_of_dl(code, bits);
     v->elem_bits = bits;
@@ -74,12 +72,28 @@ static int view_from_dl(const PgDLTensor *t, uint64_t flags, PgView *v, PgFail *
         f->type = PyExc_ValueError;
         return -1;
     }
-    if (view_span(v) < 0) {
+    int64_t span = view_span(v);
+    if (span < 0) {
         f->type = PyExc_ValueError;
         snprintf(f->msg, sizeof f->msg, "its extents and strides span more bytes than a "
                  "64-bit size holds");
         return -1;
     }
+    /* Address arithmetic in checked integers: a producer's offset may be anything, and one
+     * that wraps the address (or lies beyond any buffer a 64-bit size describes) would hand
+     * a plan memory the caller never named. */
+    uint64_t at, end;
+    if (t->byte_offset > (uint64_t)INT64_MAX ||
+        __builtin_add_overflow((uint64_t)(uintptr_t)t->data, t->byte_offset, &at) ||
+        __builtin_add_overflow(at, (uint64_t)span, &end) || at > UINTPTR_MAX) {
+        f->type = PyExc_ValueError;
+        snprintf(f->msg, sizeof f->msg, "its DLPack byte_offset %llu runs past the end of the "
+                 "address space or of any buffer (data pointer 0x%llx, %lld bytes)",
+                 (unsigned long long)t->byte_offset,
+                 (unsigned long long)(uintptr_t)t->data, (long long)span);
+        return -1;
+    }
+    v->ptr = (char *)(uintptr_t)at;
     return 0;
 }
 
@@ -138,6 +152,7 @@ static int read_dlpack(PyObject *obj, PyObject *method, PgView *v, PyObject **ke
         cap = PyObject_CallNoArgs(method);
     }
     if (cap == NULL) {
+        if (pending_is_not_exception()) return -1; /* f->type NULL: the caller's, unchanged */
         f->type = UnreadableOperandError;
         snprintf(f->msg, sizeof f->msg, "%.80s.__dlpack__() failed", Py_TYPE(obj)->tp_name);
         return -1;

@@ -190,10 +190,18 @@ static PyObject *take_exception(void)
 #endif
 }
 
+/* A pending error that is not an Exception (KeyboardInterrupt, SystemExit): the caller's
+ * own, never wrapped in one of ours nor cleared to try another reader. */
+static int pending_is_not_exception(void)
+{
+    return PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception);
+}
+
 /* Raise `type` with a formatted message, chaining the pending exception (if any) as its
  * cause, so a producer's own error stays visible under ours. */
 static PyObject *raise_from(PyObject *type, const char *fmt, ...)
 {
+    if (pending_is_not_exception()) return NULL;
     PyObject *cause = take_exception();
     va_list va;
     va_start(va, fmt);

@@ -16,22 +16,32 @@ Layout: <root>/v<SCHEMA>/<environment hash>/<entry hash>/
                      the host C compiler builds), when it could be built here
     record.json      the commit marker, written last: the full key, the environment, the
                      file names with their sha256 and sizes
+<root>/v<SCHEMA>/.cudnn_pygraph-compiled-cache marks the schema directory as the cache's
+own, written as it is made: only a marked directory is read, counted or ever deleted (a root
+pointed at a project folder keeps that folder's own v1/, v7/). <root>/v<SCHEMA>/triton/ is
+Triton's cache while this one compiles (below).
 Every file is written to a temporary name in its directory and moved into place with
 os.replace; artifact files are named by their digest, so concurrent writers of one entry
 never mix bytes, and a process killed mid-write leaves no record, hence no entry.
 
+Compiling on a miss: Triton keeps what it compiles in its cache directory (TRITON_CACHE_DIR,
+else ~/.triton/cache) and hands back what it finds there instead of compiling, so what it
+returns is only as trustworthy as that directory, which may be shared. A miss here points
+Triton's cache at <root>/v<SCHEMA>/triton/ (checked as the rest of the root) for the compile
+and the C modules it builds, so nothing planted in the user's Triton cache is ever kept.
+
 The launcher: Triton builds it when a kernel is first loaded (CudaLauncher ->
 compile_module_from_src), keyed in its own cache by the sha256 of the generated C source
-and the platform, and loads it from there. A miss here has Triton build it (into Triton's
-cache, as loading would a moment later) and keeps a copy; a hit recomputes Triton's key for
+and the platform, and loads it from there. A miss here has Triton build it (into the
+private cache above) and keeps a copy; a hit recomputes Triton's key for
 this kernel in this process, checks it is the one recorded, and puts the verified copy into
 Triton's cache under that key unless Triton already has one. Triton's own lookup then finds
 it and loads it by its own code; the compiler never runs. A process whose Triton cache
 already holds the launcher loads that one, exactly as without this cache. Triton's driver
 utilities (cuda_utils, compiled from its driver.c when its driver is first made in a
 process) go the same way, once per environment, in <environment hash>/triton-driver/:
-kept at a process's first write, handed to Triton's cache before its driver is made
-(`prepare_triton_driver`).
+built in the private cache and kept at a process's first write, handed to Triton's cache
+before its driver is made (`prepare_triton_driver`).
 
 The rules (spec: "The compiled-plan cache"), kept here:
   * identity is hashed whole: the package version and a digest of every .py in it (an
@@ -41,21 +51,29 @@ The rules (spec: "The compiled-plan cache"), kept here:
     variables, the interpreter's extension ABI (the launcher is an extension module of
     it), and the device (name, compute capability, SM count, L2 size). Any change
     lands in another directory; an unreadable field hashes as "unknown", never skipped;
+  * trust comes from ownership, not from digests: every directory from the root down and
+    every file read must be this user's and writable by no one else, and every directory
+    above the root root's or this user's and writable by no one else unless sticky (/tmp).
+    A writer who could change an artifact could change its record too, so the sha256 in
+    the record is a check against corruption, not an authentication;
   * an entry is reused only under its own embedded key and environment, compared whole
     on load, and only after every artifact's size and sha256 match its record;
-  * anything doubtful (missing, malformed, mismatched, a symlink, a file of another
-    owner) is a miss, never an error in the caller's call;
-  * the root must be a directory owned by this user and not writable by group or others;
+  * anything doubtful (missing, malformed, mismatched, a symlink, a FIFO or device, a
+    file of another owner or writable by others) is a miss, never an error in the
+    caller's call, and never opened in a way that can block;
+  * the root must pass those checks (and its schema directory be marked as ours);
     otherwise the cache is off for the process, with one warning saying why. Nothing
-    inside the root is reached through a symlink;
+    inside the root is reached through a symlink; directories made here are 0700
+    whatever the umask;
   * only kernels whose source is in this package are persisted (the source digest covers
     them), and only when every part of the key is a plain value; the cache stands aside
     while Triton is asked to compile every time, override or dump kernels.
 Location: CUDNN_PYGRAPH_COMPILED_CACHE, else $XDG_CACHE_HOME/cudnn_pygraph/compiled_plans
 (~/.cache when XDG_CACHE_HOME is unset); CUDNN_PYGRAPH_DISABLE_COMPILED_CACHE=1 turns it
-off. A process's first write retires dead environments, whole directories, other schemas
-first and then oldest first, until the root is under CUDNN_PYGRAPH_COMPILED_CACHE_MAX_BYTES
-(4 GiB by default; 0: no limit); the live environment is never a candidate.
+off. A process's first write retires dead environments, whole directories, other marked schemas
+first, then the private Triton cache, then oldest first, until what the cache marked as its
+own is under CUDNN_PYGRAPH_COMPILED_CACHE_MAX_BYTES (4 GiB by default; 0: no limit); the
+live environment is never a candidate.
 """
 
 from __future__ import annotations
@@ -82,8 +100,11 @@ CACHE_ENV = "CUDNN_PYGRAPH_COMPILED_CACHE"
 DISABLE_ENV = "CUDNN_PYGRAPH_DISABLE_COMPILED_CACHE"
 MAX_BYTES_ENV = "CUDNN_PYGRAPH_COMPILED_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 4 << 30
-SCHEMA = 2  # bump on any incompatible change of the layout, the record or the key
+SCHEMA = 3  # bump on any incompatible change of the layout, the record or the key
 RECORD = "record.json"
+MARKER = ".cudnn_pygraph-compiled-cache"  # in each schema directory the cache made
+_MARKER_TEXT = b"cudnn_pygraph compiled-plan cache: this directory is the cache's own\n"
+_TRITON_DIR = "triton"  # Triton's cache while this one compiles (not an environment hash)
 _PACKAGE = __name__.split(".")[0]
 _PKG_ROOT = pathlib.Path(__file__).resolve().parent.parent
 _SCHEMA_DIR = re.compile(r"v\d+")
@@ -102,6 +123,7 @@ _SUFFIX = {
     "module": "so",
 }  # an artifact's kind: its suffix
 _RECORD_MAX_BYTES = 1 << 20
+_MODULE_MAX_BYTES = 256 << 20  # a C module of Triton's read back from its cache
 _TRITON_ENV = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_LIBDEVICE_PATH")
 
 
@@ -282,12 +304,15 @@ def kernel_key(src, target, options):
 def _compile_requested() -> bool:
     """Triton asked to compile every time (TRITON_ALWAYS_COMPILE), to override a kernel's IR
     from files (TRITON_KERNEL_OVERRIDE) or to dump it (TRITON_KERNEL_DUMP): a cached binary
-    would defeat what the user is doing, so the cache stands aside."""
+    would defeat what the user is doing, so the cache stands aside; so it does under a cache
+    manager of the user's (TRITON_CACHE_MANAGER), which the private directory cannot
+    replace."""
     try:
         from triton import knobs
 
         c = knobs.compilation
-        return bool(c.always_compile or c.override or c.dump_ir)
+        # a cache manager of the user's: where Triton reads its cache is not ours to check
+        return bool(c.always_compile or c.override or c.dump_ir or knobs.cache.manager_class)
     except Exception:  # noqa: BLE001 - a Triton without these knobs asks for nothing
         return False
 
@@ -320,30 +345,6 @@ def _module_key(text: str) -> str:
 def _module_file(name) -> str:
     """The file name Triton's cache gives C module `name` (an extension of this interpreter)."""
     return f"{name}{_EXT_SUFFIX}"
-
-
-def _built_launcher(compiled):
-    """(Triton's key, the bytes) of a freshly compiled kernel's launcher, built by Triton's
-    own compile_module_from_src into its own cache (what loading the kernel does next
-    anyway, and then loads from that cache) and read back from there. Raises when it
-    cannot be built (no C compiler, no libcuda to link): the entry is kept without it."""
-    from triton.backends.nvidia import driver as nvidia
-    from triton.runtime.cache import get_cache_manager
-
-    text = _launcher_source(compiled.src, compiled.metadata)
-    nvidia.compile_module_from_src(
-        src=text,
-        name=_LAUNCHER,
-        library_dirs=nvidia.library_dirs(),
-        include_dirs=nvidia.include_dirs,
-        libraries=nvidia.libraries,
-    )
-    key = _module_key(text)
-    path = get_cache_manager(key).get_file(_module_file(_LAUNCHER))
-    if path is None:
-        raise FileNotFoundError("Triton's cache does not hold the launcher it built")
-    with open(path, "rb") as f:
-        return key, f.read()
 
 
 def _driver_module_key() -> str:
@@ -411,25 +412,82 @@ class Unsafe(Exception):
     """A path the cache will not use; the message says why."""
 
 
+_GO_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
 def _check_dir(st, path):
     if not stat.S_ISDIR(st.st_mode):
         kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
         raise Unsafe(f"{path} is {kind}")
+    _check_owner(st, path)
+
+
+def _check_owner(st, path):
     if st.st_uid != os.geteuid():
         raise Unsafe(f"{path} is owned by uid {st.st_uid}, not this user ({os.geteuid()})")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if st.st_mode & _GO_WRITE:
         raise Unsafe(f"{path} is writable by group or others (mode {st.st_mode & 0o777:o})")
 
 
+def _check_file(st, path):
+    if not stat.S_ISREG(st.st_mode):
+        raise Unsafe(f"{path} is not a regular file")
+    _check_owner(st, path)
+
+
+def _check_ancestors(path):
+    """Every directory above `path` (as given and as resolved; those not made yet are
+    skipped) is root's or this user's and writable by no one else, unless sticky (/tmp):
+    otherwise another user could move `path` aside and put one of their own in its place."""
+    for start in {os.path.abspath(path), os.path.realpath(path)}:
+        parent = os.path.dirname(start)
+        while True:
+            try:
+                st = os.stat(parent)
+            except FileNotFoundError:
+                parent = os.path.dirname(parent)
+                continue
+            if st.st_uid not in (0, os.geteuid()):
+                raise Unsafe(f"{parent}, above the cache, is owned by uid {st.st_uid}")
+            if st.st_mode & _GO_WRITE and not st.st_mode & stat.S_ISVTX:
+                raise Unsafe(
+                    f"{parent}, above the cache, is writable by group or others "
+                    f"(mode {st.st_mode & 0o777:o})"
+                )
+            if os.path.dirname(parent) == parent:
+                break
+            parent = os.path.dirname(parent)
+
+
+def _mkdir_private(path) -> bool:
+    """Make directory `path` 0700 whatever the umask; False when it was already there."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        return False
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+    try:
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return True
+
+
 def check_root(root, create=False):
-    """None when `root` is usable, else why not. `create` makes it (mode 0700) if absent.
-    The root may itself be reached through a symlink (a home on another disk); nothing
-    under it may."""
+    """None when `root` is usable, else why not. `create` makes it (and any missing parent)
+    0700 if absent. The root may itself be reached through a symlink (a home on another
+    disk); nothing under it may."""
     root = pathlib.Path(root)
     try:
+        _check_ancestors(root)  # before anything is made there
         if create:
-            root.mkdir(parents=True, mode=0o700, exist_ok=True)
+            missing = [root.absolute()]
+            while not os.path.lexists(missing[-1].parent):
+                missing.append(missing[-1].parent)
+            for d in reversed(missing):
+                _mkdir_private(d)
         _check_dir(os.stat(root), root)
+        _check_ancestors(root)
     except FileNotFoundError:
         return None if not create else f"{root} could not be created"
     except Unsafe as exc:
@@ -443,8 +501,7 @@ def _inner_dir(path, create):
     """A directory under the root, never through a symlink: (made and) checked by lstat.
     False when absent and not created."""
     if create:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
+        _mkdir_private(path)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -453,13 +510,55 @@ def _inner_dir(path, create):
     return True
 
 
+def _is_marked(path) -> bool:
+    """`path` is a directory the cache made (see MARKER), passing the inner directories'
+    checks; never raises."""
+    try:
+        _check_dir(os.lstat(path), path)
+        return _read_file(os.path.join(path, MARKER), len(_MARKER_TEXT)) == _MARKER_TEXT
+    except (OSError, Unsafe):
+        return False
+
+
+def _schema_dir(path, create):
+    """The schema directory: an inner directory that is also marked as the cache's own. An
+    existing one without the marker (a folder of the user's that happens to be named v3) is
+    not ours: Unsafe. Made under a temporary name with its marker and moved into place, so
+    no one sees it unmarked. False when absent and not created."""
+    if create and not os.path.lexists(path):
+        tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(path))
+        try:
+            os.chmod(tmp, 0o700)
+            _write_file(tmp, MARKER, _MARKER_TEXT)
+            if not os.path.lexists(path):  # never over one that appeared meanwhile
+                with contextlib.suppress(OSError):  # another process made it: checked below
+                    os.rename(tmp, path)
+        finally:
+            _remove(tmp)
+    if not _inner_dir(path, create=False):
+        return False
+    if not _is_marked(path):
+        raise Unsafe(f"{path} was not made by this cache (it has no {MARKER})")
+    return True
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_READ_FLAGS = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
 def _read_file(path, limit):
-    """The bytes of a regular file of ours at `path`, opened without following a symlink."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    """The bytes of a file of ours at `path`. A FIFO, a device or a symlink is refused by
+    lstat before any open; the open follows no symlink and never blocks (a FIFO swapped in
+    meanwhile), and fstat checks the file opened is that regular file, this user's and
+    writable by no one else, before a byte is read."""
+    before = os.lstat(path)
+    _check_file(before, path)
+    fd = os.open(path, _READ_FLAGS)
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise Unsafe(f"{path} is not a regular file of this user")
+        st = os.fstat(fd)
+        _check_file(st, path)
+        if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
+            raise Unsafe(f"{path} changed while it was opened")
         if st.st_size > limit:
             raise Unsafe(f"{path} is larger than {limit} bytes")
         return f.read(limit + 1)
@@ -478,16 +577,41 @@ def _write_file(directory, name, data: bytes):
         raise
 
 
+_TRITON_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _private_triton_cache(directory):
+    """Triton's cache is `directory` for what runs inside: a miss's compile and the C
+    modules it builds read and write only there. Triton reads one process-wide setting, so
+    such compiles take turns (one that switched back mid-build would read the user's cache
+    again); a compile on another thread meanwhile writes there too, which costs it only its
+    own cache."""
+    from triton import knobs
+
+    with _TRITON_LOCK, knobs.cache.scope():
+        knobs.cache.dir = str(directory)
+        yield
+
+
 _WARNED = set()
+
+
+def _once(what) -> bool:
+    """True the first time `what` is seen in this process: what is logged once."""
+    with _LOCK:
+        if what in _WARNED:
+            return False
+        _WARNED.add(what)
+        return True
 
 
 def _refuse(root, why):
     """The cache is off for this root: say so once per process, never raise (a caller who
     turns warnings into errors still gets the kernel)."""
     _count("refused")
-    if root in _WARNED:
+    if not _once(root):
         return
-    _WARNED.add(root)
     message = (
         f"cudnn_pygraph: compiled-plan cache not used: {why}; kernels compile as if it were "
         f"off (point {CACHE_ENV} at a private directory, or set {DISABLE_ENV}=1)"
@@ -506,17 +630,73 @@ class Store:
         self.environment = json.loads(json.dumps(env))
         self.env_hash = environment_hash(self.environment)
         self.env_dir = self.root / f"v{SCHEMA}" / self.env_hash
+        self.triton_dir = self.root / f"v{SCHEMA}" / _TRITON_DIR
         self._pruned = False
 
     def entry_dir(self, key) -> pathlib.Path:
         return self.env_dir / _digest(key)[:32]
+
+    def _chain(self, directory, create) -> bool:
+        """Check (with `create`, make) every directory from the root down to `directory`,
+        one under the root: the root as check_root does, the schema directory as a marked
+        one, every other as an inner one. False when one is absent; Unsafe on any doubt."""
+        why = check_root(self.root, create=create)
+        if why is not None:
+            raise Unsafe(why)
+        if not self.root.is_dir():
+            return False
+        parts = pathlib.Path(directory).relative_to(self.root).parts
+        path = self.root / parts[0]
+        if not _schema_dir(path, create):
+            return False
+        for part in parts[1:]:
+            path = path / part
+            if not _inner_dir(path, create):
+                return False
+        return True
+
+    def _usable(self):
+        """None when this store can read and write here (made as needed), else why not."""
+        try:
+            self._chain(self.env_dir, create=True)
+            self._chain(self.triton_dir, create=True)
+        except Unsafe as exc:
+            return str(exc)
+        except OSError as exc:
+            return f"{self.root}: {exc.strerror or exc}"
+        return None
+
+    def _build_module(self, text, name):
+        """(Triton's key, the bytes) of C module `name` of source `text`, built by Triton's
+        own compile_module_from_src into the private Triton cache (or found there) and read
+        back from there with the checks every file here gets. Raises when it cannot be built
+        (no C compiler, no libcuda to link)."""
+        from triton.backends.nvidia import driver as nvidia
+        from triton.runtime.cache import get_cache_manager
+
+        key = _module_key(text)
+        with _private_triton_cache(self.triton_dir):
+            nvidia.compile_module_from_src(
+                src=text,
+                name=name,
+                library_dirs=nvidia.library_dirs(),
+                include_dirs=nvidia.include_dirs,
+                libraries=nvidia.libraries,
+            )
+            path = get_cache_manager(key).get_file(_module_file(name))
+        if path is None:
+            raise FileNotFoundError(f"the private Triton cache does not hold the {name} it built")
+        path = pathlib.Path(path)  # under self.triton_dir, as Triton joined it
+        if not self._chain(path.parent, create=False):
+            raise FileNotFoundError(f"{path} is gone")
+        return key, _read_file(path, _MODULE_MAX_BYTES)
 
     def compile(self, src, target, options=None):
         """triton.compile(src, target, options) through the cache."""
         import triton
 
         key = None if _compile_requested() else kernel_key(src, target, options)
-        why = None if key is None else check_root(self.root, create=True)
+        why = None if key is None else self._usable()
         if key is None or why is not None:
             if why is not None:
                 _refuse(str(self.root), why)
@@ -527,7 +707,8 @@ class Store:
             _count("hits")
             return hit
         _count("invalid" if doubtful else "misses")
-        compiled = triton.compile(src, target=target, options=options)
+        with _private_triton_cache(self.triton_dir):
+            compiled = triton.compile(src, target=target, options=options)
         if not self.save(key, compiled):
             return compiled
         again, why = self.load(src, key)
@@ -548,8 +729,12 @@ class Store:
             return self._verified(src, key, entry, record), None
         except Exception as exc:  # noqa: BLE001 - whatever is on disk, a doubt is a miss
             why = f"{type(exc).__name__}: {exc}"
-            log.info("compiled-plan cache: %s: entry %s doubtful, a miss (%s)",
-                     key["kernel"], entry.name, why)  # fmt: skip
+            if not isinstance(exc, Unsafe):
+                log.info("compiled-plan cache: %s: entry %s doubtful, a miss (%s)",
+                         key["kernel"], entry.name, why)  # fmt: skip
+            elif _once(("untrusted", str(entry), why)):
+                log.warning("compiled-plan cache: %s: entry %s not trusted, a miss: %s",
+                            key["kernel"], entry, exc)  # fmt: skip
             return None, why
 
     def _verified(self, src, key, entry, record):
@@ -602,6 +787,9 @@ class Store:
             ):
                 raise ValueError(f"artifact name {name!r}")
             blob = _read_file(entry / name, int(meta["bytes"]))
+            # A corruption check (a torn copy, a flipped bit), not an authentication: whoever
+            # could write the artifact could write this record too. What keeps others out is
+            # the ownership and modes checked on the way here.
             if len(blob) != meta["bytes"] or hashlib.sha256(blob).hexdigest() != meta["sha256"]:
                 raise ValueError(f"{name}: size or sha256 differs from the record")
             data[kind], paths[kind] = blob, entry / name
@@ -609,9 +797,8 @@ class Store:
 
     def _read_record(self, entry):
         """The record of `entry` (None: no entry), reached through checked directories."""
-        for d in (self.env_dir.parent, self.env_dir, entry):
-            if not _inner_dir(d, create=False):
-                return None
+        if not self._chain(entry, create=False):
+            return None
         try:
             return json.loads(_read_file(entry / RECORD, _RECORD_MAX_BYTES))
         except FileNotFoundError:
@@ -619,8 +806,7 @@ class Store:
 
     def _write_entry(self, entry, key, blobs, **fields):
         """Write `entry`: each (kind, bytes) under its digest, then the record, last."""
-        for d in (self.env_dir.parent, self.env_dir, entry):
-            _inner_dir(d, create=True)
+        self._chain(entry, create=True)
         files = {}
         for kind, blob in blobs:
             digest = hashlib.sha256(blob).hexdigest()
@@ -646,7 +832,9 @@ class Store:
             meta = json.dumps(md, sort_keys=True).encode()
             blobs = [("cubin", binary), ("json", meta)]
             try:
-                triton_key, launcher = _built_launcher(compiled)
+                triton_key, launcher = self._build_module(
+                    _launcher_source(compiled.src, compiled.metadata), _LAUNCHER
+                )
                 blobs.append(("launcher", launcher))
                 launcher = {"triton_key": triton_key, "file": _module_file(_LAUNCHER)}
             except Exception as exc:  # noqa: BLE001 - kept without it: Triton builds it at load
@@ -681,9 +869,9 @@ class Store:
         return self._artifacts(key, entry, record, ("module",))[0]["module"]
 
     def keep_driver_module(self) -> bool:
-        """Keep the driver utilities Triton's cache holds (what its set-up in this process
-        built or loaded) unless this environment has good ones. Never raises."""
-        from triton.runtime.cache import get_cache_manager
+        """Keep the driver utilities, built in (or found in) the private Triton cache,
+        unless this environment has good ones. Never raises."""
+        from triton.backends.nvidia import driver as nvidia
 
         try:
             key, entry = self._driver_slot()
@@ -692,11 +880,10 @@ class Store:
                     return False
             except Exception:  # noqa: BLE001, S110 - doubtful ones are written anew
                 pass
-            path = get_cache_manager(key["triton_key"]).get_file(_module_file(_DRIVER_MODULE))
-            if path is None:
+            text = pathlib.Path(nvidia.dirname, "driver.c").read_text()
+            triton_key, blob = self._build_module(text, _DRIVER_MODULE)
+            if triton_key != key["triton_key"]:
                 return False
-            with open(path, "rb") as f:
-                blob = f.read()
             self._write_entry(entry, key, [("module", blob)], name=_DRIVER_MODULE)
         except Exception as exc:  # noqa: BLE001 - not kept: Triton compiles them, as before
             log.info("compiled-plan cache: Triton's driver utilities not kept: %s", exc)
@@ -805,23 +992,37 @@ def _scan(path, pattern):
         return []
 
 
+def _own_schemas(root) -> list:
+    """The schema directories under `root` that the cache marked as its own (paths)."""
+    return [e.path for e in _scan(root, _SCHEMA_DIR) if _is_marked(e.path)]
+
+
+def _own_bytes(root) -> int:
+    """Bytes in what the cache marked as its own under `root` (nothing else there counts)."""
+    return sum(_tree_bytes(p) for p in _own_schemas(root))
+
+
 def prune(root=None, keep=None, limit=None) -> int:
-    """Retire whole environment directories until `root` is under `limit` bytes (default
-    CUDNN_PYGRAPH_COMPILED_CACHE_MAX_BYTES; 0: no limit): other schemas first, then the
-    oldest written; `keep` (the live environment's hash) never goes. Returns how many
-    directories went; never raises."""
+    """Retire whole directories of the cache's own until they hold under `limit` bytes
+    (default CUDNN_PYGRAPH_COMPILED_CACHE_MAX_BYTES; 0: no limit): other marked schemas
+    first, then the private Triton cache, then the oldest written environments; `keep`
+    (the live environment's hash) never goes. Nothing unmarked is counted or touched.
+    Returns how many directories went; never raises."""
     root = pathlib.Path(root or cache_root())
     limit = max_bytes() if limit is None else limit
     if limit <= 0 or check_root(root) is not None:
         return 0
-    size = _tree_bytes(root)
+    schemas = _own_schemas(root)
+    size = sum(_tree_bytes(p) for p in schemas)
     if size <= limit:
         return 0
-    live = f"v{SCHEMA}"
-    doomed = [e.path for e in _scan(root, _SCHEMA_DIR) if e.name != live]
-    envs = [e for e in _scan(root / live, _HASH_DIR) if e.name != keep]
-    envs.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime)
-    doomed += [e.path for e in envs]
+    live = str(root / f"v{SCHEMA}")
+    doomed = [p for p in schemas if p != live]
+    if live in schemas:
+        doomed += [e.path for e in _scan(live, re.compile(_TRITON_DIR))]
+        envs = [e for e in _scan(live, _HASH_DIR) if e.name != keep]
+        envs.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime)
+        doomed += [e.path for e in envs]
     gone = 0
     for path in doomed:
         if size <= limit:
@@ -833,55 +1034,113 @@ def prune(root=None, keep=None, limit=None) -> int:
     return gone
 
 
+def _text(value, what, limit=300) -> str:
+    if type(value) is not str or len(value) > limit or not value.isprintable():
+        raise ValueError(f"its {what} is not a short printable string")
+    return value
+
+
+def _small_int(value, what) -> int:
+    if type(value) is not int or not 0 <= value < 1 << 20:
+        raise ValueError(f"its {what} is not a small integer")
+    return value
+
+
+def _field(record, name, kind):
+    value = record.get(name)
+    if type(value) is not kind:
+        raise ValueError(f"its {name} is a {type(value).__name__}, not a {kind.__name__}")
+    return value
+
+
+def describe(record) -> dict:
+    """What `cudnn-pygraph cache list` / `stats` show of a record: kernel, arch, written,
+    device, as short printable text. Raises ValueError naming the first garbled field (a
+    record is whatever the disk holds)."""
+    if type(record) is not dict:
+        raise ValueError(f"it is a JSON {type(record).__name__}, not an object")
+    key = _field(record, "key", dict)
+    target = _field(key, "target", list)
+    if len(target) != 3:
+        raise ValueError("its target is not [backend, arch, warp size]")
+    device = _field(_field(record, "environment", dict), "device", dict)
+    cc = _field(device, "cc", list)
+    if not 1 <= len(cc) <= 3:
+        raise ValueError("its device's cc is not [major, minor]")
+    return {
+        "kernel": _text(key.get("kernel"), "kernel"),
+        "arch": str(_small_int(target[1], "arch")),
+        "written": _text(record.get("written"), "write time", 40),
+        "device": f"{_text(device.get('name'), 'device name')} sm_"
+        + "".join(str(_small_int(c, "compute capability")) for c in cc),
+    }
+
+
 def entries(root=None) -> list:
-    """Every entry of this schema under `root`: dicts with env (hash), entry (hash), path,
-    bytes, and the record (None when it is missing or unreadable: a miss)."""
+    """Every entry of this schema under `root` (in a schema directory the cache marked):
+    dicts with env (hash), entry (hash), path, bytes, and either `shown` (describe's
+    fields) or `problem` (why the record cannot be shown: it is a miss)."""
     root = pathlib.Path(root or cache_root())
     out = []
-    for env in _scan(root / f"v{SCHEMA}", _HASH_DIR):
+    schema = root / f"v{SCHEMA}"
+    if not _is_marked(schema):
+        return out
+    for env in _scan(schema, _HASH_DIR):
         if not env.is_dir(follow_symlinks=False):
             continue
         for entry in _scan(env.path, re.compile(r"[0-9a-f]{32}")):
             if not entry.is_dir(follow_symlinks=False):
                 continue
+            row = {"env": env.name, "entry": entry.name, "path": entry.path,
+                   "bytes": _tree_bytes(entry.path), "shown": None, "problem": None}  # fmt: skip
             try:
-                record = json.loads(_read_file(os.path.join(entry.path, RECORD), _RECORD_MAX_BYTES))
-                record = record if isinstance(record, dict) else None
-            except (OSError, ValueError, Unsafe):
-                record = None
-            out.append({"env": env.name, "entry": entry.name, "path": entry.path,
-                        "bytes": _tree_bytes(entry.path), "record": record})  # fmt: skip
+                blob = _read_file(os.path.join(entry.path, RECORD), _RECORD_MAX_BYTES)
+                row["shown"] = describe(json.loads(blob))
+            except FileNotFoundError:
+                row["problem"] = "no record"
+            except (OSError, Unsafe) as exc:
+                row["problem"] = f"unreadable: {exc.strerror if isinstance(exc, OSError) else exc}"
+            except RecursionError:
+                row["problem"] = "garbled: nested too deep"
+            except UnicodeDecodeError:
+                row["problem"] = "garbled: not UTF-8"
+            except ValueError as exc:  # json's own errors included
+                row["problem"] = f"garbled: {exc}"[:200]
+            out.append(row)
     return out
 
 
 def usage(root=None) -> dict:
     """What `cudnn-pygraph cache stats` prints: the root, its state, the limit, and per
-    environment the entries, bytes, last write and device."""
+    environment the entries (and how many cannot be read), bytes, last write and device."""
     root = pathlib.Path(root or cache_root())
     envs = {}
     for e in entries(root):
-        row = envs.setdefault(e["env"], {"entries": 0, "bytes": 0, "written": "", "device": "?"})
+        row = envs.setdefault(
+            e["env"], {"entries": 0, "unreadable": 0, "bytes": 0, "written": "", "device": "?"}
+        )
         row["entries"] += 1
         row["bytes"] += e["bytes"]
-        rec = e["record"] or {}
-        row["written"] = max(row["written"], str(rec.get("written", "")))
-        dev = (rec.get("environment") or {}).get("device") or {}
-        if isinstance(dev, dict) and dev.get("name"):
-            row["device"] = f"{dev['name']} sm_{''.join(map(str, dev.get('cc', [])))}"
+        if e["shown"] is None:
+            row["unreadable"] += 1
+            continue
+        row["written"] = max(row["written"], e["shown"]["written"])
+        row["device"] = e["shown"]["device"]
     return {
         "root": str(root),
         "enabled": enabled(),
         "refused": check_root(root),
         "schema": SCHEMA,
         "max_bytes": max_bytes(),
-        "bytes": _tree_bytes(root) if root.is_dir() else 0,
+        "bytes": _own_bytes(root) if root.is_dir() else 0,
         "environments": envs,
     }
 
 
 def clear(root=None) -> tuple:
-    """Remove every schema directory under `root` (nothing else there is touched);
-    returns (entries, bytes) removed. A root of another user is left alone (Unsafe)."""
+    """Remove every schema directory under `root` that the cache marked as its own (nothing
+    else there is touched); returns (entries, bytes) removed. A root of another user is
+    left alone (Unsafe)."""
     root = pathlib.Path(root or cache_root())
     if not root.exists():
         return 0, 0
@@ -889,15 +1148,16 @@ def clear(root=None) -> tuple:
     if st.st_uid != os.geteuid():
         raise Unsafe(f"{root} is owned by uid {st.st_uid}, not this user: not clearing it")
     count, size = len(entries(root)), 0
-    for d in _scan(root, _SCHEMA_DIR):
-        size += _tree_bytes(d.path)
-        _remove(d.path)
+    for path in _own_schemas(root):
+        size += _tree_bytes(path)
+        _remove(path)
     return count, size
 
 
 __all__ = [
-    "CACHE_ENV", "DEFAULT_MAX_BYTES", "DISABLE_ENV", "MAX_BYTES_ENV", "SCHEMA", "Store",
-    "Unsafe", "cache_home", "cache_root", "check_root", "clear", "compile", "device_facts",
+    "CACHE_ENV", "DEFAULT_MAX_BYTES", "DISABLE_ENV", "MARKER", "MAX_BYTES_ENV", "SCHEMA",
+    "Store", "Unsafe", "cache_home", "cache_root", "check_root", "clear", "compile",
+    "describe", "device_facts",
     "dist_version", "enabled", "entries", "environment", "environment_hash", "kernel_key",
     "max_bytes", "prepare_triton_driver", "prune", "source_digest", "stats", "usage",
 ]  # fmt: skip
