@@ -718,8 +718,16 @@ def _install_builders():
         if spec.name in pygraph.__dict__:
             raise RuntimeError(f"op {spec.name!r} collides with a pygraph method")
         setattr(pygraph, spec.name, Builder(spec))
+    # The classic's names for the SDPA builders: the same builders (nodes named sdpa.N),
+    # as its binding makes them.
+    for alias, name in _BUILDER_ALIASES.items():
+        setattr(pygraph, alias, pygraph.__dict__[name])
 
 
+_BUILDER_ALIASES = {
+    "scaled_dot_product_flash_attention": "sdpa",
+    "scaled_dot_product_flash_attention_backward": "sdpa_backward",
+}
 _install_builders()
 
 

@@ -1,0 +1,6 @@
+"""The classic `cudnn.nodes` module path: programs written against NVIDIA's package import
+the IR's Node from here. It is the top-level `Node` (graph/node.py), not a second type."""
+
+from .graph.node import Node
+
+__all__ = ["Node"]
