@@ -68,9 +68,10 @@ def candidate_verdicts(graph, family):
     return verdicts, accepted
 
 
-def _prepare(graph):
-    """validate -> finalize backend layout -> freeze -> attach facts."""
-    if graph._planning is not None:
+def _prepare(graph, *, planned_ok=False):
+    """validate -> finalize backend layout -> freeze -> attach facts (each step idempotent:
+    a graph already prepared is prepared again at no cost)."""
+    if graph._planning is not None and not planned_ok:
         raise GraphStateError(
             "create_execution_plans() was already called: plan a new graph "
             "to plan differently, or switch plans with select_plan()"
@@ -110,33 +111,77 @@ def create_execution_plans(graph, modes):
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineSurvey:
+    """What manual plan creation chooses among before any plan list exists (classic
+    get_engine_count / get_knobs_for_engine / create_execution_plan without
+    create_execution_plans): the python engines that accept the graph, asked as
+    create_execution_plans asks them. Cached on the (frozen) graph."""
+
+    family: object
+    accepted: dict  # {engine_id: engine}
+    verdicts: list
+    backend_decline: object
+
+
+def engine_survey(graph):
+    survey = graph.__dict__.get("_survey")
+    if survey is None:
+        family, _, backend_decline, _ = _prepare(graph, planned_ok=True)
+        verdicts, accepted = candidate_verdicts(graph, family)
+        survey = EngineSurvey(family, accepted, verdicts, backend_decline)
+        graph.__dict__["_survey"] = survey
+    return survey
+
+
 def create_execution_plan(graph, engine_id, public_knobs):
-    """Replay (engine_id, {knob_type: int}) exactly: the one plan it names."""
+    """Append the one plan (engine_id, {knob_type: int}) names to the graph's plan list,
+    starting the list when the graph has none: the classic's manual plan creation (any
+    number of calls, before or after create_execution_plans; a config already listed is
+    not listed twice) and the replay of a recorded plan. A config the engine refuses
+    raises and lists nothing."""
     knobs = {knob_type(int(k)): int(v) for k, v in _checked_knobs(public_knobs).items()}
-    family, _, backend_decline, adapter = _prepare(graph)
-    backend = adapter.BACKEND
+    survey = engine_survey(graph)
+    record = graph._planning
+    backend = manifest.backend_adapter().BACKEND
+    engine = None
     if engine_ids.is_backend_id(engine_id):
         plan = backend.replay_entry(graph, engine_id, knobs)
-        accepted, verdicts = {}, []
     else:
-        fam, slot = manifest.engine_for_id(engine_id)
-        if family is None or fam.name != family.name:
-            raise cudnnGraphNotSupportedError(
-                f"engine id {engine_id} ({slot.name}) belongs to family '{fam.name}', "
-                f"not this graph's ({family.name if family else 'none'})"
-            )
-        engine = manifest.instantiate(fam, slot)
-        try:
-            engine.check_support(graph)
-        except DECLINE_ERRORS as exc:
-            raise cudnnGraphNotSupportedError(
-                f"{slot.name} [{engine_id}] declines this graph: {exc}"
-            ) from exc
+        engine = (record.engines if record else {}).get(engine_id) or survey.accepted.get(engine_id)
+        if engine is None:
+            engine = _replay_engine(graph, survey.family, engine_id)
         plan = PlanConfig(engine_id, engine.knobs_from_public(knobs))
-        accepted, verdicts = {engine_id: engine}, [Verdict(engine_id, slot.name, True)]
-    record = PlanningRecord(graph, family, accepted, backend, [plan], verdicts, {}, backend_decline)
-    graph.__dict__["_planning"] = record
-    graph.__dict__["_state"] = lifecycle.Planned()
+    if record is None:
+        record = PlanningRecord(
+            graph, survey.family, {}, backend, [], [], {}, survey.backend_decline
+        )
+        graph.__dict__["_planning"] = record
+        graph.__dict__["_state"] = lifecycle.Planned()
+    if engine is not None and engine_id not in record.engines:
+        record.engines[engine_id] = engine
+        record.verdicts.append(Verdict(engine_id, engine.name, True))
+    if all(p.identity != plan.identity for p in record.plans):
+        record.plans.append(plan)
+
+
+def _replay_engine(graph, family, engine_id):
+    """The python engine `engine_id` names, asked check_support now: an opt-in engine the
+    survey did not offer is still replayed by its id."""
+    fam, slot = manifest.engine_for_id(engine_id)
+    if family is None or fam.name != family.name:
+        raise cudnnGraphNotSupportedError(
+            f"engine id {engine_id} ({slot.name}) belongs to family '{fam.name}', "
+            f"not this graph's ({family.name if family else 'none'})"
+        )
+    engine = manifest.instantiate(fam, slot)
+    try:
+        engine.check_support(graph)
+    except DECLINE_ERRORS as exc:
+        raise cudnnGraphNotSupportedError(
+            f"{slot.name} [{engine_id}] declines this graph: {exc}"
+        ) from exc
+    return engine
 
 
 def _checked_knobs(public):
