@@ -48,8 +48,9 @@ def selected_name(g):
 
 # ---------------------------------------------------------------- note filters
 NOTE_CASES = {
-    # call, notes -> the plan the build selects (tc_big carries TENSOR_CORE and
-    # RUNTIME_COMPILATION, plain_small no note; the stand-in backend's entries follow)
+    # call, notes -> the plan the build selects (tc_big declares TENSOR_CORE and
+    # RUNTIME_COMPILATION, plain_small no note; every python plan carries
+    # RUNTIME_COMPILATION all the same; the stand-in backend's entries follow)
     "select-numeric-kept": ("select_numeric_notes", [numerical_note.TENSOR_CORE], "tc_big"),
     "deselect-numeric-barred": (
         "deselect_numeric_notes",
@@ -63,10 +64,10 @@ NOTE_CASES = {
     ),
     "deselect-numeric-none-carry": ("deselect_numeric_notes", [numerical_note.FFT], "tc_big"),
     "select-behavior": ("select_behavior_notes", [behavior_note.RUNTIME_COMPILATION], "tc_big"),
-    "deselect-behavior": (
+    "deselect-behavior": (  # no python plan is left: the backend's entries
         "deselect_behavior_notes",
         [behavior_note.RUNTIME_COMPILATION],
-        "plain_small",
+        "cudnn_backend:heuristic",
     ),
 }
 
@@ -352,7 +353,7 @@ def planned(
 NOTES_AT = {
     # our index -> (notes, the backend index asked, None for a python plan)
     "python-declared": (0, [RC], None),
-    "python-none": (1, [], None),
+    "python-declaring-none": (1, [RC], None),  # compiled at run time all the same
     "backend-A-cpp0": (3, [CG], 0),
     "backend-A-cpp1": (4, [RC], 1),
     "backend-fallback-cpp2": (5, [], 2),
@@ -385,7 +386,7 @@ SELECTED = {
     # how the plan is selected -> the notes of the selected plan
     "build-walk-python-first": (None, [RC]),
     "pinned-backend-entry": (3, [CG]),
-    "pinned-python-plan": (1, []),
+    "pinned-python-plan": (1, [RC]),  # plain_small declares none: it compiles at run time
     "pinned-delegate-built": (2, [RC]),
 }
 
@@ -759,3 +760,15 @@ def test_a_backend_note_we_lack_is_a_version_skew_said_so(monkeypatch):
         RuntimeError, match="behavior note .*FUTURE_NOTE.* cudnn_pygraph.behavior_note lacks"
     ):
         g.get_behavior_notes_for_plan_at_index(3)
+
+
+def test_every_triton_plan_reports_runtime_compilation(monkeypatch):
+    # the production families: the Triton GEMM declares no note, and compiles at run time
+    monkeypatch.setattr(adapter, "backend_installed", lambda: False)
+    g = gemm_graph()
+    g.create_execution_plans([heur_mode.A])
+    assert g.get_plan_name_at_index(0).startswith("triton_gemm")
+    python = [i for i, p in enumerate(g.plans) if p.engine_id >= 20000]
+    assert python and all(g.get_behavior_notes_for_plan_at_index(i) == [RC] for i in python)
+    g.deselect_behavior_notes([RC])
+    assert all(g._planning.barred(i) for i in python)

@@ -8,7 +8,8 @@ Every answer is in our vocabulary (behavior_note, knob_type, KnobRange, our Tens
 backend's objects are converted by member name here and never returned.
 
 * get_behavior_notes_for_plan_at_index(i): a python plan answers the notes its engine
-  declares (`BaseEngine.behavior_notes`, the same notes select/deselect_behavior_notes
+  declares (`BaseEngine.behavior_notes`) and RUNTIME_COMPILATION, which every python plan
+  carries (classic_parity.python_plan_notes: the notes select/deselect_behavior_notes
   judge); a backend entry the backend's notes for its cpp_index (its own engine config); the delegating entry
   (BACKEND_HEURISTIC_ENGINE_ID) names no backend plan until it is built, then the notes of
   the plan the backend built for it (the one executing it runs); before: GraphStateError.
@@ -48,6 +49,7 @@ from .._types import (
     knob_type,
 )
 from ..planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, is_backend_id
+from .classic_parity import python_plan_notes
 from .lowering import our_enum
 
 
@@ -95,8 +97,7 @@ def behavior_notes_at(graph, index, where=None):
         )
     plan = record.plans[index]
     if not is_backend_id(plan.engine_id):
-        declared = record.engines[plan.engine_id].behavior_notes or ()
-        return list(dict.fromkeys(behavior_note(n) for n in declared))
+        return list(python_plan_notes(record.engines[plan.engine_id], "behavior"))
     if plan.engine_id == BACKEND_HEURISTIC_ENGINE_ID:
         if plan.identity not in record.built:
             raise GraphStateError(
