@@ -554,6 +554,18 @@ def test_manual_creation_appends_once_and_a_refusal_lists_nothing(monkeypatch):
     assert len(g.plans) == 2
 
 
+def test_heuristics_after_a_manual_list_append_behind_it(monkeypatch):
+    g = lowered_unplanned(monkeypatch, PickyBackend())
+    g.create_execution_plan(7, {knob_type.TILE_SIZE: 1})
+    g.create_execution_plan(PLAIN_SMALL, {})
+    g.create_execution_plans([heur_mode.A])
+    ids = [p.engine_id for p in g.plans]
+    assert ids[:2] == [7, PLAIN_SMALL] and TC_BIG in ids
+    assert len({p.identity for p in g.plans}) == len(ids)  # (7, TILE_SIZE=1) once
+    with pytest.raises(GraphStateError, match="already called"):
+        g.create_execution_plans([heur_mode.A])
+
+
 def test_manual_creation_appends_to_a_heuristic_list(monkeypatch):
     g = planned(monkeypatch, backend=PickyBackend())
     before = list(g.plans)

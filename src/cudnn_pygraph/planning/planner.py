@@ -87,7 +87,8 @@ def _prepare(graph, *, planned_ok=False):
 
 def create_execution_plans(graph, modes):
     modes = [heur_mode(m) for m in modes]
-    family, record_facts, backend_decline, adapter = _prepare(graph)
+    manual = graph._planning if graph._planning is not None and graph._planning.manual else None
+    family, record_facts, backend_decline, adapter = _prepare(graph, planned_ok=bool(manual))
     verdicts, accepted = candidate_verdicts(graph, family)
     backend = adapter.BACKEND
     backend_entries, backend_outcome = backend.plan_entries(graph, modes)
@@ -95,6 +96,9 @@ def create_execution_plans(graph, modes):
         manifest.resolve(family.heuristics) if family and family.heuristics and accepted else None
     )
     plans = heuristics.rank(graph, hook, record_facts, accepted, backend_entries, modes)
+    if manual is not None:
+        _append_ranked(manual, plans, accepted, verdicts, backend_outcome)
+        return
     record = PlanningRecord(
         graph, family, accepted, backend, plans, verdicts, backend_outcome, backend_decline
     )
@@ -139,7 +143,8 @@ def create_execution_plan(graph, engine_id, public_knobs):
     starting the list when the graph has none: the classic's manual plan creation (any
     number of calls, before or after create_execution_plans; a config already listed is
     not listed twice) and the replay of a recorded plan. A config the engine refuses
-    raises and lists nothing."""
+    raises and lists nothing. A create_execution_plans() after it appends the ranked list
+    (once), as the classic's does."""
     knobs = {knob_type(int(k)): int(v) for k, v in _checked_knobs(public_knobs).items()}
     survey = engine_survey(graph)
     record = graph._planning
@@ -156,6 +161,7 @@ def create_execution_plan(graph, engine_id, public_knobs):
         record = PlanningRecord(
             graph, survey.family, {}, backend, [], [], {}, survey.backend_decline
         )
+        record.manual = True
         graph.__dict__["_planning"] = record
         graph.__dict__["_state"] = lifecycle.Planned()
     if engine is not None and engine_id not in record.engines:
@@ -163,6 +169,24 @@ def create_execution_plan(graph, engine_id, public_knobs):
         record.verdicts.append(Verdict(engine_id, engine.name, True))
     if all(p.identity != plan.identity for p in record.plans):
         record.plans.append(plan)
+
+
+def _append_ranked(record, plans, accepted, verdicts, backend_outcome):
+    """The classic's create_execution_plans after create_execution_plan: the ranked list
+    follows the hand-built one (a config already listed stays where it is), once: the
+    list is then a heuristic one, and a further create_execution_plans() raises."""
+    listed = {p.identity for p in record.plans}
+    record.plans.extend(p for p in plans if p.identity not in listed)
+    for eid, engine in accepted.items():
+        record.engines.setdefault(eid, engine)
+    known = {v.engine_id for v in record.verdicts}
+    record.verdicts.extend(v for v in verdicts if v.engine_id not in known)
+    record.backend_outcome.update(backend_outcome)
+    record.manual = False
+    if not record.plans:
+        raise cudnnGraphNotSupportedError(
+            f"no plan for graph '{record.graph.name}': " + record.why_empty()
+        )
 
 
 def _replay_engine(graph, family, engine_id):
@@ -210,6 +234,8 @@ class PlanningRecord:
         self.verdicts = verdicts
         self.backend_outcome = backend_outcome  # {heur_mode: "ok" | reason}
         self.backend_decline = backend_decline  # the layout-inference decline, or None
+        # started by create_execution_plan: a create_execution_plans() then appends to it
+        self.manual = False
         self.built = {}  # identity -> CompiledPlan
         self.build_errors = {}  # identity -> reason
         self.selected = None
