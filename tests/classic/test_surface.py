@@ -194,6 +194,21 @@ def test_nvidias_submodules_import_under_ours(name):
         assert (getattr(theirs, attr) is getattr(nvidia, attr)) is True
 
 
+def test_nvidias_submodule_paths_give_our_types_under_the_alias():
+    # `sys.modules["cudnn"] = cudnn_pygraph`, then `import cudnn.graph_types`: the import
+    # system loads the file again under the alias's name; its names must be our types
+    code = (
+        "import sys, cudnn_pygraph as c; sys.modules['cudnn'] = c\n"
+        "import cudnn.graph_types as gt, cudnn.nodes as nd\n"
+        "g = c.pygraph(); t = g.tensor([1, 2, 3])\n"
+        "assert gt.NodeType is c.NodeType and gt.Tensor is c.Tensor and nd.Node is c.Node\n"
+        "assert isinstance(t, gt.Tensor)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 def test_from_nvidias_submodules_a_program_builds_our_graph():
     from cudnn_pygraph.graph_types import NodeType, Tensor
     from cudnn_pygraph.nodes import Node
