@@ -10,7 +10,13 @@ On the GPU, per graph:
     same inputs, writes the same bits to every output (NaN equal to NaN);
   * python plans: every python plan of ours that builds agrees with our backend plan on
     every output it writes (Stats, score_max, score_sum_exp included), within the output
-    dtype's tolerance (TOLERANCE).
+    dtype's tolerance (TOLERANCE);
+  * the classic's leniencies: backend plan 0 run again with every input rebound to a
+    larger compact buffer (other extents, the declared layout at its start), then with
+    16-bit float inputs rebound as the other 16-bit float (same bits): each package
+    accepts or refuses alike, and what runs writes the first run's bits; and NVIDIA's
+    manual plan loop (get_engine_count, get_knobs_for_engine, create_execution_plan per
+    KERNEL_CFG) on fresh graphs lists the same engines and builds alike.
 Without a GPU (--cpu) only the first two run, over more graphs.
 
     PYTHONPATH=$PWD/src:$PWD/tests python bench/classic_differential.py \\
@@ -46,6 +52,9 @@ OUT = ROOT / "bench" / "results" / "classic_differential.md"
 # (atol, rtol) of a python plan's output against the backend plan's, per output dtype
 TOLERANCE = {"FLOAT": (2e-3, 2e-3), "HALF": (2e-2, 2e-2), "BFLOAT16": (6e-2, 6e-2)}
 # pass-by-value scalars by name prefix (the generator's names): host values
+# NVIDIA's manual plan loop runs on every MANUAL_EVERY-th graph (it creates a plan per
+# engine and KERNEL_CFG value)
+MANUAL_EVERY = 4
 # how long past the budget a worker may finish its graph before it is killed
 GRACE_S = 30
 SCALARS = {
@@ -420,7 +429,100 @@ def gpu_record(seed):
             ok, ratio = _within(torch, outs["ours"][n], reference[n], t.data_type.name)
             verdicts[n] = {"ok": ok, "ratio": round(ratio, 3)}
         rec["python_plans"].append({"plan": label, "status": "ran", "outputs": verdicts})
+    first = {
+        name: next(
+            i for i, p in enumerate(_plan_list(name, g)) if getattr(p, "cpp_index", None) == 0
+        )
+        for name, g in graphs.items()
+    }
+    rec["larger_buffers"] = _rebound_run(
+        torch, graphs, first, feeds, outs, envs, packs, _larger_compact
+    )
+    rec["same_size_dtypes"] = _rebound_run(
+        torch, graphs, first, feeds, outs, envs, packs, _same_size_dtype
+    )
+    if seed % MANUAL_EVERY == 0:  # a loop over every engine's configs: not every graph
+        rec["manual_plans"] = _manual_plans(bound)
     return rec
+
+
+# ---------------------------------------------------------------- the classic's leniencies
+# Each probe asks both packages the same thing; a record says what each did.
+def _larger_compact(torch, buf):
+    """A compact buffer of OTHER extents, twice the declared bytes, in a non-row-major
+    order (a transposed (2, n) block), holding `buf`'s elements in the declared layout at
+    its start: what the classic reads the declared extent from."""
+    if buf.device.type != "cuda" or buf.numel() == 0:
+        return buf
+    span = 1 + sum((e - 1) * s for e, s in zip(buf.shape, buf.stride()))
+    block = torch.empty(2 * span, dtype=buf.dtype, device=buf.device)
+    block.as_strided(buf.shape, buf.stride()).copy_(buf)
+    return block.view(2, span).t()
+
+
+def _same_size_dtype(torch, buf):
+    """The same bits under the other 16-bit float dtype (bf16 <-> fp16)."""
+    other = {torch.float16: torch.bfloat16, torch.bfloat16: torch.float16}.get(buf.dtype)
+    return buf if other is None or buf.device.type != "cuda" else buf.view(other)
+
+
+def _rebound_run(torch, graphs, first, feeds, outs, envs, packs, rebind):
+    """Backend plan 0 of each package run again with every graph input rebound through
+    `rebind`: {package: "ok" or the error, "bitwise": the outputs equal the first run's
+    in both}, or None when `rebind` changes nothing for this graph."""
+    if all(rebind(torch, v) is v for v in feeds.values()):
+        return None
+    out = {"bitwise": True}
+    for name, g in graphs.items():
+        env, saved = envs[name], {n: b.clone() for n, b in outs[name].items()}
+        pack = dict(packs[name])
+        pack.update({env[n]: rebind(torch, v) for n, v in feeds.items() if n in env})
+        for b in outs[name].values():
+            b.fill_(float("nan")) if b.is_floating_point() else b.zero_()
+        try:
+            _run_plan(torch, g, first[name], pack)
+            out[name] = "ok"
+            out["bitwise"] &= all(_same_bits(outs[name][n], saved[n]) for n in saved)
+        except Exception as exc:  # noqa: BLE001 — recorded, compared
+            out[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            out["bitwise"] = False
+        for n, b in saved.items():
+            outs[name][n].copy_(b)
+    return out
+
+
+def _manual_plans(desc):
+    """NVIDIA's manual loop (test_conv_bias.py) on fresh graphs of each package: every
+    engine of range(get_engine_count()), every KERNEL_CFG value; then check_support and
+    build_plans. {package: (backend engine ids listed, "ok" or the error)}."""
+    out = {}
+    for name, module in cd.packages().items():
+        g, _ = cg.build(module, desc, deviceless=False)
+        try:
+            g.validate()
+            g.build_operation_graph()
+            for engine in range(g.get_engine_count()):
+                try:
+                    knobs = g.get_knobs_for_engine(engine)
+                except RuntimeError:
+                    continue
+                for knob in knobs:
+                    if knob.type.name != "KERNEL_CFG":
+                        continue
+                    for cfg in range(knob.min_value, knob.max_value + 1, knob.stride or 1):
+                        try:
+                            g.create_execution_plan(engine, {knob.type: cfg})
+                        except RuntimeError:
+                            continue
+            listed = [
+                g.get_engine_and_knobs_at_index(i)[0] for i in range(g.get_execution_plan_count())
+            ]
+            g.check_support()
+            g.build_plans()
+            out[name] = (listed, "ok")
+        except Exception as exc:  # noqa: BLE001 — recorded, compared
+            out[name] = (None, f"{type(exc).__name__}: {str(exc)[:200]}")
+    return out
 
 
 def worker(start, step, count, deadline, out_path):
@@ -547,6 +649,16 @@ def gpu_findings(rec):
         bad = [f"{n} x{v['ratio']}" for n, v in p["outputs"].items() if not v["ok"]]
         if bad:
             out.append(f"python plan {p['plan'].split('[')[0]} off the backend: " + ", ".join(bad))
+    for probe in ("larger_buffers", "same_size_dtypes"):
+        r = rec.get(probe)
+        if r and (r.get("ours") != r.get("nvidia") or not r["bitwise"]):
+            out.append(
+                f"{probe}: ours={r.get('ours', '')[:80]} nvidia={r.get('nvidia', '')[:80]} "
+                f"bitwise={r['bitwise']}"
+            )
+    manual = rec.get("manual_plans")
+    if manual and manual["ours"] != manual["nvidia"]:
+        out.append(f"manual plans: ours={manual['ours']} nvidia={manual['nvidia']}"[:300])
     return out
 
 
@@ -564,6 +676,15 @@ def gpu_section(records, seconds, command):
     py_ran = [p for p in py if p["status"] == "ran"]
     py_ok = sum(all(v["ok"] for v in p["outputs"].values()) for p in py_ran)
     verdicts = sum(bool(r.get("verdicts_agree")) for r in records)
+
+    def probe_row(key):
+        tried = [r[key] for r in records if r.get(key)]
+        same = sum(p.get("ours") == p.get("nvidia") and p["bitwise"] for p in tried)
+        ran = sum(p.get("nvidia") == "ok" for p in tried)
+        return f"{same} of {len(tried)} (NVIDIA's ran {ran})"
+
+    manual = [r["manual_plans"] for r in records if r.get("manual_plans")]
+    manual_same = sum(m["ours"] == m["nvidia"] for m in manual)
     harness = sum("harness_error" in r for r in records)
     lines = [
         "## GPU run",
@@ -578,6 +699,9 @@ def gpu_section(records, seconds, command):
         f"| same build outcome (both built) | {same_build} of {len(built)} ({both_built}) |",
         f"| backend plans run in both: bitwise-equal outputs | {bitwise} of {len(executed)} |",
         f"| python plans tried / ran / within tolerance on every output | {len(py)} / {len(py_ran)} / {py_ok} |",
+        f"| inputs rebound to larger compact buffers: same outcome, same bits | {probe_row('larger_buffers')} |",
+        f"| 16-bit float inputs rebound as the other 16-bit float: same outcome, same bits | {probe_row('same_size_dtypes')} |",
+        f"| NVIDIA's manual KERNEL_CFG loop: same engines listed, same outcome | {manual_same} of {len(manual)} |",
         f"| harness errors (a worker died, or the harness failed on a graph) | {harness} |",
         "",
         "### Disagreements by cause",

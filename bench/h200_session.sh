@@ -78,7 +78,8 @@ tests_full() { tests_gate; }
 tests_parity() {
   gpu_suite classic 240 tests/classic tests/gpu/test_classic_call_sequences_gpu.py \
     tests/gpu/test_sdpa_backend_parity_gpu.py tests/gpu/test_native_backend_lowering.py \
-    tests/gpu/test_serialize_gpu.py tests/gpu/test_causal_conv1d_gpu.py
+    tests/gpu/test_serialize_gpu.py tests/gpu/test_causal_conv1d_gpu.py \
+    tests/gpu/test_classic_matmul_sample_gpu.py
 }
 tests_serving() {
   gpu_suite streams 200 tests/gpu/test_plan_streams_gpu.py tests/gpu/test_sdpa_vs_backend_gpu.py \

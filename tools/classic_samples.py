@@ -3,7 +3,7 @@ and tabulate both outcomes: bench/results/classic_samples.md.
 
     git -C <cudnn-frontend git dir> archive HEAD samples/python | tar -x -C /tmp/nv
     PYTHONPATH=$PWD/src python tools/classic_samples.py /tmp/nv/samples/python \\
-        [--jobs 16] [--timeout 200] [--only 50_] [--out bench/results/classic_samples.md]
+        [--jobs 16] [--timeout 200] [--only 50_] [--seed 0] [--out bench/results/classic_samples.md]
 
 The samples are read where they lie, never copied here. Each notebook runs in its own
 subprocess per package (in parallel, `--jobs` at a time), its code cells in order in one
@@ -14,8 +14,10 @@ has loaded NVIDIA's frontend, which it reaches by that name), so the cells' own
 `import cudnn` text runs unchanged against our package.
 
 Before the first cell each child seeds Python's `random`, numpy's global generator and
-torch (all devices) with SEED, the same in every run: notebooks that draw unseeded inputs
-then give both packages the same inputs, so comparing the two runs' tensors means something.
+torch (all devices) with --seed (SEED unless given), the same for both packages: notebooks
+that draw unseeded inputs then give both packages the same inputs, so comparing the two
+runs' tensors means something; repeats with other seeds draw other inputs, so a check that
+passes only on some inputs shows as flaky.
 
 What each run records: the outcome (ran, or the first failing cell with the error type and
 message) and every check the notebook makes through torch.testing.assert_close /
@@ -126,22 +128,22 @@ class CheckRecorder:
         return x if isinstance(x, self.torch.Tensor) else self.torch.as_tensor(x)
 
 
-def seed_generators(torch):
-    """Seed random, numpy (when installed) and torch (when given; every device) with SEED."""
+def seed_generators(torch, seed=SEED):
+    """Seed random, numpy (when installed) and torch (when given; every device) with seed."""
     import random
 
-    random.seed(SEED)
+    random.seed(seed)
     try:
         import numpy
     except ImportError:
         pass
     else:
-        numpy.random.seed(SEED)
+        numpy.random.seed(seed)
     if torch is not None:
-        torch.manual_seed(SEED)
+        torch.manual_seed(seed)
 
 
-def run_notebook(path, package, out_dir):
+def run_notebook(path, package, out_dir, seed=SEED):
     """Run one notebook in THIS process (the child's job) and write
     `out_dir/result.json` (+ `checks.pt` when torch is present)."""
     path = pathlib.Path(path).resolve()
@@ -174,7 +176,7 @@ def run_notebook(path, package, out_dir):
         if torch is not None:
             recorder = CheckRecorder(torch)
             recorder.install()
-        seed_generators(torch)
+        seed_generators(torch, seed)
         os.chdir(path.parent)
         namespace = {"__name__": "__main__"}
         for index, source in cells:
@@ -203,7 +205,7 @@ def run_notebook(path, package, out_dir):
 
 
 # ---------------------------------------------------------------- the parent
-def run_all(samples_dir, jobs, timeout, only=None, work=None):
+def run_all(samples_dir, jobs, timeout, only=None, work=None, seed=SEED):
     """{(notebook name, package): result dict} for every notebook x package, each in its
     own subprocess. A subprocess past `timeout` is recorded as a timeout."""
     notebooks = sorted(pathlib.Path(samples_dir).glob("*.ipynb"))
@@ -224,6 +226,8 @@ def run_all(samples_dir, jobs, timeout, only=None, work=None):
             pkg,
             "--child-out",
             str(out_dir),
+            "--seed",
+            str(seed),
         ]
         env = dict(os.environ, MPLBACKEND="Agg", PYTHONUNBUFFERED="1")
         t0 = time.monotonic()
@@ -328,7 +332,7 @@ def largest_check(res):
     return f"{max(diffs):.3g}" if diffs else "-"
 
 
-def render(results, command, samples_dir, missing=None):
+def render(results, command, samples_dir, missing=None, seed=SEED):
     names = sorted({nb for nb, _ in results})
     both = sum(
         results[(n, "nvidia")]["status"] == results[(n, "ours")]["status"] == "ran" for n in names
@@ -348,7 +352,7 @@ def render(results, command, samples_dir, missing=None):
         "'largest check |diff|' is the largest absolute difference of any tensor pair the",
         "notebook compares (torch.testing.assert_close / allclose / isclose) in that run;",
         "'ours vs NVIDIA' the largest difference between the two runs' checked tensors, where",
-        f"both ran. Each run seeds random, numpy and torch with {SEED} before the first cell, so both",
+        f"both ran. Each run seeds random, numpy and torch with {seed} before the first cell, so both",
         "packages draw the same inputs where a notebook does not seed its own.",
         "",
         "| sample | NVIDIA's | ours | largest check \\|diff\\| (NVIDIA / ours) | ours vs NVIDIA | s |",
@@ -403,22 +407,33 @@ def main(argv=None):
     p.add_argument("--timeout", type=float, default=200.0, help="seconds per notebook run")
     p.add_argument("--only", help="run the notebooks whose name contains this")
     p.add_argument("--out", default=str(OUT))
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=SEED,
+        help="every child's seed (both packages alike); repeats with other seeds draw other "
+        "inputs where a notebook does not seed its own",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--package", choices=PACKAGES, help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        run_notebook(args.child, args.package, args.child_out)
+        run_notebook(args.child, args.package, args.child_out, args.seed)
         return 0
     if not args.samples_dir:
         p.error("the samples directory is required")
     t0 = time.monotonic()
-    results = run_all(args.samples_dir, args.jobs, args.timeout, args.only)
+    results = run_all(args.samples_dir, args.jobs, args.timeout, args.only, seed=args.seed)
     command = "python tools/classic_samples.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
     text = render(
-        results, command, args.samples_dir, missing_attributes(args.samples_dir, _packages())
+        results,
+        command,
+        args.samples_dir,
+        missing_attributes(args.samples_dir, _packages()),
+        seed=args.seed,
     )
     pathlib.Path(args.out).write_text(text)
     print(text)

@@ -96,6 +96,9 @@ _LAZY = {
     "get_stream": ("cudnn_pygraph.runtime.handle", "get_stream"),
     "linear_attention": ("cudnn_pygraph.linear_attention", None),
     "engines": ("cudnn_pygraph.engines", None),
+    # NVIDIA's IR module paths, which programs import NodeType, Tensor and Node from
+    "graph_types": ("cudnn_pygraph.graph_types", None),
+    "nodes": ("cudnn_pygraph.nodes", None),
     "ops": ("cudnn_pygraph.ops", None),
     "Graph": (f"{_CLASSIC}.context", "Graph"),
     "wrapper": (f"{_CLASSIC}.context", None),
@@ -120,7 +123,9 @@ _LAZY = {
 # checker sees them through __getattr__.
 if TYPE_CHECKING:  # `name as name`: a re-export (PEP 484), not an unused import
     from . import engines as engines
+    from . import graph_types as graph_types
     from . import linear_attention as linear_attention
+    from . import nodes as nodes
     from . import ops as ops
     from .backend.classic_queries import KnobRange as KnobRange
     from .backend.classic_queries import KnobRange as knob  # noqa: F401

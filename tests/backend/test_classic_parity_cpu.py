@@ -3,6 +3,8 @@ to each (backend/classic_parity.py), the argument checks, and the execute closur
 graph installs. The backend side (filters forwarded, CUDA graphs, deserialize of a real
 blob) runs in tests/gpu/test_native_backend_lowering.py."""
 
+import dataclasses
+
 import numpy as np
 import parity_engines as pe
 import pytest
@@ -46,8 +48,9 @@ def selected_name(g):
 
 # ---------------------------------------------------------------- note filters
 NOTE_CASES = {
-    # call, notes -> the plan the build selects (tc_big carries TENSOR_CORE and
-    # RUNTIME_COMPILATION, plain_small no note; the stand-in backend's entries follow)
+    # call, notes -> the plan the build selects (tc_big declares TENSOR_CORE and
+    # RUNTIME_COMPILATION, plain_small no note; every python plan carries
+    # RUNTIME_COMPILATION all the same; the stand-in backend's entries follow)
     "select-numeric-kept": ("select_numeric_notes", [numerical_note.TENSOR_CORE], "tc_big"),
     "deselect-numeric-barred": (
         "deselect_numeric_notes",
@@ -61,10 +64,10 @@ NOTE_CASES = {
     ),
     "deselect-numeric-none-carry": ("deselect_numeric_notes", [numerical_note.FFT], "tc_big"),
     "select-behavior": ("select_behavior_notes", [behavior_note.RUNTIME_COMPILATION], "tc_big"),
-    "deselect-behavior": (
+    "deselect-behavior": (  # no python plan is left: the backend's entries
         "deselect_behavior_notes",
         [behavior_note.RUNTIME_COMPILATION],
-        "plain_small",
+        "cudnn_backend:heuristic",
     ),
 }
 
@@ -350,7 +353,7 @@ def planned(
 NOTES_AT = {
     # our index -> (notes, the backend index asked, None for a python plan)
     "python-declared": (0, [RC], None),
-    "python-none": (1, [], None),
+    "python-declaring-none": (1, [RC], None),  # compiled at run time all the same
     "backend-A-cpp0": (3, [CG], 0),
     "backend-A-cpp1": (4, [RC], 1),
     "backend-fallback-cpp2": (5, [], 2),
@@ -383,7 +386,7 @@ SELECTED = {
     # how the plan is selected -> the notes of the selected plan
     "build-walk-python-first": (None, [RC]),
     "pinned-backend-entry": (3, [CG]),
-    "pinned-python-plan": (1, []),
+    "pinned-python-plan": (1, [RC]),  # plain_small declares none: it compiles at run time
     "pinned-delegate-built": (2, [RC]),
 }
 
@@ -451,9 +454,123 @@ def test_engine_count_is_the_backends_engines_plus_the_accepted_python_engines(m
     assert g.get_engine_count() == len(expected)
 
 
-def test_engine_count_state_rule():
-    with pytest.raises(GraphStateError, match="create_execution_plans"):
-        gemm_graph().get_engine_count()
+def lowered_unplanned(monkeypatch, backend=None, families=(pe.FAMILY,)):
+    """A validated graph with no plan list, the backend stand-in lowered as
+    build_operation_graph() leaves a classic graph (the engine queries' moment)."""
+    backend = backend or fakes.FakeLoweringBackend()
+    monkeypatch.setattr(adapter, "BACKEND", backend)
+    monkeypatch.setattr(adapter, "finalize_layout", backend.lower)
+    monkeypatch.setattr(manifest, "FAMILIES", tuple(families))
+    g = gemm_graph()
+    g.validate()
+    g.build_operation_graph()
+    return g
+
+
+def test_engine_queries_answer_before_any_plan_list(monkeypatch):
+    g = lowered_unplanned(monkeypatch)
+    assert g.get_engine_ids() == list(range(12)) + [TC_BIG, PLAIN_SMALL]
+    assert g.get_engine_count() == 14
+    assert g.get_knobs_for_engine(7) == [KnobRange(knob_type.TILE_SIZE, 0, 3, 1)]
+    assert g.get_knobs_for_engine(PLAIN_SMALL) == []
+    # asking starts no plan list: heuristics may still plan the graph
+    assert g.get_execution_plan_count() == 0
+    g.create_execution_plans([heur_mode.A])
+    assert g.get_execution_plan_count() > 0
+
+
+class PickyBackend(fakes.FakeLoweringBackend):
+    """Refuses engine 9's configs as the classic backend refuses a config it cannot
+    finalize (its binding's RuntimeError, as backend_error passes it on)."""
+
+    def replay_entry(self, graph, engine_id, knobs):
+        from cudnn_pygraph.backend.lowering import BackendRuntimeError
+
+        if engine_id == 9 or engine_id >= fakes.FakeBackendGraph.ENGINES:
+            raise BackendRuntimeError(f"create_execution_plan({engine_id}): not supported")
+        plan = super().replay_entry(graph, engine_id, knobs)
+        return dataclasses.replace(plan, cpp_index=engine_id)
+
+
+def classic_manual_loop(g, engines):
+    """NVIDIA's manual plan creation loop (test_conv_bias.py), over each knob axis."""
+    for engine in engines:
+        try:
+            knobs = g.get_knobs_for_engine(engine)
+        except RuntimeError:
+            continue
+        for knob in knobs:
+            for value in range(knob.min_value, knob.max_value + 1, knob.stride or 1):
+                try:
+                    g.create_execution_plan(engine, {knob.type: value})
+                except RuntimeError:
+                    continue
+        if not knobs:
+            try:
+                g.create_execution_plan(engine, {})
+            except RuntimeError:
+                continue
+
+
+def test_the_classic_manual_loop_lists_what_the_backend_supports(monkeypatch):
+    g = lowered_unplanned(monkeypatch, PickyBackend())
+    # range(get_engine_count()) as the classic writes it: 0..11 are the backend's, 12 and
+    # 13 name no engine (a RuntimeError, skipped); engine 9 refuses each of its configs
+    classic_manual_loop(g, range(g.get_engine_count()))
+    backend_ids = [p.engine_id for p in g.plans]
+    assert 9 not in backend_ids and backend_ids[:4] == [0, 1, 2, 3]
+    assert [g.get_engine_and_knobs_at_index(i) for i in range(7, 11)] == [
+        (7, {knob_type.TILE_SIZE: v}) for v in range(4)
+    ]
+    g.check_support()
+    g.build_plans()
+    assert g.selected_plan == 0
+
+
+def test_a_manual_list_holds_python_engines_by_their_ids(monkeypatch):
+    g = lowered_unplanned(monkeypatch, PickyBackend())
+    classic_manual_loop(g, g.get_engine_ids())
+    ids = [p.engine_id for p in g.plans]
+    assert ids[-2:] == [TC_BIG, PLAIN_SMALL]  # our numbering, after the backend's
+    assert g.get_plan_name_at_index(len(ids) - 1).startswith("plain_small")
+    g.select_plan(len(ids) - 2)
+    g.build_plans()
+    assert g.get_behavior_notes() == [RC]
+
+
+def test_manual_creation_appends_once_and_a_refusal_lists_nothing(monkeypatch):
+    g = lowered_unplanned(monkeypatch, PickyBackend())
+    with pytest.raises(RuntimeError, match="not supported"):
+        g.create_execution_plan(9, {})
+    assert g.get_execution_plan_count() == 0  # no list started by a refusal
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="no plan"):
+        g.check_support()
+    g.create_execution_plan(7, {knob_type.TILE_SIZE: 2})
+    g.create_execution_plan(7, {knob_type.TILE_SIZE: 2})  # already listed
+    g.create_execution_plan(PLAIN_SMALL, {})
+    assert [p.engine_id for p in g.plans] == [7, PLAIN_SMALL]
+    with pytest.raises(ValueError, match="not a knob_type"):
+        g.create_execution_plan(7, {12345: 1})
+    assert len(g.plans) == 2
+
+
+def test_heuristics_after_a_manual_list_append_behind_it(monkeypatch):
+    g = lowered_unplanned(monkeypatch, PickyBackend())
+    g.create_execution_plan(7, {knob_type.TILE_SIZE: 1})
+    g.create_execution_plan(PLAIN_SMALL, {})
+    g.create_execution_plans([heur_mode.A])
+    ids = [p.engine_id for p in g.plans]
+    assert ids[:2] == [7, PLAIN_SMALL] and TC_BIG in ids
+    assert len({p.identity for p in g.plans}) == len(ids)  # (7, TILE_SIZE=1) once
+    with pytest.raises(GraphStateError, match="already called"):
+        g.create_execution_plans([heur_mode.A])
+
+
+def test_manual_creation_appends_to_a_heuristic_list(monkeypatch):
+    g = planned(monkeypatch, backend=PickyBackend())
+    before = list(g.plans)
+    g.create_execution_plan(5, {})
+    assert list(g.plans[:-1]) == before and g.plans[-1].engine_id == 5
 
 
 KNOBS = {
@@ -537,9 +654,11 @@ def test_knobs_for_a_bad_engine_id(monkeypatch, engine_id, error, message):
         g.get_knobs_for_engine(engine_id)
 
 
-def test_knobs_for_engine_state_rule():
-    with pytest.raises(GraphStateError, match="create_execution_plans"):
-        gemm_graph().get_knobs_for_engine(7)
+def test_a_number_past_the_engines_is_a_runtime_error_as_the_classics(monkeypatch):
+    g = planned(monkeypatch, backend=PickyBackend())
+    for call in (g.get_knobs_for_engine, lambda e: g.create_execution_plan(e, {})):
+        with pytest.raises(RuntimeError):
+            call(12)
 
 
 @pytest.mark.parametrize("when", ["building", "planned"])
@@ -653,3 +772,15 @@ def test_a_backend_note_we_lack_is_a_version_skew_said_so(monkeypatch):
         RuntimeError, match="behavior note .*FUTURE_NOTE.* cudnn_pygraph.behavior_note lacks"
     ):
         g.get_behavior_notes_for_plan_at_index(3)
+
+
+def test_every_triton_plan_reports_runtime_compilation(monkeypatch):
+    # the production families: the Triton GEMM declares no note, and compiles at run time
+    monkeypatch.setattr(adapter, "backend_installed", lambda: False)
+    g = gemm_graph()
+    g.create_execution_plans([heur_mode.A])
+    assert g.get_plan_name_at_index(0).startswith("triton_gemm")
+    python = [i for i, p in enumerate(g.plans) if p.engine_id >= 20000]
+    assert python and all(g.get_behavior_notes_for_plan_at_index(i) == [RC] for i in python)
+    g.deselect_behavior_notes([RC])
+    assert all(g._planning.barred(i) for i in python)

@@ -41,10 +41,6 @@ NOT_SURFACE = {
     "module_name": "loader variable: the compiled module's name",
     "symbols_to_import": "loader variable: the names it copies off the compiled module",
     "symbol_name": "loader loop variable",
-    # NVIDIA's own file layout for its IR; what they hold (NodeType, Tensor, Node) is
-    # exported at the top level here, and our IR lives in cudnn_pygraph.graph
-    "graph_types": "NVIDIA's IR module layout (NodeType, Tensor are top-level names here)",
-    "nodes": "NVIDIA's IR module layout (Node is a top-level name here)",
 }
 
 
@@ -180,6 +176,76 @@ def test_kernel_cache_is_the_backends_and_reaches_the_backend_graph():
 
 
 # ---------------------------------------------------------------- small types
+# NVIDIA's submodules that programs import names from -> the names they import there
+SUBMODULES = {"graph_types": ("NodeType", "Tensor"), "nodes": ("Node",), "ops": ()}
+
+
+@pytest.mark.parametrize("name", sorted(SUBMODULES))
+def test_nvidias_submodules_import_under_ours(name):
+    import importlib
+
+    theirs = importlib.import_module(f"cudnn.{name}")
+    mine = importlib.import_module(f"cudnn_pygraph.{name}")
+    assert getattr(ours, name) is mine  # `cudnn.<name>` after a plain import, as theirs
+    for attr in SUBMODULES[name]:
+        assert hasattr(theirs, attr), f"NVIDIA's cudnn.{name} has no {attr} any more"
+        # the same type as the top-level name, as NVIDIA's top-level name is its submodule's
+        assert getattr(mine, attr) is getattr(ours, attr), f"cudnn_pygraph.{name}.{attr}"
+        assert (getattr(theirs, attr) is getattr(nvidia, attr)) is True
+
+
+def test_nvidias_submodule_paths_give_our_types_under_the_alias():
+    # `sys.modules["cudnn"] = cudnn_pygraph`, then `import cudnn.graph_types`: the import
+    # system loads the file again under the alias's name; its names must be our types
+    code = (
+        "import sys, cudnn_pygraph as c; sys.modules['cudnn'] = c\n"
+        "import cudnn.graph_types as gt, cudnn.nodes as nd\n"
+        "g = c.pygraph(); t = g.tensor([1, 2, 3])\n"
+        "assert gt.NodeType is c.NodeType and gt.Tensor is c.Tensor and nd.Node is c.Node\n"
+        "assert isinstance(t, gt.Tensor)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_from_nvidias_submodules_a_program_builds_our_graph():
+    from cudnn_pygraph.graph_types import NodeType, Tensor
+    from cudnn_pygraph.nodes import Node
+
+    g = ours.pygraph(io_data_type=ours.data_type.HALF, compute_data_type=ours.data_type.FLOAT)
+    a = g.tensor([1, 8, 4])
+    b = g.tensor([1, 4, 2])
+    g.matmul(a, b).set_output(True)
+    assert isinstance(a, Tensor) and all(isinstance(n, Node) for n in g.nodes)
+    assert NodeType.MATMUL.name == "MATMUL"
+
+
+def test_every_classic_graph_method_exists():
+    """The classic graph's methods (the binding's graph class, which classic programs call,
+    aliases included) all exist on ours."""
+    classic = nvidia._compiled_module.backend_graph
+    missing = sorted(
+        n for n in dir(classic) if not n.startswith("_") and not hasattr(ours.pygraph, n)
+    )
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    "alias, name",
+    [
+        ("scaled_dot_product_flash_attention", "sdpa"),
+        ("scaled_dot_product_flash_attention_backward", "sdpa_backward"),
+    ],
+)
+def test_flash_attention_names_are_the_sdpa_builders(alias, name):
+    classic = nvidia._compiled_module.backend_graph
+    assert getattr(classic, alias) is getattr(classic, name)  # theirs: the same builder
+    g = ours.pygraph(io_data_type=ours.data_type.HALF, compute_data_type=ours.data_type.FLOAT)
+    assert getattr(ours.pygraph, alias) is getattr(ours.pygraph, name)
+    assert getattr(g, alias).__signature__ == getattr(g, name).__signature__
+
+
 def test_node_type_is_nvidias_by_name_and_number():
     assert [(m.name, m.value) for m in ours.NodeType] == [
         (m.name, m.value) for m in nvidia.NodeType

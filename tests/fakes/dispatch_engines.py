@@ -197,6 +197,9 @@ class FakeBackendGraph:
     def get_engine_count(self):
         return self.ENGINES
 
+    def check_support(self):
+        self.calls.append(("check_support",))
+
     def get_knobs_for_engine(self, engine_id):
         self.calls.append(("knobs", engine_id))
         return [
@@ -232,14 +235,23 @@ class FakeLoweringBackend(FakeBackend):
         self.no_device = no_device
         self.retention = retention
 
-    def plan_entries(self, graph, modes):
+    def lower(self, graph):
+        """Install the lowered stand-in (once per graph), as the adapter's finalize_layout
+        lowers a graph before any plan list; None: no decline."""
         import types
 
+        lowered = graph.__dict__.get("_lowered")
+        if isinstance(getattr(lowered, "backend", None), FakeBackendGraph):
+            return None
         backend = FakeBackendGraph(self.retention)
         fe = types.SimpleNamespace(errors=(RuntimeError,), frontend_version="stand-in")
         graph.__dict__["_lowered"] = types.SimpleNamespace(
             backend=backend, fe=fe, lock=backend.lock, build_operation_graph=lambda: self.no_device
         )
+        return None
+
+    def plan_entries(self, graph, modes):
+        self.lower(graph)
         if self.no_device is not None:
             return [], {m: self.no_device for m in modes}
         return super().plan_entries(graph, modes)

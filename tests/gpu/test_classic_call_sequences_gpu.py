@@ -383,3 +383,91 @@ def test_sdpa_output_direction_tensors_are_the_backends_operands(with_stats):
         *(x[t].float() for t in (q, k, v)), scale=0.125
     )
     assert rel_err(result, ref) < 2e-2
+
+
+def _matmul_bias_pair():
+    """The matmul sample's matmul + bias graph under ours and under NVIDIA's package."""
+    nvidia = pytest.importorskip("cudnn")
+    graphs = []
+    for pkg in (cudnn, nvidia):
+        g = pkg.pygraph(
+            io_data_type=pkg.data_type.HALF,
+            intermediate_data_type=pkg.data_type.FLOAT,
+            compute_data_type=pkg.data_type.FLOAT,
+        )
+        a = g.tensor(dim=[4, 64, 128], stride=[64 * 128, 128, 1], data_type=pkg.data_type.HALF)
+        b = g.tensor(dim=[4, 128, 64], stride=[128 * 64, 64, 1], data_type=pkg.data_type.HALF)
+        d = g.tensor(dim=[1, 64, 64], stride=[64 * 64, 64, 1], data_type=pkg.data_type.HALF)
+        g.bias(name="bias", input=g.matmul(name="mm", A=a, B=b), bias=d).set_output(True)
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([pkg.heur_mode.A, pkg.heur_mode.FALLBACK])
+        graphs.append(g)
+    return graphs
+
+
+def test_matmul_bias_backend_plans_carry_the_classics_notes():
+    """Each backend entry of ours answers the notes NVIDIA's plan list gives for the same
+    backend plan (its cpp_index), and every python plan says RUNTIME_COMPILATION."""
+    ours, theirs = _matmul_bias_pair()
+    seen = []
+    for i, plan in enumerate(ours.plans):
+        notes = [n.name for n in ours.get_behavior_notes_for_plan_at_index(i)]
+        if not engine_ids.is_backend_id(plan.engine_id):
+            assert notes == ["RUNTIME_COMPILATION"], (ours.get_plan_name_at_index(i), notes)
+        elif plan.cpp_index is not None and plan.cpp_index < theirs.get_execution_plan_count():
+            want = [n.name for n in theirs.get_behavior_notes_for_plan_at_index(plan.cpp_index)]
+            seen.append((ours.get_plan_name_at_index(i), notes, want))
+    print("\nmatmul + bias backend notes (ours, NVIDIA's):", *seen, sep="\n  ")
+    assert seen and all(n == w for _, n, w in seen)
+
+
+def test_manual_plan_creation_as_nvidias_test_conv_bias_writes_it():
+    """NVIDIA's manual loop (test_conv_bias.py test_conv_relu_execution_plan_creation),
+    ours and theirs on the same graph: the same backend plans listed, then build and run."""
+    nvidia = pytest.importorskip("cudnn")
+    x = torch.randn(4, 16, 12, 12, device="cuda", dtype=torch.float16).to(
+        memory_format=torch.channels_last
+    )
+    w = torch.randn(8, 16, 3, 3, device="cuda", dtype=torch.float16).to(
+        memory_format=torch.channels_last
+    )
+    expected = torch.relu(torch.nn.functional.conv2d(x, w, padding=1)).clamp(0.5, 0.55)
+    listed = {}
+    for label, pkg in (("ours", cudnn), ("nvidia", nvidia)):
+        g = pkg.pygraph(
+            io_data_type=pkg.data_type.HALF,
+            intermediate_data_type=pkg.data_type.FLOAT,
+            compute_data_type=pkg.data_type.FLOAT,
+        )
+        X = g.tensor(name="X", dim=x.size(), stride=x.stride(), data_type=x.dtype)
+        W = g.tensor(name="W", dim=w.size(), stride=w.stride(), data_type=w.dtype)
+        conv = g.conv_fprop(image=X, weight=W, padding=[1, 1], stride=[1, 1], dilation=[1, 1])
+        Y = g.relu(name="relu", input=conv, lower_clip=0.5, upper_clip=0.55)
+        Y.set_output(True)
+        g.validate()
+        g.build_operation_graph()
+        for engine in range(g.get_engine_count()):
+            try:
+                knobs = g.get_knobs_for_engine(engine)
+            except RuntimeError:
+                continue
+            for knob in knobs:
+                if knob.type == pkg.knob_type.KERNEL_CFG:
+                    for cfg in range(knob.min_value, knob.max_value + 1, knob.stride):
+                        try:
+                            g.create_execution_plan(engine, {pkg.knob_type.KERNEL_CFG: cfg})
+                        except RuntimeError:
+                            continue
+        g.check_support()
+        g.build_plans()
+        y = torch.zeros_like(expected)
+        ws = torch.empty(g.get_workspace_size(), device="cuda", dtype=torch.uint8)
+        g.execute({X: x, W: w, Y: y}, ws)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y, expected, atol=1e-3, rtol=1e-3)
+        listed[label] = [
+            g.get_engine_and_knobs_at_index(i)[0] for i in range(g.get_execution_plan_count())
+        ]
+    print(f"\nmanual plans, engine ids: ours {listed['ours']}, NVIDIA's {listed['nvidia']}")
+    assert listed["ours"] == listed["nvidia"]

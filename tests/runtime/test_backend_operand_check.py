@@ -273,3 +273,56 @@ def test_a_boolean_tensor_is_the_bit_packed_bytes_the_backend_writes():
     on_host = np.zeros((4, 8), dtype=np.uint8)
     with pytest.raises(ValueError, match="'m'.*rule: device"):
         VariantPack.from_mapping(layout, {1: on_host}).check_declared(2, 0)
+
+
+# ---------------------------------------------------------------- buffers the classic accepts
+def _channels_last(shape):
+    n, c, h, w = shape
+    return (c * h * w, 1, c * w, c)
+
+
+@pytest.mark.parametrize(
+    "dtype, declared, buffer",
+    [
+        # a wgrad's DW (64, 32, 3, 3) bound to a (4, 32, 32, 32) allocation, channels-last
+        (cudnn.data_type.HALF, (64, 32, 3, 3), (4, 32, 32, 32)),
+        # an int8 conv's identity output (2, 4, 32, 32) bound to (2, 64, 32, 32)
+        (cudnn.data_type.INT8, (2, 4, 32, 32), (2, 64, 32, 32)),
+    ],
+    ids=["wgrad-dw-half", "identity-out-int8"],
+)
+def test_a_larger_compact_buffer_is_read_for_its_declared_extent(dtype, declared, buffer):
+    # The classic reads the declared extent from the pointer; a compact buffer (no gap, any
+    # axis order) of at least those bytes holds it: accepted, described from the graph.
+    bits = 16 if dtype == cudnn.data_type.HALF else 8
+    typestr = "<f2" if bits == 16 else "|i1"
+    layout = DeclaredLayout(
+        [(1, declared, _channels_last(declared), int(dtype), bits)], names=["y"], written=[0]
+    )
+    big = Cuda(BASE["C"], buffer, typestr, strides=_channels_last(buffer))
+    pack = VariantPack.from_objects(layout, [big])
+    pack.check_declared(2, 0)
+    assert pack.graph_described == {1}
+    # what would reach past the buffer stays refused: fewer bytes, or a gapped view
+    small = Cuda(BASE["C"], (1,) + declared[1:], typestr, strides=_channels_last(declared))
+    gapped = Cuda(BASE["C"], buffer, typestr, strides=tuple(2 * s for s in _channels_last(buffer)))
+    for refused in (small, gapped):
+        with pytest.raises(ValueError, match="'y'"):
+            VariantPack.from_objects(layout, [refused]).check_declared(2, 0)
+
+
+def test_a_same_size_dtype_is_read_as_declared_with_one_warning(recwarn):
+    # NVIDIA's ragged SDPA declared BFLOAT16 k / v, executed with float16 buffers: the
+    # classic reads the bytes as bf16. Accepted, said once per dtype pair.
+    bf16 = cudnn.data_type.BFLOAT16
+    layout = DeclaredLayout(
+        [(2, (2, 4, 8, 16), (512, 16, 64, 1), int(bf16), 16)], names=["k"], ragged=[0]
+    )
+    packed = Cuda(BASE["A"], (11, 4, 16))  # float16 rows
+    for _ in range(2):
+        VariantPack.from_mapping(layout, {2: packed}).check_declared(2, 0)
+    said = [w for w in recwarn if "rule: dtype" in str(w.message)]
+    assert len(said) == 1 and "'k'" in str(said[0].message)
+    wider = Cuda(BASE["A"], (5, 4, 16), "<f4")  # fewer bytes than declared: its own dtype
+    with pytest.raises(ValueError, match="'k'.*rule: dtype"):
+        VariantPack.from_mapping(layout, {2: wider}).check_declared(2, 0)

@@ -48,13 +48,18 @@ def span_bytes(shape, strides, width):
     return (1 + sum((e - 1) * abs(s) for e, s in zip(shape, strides))) * width
 
 
-def is_dense(shape, strides):
-    expect = 1
-    for extent, stride in zip(reversed(shape), reversed(strides)):
-        if extent != 1 and stride != expect:
-            return False
-        expect *= extent
-    return True
+def is_compact(shape, strides):
+    """The elements fill one block with no gap or overlap, in some axis order: their
+    offsets are exactly 0 .. numel - 1 (counted, not derived as the pack derives it)."""
+    if any(extent == 0 for extent in shape):
+        return True
+    offsets = {0}
+    for extent, stride in zip(shape, strides):
+        offsets = {o + i * stride for o in offsets for i in range(extent)}
+    numel = 1
+    for extent in shape:
+        numel *= extent
+    return offsets == set(range(numel))
 
 
 def expected_slot(dims, strides, code, shape, buf_strides, buf_code, buf_width):
@@ -67,7 +72,7 @@ def expected_slot(dims, strides, code, shape, buf_strides, buf_code, buf_width):
     if tuple(shape) == tuple(dims):  # declared extents: own strides
         dtype = code if buf_width == width else buf_code
         graph = False
-    elif is_dense(shape, buf_strides) and own >= declared:  # dense cover: the declaration
+    elif is_compact(shape, buf_strides) and own >= declared:  # compact cover: the declaration
         return (True, tuple(dims), tuple(strides), code)
     else:  # smaller, or anything else: its own description
         dtype, graph = buf_code, False

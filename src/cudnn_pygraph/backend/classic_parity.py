@@ -8,7 +8,8 @@ with a documented filter or a clear error, never a silent no-op.
   the notes a plan carries. A backend plan's notes are the backend's: the filter is
   forwarded and the backend refuses to build a barred entry, which the build walk takes
   as a decline. A python plan carries the notes its engine declares in `numerical_notes`
-  / `behavior_notes` (none when it declares none): select_* bars a python plan without
+  / `behavior_notes`, and behavior_note.RUNTIME_COMPILATION always (its kernels compile
+  at run time; python_plan_notes): select_* bars a python plan without
   the note, deselect_* one with it (PlanningRecord.exclude: the plan is barred with the
   reason, and explain()/the build walk say which note).
 * deselect_workspace_greater_than: forwarded to the backend (it refuses a plan over the
@@ -99,8 +100,20 @@ def _parse_notes(where, kind, notes):
     return out
 
 
-def _engine_notes(engine, kind):
-    return frozenset(getattr(engine, _ENGINE_NOTES[kind], ()) or ())
+# Every python plan compiles its kernels at run time (Triton's JIT, the CuTe DSL): the
+# classic's behavior note for that, whatever its engine declares besides.
+_PYTHON_PLAN_NOTES = {
+    "numeric": frozenset(),
+    "behavior": frozenset({behavior_note.RUNTIME_COMPILATION}),
+}
+
+
+def python_plan_notes(engine, kind):
+    """The notes a python plan of `engine` carries (kind "numeric" or "behavior"): the
+    ones the filters judge and the at-index queries answer, in the enum's order."""
+    declared = frozenset(getattr(engine, _ENGINE_NOTES[kind], ()) or ())
+    notes = {_NOTE_ENUMS[kind](n) for n in declared | _PYTHON_PLAN_NOTES[kind]}
+    return tuple(sorted(notes, key=lambda n: n.value))
 
 
 def bar_python_plans(graph):
@@ -115,7 +128,7 @@ def bar_python_plans(graph):
             continue  # the backend filters its own entries
         engine = record.engines[plan.engine_id]
         for kind, note, keep in filters.notes:
-            if (note in _engine_notes(engine, kind)) != keep:
+            if (note in python_plan_notes(engine, kind)) != keep:
                 verb = "lacks the selected" if keep else "carries the deselected"
                 record.exclude(i, f"{verb} {kind} note {note.name}")
                 break

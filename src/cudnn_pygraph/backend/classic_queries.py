@@ -8,7 +8,8 @@ Every answer is in our vocabulary (behavior_note, knob_type, KnobRange, our Tens
 backend's objects are converted by member name here and never returned.
 
 * get_behavior_notes_for_plan_at_index(i): a python plan answers the notes its engine
-  declares (`BaseEngine.behavior_notes`, the same notes select/deselect_behavior_notes
+  declares (`BaseEngine.behavior_notes`) and RUNTIME_COMPILATION, which every python plan
+  carries (classic_parity.python_plan_notes: the notes select/deselect_behavior_notes
   judge); a backend entry the backend's notes for its cpp_index (its own engine config); the delegating entry
   (BACKEND_HEURISTIC_ENGINE_ID) names no backend plan until it is built, then the notes of
   the plan the backend built for it (the one executing it runs); before: GraphStateError.
@@ -16,13 +17,19 @@ backend's objects are converted by member name here and never returned.
 * get_engine_count(): the engines that can serve this graph, both sides: the backend's
   engines for the lowered graph (its ids 0..n-1; 0 when it has none here: not installed,
   declined, or no device to build its operation graph on) plus the python engines that
-  accepted the graph at planning. Python ids are the manifest's (>= 20000), so they do
-  not continue the backend's range: get_engine_ids() lists exactly the ids counted.
+  accept the graph, answered once the graph validates, plan list or not (the classic asks
+  after build_operation_graph(); planning/planner.py engine_survey). Python ids are the
+  manifest's (>= 20000), so they do not continue the backend's range: get_engine_ids()
+  lists exactly the ids counted, and a manual plan list is built over those ids
+  (create_execution_plan(id, knobs), each python engine's knob values from
+  get_knobs_for_engine). A classic loop over range(get_engine_count()) reaches the
+  backend's engines; its numbers past them name no engine and raise NotAnEngineError, a
+  RuntimeError as the classic backend's answer there is, which such a loop skips.
 * get_knobs_for_engine(engine_id): a backend engine's knob ranges as the backend reports
   them; a python engine's axes (its KNOB_FIELDS, in that order), each with the values its
   listed plans carry (its default plans when none is listed) as `values`, min/max, and
   the step when the values are evenly spaced (0 when not: read `values`). The delegating
-  entry takes no knobs: []. An id that is neither: ValueError.
+  entry takes no knobs: []. An id that is neither: NotAnEngineError.
 * query_tensor_attributes_of_uid(uid): our IR Tensor (any state).
 * get_cuda_graph_retention(): the mode given to pygraph(), else the lowered backend
   graph's answer, else the frontend's environment rule (CUDNN_CUDA_GRAPH_RETENTION equal
@@ -42,7 +49,13 @@ from .._types import (
     knob_type,
 )
 from ..planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, is_backend_id
+from .classic_parity import python_plan_notes
 from .lowering import our_enum
+
+
+class NotAnEngineError(cudnnGraphNotSupportedError, ValueError, RuntimeError):
+    """An engine id that names no engine of the graph: a ValueError (a bad argument) and
+    a RuntimeError (the type the classic's backend raises for it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +97,7 @@ def behavior_notes_at(graph, index, where=None):
         )
     plan = record.plans[index]
     if not is_backend_id(plan.engine_id):
-        declared = record.engines[plan.engine_id].behavior_notes or ()
-        return list(dict.fromkeys(behavior_note(n) for n in declared))
+        return list(python_plan_notes(record.engines[plan.engine_id], "behavior"))
     if plan.engine_id == BACKEND_HEURISTIC_ENGINE_ID:
         if plan.identity not in record.built:
             raise GraphStateError(
@@ -130,11 +142,27 @@ def _backend_engine_count(graph, where):
     return int(_backend_call(graph, where, "get_engine_count"))
 
 
+def _python_engines(graph):
+    """{engine_id: engine}: the python engines that accept the graph: planning's answer
+    for a list create_execution_plans made; else (no list yet, or a manual one) the
+    engine survey's, with any engine a manual list replayed by id."""
+    from ..planning.planner import engine_survey
+
+    record = graph._planning
+    engines = {}
+    if record is None or "_survey" in graph.__dict__:
+        engines.update(engine_survey(graph).accepted)
+    if record is not None:
+        engines.update(record.engines)
+    return engines
+
+
 def engine_ids(graph):
     """The ids get_engine_count() counts: the backend's 0..n-1, then the python engines
-    that accepted the graph, ascending."""
-    record = graph._require_planning()
-    return list(range(_backend_engine_count(graph, "get_engine_count()"))) + sorted(record.engines)
+    that accept the graph, ascending. Answered once the graph is validated, with or
+    without a plan list (the classic asks after build_operation_graph())."""
+    engines = _python_engines(graph)  # prepares the graph: lowered, frozen
+    return list(range(_backend_engine_count(graph, "get_engine_count()"))) + sorted(engines)
 
 
 def engine_count(graph):
@@ -143,7 +171,6 @@ def engine_count(graph):
 
 def knobs_for_engine(graph, engine_id):
     where = f"get_knobs_for_engine({engine_id!r})"
-    record = graph._require_planning()
     if isinstance(engine_id, bool) or not isinstance(engine_id, int):
         raise TypeError(
             f"{where}: engine_id must be an int (an id get_engine_ids() or "
@@ -151,10 +178,12 @@ def knobs_for_engine(graph, engine_id):
         )
     if engine_id == BACKEND_HEURISTIC_ENGINE_ID:
         return []  # the delegating entry: the backend tunes its own choice
-    engine = record.engines.get(engine_id)
+    engines = _python_engines(graph)
+    engine = engines.get(engine_id)
     if engine is not None:
-        return _python_knobs(graph, record, engine)
-    listed = {p.engine_id for p in record.plans if is_backend_id(p.engine_id)}
+        return _python_knobs(graph, graph._planning, engine)
+    record = graph._planning
+    listed = {p.engine_id for p in (record.plans if record else ()) if is_backend_id(p.engine_id)}
     if is_backend_id(engine_id) and (
         engine_id in listed or engine_id < _backend_engine_count(graph, where)
     ):
@@ -168,7 +197,9 @@ def knobs_for_engine(graph, engine_id):
             )
             for k in knobs
         ]
-    raise ValueError(
+    # A RuntimeError, as the classic backend's answer for an engine it does not have: a
+    # classic loop over range(get_engine_count()) skips it as it skips a refused engine.
+    raise NotAnEngineError(
         f"{where}: engine_id {engine_id} is not an engine of graph '{graph.name}': "
         f"its engines are {engine_ids(graph)} (get_engine_ids())"
     )
@@ -178,7 +209,7 @@ def _python_knobs(graph, record, engine):
     fields = dict(engine.KNOB_FIELDS or {})
     if not fields:
         return []
-    configs = [p.knobs for p in record.plans if p.engine_id == engine.engine_id]
+    configs = [p.knobs for p in (record.plans if record else ()) if p.engine_id == engine.engine_id]
     if not configs:  # accepted but not listed (a hook left it out): what it would list
         configs = [p.knobs for p in engine.default_plans(graph)]
     seen = {kt: set() for kt in fields}

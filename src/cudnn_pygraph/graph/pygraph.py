@@ -491,7 +491,11 @@ class pygraph:
         return self._require_planning().selected
 
     def create_execution_plan(self, engine_id: int, knobs: KnobSettings | None = None) -> None:
-        """Replay a recorded (engine_id, {knob_type: int}) exactly."""
+        """Append the plan (engine_id, {knob_type: int}) names to the plan list, starting
+        the list when there is none (classic manual plan creation, before or after
+        create_execution_plans; also the exact replay of a recorded plan). Ids: a backend
+        engine's (get_engine_count) or a python engine's (get_engine_ids); a config the
+        engine refuses raises and lists nothing."""
         from ..planning.planner import create_execution_plan
 
         create_execution_plan(self, engine_id, knobs or {})
@@ -600,8 +604,8 @@ class pygraph:
         return classic_queries.selected_behavior_notes(self)
 
     def get_engine_count(self) -> int:
-        """The backend's engines for this graph plus the python engines that accepted
-        it (their ids: get_engine_ids())."""
+        """The backend's engines for this graph plus the python engines that accept it
+        (their ids: get_engine_ids()); answered once validated, before any plan list."""
         from ..backend import classic_queries
 
         return classic_queries.engine_count(self)
@@ -718,8 +722,16 @@ def _install_builders():
         if spec.name in pygraph.__dict__:
             raise RuntimeError(f"op {spec.name!r} collides with a pygraph method")
         setattr(pygraph, spec.name, Builder(spec))
+    # The classic's names for the SDPA builders: the same builders (nodes named sdpa.N),
+    # as its binding makes them.
+    for alias, name in _BUILDER_ALIASES.items():
+        setattr(pygraph, alias, pygraph.__dict__[name])
 
 
+_BUILDER_ALIASES = {
+    "scaled_dot_product_flash_attention": "sdpa",
+    "scaled_dot_product_flash_attention_backward": "sdpa_backward",
+}
 _install_builders()
 
 

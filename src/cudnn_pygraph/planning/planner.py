@@ -68,9 +68,10 @@ def candidate_verdicts(graph, family):
     return verdicts, accepted
 
 
-def _prepare(graph):
-    """validate -> finalize backend layout -> freeze -> attach facts."""
-    if graph._planning is not None:
+def _prepare(graph, *, planned_ok=False):
+    """validate -> finalize backend layout -> freeze -> attach facts (each step idempotent:
+    a graph already prepared is prepared again at no cost)."""
+    if graph._planning is not None and not planned_ok:
         raise GraphStateError(
             "create_execution_plans() was already called: plan a new graph "
             "to plan differently, or switch plans with select_plan()"
@@ -86,7 +87,8 @@ def _prepare(graph):
 
 def create_execution_plans(graph, modes):
     modes = [heur_mode(m) for m in modes]
-    family, record_facts, backend_decline, adapter = _prepare(graph)
+    manual = graph._planning if graph._planning is not None and graph._planning.manual else None
+    family, record_facts, backend_decline, adapter = _prepare(graph, planned_ok=bool(manual))
     verdicts, accepted = candidate_verdicts(graph, family)
     backend = adapter.BACKEND
     backend_entries, backend_outcome = backend.plan_entries(graph, modes)
@@ -94,6 +96,9 @@ def create_execution_plans(graph, modes):
         manifest.resolve(family.heuristics) if family and family.heuristics and accepted else None
     )
     plans = heuristics.rank(graph, hook, record_facts, accepted, backend_entries, modes)
+    if manual is not None:
+        _append_ranked(manual, plans, accepted, verdicts, backend_outcome)
+        return
     record = PlanningRecord(
         graph, family, accepted, backend, plans, verdicts, backend_outcome, backend_decline
     )
@@ -110,33 +115,97 @@ def create_execution_plans(graph, modes):
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineSurvey:
+    """What manual plan creation chooses among before any plan list exists (classic
+    get_engine_count / get_knobs_for_engine / create_execution_plan without
+    create_execution_plans): the python engines that accept the graph, asked as
+    create_execution_plans asks them. Cached on the (frozen) graph."""
+
+    family: object
+    accepted: dict  # {engine_id: engine}
+    verdicts: list
+    backend_decline: object
+
+
+def engine_survey(graph):
+    survey = graph.__dict__.get("_survey")
+    if survey is None:
+        family, _, backend_decline, _ = _prepare(graph, planned_ok=True)
+        verdicts, accepted = candidate_verdicts(graph, family)
+        survey = EngineSurvey(family, accepted, verdicts, backend_decline)
+        graph.__dict__["_survey"] = survey
+    return survey
+
+
 def create_execution_plan(graph, engine_id, public_knobs):
-    """Replay (engine_id, {knob_type: int}) exactly: the one plan it names."""
+    """Append the one plan (engine_id, {knob_type: int}) names to the graph's plan list,
+    starting the list when the graph has none: the classic's manual plan creation (any
+    number of calls, before or after create_execution_plans; a config already listed is
+    not listed twice) and the replay of a recorded plan. A config the engine refuses
+    raises and lists nothing. A create_execution_plans() after it appends the ranked list
+    (once), as the classic's does."""
     knobs = {knob_type(int(k)): int(v) for k, v in _checked_knobs(public_knobs).items()}
-    family, _, backend_decline, adapter = _prepare(graph)
-    backend = adapter.BACKEND
+    survey = engine_survey(graph)
+    record = graph._planning
+    backend = manifest.backend_adapter().BACKEND
+    engine = None
     if engine_ids.is_backend_id(engine_id):
         plan = backend.replay_entry(graph, engine_id, knobs)
-        accepted, verdicts = {}, []
     else:
-        fam, slot = manifest.engine_for_id(engine_id)
-        if family is None or fam.name != family.name:
-            raise cudnnGraphNotSupportedError(
-                f"engine id {engine_id} ({slot.name}) belongs to family '{fam.name}', "
-                f"not this graph's ({family.name if family else 'none'})"
-            )
-        engine = manifest.instantiate(fam, slot)
-        try:
-            engine.check_support(graph)
-        except DECLINE_ERRORS as exc:
-            raise cudnnGraphNotSupportedError(
-                f"{slot.name} [{engine_id}] declines this graph: {exc}"
-            ) from exc
+        engine = (record.engines if record else {}).get(engine_id) or survey.accepted.get(engine_id)
+        if engine is None:
+            engine = _replay_engine(graph, survey.family, engine_id)
         plan = PlanConfig(engine_id, engine.knobs_from_public(knobs))
-        accepted, verdicts = {engine_id: engine}, [Verdict(engine_id, slot.name, True)]
-    record = PlanningRecord(graph, family, accepted, backend, [plan], verdicts, {}, backend_decline)
-    graph.__dict__["_planning"] = record
-    graph.__dict__["_state"] = lifecycle.Planned()
+    if record is None:
+        record = PlanningRecord(
+            graph, survey.family, {}, backend, [], [], {}, survey.backend_decline
+        )
+        record.manual = True
+        graph.__dict__["_planning"] = record
+        graph.__dict__["_state"] = lifecycle.Planned()
+    if engine is not None and engine_id not in record.engines:
+        record.engines[engine_id] = engine
+        record.verdicts.append(Verdict(engine_id, engine.name, True))
+    if all(p.identity != plan.identity for p in record.plans):
+        record.plans.append(plan)
+
+
+def _append_ranked(record, plans, accepted, verdicts, backend_outcome):
+    """The classic's create_execution_plans after create_execution_plan: the ranked list
+    follows the hand-built one (a config already listed stays where it is), once: the
+    list is then a heuristic one, and a further create_execution_plans() raises."""
+    listed = {p.identity for p in record.plans}
+    record.plans.extend(p for p in plans if p.identity not in listed)
+    for eid, engine in accepted.items():
+        record.engines.setdefault(eid, engine)
+    known = {v.engine_id for v in record.verdicts}
+    record.verdicts.extend(v for v in verdicts if v.engine_id not in known)
+    record.backend_outcome.update(backend_outcome)
+    record.manual = False
+    if not record.plans:
+        raise cudnnGraphNotSupportedError(
+            f"no plan for graph '{record.graph.name}': " + record.why_empty()
+        )
+
+
+def _replay_engine(graph, family, engine_id):
+    """The python engine `engine_id` names, asked check_support now: an opt-in engine the
+    survey did not offer is still replayed by its id."""
+    fam, slot = manifest.engine_for_id(engine_id)
+    if family is None or fam.name != family.name:
+        raise cudnnGraphNotSupportedError(
+            f"engine id {engine_id} ({slot.name}) belongs to family '{fam.name}', "
+            f"not this graph's ({family.name if family else 'none'})"
+        )
+    engine = manifest.instantiate(fam, slot)
+    try:
+        engine.check_support(graph)
+    except DECLINE_ERRORS as exc:
+        raise cudnnGraphNotSupportedError(
+            f"{slot.name} [{engine_id}] declines this graph: {exc}"
+        ) from exc
+    return engine
 
 
 def _checked_knobs(public):
@@ -165,6 +234,8 @@ class PlanningRecord:
         self.verdicts = verdicts
         self.backend_outcome = backend_outcome  # {heur_mode: "ok" | reason}
         self.backend_decline = backend_decline  # the layout-inference decline, or None
+        # started by create_execution_plan: a create_execution_plans() then appends to it
+        self.manual = False
         self.built = {}  # identity -> CompiledPlan
         self.build_errors = {}  # identity -> reason
         self.selected = None

@@ -35,7 +35,7 @@ enum {
     PG_UNFILLED = 0,
     PG_ADDRESS,          /* a bare address: lends the declaration outright */
     PG_DECLARED_EXTENTS, /* the declared extents under its own strides */
-    PG_DENSE_COVER,      /* dense, other extents, covers the declared bytes: graph-described */
+    PG_DENSE_COVER,      /* compact, other extents, covers the declared bytes: graph-described */
     PG_SMALLER,          /* smaller than the declared span: its own description */
     PG_OTHER,            /* anything else: its own description */
 };
@@ -74,7 +74,7 @@ static void classify(const PgDecl *d, const PgView *b, PgSlot *s)
             s->view.code = d->decl.code;
             s->view.elem_bits = d->decl.elem_bits;
         }
-    } else if (view_is_dense(b) && span >= d->span) {
+    } else if (view_is_compact(b) && span >= d->span) {
         s->kind = PG_DENSE_COVER;
         s->view = d->decl;
         s->view.ptr = b->ptr;
@@ -711,11 +711,34 @@ static const char *device_name(int32_t device_type)
     }
 }
 
+/* The one-time warning for a same-element-size dtype read as the declared one (the pure
+ * Python pack keeps the same set). 0, or -1 when the warning was raised as an error. */
+enum { PG_WARN_CODES = 64 };
+static unsigned char same_size_warned[PG_WARN_CODES][PG_WARN_CODES];
+
+static int same_size_dtype_warning(PgPack *p, Py_ssize_t i, int buffer_code, int declared_code)
+{
+    if (buffer_code >= 0 && buffer_code < PG_WARN_CODES && declared_code >= 0 &&
+        declared_code < PG_WARN_CODES) {
+        if (same_size_warned[buffer_code][declared_code]) return 0;
+        same_size_warned[buffer_code][declared_code] = 1;
+    }
+    PyObject *label = label_of(p->layout, i);
+    if (label == NULL) return -1;
+    int rc = PyErr_WarnFormat(PyExc_UserWarning, 1, "%U: the buffer holds data_type %d and the "
+                              "declaration data_type %d, of the same element size: its bytes "
+                              "are read as the declared dtype (rule: dtype; said once per "
+                              "dtype pair)", label, buffer_code, declared_code);
+    Py_DECREF(label);
+    return rc;
+}
+
 /* Slot i read through its pointer alone, as the declaration (or the caller's override)
  * describes it: what a plan that takes only pointers (the backend) reads. Refused, naming
  * the operand and the rule: a buffer on another device (a bare address carries none and a
- * __cuda_array_interface__ names no ordinal: the caller vouches), of another dtype than declared (the pack's rule already reads a buffer
- * of the declared width AS the declared dtype), spanning fewer bytes than declared (the
+ * __cuda_array_interface__ names no ordinal: the caller vouches), of another dtype than declared and another element size (the pack's rule
+ * already reads a buffer of the declared width and extents AS the declared dtype; of other
+ * extents, a same-size dtype is read as declared with a one-time warning), spanning fewer bytes than declared (the
  * extent rule above), or laid out otherwise than declared on an axis that moves the
  * address (a transposed, broadcast or padded view; an override states the layout itself).
  * A layout with no declaration (described=False) checks only the device. */
@@ -754,10 +777,17 @@ static int declared_rule(PgPack *p, Py_ssize_t i, int32_t device_type, int32_t d
      * byte-per-element declaration cannot describe: only its device is checked. */
     if (d->decl.code == PG_CODE_BOOLEAN) return 0;
     if (v->code != d->decl.code) {
-        operand_error(OperandMismatchError, p, i, NULL, "the buffer holds data_type %d and the "
-                      "declaration data_type %d; this plan reads the declared dtype (rule: "
-                      "dtype)", (int)v->code, (int)d->decl.code);
-        return -1;
+        if (v->elem_bits == d->decl.elem_bits) {
+            /* Same element size: the backend reads the bytes as the declared dtype, in
+             * bounds, as the classic does; a reinterpretation the caller may not mean, so
+             * it is said once per (buffer dtype, declared dtype) pair. */
+            if (same_size_dtype_warning(p, i, v->code, d->decl.code) < 0) return -1;
+        } else {
+            operand_error(OperandMismatchError, p, i, NULL, "the buffer holds data_type %d and "
+                          "the declaration data_type %d; this plan reads the declared dtype "
+                          "(rule: dtype)", (int)v->code, (int)d->decl.code);
+            return -1;
+        }
     }
     /* A ragged operand's buffer holds the packed rows its offsets address, smaller than
      * and laid out unlike the padded declaration: the backend reads it through the

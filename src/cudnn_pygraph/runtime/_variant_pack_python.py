@@ -22,6 +22,7 @@ import ctypes
 import numbers
 import operator
 import re
+import warnings
 
 MAX_DIMS = 8  # cuDNN's CUDNN_DIM_MAX: no backend tensor has more axes
 
@@ -197,11 +198,17 @@ def _view_span(v):
     return _span(v.shape, v.strides, v.slot_bytes)
 
 
-def _is_dense(shape, strides):
-    """Row-major compact under its own extents (an extent-1 axis may have any stride)."""
+def _is_compact(shape, strides):
+    """Compact: its elements fill one block with no gap and no overlap, in SOME axis order
+    (row-major, channels-last, a transposed view); an extent-1 axis may have any stride.
+    Taken by increasing stride, each axis's stride is the product of the extents before."""
+    if any(e == 0 for e in shape):
+        return True  # no element: nothing to place
     expect = 1
-    for extent, stride in zip(reversed(shape), reversed(strides)):
-        if extent != 1 and stride != expect:
+    for extent, stride in sorted(
+        ((e, s) for e, s in zip(shape, strides) if e != 1), key=lambda es: es[1]
+    ):
+        if stride != expect:
             return False
         expect *= extent
         if not _fits(expect):
@@ -1018,7 +1025,7 @@ def _classify(d, b, s):
         if b.slot_bytes == d.decl.slot_bytes:  # as wide: read AS the declared dtype
             s.view.code = d.decl.code
             s.view.elem_bits = d.decl.elem_bits
-    elif _is_dense(b.shape, b.strides) and span >= d.span:
+    elif _is_compact(b.shape, b.strides) and span >= d.span:
         s.kind = _DENSE_COVER
         s.view = d.decl.copy()
         for name in ("ptr", "device_type", "device_id", "readonly", "device_said"):
@@ -1405,10 +1412,12 @@ class VariantPack:
         if d.decl.code == _CODE_BOOLEAN:
             return
         if v.code != d.decl.code:
-            raise OperandMismatchError(
-                f"{label}: the buffer holds data_type {v.code} and the declaration data_type "
-                f"{d.decl.code}; this plan reads the declared dtype (rule: dtype)"
-            )
+            if v.elem_bits != d.decl.elem_bits:
+                raise OperandMismatchError(
+                    f"{label}: the buffer holds data_type {v.code} and the declaration "
+                    f"data_type {d.decl.code}; this plan reads the declared dtype (rule: dtype)"
+                )
+            _same_size_dtype_warning(label, v.code, d.decl.code)
         # A ragged operand's buffer holds the packed rows its offsets address: the backend
         # reads it through the offsets, so neither the declared extent nor layout applies.
         if d.ragged:
@@ -1448,6 +1457,25 @@ class VariantPack:
 
 
 VariantPack.__module__ = _MODULE
+
+
+# (buffer dtype, declared dtype) pairs already warned about, as the native pack's table.
+_SAME_SIZE_WARNED = set()
+
+
+def _same_size_dtype_warning(label, buffer_code, declared_code):
+    """Same element size: the backend reads the bytes as the declared dtype, in bounds, as
+    the classic does; a reinterpretation the caller may not mean, so said once per pair."""
+    if (buffer_code, declared_code) in _SAME_SIZE_WARNED:
+        return
+    _SAME_SIZE_WARNED.add((buffer_code, declared_code))
+    warnings.warn(
+        f"{label}: the buffer holds data_type {buffer_code} and the declaration data_type "
+        f"{declared_code}, of the same element size: its bytes are read as the declared dtype "
+        "(rule: dtype; said once per dtype pair)",
+        UserWarning,
+        stacklevel=2,
+    )
 
 
 def _device_name(device_type):

@@ -104,13 +104,26 @@ static int64_t view_span(const PgView *v)
     return span;
 }
 
-/* Row-major compact under its own extents (an extent-1 axis may have any stride). */
-static int view_is_dense(const PgView *v)
+/* Compact: its elements fill one block with no gap and no overlap, in SOME axis order
+ * (row-major, channels-last, a transposed view); an extent-1 axis may have any stride.
+ * Taken by increasing stride, each axis's stride is the product of the extents before. */
+static int view_is_compact(const PgView *v)
 {
+    int order[PG_MAX_DIMS], n = 0;
+    for (int i = 0; i < v->ndim; i++) {
+        if (v->shape[i] == 0) return 1; /* no element: nothing to place */
+        if (v->shape[i] == 1) continue;
+        int k = n++;
+        while (k > 0 && v->strides[order[k - 1]] > v->strides[i]) {
+            order[k] = order[k - 1];
+            k--;
+        }
+        order[k] = i;
+    }
     int64_t expect = 1;
-    for (int i = v->ndim - 1; i >= 0; i--) {
-        if (v->shape[i] != 1 && v->strides[i] != expect) return 0;
-        if (__builtin_mul_overflow(expect, v->shape[i], &expect)) return 0;
+    for (int k = 0; k < n; k++) {
+        if (v->strides[order[k]] != expect) return 0;
+        if (__builtin_mul_overflow(expect, v->shape[order[k]], &expect)) return 0;
     }
     return 1;
 }

@@ -58,8 +58,10 @@ The rule, per slot (the spec's "The variant pack is normalized once"):
    this very tensor). It is read AS the declared dtype when its storage slot is as wide as
    the declaration's (FlashInfer binds packed fp4 data and e4m3 scales as uint8), else it
    keeps its own dtype.
-3. A DENSE buffer (row-major compact under its own extents) of OTHER extents whose bytes
-   cover the declared span is described FROM THE GRAPH: dims, strides and dtype of the
+3. A COMPACT buffer (its elements fill one block with no gap, in any axis order:
+   row-major, channels-last, a transposed view) of OTHER extents whose bytes cover the
+   declared span is described FROM THE GRAPH (the classic reads the declared extent from
+   the pointer, which stays inside that block): dims, strides and dtype of the
    declaration (a 2-D matrix bound to [1, m, k], a flat blob bound to a reordered scale
    tensor, a 0-d scalar bound to (1, 1, 1)) -- graph-described.
 4. A buffer SMALLER than the declared span keeps its own description and dtype: the engine
@@ -80,7 +82,8 @@ followed only when it is a capsule of the protocol's name.
 ``check_declared(device_type, device_id)`` is the rule of a plan that reads only the
 pointer (the backend: ``BackendPlan.execute`` and the ``RawExecutor`` both call it before
 the backend does anything): every filled slot on that device (a bare address vouches for
-itself), of the declared dtype, covering the declared (or overridden) bytes -- the same
+itself), of the declared dtype (or one of the same element size, read as the declared one
+as the classic does, with a UserWarning once per (buffer, declared) dtype pair), covering the declared (or overridden) bytes -- the same
 extent rule as ``check_extent`` --, and laid out as declared on the axes that move the
 address unless an override states the layout. A ``described=False`` layout checks only
 the device. ``OperandMismatchError`` (a ValueError) names the operand and the rule.
