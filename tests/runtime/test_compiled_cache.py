@@ -36,7 +36,7 @@ def _real_compiles():
 
 
 @pytest.fixture(scope="module")
-def fresh():
+def fresh(_own_triton_cache):
     """Triton's own compile of the two kernels (the reference bytes), by D."""
     import triton
 
@@ -47,6 +47,18 @@ def fresh():
         src, options = source(dim)
         out[dim] = triton.compile(src, target=TARGET, options=options)
     return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_triton_cache(tmp_path_factory):
+    """Triton's compiles outside our cache (the reference, a bypass) go to an empty Triton
+    cache: the user's may hold the same kernel compiled from another checkout, whose line
+    info names another path, so other bytes."""
+    from triton import knobs
+
+    with knobs.cache.scope():
+        knobs.cache.dir = str(tmp_path_factory.mktemp("triton"))
+        yield
 
 
 def entry_of(root, dim, device=H200):
@@ -611,18 +623,20 @@ def test_a_kernel_planted_in_a_shared_triton_cache_is_never_kept(tmp_path, fresh
     """Triton hands back what its cache directory holds; a miss here compiles in a Triton
     cache of our own, so a binary another user rewrote in a shared one is never kept."""
     import triton
+    from triton import knobs
 
     shared = tmp_path / "shared-triton"
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(shared))
-    src, options = source(16)
-    triton.compile(src, target=TARGET, options=options)
-    (cubin,) = shared.rglob("*.cubin")
-    planted = bytearray(cubin.read_bytes())
-    planted[-1] ^= 0xFF
-    cubin.write_bytes(bytes(planted))
-    assert triton.compile(src, target=TARGET, options=options).kernel == planted  # it is live
-    root = tmp_path / "cache"
-    got, delta = counted(compile_via, root, 16)
+    with knobs.cache.scope():
+        knobs.cache.dir = str(shared)
+        src, options = source(16)
+        triton.compile(src, target=TARGET, options=options)
+        (cubin,) = shared.rglob("*.cubin")
+        planted = bytearray(cubin.read_bytes())
+        planted[-1] ^= 0xFF
+        cubin.write_bytes(bytes(planted))
+        assert triton.compile(src, target=TARGET, options=options).kernel == planted  # live
+        root = tmp_path / "cache"
+        got, delta = counted(compile_via, root, 16)
     assert delta == {"misses": 1, "written": 1}
     assert got.kernel == fresh[16].kernel != bytes(planted)
     assert _artifact(root, 16, "cubin").read_bytes() == fresh[16].kernel
