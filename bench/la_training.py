@@ -61,7 +61,7 @@ def _ratio(peer, ours):
 HEADER = (
     "| family | shape | state | ours fwd | ours fwd+bwd | fla fwd | fla fwd+bwd | NVIDIA fwd "
     "| NVIDIA fwd+bwd | fla / ours fwd | fla / ours fwd+bwd | floor fwd / fwd+bwd ms "
-    "| ours fwd+bwd / floor |"
+    "| ours/floor fwd+bwd |"
 )
 
 

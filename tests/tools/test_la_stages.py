@@ -124,3 +124,26 @@ def test_the_table_names_the_losing_stage_and_reads_refused_for_a_refused_pass(m
     sides["fla"]["fb"] = "refused"
     text = "\n".join(st.family_table("gdn", [4096] * 8, sides))
     assert "| 0.300 | 0.600 | 0.200 | refused |" in text and "Loses most" not in text
+
+
+def test_bench_plot_knows_which_way_each_ratio_column_of_the_la_tables_is_better(monkeypatch):
+    # bench/results/la_stages.md and la_training.md are charted by bench/plot.py, which
+    # refuses a ratio column it has no direction for (tests/test_docs.py).
+    def load(name):
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    plot, training = load("plot"), load("la_training")
+    sides = {"ours": {"fwd": {"wy_solve_kernel": 0.3}, "fb": {"wy_solve_kernel": 0.6}}}
+    stage_lines = st.family_table("kda", [4096] * 8, sides)
+    cells = "| kda | (a) | no | 1 / 1 | 2 / 2 | 1 / 1 | 2 / 2 | - | - | 1.00x | 1.00x | 0.1 / 0.4 | 5.0x |"
+    text = "\n".join(["## t", "", *stage_lines[:2], stage_lines[3], "", training.HEADER,
+                      "|---" * 13 + "|", cells])  # fmt: skip
+    tables = plot.parse_tables(text)
+    headers = [h for t in tables for h in t.series]
+    assert {"ours/floor fwd+bwd", "fla / ours fwd", "fla / ours fwd+bwd"} <= set(headers)
+    assert {plot.better(h) for h in headers} <= {"higher", "lower"}
+    assert plot.better("ours/floor fwd+bwd") == "lower"
