@@ -135,21 +135,20 @@ def fla(p: Problem, backward: bool):
 
 
 def nvidia(p: Problem, backward: bool):
-    """NVIDIA's kda torch op (nvidia-cudnn-frontend's pygraph op; THD, V-major state)."""
+    """NVIDIA's kda torch op through bench/kda.py's nvidia_call (THD, V-major state)."""
     if p.family not in NVIDIA_FAMILIES:
         raise NotImplementedError(f"NVIDIA has no {p.family} engine on sm_90")
+    from kda import nvidia_call
 
-    def call(x):
-        from cudnn.linear_attention.ops import kimi_delta_attention
+    x = {n: t[0] for n, t in p.x.items()}
+    if backward:
+        return lambda: nvidia_call(x, p.cu, p.init_v, p.do[0])[0]
 
-        o, _ = kimi_delta_attention(
-            *(x[n][0] for n in ("q", "k", "v", "g", "beta")), p.cu, scale=SCALE,
-            initial_state=p.init_v, output_final_state=p.init is not None,
-            use_qk_l2norm_in_kernel=True,
-        )  # fmt: skip
-        return o[None]
+    def forward():
+        with torch.no_grad():
+            return nvidia_call(x, p.cu, p.init_v)[0]
 
-    return lambda: _run(call, p, backward)
+    return forward
 
 
 SIDES = {"ours": ours, "fla": fla, "NVIDIA": nvidia}
