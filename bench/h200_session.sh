@@ -32,6 +32,13 @@
 #                other suites: the kernel that faults or first writes NaN, and whether a
 #                repeated backward is bitwise the same
 #   cp           (nvidia-h200-x2) the summary / context-parallel suites (all four families), bench/cp.py on 2 ranks
+#   la-tests     issue 30: the linear-attention GPU suites (gdn, kda, gdn2, gdp, chain, summaries)
+#   la-warm      issue 30: our kernels compiled into $LA_CACHE (default /tmp/la_cache) beside the
+#                suites, then fla's autotuning alone on the GPU; packed into $OUT/la_cache.tgz
+#                (our compiled-plan cache and fla's autotune picks) for the next call to carry
+#   la-bench     issue 30: $LA_CACHE_TGZ (default .whl/la_cache.tgz) unpacked when present; the
+#                resource table's check (tools/la_resources.py --check), la_stages.md and
+#                la_training.md
 set -u
 [ $# -gt 0 ] || { echo "usage: bash bench/h200_session.sh TOPIC..." >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
@@ -104,6 +111,22 @@ tests_cp() {
   gpu_suite cp 240 tests/gpu/test_cp_gpu.py tests/gpu/test_summary_families_gpu.py \
     tests/gpu/test_cp_families_gpu.py
 }
+tests_la_tests() {
+  gpu_suite gdn 300 tests/gpu/test_gdn_gpu.py &
+  gpu_suite kda 300 -s tests/gpu/test_kda_gpu.py &
+  gpu_suite gdn2 300 -s tests/gpu/test_gdn2_gpu.py &
+  gpu_suite gdp 240 tests/gpu/test_gdp_gpu.py &
+  gpu_suite chain 240 tests/gpu/test_gdn_chain_gpu.py tests/gpu/test_gdn2_gdp_chain_gpu.py &
+  gpu_suite summary 240 tests/gpu/test_summary_families_gpu.py &
+  wait
+}
+# Our kernels compile beside the suites (compiling is CPU work); fla autotunes in the bench
+# phase, alone on the GPU, so its picks are not skewed by the suites' kernels.
+LA_CACHE=${LA_CACHE:-/tmp/la_cache}
+tests_la_warm() {
+  step la_warm_ours 300 python3 bench/la_training.py --warm --sides ours --cache-dir "$LA_CACHE"
+}
+tests_la_bench() { :; }
 # Diagnostics, not timings: the localizations run side by side with the other suites.
 tests_la_localize() {
   step la_gdn2 300 python3 bench/la_localize.py gdn2 --config wide &
@@ -157,6 +180,29 @@ bench_chain() {
   step la_chain 200 python3 bench/la_chain.py
 }
 bench_la_localize() { :; }
+bench_la_tests() { :; }
+bench_la_warm() {
+  step la_warm_peers 400 python3 bench/la_training.py --warm --sides fla,NVIDIA \
+    --cache-dir "$LA_CACHE"
+  (cd "$LA_CACHE" && { [ -d plans ] && echo plans; find triton -name '*.autotune.json'; } \
+    | tar czf "$OUT/la_cache.tgz" -T -)
+  echo "== la_cache.tgz: $(du -h "$OUT/la_cache.tgz" | cut -f1) (carry it as .whl/la_cache.tgz);" \
+    "fla's compiled candidates, not packed: $(du -sh "$LA_CACHE/triton" | cut -f1)"
+}
+bench_la_bench() {
+  local tgz=${LA_CACHE_TGZ:-.whl/la_cache.tgz}
+  if [ -f "$tgz" ]; then
+    mkdir -p "$LA_CACHE" && tar xzf "$tgz" -C "$LA_CACHE" && chmod -R go-w "$LA_CACHE"
+    echo "== $tgz unpacked into $LA_CACHE"
+  else
+    echo "== no $tgz: everything compiles (and fla autotunes) in this call"
+  fi
+  step la_resources 20 python3 tools/la_resources.py --check
+  # fla compiles its picked configs here (its autotune picks come from the carried cache)
+  step la_stages 200 python3 bench/la_stages.py --cache-dir "$LA_CACHE" --out "$LOG/la_stages.md"
+  step la_training 330 python3 bench/la_training.py --budget-s 280 --cache-dir "$LA_CACHE" \
+    --out "$LOG/la_training.md"
+}
 bench_cp() {
   step cp 240 torchrun --nproc-per-node 2 bench/cp.py --out "$LOG/cp.md"
   step cp_pieces 240 torchrun --nproc-per-node 2 bench/cp.py --reps 5 \

@@ -31,7 +31,7 @@ import sys
 
 import torch
 from gdn import quick_fla_autotune, rel, shapes
-from timing import device_ms, kernel_ms, kernel_table
+from timing import device_ms, kernel_ms, kernel_table, launcher_compiles, use_compiled_cache
 
 from cudnn_pygraph.engines.linear_attention.kernels.configs import kernel_configs
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
@@ -102,6 +102,10 @@ class Ours:
 
     def forward(self):
         x = self.x
+        with launcher_compiles(self, "forward"):
+            self._forward(x)
+
+    def _forward(self, x):
         gdn_forward(
             x["q"], x["k"], x["v"], x["g"], x["beta"], self.cu, scale=SCALE, o=self.o,
             initial_state=self.init, final_state=self.final, use_qk_l2norm=True,
@@ -109,7 +113,10 @@ class Ours:
         )  # fmt: skip
 
     def backward(self):
-        x, d = self.x, self.grads
+        with launcher_compiles(self, "backward"):
+            self._backward(self.x, self.grads)
+
+    def _backward(self, x, d):
         gdn_backward(
             x["q"], x["k"], x["v"], x["g"], x["beta"], self.cu, self.do, scale=SCALE,
             dq=d["q"], dk=d["k"], dv=d["v"], dg=d["g"], dbeta=d["beta"],
@@ -284,7 +291,11 @@ def main():
     parser.add_argument("--config", default=None, help="our config by name (kernels/configs.py)")
     parser.add_argument("--profile", action="store_true", help="per-kernel times, then exit")
     parser.add_argument("--sweep", action="store_true", help="SWEEP's candidates, then exit")
+    parser.add_argument(
+        "--cache-dir", default=None, help="keep compiles here (bench/timing.py use_compiled_cache)"
+    )
     args = parser.parse_args()
+    use_compiled_cache(args.cache_dir)
     if args.sweep:
         sweep(args.only)
         return

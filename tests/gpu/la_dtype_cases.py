@@ -1,8 +1,8 @@
 """The dtype / head-dim cases the gdn, kda and gdn2 GPU suites run at every config: fp32
 operands (exact fp32 products) and the widest head. The state walks' staged tiles double in
 fp32 and again at K = 256, so these are the cases where a config can outgrow an SM's shared
-memory (kernels/gdn.py launch_within_shared_memory; bench/gdn_static.py --fp32 --dim 256
-shows the sizes)."""
+memory (kernels/gdn.py launch_within_shared_memory; bench/results/la_resources.md, made by
+tools/la_resources.py, shows the sizes)."""
 
 import torch
 

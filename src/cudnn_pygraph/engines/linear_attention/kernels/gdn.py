@@ -139,7 +139,7 @@ def launch_within_shared_memory(kernel, grid, *args, **kwargs):
     transition), one pipeline stage shorter each time the compiled program needs more shared
     memory than a program may have. Their configs are sized for 16-bit operands at K <= 128;
     fp32 operands and K = 256 double the [64, K] tiles every stage holds (kda's "few"
-    state_fwd: 238 KB at 3 stages in fp32, 137 KB at 2; bench/gdn_static.py --fp32 --dim).
+    state_fwd: 238 KB at 3 stages in fp32, 137 KB at 2; bench/results/la_resources.md).
     A config that fits keeps its stages; the result depends on (config, dtype, K) alone, so
     a replay by knobs compiles the same program."""
     stages = kwargs.pop("num_stages", _DEFAULT_STAGES)
