@@ -211,3 +211,26 @@ def test_gemm_bf16(backend_hidden):
     tc = torch.full(c.dim, float("nan"), dtype=torch.bfloat16)
     g.execute({a: ta, b: tb, bias: tbias, c: tc})
     assert rel(tc, ta.double() @ tb.double() + tbias.double()) < BF16_TOL["out"]
+
+
+def test_bf16_rounding_is_the_gpus():
+    """Stores and casts to bf16 under the interpreter round as the GPU does (to nearest,
+    ties to even; inf, NaN and overflow to inf kept): the same bits as torch's rounding."""
+    from cudnn_pygraph.runtime.triton_interpreter import round_to_bf16
+
+    gen = torch.Generator().manual_seed(0)
+    edge = [
+        0.0,
+        -0.0,
+        1.0 + 2**-8,
+        1.0 + 3 * 2**-8,
+        3.3895e38,
+        3.4e38,
+        float("inf"),
+        -float("inf"),
+        1e-40,
+    ]
+    x = torch.cat([torch.randn(4096, generator=gen) * 100, torch.tensor(edge)])
+    got = torch.from_numpy(round_to_bf16(x.numpy()))
+    assert torch.equal(got.view(torch.int32), x.bfloat16().float().view(torch.int32))
+    assert torch.from_numpy(round_to_bf16(torch.tensor([float("nan")]).numpy())).isnan().all()

@@ -17,6 +17,12 @@ interpreter was chosen (there is no GPU there, so nothing compiled is touched):
   1e10). Here bf16 values live in float32 arrays, as the GPU holds them in registers once
   loaded; a load widens the stored bits exactly, a store and a cast to bf16 round to
   nearest even as the GPU does. fp16 (numpy's float16) is right already.
+
+And numpy's IEEE warnings: exp2 overflowing to inf (a gelu or sigmoid of a large argument:
+x / (1 + inf) is the intended 0) and log2(0) = -inf on a masked lane are defined results
+the GPU computes silently; numpy reports each as a RuntimeWarning that reads like a
+failure. The interpreter's exp/exp2/log/log2 compute them silently too; nothing else is
+silenced.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ def engage() -> None:
             JITFunction.__call__ = _call_interpreted
         if interpreter._get_np_dtype(tl.bfloat16) == np.uint16:
             _hold_bf16_as_float32(interpreter, tl)
+        _ieee_without_warnings(interpreter.InterpreterBuilder)
         _ENGAGED = True
 
 
@@ -60,6 +67,20 @@ def _call_interpreted(self, *args, **kwargs):
 
         hit = _INTERPRETED[id(self)] = (self, InterpretedFunction(self.fn))
     return hit[1](*args, **kwargs)
+
+
+def _ieee_without_warnings(builder):
+    for name, op in (("create_exp", np.exp), ("create_exp2", np.exp2), ("create_log", np.log),
+                     ("create_log2", np.log2)):  # fmt: skip
+        setattr(builder, name, _silent(op))
+
+
+def _silent(op):
+    def create(self, arg):
+        with np.errstate(over="ignore", divide="ignore"):
+            return self.unary_op(arg, op)
+
+    return create
 
 
 def round_to_bf16(x):
