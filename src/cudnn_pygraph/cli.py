@@ -340,6 +340,7 @@ def doctor_report(data=None):
     elif device["is_interpreter"]:
         lines.append(
             f"  {device['name']}: no GPU; Triton kernels run on {device['sm_count']} CPU cores"
+            " (fp32, fp16 and bf16: bf16 stored as bf16, computed in fp32, as on a GPU)"
         )
     else:
         lines.append(
