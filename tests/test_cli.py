@@ -22,7 +22,7 @@ from cudnn_pygraph.backend import adapter
 from cudnn_pygraph.engines.base import BaseEngine, Capabilities, CompiledPlan
 from cudnn_pygraph.planning import autotune as at
 from cudnn_pygraph.planning import manifest
-from cudnn_pygraph.planning.device import gpu_driver_present
+from cudnn_pygraph.planning.device import DeviceProperties, gpu_driver_present
 
 HERE = pathlib.Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -140,6 +140,27 @@ def test_demo_walks_past_a_plan_that_does_not_run(capsys):
     assert "#1 standin_torch_gdn[]: ran" in out
 
 
+def test_demo_fails_when_an_example_ran_on_no_plan_where_plans_run(capsys):
+    class RefusesAll(TorchDeltaRule):
+        name = "standin_refuses_all"
+
+        def build_plan(self, graph, plan, ctx):
+            raise NotImplementedError("stand-in: no kernel for this here")
+
+    globals()["RefusesAll"] = RefusesAll
+    with manifest.use_families([gdn_family(RefusesAll)]):
+        rc, out, err = run_cli(capsys, "demo", "--quick", "--only", "gdn")
+    assert "#0 standin_refuses_all[]: did not run here" in out
+    assert rc == 1, out  # this machine runs plans: the GPU, or the interpreter on the CPU
+    assert "FAILED: an example ran on no plan" in out
+
+
+def test_demo_outcomes_where_nothing_can_run_are_not_a_failure():
+    nothing_ran = [demo.Outcome("gdn", why_not="no device")]
+    assert demo.exit_status(nothing_ran, None) == 0
+    assert demo.exit_status(nothing_ran, DeviceProperties.interpreter()) == 1
+
+
 @pytest.mark.skipif(gpu_driver_present(), reason="the no-driver outcome")
 def test_without_a_driver_the_backend_is_not_asked_and_libcudnn_stays_quiet():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -215,7 +236,7 @@ def test_opt_in_engines_are_one_flag_away(capsys, monkeypatch, flag):
     monkeypatch.setenv(manifest.OPT_IN_ENV, "0")  # restored after the test, whatever main sets
     with manifest.use_families([gdn_family(TorchDeltaRule, opt_in=("TorchDeltaRule",))]):
         rc, out, _ = run_cli(capsys, "demo", "--quick", "--only", "gdn", *flag)
-    assert rc == 0
+    assert rc == (0 if flag else 1)  # gate closed: gdn ran on no plan, where plans run
     if flag:
         assert "TorchDeltaRule [20300] accepts" in out and "#0 standin_torch_gdn[]: ran" in out
     else:
@@ -421,6 +442,13 @@ def test_autotune_example_times_then_a_later_run_replays(capsys, tmp_path, monke
     assert rc1 == rc2 == 0
     assert " *#0 standin_torch_gdn[] " in out1 and " ms" in out1
     assert "cache hit: #0 standin_torch_gdn[] (nothing timed)" in out2
+
+
+def test_autotune_example_without_a_name_tunes_the_default(capsys, monkeypatch):
+    tuned = []
+    monkeypatch.setattr(cli, "_autotune_example", lambda args: tuned.append(args.example) or 0)
+    assert run_cli(capsys, "autotune", "--example")[0] == 0
+    assert tuned == [cli.AUTOTUNE_EXAMPLE] and cli.AUTOTUNE_EXAMPLE in demo.EXAMPLES
 
 
 def test_autotune_example_on_the_cpu_times_one_burst_unless_asked(capsys, tmp_path, monkeypatch):

@@ -392,3 +392,65 @@ def test_the_committed_benchmarks_page_charts_the_latest_run_of_each_table(tmp_p
     assert doc.read_text() == (ROOT / "docs" / "benchmarks.md").read_text(), (
         "docs/benchmarks.md is stale: run python bench/plot.py"
     )
+
+
+# ---------------------------------------------------------------- facts read from the code
+def test_every_page_a_doc_names_exists():
+    """A bare mention of a page (`see linear-attention.md`, `bench/results/gdn.md`) names a
+    file of the repository, relative to the page or to the root, as a link would."""
+    for page in PAGES:
+        for named in re.findall(r"(?<![\w/.-])((?:\.\./)?[\w./-]*[\w-]+\.md)\b", page.read_text()):
+            if "://" in named:
+                continue
+            assert (page.parent / named).exists() or (ROOT / named).exists(), (
+                f"{page.name} names {named}, which is not in the repository"
+            )
+
+
+def test_head_dims_the_docs_state_are_the_served_ones():
+    from cudnn_pygraph.engines.linear_attention.kernels.configs import SUPPORTED_HEAD_DIMS
+
+    stated = []
+    for page in PAGES:
+        for listed in re.findall(r"K and V(?: are|:) ([\d, or]+\d)", page.read_text()):
+            stated.append((page.name, tuple(int(d) for d in re.findall(r"\d+", listed))))
+    assert stated, "no page states the served head dims"
+    assert {dims for _, dims in stated} == {tuple(SUPPORTED_HEAD_DIMS)}, stated
+
+
+def test_the_cache_layout_the_docs_give_is_the_codes_schema():
+    from cudnn_pygraph.runtime.compiled_cache import SCHEMA
+
+    versions = re.findall(r"<root>/v(\d+)/", (DOCS / "compiled-cache.md").read_text())
+    assert versions and set(versions) == {str(SCHEMA)}, versions
+
+
+def engine_rows():
+    """The table docs/gpus.md shows, rendered from each engine's capability row."""
+    import importlib
+
+    from cudnn_pygraph.planning import manifest
+
+    short = {"BFLOAT16": "bf16", "HALF": "fp16", "FLOAT": "fp32"}
+    lines = [
+        "| family | engine | GPU (compute capability) | CPU (Triton interpreter) | dtypes |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for family in manifest.FAMILIES:
+        for slot in family.slots:
+            caps = getattr(importlib.import_module(slot.module), slot.factory).capabilities
+            arch = (
+                f"sm_{caps.sm_lo} and newer"
+                if caps.sm_hi is None
+                else f"sm_{caps.sm_lo} to sm_{caps.sm_hi}"
+            )
+            dtypes = ", ".join(sorted(short.get(d.name, d.name.lower()) for d in caps.dtypes))
+            cpu = "yes" if caps.runs_on_interpreter else "no"
+            lines.append(f"| {family.name} | `{slot.name}` | {arch} | {cpu} | {dtypes or 'any'} |")
+    return "\n".join(lines)
+
+
+def test_the_gpu_table_is_the_engines_capability_rows():
+    text = (DOCS / "gpus.md").read_text()
+    shown = text.split("-->\n", 1)[1].split("\n<!-- end engine rows -->", 1)[0]
+    assert shown == engine_rows(), "docs/gpus.md is stale; its rows should read:\n" + engine_rows()

@@ -57,6 +57,14 @@ def test_every_torch_an_extra_admits_pins_the_tested_triton(extra):
         assert triton_spec.specifier.contains(TORCH_PINS_TRITON[torch_version]), torch_version
 
 
+@pytest.mark.parametrize("extra", ["torch", "triton", "demo", "test"])
+def test_the_cpu_users_extras_bring_nothing_of_nvidias(extra):
+    """NVIDIA's frontend and libcudnn (and the CuTe DSL the frontend pulls) come only with
+    the backend's extras; the backend's tests skip without them."""
+    names = {Requirement(r).name for r in _extra(extra)}
+    assert not {n for n in names if n.startswith(("nvidia-", "cuda-"))}, names
+
+
 @pytest.mark.parametrize("extra", ["cudnn", "cudnn-cu12"])
 def test_the_backend_extras_bring_libcudnn(extra):
     names = {Requirement(r).name for r in _extra(extra)}

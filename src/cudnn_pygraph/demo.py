@@ -6,9 +6,10 @@ candidate's accept/decline reason (graph.explain()), executes the first plan tha
 here, checks the result against a float64 torch reference computed below, and on a GPU
 prints kernel time (CUDA events, median) and host time per call.
 
-Without a GPU the kernels run under the Triton interpreter at a small size (the CLI sets
-TRITON_INTERPRET=1 before anything imports triton). A family with no engine yet, or a
-plan that cannot run here, is reported with its reason: the demo never stops at one.
+Without a GPU the kernels run under the Triton interpreter at a small size (the package
+chooses it, whatever was imported first). A plan that cannot run here is reported with its
+reason and the next one tried: the demo never stops at one, but an example that ran on no
+plan fails the run wherever some plan can run (exit_status).
 
 The example graphs are also what `cudnn-pygraph plans --example NAME` plans.
 """
@@ -196,7 +197,8 @@ class Outcome:
 
 
 def run(names=tuple(EXAMPLES), quick=False, out=None, seed=0):
-    """Run the demo; returns the list of Outcomes (the CLI turns them into an exit code)."""
+    """Run the demo; returns the list of Outcomes (exit_status turns them into the CLI's
+    exit code)."""
     out = out or sys.stdout
     import torch
 
@@ -218,7 +220,18 @@ def run(names=tuple(EXAMPLES), quick=False, out=None, seed=0):
     p.say("summary:")
     for o in outcomes:
         p.say("  " + summary_line(o))
+    if device is not None and any(not o.executed for o in outcomes):
+        p.say("FAILED: an example ran on no plan, on a machine that runs plans (reasons above)")
     return outcomes
+
+
+def exit_status(outcomes, device):
+    """The demo's verdict: 1 when an example's result mismatched its reference, or when an
+    example ran on no plan although this machine runs plans (a GPU, or the Triton
+    interpreter on the CPU); else 0. Where nothing can run (no GPU and TRITON_INTERPRET
+    off) the reasons printed are the answer."""
+    able = device is not None
+    return 1 if any(o.passed is False or (able and not o.executed) for o in outcomes) else 0
 
 
 def summary_line(o):

@@ -28,6 +28,7 @@ older layout is supported where it costs a getattr (builder class, `tensor()` + 
 for `_make_tensor`); it is not tested.
 """
 
+import atexit
 import ctypes
 import enum
 import functools
@@ -36,6 +37,7 @@ import importlib.util
 import os
 import sys
 import threading
+import weakref
 from types import SimpleNamespace
 
 from .._types import (
@@ -334,6 +336,13 @@ class _Builder:
         self.backend = backend
         self.graph = graph
         self.made = {}
+        self.outer = []  # each score_mod hook's outer-graph tensors
+
+    def release(self):
+        """Drop the backend objects (at exit: see score_mod_hook)."""
+        self.backend, self.made = None, {}
+        for tensors in self.outer:
+            tensors.clear()
 
     # ---- tensors
     def tensor(self, t):
@@ -431,6 +440,11 @@ class _Builder:
         nodes read live in the outer graph (made now, with our uids), as a classic
         closure's tensors do."""
         outer = {t.uid: self.tensor(t) for t in mod.external_inputs()}
+        # The backend holds the hook and the hook this builder (and `outer`), which hold
+        # the backend's graph and tensors: a cycle through C++ that no collector sees,
+        # broken at exit (_release_at_exit).
+        self.outer.append(outer)
+        _ALIVE.add(self)
 
         def hook(backend_graph, backend_score):
             # The backend numbers its score tensor from 1 in the sub-graph, which collides
@@ -533,6 +547,19 @@ def _is_default(value, default):
 
 
 # ---------------------------------------------------------------- the lowered graph
+# Every LoweredGraph (and score_mod _Builder) alive. NVIDIA's frontend (nanobind) reports each of its objects still
+# alive when its module is torn down as a leak ("nanobind: leaked N instances"); a graph
+# held until exit (a module global, a cache, a test module) holds its backend graph and
+# tensors, so they are dropped at exit, while the frontend can still free them.
+_ALIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _release_at_exit():
+    for holder in list(_ALIVE):
+        holder.release()
+
+
 class LoweredGraph:
     """The backend graph of one IR graph, and the facts about it lowering settled."""
 
@@ -543,6 +570,11 @@ class LoweredGraph:
         self.graph_name = graph_name
         self.lock = threading.Lock()  # planning/build calls into the backend graph
         self.operation_graph = None  # None: not built yet; True, or the reason it failed
+        _ALIVE.add(self)
+
+    def release(self):
+        """Drop the backend objects (the graph is unusable after)."""
+        self.backend, self.tensors = None, {}
 
     def assert_uids(self):
         """uid ownership, enforced: every backend tensor carries our uid."""

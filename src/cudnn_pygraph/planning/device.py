@@ -138,15 +138,27 @@ _TRUE = ("1", "true", "on", "yes", "y")
 def interpreter_chosen() -> bool:
     """Whether Triton kernels run under its CPU interpreter when there is no GPU.
 
-    Unset means yes, and the variable is set here: Triton reads it when a kernel is
-    decorated, that is when our kernel modules are imported, which happens after planning
-    has looked for a device. So a user's own script plans and runs on a laptop without
-    knowing the variable. An explicit value that is not true is respected."""
+    Unset means yes, and the variable is set here (and so inherited by subprocesses): a
+    user's own script plans and runs on a laptop without knowing it. An explicit value
+    that is not true is respected. Triton reads the variable when a function is
+    decorated; what was decorated before (Triton's own library, when triton, torch._dynamo
+    or torch.compile came first) is handled by prepare_kernels."""
     value = os.environ.get(INTERPRET_ENV)
     if value is None:
         os.environ[INTERPRET_ENV] = "1"
         return True
     return value.strip().lower() in _TRUE
+
+
+def prepare_kernels() -> None:
+    """Called by engines/__init__.py, so before any of our kernel modules is decorated:
+    on a machine without a GPU whose TRITON_INTERPRET is unset or true, our kernels are
+    decorated for the interpreter and the interpreter is made to run them right whatever
+    was imported first (runtime/triton_interpreter.py). On a GPU machine: nothing."""
+    if not gpu_driver_present() and interpreter_chosen():
+        from ..runtime.triton_interpreter import engage
+
+        engage()
 
 
 def no_device_reason() -> str:

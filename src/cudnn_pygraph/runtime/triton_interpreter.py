@@ -1,0 +1,191 @@
+"""Triton's CPU interpreter, made to run our kernels as the GPU would, whatever was
+imported first (planning/device.py decides when; `engage` is called before any kernel
+module is decorated).
+
+Two gaps of triton 3.6's interpreter are closed here, and only on a machine where the
+interpreter was chosen (there is no GPU there, so nothing compiled is touched):
+
+* Import order. `@triton.jit` picks the interpreter when a function is DECORATED, from
+  TRITON_INTERPRET. Triton's own library (tl.zeros, tl.sum, tl.cdiv, ... in
+  triton/language/standard.py) is decorated when `triton` is first imported, which
+  torch._dynamo and torch.compile do before our planning sets the variable; those
+  functions stay compiled-only, and a kernel calling one under the interpreter fails
+  with "Cannot call @triton.jit'd outside of the scope of a kernel". Such a call can only
+  mean the interpreter here, so a JITFunction called directly runs interpreted.
+* bfloat16. numpy has no bf16: the interpreter holds bf16 values as their raw uint16 bits
+  and does arithmetic on the integers (tl.dot, a scale, a sum: relative errors of 1e5 to
+  1e10). Here bf16 values live in float32 arrays, as the GPU holds them in registers once
+  loaded; a load widens the stored bits exactly, a store and a cast to bf16 round to
+  nearest even as the GPU does. fp16 (numpy's float16) is right already.
+
+And numpy's IEEE warnings: exp2 overflowing to inf (a gelu or sigmoid of a large argument:
+x / (1 + inf) is the intended 0) and log2(0) = -inf on a masked lane are defined results
+the GPU computes silently; numpy reports each as a RuntimeWarning that reads like a
+failure. The interpreter's exp/exp2/log/log2 compute them silently too; nothing else is
+silenced.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+_LOCK = threading.Lock()
+_ENGAGED = False
+
+
+def engage() -> None:
+    """Make the interpreter whole (idempotent). TRITON_INTERPRET must already be true."""
+    global _ENGAGED
+    with _LOCK:
+        if _ENGAGED:
+            return
+        import triton.language as tl
+        from triton.runtime import interpreter
+        from triton.runtime.jit import JITFunction
+
+        if isinstance(tl.standard.zeros, JITFunction):
+            JITFunction.__call__ = _call_interpreted
+        if interpreter._get_np_dtype(tl.bfloat16) == np.uint16:
+            _hold_bf16_as_float32(interpreter, tl)
+        _ieee_without_warnings(interpreter.InterpreterBuilder)
+        _ENGAGED = True
+
+
+# id(JITFunction) -> (it, its InterpretedFunction): a JITFunction's own hash compiles its
+# cache key, which fails under the interpreter's patched language.
+_INTERPRETED: dict = {}
+
+
+def _call_interpreted(self, *args, **kwargs):
+    """JITFunction.__call__ once the interpreter is chosen: a device function decorated
+    before the choice, called from an interpreted kernel, runs interpreted too."""
+    hit = _INTERPRETED.get(id(self))
+    if hit is None:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        hit = _INTERPRETED[id(self)] = (self, InterpretedFunction(self.fn))
+    return hit[1](*args, **kwargs)
+
+
+def _ieee_without_warnings(builder):
+    for name, op in (("create_exp", np.exp), ("create_exp2", np.exp2), ("create_log", np.log),
+                     ("create_log2", np.log2)):  # fmt: skip
+        setattr(builder, name, _silent(op))
+
+
+def _silent(op):
+    def create(self, arg):
+        with np.errstate(over="ignore", divide="ignore"):
+            return self.unary_op(arg, op)
+
+    return create
+
+
+def round_to_bf16(x):
+    """float32 array -> float32 array of the nearest bf16 values (ties to even; inf and
+    NaN kept), what the GPU's cvt.rn.bf16.f32 gives."""
+    x = np.asarray(x, dtype=np.float32)
+    bits = x.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return np.where(np.isnan(x), x, rounded.view(np.float32))
+
+
+def _bf16_bits(x):
+    return (round_to_bf16(x).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _bf16_values(bits):
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+
+
+def _hold_bf16_as_float32(interpreter, tl):
+    builder = interpreter.InterpreterBuilder
+    TensorHandle = interpreter.TensorHandle
+    get_np_dtype = interpreter._get_np_dtype
+    load, store = interpreter._interpreter.load, interpreter._interpreter.store
+    cast_impl, fp_to_fp = builder.cast_impl, builder.create_fp_to_fp
+    bitcast, fabs = builder.create_bitcast, builder.create_fabs
+
+    def is_bf16(ty):
+        ty = getattr(ty, "element_ty", ty) if isinstance(ty, tl.block_type) else ty
+        return ty == tl.bfloat16
+
+    def np_dtype(ty):
+        return np.dtype(np.float32) if is_bf16(ty) else get_np_dtype(ty)
+
+    def masked_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile):
+        ty = ptrs.get_element_ty()
+        if not is_bf16(ty):
+            return original_load(self, ptrs, mask, other, cache_modifier, eviction_policy,
+                                 is_volatile)  # fmt: skip
+        fill = (
+            np.zeros_like(ptrs.data, dtype=np.uint16) if other is None else _bf16_bits(other.data)
+        )
+        fill = np.broadcast_to(fill, ptrs.data.shape).copy()
+        return TensorHandle(_bf16_values(load(ptrs.data, mask.data, fill, np.dtype(np.uint16))), ty)
+
+    def masked_store(self, ptrs, value, mask, cache_modifier, eviction_policy):
+        if not is_bf16(value.dtype.scalar):
+            return original_store(self, ptrs, value, mask, cache_modifier, eviction_policy)
+        return store(ptrs.data, _bf16_bits(value.data), mask.data)
+
+    def to_float32(src):
+        ty = src.dtype.scalar
+        if is_bf16(ty):
+            return src.data.astype(np.float32)
+        if ty.is_floating() and ty.primitive_bitwidth == 8:  # fp8: the interpreter's own path
+            half = interpreter._convert_float(src.data, ty, tl.float16, None).view(np.float16)
+            return half.astype(np.float32)
+        return src.data.astype(np.float32)
+
+    def cast(src, dst_type, rounding_mode=None):
+        dst = dst_type.scalar
+        if is_bf16(dst):
+            x = to_float32(src)
+            if rounding_mode == interpreter._ir.ROUNDING_MODE.RTZ:
+                return TensorHandle((x.view(np.uint32) & 0xFFFF0000).view(np.float32), dst)
+            return TensorHandle(round_to_bf16(x), dst)
+        x = src.data.astype(np.float32)  # src is bf16
+        if dst.is_floating() and dst.primitive_bitwidth == 8:
+            out = interpreter._convert_float(x, tl.float32, dst, rounding_mode)
+            return TensorHandle(out.view(get_np_dtype(dst)), dst)
+        return TensorHandle(x.astype(get_np_dtype(dst)), dst)
+
+    def cast_impl_(self, src, dst_type):
+        if is_bf16(src.dtype.scalar) or is_bf16(dst_type.scalar):
+            return cast(src, dst_type)
+        return cast_impl(self, src, dst_type)
+
+    def fp_to_fp_(self, src, dst_type, rounding_mode):
+        if is_bf16(src.dtype.scalar) or is_bf16(dst_type.scalar):
+            return cast(src, dst_type, rounding_mode)
+        return fp_to_fp(self, src, dst_type, rounding_mode)
+
+    def bitcast_(self, src, dst_type):
+        if is_bf16(src.dtype.scalar):
+            bits = _bf16_bits(src.data)
+            return TensorHandle(bits.view(get_np_dtype(dst_type)), dst_type.scalar)
+        if is_bf16(dst_type.scalar):
+            return TensorHandle(_bf16_values(src.data.view(np.uint16)), dst_type.scalar)
+        return bitcast(self, src, dst_type)
+
+    def fabs_(self, arg):
+        if is_bf16(arg.dtype.scalar):
+            return TensorHandle(np.abs(arg.data), arg.dtype.scalar)
+        return fabs(self, arg)
+
+    def fits(array, ty):  # a handle's check that its data matches its type
+        return array.dtype == np.float32 if is_bf16(ty) else validate(array, ty)
+
+    validate = interpreter._validate_np_data_size
+    original_load, original_store = builder.create_masked_load, builder.create_masked_store
+    interpreter._get_np_dtype = np_dtype
+    interpreter._validate_np_data_size = fits
+    builder.create_masked_load = masked_load
+    builder.create_masked_store = masked_store
+    builder.cast_impl = cast_impl_  # the int/fp casts, fp_ext and fp_trunc all call it
+    builder.create_fp_to_fp = fp_to_fp_
+    builder.create_bitcast = bitcast_
+    builder.create_fabs = fabs_
