@@ -117,9 +117,7 @@ def test_the_ops_own_attributes_are_checked(kw, match):
         ops.scaled_dot_product_attention(q, q, q, **kw)
 
 
-@pytest.mark.parametrize(
-    "shape", [(1, 0, T, D), (0, H, T, D), (1, H, 0, D)], ids=["H=0", "B=0", "S=0"]
-)
+@pytest.mark.parametrize("shape", [(1, 0, T, D), (1, H, 0, D)], ids=["H=0", "S=0"])
 def test_an_empty_dense_call_returns_an_empty_result(shape):
     q = torch.randn(shape).half().requires_grad_()
     out = ops.scaled_dot_product_attention(q, q, q, is_causal=True)

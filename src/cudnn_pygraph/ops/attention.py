@@ -67,6 +67,12 @@ MAX_BATCH = 65535
 MIN_CAPACITY = 8
 
 
+class TorchSdpaRefusal(ValueError, RuntimeError):
+    """torch's SDPA refused a call this op handed it (shapes, dtypes it cannot serve): an
+    argument error, a ValueError as this library's refusals are, and still the RuntimeError
+    torch raises, so code written against torch's SDPA catches it unchanged."""
+
+
 def _uncovered(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, alignment, window_left,
                varlen):  # fmt: skip
     """Why the graphs do not cover this call, or None."""
@@ -676,9 +682,16 @@ def scaled_dot_product_attention(
                         causal_alignment, window_left, varlen)  # fmt: skip
     if reason is not None:
         _fall_back(reason)
-        return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                           enable_gqa, causal_alignment, window_left, cu_seqlens_q,
-                           cu_seqlens_k)  # fmt: skip
+        try:
+            return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                               enable_gqa, causal_alignment, window_left, cu_seqlens_q,
+                               cu_seqlens_k)  # fmt: skip
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError as exc:
+            raise TorchSdpaRefusal(
+                f"scaled_dot_product_attention: torch's SDPA refused: {exc}"
+            ) from exc
     d = query.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     causal = _CAUSAL[causal_alignment] if is_causal else 0
@@ -716,6 +729,8 @@ def _check_arguments(q, k, v, is_causal, alignment, window_left, varlen, cu_q, c
     for name, t in (("query", q), ("key", k), ("value", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name}: dtype {t.dtype}, expected a floating-point dtype")
         if varlen and t.dim() != 3:
             raise ValueError(f"{name}: expected [T, H, D] (THD), got shape {list(t.shape)}")
     if q.dim() == rank and k.dim() == rank and v.dim() == rank:
