@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .gdp import _check_rows, _gdp_bwd_impl, _gdp_fwd_impl, householder_count
+from .gdp import _check_rows, _gdp_bwd_impl, _gdp_fwd_impl, _householder_count
 from .ops import (
     _GDN2_GATE_NAMES,
     _check_gate_flags,
@@ -501,7 +501,7 @@ def gated_delta_product_cp(
     sub-token rows (a span holds whole tokens: every cut is a real-token boundary).
     piece_tokens counts real tokens. Same collectives, gradients and return as
     gated_delta_net_cp's."""
-    n = householder_count(num_householder)
+    n = _householder_count(num_householder)
     _check_shapes(q, v)
     _check_rows(q, k, v, g, beta, n)
     _check_gate_flags(

@@ -25,7 +25,6 @@ from .ops import (
     _check_packed_q,
     _check_pool,
     _check_state,
-    _check_state_indices,
     _eager,
     _fwd,
     _fwd_fake,
@@ -36,7 +35,7 @@ from .ops import (
 )
 
 
-def householder_count(num_householder) -> int:
+def _householder_count(num_householder) -> int:
     """num_householder as the int it must be (>= 1): a float, a string or a bool is refused,
     never truncated or parsed."""
     if isinstance(num_householder, bool) or not isinstance(num_householder, int):
@@ -228,7 +227,7 @@ def gated_delta_product_overwrite_state(
     [N]; -1 reads and writes nothing). q [1, T, H, K], g [1, T, HO]; k / v / beta at
     T * num_householder rows, as in gated_delta_product. No autograd. Returns o
     [1, T, HO, V]."""
-    n = householder_count(num_householder)
+    n = _householder_count(num_householder)
     _check_packed_q(q)
     _check_rows(q, k, v, g, beta, n)
     _check_head_dims(q, v)
@@ -237,7 +236,6 @@ def gated_delta_product_overwrite_state(
     _check_gate_flags(
         allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log, dt_bias
     )
-    _check_state_indices(state_indices)
     _check_pool(state, state_indices, cu_seqlens, q, v)
     f32 = lambda t: None if t is None else t.float()
     A_log, dt_bias = f32(A_log), f32(dt_bias)
@@ -291,7 +289,7 @@ def gated_delta_product(
     Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)."""
     if head_first:
         raise ValueError(_HEAD_FIRST_REMOVED)
-    n = householder_count(num_householder)
+    n = _householder_count(num_householder)
     if q.dim() != 4:
         raise ValueError(f"q: expected [B, T, H, K], got shape {tuple(q.shape)}")
     B, T = q.shape[:2]

@@ -690,10 +690,25 @@ def _check_in_place_state(state, **inputs):
             "state: an expanded or internally overlapping view cannot be updated in place "
             "(several elements share one memory location); pass a clone"
         )
-    span = _byte_span(state)
+    if type(state) is not torch.Tensor:
+        return  # a fake or functional tensor under tracing has no address
+    span = None
+    storage = state.untyped_storage()
+    lo = storage.data_ptr()
+    hi = lo + storage.nbytes()
     for name, t in inputs.items():
-        other = _byte_span(t) if isinstance(t, torch.Tensor) else None
-        if span and other and span[0] == other[0] and span[1] < other[2] and other[1] < span[2]:
+        # The allocations first (two calls per input): only an input whose allocation
+        # meets the state's is compared element range to element range. (No device test:
+        # under CUDA's unified addressing no two devices' allocations share an address.)
+        if type(t) is not torch.Tensor:
+            continue
+        other = t.untyped_storage()
+        start = other.data_ptr()
+        if start >= hi or start + other.nbytes() <= lo:
+            continue
+        span = span or _byte_span(state)
+        theirs = _byte_span(t)
+        if span and theirs and span[0] < theirs[1] and theirs[0] < span[1]:
             raise ValueError(
                 f"state: overlaps {name}'s memory; an in-place update must not alias an "
                 "input (pass a clone)"
@@ -701,12 +716,12 @@ def _check_in_place_state(state, **inputs):
 
 
 def _byte_span(t):
-    """(device, first byte, one past the last byte) of a tensor's elements, None if empty."""
+    """(first byte, one past the last byte) of a tensor's elements, None if it has none."""
     if t.numel() == 0:
         return None
     start = t.data_ptr()
     last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-    return t.device, start, start + (last + 1) * t.element_size()
+    return start, start + (last + 1) * t.element_size()
 
 
 def _in_place(eager, impl, op, state, *args):
@@ -719,11 +734,6 @@ def _in_place(eager, impl, op, state, *args):
     return impl(*args)
 
 
-def _check_state_indices(state_indices):
-    if state_indices is not None and state_indices.dtype != torch.int32:
-        raise ValueError(f"state_indices: dtype {state_indices.dtype}, expected torch.int32")
-
-
 def _check_packed_q(q):
     """The in-place ops take packed tokens only: q [1, T, H, K]."""
     if q.dim() != 4 or q.shape[0] != 1:
@@ -734,6 +744,19 @@ def _check_pool(state, state_indices, cu_seqlens, q, v):
     """The in-place state, K-major: a row per sequence, or under state_indices a pool of any
     number of rows."""
     check_cu_seqlens("cu_seqlens", cu_seqlens, q.device)
+    if state_indices is not None:
+        n_seqs = cu_seqlens.shape[0] - 1
+        if not isinstance(state_indices, torch.Tensor):
+            raise TypeError(
+                f"state_indices: expected a torch.Tensor, got {_described(state_indices)}"
+            )
+        if state_indices.dtype != torch.int32:
+            raise ValueError(f"state_indices: dtype {state_indices.dtype}, expected torch.int32")
+        if tuple(state_indices.shape) != (n_seqs,) or state_indices.device != q.device:
+            raise ValueError(
+                f"state_indices: expected [N] = [{n_seqs}] on {q.device} (one pool row per "
+                f"sequence of cu_seqlens), got {list(state_indices.shape)} on {state_indices.device}"
+            )
     rows = state.shape[0] if state_indices is not None else cu_seqlens.shape[0] - 1
     heads = max(q.shape[2], v.shape[2])
     _check_state("state", state, rows, heads, q.shape[-1], v.shape[-1], False)
@@ -1013,7 +1036,6 @@ def gated_delta_net_overwrite_state(
     _check_gate_flags(
         allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log, dt_bias
     )
-    _check_state_indices(state_indices)
     _check_pool(state, state_indices, cu_seqlens, q, v)
     f32 = lambda t: None if t is None else t.float()
     A_log, dt_bias = f32(A_log), f32(dt_bias)
@@ -1476,7 +1498,6 @@ def kimi_delta_attention_overwrite_state(
     _check_in_place_state(state, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens,
                           state_indices=state_indices, A_log=A_log, dt_bias=dt_bias)  # fmt: skip
     _check_kda_beta_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel)
-    _check_state_indices(state_indices)
     heads, K = max(q.shape[2], v.shape[2]), q.shape[-1]
     gate, lb, A_log, dt_bias = _kda_gate_args(
         use_gate_in_kernel, False, lower_bound, A_log, dt_bias, heads, K
