@@ -14,6 +14,7 @@ bench/results/reliability.md. A crash ends the run: --trace names the case that 
 import argparse
 import collections
 import datetime
+import os
 import pathlib
 import platform
 import sys
@@ -91,8 +92,9 @@ def main():
         f"{platform.machine()})\n"
     )
     flag = f"--ops {args.ops}" if args.ops else f"--graphs {args.graphs}"
+    interpreted = "TRITON_INTERPRET=1 " if os.environ.get("TRITON_INTERPRET") == "1" else ""
     summary = (
-        f"`PYTHONPATH=$PWD/src:$PWD/tests python bench/fuzz.py {flag} "
+        f"`PYTHONPATH=$PWD/src:$PWD/tests {interpreted}python bench/fuzz.py {flag} "
         f"--seed {args.seed}`: {count} {what} in {seconds:.0f} s; "
         f"{count - failed} worked or raised a classic error, {failed} raised anything else.\n"
     )
