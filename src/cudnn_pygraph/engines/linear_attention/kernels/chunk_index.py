@@ -115,6 +115,7 @@ def _seq_order_kernel(safe_ptr, order_ptr, idx_ptr, err_ptr, N, BLOCK: tl.conste
     length = tl.load(safe_ptr + n + 1) - tl.load(safe_ptr + n)
     rank = tl.zeros([], dtype=tl.int32)
     twins = tl.zeros([], dtype=tl.int32)
+    slot = tl.zeros([], dtype=tl.int32) - 1  # defined on both sides of the constexpr branch
     if HAS_IDX:
         slot = tl.load(idx_ptr + n)
     for start in range(0, N, BLOCK):
