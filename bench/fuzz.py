@@ -1,16 +1,20 @@
 """Whole-surface fuzzing at volume: the strategy of tests/test_fuzz_graph.py (every op of
 the OpSpec tables, zero extents, degenerate strides, random attribute values), N graphs
-(100,000 by default), each either working or raising a classic error. Unlike the CI test
-it does not stop at the first failure: it counts every graph that raised anything else,
-by signature (exception type and the innermost frame of ours), and appends the tally to
-bench/results/reliability.md.
+(100,000 by default), each either working or raising a classic error; with --ops, the
+strategy of tests/ops/test_fuzz_ops.py instead (every public torch op with random shapes,
+dtypes, strides, aliasing, index tables and attributes), N calls. Unlike the CI tests it
+does not stop at the first failure: it counts every case that raised anything else, by
+signature (exception type and the innermost frame of ours), and appends the tally to
+bench/results/reliability.md. A crash ends the run: --trace names the case that did it.
 
     PYTHONPATH=$PWD/src:$PWD/tests python bench/fuzz.py [--graphs N] [--seed S]
+    PYTHONPATH=$PWD/src:$PWD/tests TRITON_INTERPRET=1 python bench/fuzz.py --ops 100000
 """
 
 import argparse
 import collections
 import datetime
+import os
 import pathlib
 import platform
 import sys
@@ -19,8 +23,7 @@ import traceback
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-
-import test_fuzz_graph as fuzz
+sys.path.insert(0, str(ROOT / "tests" / "ops"))
 from hypothesis import HealthCheck, given, seed, settings
 
 
@@ -35,6 +38,10 @@ def signature(exc):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--graphs", type=int, default=100_000)
+    ap.add_argument(
+        "--ops", type=int, metavar="N", help="fuzz the torch ops instead, N calls (the graphs "
+        "are then not fuzzed)",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "bench/results/reliability.md"))
     ap.add_argument(
@@ -43,18 +50,26 @@ def main():
         "(inside the backend) is the file's content afterwards",
     )
     args = ap.parse_args()
+    if args.ops:
+        import test_fuzz_ops as fuzz
+
+        strategy, total, what = fuzz.cases(), args.ops, "torch-op calls"
+    else:
+        import test_fuzz_graph as fuzz
+
+        strategy, total, what = fuzz.recipes(), args.graphs, "graphs"
     failures = collections.Counter()
     examples = {}
     count = 0
 
-    @settings(max_examples=args.graphs, deadline=None, database=None,
+    @settings(max_examples=total, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))  # fmt: skip
-    @given(fuzz.recipes())
+    @given(strategy)
     def one(recipe):
         nonlocal count
         count += 1
         if count % 1000 == 0:  # a run the backend kills still says how far it got
-            print(f"{count} graphs, {sum(failures.values())} findings", flush=True)
+            print(f"{count} {what}, {sum(failures.values())} findings", flush=True)
         if args.trace:
             with open(args.trace, "w") as f:
                 f.write(repr(recipe))
@@ -72,12 +87,15 @@ def main():
     seconds = time.perf_counter() - start
     failed = sum(failures.values())
     heading = (
-        f"\n## Graph fuzzing ({datetime.date.today()}, Python {platform.python_version()}, "
+        f"\n## {what.capitalize()} fuzzing ({datetime.date.today()}, Python "
+        f"{platform.python_version()}, "
         f"{platform.machine()})\n"
     )
+    flag = f"--ops {args.ops}" if args.ops else f"--graphs {args.graphs}"
+    interpreted = "TRITON_INTERPRET=1 " if os.environ.get("TRITON_INTERPRET") == "1" else ""
     summary = (
-        f"`PYTHONPATH=$PWD/src:$PWD/tests python bench/fuzz.py --graphs {args.graphs} "
-        f"--seed {args.seed}`: {count} graphs in {seconds:.0f} s; "
+        f"`PYTHONPATH=$PWD/src:$PWD/tests {interpreted}python bench/fuzz.py {flag} "
+        f"--seed {args.seed}`: {count} {what} in {seconds:.0f} s; "
         f"{count - failed} worked or raised a classic error, {failed} raised anything else.\n"
     )
     lines = [heading, summary]

@@ -189,3 +189,26 @@ def test_kda_refuses_a_per_head_gate_and_fla_gate_rules():
     with pytest.raises(ValueError, match="lower_bound"):
         kimi_delta_attention_cp(*(x[n] for n in TOKEN_INPUTS), use_gate_in_kernel=True,
                                 safe_gate=True)  # fmt: skip
+
+
+def _disagreeing_rank(rank, world, port):
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        # rank 1 holds two sequences, rank 0 one: refused on every rank, naming B, before
+        # a collective of mismatched sizes (which aborted rank 0 inside gloo)
+        x, _ = _inputs((8,), (1, 1, 1), False, batch=1 + rank)
+        with pytest.raises(ValueError, match=r"ranks disagree on B \(batch\): \[1, 2\]"):
+            gated_delta_net_cp(*(x[n] for n in TOKEN_INPUTS))
+        x, _ = _inputs((8,), (1, 1, 1 + rank), False, batch=1)
+        with pytest.raises(ValueError, match=r"ranks disagree on HV \(v heads\): \[1, 2\]"):
+            gated_delta_net_cp(*(x[n] for n in TOKEN_INPUTS))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_that_disagree_on_a_shape_are_refused_naming_it():
+    mp.start_processes(
+        _disagreeing_rank, args=(2, _free_port()), nprocs=2, start_method="forkserver"
+    )

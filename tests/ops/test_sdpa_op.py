@@ -360,7 +360,7 @@ def test_thd_lengths_that_do_not_cover_the_calls_sequences_are_refused():
     ops.scaled_dot_product_attention(q, k, v, scale=0.55, cu_seqlens_q=cu, cu_seqlens_k=cu,
                                      max_seqlen_q=7, max_seqlen_k=7)  # fmt: skip
     fwd = _python_plan("sdpa_fwd", 0.55)
-    side = attention._thd_side(cu, cu, q, k)
+    side, _error = attention._thd_side(cu, cu, q, k, 16, 16)
     out, lse = torch.full_like(q, 7.0), torch.full((2, 2, 16, 1), 7.0)
     short = dict(side, seq_len_kv=side["seq_len_kv"][:1])
     with pytest.raises(OperandExtentError, match="operand 'seq_len_kv'"):

@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .gdp import _check_rows, _gdp_bwd_impl, _gdp_fwd_impl
+from .gdp import _check_rows, _gdp_bwd_impl, _gdp_fwd_impl, _householder_count
 from .ops import (
     _GDN2_GATE_NAMES,
     _check_gate_flags,
@@ -91,6 +91,26 @@ def _all_gather(t, group):
     out = t.new_empty(dist.get_world_size(group), *t.shape)
     dist.all_gather(list(out.unbind(0)), t.contiguous(), group=group)
     return out
+
+
+_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def _check_ranks_agree(name, group, device, dims):
+    """Every rank's `dims` ({what: int}) gathered and compared before the first collective
+    of the call: ranks that disagree on a shape would otherwise meet in a collective of
+    mismatched sizes (gloo aborts the process; NCCL may hang or read past a buffer). Every
+    rank sees the same table, so every rank raises the same error. (One small gather per
+    call, read on the host: the call's collectives synchronize its ranks anyway.)"""
+    mine = torch.tensor([int(x) for x in dims.values()], dtype=torch.int64, device=device)
+    every = _all_gather(mine, group).tolist()
+    for i, what in enumerate(dims):
+        values = [row[i] for row in every]
+        if len(set(values)) > 1:
+            raise ValueError(
+                f"{name}: the ranks disagree on {what}: {values} (rank order); every rank "
+                "must pass the same batch, heads, head dims and dtype"
+            )
 
 
 def _summary_keys(k, n_q, n_out):
@@ -254,6 +274,7 @@ def _run(family, q, k, v, g, beta, scale, initial_state, output_final_state, sta
     """The checks and the call every family shares: [B, T_r, ...] spans in (gdp's k / v /
     beta [B, T_r * n, ...]), (o, final) out."""
     name = _NAMES[family]
+    n = num_householder
     if piece_tokens is not None and (piece_tokens <= 0 or piece_tokens % CHUNK):
         raise ValueError(f"piece_tokens: {piece_tokens} is not a positive multiple of {CHUNK}")
     if not dist.is_available() or not dist.is_initialized():
@@ -261,9 +282,15 @@ def _run(family, q, k, v, g, beta, scale, initial_state, output_final_state, sta
     B, T = q.shape[:2]
     heads = max(q.shape[2], v.shape[2])
     _check_state("initial_state", initial_state, B, heads, q.shape[-1], v.shape[-1], state_v_first)
+    _check_ranks_agree(name, group, q.device, {
+        "B (batch)": B, "H (q heads)": q.shape[2], "HK (k heads)": k.shape[2],
+        "HV (v heads)": v.shape[2], "K (head dim)": q.shape[-1], "V (head dim)": v.shape[-1],
+        "num_householder": n, "dtype": _DTYPE_CODES.get(q.dtype, -1),
+        "initial_state (given or not)": initial_state is not None,
+        "state_v_first": bool(state_v_first),
+    })  # fmt: skip
     flat = lambda t: None if t is None else t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
     f32 = lambda t: None if t is None else t.float()
-    n = num_householder
     piece = piece_tokens or _piece_tokens(B, T, heads, q.device, rows=n)
     cfg = {
         "family": family,
@@ -474,9 +501,7 @@ def gated_delta_product_cp(
     sub-token rows (a span holds whole tokens: every cut is a real-token boundary).
     piece_tokens counts real tokens. Same collectives, gradients and return as
     gated_delta_net_cp's."""
-    n = int(num_householder)
-    if n < 1:
-        raise ValueError(f"num_householder: must be >= 1, got {num_householder}")
+    n = _householder_count(num_householder)
     _check_shapes(q, v)
     _check_rows(q, k, v, g, beta, n)
     _check_gate_flags(

@@ -25,14 +25,27 @@ from .ops import (
     _check_packed_q,
     _check_pool,
     _check_state,
-    _check_state_indices,
     _eager,
     _fwd,
     _fwd_fake,
     _fwd_overwrite,
+    _in_place,
     _o_shape,
     _packed_cu_seqlens,
 )
+
+
+def _householder_count(num_householder) -> int:
+    """num_householder as the int it must be (>= 1): a float, a string or a bool is refused,
+    never truncated or parsed."""
+    if isinstance(num_householder, bool) or not isinstance(num_householder, int):
+        raise ValueError(
+            f"num_householder: expected an int >= 1, got {type(num_householder).__name__} "
+            f"{num_householder!r}"
+        )
+    if num_householder < 1:
+        raise ValueError(f"num_householder: must be >= 1, got {num_householder}")
+    return int(num_householder)
 
 
 def _gdp_attrs(scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
@@ -214,22 +227,21 @@ def gated_delta_product_overwrite_state(
     [N]; -1 reads and writes nothing). q [1, T, H, K], g [1, T, HO]; k / v / beta at
     T * num_householder rows, as in gated_delta_product. No autograd. Returns o
     [1, T, HO, V]."""
-    n = int(num_householder)
-    if n < 1:
-        raise ValueError(f"num_householder: must be >= 1, got {num_householder}")
+    n = _householder_count(num_householder)
     _check_packed_q(q)
     _check_rows(q, k, v, g, beta, n)
     _check_head_dims(q, v)
-    _check_in_place_state(state)
+    _check_in_place_state(state, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens,
+                          state_indices=state_indices, A_log=A_log, dt_bias=dt_bias)  # fmt: skip
     _check_gate_flags(
         allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log, dt_bias
     )
-    _check_state_indices(state_indices)
     _check_pool(state, state_indices, cu_seqlens, q, v)
     f32 = lambda t: None if t is None else t.float()
     A_log, dt_bias = f32(A_log), f32(dt_bias)
     eager = _eager(q, k, v, g, beta, cu_seqlens, state, state_indices, A_log, dt_bias)
-    o = (_gdp_fwd_overwrite_state_impl if eager else _gdp_fwd_overwrite_state)(
+    o = _in_place(
+        eager, _gdp_fwd_overwrite_state_impl, _gdp_fwd_overwrite_state, state,
         q[0], k[0], v[0], g[0], beta[0], cu_seqlens, state, state_indices, A_log, dt_bias,
         float(q.shape[-1] ** -0.5 if scale is None else scale), bool(use_qk_l2norm_in_kernel),
         bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(use_gate_in_kernel),
@@ -277,9 +289,7 @@ def gated_delta_product(
     Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)."""
     if head_first:
         raise ValueError(_HEAD_FIRST_REMOVED)
-    n = int(num_householder)
-    if n < 1:
-        raise ValueError(f"num_householder: must be >= 1, got {num_householder}")
+    n = _householder_count(num_householder)
     if q.dim() != 4:
         raise ValueError(f"q: expected [B, T, H, K], got shape {tuple(q.shape)}")
     B, T = q.shape[:2]

@@ -25,6 +25,8 @@ import torch
 
 from .. import heur_mode
 from .._torch_dispatch import plain_call
+from ..engines.linear_attention.kernels.chunk_index import check_cu_seqlens, check_partition
+from ..engines.linear_attention.kernels.poison import poison_states
 from ..graph.pygraph import pygraph
 from ..graph.tensor import to_data_type
 from ..runtime.handle import create_handle, set_stream
@@ -52,35 +54,51 @@ class _Built:
 
     def run(self, buffers):
         device = next(iter(buffers.values())).device
-        workspace = None
-        if self.workspace_size:
-            workspace = self._workspace(device)
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        if not self.workspace_size:
+            self._launch(buffers, None, device, stream)
+            return
+        # A workspace per call, from a free list per (device, stream): a call holds its own
+        # while it enqueues, so two threads on one stream never interleave their kernels
+        # over one buffer; reuse by the next call on that stream is ordered by the stream,
+        # and a lone caller gets the same buffer back each call, so the engine finds its
+        # carved views cached (measured on the CI CPU with the launches stubbed out:
+        # 191 -> 128 us per call).
+        key = (device, stream)
+        free = self._workspaces.get(key)
+        if free is None:
+            free = self._workspaces.setdefault(key, [])
+        try:
+            ws = free.pop()  # atomic: two threads never take one buffer
+        except IndexError:
+            ws = torch.empty(self.workspace_size, dtype=torch.uint8, device=device)
+        try:
+            self._launch(buffers, ws, device, stream)
+        finally:
+            free.append(ws)
+
+    def _launch(self, buffers, workspace, device, stream):
         if self._launch_tensors is not None:
             self._launch_tensors(buffers, workspace)
             return
         pack = {self.uids[name]: t for name, t in buffers.items() if t is not None}
-        self.graph.execute(pack, workspace, handle=_handle(device))
-
-    def _workspace(self, device):
-        """One workspace per (device, stream), kept for the next call: work on one stream is
-        ordered, so reuse is safe, and the engine then finds its carved views cached
-        (measured on the CI CPU with the launches stubbed out: 191 -> 128 us per call)."""
-        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-        key = (device, stream)
-        ws = self._workspaces.get(key)
-        if ws is None:
-            ws = torch.empty(self.workspace_size, dtype=torch.uint8, device=device)
-            self._workspaces[key] = ws
-        return ws
+        self.graph.execute(pack, workspace, handle=_handle(device, stream))
 
 
-def _handle(device):
+def _handle(device, stream):
+    """Our handle of `device` bound to `stream`, one per (device, stream): one handle
+    re-bound per call could be re-bound by another thread before its launch."""
     if device.type != "cuda":
         return None
-    h = _HANDLES.get(device.index)
+    key = (device.index, stream)
+    h = _HANDLES.get(key)
     if h is None:
-        h = _HANDLES[device.index] = create_handle(device.index or 0)
-    set_stream(h, torch.cuda.current_stream(device).cuda_stream)
+        with _LOCK:
+            h = _HANDLES.get(key)
+            if h is None:
+                h = create_handle(device.index or 0)
+                set_stream(h, stream)
+                _HANDLES[key] = h
     return h
 
 
@@ -273,6 +291,9 @@ def _fwd(family, q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, at
     )
     h0 = _state_view(initial_state, state_v_first)
     ht_v = _state_view(ht, state_v_first) if output_final_state else None
+    if T == 0 or HO == 0:
+        _no_tokens(cu_seqlens, T, h0, ht_v)
+        return o, ht
     # o and ht are made here from the inputs' shapes and dtypes: the inputs key the graph.
     tensors = (q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias, w)
     built = _cached(
@@ -300,6 +321,27 @@ def _fwd(family, q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, at
         }
     )
     return o, ht
+
+
+def _no_tokens(cu_seqlens, total_t, source, states, state_indices=None):
+    """A call with no token or no head, which no graph declares (a dimension of 0): each
+    sequence's final state is its initial state, so `states` (V-major [N, HO, V, K] or
+    None) gets `source` (None: zeros), or keeps its rows in place when `source` is it; the
+    table is checked on the device as the kernels check it, and a bad one (an entry past
+    total_t, a state_indices entry outside the pool) makes those rows NaN."""
+    if states is None or states.numel() == 0:
+        return
+    if source is None:
+        states.zero_()
+    elif source is not states:
+        states.copy_(source)
+    n = cu_seqlens.shape[0]
+    scratch = torch.empty(2 * n + 1, dtype=torch.int32, device=states.device)
+    error = scratch[2 * n :]
+    n_pool = states.shape[0] if state_indices is not None else 0
+    check_partition(cu_seqlens, total_t, scratch[:n], error, scratch[n : 2 * n],
+                    state_indices=state_indices, n_pool=n_pool)  # fmt: skip
+    poison_states(error, states, state_indices)
 
 
 def _gdn_fwd_impl(
@@ -409,6 +451,13 @@ def _bwd(family, q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state,
         ),
     )
     d_h0 = _state_view(outs["d_initial_state"], state_v_first)
+    if q.shape[0] == 0 or do.shape[1] == 0:
+        # No token: the final state is the initial state, so its gradient passes through.
+        for t in outs.values():
+            if t is not None:
+                t.zero_()
+        _no_tokens(cu_seqlens, q.shape[0], dht, d_h0)
+        return [t if t is not None else q.new_empty(0) for t in outs.values()]
     built.run(
         {
             "q": q,
@@ -574,12 +623,23 @@ _FLA_CHUNK_SIZES = (16, 32, 64)
 def _check_head_dims(q, v):
     from ..engines.linear_attention.kernels.configs import SUPPORTED_HEAD_DIMS
 
+    if not isinstance(v, torch.Tensor) or v.dim() != q.dim():
+        raise ValueError(f"v: expected a {q.dim()}-d tensor like q, got {_described(v)}")
+    if (q.shape[-2] == 0) != (v.shape[-2] == 0):
+        raise ValueError(
+            f"q: {q.shape[-2]} heads with {v.shape[-2]} value heads (v): an empty call has "
+            "no heads on either"
+        )
     for name, t, dim in (("q", q, "K"), ("v", v, "V")):
         if t.shape[-1] not in SUPPORTED_HEAD_DIMS:
             raise ValueError(
                 f"{name}: head dim {dim}={t.shape[-1]} is not served: this op serves K and V in "
                 f"{{{', '.join(map(str, SUPPORTED_HEAD_DIMS))}}}"
             )
+
+
+def _described(t):
+    return f"shape {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
 
 
 def _check_gate_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log,
@@ -598,24 +658,80 @@ _GDN2_GATE_NAMES = ("safe_gate", "a_log / dt_bias")
 def _packed_cu_seqlens(cu_seqlens, B, T, device):
     """The caller's cu_seqlens (then B must be 1: packed tokens), else B sequences of T."""
     if cu_seqlens is None:
+        if T == 0:
+            return torch.zeros(B + 1, dtype=torch.int32, device=device)
         return torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device)
+    check_cu_seqlens("cu_seqlens", cu_seqlens, device)
     if B != 1:
         raise ValueError(f"q: with cu_seqlens the batch must be 1 (packed tokens), got B={B}")
     return cu_seqlens
 
 
-def _check_in_place_state(state):
-    """A state the op updates in place is kept in its dtype, which must be one it serves."""
+def _check_in_place_state(state, **inputs):
+    """The rules torch keeps for a tensor an op writes in place, and the dtypes the op
+    serves (kept: the state is not converted). `inputs`: the call's other tensors by name.
+    O(1) per tensor: addresses and strides only."""
+    if not isinstance(state, torch.Tensor):
+        raise TypeError(f"state: expected a torch.Tensor, got {type(state).__name__}")
     if state.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(
             f"state: dtype {state.dtype} is not fp32 or bf16 (updated in place, so it is not "
             "converted)"
         )
+    if torch.is_grad_enabled() and state.requires_grad:
+        # The update has no autograd: as torch refuses a leaf, a tracked tensor changed
+        # behind autograd's back would give a wrong gradient.
+        raise ValueError(
+            "state: requires grad and is updated in place without autograd (call under "
+            "torch.no_grad() or pass a detached state)"
+        )
+    if torch._debug_has_internal_overlap(state) == 1:
+        raise ValueError(
+            "state: an expanded or internally overlapping view cannot be updated in place "
+            "(several elements share one memory location); pass a clone"
+        )
+    if type(state) is not torch.Tensor:
+        return  # a fake or functional tensor under tracing has no address
+    span = None
+    storage = state.untyped_storage()
+    lo = storage.data_ptr()
+    hi = lo + storage.nbytes()
+    for name, t in inputs.items():
+        # The allocations first (two calls per input): only an input whose allocation
+        # meets the state's is compared element range to element range. (No device test:
+        # under CUDA's unified addressing no two devices' allocations share an address.)
+        if type(t) is not torch.Tensor:
+            continue
+        other = t.untyped_storage()
+        start = other.data_ptr()
+        if start >= hi or start + other.nbytes() <= lo:
+            continue
+        span = span or _byte_span(state)
+        theirs = _byte_span(t)
+        if span and theirs and span[0] < theirs[1] and theirs[0] < span[1]:
+            raise ValueError(
+                f"state: overlaps {name}'s memory; an in-place update must not alias an "
+                "input (pass a clone)"
+            )
 
 
-def _check_state_indices(state_indices):
-    if state_indices is not None and state_indices.dtype != torch.int32:
-        raise ValueError(f"state_indices: dtype {state_indices.dtype}, expected torch.int32")
+def _byte_span(t):
+    """(first byte, one past the last byte) of a tensor's elements, None if it has none."""
+    if t.numel() == 0:
+        return None
+    start = t.data_ptr()
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return start, start + (last + 1) * t.element_size()
+
+
+def _in_place(eager, impl, op, state, *args):
+    """Run an *_overwrite_state op: the registered op (`op`), whose ADInplaceOrView kernel
+    bumps `state`'s version counter, or on an eager call its implementation with the same
+    bump, so a graph that saved `state` refuses its backward as it would after add_."""
+    if not eager:
+        return op(*args)
+    torch.autograd.graph.increment_version(state)
+    return impl(*args)
 
 
 def _check_packed_q(q):
@@ -627,6 +743,20 @@ def _check_packed_q(q):
 def _check_pool(state, state_indices, cu_seqlens, q, v):
     """The in-place state, K-major: a row per sequence, or under state_indices a pool of any
     number of rows."""
+    check_cu_seqlens("cu_seqlens", cu_seqlens, q.device)
+    if state_indices is not None:
+        n_seqs = cu_seqlens.shape[0] - 1
+        if not isinstance(state_indices, torch.Tensor):
+            raise TypeError(
+                f"state_indices: expected a torch.Tensor, got {_described(state_indices)}"
+            )
+        if state_indices.dtype != torch.int32:
+            raise ValueError(f"state_indices: dtype {state_indices.dtype}, expected torch.int32")
+        if tuple(state_indices.shape) != (n_seqs,) or state_indices.device != q.device:
+            raise ValueError(
+                f"state_indices: expected [N] = [{n_seqs}] on {q.device} (one pool row per "
+                f"sequence of cu_seqlens), got {list(state_indices.shape)} on {state_indices.device}"
+            )
     rows = state.shape[0] if state_indices is not None else cu_seqlens.shape[0] - 1
     heads = max(q.shape[2], v.shape[2])
     _check_state("state", state, rows, heads, q.shape[-1], v.shape[-1], False)
@@ -636,6 +766,10 @@ def _check_state(name, state, n_seq, heads, K, V, v_first):
     """The state in the caller's layout: [N, HV, K, V], or [N, HV, V, K] with state_v_first."""
     if state is None:
         return
+    if not isinstance(state, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(state).__name__}")
+    if not state.is_floating_point():
+        raise ValueError(f"{name}: dtype {state.dtype}, expected a real floating-point dtype")
     want = (n_seq, heads, *_state_dims(K, V, v_first))
     if tuple(state.shape) != want:
         layout = "[N, HV, V, K] (state_v_first)" if v_first else "[N, HV, K, V]"
@@ -759,6 +893,10 @@ def _fwd_overwrite(family, q, k, v, g, beta, cu_seqlens, state, state_indices, a
     o = torch.empty(_o_shape(q, v), dtype=v.dtype, device=v.device)
     attrs.update(output_final_state=True, overwrite_initial_state=True)
     pool = _state_view(state)
+    if o.numel() == 0:
+        # No token (or no head): every state stays what it is; the table is still checked.
+        _no_tokens(cu_seqlens, q.shape[0], pool, pool, state_indices)
+        return o
     tensors = (q, k, v, g, beta, cu_seqlens, pool, a_log, dt_bias, state_indices)  # o: made here
     built = _cached(
         f"{family}_fwd_overwrite",
@@ -893,16 +1031,20 @@ def gated_delta_net_overwrite_state(
     Returns o [1, T, HO, V]."""
     _check_packed_q(q)
     _check_head_dims(q, v)
-    _check_in_place_state(state)
+    _check_in_place_state(state, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens,
+                          state_indices=state_indices, A_log=A_log, dt_bias=dt_bias)  # fmt: skip
     _check_gate_flags(
         allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_kernel, A_log, dt_bias
     )
-    _check_state_indices(state_indices)
     _check_pool(state, state_indices, cu_seqlens, q, v)
     f32 = lambda t: None if t is None else t.float()
     A_log, dt_bias = f32(A_log), f32(dt_bias)
     eager = _eager(q, k, v, g, beta, cu_seqlens, state, state_indices, A_log, dt_bias)
-    o = (_gdn_fwd_overwrite_state_impl if eager else _gdn_fwd_overwrite_state)(
+    o = _in_place(
+        eager,
+        _gdn_fwd_overwrite_state_impl,
+        _gdn_fwd_overwrite_state,
+        state,
         q[0],
         k[0],
         v[0],
@@ -1263,7 +1405,7 @@ def kimi_delta_attention(
     _check_head_dims(q, v)
     B, T, H, K = q.shape
     HV = v.shape[2]
-    if HV % H:
+    if H and HV % H:
         raise ValueError(
             f"For GVA, num_v_heads (HV={HV}) must be evenly divisible by num_qk_heads (H={H}), "
             f"but got HV % H = {HV % H}"
@@ -1274,12 +1416,14 @@ def kimi_delta_attention(
     if tuple(beta.shape) != (B, T, heads):
         raise ValueError(f"beta must have shape [B, T, HV]={[B, T, heads]}, got {list(beta.shape)}")
     if cu_seqlens is None:
-        cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
-    elif B != 1:
-        raise ValueError(
-            f"The batch size is expected to be 1 rather than {B} when using `cu_seqlens`."
-            f"Please flatten variable-length inputs before processing."
-        )
+        cu_seqlens = _packed_cu_seqlens(None, B, T, q.device)
+    else:
+        check_cu_seqlens("cu_seqlens", cu_seqlens, q.device)
+        if B != 1:
+            raise ValueError(
+                f"The batch size is expected to be 1 rather than {B} when using `cu_seqlens`."
+                f"Please flatten variable-length inputs before processing."
+            )
     gate, lb, A_log, dt_bias = _kda_gate_args(
         use_gate_in_kernel, safe_gate, lower_bound, kwargs.get("A_log"), kwargs.get("dt_bias"),
         heads, K,
@@ -1351,16 +1495,20 @@ def kimi_delta_attention_overwrite_state(
     Returns o [1, T, HO, V]."""
     _check_packed_q(q)
     _check_head_dims(q, v)
-    _check_in_place_state(state)
+    _check_in_place_state(state, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens,
+                          state_indices=state_indices, A_log=A_log, dt_bias=dt_bias)  # fmt: skip
     _check_kda_beta_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel)
-    _check_state_indices(state_indices)
     heads, K = max(q.shape[2], v.shape[2]), q.shape[-1]
     gate, lb, A_log, dt_bias = _kda_gate_args(
         use_gate_in_kernel, False, lower_bound, A_log, dt_bias, heads, K
     )
     _check_pool(state, state_indices, cu_seqlens, q, v)
     eager = _eager(q, k, v, g, beta, cu_seqlens, state, state_indices, A_log, dt_bias)
-    o = (_kda_fwd_overwrite_state_impl if eager else _kda_fwd_overwrite_state)(
+    o = _in_place(
+        eager,
+        _kda_fwd_overwrite_state_impl,
+        _kda_fwd_overwrite_state,
+        state,
         q[0],
         k[0],
         v[0],
@@ -1570,6 +1718,7 @@ def gated_delta_net_v2(
     _check_gate_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel, safe_gate, a_log, dt_bias,
                       names=_GDN2_GATE_NAMES)  # fmt: skip
     _check_head_dims(q, v)
+    check_cu_seqlens("cu_seqlens", cu_seqlens, q.device)
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     heads = max(H, HV)

@@ -22,6 +22,7 @@ import torch
 
 from ..graph.pygraph import pygraph
 from ..graph.tensor import to_data_type
+from .gdp import _householder_count
 from .ops import _Built, _cached, _declare, _plan
 
 
@@ -268,7 +269,7 @@ def gdp_summary(
     tensors = {"k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu_seqlens}
     attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
                    batch_invariant)  # fmt: skip
-    attrs["num_householder"] = int(num_householder)
+    attrs["num_householder"] = _householder_count(num_householder)
     return _forward_summary("gdp_summary", tensors, a_log, dt_bias, attrs)
 
 
@@ -295,7 +296,7 @@ def gdp_summary_bwd(
     """gdn_summary_bwd for gdp: q / g / dO at real-token rows, k / beta at sub-token rows."""
     attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
                    batch_invariant)  # fmt: skip
-    attrs["num_householder"] = int(num_householder)
+    attrs["num_householder"] = _householder_count(num_householder)
     return _backward_summary(
         "gdp_summary_bwd", q, k, g, beta, cu_seqlens, do, scale, output_transition, a_log,
         dt_bias, attrs,

@@ -33,6 +33,7 @@ non-unit D stride, ...) runs torch's own SDPA, and the reason is logged once on 
 from __future__ import annotations
 
 import math
+import operator
 import threading
 
 import torch
@@ -42,6 +43,8 @@ from .. import heur_mode
 from .._log import log
 from .._torch_dispatch import plain_call
 from .._types import cudnnGraphNotSupportedError, data_type
+from ..engines.linear_attention.kernels.chunk_index import check_cu_seqlens, check_partition
+from ..engines.linear_attention.kernels.poison import poison_dense
 from ..engines.sdpa.analyzer import mark_per_call_batch
 from ..graph.pygraph import pygraph
 from ..graph.tensor import to_data_type
@@ -62,6 +65,12 @@ MAX_BATCH = 65535
 # The first capacity a layout class's python graphs declare: small batches (1, 2, 5, ...)
 # share one plan pair; a call beyond the capacity re-plans at the next power of two.
 MIN_CAPACITY = 8
+
+
+class TorchSdpaRefusal(ValueError, RuntimeError):
+    """torch's SDPA refused a call this op handed it (shapes, dtypes it cannot serve): an
+    argument error, a ValueError as this library's refusals are, and still the RuntimeError
+    torch raises, so code written against torch's SDPA catches it unchanged."""
 
 
 def _uncovered(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, alignment, window_left,
@@ -364,13 +373,17 @@ _HANDLES: dict = {}
 class _Plan:
     """A built graph's selected plan and the shortest safe path into it per call.
 
-    A backend plan on torch's default stream runs through graph.execute(pack) with
-    nothing else: the plan's own closure (backend/backend_plans.py RawExecutor) packs in C
-    and calls the backend with the default handle and the plan's own workspace. On another
-    stream it takes a handle of ours on that stream (its stream set only when it changes).
-    A python plan's execute is called with the pack and a context made once per stream (its
-    workspace included): the op owns every buffer, so graph.execute's routing, handle and
-    device resolution per call would re-prove what the op settled."""
+    A backend plan on torch's default stream runs through graph.execute(pack, workspace):
+    the plan's own closure (backend/backend_plans.py RawExecutor) packs in C and calls the
+    backend with the default handle. On another stream it takes a handle of ours on that
+    stream. A python plan's execute is called with the pack and an ExecutionContext: the op
+    owns every buffer, so graph.execute's routing, handle and device resolution per call
+    would re-prove what the op settled.
+
+    Each call holds a context (its workspace) of its own while it enqueues: contexts wait
+    in a free list per stream, and a call takes one or makes one. Reuse by the next call on
+    the same stream is ordered by the stream; two threads enqueueing on one stream at once
+    hold two workspaces (one shared workspace let their kernels interleave over it)."""
 
     __slots__ = ("backend", "compiled", "contexts", "declared", "device", "graph", "required",
                  "uids", "workspace_size")  # fmt: skip
@@ -396,17 +409,24 @@ class _Plan:
         pack = {uids[name]: t for name, t in buffers.items() if t is not None}
         device = buffers["q"].device
         stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-        if self.backend:
-            if stream == 0:
-                self.graph.execute(pack)
-            else:
-                self.graph.execute(pack, handle=_handle(device, stream))
-            return
-        ctx = self.contexts.get(stream)
-        if ctx is None:
+        free = self.contexts.get(stream)
+        if free is None:
+            free = self.contexts.setdefault(stream, [])
+        try:
+            ctx = free.pop()  # atomic: two threads never take one context
+        except IndexError:
             ctx = self._context(device, stream)
-        vp = VariantPack.from_mapping(self.declared, pack, required=self.required)
-        self.compiled.execute(self.graph, vp, ctx)
+        try:
+            if self.backend:
+                if stream == 0:
+                    self.graph.execute(pack, ctx.workspace)
+                else:
+                    self.graph.execute(pack, ctx.workspace, handle=_handle(device, stream))
+                return
+            vp = VariantPack.from_mapping(self.declared, pack, required=self.required)
+            self.compiled.execute(self.graph, vp, ctx)
+        finally:
+            free.append(ctx)
 
     def _context(self, device, stream):
         from ..runtime.execute import ExecutionContext
@@ -414,30 +434,52 @@ class _Plan:
         workspace = None
         if self.workspace_size:
             workspace = torch.empty(self.workspace_size, dtype=torch.uint8, device=device)
-        ctx = ExecutionContext(None, stream or None, workspace, self.device)
-        return self.contexts.setdefault(stream, ctx)
+        return ExecutionContext(None, stream or None, workspace, self.device)
 
 
 def _handle(device, stream):
-    """Our handle of `device` on `stream` (set only when the stream changes)."""
-    h = _HANDLES.get(device.index)
+    """Our handle of `device` bound to `stream`, one per (device, stream): a handle shared
+    across streams and re-bound per call could be re-bound by another thread between the
+    binding and the launch."""
+    key = (device.index, stream)
+    h = _HANDLES.get(key)
     if h is None:
-        h = _HANDLES.setdefault(device.index, create_handle(device.index or 0))
-    if h.stream != stream:
-        set_stream(h, stream)
+        with _CLASSES_LOCK:
+            h = _HANDLES.get(key)
+            if h is None:
+                h = create_handle(device.index or 0)
+                set_stream(h, stream)
+                _HANDLES[key] = h
     return h
 
 
-def _thd_side(cu_q, cu_k, q, k):
-    """Per-call THD inputs from cu_seqlens: lengths [B, 1, 1, 1] and element offsets."""
-    b = cu_q.shape[0] - 1
-    i32 = torch.int32
+def _thd_side(cu_q, cu_k, q, k, max_q, max_k):
+    """Per-call THD inputs from cu_seqlens: lengths [B, 1, 1, 1], element offsets, and the
+    [1] flag the outputs are poisoned by. The tables' values are checked on the device, as
+    the linear-attention ops check theirs (kernels/chunk_index.py, no host sync): each is
+    clamped into a partition of its tokens and flagged when it was not one, or when a
+    sequence outgrows the declared padded length; the plans read only the clamped copies
+    (lengths clamped to the declaration too), so no table makes a kernel touch memory
+    outside the call's tensors, and a flagged call's outputs are NaN (_poison)."""
+    n = cu_q.shape[0]
+    scratch = torch.empty(4 * n + 2, dtype=torch.int32, device=q.device)
+    safe_q, offs_q, safe_k, offs_k = scratch[: 4 * n].view(4, n)
+    errors = scratch[4 * n :]
+    check_partition(cu_q, q.shape[0], safe_q, errors[:1], offs_q, max_len=max_q)
+    check_partition(cu_k, k.shape[0], safe_k, errors[1:], offs_k, max_len=max_k)
+    b = n - 1
     return {
-        "seq_len_q": (cu_q[1:] - cu_q[:-1]).to(i32).reshape(b, 1, 1, 1),
-        "seq_len_kv": (cu_k[1:] - cu_k[:-1]).to(i32).reshape(b, 1, 1, 1),
-        "off_q": (cu_q * q.stride(0)).to(i32).reshape(b + 1, 1, 1, 1),
-        "off_k": (cu_k * k.stride(0)).to(i32).reshape(b + 1, 1, 1, 1),
-    }
+        "seq_len_q": (safe_q[1:] - safe_q[:-1]).clamp_(max=max_q).reshape(b, 1, 1, 1),
+        "seq_len_kv": (safe_k[1:] - safe_k[:-1]).clamp_(max=max_k).reshape(b, 1, 1, 1),
+        "off_q": (safe_q * q.stride(0)).reshape(n, 1, 1, 1),
+        "off_k": (safe_k * k.stride(0)).reshape(n, 1, 1, 1),
+    }, errors.amax(0, keepdim=True)
+
+
+def _poison(error, *outputs):
+    """NaN over the outputs (contiguous) of a call whose tables were flagged."""
+    if error is not None:
+        poison_dense(error, *outputs)
 
 
 def _keys(tensors, thd, scale, causal, window_left):
@@ -485,11 +527,19 @@ def _forward(
     def declare(capacity):
         return _declare_fwd(q, k, v, out, lse, scale, causal, window_left, thd, capacity)
 
-    plan = _serving("sdpa_fwd", layout, shape, lse.shape[0], declare)
+    error = None
     buffers = {"q": q, "k": k, "v": v, "O": out, "Stats": lse}
     if thd is not None:
-        buffers.update(_thd_side(cu_q, cu_k, q, k))
-    plan.run(buffers)
+        side, error = _thd_side(cu_q, cu_k, q, k, max_q, max_k)
+        buffers.update(side)
+    if out.numel() and k.numel():
+        _serving("sdpa_fwd", layout, shape, lse.shape[0], declare).run(buffers)
+    else:
+        # Nothing to attend (no query rows, or no keys): no plan runs; a row that saw no
+        # key has LSE -inf, as the kernels write it, and O 0.
+        out.zero_()
+        lse.fill_(float("-inf"))
+    _poison(error, out, lse)
     return out, lse
 
 
@@ -531,12 +581,18 @@ def _backward_impl(
         return _declare_bwd(q, k, v, out, lse, d_out, dq, dk, dv, scale, causal, window_left,
                             thd, capacity)  # fmt: skip
 
-    plan = _serving("sdpa_bwd", layout, shape, lse.shape[0], declare)
     buffers = {"q": q, "k": k, "v": v, "o": out, "dO": d_out, "stats": lse, "dQ": dq, "dK": dk,
                "dV": dv}  # fmt: skip
+    error = None
     if thd is not None:
-        buffers.update(_thd_side(cu_q, cu_k, q, k))
-    plan.run(buffers)
+        side, error = _thd_side(cu_q, cu_k, q, k, max_q, max_k)
+        buffers.update(side)
+    if out.numel() and k.numel():
+        _serving("sdpa_bwd", layout, shape, lse.shape[0], declare).run(buffers)
+    else:
+        for grad in (dq, dk, dv):
+            grad.zero_()
+    _poison(error, dq, dk, dv)
     return dq, dk, dv
 
 
@@ -618,25 +674,31 @@ def scaled_dot_product_attention(
     scale defaults to 1/sqrt(D). Differentiable in query, key and value.
     """
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    _check_arguments(query, key, value, is_causal, causal_alignment, window_left, varlen,
+                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)  # fmt: skip
+    if query.numel() == 0 or (key.numel() == 0 and not varlen):
+        return _empty_attention(query, key, value, varlen)
     reason = _uncovered(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa,
                         causal_alignment, window_left, varlen)  # fmt: skip
-    if varlen:
-        if cu_seqlens_q is None or cu_seqlens_k is None:
-            raise ValueError("cu_seqlens_q and cu_seqlens_k: THD takes both")
-        if max_seqlen_q is None or max_seqlen_k is None:
-            raise ValueError("max_seqlen_q / max_seqlen_k: THD takes both as host ints")
     if reason is not None:
         _fall_back(reason)
-        return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                           enable_gqa, causal_alignment, window_left, cu_seqlens_q,
-                           cu_seqlens_k)  # fmt: skip
+        try:
+            return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                               enable_gqa, causal_alignment, window_left, cu_seqlens_q,
+                               cu_seqlens_k)  # fmt: skip
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError as exc:
+            raise TorchSdpaRefusal(
+                f"scaled_dot_product_attention: torch's SDPA refused: {exc}"
+            ) from exc
     d = query.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     causal = _CAUSAL[causal_alignment] if is_causal else 0
     window = -1 if window_left is None else int(window_left)
     if varlen:
         query, key, value = (t.contiguous() for t in (query, key, value))
-        max_q, max_k = _bucket(int(max_seqlen_q)), _bucket(int(max_seqlen_k))
+        max_q, max_k = _bucket(operator.index(max_seqlen_q)), _bucket(operator.index(max_seqlen_k))
     else:
         max_q = max_k = 0
     args = (query, key, value, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, causal, window)
@@ -646,6 +708,73 @@ def scaled_dot_product_attention(
                                     or value.requires_grad):  # fmt: skip
         return _Eager.apply(*args)[0]
     return _forward(*args)[0]
+
+
+def _check_arguments(q, k, v, is_causal, alignment, window_left, varlen, cu_q, cu_k, max_q,
+                     max_k):  # fmt: skip
+    """The rules every call meets, whoever serves it, checked on the host in O(1) before
+    anything launches: the attributes this op adds to torch's, q / k / v's ranks and heads,
+    and the host-visible facts of the THD tables (their values are checked on the device:
+    _thd_side)."""
+    if alignment not in ("top_left", "bottom_right"):
+        raise ValueError(
+            f"causal_alignment: {alignment!r} is not one of 'top_left', 'bottom_right'"
+        )
+    if window_left is not None:
+        if not _is_int(window_left) or window_left < 0:
+            raise ValueError(f"window_left: expected an int >= 0 or None, got {window_left!r}")
+        if not is_causal:
+            raise ValueError("window_left: a sliding window needs is_causal=True")
+    rank = 3 if varlen else 4
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name}: dtype {t.dtype}, expected a floating-point dtype")
+        if varlen and t.dim() != 3:
+            raise ValueError(f"{name}: expected [T, H, D] (THD), got shape {list(t.shape)}")
+    if q.dim() == rank and k.dim() == rank and v.dim() == rank:
+        hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+        if hk != hv:
+            raise ValueError(f"value: {hv} heads, key has {hk}")
+        if hq and hk == 0:
+            raise ValueError(f"key: 0 heads for {hq} query heads")
+    if not varlen:
+        return
+    if cu_q is None or cu_k is None:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k: THD takes both")
+    check_cu_seqlens("cu_seqlens_q", cu_q, q.device)
+    check_cu_seqlens("cu_seqlens_k", cu_k, q.device)
+    if cu_q.shape[0] != cu_k.shape[0]:
+        raise ValueError(
+            f"cu_seqlens_k: {cu_k.shape[0]} entries, cu_seqlens_q has {cu_q.shape[0]} "
+            "(one per sequence boundary on both sides)"
+        )
+    for name, bound in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
+        if not _is_int(bound) or bound < 0:
+            raise ValueError(f"{name}: THD takes it as a host int >= 0, got {bound!r}")
+
+
+def _is_int(x):
+    """A host integer (bool refused: True is not a length)."""
+    if isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dim()):
+        return False
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return True
+
+
+def _empty_attention(q, k, v, varlen):
+    """A call with no query rows, heads or batches (an empty result) or no keys (every row
+    saw no key: zeros, as the kernels write such a row). Differentiable: the gradients are
+    zeros."""
+    shape = (*q.shape[:-1], v.shape[-1])
+    out = q.new_zeros(shape)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        out = out + (q.sum() + k.sum() + v.sum()) * 0
+    return out
 
 
 def _torch_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, alignment,
@@ -662,6 +791,14 @@ def _torch_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, ali
         return sdpa(q, k, v, mask, dropout_p, False, scale=scale, enable_gqa=enable_gqa)
     outs = []
     bq, bk = cu_q.tolist(), cu_k.tolist()
+    for name, bounds, total in (("cu_seqlens_q", bq, q.shape[0]), ("cu_seqlens_k", bk,
+                                                                    k.shape[0])):  # fmt: skip
+        # This path reads the tables on the host anyway: a bad one is refused here.
+        if bounds[0] != 0 or bounds[-1] != total or any(a > b for a, b in zip(bounds, bounds[1:])):
+            raise ValueError(
+                f"{name}: {bounds} is not a partition of the {total} tokens (from 0, "
+                "non-decreasing, ending at the token count)"
+            )
     for i in range(len(bq) - 1):
         qi = q[bq[i] : bq[i + 1]].transpose(0, 1)
         ki, vi = (t[bk[i] : bk[i + 1]].transpose(0, 1) for t in (k, v))

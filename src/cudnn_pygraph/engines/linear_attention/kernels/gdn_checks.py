@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .chunk_index import max_chunks
+from .chunk_index import check_cu_seqlens, max_chunks
 from .configs import SUPPORTED_HEAD_DIMS
 
 _GATE_DOMAINS = ("log", "linear")
@@ -95,13 +95,7 @@ def _validate(
             tuple(beta.shape) == (total_t, n_out),
             f"must be [total_T, HO] = {(total_t, n_out)}",
         )
-    _check(
-        "cu_seqlens",
-        cu_seqlens.dim() == 1
-        and cu_seqlens.numel() >= 1
-        and cu_seqlens.dtype in (torch.int32, torch.int64),
-        "must be a 1-D int32 or int64 tensor of N+1 offsets",
-    )
+    check_cu_seqlens("cu_seqlens", cu_seqlens, q.device)
     _check("scale", scale is not None, "is required")
     _check("gate_domain", gate_domain in _GATE_DOMAINS, f"must be one of {_GATE_DOMAINS}")
     _check(
