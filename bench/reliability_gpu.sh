@@ -21,6 +21,14 @@ SUBSET=(
   "tests/gpu/test_sdpa_gpu.py::test_engines_plan_build_execute_on_gpu"
   "tests/gpu/test_gemm_gpu.py::test_bf16_bias_gelu_tanh[ptr-odd-N-col]"
 )
+# memcheck only: the torch ops fed hostile cu_seqlens tables (every byte they may touch is
+# the caller's), then the linear-attention device-side table checks
+MEMCHECK_ONLY=(
+  "tests/gpu/test_op_races_gpu.py::test_sdpa_bad_tables_poison_and_touch_nothing_else"
+  "tests/gpu/test_op_races_gpu.py::test_linear_attention_bad_tables_poison"
+  "tests/gpu/test_gdn_gpu.py::test_malformed_cu_seqlens_gives_nan_outputs_without_a_sync"
+  "tests/gpu/test_gdn_gpu.py::test_state_indices_minus_one_and_out_of_range_bf16"
+)
 
 find_sanitizer() {
   local c
@@ -44,19 +52,21 @@ versions=$(python3 -c 'import torch, triton; print(f"torch {torch.__version__}, 
 } >>"$RESULTS"
 
 status=0
-python3 -m pytest -q -p no:cacheprovider tests/gpu/test_threads_gpu.py >"$LOG/threads.txt" 2>&1
+python3 -m pytest -q -p no:cacheprovider tests/gpu/test_threads_gpu.py tests/gpu/test_op_races_gpu.py \
+  >"$LOG/threads.txt" 2>&1
 rc=$?
 [ "$rc" -ne 0 ] && status=1
-echo "- threads + misaligned operands (tests/gpu/test_threads_gpu.py): rc=$rc, $(tail -1 "$LOG/threads.txt")" | tee -a "$RESULTS"
+echo "- threads, torch-op races on one stream, misaligned operands (tests/gpu/test_threads_gpu.py, test_op_races_gpu.py): rc=$rc, $(tail -1 "$LOG/threads.txt")" | tee -a "$RESULTS"
 
 if sanitizer=$(find_sanitizer); then
   echo "- compute-sanitizer: $("$sanitizer" --version 2>/dev/null | tail -1) ($sanitizer)" | tee -a "$RESULTS"
   for tool in memcheck racecheck; do
-    extra=()
+    extra=() tests=("${SUBSET[@]}")
     [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
+    [ "$tool" = memcheck ] && tests+=("${MEMCHECK_ONLY[@]}")
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$PER_RUN" "$sanitizer" --tool "$tool" "${extra[@]}" \
       --target-processes all --print-limit 20 --error-exitcode 99 \
-      python3 -m pytest -q -p no:cacheprovider -x "${SUBSET[@]}" >"$LOG/$tool.txt" 2>&1
+      python3 -m pytest -q -p no:cacheprovider -x "${tests[@]}" >"$LOG/$tool.txt" 2>&1
     rc=$?
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOG/$tool.txt" | tail -1)
     case $rc in
@@ -65,7 +75,7 @@ if sanitizer=$(find_sanitizer); then
       124) verdict="timed out after ${PER_RUN} s" ;;
       *) verdict="rc=$rc" ;;
     esac
-    echo "- $tool over ${#SUBSET[@]} tests: $verdict; ${summary:-no summary line}; $(grep -E '^[0-9]+ (passed|failed)|[0-9]+ (passed|failed) in' "$LOG/$tool.txt" | tail -1)" | tee -a "$RESULTS"
+    echo "- $tool over ${#tests[@]} tests: $verdict; ${summary:-no summary line}; $(grep -E '^[0-9]+ (passed|failed)|[0-9]+ (passed|failed) in' "$LOG/$tool.txt" | tail -1)" | tee -a "$RESULTS"
     if [ "$rc" -ne 0 ]; then
       grep -E "^=+ (Invalid|Race|Error|Program hit)" "$LOG/$tool.txt" | sort | uniq -c | head -10 | sed 's/^/    /' | tee -a "$RESULTS"
     fi
