@@ -272,6 +272,15 @@ def _rule(fam, kind):
     return rule
 
 
+def checkpoint_rows(rows, n_seqs, every=CHUNK):
+    """The checkpoint output's row count: one checkpoint per span of `every` rows (tokens;
+    gdp's sub-tokens) holding the state at the span's start, sequences back to back
+    (sequence i's j-th at row sum_{m<i} ceil(T_m / every) + j). That count depends on
+    cu_seqlens' values, so the declaration takes its bound from shapes alone:
+    ceil(rows / every) + N (each sequence rounds up by less than one span)."""
+    return -(-rows // every) + n_seqs
+
+
 def _saved_rule(node, kind, dims, g_dims, b_dims, io):
     """SAVED_FACTORS: all or none; the forward writes them only beside chunk-cadence
     checkpoints, the backward reads them only with its checkpoints input."""
@@ -306,11 +315,7 @@ def _infer_outputs(node, fam, kind, T, n, HO, K, V, nseq, state, state_dtype, io
     inp = node.inputs
     if kind == "":
         every = node.attrs["checkpoint_every_n_tokens"]
-        # One checkpoint per span of `every` tokens (the state at the span's start),
-        # sequences back to back: sequence i's j-th is at row sum_{m<i} ceil(T_m/every) + j.
-        # That count depends on cu_seqlens' values, so the declaration takes its bound
-        # from shapes alone: ceil(T / every) + N (each sequence rounds up by < 1 span).
-        ckpt_rows = (-(-T * n // every) + nseq) if every else 0
+        ckpt_rows = checkpoint_rows(T * n, nseq, every) if every else 0
         # With state_indices the final state goes to the indexed rows of a pool shaped
         # like initial_state's (the pool itself under overwrite_initial_state).
         final = tuple(inp["initial_state"].dim) if inp.get("state_indices") is not None else state
@@ -369,4 +374,4 @@ def _spec(fam, kind):
 
 SPECS = tuple(_spec(fam, kind) for fam in _FAMILIES for kind in KINDS)
 FAMILIES = {fam.name: fam for fam in _FAMILIES}
-__all__ = ["FAMILIES", "KINDS", "REQUIRED", "SAVED_FACTORS", "SPECS"]
+__all__ = ["FAMILIES", "KINDS", "REQUIRED", "SAVED_FACTORS", "SPECS", "checkpoint_rows"]
