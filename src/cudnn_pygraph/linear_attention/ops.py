@@ -267,12 +267,19 @@ def _saved_buffers(q, k, v, g, beta, n_seqs):
     T, HO, V = _o_shape(q, v)
     K = k.shape[2]
     dev = v.device
-    out = {"checkpoints": torch.empty(checkpoint_rows(T, n_seqs), HO, V, K, dtype=v.dtype,
-                                      device=dev)}  # fmt: skip
+    rows = checkpoint_rows(T, n_seqs)
+    ckpt = torch.empty(rows, HO, V, K, dtype=v.dtype, device=dev)
+    # Every byte an op returns is written (torch.compile compares them): the forward writes
+    # the first ceil(T / 64) checkpoint rows whatever the lengths, but of the last N
+    # (the declaration's bound) only what the lengths fill, and A only on and below its
+    # diagonal.
+    ckpt[rows - n_seqs :].zero_()
+    out = {"checkpoints": ckpt}
     factors = saved_factors(T, HO, K, V, v.dtype, gate_per_key=g.dim() == 3,
                             beta_per_key=beta.dim() == 3)  # fmt: skip
     for name, (dtype, shape) in factors.items():
-        out[name] = torch.empty(shape, dtype=dtype, device=dev)
+        new = torch.zeros if name == "wy_a" else torch.empty
+        out[name] = new(shape, dtype=dtype, device=dev)
     return out
 
 
@@ -364,6 +371,29 @@ def _fwd(family, q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, at
     return [o, ht, *saved.values()] if saved is not None else [o, ht]
 
 
+def _custom_op(name, impl):
+    """torch.library's op over a forward or backward impl whose last parameter is the
+    saving's (`save_for_backward: bool = False`, `saved: list[Tensor] = None`): the op's
+    schema takes it required (torch.library has no default for a tensor list, and autograd
+    must see the same inputs whichever way a caller binds them; the public functions and
+    the autograd always pass it), while Python callers of the impl (cp.py) may leave it
+    out."""
+    sig = inspect.signature(impl)
+    params = [
+        p.replace(default=inspect.Parameter.empty)
+        if p.name in ("saved", "save_for_backward")
+        else p
+        for p in sig.parameters.values()
+    ]
+
+    @functools.wraps(impl)
+    def op(*args, **kwargs):
+        return impl(*args, **kwargs)
+
+    op.__signature__ = sig.replace(parameters=params)
+    return torch.library.custom_op(name, op, mutates_args=())
+
+
 def _gdn_fwd_impl(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -401,7 +431,7 @@ def _gdn_fwd_impl(
     )  # fmt: skip
 
 
-_gdn_fwd = torch.library.custom_op("cudnn_pygraph::gdn_fwd", _gdn_fwd_impl, mutates_args=())
+_gdn_fwd = _custom_op("cudnn_pygraph::gdn_fwd", _gdn_fwd_impl)
 
 
 @_gdn_fwd.register_fake
@@ -514,25 +544,6 @@ def _bwd(family, q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state,
     return [t if t is not None else q.new_empty(0) for t in outs.values()]
 
 
-def _bwd_custom_op(name, impl):
-    """torch.library's op over a backward impl whose last parameter is `saved: list[Tensor]
-    = None`: the op's schema takes the list required (torch.library has no default for a
-    tensor list; the autograd passes one, empty when the forward saved nothing), while
-    Python callers of the impl (cp.py) may leave it out."""
-    sig = inspect.signature(impl)
-    params = [
-        p.replace(default=inspect.Parameter.empty) if p.name == "saved" else p
-        for p in sig.parameters.values()
-    ]
-
-    @functools.wraps(impl)
-    def op(*args, **kwargs):
-        return impl(*args, **kwargs)
-
-    op.__signature__ = sig.replace(parameters=params)
-    return torch.library.custom_op(name, op, mutates_args=())
-
-
 def _gdn_bwd_impl(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -570,7 +581,7 @@ def _gdn_bwd_impl(
     )  # fmt: skip
 
 
-_gdn_bwd = _bwd_custom_op("cudnn_pygraph::gdn_bwd", _gdn_bwd_impl)
+_gdn_bwd = _custom_op("cudnn_pygraph::gdn_bwd", _gdn_bwd_impl)
 
 
 @_gdn_bwd.register_fake
@@ -643,6 +654,7 @@ def _autograd(fwd_impl, bwd_impl, bwd_op):
         if saved:
             ctx.mark_non_differentiable(*saved)
         ctx.save_for_backward(*inputs[:n_tensors], *saved)
+        # the flags as passed (save_for_backward has a default: a call may leave it out)
         ctx.flags = dict(zip(fwd_flags, inputs[n_tensors:]))
 
     def backward(ctx, *grads):
@@ -669,7 +681,7 @@ def _autograd(fwd_impl, bwd_impl, bwd_op):
             none_if_empty(dh0, h0),
             none_if_empty(da, a_log),
             none_if_empty(ddt, dt_bias),
-        ) + (None,) * len(fwd_flags)
+        ) + (None,) * len(ctx.flags)
 
     return setup_context, backward
 
@@ -1092,7 +1104,7 @@ def _kda_fwd_impl(
     )  # fmt: skip
 
 
-_kda_fwd = torch.library.custom_op("cudnn_pygraph::kda_fwd", _kda_fwd_impl, mutates_args=())
+_kda_fwd = _custom_op("cudnn_pygraph::kda_fwd", _kda_fwd_impl)
 
 
 @_kda_fwd.register_fake
@@ -1155,7 +1167,7 @@ def _kda_bwd_impl(
     )  # fmt: skip
 
 
-_kda_bwd = _bwd_custom_op("cudnn_pygraph::kda_bwd", _kda_bwd_impl)
+_kda_bwd = _custom_op("cudnn_pygraph::kda_bwd", _kda_bwd_impl)
 
 
 @_kda_bwd.register_fake
@@ -1546,7 +1558,7 @@ def _gdn2_fwd_impl(
                 save=save_for_backward)  # fmt: skip
 
 
-_gdn2_fwd = torch.library.custom_op("cudnn_pygraph::gdn2_fwd", _gdn2_fwd_impl, mutates_args=())
+_gdn2_fwd = _custom_op("cudnn_pygraph::gdn2_fwd", _gdn2_fwd_impl)
 
 
 @_gdn2_fwd.register_fake
@@ -1612,7 +1624,7 @@ def _gdn2_bwd_impl(
     )  # fmt: skip
 
 
-_gdn2_bwd = _bwd_custom_op("cudnn_pygraph::gdn2_bwd", _gdn2_bwd_impl)
+_gdn2_bwd = _custom_op("cudnn_pygraph::gdn2_bwd", _gdn2_bwd_impl)
 
 
 @_gdn2_bwd.register_fake
