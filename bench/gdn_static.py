@@ -31,7 +31,7 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 # Pointer dtypes of a bf16 call: workspace buffers and states are fp32, tables int32, the
 # rest bf16; FP32_IN names the pointers that are fp32 in one kernel only.
 FP32_POINTERS = {"gc_ptr", "rk_ptr", "init_ptr", "final_ptr", "de_ptr", "dfinal_ptr", "dinit_ptr",
-                 "a_log_ptr", "dt_bias_ptr", "a_ptr", "beff_ptr", "dw_ptr", "du_ptr",
+                 "a_log_ptr", "dt_bias_ptr", "a_ptr", "dm_ptr", "beff_ptr", "dw_ptr", "du_ptr",
                  "dk_part_ptr", "dg_part_ptr", "da_tok_ptr", "ddt_tok_ptr"}  # fmt: skip
 INT_POINTERS = {"cu_ptr", "off_ptr", "idx_ptr", "seq_ptr", "order_ptr"}
 FP32_IN = {"dqk_kernel": {"dk_ptr", "dg_ptr"}}

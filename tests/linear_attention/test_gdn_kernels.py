@@ -968,6 +968,7 @@ def test_backward_from_saved_factors_matches_the_reference_and_the_recompute(cas
     saved = saved_buffers(x)
     o, final = run_forward(x, cu, 0.125, attrs, checkpoints=ckpt, saved=saved)
     grads = run_backward(x, cu, 0.125, attrs, d_o, d_final, checkpoints=ckpt, saved=saved)
+    again = run_backward(x, cu, 0.125, attrs, d_o, d_final, checkpoints=ckpt, saved=saved)
     recompute = run_backward(x, cu, 0.125, attrs, d_o, d_final)
     ref_o, ref_final, ref_grads = reference_with_grads(x, cu, 0.125, attrs, d_o, d_final)
     assert rel_err(o, ref_o) <= FP32_TOL["o"]
@@ -975,6 +976,7 @@ def test_backward_from_saved_factors_matches_the_reference_and_the_recompute(cas
     for name, grad in grads.items():
         assert rel_err(grad, ref_grads[name]) <= FP32_TOL[GRAD_NAMES[name]], name
         torch.testing.assert_close(grad, recompute[name], rtol=0, atol=0)
+        torch.testing.assert_close(again[name], grad, rtol=0, atol=0)  # the factors intact
     # They are read, not recomputed: other corrections E give other gradients.
     saved["wy_e"].zero_()
     other = run_backward(x, cu, 0.125, attrs, d_o, d_final, checkpoints=ckpt, saved=saved)

@@ -689,7 +689,9 @@ def gdn_backward(
     gates = (k, v, g, beta, write_gate if write_gate is not None else dummy)
     gates += (a_log if a_log is not None else dummy,)
     gates += (dt_bias if dt_bias is not None else dummy, ws["gc"], ws["beta_eff"])
-    partials = (ws["a"], ws["dw"], ws["de"], ws["dk_part"], ws["dg_part"])
+    # dM's scratch: A's own fp32 buffer when this call recomputed it, else its own row.
+    partials = (ws["a"], ws.get("dm", ws["a"]), ws["dw"], ws["de"], ws["dk_part"],
+                ws["dg_part"])  # fmt: skip
     finals = {"FINAL_DK": final_dk, "FINAL_DV": final_dv}
     wy_bwd_kernel[(n_chunks, n_out)](
         *gates,

@@ -117,6 +117,9 @@ def _layout(
         ("dw", cdt, (total_t, n_out, dim_k)),
         ("dg_part", f32, gate),
     ]
+    if saved:
+        # wy_bwd's dM scratch: the saved A is read-only (another backward may read it).
+        rows.append(("dm", f32, (total_t, n_out, CHUNK)))
     if n_q != n_out:
         rows.append(("dq_group", f32, (total_t, n_out, dim_k)))
     if n_v != n_out:
