@@ -15,7 +15,10 @@ build builds exactly them, so a replay by (engine_id, knobs) builds the same ker
 chain asked of a graph it cannot serve declines at build, naming why. execute hands the caller's
 buffers (zero-copy torch views of the pack) straight to the launchers; scratch comes out of
 the caller's workspace (workspace_size), chunk tables are built on the device: no host
-sync, capturable. On CUDA the first call records the launcher's launches and later calls
+sync, capturable. The saved factors (graph/ops/linear_attention.py SAVED_FACTORS): a
+forward given them writes them beside its checkpoints, a backward given them (with the
+checkpoints) reads them and recomputes neither the WY stage nor the state walk; without
+them the backward recomputes, as the classic graphs do. On CUDA the first call records the launcher's launches and later calls
 replay them as raw launches (runtime/launch_replay.py), skipping the launcher's Python and
 Triton's JIT binding.
 """

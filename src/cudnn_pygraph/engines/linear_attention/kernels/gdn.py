@@ -13,6 +13,9 @@ Forward:  chunk tables -> wy_solve (stage 1 gates + stage 2's A = (I + L)^-1, w 
           [-> NaN over the outputs when an index table was bad: poison.py]
 Backward: chunk tables -> wy_solve
           -> state_fwd (h and E; skipped when checkpoints are given, then dqk forms E itself)
+             [both skipped when the forward's saved factors are given (saved=, with the
+              checkpoints): G, beta, the key norms, A, w and E as the forward wrote them;
+              gdn_workspace.saved_factors gives their bytes]
           -> dv_local (scale P^T dO) -> state_bwd (dE, dh, d_initial_state)
           -> dqk (dq, partial dk / dG, dw) -> wy_bwd (dk, dv, dG, dbeta)
           [-> group_reduce for grouped heads] [-> d_a_log / d_dt_bias sums] [-> NaN]
