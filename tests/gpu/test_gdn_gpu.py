@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "linear_attention"))
 
 from la_dtype_cases import DTYPE_DIM_CASES, FP32_TOL
+from la_saved import check_against_recompute_and_repeat, saved_kwargs
 from reference import gdn_reference_batched
 from test_gdn_kernels import run_backward, run_forward  # the CPU suite's calls, in bf16 here
 
@@ -395,21 +396,6 @@ def test_state_indices_minus_one_and_out_of_range_bf16():
         check({"o": rel_err(o, ref_o), "final_state": rel_err(pool[[4, 0]], ref_final[[0, 2]])})
 
 
-def _saved_buffers(x, cu):
-    """The chunk-cadence checkpoints (bf16, the inputs' dtype) and the saved factors
-    (kernels/gdn_workspace.py saved_factors) for x's forward, NaN-poisoned."""
-    from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
-    from cudnn_pygraph.engines.linear_attention.kernels.gdn_workspace import saved_factors
-
-    total, n_out, dim_v = x["q"].shape[0], x["g"].shape[1], x["v"].shape[2]
-    dim_k = x["q"].shape[2]
-    ckpt = torch.full((max_chunks(total, cu.numel() - 1), n_out, dim_v, dim_k), float("nan"),
-                      dtype=x["q"].dtype, device="cuda")  # fmt: skip
-    want = saved_factors(total, n_out, dim_k, dim_v, x["q"].dtype)
-    saved = {n: torch.full(s, float("nan"), dtype=d, device="cuda") for n, (d, s) in want.items()}
-    return ckpt, saved
-
-
 @pytest.mark.parametrize("with_state", [True, False], ids=["state", "no-state"])
 @pytest.mark.parametrize("config", CONFIG_NAMES, ids=CONFIG_NAMES)
 def test_backward_from_saved_factors_bf16_at_each_config(config, with_state):
@@ -423,13 +409,11 @@ def test_backward_from_saved_factors_bf16_at_each_config(config, with_state):
     if not with_state:
         x["initial_state"] = None
     scale = 128**-0.5
-    ckpt, saved = _saved_buffers(x, cu)
-    o, final = run_forward(x, cu, scale, attrs, checkpoints=ckpt, saved=saved)
+    kw = saved_kwargs(x, cu)
+    o, final = run_forward(x, cu, scale, attrs, **kw)
     d_o = torch.randn_like(o, dtype=torch.float32)
     d_final = torch.randn_like(final)
-    grads = run_backward(x, cu, scale, attrs, d_o, d_final, checkpoints=ckpt, saved=saved)
-    again = run_backward(x, cu, scale, attrs, d_o, d_final, checkpoints=ckpt, saved=saved)
-    recompute = run_backward(x, cu, scale, attrs, d_o, d_final)
+    grads = run_backward(x, cu, scale, attrs, d_o, d_final, **kw)
     leaves = {n: t.detach().double().requires_grad_() for n, t in x.items() if t is not None}
     ref_o, ref_final = gdn_reference_batched(
         leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"], cu, scale=scale,
@@ -441,14 +425,9 @@ def test_backward_from_saved_factors_bf16_at_each_config(config, with_state):
         errors[GRAD_NAMES[name]] = rel_err(grad, leaves[name].grad)
     print(f"[{config} saved]", end=" ")
     check(errors)
-    # The same rounding points as the recompute (A and the states rounded to bf16 where
-    # their readers round them): equal up to the state kernel's own arithmetic, which the
-    # fused forward compiles differently (printed; bitwise on the interpreter).
-    diffs = {n: rel_err(grads[n], recompute[n]) for n in grads}
-    print("vs recompute " + " ".join(f"{n}={e:.1e}" for n, e in diffs.items()))
-    assert all(e <= 1e-2 for e in diffs.values()), diffs
-    for name in grads:
-        assert torch.equal(grads[name], again[name]), name
+    check_against_recompute_and_repeat(
+        run_backward, x, cu, scale, attrs, d_o, d_final, grads, kw, rel_err
+    )
 
 
 def test_torch_op_autograd_reads_the_saved_factors_bf16_and_replays():
