@@ -19,6 +19,11 @@ Markdown table.
                                                 # chain of pieces (kernels/chain.py, the
                                                 # SEQ_PIECES knob the hook picks) vs uncut
                                                 # vs fla; goal chain >= 3x uncut forward
+  PYTHONPATH=src python bench/gdn.py --saved [--only "(a)"]
+                                                # the backward from the forward's saved
+                                                # factors vs the recomputing one (before /
+                                                # after), launchers and the torch op's
+                                                # autograd; bytes kept per chunk and head
   PYTHONPATH=src python bench/gdn.py --host --only "(a)"
                                                 # host us per forward call: torch op vs
                                                 # launcher vs the bare launch sequence
@@ -50,6 +55,7 @@ from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
     gdn_forward,
     gdn_workspace_bytes,
 )
+from cudnn_pygraph.engines.linear_attention.kernels.gdn_workspace import saved_factors
 
 H = 16
 DIM = 128
@@ -97,8 +103,11 @@ class Ours:
         self.x, self.cu, self.init, self.config = x, cu, init, config
         self.pieces = pieces
         total, n = x["q"].shape[0], cu.numel() - 1
-        fwd_ws = gdn_workspace_bytes(total, n, H, H, H, DIM, DIM, torch.bfloat16, backward=False)
-        bwd_ws = gdn_workspace_bytes(total, n, H, H, H, DIM, DIM, torch.bfloat16, backward=True)
+        size = (total, n, H, H, H, DIM, DIM, torch.bfloat16)
+        fwd_ws = gdn_workspace_bytes(*size, backward=False)
+        bwd_ws = max(gdn_workspace_bytes(*size, backward=True, has_checkpoints=True, saved=s)
+                     for s in (False, True))  # fmt: skip
+        bwd_ws = max(bwd_ws, gdn_workspace_bytes(*size, backward=True))
         if pieces:
             size = (total, n, pieces, H, H, H, DIM, DIM, torch.bfloat16)
             fwd_ws = chain_workspace_bytes(*size, backward=False)
@@ -112,6 +121,19 @@ class Ours:
         self.dfinal = torch.randn_like(init) if init is not None else None
         self.ckpt = torch.empty(max_chunks(total, n), H, DIM, DIM, device="cuda")
         self.use_ckpt = False
+        # --saved: the bf16 checkpoints and the saved factors (kernels/gdn_workspace.py)
+        self.ckpt16 = torch.empty(max_chunks(total, n), H, DIM, DIM, device="cuda",
+                                  dtype=torch.bfloat16)  # fmt: skip
+        self.saved = {
+            name: torch.zeros(shape, dtype=dtype, device="cuda")
+            for name, (dtype, shape) in saved_factors(total, H, DIM, DIM, torch.bfloat16).items()
+        }
+        self.use_saved = False
+
+    def _ckpt(self):
+        if self.use_saved:
+            return self.ckpt16
+        return self.ckpt if self.use_ckpt else None
 
     def _launchers(self):
         if self.pieces:
@@ -139,8 +161,9 @@ class Ours:
             final_state=self.final,
             use_qk_l2norm=True,
             workspace=self.ws,
-            checkpoints=self.ckpt if self.use_ckpt else None,
+            checkpoints=self._ckpt(),
             config=self.config,
+            **({"saved": self.saved} if self.use_saved else {}),
         )
 
     def backward(self):
@@ -167,8 +190,9 @@ class Ours:
             d_initial_state=self.dinit,
             use_qk_l2norm=True,
             workspace=self.ws,
-            checkpoints=self.ckpt if self.use_ckpt else None,
+            checkpoints=self._ckpt(),
             config=self.config,
+            **({"saved": self.saved} if self.use_saved else {}),
         )
 
     def forward_backward(self):
@@ -184,6 +208,63 @@ class Ours:
             self.backward()
         finally:
             self.use_ckpt = False
+
+
+def saved_rows(only):
+    """Before / after of the backward that reads the forward's saved factors: our
+    launchers' forward (plain, and saving the bf16 checkpoints and the factors), forward +
+    backward recomputing the WY stage and the state walk (before) and reading them (after),
+    and the torch op a model calls (gated_delta_net under autograd: it saves and reads),
+    with the gradients' largest relative difference between the two backwards and the
+    bytes kept per chunk of 64 tokens and head."""
+    from cudnn_pygraph.linear_attention.ops import gated_delta_net
+
+    print("| shape | init/final state | fwd ms | fwd saving ms | fwd+bwd recompute ms (before) "
+          "| fwd+bwd saved ms (after) | after / before | torch op fwd+bwd ms | saved MB "
+          "| grads max rel diff |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    for name, seqlens in shapes().items():
+        if only and not any(o in name for o in only.split(",")):
+            continue
+        for with_state in (False, True):
+            torch.manual_seed(1)
+            x, cu, init = make_inputs(seqlens, with_state)
+            ours = Ours(x, cu, init)
+            fwd = median_ms(ours.forward)
+            before = median_ms(ours.forward_backward)
+            base = [t.clone() for t in ours.grads.values()]
+            ours.use_saved = True
+            fwd_saving = median_ms(ours.forward)
+            after = median_ms(ours.forward_backward)
+            ours.use_saved = False
+            diff = max_rel_diff(list(ours.grads.values()), base)
+            mb = (ours.ckpt16.nbytes + sum(t.nbytes for t in ours.saved.values())) / 2**20
+            leaves = [t.detach().clone().requires_grad_() for t in x.values()]
+            h0 = init.transpose(-1, -2).contiguous().requires_grad_() if init is not None else None
+            d_o = ours.do[None]
+
+            def op():
+                o, ht = gated_delta_net(*(t[None] for t in leaves), scale=DIM**-0.5,
+                                        initial_state=h0, output_final_state=h0 is not None,
+                                        cu_seqlens=cu, use_qk_l2norm_in_kernel=True)  # fmt: skip
+                outs, grads = [o], [d_o]
+                if ht is not None:
+                    outs.append(ht)
+                    grads.append(ours.dfinal.transpose(-1, -2))
+                torch.autograd.backward(outs, grads)
+
+            op_ms = median_ms(op)
+            print(
+                f"| {name} | {'yes' if with_state else 'no'} | {fwd:.3f} | {fwd_saving:.3f} | "
+                f"{before:.3f} | {after:.3f} | {after / before:.2f}x | {op_ms:.3f} | "
+                f"{mb:.0f} | {diff:.1e} |",
+                flush=True,
+            )
+    # One chunk of 64 tokens and one head: each saved [T, H, X] tensor keeps 64 X elements.
+    per_chunk = sum(t.element_size() * t.shape[-1] * 64 for t in ours.saved.values())
+    per_chunk += ours.ckpt16.element_size() * DIM * DIM
+    print(f"\nbytes kept per chunk of 64 tokens and head (K = V = {DIM}, bf16): "
+          f"{per_chunk / 1024:.2f} KB")  # fmt: skip
 
 
 def fla_forward(x, cu, init):
@@ -417,8 +498,12 @@ def main():
     parser.add_argument(
         "--cache-dir", default=None, help="keep compiles here (bench/timing.py use_compiled_cache)"
     )
+    parser.add_argument("--saved", action="store_true", help="saved factors vs recompute")
     args = parser.parse_args()
     use_compiled_cache(args.cache_dir)
+    if args.saved:
+        saved_rows(args.only)
+        return
     if args.chain:
         if not args.no_fla:
             quick_fla_autotune()

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "linear_attention"))
 
 from la_dtype_cases import DTYPE_DIM_CASES, FP32_TOL
+from la_saved import check_against_recompute_and_repeat, saved_kwargs
 from reference import gdn2_reference_batched
 from test_gdn2_kernels import GATED, run_backward, run_forward  # the CPU suite's calls
 
@@ -82,24 +83,43 @@ def check(errors, fp32=False):
     assert not bad, f"above tolerance: {bad}"
 
 
-def _check_fwd_bwd(seqlens, heads, attrs, dim=DIM, **opts):
+def _check_fwd_bwd(seqlens, heads, attrs, dim=DIM, saved=False, with_state=True, **opts):
+    """saved: the forward writes the saved factors and the backward reads them
+    (la_saved.py)."""
     x, cu = make_inputs(seqlens, heads, dim, attrs=attrs, **opts)
+    if not with_state:
+        x["initial_state"] = None
+    kw = saved_kwargs(x, cu) if saved else {}
     op_attrs = {n: a for n, a in attrs.items() if n != "config"}
     scale = dim**-0.5
-    o, final = run_forward(x, cu, scale, attrs)
+    o, final = run_forward(x, cu, scale, attrs, **kw)
     d_o = torch.randn_like(o, dtype=torch.float32)
     d_final = torch.randn_like(final)
     leaves = {n: t.detach().double().requires_grad_() for n, t in x.items() if t is not None}
     ref_o, ref_final = gdn2_reference_batched(
-        *(leaves[n] for n in GATED[:5]), cu, scale=scale, initial_state=leaves["initial_state"],
+        *(leaves[n] for n in GATED[:5]), cu, scale=scale, initial_state=leaves.get("initial_state"),
         a_log=leaves.get("a_log"), dt_bias=leaves.get("dt_bias"), write_gate=leaves["w"],
         **op_attrs,
     )  # fmt: skip
     ((ref_o * d_o.double()).sum() + (ref_final * d_final.double()).sum()).backward()
-    grads = run_backward(x, cu, scale, attrs, d_o, d_final)
+    grads = run_backward(x, cu, scale, attrs, d_o, d_final, **kw)
     errors = {"o": rel_err(o, ref_o), "final_state": rel_err(final, ref_final)}
     errors.update({f"d_{n}": rel_err(g, leaves[n].grad) for n, g in grads.items()})
     check(errors, fp32=x["q"].dtype == torch.float32)
+    if saved:
+        check_against_recompute_and_repeat(
+            run_backward, x, cu, scale, attrs, d_o, d_final, grads, kw, rel_err
+        )
+
+
+@pytest.mark.parametrize("with_state", [True, False], ids=["state", "no-state"])
+@pytest.mark.parametrize("config", CONFIG_NAMES, ids=CONFIG_NAMES)
+def test_backward_from_saved_factors_bf16_at_each_config(config, with_state):
+    # The torch op's autograd path: the backward reads the forward's saved factors. Uneven
+    # lengths, a length-1 sequence, exact chunk multiples; with and without initial state.
+    print(f"[{config} saved]", end=" ")
+    attrs = {"use_qk_l2norm": True, "config": config}
+    _check_fwd_bwd([300, 1, 128, 64], (4, 4, 4), attrs, saved=True, with_state=with_state)
 
 
 @pytest.mark.parametrize("config", CONFIG_NAMES, ids=CONFIG_NAMES)

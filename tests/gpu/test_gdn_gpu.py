@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "linear_attention"))
 
 from la_dtype_cases import DTYPE_DIM_CASES, FP32_TOL
+from la_saved import check_against_recompute_and_repeat, saved_kwargs
 from reference import gdn_reference_batched
 from test_gdn_kernels import run_backward, run_forward  # the CPU suite's calls, in bf16 here
 
@@ -393,3 +394,75 @@ def test_state_indices_minus_one_and_out_of_range_bf16():
         ref_o, ref_final = gdn_reference_batched(x["q"], x["k"], x["v"], x["g"], x["beta"], cu,
                                                  scale=scale, initial_state=seeds, **attrs)  # fmt: skip
         check({"o": rel_err(o, ref_o), "final_state": rel_err(pool[[4, 0]], ref_final[[0, 2]])})
+
+
+@pytest.mark.parametrize("with_state", [True, False], ids=["state", "no-state"])
+@pytest.mark.parametrize("config", CONFIG_NAMES, ids=CONFIG_NAMES)
+def test_backward_from_saved_factors_bf16_at_each_config(config, with_state):
+    # The forward writes the checkpoints (bf16) and the saved factors; the backward reads
+    # them and recomputes neither the WY stage nor the state walk. Against the float64
+    # reference, against the recomputing backward, and bitwise repeatable. Uneven lengths,
+    # a length-1 sequence, exact chunk multiples, gates down to -40 per token.
+    attrs = {"use_qk_l2norm": True, "config": config}
+    x, cu = make_inputs([300, 513, 1, 128, 64], (4, 4, 4), 128, attrs=attrs)
+    x["g"][::7] = -40.0
+    if not with_state:
+        x["initial_state"] = None
+    scale = 128**-0.5
+    kw = saved_kwargs(x, cu)
+    o, final = run_forward(x, cu, scale, attrs, **kw)
+    d_o = torch.randn_like(o, dtype=torch.float32)
+    d_final = torch.randn_like(final)
+    grads = run_backward(x, cu, scale, attrs, d_o, d_final, **kw)
+    leaves = {n: t.detach().double().requires_grad_() for n, t in x.items() if t is not None}
+    ref_o, ref_final = gdn_reference_batched(
+        leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"], cu, scale=scale,
+        initial_state=leaves.get("initial_state"), use_qk_l2norm=True,
+    )  # fmt: skip
+    ((ref_o * d_o.double()).sum() + (ref_final * d_final.double()).sum()).backward()
+    errors = {"o": rel_err(o, ref_o), "final_state": rel_err(final, ref_final)}
+    for name, grad in grads.items():
+        errors[GRAD_NAMES[name]] = rel_err(grad, leaves[name].grad)
+    print(f"[{config} saved]", end=" ")
+    check(errors)
+    check_against_recompute_and_repeat(
+        run_backward, x, cu, scale, attrs, d_o, d_final, grads, kw, rel_err
+    )
+
+
+def test_torch_op_autograd_reads_the_saved_factors_bf16_and_replays():
+    # The torch op under autograd: its forward saves, its backward reads (the graphs with
+    # the saved ports, replayed as raw launches from the second call on): gradients
+    # against the float64 reference, and the replayed call bitwise equal to the first.
+    torch.manual_seed(0)
+    T, H, D = 1100, 4, 128
+    cu = torch.tensor([0, 300, 301, 1024, T], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, H, device="cuda") + 2.0)
+    g[:, ::5] = -40.0
+    beta = torch.rand(1, T, H, device="cuda")
+    h0 = 0.3 * torch.randn(4, H, D, D, device="cuda")
+    d_o = torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16)
+    d_ht = torch.randn(4, H, D, D, device="cuda")
+    runs = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v, g, beta, h0)]
+        o, ht = ops.gated_delta_net(*leaves[:5], initial_state=leaves[5],
+                                    output_final_state=True, cu_seqlens=cu,
+                                    use_qk_l2norm_in_kernel=True)  # fmt: skip
+        loss = (o.float() * d_o.float()).sum() + (ht * d_ht).sum()
+        runs.append((o.detach(), *torch.autograd.grad(loss, leaves)))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v, g, beta, h0)]
+    ref_o, ref_ht = gdn_reference_batched(
+        ref[0][0], ref[1][0], ref[2][0], ref[3][0], ref[4][0], cu, scale=D**-0.5,
+        initial_state=ref[5].transpose(-1, -2), use_qk_l2norm=True,
+    )  # fmt: skip
+    loss = (ref_o * d_o[0].double()).sum() + (ref_ht.transpose(-1, -2) * d_ht.double()).sum()
+    loss.backward()
+    errors = {"o": rel_err(runs[0][0][0], ref_o)}
+    for name, got, leaf in zip(("dq", "dk", "dv", "dg", "dbeta", "d_initial_state"),
+                               runs[0][1:], ref):  # fmt: skip
+        errors[name] = rel_err(got, leaf.grad)
+    check(errors)

@@ -102,7 +102,17 @@ def test_opcheck_forward_and_backward():
     q, k, v, g, beta, w, _, h0 = inputs(T=6)
     cu = torch.tensor([0, 2, 6], dtype=torch.int32)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v, g, beta, w, h0)]
-    fwd_flags = (K**-0.5, True, True, False, False, False, "log", False)
+    fwd_flags = (
+        K**-0.5,
+        True,
+        True,
+        False,
+        False,
+        False,
+        "log",
+        False,
+        True,
+    )  # the last: save_for_backward (autograd's path)
     torch.library.opcheck(
         torch.ops.cudnn_pygraph.gdn2_fwd.default,
         (*leaves[:6], cu, leaves[6], None, None, *fwd_flags),
@@ -113,7 +123,22 @@ def test_opcheck_forward_and_backward():
     # test_aot_dispatch_dynamic above traces and runs it in the backward graph.
     torch.library.opcheck(
         torch.ops.cudnn_pygraph.gdn2_bwd.default,
-        (q, k, v, g, beta, w, cu, do, h0, torch.ones_like(h0), None, None, *bwd_flags),
+        (
+            q,
+            k,
+            v,
+            g,
+            beta,
+            w,
+            cu,
+            do,
+            h0,
+            torch.ones_like(h0),
+            None,
+            None,
+            *bwd_flags,
+            [],
+        ),  # saved: none, it recomputes
         test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
     )
 

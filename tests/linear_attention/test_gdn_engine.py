@@ -180,6 +180,70 @@ def test_checkpoints_flow_from_the_gdn_graph_into_the_gdn_bwd_graph():
         assert rel_err(from_ckpt, plain) <= 1e-6
 
 
+def test_saved_factors_flow_from_the_gdn_graph_into_the_gdn_bwd_graph():
+    # The forward graph writes the saved factors into the caller's tensors (output-direction
+    # ports: its outputs list keeps its length); the backward graph that reads them with the
+    # checkpoints gives the gradients of the one that recomputes them.
+    from cudnn_pygraph.engines.linear_attention.kernels.gdn_workspace import saved_factors
+    from cudnn_pygraph.graph.ops.linear_attention import SAVED_FACTORS
+
+    x = inputs(seqlens=(70, 3))
+    attrs = {"scale": 0.125, "use_qk_l2norm": True}
+    want = saved_factors(73, 2, 64, 64, torch.float32)
+    saved = {n: torch.full(s, float("nan"), dtype=d, device=DEVICE) for n, (d, s) in want.items()}
+    with with_gdn_engine():
+        g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
+        t = declare(g, {**x, **saved})
+        outs = g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
+                     initial_state=t["initial_state"], checkpoint_every_n_tokens=64,
+                     **{n: t[n] for n in SAVED_FACTORS}, **attrs)  # fmt: skip
+        o, _, ckpt = outs
+        o.set_output(True)
+        ckpt.set_output(True)
+        ckpt_buf = torch.full(list(ckpt.dim), float("nan"), device=DEVICE)
+        o_buf = torch.empty(73, 2, 64, device=DEVICE)
+        run_graph(g, {**{t[n]: b for n, b in {**x, **saved}.items()}, o: o_buf, ckpt: ckpt_buf})
+
+        d_o = torch.randn(73, 2, 64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+        results = []
+        for extra in ({}, {"checkpoints": ckpt_buf, **saved}):
+            gb = cudnn.pygraph(name="gdn_bwd", io_data_type=dt.FLOAT)
+            tb = declare(gb, {**x, "dO": d_o, **extra})
+            outs = gb.gdn_bwd(tb["q"], tb["k"], tb["v"], tb["g"], tb["beta"], tb["cu_seqlens"],
+                              tb["dO"], initial_state=tb["initial_state"],
+                              **{n: tb[n] for n in extra}, **attrs)  # fmt: skip
+            bufs = {}
+            for name, port in zip(("q", "k", "v", "g", "beta", "initial_state"), outs):
+                port.set_output(True)
+                bufs[port] = torch.full_like(x[name], float("nan"))
+            feed = {tb[n]: b for n, b in {**x, "dO": d_o, **extra}.items()}
+            run_graph(gb, {**feed, **bufs})
+            results.append(list(bufs.values()))
+    for plain, from_saved in zip(*results):
+        torch.testing.assert_close(from_saved, plain, rtol=0, atol=0)
+
+
+def test_saved_factors_are_all_or_none_and_need_the_checkpoints():
+    from cudnn_pygraph.engines.linear_attention.kernels.gdn_workspace import saved_factors
+
+    x = inputs(seqlens=(70,))
+    want = saved_factors(70, 2, 64, 64, torch.float32)
+    saved = {n: torch.zeros(s, dtype=d) for n, (d, s) in want.items()}
+    cases = (
+        ({"wy_w": saved["wy_w"]}, {"checkpoint_every_n_tokens": 64}, "come all together"),
+        (saved, {}, "only with checkpoint_every_n_tokens=64"),
+        ({**saved, "wy_e": torch.zeros(70, 2, 32)}, {"checkpoint_every_n_tokens": 64},
+         r"wy_e: dims \[70, 2, 32\], expected \[70, 2, 64\]"),
+    )  # fmt: skip
+    for given, attrs, match in cases:
+        g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
+        t = declare(g, {**x, **given})
+        with pytest.raises(cudnnGraphNotSupportedError, match=match):
+            g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"], scale=0.125,
+                  **{n: t[n] for n in given}, **attrs)  # fmt: skip
+            g.validate()
+
+
 DECLINES = {
     "head-dim-96": ({"dim": 96}, {}, "head dim K=96"),
     "checkpoint-every-128": (

@@ -27,6 +27,7 @@ from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
     gdn_workspace_bytes,
     launch_within_shared_memory,
 )
+from cudnn_pygraph.engines.linear_attention.kernels.gdn_workspace import saved_factors
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -132,7 +133,7 @@ def reference_with_grads(x, cu, scale, attrs, d_o, d_final):
     return o.detach(), final.detach(), {n: t.grad for n, t in leaves.items()}
 
 
-def run_forward(x, cu, scale, attrs, *, checkpoints=None, workspace=None):
+def run_forward(x, cu, scale, attrs, *, checkpoints=None, workspace=None, saved=None):
     """Our forward, outputs poisoned before the call: (o, final) with final at the initial
     state's dtype (fp32 without one). tests/gpu/test_gdn_gpu.py runs the same calls."""
     n_seqs = cu.numel() - 1
@@ -150,12 +151,13 @@ def run_forward(x, cu, scale, attrs, *, checkpoints=None, workspace=None):
     gdn_forward(
         x["q"], x["k"], x["v"], x["g"], x["beta"], cu,
         scale=scale, o=o, initial_state=init, final_state=final, a_log=x["a_log"],
-        dt_bias=x["dt_bias"], checkpoints=checkpoints, workspace=workspace, **attrs,
+        dt_bias=x["dt_bias"], checkpoints=checkpoints, workspace=workspace, saved=saved,
+        **attrs,
     )  # fmt: skip
     return o, final
 
 
-def run_backward(x, cu, scale, attrs, d_o, d_final, *, checkpoints=None):
+def run_backward(x, cu, scale, attrs, d_o, d_final, *, checkpoints=None, saved=None):
     """Our backward, every gradient poisoned before the call: {input name: gradient}."""
     grads = {n: nan_like(t) for n, t in x.items() if t is not None}
     gdn_backward(
@@ -164,7 +166,7 @@ def run_backward(x, cu, scale, attrs, d_o, d_final, *, checkpoints=None):
         dbeta=grads["beta"], initial_state=x["initial_state"], d_final_state=d_final,
         d_initial_state=grads.get("initial_state"), d_a_log=grads.get("a_log"),
         d_dt_bias=grads.get("dt_bias"), a_log=x["a_log"], dt_bias=x["dt_bias"],
-        checkpoints=checkpoints, **attrs,
+        checkpoints=checkpoints, saved=saved, **attrs,
     )  # fmt: skip
     return grads
 
@@ -929,3 +931,71 @@ def test_a_config_given_as_its_mapping_runs_as_the_named_config():
     given = run_forward(x, cu, 0.125, {**attrs, "config": mapping})
     for a, b in zip(named, given):
         assert torch.equal(a, b)
+
+
+def saved_buffers(x, dtype=None):
+    """NaN-poisoned buffers for the saved factors of x's forward (saved_factors)."""
+    total_t, _, dim_k = x["q"].shape
+    want = saved_factors(
+        total_t, x["g"].shape[1], dim_k, x["v"].shape[2], dtype or x["q"].dtype,
+        gate_per_key=x["g"].dim() == 3, beta_per_key=x["beta"].dim() == 3,
+    )  # fmt: skip
+    return {n: torch.full(shape, float("nan"), dtype=dt, device=DEVICE)
+            for n, (dt, shape) in want.items()}  # fmt: skip
+
+
+# Strong gates (down to -40 per token), a length-1 sequence, an exact chunk multiple, tails.
+SAVED_CASES = {
+    "uneven-with-state": ((5, 70, 0, 1), True, 0.5),
+    "exact-chunks-no-state": ((64, 128), False, 40.0),
+}
+
+
+@pytest.mark.parametrize("case", list(SAVED_CASES), ids=list(SAVED_CASES))
+def test_backward_from_saved_factors_matches_the_reference_and_the_recompute(case):
+    # The forward writes the factors and the checkpoints; the backward that reads them
+    # recomputes neither the WY stage nor the state walk and gives the recompute's gradients.
+    seqlens, with_state, strength = SAVED_CASES[case]
+    x, cu = make_inputs(seqlens=seqlens, with_state=with_state)
+    x["g"] = x["g"] * (strength / 0.5)
+    attrs = {"use_qk_l2norm": True}
+    total_t = x["q"].shape[0]
+    n_seqs = cu.numel() - 1
+    gen = torch.Generator().manual_seed(2)
+    d_o = torch.randn(total_t, 2, 64, generator=gen).to(DEVICE)
+    d_final = torch.randn(n_seqs, 2, 64, 64, generator=gen).to(DEVICE)
+    ckpt = torch.full((max_chunks(total_t, n_seqs), 2, 64, 64), float("nan"), device=DEVICE)
+    saved = saved_buffers(x)
+    o, final = run_forward(x, cu, 0.125, attrs, checkpoints=ckpt, saved=saved)
+    grads = run_backward(x, cu, 0.125, attrs, d_o, d_final, checkpoints=ckpt, saved=saved)
+    again = run_backward(x, cu, 0.125, attrs, d_o, d_final, checkpoints=ckpt, saved=saved)
+    recompute = run_backward(x, cu, 0.125, attrs, d_o, d_final)
+    ref_o, ref_final, ref_grads = reference_with_grads(x, cu, 0.125, attrs, d_o, d_final)
+    assert rel_err(o, ref_o) <= FP32_TOL["o"]
+    assert rel_err(final, ref_final) <= FP32_TOL["final_state"]
+    for name, grad in grads.items():
+        assert rel_err(grad, ref_grads[name]) <= FP32_TOL[GRAD_NAMES[name]], name
+        torch.testing.assert_close(grad, recompute[name], rtol=0, atol=0)
+        torch.testing.assert_close(again[name], grad, rtol=0, atol=0)  # the factors intact
+    # They are read, not recomputed: other corrections E give other gradients.
+    saved["wy_e"].zero_()
+    other = run_backward(x, cu, 0.125, attrs, d_o, d_final, checkpoints=ckpt, saved=saved)
+    assert rel_err(other["q"], grads["q"]) > 1e-3
+
+
+def test_saved_factors_are_refused_when_incomplete_or_misshaped():
+    x, cu = make_inputs(seqlens=(5,))
+    ckpt = torch.zeros((max_chunks(5, 1), 2, 64, 64), device=DEVICE)
+    o = torch.empty(5, 2, 64, device=DEVICE)
+    saved = saved_buffers(x)
+    cases = (
+        ({**saved, "wy_w": saved["wy_w"][:4]}, None, "wy_w: must be a contiguous"),
+        ({n: t for n, t in saved.items() if n != "wy_a"}, None, "saved: must name exactly"),
+        (saved, "no-checkpoints", "saved: requires the checkpoints"),
+    )
+    for bad, ckpt_case, match in cases:
+        with pytest.raises(ValueError, match=match):
+            gdn_forward(
+                x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o,
+                checkpoints=None if ckpt_case else ckpt, saved=bad,
+            )  # fmt: skip

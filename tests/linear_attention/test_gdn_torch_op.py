@@ -417,3 +417,40 @@ def test_pool_slot_minus_one_is_vllms_padding_slot():
     assert rel(o[0], ref_o) < TOL["o"]
     assert rel(pool[2], ref_ht[1].transpose(-1, -2)) < TOL["state"]
     assert torch.equal(pool[[0, 1, 3, 4]], before[[0, 1, 3, 4]])
+
+
+def test_autograd_backward_reads_the_forward_and_runs_no_second_forward(monkeypatch):
+    # Under autograd the forward keeps the checkpoints and the WY factors; the backward
+    # reads them: it launches neither wy_solve nor the state walk, and its gradients are
+    # those of a backward that recomputes them (the graph op without the saved ports).
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
+
+    launches = []
+
+    class Counting:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launches.append(self.name)
+            return self.kernel[grid]
+
+    for name in ("wy_solve_kernel", "state_fwd_kernel"):
+        monkeypatch.setattr(gdn_mod, name, Counting(name, getattr(gdn_mod, name)))
+    q, k, v, g, beta, cu, h0 = inputs(T=70)
+    g = g * 80.0  # gates down to -40 per token
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v, g, beta, h0)]
+    o, ht = ops.gated_delta_net(*leaves[:5], initial_state=leaves[5], output_final_state=True,
+                                cu_seqlens=cu, use_qk_l2norm_in_kernel=True)  # fmt: skip
+    assert sorted(launches) == ["state_fwd_kernel", "wy_solve_kernel"]
+    gen = torch.Generator().manual_seed(1)
+    do, dht = torch.randn(o.shape, generator=gen), torch.randn(ht.shape, generator=gen)
+    grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), leaves)
+    assert sorted(launches) == ["state_fwd_kernel", "wy_solve_kernel"]  # none in the backward
+    flags = (64**-0.5, True, False, False, False, "log", False, False)
+    recompute = ops._gdn_bwd_impl(
+        q[0], k[0], v[0], g[0], beta[0], cu, do[0], h0, dht, None, None, *flags
+    )  # fmt: skip
+    assert launches.count("wy_solve_kernel") == 2  # the graph without the saved ports
+    for got, want in zip(grads, [*recompute[:5], recompute[5]]):
+        torch.testing.assert_close(got.reshape(want.shape), want, rtol=0, atol=0)

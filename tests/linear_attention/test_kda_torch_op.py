@@ -139,7 +139,19 @@ def _opcheck_args():
 def test_opcheck_forward_backward_and_in_place_ops():
     (q, k, v, g, beta), cu, h0 = _opcheck_args()
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v, g, beta, h0)]
-    fwd_flags = (K**-0.5, True, True, False, False, False, None, "log", False, True)
+    fwd_flags = (
+        K**-0.5,
+        True,
+        True,
+        False,
+        False,
+        False,
+        None,
+        "log",
+        False,
+        True,
+        True,
+    )  # the last: save_for_backward (autograd's path)
     torch.library.opcheck(
         torch.ops.cudnn_pygraph.kda_fwd.default,
         (*leaves[:5], cu, leaves[5], None, None, *fwd_flags),
@@ -150,7 +162,21 @@ def test_opcheck_forward_backward_and_in_place_ops():
     # test_aot_dispatch_dynamic above traces and runs it in the backward graph.
     torch.library.opcheck(
         torch.ops.cudnn_pygraph.kda_bwd.default,
-        (q, k, v, g, beta, cu, do, h0, torch.ones_like(h0), None, None, *bwd_flags),
+        (
+            q,
+            k,
+            v,
+            g,
+            beta,
+            cu,
+            do,
+            h0,
+            torch.ones_like(h0),
+            None,
+            None,
+            *bwd_flags,
+            [],
+        ),  # saved: none, it recomputes
         test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
     )
     pool = torch.zeros(3, 1, K, K)

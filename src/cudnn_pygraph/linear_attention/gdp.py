@@ -84,9 +84,10 @@ def _gdp_fwd_impl(
         batch_invariant, num_householder,
     )  # fmt: skip
     attrs["output_final_state"] = output_final_state
-    return _fwd(
-        "gdp", q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, state_v_first
-    )
+    return tuple(
+        _fwd("gdp", q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs,
+             state_v_first)
+    )  # fmt: skip
 
 
 _gdp_fwd = torch.library.custom_op("cudnn_pygraph::gdp_fwd", _gdp_fwd_impl, mutates_args=())
@@ -96,7 +97,9 @@ _gdp_fwd = torch.library.custom_op("cudnn_pygraph::gdp_fwd", _gdp_fwd_impl, muta
 def _(q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, scale, output_final_state,
       use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
       batch_invariant, state_v_first, num_householder):  # fmt: skip
-    return _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, state_v_first)
+    return tuple(
+        _fwd_fake(q, k, v, g, beta, cu_seqlens, initial_state, output_final_state, state_v_first)
+    )
 
 
 def _gdp_bwd_impl(

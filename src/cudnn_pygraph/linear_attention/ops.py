@@ -18,6 +18,7 @@ read as fp32, a state outside fp32/bf16 is carried in fp32.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 
@@ -27,6 +28,7 @@ from .. import heur_mode
 from .._torch_dispatch import plain_call
 from ..engines.linear_attention.kernels.chunk_index import check_cu_seqlens, check_partition
 from ..engines.linear_attention.kernels.poison import poison_states
+from ..graph.ops.linear_attention import CHUNK, SAVED_FACTORS, checkpoint_rows
 from ..graph.pygraph import pygraph
 from ..graph.tensor import to_data_type
 from ..runtime.handle import create_handle, set_stream
@@ -132,9 +134,12 @@ def _plan(g):
 
 
 # ---------------------------------------------------------------- graph builders
-def _build_fwd(family, q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, attrs, w=None):
+def _build_fwd(family, q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, attrs, w=None,
+               saved=None):  # fmt: skip
     """A `family` (gdn | kda | gdn2) graph declared over these buffers (idx: state_indices or
-    None; ht: the final state buffer or None; w: gdn2's write gate, its port after beta)."""
+    None; ht: the final state buffer or None; w: gdn2's write gate, its port after beta;
+    saved: {"checkpoints": buffer, SAVED_FACTORS: buffers} the forward writes for its
+    backward, with attrs' checkpoint cadence)."""
     gr = pygraph(name=f"{family}_fwd", io_data_type=to_data_type(v.dtype))
     ins = {
         n: _declare(gr, t, n)
@@ -150,10 +155,12 @@ def _build_fwd(family, q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, att
             "dt_bias": dt_bias,
             "state_indices": idx,
             "w": w,
+            **{n: saved[n] for n in SAVED_FACTORS if saved is not None},
         }.items()
     }
     write_gate = () if w is None else (ins["w"],)
-    O, final, _ = getattr(gr, family)(
+    factors = {n: ins[n] for n in SAVED_FACTORS if saved is not None}
+    O, final, ckpt = getattr(gr, family)(
         ins["q"],
         ins["k"],
         ins["v"],
@@ -165,10 +172,15 @@ def _build_fwd(family, q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, att
         a_log=ins["a_log"],
         dt_bias=ins["dt_bias"],
         state_indices=ins["state_indices"],
+        **factors,
         **attrs,
     )
     O.set_dim(o.shape).set_stride(o.stride()).set_output(True)
     ports = dict(ins, O=O)
+    if ckpt is not None:
+        c = saved["checkpoints"]
+        ckpt.set_dim(c.shape).set_stride(c.stride()).set_data_type(to_data_type(c.dtype))
+        ports["checkpoints"] = ckpt.set_output(True)
     if final is not None:
         final.set_dim(ht.shape).set_stride(ht.stride()).set_data_type(to_data_type(ht.dtype))
         ports["final_state"] = final.set_output(True)
@@ -176,7 +188,9 @@ def _build_fwd(family, q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, att
     return _Built(gr, ports)
 
 
-def _build_bwd(family, q, k, v, g, beta, cu, do, h0, dht, a_log, dt_bias, attrs, w=None):
+def _build_bwd(family, q, k, v, g, beta, cu, do, h0, dht, a_log, dt_bias, attrs, w=None,
+               saved=None):  # fmt: skip
+    """saved: {"checkpoints": ..., SAVED_FACTORS: ...} of the forward (read, not recomputed)."""
     gr = pygraph(name=f"{family}_bwd", io_data_type=to_data_type(v.dtype))
     ins = {
         n: _declare(gr, t, n)
@@ -193,6 +207,7 @@ def _build_bwd(family, q, k, v, g, beta, cu, do, h0, dht, a_log, dt_bias, attrs,
             "a_log": a_log,
             "dt_bias": dt_bias,
             "w": w,
+            **(saved or {}),
         }.items()
     }
     write_gate = () if w is None else (ins["w"],)
@@ -209,6 +224,7 @@ def _build_bwd(family, q, k, v, g, beta, cu, do, h0, dht, a_log, dt_bias, attrs,
         d_final_state=ins["d_final_state"],
         a_log=ins["a_log"],
         dt_bias=ins["dt_bias"],
+        **{n: ins[n] for n in (saved or {})},
         **attrs,
     )
     names = ("dQ", "dK", "dV", "dG", "dBeta") + (() if w is None else ("dW",))
@@ -248,10 +264,41 @@ def _eager(*tensors) -> bool:
     the implementation directly: the dispatcher was 20 of a 47 us forward call on the CI
     CPU (launches stubbed), ~4x that on the H200's host. Under torch.compile, autograd,
     fake tensors or a mode, the op goes through torch.library as registered."""
-    if not plain_call(*tensors):
-        return False
+    return plain_call(*tensors) and not _grad_needed(*tensors)
+
+
+def _grad_needed(*tensors) -> bool:
+    """Whether autograd records this call: its forward then keeps the checkpoints and the
+    saved factors for the backward (_saved_buffers)."""
     grad = torch.is_grad_enabled()
-    return not (grad and any(t is not None and t.requires_grad for t in tensors))
+    return grad and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _saved_buffers(q, k, v, g, beta, n_seqs):
+    """{port: empty buffer} a forward writes for its backward: the chunk-cadence checkpoints
+    in the inputs' dtype (16-bit states round to what the backward reads: the same
+    gradients) and the saved factors (kernels/gdn_workspace.py saved_factors, which gives
+    their sizes: ~73 KB per chunk of 64 tokens and head at K = V = 128 in bf16 for gdn, the
+    16-bit checkpoint 32 KB of it; kda and gdn2 add their per-channel gates)."""
+    from ..engines.linear_attention.kernels.gdn_workspace import saved_factors
+
+    T, HO, V = _o_shape(q, v)
+    K = k.shape[2]
+    dev = v.device
+    rows = checkpoint_rows(T, n_seqs)
+    ckpt = torch.empty(rows, HO, V, K, dtype=v.dtype, device=dev)
+    # Every byte an op returns is written (torch.compile compares them): the forward writes
+    # the first ceil(T / 64) checkpoint rows whatever the lengths, but of the last N
+    # (the declaration's bound) only what the lengths fill, and A only on and below its
+    # diagonal.
+    ckpt[rows - n_seqs :].zero_()
+    out = {"checkpoints": ckpt}
+    factors = saved_factors(T, HO, K, V, v.dtype, gate_per_key=g.dim() == 3,
+                            beta_per_key=beta.dim() == 3)  # fmt: skip
+    for name, (dtype, shape) in factors.items():
+        new = torch.zeros if name == "wy_a" else torch.empty
+        out[name] = new(shape, dtype=dtype, device=dev)
+    return out
 
 
 def _state_view(state, v_first=False):
@@ -273,9 +320,10 @@ def _o_shape(q, v):
 
 
 def _fwd(family, q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, state_v_first,
-         w=None):  # fmt: skip
+         w=None, save=False):  # fmt: skip
     """The forward of any family on the caller's buffers; attrs: the node's attributes
-    (output_final_state among them); w: gdn2's write gate."""
+    (output_final_state among them); w: gdn2's write gate. Returns [o, ht], and with save
+    the checkpoints and SAVED_FACTORS after them (what _bwd's `saved` takes)."""
     T, HO, V = _o_shape(q, v)
     K = k.shape[2]
     N = cu_seqlens.shape[0] - 1
@@ -291,36 +339,80 @@ def _fwd(family, q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, at
     )
     h0 = _state_view(initial_state, state_v_first)
     ht_v = _state_view(ht, state_v_first) if output_final_state else None
+    saved = None
+    if save:
+        saved = _saved_buffers(q, k, v, g, beta, N)
+        attrs = {**attrs, "checkpoint_every_n_tokens": CHUNK}
     if T == 0 or HO == 0:
         _no_tokens(cu_seqlens, T, h0, ht_v)
-        return o, ht
-    # o and ht are made here from the inputs' shapes and dtypes: the inputs key the graph.
+        return [o, ht, *saved.values()] if saved is not None else [o, ht]
+    # o, ht and the saved buffers are made here from the inputs' shapes and dtypes: the
+    # inputs (and attrs) key the graph.
     tensors = (q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias, w)
     built = _cached(
         f"{family}_fwd",
         tensors,
         attrs,
         lambda: _build_fwd(
-            family, q, k, v, g, beta, cu_seqlens, h0, a_log, dt_bias, None, o, ht_v, attrs, w
+            family,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            cu_seqlens,
+            h0,
+            a_log,
+            dt_bias,
+            None,
+            o,
+            ht_v,
+            attrs,
+            w,
+            saved,
         ),
     )
-    built.run(
-        {
-            "q": q,
-            "k": k,
-            "v": v,
-            "g": g,
-            "beta": beta,
-            "cu_seqlens": cu_seqlens,
-            "initial_state": h0,
-            "a_log": a_log,
-            "dt_bias": dt_bias,
-            "O": o,
-            "final_state": ht_v,
-            "w": w,
-        }
-    )
-    return o, ht
+    buffers = {
+        "q": q,
+        "k": k,
+        "v": v,
+        "g": g,
+        "beta": beta,
+        "cu_seqlens": cu_seqlens,
+        "initial_state": h0,
+        "a_log": a_log,
+        "dt_bias": dt_bias,
+        "O": o,
+        "final_state": ht_v,
+        "w": w,
+    }
+    if saved is not None:
+        buffers.update(saved)
+    built.run(buffers)
+    return [o, ht, *saved.values()] if saved is not None else [o, ht]
+
+
+def _custom_op(name, impl):
+    """torch.library's op over a forward or backward impl whose last parameter is the
+    saving's (`save_for_backward: bool = False`, `saved: list[Tensor] = None`): the op's
+    schema takes it required (torch.library has no default for a tensor list, and autograd
+    must see the same inputs whichever way a caller binds them; the public functions and
+    the autograd always pass it), while Python callers of the impl (cp.py) may leave it
+    out."""
+    sig = inspect.signature(impl)
+    params = [
+        p.replace(default=inspect.Parameter.empty)
+        if p.name in ("saved", "save_for_backward")
+        else p
+        for p in sig.parameters.values()
+    ]
+
+    @functools.wraps(impl)
+    def op(*args, **kwargs):
+        return impl(*args, **kwargs)
+
+    op.__signature__ = sig.replace(parameters=params)
+    return torch.library.custom_op(name, op, mutates_args=())
 
 
 def _no_tokens(cu_seqlens, total_t, source, states, state_indices=None):
@@ -363,7 +455,8 @@ def _gdn_fwd_impl(
     gate_domain: str,
     batch_invariant: bool,
     state_v_first: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    save_for_backward: bool = False,
+) -> list[torch.Tensor]:
     attrs = _attrs(
         scale,
         use_qk_l2norm,
@@ -375,11 +468,12 @@ def _gdn_fwd_impl(
     )
     attrs["output_final_state"] = output_final_state
     return _fwd(
-        "gdn", q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, state_v_first
-    )
+        "gdn", q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, state_v_first,
+        save=save_for_backward,
+    )  # fmt: skip
 
 
-_gdn_fwd = torch.library.custom_op("cudnn_pygraph::gdn_fwd", _gdn_fwd_impl, mutates_args=())
+_gdn_fwd = _custom_op("cudnn_pygraph::gdn_fwd", _gdn_fwd_impl)
 
 
 @_gdn_fwd.register_fake
@@ -402,27 +496,35 @@ def _(
     gate_domain,
     batch_invariant,
     state_v_first,
+    save_for_backward=False,
 ):
-    return _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, state_v_first)
+    return _fwd_fake(q, k, v, g, beta, cu_seqlens, initial_state, output_final_state,
+                     state_v_first, save_for_backward)  # fmt: skip
 
 
-def _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, state_v_first):
+def _fwd_fake(q, k, v, g, beta, cu_seqlens, initial_state, output_final_state, state_v_first,
+              save=False):  # fmt: skip
     T, HO, V = _o_shape(q, v)
     K = k.shape[2]
     N = cu_seqlens.shape[0] - 1
     dtype = initial_state.dtype if initial_state is not None else torch.float32
-    return (
+    out = [
         v.new_empty(T, HO, V),
         v.new_empty(
             N if output_final_state else 0, HO, *_state_dims(K, V, state_v_first), dtype=dtype
         ),
-    )
+    ]
+    if save:
+        out += _saved_buffers(q, k, v, g, beta, N).values()
+    return out
 
 
 def _bwd(family, q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state, a_log,
-         dt_bias, attrs, state_v_first, w=None):  # fmt: skip
+         dt_bias, attrs, state_v_first, w=None, saved=None):  # fmt: skip
     """The backward of any family: [dQ, dK, dV, dG, dBeta, (gdn2: dW,) d_initial_state,
-    d_a_log, d_dt_bias], an absent one as an empty tensor."""
+    d_a_log, d_dt_bias], an absent one as an empty tensor. saved: what _fwd(save=True)
+    returned after [o, ht] (the checkpoints, then SAVED_FACTORS): the graph reads them
+    instead of recomputing the WY stage and the state walk; None or empty: it recomputes."""
     h0 = _state_view(initial_state, state_v_first)
     dht = _state_view(d_final_state, state_v_first)
     # Gradients dense whatever the inputs' strides (the engine reads strided q / k / v / g /
@@ -441,13 +543,16 @@ def _bwd(family, q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state,
             torch.empty_like(dt_bias) if attrs["safe_gate"] and dt_bias is not None else None
         ),
     }
+    saved = dict(zip(("checkpoints", *SAVED_FACTORS), saved)) if saved else None
     tensors = (q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias, w)
+    if saved is not None:
+        tensors += tuple(saved.values())
     built = _cached(
         f"{family}_bwd",
         tensors,
         attrs,
         lambda: _build_bwd(
-            family, q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias, attrs, w
+            family, q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias, attrs, w, saved
         ),
     )
     d_h0 = _state_view(outs["d_initial_state"], state_v_first)
@@ -458,31 +563,32 @@ def _bwd(family, q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state,
                 t.zero_()
         _no_tokens(cu_seqlens, q.shape[0], dht, d_h0)
         return [t if t is not None else q.new_empty(0) for t in outs.values()]
-    built.run(
-        {
-            "q": q,
-            "k": k,
-            "v": v,
-            "g": g,
-            "beta": beta,
-            "cu_seqlens": cu_seqlens,
-            "dO": do,
-            "initial_state": h0,
-            "d_final_state": dht,
-            "a_log": a_log,
-            "dt_bias": dt_bias,
-            "dQ": outs["dQ"],
-            "dK": outs["dK"],
-            "dV": outs["dV"],
-            "dG": outs["dG"],
-            "dBeta": outs["dBeta"],
-            "d_initial_state": d_h0,
-            "d_a_log": outs["d_a_log"],
-            "d_dt_bias": outs["d_dt_bias"],
-            "w": w,
-            "dW": outs.get("dW"),
-        }
-    )
+    buffers = {
+        "q": q,
+        "k": k,
+        "v": v,
+        "g": g,
+        "beta": beta,
+        "cu_seqlens": cu_seqlens,
+        "dO": do,
+        "initial_state": h0,
+        "d_final_state": dht,
+        "a_log": a_log,
+        "dt_bias": dt_bias,
+        "dQ": outs["dQ"],
+        "dK": outs["dK"],
+        "dV": outs["dV"],
+        "dG": outs["dG"],
+        "dBeta": outs["dBeta"],
+        "d_initial_state": d_h0,
+        "d_a_log": outs["d_a_log"],
+        "d_dt_bias": outs["d_dt_bias"],
+        "w": w,
+        "dW": outs.get("dW"),
+    }
+    if saved is not None:
+        buffers.update(saved)
+    built.run(buffers)
     # an absent gradient is an empty tensor of its own (returns may not alias)
     return [t if t is not None else q.new_empty(0) for t in outs.values()]
 
@@ -507,6 +613,7 @@ def _gdn_bwd_impl(
     gate_domain: str,
     batch_invariant: bool,
     state_v_first: bool,
+    saved: list[torch.Tensor] = None,  # torch.library takes no "| None" on a list
 ) -> list[torch.Tensor]:
     attrs = _attrs(
         scale,
@@ -519,11 +626,11 @@ def _gdn_bwd_impl(
     )
     return _bwd(
         "gdn", q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state, a_log, dt_bias,
-        attrs, state_v_first,
+        attrs, state_v_first, saved=saved,
     )  # fmt: skip
 
 
-_gdn_bwd = torch.library.custom_op("cudnn_pygraph::gdn_bwd", _gdn_bwd_impl, mutates_args=())
+_gdn_bwd = _custom_op("cudnn_pygraph::gdn_bwd", _gdn_bwd_impl)
 
 
 @_gdn_bwd.register_fake
@@ -547,6 +654,7 @@ def _(
     gate_domain,
     batch_invariant,
     state_v_first,
+    saved=None,
 ):
     return _bwd_fake(q, k, v, g, beta, initial_state, a_log, dt_bias, safe_gate)
 
@@ -569,33 +677,51 @@ def _autograd(fwd_impl, bwd_impl, bwd_op):
     """(setup_context, backward) of a forward op whose arguments are its tensors, ending
     with dt_bias, then its flags: (q, k, v, g, beta, [w,] cu_seqlens, initial_state, a_log,
     dt_bias, *flags). Its backward op takes (q, k, v, g, beta, [w,] cu_seqlens, dO,
-    initial_state, d_final_state, a_log, dt_bias, *the flags but output_final_state) and
-    returns the gradients of (q, k, v, g, beta, [w,] initial_state, a_log, dt_bias). The
-    flags are read off the forward's signature, the one list of them."""
+    initial_state, d_final_state, a_log, dt_bias, *the flags but output_final_state and
+    save_for_backward[, saved]) and returns the gradients of (q, k, v, g, beta, [w,]
+    initial_state, a_log, dt_bias). The flags are read off the forward's signature, the one
+    list of them. A forward with a save_for_backward flag returns [o, ht] and, when the
+    flag is set, the checkpoints and the saved factors after them: its backward (which then
+    takes `saved`) reads those instead of recomputing the WY stage and the state walk."""
     fwd_params = list(inspect.signature(fwd_impl).parameters)
     n_tensors = fwd_params.index("dt_bias") + 1
     fwd_flags = tuple(fwd_params[n_tensors:])
     bwd_params = list(inspect.signature(bwd_impl).parameters)
-    bwd_flags = tuple(bwd_params[bwd_params.index("dt_bias") + 1 :])
-    if bwd_flags != tuple(f for f in fwd_flags if f != "output_final_state"):
+    bwd_flags = tuple(p for p in bwd_params[bwd_params.index("dt_bias") + 1 :] if p != "saved")
+    own = ("output_final_state", "save_for_backward")
+    takes_saved = "saved" in bwd_params
+    if bwd_flags != tuple(f for f in fwd_flags if f not in own) or (
+        ("save_for_backward" in fwd_flags) != ("saved" in bwd_params)
+    ):
         raise TypeError(
             f"{bwd_impl.__name__}: flags {bwd_flags} are not {fwd_impl.__name__}'s "
-            f"{fwd_flags} but output_final_state, in order"
+            f"{fwd_flags} but {own}, in order (and `saved` iff save_for_backward)"
         )
 
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs[:n_tensors])
+        saved = tuple(output[2:])  # the checkpoints and the saved factors, when asked
+        if saved:
+            ctx.mark_non_differentiable(*saved)
+        ctx.save_for_backward(*inputs[:n_tensors], *saved)
+        # the flags as passed (save_for_backward has a default: a call may leave it out)
         ctx.flags = dict(zip(fwd_flags, inputs[n_tensors:]))
 
-    def backward(ctx, d_o, d_ht):
-        *head, cu, h0, a_log, dt_bias = ctx.saved_tensors  # head: q, k, v, g, beta[, w]
+    def backward(ctx, *grads):
+        if len(grads) == 1:  # a forward returning a list: one list of gradients
+            grads = grads[0]
+        d_o, d_ht = grads[0], grads[1]
+        tensors = ctx.saved_tensors
+        *head, cu, h0, a_log, dt_bias = tensors[:n_tensors]  # head: q, k, v, g, beta[, w]
+        saved = list(tensors[n_tensors:])
         f = dict(ctx.flags)
         output_final_state = f.pop("output_final_state")
+        f.pop("save_for_backward", None)
         d_final = d_ht if output_final_state and d_ht is not None and d_ht.numel() else None
         d_o = d_o.contiguous()
-        eager = _eager(*head, cu, d_o, h0, d_final, a_log, dt_bias)
+        eager = _eager(*head, cu, d_o, h0, d_final, a_log, dt_bias, *saved)
         bwd = bwd_impl if eager else bwd_op
-        grads = bwd(*head, cu, d_o, h0, d_final, a_log, dt_bias, *f.values())
+        extra = (saved,) if takes_saved else ()
+        grads = bwd(*head, cu, d_o, h0, d_final, a_log, dt_bias, *f.values(), *extra)
         *d_head, dh0, da, ddt = grads
         none_if_empty = lambda t, ref: t if ref is not None and t.numel() else None
         return (
@@ -604,7 +730,7 @@ def _autograd(fwd_impl, bwd_impl, bwd_op):
             none_if_empty(dh0, h0),
             none_if_empty(da, a_log),
             none_if_empty(ddt, dt_bias),
-        ) + (None,) * len(fwd_flags)
+        ) + (None,) * len(ctx.flags)
 
     return setup_context, backward
 
@@ -860,9 +986,9 @@ def gated_delta_net(
     f32 = lambda t: None if t is None else t.float()
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     A_log, dt_bias = f32(A_log), f32(dt_bias)
-    fwd = (_gdn_fwd_impl if _eager(q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias)
-           else _gdn_fwd)  # fmt: skip
-    o, ht = fwd(
+    tensors = (q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias)
+    eager = _eager(*tensors)
+    o, ht, *_ = (_gdn_fwd_impl if eager else _gdn_fwd)(
         flat(q),
         flat(k),
         flat(v),
@@ -881,6 +1007,7 @@ def gated_delta_net(
         str(gate_domain),
         bool(batch_invariant),
         bool(state_v_first),
+        not eager and _grad_needed(*tensors),
     )
     o = o.unsqueeze(0) if B == 1 else o.reshape(B, T, *o.shape[1:])
     return o, (ht if output_final_state else None)
@@ -1106,18 +1233,20 @@ def _kda_fwd_impl(
     gate_domain: str,
     batch_invariant: bool,
     state_v_first: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    save_for_backward: bool = False,
+) -> list[torch.Tensor]:
     attrs = _kda_attrs(
         scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_lower_bound,
         gate_domain, batch_invariant,
     )  # fmt: skip
     attrs["output_final_state"] = output_final_state
     return _fwd(
-        "kda", q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, state_v_first
-    )
+        "kda", q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, state_v_first,
+        save=save_for_backward,
+    )  # fmt: skip
 
 
-_kda_fwd = torch.library.custom_op("cudnn_pygraph::kda_fwd", _kda_fwd_impl, mutates_args=())
+_kda_fwd = _custom_op("cudnn_pygraph::kda_fwd", _kda_fwd_impl)
 
 
 @_kda_fwd.register_fake
@@ -1141,8 +1270,10 @@ def _(
     gate_domain,
     batch_invariant,
     state_v_first,
+    save_for_backward=False,
 ):
-    return _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, state_v_first)
+    return _fwd_fake(q, k, v, g, beta, cu_seqlens, initial_state, output_final_state,
+                     state_v_first, save_for_backward)  # fmt: skip
 
 
 def _kda_bwd_impl(
@@ -1166,6 +1297,7 @@ def _kda_bwd_impl(
     gate_domain: str,
     batch_invariant: bool,
     state_v_first: bool,
+    saved: list[torch.Tensor] = None,  # torch.library takes no "| None" on a list
 ) -> list[torch.Tensor]:
     attrs = _kda_attrs(
         scale, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_lower_bound,
@@ -1173,11 +1305,11 @@ def _kda_bwd_impl(
     )  # fmt: skip
     return _bwd(
         "kda", q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state, a_log, dt_bias,
-        attrs, state_v_first,
+        attrs, state_v_first, saved=saved,
     )  # fmt: skip
 
 
-_kda_bwd = torch.library.custom_op("cudnn_pygraph::kda_bwd", _kda_bwd_impl, mutates_args=())
+_kda_bwd = _custom_op("cudnn_pygraph::kda_bwd", _kda_bwd_impl)
 
 
 @_kda_bwd.register_fake
@@ -1202,6 +1334,7 @@ def _(
     gate_domain,
     batch_invariant,
     state_v_first,
+    saved=None,
 ):
     return _bwd_fake(q, k, v, g, beta, initial_state, a_log, dt_bias, safe_gate)
 
@@ -1439,8 +1572,9 @@ def kimi_delta_attention(
     if initial_state is not None and initial_state.dtype not in (torch.float32, torch.bfloat16):
         initial_state = initial_state.float()
     scale = float(K**-0.5 if scale is None else scale)
-    eager = _eager(q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias)
-    o, ht = (_kda_fwd_impl if eager else _kda_fwd)(
+    tensors = (q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias)
+    eager = _eager(*tensors)
+    o, ht, *_ = (_kda_fwd_impl if eager else _kda_fwd)(
         flat(q),
         flat(k),
         flat(v),
@@ -1460,6 +1594,7 @@ def kimi_delta_attention(
         str(gate_domain),
         bool(batch_invariant),
         bool(state_v_first),
+        not eager and _grad_needed(*tensors),
     )
     o = o.unsqueeze(0) if B == 1 else o.reshape(B, T, *o.shape[1:])
     return o, (ht if output_final_state else None)
@@ -1555,7 +1690,8 @@ def _gdn2_fwd_impl(
     safe_gate: bool,
     gate_domain: str,
     batch_invariant: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    save_for_backward: bool = False,
+) -> list[torch.Tensor]:
     attrs = _attrs(
         scale,
         use_qk_l2norm,
@@ -1566,10 +1702,11 @@ def _gdn2_fwd_impl(
         batch_invariant,
     )
     attrs["output_final_state"] = output_final_state
-    return _fwd("gdn2", q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, True, w)
+    return _fwd("gdn2", q, k, v, g, beta, cu_seqlens, initial_state, a_log, dt_bias, attrs, True, w,
+                save=save_for_backward)  # fmt: skip
 
 
-_gdn2_fwd = torch.library.custom_op("cudnn_pygraph::gdn2_fwd", _gdn2_fwd_impl, mutates_args=())
+_gdn2_fwd = _custom_op("cudnn_pygraph::gdn2_fwd", _gdn2_fwd_impl)
 
 
 @_gdn2_fwd.register_fake
@@ -1592,8 +1729,10 @@ def _(
     safe_gate,
     gate_domain,
     batch_invariant,
+    save_for_backward=False,
 ):
-    return _fwd_fake(q, k, v, cu_seqlens, initial_state, output_final_state, True)
+    return _fwd_fake(q, k, v, g, beta, cu_seqlens, initial_state, output_final_state, True,
+                     save_for_backward)  # fmt: skip
 
 
 def _gdn2_bwd_impl(
@@ -1616,6 +1755,7 @@ def _gdn2_bwd_impl(
     safe_gate: bool,
     gate_domain: str,
     batch_invariant: bool,
+    saved: list[torch.Tensor] = None,  # torch.library takes no "| None" on a list
 ) -> list[torch.Tensor]:
     attrs = _attrs(
         scale,
@@ -1628,11 +1768,11 @@ def _gdn2_bwd_impl(
     )
     return _bwd(
         "gdn2", q, k, v, g, beta, cu_seqlens, do, initial_state, d_final_state, a_log, dt_bias,
-        attrs, True, w,
+        attrs, True, w, saved,
     )  # fmt: skip
 
 
-_gdn2_bwd = torch.library.custom_op("cudnn_pygraph::gdn2_bwd", _gdn2_bwd_impl, mutates_args=())
+_gdn2_bwd = _custom_op("cudnn_pygraph::gdn2_bwd", _gdn2_bwd_impl)
 
 
 @_gdn2_bwd.register_fake
@@ -1656,6 +1796,7 @@ def _(
     safe_gate,
     gate_domain,
     batch_invariant,
+    saved=None,
 ):
     grads = _bwd_fake(q, k, v, g, beta, initial_state, a_log, dt_bias, safe_gate)
     return grads[:5] + [torch.empty_like(w, memory_format=torch.contiguous_format)] + grads[5:]
@@ -1732,8 +1873,9 @@ def gated_delta_net_v2(
     if dt_bias is not None:
         dt_bias = dt_bias.float()
     scale = float(K**-0.5 if scale is None else scale)
-    eager = _eager(q, k, v, g, beta, w, cu_seqlens, initial_state, a_log, dt_bias)
-    return (_gdn2_fwd_impl if eager else _gdn2_fwd)(
+    tensors = (q, k, v, g, beta, w, cu_seqlens, initial_state, a_log, dt_bias)
+    eager = _eager(*tensors)
+    o, ht, *_ = (_gdn2_fwd_impl if eager else _gdn2_fwd)(
         q,
         k,
         v,
@@ -1752,7 +1894,9 @@ def gated_delta_net_v2(
         bool(safe_gate),
         str(gate_domain),
         bool(batch_invariant),
+        not eager and _grad_needed(*tensors),
     )
+    return o, ht
 
 
 __all__ = [

@@ -15,7 +15,10 @@ build builds exactly them, so a replay by (engine_id, knobs) builds the same ker
 chain asked of a graph it cannot serve declines at build, naming why. execute hands the caller's
 buffers (zero-copy torch views of the pack) straight to the launchers; scratch comes out of
 the caller's workspace (workspace_size), chunk tables are built on the device: no host
-sync, capturable. On CUDA the first call records the launcher's launches and later calls
+sync, capturable. The saved factors (graph/ops/linear_attention.py SAVED_FACTORS): a
+forward given them writes them beside its checkpoints, a backward given them (with the
+checkpoints) reads them and recomputes neither the WY stage nor the state walk; without
+them the backward recomputes, as the classic graphs do. On CUDA the first call records the launcher's launches and later calls
 replay them as raw launches (runtime/launch_replay.py), skipping the launcher's Python and
 Triton's JIT binding.
 """
@@ -26,6 +29,7 @@ import operator
 from types import MappingProxyType
 
 from ..._types import data_type, knob_type
+from ...graph.ops.linear_attention import SAVED_FACTORS
 from ...planning.facts import facts_for, graph_device
 from ..base import BaseEngine, Capabilities, CompiledPlan, require_module
 from .analyzer import analyze
@@ -175,8 +179,10 @@ class GdnTritonEngine(BaseEngine):
                 f"checkpoint_every_n_tokens={every}: only the chunk cadence "
                 f"{CHECKPOINT_CADENCE} is served"
             )
-        if "checkpoints" in ports and ports["checkpoints"].data_type != data_type.FLOAT:
-            raise NotImplementedError("checkpoints: must be fp32")
+        # fp32, or the inputs' 16-bit type (dqk, the one reader, rounds to it on load)
+        ckpt_dtypes = (data_type.FLOAT, ports[io_ports[0]].data_type)
+        if "checkpoints" in ports and ports["checkpoints"].data_type not in ckpt_dtypes:
+            raise NotImplementedError("checkpoints: must be fp32 or the inputs' dtype")
         compute = node.attrs.get("compute_data_type", data_type.NOT_SET)
         if compute not in (data_type.NOT_SET, data_type.FLOAT):
             raise NotImplementedError(
@@ -192,7 +198,7 @@ class GdnTritonEngine(BaseEngine):
         names = (
             (BACKWARD_INPUTS + BACKWARD_OUTPUTS) if backward else (FORWARD_INPUTS + FORWARD_OUTPUTS)
         )
-        names = tuple(n for n in names if n in ports)
+        names = tuple(n for n in names + SAVED_FACTORS if n in ports)
         from ...runtime.execute import GraphLayout
         from .kernels.gdn import gdn_workspace_bytes
 
@@ -246,6 +252,7 @@ class GdnTritonEngine(BaseEngine):
                 strided=strided,
                 gate_per_key=flags["gate_per_key"],
                 beta_per_key="w" in ports,
+                saved=SAVED_FACTORS[0] in ports,
             )
         on_cuda = not getattr(device, "is_interpreter", True)
         dev = torch.device("cuda", device.ordinal) if on_cuda else torch.device("cpu")
@@ -436,6 +443,8 @@ class GdnPlan(CompiledPlan):
         )
         if get("w") is not None:  # gdn2: the write gate (and dW in the backward)
             common["write_gate"] = t["w"]
+        if get(SAVED_FACTORS[0]) is not None:  # written by the forward, read by the backward
+            common["saved"] = {name: t[name] for name in SAVED_FACTORS}
         if self.backward:
             self._run(
                 t["q"],

@@ -24,6 +24,14 @@ IO_DTYPES = (F16, BF16, F32)
 GATE_DTYPES = (F32, BF16, F16)
 STATE_DTYPES = (F32, BF16)
 CHUNK = 64  # the chunk cadence checkpoints are counted in
+# The forward's intermediates a backward may read instead of recomputing them, with the
+# chunk-cadence checkpoints (gdn, kda, gdn2): G the chunk-local cumulative log-decay and
+# beta as the kernels apply it (fp32, shaped like g and beta), the keys' inverse norms
+# (fp32 [T, HO]; 1 without use_qk_l2norm), the chunk's WY inverse A (io dtype [T, HO, 64]),
+# w (io dtype [T, HO, K]) and the corrections E = u - w S (io dtype [T, HO, V]). The
+# forward writes them into caller-made tensors passed under these names (output-direction
+# ports: its outputs list keeps its length); the backward takes all of them or none.
+SAVED_FACTORS = ("gate_cumsum", "beta_eff", "key_inv_norm", "wy_a", "wy_w", "wy_e")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +115,9 @@ def _params(fam, kind):
     if fam.householder:
         params.append(_attr("num_householder", 1))
     params.append(_attr("compute_data_type", data_type.NOT_SET))
+    if kind in ("", "_bwd") and not fam.householder:  # last: positional calls keep working
+        kind_of = PortKind.OUTPUT_TENSOR if kind == "" else PortKind.OPTIONAL_TENSOR
+        params += [Param(name, kind_of, None) for name in SAVED_FACTORS]
     return tuple(params)
 
 
@@ -255,20 +266,56 @@ def _rule(fam, kind):
                 node.fail("overwrite_initial_state", "requires d_final_state in the backward")
         state_dtype = init.data_type if init is not None else F32
         io = inp["v"].data_type if "v" in inp else inp["dO"].data_type
+        _saved_rule(node, kind, (T, HO, K, V), g_dims, b_dims, io)
         return _infer_outputs(node, fam, kind, T, n, HO, K, V, nseq, state, state_dtype, io)
 
     return rule
+
+
+def checkpoint_rows(rows, n_seqs, every=CHUNK):
+    """The checkpoint output's row count: one checkpoint per span of `every` rows (tokens;
+    gdp's sub-tokens) holding the state at the span's start, sequences back to back
+    (sequence i's j-th at row sum_{m<i} ceil(T_m / every) + j). That count depends on
+    cu_seqlens' values, so the declaration takes its bound from shapes alone:
+    ceil(rows / every) + N (each sequence rounds up by less than one span)."""
+    return -(-rows // every) + n_seqs
+
+
+def _saved_rule(node, kind, dims, g_dims, b_dims, io):
+    """SAVED_FACTORS: all or none; the forward writes them only beside chunk-cadence
+    checkpoints, the backward reads them only with its checkpoints input."""
+    inp = node.inputs
+    given = [p for p in SAVED_FACTORS if inp.get(p) is not None]
+    if not given:
+        return
+    if len(given) != len(SAVED_FACTORS):
+        missing = [p for p in SAVED_FACTORS if p not in given]
+        node.fail(missing[0], f"the saved factors come all together ({', '.join(SAVED_FACTORS)})")
+    if kind == "" and node.attrs.get("checkpoint_every_n_tokens", 0) != CHUNK:
+        node.fail(given[0], f"is saved only with checkpoint_every_n_tokens={CHUNK}")
+    if kind == "_bwd" and inp.get("checkpoints") is None:
+        node.fail(given[0], "is read only with the checkpoints it was saved beside")
+    T, HO, K, V = dims
+    want = {
+        "gate_cumsum": (g_dims, (F32,)),
+        "beta_eff": (b_dims, (F32,)),
+        "key_inv_norm": ((T, HO), (F32,)),
+        "wy_a": ((T, HO, CHUNK), (io,)),
+        "wy_w": ((T, HO, K), (io,)),
+        "wy_e": ((T, HO, V), (io,)),
+    }
+    for port, (dims_want, dtypes) in want.items():
+        got = rules.require_declared(node, port)
+        if tuple(got) != tuple(dims_want):
+            node.fail(port, f"dims {list(got)}, expected {list(dims_want)}")
+        rules.require_dtype(node, port, dtypes)
 
 
 def _infer_outputs(node, fam, kind, T, n, HO, K, V, nseq, state, state_dtype, io):
     inp = node.inputs
     if kind == "":
         every = node.attrs["checkpoint_every_n_tokens"]
-        # One checkpoint per span of `every` tokens (the state at the span's start),
-        # sequences back to back: sequence i's j-th is at row sum_{m<i} ceil(T_m/every) + j.
-        # That count depends on cu_seqlens' values, so the declaration takes its bound
-        # from shapes alone: ceil(T / every) + N (each sequence rounds up by < 1 span).
-        ckpt_rows = (-(-T * n // every) + nseq) if every else 0
+        ckpt_rows = checkpoint_rows(T * n, nseq, every) if every else 0
         # With state_indices the final state goes to the indexed rows of a pool shaped
         # like initial_state's (the pool itself under overwrite_initial_state).
         final = tuple(inp["initial_state"].dim) if inp.get("state_indices") is not None else state
@@ -327,4 +374,4 @@ def _spec(fam, kind):
 
 SPECS = tuple(_spec(fam, kind) for fam in _FAMILIES for kind in KINDS)
 FAMILIES = {fam.name: fam for fam in _FAMILIES}
-__all__ = ["FAMILIES", "KINDS", "REQUIRED", "SPECS"]
+__all__ = ["FAMILIES", "KINDS", "REQUIRED", "SAVED_FACTORS", "SPECS", "checkpoint_rows"]

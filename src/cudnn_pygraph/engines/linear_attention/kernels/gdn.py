@@ -13,6 +13,9 @@ Forward:  chunk tables -> wy_solve (stage 1 gates + stage 2's A = (I + L)^-1, w 
           [-> NaN over the outputs when an index table was bad: poison.py]
 Backward: chunk tables -> wy_solve
           -> state_fwd (h and E; skipped when checkpoints are given, then dqk forms E itself)
+             [both skipped when the forward's saved factors are given (saved=, with the
+              checkpoints): G, beta, the key norms, A, w and E as the forward wrote them;
+              gdn_workspace.saved_factors gives their bytes]
           -> dv_local (scale P^T dO) -> state_bwd (dE, dh, d_initial_state)
           -> dqk (dq, partial dk / dG, dw) -> wy_bwd (dk, dv, dG, dbeta)
           [-> group_reduce for grouped heads] [-> d_a_log / d_dt_bias sums] [-> NaN]
@@ -58,7 +61,7 @@ from .chunk_index import CHUNK, build_chunk_tables, max_chunks
 from .configs import INTERPRETER_SMS, recommend_config
 from .dense_copy import dense_copy
 from .gdn_checks import SUPPORTED_HEAD_DIMS, _check, _validate
-from .gdn_workspace import _carve, _layout, gdn_workspace_bytes
+from .gdn_workspace import SAVED_ROWS, _carve, _layout, gdn_workspace_bytes, saved_factors
 from .normalize import L2NORM_EPS
 from .output import dqk_kernel, dv_local_kernel, output_fwd_kernel
 from .poison import poison_dense, poison_states
@@ -202,11 +205,16 @@ def _run_wy_and_state(
     lower_bound,
     o=None,
     write_gate=None,
+    store_a=False,
+    factors_given=False,
 ):
     """kernel_cfgs: the call's config ({kernel: parameters}, kernels/configs.py). o: the
     forward's output, written by state_fwd itself when the config says FUSE_OUTPUT
     (kernels/state.py); the caller then launches no output stage. write_gate: gdn2's
-    [T, HO, V] (beta then [T, HO, K]: the WY stage's BETA_K)."""
+    [T, HO, V] (beta then [T, HO, K]: the WY stage's BETA_K). store_a: wy_solve stores A
+    (for a backward: this one's wy_bwd, or a later one reading the saved factors).
+    factors_given: the backward reads the forward's saved factors and checkpoints: only
+    the chunk tables are built."""
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
     n_chunks = max_chunks(total_t, n_seqs)
     dummy = ws["gc"]
@@ -216,11 +224,11 @@ def _run_wy_and_state(
         ws["seq_order"], state_indices, n_pool,
     )  # fmt: skip
     cu = ws["cu_safe"]  # every stage reads the sanitized copy (memory-safe on bad input)
-    if n_seqs == 0:
+    if n_seqs == 0 or factors_given:
         return
     if total_t:
-        # w and u are formed in the program that solves A; A is stored only for the
-        # backward's wy_bwd (only the backward's workspace has "dw").
+        # w and u are formed in the program that solves A; A is stored only for a
+        # backward's wy_bwd.
         cfg = dict(kernel_cfgs["wy_solve"])
         wy_solve_kernel[(n_chunks, n_out)](
             k, v, g, beta, write_gate if write_gate is not None else dummy,
@@ -230,7 +238,7 @@ def _run_wy_and_state(
             ws["u"], n_out, n_k, n_v, lower_bound, K=dim_k, V=dim_v, BK=_slice(cfg, "BK", dim_k),
             BA=_slice(cfg, "BA", min(dim_k, dim_v)), BG=_slice(cfg, "BG", dim_k), L2NORM=l2norm,
             **flags, PREC=prec,
-            STORE_A="dw" in ws, EPS=L2NORM_EPS, BETA_K=write_gate is not None, **cfg,
+            STORE_A=store_a, EPS=L2NORM_EPS, BETA_K=write_gate is not None, **cfg,
         )  # fmt: skip
     cfg = dict(kernel_cfgs["state_fwd"])
     fuse = cfg.pop("FUSE_OUTPUT", False) and o is not None
@@ -302,15 +310,17 @@ def _prepare_and_recompute(
     q, k, v, g, beta, cu_seqlens, dims, *, backward, workspace, checkpoints, scale,
     use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, a_log, dt_bias,
     initial_state, final_state, state_indices, kernel_cfgs, gate_per_key, lower_bound, o=None,
-    write_gate=None,
+    write_gate=None, saved=None,
 ):  # fmt: skip
     """What the forward runs and the backward recomputes: the call's workspace views, the
     dense copies of strided inputs, the chunk tables (and the error flag), gates, WY (w, u)
     and the chunk-start states h (into `checkpoints` when given; the backward skips storing
     them then). With `o` (the forward, when the config fuses the output stage) O is written
-    here and h / E are stored only as asked (checkpoints). Returns (ws, h_buf, prec, flags,
-    (q, k, v, g, beta, write_gate) as the stages read them). write_gate: gdn2's (None
-    otherwise)."""
+    here and h / E are stored only as asked (checkpoints). saved ({port: tensor},
+    gdn_workspace.SAVED_ROWS; with checkpoints): the forward writes G, beta, the key norms,
+    A, w and E into them, the backward reads them and recomputes nothing. Returns (ws,
+    h_buf, prec, flags, (q, k, v, g, beta, write_gate) as the stages read them).
+    write_gate: gdn2's (None otherwise)."""
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
     inputs = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
     if write_gate is not None:
@@ -319,9 +329,14 @@ def _prepare_and_recompute(
         total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, q.dtype, backward,
         checkpoints is not None, safe_gate, fused_output=o is not None,
         strided=_strided(inputs), gate_per_key=gate_per_key,
-        beta_per_key=write_gate is not None,
+        beta_per_key=write_gate is not None, saved=saved is not None,
     )  # fmt: skip
     ws = _carve(rows, workspace, q.device)
+    if saved is not None:
+        # The saved buffers stand in for their scratch rows (a copy: _carve's dict is cached).
+        ws = dict(ws)
+        for port, row in SAVED_ROWS.items():
+            ws[row] = saved[port]
     q, k, v, g, beta, *rest = _dense_inputs(inputs, ws)
     write_gate = rest[0] if rest else None
     prec = _dot_precision(q.dtype)
@@ -330,6 +345,10 @@ def _prepare_and_recompute(
         lower_bound,
     )  # fmt: skip
     h_buf = checkpoints if checkpoints is not None else ws.get("h")
+    if o is not None:  # the fused forward stores E only for a backward that reads it
+        vnew = ws["vnew"] if saved is not None else None
+    else:
+        vnew = ws.get("vnew")
     _run_wy_and_state(
         q, k, v, g, beta, cu_seqlens, ws, dims,
         scale=scale, flags=flags, l2norm=use_qk_l2norm, a_log=a_log, dt_bias=dt_bias,
@@ -337,8 +356,9 @@ def _prepare_and_recompute(
         state_indices=state_indices, h_buf=h_buf,
         store_h=(checkpoints is not None) if o is not None else (
             not backward or checkpoints is None),
-        vnew=None if o is not None else ws.get("vnew"), kernel_cfgs=kernel_cfgs,
+        vnew=vnew, kernel_cfgs=kernel_cfgs,
         lower_bound=_lower_bound(flags, lower_bound), o=o, write_gate=write_gate,
+        store_a=backward or saved is not None, factors_given=backward and saved is not None,
     )  # fmt: skip
     return ws, h_buf, prec, flags, (q, k, v, g, beta, write_gate)
 
@@ -370,9 +390,12 @@ def gdn_forward(
     gate_lower_bound=None,
     gate_per_key=False,
     write_gate=None,
+    saved=None,
 ) -> None:
     """O [total_T, HO, V] (and final_state [N|pool, HO, V, K], checkpoints [chunks, HO, V, K]
-    fp32: the state at each chunk's start) written in place. config: a name in
+    fp32 or the compute dtype: the state at each chunk's start) written in place. saved
+    ({port: tensor} as gdn_workspace.saved_factors describes; with checkpoints): the
+    forward also writes the factors a backward then reads instead of recomputing them. config: a name in
     kernels/configs.py (None: recommend_config's pick; a mapping: _resolve_config). gate_per_key: kda (g [T, HO, K],
     dt_bias [HO, K]); gate_lower_bound (safe_gate only): the gate lb * sigmoid(exp(a_log)
     (g + dt_bias)). write_gate [T, HO, V]: gdn2 (with gate_per_key; beta [T, HO, K]). See
@@ -402,6 +425,7 @@ def gdn_forward(
         write_gate,
     )
     total_t, n_seqs, _, _, _, n_out, _, dim_v = dims
+    _check_saved(saved, checkpoints, dims, q.dtype, gate_per_key, write_gate is not None)
     _check(
         "o",
         tuple(o.shape) == (total_t, n_out, dim_v) and o.is_contiguous(),
@@ -418,13 +442,14 @@ def gdn_forward(
         a_log=a_log, dt_bias=dt_bias, initial_state=initial_state, final_state=final_state,
         state_indices=state_indices, kernel_cfgs=kernel_cfgs, gate_per_key=gate_per_key,
         lower_bound=gate_lower_bound, o=o if fuse_output else None, write_gate=write_gate,
+        saved=saved,
     )  # fmt: skip
     if not fuse_output and total_t:
         _output_stage(
             q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, prec, gate_per_key
         )
     err = ws["cu_error"]
-    poison_dense(err, o)
+    poison_dense(err, o, *(saved.values() if saved is not None else ()))
     poison_states(err, checkpoints)
     poison_states(err, final_state, state_indices)
 
@@ -497,11 +522,14 @@ def gdn_backward(
     gate_per_key=False,
     write_gate=None,
     dwrite_gate=None,
+    saved=None,
 ) -> None:
     """Gradients of gdn_forward written in place: dq/dk/dv like q/k/v, dg/dbeta like g/beta
     (w.r.t. what was passed), d_initial_state like initial_state, d_a_log [HO] / d_dt_bias
     like dt_bias; gdn2 (write_gate given): dwrite_gate like write_gate.
-    config: as gdn_forward's (the backward runs its recompute under the same config)."""
+    config: as gdn_forward's (the backward runs its recompute under the same config).
+    saved: what gdn_forward(saved=...) wrote, with its checkpoints: then neither the WY
+    stage nor the state walk is recomputed."""
     dims = _validate(
         q,
         k,
@@ -527,6 +555,7 @@ def gdn_backward(
         write_gate,
     )
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
+    _check_saved(saved, checkpoints, dims, q.dtype, gate_per_key, write_gate is not None)
     _check("dw", (dwrite_gate is None) == (write_gate is None), "is required iff w is given")
     for name, grad, ref in (
         ("dq", dq, q),
@@ -586,7 +615,7 @@ def gdn_backward(
         allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, gate_domain=gate_domain,
         a_log=a_log, dt_bias=dt_bias, initial_state=initial_state, final_state=None,
         state_indices=None, kernel_cfgs=kernel_cfgs, gate_per_key=gate_per_key,
-        lower_bound=gate_lower_bound, write_gate=write_gate,
+        lower_bound=gate_lower_bound, write_gate=write_gate, saved=saved,
     )  # fmt: skip
     n_chunks = max_chunks(total_t, n_seqs)
     tables = (ws["cu_safe"], ws["chunk_offsets"], ws["chunk_seq"], n_seqs)
@@ -641,7 +670,7 @@ def gdn_backward(
     # each recomputing dP (kernels/output.py dqk_kernel).
     for part in (1, 2):
         dqk_kernel[(n_chunks, n_out)](
-            q, k, ws["w"], ws["u"], ws.get("vnew", dummy), ws["gc"], h_buf, ws["dh"], do,
+            q, k, ws["w"], ws.get("u", dummy), ws.get("vnew", dummy), ws["gc"], h_buf, ws["dh"], do,
             ws["de"], dq if final_dq else ws["dq_group"], ws["dk_part"], ws["dw"],
             ws["dg_part"], *tables, *_state_strides(h_buf), *_state_strides(ws["dh"]), scale,
             n_out, n_q, n_k, BV=bv, FINAL_DQ=final_dq, HAS_VNEW="vnew" in ws, PART=part,
@@ -663,7 +692,9 @@ def gdn_backward(
     gates = (k, v, g, beta, write_gate if write_gate is not None else dummy)
     gates += (a_log if a_log is not None else dummy,)
     gates += (dt_bias if dt_bias is not None else dummy, ws["gc"], ws["beta_eff"])
-    partials = (ws["a"], ws["dw"], ws["de"], ws["dk_part"], ws["dg_part"])
+    # dM's scratch: A's own fp32 buffer when this call recomputed it, else its own row.
+    partials = (ws["a"], ws.get("dm", ws["a"]), ws["dw"], ws["de"], ws["dk_part"],
+                ws["dg_part"])  # fmt: skip
     finals = {"FINAL_DK": final_dk, "FINAL_DV": final_dv}
     wy_bwd_kernel[(n_chunks, n_out)](
         *gates,
@@ -719,6 +750,27 @@ def gdn_backward(
         ) if d_dt_bias.dtype == torch.float32 else d_dt_bias.copy_(ws["ddt_tok"].sum(0))
     poison_dense(ws["cu_error"], *grads)
     poison_states(ws["cu_error"], d_initial_state)
+
+
+def _check_saved(saved, checkpoints, dims, dtype, gate_per_key, beta_per_key):
+    """The saved factors: all of them or none, with the checkpoints, each dense and shaped
+    as saved_factors says."""
+    if saved is None:
+        return
+    _check("saved", checkpoints is not None, "requires the checkpoints they were saved with")
+    total_t, _, _, _, _, n_out, dim_k, dim_v = dims
+    want = saved_factors(total_t, n_out, dim_k, dim_v, dtype, gate_per_key=gate_per_key,
+                         beta_per_key=beta_per_key)  # fmt: skip
+    _check("saved", set(saved) == set(want), f"must name exactly {sorted(want)}")
+    for port, (dt, shape) in want.items():
+        t = saved[port]
+        _check(
+            port,
+            t.dtype == dt and tuple(t.shape) == shape and t.is_contiguous()
+            and t.device == checkpoints.device,
+            f"must be a contiguous {str(dt).removeprefix('torch.')} {list(shape)} on "
+            f"{checkpoints.device}",
+        )  # fmt: skip
 
 
 def _empty_backward(d_final_state, d_initial_state, d_a_log, d_dt_bias):

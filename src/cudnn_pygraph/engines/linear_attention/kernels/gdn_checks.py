@@ -149,12 +149,16 @@ def _validate(
         )
     if checkpoints is not None:
         n_chunks = max_chunks(total_t, n_seqs)
+        # fp32, or the 16-bit inputs' own type: the one reader (dqk) rounds a checkpoint to
+        # the inputs' type on load, so a 16-bit copy gives bitwise the same gradients.
+        kinds = (torch.float32, q.dtype)
         _check(
             "checkpoints",
-            checkpoints.dtype == torch.float32
+            checkpoints.dtype in kinds
             and checkpoints.dim() == 4
             and checkpoints.shape[0] >= n_chunks
             and tuple(checkpoints.shape[1:]) == (n_out, dim_v, dim_k),
-            f"must be fp32 [>= {n_chunks}, {n_out}, {dim_v}, {dim_k}]",
+            f"must be {' or '.join(dict.fromkeys(str(d)[6:] for d in kinds))} "
+            f"[>= {n_chunks}, {n_out}, {dim_v}, {dim_k}]",
         )
     return total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v

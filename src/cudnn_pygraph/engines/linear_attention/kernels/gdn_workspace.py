@@ -6,6 +6,8 @@ query and the carving both read it, so they cannot disagree. Buffers are 256-byt
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 
 from .chunk_index import CHUNK, max_chunks
@@ -18,9 +20,43 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
 
 
+# The forward's intermediates a backward reads instead of recomputing them (the gdn_bwd
+# node's optional inputs of these names, graph/ops/linear_attention.py SAVED_FACTORS), by
+# the scratch row each one stands in for: with them (and the checkpoints) the backward runs
+# neither wy_solve nor state_fwd.
+SAVED_ROWS = MappingProxyType({
+    "gate_cumsum": "gc",
+    "beta_eff": "beta_eff",
+    "key_inv_norm": "rk",
+    "wy_a": "a",
+    "wy_w": "w",
+    "wy_e": "vnew",
+})  # fmt: skip
+
+
+def saved_factors(total_t, n_out, dim_k, dim_v, dtype, *, gate_per_key=False, beta_per_key=False):
+    """{port: (dtype, shape)} of the saved factors: the rows of _layout that SAVED_ROWS
+    names, but A in the compute dtype (its one reader, wy_bwd, rounds it to that on load, so
+    the 16-bit copy gives bitwise the same gradients). Bytes per chunk of 64 tokens and per
+    head at K = V = 128, 16-bit inputs: w 16 KB, E 16 KB, A 8 KB, G / beta / key norms
+    768 B (kda's per-key G: 32 KB; gdn2's per-key beta: 32 KB more); with the 16-bit
+    checkpoint (32 KB) 72.75 KB for gdn, against 48 KB of q, k and v."""
+    cdt = _compute_dtype(dtype)
+    f32 = torch.float32
+    gate = (total_t, n_out, dim_k) if gate_per_key else (total_t, n_out)
+    return {
+        "gate_cumsum": (f32, gate),
+        "beta_eff": (f32, (total_t, n_out, dim_k) if beta_per_key else (total_t, n_out)),
+        "key_inv_norm": (f32, (total_t, n_out)),
+        "wy_a": (cdt, (total_t, n_out, CHUNK)),
+        "wy_w": (cdt, (total_t, n_out, dim_k)),
+        "wy_e": (cdt, (total_t, n_out, dim_v)),
+    }
+
+
 def _layout(
     total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, backward, has_checkpoints, safe_gate,
-    fused_output=False, strided=(), gate_per_key=False, beta_per_key=False,
+    fused_output=False, strided=(), gate_per_key=False, beta_per_key=False, saved=False,
 ):  # fmt: skip
     """[(name, dtype, shape)] of every scratch buffer, in carving order. fused_output: the
     forward writes O from the state kernel, so it keeps neither h nor E (kernels/configs.py
@@ -28,7 +64,10 @@ def _layout(
     heads of 128. strided: ((input name, dtype), ...) of the non-contiguous inputs among
     q / k / v / g / beta, each copied once into a dense buffer here (dense_copy.py).
     gate_per_key (kda): the cumulative gate and its gradients carry a K axis. beta_per_key
-    (gdn2): so do beta and beta_eff, and the write gate "w" [T, HO, V] is an input."""
+    (gdn2): so do beta and beta_eff, and the write gate "w" [T, HO, V] is an input.
+    saved: the call reads or writes the saved factors (SAVED_ROWS) and the checkpoints in
+    the caller's buffers: their rows are not carved, and a backward carves no u either
+    (only the state recompute reads it)."""
     cdt = _compute_dtype(dtype)
     f32 = torch.float32
     n_chunks = max_chunks(total_t, n_seqs)
@@ -55,11 +94,14 @@ def _layout(
         ("w", cdt, (total_t, n_out, dim_k)),
         ("u", cdt, (total_t, n_out, dim_v)),
     ]
+    if saved:
+        dropped = set(SAVED_ROWS.values()) | ({"u"} if backward else set())
+        rows = [row for row in rows if row[0] not in dropped]
     if fused_output and not backward:
         return rows
     if not has_checkpoints:
         rows.append(("h", cdt, (n_chunks, n_out, dim_v, dim_k)))
-    if not backward or not has_checkpoints:
+    if not saved and (not backward or not has_checkpoints):
         # E = u - w S per chunk, stored by the state recurrence: the forward's output reads
         # it, and so does the backward's dqk when the backward recomputes the states.
         rows.append(("vnew", cdt, (total_t, n_out, dim_v)))
@@ -75,6 +117,9 @@ def _layout(
         ("dw", cdt, (total_t, n_out, dim_k)),
         ("dg_part", f32, gate),
     ]
+    if saved:
+        # wy_bwd's dM scratch: the saved A is read-only (another backward may read it).
+        rows.append(("dm", f32, (total_t, n_out, CHUNK)))
     if n_q != n_out:
         rows.append(("dq_group", f32, (total_t, n_out, dim_k)))
     if n_v != n_out:
@@ -112,13 +157,15 @@ def gdn_workspace_bytes(
     strided: tuple = (),
     gate_per_key: bool = False,
     beta_per_key: bool = False,
+    saved: bool = False,
 ) -> int:
     """Bytes of scratch the gdn forward (backward=False) or backward launcher carves.
     fused_output: the forward's output stage runs inside the state kernel under the call's
     config (kernels/configs.py fuses_output); without it the size covers both forward
     paths. strided: ((name, dtype), ...) of the non-contiguous inputs (their dense copies
     are carved here too). gate_per_key: kda's [T, HO, K] gate; beta_per_key: gdn2's
-    [T, HO, K] erase gate (with gate_per_key)."""
+    [T, HO, K] erase gate (with gate_per_key). saved: the forward writes, or the backward
+    reads, the saved factors (saved_factors) in the caller's buffers."""
     n_out = max(n_q_heads, n_v_heads)
     rows = _layout(
         total_t,
@@ -137,6 +184,7 @@ def gdn_workspace_bytes(
         tuple(strided),
         gate_per_key,
         beta_per_key,
+        saved,
     )
     return sum(_aligned(_nbytes(dt, shape)) for _, dt, shape in rows)
 

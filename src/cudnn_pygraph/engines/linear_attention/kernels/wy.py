@@ -92,6 +92,7 @@ def wy_bwd_kernel(
     beff_ptr,
     rk_ptr,
     a_ptr,
+    dm_ptr,
     dw_ptr,
     du_ptr,
     dk_part_ptr,
@@ -139,8 +140,11 @@ def wy_bwd_kernel(
     A^T dW again from a second read of dW (one more product per slice instead of an fp32
     round trip through dk_part: (a) fwd+bwd 4.221 vs 4.311 ms, H200).
     Then dL = -A^T dA A^T and dM = dL * decay * beta (strictly lower); dM^T is read back
-    transposed through this chunk's rows of the A buffer (A^T is already in registers):
-    tl.trans of a computed tile fed to tl.dot is what Triton 3.6 miscompiles on Hopper.
+    transposed through this chunk's rows of an fp32 [T, HO, 64] scratch, dm_ptr (A^T is
+    already in registers): tl.trans of a computed tile fed to tl.dot is what Triton 3.6
+    miscompiles on Hopper. dm_ptr may be A's own buffer when A is fp32 and not needed after
+    (the launcher's recompute); A saved by the forward (16-bit, read again by a second
+    backward) has its own scratch.
     Pass 2 over K: dk = parked + (dM + dM^T) k_hat, then the l2norm Jacobian, whose row dot
     <k_hat, dk> is known before pass 2 from the reductions already made.
 
@@ -200,7 +204,7 @@ def wy_bwd_kernel(
 
     if GATE_K:
         _wy_bwd_gated_keys(
-            k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, gc_ptr, a_ptr, dw_ptr, dk_part_ptr,
+            k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, gc_ptr, dm_ptr, dw_ptr, dk_part_ptr,
             dg_part_ptr, dk_ptr, dg_ptr, dbeta_ptr, da_tok_ptr, ddt_tok_ptr, at, da, dbeta, b,
             rk, t0, valid, HO, HK, h, hk, lower_bound, K, BK, L2NORM, LINEAR, SAFE, HAS_A,
             HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, FINAL_DK, PREC, beff_ptr, BETA_K,
@@ -236,7 +240,7 @@ def wy_bwd_kernel(
         dg = bd * kdw + tl.sum(p, 1) - tl.sum(p, 0)
         row_dot = bd * kdw + tl.sum(p, 1) + tl.sum(p, 0) + kdp
 
-        a_rows = a_ptr + (t0.to(tl.int64) * HO + h) * 64
+        a_rows = dm_ptr + (t0.to(tl.int64) * HO + h) * 64
         tl.debug_barrier()  # every thread has read A before A is overwritten
         tl.store(a_rows + r[:, None] * (HO * 64) + r[None, :], dm, mask=row_ok[:, None])
         tl.debug_barrier()
@@ -294,7 +298,7 @@ def group_reduce_kernel(
 
 @triton.jit
 def _wy_bwd_gated_keys(
-    k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, gc_ptr, a_ptr, dw_ptr, dk_part_ptr,
+    k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, gc_ptr, dm_ptr, dw_ptr, dk_part_ptr,
     dg_part_ptr, dk_ptr, dg_ptr, dbeta_ptr, da_tok_ptr, ddt_tok_ptr, at, da, dbeta, b, rk, t0,
     valid, HO, HK, h, hk, lower_bound, K: tl.constexpr, BK: tl.constexpr,
     L2NORM: tl.constexpr, LINEAR: tl.constexpr, SAFE: tl.constexpr, HAS_A: tl.constexpr,
@@ -352,7 +356,7 @@ def _wy_bwd_gated_keys(
     dm = dm * b[:, None]
     # dM^T read back transposed through this chunk's rows of the A buffer (A^T is already in
     # registers), for the products by columns (wy_bwd_kernel's docstring says why).
-    a_rows = a_ptr + (t0.to(tl.int64) * HO + h) * 64
+    a_rows = dm_ptr + (t0.to(tl.int64) * HO + h) * 64
     tl.debug_barrier()  # every thread has read A before A is overwritten
     tl.store(a_rows + r[:, None] * (HO * 64) + r[None, :], dm, mask=row_ok[:, None])
     tl.debug_barrier()
