@@ -8,6 +8,8 @@ fits more programs per SM hides more of the serial chunk walk's latency.
   PYTHONPATH=src python bench/gdn_static.py --gate-per-key   # kda's kernels (GATE_K) only
   PYTHONPATH=src python bench/gdn_static.py --gate-per-key --fp32 --config few
       # an fp32 call's kernels under a named config (kernels/configs.py)
+  PYTHONPATH=src python bench/gdn_static.py --gate-per-key --config wide-subchunk
+      # the sub-chunk form's scores kernel and the stages that read its scores
 
 The configs' timings are in kernels/configs.py's docstring.
 """
@@ -32,7 +34,8 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 # rest bf16; FP32_IN names the pointers that are fp32 in one kernel only.
 FP32_POINTERS = {"gc_ptr", "rk_ptr", "init_ptr", "final_ptr", "de_ptr", "dfinal_ptr", "dinit_ptr",
                  "a_log_ptr", "dt_bias_ptr", "a_ptr", "beff_ptr", "dw_ptr", "du_ptr",
-                 "dk_part_ptr", "dg_part_ptr", "da_tok_ptr", "ddt_tok_ptr"}  # fmt: skip
+                 "dk_part_ptr", "dg_part_ptr", "da_tok_ptr", "ddt_tok_ptr", "akk_ptr",
+                 "aqk_ptr"}  # fmt: skip
 INT_POINTERS = {"cu_ptr", "off_ptr", "idx_ptr", "seq_ptr", "order_ptr"}
 FP32_IN = {"dqk_kernel": {"dk_ptr", "dg_ptr"}}
 
@@ -141,6 +144,20 @@ def shipped_facts(gate_per_key=False, name="wide", fp32=False, dim=128):
     }  # fmt: skip
     if gate_per_key:
         jobs["dqk part 2"] = (output.dqk_kernel, {**jobs["dqk"][1], "PART": 2})
+    if gate_per_key and "scores" in wide:
+        # The sub-chunk form: the scores kernel, and the stages that read its Akk / Aqk.
+        from cudnn_pygraph.engines.linear_attention.kernels import subchunk
+
+        cx = {k: v for k, v in common.items() if k not in ("V", "L2NORM", "EPS")}
+        jobs = {
+            "scores": (
+                subchunk.subchunk_scores_kernel,
+                {**cx, **gates, "HAS_LB": False, "BETA_K": False},
+            ),
+            **jobs,
+        }
+        for label in ("wy_solve (forward)", "output_fwd", "dv_local"):
+            jobs[label] = (jobs[label][0], {**jobs[label][1], "SCORES": True})
     if gate_per_key or wide["state_fwd"].get("FUSE_OUTPUT"):
         jobs["state_fwd fused"] = (state.state_fwd_kernel, {**jobs["state_fwd"][1],
                                    "STORE_H": False, "STORE_VNEW": False, "FUSE_OUTPUT": True})  # fmt: skip
