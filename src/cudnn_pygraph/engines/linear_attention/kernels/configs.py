@@ -76,7 +76,8 @@ _SHARED = {
 _WIDE_STATE_BWD = {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True}
 _WIDE_STATE_BWD_GATED = {**_WIDE_STATE_BWD, "num_warps": 8}
 # The sub-chunk scores kernel (kernels/subchunk.py), in the configs that name it: BK key
-# channels per pass. Not yet timed on the H200; 4 warps as the other 64-row kernels.
+# channels per pass; at BK 64 and 4 warps ptxas (sm_90) gives it no spills
+# (bench/results/kda.md has the candidates bench/kda.py --sweep times).
 _SUBCHUNK = {"scores": {"BK": 64, "num_warps": 4}}
 
 # (name, {kernel: config}); a plan's CONFIG knob is the index. Append only: a recorded

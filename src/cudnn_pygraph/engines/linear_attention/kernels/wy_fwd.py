@@ -9,7 +9,9 @@ so that the chunk's delta-rule corrections are E = u - w S_0 (S_0 the incoming s
 wy_solve_kernel (one program per chunk and output head) computes the gates (stage 1), L and
 A, writes G, beta_eff and the keys' inverse row norms, and forms w and u from A's blocks in
 registers, BA columns at a time; it stores A (fp32, [T, HO, 64]) only when asked (STORE_A:
-the backward's wy_bwd reads it; the forward does not).
+the backward's wy_bwd reads it; the forward does not). Under SCORES (kda / gdn2 on the
+sub-chunk configs) subchunk.py's kernel has run stage 1 and formed the gated Gram, and
+this kernel starts from them.
 
 The solve, per chunk:
 - L in ten 16x16 blocks (four diagonal, six below), each a tensor-core product of the RAW
