@@ -156,7 +156,7 @@ def shipped_facts(gate_per_key=False, name="wide", fp32=False, dim=128):
             ),
             **jobs,
         }
-        for label in ("wy_solve (forward)", "output_fwd", "dv_local"):
+        for label in ("wy_solve (forward)", "output_fwd", "dv_local", "wy_bwd"):
             jobs[label] = (jobs[label][0], {**jobs[label][1], "SCORES": True})
     if gate_per_key or wide["state_fwd"].get("FUSE_OUTPUT"):
         jobs["state_fwd fused"] = (state.state_fwd_kernel, {**jobs["state_fwd"][1],

@@ -697,6 +697,7 @@ def gdn_backward(
     wy_bwd_kernel[(n_chunks, n_out)](
         *gates,
         ws["rk"],
+        ws["akk"] if scores else dummy,
         *partials,
         *outs,
         *tables,
@@ -713,6 +714,7 @@ def gdn_backward(
         **finals,
         PREC=prec,
         BETA_K=write_gate is not None,
+        SCORES=scores,
         **cfg,
     )
 
