@@ -230,10 +230,16 @@ def profile_kernels(only, config):
 
 
 # --sweep: candidates against the config the hook picks for kda at (a), one kernel's
-# parameters changed at a time ({kernel: {parameter: value, None: dropped}}).
-SWEEP_BASE = "wide-unfused"
+# parameters changed at a time ({kernel: {parameter: value, None: dropped}}; a kernel
+# mapped to None: its entry dropped, so "scores" -> None runs the reference-row tree).
+SWEEP_BASE = "wide-subchunk"
 SWEEP = {
     "base": {},
+    "the tree (no scores kernel)": {"scores": None},
+    "scores BK 32": {"scores": {"BK": 32}},
+    "scores 8 warps": {"scores": {"num_warps": 8}},
+    "scores BK 32, 8 warps": {"scores": {"BK": 32, "num_warps": 8}},
+    "output_fwd BV 64": {"output_fwd": {"BV": 64}},
     "wy_solve 2 warps": {"wy_solve": {"num_warps": 2}},
     "wy_solve 4 warps": {"wy_solve": {"num_warps": 4}},
     "wy_bwd 4 warps": {"wy_bwd": {"num_warps": 4}},
@@ -261,6 +267,9 @@ def sweep(only):
     for label, changes in SWEEP.items():
         cfgs = {k: dict(v) for k, v in base.items()}
         for kernel, params in changes.items():
+            if params is None:
+                cfgs.pop(kernel)
+                continue
             for param, value in params.items():
                 if value is None:
                     cfgs[kernel].pop(param)

@@ -151,7 +151,7 @@ ATTRIBUTE_CASES = {
 }
 
 
-@pytest.mark.parametrize("config", ["few", "wide"])
+@pytest.mark.parametrize("config", ["few", "wide", "few-subchunk", "wide-subchunk"])
 @pytest.mark.parametrize("case", list(ATTRIBUTE_CASES), ids=list(ATTRIBUTE_CASES))
 def test_attributes_bf16(case, config):
     attrs, opts = ATTRIBUTE_CASES[case]
@@ -159,6 +159,25 @@ def test_attributes_bf16(case, config):
     heads = opts.pop("heads", (4, 4, 4))
     print(f"[{case}]", end=" ")
     _check_fwd_bwd([200, 65, 1], heads, {**attrs, "config": config}, **opts)
+
+
+@pytest.mark.parametrize("config", ["wide-unfused", "wide-subchunk"], ids=["tree", "sub-chunk"])
+def test_steep_gates_stay_finite_bf16(config):
+    # log-decays down to -40 per token: exp(-G) of a chunk would overflow; ours never forms it
+    attrs = {"use_qk_l2norm": True, "config": config}
+    x, cu = make_inputs([300, 65], (4, 4, 4), attrs=attrs)
+    x["g"] = -40.0 * torch.rand_like(x["g"])
+    o, final = run_forward(x, cu, DIM**-0.5, attrs)
+    leaves = {n: t.double() for n, t in x.items() if t is not None}
+    ref_o, ref_final = gdn2_reference_batched(
+        *(leaves[n] for n in GATED[:5]), cu, scale=DIM**-0.5,
+        initial_state=leaves["initial_state"], write_gate=leaves["w"], use_qk_l2norm=True,
+    )  # fmt: skip
+    check({"o": rel_err(o, ref_o), "final_state": rel_err(final, ref_final)})
+    grads = run_backward(x, cu, DIM**-0.5, attrs, torch.randn_like(o, dtype=torch.float32),
+                         torch.randn_like(final))  # fmt: skip
+    for name, grad in grads.items():
+        assert torch.isfinite(grad).all(), name
 
 
 def test_matches_nvidias_gdn2_where_this_host_serves_it():

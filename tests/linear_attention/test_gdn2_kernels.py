@@ -162,11 +162,11 @@ def errors_against_reference(x, cu, attrs, **kw):
 CASES = {
     # one head: two output heads are the grouped cases' (and test_kernel_bounds' gdn2-wide)
     "log-l2norm-wide": ({"heads": (1, 1, 1)}, {"use_qk_l2norm": True}, "wide"),
-    "log-plain-few": ({"unit_keys": True, "heads": (1, 1, 1)}, {}, "few"),
+    "log-plain-few": ({"unit_keys": True, "heads": (1, 1, 1)}, {}, "few-subchunk"),
     "beta-sigmoid-neg-eigval": (
         {"beta_logits": True, "heads": (1, 1, 1)},
         {"use_qk_l2norm": True, "use_beta_sigmoid": True, "allow_neg_eigval": True},
-        "wide-unfused",
+        "wide-subchunk",
     ),
     "beta-sigmoid": (
         {"beta_logits": True, "unit_keys": True, "heads": (1, 1, 1)},
@@ -176,7 +176,7 @@ CASES = {
     "safe-gate-softplus-alog-dtbias": (
         {"gate": "raw", "has_a_log": True, "has_dt_bias": True, "heads": (1, 1, 1)},
         {"use_qk_l2norm": True, "safe_gate": True},
-        "wide",
+        "wide-subchunk",
     ),
     "safe-gate-softplus-unit": (
         {"gate": "raw", "unit_keys": True, "heads": (1, 1, 1)},
@@ -186,15 +186,19 @@ CASES = {
     "linear-gate": (
         {"gate": "linear", "heads": (1, 1, 1)},
         {"use_qk_l2norm": True, "gate_domain": "linear"},
-        "few",
+        "few-subchunk",
     ),
-    "no-state": ({"with_state": False, "heads": (1, 1, 1)}, {"use_qk_l2norm": True}, "wide"),
+    "no-state": (
+        {"with_state": False, "heads": (1, 1, 1)},
+        {"use_qk_l2norm": True},
+        "wide-subchunk",
+    ),
     "group-q1-k1-v2": ({"heads": (1, 1, 2)}, {"use_qk_l2norm": True}, "wide"),
-    "group-q2-k2-v1": ({"heads": (2, 2, 1)}, {"use_qk_l2norm": True}, "wide-unfused"),
+    "group-q2-k2-v1": ({"heads": (2, 2, 1)}, {"use_qk_l2norm": True}, "wide-subchunk"),
     "K128-V64-two-chunks": (
         {"dim_k": 128, "heads": (1, 1, 1), "seqlens": (70, 3)},
         {"use_qk_l2norm": True},
-        "wide",
+        "wide-subchunk",
     ),
 }
 
@@ -208,20 +212,21 @@ def test_forward_and_backward_match_float64_reference(case):
     assert not bad, f"relative errors above {FP32_TOL}: {bad} (all: {errors})"
 
 
-def test_steep_decay_stays_finite_and_exact():
+@pytest.mark.parametrize("config", ["wide", "wide-subchunk"], ids=["tree", "sub-chunk"])
+def test_steep_decay_stays_finite_and_exact(config):
     # Log-decays down to -40 per token: the cumulative decay passes e^-88 within a 16-token
     # sub-block, let alone a chunk. The gated products (kernels/gated.py) split each
     # exp(G_i - G_j) at a row between the two tokens, both factors <= 1, with the erase gate
     # on the keys' channels (its MUL paths): every output and gradient stays exact.
     x, cu = make_inputs(gate="steep", seqlens=(64, 9), heads=(1, 1, 1))
-    errors = errors_against_reference(x, cu, {"use_qk_l2norm": True}, config="wide")
+    errors = errors_against_reference(x, cu, {"use_qk_l2norm": True}, config=config)
     bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}
     assert not bad, f"relative errors above {FP32_TOL}: {bad} (all: {errors})"
 
 
 def test_fp16_forward_and_backward_match_reference():
     x, cu = make_inputs(dtype=torch.float16, seqlens=(64, 5), heads=(1, 1, 1))
-    errors = errors_against_reference(x, cu, {"use_qk_l2norm": True}, config="wide")
+    errors = errors_against_reference(x, cu, {"use_qk_l2norm": True}, config="wide-subchunk")
     bad = {n: e for n, e in errors.items() if not e <= FP16_TOL}
     assert not bad, f"relative errors above {FP16_TOL}: {bad} (all: {errors})"
 

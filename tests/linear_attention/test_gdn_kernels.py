@@ -868,16 +868,23 @@ def test_dw_stored_in_16_bits_gives_bitwise_the_fp32_dw_gradients(per_key, monke
         assert torch.equal(stored_16[name], stored_32[name]), name
 
 
-def test_a_per_key_gate_takes_the_wide_grid_unfused():
+def test_a_per_key_gate_takes_the_wide_grid_unfused_on_the_subchunk_scores():
     # kda / gdn2 form gated intra-chunk scores: fused into the state walk they are formed
-    # once per V block inside its serial loop, so their wide grid runs unfused.
-    from cudnn_pygraph.engines.linear_attention.kernels.configs import recommend_config
+    # once per V block inside its serial loop, so their wide grid runs unfused; both grids
+    # form them once (kernels/subchunk.py), and gdn never takes those configs.
+    from cudnn_pygraph.engines.linear_attention.kernels.configs import (
+        forms_scores,
+        recommend_config,
+    )
 
     for batch_invariant in (False, True):
         wide = (64, 16, 128, 132, batch_invariant)
         assert recommend_config(*wide, gate_per_key=False) == "wide"
-        assert recommend_config(*wide, gate_per_key=True) == "wide-unfused"
-    assert recommend_config(1, 16, 128, 132, False, gate_per_key=True) == "few"
+        assert recommend_config(*wide, gate_per_key=True) == "wide-subchunk"
+    assert recommend_config(1, 16, 128, 132, False, gate_per_key=True) == "few-subchunk"
+    assert recommend_config(1, 16, 128, 132, False, gate_per_key=False) == "few"
+    assert forms_scores("wide-subchunk") and forms_scores("few-subchunk")
+    assert not forms_scores("wide-unfused") and not forms_scores("few")
 
 
 class _StageRecordingKernel:

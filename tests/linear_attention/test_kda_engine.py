@@ -156,8 +156,11 @@ def test_plans_list_the_kernel_configs_as_knobs():
     g, *_ = forward_graph(inputs(seqlens=(70,)))
     g.create_execution_plans([cudnn.heur_mode.A])
     listed = [g.get_engine_and_knobs_at_index(i) for i in range(g.get_execution_plan_count())]
+    # The rule's pick first (one sequence: the few-programs grid on the sub-chunk scores),
+    # then the whole table.
     assert [k[cudnn.knob_type.KERNEL_CFG] for _, k in listed] == [
-        CONFIG_NAMES.index(n) for n in ("few", "wide", "wide-unfused")
+        CONFIG_NAMES.index(n)
+        for n in ("few-subchunk", "wide", "few", "wide-unfused", "wide-subchunk")
     ]
     assert "triton_kda" in g.get_plan_name_at_index(0)
 

@@ -6,7 +6,13 @@ for the whole list (gdp's counted on its expanded timeline, cut on real-token bo
 These graphs have no backend plan: nothing to place."""
 
 from ..base import PlanConfig
-from .kernels.configs import CONFIG_NAMES, INTERPRETER_SMS, GdnKnobs, recommend_config
+from .kernels.configs import (
+    CONFIG_NAMES,
+    INTERPRETER_SMS,
+    GdnKnobs,
+    recommend_config,
+    serves,
+)
 from .kernels.splitting import chain_refusal, choose_pieces, unit_chunks
 
 # The families whose gate g carries a K axis (g [T, HO, K]: the stage kernels' GATE_K and
@@ -39,6 +45,7 @@ def pieces_for(facts) -> int:
 
 def recommend(kind, facts, offered):
     pieces = pieces_for(facts)
+    per_key = facts.family in GATE_PER_KEY_FAMILIES
     pick = recommend_config(
         # a chain's main kernels walk B * P pieces
         facts.num_seqs * max(pieces, 1),
@@ -46,9 +53,11 @@ def recommend(kind, facts, offered):
         facts.head_dim_v,
         sm_count(facts.device),
         bool(facts.attrs.get("batch_invariant")),
-        gate_per_key=facts.family in GATE_PER_KEY_FAMILIES,
+        gate_per_key=per_key,
     )
-    order = [pick] + [name for name in CONFIG_NAMES if name != pick]
+    order = [pick] + [
+        name for name in CONFIG_NAMES if name != pick and serves(name, gate_per_key=per_key)
+    ]
     return [
         PlanConfig(eid, GdnKnobs(CONFIG_NAMES.index(name), pieces))
         for eid in offered

@@ -75,6 +75,10 @@ _SHARED = {
 }
 _WIDE_STATE_BWD = {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True}
 _WIDE_STATE_BWD_GATED = {**_WIDE_STATE_BWD, "num_warps": 8}
+# The sub-chunk scores kernel (kernels/subchunk.py), in the configs that name it: BK key
+# channels per pass; at BK 64 and 4 warps ptxas (sm_90) gives it no spills
+# (bench/results/kda.md has the candidates bench/kda.py --sweep times).
+_SUBCHUNK = {"scores": {"BK": 64, "num_warps": 4}}
 
 # (name, {kernel: config}); a plan's CONFIG knob is the index. Append only: a recorded
 # plan's index must keep naming the same kernels.
@@ -107,6 +111,30 @@ CONFIGS = (
                           "V_FASTEST": True},
             "state_bwd": _WIDE_STATE_BWD,
             "state_bwd_gated": _WIDE_STATE_BWD_GATED,
+        }),
+    ),
+    (
+        # The per-key families' configs that form the gated scores once (kernels/
+        # subchunk.py: stage 1 and Akk / Aqk in one kernel; wy_solve, output_fwd and
+        # dv_local read them); "wide-unfused" and "few" otherwise. A gdn plan never takes
+        # them (serves()).
+        "wide-subchunk",
+        _frozen({
+            **_SHARED,
+            "state_fwd": {"BV": 64, "BG": 32, "num_warps": 4, "num_stages": 2,
+                          "V_FASTEST": True},
+            "state_bwd": _WIDE_STATE_BWD,
+            "state_bwd_gated": _WIDE_STATE_BWD_GATED,
+            **_SUBCHUNK,
+        }),
+    ),
+    (
+        "few-subchunk",
+        _frozen({
+            **_SHARED,
+            "state_fwd": {"BV": 16, "BG": 32, "num_warps": 4},
+            "state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 2},
+            **_SUBCHUNK,
         }),
     ),
 )  # fmt: skip
@@ -173,6 +201,18 @@ def kernel_configs(name: str, *, gate_per_key: bool) -> MappingProxyType:
     return MappingProxyType(plain)
 
 
+def forms_scores(name: str) -> bool:
+    """Whether the config forms a per-key decay's gated scores once, on the sub-chunk form
+    (kernels/subchunk.py), for the stages that read them."""
+    return "scores" in config(name)
+
+
+def serves(name: str, *, gate_per_key: bool) -> bool:
+    """Whether a family's plans list the config: the sub-chunk configs only serve a decay
+    per key channel (for gdn they would build "wide-unfused" / "few" again)."""
+    return gate_per_key or not forms_scores(name)
+
+
 def knobs_for(name: str) -> GdnKnobs:
     config(name)  # names the bad value
     return GdnKnobs(CONFIG_NAMES.index(name))
@@ -192,10 +232,12 @@ def recommend_config(n_seqs, n_out, dim_v, sm_count, batch_invariant, *, gate_pe
     depend on the sequence's own length only, never on the batch").
     gate_per_key (kda, gdn2): the wide grid unfused. Fused, the state kernel forms the
     gated intra-chunk scores inside its serial walk once per V block; kda at (a) ran
-    7.49 / 28.23 ms fused, 4.56 / 25.33 unfused (bench/results/kda.md)."""
-    wide = "wide-unfused" if gate_per_key else "wide"
+    7.49 / 28.23 ms fused, 4.56 / 25.33 unfused (bench/results/kda.md). Both grids on the
+    sub-chunk scores (kernels/subchunk.py), which replace a reference-row tree per stage."""
+    wide = "wide-subchunk" if gate_per_key else "wide"
+    few = "few-subchunk" if gate_per_key else "few"
     if batch_invariant:
         return wide
     bv = min(config("wide")["state_fwd"]["BV"], dim_v)
     programs = n_seqs * n_out * (dim_v // bv)
-    return wide if programs >= STATE_WIDE_MIN_FILL * sm_count else "few"
+    return wide if programs >= STATE_WIDE_MIN_FILL * sm_count else few

@@ -136,6 +136,59 @@ def effective_beta_bwd(b_raw, d_beta, SIGMOID: tl.constexpr, NEG_EIGVAL: tl.cons
 
 
 @triton.jit
+def gate_rows(
+    g_ptr,
+    beta_ptr,
+    a_log_ptr,
+    dt_bias_ptr,
+    t0,
+    rows,
+    valid,
+    h,
+    HO,
+    lower_bound,
+    K: tl.constexpr,
+    GATE_K: tl.constexpr,
+    LINEAR: tl.constexpr,
+    SAFE: tl.constexpr,
+    HAS_A: tl.constexpr,
+    HAS_DT: tl.constexpr,
+    HAS_LB: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    NEG_EIGVAL: tl.constexpr,
+    BETA_K: tl.constexpr,
+):
+    """(gamma, beta_eff) of rows t0 + rows, 0 outside the chunk; gamma is [R] (a decay per
+    head) or [R, K] (GATE_K: per key channel, g [T, HO, K], dt_bias [HO, K]); beta_eff is
+    [R], or [R, K] under BETA_K (gdn2's erase gate per key channel, beta [T, HO, K])."""
+    m = rows < valid
+    offs = (t0 + rows).to(tl.int64) * HO + h
+    if GATE_K:
+        cols = tl.arange(0, K)
+        g_raw = tl.load(g_ptr + offs[:, None] * K + cols[None, :], mask=m[:, None], other=1.0)
+        gamma = log_decay(
+            g_raw, a_log_ptr, dt_bias_ptr, h, h * K + cols[None, :], lower_bound,
+            LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB,
+        )  # fmt: skip
+        gamma = tl.where(m[:, None], gamma, 0.0)
+    else:
+        g_raw = tl.load(g_ptr + offs, mask=m, other=1.0)
+        gamma = log_decay(
+            g_raw, a_log_ptr, dt_bias_ptr, h, h, lower_bound,
+            LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB,
+        )  # fmt: skip
+        gamma = tl.where(m, gamma, 0.0)
+    if BETA_K:
+        kc = tl.arange(0, K)
+        b_raw = tl.load(beta_ptr + offs[:, None] * K + kc[None, :], mask=m[:, None], other=0.0)
+        beta = tl.where(m[:, None], effective_beta(b_raw, SIGMOID, NEG_EIGVAL), 0.0)
+    else:
+        b_raw = tl.load(beta_ptr + offs, mask=m, other=0.0)
+        beta = tl.where(m, effective_beta(b_raw, SIGMOID, NEG_EIGVAL), 0.0)
+    return gamma, beta
+
+
+@triton.jit
 def reverse_cumsum(x):
     """y_i = sum_{j >= i} x_j over a 1-D block: the backward of the chunk-local cumsum."""
     return tl.sum(x, 0) - tl.cumsum(x, 0) + x

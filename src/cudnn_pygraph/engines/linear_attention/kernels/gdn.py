@@ -7,6 +7,10 @@ per key channel (beta [T, HO, K]) and a write gate per value channel (w [T, HO, 
 the WY stage reads them (wy_fwd.py / wy.py BETA_K, with dW from wy_bwd); gdn2_forward /
 gdn2_backward are gdn_forward / gdn_backward with gate_per_key=True and write_gate=w.
 
+Under kda / gdn2 and a config with a "scores" entry (kernels/configs.py: the sub-chunk
+configs) a first kernel runs stage 1 and forms the gated scores Akk / Aqk once
+(subchunk.py); wy_solve, output_fwd and dv_local read them instead of forming their own.
+
 Forward:  chunk tables -> wy_solve (stage 1 gates + stage 2's A = (I + L)^-1, w and u)
           -> state_fwd (stage 3: h per chunk, E, final state) -> output_fwd (stage 4: O);
              under a config with FUSE_OUTPUT (kernels/configs.py "wide") state_fwd writes O
@@ -66,6 +70,7 @@ from .normalize import L2NORM_EPS
 from .output import dqk_kernel, dv_local_kernel, output_fwd_kernel
 from .poison import poison_dense, poison_states
 from .state import state_bwd_kernel, state_fwd_kernel, state_grid
+from .subchunk import subchunk_scores_kernel
 from .wy import group_reduce_kernel, wy_bwd_kernel
 from .wy_fwd import wy_solve_kernel
 
@@ -155,6 +160,12 @@ def launch_within_shared_memory(kernel, grid, *args, **kwargs):
             stages -= 1
 
 
+def _forms_scores(kernel_cfgs, gate_per_key) -> bool:
+    """Whether the call forms a per-key decay's gated scores once (subchunk.py: the configs
+    with a "scores" entry) for wy_solve, output_fwd and dv_local to read."""
+    return gate_per_key and "scores" in kernel_cfgs
+
+
 def _state_strides(t):
     return tuple(t.stride()) if t is not None else (0, 0, 0, 0)
 
@@ -224,7 +235,25 @@ def _run_wy_and_state(
         ws["seq_order"], state_indices, n_pool,
     )  # fmt: skip
     cu = ws["cu_safe"]  # every stage reads the sanitized copy (memory-safe on bad input)
-    if n_seqs == 0 or factors_given:
+    if n_seqs == 0:
+        return
+    scores = _forms_scores(kernel_cfgs, flags["GATE_K"])
+    if scores and total_t:
+        # Stage 1 and the gated scores Akk / Aqk, once (subchunk.py). A backward from saved
+        # factors forms the scores again (the backward's dv_local and wy_bwd read them; they
+        # are not among the saved factors) and leaves the saved G and beta as they are.
+        gc, beta_eff = ws["gc"], ws["beta_eff"]
+        if factors_given:
+            gc, beta_eff = torch.empty_like(gc), torch.empty_like(beta_eff)
+        cfg = dict(kernel_cfgs["scores"])
+        subchunk_scores_kernel[(n_chunks, n_out)](
+            q, k, g, beta, a_log if a_log is not None else dummy,
+            dt_bias if dt_bias is not None else dummy, cu, ws["chunk_offsets"],
+            ws["chunk_seq"], n_seqs, gc, beta_eff, ws["akk"], ws["aqk"], n_out,
+            n_q, n_k, lower_bound, K=dim_k, BK=_slice(cfg, "BK", dim_k), **flags, PREC=prec,
+            BETA_K=write_gate is not None, **cfg,
+        )  # fmt: skip
+    if factors_given:
         return
     if total_t:
         # w and u are formed in the program that solves A; A is stored only for a
@@ -234,11 +263,13 @@ def _run_wy_and_state(
             k, v, g, beta, write_gate if write_gate is not None else dummy,
             a_log if a_log is not None else dummy,
             dt_bias if dt_bias is not None else dummy, cu, ws["chunk_offsets"],
-            ws["chunk_seq"], n_seqs, ws["gc"], ws["beta_eff"], ws["rk"], ws["a"], ws["w"],
-            ws["u"], n_out, n_k, n_v, lower_bound, K=dim_k, V=dim_v, BK=_slice(cfg, "BK", dim_k),
+            ws["chunk_seq"], n_seqs, ws["gc"], ws["beta_eff"], ws["rk"], ws["a"],
+            ws["akk"] if scores else dummy, ws["w"], ws["u"], n_out, n_k, n_v, lower_bound,
+            K=dim_k, V=dim_v, BK=_slice(cfg, "BK", dim_k),
             BA=_slice(cfg, "BA", min(dim_k, dim_v)), BG=_slice(cfg, "BG", dim_k), L2NORM=l2norm,
             **flags, PREC=prec,
-            STORE_A=store_a, EPS=L2NORM_EPS, BETA_K=write_gate is not None, **cfg,
+            STORE_A=store_a, EPS=L2NORM_EPS, BETA_K=write_gate is not None, SCORES=scores,
+            **cfg,
         )  # fmt: skip
     cfg = dict(kernel_cfgs["state_fwd"])
     fuse = cfg.pop("FUSE_OUTPUT", False) and o is not None
@@ -456,6 +487,7 @@ def gdn_forward(
 
 def _output_stage(q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, prec, gate_k):
     total_t, n_seqs, n_q, n_k, _, n_out, dim_k, dim_v = dims
+    scores = _forms_scores(kernel_cfgs, gate_k)
     cfg = dict(kernel_cfgs["output_fwd"])
     bv = _block_v(cfg, dim_v, dim_k)
     cfg["BG"] = _slice(cfg, "BG", dim_k)
@@ -464,6 +496,7 @@ def _output_stage(q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, p
         k,
         ws["vnew"],
         ws["gc"],
+        ws["aqk"] if scores else ws["gc"],
         ws["rk"],
         h_buf,
         o,
@@ -483,6 +516,7 @@ def _output_stage(q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, p
         PREC=prec,
         EPS=L2NORM_EPS,
         GATE_K=gate_k,
+        SCORES=scores,
         **cfg,
     )
 
@@ -626,9 +660,11 @@ def gdn_backward(
     cfg = dict(kernel_cfgs["dv_local"])
     bv = _block_v(cfg, dim_v, dim_k)
     cfg["BG"] = _slice(cfg, "BG", dim_k)
+    scores = _forms_scores(kernel_cfgs, gate_per_key)
     dv_local_kernel[(n_chunks, n_out, dim_v // bv)](
-        q, k, ws["gc"], do, ws["de"], *tables, scale, n_out, n_q, n_k, BV=bv, **common, **cfg
-    )
+        q, k, ws["gc"], ws["aqk"] if scores else dummy, do, ws["de"], *tables, scale, n_out,
+        n_q, n_k, BV=bv, SCORES=scores, **common, **cfg,
+    )  # fmt: skip
 
     cfg = dict(kernel_cfgs["state_bwd"])
     bv = _block_v(cfg, dim_v, dim_k)
@@ -699,6 +735,7 @@ def gdn_backward(
     wy_bwd_kernel[(n_chunks, n_out)](
         *gates,
         ws["rk"],
+        ws["akk"] if scores else dummy,
         *partials,
         *outs,
         *tables,
@@ -715,6 +752,7 @@ def gdn_backward(
         **finals,
         PREC=prec,
         BETA_K=write_gate is not None,
+        SCORES=scores,
         **cfg,
     )
 

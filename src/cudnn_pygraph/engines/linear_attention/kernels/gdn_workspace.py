@@ -91,6 +91,12 @@ def _layout(
         ("beta_eff", f32, (total_t, n_out, dim_k) if beta_per_key else (total_t, n_out)),
         ("rk", f32, (total_t, n_out)),
         ("a", f32, (total_t, n_out, CHUNK)),
+    ]
+    if gate_per_key:
+        # The sub-chunk form's gated scores (subchunk.py), under the configs that form them
+        # once ("scores" in kernels/configs.py); the size covers every config.
+        rows += [("akk", f32, (total_t, n_out, CHUNK)), ("aqk", f32, (total_t, n_out, CHUNK))]
+    rows += [
         ("w", cdt, (total_t, n_out, dim_k)),
         ("u", cdt, (total_t, n_out, dim_v)),
     ]

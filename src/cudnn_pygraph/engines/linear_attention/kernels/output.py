@@ -57,6 +57,7 @@ def output_fwd_kernel(
     k_ptr,
     vnew_ptr,
     gc_ptr,
+    aqk_ptr,
     rk_ptr,
     h_ptr,
     o_ptr,
@@ -80,6 +81,7 @@ def output_fwd_kernel(
     EPS: tl.constexpr,
     GATE_K: tl.constexpr = False,
     BG: tl.constexpr = 32,
+    SCORES: tl.constexpr = False,
 ):
     """O = scale rq * (exp(G) * (q S_0) + (q k^T * rk_j * decay) E), q and k RAW: the l2norm
     enters as the query's inverse row norm rq (computed here) on O's rows and the keys' rk
@@ -90,7 +92,8 @@ def output_fwd_kernel(
     copies: one jit helper for both reorders the compiled code (ptxas, sm_90, offline,
     session 4: output_fwd 64 -> 80 KB of shared memory, the fused state_fwd 105 -> 113 KB)
     and was not timed; change both together. BG: the column slice of the gated scores
-    (GATE_K, gated.py)."""
+    (GATE_K, gated.py). SCORES (with GATE_K): the gated scores are read from Aqk
+    (subchunk.py, aqk_ptr [T, HO, 64]) instead of formed here."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     iv = tl.program_id(2)
@@ -106,10 +109,14 @@ def output_fwd_kernel(
     if GATE_K:
         hk = h // (HO // HK)
         gq = load_rows(gc_ptr, t0, r, valid, HO * K, h * K, K)
-        p = gated_scores(
-            q_ptr, H * K, (h // (HO // H)) * K, k_ptr, HK * K, hk * K, gc_ptr, HO * K, h * K,
-            t0, valid, 0, 0, 64, K, BG, True, PREC, gc_ptr, 0, 0, False,
-        ) * rk[None, :]  # fmt: skip
+        if SCORES:
+            p = load_rows(aqk_ptr, t0, r, valid, HO * 64, h * 64, 64)
+        else:
+            p = gated_scores(
+                q_ptr, H * K, (h // (HO // H)) * K, k_ptr, HK * K, hk * K, gc_ptr, HO * K,
+                h * K, t0, valid, 0, 0, 64, K, BG, True, PREC, gc_ptr, 0, 0, False,
+            )  # fmt: skip
+        p = p * rk[None, :]
         s0 = tl.load(state_block(h_ptr, c.to(tl.int64) * sh_c + h * sh_h, v_idx, K, sh_v, sh_k))
         e = load_rows(vnew_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
         qg = (q.to(tl.float32) * tl.exp(gq)).to(q.dtype)
@@ -130,6 +137,7 @@ def dv_local_kernel(
     q_ptr,
     k_ptr,
     gc_ptr,
+    aqk_ptr,
     do_ptr,
     de_ptr,
     cu_ptr,
@@ -148,9 +156,11 @@ def dv_local_kernel(
     EPS: tl.constexpr,
     GATE_K: tl.constexpr = False,
     BG: tl.constexpr = 32,
+    SCORES: tl.constexpr = False,
 ):
     """dE_local = scale P^T dO (fp32), the intra-chunk part of the correction gradient.
-    BG: the column slice of the gated scores (GATE_K)."""
+    BG: the column slice of the gated scores (GATE_K). SCORES (with GATE_K): P^T read
+    transposed from Aqk (subchunk.py, aqk_ptr [T, HO, 64]) instead of formed here."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     iv = tl.program_id(2)
@@ -165,10 +175,13 @@ def dv_local_kernel(
         # P^T formed directly (rows: keys), the norms as row / column scales.
         k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
         qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
-        pt = gated_scores(
-            k_ptr, HK * K, hk * K, q_ptr, H * K, hq * K, gc_ptr, HO * K, h * K, t0, valid,
-            0, 0, 64, K, BG, False, PREC, gc_ptr, 0, 0, False,
-        )  # fmt: skip
+        if SCORES:
+            pt = load_rows_t(aqk_ptr, t0, r, valid, HO * 64, h * 64, 64)
+        else:
+            pt = gated_scores(
+                k_ptr, HK * K, hk * K, q_ptr, H * K, hq * K, gc_ptr, HO * K, h * K, t0, valid,
+                0, 0, 64, K, BG, False, PREC, gc_ptr, 0, 0, False,
+            )  # fmt: skip
         pt = pt * inv_norm(k, 1, L2NORM, EPS)[:, None] * inv_norm(qt, 0, L2NORM, EPS)[None, :]
     else:
         k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)

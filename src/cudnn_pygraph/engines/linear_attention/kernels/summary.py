@@ -36,6 +36,7 @@ from .dense_copy import dense_copy
 from .gdn import (
     _block_v,
     _dot_precision,
+    _forms_scores,
     _gate_flags,
     _lower_bound,
     _resolve_config,
@@ -293,9 +294,11 @@ def gdn_summary_bwd(
             cfg = dict(kernel_cfgs["dv_local"])
             bv = _block_v(cfg, dim_v, dim_k)
             cfg["BG"] = _slice(cfg, "BG", dim_k)
+            scores = _forms_scores(kernel_cfgs, gate_per_key)
             dv_local_kernel[(max_chunks(total_t, n_seqs), n_out, dim_v // bv)](
-                q, k, ws["gc"], do, ws["de"], ws["cu_safe"], ws["chunk_offsets"],
-                ws["chunk_seq"], n_seqs, scale, n_out, n_q, n_k, BV=bv, **common, **cfg,
+                q, k, ws["gc"], ws["aqk"] if scores else ws["gc"], do, ws["de"], ws["cu_safe"],
+                ws["chunk_offsets"], ws["chunk_seq"], n_seqs, scale, n_out, n_q, n_k, BV=bv,
+                SCORES=scores, **common, **cfg,
             )  # fmt: skip
         cfg = dict(kernel_cfgs["state_bwd"])
         bv = _block_v(cfg, dim_v, dim_k)

@@ -91,6 +91,7 @@ def wy_bwd_kernel(
     gc_ptr,
     beff_ptr,
     rk_ptr,
+    akk_ptr,
     a_ptr,
     dm_ptr,
     dw_ptr,
@@ -129,6 +130,7 @@ def wy_bwd_kernel(
     GATE_K: tl.constexpr = False,
     HAS_LB: tl.constexpr = False,
     BETA_K: tl.constexpr = False,
+    SCORES: tl.constexpr = False,
 ):
     """dk, dv, dbeta and dG in BV / BK column slices, so that only the [64, 64] matrices
     (A^T, dA, the key Gram) stay whole: a dozen whole [64, 128] fp32 tiles would need more
@@ -149,7 +151,8 @@ def wy_bwd_kernel(
     <k_hat, dk> is known before pass 2 from the reductions already made.
 
     GATE_K (kda: a decay per key channel, G [T, HO, K]): the V pass is the same; the key side
-    is _wy_bwd_gated_keys.
+    is _wy_bwd_gated_keys. SCORES (with GATE_K: the sub-chunk configs): kda's gated key Gram
+    is read from Akk (akk_ptr, subchunk.py: the backward's recompute formed it).
 
     BETA_K (gdn2, with GATE_K: u = A (wg * V), beta [T, HO, K] per key channel): the V pass
     gives dv = wg * A^T dU and the write gate's gradient dwg = V * A^T dU (dwg_ptr, like
@@ -207,7 +210,8 @@ def wy_bwd_kernel(
             k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, gc_ptr, dm_ptr, dw_ptr, dk_part_ptr,
             dg_part_ptr, dk_ptr, dg_ptr, dbeta_ptr, da_tok_ptr, ddt_tok_ptr, at, da, dbeta, b,
             rk, t0, valid, HO, HK, h, hk, lower_bound, K, BK, L2NORM, LINEAR, SAFE, HAS_A,
-            HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, FINAL_DK, PREC, beff_ptr, BETA_K,
+            HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, FINAL_DK, PREC, beff_ptr, BETA_K, akk_ptr,
+            SCORES,
         )  # fmt: skip
     else:
         g = load_vec(gc_ptr, t0, r, valid, HO, h)
@@ -304,7 +308,7 @@ def _wy_bwd_gated_keys(
     L2NORM: tl.constexpr, LINEAR: tl.constexpr, SAFE: tl.constexpr, HAS_A: tl.constexpr,
     HAS_DT: tl.constexpr, HAS_LB: tl.constexpr, SIGMOID: tl.constexpr,
     NEG_EIGVAL: tl.constexpr, FINAL_DK: tl.constexpr, PREC: tl.constexpr, beff_ptr,
-    BETA_K: tl.constexpr,
+    BETA_K: tl.constexpr, akk_ptr, SCORES: tl.constexpr,
 ):  # fmt: skip
     """wy_bwd_kernel's key side under a per-key-channel decay (G, dG and dt_bias per
     channel), given A^T, the V pass's dA and dbeta. With W_raw = beta D * k_hat (D = exp(G)
@@ -321,7 +325,8 @@ def _wy_bwd_gated_keys(
     W_raw = beta D * k_hat elementwise; b is 1 here): pass 1 takes beta into dW W_raw^T and
     forms no Gram; in pass 2 the row products of dM (before beta) give dbeta per channel,
     k_hat * (D A^T dW + rows), and beta * rows; the column products read beta k (gated.py's
-    MUL); dbeta is stored per slice."""
+    MUL); dbeta is stored per slice. SCORES: kda's Gram read from Akk (akk_ptr) instead of
+    formed in pass 1."""
     r = tl.arange(0, 64)
     row_ok = r < valid
     ty = k_ptr.dtype.element_ty
@@ -340,11 +345,14 @@ def _wy_bwd_gated_keys(
             at_dw = tl.dot(at, dw, input_precision=PREC)
             dgate = tl.where(row_ok[:, None], tl.exp(gk), 0.0)
             dbeta += tl.sum(k.to(tl.float32) * rk[:, None] * dgate * at_dw, 1)
-            kk += gated_scores(
-                k_ptr, HK * K, hk * K + col, k_ptr, HK * K, hk * K + col, gc_ptr, HO * K,
-                h * K + col, t0, valid, 0, 0, 64, BK, BK, True, PREC, gc_ptr, 0, 0, False,
-            )  # fmt: skip
+            if not SCORES:
+                kk += gated_scores(
+                    k_ptr, HK * K, hk * K + col, k_ptr, HK * K, hk * K + col, gc_ptr, HO * K,
+                    h * K + col, t0, valid, 0, 0, 64, BK, BK, True, PREC, gc_ptr, 0, 0, False,
+                )  # fmt: skip
         da += tl.dot(dw, ktg.to(ty), input_precision=PREC) * (rk * b)[None, :]
+    if SCORES and not BETA_K:
+        kk = load_rows(akk_ptr, t0, r, valid, HO * 64, h * 64, 64)
     kk = kk * rk[:, None] * rk[None, :]
 
     dl = tl.dot(at, (da).to(ty), input_precision=PREC)

@@ -9,7 +9,9 @@ so that the chunk's delta-rule corrections are E = u - w S_0 (S_0 the incoming s
 wy_solve_kernel (one program per chunk and output head) computes the gates (stage 1), L and
 A, writes G, beta_eff and the keys' inverse row norms, and forms w and u from A's blocks in
 registers, BA columns at a time; it stores A (fp32, [T, HO, 64]) only when asked (STORE_A:
-the backward's wy_bwd reads it; the forward does not).
+the backward's wy_bwd reads it; the forward does not). Under SCORES (kda / gdn2 on the
+sub-chunk configs) subchunk.py's kernel has run stage 1 and formed the gated Gram, and
+this kernel starts from them.
 
 The solve, per chunk:
 - L in ten 16x16 blocks (four diagonal, six below), each a tensor-core product of the RAW
@@ -43,61 +45,9 @@ import triton.language as tl
 
 from .chunk_index import locate_chunk
 from .gated import gated_scores
-from .gates import effective_beta, log_decay
-from .tiles import load_rows, load_rows_t, store_rows, store_vec
-
-
-@triton.jit
-def _gate_rows(
-    g_ptr,
-    beta_ptr,
-    a_log_ptr,
-    dt_bias_ptr,
-    t0,
-    rows,
-    valid,
-    h,
-    HO,
-    lower_bound,
-    K: tl.constexpr,
-    GATE_K: tl.constexpr,
-    LINEAR: tl.constexpr,
-    SAFE: tl.constexpr,
-    HAS_A: tl.constexpr,
-    HAS_DT: tl.constexpr,
-    HAS_LB: tl.constexpr,
-    SIGMOID: tl.constexpr,
-    NEG_EIGVAL: tl.constexpr,
-    BETA_K: tl.constexpr,
-):
-    """(gamma, beta_eff) of rows t0 + rows, 0 outside the chunk; gamma is [R] (a decay per
-    head) or [R, K] (GATE_K: per key channel, g [T, HO, K], dt_bias [HO, K]); beta_eff is
-    [R], or [R, K] under BETA_K (gdn2's erase gate per key channel, beta [T, HO, K])."""
-    m = rows < valid
-    offs = (t0 + rows).to(tl.int64) * HO + h
-    if GATE_K:
-        cols = tl.arange(0, K)
-        g_raw = tl.load(g_ptr + offs[:, None] * K + cols[None, :], mask=m[:, None], other=1.0)
-        gamma = log_decay(
-            g_raw, a_log_ptr, dt_bias_ptr, h, h * K + cols[None, :], lower_bound,
-            LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB,
-        )  # fmt: skip
-        gamma = tl.where(m[:, None], gamma, 0.0)
-    else:
-        g_raw = tl.load(g_ptr + offs, mask=m, other=1.0)
-        gamma = log_decay(
-            g_raw, a_log_ptr, dt_bias_ptr, h, h, lower_bound,
-            LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB,
-        )  # fmt: skip
-        gamma = tl.where(m, gamma, 0.0)
-    if BETA_K:
-        kc = tl.arange(0, K)
-        b_raw = tl.load(beta_ptr + offs[:, None] * K + kc[None, :], mask=m[:, None], other=0.0)
-        beta = tl.where(m[:, None], effective_beta(b_raw, SIGMOID, NEG_EIGVAL), 0.0)
-    else:
-        b_raw = tl.load(beta_ptr + offs, mask=m, other=0.0)
-        beta = tl.where(m, effective_beta(b_raw, SIGMOID, NEG_EIGVAL), 0.0)
-    return gamma, beta
+from .gates import gate_rows
+from .subchunk import load_gram
+from .tiles import load_rows, load_rows_t, load_vec, store_rows, store_vec
 
 
 @triton.jit
@@ -384,6 +334,7 @@ def wy_solve_kernel(
     beff_ptr,
     rk_ptr,
     a_ptr,
+    akk_ptr,
     w_ptr,
     u_ptr,
     HO,
@@ -409,6 +360,7 @@ def wy_solve_kernel(
     HAS_LB: tl.constexpr = False,
     BETA_K: tl.constexpr = False,
     BG: tl.constexpr = 32,
+    SCORES: tl.constexpr = False,
 ):
     """One program per (chunk, output head): writes G, beta_eff, rk (the keys' inverse row
     norms, 1 without the l2norm) as [T, HO] fp32 (G as [T, HO, K] under GATE_K); A =
@@ -424,7 +376,11 @@ def wy_solve_kernel(
     BETA_K (gdn2, with GATE_K): the erase gate beta [T, HO, K] weighs the Gram's channels
     (L_ij = sum_c beta_ic k_ic k_jc exp(G_ic - G_jc)) and w's rows elementwise
     (w = A (beta * exp(G) * k_hat)), and the write gate wg [T, HO, V] takes beta's place on
-    the values (u = A (wg * V)); beta_eff is stored [T, HO, K]. The solve is the same code."""
+    the values (u = A (wg * V)); beta_eff is stored [T, HO, K]. The solve is the same code.
+
+    SCORES (with GATE_K: a config with a "scores" entry): subchunk.py's kernel ran stage 1
+    (G and beta_eff are stored) and stored the gated Gram as Akk [T, HO, 64] (akk_ptr);
+    this program reads its ten blocks instead of forming them."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -432,57 +388,76 @@ def wy_solve_kernel(
         return
     hk = h // (HO // HK)
     r = tl.arange(0, 16)
-    gam0, b0 = _gate_rows(
-        g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r, valid, h, HO, lower_bound, K, GATE_K,
-        LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K,
-    )  # fmt: skip
-    gam1, b1 = _gate_rows(
-        g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 16, valid, h, HO, lower_bound, K,
-        GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K,
-    )  # fmt: skip
-    gam2, b2 = _gate_rows(
-        g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 32, valid, h, HO, lower_bound, K,
-        GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K,
-    )  # fmt: skip
-    gam3, b3 = _gate_rows(
-        g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 48, valid, h, HO, lower_bound, K,
-        GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K,
-    )  # fmt: skip
-    s0 = tl.sum(gam0, 0)
-    s1 = s0 + tl.sum(gam1, 0)
-    s2 = s1 + tl.sum(gam2, 0)
-    g0 = tl.cumsum(gam0, 0)
-    g1 = tl.cumsum(gam1, 0) + s0
-    g2 = tl.cumsum(gam2, 0) + s1
-    g3 = tl.cumsum(gam3, 0) + s2
-    if GATE_K:
-        store_rows(gc_ptr, g0, t0, r, valid, HO * K, h * K, K)
-        store_rows(gc_ptr, g1, t0, r + 16, valid, HO * K, h * K, K)
-        store_rows(gc_ptr, g2, t0, r + 32, valid, HO * K, h * K, K)
-        store_rows(gc_ptr, g3, t0, r + 48, valid, HO * K, h * K, K)
+    if SCORES:
+        # subchunk.py's kernel ran stage 1 (G and beta_eff are stored) and formed the
+        # gated Gram (Akk); only kda's scalar beta is read back here.
+        if BETA_K:
+            b0 = tl.zeros([16], dtype=tl.float32)  # unused: the erase gate is in the Gram
+            b1 = b0
+            b2 = b0
+            b3 = b0
+        else:
+            b0 = load_vec(beff_ptr, t0, r, valid, HO, h)
+            b1 = load_vec(beff_ptr, t0, r + 16, valid, HO, h)
+            b2 = load_vec(beff_ptr, t0, r + 32, valid, HO, h)
+            b3 = load_vec(beff_ptr, t0, r + 48, valid, HO, h)
     else:
-        store_vec(gc_ptr, g0, t0, r, valid, HO, h)
-        store_vec(gc_ptr, g1, t0, r + 16, valid, HO, h)
-        store_vec(gc_ptr, g2, t0, r + 32, valid, HO, h)
-        store_vec(gc_ptr, g3, t0, r + 48, valid, HO, h)
-    if BETA_K:
-        store_rows(beff_ptr, b0, t0, r, valid, HO * K, h * K, K)
-        store_rows(beff_ptr, b1, t0, r + 16, valid, HO * K, h * K, K)
-        store_rows(beff_ptr, b2, t0, r + 32, valid, HO * K, h * K, K)
-        store_rows(beff_ptr, b3, t0, r + 48, valid, HO * K, h * K, K)
-    else:
-        store_vec(beff_ptr, b0, t0, r, valid, HO, h)
-        store_vec(beff_ptr, b1, t0, r + 16, valid, HO, h)
-        store_vec(beff_ptr, b2, t0, r + 32, valid, HO, h)
-        store_vec(beff_ptr, b3, t0, r + 48, valid, HO, h)
+        gam0, b0 = gate_rows(
+            g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r, valid, h, HO, lower_bound, K, GATE_K,
+            LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K,
+        )  # fmt: skip
+        gam1, b1 = gate_rows(
+            g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 16, valid, h, HO, lower_bound, K,
+            GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K,
+        )  # fmt: skip
+        gam2, b2 = gate_rows(
+            g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 32, valid, h, HO, lower_bound, K,
+            GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K,
+        )  # fmt: skip
+        gam3, b3 = gate_rows(
+            g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 48, valid, h, HO, lower_bound, K,
+            GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K,
+        )  # fmt: skip
+        s0 = tl.sum(gam0, 0)
+        s1 = s0 + tl.sum(gam1, 0)
+        s2 = s1 + tl.sum(gam2, 0)
+        g0 = tl.cumsum(gam0, 0)
+        g1 = tl.cumsum(gam1, 0) + s0
+        g2 = tl.cumsum(gam2, 0) + s1
+        g3 = tl.cumsum(gam3, 0) + s2
+        if GATE_K:
+            store_rows(gc_ptr, g0, t0, r, valid, HO * K, h * K, K)
+            store_rows(gc_ptr, g1, t0, r + 16, valid, HO * K, h * K, K)
+            store_rows(gc_ptr, g2, t0, r + 32, valid, HO * K, h * K, K)
+            store_rows(gc_ptr, g3, t0, r + 48, valid, HO * K, h * K, K)
+        else:
+            store_vec(gc_ptr, g0, t0, r, valid, HO, h)
+            store_vec(gc_ptr, g1, t0, r + 16, valid, HO, h)
+            store_vec(gc_ptr, g2, t0, r + 32, valid, HO, h)
+            store_vec(gc_ptr, g3, t0, r + 48, valid, HO, h)
+        if BETA_K:
+            store_rows(beff_ptr, b0, t0, r, valid, HO * K, h * K, K)
+            store_rows(beff_ptr, b1, t0, r + 16, valid, HO * K, h * K, K)
+            store_rows(beff_ptr, b2, t0, r + 32, valid, HO * K, h * K, K)
+            store_rows(beff_ptr, b3, t0, r + 48, valid, HO * K, h * K, K)
+        else:
+            store_vec(beff_ptr, b0, t0, r, valid, HO, h)
+            store_vec(beff_ptr, b1, t0, r + 16, valid, HO, h)
+            store_vec(beff_ptr, b2, t0, r + 32, valid, HO, h)
+            store_vec(beff_ptr, b3, t0, r + 48, valid, HO, h)
 
     if GATE_K:
-        # The gated Gram reads G (and beff) back from memory: every thread's store first.
-        tl.debug_barrier()
-        kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32 = _gated_gram(
-            k_ptr, gc_ptr, beff_ptr, t0, valid, HK * K, hk * K, HO * K, h * K, K, BG, PREC,
-            BETA_K,
-        )  # fmt: skip
+        if SCORES:
+            kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32 = load_gram(
+                akk_ptr, t0, valid, HO, h
+            )
+        else:
+            # The gated Gram reads G (and beff) back from memory: every thread's store first.
+            tl.debug_barrier()
+            kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32 = _gated_gram(
+                k_ptr, gc_ptr, beff_ptr, t0, valid, HK * K, hk * K, HO * K, h * K, K, BG, PREC,
+                BETA_K,
+            )  # fmt: skip
         # The decay is inside the Gram: L's blocks take none (exp(0) below).
         d0 = tl.zeros([16], dtype=tl.float32)
         d1 = d0

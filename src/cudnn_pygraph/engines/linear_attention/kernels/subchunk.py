@@ -1,0 +1,191 @@
+"""The per-key-channel decay's intra-chunk scores, formed once per chunk on the 16-row
+sub-chunk form (kda, gdn2: the configs with a "scores" entry, kernels/configs.py).
+
+With a decay per key channel the chunk's scores carry the decay inside the sum over
+channels (G the chunk-local cumulative log-decay, [64, K]):
+  Akk_ij = sum_c b_ic k_ic k_jc exp(G_ic - G_jc)     (b: gdn2's erase gate, else 1)
+  Aqk_ij = sum_c q_ic k_jc exp(G_ic - G_jc)          for j <= i,
+on the raw (unnormalized) q and k rows; the l2norm, kda's scalar beta and the scale are
+row / column factors the consumers apply. Akk is the WY system's Gram (wy_fwd.py reads its
+ten lower 16x16 blocks), Aqk the output's intra-chunk term (output.py's output_fwd and
+dv_local read it, the latter transposed). Both are stored fp32, [T, HO, 64]: row t holds
+the scores of token t against its chunk's 64 tokens, zero above the diagonal.
+
+The chunk's rows fall into four sub-chunks of 16. For a pair (i, j) with i in sub-chunk a
+and j in an earlier one, with r = 16 a the sub-chunk's first row,
+  exp(G_ic - G_jc) = exp(G_ic - G_rc) exp(G_rc - G_jc),   j < r <= i,
+and G is non-increasing (log gates <= 0), so both factors are <= 1 whatever the gate:
+nothing overflows, and where a factor underflows the exact product is smaller still. So a
+sub-chunk's whole row strip against the earlier rows is ONE tensor-core product, its rows
+scaled by exp(G - G_r) and the earlier rows by exp(G_r - G). Only the pairs inside a
+sub-chunk (j <= i, both in sub-chunk a) cannot take a shared row: their factor could
+exceed e^88 at steep gates (-40 per token passes it within 3 tokens). They are summed
+exactly per pair, one column j at a time ([16, BK] exponentials per column), and each
+exponential serves both Akk and Aqk.
+
+One program per (chunk, output head) also runs stage 1 (gates.py gate_rows: G and
+beta_eff, stored for every later stage), so the scores read G back from memory (L1-hot).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .chunk_index import locate_chunk
+from .gates import gate_rows
+from .tiles import load_rows, load_rows_t, store_rows, store_vec
+
+# Columns of a row of the score buffers: a chunk's tokens.
+SCORE_COLS = tl.constexpr(64)
+
+
+@triton.jit
+def _store_gates(gc_ptr, beff_ptr, gam, b, t0, rows, valid, HO, h, offset, K: tl.constexpr,
+                 BETA_K: tl.constexpr):  # fmt: skip
+    """G = offset + the cumulative sum of gam's rows (per key channel), and beta_eff;
+    returns the sub-chunk's channel sums (the next sub-chunk's offset)."""
+    store_rows(gc_ptr, tl.cumsum(gam, 0) + offset[None, :], t0, rows, valid, HO * K, h * K, K)
+    if BETA_K:
+        store_rows(beff_ptr, b, t0, rows, valid, HO * K, h * K, K)
+    else:
+        store_vec(beff_ptr, b, t0, rows, valid, HO, h)
+    return offset + tl.sum(gam, 0)
+
+
+@triton.jit
+def _strip(
+    q_ptr, k_ptr, gc_ptr, beff_ptr, akk_ptr, aqk_ptr, t0, valid, h, hq, hk, HO, H, HK,
+    RA: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BETA_K: tl.constexpr,
+    PREC: tl.constexpr,
+):  # fmt: skip
+    """The [16, 64] row strips of Akk and Aqk for the sub-chunk whose first row is RA."""
+    i = RA + tl.arange(0, 16)
+    j = tl.arange(0, SCORE_COLS)
+    row_ok = i < valid
+    kk = tl.zeros([16, SCORE_COLS], dtype=tl.float32)
+    qk = tl.zeros([16, SCORE_COLS], dtype=tl.float32)
+    for ic in range(K // BK):
+        c = ic * BK
+        kc = tl.arange(0, BK)
+        kx = load_rows(k_ptr, t0, i, valid, HK * K, hk * K + c, BK).to(tl.float32)
+        if BETA_K:
+            kx = kx * load_rows(beff_ptr, t0, i, valid, HO * K, h * K + c, BK)
+        qx = load_rows(q_ptr, t0, i, valid, H * K, hq * K + c, BK).to(tl.float32)
+        gx = load_rows(gc_ptr, t0, i, valid, HO * K, h * K + c, BK)
+        if RA > 0:
+            # The earlier sub-chunks through the reference row RA: one product per strip.
+            gr = tl.load(gc_ptr + (t0 + RA).to(tl.int64) * HO * K + h * K + c + kc,
+                         mask=(kc < BK) & (RA < valid), other=0.0)  # fmt: skip
+            ex = tl.exp(tl.where(row_ok[:, None], gx - gr[None, :], 0.0))
+            # (no reference row past the chunk's end: then no row of the strip is valid)
+            early = (j < RA)[None, :] & (RA < valid)
+            kt = load_rows_t(k_ptr, t0, j, valid, HK * K, hk * K + c, BK).to(tl.float32)
+            gt = load_rows_t(gc_ptr, t0, j, valid, HO * K, h * K + c, BK)
+            yt = tl.where(early, kt * tl.exp(tl.where(early, gr[:, None] - gt, 0.0)), 0.0)
+            kk += tl.dot(kx * ex, yt, input_precision=PREC)
+            qk += tl.dot(qx * ex, yt, input_precision=PREC)
+        # The sub-chunk's own pairs, exact: column RA + jj at a time.
+        for jj in range(16):
+            col = RA + jj
+            col_ok = col < valid
+            base = (t0 + col).to(tl.int64)
+            krow = tl.load(k_ptr + base * HK * K + hk * K + c + kc, mask=(kc < BK) & col_ok,
+                           other=0.0).to(tl.float32)  # fmt: skip
+            grow = tl.load(gc_ptr + base * HO * K + h * K + c + kc, mask=(kc < BK) & col_ok,
+                           other=0.0)  # fmt: skip
+            keep = (i >= col) & row_ok
+            ke = krow[None, :] * tl.exp(tl.where(keep[:, None], gx - grow[None, :], 0.0))
+            place = (j == col)[None, :] & keep[:, None]
+            kk += tl.where(place, tl.sum(kx * ke, 1)[:, None], 0.0)
+            qk += tl.where(place, tl.sum(qx * ke, 1)[:, None], 0.0)
+    store_rows(akk_ptr, kk, t0, i, valid, HO * SCORE_COLS, h * SCORE_COLS, SCORE_COLS)
+    store_rows(aqk_ptr, qk, t0, i, valid, HO * SCORE_COLS, h * SCORE_COLS, SCORE_COLS)
+
+
+@triton.jit(do_not_specialize=["N"])
+def subchunk_scores_kernel(
+    q_ptr,
+    k_ptr,
+    g_ptr,
+    beta_ptr,
+    a_log_ptr,
+    dt_bias_ptr,
+    cu_ptr,
+    off_ptr,
+    seq_ptr,
+    N,
+    gc_ptr,
+    beff_ptr,
+    akk_ptr,
+    aqk_ptr,
+    HO,
+    H,
+    HK,
+    lower_bound,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    LINEAR: tl.constexpr,
+    SAFE: tl.constexpr,
+    HAS_A: tl.constexpr,
+    HAS_DT: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    NEG_EIGVAL: tl.constexpr,
+    GATE_K: tl.constexpr,
+    HAS_LB: tl.constexpr,
+    BETA_K: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per (chunk, output head): stage 1's G [T, HO, K] and beta_eff ([T, HO],
+    [T, HO, K] under BETA_K), then Akk and Aqk [T, HO, 64] (module docstring), BK key
+    channels at a time. GATE_K must be set (the form exists for a per-key decay)."""
+    tl.static_assert(GATE_K, "the sub-chunk scores serve a decay per key channel")
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
+    if valid <= 0:
+        return
+    hq = h // (HO // H)
+    hk = h // (HO // HK)
+    r = tl.arange(0, 16)
+    off = tl.zeros([K], dtype=tl.float32)
+    for sub in tl.static_range(4):
+        gam, b = gate_rows(
+            g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 16 * sub, valid, h, HO,
+            lower_bound, K, GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL,
+            BETA_K,
+        )  # fmt: skip
+        off = _store_gates(gc_ptr, beff_ptr, gam, b, t0, r + 16 * sub, valid, HO, h, off, K,
+                           BETA_K)  # fmt: skip
+    # The scores read G (and beta_eff) back: every thread's store first.
+    tl.debug_barrier()
+    for sub in tl.static_range(4):
+        _strip(
+            q_ptr, k_ptr, gc_ptr, beff_ptr, akk_ptr, aqk_ptr, t0, valid, h, hq, hk, HO, H, HK,
+            16 * sub, K, BK, BETA_K, PREC,
+        )  # fmt: skip
+
+
+@triton.jit
+def _gram_block(akk_ptr, t0, valid, HO, h, BI: tl.constexpr, BJ: tl.constexpr):
+    r = tl.arange(0, 16)
+    return load_rows(akk_ptr, t0, 16 * BI + r, valid, HO * SCORE_COLS,
+                     h * SCORE_COLS + 16 * BJ, 16)  # fmt: skip
+
+
+@triton.jit
+def load_gram(akk_ptr, t0, valid, HO, h):
+    """Akk's ten lower 16x16 blocks of the chunk at t0 (rows past valid read as 0), in
+    wy_fwd.py's order: 00, 11, 22, 33, 10, 20, 21, 30, 31, 32."""
+    return (
+        _gram_block(akk_ptr, t0, valid, HO, h, 0, 0),
+        _gram_block(akk_ptr, t0, valid, HO, h, 1, 1),
+        _gram_block(akk_ptr, t0, valid, HO, h, 2, 2),
+        _gram_block(akk_ptr, t0, valid, HO, h, 3, 3),
+        _gram_block(akk_ptr, t0, valid, HO, h, 1, 0),
+        _gram_block(akk_ptr, t0, valid, HO, h, 2, 0),
+        _gram_block(akk_ptr, t0, valid, HO, h, 2, 1),
+        _gram_block(akk_ptr, t0, valid, HO, h, 3, 0),
+        _gram_block(akk_ptr, t0, valid, HO, h, 3, 1),
+        _gram_block(akk_ptr, t0, valid, HO, h, 3, 2),
+    )
