@@ -2,7 +2,8 @@
 float64 reference, at every kernel config (the transition kernel is new: Triton 3.6 on
 Hopper miscompiles some configs, BRIEF.md); with two GPUs, gated_delta_net_cp (and
 kimi_delta_attention_cp) over NCCL against the one-GPU gated_delta_net
-(kimi_delta_attention). kda's and gdp's summaries: test_summary_families_gpu.py.
+(kimi_delta_attention); with three, tests/linear_attention/test_gdn_cp.py's three-rank
+case (a middle rank) over NCCL. kda's and gdp's summaries: test_summary_families_gpu.py.
 
 Run: PYTHONPATH=src:tests python -m pytest tests/gpu/test_cp_gpu.py -q -s
 """
@@ -218,3 +219,27 @@ def test_two_gpus_over_nccl_match_one_gpu(family):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(_nccl_rank, args=(2, port, x, d, expected, family), nprocs=2)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 3, reason="needs three GPUs")
+def test_three_gpus_over_nccl_match_one_gpu():
+    # tests/linear_attention/test_gdn_cp.py's ranks, fp32, one per GPU: a middle rank that
+    # both receives a prefix and passes one on, ragged spans cut into pieces, grouped heads.
+    import torch.multiprocessing as mp
+    from test_gdn_cp import THREE_RANKS, _inputs, _one_process, _rank, _to
+
+    case = THREE_RANKS
+    spans, heads, safe_gate, batch, pieces = (
+        case[n] for n in ("spans", "heads", "safe_gate", "batch", "piece_tokens")
+    )
+    x, d = _inputs(spans, heads, safe_gate, batch)
+    expected = _to(_one_process(_to(x, "cuda:0"), _to(d, "cuda:0"), safe_gate, "gdn"), "cpu")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(
+        _rank,
+        args=(3, port, spans, x, d, safe_gate, pieces, expected, "gdn", "nccl"),
+        nprocs=3,
+        start_method="spawn",
+    )

@@ -195,3 +195,28 @@ def test_kda_chain_equals_uncut_bf16():
     g = backward(x, cu, 4, d_o, d_final, gate_per_key=True)
     for name in GRADS:
         assert rel_err(g[name], g0[name]) <= CHAIN_TOL, name
+
+
+def test_a_one_piece_chain_plan_is_the_uncut_plan_bitwise():
+    # Through the graph API, as tests/linear_attention/test_gdn_chain.py builds its plans
+    # (SEQ_PIECES from the knob), in fp32: a chain of one piece is the uncut plan, forward
+    # and backward, bitwise; three pieces are the uncut plan's numbers within rounding.
+    import test_gdn_chain as cpu
+    from test_gdn_engine import inputs, with_gdn_engine
+
+    x = inputs(seqlens=(3000, 0, 700, 1), heads=4, dim=DIM, seed=9)
+    d_o, d_final = cpu.cotangents(x)
+    eid = cpu.engine_id_of(x)
+    runs = {}
+    with with_gdn_engine():
+        for pieces in (0, 1, 3):
+            o, f, built = cpu.forward(x, cpu.knobs(eid, pieces))
+            assert built[1][cpu.KT.SEQ_PIECES] == pieces
+            runs[pieces] = {
+                "o": o,
+                "final": f,
+                **cpu.backward(x, d_o, d_final, cpu.knobs(eid, pieces)),
+            }
+    for name, uncut in runs[0].items():
+        assert torch.equal(runs[1][name], uncut), name
+        assert rel_err(runs[3][name], uncut) <= 1e-4, name

@@ -2,7 +2,9 @@
 over torch.distributed's gloo backend, each holding one span of the sequences, against the
 single-process gated_delta_net (kimi_delta_attention for kda) of the whole sequences:
 outputs, final state and every gradient. The Triton interpreter runs the kernels in every
-process."""
+process. Three ranks (a middle rank that both receives and sends) run on three GPUs over
+NCCL: tests/gpu/test_cp_gpu.py's test_three_gpus_over_nccl_match_one_gpu, on
+THREE_RANKS below."""
 
 from __future__ import annotations
 
@@ -39,10 +41,10 @@ CASES = {
     "two-ranks-safe-gate": dict(
         spans=(40, 30), heads=(2, 2, 2), safe_gate=True, batch=2, piece_tokens=None
     ),
-    # three ranks of ragged spans, one q / k head serving two output heads, the l2norm
-    # (pieces of 64 tokens: rank 0's span is three pieces, rank 2's two)
-    "three-ranks-grouped": dict(
-        spans=(130, 20, 70), heads=(1, 1, 2), safe_gate=False, batch=1, piece_tokens=64
+    # ragged spans, one q / k head serving two output heads, the l2norm (pieces of 64
+    # tokens: rank 0's span is two pieces, the second of 6 tokens)
+    "two-ranks-grouped-pieces": dict(
+        spans=(70, 20), heads=(1, 1, 2), safe_gate=False, batch=1, piece_tokens=64
     ),
     # kda: a decay per key channel under the safe gate's lower-bound form, a rank holding
     # one token, grouped value heads
@@ -50,6 +52,10 @@ CASES = {
         spans=(33, 1), heads=(1, 1, 2), safe_gate=True, batch=1, piece_tokens=None, family="kda"
     ),
 }
+
+# On three GPUs only (tests/gpu/test_cp_gpu.py): three ranks of ragged spans, grouped heads,
+# the l2norm; pieces of 64 tokens (rank 0's span is three pieces, rank 2's two).
+THREE_RANKS = dict(spans=(130, 20, 70), heads=(1, 1, 2), safe_gate=False, batch=1, piece_tokens=64)
 
 
 def _inputs(spans, heads, safe_gate, batch, dim=64, seed=0, family="gdn"):
@@ -108,9 +114,25 @@ def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def _rank(rank, world, port, spans, x, d, safe_gate, piece_tokens, expected, family):
+def _to(tree, device):
+    if isinstance(tree, dict):
+        return {k: _to(v, device) for k, v in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(_to(v, device) for v in tree)
+    return tree.to(device)
+
+
+def _rank(rank, world, port, spans, x, d, safe_gate, piece_tokens, expected, family,
+          backend="gloo"):  # fmt: skip
+    """One rank: its span through the cp op against `expected` (the one-process run).
+    backend "nccl" (tests/gpu/test_cp_gpu.py): rank r on GPU r."""
+    device = {}
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = {"device_id": torch.device("cuda", rank)}
+        x, d, expected = _to((x, d, expected), device["device_id"])
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, **device
     )
     try:
         lo = sum(spans[:rank])

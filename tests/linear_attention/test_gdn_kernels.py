@@ -189,39 +189,48 @@ GRAD_NAMES = {
     "dt_bias": "d_dt_bias",
 }
 
-# id -> (make_inputs options, op attributes)
+# id -> (make_inputs options, op attributes). One output head (the interpreter runs each
+# head's programs in turn) except where a per-head parameter or a head grouping is under
+# test. K = V = 256 (the state's V-block narrows past K = 128) runs on the GPU only, at
+# every config against float64: tests/gpu/test_gdn_gpu.py test_dtype_and_head_dim_at_each_config
+# (fp32-K256, bf16-K256) and test_attributes_bf16[K256-V256].
+ONE = (1, 1, 1)
 CASES = {
-    "plain-nol2": ({"use_qk_l2norm": False}, {}),
-    "l2norm": ({}, {"use_qk_l2norm": True}),
-    "no-state": ({"with_state": False}, {"use_qk_l2norm": True}),
-    "beta-sigmoid": ({"use_beta_sigmoid": True}, {"use_qk_l2norm": True, "use_beta_sigmoid": True}),
+    "plain-nol2": ({"use_qk_l2norm": False, "heads": ONE}, {}),
+    "l2norm": ({"heads": ONE}, {"use_qk_l2norm": True}),
+    "no-state": ({"with_state": False, "heads": ONE}, {"use_qk_l2norm": True}),
+    "beta-sigmoid": (
+        {"use_beta_sigmoid": True, "heads": ONE},
+        {"use_qk_l2norm": True, "use_beta_sigmoid": True},
+    ),
     "neg-eigval": (
-        {"use_beta_sigmoid": True},
+        {"use_beta_sigmoid": True, "heads": ONE},
         {"use_qk_l2norm": True, "use_beta_sigmoid": True, "allow_neg_eigval": True},
     ),
-    "safe-gate-unit": ({"safe_gate": True}, {"use_qk_l2norm": True, "safe_gate": True}),
+    "safe-gate-unit": (
+        {"safe_gate": True, "heads": ONE},
+        {"use_qk_l2norm": True, "safe_gate": True},
+    ),
     "safe-gate-alog-dtbias": (
         {"safe_gate": True, "has_a_log": True, "has_dt_bias": True},
         {"use_qk_l2norm": True, "safe_gate": True},
     ),
     "safe-gate-dtbias-only": (
-        {"safe_gate": True, "has_dt_bias": True},
+        {"safe_gate": True, "has_dt_bias": True, "heads": ONE},
         {"safe_gate": True, "use_qk_l2norm": True},
     ),
-    "linear-gate": ({"gate_domain": "linear"}, {"use_qk_l2norm": True, "gate_domain": "linear"}),
+    "linear-gate": (
+        {"gate_domain": "linear", "heads": ONE},
+        {"use_qk_l2norm": True, "gate_domain": "linear"},
+    ),
     "group-q1-k1-v2": ({"heads": (1, 1, 2)}, {"use_qk_l2norm": True}),
     "group-q1-k2-v2": ({"heads": (1, 2, 2)}, {"use_qk_l2norm": True}),
     "group-q2-k2-v1": ({"heads": (2, 2, 1)}, {"use_qk_l2norm": True}),
     "K128-V64-int64cu": (
-        {"dim_k": 128, "dim_v": 64, "cu_dtype": torch.int64, "heads": (1, 1, 1)},
+        {"dim_k": 128, "dim_v": 64, "cu_dtype": torch.int64, "heads": ONE},
         {"use_qk_l2norm": True},
     ),
-    "K64-V128": ({"dim_v": 128, "heads": (1, 1, 1), "seqlens": (70, 1)}, {"use_qk_l2norm": True}),
-    # fla serves K up to 256: the state's V-block narrows past K = 128 (kernels/gdn.py).
-    "K256-V256": (
-        {"dim_k": 256, "dim_v": 256, "heads": (1, 1, 1), "seqlens": (70, 3)},
-        {"use_qk_l2norm": True},
-    ),
+    "K64-V128": ({"dim_v": 128, "heads": ONE, "seqlens": (70, 1)}, {"use_qk_l2norm": True}),
 }
 
 

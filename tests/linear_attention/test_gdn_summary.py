@@ -67,8 +67,8 @@ def cu(lengths):
 
 CASES = {
     # two sequences (150 and 70 tokens) cut into three spans each: chunk-aligned, ragged
-    # and empty spans
-    "l2norm": dict(spans=((64, 21, 65), (0, 40, 30)), heads=(2, 2, 2), gates={}),
+    # and empty spans; one head (two output heads are the grouped case's)
+    "l2norm": dict(spans=((64, 21, 65), (0, 40, 30)), heads=(1, 1, 1), gates={}),
     # one q / k head serving two output heads, sigmoid beta with negative eigenvalues,
     # the safe gate with its parameters
     "grouped-safe-gate": dict(

@@ -52,7 +52,7 @@ from ..graph.tensor import Tensor
 from . import discovery
 
 # Backend messages that speak of the machine, not of the graph: the library could not be
-# found or loaded, or a device query failed. Seen on 2026-11-29: "Unable to find symbol
+# found or loaded, or a device query failed. Seen in practice: "Unable to find symbol
 # cudnnCreate" (frontend without libcudnn), "CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED",
 # "cuda_get_device(&device) failed" (sdpa validate on a CPU machine without sm_version).
 _ENVIRONMENT_MARKERS = (

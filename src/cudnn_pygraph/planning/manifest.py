@@ -67,9 +67,9 @@ FAMILIES = (
         "sdpa_fwd",
         index=1,
         anchors=("sdpa", "sdpa_fp8", "sdpa_mxfp8"),
-        # Offered by default since the FlashInfer-shaped gate (tests/sdpa/
+        # Offered by default: the FlashInfer-shaped gate (tests/sdpa/
         # test_flashinfer_shaped_sdpa.py, in bf16 by tests/gpu/test_flashinfer_shaped_sdpa_gpu.py)
-        # passed on the H200 on 2026-11-29 with tests/gpu/test_sdpa_gpu.py: 36 passed.
+        # and tests/gpu/test_sdpa_gpu.py prove these engines on the GPU.
         slots=(
             EngineSlot(
                 0, "triton_sdpa_prefill", f"{_PKG}.engines.sdpa.engines", "SdpaPrefillEngine"

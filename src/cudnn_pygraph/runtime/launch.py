@@ -1,4 +1,4 @@
-"""The one launch path of the python engines: compile at build, launch raw at execute.
+"""How the python engines launch: compile at build, launch raw at execute.
 
 Every python plan's kernels are Triton kernels. Triton's own launch (``kernel[grid](...)``)
 binds the arguments, computes a specialization key, looks it up and reads torch's current
@@ -8,19 +8,26 @@ and strides, compiles its kernels for exactly that (`compile_launch`), and execu
 one generated function (`prepare_execute`): the pack's buffers by position, a few integer
 tests, then Triton's C launcher, called directly, on the handle's stream.
 
-Two things live here and nowhere else:
+What lives here and nowhere else:
 
-* `Kernel`: a compiled, loaded kernel and the ABI of Triton's C launcher (`LAUNCHER_HEAD`:
-  the launcher's arguments ahead of the kernel's own). The GEMM engine's generated execute
-  (engines/gemm/kernels/launch.py) and the recorded-launch replay (launch_replay.py) read
-  it.
+* `Kernel`, `compile_kernel`: the one compile and load of every python plan's kernels, and
+  the ABI of Triton's C launcher (`LAUNCHER_HEAD`: the launcher's arguments ahead of the
+  kernel's own; `launcher_call` spells one raw launch of it in generated source).
 * `SymbolicTensor` / `Stride`: a plan describes its operands symbolically at build, runs its
   launcher's ARGUMENT code on them (the same code that serves the torch entry), and gets
   its launches back with each pointer an (operand, byte offset) and each stride an
   (operand, axis) of the call's buffer or a constant of the declaration.
 
-A launcher whose argument code cannot run on symbolic tensors (the GDN pipelines) records
-one real run and replays it raw instead: runtime/launch_replay.py, built on this module.
+Three generators write an execute over that ABI, one per way a plan knows its launches,
+and each is the only one for its kind: `prepare_execute` here (launches described
+symbolically: the SDPA engines and every plan whose argument code runs on
+`SymbolicTensor`s); engines/gemm/kernels/launch.py's `lower_pack_execute` (the GEMM
+recipe's launch table, whose rules, TMA alignment per element size, the split-K pair and
+the SM-filling grid, the torch entry reads through the same table, so the two cannot
+drift); and runtime/launch_replay.py's `build_replay` (a launcher whose argument code
+cannot run on symbolic tensors, the GDN pipelines: one real run recorded and replayed with
+the call's addresses). They share `Kernel`, `LAUNCHER_HEAD`, `ALIGN` and `launcher_call`,
+so the launcher's ABI is written once.
 
 Specialization is Triton's own, computed without a device (its binder, for an sm_90
 target): pointers 16-byte aligned, int arguments equal to 1 folded, multiples of 16 marked.
@@ -48,6 +55,27 @@ WORKSPACE = -1
 # The operand index of the plan's own zeroed memory (`zeroed_tensor`): counters a kernel
 # leaves at zero, which the caller's workspace cannot hold (its content is never assumed).
 ZEROED = -2
+
+
+def launcher_call(j, grid, cooperative, pdl, scratch, args):
+    """The source of one raw launch of kernel j in a generated execute: Triton's C launcher
+    `L{j}` with LAUNCHER_HEAD's values, in its order, then the kernel's arguments. `grid`
+    and `scratch` are source expressions, `args` a list of them; the stream is the name
+    `stream`; `F{j}` / `M{j}` are the kernel's function and packed metadata, which the
+    caller puts in the execute's namespace (`bind_launcher`). No launch metadata, no
+    hooks."""
+    gx, gy, gz = grid
+    head = {"grid_x": gx, "grid_y": gy, "grid_z": gz, "stream": "stream",
+            "function": f"F{j}", "cooperative": repr(cooperative), "pdl": repr(pdl),
+            "global_scratch": scratch, "packed_metadata": f"M{j}"}  # fmt: skip
+    spelled = [str(head.get(f, "None")) for f in LAUNCHER_HEAD] + [str(a) for a in args]
+    return f"L{j}(" + ", ".join(spelled) + ")"
+
+
+def bind_launcher(env, j, launch, function, packed_metadata):
+    """Put kernel j's launcher, function and packed metadata where `launcher_call`'s
+    source reads them."""
+    env[f"L{j}"], env[f"F{j}"], env[f"M{j}"] = launch, function, packed_metadata
 
 
 class Kernel:
@@ -738,7 +766,7 @@ def _generated(label, operands, compiled, need, zeroed=None, extent=None):
     env["RULES"] = tuple(_rules(operands, compiled))
     for j, c in enumerate(compiled):
         k = c.kernel
-        env[f"L{j}"], env[f"F{j}"], env[f"M{j}"] = k.launch, k.function, k.packed_metadata
+        bind_launcher(env, j, k.launch, k.function, k.packed_metadata)
     if fast:
         ws = "ws" if workspace_size or per_extent else "None"
         e = "E" if per_call else "None"
@@ -758,8 +786,8 @@ def _generated(label, operands, compiled, need, zeroed=None, extent=None):
 def _launch_line(j, c, env, declared):
     """One raw launch. With `declared` (the common call: every buffer under its declared
     strides) the strides are the declaration's constants and every argument after the last
-    address is one prebuilt tuple, T{j}: a call of ~80 arguments spelled out cost 1.3 us more
-    on the CI CPU (no-op launcher) than the addresses and *T{j}."""
+    address is one prebuilt tuple, T{j}: spelling out a call of ~80 arguments costs
+    measurably more host time per launch than the addresses and *T{j}."""
     k = c.kernel
     args = []
     for v in c.values:
@@ -773,22 +801,21 @@ def _launch_line(j, c, env, declared):
                 args.append((False, declared[v.slot].strides[v.axis]))
         else:
             args.append((False, v))
-    gx, gy, gz = (_grid_extent(c, g) if type(g) is Extent else g for g in c.launch.grid)
+    grid = [_grid_extent(c, g) if type(g) is Extent else g for g in c.launch.grid]
     scratch = "None" if c.scratch is None else f"gs{j}"
-    head = (f"L{j}({gx}, {gy}, {gz}, stream, F{j}, {k.cooperative!r}, {k.pdl!r}, {scratch}, "
-            f"None, M{j}, None, None, None")  # fmt: skip
     if declared is not None:
         last = max((i for i, (var, _) in enumerate(args) if var), default=-1)
         env[f"T{j}"] = tuple(value for _, value in args[last + 1 :])
-        return head + "".join(f", {e}" for _, e in args[: last + 1]) + f", *T{j})"
-    spelled = []
-    for i, (var, e) in enumerate(args):
-        if var or e is None or type(e) in (bool, int, float):
-            spelled.append(e if var else repr(e))
-        else:
-            env[f"C{j}_{i}"] = e
-            spelled.append(f"C{j}_{i}")
-    return head + "".join(f", {e}" for e in spelled) + ")"
+        spelled = [e for _, e in args[: last + 1]] + [f"*T{j}"]
+    else:
+        spelled = []
+        for i, (var, e) in enumerate(args):
+            if var or e is None or type(e) in (bool, int, float):
+                spelled.append(e if var else repr(e))
+            else:
+                env[f"C{j}_{i}"] = e
+                spelled.append(f"C{j}_{i}")
+    return launcher_call(j, grid, k.cooperative, k.pdl, scratch, spelled)
 
 
 def _grid_extent(c, g=None):
@@ -922,5 +949,6 @@ def _interpreted(operands, compiled, need, zeroed=None, extent=None):
 __all__ = [
     "ALIGN", "LAUNCHER_HEAD", "WORKSPACE", "ZEROED", "CompiledLaunch", "Extent", "Kernel", "Launch",
     "Operand", "Refusal", "Stride", "SymbolicTensor", "PerStreamMemory", "before_triton_driver",
-    "compile_kernel", "compile_launch", "prepare_execute", "workspace_tensor", "zeroed_tensor",
+    "bind_launcher", "compile_kernel", "compile_launch", "launcher_call", "prepare_execute",
+    "workspace_tensor", "zeroed_tensor",
 ]  # fmt: skip

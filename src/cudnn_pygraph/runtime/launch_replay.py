@@ -4,7 +4,7 @@ For a launcher whose argument code is not written against `launch.SymbolicTensor
 pipeline: Python that validates, carves a workspace and picks configs): `record_launches`
 watches one real run through Triton's own launch path, and `build_replay` turns what it
 saw into one generated function that calls each kernel's C launcher directly (the ABI of
-`launch.LAUNCHER_HEAD`), on the caller's stream, with the call's addresses. A call that
+`launch.LAUNCHER_HEAD`, spelled by `launch.launcher_call`), on the caller's stream, with the call's addresses. A call that
 breaks what Triton specialized the recorded run on (a 16-byte-aligned pointer, roots that
 were one buffer) is refused before anything launches.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from .launch import ALIGN, before_triton_driver
+from .launch import ALIGN, before_triton_driver, bind_launcher, launcher_call
 
 _RECORDING = threading.local()
 _PATCH_LOCK = threading.Lock()
@@ -189,10 +189,7 @@ def build_replay(record: LaunchRecord, roots: list, label: str):
     try:
         for i, (kname, compiled, grid, values) in enumerate(record.launches):
             run = compiled.run
-            env[f"L{i}"] = run.launch
-            env[f"F{i}"] = compiled.function
-            env[f"M{i}"] = compiled.packed_metadata
-            coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+            bind_launcher(env, i, run.launch, compiled.function, compiled.packed_metadata)
             args = []
             for j, value in enumerate(values):
                 if isinstance(value, torch.Tensor):
@@ -203,11 +200,8 @@ def build_replay(record: LaunchRecord, roots: list, label: str):
                 else:
                     env[f"C{i}_{j}"] = value
                     args.append(f"C{i}_{j}")
-            gx, gy, gz = grid
-            lines.append(
-                f"    L{i}({gx}, {gy}, {gz}, stream, F{i}, {coop!r}, {pdl!r}, None, None, M{i}, "
-                f"None, None, None, {', '.join(args)})"
-            )
+            coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+            lines.append("    " + launcher_call(i, grid, coop, pdl, "None", args))
     except LookupError as err:
         return None, str(err)
     guard = [f"p{r} & {ALIGN - 1} != {base[r] % ALIGN}" for r in sorted(needs_aligned)]

@@ -28,8 +28,8 @@ FP8 = frozenset({data_type.FP8_E4M3, data_type.FP8_E5M2})
 # on device scalars, as classic cuDNN fp8 matmul graphs declare them) are accepted only in
 # the cells tests/gpu/test_gemm_gpu.py proved on the H200: (A dtype, B dtype, A major,
 # B major, tile path), the path decided from the declaration (fp8_cell), so the CPU
-# interpreter accepts exactly what the GPU would run. H200, 2026-11-29 16:20 UTC: every cell
-# below gave rel err 1.66e-3..1.70e-3 against float64 with a bf16 output (320x384x512; the
+# interpreter accepts exactly what the GPU would run. On the H200 every cell below gave
+# rel err 1.66e-3..1.70e-3 against float64 with a bf16 output (320x384x512; the
 # pointer path at K=513), and the backend's fp8 plan agreed with ours to 1.1e-3 (e4m3, A row,
 # B col). Not proven, so declined: e5m2 x e4m3, and col-major A or mixed dtypes on the
 # pointer path.

@@ -33,14 +33,9 @@ def configs_for(facts):
 def backend_leads(facts) -> bool:
     """Whether the backend's block goes before ours, from facts: the plain bf16 GEMM cells
     where the H200 measured the backend's first plan ahead of our fastest listed config.
-    Two runs (bench/results/gemm.md, 2026-11-29 16:20 and 16:25 UTC; row-major, batch 1; ms,
-    ours / backend):
-      ours lead or tie: 8192^3 1.439 / 1.504 and 1.401 / 1.468; 4096 x 14336 x 4096 .6295 /
-        .6277 and .6178 / .6384; 4096^3 .1827 / .1927 and .1793 / .1771;
-      the backend leads: every M <= 128 shape (by 7-26%, tie once: 128 x 4096 x 4096 .0150 /
-        .0151), 4096 x 4096 x 14336 (K > N: .6592 / .6464 and .6547 / .6112) and 1024^3
-        (.0111 / .0104 in the second run; the first run's .0153 was host-bound: ~10 us of
-        graph.execute per ~10 us kernel).
+    In two runs (bench/results/gemm.md; row-major, batch 1) ours led or tied at 8192^3,
+    4096 x 14336 x 4096 and 4096^3; the backend led at every M <= 128 shape (by 7-26%),
+    at 4096 x 4096 x 14336 (K > N) and at 1024^3.
     Hence ours first only for M >= OURS_LEAD_MIN_M with K <= N. fp16, fp8, fused epilogues
     and batches keep ours first: fp8 measured ours ahead (4096^3 .1002 / .1096, 8192^3
     .7630 / .8339), the rest is untimed."""

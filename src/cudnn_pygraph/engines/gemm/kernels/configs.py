@@ -1,21 +1,8 @@
 """Which knobs to try first, from the problem's facts alone: the measured rule for H200.
 
-Measured 2026-11-29 16:20 UTC on one H200 (bench/gemm.py: bf16 row-major A and B, CUDA
-events around back-to-back calls, per-call medians, ms; every candidate in
-bench/results/gemm_candidates.json):
-
-  shape (M x N x K)     our fastest               next                      split-K best
-  1024^3                64x64x256-s3 .0113        128x128x64-s4 .0117       128x128 k2 .0145
-  4096^3                128x256x64-s3-w8 .1827    128x256x64-g4 .1985
-  8192^3                128x256x64-s3-w8 1.439    128x128x64-s4 1.667
-  4096 x 14336 x 4096   128x256x64-s3-w8 .6295    128x256x64-g4 .7034
-  4096 x 4096 x 14336   128x256x64-s3-w8 .6592    128x128x64-s4 .7050
-  16 x 4096 x 4096      64x128x128-s4 k2 .0167    64x64x256 k2 .0179        (unsplit .0203)
-  16 x 14336 x 4096     64x128x128-s4 .0389       128x256x64-g4 .0489       64x128 k2 .0467
-  16 x 4096 x 14336     64x128x128-s4 k4 .0404    64x128x128 k2 .0412       (unsplit .0588)
-  128 x 4096 x 4096     64x64x128-s5 .0150        64x64x128-s4 .0157        128x128 k2 .0205
-  128 x 14336 x 4096    128x128x64-s4 .0382       64x128x128-s4 .0408       128x128 k2 .0527
-  128 x 4096 x 14336    64x128x128-s4 k2 .0410    64x64x128-s5 .0416        (that k2)
+Measured on one H200 (bench/gemm.py: bf16 row-major A and B, CUDA events around
+back-to-back calls, per-call medians, ms): the per-shape table of our fastest, the next and
+the best split-K is bench/results/gemm.md, every candidate bench/results/gemm_candidates.json.
 
 The rule those numbers give: per row-count class, a ladder of tiles from large to small;
 take the first whose tile count (times batch) fills at least WAVE_FILL of the SMs. Large

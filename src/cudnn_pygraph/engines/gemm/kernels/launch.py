@@ -11,10 +11,13 @@ that breaks a rule goes to `check_frame`, which names the rule and raises; nothi
 Two callers: `CompiledGemm.launch` (the torch entry and benchmarks: pointers, extents and
 strides as arguments) reads the table through the getters; `lower_pack_execute` (an engine
 plan: everything but the pack's pointers and strides settled at build) generates its
-straight-line body from the same table. Measured on the 2-core CI CPU with a no-op C
-launcher (bench/gemm.py has the H200 figures): an engine execute from a built pack went
-4.3 -> 1.2 us (the stride-plan generator, the frame's rule loops and the 48-entry arg
-gather were the cost; the same table read through itemgetters was 3.0).
+straight-line body from the same table, so the engine plan and the torch entry check one
+set of rules. It is not runtime/launch.py's `prepare_execute`: that generator reads
+launches described by `SymbolicTensor`s, while a GEMM's launch is the recipe's frame (its
+rules, TMA alignment per element size, the split-K pair and the SM-filling grid, are the
+recipe's); both spell Triton's launcher from runtime/launch.py's `LAUNCHER_HEAD` and load
+through its `Kernel`. A straight line beats a loop over the table's rules, and the table
+read through itemgetters, in host time per call (bench/gemm.py).
 """
 
 from __future__ import annotations
@@ -348,11 +351,11 @@ def lower_pack_execute(compiled, positions, names, ranks, stride_plan, extents, 
 
 def _execute_source(table, positions, names, offsets, ranks, split_k):
     """The body of an engine plan's execute, generated from the launch table (one generator
-    for every epilogue flavour: the spec's "source codegen off the same table"). Reading
-    the table through itemgetters cost 3.0 us per call on the CI CPU; this straight line
-    1.1 (no-op launcher, bench/gemm.py has the H200 figures). Per call: check_extent per
-    operand, the buffers' pointers and strides, the unit-stride and alignment rules as a
-    few integer tests, then Triton's launcher with every other argument a constant."""
+    for every epilogue flavour: the spec's "source codegen off the same table"): a straight
+    line costs less host time per call than reading the table through itemgetters
+    (bench/gemm.py). Per call: check_extent per operand, the buffers' pointers and
+    strides, the unit-stride and alignment rules as a few integer tests, then Triton's
+    launcher with every other argument a constant."""
     n_head, n_ptr = table.n_head, len(positions)
     for at, want in [(at, "unit") for at in table.unit_at] + list(
         zip(table.aligned_at, table.aligned_masks)

@@ -1,9 +1,8 @@
 """Which knobs to build for an SDPA forward, from facts alone (measured winner first).
 
 Each rule names its first choice and keeps runners-up behind it for a caller that
-autotunes. Timed cells: bench/sdpa_fwd.py on the H200, runs of 2026-11-29 (14:43, 15:26,
-16:31 UTC; torch 2.11 cu130, triton 3.6.0, bf16, CUDA-event medians); the tables are
-bench/results/sdpa_fwd.md. A cell marked "untimed" keeps a reasoned guess, and says so.
+autotunes. Timed cells: bench/sdpa_fwd.py on the H200 (bf16, CUDA-event medians); the
+tables, with the runs they come from, are bench/results/sdpa_fwd.md. A cell marked "untimed" keeps a reasoned guess, and says so.
 Only configs that ran right against the float64 reference on the H200 are listed
 (LAZY_RESCALE ran right but 23% slower at D=128, so no rule lists it). Imports neither
 torch nor triton.

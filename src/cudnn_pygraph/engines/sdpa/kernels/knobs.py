@@ -36,7 +36,7 @@ class SdpaFwdKnobs:
     A cap trades a few spills for a second resident program per SM: at D=128 the 128x64
     tile with 8 warps compiles to 184 registers (one program per SM); capped at 128 it
     spills 96 bytes per thread and two programs fit with NUM_STAGES=2 (sm_90 ptxas of
-    triton 3.6, compiled offline, 2026-11-29).
+    triton 3.6, compiled offline).
     """
 
     TILE_M: int = 128
@@ -70,7 +70,7 @@ class SdpaFwdKnobs:
                 f"SdpaFwdKnobs.MAX_REGS={self.MAX_REGS}: must be 0 (the "
                 "compiler's choice) or 24..255"
             )
-        # Measured on the H200 (triton 3.6, 2026-11-29): ptxas dies (SIGSEGV) compiling TMA
+        # On the H200 with triton 3.6, ptxas dies (SIGSEGV) compiling TMA
         # loads with TILE_N=128 (D=64 and D=128), and TMA with LAZY_RESCALE at D=128 (causal,
         # no mask, THD with PACK_GQA; it compiled at D=64 and under a window mask, which is
         # not enough to keep it). A config that cannot compile is refused where it is named.
