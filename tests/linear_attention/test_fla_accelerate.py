@@ -196,3 +196,18 @@ def test_gdp_takes_flas_positional_order_and_g_none_is_the_ungated_product():
     assert torch.equal(o, want)
     o3, _ = entries.chunk_gated_delta_product(q, k, v, None, beta, n, None, None, False, True, cu)
     assert torch.equal(o3, want)
+
+
+@pytest.mark.parametrize(
+    "keywords, reason",
+    [
+        (dict(chunk_size=32), "chunk_size"),
+        (dict(use_gate_in_kernel=True), "use_gate_in_kernel without A_log"),
+        (dict(use_gate_in_kernel=True, safe_gate=True, A_log=torch.zeros(2)), "safe_gate"),
+    ],
+)
+def test_gdn2_calls_fla_refuses_reach_fla(keywords, reason):
+    fn, calls = _replacement("gdn2")
+    q, k, v, _, _ = _gdn_args()
+    assert fn(q, k, v, q, q, v, **keywords) == "fla's own" and len(calls) == 1
+    assert cfla.last_path().startswith(f"fallback:{reason}")

@@ -57,6 +57,13 @@ COMMON: tuple[Rule, ...] = (
     ("dtype", lambda c: c["q"].dtype not in _IO_DTYPES),
     (f"head dim (K and V in {SUPPORTED_HEAD_DIMS})", _head_dim_not_served),
 )
+
+
+def keyword(call, name, default=None):
+    """A keyword fla reads out of **kwargs."""
+    return call.get("kwargs", {}).get(name, default)
+
+
 INTERMEDIATE_STATES: Rule = (
     "return_intermediate_states",
     lambda c: bool(c.get("return_intermediate_states")),
@@ -100,6 +107,16 @@ TARGETS = {
                 INTERMEDIATE_STATES,
                 # the bounded gate lb * sigmoid(.) is kda's attribute; gdn2's op has none
                 ("lower_bound", lambda c: c.get("lower_bound") is not None),
+                # calls fla's chunk_gdn2 refuses: its own error says why
+                ("chunk_size (fla serves 64 only)", lambda c: keyword(c, "chunk_size", 64) != 64),
+                (
+                    "use_gate_in_kernel without A_log (fla refuses)",
+                    lambda c: c.get("use_gate_in_kernel") and keyword(c, "A_log") is None,
+                ),
+                (
+                    "safe_gate with use_gate_in_kernel and no lower_bound (fla refuses)",
+                    lambda c: c.get("safe_gate") and c.get("use_gate_in_kernel"),
+                ),
             ),
         ),
         Target(
