@@ -27,7 +27,7 @@ PKG = "cudnn_pygraph"
 LAYERS = ("vocabulary", "ir", "runtime", "planning", "peers", "facade")
 FACADE = {f"{PKG}.graph.pygraph", PKG, f"{PKG}.__main__", f"{PKG}.cli", f"{PKG}.demo",
           f"{PKG}._torch_dispatch", f"{PKG}.graph_types", f"{PKG}.nodes"}  # fmt: skip
-FACADE_PACKAGES = (f"{PKG}.classic", f"{PKG}.linear_attention", f"{PKG}.ops")
+FACADE_PACKAGES = (f"{PKG}.classic", f"{PKG}.fla", f"{PKG}.linear_attention", f"{PKG}.ops")
 
 
 def layer_of(module):

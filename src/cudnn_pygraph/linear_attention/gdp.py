@@ -263,8 +263,10 @@ def gated_delta_product(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    cp_context: object | None = None,
     *,
     use_beta_sigmoid_in_kernel: bool = False,
     allow_neg_eigval: bool = False,
@@ -283,19 +285,30 @@ def gated_delta_product(
     [B, T * n, HO] with n = num_householder (token t's Householder rows at t * n .. t * n +
     n - 1); HO = max(H, HV). With cu_seqlens (int32/int64 [N + 1], in real tokens) B must be
     1. initial_state [N, HO, K, V] (K-major; [N, HO, V, K] with state_v_first). K and V: 64,
-    128 or 256. Per token the state decays once (exp(g), or g itself with
+    128 or 256. g=None is fla's ungated delta product (the state never decays). Per token
+    the state decays once (exp(g), or g itself with
     gate_domain="linear", or -exp(A_log) * softplus(g + dt_bias) with use_gate_in_kernel)
     and then takes n delta-rule steps; o reads it after the last. num_householder=1 is
     gated_delta_net. use_beta_sigmoid_in_kernel / allow_neg_eigval (beta = 2 sigmoid(x)),
     gate_domain and batch_invariant are this op's own (fla's has none of them).
+    cu_seqlens_cpu is fla's hint (not read); cp_context (fla's context parallelism) is not
+    served: cudnn_pygraph.linear_attention.cp.gated_delta_product_cp is ours.
 
     Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)."""
     if head_first:
         raise ValueError(_HEAD_FIRST_REMOVED)
     n = _householder_count(num_householder)
+    if cp_context is not None:
+        raise NotImplementedError(
+            "cp_context: context parallelism is not served by this op; "
+            "cudnn_pygraph.linear_attention.cp.gated_delta_product_cp serves it"
+        )
     if q.dim() != 4:
         raise ValueError(f"q: expected [B, T, H, K], got shape {tuple(q.shape)}")
     B, T = q.shape[:2]
+    if g is None:  # ungated: a log-decay of 0, or a decay of 1 in the linear domain
+        g = q.new_full((B, T, max(q.shape[2], v.shape[2])), float(gate_domain == "linear"),
+                       dtype=torch.float32)  # fmt: skip
     _check_rows(q, k, v, g, beta, n)
     _check_head_dims(q, v)
     cu_seqlens = _packed_cu_seqlens(cu_seqlens, B, T, q.device)

@@ -1,0 +1,132 @@
+"""fla's own tests, run twice: as they are, and after cudnn_pygraph.fla.accelerate_fla().
+
+    python3 tools/fla_suite.py --checkout PATH [--files test_gdn.py ...] [--out FILE]
+
+PATH is a checkout of fla-org/flash-linear-attention (fetched for the run, never copied
+into this repository); its tests/ops/<file> run against the installed fla-core. The
+accelerated run loads tools/fla_suite_plugin.py, which activates every target before the
+first test and records, per test, the route of its last rebound call (ours, or fla's own
+with the rule that declined it). Writes a markdown table: per file, passed / failed /
+skipped in each mode and how many accelerated cases ran on our plans; then every case
+that passes as fla ships it and fails accelerated, with the first line of its failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+
+FILES = ("test_gdn.py", "test_kda.py", "test_gdn2.py", "test_gdp.py", "test_delta_product.py")
+TOOLS = pathlib.Path(__file__).resolve().parent
+
+
+def outcomes(junit_xml: str) -> dict[str, tuple[str, str]]:
+    """{test id: (passed | failed | skipped, first line of the message)} from a JUnit file."""
+    result = {}
+    for case in ET.parse(junit_xml).getroot().iter("testcase"):
+        owner = case.get("classname", "").rpartition(".")[2]  # the module's (or class's) name
+        name = f"{owner}::{case.get('name', '')}"
+        state, message = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error"):
+                state, message = "failed", (child.get("message") or child.text or "")
+            elif child.tag == "skipped" and state == "passed":
+                state, message = "skipped", (child.get("message") or "")
+        result[name] = (state, message.strip().splitlines()[0][:160] if message.strip() else "")
+    return result
+
+
+def compare(plain: dict, accelerated: dict, routes: dict) -> dict:
+    """Counts per mode, the accelerated cases' routes, and the cases that regress."""
+    count = lambda res, s: sum(1 for state, _ in res.values() if state == s)
+    return {
+        "fla": {s: count(plain, s) for s in ("passed", "failed", "skipped")},
+        "accelerated": {s: count(accelerated, s) for s in ("passed", "failed", "skipped")},
+        "ours": sum(1 for r in routes.values() if r == "ours"),
+        "fallback": sum(1 for r in routes.values() if r and r.startswith("fallback")),
+        "regressions": sorted(
+            (name, accelerated[name][1], routes.get(name))
+            for name, (state, _) in plain.items()
+            if state == "passed" and accelerated.get(name, ("missing",))[0] != "passed"
+        ),
+        "gains": sorted(
+            name
+            for name, (state, _) in plain.items()
+            if state != "passed" and accelerated.get(name, ("",))[0] == "passed"
+        ),
+    }
+
+
+def run(test_file: pathlib.Path, accelerated: bool, timeout: int) -> tuple[dict, dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        junit, routes = os.path.join(tmp, "junit.xml"), os.path.join(tmp, "routes.json")
+        cmd = [sys.executable, "-m", "pytest", str(test_file), "-q", "-p", "no:cacheprovider",
+               f"--junitxml={junit}"]  # fmt: skip
+        env = dict(os.environ)
+        if accelerated:
+            cmd += ["-p", "fla_suite_plugin"]
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TOOLS), env.get("PYTHONPATH")]))
+            env["FLA_SUITE_ROUTES"] = routes
+        try:
+            subprocess.run(cmd, env=env, timeout=timeout, cwd=test_file.parent.parent.parent)
+        except subprocess.TimeoutExpired:
+            pass  # what finished is in the JUnit file only if pytest wrote it: see below
+        if not os.path.exists(junit):
+            return {}, {}
+        taken = json.load(open(routes)) if accelerated and os.path.exists(routes) else {}
+        return outcomes(junit), taken
+
+
+def table(rows: dict) -> str:
+    lines = [
+        "| file | fla passed / failed / skipped | accelerated passed / failed / skipped "
+        "| on our plans | fell back | fla passes, accelerated does not |",
+        "|---|---|---|---|---|---|",
+    ]
+    detail = []
+    for name, r in rows.items():
+        if r is None:
+            lines.append(f"| {name} | did not finish | | | | |")
+            continue
+        f, a = r["fla"], r["accelerated"]
+        lines.append(
+            f"| {name} | {f['passed']} / {f['failed']} / {f['skipped']} | {a['passed']} / "
+            f"{a['failed']} / {a['skipped']} | {r['ours']} | {r['fallback']} | "
+            f"{len(r['regressions'])} |"
+        )
+        detail += [f"- {name}: `{case}` ({route}): {why}" for case, why, route in r["regressions"]]
+    if detail:
+        lines += ["", "Cases fla passes and the accelerated run does not:", *detail]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkout", required=True, type=pathlib.Path)
+    parser.add_argument("--files", nargs="*", default=FILES)
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per file and mode")
+    parser.add_argument("--out", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    rows = {}
+    for name in args.files:
+        path = args.checkout / "tests" / "ops" / name
+        if not path.exists():
+            rows[name] = None
+            continue
+        plain, _ = run(path, False, args.timeout)
+        accelerated, routes = run(path, True, args.timeout)
+        rows[name] = compare(plain, accelerated, routes) if plain and accelerated else None
+    text = table(rows)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
