@@ -165,3 +165,16 @@ def test_threads_on_one_stream_get_their_own_answers():
         run_threads(run, len(seeds))
     for g, w in zip(got, want):
         assert all(torch.equal(a, b) for a, b in zip(g, w))
+
+
+def test_a_table_of_no_sequence_gives_nan_gradients_without_declaring_a_graph(monkeypatch):
+    """A graph cannot be declared at zero sequences (the backend refuses a zero batch): the
+    op decides from the table's length alone."""
+    from cudnn_pygraph.ops import attention
+
+    monkeypatch.setattr(attention, "_Declared", None)  # any graph declaration would fail
+    q, k, v = (t.requires_grad_() for t in _thd())
+    out = _varlen(q, k, v, torch.tensor([0], dtype=torch.int32), is_causal=True)
+    grads = torch.autograd.grad(out.float().sum(), (q, k, v))
+    assert out.shape == q.shape and out.isnan().all()
+    assert all(g.isnan().all() for g in grads)

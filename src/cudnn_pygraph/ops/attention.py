@@ -678,6 +678,8 @@ def scaled_dot_product_attention(
                      cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)  # fmt: skip
     if query.numel() == 0 or (key.numel() == 0 and not varlen):
         return _empty_attention(query, key, value, varlen)
+    if varlen and cu_seqlens_q.shape[0] == 1:
+        return _no_sequence(query, key, value)
     reason = _uncovered(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa,
                         causal_alignment, window_left, varlen)  # fmt: skip
     if reason is not None:
@@ -774,6 +776,18 @@ def _empty_attention(q, k, v, varlen):
     out = q.new_zeros(shape)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         out = out + (q.sum() + k.sum() + v.sum()) * 0
+    return out
+
+
+def _no_sequence(q, k, v):
+    """THD tables that name no sequence while q holds tokens: a malformed table, so NaN
+    outputs and gradients, as the device-side check makes any malformed table's. Decided
+    here from the table's length: no graph is declared at zero sequences (the backend's
+    refuses a zero batch)."""
+    shape = (*q.shape[:-1], v.shape[-1])
+    out = q.new_full(shape, float("nan"))
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        out = out + (q.sum() + k.sum() + v.sum()) * float("nan")
     return out
 
 
