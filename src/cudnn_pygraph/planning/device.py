@@ -8,8 +8,11 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import importlib.abc
+import importlib.util
 import json
 import os
+import sys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +157,45 @@ def prepare_kernels() -> None:
     """Called by engines/__init__.py, so before any of our kernel modules is decorated:
     on a machine without a GPU whose TRITON_INTERPRET is unset or true, our kernels are
     decorated for the interpreter and the interpreter is made to run them right whatever
-    was imported first (runtime/triton_interpreter.py). On a GPU machine: nothing."""
-    if not gpu_driver_present() and interpreter_chosen():
+    was imported first (runtime/triton_interpreter.py). On a GPU machine: nothing.
+
+    Deciding whether an engine serves a graph imports neither triton nor numpy (the
+    engines' capability checks run in processes that have neither): when triton is not
+    imported yet, the interpreter is made whole right after its import, whoever imports
+    it (_EngageAfterImport)."""
+    if gpu_driver_present() or not interpreter_chosen():
+        return
+    if "triton" in sys.modules:
+        from ..runtime.triton_interpreter import engage
+
+        engage()
+    elif not any(isinstance(f, _EngageAfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _EngageAfterImport())
+
+
+class _EngageAfterImport(importlib.abc.MetaPathFinder):
+    """A one-shot import hook: the first import of `triton` runs as usual, then the
+    interpreter is made whole (runtime/triton_interpreter.py engage)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "triton":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _EngagingLoader(spec.loader)
+        return spec
+
+
+class _EngagingLoader(importlib.abc.Loader):
+    def __init__(self, inner):
+        self._inner = inner
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
         from ..runtime.triton_interpreter import engage
 
         engage()
