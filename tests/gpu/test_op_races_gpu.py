@@ -20,6 +20,7 @@ import threading
 
 import pytest
 import torch
+from thd_tables import BAD_TABLES
 
 from cudnn_pygraph import ops
 from cudnn_pygraph.linear_attention import ops as la
@@ -106,17 +107,6 @@ def test_sdpa_forward_and_backward_threads_on_one_stream(kind):
 
     want, got = _race(step, [make(s) for s in range(THREADS * CALLS)], kind)
     _assert_bitwise(want, got)
-
-
-BAD_TABLES = {
-    "past-the-end": [0, 5, 20],
-    "far-past-the-end": [0, 5, 100000],
-    "negative": [0, -3, 16],
-    "decreasing": [0, 12, 5, 16],
-    "not-from-0": [3, 5, 16],
-    "no-sequence": [0],
-    "int64-wraps-to-valid": [0, 2**32 + 5, 16],
-}
 
 
 @pytest.mark.parametrize("table", list(BAD_TABLES.values()), ids=list(BAD_TABLES))

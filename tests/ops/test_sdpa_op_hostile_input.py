@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from interleaved_launches import launches_interleaved, run_threads
+from thd_tables import BAD_TABLES
 
 from cudnn_pygraph import ops
 
@@ -25,17 +26,6 @@ def _varlen(q, k, v, cu_q, cu_k=None, max_q=T, max_k=T, **kw):
         q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_q if cu_k is None else cu_k,
         max_seqlen_q=max_q, max_seqlen_k=max_k, **kw,
     )  # fmt: skip
-
-
-BAD_TABLES = {
-    "past-the-end": [0, 5, 20],
-    "far-past-the-end": [0, 5, 100000],
-    "negative": [0, -3, 16],
-    "decreasing": [0, 12, 5, 16],
-    "not-from-0": [3, 5, 16],
-    "no-sequence": [0],
-    "int64-wraps-to-valid": [0, 2**32 + 5, 16],
-}
 
 
 @pytest.mark.parametrize("table", list(BAD_TABLES.values()), ids=list(BAD_TABLES))
