@@ -69,8 +69,10 @@ ALLOWED_SPILLS = {
     "state_bwd": 1688,
     "state_fwd": 3624,
     "transition": 128,
-    "wy_bwd": 272,
-    "wy_solve": 4644,
+    "wy_bwd": 268,
+    # gdn2 at K = 256 under the sub-chunk configs; the tree configs' worst is 4644 (gdn2,
+    # K = 256): the sub-chunk form made this program worse
+    "wy_solve": 7948,
 }
 
 
@@ -330,7 +332,10 @@ def cases(quick=False, fp32=False):
 
 def collect(quick=False, fp32=False, log=print):
     """Compile every case; returns the Recorder and the seconds it took."""
-    os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported: compile, not interpret
+    # Before our kernels are decorated: compile, not interpret. An explicit false, not an
+    # unset variable: on a machine without a GPU the package turns an unset one on
+    # (planning/device.py interpreter_chosen).
+    os.environ["TRITON_INTERPRET"] = "0"
     import torch
 
     dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
