@@ -63,6 +63,7 @@ BETTER = (
     (r"^gdn-2\s*/\s*gdn\b", "lower"),
     (r"^ours/(theirs|floor)\b", "lower"),
     (r"^op\s*/", "lower"),
+    (r"^after\s*/\s*before\b", "lower"),  # a time after a change over the time before it
 )
 _DATE = re.compile(r"\b(20\d\d-\d\d-\d\d)(?:[ T]~?(\d\d:\d\d))?")
 _GPU = re.compile(r"\bNVIDIA [A-Z][A-Za-z0-9]*\d[A-Za-z0-9]*\b")
