@@ -168,3 +168,16 @@ def test_a_table_of_no_sequence_gives_nan_gradients_without_declaring_a_graph(mo
     grads = torch.autograd.grad(out.float().sum(), (q, k, v))
     assert out.shape == q.shape and out.isnan().all()
     assert all(g.isnan().all() for g in grads)
+
+
+@pytest.mark.parametrize(
+    "heads_k, heads_v, match", [(0, 0, "key: 0 heads"), (1, 2, "value: 2 heads")]
+)
+def test_thd_heads_are_read_from_the_heads_axis(heads_k, heads_v, match):
+    """THD is [T, H, D]: a table's zero key heads reached a kernel grid of zero and killed the
+    process (SIGFPE) while T stood in for the heads."""
+    q = torch.randn(5, 1, 64)
+    k, v = torch.randn(5, heads_k, 64), torch.randn(5, heads_v, 64)
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match=match):
+        _varlen(q, k, v, cu, cu, max_q=16, max_k=16, enable_gqa=True)

@@ -736,7 +736,8 @@ def _check_arguments(q, k, v, is_causal, alignment, window_left, varlen, cu_q, c
         if varlen and t.dim() != 3:
             raise ValueError(f"{name}: expected [T, H, D] (THD), got shape {list(t.shape)}")
     if q.dim() == rank and k.dim() == rank and v.dim() == rank:
-        hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+        heads = -2 if varlen else -3  # THD [T, H, D]; dense [B, H, S, D]
+        hq, hk, hv = q.shape[heads], k.shape[heads], v.shape[heads]
         if hk != hv:
             raise ValueError(f"value: {hv} heads, key has {hk}")
         if hq and hk == 0:
