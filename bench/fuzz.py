@@ -43,6 +43,10 @@ def main():
         "are then not fuzzed)",
     )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--budget-s", type=float, help="stop running cases after this many seconds and report "
+        "what ran (a run cut by an outer timeout reports nothing)",
+    )  # fmt: skip
     ap.add_argument("--out", default=str(ROOT / "bench/results/reliability.md"))
     ap.add_argument(
         "--trace",
@@ -61,12 +65,15 @@ def main():
     failures = collections.Counter()
     examples = {}
     count = 0
+    start = time.perf_counter()
 
     @settings(max_examples=total, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))  # fmt: skip
     @given(strategy)
     def one(recipe):
         nonlocal count
+        if args.budget_s is not None and time.perf_counter() - start > args.budget_s:
+            return  # hypothesis still draws the remaining cases; they are cheap next to a run
         count += 1
         if count % 1000 == 0:  # a run the backend kills still says how far it got
             print(f"{count} {what}, {sum(failures.values())} findings", flush=True)
@@ -91,11 +98,12 @@ def main():
         f"{platform.python_version()}, "
         f"{platform.machine()})\n"
     )
+    budget = f" --budget-s {args.budget_s:g}" if args.budget_s is not None else ""
     flag = f"--ops {args.ops}" if args.ops else f"--graphs {args.graphs}"
     interpreted = "TRITON_INTERPRET=1 " if os.environ.get("TRITON_INTERPRET") == "1" else ""
     summary = (
         f"`PYTHONPATH=$PWD/src:$PWD/tests {interpreted}python bench/fuzz.py {flag} "
-        f"--seed {args.seed}`: {count} {what} in {seconds:.0f} s; "
+        f"--seed {args.seed}{budget}`: {count} {what} in {seconds:.0f} s; "
         f"{count - failed} worked or raised a classic error, {failed} raised anything else.\n"
     )
     lines = [heading, summary]

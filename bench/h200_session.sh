@@ -174,7 +174,7 @@ bench_sdpa_bwd() {
 bench_sdpa_op() { step sdpa_op_host 150 python3 bench/sdpa_op_host.py --out "$LOG/sdpa_op_host.md"; }
 bench_cold_start() { step cold_start 280 python3 bench/cold_start.py --out "$LOG/cold_start.md"; }
 bench_reliability() {
-  step reliability 220 env OUT= PER_RUN=45 RESULTS="$LOG/reliability.md" bash bench/reliability_gpu.sh
+  step reliability 220 env OUT= PER_RUN=${RELIABILITY_PER_RUN:-45} RESULTS="$LOG/reliability.md" bash bench/reliability_gpu.sh
   step doctor 30 python3 -m cudnn_pygraph doctor
 }
 bench_kda() {  # the short steps first: the peers' row (fla autotunes) may take the rest
