@@ -234,3 +234,23 @@ def test_bf16_rounding_is_the_gpus():
     got = torch.from_numpy(round_to_bf16(x.numpy()))
     assert torch.equal(got.view(torch.int32), x.bfloat16().float().view(torch.int32))
     assert torch.from_numpy(round_to_bf16(torch.tensor([float("nan")]).numpy())).isnan().all()
+
+
+def test_runtime_loop_bounds_run_under_numpys_strict_scalar_rule():
+    """numpy 2.5 refuses int() of a one-element array, which the interpreter's loop bounds
+    used (numpy 2.2 only warns): with that warning made an error, a varlen call (its table
+    check loops to a bound read at run time) still runs and its outputs are finite."""
+    import warnings
+
+    from cudnn_pygraph.linear_attention.ops import gated_delta_net
+
+    gen = torch.Generator().manual_seed(0)
+    T, H, D = 12, 1, 64
+    q, k, v = (torch.randn(1, T, H, D, generator=gen) for _ in range(3))
+    g = -torch.rand(1, T, H, generator=gen)
+    beta = torch.rand(1, T, H, generator=gen)
+    cu = torch.tensor([0, 5, T], dtype=torch.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        o, _ = gated_delta_net(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    assert torch.isfinite(o).all()

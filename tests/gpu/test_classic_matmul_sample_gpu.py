@@ -99,34 +99,51 @@ def test_matmul_bias_cell_every_plan_fresh_inputs():
     assert failures == [], "\n".join(failures)
 
 
-def test_int8_cast_bf16_cell_fresh_inputs():
-    a0 = torch.zeros(B, M, K, device="cuda", dtype=torch.int8)
-    b0 = torch.zeros(B, K, N, device="cuda", dtype=torch.bfloat16)
-    g = cudnn.pygraph()
-    a = g.tensor_like(a0)
-    b = g.tensor_like(b0)
-    cast = g.identity(input=a, compute_data_type=FLOAT)
-    cast.set_data_type(cudnn.data_type.BFLOAT16)
-    c = g.matmul(name="matmul", A=cast, B=b, compute_data_type=FLOAT)
-    c.set_output(True).set_data_type(cudnn.data_type.BFLOAT16)
+def int8_cast_bf16_graph(pkg):
+    """The sample's int8 -> bf16 cell built with `pkg` (ours, or NVIDIA's cudnn)."""
+    g = pkg.pygraph()
+    a = g.tensor(name="A", dim=[B, M, K], stride=[M * K, K, 1], data_type=pkg.data_type.INT8)
+    b = g.tensor(name="B", dim=[B, K, N], stride=[K * N, N, 1], data_type=pkg.data_type.BFLOAT16)
+    cast = g.identity(input=a, compute_data_type=pkg.data_type.FLOAT)
+    cast.set_data_type(pkg.data_type.BFLOAT16)
+    c = g.matmul(name="matmul", A=cast, B=b, compute_data_type=pkg.data_type.FLOAT)
+    c.set_output(True).set_data_type(pkg.data_type.BFLOAT16)
     g.validate()
     g.build_operation_graph()
-    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.create_execution_plans([pkg.heur_mode.A, pkg.heur_mode.FALLBACK])
     g.check_support()
     g.build_plans()
     ws = torch.empty(g.get_workspace_size(), device="cuda", dtype=torch.uint8)
+    return lambda ta, tb, tc: g.execute({a: ta, b: tb, c: tc}, ws)
+
+
+def test_int8_cast_bf16_cell_misses_the_sample_check_no_more_than_the_classic():
+    """The sample's bf16 check (torch's bf16 matmul as the reference, atol 5e-3, rtol 3e-3)
+    is tighter than one bf16 rounding of outputs near 40, so it can miss for any plan that
+    rounds once; ours must miss it no more often than NVIDIA's package on the same draws,
+    and stay within one bf16 rounding of float64."""
+    nvidia = pytest.importorskip("cudnn", reason="NVIDIA's frontend is the reference here")
+    ours_run, theirs_run = int8_cast_bf16_graph(cudnn), int8_cast_bf16_graph(nvidia)
     gen = torch.Generator(device="cuda").manual_seed(4321)
-    misses = 0
+    ours_misses = theirs_misses = 0
+    worst = float("-inf")
     for _ in range(REPS):
         ta = torch.randint(4, (B, M, K), device="cuda", dtype=torch.int8, generator=gen)
         tb = torch.randn(B, K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
         expected = torch.matmul(ta.to(torch.bfloat16), tb)
-        tc = torch.randn(B, M, N, device="cuda", dtype=torch.bfloat16)
-        g.execute({a: ta, b: tb, c: tc}, ws)
+        ref = ta.double() @ tb.double()
+        acc = (ta.double().abs() @ tb.double().abs()) * K * 2.0**-24
+        ours = torch.full((B, M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        theirs = torch.full_like(ours, float("nan"))
+        ours_run(ta, tb, ours)
+        theirs_run(ta, tb, theirs)
         torch.cuda.synchronize()
-        misses += sample_misses(tc, expected) > 0
+        worst = max(worst, one_rounding_excess(ours, ref, acc, mantissa_bits=7))
+        ours_misses += sample_misses(ours, expected) > 0
+        theirs_misses += sample_misses(theirs, expected) > 0
     print(
-        f"\nint8 -> bf16 matmul, plan {g.get_plan_name_at_index(g.selected_plan)}: "
-        f"sample check missed {misses}/{REPS}"
+        f"\nint8 -> bf16 matmul: sample check missed ours {ours_misses}/{REPS}, NVIDIA's "
+        f"{theirs_misses}/{REPS}; ours' worst excess over one bf16 rounding {worst:.3g}"
     )
-    assert misses == 0
+    assert ours_misses <= theirs_misses
+    assert worst <= 0

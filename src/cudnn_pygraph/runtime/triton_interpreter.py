@@ -50,6 +50,7 @@ def engage() -> None:
         if interpreter._get_np_dtype(tl.bfloat16) == np.uint16:
             _hold_bf16_as_float32(interpreter, tl)
         _ieee_without_warnings(interpreter.InterpreterBuilder)
+        _index_by_item(interpreter)
         _ENGAGED = True
 
 
@@ -67,6 +68,19 @@ def _call_interpreted(self, *args, **kwargs):
 
         hit = _INTERPRETED[id(self)] = (self, InterpretedFunction(self.fn))
     return hit[1](*args, **kwargs)
+
+
+def _index_by_item(interpreter):
+    """A scalar under the interpreter is a one-element array, and Triton 3.6 indexes it with
+    int(array): numpy deprecated that for arrays of ndim > 0 and numpy 2.5 refuses it, so every
+    kernel with a runtime loop bound failed there. .item() reads the one element in every numpy."""
+    patch = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    interpreter._patch_lang_tensor = patch_lang_tensor
 
 
 def _ieee_without_warnings(builder):
