@@ -137,3 +137,26 @@ def test_linear_attention_bad_tables_poison(table):
     o, ht = la.gated_delta_net(q, k, v, g, beta, cu_seqlens=cu, output_final_state=True)
     torch.cuda.synchronize()
     assert o.isnan().all() and ht.isnan().all()
+
+
+def test_memory_held_between_calls_does_not_grow_with_the_shapes_seen():
+    """A model whose token count changes every step (varlen batches) builds one plan per
+    shape: between calls, what the op keeps on the device must not be a workspace per shape
+    seen, or a long run fills the card."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    H, D = 4, 64
+
+    def step(total):
+        q, k, v = (torch.randn(1, total, H, D, device="cuda", generator=gen) for _ in range(3))
+        g = -torch.rand(1, total, H, device="cuda", generator=gen)
+        beta = torch.rand(1, total, H, device="cuda", generator=gen)
+        cu = torch.tensor([0, total // 3, total], device="cuda", dtype=torch.int32)
+        o, _ = la.gated_delta_net(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+        torch.cuda.synchronize()
+        del q, k, v, g, beta, cu, o
+
+    step(4096)
+    held = torch.cuda.memory_allocated()
+    for total in range(4096 + 64, 4096 + 64 * 12, 64):  # 11 more shapes, each its own plan
+        step(total)
+    assert torch.cuda.memory_allocated() - held < 1 << 20

@@ -45,7 +45,6 @@ class _Built:
         self.graph = graph
         self.uids = {name: t.uid for name, t in ports.items() if t is not None}
         self.workspace_size = graph.get_workspace_size()
-        self._workspaces = {}
         # The selected plan's torch-tensor entry, when it has one (our gdn engine's does):
         # the cache key already pins every buffer to the declaration, so the pack's checks
         # and DLPack views would re-prove what the key proved. Measured on the CI CPU with
@@ -60,24 +59,13 @@ class _Built:
         if not self.workspace_size:
             self._launch(buffers, None, device, stream)
             return
-        # A workspace per call, from a free list per (device, stream): a call holds its own
-        # while it enqueues, so two threads on one stream never interleave their kernels
-        # over one buffer; reuse by the next call on that stream is ordered by the stream,
-        # and a lone caller gets the same buffer back each call, so the engine finds its
-        # carved views cached (measured on the CI CPU with the launches stubbed out:
-        # 191 -> 128 us per call).
-        key = (device, stream)
-        free = self._workspaces.get(key)
-        if free is None:
-            free = self._workspaces.setdefault(key, [])
-        try:
-            ws = free.pop()  # atomic: two threads never take one buffer
-        except IndexError:
-            ws = torch.empty(self.workspace_size, dtype=torch.uint8, device=device)
-        try:
-            self._launch(buffers, ws, device, stream)
-        finally:
-            free.append(ws)
+        # A workspace per call, from torch's caching allocator: two threads on one stream
+        # never share one (each holds its own while it enqueues), the block freed after the
+        # enqueue is reused in stream order, a lone caller gets the same block back (so the
+        # engine's carved views stay cached), and no graph keeps a workspace between calls:
+        # a model whose shapes vary holds one peak's worth, not one per shape ever seen.
+        ws = torch.empty(self.workspace_size, dtype=torch.uint8, device=device)
+        self._launch(buffers, ws, device, stream)
 
     def _launch(self, buffers, workspace, device, stream):
         if self._launch_tensors is not None:
