@@ -27,7 +27,8 @@ def wy_bwd_ms(ours) -> float:
     total_us, launches = 0.0, 0
     for evt in prof.key_averages():
         if evt.key.startswith("wy_bwd"):
-            total_us += getattr(evt, "device_time_total", 0.0) or evt.cuda_time_total
+            total = getattr(evt, "device_time_total", None)
+            total_us += evt.cuda_time_total if total is None else total
             launches += evt.count
     return total_us / max(launches, 1) / 1000.0
 

@@ -71,7 +71,11 @@ def device_kernels_ms(fn, reps: int = 5) -> dict:
     (torch's own and copies included)."""
     out = {}
     for event in _profiled(fn, reps):
-        total = getattr(event, "device_time_total", None) or event.cuda_time_total
+        # torch >= 2.4 names it device_time_total (0 for a host-only event); older torch
+        # only has cuda_time_total
+        total = getattr(event, "device_time_total", None)
+        if total is None:
+            total = event.cuda_time_total
         if total:
             out[event.key] = total / 1000 / reps
     return out
