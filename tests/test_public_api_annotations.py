@@ -195,7 +195,7 @@ def test_builder_parameters_say_more_than_object():
     declares as `object` is typed where it is declared (graph/ops/sdpa.py), so help()
     never shows a builder parameter that takes anything."""
     from cudnn_pygraph.graph.ops import OPS
-    from cudnn_pygraph.graph.pygraph import pygraph
+    from cudnn_pygraph.pygraph import pygraph
 
     untyped = [
         f"{op}({p.name})"
