@@ -19,10 +19,10 @@ import torch
 
 from cudnn_pygraph import cli, demo
 from cudnn_pygraph.backend import adapter
-from cudnn_pygraph.engines.base import BaseEngine, Capabilities, CompiledPlan
 from cudnn_pygraph.planning import autotune as at
 from cudnn_pygraph.planning import manifest
 from cudnn_pygraph.planning.device import DeviceProperties, gpu_driver_present
+from cudnn_pygraph.planning.engine import BaseEngine, Capabilities, CompiledPlan
 
 HERE = pathlib.Path(__file__).resolve().parent
 SRC = HERE.parent / "src"

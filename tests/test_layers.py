@@ -4,7 +4,7 @@ function) goes to the importing module's own layer or one below it.
     vocabulary   _types (the enums and errors), _log (the named loggers), _version
     ir           graph/ (tensors, nodes, OpSpecs, builders, validators), not the facade
     runtime      runtime/: the variant pack, handles, streams, running a plan
-    planning     planning/ and the engine contract (engines/base.py) it defines
+    planning     planning/, the engine contract (planning/engine.py) among it
     peers        engines/ and backend/: found by planning only through the manifest,
                  and never importing each other
     facade       the pygraph class, the package root, the classic surface, the torch
@@ -43,9 +43,9 @@ def layer_of(module):
         return "ir"
     if module.startswith(f"{PKG}.runtime"):
         return "runtime"
-    if module.startswith(f"{PKG}.planning") or module in (f"{PKG}.engines", f"{PKG}.engines.base"):
+    if module.startswith(f"{PKG}.planning"):
         return "planning"
-    if module.startswith((f"{PKG}.engines.", f"{PKG}.backend")):
+    if module.startswith((f"{PKG}.engines", f"{PKG}.backend")):
         return "peers"
     raise AssertionError(f"{module}: no layer assigned; add it to tests/test_layers.py")
 

@@ -49,6 +49,7 @@ sys.modules[__name__].__class__ = _Root
 # module object in sys.modules under both names), so classes, isinstance, pickles and
 # monkeypatching are the same through either. Consulted only for a name no file answers.
 _MOVED = {
+    "cudnn_pygraph.engines.base": "cudnn_pygraph.planning.engine",
     "cudnn_pygraph.graph.pygraph": "cudnn_pygraph.pygraph",
 }
 

@@ -44,9 +44,9 @@ if TYPE_CHECKING:
         VariantPackLike,
     )
     from .backend.classic_queries import KnobRange
-    from .engines.base import PlanConfig
     from .planning.autotune import AutotuneResult
     from .planning.device import DeviceProperties
+    from .planning.engine import PlanConfig
 
 _NOT_SET = data_type.NOT_SET
 _scalar_type = scalar_type

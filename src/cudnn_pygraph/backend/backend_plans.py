@@ -19,7 +19,7 @@ from .._types import (
     heur_mode,
     knob_type,
 )
-from ..engines.base import CompiledPlan, PlanConfig
+from ..planning.engine import CompiledPlan, PlanConfig
 from ..planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, is_backend_id
 from ..runtime.execute import through_graph
 from ..runtime.variant_pack import RawExecutor, workspace_address

@@ -188,7 +188,7 @@ def check_support(graph):
     check_support() (once per graph). A backend refusal is not fatal while a python
     plan the walk would reach is supported, as classic (its check is the backend's as a
     whole, not one plan's)."""
-    from ..engines.base import DECLINE_ERRORS
+    from ..planning.engine import DECLINE_ERRORS
 
     record = graph._require_planning()
     start = record.selected or 0
@@ -338,8 +338,8 @@ def deserialize(graph, args, kwargs):
     is the restored backend plan, built and selected; graph.execute binds operands by uid.
     Classic forms: deserialize(data), deserialize(handle, data), handle_=...,
     enforce_precompiled=..."""
-    from ..engines.base import PlanConfig
     from ..graph import lifecycle
+    from ..planning.engine import PlanConfig
     from ..planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID
     from ..planning.planner import PlanningRecord
     from ..runtime.execute import GraphLayout
