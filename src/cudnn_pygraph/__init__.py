@@ -74,8 +74,7 @@ class _MovedFinder:
         module.__spec__ = module.__spec__.loader_state
 
 
-if _MovedFinder not in sys.meta_path:
-    sys.meta_path.append(_MovedFinder)
+sys.meta_path.append(_MovedFinder)  # last: a file on the path always answers first
 
 from ._types import (  # the vocabulary is tiny and always needed
     CLASSIC_ERRORS,
