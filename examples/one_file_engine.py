@@ -21,14 +21,14 @@ if detect_device() is None:  # no GPU: the interpreter, chosen before triton is 
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import cudnn_pygraph as cudnn  # noqa: E402
-from cudnn_pygraph.engines.base import (  # noqa: E402
+from cudnn_pygraph.planning import manifest  # noqa: E402
+from cudnn_pygraph.planning.engine import (  # noqa: E402
     BaseEngine,
     Capabilities,
     CompiledPlan,
     PlanConfig,
     require_module,
 )
-from cudnn_pygraph.planning import manifest  # noqa: E402
 from cudnn_pygraph.planning.facts import graph_device  # noqa: E402
 from cudnn_pygraph.planning.heuristics import BACKEND  # noqa: E402
 

@@ -5,7 +5,7 @@ where a JSON document is loaded: a wrong type is refused naming the op and the a
 import pytest
 
 import cudnn_pygraph as cudnn
-from cudnn_pygraph.graph.pygraph import pygraph
+from cudnn_pygraph.pygraph import pygraph
 
 
 def conv(**attrs):

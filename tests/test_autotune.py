@@ -20,10 +20,10 @@ import torch
 from cudnn_pygraph import heur_mode, knob_type
 from cudnn_pygraph._types import GraphStateError, cudnnGraphNotSupportedError
 from cudnn_pygraph.demo import gdn_example, gemm_example
-from cudnn_pygraph.engines.base import BaseEngine, Capabilities, CompiledPlan, PlanConfig
 from cudnn_pygraph.planning import autotune as at
 from cudnn_pygraph.planning import manifest
 from cudnn_pygraph.planning.device import DeviceProperties
+from cudnn_pygraph.planning.engine import BaseEngine, Capabilities, CompiledPlan, PlanConfig
 
 HERE = pathlib.Path(__file__).resolve().parent
 SRC = HERE.parent / "src"

@@ -19,10 +19,10 @@ import torch
 
 from cudnn_pygraph import cli, demo
 from cudnn_pygraph.backend import adapter
-from cudnn_pygraph.engines.base import BaseEngine, Capabilities, CompiledPlan
 from cudnn_pygraph.planning import autotune as at
 from cudnn_pygraph.planning import manifest
 from cudnn_pygraph.planning.device import DeviceProperties, gpu_driver_present
+from cudnn_pygraph.planning.engine import BaseEngine, Capabilities, CompiledPlan
 
 HERE = pathlib.Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -460,7 +460,7 @@ def test_autotune_example_without_a_name_tunes_the_default(capsys, monkeypatch):
 def test_autotune_example_on_the_cpu_times_one_burst_unless_asked(capsys, tmp_path, monkeypatch):
     """Under the interpreter a timing measures Python, not a GPU: the example's defaults are
     no warmup and one burst there; the caller's --warmup / --reps still win."""
-    from cudnn_pygraph.graph.pygraph import pygraph as graph_class
+    from cudnn_pygraph.pygraph import pygraph as graph_class
 
     asked = []
     real = graph_class.autotune

@@ -34,11 +34,11 @@ print(json.dumps({"seconds": elapsed, "modules": new}))
 
 HEAVY = ("torch", "triton", "numpy", "cudnn")
 
-# What describing and validating may load of ours: the vocabulary, the IR, and the
-# planning modules that decide validate()'s timing (never an engine, the backend, the
+# What describing and validating may load of ours: the vocabulary, the IR, the facade,
+# the planning modules that decide validate()'s timing (never an engine, the backend, the
 # runtime or the planner).
 ALLOWED_OURS = re.compile(
-    r"cudnn_pygraph(\._types|\._version|\.graph(\..*)?|\.planning"
+    r"cudnn_pygraph(\._types|\._version|\.pygraph|\.graph(\..*)?|\.planning"
     r"|\.planning\.(engine_ids|manifest|validation))?$"
 )
 

@@ -1,21 +1,31 @@
 """The layer order, read from the source: every import of ours (module level or inside a
-function) goes to the importing module's own layer or one below it.
+function) goes to the importing module's own layer or one below it, and no chain of them
+comes back to where it started.
 
-    vocabulary   _types (the enums and errors), _log (the named loggers), _version
-    ir           graph/ (tensors, nodes, OpSpecs, builders, validators), not the facade
+    vocabulary   _types (the enums and errors), _log (the named loggers), _version, _typing
+    ir           graph/ (tensors, nodes, OpSpecs, builders, validators)
     runtime      runtime/: the variant pack, handles, streams, running a plan
-    planning     planning/ and the engine contract (engines/base.py) it defines
-    peers        engines/ and backend/: found by planning only through the manifest,
-                 and never importing each other
-    facade       the pygraph class, the package root, the classic surface, the torch
-                 ops (and _torch_dispatch, their one dispatch rule), the CLI and the demo
+    planning     planning/, the engine contract (planning/engine.py) among it
+    peers        each engine family (engines/<family>/) and backend/: found by planning
+                 only through the manifest, and never importing each other
+    facade       the pygraph class (pygraph.py), the package root, the classic surface,
+                 the torch ops (and _torch_dispatch, their one dispatch rule), the CLI and
+                 the demo
+
+A module's layer is its folder's (or, for a file at the top, its own): one entry per
+name directly under the package, never one for a module deeper in a folder. Names are
+compared whole (`graph` is not `graph_types`).
 
 Imports under `if TYPE_CHECKING:` are left out: they never run, they only let an
-annotation name a type of another layer (a Tensor's `graph` is a pygraph).
+annotation name a type of another layer (a Tensor's `graph` is a pygraph). An old path of
+a moved module (cudnn_pygraph._MOVED) counts as the module it names.
 """
 
 import ast
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -25,25 +35,36 @@ ROOT = pathlib.Path(cudnn_pygraph.__file__).parent
 PKG = "cudnn_pygraph"
 
 LAYERS = ("vocabulary", "ir", "runtime", "planning", "peers", "facade")
-FACADE = {f"{PKG}.graph.pygraph", PKG, f"{PKG}.__main__", f"{PKG}.cli", f"{PKG}.demo",
-          f"{PKG}._torch_dispatch", f"{PKG}.graph_types", f"{PKG}.nodes"}  # fmt: skip
-FACADE_PACKAGES = (f"{PKG}.classic", f"{PKG}.fla", f"{PKG}.linear_attention", f"{PKG}.ops")
+TOP = {
+    **dict.fromkeys(("_types", "_log", "_version", "_typing"), "vocabulary"),
+    "graph": "ir",
+    "runtime": "runtime",
+    "planning": "planning",
+    **dict.fromkeys(("engines", "backend"), "peers"),
+    **dict.fromkeys(("pygraph", "__main__", "cli", "demo", "_torch_dispatch", "graph_types",
+                     "nodes", "classic", "fla", "linear_attention", "ops"), "facade"),
+}  # fmt: skip
+# A peer is a whole package: engines/<family>/ or backend/.
+PEER_DEPTH = {"engines": 3, "backend": 2}
+
+
+def resolved(module):
+    return cudnn_pygraph._MOVED.get(module, module)
 
 
 def layer_of(module):
-    if module in FACADE or module.startswith(FACADE_PACKAGES):
+    parts = resolved(module).split(".")
+    if parts == [PKG]:
         return "facade"
-    if module in (f"{PKG}._types", f"{PKG}._log", f"{PKG}._version", f"{PKG}._typing"):
-        return "vocabulary"
-    if module.startswith(f"{PKG}.graph"):
-        return "ir"
-    if module.startswith(f"{PKG}.runtime"):
-        return "runtime"
-    if module.startswith(f"{PKG}.planning") or module in (f"{PKG}.engines", f"{PKG}.engines.base"):
-        return "planning"
-    if module.startswith((f"{PKG}.engines.", f"{PKG}.backend")):
-        return "peers"
-    raise AssertionError(f"{module}: no layer assigned; add it to tests/test_layers.py")
+    if parts[1] not in TOP:
+        raise AssertionError(f"{module}: no layer assigned; add it to tests/test_layers.py")
+    return TOP[parts[1]]
+
+
+def peer_of(module):
+    """The peer package a peers-layer module belongs to, as its whole dotted path."""
+    parts = resolved(module).split(".")
+    return ".".join(parts[: PEER_DEPTH[parts[1]]])
 
 
 def module_name(path):
@@ -109,12 +130,130 @@ def test_imports_go_down_the_layers(path):
         theirs = layer_of(target)
         if LAYERS.index(theirs) > mine:
             bad.append(f"line {line}: {importer} ({LAYERS[mine]}) imports {target} ({theirs})")
-        elif theirs == "peers" == LAYERS[mine]:
-            if importer.split(".")[1] != target.split(".")[1]:
-                bad.append(f"line {line}: the peers {importer} and {target} import each other")
+        elif theirs == "peers" == LAYERS[mine] and peer_of(importer) != peer_of(target):
+            bad.append(f"line {line}: the peers {importer} and {target} import each other")
     assert bad == []
 
 
 def test_every_module_has_a_layer():
     for path in SOURCES:
         layer_of(module_name(path))
+
+
+def test_the_layers_compare_whole_names():
+    # a name that only starts like a folder's is not in it
+    assert layer_of(f"{PKG}.graph_types") == "facade" and layer_of(f"{PKG}.graph.tensor") == "ir"
+    assert peer_of(f"{PKG}.engines.gemm.engine") != peer_of(f"{PKG}.engines.gemm_x.engine")
+    assert peer_of(f"{PKG}.engines.gemm.kernels.launch") == peer_of(f"{PKG}.engines.gemm")
+    with pytest.raises(AssertionError, match="no layer assigned"):
+        layer_of(f"{PKG}.graphs")
+
+
+def import_graph():
+    """{module: {imported module of ours: first line}} over every import that runs."""
+    modules = {module_name(path): path for path in SOURCES}
+    edges = {}
+    for name, path in modules.items():
+        out = edges[name] = {}
+        for target, line in imports_of(path):
+            target = resolved(target)
+            if target in modules and target != name:
+                out.setdefault(target, line)
+    return edges
+
+
+def cycles(edges):
+    """Each strongly connected group of more than one module (Tarjan), as one cycle
+    through it: [(module, line of its import of the next), ...]."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return [_one_cycle(edges, group) for group in groups]
+
+
+def _one_cycle(edges, group):
+    """A path inside `group` from its first module back to it (breadth first)."""
+    start = min(group)
+    previous = {start: None}
+    queue = [start]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(edges[v]):
+            if w == start:
+                path = [v]
+                while previous[path[-1]] is not None:
+                    path.append(previous[path[-1]])
+                path.reverse()
+                return [(m, edges[m][n]) for m, n in zip(path, path[1:] + [start])]
+            if w in group and w not in previous:
+                previous[w] = v
+                queue.append(w)
+    raise AssertionError(f"{sorted(group)}: no cycle found in a strongly connected group")
+
+
+def test_no_import_cycle_counting_deferred_imports():
+    found = [
+        " -> ".join(f"{m} (line {line})" for m, line in cycle) for cycle in cycles(import_graph())
+    ]
+    assert found == []
+
+
+def test_the_cycle_check_sees_deferred_imports_and_finds_a_cycle():
+    # pygraph's methods reach the backend's classic calls through function-level imports
+    assert f"{PKG}.backend.classic_parity" in import_graph()[f"{PKG}.pygraph"]
+    edges = {"a": {"b": 3}, "b": {"c": 9}, "c": {"a": 40}, "d": {"a": 1}}
+    assert cycles(edges) == [[("a", 3), ("b", 9), ("c", 40)]]
+    assert cycles({"a": {"b": 1}, "b": {}}) == []
+
+
+# A moved module's old path (cudnn_pygraph._MOVED) names the moved module itself, imported
+# first in a fresh interpreter: its classes, a pickle written before the move and the
+# classic `cudnn_pygraph.pygraph` (the class) are the same through either path.
+MOVED_CHECK = """
+import importlib, pickle, sys
+old_name, new_name = sys.argv[1:]
+old = importlib.import_module(old_name)
+new = importlib.import_module(new_name)
+assert old is new is sys.modules[old_name], (old, new)
+assert new.__name__ == new.__spec__.name == new_name, new.__spec__
+classes = [v for v in vars(new).values() if isinstance(v, type) and v.__module__ == new_name]
+assert classes, new_name
+for cls in classes:
+    assert pickle.loads(pickle.dumps(cls)) is cls, cls
+    before_the_move = f"c{old_name}\\n{cls.__qualname__}\\n.".encode()
+    assert pickle.loads(before_the_move) is cls, cls
+import cudnn_pygraph
+assert isinstance(cudnn_pygraph.pygraph, type), cudnn_pygraph.pygraph
+"""
+
+
+@pytest.mark.parametrize("old, new", sorted(cudnn_pygraph._MOVED.items()))
+def test_a_moved_modules_old_path_is_the_same_module(old, new):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run(
+        [sys.executable, "-c", MOVED_CHECK, old, new], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -30,7 +30,7 @@ MODULES = (
 # Objects the API hands back without naming their class: g.plans' entries and what
 # g.autotune() returns.
 RETURNED_CLASSES = (
-    ("cudnn_pygraph.engines.base", "PlanConfig"),
+    ("cudnn_pygraph.planning.engine", "PlanConfig"),
     ("cudnn_pygraph.planning.autotune", "AutotuneResult"),
 )
 # Methods a user calls although their names are dunders: construction and calling.
@@ -145,7 +145,7 @@ def test_the_enumeration_reaches_every_part_of_the_surface():
         "cudnn_pygraph.ops.scaled_dot_product_attention",
         "cudnn_pygraph.linear_attention.ops.gated_delta_net",
         "cudnn_pygraph.linear_attention.cp.gated_delta_net_cp",
-        "cudnn_pygraph.engines.base.PlanConfig.identity",
+        "cudnn_pygraph.planning.engine.PlanConfig.identity",
     ):
         assert name in found, name
     assert not [name for name in found if name.rsplit(".", 1)[-1] in ("__repr__", "_check")]
@@ -195,7 +195,7 @@ def test_builder_parameters_say_more_than_object():
     declares as `object` is typed where it is declared (graph/ops/sdpa.py), so help()
     never shows a builder parameter that takes anything."""
     from cudnn_pygraph.graph.ops import OPS
-    from cudnn_pygraph.graph.pygraph import pygraph
+    from cudnn_pygraph.pygraph import pygraph
 
     untyped = [
         f"{op}({p.name})"

@@ -13,11 +13,14 @@ never by that name.
 """
 
 import importlib
+import importlib.machinery
+import sys
+import types
 
 # The IR package is named `graph`, and so is the classic `cudnn.graph` context manager.
 # Importing a subpackage binds its name on this module, so the (empty) IR package is
 # imported first and its binding dropped: `cudnn_pygraph.graph` is then the classic
-# function, while `from cudnn_pygraph.graph.pygraph import ...` still finds the IR (as in
+# function, while `from cudnn_pygraph.graph.tensor import ...` still finds the IR (as in
 # NVIDIA's package, `import cudnn_pygraph.graph.x as m` resolves through the attribute and
 # fails: import from the package instead). Type checkers, which see `graph` as the
 # function (the TYPE_CHECKING block below), skip this.
@@ -26,6 +29,52 @@ if not TYPE_CHECKING:
     from . import graph
 
     del graph
+
+
+class _Root(types.ModuleType):
+    """This package's module type. The facade module `cudnn_pygraph.pygraph` shares its
+    name with the class it defines, and the import system binds a loaded submodule on its
+    package: whatever imports the module first, `cudnn_pygraph.pygraph` stays the class."""
+
+    def __setattr__(self, name, value):
+        if name == "pygraph" and isinstance(value, types.ModuleType):
+            value = value.pygraph
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Root
+
+
+# Modules that moved, by their old paths. An old path names the moved module itself (one
+# module object in sys.modules under both names), so classes, isinstance, pickles and
+# monkeypatching are the same through either. Consulted only for a name no file answers.
+_MOVED = {
+    "cudnn_pygraph.engines.base": "cudnn_pygraph.planning.engine",
+    "cudnn_pygraph.graph.pygraph": "cudnn_pygraph.pygraph",
+}
+
+
+class _MovedFinder:
+    """The import-system finder and loader of _MOVED's old paths (importlib's protocol)."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        return importlib.machinery.ModuleSpec(name, _MovedFinder) if name in _MOVED else None
+
+    @staticmethod
+    def create_module(spec):
+        module = importlib.import_module(_MOVED[spec.name])
+        spec.loader_state = module.__spec__
+        return module
+
+    @staticmethod
+    def exec_module(module):
+        # The module ran under its own name; the import system pointed its __spec__ at
+        # the old one, and it keeps its own.
+        module.__spec__ = module.__spec__.loader_state
+
+
+sys.meta_path.append(_MovedFinder)  # last: a file on the path always answers first
 
 from ._types import (  # the vocabulary is tiny and always needed
     CLASSIC_ERRORS,
@@ -77,7 +126,7 @@ _DIRECT_OPS = (  # the backend's direct kernels (classic/direct_ops.py NAMES)
 )
 
 _LAZY = {
-    "pygraph": ("cudnn_pygraph.graph.pygraph", "pygraph"),
+    "pygraph": ("cudnn_pygraph.pygraph", "pygraph"),
     "Tensor": ("cudnn_pygraph.graph.tensor", "Tensor"),
     # the classic lower-case `tensor` is the graph tensor type (isinstance checks)
     "tensor": ("cudnn_pygraph.graph.tensor", "Tensor"),
@@ -145,11 +194,11 @@ if TYPE_CHECKING:  # `name as name`: a re-export (PEP 484), not an unused import
     from .classic.versions import sdpa_capabilities as sdpa_capabilities
     from .graph.node import Node as Node
     from .graph.ops import OPS as OPS
-    from .graph.pygraph import pygraph as pygraph
     from .graph.tensor import Tensor as Tensor
     from .graph.tensor import Tensor as tensor  # noqa: F401
     from .planning.device import DeviceProperties as DeviceProperties
     from .planning.device import create_device_properties as create_device_properties
+    from .pygraph import pygraph as pygraph
     from .runtime.handle import Handle as Handle
     from .runtime.handle import Handle as handle  # noqa: F401
     from .runtime.handle import create_handle as create_handle

@@ -189,8 +189,8 @@ def backend_status(device):
     if device is None or device.is_interpreter:
         return "installed, not usable here", "no GPU: the backend plans and runs only on a GPU"
     from ._types import cudnnGraphNotSupportedError, data_type, heur_mode
-    from .graph.pygraph import pygraph
     from .planning import engine_ids
+    from .pygraph import pygraph
 
     g = pygraph(name="doctor_probe", io_data_type=data_type.HALF, compute_data_type=data_type.FLOAT)
     a = g.tensor([1, 16, 16], name="A")
@@ -424,7 +424,7 @@ def parse_modes(text):
 
 
 def load_graph(path):
-    from .graph.pygraph import pygraph
+    from .pygraph import pygraph
 
     try:
         with open(path) as f:

@@ -43,7 +43,7 @@ class Example:
 
 
 def _pygraph(name):
-    from .graph.pygraph import pygraph
+    from .pygraph import pygraph
 
     return pygraph(
         name=name, io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT

@@ -5,7 +5,7 @@ manifest exactly as production engines are; they do no arithmetic."""
 import dataclasses
 
 from cudnn_pygraph import behavior_note, knob_type, numerical_note
-from cudnn_pygraph.engines.base import BaseEngine, Capabilities, CompiledPlan, PlanConfig
+from cudnn_pygraph.planning.engine import BaseEngine, Capabilities, CompiledPlan, PlanConfig
 from cudnn_pygraph.planning.manifest import EngineFamily, EngineSlot
 
 CALLS = []

@@ -292,14 +292,14 @@ def _lowered_stand_in(plans):
 
 @pytest.mark.parametrize("plans", [0, 3], ids=["before-its-plans", "with-plans"])
 def test_filters_reach_the_lowered_backend_graph_once_it_has_plans(plans):
-    from cudnn_pygraph.backend import classic_parity
+    from cudnn_pygraph.backend import plan_filters
 
     g = gemm_graph()
     g.select_numeric_notes([numerical_note.TENSOR_CORE])
     g.deselect_behavior_notes([behavior_note.RUNTIME_COMPILATION])
     g.deselect_workspace_greater_than(4096)
     lg = g.__dict__["_lowered"] = _lowered_stand_in(plans)
-    classic_parity.forward_to_backend(g)
+    plan_filters.forward_to_backend(g)
     expected = [("deselect_workspace_greater_than", 4096)]
     if plans:  # its note filters mark entries of its plan list: nothing to mark before
         expected += [

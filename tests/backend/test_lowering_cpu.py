@@ -10,7 +10,7 @@ from backend_graphs import CASES, conv_fprop, matmul
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph import heur_mode, knob_type
-from cudnn_pygraph.backend import adapter, lowering
+from cudnn_pygraph.backend import adapter, backend_plans, lowering
 from cudnn_pygraph.planning import manifest
 from cudnn_pygraph.planning.device import detect_device
 
@@ -209,7 +209,7 @@ def test_key_follows_the_graph():
 @pytest.mark.skipif(HAS_GPU, reason="the no-GPU outcome; the GPU suite covers plans")
 def test_plan_entries_without_a_gpu_name_the_reason_per_mode():
     g, _ = matmul(deviceless=True)
-    entries, outcome = lowering.plan_entries(g, [heur_mode.A, heur_mode.FALLBACK])
+    entries, outcome = backend_plans.plan_entries(g, [heur_mode.A, heur_mode.FALLBACK])
     assert entries == []
     assert set(outcome) == {heur_mode.A, heur_mode.FALLBACK}
     # Which backend call gives up without a GPU depends on the libcudnn release; what is
@@ -221,7 +221,7 @@ def test_plan_entries_without_a_gpu_name_the_reason_per_mode():
 def test_replay_refuses_a_frontend_band_knob():
     g, _ = matmul(deviceless=True)
     with pytest.raises(ValueError, match="SPLIT_KV is a frontend-band knob"):
-        lowering.replay_entry(g, 7, {knob_type.SPLIT_KV: 2})
+        backend_plans.replay_entry(g, 7, {knob_type.SPLIT_KV: 2})
 
 
 def test_backend_unavailable_keeps_the_graph_api(monkeypatch):  # anywhere

@@ -13,7 +13,7 @@ import cudnn_pygraph as cudnn
 from cudnn_pygraph import build_plan_policy, cudnnGraphNotSupportedError
 from cudnn_pygraph.backend import adapter, lowering
 from cudnn_pygraph.backend.backend_plans import BackendPlan
-from cudnn_pygraph.engines.base import PlanConfig
+from cudnn_pygraph.planning.engine import PlanConfig
 
 REASON = lowering.unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no backend frontend: {REASON}")

@@ -274,13 +274,26 @@ def test_wrapper_module_holds_graph():
 
 def test_graph_name_is_the_classic_context_manager_not_the_ir_package():
     # the IR subpackage shares the name; the classic function must win
-    import cudnn_pygraph.graph.pygraph  # noqa: F401 — a late submodule import must not rebind it
+    import cudnn_pygraph.graph.tensor  # noqa: F401 — a late submodule import must not rebind it
 
     assert callable(ours.graph) and inspect.isfunction(ours.graph)
     assert ours.graph.__module__ == "cudnn_pygraph.classic.decorators"
-    from cudnn_pygraph.graph import pygraph as ir_module  # the IR is still reachable
+    from cudnn_pygraph.graph import tensor as ir_module  # the IR is still reachable
 
-    assert ir_module.pygraph is ours.pygraph
+    assert ir_module.Tensor is ours.Tensor
+
+
+def test_pygraph_name_is_the_class_whoever_imports_its_module_first():
+    # The facade module shares the class's name; the import system binds a loaded
+    # submodule on its package, so a fresh interpreter imports the module first.
+    script = (
+        "import cudnn_pygraph.pygraph, cudnn_pygraph as c, sys\n"
+        "assert c.pygraph is sys.modules['cudnn_pygraph.pygraph'].pygraph, c.pygraph\n"
+        "from cudnn_pygraph import pygraph\n"
+        "assert pygraph is c.pygraph and pygraph().name == 'test_graph'"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True)
 
 
 # ---------------------------------------------------------------- devices

@@ -5,7 +5,7 @@ import dataclasses
 
 from cudnn_pygraph import data_type, knob_type
 from cudnn_pygraph._types import cudnnGraphNotSupportedError
-from cudnn_pygraph.engines.base import BaseEngine, Capabilities, CompiledPlan, PlanConfig
+from cudnn_pygraph.planning.engine import BaseEngine, Capabilities, CompiledPlan, PlanConfig
 from cudnn_pygraph.planning.facts import graph_device
 
 # Per-engine-name behaviour a test sets, and the log of calls that reached engines.

@@ -17,7 +17,7 @@ import torch
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph._types import CLASSIC_ERRORS
-from cudnn_pygraph.backend.lowering import BackendPlan
+from cudnn_pygraph.backend.backend_plans import BackendPlan
 from cudnn_pygraph.runtime.execute import ExecutionContext, GraphLayout
 from cudnn_pygraph.runtime.variant_pack import DeclaredLayout, VariantPack
 

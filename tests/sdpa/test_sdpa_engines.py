@@ -374,9 +374,9 @@ def test_the_placement_cell_autotune_records_is_the_one_the_hook_ranks_by():
 def _built_plans(g, which="prefill"):
     """The prefill or decode engine's plan, built straight from the engine as build_plans
     would (after check_support accepted)."""
-    from cudnn_pygraph.engines.base import BuildContext, PlanConfig
     from cudnn_pygraph.engines.sdpa.engines import SdpaDecodeEngine, SdpaPrefillEngine
     from cudnn_pygraph.engines.sdpa.kernels import SdpaDecodeKnobs, SdpaFwdKnobs
+    from cudnn_pygraph.planning.engine import BuildContext, PlanConfig
     from cudnn_pygraph.planning.engine_ids import python_engine_id
 
     g.create_execution_plans([cudnn.heur_mode.A])

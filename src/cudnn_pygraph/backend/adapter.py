@@ -35,6 +35,14 @@ def _lowering():
     return lowering
 
 
+def _plans():
+    """backend_plans, the plan side (loaded, as lowering, only once asked for)."""
+    _lowering()
+    from . import backend_plans
+
+    return backend_plans
+
+
 def _python_only_reason(graph):
     for node in graph.nodes:
         if node.spec.backend_method is None:
@@ -87,10 +95,8 @@ def serialize(graph, as_bytes=False):
     reason = _python_only_reason(graph)
     if reason:
         raise cudnnGraphNotSupportedError(f"serialize(): {reason}")
-    from .backend_plans import make_selection_the_candidate
-
     lg = _lowering().lowered(graph)
-    make_selection_the_candidate(graph, lg)
+    _plans().make_selection_the_candidate(graph, lg)
     return lg.serialize(as_bytes)
 
 
@@ -110,16 +116,16 @@ class BackendPeer:
             reason = _lowering().unavailable_reason() or _no_driver_reason()
         if reason is not None:
             return [], {m: reason for m in modes}
-        return _lowering().plan_entries(graph, modes)
+        return _plans().plan_entries(graph, modes)
 
     def replay_entry(self, graph, engine_id, knobs):
         reason = _python_only_reason(graph)
         if reason is not None:
             raise cudnnGraphNotSupportedError(reason)
-        return _lowering().replay_entry(graph, engine_id, knobs)
+        return _plans().replay_entry(graph, engine_id, knobs)
 
     def build_plan(self, graph, plan, ctx):
-        return _lowering().build_plan(graph, plan, ctx)
+        return _plans().build_plan(graph, plan, ctx)
 
     def knobs_to_public(self, knobs):
         return dict(knobs)
@@ -128,7 +134,7 @@ class BackendPeer:
         return frozenset(public.items())
 
     def plan_label(self, plan):
-        return _lowering().plan_label(plan) if backend_installed() else self.name
+        return _plans().plan_label(plan) if backend_installed() else self.name
 
 
 BACKEND = BackendPeer()

@@ -1,6 +1,6 @@
 """The backend's side of the one plan list: its entries per heuristic mode, replaying a
 recorded (engine_id, knobs), building an entry, and executing it from the variant pack's
-pointer array. Reaches the frontend only through lowering.frontend().
+pointer array. Reaches the frontend, and the backend's handles, only through lowering.py.
 
 Spec ("Ranking and the one plan list"): one backend create_execution_plans PER MODE, the
 plan count read after each (its span), every entry tagged with its mode and carrying its
@@ -19,14 +19,21 @@ from .._types import (
     heur_mode,
     knob_type,
 )
-from ..engines.base import CompiledPlan, PlanConfig
+from ..planning.engine import CompiledPlan, PlanConfig
 from ..planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, is_backend_id
 from ..runtime.execute import through_graph
 from ..runtime.variant_pack import RawExecutor, workspace_address
-from . import classic_parity
-from .lowering import backend_enum, backend_error, frontend, lowered, our_enum
+from .lowering import (
+    LABEL,
+    backend_enum,
+    backend_error,
+    backend_handle,
+    default_handle,
+    lowered,
+    our_enum,
+)
+from .plan_filters import forward_to_backend
 
-LABEL = "cudnn_backend"
 DL_CUDA = 2  # DLPack's device type of the memory a backend plan reads
 
 
@@ -76,7 +83,7 @@ def plan_entries(graph, modes):
     if succeeded:
         entries.insert(0, PlanConfig(BACKEND_HEURISTIC_ENGINE_ID, ()))
         # Note filters mark indices into the backend's plan list: it exists only now.
-        classic_parity.forward_to_backend(graph)
+        forward_to_backend(graph)
     return entries, outcome
 
 
@@ -125,7 +132,7 @@ def plan_label(plan):
 def build_plan(graph, plan, ctx):
     lg = lowered(graph)
     backend, fe = lg.backend, lg.fe
-    classic_parity.forward_to_backend(graph)  # a replayed plan has not seen the filters
+    forward_to_backend(graph)  # a replayed plan has not seen the filters
     with lg.lock:
         try:
             if plan.engine_id == BACKEND_HEURISTIC_ENGINE_ID:
@@ -299,95 +306,3 @@ class BackendPlan(CompiledPlan):
                     )
                     self._scratch[key] = buf
         return buf.data_ptr()
-
-
-# ---------------------------------------------------------------- handles
-_DEFAULT_HANDLES = {}
-_HANDLE_LOCK = threading.Lock()
-
-
-def _install_stream_reader():
-    """Python plans read a bare-int handle's stream (the backend's cudnnHandle_t) here."""
-    from ..runtime.handle import register_foreign_stream_reader
-
-    register_foreign_stream_reader(backend_stream)
-
-
-def default_handle(device):
-    """Our Handle for `device` when the caller gave none: made once per device, on the
-    default stream."""
-    h = _DEFAULT_HANDLES.get(device)
-    if h is None:
-        from ..runtime.handle import Handle
-
-        with _HANDLE_LOCK:
-            h = _DEFAULT_HANDLES.setdefault(device, Handle(device=device))
-    return h
-
-
-class _BackendBinding:
-    """The backend's cudnnHandle made for one of our handles, following its stream."""
-
-    def __init__(self, stream):
-        self.raw = create_backend_handle(stream)
-
-    def set_stream(self, stream):
-        set_backend_stream(self.raw, stream)
-
-    def close(self):
-        destroy_backend_handle(self.raw)
-
-
-def backend_handle(handle):
-    """The backend's cudnnHandle_t for `handle`: a bare int is one already; one of ours
-    gets its binding on first use, bound to the handle's stream."""
-    if type(handle) is int:
-        return handle
-    handle._check()
-    binding = handle.bindings.get(LABEL)
-    if binding is None:
-        from ..runtime.handle import raw_stream
-
-        with _HANDLE_LOCK:
-            binding = handle.bindings.get(LABEL)
-            if binding is None:
-                binding = handle.bindings[LABEL] = _BackendBinding(raw_stream(handle.stream))
-    return binding.raw
-
-
-def create_backend_handle(stream):
-    fe = frontend()
-    try:
-        h = fe.module.create_handle()
-    except fe.errors as exc:  # no device here: the environment's error, said so
-        raise backend_error(exc, "creating the backend's cudnnHandle") from exc
-    if stream:
-        set_backend_stream(h, stream)
-    return h
-
-
-def destroy_backend_handle(h):
-    module = frontend().module
-    destroy = getattr(module, "_raw_destroy_handle", None) or module.destroy_handle
-    destroy(h)
-
-
-def backend_stream(h):
-    """The stream cuDNN holds for the backend handle `h` (None: the default stream)."""
-    fe = frontend()
-    try:
-        return fe.module.get_stream(h) or None
-    except fe.errors as exc:
-        raise backend_error(exc, f"reading the stream of backend handle {h:#x}") from exc
-
-
-def set_backend_stream(h, stream):
-    module = frontend().module
-    raw = getattr(module, "_raw_set_stream", None)
-    if raw is not None:
-        raw(h, stream or 0)
-    else:  # older layout
-        module.set_stream(handle=h, stream=stream or 0)
-
-
-_install_stream_reader()

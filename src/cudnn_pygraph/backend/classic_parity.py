@@ -1,5 +1,5 @@
 """The classic calls whose subject is the backend's plan: note filters, the workspace
-filter, CUDA-graph population, deserialize. graph/pygraph.py passes them through here.
+filter, CUDA-graph population, deserialize. pygraph.py passes them through here.
 
 The rule for a python plan (spec, "Classic parity"): it answers a backend-only request
 with a documented filter or a clear error, never a silent no-op.
@@ -21,12 +21,8 @@ with a documented filter or a clear error, never a silent no-op.
 * deserialize restores a serialized backend plan into an EMPTY graph whose one plan is
   that backend plan; it executes through the same variant pack, keyed by uid.
 
-Filters are recorded on the graph (`graph._plan_filters`) so that a call made before
-planning still reaches both sides: the backend's note filters mark indices into its plan
-list, so backend_plans.plan_entries replays them once that list exists.
+The filters are recorded on the graph and pushed to the backend by plan_filters.py.
 """
-
-import dataclasses
 
 from .._types import (
     BackendUnavailableError,
@@ -36,30 +32,10 @@ from .._types import (
     numerical_note,
 )
 from ..planning import engine_ids
+from .plan_filters import filters_for, filters_of, forward_to_backend
 
 _NOTE_ENUMS = {"numeric": numerical_note, "behavior": behavior_note}
 _ENGINE_NOTES = {"numeric": "numerical_notes", "behavior": "behavior_notes"}
-
-
-@dataclasses.dataclass
-class PlanFilters:
-    """The classic filters one graph carries, in call order."""
-
-    notes: list = dataclasses.field(default_factory=list)  # (kind, note, keep)
-    workspace_limit: int | None = None
-    engine_names: list = dataclasses.field(default_factory=list)  # deselect_engines
-
-
-def filters_of(graph):
-    """The graph's PlanFilters, or None when no filter was ever set."""
-    return graph.__dict__.get("_plan_filters")
-
-
-def _filters(graph):
-    f = graph.__dict__.get("_plan_filters")
-    if f is None:
-        f = graph.__dict__["_plan_filters"] = PlanFilters()
-    return f
 
 
 def _before_build(graph, where):
@@ -76,7 +52,7 @@ def filter_notes(graph, kind, notes, keep):
     where = f"{'select' if keep else 'deselect'}_{kind}_notes()"
     notes = _parse_notes(where, kind, notes)
     _before_build(graph, where)
-    _filters(graph).notes.extend((kind, note, keep) for note in notes)
+    filters_for(graph).notes.extend((kind, note, keep) for note in notes)
     if graph._planning is not None:
         bar_python_plans(graph)
         forward_to_backend(graph)
@@ -134,31 +110,6 @@ def bar_python_plans(graph):
                 break
 
 
-# ---------------------------------------------------------------- the backend side
-def forward_to_backend(graph):
-    """Push the recorded filters to the lowered backend graph, once it has plans for a
-    note filter to mark (its filters index its own plan list). Idempotent: replaying a
-    filter marks the same entries again. Called again by plan_entries after planning."""
-    filters, lg = filters_of(graph), graph.__dict__.get("_lowered")
-    if filters is None or lg is None:
-        return
-    from .lowering import backend_enum, backend_error
-
-    backend, fe = lg.backend, lg.fe
-    with lg.lock:
-        try:
-            if filters.engine_names:
-                backend.deselect_engines(list(filters.engine_names))
-            if filters.workspace_limit is not None:
-                backend.deselect_workspace_greater_than(int(filters.workspace_limit))
-            if filters.notes and backend.get_execution_plan_count() > 0:
-                for kind, note, keep in filters.notes:
-                    method = f"{'select' if keep else 'deselect'}_{kind}_notes"
-                    getattr(backend, method)([backend_enum(fe, note)])
-        except fe.errors as exc:
-            raise backend_error(exc, "plan filters") from exc
-
-
 # ---------------------------------------------------------------- engines by name
 def deselect_engines(graph, names):
     """Classic deselect_engines(names): a plan whose name contains any of `names` is not
@@ -175,7 +126,7 @@ def deselect_engines(graph, names):
         if not isinstance(name, str) or not name:
             raise TypeError(f"{where}: names[{i}] = {name!r} is not an engine name")
     _before_build(graph, where)
-    _filters(graph).engine_names.extend(names)
+    filters_for(graph).engine_names.extend(names)
     bar_python_plans(graph)
     forward_to_backend(graph)
 
@@ -188,7 +139,7 @@ def check_support(graph):
     check_support() (once per graph). A backend refusal is not fatal while a python
     plan the walk would reach is supported, as classic (its check is the backend's as a
     whole, not one plan's)."""
-    from ..engines.base import DECLINE_ERRORS
+    from ..planning.engine import DECLINE_ERRORS
 
     record = graph._require_planning()
     start = record.selected or 0
@@ -241,7 +192,7 @@ def limit_workspace(graph, limit):
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise ValueError(f"{where}: the limit must be a byte count >= 0, got {limit!r}")
     _before_build(graph, where)
-    _filters(graph).workspace_limit = limit
+    filters_for(graph).workspace_limit = limit
     forward_to_backend(graph)
 
 
@@ -279,7 +230,8 @@ def build_within_limits(graph, policy):
 def cuda_graph_call(graph, name, handle, variant_pack, workspace, cuda_graph):
     """populate_cuda_graph / update_cuda_graph on the selected backend plan."""
     from ..runtime.variant_pack import workspace_address
-    from .lowering import BackendPlan, backend_error, backend_handle
+    from .backend_plans import BackendPlan
+    from .lowering import backend_error, backend_handle
 
     record = graph._require_planning()
     if record.selected is None or record.plans[record.selected].identity not in record.built:
@@ -338,13 +290,14 @@ def deserialize(graph, args, kwargs):
     is the restored backend plan, built and selected; graph.execute binds operands by uid.
     Classic forms: deserialize(data), deserialize(handle, data), handle_=...,
     enforce_precompiled=..."""
-    from ..engines.base import PlanConfig
     from ..graph import lifecycle
+    from ..planning.engine import PlanConfig
     from ..planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID
     from ..planning.planner import PlanningRecord
     from ..runtime.execute import GraphLayout
     from .adapter import BACKEND
-    from .lowering import BackendPlan, LoweredGraph, backend_error, backend_handle, frontend
+    from .backend_plans import BackendPlan
+    from .lowering import LoweredGraph, backend_error, backend_handle, default_handle, frontend
 
     handle, data, enforce = _deserialize_args(args, kwargs)
     if graph.nodes or graph._planning is not None or graph.__dict__.get("_lowered") is not None:
@@ -365,8 +318,6 @@ def deserialize(graph, args, kwargs):
             kw[field] = opts[field]
     try:
         if handle is None:
-            from .lowering import default_handle
-
             bh = backend_handle(default_handle(0))
         else:
             bh = backend_handle(handle)

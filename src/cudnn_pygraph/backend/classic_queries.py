@@ -1,6 +1,6 @@
 """The classic graph-level queries whose subject is the backend: behaviour notes, the
 engine count, an engine's knob ranges, a tensor by uid, the CUDA-graph retention mode.
-graph/pygraph.py passes them through here; classic_parity.py states the rule they follow
+pygraph.py passes them through here; classic_parity.py states the rule they follow
 (a python plan answers with a documented value or a clear error, never a silent one).
 
 Indices are OUR plan list's; a backend entry's `cpp_index` says where the backend put it.

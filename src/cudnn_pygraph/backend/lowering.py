@@ -20,8 +20,9 @@ Invariants held here (spec: "Key invariants"):
     missing, no device for a device query) raises BackendUnavailableError instead: that is
     the environment, not the graph.
 
-The plan side (entries per heuristic mode, replay, build, execute, handles) lives in
-backend/backend_plans.py and reaches the frontend through `frontend()` below.
+The backend's handles live here too (lowering hands the backend the graph's own handle);
+the plan side (entries per heuristic mode, replay, build, execute) lives above, in
+backend/backend_plans.py, and reaches the frontend through this module.
 
 Tested with nvidia-cudnn-frontend 1.32.0 (libcudnn 9.28.1 on CPU, 9.19 on the H200). The
 older layout is supported where it costs a getattr (builder class, `tensor()` + set_uid
@@ -226,6 +227,97 @@ def backend_error(exc, where):
         return BackendUnavailableError(f"{where}: the backend cannot run here: {text}")
     kind = next((ours for theirs, ours in _REFUSALS if isinstance(exc, theirs)), None)
     return (kind or cudnnGraphNotSupportedError)(f"{where}: {text}")
+
+
+# ---------------------------------------------------------------- handles
+# The backend's name: its plans' labels and its binding on our handles.
+LABEL = "cudnn_backend"
+_DEFAULT_HANDLES = {}
+_HANDLE_LOCK = threading.Lock()
+
+
+def _install_stream_reader():
+    """Python plans read a bare-int handle's stream (the backend's cudnnHandle_t) here."""
+    from ..runtime.handle import register_foreign_stream_reader
+
+    register_foreign_stream_reader(backend_stream)
+
+
+def default_handle(device):
+    """Our Handle for `device` when the caller gave none: made once per device, on the
+    default stream."""
+    h = _DEFAULT_HANDLES.get(device)
+    if h is None:
+        from ..runtime.handle import Handle
+
+        with _HANDLE_LOCK:
+            h = _DEFAULT_HANDLES.setdefault(device, Handle(device=device))
+    return h
+
+
+class _BackendBinding:
+    """The backend's cudnnHandle made for one of our handles, following its stream."""
+
+    def __init__(self, stream):
+        self.raw = create_backend_handle(stream)
+
+    def set_stream(self, stream):
+        set_backend_stream(self.raw, stream)
+
+    def close(self):
+        destroy_backend_handle(self.raw)
+
+
+def backend_handle(handle):
+    """The backend's cudnnHandle_t for `handle`: a bare int is one already; one of ours
+    gets its binding on first use, bound to the handle's stream."""
+    if type(handle) is int:
+        return handle
+    handle._check()
+    binding = handle.bindings.get(LABEL)
+    if binding is None:
+        from ..runtime.handle import raw_stream
+
+        with _HANDLE_LOCK:
+            binding = handle.bindings.get(LABEL)
+            if binding is None:
+                binding = handle.bindings[LABEL] = _BackendBinding(raw_stream(handle.stream))
+    return binding.raw
+
+
+def create_backend_handle(stream):
+    fe = frontend()
+    try:
+        h = fe.module.create_handle()
+    except fe.errors as exc:  # no device here: the environment's error, said so
+        raise backend_error(exc, "creating the backend's cudnnHandle") from exc
+    if stream:
+        set_backend_stream(h, stream)
+    return h
+
+
+def destroy_backend_handle(h):
+    module = frontend().module
+    destroy = getattr(module, "_raw_destroy_handle", None) or module.destroy_handle
+    destroy(h)
+
+
+def backend_stream(h):
+    """The stream cuDNN holds for the backend handle `h` (None: the default stream)."""
+    fe = frontend()
+    try:
+        return fe.module.get_stream(h) or None
+    except fe.errors as exc:
+        raise backend_error(exc, f"reading the stream of backend handle {h:#x}") from exc
+
+
+def set_backend_stream(h, stream):
+    module = frontend().module
+    raw = getattr(module, "_raw_set_stream", None)
+    if raw is not None:
+        raw(h, stream or 0)
+    else:  # older layout
+        module.set_stream(handle=h, stream=stream or 0)
 
 
 # ---------------------------------------------------------------- lowering
@@ -649,36 +741,18 @@ def _named_failure(graph, exc):
     return backend_error(exc, f"{culprit.op} node '{culprit.name}'")
 
 
-# The plan side, reached through this module by adapter.py.
-from .backend_plans import (
-    BackendPlan,
-    backend_handle,
-    backend_stream,
-    build_plan,
-    create_backend_handle,
-    default_handle,
-    destroy_backend_handle,
-    plan_entries,
-    plan_label,
-    replay_entry,
-    set_backend_stream,
-)
+_install_stream_reader()
 
 __all__ = [
-    "BackendPlan",
     "LoweredGraph",
     "backend_handle",
     "backend_stream",
-    "build_plan",
     "construct",
     "create_backend_handle",
     "default_handle",
     "destroy_backend_handle",
     "frontend",
     "lowered",
-    "plan_entries",
-    "plan_label",
-    "replay_entry",
     "set_backend_stream",
     "unavailable_reason",
 ]

@@ -160,7 +160,7 @@ class Graph:
     def __enter__(self) -> Graph:
         if self._graph is not None:
             raise RuntimeError("Graph already created")
-        from ..graph.pygraph import pygraph
+        from ..pygraph import pygraph
 
         handle = {} if self._handle in (None, "auto") else {"handle": self._handle}
         self._graph = pygraph(**handle, **self._kwargs)

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Hashable, Iterator, Sequence
 
     from .._typing import DataTypeLike, FuncT, HandleLike
-    from ..graph.pygraph import pygraph
     from ..graph.tensor import Tensor
+    from ..pygraph import pygraph
 
     # A builder jit() decorates returns (graph, tensors); the decorated call (graph, uids).
     BuildFn = Callable[..., tuple[pygraph, Sequence[Tensor]]]
@@ -101,7 +101,7 @@ def graph(
     """A new `pygraph` bound to `handle`, yielded as `(graph, [])`; keywords beyond the
     data types go to the pygraph constructor. Nothing happens at the block's exit: the
     caller (or `jit`) plans and builds."""
-    from ..graph.pygraph import pygraph
+    from ..pygraph import pygraph
 
     g = pygraph(
         name=name,

@@ -1,4 +1,4 @@
-"""Python engines, one folder per family; the contract is engines/base.py. Nothing
+"""Python engines, one folder per family; the contract is planning/engine.py. Nothing
 here imports an engine: the manifest (planning/manifest.py) names them as strings."""
 
 from ..planning.device import prepare_kernels

@@ -1,2 +1,3 @@
-"""The graph IR: tensors, nodes, the OpSpec tables and the pygraph class. Imports
-nothing heavy (no torch, triton, numpy or backend)."""
+"""The graph IR: tensors, nodes and the OpSpec tables; the pygraph class that holds them
+is the facade above (cudnn_pygraph/pygraph.py). Imports nothing heavy (no torch, triton,
+numpy or backend)."""

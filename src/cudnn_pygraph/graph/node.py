@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
     from typing import NoReturn
 
+    from ..pygraph import pygraph
     from .opspec import OpSpec
-    from .pygraph import pygraph
 
 
 class Node:

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from .._types import data_type as _data_type
     from .._types import scalar_type as _scalar_type
     from .._typing import DataTypeLike
+    from ..pygraph import pygraph
     from .node import Node
-    from .pygraph import pygraph
 
 # torch dtype names -> ours, matched on str(dtype) so torch is never imported here.
 _FRAMEWORK_DTYPES = {

@@ -46,9 +46,9 @@ from .._types import cudnnGraphNotSupportedError, data_type
 from ..engines.linear_attention.kernels.chunk_index import check_cu_seqlens, check_partition
 from ..engines.linear_attention.kernels.poison import poison_dense
 from ..engines.sdpa.analyzer import mark_per_call_batch
-from ..graph.pygraph import pygraph
 from ..graph.tensor import to_data_type
 from ..planning.engine_ids import is_backend_id
+from ..pygraph import pygraph
 from ..runtime.handle import create_handle, set_stream
 from ..runtime.variant_pack import VariantPack
 

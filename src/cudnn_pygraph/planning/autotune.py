@@ -45,9 +45,9 @@ import time
 
 from .._log import log, progress
 from .._types import GraphStateError, cudnnGraphNotSupportedError, knob_type
-from ..engines.base import DECLINE_ERRORS
 from ..runtime.compiled_cache import cache_home, source_digest
 from ..runtime.compiled_cache import dist_version as _dist_version
+from .engine import DECLINE_ERRORS
 
 CACHE_ENV = "CUDNN_PYGRAPH_AUTOTUNE_CACHE"
 DISABLE_ENV = "CUDNN_PYGRAPH_DISABLE_AUTOTUNE_CACHE"

@@ -6,7 +6,7 @@ when absent). _assemble expands the marker into that mode's backend entries, str
 modes and deduplicates by (engine_id, knobs), first position wins."""
 
 from .._types import heur_mode
-from ..engines.base import PlanConfig
+from .engine import PlanConfig
 from .engine_ids import BACKEND_HEURISTIC_ENGINE_ID
 
 

@@ -20,9 +20,9 @@ from .._types import (
     heur_mode,
     knob_type,
 )
-from ..engines.base import DECLINE_ERRORS, BuildContext, PlanConfig
 from ..graph import lifecycle
 from . import engine_ids, facts, heuristics, manifest
+from .engine import DECLINE_ERRORS, BuildContext, PlanConfig
 
 
 @dataclasses.dataclass

@@ -14,8 +14,8 @@ Triton's JIT on zero-copy torch views of the buffers.
 from __future__ import annotations
 
 from ..._types import data_type, knob_type
+from ...planning.engine import BaseEngine, Capabilities, CompiledPlan, PlanConfig, require_module
 from ...planning.facts import facts_for, graph_device
-from ..base import BaseEngine, Capabilities, CompiledPlan, PlanConfig, require_module
 from .analyzer import analyze
 from .heuristics import configs_for
 from .kernels.chain import lower_chain

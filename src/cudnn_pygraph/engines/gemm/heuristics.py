@@ -3,8 +3,8 @@
 winner first and runners-up behind it for a caller who autotunes."""
 
 from ..._types import heur_mode
+from ...planning.engine import PlanConfig
 from ...planning.heuristics import BACKEND
-from ..base import PlanConfig
 from .kernels.configs import recommend_configs
 from .kernels.spec import ELEM_BYTES
 

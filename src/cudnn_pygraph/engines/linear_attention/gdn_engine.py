@@ -30,8 +30,8 @@ from types import MappingProxyType
 
 from ..._types import data_type, knob_type
 from ...graph.ops.linear_attention import SAVED_FACTORS
+from ...planning.engine import BaseEngine, Capabilities, CompiledPlan, require_module
 from ...planning.facts import facts_for, graph_device
-from ..base import BaseEngine, Capabilities, CompiledPlan, require_module
 from .analyzer import analyze
 from .heuristics import GATE_PER_KEY_FAMILIES
 from .kernels.configs import SUPPORTED_HEAD_DIMS, GdnKnobs, fuses_output

@@ -5,7 +5,7 @@ its sequence splitting (kernels/splitting.py: uncut or a chain of P pieces), one
 for the whole list (gdp's counted on its expanded timeline, cut on real-token boundaries).
 These graphs have no backend plan: nothing to place."""
 
-from ..base import PlanConfig
+from ...planning.engine import PlanConfig
 from .kernels.configs import (
     CONFIG_NAMES,
     INTERPRETER_SMS,

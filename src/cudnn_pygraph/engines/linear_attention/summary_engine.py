@@ -17,8 +17,8 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from ..._types import data_type, knob_type
+from ...planning.engine import require_module
 from ...planning.facts import facts_for, graph_device
-from ..base import require_module
 from .analyzer import analyze
 from .gdn_engine import (
     _TORCH_DTYPES,

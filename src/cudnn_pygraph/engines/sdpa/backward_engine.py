@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from ..._types import data_type, heur_mode, knob_type
 from ...planning import manifest
+from ...planning.engine import BaseEngine, Capabilities, PlanConfig, require_module
 from ...planning.facts import facts_for, graph_device
 from ...planning.heuristics import BACKEND
-from ..base import BaseEngine, Capabilities, PlanConfig, require_module
 from .analyzer import GRAD_PORTS, LAYOUT_THD, analyze
 from .engines import SERVED, SM_LO, _attn_scale, _mask, _operands, _PreparedPlan, _torch_dtype
 from .kernels.configs import recommend_backward

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from ..._types import data_type, heur_mode, knob_type
 from ...planning import manifest
+from ...planning.engine import BaseEngine, Capabilities, CompiledPlan, PlanConfig, require_module
 from ...planning.facts import facts_for, graph_device
 from ...planning.heuristics import BACKEND
-from ..base import BaseEngine, Capabilities, CompiledPlan, PlanConfig, require_module
 from .analyzer import LAYOUT_THD, analyze
 from .kernels.configs import recommend_decode, recommend_prefill
 from .kernels.knobs import SdpaDecodeKnobs, SdpaFwdKnobs

@@ -151,6 +151,10 @@ STATE_WIDE_MIN_FILL = 1.0
 INTERPRETER_SMS = 8
 
 
+# Sequence splitting (splitting.py) cuts a sequence into at most this many pieces: one wave.
+MAX_PIECES = 16
+
+
 @dataclasses.dataclass(frozen=True)
 class GdnKnobs:
     """CONFIG: the index of the named config in CONFIGS the plan builds. PIECES: sequence
@@ -160,8 +164,6 @@ class GdnKnobs:
     PIECES: int = 0
 
     def __post_init__(self):
-        from .splitting import MAX_PIECES
-
         if not 0 <= self.CONFIG < len(CONFIGS):
             raise ValueError(
                 f"GdnKnobs.CONFIG={self.CONFIG}: must index one of {len(CONFIGS)} configs "

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import math
 
+from .configs import MAX_PIECES, config
+
 CHUNK = 64  # the kernels' chunk: pieces are whole chunks
-MAX_PIECES = 16  # one wave: at most this many pieces per sequence
 MIN_PIECE_CHUNKS = 4  # a piece at least this many units long (unit_chunks)
 FORWARD_MIN_PIECES = 3
 BACKWARD_MIN_PIECES = 2
@@ -47,8 +48,6 @@ def unit_chunks(token_rows):
 
 def uncut_programs(num_seqs, heads_out, dim_v):
     """The state walk's programs of an uncut run that leaves SMs idle: "few"'s V blocks."""
-    from .configs import config
-
     return num_seqs * heads_out * max(dim_v // config("few")["state_fwd"]["BV"], 1)
 
 

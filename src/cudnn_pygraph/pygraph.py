@@ -8,7 +8,7 @@ from __future__ import annotations  # annotations stay text: no typing, no torch
 import numbers
 from types import MappingProxyType
 
-from .._types import (
+from ._types import (
     GraphStateError,
     cudnnGraphNotSupportedError,
     data_type,
@@ -16,20 +16,20 @@ from .._types import (
     scalar_type,
     tensor_reordering,
 )
-from . import lifecycle, score_mod
-from .builders import Builder, bind, check_port, coerce_attr
-from .node import Node
-from .ops import OPS
-from .opspec import OpGroup, PortKind
-from .tensor import Tensor, row_major_strides, to_data_type, to_int_tuple
-from .validate import apply_inference, validate_graph
+from .graph import lifecycle, score_mod
+from .graph.builders import Builder, bind, check_port, coerce_attr
+from .graph.node import Node
+from .graph.ops import OPS
+from .graph.opspec import OpGroup, PortKind
+from .graph.tensor import Tensor, row_major_strides, to_data_type, to_int_tuple
+from .graph.validate import apply_inference, validate_graph
 
 TYPE_CHECKING = False  # true for type checkers only: importing typing is not needed
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
 
-    from .._types import behavior_note, build_plan_policy, cuda_graph_retention, knob_type
-    from .._typing import (
+    from ._types import behavior_note, build_plan_policy, cuda_graph_retention, knob_type
+    from ._typing import (
         ArrayLike,
         BehaviorNotes,
         Buffer,
@@ -43,10 +43,10 @@ if TYPE_CHECKING:
         SerializedGraph,
         VariantPackLike,
     )
-    from ..backend.classic_queries import KnobRange
-    from ..engines.base import PlanConfig
-    from ..planning.autotune import AutotuneResult
-    from ..planning.device import DeviceProperties
+    from .backend.classic_queries import KnobRange
+    from .planning.autotune import AutotuneResult
+    from .planning.device import DeviceProperties
+    from .planning.engine import PlanConfig
 
 _NOT_SET = data_type.NOT_SET
 _scalar_type = scalar_type
@@ -378,13 +378,13 @@ class pygraph:
 
     def to_json(self) -> dict[str, object]:
         """The IR's own JSON form (a dict); `pygraph.from_json` rebuilds it."""
-        from .json_form import graph_to_json
+        from .graph.json_form import graph_to_json
 
         return graph_to_json(self)
 
     @classmethod
     def from_json(cls, doc: dict[str, object]) -> pygraph:
-        from .json_form import graph_from_json
+        from .graph.json_form import graph_from_json
 
         return graph_from_json(cls, doc)
 
@@ -396,7 +396,7 @@ class pygraph:
         if self._state.validated:
             return
         validate_graph(self)
-        from ..planning.validation import after_native_validation
+        from .planning.validation import after_native_validation
 
         after_native_validation(self)
 
@@ -408,8 +408,8 @@ class pygraph:
         self.validate()
 
     def create_execution_plans(self, modes: HeurModes = (heur_mode.A,)) -> None:
-        from ..backend import classic_parity
-        from ..planning.planner import create_execution_plans
+        from .backend import classic_parity
+        from .planning.planner import create_execution_plans
 
         create_execution_plans(self, modes)
         classic_parity.bar_python_plans(self)  # filters set before planning
@@ -417,7 +417,7 @@ class pygraph:
     def check_support(self) -> None:
         """Raise cudnnGraphNotSupportedError when no plan the build walk would try is
         supported (backend/classic_parity.py check_support)."""
-        from ..backend import classic_parity
+        from .backend import classic_parity
 
         if self._planning is None:  # classic: the backend has no plan, so none supports it
             raise cudnnGraphNotSupportedError(
@@ -429,7 +429,7 @@ class pygraph:
     def build_plans(self, policy: build_plan_policy | int | None = None) -> None:
         """Walk the plan list and build the first plan that builds (policy ALL: every
         one). An unplanned graph is planned first with heur_mode.A, as classic."""
-        from ..backend import classic_parity
+        from .backend import classic_parity
 
         if self._planning is None:
             self.create_execution_plans()
@@ -469,7 +469,7 @@ class pygraph:
         return self._require_planning().engine_and_knobs(index)
 
     def build_plan_at_index(self, index: int) -> None:
-        from ..backend import classic_parity
+        from .backend import classic_parity
 
         self._refuse_barred(index, "build_plan_at_index")
         self._require_planning().build_at(index)
@@ -496,7 +496,7 @@ class pygraph:
         create_execution_plans; also the exact replay of a recorded plan). Ids: a backend
         engine's (get_engine_count) or a python engine's (get_engine_ids); a config the
         engine refuses raises and lists nothing."""
-        from ..planning.planner import create_execution_plan
+        from .planning.planner import create_execution_plan
 
         create_execution_plan(self, engine_id, knobs or {})
 
@@ -504,7 +504,7 @@ class pygraph:
         """Exclude every plan whose name contains one of `names` (classic: by substring;
         a backend plan is `cudnn_backend:eng<id>[...]`, so "eng7" bars engine 7). Before
         or after planning; forwarded to the backend."""
-        from ..backend import classic_parity
+        from .backend import classic_parity
 
         classic_parity.deselect_engines(self, names)
 
@@ -521,31 +521,31 @@ class pygraph:
     # python plan answers to each: a documented filter or a clear error)
     def select_numeric_notes(self, notes: NumericalNotes) -> None:
         """Keep only plans carrying every note in `notes` (numerical_note)."""
-        from ..backend import classic_parity
+        from .backend import classic_parity
 
         classic_parity.filter_notes(self, "numeric", notes, keep=True)
 
     def deselect_numeric_notes(self, notes: NumericalNotes) -> None:
         """Exclude plans carrying any note in `notes` (numerical_note)."""
-        from ..backend import classic_parity
+        from .backend import classic_parity
 
         classic_parity.filter_notes(self, "numeric", notes, keep=False)
 
     def select_behavior_notes(self, notes: BehaviorNotes) -> None:
         """Keep only plans carrying every note in `notes` (behavior_note)."""
-        from ..backend import classic_parity
+        from .backend import classic_parity
 
         classic_parity.filter_notes(self, "behavior", notes, keep=True)
 
     def deselect_behavior_notes(self, notes: BehaviorNotes) -> None:
         """Exclude plans carrying any note in `notes` (behavior_note)."""
-        from ..backend import classic_parity
+        from .backend import classic_parity
 
         classic_parity.filter_notes(self, "behavior", notes, keep=False)
 
     def deselect_workspace_greater_than(self, limit: int) -> None:
         """Exclude plans needing more than `limit` workspace bytes."""
-        from ..backend import classic_parity
+        from .backend import classic_parity
 
         classic_parity.limit_workspace(self, limit)
 
@@ -557,7 +557,7 @@ class pygraph:
         cuda_graph: int,
     ) -> None:
         """Record the selected BACKEND plan into `cuda_graph` (a cudaGraph_t as an int)."""
-        from ..backend import classic_parity
+        from .backend import classic_parity
 
         classic_parity.cuda_graph_call(
             self, "populate_cuda_graph", handle, variant_pack, workspace, cuda_graph
@@ -571,7 +571,7 @@ class pygraph:
         cuda_graph: int,
     ) -> None:
         """Point a populated `cuda_graph` at new buffers (backend plans only)."""
-        from ..backend import classic_parity
+        from .backend import classic_parity
 
         classic_parity.cuda_graph_call(
             self, "update_cuda_graph", handle, variant_pack, workspace, cuda_graph
@@ -584,7 +584,7 @@ class pygraph:
     ) -> None:
         """Restore a serialize()d backend plan into this EMPTY graph: deserialize(data) or
         deserialize(handle, data); it then executes with {uid: buffer} packs."""
-        from ..backend import classic_parity
+        from .backend import classic_parity
 
         classic_parity.deserialize(self, args, kwargs)
 
@@ -593,45 +593,45 @@ class pygraph:
     def get_behavior_notes_for_plan_at_index(self, index: int) -> list[behavior_note]:
         """The behavior_note list of plan `index` of OUR list (a python plan: its
         engine's declared notes)."""
-        from ..backend import classic_queries
+        from .backend import classic_queries
 
         return classic_queries.behavior_notes_at(self, index)
 
     def get_behavior_notes(self) -> list[behavior_note]:
         """The behavior_note list of the selected plan."""
-        from ..backend import classic_queries
+        from .backend import classic_queries
 
         return classic_queries.selected_behavior_notes(self)
 
     def get_engine_count(self) -> int:
         """The backend's engines for this graph plus the python engines that accept it
         (their ids: get_engine_ids()); answered once validated, before any plan list."""
-        from ..backend import classic_queries
+        from .backend import classic_queries
 
         return classic_queries.engine_count(self)
 
     def get_engine_ids(self) -> list[int]:
         """The engine ids get_engine_count() counts: the backend's 0..n-1, then ours."""
-        from ..backend import classic_queries
+        from .backend import classic_queries
 
         return classic_queries.engine_ids(self)
 
     def get_knobs_for_engine(self, engine_id: int) -> list[KnobRange]:
         """The engine's tuning axes as KnobRange(type, min_value, max_value, stride,
         values)."""
-        from ..backend import classic_queries
+        from .backend import classic_queries
 
         return classic_queries.knobs_for_engine(self, engine_id)
 
     def query_tensor_attributes_of_uid(self, uid: int) -> Tensor:
         """The graph's Tensor with this uid."""
-        from ..backend import classic_queries
+        from .backend import classic_queries
 
         return classic_queries.tensor_of_uid(self, uid)
 
     def get_cuda_graph_retention(self) -> cuda_graph_retention:
         """The cuda_graph_retention in effect for this graph's backend plans."""
-        from ..backend import classic_queries
+        from .backend import classic_queries
 
         return classic_queries.retention(self)
 
@@ -692,7 +692,7 @@ class pygraph:
         the clock), select the fastest and record (engine_id, knobs) in the persistent
         autotune cache, which a later process replays without timing
         (planning/autotune.py)."""
-        from ..planning.autotune import autotune
+        from .planning.autotune import autotune
 
         return autotune(
             self,
@@ -707,12 +707,12 @@ class pygraph:
         )
 
     def key(self) -> int:
-        from ..backend import adapter
+        from .backend import adapter
 
         return adapter.graph_key(self)
 
     def serialize(self, as_bytes: bool = False) -> list[int] | bytes:
-        from ..backend import adapter
+        from .backend import adapter
 
         return adapter.serialize(self, as_bytes)
 

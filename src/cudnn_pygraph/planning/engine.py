@@ -57,7 +57,7 @@ class Capabilities:
 
     def arch_mismatch(self, device):
         if device is None:
-            from ..planning.device import no_device_reason
+            from .device import no_device_reason
 
             return no_device_reason()
         if device.is_interpreter:
