@@ -117,13 +117,27 @@ def _backend_graph():
         _NullEngine.build_plan = original
 
 
-def _backend_rows(torch_tensor):
+class _DeviceArray:
+    """A CUDA buffer as a producer describes it (__cuda_array_interface__), over a fake
+    address: a backend plan refuses host memory, and a CPU machine has no device memory."""
+
+    def __init__(self, address, *shape):
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": "<f2",
+            "data": (address, False),
+            "strides": None,
+            "version": 3,
+        }
+
+
+def _backend_rows():
     g, (a, b, c) = _backend_graph()
     ints = {a.uid: 1 << 20, b.uid: 2 << 20, c.uid: 3 << 20}
     tensors = {
-        a: torch_tensor(1, 128, 128),
-        b: torch_tensor(1, 128, 256),
-        c: torch_tensor(1, 128, 256),
+        a: _DeviceArray(1 << 20, 1, 128, 128),
+        b: _DeviceArray(2 << 20, 1, 128, 256),
+        c: _DeviceArray(3 << 20, 1, 128, 256),
     }
     ws = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8)
     g.execute(ints, ws)
@@ -143,7 +157,7 @@ def _backend_rows(torch_tensor):
             _us(lambda: g.execute(ints, ws)),
         ),
         (
-            "backend plan: graph.execute({Tensor: torch tensor}, workspace tensor)",
+            "backend plan: graph.execute({Tensor: __cuda_array_interface__}, workspace tensor)",
             _us(lambda: g.execute(tensors, ws)),
         ),
     ]
@@ -175,7 +189,7 @@ def main():
             None,
         ),
     ]
-    rows += _backend_rows(lambda *shape: torch.empty(*shape, dtype=torch.half))
+    rows += _backend_rows()
     lines = [
         "# graph.execute's own host path (CPU): a null plan and a stand-in backend plan",
         "",
