@@ -24,7 +24,7 @@ import torch
 import cudnn_pygraph as cudnn
 from cudnn_pygraph.backend import adapter
 from cudnn_pygraph.engines.base import BaseEngine, Capabilities, CompiledPlan
-from cudnn_pygraph.planning import manifest
+from cudnn_pygraph.planning import manifest, planner
 from cudnn_pygraph.planning.device import DeviceProperties
 
 
@@ -176,16 +176,16 @@ def main():
         c: torch.empty(1, 128, 256, dtype=torch.half),
     }
     g.execute(ints)
-    record = g._planning
-    call = record._runner.call
+    bound = planner.bind(g)
+    call = bound.call
     rows = [
         ("null plan: graph.execute({uid: address})", _us(lambda: g.execute(ints)), None),
         ("null plan: graph.execute({Tensor: torch tensor})", _us(lambda: g.execute(tensors)), None),
         ("null plan: the plan's closure, addresses", _us(lambda: call(ints)), None),
-        ("null plan: the pack alone, addresses", _us(lambda: record.layout.pack(ints)), None),
+        ("null plan: the pack alone, addresses", _us(lambda: bound.layout.pack(ints)), None),
         (
             "null plan: the pack alone, Tensor -> torch tensor",
-            _us(lambda: record.layout.pack(tensors)),
+            _us(lambda: bound.layout.pack(tensors)),
             None,
         ),
     ]

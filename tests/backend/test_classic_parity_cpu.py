@@ -15,7 +15,7 @@ from cudnn_pygraph import behavior_note, cuda_graph_retention, heur_mode, knob_t
 from cudnn_pygraph._types import BackendUnavailableError, GraphStateError
 from cudnn_pygraph.backend import adapter
 from cudnn_pygraph.backend.classic_queries import KnobRange
-from cudnn_pygraph.planning import manifest
+from cudnn_pygraph.planning import manifest, planner
 from cudnn_pygraph.planning.device import DeviceProperties
 from cudnn_pygraph.planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, python_engine_id
 from cudnn_pygraph.runtime.variant_pack import MissingOperandError
@@ -234,14 +234,17 @@ def test_execute_installs_the_selected_plans_closure_and_follows_a_new_selection
         pack = _pack(g)
         g.execute(pack)
         assert "execute" in g.__dict__  # the closure, one frame down
+        stale = g.execute  # a caller keeps the closure across a new selection
         g.execute(pack)
         assert [c[1] for c in pe.CALLS if c[0] == "execute"] == ["tc_big", "tc_big"]
         g.select_plan(1)
         g.build_plans()
-        g.execute(pack)  # the stale closure hands the call back: the new plan runs
-        assert g.__dict__["execute"] is g._planning._runner.call  # and its closure is installed
+        stale(pack)  # the stale closure hands the call back: the new plan runs
         g.execute(pack)
-        assert [c[1] for c in pe.CALLS if c[0] == "execute"][2:] == ["plain_small", "plain_small"]
+        assert g.__dict__["execute"] is planner.bind(g).call  # and its closure is installed
+        g.execute(pack)
+        calls = [c[1] for c in pe.CALLS if c[0] == "execute"][2:]
+        assert calls == ["plain_small"] * 3
 
 
 def test_the_closure_refuses_bad_input_like_the_general_path():
@@ -323,7 +326,7 @@ def test_a_bare_int_handle_is_the_backends_and_its_stream_is_read_there(monkeypa
         g = gemm_graph()
         g.create_execution_plans([heur_mode.A])
         g.build_plans()
-        compiled = g._planning.built[g.plans[g.selected_plan].identity]
+        compiled = planner.selected_compiled(g)
         monkeypatch.setattr(compiled, "execute", lambda graph, pack, ctx: seen.append(ctx.stream))
         g.execute(_pack(g), None, 0x7A)
     assert seen == [0x5E00]
@@ -783,4 +786,4 @@ def test_every_triton_plan_reports_runtime_compilation(monkeypatch):
     python = [i for i, p in enumerate(g.plans) if p.engine_id >= 20000]
     assert python and all(g.get_behavior_notes_for_plan_at_index(i) == [RC] for i in python)
     g.deselect_behavior_notes([RC])
-    assert all(g._planning.barred(i) for i in python)
+    assert all(planner.record_of(g).barred(i) for i in python)
