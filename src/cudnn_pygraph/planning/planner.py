@@ -16,6 +16,7 @@ them to it)."""
 import dataclasses
 import logging
 import time
+import weakref
 
 from .._log import log, progress
 from .._types import (
@@ -276,6 +277,14 @@ def build_plans(graph, policy):
 
 
 # ---------------------------------------------------------------- the plan list
+class _Selection:
+    """The token of one selection, held by the record alone while the selection holds: a
+    weak reference to it is the bound plan's is_current (the token while current, None
+    once the record lets it go), a C call with no Python frame on every graph.execute."""
+
+    __slots__ = ("__weakref__",)
+
+
 class PlanningRecord:
     def __init__(
         self, graph, family, accepted, backend, plans, verdicts, backend_outcome, backend_decline
@@ -297,6 +306,7 @@ class PlanningRecord:
         self.deselected = set()  # engine names (deselect_engines)
         self.excluded = {}  # identity -> why this one plan is barred (a classic filter)
         self._bound = None  # the selected plan's BoundPlan, made at first bind()
+        self._selection = None  # the token its is_current refers to (_Selection)
         self._layout = None  # the graph's operand layout, made at first bind()
         self.device = facts.graph_device(graph)  # what engines see as ctx.device
 
@@ -434,7 +444,8 @@ class PlanningRecord:
             if self.selected is None or self.plans[self.selected].identity not in self.built:
                 raise GraphStateError("execute(): no built plan selected; call build_plans() first")
             compiled = self.built[self.plans[self.selected].identity]
-            bound = self._bound = self._new_bound(compiled, lambda: self._bound is bound)
+            self._selection = _Selection()
+            self._bound = bound = self._new_bound(compiled, weakref.ref(self._selection))
         return bound
 
     def _unbind(self):
@@ -442,7 +453,7 @@ class PlanningRecord:
         that a caller kept hands its calls to execute() below), and the graph's `execute`,
         which the facade set to that closure, is the class's again until the next call
         installs the new plan's."""
-        self._bound = None
+        self._bound = self._selection = None  # the token dies: is_current() is None
         self.graph.__dict__.pop("execute", None)
 
     def _new_bound(self, compiled, is_current):

@@ -8,9 +8,10 @@ does change it owns: per stream, a free list of contexts (a workspace each, and 
 backend plan off the default stream a handle of ours bound to that stream).
 
 Planning decides which plan is current (planning/planner.py `PlanningRecord.bind`): it
-hands in `is_current`, a predicate the installed closures ask before they serve a call,
-and `reroute`, graph.execute's general path through planning, which a call that is no
-longer this plan's goes to. Nothing here reads the planning record."""
+hands in `is_current`, a zero-argument callable, truthy while the plan is the selected
+one, which the installed closures ask before they serve a call, and `reroute`,
+graph.execute's general path through planning, which a call that is no longer this
+plan's goes to. Nothing here reads the planning record."""
 
 import threading
 
@@ -181,7 +182,9 @@ class BoundPlan:
         their kernels interleave over it)."""
         device = next(t for t in buffers.values() if t is not None).device
         if device.type == "cuda":
-            stream = _torch_module().cuda.current_stream(device).cuda_stream
+            # The raw cudaStream_t as an int, as torch.cuda.current_stream(device).cuda_stream
+            # reads it, without making a Stream object per call.
+            stream = _torch_module()._C._cuda_getCurrentRawStream(device.index)
         else:
             stream = 0
         free = self._contexts.get(stream)
