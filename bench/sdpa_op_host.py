@@ -123,7 +123,7 @@ def layers(lines):
         else "python"
     )
     lines += [f"## Host µs per call, B1 H{heads} S{s} D64 causal (the forward's plan: {side})",
-              "", "| public call | cudnn_pygraph.ops | torch SDPA | ours / torch |",
+              "", "| public call | cudnn_pygraph.ops | torch SDPA | host ours/torch |",
               "|---|---|---|---|"]  # fmt: skip
     for name, ours, theirs in pairs:
         a, b = _host_us(ours), _host_us(theirs)
