@@ -219,6 +219,30 @@ def test_deserialize_garbage_is_the_backends_error_not_a_crash():
         cudnn.pygraph().deserialize([1, 2, 3])
 
 
+def test_a_restored_plan_runs_by_uid_and_its_graph_takes_no_second_plan():
+    """deserialize()'s second half (planning/planner.py restore): an empty graph runs the
+    restored plan on {uid: buffer} packs, with the slots in uid order, and is built."""
+    seen = []
+
+    class Restored:
+        workspace_size = 0
+        supports_overrides = True
+
+        def execute(self, graph, pack, ctx):
+            seen.append([b.ptr for b in pack.operands([0, 1])])
+
+    g = cudnn.pygraph()
+    planner.restore(g, Restored(), [7, 3])
+    g.execute({7: 0x7000, 3: 0x3000})
+    g.execute({3: 0x3100, 7: 0x7100})  # the installed closure
+    assert seen == [[0x3000, 0x7000], [0x3100, 0x7100]]
+    assert g.state == "built" and g.get_execution_plan_count() == 1
+    with pytest.raises(MissingOperandError, match="uid 7"):
+        g.execute({3: 0x3000})
+    with pytest.raises(GraphStateError, match="already has a plan list"):
+        planner.restore(g, Restored(), [1])
+
+
 # ---------------------------------------------------------------- the execute closure
 def _pack(g):
     by_name = {t.name: t for t in g.tensors}

@@ -25,7 +25,11 @@ _torch = None
 
 
 class BoundPlan:
-    """BoundPlan(compiled, layout, device, is_current, graph, reroute).
+    """BoundPlan(compiled, layout, device, is_current, graph, reroute): `compiled` the
+    built plan (engines/base.py CompiledPlan), `layout` the graph's GraphLayout, `device`
+    what the plan's ctx.device is, `is_current()` truthy while planning keeps this plan
+    selected, `graph` the graph the plan executes, `reroute` graph.execute's signature, for
+    a call that reaches this plan once it is no longer current.
 
     `call` has graph.execute's own signature; the graph installs it as its `execute`
     after the first call (graph/pygraph.py), so a plain call is ONE frame (a backend plan:
