@@ -650,19 +650,13 @@ class pygraph:
         """Run the selected (built) plan on the caller's buffers: {uid or Tensor: buffer}.
 
         After this first call the graph's `execute` IS the selected plan's closure
-        (runtime/bound.py BoundPlan.call, set on the instance): one Python frame from the
-        caller to the C pack and the plan, ~0.2 us less per call than this method
-        (bench/results/execute_path_cpu.md). The closure asks planning whether it is still
-        the selected plan's and sends anything it does not serve back through planning."""
-        bound = _record(self).bind()
-        overrides = (
-            None if not override_uids else (override_uids, override_shapes, override_strides)
+        (runtime/bound.py BoundPlan.call, which planning sets on the instance until the
+        selection changes: planning/planner.py PlanningRecord.execute): one Python frame
+        from the caller to the C pack and the plan, ~0.2 us less per call than this method
+        (bench/results/execute_path_cpu.md)."""
+        _record(self).execute(
+            variant_pack, workspace, handle, override_uids, override_shapes, override_strides
         )
-        bound(variant_pack, workspace, handle, overrides)
-        if not bound.layout.keys_normalized:
-            # A pack keyed by name or None went through the key normalization, which
-            # the installed closure does not do: such a graph stays on this path.
-            self.__dict__["execute"] = bound.call
 
     def execute_plan_at_index(
         self,

@@ -450,9 +450,8 @@ class PlanningRecord:
 
     def _unbind(self):
         """The selection changed: the bound plan stops being current (a closure of it
-        that a caller kept hands its calls to execute() below), and the graph's `execute`,
-        which the facade set to that closure, is the class's again until the next call
-        installs the new plan's."""
+        that a caller kept hands its calls to execute() above), and the graph's `execute`
+        is the class's again until the next call installs the new plan's."""
         self._bound = self._selection = None  # the token dies: is_current() is None
         self.graph.__dict__.pop("execute", None)
 
@@ -472,11 +471,18 @@ class PlanningRecord:
         index=None,
     ):
         """graph.execute's general path: the selected plan (or the one at `index`) runs
-        the call, every argument form."""
+        the call, every argument form. After a call to the selected plan the graph's
+        `execute` is that plan's closure (BoundPlan.call: the plain call one frame down),
+        until the selection changes (_unbind)."""
         overrides = (
             None if not override_uids else (override_uids, override_shapes, override_strides)
         )
-        self.bind(index)(variant_pack, workspace, handle, overrides)
+        bound = self.bind(index)
+        bound(variant_pack, workspace, handle, overrides)
+        if index is None and not bound.layout.keys_normalized:
+            # A pack keyed by name or None went through the key normalization, which the
+            # closure does not do: such a graph stays on this path.
+            self.graph.__dict__["execute"] = bound.call
 
     # ---- explanation
     def explain(self):

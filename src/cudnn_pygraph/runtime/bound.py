@@ -31,9 +31,10 @@ class BoundPlan:
     selected, `graph` the graph the plan executes, `reroute` graph.execute's signature, for
     a call that reaches this plan once it is no longer current.
 
-    `call` has graph.execute's own signature; the graph installs it as its `execute`
-    after the first call (graph/pygraph.py), so a plain call is ONE frame (a backend plan:
-    none, `make_call`'s RawExecutor in C) down to the C pack and the plan. It serves the
+    `call` has graph.execute's own signature; planning installs it as the graph's
+    `execute` after the first call (planning/planner.py PlanningRecord.execute), so a plain
+    call is ONE frame (a backend plan: none, `make_call`'s RawExecutor in C) down to the C
+    pack and the plan. It serves the
     plain call (no handle, no workspace, no overrides) while `is_current()`; anything
     else goes to `general`. `__call__` runs every argument form on this plan, currency
     unasked: planning calls it once it has chosen the plan."""
