@@ -149,9 +149,14 @@ def _attrs(scale, causal, window_left):
 def _rows_stride(t):
     """Axis 0's stride as the layout has it: the buffer's own, or for a single row (whose
     stride torch leaves free) the one a dense run of rows would have."""
-    if t.shape[0] > 1:
-        return t.stride(0)
-    return max([e * s for e, s in zip(t.shape[1:], t.stride()[1:])] + [1])
+    return _rows_of(tuple(t.shape), t.stride())
+
+
+def _rows_of(dims, strides):
+    """_rows_stride from the buffer's dims and strides (tuples), read once per call."""
+    if dims[0] > 1:
+        return strides[0]
+    return max((1, *map(operator.mul, dims[1:], strides[1:])))
 
 
 def _dense(t, batch):
@@ -403,9 +408,9 @@ def _keys(tensors, thd, scale, causal, window_left):
     layout = [(scale, causal, window_left, None if thd is None else thd[1:])]
     shape = [thd[0] if thd is not None else tensors[0].shape[0]]
     for t in tensors:
-        dims, strides = t.shape, t.stride()
-        rows = strides[0] if dims[0] > 1 else _rows_stride(t)
-        layout.append((t.dtype, dims[1:], rows, strides[1:], t.device))
+        # Plain tuples: slicing a torch.Size makes a new Size, several times the cost.
+        dims, strides = tuple(t.shape), t.stride()
+        layout.append((t.dtype, dims[1:], _rows_of(dims, strides), strides[1:], t.device))
         shape.append(strides[0])
     return tuple(layout), tuple(shape)
 
