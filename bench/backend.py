@@ -30,7 +30,7 @@ import torch
 
 import cudnn_pygraph as ours
 from cudnn_pygraph import heur_mode
-from cudnn_pygraph.planning import manifest
+from cudnn_pygraph.planning import manifest, planner
 
 BURSTS = (1, 8, 64, 256)
 REPS = 25
@@ -185,7 +185,7 @@ def _floor(g, pack, ws):
     """The backend's raw execute on OUR lowered graph and built plan, pointers precomputed."""
     from cudnn_pygraph.runtime.execute import GraphLayout
 
-    compiled = g._planning.built[g.plans[g.selected_plan].identity]
+    compiled = planner.selected_compiled(g)
     layout_uids = [t.uid for t in GraphLayout(g).tensors]
     by_uid = {t.uid: buf.data_ptr() for t, buf in pack.items()}
     array = (ctypes.c_void_p * len(layout_uids))(*[by_uid[u] for u in layout_uids])
@@ -222,7 +222,7 @@ def python_gemm_calls(M, N, K):
     calls = {"ours-triton": lambda: g.execute(pack)}
     ints = {tensor.uid: buf.data_ptr() for tensor, buf in pack.items()}
     calls["ours-triton-int"] = lambda: g.execute(ints)
-    compiled = g._planning.built[g.plans[g.selected_plan].identity].compiled
+    compiled = planner.selected_compiled(g).compiled
     launch, stream = compiled.launch, torch.cuda.current_stream().cuda_stream
     args = (
         a.data_ptr(),

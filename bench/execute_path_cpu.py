@@ -23,9 +23,9 @@ import torch
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph.backend import adapter
-from cudnn_pygraph.engines.base import BaseEngine, Capabilities, CompiledPlan
-from cudnn_pygraph.planning import manifest
+from cudnn_pygraph.planning import manifest, planner
 from cudnn_pygraph.planning.device import DeviceProperties
+from cudnn_pygraph.planning.engine import BaseEngine, Capabilities, CompiledPlan
 
 
 class _NullPlan(CompiledPlan):
@@ -102,7 +102,7 @@ WORKSPACE_BYTES = 4096
 
 def _backend_graph():
     """The same graph, its plan a BackendPlan over the stand-in backend."""
-    from cudnn_pygraph.backend.lowering import BackendPlan
+    from cudnn_pygraph.backend.backend_plans import BackendPlan
 
     def build_plan(self, graph, plan, ctx):
         compiled = BackendPlan(_StandInLowered(), 0, WORKSPACE_BYTES, 3, 0)
@@ -117,13 +117,27 @@ def _backend_graph():
         _NullEngine.build_plan = original
 
 
-def _backend_rows(torch_tensor):
+class _DeviceArray:
+    """A CUDA buffer as a producer describes it (__cuda_array_interface__), over a fake
+    address: a backend plan refuses host memory, and a CPU machine has no device memory."""
+
+    def __init__(self, address, *shape):
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": "<f2",
+            "data": (address, False),
+            "strides": None,
+            "version": 3,
+        }
+
+
+def _backend_rows():
     g, (a, b, c) = _backend_graph()
     ints = {a.uid: 1 << 20, b.uid: 2 << 20, c.uid: 3 << 20}
     tensors = {
-        a: torch_tensor(1, 128, 128),
-        b: torch_tensor(1, 128, 256),
-        c: torch_tensor(1, 128, 256),
+        a: _DeviceArray(1 << 20, 1, 128, 128),
+        b: _DeviceArray(2 << 20, 1, 128, 256),
+        c: _DeviceArray(3 << 20, 1, 128, 256),
     }
     ws = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8)
     g.execute(ints, ws)
@@ -143,7 +157,7 @@ def _backend_rows(torch_tensor):
             _us(lambda: g.execute(ints, ws)),
         ),
         (
-            "backend plan: graph.execute({Tensor: torch tensor}, workspace tensor)",
+            "backend plan: graph.execute({Tensor: __cuda_array_interface__}, workspace tensor)",
             _us(lambda: g.execute(tensors, ws)),
         ),
     ]
@@ -162,20 +176,20 @@ def main():
         c: torch.empty(1, 128, 256, dtype=torch.half),
     }
     g.execute(ints)
-    record = g._planning
-    call = record._runner.call
+    bound = planner.bind(g)
+    call = bound.call
     rows = [
         ("null plan: graph.execute({uid: address})", _us(lambda: g.execute(ints)), None),
         ("null plan: graph.execute({Tensor: torch tensor})", _us(lambda: g.execute(tensors)), None),
         ("null plan: the plan's closure, addresses", _us(lambda: call(ints)), None),
-        ("null plan: the pack alone, addresses", _us(lambda: record.layout.pack(ints)), None),
+        ("null plan: the pack alone, addresses", _us(lambda: bound.layout.pack(ints)), None),
         (
             "null plan: the pack alone, Tensor -> torch tensor",
-            _us(lambda: record.layout.pack(tensors)),
+            _us(lambda: bound.layout.pack(tensors)),
             None,
         ),
     ]
-    rows += _backend_rows(lambda *shape: torch.empty(*shape, dtype=torch.half))
+    rows += _backend_rows()
     lines = [
         "# graph.execute's own host path (CPU): a null plan and a stand-in backend plan",
         "",

@@ -173,9 +173,7 @@ def host_rows(lines):
     lines.append("|---|---|---:|---:|---:|---:|---:|---:|")
     for label, (make, prefix, theirs) in cases.items():
         g, feed, outs = make()
-        name = (
-            _pick(g, prefix) if prefix else g.get_plan_name_at_index(g._require_planning().selected)
-        )
+        name = _pick(g, prefix) if prefix else g.get_plan_name_at_index(g.selected_plan)
         calls = dict(zip(("ours", "ours-h0"), _calls(g, feed, outs)))
         out_t = next(iter(outs))
         calls["ours"]()

@@ -190,6 +190,7 @@ def backend_status(device):
         return "installed, not usable here", "no GPU: the backend plans and runs only on a GPU"
     from ._types import cudnnGraphNotSupportedError, data_type, heur_mode
     from .planning import engine_ids
+    from .planning.planner import planned
     from .pygraph import pygraph
 
     g = pygraph(name="doctor_probe", io_data_type=data_type.HALF, compute_data_type=data_type.FLOAT)
@@ -200,7 +201,7 @@ def backend_status(device):
         g.create_execution_plans([heur_mode.A])
     except cudnnGraphNotSupportedError:
         pass
-    record = g._planning
+    record = planned(g)
     if record is not None and any(engine_ids.is_backend_id(p.engine_id) for p in record.plans):
         return "usable", "a 16x16x16 matmul gets a backend plan"
     outcome = record.backend_outcome.get(heur_mode.A) if record is not None else None
@@ -475,7 +476,9 @@ def cmd_plans(args):
     try:
         graph.create_execution_plans(modes)
     except cudnnGraphNotSupportedError as exc:
-        if graph._planning is None:  # the graph itself is invalid: bad input
+        from .planning.planner import planned
+
+        if planned(graph) is None:  # the graph itself is invalid: bad input
             raise UsageError(f"{source}: invalid graph: {exc}") from None
         print(graph.explain())
         print(f"no plan for graph '{graph.name}' here: nothing above accepts it")
@@ -626,7 +629,9 @@ def _autotune_example(args):
         ex.graph.create_execution_plans(list(DEMO_MODES))
         result = ex.graph.autotune(pack, warmup=warmup, reps=reps)
     except cudnnGraphNotSupportedError as exc:
-        if ex.graph._planning is not None:
+        from .planning.planner import planned
+
+        if planned(ex.graph) is not None:
             print(ex.graph.explain())
         print(f"nothing to tune here: {exc}")
         return 1

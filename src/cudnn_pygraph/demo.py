@@ -299,17 +299,17 @@ def plan_and_explain(graph, modes, say):
     try:
         graph.create_execution_plans(list(modes))
     except _types.cudnnGraphNotSupportedError as exc:
-        if graph._planning is None:  # refused before any plan list existed
+        from .planning.planner import planned
+
+        record = planned(graph)
+        if record is None:  # refused before any plan list existed
             say(f"  not plannable: {exc}")
             return f"not plannable: {exc}"
         say(graph.explain())
-        family = graph._planning.family
+        family = record.family
         if family is not None and not family.slots:
             say(f"  the {family.name} family has no python engine in the manifest yet")
-        if any(
-            not v.accepted and v.reason.startswith("opt-in engine")
-            for v in graph._planning.verdicts
-        ):
+        if any(not v.accepted and v.reason.startswith("opt-in engine") for v in record.verdicts):
             say("  hint: rerun with --opt-in to include the opt-in engines")
         return "no plan for this graph here (reasons above)"
     except Exception as exc:  # a component that is not there yet; report and go on

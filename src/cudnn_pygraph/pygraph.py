@@ -9,7 +9,6 @@ import numbers
 from types import MappingProxyType
 
 from ._types import (
-    GraphStateError,
     cudnnGraphNotSupportedError,
     data_type,
     heur_mode,
@@ -117,7 +116,6 @@ class pygraph:
         d["_next_uid"] = 1
         d["_op_counts"] = {}  # op -> how many auto-named nodes of it (classic `op.N`)
         d["_candidates"] = None  # the planner's cached candidate list (dropped on mutation)
-        d["_planning"] = None  # planning.planner.PlanningRecord once planned
         d["_lowered"] = None  # backend.lowering.LoweredGraph when lowered
 
     # ------------------------------------------------------------ the graph context
@@ -402,7 +400,7 @@ class pygraph:
 
     def _freeze(self):
         if self._state.mutable:
-            self.__dict__["_state"] = lifecycle.ValidatedFrozen()
+            self._state = lifecycle.ValidatedFrozen()
 
     def build_operation_graph(self) -> None:
         self.validate()
@@ -419,7 +417,7 @@ class pygraph:
         supported (backend/classic_parity.py check_support)."""
         from .backend import classic_parity
 
-        if self._planning is None:  # classic: the backend has no plan, so none supports it
+        if _planner().planned(self) is None:  # classic: no plan, so none supports it
             raise cudnnGraphNotSupportedError(
                 "check_support(): no plan supports the graph: it has no plan list yet "
                 "(create_execution_plans() first)"
@@ -431,7 +429,7 @@ class pygraph:
         one). An unplanned graph is planned first with heur_mode.A, as classic."""
         from .backend import classic_parity
 
-        if self._planning is None:
+        if _planner().planned(self) is None:
             self.create_execution_plans()
         classic_parity.build_within_limits(self, policy)
 
@@ -439,7 +437,7 @@ class pygraph:
         """The classic one-shot helper: validate, plan with `modes` (unless planned),
         check_support, build_plans."""
         self.validate()
-        if self._planning is None:
+        if _planner().planned(self) is None:
             self.create_execution_plans(modes)
         self.check_support()
         self.build_plans()
@@ -448,47 +446,47 @@ class pygraph:
     @property
     def plans(self) -> tuple[PlanConfig, ...]:
         """The ranked plan list, as a tuple: a snapshot, never the list planning uses."""
-        return tuple(self._require_planning().plans)
+        return tuple(_record(self).plans)
 
     def _require_planning(self):
-        if self._planning is None:
-            raise GraphStateError("no plan list yet: call create_execution_plans() first")
-        return self._planning
+        # Only linear_attention/ops.py (_Built) still calls this, the one temporary
+        # exception of tests/test_layers.py's planning-state rule: it goes with that
+        # exception, when _Built becomes runtime/bound.py's BoundPlan.
+        return _record(self)
 
     def get_execution_plan_count(self) -> int:
         """The plan list's length; 0 before create_execution_plans() (classic: an
         unplanned graph has no plans, which is not an error)."""
-        if self._planning is None:
-            return 0
-        return len(self._planning.plans)
+        record = _planner().planned(self)
+        return 0 if record is None else len(record.plans)
 
     def get_plan_name_at_index(self, index: int) -> str:
-        return self._require_planning().plan_name(index)
+        return _record(self).plan_name(index)
 
     def get_engine_and_knobs_at_index(self, index: int) -> tuple[int, dict[knob_type, int]]:
-        return self._require_planning().engine_and_knobs(index)
+        return _record(self).engine_and_knobs(index)
 
     def build_plan_at_index(self, index: int) -> None:
         from .backend import classic_parity
 
         self._refuse_barred(index, "build_plan_at_index")
-        self._require_planning().build_at(index)
+        _record(self).build_at(index)
         reason = classic_parity.over_limit(self, index)
         if reason is not None:
             raise cudnnGraphNotSupportedError(f"build_plan_at_index(): {reason}")
 
     def get_workspace_size_plan_at_index(self, index: int) -> int:
-        return self._require_planning().workspace_size_at(index)
+        return _record(self).workspace_size_at(index)
 
     def get_workspace_size(self) -> int:
-        return self._require_planning().workspace_size()
+        return _record(self).workspace_size()
 
     def select_plan(self, index: int) -> None:
-        self._require_planning().select(index)
+        _record(self).select(index)
 
     @property
     def selected_plan(self) -> int | None:
-        return self._require_planning().selected
+        return _record(self).selected
 
     def create_execution_plan(self, engine_id: int, knobs: KnobSettings | None = None) -> None:
         """Append the plan (engine_id, {knob_type: int}) names to the plan list, starting
@@ -509,7 +507,7 @@ class pygraph:
         classic_parity.deselect_engines(self, names)
 
     def _refuse_barred(self, index, where):
-        record = self._require_planning()
+        record = _record(self)
         record._check_index(index)
         why = record.barred(index)
         if why is not None:
@@ -638,7 +636,7 @@ class pygraph:
     def explain(self) -> str:
         """Each candidate's verdict and reason from the last planning, and the backend's
         per-mode outcome."""
-        return self._require_planning().explain()
+        return _record(self).explain()
 
     def execute(
         self,
@@ -652,19 +650,13 @@ class pygraph:
         """Run the selected (built) plan on the caller's buffers: {uid or Tensor: buffer}.
 
         After this first call the graph's `execute` IS the selected plan's closure
-        (runtime/execute.py PlanRunner.call, set on the instance): one Python frame from
-        the caller to the C pack and the plan, ~0.2 us less per call than this method
-        (bench/results/execute_path_cpu.md). The closure checks that it is still the
-        selected plan's and sends anything it does not serve back through the record."""
-        planning = self._require_planning()
-        planning.execute(
+        (runtime/bound.py BoundPlan.call, which planning sets on the instance until the
+        selection changes: planning/planner.py PlanningRecord.execute): one Python frame
+        from the caller to the C pack and the plan, ~0.2 us less per call than this method
+        (bench/results/execute_path_cpu.md)."""
+        _record(self).execute(
             variant_pack, workspace, handle, override_uids, override_shapes, override_strides
         )
-        runner = planning._runner
-        if runner is not None and not runner.layout.keys_normalized:
-            # A pack keyed by name or None went through the key normalization, which
-            # the installed closure does not do: such a graph stays on this path.
-            self.__dict__["execute"] = runner.call
 
     def execute_plan_at_index(
         self,
@@ -674,7 +666,7 @@ class pygraph:
         handle: HandleLike | None = None,
     ) -> None:
         self._refuse_barred(index, "execute_plan_at_index")
-        return self._require_planning().execute(variant_pack, workspace, handle, index=index)
+        return _record(self).execute(variant_pack, workspace, handle, index=index)
 
     def autotune(
         self,
@@ -715,6 +707,20 @@ class pygraph:
         from .backend import adapter
 
         return adapter.serialize(self, as_bytes)
+
+
+def _planner():
+    """planning/planner.py, imported on first use (importing the package plans nothing)."""
+    from .planning import planner
+
+    return planner
+
+
+def _record(graph):
+    """The graph's planning record; GraphStateError before create_execution_plans()."""
+    from .planning.planner import record_of
+
+    return record_of(graph)
 
 
 def _install_builders():

@@ -15,7 +15,7 @@ from cudnn_pygraph import behavior_note, cuda_graph_retention, heur_mode, knob_t
 from cudnn_pygraph._types import BackendUnavailableError, GraphStateError
 from cudnn_pygraph.backend import adapter
 from cudnn_pygraph.backend.classic_queries import KnobRange
-from cudnn_pygraph.planning import manifest
+from cudnn_pygraph.planning import manifest, planner
 from cudnn_pygraph.planning.device import DeviceProperties
 from cudnn_pygraph.planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, python_engine_id
 from cudnn_pygraph.runtime.variant_pack import MissingOperandError
@@ -219,6 +219,30 @@ def test_deserialize_garbage_is_the_backends_error_not_a_crash():
         cudnn.pygraph().deserialize([1, 2, 3])
 
 
+def test_a_restored_plan_runs_by_uid_and_its_graph_takes_no_second_plan():
+    """deserialize()'s second half (planning/planner.py restore): an empty graph runs the
+    restored plan on {uid: buffer} packs, with the slots in uid order, and is built."""
+    seen = []
+
+    class Restored:
+        workspace_size = 0
+        supports_overrides = True
+
+        def execute(self, graph, pack, ctx):
+            seen.append([b.ptr for b in pack.operands([0, 1])])
+
+    g = cudnn.pygraph()
+    planner.restore(g, Restored(), [7, 3])
+    g.execute({7: 0x7000, 3: 0x3000})
+    g.execute({3: 0x3100, 7: 0x7100})  # the installed closure
+    assert seen == [[0x3000, 0x7000], [0x3100, 0x7100]]
+    assert g.state == "built" and g.get_execution_plan_count() == 1
+    with pytest.raises(MissingOperandError, match="uid 7"):
+        g.execute({3: 0x3000})
+    with pytest.raises(GraphStateError, match="already has a plan list"):
+        planner.restore(g, Restored(), [1])
+
+
 # ---------------------------------------------------------------- the execute closure
 def _pack(g):
     by_name = {t.name: t for t in g.tensors}
@@ -234,14 +258,17 @@ def test_execute_installs_the_selected_plans_closure_and_follows_a_new_selection
         pack = _pack(g)
         g.execute(pack)
         assert "execute" in g.__dict__  # the closure, one frame down
+        stale = g.execute  # a caller keeps the closure across a new selection
         g.execute(pack)
         assert [c[1] for c in pe.CALLS if c[0] == "execute"] == ["tc_big", "tc_big"]
         g.select_plan(1)
         g.build_plans()
-        g.execute(pack)  # the stale closure hands the call back: the new plan runs
-        assert g.__dict__["execute"] is g._planning._runner.call  # and its closure is installed
+        stale(pack)  # the stale closure hands the call back: the new plan runs
         g.execute(pack)
-        assert [c[1] for c in pe.CALLS if c[0] == "execute"][2:] == ["plain_small", "plain_small"]
+        assert g.__dict__["execute"] is planner.bind(g).call  # and its closure is installed
+        g.execute(pack)
+        calls = [c[1] for c in pe.CALLS if c[0] == "execute"][2:]
+        assert calls == ["plain_small"] * 3
 
 
 def test_the_closure_refuses_bad_input_like_the_general_path():
@@ -323,7 +350,7 @@ def test_a_bare_int_handle_is_the_backends_and_its_stream_is_read_there(monkeypa
         g = gemm_graph()
         g.create_execution_plans([heur_mode.A])
         g.build_plans()
-        compiled = g._planning.built[g.plans[g.selected_plan].identity]
+        compiled = planner.selected_compiled(g)
         monkeypatch.setattr(compiled, "execute", lambda graph, pack, ctx: seen.append(ctx.stream))
         g.execute(_pack(g), None, 0x7A)
     assert seen == [0x5E00]
@@ -783,4 +810,4 @@ def test_every_triton_plan_reports_runtime_compilation(monkeypatch):
     python = [i for i, p in enumerate(g.plans) if p.engine_id >= 20000]
     assert python and all(g.get_behavior_notes_for_plan_at_index(i) == [RC] for i in python)
     g.deselect_behavior_notes([RC])
-    assert all(g._planning.barred(i) for i in python)
+    assert all(planner.record_of(g).barred(i) for i in python)

@@ -14,7 +14,7 @@ from gemm_reference import rel_err
 import cudnn_pygraph as cudnn
 from cudnn_pygraph.backend import adapter
 from cudnn_pygraph.engines.gemm.kernels.knobs import GemmKnobs
-from cudnn_pygraph.planning import manifest
+from cudnn_pygraph.planning import manifest, planner
 from cudnn_pygraph.planning.device import DeviceProperties
 from cudnn_pygraph.runtime.execute import ExecutionContext
 
@@ -142,7 +142,7 @@ def test_every_listed_plan_rebuilt_from_its_engine_id_and_knobs_compiles_the_sam
     g = _graph()
     _build(case, g, 2, 48, 40, 32, HALF)
     g.create_execution_plans([cudnn.heur_mode.A])
-    planning = g._require_planning()
+    planning = planner.record_of(g)
     keys = []
     for index in range(g.get_execution_plan_count()):
         engine_id, knobs = g.get_engine_and_knobs_at_index(index)
@@ -152,7 +152,7 @@ def test_every_listed_plan_rebuilt_from_its_engine_id_and_knobs_compiles_the_sam
         _build(case, again, 2, 48, 40, 32, HALF)
         again.create_execution_plan(engine_id, knobs)
         again.build_plan_at_index(0)
-        replayed = again._require_planning()
+        replayed = planner.record_of(again)
         assert replayed.built[replayed.plans[0].identity].kernel_keys == listed, (index, knobs)
         keys += listed
     assert len(keys) > 1 and len(set(keys)) == len(keys)

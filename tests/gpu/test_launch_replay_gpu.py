@@ -14,6 +14,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 import cudnn_pygraph as cudnn  # noqa: E402
 from cudnn_pygraph import data_type as dt  # noqa: E402
 from cudnn_pygraph.linear_attention import ops  # noqa: E402
+from cudnn_pygraph.planning import planner  # noqa: E402
 
 DEV = "cuda"
 H, K, V = 4, 128, 128
@@ -57,8 +58,7 @@ def gdn_plans():
     """The op's built gdn / gdn_bwd plans (selected ones), by kind."""
     plans = {}
     for built in ops._GRAPHS.values():
-        record = built.graph._require_planning()
-        plan = record.built[record.plans[record.selected].identity]
+        plan = planner.selected_compiled(built.graph)
         plans["gdn_bwd" if plan.backward else "gdn"] = plan
     return plans
 
@@ -132,8 +132,7 @@ def _forward_graph(x, cu):
 def test_graph_execute_replays_and_a_short_or_misaligned_workspace_is_refused():
     cu = cu_seqlens()
     g, t, flat, o, final = _forward_graph(op_inputs(2), cu)
-    record = g._require_planning()
-    plan = record.built[record.plans[record.selected].identity]
+    plan = planner.selected_compiled(g)
     size = g.get_workspace_size()
     arena = torch.empty(size + 64, dtype=torch.uint8, device=DEV)
 

@@ -101,7 +101,7 @@ def _gdn():
     outs = {o: torch.empty(*flat["q"].shape[:2], flat["v"].shape[-1], device=DEV,
                            dtype=torch.bfloat16),
             final: torch.empty_like(flat["initial_state"])}  # fmt: skip
-    return g, g.get_plan_name_at_index(g._require_planning().selected), feed, t["v"], outs
+    return g, g.get_plan_name_at_index(g.selected_plan), feed, t["v"], outs
 
 
 ENGINES = {"gemm": _gemm, "sdpa-prefill": _prefill, "sdpa-decode": _decode, "gdn": _gdn}

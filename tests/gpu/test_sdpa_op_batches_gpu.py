@@ -17,6 +17,7 @@ if not torch.cuda.is_available():
 
 from cudnn_pygraph import ops  # noqa: E402
 from cudnn_pygraph.backend import adapter  # noqa: E402
+from cudnn_pygraph.backend.lowering import BackendPlan  # noqa: E402
 from cudnn_pygraph.ops import attention  # noqa: E402
 
 DEV = "cuda"
@@ -78,7 +79,10 @@ def _check_sides(side, plannings, shapes):
     for e in entries:
         if e.backend_leads:
             assert len(e.backend) == shapes
-            assert all(p.backend for p in e.backend.values() if p is not None)
+            # each served by a backend plan: (its BoundPlan, {port: uid}) over a BackendPlan
+            assert all(
+                isinstance(p[0].compiled, BackendPlan) for p in e.backend.values() if p is not None
+            )
             assert e.python is None or None in e.backend.values()
             per_shape += shapes
         else:

@@ -326,10 +326,14 @@ def test_thd_token_totals_and_sequence_counts_plan_one_graph_pair(plannings):
 
 
 def _python_plan(kind, scale):
-    """The python plan of the one layout class of `kind` ("sdpa_fwd", ...) with `scale`."""
+    """The python plan of the one layout class of `kind` ("sdpa_fwd", ...) with `scale`:
+    its BoundPlan, its graph, its {port: uid} and run(buffers), as the op runs it."""
     (entry,) = [e for (k, layout), e in attention._CLASSES.items()
                 if k == kind and layout[0][0] == scale]  # fmt: skip
-    return entry.python
+    bound, uids = entry.python
+    return types.SimpleNamespace(
+        bound=bound, graph=bound.graph, uids=uids, run=lambda buffers: bound.run(buffers, uids)
+    )
 
 
 def test_the_ops_graphs_refuse_buffers_that_do_not_hold_the_calls_batch():

@@ -88,10 +88,10 @@ class Harness:
         self.layout = GraphLayout(self.graph)
         self.plan = BackendPlan(lowered, 0, 0, len(self.layout.tensors), DEVICE)
         self.plan._default_bh = 0xBEEF  # the per-device handle needs a GPU: given here
-        record = types.SimpleNamespace()
-        runner = types.SimpleNamespace(graph=self.graph, layout=self.layout, record=record)
-        record._runner = runner
-        self.hot = self.plan.make_call(runner)
+        bound = types.SimpleNamespace(
+            graph=self.graph, layout=self.layout, is_current=lambda: True, general=self.general
+        )
+        self.hot = self.plan.make_call(bound)
 
     def _raw(self, address, n, workspace, handle, index):
         import ctypes

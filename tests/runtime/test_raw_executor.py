@@ -3,7 +3,6 @@ call (pointer array, n, workspace, handle, plan index), and sends every call it 
 serve to the general path with the same arguments."""
 
 import ctypes
-import types
 
 import pytest
 import torch
@@ -35,9 +34,7 @@ class CudaBuffer:
 class Harness:
     def __init__(self, need=NEED):
         self.raw_calls, self.fallback_calls, self.scratch_calls = [], [], 0
-        self.record = types.SimpleNamespace()
-        self.runner = object()
-        self.record._runner = self.runner
+        self.current = True  # planning's answer to is_current()
         self.execute = RawExecutor(
             LAYOUT,
             (0, 1, 2),
@@ -47,11 +44,13 @@ class Harness:
             INDEX,
             need,
             self.scratch,
-            self.record,
-            self.runner,
+            self.is_current,
             self.fallback,
             DEVICE,
         )
+
+    def is_current(self):
+        return self.current
 
     def raw(self, address, n, ws, handle, index):
         pointers = list((ctypes.c_void_p * n).from_address(address))
@@ -110,11 +109,25 @@ def test_what_it_does_not_serve_goes_to_the_general_path_unchanged(case):
     assert h.fallback_calls == [(args, kwargs)] and not h.raw_calls
 
 
-def test_a_runner_no_longer_selected_hands_every_call_back():
+def test_a_plan_no_longer_current_hands_every_call_back():
     h = Harness()
-    h.record._runner = object()  # select_plan / build_plans made another runner
+    h.current = False  # select_plan / build_plans chose another plan
     h.execute(PACK)
     assert len(h.fallback_calls) == 1 and not h.raw_calls
+
+
+def test_an_error_asking_whether_current_propagates():
+    h = Harness()
+
+    def broken():
+        raise KeyError("planning")
+
+    executor = RawExecutor(
+        LAYOUT, (0, 1, 2), h.raw, 3, HANDLE, INDEX, NEED, h.scratch, broken, h.fallback, DEVICE
+    )
+    with pytest.raises(KeyError):
+        executor(PACK)
+    assert not h.raw_calls and not h.fallback_calls
 
 
 @pytest.mark.parametrize(
@@ -147,8 +160,7 @@ def test_the_raw_calls_error_propagates():
         INDEX,
         0,
         h.scratch,
-        h.record,
-        h.runner,
+        h.is_current,
         h.fallback,
         DEVICE,
     )

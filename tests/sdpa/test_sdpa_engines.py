@@ -19,7 +19,7 @@ from sdpa_reference import attention_one, lse_err, rel_err
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph.backend import adapter
-from cudnn_pygraph.planning import manifest
+from cudnn_pygraph.planning import manifest, planner
 
 ENGINE = "cudnn_pygraph.engines.sdpa.engines"
 DT = cudnn.data_type
@@ -752,7 +752,7 @@ def test_replaying_engine_id_and_knobs_builds_the_same_kernels(make):
     same kernels (Triton's specialization and options, the register cap included)."""
     g = make()
     g.create_execution_plans([cudnn.heur_mode.A])
-    planning = g._require_planning()
+    planning = planner.record_of(g)
     capped = []
     for index in range(g.get_execution_plan_count()):
         engine_id, knobs = g.get_engine_and_knobs_at_index(index)
@@ -763,7 +763,7 @@ def test_replaying_engine_id_and_knobs_builds_the_same_kernels(make):
         again = make()
         again.create_execution_plan(engine_id, knobs)
         again.build_plan_at_index(0)
-        replayed = again._require_planning()
+        replayed = planner.record_of(again)
         assert replayed.built[replayed.plans[0].identity].kernel_keys == listed, (index, knobs)
     if make is _dense_d128_graph:  # the D128 list carries a register-capped config
         assert capped and all("maxnreg=128" in options for options in capped)
@@ -825,7 +825,7 @@ def test_decode_plan_is_one_launch_and_its_merge_leaves_the_counters_for_the_nex
     g, t = _decode_stats_graph(b, hq, hkv, d, page, max_pages, num_pages, 112)
     g.create_execution_plan(engine_id, knobs)
     g.build_plans()
-    planning = g._require_planning()
+    planning = planner.record_of(g)
     assert len(planning.built[planning.plans[0].identity].kernel_keys) == 1
     assert g.get_workspace_size() == (0 if split == 1 else 4 * b * hq * split * (d + 1))
     tkc, tvc = (torch.randn(num_pages, hkv, page, d).half() for _ in range(2))
@@ -900,7 +900,7 @@ def test_tma_is_a_knob_of_dense_prefill_plans_and_declines_where_no_descriptor_e
         g, t = _dense_stats_graph(b, h, s, d)
         g.create_execution_plan(engine_id, {**tma, cudnn.knob_type.INPUT_TMA_ENABLE: flag})
         g.build_plans()
-        planning = g._require_planning()
+        planning = planner.record_of(g)
         plan = planning.built[planning.plans[0].identity]
         (keys[flag],) = plan.kernel_keys
         assert plan.launches[0].launch.kwargs["TMA"] is bool(flag)

@@ -19,9 +19,9 @@ from .._types import (
     heur_mode,
     knob_type,
 )
+from ..planning import planner
 from ..planning.engine import CompiledPlan, PlanConfig
 from ..planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, is_backend_id
-from ..runtime.execute import through_graph
 from ..runtime.variant_pack import RawExecutor, workspace_address
 from .lowering import (
     LABEL,
@@ -163,10 +163,10 @@ def make_selection_the_candidate(graph, lg):
     was selected, the backend builds its own heuristic choice now, as the backend's format
     holds only a backend plan (the restored graph runs that plan). An unplanned graph is
     left alone: the backend then says it has no plan, as classic."""
-    record = graph.__dict__.get("_planning")
+    record = planner.planned(graph)
     if record is None or record.selected is None:
         return
-    compiled = record.built.get(record.plans[record.selected].identity)
+    compiled = planner.selected_compiled(graph)  # None: selected, not built
     index = compiled.index if isinstance(compiled, BackendPlan) else -1
     with lg.lock:
         try:
@@ -215,18 +215,17 @@ class BackendPlan(CompiledPlan):
         self._scratch = {}  # stream -> workspace we allocated (caller gave none)
         self._scratch_lock = threading.Lock()
 
-    def make_call(self, runner):
-        """graph.execute's hot path for this plan (runtime/execute.py PlanRunner.call): a
+    def make_call(self, bound):
+        """graph.execute's hot path for this plan (runtime/bound.py BoundPlan.call): a
         RawExecutor (runtime/_variant_pack_exec.h) that builds the pack and calls the
         backend's raw execute in C, with the default handle and the plan index resolved
         here, once (the plan's own workspace on the first call that gives none). It
-        serves execute(pack[, workspace]); a handle, overrides, keywords, or a runner no
-        longer selected go to the general path (bench/results/execute_path_cpu.md has
+        serves execute(pack[, workspace]); a handle, overrides, keywords, or a plan no
+        longer current go to the general path (bench/results/execute_path_cpu.md has
         the cost against the raw call)."""
-        graph = runner.graph
-        if graph.backend_options["handle"] is not None:
-            return through_graph(graph)  # the graph's own handle: the general path
-        layout = runner.layout
+        if bound.graph.backend_options["handle"] is not None:
+            return bound.general  # the graph's own handle: the general path
+        layout = bound.layout
         return RawExecutor(
             layout.declared,
             tuple(layout.required),
@@ -236,9 +235,8 @@ class BackendPlan(CompiledPlan):
             self.index,
             self.workspace_size,
             lambda: self._scratch_for(None),
-            runner.record,
-            runner,
-            through_graph(graph),
+            bound.is_current,
+            bound.general,
             self.device,
         )
 

@@ -31,7 +31,7 @@ from .._types import (
     cudnnGraphNotSupportedError,
     numerical_note,
 )
-from ..planning import engine_ids
+from ..planning import engine_ids, planner
 from .plan_filters import filters_for, filters_of, forward_to_backend
 
 _NOTE_ENUMS = {"numeric": numerical_note, "behavior": behavior_note}
@@ -53,7 +53,7 @@ def filter_notes(graph, kind, notes, keep):
     notes = _parse_notes(where, kind, notes)
     _before_build(graph, where)
     filters_for(graph).notes.extend((kind, note, keep) for note in notes)
-    if graph._planning is not None:
+    if planner.planned(graph) is not None:
         bar_python_plans(graph)
         forward_to_backend(graph)
 
@@ -95,7 +95,7 @@ def python_plan_notes(engine, kind):
 def bar_python_plans(graph):
     """Apply the recorded filters to the graph's list: engine names to every plan, note
     filters to the python plans."""
-    filters, record = filters_of(graph), graph._planning
+    filters, record = filters_of(graph), planner.planned(graph)
     if filters is None or record is None:
         return
     record.deselect_engines(filters.engine_names)
@@ -141,7 +141,7 @@ def check_support(graph):
     whole, not one plan's)."""
     from ..planning.engine import DECLINE_ERRORS
 
-    record = graph._require_planning()
+    record = planner.record_of(graph)
     start = record.selected or 0
     indices = [start] if record.pinned else range(start, len(record.plans))
     reasons = []
@@ -198,7 +198,7 @@ def limit_workspace(graph, limit):
 
 def over_limit(graph, index):
     """Why the built plan at `index` breaks the workspace limit, or None."""
-    filters, record = filters_of(graph), graph._planning
+    filters, record = filters_of(graph), planner.planned(graph)
     if filters is None or filters.workspace_limit is None:
         return None
     need = record.workspace_size_at(index)
@@ -214,7 +214,7 @@ def build_within_limits(graph, policy):
     """graph.build_plans(): the planner's walk, and a python plan it selects over the
     workspace limit is barred and the walk goes on (the backend refuses its own plans over
     the limit at build, so they never get here)."""
-    record = graph._require_planning()
+    record = planner.record_of(graph)
     bar_python_plans(graph)
     while True:
         record.build_plans(policy)
@@ -233,11 +233,10 @@ def cuda_graph_call(graph, name, handle, variant_pack, workspace, cuda_graph):
     from .backend_plans import BackendPlan
     from .lowering import backend_error, backend_handle
 
-    record = graph._require_planning()
-    if record.selected is None or record.plans[record.selected].identity not in record.built:
+    record = planner.record_of(graph)
+    compiled = planner.selected_compiled(graph)
+    if compiled is None:
         raise GraphStateError(f"{name}(): no built plan selected; call build_plans() first")
-    plan = record.plans[record.selected]
-    compiled = record.built[plan.identity]
     if not isinstance(compiled, BackendPlan):
         raise cudnnGraphNotSupportedError(
             f"{name}() records a cuDNN backend plan into a CUDA graph; the selected plan "
@@ -248,11 +247,7 @@ def cuda_graph_call(graph, name, handle, variant_pack, workspace, cuda_graph):
         raise TypeError(
             f"{name}(): cuda_graph must be a cudaGraph_t as a non-zero int, got {cuda_graph!r}"
         )
-    layout = record.__dict__.get("layout")
-    if layout is None:
-        from ..runtime.execute import GraphLayout
-
-        layout = record.layout = GraphLayout(graph)
+    layout = record.layout
     pack = layout.pack(variant_pack)
     buffers = pack.operands(list(range(len(pack))))
     uids = layout.declared.uids
@@ -290,17 +285,16 @@ def deserialize(graph, args, kwargs):
     is the restored backend plan, built and selected; graph.execute binds operands by uid.
     Classic forms: deserialize(data), deserialize(handle, data), handle_=...,
     enforce_precompiled=..."""
-    from ..graph import lifecycle
-    from ..planning.engine import PlanConfig
-    from ..planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID
-    from ..planning.planner import PlanningRecord
-    from ..runtime.execute import GraphLayout
-    from .adapter import BACKEND
+    from ..planning.facts import graph_device
     from .backend_plans import BackendPlan
     from .lowering import LoweredGraph, backend_error, backend_handle, default_handle, frontend
 
     handle, data, enforce = _deserialize_args(args, kwargs)
-    if graph.nodes or graph._planning is not None or graph.__dict__.get("_lowered") is not None:
+    if (
+        graph.nodes
+        or planner.planned(graph) is not None
+        or graph.__dict__.get("_lowered") is not None
+    ):
         raise GraphStateError(
             f"deserialize(): graph '{graph.name}' already has nodes or plans; deserialize into "
             "a new, empty pygraph()"
@@ -340,14 +334,10 @@ def deserialize(graph, args, kwargs):
     lg = LoweredGraph(fe, backend, {}, graph.name)
     lg.operation_graph = True
     graph.__dict__["_lowered"] = lg
-    plan = PlanConfig(BACKEND_HEURISTIC_ENGINE_ID, ())
-    record = PlanningRecord(graph, None, {}, BACKEND, [plan], [], {}, None)
-    record.layout = GraphLayout.from_uids(uids)
-    device = getattr(record.device, "ordinal", 0) if record.device is not None else 0
-    record.built[plan.identity] = BackendPlan(lg, -1, workspace, len(uids), max(device or 0, 0))
-    record.selected = 0
-    graph.__dict__["_planning"] = record
-    graph.__dict__["_state"] = lifecycle.Built()
+    device = graph_device(graph)
+    ordinal = getattr(device, "ordinal", 0) if device is not None else 0
+    compiled = BackendPlan(lg, -1, workspace, len(uids), max(ordinal or 0, 0))
+    planner.restore(graph, compiled, uids)
 
 
 def _deserialize_args(args, kwargs):

@@ -48,6 +48,7 @@ from .._types import (
     cudnnGraphNotSupportedError,
     knob_type,
 )
+from ..planning import planner
 from ..planning.engine_ids import BACKEND_HEURISTIC_ENGINE_ID, is_backend_id
 from .classic_parity import python_plan_notes
 from .lowering import our_enum
@@ -90,7 +91,7 @@ def _backend_call(graph, where, method, *args):
 # ---------------------------------------------------------------- behaviour notes
 def behavior_notes_at(graph, index, where=None):
     where = where or f"get_behavior_notes_for_plan_at_index({index!r})"
-    record = graph._require_planning()
+    record = planner.record_of(graph)
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(record.plans):
         raise IndexError(
             f"{where}: index {index!r} is out of range: the plan list has {len(record.plans)} plans"
@@ -123,7 +124,7 @@ def behavior_notes_at(graph, index, where=None):
 
 
 def selected_behavior_notes(graph):
-    record = graph._require_planning()
+    record = planner.record_of(graph)
     if record.selected is None:
         raise GraphStateError(
             "get_behavior_notes(): no plan selected: call build_plans() "
@@ -146,12 +147,10 @@ def _python_engines(graph):
     """{engine_id: engine}: the python engines that accept the graph: planning's answer
     for a list create_execution_plans made; else (no list yet, or a manual one) the
     engine survey's, with any engine a manual list replayed by id."""
-    from ..planning.planner import engine_survey
-
-    record = graph._planning
+    record = planner.planned(graph)
     engines = {}
     if record is None or "_survey" in graph.__dict__:
-        engines.update(engine_survey(graph).accepted)
+        engines.update(planner.engine_survey(graph).accepted)
     if record is not None:
         engines.update(record.engines)
     return engines
@@ -181,8 +180,8 @@ def knobs_for_engine(graph, engine_id):
     engines = _python_engines(graph)
     engine = engines.get(engine_id)
     if engine is not None:
-        return _python_knobs(graph, graph._planning, engine)
-    record = graph._planning
+        return _python_knobs(graph, planner.planned(graph), engine)
+    record = planner.planned(graph)
     listed = {p.engine_id for p in (record.plans if record else ()) if is_backend_id(p.engine_id)}
     if is_backend_id(engine_id) and (
         engine_id in listed or engine_id < _backend_engine_count(graph, where)

@@ -48,9 +48,8 @@ from ..engines.linear_attention.kernels.poison import poison_dense
 from ..engines.sdpa.analyzer import mark_per_call_batch
 from ..graph.tensor import to_data_type
 from ..planning.engine_ids import is_backend_id
+from ..planning.planner import bind
 from ..pygraph import pygraph
-from ..runtime.handle import create_handle, set_stream
-from ..runtime.variant_pack import VariantPack
 
 _CAUSAL = {None: 0, "top_left": 1, "bottom_right": 2}
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -150,9 +149,14 @@ def _attrs(scale, causal, window_left):
 def _rows_stride(t):
     """Axis 0's stride as the layout has it: the buffer's own, or for a single row (whose
     stride torch leaves free) the one a dense run of rows would have."""
-    if t.shape[0] > 1:
-        return t.stride(0)
-    return max([e * s for e, s in zip(t.shape[1:], t.stride()[1:])] + [1])
+    return _rows_of(tuple(t.shape), t.stride())
+
+
+def _rows_of(dims, strides):
+    """_rows_stride from the buffer's dims and strides (tuples), read once per call."""
+    if dims[0] > 1:
+        return strides[0]
+    return max((1, *map(operator.mul, dims[1:], strides[1:])))
 
 
 def _dense(t, batch):
@@ -263,7 +267,8 @@ def _rank(g):
 
 def _build_first(g, ports, backend):
     """The first plan of the ranked list on the chosen side (`backend`: backend plans,
-    else python plans) that builds, as a _Plan; None when none does."""
+    else python plans) that builds, as (its BoundPlan, {port name: uid}); None when none
+    does."""
     for index, plan in enumerate(g.plans):
         if is_backend_id(plan.engine_id) != backend:
             continue
@@ -273,7 +278,7 @@ def _build_first(g, ports, backend):
         except cudnnGraphNotSupportedError as exc:
             log.info("scaled_dot_product_attention: %s: %s", g.name, exc)
             continue
-        return _Plan(g, ports)
+        return bind(g), {name: t.uid for name, t in ports.items() if t is not None}
     return None
 
 
@@ -307,7 +312,7 @@ _MISSING = object()
 def _serving(kind, layout, shape, batch, declare):
     """THE rule for which plans run a call of layout class `layout` and exact shape `shape`
     with `batch` batches (THD: sequences); `declare(capacity)` declares the graph (None:
-    at the call's own shapes). Returns the _Plan that runs it.
+    at the call's own shapes). Returns (the BoundPlan that runs it, {port name: uid}).
 
     The class's first call ranks a graph declared at the class's capacity: where the
     family's hooks put a backend plan first, the backend runs every call it builds a plan
@@ -365,94 +370,6 @@ def _rerank(entry, batch, declare):
         entry.backend_leads = bool(g.plans) and is_backend_id(g.plans[0].engine_id)
 
 
-# ---------------------------------------------------------------- running a plan
-
-_HANDLES: dict = {}
-
-
-class _Plan:
-    """A built graph's selected plan and the shortest safe path into it per call.
-
-    A backend plan on torch's default stream runs through graph.execute(pack, workspace):
-    the plan's own closure (backend/backend_plans.py RawExecutor) packs in C and calls the
-    backend with the default handle. On another stream it takes a handle of ours on that
-    stream. A python plan's execute is called with the pack and an ExecutionContext: the op
-    owns every buffer, so graph.execute's routing, handle and device resolution per call
-    would re-prove what the op settled.
-
-    Each call holds a context (its workspace) of its own while it enqueues: contexts wait
-    in a free list per stream, and a call takes one or makes one. Reuse by the next call on
-    the same stream is ordered by the stream; two threads enqueueing on one stream at once
-    hold two workspaces (one shared workspace let their kernels interleave over it)."""
-
-    __slots__ = ("backend", "compiled", "contexts", "declared", "device", "graph", "required",
-                 "uids", "workspace_size")  # fmt: skip
-
-    def __init__(self, graph, ports):
-        from ..runtime.execute import GraphLayout
-
-        self.graph = graph
-        self.uids = {name: t.uid for name, t in ports.items() if t is not None}
-        record = graph._require_planning()
-        plan = record.plans[record.selected]
-        self.compiled = record.built[plan.identity]
-        self.backend = is_backend_id(plan.engine_id)
-        self.device = record.device
-        self.workspace_size = graph.get_workspace_size()
-        layout = GraphLayout(graph)
-        self.declared, self.required = layout.declared, layout.required
-        self.contexts = {}
-
-    def run(self, buffers):
-        """Execute on `buffers` ({port: tensor}; None entries are skipped)."""
-        uids = self.uids
-        pack = {uids[name]: t for name, t in buffers.items() if t is not None}
-        device = buffers["q"].device
-        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-        free = self.contexts.get(stream)
-        if free is None:
-            free = self.contexts.setdefault(stream, [])
-        try:
-            ctx = free.pop()  # atomic: two threads never take one context
-        except IndexError:
-            ctx = self._context(device, stream)
-        try:
-            if self.backend:
-                if stream == 0:
-                    self.graph.execute(pack, ctx.workspace)
-                else:
-                    self.graph.execute(pack, ctx.workspace, handle=_handle(device, stream))
-                return
-            vp = VariantPack.from_mapping(self.declared, pack, required=self.required)
-            self.compiled.execute(self.graph, vp, ctx)
-        finally:
-            free.append(ctx)
-
-    def _context(self, device, stream):
-        from ..runtime.execute import ExecutionContext
-
-        workspace = None
-        if self.workspace_size:
-            workspace = torch.empty(self.workspace_size, dtype=torch.uint8, device=device)
-        return ExecutionContext(None, stream or None, workspace, self.device)
-
-
-def _handle(device, stream):
-    """Our handle of `device` bound to `stream`, one per (device, stream): a handle shared
-    across streams and re-bound per call could be re-bound by another thread between the
-    binding and the launch."""
-    key = (device.index, stream)
-    h = _HANDLES.get(key)
-    if h is None:
-        with _CLASSES_LOCK:
-            h = _HANDLES.get(key)
-            if h is None:
-                h = create_handle(device.index or 0)
-                set_stream(h, stream)
-                _HANDLES[key] = h
-    return h
-
-
 def _thd_side(cu_q, cu_k, q, k, max_q, max_k):
     """Per-call THD inputs from cu_seqlens: lengths [B, 1, 1, 1], element offsets, and the
     [1] flag the outputs are poisoned by. The tables' values are checked on the device, as
@@ -491,9 +408,9 @@ def _keys(tensors, thd, scale, causal, window_left):
     layout = [(scale, causal, window_left, None if thd is None else thd[1:])]
     shape = [thd[0] if thd is not None else tensors[0].shape[0]]
     for t in tensors:
-        dims, strides = t.shape, t.stride()
-        rows = strides[0] if dims[0] > 1 else _rows_stride(t)
-        layout.append((t.dtype, dims[1:], rows, strides[1:], t.device))
+        # Plain tuples: slicing a torch.Size makes a new Size, several times the cost.
+        dims, strides = tuple(t.shape), t.stride()
+        layout.append((t.dtype, dims[1:], _rows_of(dims, strides), strides[1:], t.device))
         shape.append(strides[0])
     return tuple(layout), tuple(shape)
 
@@ -533,7 +450,8 @@ def _forward(
         side, error = _thd_side(cu_q, cu_k, q, k, max_q, max_k)
         buffers.update(side)
     if out.numel() and k.numel():
-        _serving("sdpa_fwd", layout, shape, lse.shape[0], declare).run(buffers)
+        bound, uids = _serving("sdpa_fwd", layout, shape, lse.shape[0], declare)
+        bound.run(buffers, uids)
     else:
         # Nothing to attend (no query rows, or no keys): no plan runs; a row that saw no
         # key has LSE -inf, as the kernels write it, and O 0.
@@ -588,7 +506,8 @@ def _backward_impl(
         side, error = _thd_side(cu_q, cu_k, q, k, max_q, max_k)
         buffers.update(side)
     if out.numel() and k.numel():
-        _serving("sdpa_bwd", layout, shape, lse.shape[0], declare).run(buffers)
+        bound, uids = _serving("sdpa_bwd", layout, shape, lse.shape[0], declare)
+        bound.run(buffers, uids)
     else:
         for grad in (dq, dk, dv):
             grad.zero_()

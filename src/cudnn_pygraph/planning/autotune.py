@@ -48,6 +48,7 @@ from .._types import GraphStateError, cudnnGraphNotSupportedError, knob_type
 from ..runtime.compiled_cache import cache_home, source_digest
 from ..runtime.compiled_cache import dist_version as _dist_version
 from .engine import DECLINE_ERRORS
+from .planner import planned
 
 CACHE_ENV = "CUDNN_PYGRAPH_AUTOTUNE_CACHE"
 DISABLE_ENV = "CUDNN_PYGRAPH_DISABLE_AUTOTUNE_CACHE"
@@ -175,7 +176,7 @@ def shard_of(graph):
     """ "<family>/<cell>": the placement cell of a planned graph, read by the family's shard
     rule (EngineFamily.shard) from the same facts its hook ranked by; "<family>/" when the
     family names no cells, "" for a graph no family serves."""
-    record = graph._planning
+    record = planned(graph)
     family = record.family if record is not None else None
     if family is None:
         return ""
@@ -422,7 +423,7 @@ def autotune(
     the chosen plan selected (pinned) and built, ready for graph.execute()."""
     if warmup < 0 or reps < 1:
         raise ValueError(f"autotune(): warmup must be >= 0 and reps >= 1 (got {warmup}, {reps})")
-    record = graph._planning
+    record = planned(graph)
     if record is None:
         raise GraphStateError("autotune(): call create_execution_plans() first")
     from .facts import graph_device

@@ -4,13 +4,19 @@
   -> rank(candidates, backend entries, modes) = graph.plans, ONE list
 
 and the plan list's life after that: build_plans() walks it from the selected index and
-takes the first entry that builds; select_plan() pins; execute() runs the selected plan.
-Every entry has an executor, a python engine or the backend adapter, reached the same
-way (no special case for the backend)."""
+takes the first entry that builds; select_plan() pins; bind() makes the selected plan
+executable (runtime/bound.py BoundPlan) and says, ever after, whether it still is the
+selected one. Every entry has an executor, a python engine or the backend adapter, reached
+the same way (no special case for the backend).
+
+A graph's record lives in its `_planning` slot, which only this module reads or writes:
+every other layer asks `record_of(graph)` / `planned(graph)` (tests/test_layers.py holds
+them to it)."""
 
 import dataclasses
 import logging
 import time
+import weakref
 
 from .._log import log, progress
 from .._types import (
@@ -68,10 +74,57 @@ def candidate_verdicts(graph, family):
     return verdicts, accepted
 
 
+def planned(graph):
+    """The graph's PlanningRecord, or None before any plan list exists."""
+    return graph.__dict__.get("_planning")
+
+
+def record_of(graph):
+    """The graph's PlanningRecord; GraphStateError before any plan list exists."""
+    record = graph.__dict__.get("_planning")
+    if record is None:
+        raise GraphStateError("no plan list yet: call create_execution_plans() first")
+    return record
+
+
+def selected_compiled(graph):
+    """The selected plan's CompiledPlan, or None while nothing is planned, selected or
+    built."""
+    record = graph.__dict__.get("_planning")
+    if record is None or record.selected is None:
+        return None
+    return record.built.get(record.plans[record.selected].identity)
+
+
+def bind(graph):
+    """The selected, built plan of `graph` made executable (runtime/bound.py BoundPlan),
+    the same object until the selection changes."""
+    return record_of(graph).bind()
+
+
+def restore(graph, compiled, uids):
+    """Make `graph` (empty, unplanned) run `compiled`, a plan restored from outside the
+    plan list (the classic deserialize()): a one-entry list, the backend's delegating
+    heuristic entry, selected and built, over the operand slots `uids` (the restored plan's
+    variant-pack template: no IR says more)."""
+    from ..runtime.execute import GraphLayout
+
+    if planned(graph) is not None:
+        raise GraphStateError(f"graph '{graph.name}' already has a plan list")
+    plan = PlanConfig(engine_ids.BACKEND_HEURISTIC_ENGINE_ID, ())
+    backend = manifest.backend_adapter().BACKEND
+    record = PlanningRecord(graph, None, {}, backend, [plan], [], {}, None)
+    record._layout = GraphLayout.from_uids(uids)
+    record.built[plan.identity] = compiled
+    record.selected = 0
+    graph.__dict__["_planning"] = record
+    graph.__dict__["_state"] = lifecycle.Built()
+
+
 def _prepare(graph, *, planned_ok=False):
     """validate -> finalize backend layout -> freeze -> attach facts (each step idempotent:
     a graph already prepared is prepared again at no cost)."""
-    if graph._planning is not None and not planned_ok:
+    if planned(graph) is not None and not planned_ok:
         raise GraphStateError(
             "create_execution_plans() was already called: plan a new graph "
             "to plan differently, or switch plans with select_plan()"
@@ -87,7 +140,9 @@ def _prepare(graph, *, planned_ok=False):
 
 def create_execution_plans(graph, modes):
     modes = [heur_mode(m) for m in modes]
-    manual = graph._planning if graph._planning is not None and graph._planning.manual else None
+    manual = planned(graph)
+    if manual is not None and not manual.manual:
+        manual = None
     family, record_facts, backend_decline, adapter = _prepare(graph, planned_ok=bool(manual))
     verdicts, accepted = candidate_verdicts(graph, family)
     backend = adapter.BACKEND
@@ -147,7 +202,7 @@ def create_execution_plan(graph, engine_id, public_knobs):
     (once), as the classic's does."""
     knobs = {knob_type(int(k)): int(v) for k, v in _checked_knobs(public_knobs).items()}
     survey = engine_survey(graph)
-    record = graph._planning
+    record = planned(graph)
     backend = manifest.backend_adapter().BACKEND
     engine = None
     if engine_ids.is_backend_id(engine_id):
@@ -218,10 +273,18 @@ def _checked_knobs(public):
 
 
 def build_plans(graph, policy):
-    graph._require_planning().build_plans(policy)
+    record_of(graph).build_plans(policy)
 
 
 # ---------------------------------------------------------------- the plan list
+class _Selection:
+    """The token of one selection, held by the record alone while the selection holds: a
+    weak reference to it is the bound plan's is_current (the token while current, None
+    once the record lets it go), a C call with no Python frame on every graph.execute."""
+
+    __slots__ = ("__weakref__",)
+
+
 class PlanningRecord:
     def __init__(
         self, graph, family, accepted, backend, plans, verdicts, backend_outcome, backend_decline
@@ -242,7 +305,9 @@ class PlanningRecord:
         self.pinned = False
         self.deselected = set()  # engine names (deselect_engines)
         self.excluded = {}  # identity -> why this one plan is barred (a classic filter)
-        self._runner = None  # the selected plan's execute path, made at first execute
+        self._bound = None  # the selected plan's BoundPlan, made at first bind()
+        self._selection = None  # the token its is_current refers to (_Selection)
+        self._layout = None  # the graph's operand layout, made at first bind()
         self.device = facts.graph_device(graph)  # what engines see as ctx.device
 
     # ---- names and knobs
@@ -288,7 +353,7 @@ class PlanningRecord:
     def select(self, index):
         self._check_index(index)
         self.selected, self.pinned = index, True
-        self._runner = None
+        self._unbind()
 
     def deselect_engines(self, names):
         self.deselected.update(names)
@@ -343,7 +408,7 @@ class PlanningRecord:
         if first_built is None:
             raise cudnnGraphNotSupportedError("no plan builds: " + "; ".join(reasons))
         self.selected = first_built
-        self._runner = None
+        self._unbind()
         self.graph.__dict__["_state"] = lifecycle.Built()
         log.info(
             "graph '%s': selected #%d %s", self.graph.name, first_built, self.plan_name(first_built)
@@ -358,6 +423,43 @@ class PlanningRecord:
         return self.workspace_size_at(self.selected)
 
     # ---- execution
+    @property
+    def layout(self):
+        """The graph's operand layout (runtime/execute.py GraphLayout), made once."""
+        layout = self._layout
+        if layout is None:
+            from ..runtime.execute import GraphLayout
+
+            layout = self._layout = GraphLayout(self.graph)
+        return layout
+
+    def bind(self, index=None):
+        """The selected, built plan made executable (runtime/bound.py BoundPlan), kept
+        until the selection changes; with `index`, the plan at `index` (built now if it is
+        not), made for one call and never current."""
+        if index is not None:
+            return self._new_bound(self.build_at(index), lambda: False)
+        bound = self._bound
+        if bound is None:
+            if self.selected is None or self.plans[self.selected].identity not in self.built:
+                raise GraphStateError("execute(): no built plan selected; call build_plans() first")
+            compiled = self.built[self.plans[self.selected].identity]
+            self._selection = _Selection()
+            self._bound = bound = self._new_bound(compiled, weakref.ref(self._selection))
+        return bound
+
+    def _unbind(self):
+        """The selection changed: the bound plan stops being current (a closure of it
+        that a caller kept hands its calls to execute() above), and the graph's `execute`
+        is the class's again until the next call installs the new plan's."""
+        self._bound = self._selection = None  # the token dies: is_current() is None
+        self.graph.__dict__.pop("execute", None)
+
+    def _new_bound(self, compiled, is_current):
+        from ..runtime.bound import BoundPlan
+
+        return BoundPlan(compiled, self.layout, self.device, is_current, self.graph, self.execute)
+
     def execute(
         self,
         variant_pack,
@@ -368,23 +470,19 @@ class PlanningRecord:
         override_strides=None,
         index=None,
     ):
+        """graph.execute's general path: the selected plan (or the one at `index`) runs
+        the call, every argument form. After a call to the selected plan the graph's
+        `execute` is that plan's closure (BoundPlan.call: the plain call one frame down),
+        until the selection changes (_unbind)."""
         overrides = (
             None if not override_uids else (override_uids, override_shapes, override_strides)
         )
-        runner = self._runner if index is None else None
-        if runner is None:
-            runner = self._make_runner(index)
-        runner(variant_pack, workspace, handle, overrides)
-
-    def _make_runner(self, index):
-        from ..runtime.execute import PlanRunner
-
-        if index is None:
-            if self.selected is None or self.plans[self.selected].identity not in self.built:
-                raise GraphStateError("execute(): no built plan selected; call build_plans() first")
-            self._runner = PlanRunner(self, self.built[self.plans[self.selected].identity])
-            return self._runner
-        return PlanRunner(self, self.build_at(index))
+        bound = self.bind(index)
+        bound(variant_pack, workspace, handle, overrides)
+        if index is None and not bound.layout.keys_normalized:
+            # A pack keyed by name or None went through the key normalization, which the
+            # closure does not do: such a graph stays on this path.
+            self.graph.__dict__["execute"] = bound.call
 
     # ---- explanation
     def explain(self):

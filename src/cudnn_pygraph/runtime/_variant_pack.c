@@ -1075,7 +1075,6 @@ PyMODINIT_FUNC PyInit__variant_pack(void)
     INTERN(s_typestr, "typestr");
     INTERN(s_data, "data");
     INTERN(s_strides, "strides");
-    INTERN(s_runner_attr, "_runner");
 #undef INTERN
     PyObject *numbers = PyImport_ImportModule("numbers");
     if (numbers == NULL) return NULL;

@@ -106,8 +106,9 @@ static PyObject *workspace_address(PyObject *mod, PyObject *const *args, Py_ssiz
 /* RawExecutor                                                                           */
 
 /* graph.execute's signature. It serves the plain call, execute(variant_pack[, workspace])
- * with a dict, no handle, no keywords, while record._runner is still `runner`; anything
- * else goes to `fallback` (graph.execute's general path) with the same arguments. What a
+ * with a dict, no handle, no keywords, while is_current() is true (planning's word that
+ * this is still the selected plan); anything else goes to `fallback` (graph.execute's
+ * general path) with the same arguments. What a
  * call does not change (the default handle, the plan index) was resolved when the executor
  * was made; the plan's own workspace, on the first call that needs it. Saves the Python closure's frame, the pack's
  * attribute reads and two crossings: bench/results/execute_path_cpu.md. */
@@ -122,11 +123,10 @@ typedef struct {
     PyObject *scratch;    /* its answer, kept after the first call (the plan keeps the buffer) */
     long long need;       /* the plan's workspace bytes */
     int device_id;        /* the CUDA device the plan runs on */
-    PyObject *record, *runner, *fallback;
+    PyObject *is_current, *fallback;
 } PgExec;
 
 static PyTypeObject ExecType;
-static PyObject *s_runner_attr;
 
 static PyObject *exec_fallback(PgExec *e, PyObject *const *args, size_t nargsf,
                                PyObject *kwnames)
@@ -141,10 +141,12 @@ static PyObject *exec_vectorcall(PgExec *e, PyObject *const *args, size_t nargsf
     if ((kwnames && PyTuple_GET_SIZE(kwnames)) || nargs < 1 || nargs > 3 ||
         (nargs == 3 && args[2] != Py_None) || !PyDict_Check(args[0]))
         return exec_fallback(e, args, nargsf, kwnames);
-    PyObject *current = PyObject_GetAttr(e->record, s_runner_attr);
+    PyObject *current = PyObject_CallNoArgs(e->is_current);
     if (current == NULL) return NULL;
-    Py_DECREF(current); /* only its identity is compared */
-    if (current != e->runner) return exec_fallback(e, args, nargsf, kwnames);
+    int still = PyObject_IsTrue(current);
+    Py_DECREF(current);
+    if (still < 0) return NULL;
+    if (!still) return exec_fallback(e, args, nargsf, kwnames);
 
     PyObject *pack = pack_of_mapping(e->layout, args[0], e->required, e->device_id);
     if (pack == NULL) {
@@ -202,7 +204,7 @@ static PyObject *exec_vectorcall(PgExec *e, PyObject *const *args, size_t nargsf
 
 static PyObject *exec_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    PyObject *layout, *required, *raw, *n_slots, *handle, *index, *scratch_fn, *record, *runner,
+    PyObject *layout, *required, *raw, *n_slots, *handle, *index, *scratch_fn, *is_current,
         *fallback;
     long long need;
     int device_id;
@@ -210,17 +212,17 @@ static PyObject *exec_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "RawExecutor takes positional arguments only");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!OOOOOLOOOOi:RawExecutor", &LayoutType, &layout, &required,
-                          &raw, &n_slots, &handle, &index, &need, &scratch_fn, &record, &runner,
+    if (!PyArg_ParseTuple(args, "O!OOOOOLOOOi:RawExecutor", &LayoutType, &layout, &required,
+                          &raw, &n_slots, &handle, &index, &need, &scratch_fn, &is_current,
                           &fallback, &device_id))
         return NULL;
     if (!PyTuple_Check(required) || !PyCallable_Check(raw) || !PyCallable_Check(fallback) ||
-        !PyCallable_Check(scratch_fn) || !PyLong_Check(n_slots) || !PyLong_Check(handle) ||
-        !PyLong_Check(index)) {
+        !PyCallable_Check(scratch_fn) || !PyCallable_Check(is_current) ||
+        !PyLong_Check(n_slots) || !PyLong_Check(handle) || !PyLong_Check(index)) {
         PyErr_SetString(PyExc_TypeError, "RawExecutor(layout, required: tuple, raw, n_slots, "
-                        "handle, index, need, scratch_fn, record, runner, fallback, device_id): "
-                        "ints where "
-                        "the backend takes ints, callables for raw, scratch_fn and fallback");
+                        "handle, index, need, scratch_fn, is_current, fallback, device_id): "
+                        "ints where the backend takes ints, callables for raw, scratch_fn, "
+                        "is_current and fallback");
         return NULL;
     }
     PgExec *e = PyObject_GC_New(PgExec, type);
@@ -236,15 +238,15 @@ static PyObject *exec_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     e->scratch = NULL;
     e->need = need;
     e->device_id = device_id;
-    e->record = Py_NewRef(record);
-    e->runner = Py_NewRef(runner);
+    e->is_current = Py_NewRef(is_current);
     e->fallback = Py_NewRef(fallback);
     PyObject_GC_Track(e);
     return (PyObject *)e;
 }
 
-/* The executor and its runner refer to each other (runner.call is the executor): the
- * collector breaks the cycle when the plan is dropped. */
+/* The executor and its bound plan refer to each other (the bound plan's call is the
+ * executor; fallback and is_current reach the bound plan): the collector breaks the cycle
+ * when the plan is dropped. */
 static int exec_traverse(PgExec *e, visitproc visit, void *arg)
 {
     Py_VISIT(e->layout);
@@ -255,8 +257,7 @@ static int exec_traverse(PgExec *e, visitproc visit, void *arg)
     Py_VISIT(e->index);
     Py_VISIT(e->scratch_fn);
     Py_VISIT(e->scratch);
-    Py_VISIT(e->record);
-    Py_VISIT(e->runner);
+    Py_VISIT(e->is_current);
     Py_VISIT(e->fallback);
     return 0;
 }
@@ -271,8 +272,7 @@ static int exec_clear(PgExec *e)
     Py_CLEAR(e->index);
     Py_CLEAR(e->scratch_fn);
     Py_CLEAR(e->scratch);
-    Py_CLEAR(e->record);
-    Py_CLEAR(e->runner);
+    Py_CLEAR(e->is_current);
     Py_CLEAR(e->fallback);
     return 0;
 }
@@ -292,7 +292,7 @@ static PyTypeObject ExecType = {
     .tp_call = PyVectorcall_Call,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "graph.execute for a selected backend plan: RawExecutor(layout, required, raw, "
-              "n_slots, handle, index, need, scratch_fn, record, runner, fallback, device_id).",
+              "n_slots, handle, index, need, scratch_fn, is_current, fallback, device_id).",
     .tp_traverse = (traverseproc)exec_traverse,
     .tp_clear = (inquiry)exec_clear,
     .tp_new = exec_new,

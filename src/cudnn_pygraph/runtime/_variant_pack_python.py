@@ -1622,11 +1622,12 @@ def workspace_address(*args):
 
 class RawExecutor:
     """graph.execute for a selected backend plan: RawExecutor(layout, required, raw, n_slots,
-    handle, index, need, scratch_fn, record, runner, fallback, device_id).
+    handle, index, need, scratch_fn, is_current, fallback, device_id).
 
     It serves the plain call, execute(variant_pack[, workspace]) with a dict, no handle, no
-    keywords, while record._runner is still `runner`; anything else goes to `fallback`
-    (graph.execute's general path) with the same arguments."""
+    keywords, while is_current() is true (planning's word that this is still the selected
+    plan); anything else goes to `fallback` (graph.execute's general path) with the same
+    arguments."""
 
     __slots__ = (
         "_layout",
@@ -1638,8 +1639,7 @@ class RawExecutor:
         "_need",
         "_scratch_fn",
         "_scratch",
-        "_record",
-        "_runner",
+        "_is_current",
         "_fallback",
         "_device_id",
     )
@@ -1647,10 +1647,10 @@ class RawExecutor:
     def __init__(self, *args, **kwargs):
         if kwargs:
             raise TypeError("RawExecutor takes positional arguments only")
-        if len(args) != 12:
-            raise TypeError(f"RawExecutor expected 12 arguments, got {len(args)}")
+        if len(args) != 11:
+            raise TypeError(f"RawExecutor expected 11 arguments, got {len(args)}")
         layout, required, raw, n_slots, handle, index, need = args[:7]
-        scratch_fn, record, runner, fallback, device_id = args[7:]
+        scratch_fn, is_current, fallback, device_id = args[7:]
         if not isinstance(layout, DeclaredLayout):
             raise TypeError(
                 "RawExecutor() argument 1 must be "
@@ -1662,17 +1662,18 @@ class RawExecutor:
             or not callable(raw)
             or not callable(fallback)
             or not callable(scratch_fn)
+            or not callable(is_current)
             or not all(isinstance(x, int) for x in (n_slots, handle, index))
         ):
             raise TypeError(
                 "RawExecutor(layout, required: tuple, raw, n_slots, handle, index, need, "
-                "scratch_fn, record, runner, fallback, device_id): ints where the backend takes "
-                "ints, callables for raw, scratch_fn and fallback"
+                "scratch_fn, is_current, fallback, device_id): ints where the backend takes "
+                "ints, callables for raw, scratch_fn, is_current and fallback"
             )
         self._layout, self._required, self._raw = layout, required, raw
         self._n_slots, self._handle, self._index = n_slots, handle, index
         self._need, self._scratch_fn, self._scratch = need, scratch_fn, None
-        self._record, self._runner, self._fallback = record, runner, fallback
+        self._is_current, self._fallback = is_current, fallback
         self._device_id = device_id
 
     def __call__(self, *args, **kwargs):
@@ -1684,7 +1685,7 @@ class RawExecutor:
             or not isinstance(args[0], dict)
         ):
             return self._fallback(*args, **kwargs)
-        if self._record._runner is not self._runner:
+        if not self._is_current():
             return self._fallback(*args, **kwargs)
         try:
             pack = _pack_of_mapping(self._layout, args[0], self._required, self._device_id)

@@ -1,11 +1,11 @@
 """graph.execute(): the caller's operands normalized ONCE into a VariantPack at the top,
 then the plan's execute reads the pack. Nothing below this module branches on what the
-caller's objects are."""
+caller's objects are. Here: the graph's operand layout and the per-call context; the
+executable of a selected plan is runtime/bound.py's BoundPlan."""
 
 import dataclasses
 
 from .._types import ELEMENT_BITS, data_type
-from .handle import check_device, resolve_stream
 from .variant_pack import DeclaredLayout, UnknownOperandError, VariantPack
 
 
@@ -154,135 +154,3 @@ class GraphLayout:
 
 def _bits(dtype):
     return ELEMENT_BITS.get(data_type(dtype), 8)
-
-
-class PlanRunner:
-    """The execute path of one built plan, with everything a call does not change
-    settled: the layout, the plan's execute, the graph, the graph's handle. Made once per
-    selected plan (planning/planner.py caches it as record._runner; a new selection or
-    build drops it).
-
-    `call` is the hot path: a closure with graph.execute's own signature, which the graph
-    installs as its `execute` after the first call (graph/pygraph.py), so a call is ONE
-    Python frame down to the C pack and the plan. It serves the plain call (no
-    overrides) while it is still the selected plan's runner; anything else goes back to
-    record.execute, which routes it. A compiled plan that offers `make_call(runner)`
-    supplies its own closure (the backend plan: the pointer array straight to the
-    backend); others get `_plain_call`. `__call__` is the general path: every argument
-    form (handles, workspaces, overrides)."""
-
-    __slots__ = (
-        "record",
-        "graph",
-        "layout",
-        "execute",
-        "supports_overrides",
-        "device",
-        "default_ctx",
-        "call",
-    )
-
-    def __init__(self, record, compiled):
-        layout = record.__dict__.get("layout")
-        if layout is None:
-            layout = record.layout = GraphLayout(record.graph)
-        self.record = record
-        self.graph = record.graph
-        self.layout = layout
-        self.execute = compiled.execute
-        self.supports_overrides = compiled.supports_overrides
-        self.device = record.device
-        # The common call (no handle, no workspace anywhere) shares one never-written
-        # context: building one per call is ~0.4 us of a ~13 us backend execute.
-        self.default_ctx = ExecutionContext(None, None, None, record.device)
-        make_call = getattr(compiled, "make_call", None)
-        self.call = make_call(self) if make_call is not None else _plain_call(self)
-
-    def __call__(self, variant_pack, workspace, handle, overrides):
-        pack = self.layout.pack(variant_pack)
-        graph = self.graph
-        if overrides is None:
-            if handle is None and workspace is None and graph.backend_options["handle"] is None:
-                self.execute(graph, pack, self.default_ctx)
-                return
-            check_device(
-                handle if handle is not None else graph.backend_options["handle"], self.device
-            )
-            ctx = ExecutionContext(handle, resolve_stream(handle, graph), workspace, self.device)
-        else:
-            ctx = self._with_overrides(pack, workspace, handle, overrides)
-        self.execute(graph, pack, ctx)
-
-    def _with_overrides(self, pack, workspace, handle, overrides):
-        uids, shapes, strides = overrides
-        if not self.supports_overrides:
-            raise ValueError(
-                "override_shapes/override_strides: this python plan is compiled for the "
-                "declared shapes; build a graph for the new shapes (or use a backend plan)"
-            )
-        pack.override_all(uids, shapes, strides)  # three parallel lists, refused as a whole
-        check_device(
-            handle if handle is not None else self.graph.backend_options["handle"], self.device
-        )
-        ctx = ExecutionContext(handle, resolve_stream(handle, self.graph), workspace, self.device)
-        ctx.overrides = overrides  # the backend's override path takes the lists themselves
-        return ctx
-
-
-def _plain_call(runner):
-    """A python plan's hot path: the pack, then the plan's execute with the shared
-    context. The graph is frozen once planned, so its handle is read here, once."""
-    graph, execute, ctx = runner.graph, runner.execute, runner.default_ctx
-    record, general = runner.record, type(graph).execute
-    from_mapping, declared = VariantPack.from_mapping, runner.layout.declared
-    required = runner.layout.required
-    if graph.backend_options["handle"] is not None:
-        return through_graph(graph)  # the graph's own handle: the general path
-
-    def call(
-        variant_pack,
-        workspace=None,
-        handle=None,
-        override_uids=None,
-        override_shapes=None,
-        override_strides=None,
-    ):
-        """graph.execute, served by the selected plan's closure (runtime/execute.py)."""
-        if (
-            handle is None
-            and workspace is None
-            and override_uids is None
-            and record._runner is runner
-        ):
-            try:
-                pack = from_mapping(declared, variant_pack, required=required)
-            except (TypeError, UnknownOperandError):  # a classic key: the general path
-                pack = None
-            if pack is not None:
-                execute(graph, pack, ctx)
-                return
-        general(
-            graph, variant_pack, workspace, handle, override_uids, override_shapes, override_strides
-        )
-
-    return call
-
-
-def through_graph(graph):
-    """graph.execute's signature, every call through the class's execute (the general
-    path, which also installs the selected plan's closure on the graph again)."""
-    general = type(graph).execute
-
-    def call(
-        variant_pack,
-        workspace=None,
-        handle=None,
-        override_uids=None,
-        override_shapes=None,
-        override_strides=None,
-    ):
-        general(
-            graph, variant_pack, workspace, handle, override_uids, override_shapes, override_strides
-        )
-
-    return call
