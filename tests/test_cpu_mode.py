@@ -75,6 +75,45 @@ def test_kernels_run_on_the_cpu_whatever_was_imported_first(order):
     assert got["o"] < FP32_TOL, got
 
 
+BF16_FRESH_SCRIPT = r"""
+import importlib.util, json
+import torch
+import cudnn_pygraph as cudnn
+{probe}
+BF16 = cudnn.data_type.BFLOAT16
+g = cudnn.pygraph(io_data_type=BF16, compute_data_type=cudnn.data_type.FLOAT)
+a, b = g.tensor([1, 32, 48]), g.tensor([1, 48, 40])
+c = g.matmul(a, b)
+c.set_output(True).set_data_type(BF16)
+g.create_execution_plans([cudnn.heur_mode.A])
+g.build_plans()
+gen = torch.Generator().manual_seed(0)
+ta, tb = torch.randn(1, 32, 48, generator=gen).bfloat16(), torch.randn(1, 48, 40, generator=gen).bfloat16()
+tc = torch.full((1, 32, 40), float("nan"), dtype=torch.bfloat16)
+g.execute({{a: ta, b: tb, c: tc}})
+ref = ta.double() @ tb.double()
+print(json.dumps({{"plan": g.get_plan_name_at_index(0), "err": ((tc.double() - ref).norm() / ref.norm()).item()}}))
+"""
+
+
+@pytest.mark.parametrize(
+    "probe", ["", 'importlib.util.find_spec("triton")'], ids=["plain", "probe"]
+)
+def test_a_fresh_process_runs_bf16_kernels_right_after_asking_where_triton_is(probe):
+    """An engine's dependency check asks where triton is without importing it; the
+    interpreter must still be made whole at triton's real import, or bf16 operands are
+    read as raw integers (a wrong answer, not an error)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS.parent / "src"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", BF16_FRESH_SCRIPT.format(probe=probe)],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["plan"].startswith("triton_gemm") and got["err"] < BF16_TOL["out"], got
+
+
 # ------------------------------------------------------------------ bf16, every family
 @pytest.fixture
 def backend_hidden(monkeypatch):

@@ -5,6 +5,7 @@ imports a framework."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -13,6 +14,7 @@ import importlib.util
 import json
 import os
 import sys
+import threading
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,27 +176,37 @@ def prepare_kernels() -> None:
 
 
 class _EngageAfterImport(importlib.abc.MetaPathFinder):
-    """A one-shot import hook: the first import of `triton` runs as usual, then the
-    interpreter is made whole (runtime/triton_interpreter.py engage)."""
+    """An import hook: the first import of `triton` runs as usual, then the interpreter is
+    made whole (runtime/triton_interpreter.py engage) and the hook leaves. A probe that only
+    asks where triton is (importlib.util.find_spec, as an engine's dependency check does)
+    gets a spec whose loader never runs: the hook stays for the real import."""
+
+    _searching = threading.local()
 
     def find_spec(self, name, path=None, target=None):
-        if name != "triton":
+        if name != "triton" or getattr(self._searching, "on", False):
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        self._searching.on = True  # the search below asks the finders again, this one too
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._searching.on = False
         if spec is not None and spec.loader is not None:
-            spec.loader = _EngagingLoader(spec.loader)
+            spec.loader = _EngagingLoader(spec.loader, self)
         return spec
 
 
 class _EngagingLoader(importlib.abc.Loader):
-    def __init__(self, inner):
+    def __init__(self, inner, hook):
         self._inner = inner
+        self._hook = hook
 
     def create_module(self, spec):
         return self._inner.create_module(spec)
 
     def exec_module(self, module):
+        with contextlib.suppress(ValueError):  # another thread's import took it out first
+            sys.meta_path.remove(self._hook)
         self._inner.exec_module(module)
         from ..runtime.triton_interpreter import engage
 
