@@ -149,3 +149,22 @@ def test_recording_does_not_import_dynamo():
     if before == "True":
         pytest.skip("this torch imports torch._dynamo with itself")
     assert (after, refusals) == ("False", "2")  # the watch still sees both ops
+
+
+def test_a_recording_is_freed_when_its_caller_lets_go_without_a_cyclic_collection():
+    """The record holds the first call's launch arguments (its tensors and workspace): a
+    plan per new shape must not leave them allocated until the next cyclic collection."""
+    import gc
+    import weakref
+
+    torch.cuda.is_available()  # a driverless probe keeps its own frames; not the record's
+    x = torch.zeros(4)
+    gc.disable()
+    try:
+        with record_launches() as record:
+            x.view(2, 2)
+        held = weakref.ref(record)
+        del record
+        assert held() is None
+    finally:
+        gc.enable()

@@ -53,6 +53,43 @@ class LaunchRecord:
         self.launches.append((fn.__name__, compiled, grid, values))
 
 
+_WATCH = []
+
+
+def _compute_watch():
+    """The dispatch mode that refuses a recording whose launcher computes with torch ops (a
+    replay would skip them). One class for the module, made at first use (importing torch's
+    dispatch machinery is not free): a class made per recording sits in a reference cycle
+    with its closure, so the recorded launches (the first call's tensors and workspace)
+    would stay allocated until the next cyclic collection."""
+    if not _WATCH:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class ComputeWatch(TorchDispatchMode):
+            def __init__(self, record):
+                super().__init__()
+                self.record = record
+
+            # A view (a workspace slice) is host metadata; anything else runs on the device
+            # and a replay would skip it.
+            @classmethod
+            def _should_skip_dynamo(cls):
+                # Else TorchDispatchMode wraps __torch_dispatch__ in torch._dynamo.disable,
+                # which imports torch._dynamo at the first dispatch (seconds on a CPU), paid
+                # by the first call of every recorded plan. The watch runs only in an eager
+                # launch, never under Dynamo's tracing, where that wrapper calls straight
+                # through.
+                return False
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if not func.is_view:
+                    self.record.refusals.append(f"torch op {func} runs on the device")
+                return func(*args, **(kwargs or {}))
+
+        _WATCH.append(ComputeWatch)
+    return _WATCH[0]
+
+
 @contextlib.contextmanager
 def record_launches():
     """Run a launcher inside this to record its Triton launches (they run as usual).
@@ -64,27 +101,10 @@ def record_launches():
     root or lies inside exactly one root; it launches Triton kernels and does nothing else
     on the device. A computing torch op or a pointer outside the roots makes `build_replay`
     return the reason instead of a replay."""
-    from torch.utils._python_dispatch import TorchDispatchMode
     from triton.runtime.jit import JITFunction
 
     record = LaunchRecord()
     before_triton_driver()
-
-    class ComputeWatch(TorchDispatchMode):
-        # A view (a workspace slice) is host metadata; anything else runs on the device and
-        # a replay would skip it.
-        @classmethod
-        def _should_skip_dynamo(cls):
-            # Else TorchDispatchMode wraps __torch_dispatch__ in torch._dynamo.disable, which
-            # imports torch._dynamo at the first dispatch (seconds on a CPU), paid by the
-            # first call of every recorded plan. The watch runs only in an eager launch,
-            # never under Dynamo's tracing, where that wrapper calls straight through.
-            return False
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not func.is_view:
-                record.refusals.append(f"torch op {func} runs on the device")
-            return func(*args, **(kwargs or {}))
 
     with _PATCH_LOCK:
         original = JITFunction.run
@@ -99,7 +119,7 @@ def record_launches():
         JITFunction.run = run
         _RECORDING.record = record
         try:
-            with ComputeWatch():
+            with _compute_watch()(record):
                 yield record
         finally:
             _RECORDING.record = None
