@@ -4,8 +4,8 @@ the torch ops (`run`, torch tensors by port name).
 
 What a call does not change is settled when it is made: the compiled plan, the graph's
 operand layout, the device, the plan's shared context for the plain call. What a call
-does change it owns: per stream, a free list of contexts (a workspace each, and for a
-backend plan off the default stream a handle of ours bound to that stream).
+does change is its own: a workspace per call, and for a backend plan off the default
+stream a handle of ours bound to that stream (one per device and stream).
 
 Planning decides which plan is current (planning/planner.py `PlanningRecord.bind`): it
 hands in `is_current`, a zero-argument callable, truthy while the plan is the selected
@@ -54,7 +54,6 @@ class BoundPlan:
         "_launch_tensors",
         "_own_call",
         "_stream_by_handle",
-        "_contexts",
     )
 
     def __init__(self, compiled, layout, device, is_current, graph, reroute):
@@ -73,7 +72,6 @@ class BoundPlan:
         # buffer to the declaration, so the pack's checks and DLPack views would re-prove
         # what the key proved.
         self._launch_tensors = getattr(compiled, "launch_tensors", None)
-        self._contexts = {}  # stream -> contexts not in use
         self.general = self._general_closure()
         make_call = getattr(compiled, "make_call", None)
         # A plan with its own call (the backend's) takes its stream from a handle.
@@ -179,12 +177,11 @@ class BoundPlan:
         """Execute on torch tensors: `buffers` {port name: tensor} (None entries are
         skipped), `uids` {port name: uid}; on torch's current stream of the tensors' device.
 
-        Each call holds a context (its workspace) of its own while it enqueues: contexts
-        wait in a free list per stream, and a call takes one or makes one. Reuse by the
-        next call on the same stream is ordered by the stream, and a lone caller gets the
-        same buffer back each call (an engine finds its carved views cached); two threads
-        enqueueing on one stream at once hold two workspaces (one shared workspace let
-        their kernels interleave over it)."""
+        Each call takes its workspace from torch's caching allocator, on the stream it
+        enqueues on: two calls in flight never share one (a freed block is reused in that
+        stream's order), a lone caller gets the same block back (an engine finds its carved
+        views cached), and no plan keeps a workspace between calls, so a caller whose shapes
+        vary (a plan per shape) holds one peak's worth, not one per plan it has used."""
         device = next(t for t in buffers.values() if t is not None).device
         if device.type == "cuda":
             # The raw cudaStream_t as an int, as torch.cuda.current_stream(device).cuda_stream
@@ -192,27 +189,18 @@ class BoundPlan:
             stream = _torch_module()._C._cuda_getCurrentRawStream(device.index)
         else:
             stream = 0
-        free = self._contexts.get(stream)
-        if free is None:
-            free = self._contexts.setdefault(stream, [])
-        try:
-            ctx = free.pop()  # atomic: two threads never take one context
-        except IndexError:
-            ctx = self._stream_context(device, stream)
-        try:
-            if self._launch_tensors is not None:
-                self._launch_tensors(buffers, ctx.workspace)
-                return
-            pack = {uids[name]: t for name, t in buffers.items() if t is not None}
-            if self._own_call and stream == 0:
-                # The plan's own C path (RawExecutor) with the default handle.
-                self.call(pack, ctx.workspace)
-                return
-            layout = self.layout
-            vp = VariantPack.from_mapping(layout.declared, pack, required=layout.required)
-            self.execute(self.graph, vp, ctx)
-        finally:
-            free.append(ctx)
+        ctx = self._stream_context(device, stream)
+        if self._launch_tensors is not None:
+            self._launch_tensors(buffers, ctx.workspace)
+            return
+        pack = {uids[name]: t for name, t in buffers.items() if t is not None}
+        if self._own_call and stream == 0:
+            # The plan's own C path (RawExecutor) with the default handle.
+            self.call(pack, ctx.workspace)
+            return
+        layout = self.layout
+        vp = VariantPack.from_mapping(layout.declared, pack, required=layout.required)
+        self.execute(self.graph, vp, ctx)
 
     def _stream_context(self, device, stream):
         workspace = None
