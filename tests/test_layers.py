@@ -265,10 +265,6 @@ def test_a_moved_modules_old_path_is_the_same_module(old, new):
 # `bind`, `restore`) and never reads or writes the slots below itself.
 PLANNING_ATTRIBUTES = {"_planning", "_require_planning", "_runner", "_bound"}
 PLANNING_KEYS = {"_planning", "_state"}  # graph.__dict__[...] / .get(...) / .pop(...)
-# TEMPORARY: linear_attention/ops.py `_Built` still reads the record (graph._require_planning,
-# record.built[...]); the lead removes this exception at merge, when `_Built` becomes a
-# port map over runtime/bound.py's BoundPlan (pygraph's `_require_planning` goes with it).
-PLANNING_STATE_EXCEPTIONS = (f"{PKG}.linear_attention",)
 
 
 def planning_reach_throughs(path):
@@ -298,7 +294,7 @@ def _is_dunder_dict(node):
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_only_planning_touches_its_private_state(path):
     module = module_name(path)
-    if module.startswith(f"{PKG}.planning") or module.startswith(PLANNING_STATE_EXCEPTIONS):
+    if module.startswith(f"{PKG}.planning"):
         return
     found = [f"line {line}: {what}" for line, what in sorted(planning_reach_throughs(path))]
     assert found == [], f"{module} reaches into planning's state: ask planning/planner.py"

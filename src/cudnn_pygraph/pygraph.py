@@ -448,12 +448,6 @@ class pygraph:
         """The ranked plan list, as a tuple: a snapshot, never the list planning uses."""
         return tuple(_record(self).plans)
 
-    def _require_planning(self):
-        # Only linear_attention/ops.py (_Built) still calls this, the one temporary
-        # exception of tests/test_layers.py's planning-state rule: it goes with that
-        # exception, when _Built becomes runtime/bound.py's BoundPlan.
-        return _record(self)
-
     def get_execution_plan_count(self) -> int:
         """The plan list's length; 0 before create_execution_plans() (classic: an
         unplanned graph has no plans, which is not an error)."""

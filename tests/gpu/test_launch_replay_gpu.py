@@ -14,6 +14,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 import cudnn_pygraph as cudnn  # noqa: E402
 from cudnn_pygraph import data_type as dt  # noqa: E402
 from cudnn_pygraph.linear_attention import ops  # noqa: E402
+from cudnn_pygraph.ops.linear_attention import graphs  # noqa: E402
 from cudnn_pygraph.planning import planner  # noqa: E402
 
 DEV = "cuda"
@@ -57,7 +58,7 @@ def run_op(x, cu):
 def gdn_plans():
     """The op's built gdn / gdn_bwd plans (selected ones), by kind."""
     plans = {}
-    for built in ops._GRAPHS.values():
+    for built in graphs._GRAPHS.values():
         plan = planner.selected_compiled(built.graph)
         plans["gdn_bwd" if plan.backward else "gdn"] = plan
     return plans
@@ -77,7 +78,7 @@ def launcher_only(plan):
 
 
 def test_op_forward_and_backward_replay_equals_the_launcher_bitwise():
-    ops._GRAPHS.clear()
+    graphs._GRAPHS.clear()
     cu = cu_seqlens()
     x = op_inputs(0, requires_grad=True)
     o, ht = run_op(x, cu)  # the first call records
@@ -172,7 +173,7 @@ def test_graph_execute_replays_and_a_short_or_misaligned_workspace_is_refused():
 
 
 def test_op_replay_captures_into_a_cuda_graph():
-    ops._GRAPHS.clear()
+    graphs._GRAPHS.clear()
     cu = cu_seqlens()
     static = op_inputs(3)
     stream = torch.cuda.Stream()

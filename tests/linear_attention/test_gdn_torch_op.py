@@ -7,6 +7,7 @@ import torch
 from reference import gdn_reference
 
 from cudnn_pygraph.linear_attention import ops
+from cudnn_pygraph.ops.linear_attention import family, gdn, graphs
 
 TOL = {"o": 2e-4, "state": 2e-4, "grad": 5e-4}
 
@@ -99,10 +100,10 @@ def test_pool_state_is_updated_in_place_at_the_indexed_rows():
 
 def test_graphs_are_cached_by_declaration_not_data():
     q, k, v, g, beta, cu, _h0 = inputs()
-    ops._GRAPHS.clear()
+    graphs._GRAPHS.clear()
     ops.gated_delta_net(q, k, v, g, beta, cu_seqlens=cu)
     ops.gated_delta_net(q + 1, k, v, g, beta, cu_seqlens=cu)
-    assert len(ops._GRAPHS) == 1
+    assert len(graphs._GRAPHS) == 1
 
 
 @pytest.mark.parametrize(
@@ -252,13 +253,13 @@ def test_state_v_first_takes_and_returns_the_transposed_state():
 def test_plain_eager_calls_skip_the_dispatcher_with_the_same_answer(monkeypatch):
     q, k, v, g, beta, cu, h0 = inputs()
     direct = []
-    impl = ops._gdn_fwd_impl
-    monkeypatch.setattr(ops, "_gdn_fwd_impl", lambda *a: direct.append(1) or impl(*a))
+    impl = gdn.GDN.fwd_impl
+    monkeypatch.setattr(gdn.GDN, "fwd_impl", lambda *a: direct.append(1) or impl(*a))
     o1, ht1 = ops.gated_delta_net(
         q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu
     )
     assert direct == [1]  # plain tensors, nothing to record: the implementation, directly
-    monkeypatch.setattr(ops, "_eager", lambda *tensors: False)
+    monkeypatch.setattr(gdn, "runs_eagerly", lambda *tensors: False)
     o2, ht2 = ops.gated_delta_net(
         q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu
     )
@@ -268,15 +269,15 @@ def test_plain_eager_calls_skip_the_dispatcher_with_the_same_answer(monkeypatch)
 
 def test_autograd_and_modes_keep_the_registered_op():
     q = torch.randn(1, 4, 2, 64)
-    assert ops._eager(q)
+    assert family.runs_eagerly(q)
     leaf = q.clone().requires_grad_(True)
-    assert not ops._eager(leaf)  # autograd records through the registered op
+    assert not family.runs_eagerly(leaf)  # autograd records through the registered op
     with torch.no_grad():
-        assert ops._eager(leaf)
+        assert family.runs_eagerly(leaf)
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
-        assert not ops._eager(torch.empty(2))
+        assert not family.runs_eagerly(torch.empty(2))
 
 
 def _weighted(x, cu, w_o, w_h):
@@ -450,7 +451,7 @@ def test_autograd_backward_reads_the_forward_and_runs_no_second_forward(monkeypa
     grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), leaves)
     assert sorted(launches) == ["state_fwd_kernel", "wy_solve_kernel"]  # none in the backward
     flags = (64**-0.5, True, False, False, False, "log", False, False)
-    recompute = ops._gdn_bwd_impl(
+    recompute = gdn.GDN.bwd_impl(
         q[0], k[0], v[0], g[0], beta[0], cu, do[0], h0, dht, None, None, *flags
     )  # fmt: skip
     assert launches.count("wy_solve_kernel") == 2  # the graph without the saved ports

@@ -1,9 +1,9 @@
 """Linear attention for torch users: `cudnn_pygraph.linear_attention.ops` holds the torch
-custom ops (gated_delta_net, ...), thin adapters over cached gdn / gdn_bwd graphs, `gdp`
-Gated DeltaProduct (gated_delta_product) over gdp graphs; `summary` the span summaries
-(<family>_summary / <family>_summary_bwd graphs of all four families) and `cp` context
-parallelism over torch.distributed built on them (all four). Loaded lazily: importing this
-package does not import torch."""
+custom ops (gated_delta_net, kimi_delta_attention, gated_delta_net_v2, gated_delta_product
+and their in-place forms), `gdp` Gated DeltaProduct's, `summary` the span summaries of all
+four families and `cp` context parallelism over torch.distributed built on them. They are
+written in cudnn_pygraph/ops/linear_attention/, one module per family; these names are
+their public home. Loaded lazily: importing this package does not import torch."""
 
 import importlib
 
