@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from . import head_dims
 from .ops import (
     _HEAD_FIRST_REMOVED,
     _attrs,
@@ -284,8 +285,8 @@ def gated_delta_product(
     q [B, T, H, K], g [B, T, HO]; k [B, T * n, HK, K], v [B, T * n, HV, V], beta
     [B, T * n, HO] with n = num_householder (token t's Householder rows at t * n .. t * n +
     n - 1); HO = max(H, HV). With cu_seqlens (int32/int64 [N + 1], in real tokens) B must be
-    1. initial_state [N, HO, K, V] (K-major; [N, HO, V, K] with state_v_first). K and V: 64,
-    128 or 256. g=None is fla's ungated delta product (the state never decays). Per token
+    1. initial_state [N, HO, K, V] (K-major; [N, HO, V, K] with state_v_first). K and V:
+    1..256 (head_dims.py). g=None is fla's ungated delta product (the state never decays). Per token
     the state decays once (exp(g), or g itself with
     gate_domain="linear", or -exp(A_log) * softplus(g + dt_bias) with use_gate_in_kernel)
     and then takes n delta-rule steps; o reads it after the last. num_householder=1 is
@@ -295,6 +296,8 @@ def gated_delta_product(
     served: cudnn_pygraph.linear_attention.cp.gated_delta_product_cp is ours.
 
     Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)."""
+    if head_dims.needs_padding(q, v):  # K, V off the kernels' tiles
+        return head_dims.run_padded(gated_delta_product, head_dims.GDP, locals())
     if head_first:
         raise ValueError(_HEAD_FIRST_REMOVED)
     n = _householder_count(num_householder)

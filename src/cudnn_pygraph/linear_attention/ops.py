@@ -32,6 +32,7 @@ from ..graph.ops.linear_attention import CHUNK, SAVED_FACTORS, checkpoint_rows
 from ..graph.pygraph import pygraph
 from ..graph.tensor import to_data_type
 from ..runtime.handle import create_handle, set_stream
+from . import head_dims
 
 _LOCK = threading.Lock()
 _GRAPHS: dict = {}
@@ -935,7 +936,7 @@ def gated_delta_net(
 
     q/k [B, T, H, K], v [B, T, HV, V], g/beta [B, T, HO] (HO = max(H, HV)); with cu_seqlens
     (int32/int64 [N + 1]) B must be 1 and sequences are packed. initial_state [N, HO, K, V]
-    (K-major; [N, HO, V, K] with state_v_first). K and V: 64, 128 or 256.
+    (K-major; [N, HO, V, K] with state_v_first). K and V: 1..256 (head_dims.py).
     use_gate_in_kernel: g holds raw logits and the gate is -exp(A_log) * softplus(g +
     dt_bias) (absent A_log: exp(A_log) = 1). head_first=True is refused as fla refuses it.
     cu_seqlens_cpu and chunk_indices are hints fla may use to skip work: the result does not
@@ -950,6 +951,8 @@ def gated_delta_net(
     token count) makes every output NaN.
 
     Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)."""
+    if head_dims.needs_padding(q, v):  # K, V off the kernels' tiles
+        return head_dims.run_padded(gated_delta_net, head_dims.GDN, locals())
     if head_first:
         raise ValueError(_HEAD_FIRST_REMOVED)
     if cp_context is not None:
@@ -1489,8 +1492,8 @@ def kimi_delta_attention(
     q/k [B, T, H, K], v [B, T, HV, V], g [B, T, HO, K] (a log-decay per key channel),
     beta [B, T, HO] (HO = max(H, HV)); with cu_seqlens (int32/int64 [N + 1]) B must be 1
     and sequences are packed. initial_state [N, HO, K, V] (K-major; [N, HO, V, K] with
-    state_v_first), fp32 or bf16; the final state comes back in its dtype. K and V: 64,
-    128 or 256.
+    state_v_first), fp32 or bf16; the final state comes back in its dtype. K and V:
+    1..256 (head_dims.py).
     use_gate_in_kernel: g holds raw logits and the decay is -exp(A_log) * softplus(g +
     dt_bias), or with lower_bound lb * sigmoid(exp(A_log) * (g + dt_bias)) (A_log [HV] may
     then be None: exp(A_log) = 1; dt_bias [HV * K] or [HV, K], optional); the backward
@@ -1508,6 +1511,8 @@ def kimi_delta_attention(
     device (no sync): a malformed table makes every output NaN.
 
     Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)."""
+    if head_dims.needs_padding(q, v):  # K, V off the kernels' tiles
+        return head_dims.run_padded(kimi_delta_attention, head_dims.KDA, locals())
     unknown = sorted(set(kwargs) - set(_KDA_KWARGS))
     if unknown:
         raise TypeError(f"kimi_delta_attention() got unexpected keyword arguments {unknown}")
@@ -1843,7 +1848,7 @@ def gated_delta_net_v2(
     g and beta [total_T, HO, K] (a log-decay and an erase gate per key channel), w
     [total_T, HO, V] (a write gate per value channel), HO = max(H, HV); cu_seqlens
     int32/int64 [N + 1]. initial_state [N, HO, V, K] (V-major), fp32 or bf16; the final
-    state comes back in its dtype. K and V: 64, 128 or 256.
+    state comes back in its dtype. K and V: 1..256 (head_dims.py).
     use_beta_sigmoid_in_kernel: beta holds logits (beta = sigmoid, 2 sigmoid with
     allow_neg_eigval). safe_gate: g holds raw logits and the log-decay is
     -exp(a_log) * softplus(g + dt_bias) (a_log [HO], dt_bias [HO, K], each optional).
@@ -1854,6 +1859,8 @@ def gated_delta_net_v2(
 
     Returns (o [total_T, HO, V], final_state [N, HO, V, K]: empty unless
     output_final_state)."""
+    if head_dims.needs_padding(q, v):  # K, V off the kernels' tiles
+        return head_dims.run_padded(gated_delta_net_v2, head_dims.GDN2, locals())
     if q.dim() != 3:
         raise ValueError(f"q: expected THD [total_T, H, K], got shape {tuple(q.shape)}")
     _check_gate_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel, safe_gate, a_log, dt_bias,
