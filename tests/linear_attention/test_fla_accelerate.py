@@ -110,8 +110,8 @@ def _gdn_args(K=K, V=K, T=8, dtype=torch.float32):
 @pytest.mark.parametrize(
     "change, reason",
     [
-        (dict(K=32), "head dim"),
-        (dict(V=100), "head dim"),
+        (dict(K=257), "head dim"),
+        (dict(V=0), "head dim"),
         (dict(dtype=torch.float64), "dtype"),
     ],
 )
@@ -211,3 +211,12 @@ def test_gdn2_calls_fla_refuses_reach_fla(keywords, reason):
     q, k, v, _, _ = _gdn_args()
     assert fn(q, k, v, q, q, v, **keywords) == "fla's own" and len(calls) == 1
     assert cfla.last_path().startswith(f"fallback:{reason}")
+
+
+def test_fla_head_dims_off_our_tiles_run_on_our_op_at_the_callers_shapes():
+    # fla's own tests use K, V of 32, 60, 100: the op pads them to its tiles
+    fn, calls = _replacement("gated_delta_rule")
+    q, k, v, g, beta = _gdn_args(K=60, V=32)
+    o, ht = fn(q, k, v, g, beta, output_final_state=True)
+    assert not calls and cfla.last_path() == "ours"
+    assert o.shape == (1, 8, 2, 32) and ht.shape == (1, 2, 60, 32)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from ..engines.linear_attention.gdn_engine import GdnTritonEngine
-from ..engines.linear_attention.kernels.configs import SUPPORTED_HEAD_DIMS
+from ..linear_attention.head_dims import MAX_HEAD_DIM, served
 from . import entries
 
 _IO_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -42,10 +42,9 @@ def _device_not_served(call) -> bool:
 
 
 def _head_dim_not_served(call) -> bool:
-    return (
-        call["q"].shape[-1] not in SUPPORTED_HEAD_DIMS
-        or call["v"].shape[-1] not in SUPPORTED_HEAD_DIMS
-    )
+    """The ops serve every K, V in 1..256 (off-tile dims padded inside the op), as fla
+    does; fla's own refuses the rest in its words."""
+    return not (served(call["q"].shape[-1]) and served(call["v"].shape[-1]))
 
 
 Rule = tuple[str, Callable[[dict], bool]]
@@ -55,7 +54,7 @@ COMMON: tuple[Rule, ...] = (
     ("cp_context (fla's context parallelism)", lambda c: c.get("cp_context") is not None),
     ("device", _device_not_served),
     ("dtype", lambda c: c["q"].dtype not in _IO_DTYPES),
-    (f"head dim (K and V in {SUPPORTED_HEAD_DIMS})", _head_dim_not_served),
+    (f"head dim (K and V in 1..{MAX_HEAD_DIM})", _head_dim_not_served),
 )
 
 
