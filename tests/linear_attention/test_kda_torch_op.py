@@ -222,11 +222,6 @@ BAD_CALLS = {
         ValueError,
         "number of initial states is expected to be equal",
     ),
-    "return-intermediate-states": (
-        {"return_intermediate_states": True},
-        NotImplementedError,
-        "return_intermediate_states",
-    ),
     "cp-context": ({"cp_context": object()}, NotImplementedError, "cp_context"),
     "unknown-keyword": ({"head_first": False}, TypeError, "head_first"),
 }

@@ -63,9 +63,21 @@ def keyword(call, name, default=None):
     return call.get("kwargs", {}).get(name, default)
 
 
-INTERMEDIATE_STATES: Rule = (
-    "return_intermediate_states",
-    lambda c: bool(c.get("return_intermediate_states")),
+def _states(predicate):
+    return lambda c: bool(c.get("return_intermediate_states")) and predicate(c)
+
+
+# fla returns its per-chunk states h only inside torch.inference_mode() and without
+# disable_recompute (it asserts both); ours are the checkpoints of 64-token chunks.
+INTERMEDIATE_STATES: tuple[Rule, ...] = (
+    (
+        "return_intermediate_states outside inference mode (fla refuses)",
+        _states(lambda c: not torch.is_inference_mode_enabled()),
+    ),
+    (
+        "return_intermediate_states with disable_recompute (fla refuses)",
+        _states(lambda c: c.get("disable_recompute")),
+    ),
 )
 
 
@@ -96,14 +108,31 @@ TARGETS = {
             "chunk_gated_delta_rule",
             entries.chunk_gated_delta_rule,
         ),
-        Target("kda", "fla.ops.kda", "chunk_kda", entries.chunk_kda, (INTERMEDIATE_STATES,)),
+        Target(
+            "kda",
+            "fla.ops.kda",
+            "chunk_kda",
+            entries.chunk_kda,
+            (
+                *INTERMEDIATE_STATES,
+                # fla's h then has a row per 32 tokens, or use_graph's static chunk bound
+                (
+                    "return_intermediate_states at chunk_size 32",
+                    _states(lambda c: keyword(c, "chunk_size", 64) != 64),
+                ),
+                (
+                    "return_intermediate_states with use_graph",
+                    _states(lambda c: c.get("use_graph")),
+                ),
+            ),
+        ),
         Target(
             "gdn2",
             "fla.ops.gdn2",
             "chunk_gdn2",
             entries.chunk_gdn2,
             (
-                INTERMEDIATE_STATES,
+                *INTERMEDIATE_STATES,
                 # the bounded gate lb * sigmoid(.) is kda's attribute; gdn2's op has none
                 ("lower_bound", lambda c: c.get("lower_bound") is not None),
                 # calls fla's chunk_gdn2 refuses: its own error says why

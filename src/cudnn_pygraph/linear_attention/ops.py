@@ -32,7 +32,7 @@ from ..graph.ops.linear_attention import CHUNK, SAVED_FACTORS, checkpoint_rows
 from ..graph.pygraph import pygraph
 from ..graph.tensor import to_data_type
 from ..runtime.handle import create_handle, set_stream
-from . import head_dims
+from . import chunk_states, head_dims
 
 _LOCK = threading.Lock()
 _GRAPHS: dict = {}
@@ -1504,13 +1504,18 @@ def kimi_delta_attention(
     memory hints: the result does not depend on them (this op never syncs and is
     CUDA-graph capturable as it is). chunk_size is accepted as fla accepts it (32 or 64);
     the kernels chunk by 64 whatever it says, which changes rounding only.
-    return_intermediate_states and cp_context are not served (context parallelism over
-    torch.distributed is cudnn_pygraph.linear_attention.cp.kimi_delta_attention_cp).
+    return_intermediate_states also returns fla's h, the state at the start of every chunk
+    of 64 tokens ([B, NT, HO, K, V], [B, NT, HO, V, K] with state_v_first, k's dtype;
+    chunk_states.py), read from the checkpoints the forward writes for its backward; with
+    cu_seqlens (and no cu_seqlens_cpu) counting the chunks reads it on the host. cp_context
+    is not served (context parallelism over torch.distributed is
+    cudnn_pygraph.linear_attention.cp.kimi_delta_attention_cp).
     gate_domain ("log" | "linear": g holds the decay itself) and batch_invariant are this
     op's own. q / k / v / g / beta may be strided views; cu_seqlens is checked on the
     device (no sync): a malformed table makes every output NaN.
 
-    Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)."""
+    Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)
+    (and h with return_intermediate_states)."""
     if head_dims.needs_padding(q, v):  # K, V off the kernels' tiles
         return head_dims.run_padded(kimi_delta_attention, head_dims.KDA, locals())
     unknown = sorted(set(kwargs) - set(_KDA_KWARGS))
@@ -1526,11 +1531,6 @@ def kimi_delta_attention(
         raise NotImplementedError(
             "cp_context: context parallelism is not served by this op; "
             "cudnn_pygraph.linear_attention.cp.kimi_delta_attention_cp serves it"
-        )
-    if return_intermediate_states:
-        raise NotImplementedError(
-            "return_intermediate_states: the per-chunk states for inference are not served by "
-            "this op (the graph op kda's checkpoint_every_n_tokens output holds them)"
         )
     chunk_size = kwargs.get("chunk_size", 64)
     if chunk_size not in _KDA_CHUNK_SIZES:
@@ -1579,7 +1579,7 @@ def kimi_delta_attention(
     scale = float(K**-0.5 if scale is None else scale)
     tensors = (q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias)
     eager = _eager(*tensors)
-    o, ht, *_ = (_kda_fwd_impl if eager else _kda_fwd)(
+    o, ht, *saved = (_kda_fwd_impl if eager else _kda_fwd)(
         flat(q),
         flat(k),
         flat(v),
@@ -1599,9 +1599,12 @@ def kimi_delta_attention(
         str(gate_domain),
         bool(batch_invariant),
         bool(state_v_first),
-        not eager and _grad_needed(*tensors),
+        (not eager and _grad_needed(*tensors)) or bool(return_intermediate_states),
     )
     o = o.unsqueeze(0) if B == 1 else o.reshape(B, T, *o.shape[1:])
+    if return_intermediate_states:  # the chunk-start checkpoints, in fla's h layout
+        h = chunk_states.packed(saved[0], cu_seqlens, cu_seqlens_cpu, k.dtype)
+        return o, (ht if output_final_state else None), chunk_states.as_fla(h, B, state_v_first)
     return o, (ht if output_final_state else None)
 
 
@@ -1839,6 +1842,8 @@ def gated_delta_net_v2(
     gate_domain: str = "log",
     a_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
+    *,
+    return_intermediate_states: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated DeltaNet v2 (GDN-2), called as NVIDIA's cudnn.gated_delta_net_v2 (same
     positional order and keyword names, for the attributes the gdn2 op carries):
@@ -1857,8 +1862,12 @@ def gated_delta_net_v2(
     q / k / v / g / beta / w may be strided views; cu_seqlens is checked on the device (no
     sync): a malformed table makes every output NaN.
 
+    return_intermediate_states (fla's chunk_gdn2 keyword): also return the state at the
+    start of every chunk of 64 tokens, [NT, HO, V, K] in k's dtype, every sequence's chunks
+    in order (chunk_states.py; counting them reads cu_seqlens on the host).
+
     Returns (o [total_T, HO, V], final_state [N, HO, V, K]: empty unless
-    output_final_state)."""
+    output_final_state) (and the chunk states with return_intermediate_states)."""
     if head_dims.needs_padding(q, v):  # K, V off the kernels' tiles
         return head_dims.run_padded(gated_delta_net_v2, head_dims.GDN2, locals())
     if q.dim() != 3:
@@ -1882,7 +1891,7 @@ def gated_delta_net_v2(
     scale = float(K**-0.5 if scale is None else scale)
     tensors = (q, k, v, g, beta, w, cu_seqlens, initial_state, a_log, dt_bias)
     eager = _eager(*tensors)
-    o, ht, *_ = (_gdn2_fwd_impl if eager else _gdn2_fwd)(
+    o, ht, *saved = (_gdn2_fwd_impl if eager else _gdn2_fwd)(
         q,
         k,
         v,
@@ -1901,8 +1910,10 @@ def gated_delta_net_v2(
         bool(safe_gate),
         str(gate_domain),
         bool(batch_invariant),
-        not eager and _grad_needed(*tensors),
+        (not eager and _grad_needed(*tensors)) or bool(return_intermediate_states),
     )
+    if return_intermediate_states:  # the chunk-start checkpoints
+        return o, ht, chunk_states.packed(saved[0], cu_seqlens, dtype=k.dtype)
     return o, ht
 
 
