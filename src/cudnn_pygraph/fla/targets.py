@@ -51,6 +51,9 @@ Rule = tuple[str, Callable[[dict], bool]]
 
 # Every family's calls: the order is the order of the log's reasons.
 COMMON: tuple[Rule, ...] = (
+    # fla's FLACPContext cuts one packed token stream across the ranks (a rank's first and
+    # last sequence may run on into its neighbours, contiguous or zigzag); our cp.py splits
+    # each of B sequences across every rank: a different partition, so fla keeps its own.
     ("cp_context (fla's context parallelism)", lambda c: c.get("cp_context") is not None),
     ("device", _device_not_served),
     ("dtype", lambda c: c["q"].dtype not in _IO_DTYPES),
