@@ -208,3 +208,16 @@ def test_the_tile_rule():
         64, 64, 64, 128, 128, 128, 256, 256,
     ]  # fmt: skip
     assert head_dims.served(256) and not head_dims.served(0) and not head_dims.served(257)
+
+
+def test_a_padded_call_traces_whole_under_torch_compile():
+    # the padding is plain tensor code around the registered op: no graph break
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 8, 1, 60, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(1, 8, 1, 60, generator=gen), dim=-1)
+    v = torch.randn(1, 8, 1, 32, generator=gen)
+    g, beta = -torch.rand(1, 8, 1, generator=gen), torch.rand(1, 8, 1, generator=gen)
+    call = lambda *a: ops.gated_delta_net(*a, output_final_state=True)
+    compiled = torch.compile(call, backend="eager", fullgraph=True)
+    for got, want in zip(compiled(q, k, v, g, beta), call(q, k, v, g, beta)):
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6)

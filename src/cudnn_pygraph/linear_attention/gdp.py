@@ -254,6 +254,7 @@ def gated_delta_product_overwrite_state(
     return o.unsqueeze(0)
 
 
+@head_dims.pads(head_dims.GDP)  # K, V off the kernels' tiles: padded
 def gated_delta_product(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -296,8 +297,6 @@ def gated_delta_product(
     served: cudnn_pygraph.linear_attention.cp.gated_delta_product_cp is ours.
 
     Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)."""
-    if head_dims.needs_padding(q, v):  # K, V off the kernels' tiles
-        return head_dims.run_padded(gated_delta_product, head_dims.GDP, locals())
     if head_first:
         raise ValueError(_HEAD_FIRST_REMOVED)
     n = _householder_count(num_householder)

@@ -15,13 +15,17 @@ padding changes nothing the caller sees:
 The outputs come back at the caller's shapes (contiguous), and autograd carries every
 gradient back through the pads and slices to the caller's shapes.
 
-run_padded is called at the top of each public op (the op itself, so every check of the
-op then runs on the padded call).
+Each public op is decorated with pads(family): a call whose head dims are tiles goes
+straight to the op; another runs the op itself on the padded call, so every check of the
+op then runs there. (A decorator, not a hook reading the op's locals(): torch.compile
+traces the wrapper's dict of arguments, not locals().)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -94,7 +98,10 @@ def _pad_last(name, t, axis, dim, to, value=0.0):
         return None
     if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[-1] != dim:
         shape = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"{name}: expected its last axis {axis}={dim} (q's / v's), got {shape}")
+        source = "q" if axis == "K" else "v"
+        raise ValueError(
+            f"{name}: expected its last axis {axis}={dim} ({source}'s head dim), got {shape}"
+        )
     return F.pad(t, (0, to - dim), value=value) if to != dim else t
 
 
@@ -110,11 +117,11 @@ def _pad_dt_bias(t, K, Kp):
     return padded.reshape(-1) if flat else padded
 
 
-def _state_axes(family, call, extra):
+def _state_axes(family, call):
     v_first = (
         family.state_v_first
         or bool(call.get("state_v_first"))
-        or bool(extra.get("transpose_state_layout"))
+        or bool(call.get("transpose_state_layout"))  # fla's deprecated spelling (kda)
     )
     return ("V", "K") if v_first else ("K", "V")
 
@@ -138,12 +145,37 @@ def _unpad_state(t, axes, dims):
     return t[..., : dims[axes[0]], : dims[axes[1]]].contiguous()
 
 
+def pads(family: Family):
+    """Decorate a public op (parameters q, k, v, ... by name): calls with head dims off the
+    tiles run padded (run_padded), the rest reach the op unchanged."""
+
+    def decorate(op):
+        params = inspect.signature(op).parameters
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        names = [n for n, p in params.items() if p.kind in kinds]
+        defaults = {n: p.default for n, p in params.items() if p.default is not p.empty}
+        at_q, at_v = names.index("q"), names.index("v")
+
+        @functools.wraps(op)
+        def padded_op(*args, **kwargs):
+            q = args[at_q] if len(args) > at_q else kwargs.get("q")
+            v = args[at_v] if len(args) > at_v else kwargs.get("v")
+            if not needs_padding(q, v):
+                return op(*args, **kwargs)
+            if len(args) > len(names) or any(n in kwargs for n in names[: len(args)]):
+                return op(*args, **kwargs)  # a call Python refuses: the op's own TypeError
+            call = {**defaults, **dict(zip(names, args)), **kwargs}
+            return run_padded(op, family, call)
+
+        return padded_op
+
+    return decorate
+
+
 def run_padded(op, family: Family, call: dict):
     """op(**call) with every head-dim axis padded to its tile; the outputs at the caller's
-    head dims. call: the public op's arguments by name (its locals() on entry; a **kwargs
-    dict under "kwargs")."""
+    head dims. call: every argument of the op by name."""
     call = dict(call)
-    extra = dict(call.pop("kwargs", None) or {})
     q, v = call["q"], call["v"]
     rank = family.q_layout.count(",") + 1
     if q.dim() != rank:
@@ -153,7 +185,7 @@ def run_padded(op, family: Family, call: dict):
     Kp, Vp = tiles["K"], tiles["V"]
     if call.get("scale") is None:
         call["scale"] = K**-0.5
-    axes = _state_axes(family, call, extra)
+    axes = _state_axes(family, call)
     call["q"] = _pad_last("q", q, "K", K, Kp)
     call["k"] = _pad_last("k", call["k"], "K", K, Kp)
     call["v"] = _pad_last("v", v, "V", V, Vp)
@@ -166,11 +198,9 @@ def run_padded(op, family: Family, call: dict):
         call[name] = _pad_last(name, call[name], "K", K, Kp, fill)
     for name in family.value_gates:
         call[name] = _pad_last(name, call[name], "V", V, Vp)
-    if family.key_gates:  # a per-key gate has a per-key dt_bias (kda's in **kwargs)
-        for owner in (call, extra):
-            if "dt_bias" in owner:
-                owner["dt_bias"] = _pad_dt_bias(owner["dt_bias"], K, Kp)
+    if family.key_gates and "dt_bias" in call:  # a per-key gate has a per-key dt_bias
+        call["dt_bias"] = _pad_dt_bias(call["dt_bias"], K, Kp)
     call["initial_state"] = _pad_state(call.get("initial_state"), axes, dims, tiles)
-    o, final, *rest = op(**call, **extra)
+    o, final, *rest = op(**call)
     out = (o[..., :V].contiguous(), _unpad_state(final, axes, dims))
     return out + tuple(_unpad_state(h, axes, dims) for h in rest)

@@ -905,6 +905,7 @@ def _check_state(name, state, n_seq, heads, K, V, v_first):
         )
 
 
+@head_dims.pads(head_dims.GDN)  # K, V off the kernels' tiles: padded
 def gated_delta_net(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -951,8 +952,6 @@ def gated_delta_net(
     token count) makes every output NaN.
 
     Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)."""
-    if head_dims.needs_padding(q, v):  # K, V off the kernels' tiles
-        return head_dims.run_padded(gated_delta_net, head_dims.GDN, locals())
     if head_first:
         raise ValueError(_HEAD_FIRST_REMOVED)
     if cp_context is not None:
@@ -1458,6 +1457,7 @@ def _kda_gate_args(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias, h
     return True, lb, f32(A_log), f32(dt_bias)
 
 
+@head_dims.pads(head_dims.KDA)  # K, V off the kernels' tiles: padded
 def kimi_delta_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -1516,8 +1516,6 @@ def kimi_delta_attention(
 
     Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)
     (and h with return_intermediate_states)."""
-    if head_dims.needs_padding(q, v):  # K, V off the kernels' tiles
-        return head_dims.run_padded(kimi_delta_attention, head_dims.KDA, locals())
     unknown = sorted(set(kwargs) - set(_KDA_KWARGS))
     if unknown:
         raise TypeError(f"kimi_delta_attention() got unexpected keyword arguments {unknown}")
@@ -1823,6 +1821,7 @@ def _check_gdn2_gates(g, beta, w, lead, lead_names, heads, K, V):
             raise ValueError(f"{name}: expected [{axes}] = {list(want)}, got {list(t.shape)}")
 
 
+@head_dims.pads(head_dims.GDN2)  # K, V off the kernels' tiles: padded
 def gated_delta_net_v2(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -1868,8 +1867,6 @@ def gated_delta_net_v2(
 
     Returns (o [total_T, HO, V], final_state [N, HO, V, K]: empty unless
     output_final_state) (and the chunk states with return_intermediate_states)."""
-    if head_dims.needs_padding(q, v):  # K, V off the kernels' tiles
-        return head_dims.run_padded(gated_delta_net_v2, head_dims.GDN2, locals())
     if q.dim() != 3:
         raise ValueError(f"q: expected THD [total_T, H, K], got shape {tuple(q.shape)}")
     _check_gate_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel, safe_gate, a_log, dt_bias,
