@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from ..engines.linear_attention.kernels.configs import SUPPORTED_HEAD_DIMS
 
 MAX_HEAD_DIM = max(SUPPORTED_HEAD_DIMS)
+_TILES = frozenset(SUPPORTED_HEAD_DIMS)
 
 # A raw gate logit whose decay is exactly 1 under the in-kernel gate:
 # softplus(-1e4) and sigmoid(-1e4) are 0 in fp32, as are their derivatives; finite in fp16.
@@ -60,14 +61,19 @@ def check_head_dim(name: str, axis: str, n: int) -> None:
 
 def needs_padding(q, v) -> bool:
     """Whether this call runs padded; a head dim outside 1..256 is refused here, naming the
-    operand. Anything else malformed (q or v not a tensor) is left to the op's checks."""
+    operand. Anything else malformed (q or v not a tensor) is left to the op's checks.
+    Every call of the ops passes here: the tile case is two shape reads and two lookups."""
     if not (isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor)):
         return False
-    if q.dim() == 0 or v.dim() == 0:
+    q_shape, v_shape = q.shape, v.shape
+    if not (q_shape and v_shape):
         return False
-    check_head_dim("q", "K", q.shape[-1])
-    check_head_dim("v", "V", v.shape[-1])
-    return q.shape[-1] not in SUPPORTED_HEAD_DIMS or v.shape[-1] not in SUPPORTED_HEAD_DIMS
+    K, V = q_shape[-1], v_shape[-1]
+    if K in _TILES and V in _TILES:
+        return False
+    check_head_dim("q", "K", K)
+    check_head_dim("v", "V", V)
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
