@@ -221,3 +221,11 @@ def test_a_padded_call_traces_whole_under_torch_compile():
     compiled = torch.compile(call, backend="eager", fullgraph=True)
     for got, want in zip(compiled(q, k, v, g, beta), call(q, k, v, g, beta)):
         assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6)
+
+
+def test_a_malformed_call_at_a_padded_head_dim_gets_pythons_own_type_error():
+    q = torch.zeros(1, 4, 1, 60)
+    with pytest.raises(TypeError, match="'g' and 'beta'"):  # (Python's words, not ours)
+        ops.gated_delta_net(q, q, q)
+    with pytest.raises(TypeError, match="'q'"):
+        ops.gated_delta_net(q, q, q, q[..., 0], q[..., 0], q=q)

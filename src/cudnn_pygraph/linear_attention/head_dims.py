@@ -17,8 +17,8 @@ gradient back through the pads and slices to the caller's shapes.
 
 Each public op is decorated with pads(family): a call whose head dims are tiles goes
 straight to the op; another runs the op itself on the padded call, so every check of the
-op then runs there. (A decorator, not a hook reading the op's locals(): torch.compile
-traces the wrapper's dict of arguments, not locals().)
+op then runs there. The wrapper builds that call from the op's parameter names, plain
+dict code torch.compile traces (it cannot trace locals()).
 """
 
 from __future__ import annotations
@@ -160,6 +160,7 @@ def pads(family: Family):
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         names = [n for n, p in params.items() if p.kind in kinds]
         defaults = {n: p.default for n, p in params.items() if p.default is not p.empty}
+        required = [n for n in names if n not in defaults]
         at_q, at_v = names.index("q"), names.index("v")
 
         @functools.wraps(op)
@@ -168,9 +169,10 @@ def pads(family: Family):
             v = args[at_v] if len(args) > at_v else kwargs.get("v")
             if not needs_padding(q, v):
                 return op(*args, **kwargs)
-            if len(args) > len(names) or any(n in kwargs for n in names[: len(args)]):
-                return op(*args, **kwargs)  # a call Python refuses: the op's own TypeError
             call = {**defaults, **dict(zip(names, args)), **kwargs}
+            refused = len(args) > len(names) or any(n in kwargs for n in names[: len(args)])
+            if refused or any(n not in call for n in required):
+                return op(*args, **kwargs)  # a call Python refuses: the op's own TypeError
             return run_padded(op, family, call)
 
         return padded_op
