@@ -287,8 +287,8 @@ def gated_delta_product(
     [B, T * n, HO] with n = num_householder (token t's Householder rows at t * n .. t * n +
     n - 1); HO = max(H, HV). With cu_seqlens (int32/int64 [N + 1], in real tokens) B must be
     1. initial_state [N, HO, K, V] (K-major; [N, HO, V, K] with state_v_first). K and V:
-    1..256 (head_dims.py). g=None is fla's ungated delta product (the state never decays). Per token
-    the state decays once (exp(g), or g itself with
+    1..256 (head_dims.py). g=None is fla's ungated delta product (the state never
+    decays). Per token the state decays once (exp(g), or g itself with
     gate_domain="linear", or -exp(A_log) * softplus(g + dt_bias) with use_gate_in_kernel)
     and then takes n delta-rule steps; o reads it after the last. num_householder=1 is
     gated_delta_net. use_beta_sigmoid_in_kernel / allow_neg_eigval (beta = 2 sigmoid(x)),
