@@ -12,7 +12,7 @@ import types
 
 import pytest
 import torch
-from reference import gdn2_reference
+from reference import gdn2_reference, kda_reference
 
 import cudnn_pygraph.fla as cfla
 from cudnn_pygraph.fla import entries, targets
@@ -110,8 +110,8 @@ def _gdn_args(K=K, V=K, T=8, dtype=torch.float32):
 @pytest.mark.parametrize(
     "change, reason",
     [
-        (dict(K=32), "head dim"),
-        (dict(V=100), "head dim"),
+        (dict(K=257), "head dim"),
+        (dict(V=0), "head dim"),
         (dict(dtype=torch.float64), "dtype"),
     ],
 )
@@ -129,8 +129,14 @@ def test_cp_context_and_intermediate_states_and_gdn2_lower_bound_fall_back():
     assert cfla.last_path().startswith("fallback:cp_context")
     q, k, v, _, _ = _gdn_args()
     fn, _ = _replacement("kda")
+    # fla returns its chunk states only under torch.inference_mode() (it asserts)
     assert fn(q, k, v, q, q[..., 0], return_intermediate_states=True) == "fla's own"
-    assert cfla.last_path() == "fallback:return_intermediate_states"
+    assert cfla.last_path().startswith("fallback:return_intermediate_states outside inference")
+    with torch.inference_mode():
+        assert fn(q, k, v, q, q[..., 0], return_intermediate_states=True, chunk_size=32) == (
+            "fla's own"
+        )
+    assert cfla.last_path() == "fallback:return_intermediate_states at chunk_size 32"
     fn, _ = _replacement("gdn2")
     assert fn(q, k, v, q, q, v, lower_bound=-5.0, use_gate_in_kernel=True) == "fla's own"
     assert cfla.last_path() == "fallback:lower_bound"
@@ -211,3 +217,58 @@ def test_gdn2_calls_fla_refuses_reach_fla(keywords, reason):
     q, k, v, _, _ = _gdn_args()
     assert fn(q, k, v, q, q, v, **keywords) == "fla's own" and len(calls) == 1
     assert cfla.last_path().startswith(f"fallback:{reason}")
+
+
+def test_fla_head_dims_off_our_tiles_run_on_our_op_at_the_callers_shapes():
+    # fla's own tests use K, V of 32, 60, 100: the op pads them to its tiles
+    fn, calls = _replacement("gated_delta_rule")
+    q, k, v, g, beta = _gdn_args(K=60, V=32)
+    o, ht = fn(q, k, v, g, beta, output_final_state=True)
+    assert not calls and cfla.last_path() == "ours"
+    assert o.shape == (1, 8, 2, 32) and ht.shape == (1, 2, 60, 32)
+
+
+def test_kda_intermediate_states_are_the_chunk_start_states_in_flas_shape():
+    # fla's chunk_kda(return_intermediate_states=True) in inference mode: (o, final, h),
+    # h [B, NT, HV, K, V] in k's dtype, NT the chunks of 64 of every sequence back to back.
+    # K = V = 60 (padded inside the op): h comes back at the caller's head dims.
+    gen = torch.Generator().manual_seed(3)
+    T, D = 80, 60
+    r = lambda *s: torch.randn(*s, generator=gen)
+    q, k, v = r(1, T, 1, D), r(1, T, 1, D) / D**0.5, r(1, T, 1, D)
+    g, beta = -0.3 * torch.rand(1, T, 1, D, generator=gen), torch.rand(1, T, 1, generator=gen)
+    h0 = 0.1 * r(2, 1, D, D)  # K-major, fla's
+    cu = torch.tensor([0, 70, T], dtype=torch.int32)  # 2 chunks + 1 chunk
+    fn, calls = _replacement("kda")
+    with torch.inference_mode():
+        o, ht, h = fn(
+            q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+            return_intermediate_states=True,
+        )  # fmt: skip
+    assert not calls and cfla.last_path() == "ours"
+    assert h.shape == (1, 3, 1, D, D) and h.dtype == k.dtype and h.is_contiguous()
+    assert o.shape == (1, T, 1, D) and ht.shape == (2, 1, D, D)
+    # chunk 1 of sequence 0 starts from the state after its first 64 tokens
+    _, after_64 = kda_reference(
+        q[0, :64], k[0, :64], v[0, :64], g[0, :64], beta[0, :64],
+        torch.tensor([0, 64]), scale=D**-0.5, initial_state=h0[:1].transpose(-1, -2),
+    )  # fmt: skip
+    assert rel(h[0, 1], after_64[0].transpose(-1, -2)) < 2e-4
+    assert rel(h[0, 0], h0[0]) < 1e-6 and rel(h[0, 2], h0[1]) < 1e-6  # chunk 0: the seed
+
+
+def test_gdn2_intermediate_states_dense_batch_state_v_first():
+    gen = torch.Generator().manual_seed(4)
+    B, T, H = 2, 8, 1
+    r = lambda *s: torch.randn(*s, generator=gen)
+    q, k, v = r(B, T, H, K), r(B, T, H, K) / K**0.5, r(B, T, H, K)
+    g = -0.5 * torch.rand(B, T, H, K, generator=gen)
+    b, w = torch.rand(B, T, H, K, generator=gen), torch.rand(B, T, H, K, generator=gen)
+    h0 = 0.1 * r(B, H, K, K)
+    with torch.inference_mode():
+        o, ht, h = entries.chunk_gdn2(
+            q, k, v, g, b, w, initial_state=h0, return_intermediate_states=True,
+            state_v_first=True,
+        )  # fmt: skip
+    assert ht is None and h.shape == (B, 1, H, K, K)  # one chunk per sequence
+    assert torch.equal(h[:, 0], h0)  # each sequence's chunk 0 starts from its seed

@@ -170,10 +170,10 @@ def test_bad_calls_are_refused_before_any_launch(case):
 
 
 def test_head_dim_outside_the_served_set_is_refused_naming_the_dim():
-    q = torch.zeros(4, 1, 96)
+    q = torch.zeros(4, 1, 300)
     v = torch.zeros(4, 1, 64)
-    with pytest.raises(ValueError, match="K=96 is not served"):
+    with pytest.raises(ValueError, match="K=300 is not served"):
         ops.gated_delta_net_v2(
-            q, q, v, torch.zeros(4, 1, 96), torch.zeros(4, 1, 96), torch.zeros(4, 1, 64),
+            q, q, v, torch.zeros(4, 1, 300), torch.zeros(4, 1, 300), torch.zeros(4, 1, 64),
             torch.tensor([0, 4], dtype=torch.int32),
         )  # fmt: skip

@@ -145,13 +145,12 @@ def test_bad_arguments_are_named_before_any_launch(kwargs, match):
         ops.gated_delta_net(q, k, v, g, beta, cu_seqlens=cu, **kwargs)
 
 
-@pytest.mark.parametrize("K, V", [(512, 64), (64, 96), (32, 64)])
+@pytest.mark.parametrize("K, V", [(512, 64), (64, 0), (257, 64)])
 def test_head_dims_outside_the_served_set_are_refused_naming_the_dim(K, V):
     q, k, v, g, beta, cu, _ = inputs(K=K, V=V)
     dim, size = ("K", K) if K != 64 else ("V", V)
     with pytest.raises(
-        ValueError,
-        match=f"head dim {dim}={size} is not served: this op serves K and V in {{64, 128, 256}}",
+        ValueError, match=f"head dim {dim}={size} is not served: this op serves K and V in 1..256"
     ):
         ops.gated_delta_net(q, k, v, g, beta, cu_seqlens=cu)
 

@@ -16,6 +16,7 @@ import torch
 
 from ..linear_attention import gdp as _gdp
 from ..linear_attention import ops as _ops
+from ..ops.linear_attention import chunk_states as _chunk_states
 
 # The keywords each fla function reads out of **kwargs (and that our ops take too); any
 # other keyword is dropped, as fla drops it.
@@ -135,8 +136,10 @@ def chunk_kda(
         allow_neg_eigval,
         safe_gate,
         lower_bound,
+        return_intermediate_states=return_intermediate_states,
         state_v_first=state_v_first,
         cu_seqlens=cu_seqlens,
+        cu_seqlens_cpu=cu_seqlens_cpu,
         **kwargs,
     )
 
@@ -186,7 +189,7 @@ def chunk_gdn2(
     if initial_state is not None and not state_v_first:
         initial_state = initial_state.transpose(-1, -2)
     flat = lambda t: t.reshape(B * T, *t.shape[2:])
-    o, final = _ops.gated_delta_net_v2(
+    o, final, *states = _ops.gated_delta_net_v2(
         flat(q),
         flat(k),
         flat(v),
@@ -201,11 +204,13 @@ def chunk_gdn2(
         safe_gate=bool(use_gate_in_kernel),
         a_log=a_log if use_gate_in_kernel else None,
         dt_bias=dt_bias if use_gate_in_kernel else None,
+        return_intermediate_states=bool(return_intermediate_states),
     )
     o = o.reshape(B, T, *o.shape[1:])
-    if not output_final_state:
-        return o, None
-    return o, (final if state_v_first else final.transpose(-1, -2))
+    final = None if not output_final_state else final if state_v_first else final.mT
+    if return_intermediate_states:  # fla's h: [B, NT, H, K, V] (V, K with state_v_first)
+        return o, final, _chunk_states.as_fla(states[0], B, state_v_first)
+    return o, final
 
 
 def chunk_gated_delta_product(

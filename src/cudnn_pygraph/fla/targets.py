@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from ..engines.linear_attention.gdn_engine import GdnTritonEngine
-from ..engines.linear_attention.kernels.configs import SUPPORTED_HEAD_DIMS
+from ..ops.linear_attention.head_dims import MAX_HEAD_DIM, served
 from . import entries
 
 _IO_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -42,20 +42,22 @@ def _device_not_served(call) -> bool:
 
 
 def _head_dim_not_served(call) -> bool:
-    return (
-        call["q"].shape[-1] not in SUPPORTED_HEAD_DIMS
-        or call["v"].shape[-1] not in SUPPORTED_HEAD_DIMS
-    )
+    """The ops serve every K, V in 1..256 (off-tile dims padded inside the op), as fla
+    does; fla's own refuses the rest in its words."""
+    return not (served(call["q"].shape[-1]) and served(call["v"].shape[-1]))
 
 
 Rule = tuple[str, Callable[[dict], bool]]
 
 # Every family's calls: the order is the order of the log's reasons.
 COMMON: tuple[Rule, ...] = (
+    # fla's FLACPContext cuts one packed token stream across the ranks (a rank's first and
+    # last sequence may run on into its neighbours, contiguous or zigzag); our cp.py splits
+    # each of B sequences across every rank: a different partition, so fla keeps its own.
     ("cp_context (fla's context parallelism)", lambda c: c.get("cp_context") is not None),
     ("device", _device_not_served),
     ("dtype", lambda c: c["q"].dtype not in _IO_DTYPES),
-    (f"head dim (K and V in {SUPPORTED_HEAD_DIMS})", _head_dim_not_served),
+    (f"head dim (K and V in 1..{MAX_HEAD_DIM})", _head_dim_not_served),
 )
 
 
@@ -64,9 +66,21 @@ def keyword(call, name, default=None):
     return call.get("kwargs", {}).get(name, default)
 
 
-INTERMEDIATE_STATES: Rule = (
-    "return_intermediate_states",
-    lambda c: bool(c.get("return_intermediate_states")),
+def _states(predicate):
+    return lambda c: bool(c.get("return_intermediate_states")) and predicate(c)
+
+
+# fla returns its per-chunk states h only inside torch.inference_mode() and without
+# disable_recompute (it asserts both); ours are the checkpoints of 64-token chunks.
+INTERMEDIATE_STATES: tuple[Rule, ...] = (
+    (
+        "return_intermediate_states outside inference mode (fla refuses)",
+        _states(lambda c: not torch.is_inference_mode_enabled()),
+    ),
+    (
+        "return_intermediate_states with disable_recompute (fla refuses)",
+        _states(lambda c: c.get("disable_recompute")),
+    ),
 )
 
 
@@ -97,14 +111,31 @@ TARGETS = {
             "chunk_gated_delta_rule",
             entries.chunk_gated_delta_rule,
         ),
-        Target("kda", "fla.ops.kda", "chunk_kda", entries.chunk_kda, (INTERMEDIATE_STATES,)),
+        Target(
+            "kda",
+            "fla.ops.kda",
+            "chunk_kda",
+            entries.chunk_kda,
+            (
+                *INTERMEDIATE_STATES,
+                # fla's h then has a row per 32 tokens, or use_graph's static chunk bound
+                (
+                    "return_intermediate_states at chunk_size 32",
+                    _states(lambda c: keyword(c, "chunk_size", 64) != 64),
+                ),
+                (
+                    "return_intermediate_states with use_graph",
+                    _states(lambda c: c.get("use_graph")),
+                ),
+            ),
+        ),
         Target(
             "gdn2",
             "fla.ops.gdn2",
             "chunk_gdn2",
             entries.chunk_gdn2,
             (
-                INTERMEDIATE_STATES,
+                *INTERMEDIATE_STATES,
                 # the bounded gate lb * sigmoid(.) is kda's attribute; gdn2's op has none
                 ("lower_bound", lambda c: c.get("lower_bound") is not None),
                 # calls fla's chunk_gdn2 refuses: its own error says why

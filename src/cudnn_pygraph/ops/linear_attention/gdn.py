@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from . import head_dims
 from .call_checks import (
     HEAD_FIRST_REMOVED,
     check_gate_flags,
@@ -30,6 +31,7 @@ GDN = register_family("gdn")
 _FLA_CHUNK_SIZES = (16, 32, 64)
 
 
+@head_dims.pads(head_dims.GDN)  # K, V off the kernels' tiles: padded
 def gated_delta_net(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -61,7 +63,7 @@ def gated_delta_net(
 
     q/k [B, T, H, K], v [B, T, HV, V], g/beta [B, T, HO] (HO = max(H, HV)); with cu_seqlens
     (int32/int64 [N + 1]) B must be 1 and sequences are packed. initial_state [N, HO, K, V]
-    (K-major; [N, HO, V, K] with state_v_first). K and V: 64, 128 or 256.
+    (K-major; [N, HO, V, K] with state_v_first). K and V: 1..256 (head_dims.py).
     use_gate_in_kernel: g holds raw logits and the gate is -exp(A_log) * softplus(g +
     dt_bias) (absent A_log: exp(A_log) = 1). head_first=True is refused as fla refuses it.
     cu_seqlens_cpu and chunk_indices are hints fla may use to skip work: the result does not

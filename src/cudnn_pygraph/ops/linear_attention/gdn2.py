@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ...engines.linear_attention.kernels.chunk_index import check_cu_seqlens
+from . import chunk_states, head_dims
 from .call_checks import check_gate_flags, check_head_dims, check_state
 from .family import grad_needed, register_family, runs_eagerly
 
@@ -27,6 +28,7 @@ def check_gates(g, beta, w, lead, lead_names, heads, K, V):
             raise ValueError(f"{name}: expected [{axes}] = {list(want)}, got {list(t.shape)}")
 
 
+@head_dims.pads(head_dims.GDN2)  # K, V off the kernels' tiles: padded
 def gated_delta_net_v2(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -46,6 +48,8 @@ def gated_delta_net_v2(
     gate_domain: str = "log",
     a_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
+    *,
+    return_intermediate_states: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated DeltaNet v2 (GDN-2), called as NVIDIA's cudnn.gated_delta_net_v2 (same
     positional order and keyword names, for the attributes the gdn2 op carries):
@@ -55,7 +59,7 @@ def gated_delta_net_v2(
     g and beta [total_T, HO, K] (a log-decay and an erase gate per key channel), w
     [total_T, HO, V] (a write gate per value channel), HO = max(H, HV); cu_seqlens
     int32/int64 [N + 1]. initial_state [N, HO, V, K] (V-major), fp32 or bf16; the final
-    state comes back in its dtype. K and V: 64, 128 or 256.
+    state comes back in its dtype. K and V: 1..256 (head_dims.py).
     use_beta_sigmoid_in_kernel: beta holds logits (beta = sigmoid, 2 sigmoid with
     allow_neg_eigval). safe_gate: g holds raw logits and the log-decay is
     -exp(a_log) * softplus(g + dt_bias) (a_log [HO], dt_bias [HO, K], each optional).
@@ -64,8 +68,12 @@ def gated_delta_net_v2(
     q / k / v / g / beta / w may be strided views; cu_seqlens is checked on the device (no
     sync): a malformed table makes every output NaN.
 
+    return_intermediate_states (fla's chunk_gdn2 keyword): also return the state at the
+    start of every chunk of 64 tokens, [NT, HO, V, K] in k's dtype, every sequence's chunks
+    in order (chunk_states.py; counting them reads cu_seqlens on the host).
+
     Returns (o [total_T, HO, V], final_state [N, HO, V, K]: empty unless
-    output_final_state)."""
+    output_final_state) (and the chunk states with return_intermediate_states)."""
     if q.dim() != 3:
         raise ValueError(f"q: expected THD [total_T, H, K], got shape {tuple(q.shape)}")
     check_gate_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel, safe_gate, a_log, dt_bias,
@@ -87,7 +95,7 @@ def gated_delta_net_v2(
     scale = float(K**-0.5 if scale is None else scale)
     tensors = (q, k, v, g, beta, w, cu_seqlens, initial_state, a_log, dt_bias)
     eager = runs_eagerly(*tensors)
-    o, ht, *_ = (GDN2.fwd_impl if eager else GDN2.fwd)(
+    o, ht, *saved = (GDN2.fwd_impl if eager else GDN2.fwd)(
         q,
         k,
         v,
@@ -106,8 +114,10 @@ def gated_delta_net_v2(
         bool(safe_gate),
         str(gate_domain),
         bool(batch_invariant),
-        not eager and grad_needed(*tensors),
+        (not eager and grad_needed(*tensors)) or bool(return_intermediate_states),
     )
+    if return_intermediate_states:  # the chunk-start checkpoints
+        return o, ht, chunk_states.packed(saved[0], cu_seqlens, dtype=k.dtype)
     return o, ht
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from . import head_dims
 from .call_checks import (
     HEAD_FIRST_REMOVED,
     check_gate_flags,
@@ -102,6 +103,7 @@ def gated_delta_product_overwrite_state(
     return o.unsqueeze(0)
 
 
+@head_dims.pads(head_dims.GDP)  # K, V off the kernels' tiles: padded
 def gated_delta_product(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -133,9 +135,9 @@ def gated_delta_product(
     q [B, T, H, K], g [B, T, HO]; k [B, T * n, HK, K], v [B, T * n, HV, V], beta
     [B, T * n, HO] with n = num_householder (token t's Householder rows at t * n .. t * n +
     n - 1); HO = max(H, HV). With cu_seqlens (int32/int64 [N + 1], in real tokens) B must be
-    1. initial_state [N, HO, K, V] (K-major; [N, HO, V, K] with state_v_first). K and V: 64,
-    128 or 256. g=None is fla's ungated delta product (the state never decays). Per token
-    the state decays once (exp(g), or g itself with
+    1. initial_state [N, HO, K, V] (K-major; [N, HO, V, K] with state_v_first). K and V:
+    1..256 (head_dims.py). g=None is fla's ungated delta product (the state never
+    decays). Per token the state decays once (exp(g), or g itself with
     gate_domain="linear", or -exp(A_log) * softplus(g + dt_bias) with use_gate_in_kernel)
     and then takes n delta-rule steps; o reads it after the last. num_householder=1 is
     gated_delta_net. use_beta_sigmoid_in_kernel / allow_neg_eigval (beta = 2 sigmoid(x)),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ...engines.linear_attention.kernels.chunk_index import check_cu_seqlens
+from . import chunk_states, head_dims
 from .call_checks import (
     check_head_dims,
     check_in_place_state,
@@ -74,6 +75,7 @@ def gate_args(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias, heads,
     return True, lb, f32(A_log), f32(dt_bias)
 
 
+@head_dims.pads(head_dims.KDA)  # K, V off the kernels' tiles: padded
 def kimi_delta_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -108,8 +110,8 @@ def kimi_delta_attention(
     q/k [B, T, H, K], v [B, T, HV, V], g [B, T, HO, K] (a log-decay per key channel),
     beta [B, T, HO] (HO = max(H, HV)); with cu_seqlens (int32/int64 [N + 1]) B must be 1
     and sequences are packed. initial_state [N, HO, K, V] (K-major; [N, HO, V, K] with
-    state_v_first), fp32 or bf16; the final state comes back in its dtype. K and V: 64,
-    128 or 256.
+    state_v_first), fp32 or bf16; the final state comes back in its dtype. K and V:
+    1..256 (head_dims.py).
     use_gate_in_kernel: g holds raw logits and the decay is -exp(A_log) * softplus(g +
     dt_bias), or with lower_bound lb * sigmoid(exp(A_log) * (g + dt_bias)) (A_log [HV] may
     then be None: exp(A_log) = 1; dt_bias [HV * K] or [HV, K], optional); the backward
@@ -120,13 +122,18 @@ def kimi_delta_attention(
     memory hints: the result does not depend on them (this op never syncs and is
     CUDA-graph capturable as it is). chunk_size is accepted as fla accepts it (32 or 64);
     the kernels chunk by 64 whatever it says, which changes rounding only.
-    return_intermediate_states and cp_context are not served (context parallelism over
-    torch.distributed is cudnn_pygraph.linear_attention.cp.kimi_delta_attention_cp).
+    return_intermediate_states also returns fla's h, the state at the start of every chunk
+    of 64 tokens ([B, NT, HO, K, V], [B, NT, HO, V, K] with state_v_first, k's dtype;
+    chunk_states.py), read from the checkpoints the forward writes for its backward; with
+    cu_seqlens (and no cu_seqlens_cpu) counting the chunks reads it on the host. cp_context
+    is not served (context parallelism over torch.distributed is
+    cudnn_pygraph.linear_attention.cp.kimi_delta_attention_cp).
     gate_domain ("log" | "linear": g holds the decay itself) and batch_invariant are this
     op's own. q / k / v / g / beta may be strided views; cu_seqlens is checked on the
     device (no sync): a malformed table makes every output NaN.
 
-    Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)."""
+    Returns (o [B, T, HO, V], final_state [N, HO, K, V] in the caller's layout, or None)
+    (and h with return_intermediate_states)."""
     unknown = sorted(set(kwargs) - set(_KDA_KWARGS))
     if unknown:
         raise TypeError(f"kimi_delta_attention() got unexpected keyword arguments {unknown}")
@@ -140,11 +147,6 @@ def kimi_delta_attention(
         raise NotImplementedError(
             "cp_context: context parallelism is not served by this op; "
             "cudnn_pygraph.linear_attention.cp.kimi_delta_attention_cp serves it"
-        )
-    if return_intermediate_states:
-        raise NotImplementedError(
-            "return_intermediate_states: the per-chunk states for inference are not served by "
-            "this op (the graph op kda's checkpoint_every_n_tokens output holds them)"
         )
     chunk_size = kwargs.get("chunk_size", 64)
     if chunk_size not in _KDA_CHUNK_SIZES:
@@ -193,7 +195,7 @@ def kimi_delta_attention(
     scale = float(K**-0.5 if scale is None else scale)
     tensors = (q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias)
     eager = runs_eagerly(*tensors)
-    o, ht, *_ = (KDA.fwd_impl if eager else KDA.fwd)(
+    o, ht, *saved = (KDA.fwd_impl if eager else KDA.fwd)(
         flat(q),
         flat(k),
         flat(v),
@@ -213,9 +215,12 @@ def kimi_delta_attention(
         str(gate_domain),
         bool(batch_invariant),
         bool(state_v_first),
-        not eager and grad_needed(*tensors),
+        (not eager and grad_needed(*tensors)) or bool(return_intermediate_states),
     )
     o = o.unsqueeze(0) if B == 1 else o.reshape(B, T, *o.shape[1:])
+    if return_intermediate_states:  # the chunk-start checkpoints, in fla's h layout
+        h = chunk_states.packed(saved[0], cu_seqlens, cu_seqlens_cpu, k.dtype)
+        return o, (ht if output_final_state else None), chunk_states.as_fla(h, B, state_v_first)
     return o, (ht if output_final_state else None)
 
 
