@@ -38,11 +38,10 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import statistics
 import sys
 
 import torch
-from timing import device_ms, kernel_table, launcher_compiles, use_compiled_cache
+from timing import device_ms, host_us, kernel_table, launcher_compiles, use_compiled_cache
 
 from cudnn_pygraph.engines.linear_attention.kernels.chain import (
     chain_backward,
@@ -349,14 +348,12 @@ def sweep_configs(only, entries=None):
 
 def host_time(only):
     """Host microseconds per forward call with a drained queue (synchronize before each
-    call, perf_counter around the call alone), median of REPS_HOST: the torch op
-    (gated_delta_net: graph cache, then the plan's replay of its recorded launches), our
+    call, the wall around the call alone: bench/timing.py host_us), median of REPS_HOST: the
+    torch op (gated_delta_net: graph cache, then the plan's replay of its recorded launches), our
     launcher (gdn_forward with a given workspace: validation, carving, Triton's JIT per
     launch), the same kernels launched bare through the JIT (each recorded launch replayed
     with its recorded arguments), and launched raw (runtime/launch_replay.py over this
     call's buffers: Triton's C launcher alone, the floor)."""
-    import time
-
     from cudnn_pygraph.linear_attention.ops import gated_delta_net
     from cudnn_pygraph.runtime.launch_replay import build_replay, record_launches
 
@@ -386,25 +383,16 @@ def host_time(only):
     def raw():
         replay(ptrs, stream)
 
-    def host_us(fn):
-        for _ in range(WARMUP):
-            fn()
-        times = []
-        for _ in range(REPS_HOST):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        torch.cuda.synchronize()
-        return statistics.median(times) * 1e6
+    def us(fn):
+        return host_us(fn, calls=1, reps=REPS_HOST, warmup=WARMUP, drain=torch.cuda.synchronize)
 
     o_launcher = ours.o.clone()
     ours.o.fill_(float("nan"))
     raw()
     torch.cuda.synchronize()
     assert torch.equal(ours.o, o_launcher), "raw replay differs from the launcher"
-    op_us, launcher_us = host_us(op), host_us(ours.forward)
-    bare_us, raw_us = host_us(bare), host_us(raw)
+    op_us, launcher_us = us(op), us(ours.forward)
+    bare_us, raw_us = us(bare), us(raw)
     print(f"{name}: host us per forward call (drained queue), {len(record.jit_calls)} launches")
     print("| torch op | launcher (gdn_forward) | bare JIT launches | raw launches (replay) "
           "| op / bare JIT | op / raw |")  # fmt: skip

@@ -11,15 +11,15 @@ implementation alone. Median of 5000 calls after 200 warm-ups, µs per call.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
-import statistics
-import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # plans build on a CPU-only machine
 
 import torch  # noqa: E402
+from timing import host_us  # noqa: E402
 
 from cudnn_pygraph.linear_attention import ops  # noqa: E402
 
@@ -28,17 +28,11 @@ REPS, WARMUP = 5000, 200
 
 
 def median_us(fn):
-    for _ in range(WARMUP):
-        fn()
-    times = []
-    for _ in range(REPS):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    return host_us(fn, calls=1, reps=REPS, warmup=WARMUP)
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, T, H, D, generator=gen) for _ in range(3))
     g = -0.5 * torch.rand(1, T, H, generator=gen)

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
+
+from timing import Stopwatch
 
 REPS = 20
 WARMUP = 3
@@ -116,11 +117,11 @@ def warm(families, sides):
     import torch
     from la_families import SIDES, Problem
 
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     for family, shape, seqlens, with_state in plan(families, None):
         problem = Problem(family, seqlens, with_state)
         for side in sides:
-            t1 = time.perf_counter()
+            step = Stopwatch()
             for backward in (False, True):
                 try:
                     SIDES[side](problem, backward)()
@@ -129,11 +130,11 @@ def warm(families, sides):
                           file=sys.stderr)  # fmt: skip
             torch.cuda.synchronize()
             print(f"warm {family} {side} {shape} state={with_state}: "
-                  f"{time.perf_counter() - t1:.1f} s", flush=True)  # fmt: skip
+                  f"{step.s:.1f} s", flush=True)  # fmt: skip
         del problem
     if "ours" in sides:
         _warm_launchers()
-    print(f"warm: {time.perf_counter() - t0:.0f} s in all")
+    print(f"warm: {clock.s:.0f} s in all")
 
 
 def _warm_launchers():
@@ -157,10 +158,10 @@ def _warm_launchers():
     }
     for gating, xs in inputs.items():
         for name in CONFIG_NAMES:
-            t1 = time.perf_counter()
+            step = Stopwatch()
             Ours(xs, cu, init, name).forward_backward()
             torch.cuda.synchronize()
-            print(f"warm launchers {gating} {name}: {time.perf_counter() - t1:.1f} s", flush=True)
+            print(f"warm launchers {gating} {name}: {step.s:.1f} s", flush=True)
 
 
 def main(argv=None):
@@ -190,7 +191,7 @@ def main(argv=None):
     if args.warm:
         warm(families, sides)
         return
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     out = [
         "# Linear-attention training: ours vs fla-core 0.6.0 vs NVIDIA, H16, K = V = 128, bf16",
         "",
@@ -204,7 +205,7 @@ def main(argv=None):
     ]
     print("\n".join(out), flush=True)
     for family, shape, seqlens, with_state in plan(families, args.only):
-        if time.perf_counter() - t0 > args.budget_s:
+        if clock.over(args.budget_s):
             line = f"| {family} | {shape} | {'yes' if with_state else 'no'} | skipped: budget |"
         else:
             line = row(family, shape, seqlens, with_state, sides)

@@ -21,7 +21,6 @@ import datetime
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 if "--dry" in sys.argv:
@@ -35,6 +34,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "sdpa"))
 from sdpa_bwd_cases import BwdCase, declare  # noqa: E402  (the GPU suite's declarations)
 from sdpa_reference import rel_err  # noqa: E402
+from timing import Stopwatch, back_to_back_ms, device_ms, host_us  # noqa: E402
 
 import cudnn_pygraph as cudnn  # noqa: E402
 from cudnn_pygraph import ops  # noqa: E402
@@ -47,7 +47,7 @@ DEV = "cpu" if DRY else "cuda"
 DTYPE = torch.float16 if DRY else torch.bfloat16
 IO = cudnn.data_type.HALF if DRY else cudnn.data_type.BFLOAT16
 TOL = 2e-2  # bf16 gradients vs the backend's: rounding is ~1e-2 relative; a wrong one >> 1e-1
-START = time.time()
+CLOCK = Stopwatch()  # the run's, for --budget-s
 THD_LENS = (256, 8192, 512, 4096, 1024, 2048, 384, 6144, 768, 3072, 1536, 5120, 320, 7168,
             640, 2560)  # fmt: skip
 PREFIX = "triton_sdpa_backward"
@@ -61,12 +61,8 @@ def sync():
 def timed(fn, reps):
     """(device ms, back-to-back ms per call); the dry run times one call by the wall."""
     if DRY:
-        t0 = time.perf_counter()
-        fn()
-        ms = (time.perf_counter() - t0) * 1e3
+        ms = host_us(fn, calls=1, reps=1, warmup=0) / 1e3
         return ms, ms
-    from timing import back_to_back_ms, device_ms
-
     return device_ms(fn, reps=reps), back_to_back_ms(fn, calls=max(5, reps))
 
 
@@ -127,7 +123,7 @@ def plan_row(label, case, inputs, flops, reps, budget_s, backend_entries=2):
     theirs = [i for i, n in enumerate(names) if not n.startswith(PREFIX)][:backend_entries]
     timed_ms, reference = {}, None
     for i in theirs + ours:  # the backend first: its output is the reference
-        if time.time() - START > budget_s and timed_ms:
+        if CLOCK.over(budget_s) and timed_ms:
             PLANS.append((label, names[i], None, None, None, "skipped: budget"))
             continue
         try:

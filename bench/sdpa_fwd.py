@@ -1,8 +1,9 @@
 """SDPA forward on the GPU: our Triton prefill / paged decode vs torch flash vs the cuDNN backend.
 
 Checks every config against a float64 reference (a slice of heads / requests), times kernels
-with CUDA events (median of reps, queue pre-filled so host launch time is hidden) and prints
-Markdown tables: the side by side first, then every config timed. Installs nothing; the
+with CUDA events (bench/timing.py device_ms: median of reps, each call queued behind a GPU
+sleep so host launch time is hidden) and prints Markdown tables: the side by side first,
+then every config timed. Installs nothing; the
 backend column needs NVIDIA's nvidia-cudnn-frontend on the path (else "n/a").
 
     PYTHONPATH=src python bench/sdpa_fwd.py [--budget-s 150] [--out results.md]
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -37,13 +37,14 @@ from cudnn_pygraph.engines.sdpa.kernels import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "sdpa"))
 from sdpa_reference import attention_one, rel_err  # noqa: E402  (float64, tests only)
+from timing import Stopwatch, device_ms, host_us  # noqa: E402
 
 # --dry: a CPU smoke run of every code path (TRITON_INTERPRET=1, tiny shapes, fp16, wall time).
 DRY = "--dry" in sys.argv
 DEV = "cpu" if DRY else "cuda"
 DT = torch.float16 if DRY else torch.bfloat16
 TOL_OUT = 1.5e-2  # bf16 output rounding is ~4e-3 relative; a wrong kernel is >> 1e-1
-START = time.time()
+CLOCK = Stopwatch()  # the run's, for --budget-s
 
 
 def sync():
@@ -56,22 +57,11 @@ def small(n: int) -> int:
 
 
 def median_ms(fn, reps: int) -> float:
-    fn()
-    sync()
+    """Device ms per call (bench/timing.py device_ms); the dry run's interpreter has no
+    events: one call by the wall, after a warm one."""
     if DRY:
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    pairs = []
-    torch.cuda._sleep(20_000_000)  # fill the queue: events then time the device, not the host
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        pairs.append((s, e))
-    sync()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+        return host_us(fn, calls=1, reps=1, warmup=1) / 1e3
+    return device_ms(fn, reps=reps, warmup=1)
 
 
 def K(m, n, st, w, pack=False, tma=False, lazy=False, regs=None):
@@ -299,7 +289,7 @@ def time_or_none(factory, reps):
 
 
 def over_budget(budget_s):
-    return time.time() - START > budget_s
+    return CLOCK.over(budget_s)
 
 
 def try_configs(shape, configs, launch, check, reps, budget_s):
@@ -322,7 +312,7 @@ def try_configs(shape, configs, launch, check, reps, budget_s):
         ok = err <= TOL_OUT
         TIMINGS.append((shape, name(kn), ms, f"{err:.1e}" + ("" if ok else " WRONG")))
         print(
-            f"  {shape} {name(kn)}: {ms:.3f} ms err {err:.1e} t={time.time() - START:.0f}s",
+            f"  {shape} {name(kn)}: {ms:.3f} ms err {err:.1e} t={CLOCK.s:.0f}s",
             flush=True,
         )
         if ok:

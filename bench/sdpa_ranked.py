@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
+
+from timing import Stopwatch
 
 if "--dry" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
@@ -165,12 +166,12 @@ def ranked_rows(lines, reps=5, out=None):
     lines.append("| graph | cell | first listed | fastest | gap | within 3% | plans timed |")
     lines.append("|---|---|---|---|---:|---|---:|")
     for label, make in cases():
-        t0 = time.time()
+        clock = Stopwatch()
         try:
             lines.append(row(label, make, reps))
         except Exception as exc:  # noqa: BLE001 -- one row's failure is reported, not fatal
             lines.append(f"| {label} | failed: {type(exc).__name__}: {str(exc)[:200]} | | | | | |")
-        print(lines[-1], f"({time.time() - t0:.0f} s)", flush=True)
+        print(lines[-1], f"({clock.s:.0f} s)", flush=True)
         if out:  # row by row: a step cut short by its time cap keeps what it measured
             Path(out).write_text("\n".join(lines) + "\n")
 
