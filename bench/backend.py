@@ -25,6 +25,7 @@ import datetime
 
 import cudnn as nv  # NVIDIA's frontend: their pygraph, and the backend we lower to
 import torch
+from runner import select
 from timing import device_ms, host_us
 
 import cudnn_pygraph as ours
@@ -252,11 +253,8 @@ def main():
         "| graph | burst | ours | ours-int | ours-2d | theirs | floor | ours/theirs | ours/floor |"
     )
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    host_cases = {
-        "matmul 128x256x128 bf16": ("matmul", (128, 256, 128)),
-        "sdpa B1 H1 S128 D64 bf16": ("sdpa", (1, 1, 128, 64, False)),
-    }
-    for label, (kind, shape) in host_cases.items():
+    for case in select("backend.host"):
+        label, kind, shape = case.name, case.params["kind"], case.params["shape"]
         calls, _, errs = paths(kind, shape, [heur_mode.A])
         for burst in BURSTS:
             r = {name: _host_us(call, burst) for name, call in calls.items()}
@@ -308,11 +306,8 @@ def main():
     )
     lines.append("| graph | ours | theirs | ours plan | theirs plan | ours vs theirs output |")
     lines.append("|---|---:|---:|---|---|---|")
-    kernel_cases = {
-        "sdpa fwd B2 H16 S8192 D128 bf16 causal": ("sdpa", (2, 16, 8192, 128, True)),
-        "matmul 8192^3 bf16": ("matmul", (8192, 8192, 8192)),
-    }
-    for label, (kind, shape) in kernel_cases.items():
+    for case in select("backend.kernel"):
+        label, kind, shape = case.name, case.params["kind"], case.params["shape"]
         calls, graphs, _ = paths(kind, shape, [heur_mode.A, heur_mode.FALLBACK])
         t_ours, t_theirs = device_ms(calls["ours"]), device_ms(calls["theirs"])
         same = torch.equal(graphs["ours"][2], graphs["theirs"][2])

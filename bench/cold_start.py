@@ -49,23 +49,13 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))  # tests/gpu loads this file by its path
+from runner import select  # noqa: E402
 from timing import Stopwatch  # noqa: E402
 
-FAMILIES = ("gemm", "sdpa_prefill", "decode", "gdn_op")
+# What each family declares (full size, then --small for the GPU test): bench/cases.py.
+SHAPES = {case.name: (case.params["full"], case.params["small"]) for case in select("cold_start")}
+FAMILIES = tuple(SHAPES)
 GOAL_MS = 50.0
-# What each family declares (full size, then --small for the GPU test).
-SHAPES = {
-    "gemm": ({"M": 4096, "N": 4096, "K": 4096}, {"M": 256, "N": 384, "K": 512}),
-    "sdpa_prefill": ({"b": 2, "h": 16, "s": 2048, "d": 128}, {"b": 1, "h": 2, "s": 128, "d": 64}),
-    "decode": (
-        {"b": 8, "hq": 32, "hkv": 8, "kv": 1024, "page": 16, "d": 128},
-        {"b": 2, "hq": 4, "hkv": 2, "kv": 100, "page": 16, "d": 64},
-    ),
-    "gdn_op": (
-        {"seqs": 2, "len": 1024, "h": 16, "dim": 128},
-        {"seqs": 2, "len": 64, "h": 2, "dim": 128},
-    ),
-}
 
 
 # ---------------------------------------------------------------- the child

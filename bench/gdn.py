@@ -41,6 +41,7 @@ import math
 import sys
 
 import torch
+from runner import first, select
 from timing import device_ms, host_us, kernel_table, launcher_compiles, use_compiled_cache
 
 from cudnn_pygraph.engines.linear_attention.kernels.chain import (
@@ -61,16 +62,6 @@ DIM = 128
 REPS = 20
 WARMUP = 3
 REPS_HOST = 200
-
-
-def shapes():
-    gen = torch.Generator().manual_seed(0)
-    mixed = torch.randint(64, 2049, (64,), generator=gen).tolist()
-    return {
-        "(a) 8 x 4096": [4096] * 8,
-        "(b) 1 x 32768": [32768],
-        "(c) 64 mixed 64..2048": mixed,
-    }
 
 
 def make_inputs(seqlens, with_state):
@@ -222,9 +213,8 @@ def saved_rows(only):
           "| fwd+bwd saved ms (after) | after / before | torch op fwd+bwd ms | saved MB "
           "| grads max rel diff |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
-    for name, seqlens in shapes().items():
-        if only and not any(o in name for o in only.split(",")):
-            continue
+    for case in select("la", only):
+        name, seqlens = case.name, case.params["seqlens"]
         for with_state in (False, True):
             torch.manual_seed(1)
             x, cu, init = make_inputs(seqlens, with_state)
@@ -293,7 +283,8 @@ def fla_forward_backward(x, cu, init):
 
 def profile_kernels(only):
     """Per-kernel CUDA time of our forward and backward (torch.profiler), one shape."""
-    name, seqlens = next((n, s) for n, s in shapes().items() if not only or only in n)
+    case = first("la", only)
+    name, seqlens = case.name, case.params["seqlens"]
     x, cu, init = make_inputs(seqlens, with_state=False)
     ours = Ours(x, cu, init)
     print(f"{name}: 5 x (forward + backward)")
@@ -325,10 +316,8 @@ def sweep_configs(only, entries=None):
     """Time our forward and forward+backward under each named config on the shapes whose name
     holds one of the comma-separated `only` substrings, with the largest relative difference
     of O and of every gradient from the picked config's."""
-    wanted = only.split(",") if only else [""]
-    for name, seqlens in shapes().items():
-        if not any(w in name for w in wanted):
-            continue
+    for case in select("la", only):
+        name, seqlens = case.name, case.params["seqlens"]
         torch.manual_seed(1)
         x, cu, init = make_inputs(seqlens, with_state=True)
         print(f"{name}: | config | fwd ms | fwd+bwd ms | max rel diff vs picked (O, grads) |")
@@ -357,7 +346,8 @@ def host_time(only):
     from cudnn_pygraph.linear_attention.ops import gated_delta_net
     from cudnn_pygraph.runtime.launch_replay import build_replay, record_launches
 
-    name, seqlens = next((n, s) for n, s in shapes().items() if not only or only in n)
+    case = first("la", only)
+    name, seqlens = case.name, case.params["seqlens"]
     x, cu, init = make_inputs(seqlens, with_state=False)
     ours = Ours(x, cu, init)
 
@@ -403,9 +393,6 @@ def host_time(only):
     )
 
 
-CHAIN_SHAPE = ("(d) 1 x 131072", [131072])
-
-
 def chain_rows(no_fla):
     """One sequence of 131072 tokens, H16: a chain of one wave of pieces (SMs // H, the
     spec's count) vs the uncut run vs fla, forward and fwd+bwd; "hook picks" is what
@@ -415,7 +402,8 @@ def chain_rows(no_fla):
         choose_pieces,
     )
 
-    name, seqlens = CHAIN_SHAPE
+    case = first("la.chain")
+    name, seqlens = case.name, case.params["seqlens"]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     pieces = min(sms // H, MAX_PIECES)
     rule = {"dim_v": DIM, "batch_invariant": False}
@@ -515,9 +503,8 @@ def main():
         "fwd) | fla fwd+bwd ms | check |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
-    for name, seqlens in shapes().items():
-        if args.only and args.only not in name:
-            continue
+    for case in select("la", args.only):
+        name, seqlens = case.name, case.params["seqlens"]
         tokens = sum(seqlens)
         for with_state in (False, True):
             torch.manual_seed(1)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 
 import torch
-from gdn import make_inputs, max_rel_diff, shapes, sweep_entries
+from gdn import make_inputs, max_rel_diff, sweep_entries
+from runner import select
 from timing import device_kernels_ms
 
 
@@ -31,10 +32,8 @@ def main():
     parser.add_argument("--warm", action="store_true", help="compile only, no timing")
     args = parser.parse_args()
     wanted = args.entries.split(",")
-    rows = {"warm 8 x 128": [128] * 8} if args.warm else shapes()
-    for name, seqlens in rows.items():
-        if not args.warm and not any(w in name for w in args.only.split(",")):
-            continue
+    for case in select("la.warm") if args.warm else select("la", args.only):
+        name, seqlens = case.name, case.params["seqlens"]
         torch.manual_seed(1)
         x, cu, init = make_inputs(seqlens, with_state=True)
         print(f"\n{name}\n\n| wy_bwd config | wy_bwd ms per launch | max rel diff vs shipped |")

@@ -27,15 +27,14 @@ import sys
 
 import timing
 import torch
+from runner import select
 from timing import Stopwatch, device_ms
 
 from cudnn_pygraph.engines.gemm.kernels.chain import step
 from cudnn_pygraph.engines.gemm.kernels.configs import recommend_configs
 from cudnn_pygraph.engines.gemm.kernels.knobs import GemmKnobs
 
-SQUARE = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192)]
-LLM = [(m, n, k) for m in (16, 128, 4096) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336))]
-SHAPES = SQUARE + [s for s in LLM if s not in SQUARE]
+SHAPES = [case.params["mnk"] for case in select("gemm.bf16")]
 # Beyond the listed configs, for the split-K rule: the small-M tiles at every slice count.
 EXPLORE_SMALL_M = [
     GemmKnobs(64, 64, 128, 5, 4, 8),
@@ -45,7 +44,7 @@ EXPLORE_SMALL_M = [
 ]
 SPLITS = (1, 2, 3, 4, 6, 8)
 FUSED_KNOBS = [GemmKnobs(128, 256, 64, 3, 8, 8), GemmKnobs(256, 128, 64, 3, 8, 8)]
-FP8_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
+FP8_SHAPES = [case.params["mnk"] for case in select("gemm.fp8")]
 FP8_KNOBS = [
     GemmKnobs(128, 256, 128, 3, 8, 8),
     GemmKnobs(128, 256, 64, 4, 8, 8),

@@ -299,12 +299,14 @@ def main(argv=None):
 
     use_compiled_cache(args.cache_dir)
     import torch
-    from gdn import quick_fla_autotune, shapes
+    from gdn import quick_fla_autotune
     from la_families import Problem
+    from runner import first
 
     if not args.no_fla:
         quick_fla_autotune()
-    name, seqlens = next((n, s) for n, s in shapes().items() if args.only in n)
+    case = first("la", args.only)
+    name, seqlens = case.name, case.params["seqlens"]
     out = [
         f"# Stage table: ours vs fla-core per stage, {name}, H16, K = V = 128, bf16, l2norm",
         "",

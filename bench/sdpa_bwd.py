@@ -32,6 +32,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "sdpa"))
+from runner import select  # noqa: E402
 from sdpa_bwd_cases import BwdCase, declare  # noqa: E402  (the GPU suite's declarations)
 from sdpa_reference import rel_err  # noqa: E402
 from timing import Stopwatch, back_to_back_ms, device_ms, host_us  # noqa: E402
@@ -48,8 +49,6 @@ DTYPE = torch.float16 if DRY else torch.bfloat16
 IO = cudnn.data_type.HALF if DRY else cudnn.data_type.BFLOAT16
 TOL = 2e-2  # bf16 gradients vs the backend's: rounding is ~1e-2 relative; a wrong one >> 1e-1
 CLOCK = Stopwatch()  # the run's, for --budget-s
-THD_LENS = (256, 8192, 512, 4096, 1024, 2048, 384, 6144, 768, 3072, 1536, 5120, 320, 7168,
-            640, 2560)  # fmt: skip
 PREFIX = "triton_sdpa_backward"
 
 
@@ -287,9 +286,8 @@ def main():
     parser.add_argument("--dry", action="store_true")
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)
-    dense = [(2, 16, 8192, 128, True), (2, 16, 8192, 128, False), (8, 16, 2048, 64, True)]
-    for b, h, s, d, causal in dense:
-        label = f"B{b} H{h} S{s} D{d} {'causal' if causal else 'non-causal'}"
+    for dense in select("sdpa_bwd.dense"):
+        label, (b, h, s, d, causal) = dense.name, dense.params["shape"]
         if DRY:
             b, h, s = 1, 2, 48
         inputs = dense_inputs(b, h, h, s, d, causal, gen)
@@ -303,9 +301,10 @@ def main():
             except Exception as exc:  # noqa: BLE001
                 print(f"  torch flash: {exc!r:.120}")
         op_steps(label, inputs, causal, args.reps)
-    lens = [max(16, n // 128) for n in THD_LENS[:3]] if DRY else list(THD_LENS)
-    hq, hk, d = 32, 8, 128
-    label = f"THD {len(THD_LENS)} seqs {min(THD_LENS)}..{max(THD_LENS)} GQA {hq}/{hk} D{d} causal"
+    (thd,) = select("sdpa_bwd.thd")
+    label, full = thd.name, thd.params["lens"]
+    lens = [max(16, n // 128) for n in full[:3]] if DRY else list(full)
+    hq, hk, d = (thd.params[k] for k in ("hq", "hk", "d"))
     inputs = thd_inputs(lens, hq, hk, d, gen)
     flops = backward_flops(hq, d, lens, lens, AttnMask.causal())
     case = BwdCase(tuple(lens), tuple(lens), hq, hk, d, "causal-tl", "thd")
