@@ -24,9 +24,10 @@ import ctypes
 import datetime
 
 import cudnn as nv  # NVIDIA's frontend: their pygraph, and the backend we lower to
+import timing
 import torch
 from runner import select
-from timing import device_ms, host_us
+from timing import device_ms
 
 import cudnn_pygraph as ours
 from cudnn_pygraph import heur_mode
@@ -92,9 +93,10 @@ def plan(side, g, modes):
         g.build_plans()
 
 
-def _host_us(call, burst):
-    """µs per execute of a burst from a drained queue (bench/timing.py host_us)."""
-    return host_us(call, calls=burst, reps=REPS, warmup=10, drain=torch.cuda.synchronize)
+def host_us(call, burst):
+    """µs per execute of a burst from a drained queue, median of REPS (bench/timing.py
+    host_us; bench/sdpa_host.py times its rows with it too)."""
+    return timing.host_us(call, calls=burst, reps=REPS, warmup=10, drain=torch.cuda.synchronize)
 
 
 def rel_err(out, ref):
@@ -257,7 +259,7 @@ def main():
         label, kind, shape = case.name, case.params["kind"], case.params["shape"]
         calls, _, errs = paths(kind, shape, [heur_mode.A])
         for burst in BURSTS:
-            r = {name: _host_us(call, burst) for name, call in calls.items()}
+            r = {name: host_us(call, burst) for name, call in calls.items()}
             cell = lambda n: f"{r[n]:.1f}" if n in r else "—"  # noqa: E731
             lines.append(
                 f"| {label} | {burst} | "
@@ -287,7 +289,7 @@ def main():
         calls = None
     if calls is not None:
         for burst in BURSTS:
-            r = {name: _host_us(call, burst) for name, call in calls.items()}
+            r = {name: host_us(call, burst) for name, call in calls.items()}
             lines.append(
                 f"| matmul 128x256x128 bf16 | {burst} | "
                 + " | ".join(f"{r[n]:.1f}" for n in calls)
