@@ -290,7 +290,7 @@ def profile_side(side, problem, backward):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", default="gdn,kda,gdn2,gdp")
-    parser.add_argument("--only", default="(a)", help="substring of a shape name (bench/gdn.py)")
+    parser.add_argument("--only", default="(a)", help="substring of a row name (bench/cases.py)")
     parser.add_argument("--no-fla", action="store_true")
     parser.add_argument("--cache-dir", default=None, help="the compiled-plan cache to use")
     parser.add_argument("--out", default=None, help="also write the markdown here")
