@@ -92,6 +92,31 @@ CASES = (
             "small": {"seqs": 2, "len": 64, "h": 2, "dim": 128},
         },
     ),
+    # sdpa_fwd.py, bf16: dense (b, h, s, d, causal), then the paged decode; "budget" is the
+    # share of --budget-s the run may have spent when the row's configs stop.
+    Case(
+        "sdpa_fwd.dense",
+        "B2 H16 S8192 D128 causal",
+        {"shape": (2, 16, 8192, 128, True), "budget": 0.3},
+    ),
+    Case(
+        "sdpa_fwd.dense",
+        "B2 H16 S8192 D128 non-causal",
+        {"shape": (2, 16, 8192, 128, False), "budget": 0.5},
+    ),
+    Case(
+        "sdpa_fwd.dense",
+        "B8 H16 S2048 D64 causal",
+        {"shape": (8, 16, 2048, 64, True), "budget": 0.62},
+    ),
+    *(
+        Case(
+            "sdpa_fwd.decode",
+            f"decode 64 req x 1 q, 4096 paged kv (page {page}), GQA 32/8 D128",
+            {"b": 64, "hq": 32, "hkv": 8, "d": 128, "kv": 4096, "page": page, "budget": share},
+        )
+        for page, share in ((16, 0.9), (64, 1.0))
+    ),
     # sdpa_bwd.py, bf16: dense (b, h, s, d, causal), then THD sequences with GQA, causal.
     Case("sdpa_bwd.dense", "B2 H16 S8192 D128 causal", {"shape": (2, 16, 8192, 128, True)}),
     Case("sdpa_bwd.dense", "B2 H16 S8192 D128 non-causal", {"shape": (2, 16, 8192, 128, False)}),

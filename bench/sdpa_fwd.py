@@ -36,6 +36,7 @@ from cudnn_pygraph.engines.sdpa.kernels import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "sdpa"))
+from runner import select  # noqa: E402
 from sdpa_reference import attention_one, rel_err  # noqa: E402  (float64, tests only)
 from timing import Stopwatch, device_ms, host_us  # noqa: E402
 
@@ -320,8 +321,8 @@ def try_configs(shape, configs, launch, check, reps, budget_s):
     return results
 
 
-def dense_row(b, h, s, d, causal, candidates, budget_s, reps=10):
-    shape = f"B{b} H{h} S{s} D{d} {'causal' if causal else 'non-causal'}"
+def dense_row(case, candidates, budget_s, reps=10):
+    shape, (b, h, s, d, causal) = case.name, case.params["shape"]
     b, h, s = (small(x) for x in (b, h, s))
     scale = 1.0 / math.sqrt(d)
     q, k, v = (torch.randn(b, h, s, d, device=DEV, dtype=DT) for _ in range(3))
@@ -461,9 +462,9 @@ def thd_row(candidates, budget_s, reps=10):
     )
 
 
-def decode_row(page, candidates, budget_s, reps=20):
-    b, hq, hkv, d, L = 64, 32, 8, 128, 4096
-    shape = f"decode {b} req x 1 q, {L} paged kv (page {page}), GQA {hq}/{hkv} D{d}"
+def decode_row(case, candidates, budget_s, reps=20):
+    shape = case.name
+    b, hq, hkv, d, L, page = (case.params[k] for k in ("b", "hq", "hkv", "d", "kv", "page"))
     if DRY:
         b, L = 6, 192
     scale = 1.0 / math.sqrt(d)
@@ -595,17 +596,15 @@ def main():
         K(64, 64, 3, 4),
         K(128, 64, 2, 8),
     ]
-    ranked = dense_row(2, 16, 8192, 128, True, d128, budget * 0.3)
-    dense_row(2, 16, 8192, 128, False, d128, budget * 0.5)
-    dense_row(
-        8,
-        16,
-        2048,
-        64,
-        True,
-        [K(128, 64, 3, 4), K(128, 64, 3, 8), K(64, 64, 3, 4), K(64, 64, 2, 4), K(128, 32, 4, 4)],
-        budget * 0.62,
-    )
+    d64 = [K(128, 64, 3, 4), K(128, 64, 3, 8), K(64, 64, 3, 4), K(64, 64, 2, 4), K(128, 32, 4, 4)]
+    # Each row stops at its share of --budget-s (cases.py "budget": the run's clock, not the
+    # row's own); the THD row takes the first dense row's two fastest configs.
+    ranked = [
+        dense_row(
+            case, {128: d128, 64: d64}[case.params["shape"][3]], budget * case.params["budget"]
+        )
+        for case in select("sdpa_fwd.dense")
+    ][0]
     top = ranked[:2] or d128[:2]
     thd = top + [SdpaFwdKnobs(**{**top[0].__dict__, "PACK_GQA": True})]
     thd_row(dedup(thd), budget * 0.8)
@@ -616,8 +615,8 @@ def main():
         SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=1, NUM_STAGES=3, NUM_WARPS=4),
         SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=2, NUM_STAGES=3, NUM_WARPS=4),
     ]
-    decode_row(16, dec, budget * 0.9)
-    decode_row(64, dec, budget)
+    for case in select("sdpa_fwd.decode"):
+        decode_row(case, dec, budget * case.params["budget"])
     text = report()
     print(text)
     if args.out:
