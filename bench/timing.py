@@ -59,9 +59,9 @@ def device_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     return STATISTIC([s.elapsed_time(e) for s, e in pairs])
 
 
-def back_to_back_ms(fn, calls: int = 50, warmup: int = 3, bursts: int = 5) -> float:
+def back_to_back_ms(fn, calls: int = 50, warmup: int = 3) -> float:
     """ms per call of `calls` calls issued back to back from a drained queue, the median of
-    `bursts` bursts: the measurement autotune ranks plans by (planning/autotune.back_to_back_ms).
+    5 bursts: the measurement autotune ranks plans by (planning/autotune.back_to_back_ms).
     Host and device overlap as in a serving loop, so it reads the device rate when the host
     keeps up and the host's when it does not (what `device_ms` keeps out)."""
     import torch
@@ -69,7 +69,7 @@ def back_to_back_ms(fn, calls: int = 50, warmup: int = 3, bursts: int = 5) -> fl
     from cudnn_pygraph.planning import autotune
 
     times = autotune.back_to_back_ms(
-        lambda _: fn(), warmup, bursts, burst=calls, drain=torch.cuda.synchronize
+        lambda _: fn(), warmup, 5, burst=calls, drain=torch.cuda.synchronize
     )
     return STATISTIC(times)
 
