@@ -32,7 +32,8 @@ def _gemm(table, shapes):
 
 _GEMM_SQUARE = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192)]
 _GEMM_LLM = [(m, n, k) for m in (16, 128, 4096) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336))]  # fmt: skip
-_SDPA_BWD_THD_LENS = (256, 8192, 512, 4096, 1024, 2048, 384, 6144, 768, 3072, 1536, 5120, 320,
+# sixteen sequences of 256..8192 tokens, long and short interleaved (43840 in all)
+_SDPA_THD_LENS = (256, 8192, 512, 4096, 1024, 2048, 384, 6144, 768, 3072, 1536, 5120, 320,
                       7168, 640, 2560)  # fmt: skip
 
 CASES = (
@@ -92,8 +93,9 @@ CASES = (
             "small": {"seqs": 2, "len": 64, "h": 2, "dim": 128},
         },
     ),
-    # sdpa_fwd.py, bf16: dense (b, h, s, d, causal), then the paged decode; "budget" is the
-    # share of --budget-s the run may have spent when the row's configs stop.
+    # sdpa_fwd.py, bf16: dense (b, h, s, d, causal), THD, then the serving decode (which
+    # sdpa_host.py times back to back too); "budget" is the share of sdpa_fwd's --budget-s
+    # the run may have spent when the row's configs stop.
     Case(
         "sdpa_fwd.dense",
         "B2 H16 S8192 D128 causal",
@@ -109,13 +111,38 @@ CASES = (
         "B8 H16 S2048 D64 causal",
         {"shape": (8, 16, 2048, 64, True), "budget": 0.62},
     ),
+    Case(
+        "sdpa_fwd.thd",
+        "THD 16 seqs 256..8192 (sum 43840) GQA 32/8 D128 causal",
+        {"lens": _SDPA_THD_LENS, "hq": 32, "hkv": 8, "d": 128, "budget": 0.8},
+    ),
     *(
         Case(
-            "sdpa_fwd.decode",
+            "sdpa.decode",
             f"decode 64 req x 1 q, 4096 paged kv (page {page}), GQA 32/8 D128",
             {"b": 64, "hq": 32, "hkv": 8, "d": 128, "kv": 4096, "page": page, "budget": share},
         )
         for page, share in ((16, 0.9), (64, 1.0))
+    ),
+    # sdpa_ranked.py: the graphs the plan lists are ranked for; tiny under --dry.
+    *(
+        Case("sdpa_ranked", name, {"graph": graph, "args": args})
+        for name, graph, args in (
+            ("B2 H16 S8192 D128 causal", "dense", (2, 16, 8192, 128, True)),
+            ("B2 H16 S8192 D128 non-causal", "dense", (2, 16, 8192, 128, False)),
+            ("B8 H16 S2048 D64 causal", "dense", (8, 16, 2048, 64, True)),
+            ("THD 16 seqs GQA 32/8 D128 causal", "thd", (list(_SDPA_THD_LENS), 32, 8, 128)),
+            ("decode 64 x 4096 keys GQA 32/8 D128 page 16", "paged", (64, 32, 8, 128, 16, 4096)),
+            ("decode 64 x 4096 keys GQA 32/8 D128 page 64", "paged", (64, 32, 8, 128, 64, 4096)),
+        )
+    ),
+    *(
+        Case("sdpa_ranked.dry", name, {"graph": graph, "args": args})
+        for name, graph, args in (
+            ("dense B1 H2 S32 D64 causal", "dense", (1, 2, 32, 64, True)),
+            ("THD 3 seqs GQA 4/2 D64", "thd", ([5, 17, 9], 4, 2, 64)),
+            ("decode 2 x 64 keys GQA 4/2 D64 page 16", "paged", (2, 4, 2, 64, 16, 64)),
+        )
     ),
     # sdpa_bwd.py, bf16: dense (b, h, s, d, causal), then THD sequences with GQA, causal.
     Case("sdpa_bwd.dense", "B2 H16 S8192 D128 causal", {"shape": (2, 16, 8192, 128, True)}),
@@ -124,7 +151,7 @@ CASES = (
     Case(
         "sdpa_bwd.thd",
         "THD 16 seqs 256..8192 GQA 32/8 D128 causal",
-        {"lens": _SDPA_BWD_THD_LENS, "hq": 32, "hk": 8, "d": 128},
+        {"lens": _SDPA_THD_LENS, "hq": 32, "hk": 8, "d": 128},
     ),
 )
 

@@ -362,27 +362,9 @@ def dense_row(case, candidates, budget_s, reps=10):
     return sorted(results, key=results.get)
 
 
-def thd_row(candidates, budget_s, reps=10):
-    lens = [
-        256,
-        8192,
-        512,
-        4096,
-        1024,
-        2048,
-        384,
-        6144,
-        768,
-        3072,
-        1536,
-        5120,
-        320,
-        7168,
-        640,
-        2560,
-    ]
-    hq, hkv, d = 32, 8, 128
-    shape = f"THD 16 seqs {min(lens)}..{max(lens)} (sum {sum(lens)}) GQA {hq}/{hkv} D{d} causal"
+def thd_row(case, candidates, budget_s, reps=10):
+    shape, lens = case.name, list(case.params["lens"])
+    hq, hkv, d = (case.params[k] for k in ("hq", "hkv", "d"))
     lens = [small(n // 64) for n in lens] if DRY else lens
     scale = 1.0 / math.sqrt(d)
     total = sum(lens)
@@ -606,8 +588,9 @@ def main():
         for case in select("sdpa_fwd.dense")
     ][0]
     top = ranked[:2] or d128[:2]
-    thd = top + [SdpaFwdKnobs(**{**top[0].__dict__, "PACK_GQA": True})]
-    thd_row(dedup(thd), budget * 0.8)
+    packed = top + [SdpaFwdKnobs(**{**top[0].__dict__, "PACK_GQA": True})]
+    for case in select("sdpa_fwd.thd"):
+        thd_row(case, dedup(packed), budget * case.params["budget"])
     # Run 1: page 16 split1 255 us / split2 263 / split4 270 / n128split2w8 267; page 64
     # split1 305 / split2 262 / split4 273 / n128split2w8 265.
     # Run 2: s4 ties s3 (263 / 264 us), n32split2s4w2 is 20% behind: two configs per page.
@@ -615,7 +598,7 @@ def main():
         SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=1, NUM_STAGES=3, NUM_WARPS=4),
         SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=2, NUM_STAGES=3, NUM_WARPS=4),
     ]
-    for case in select("sdpa_fwd.decode"):
+    for case in select("sdpa.decode"):
         decode_row(case, dec, budget * case.params["budget"])
     text = report()
     print(text)

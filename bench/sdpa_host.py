@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import backend as harness  # bench/backend.py: graphs, host_us (one harness)
+from runner import select
 from timing import back_to_back_ms
 
 import cudnn_pygraph as ours
@@ -227,8 +228,8 @@ def serving_rows(lines):
     )
     lines.append("| shape | ours (plan) | backend | torch dense SDPA | ours rel err vs backend |")
     lines.append("|---|---:|---:|---:|---:|")
-    b, hq, hkv, d, n = 64, 32, 8, 128, 4096
-    for page in (16, 64):
+    for case in select("sdpa.decode"):
+        b, hq, hkv, d, n, page = (case.params[k] for k in ("b", "hq", "hkv", "d", "kv", "page"))
         g, feed, outs = _paged(b, hq, hkv, d, page, n)
         name = _pick(g, "triton_sdpa_decode")
         _, ours_h0 = _calls(g, feed, outs)
@@ -249,7 +250,7 @@ def serving_rows(lines):
 
         t = {k_: back_to_back_us(c) for k_, c in
              (("ours", ours_h0), ("backend", be_h0), ("torch", torch_call))}  # fmt: skip
-        lines.append(f"| 64 x {n} keys, GQA 32/8, D128, page {page} | {t['ours']:.1f} ({name}) | "
+        lines.append(f"| {b} x {n} keys, GQA {hq}/{hkv}, D{d}, page {page} | {t['ours']:.1f} ({name}) | "
                      f"{t['backend']:.1f} | {t['torch']:.1f} | {err:.1e} |")  # fmt: skip
         print(lines[-1], flush=True)
 
