@@ -3,6 +3,7 @@ script imports on a CPU machine and answers --help, every command bench/h200_ses
 runs names a script that exists and takes the options it is given, and --only picks a
 table's rows the same way in every script (bench/runner.py)."""
 
+import importlib.util
 import json
 import os
 import re
@@ -52,6 +53,15 @@ for path in sys.argv[1:]:
     sys.path.remove(folder)
 print(json.dumps(report))
 """
+
+
+# backend.py and sdpa_host.py drive NVIDIA's frontend (the [cudnn] extra) from their first
+# line: on a machine without it they cannot start, as the backend's tests skip there.
+_FRONTEND = importlib.util.find_spec("cudnn") is not None
+
+
+def _lacks_the_frontend(entry):
+    return not _FRONTEND and "No module named 'cudnn'" in entry.get("error", "")
 
 
 def _session_commands():
@@ -104,7 +114,9 @@ def test_timing_py_is_the_only_clock_in_bench():
 def test_every_bench_script_imports_without_a_gpu_and_answers_help(helps):
     bench = {k: v for k, v in helps.items() if k.startswith("bench/")}
     assert len(bench) == len(list(BENCH.glob("*.py")))
-    broken = {k: v["error"] for k, v in bench.items() if "error" in v}
+    broken = {
+        k: v["error"] for k, v in bench.items() if "error" in v and not _lacks_the_frontend(v)
+    }
     assert not broken, broken
     for script, entry in bench.items():
         if "rc" in entry:  # a script; the rest (timing, cases, runner, la_families) are modules
@@ -119,6 +131,8 @@ def test_the_session_scripts_commands_run_scripts_that_take_their_options(helps)
         if not script.endswith(".py"):
             continue
         entry = helps[script]
+        if _lacks_the_frontend(entry):
+            continue
         assert entry.get("rc") == 0, (script, entry)
         for option in (a.split("=")[0] for a in args if a.startswith("--")):
             assert re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", entry["out"]), (
