@@ -2,13 +2,13 @@
 same process, same GPU.
 
 Host time per execute (a backend plan), from a drained queue, swept over burst sizes
-1/8/64/256 (min and median over 25 reps of one burst; per call = burst wall time / burst):
+1/8/64/256 (median over 25 reps of one burst; per call = burst wall time / burst):
   ours        graph.execute({Tensor: torch tensor})
   ours-int    graph.execute({uid: device address})
   theirs      NVIDIA cudnn.pygraph.execute({Tensor: torch tensor}) (nvidia-cudnn-frontend)
   floor       the backend's _execute_with_raw_ptrs with a precomputed pointer array
 for a 128x256x128 bf16 matmul and a B=1,H=1,S=128,D=64 bf16 SDPA. Then kernel time
-(CUDA events, median of 20) of the first plan of [A, FALLBACK], ours vs theirs, for SDPA
+(CUDA events behind a GPU sleep, median of 20) of the first plan of [A, FALLBACK], ours vs theirs, for SDPA
 fwd B=2,H=16,S=8192,D=128 bf16 causal and matmul 8192^3 bf16.
 
 Run from the repository root (installs nothing; checks every path's output first):
@@ -22,11 +22,12 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
-import statistics
-import time
 
 import cudnn as nv  # NVIDIA's frontend: their pygraph, and the backend we lower to
+import timing
 import torch
+from runner import select
+from timing import device_ms
 
 import cudnn_pygraph as ours
 from cudnn_pygraph import heur_mode
@@ -92,33 +93,10 @@ def plan(side, g, modes):
         g.build_plans()
 
 
-# ---------------------------------------------------------------- timing
-def host_us(call, burst, reps=REPS):
-    for _ in range(10):
-        call()
-    samples = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(burst):
-            call()
-        samples.append((time.perf_counter() - t0) / burst * 1e6)
-    torch.cuda.synchronize()
-    return min(samples), statistics.median(samples)
-
-
-def kernel_ms(call, iters=20):
-    for _ in range(3):
-        call()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def host_us(call, burst):
+    """µs per execute of a burst from a drained queue, median of REPS (bench/timing.py
+    host_us; bench/sdpa_host.py times its rows with it too)."""
+    return timing.host_us(call, calls=burst, reps=REPS, warmup=10, drain=torch.cuda.synchronize)
 
 
 def rel_err(out, ref):
@@ -270,26 +248,23 @@ def main():
     lines.append(head)
 
     lines.append(
-        "## Host time per execute, backend plan (µs, min / median over "
+        "## Host time per execute, backend plan (µs, median over "
         f"{REPS} reps of a burst, drained queue)\n"
     )
     lines.append(
-        "| graph | burst | ours | ours-int | ours-2d | theirs | floor | ours/theirs (min) | ours/floor (min) |"
+        "| graph | burst | ours | ours-int | ours-2d | theirs | floor | ours/theirs | ours/floor |"
     )
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    host_cases = {
-        "matmul 128x256x128 bf16": ("matmul", (128, 256, 128)),
-        "sdpa B1 H1 S128 D64 bf16": ("sdpa", (1, 1, 128, 64, False)),
-    }
-    for label, (kind, shape) in host_cases.items():
+    for case in select("backend.host"):
+        label, kind, shape = case.name, case.params["kind"], case.params["shape"]
         calls, _, errs = paths(kind, shape, [heur_mode.A])
         for burst in BURSTS:
             r = {name: host_us(call, burst) for name, call in calls.items()}
-            cell = lambda n: f"{r[n][0]:.1f} / {r[n][1]:.1f}" if n in r else "—"  # noqa: E731
+            cell = lambda n: f"{r[n]:.1f}" if n in r else "—"  # noqa: E731
             lines.append(
                 f"| {label} | {burst} | "
                 + " | ".join(cell(n) for n in ("ours", "ours-int", "ours-2d", "theirs", "floor"))
-                + f" | {r['ours'][0] / r['theirs'][0]:.2f} | {r['ours'][0] / r['floor'][0]:.2f} |"
+                + f" | {r['ours'] / r['theirs']:.2f} | {r['ours'] / r['floor']:.2f} |"
             )
         err = lambda n: f"{errs[n]:.1e}" if n in errs else "—"  # noqa: E731
         lines.append(
@@ -299,11 +274,9 @@ def main():
         )
         print("\n".join(lines[-len(BURSTS) - 1 :]), flush=True)
 
+    lines.append("\n## Host time per execute, our Triton GEMM plan (µs, median, same protocol)\n")
     lines.append(
-        "\n## Host time per execute, our Triton GEMM plan (µs, min / median, same protocol)\n"
-    )
-    lines.append(
-        "| graph | burst | ours-triton | ours-triton-int | triton-bare | ours-triton/triton-bare (min) |"
+        "| graph | burst | ours-triton | ours-triton-int | triton-bare | ours-triton/triton-bare |"
     )
     lines.append("|---|---:|---:|---:|---:|---:|")
     try:  # the GEMM engine's launch signature is that engine's: a change there is reported
@@ -319,8 +292,8 @@ def main():
             r = {name: host_us(call, burst) for name, call in calls.items()}
             lines.append(
                 f"| matmul 128x256x128 bf16 | {burst} | "
-                + " | ".join(f"{r[n][0]:.1f} / {r[n][1]:.1f}" for n in calls)
-                + f" | {r['ours-triton'][0] / r['triton-bare'][0]:.2f} |"
+                + " | ".join(f"{r[n]:.1f}" for n in calls)
+                + f" | {r['ours-triton'] / r['triton-bare']:.2f} |"
             )
         lines.append(
             "|  | rel err | "
@@ -329,16 +302,16 @@ def main():
         )
     print("\n".join(lines[-len(BURSTS) - 1 :]), flush=True)
 
-    lines.append("\n## Kernel time, first plan of [A, FALLBACK] (ms, CUDA events, median of 20)\n")
+    lines.append(
+        "\n## Kernel time, first plan of [A, FALLBACK] (ms, CUDA events behind a GPU sleep, "
+        "median of 20: bench/timing.py device_ms)\n"
+    )
     lines.append("| graph | ours | theirs | ours plan | theirs plan | ours vs theirs output |")
     lines.append("|---|---:|---:|---|---|---|")
-    kernel_cases = {
-        "sdpa fwd B2 H16 S8192 D128 bf16 causal": ("sdpa", (2, 16, 8192, 128, True)),
-        "matmul 8192^3 bf16": ("matmul", (8192, 8192, 8192)),
-    }
-    for label, (kind, shape) in kernel_cases.items():
+    for case in select("backend.kernel"):
+        label, kind, shape = case.name, case.params["kind"], case.params["shape"]
         calls, graphs, _ = paths(kind, shape, [heur_mode.A, heur_mode.FALLBACK])
-        t_ours, t_theirs = kernel_ms(calls["ours"]), kernel_ms(calls["theirs"])
+        t_ours, t_theirs = device_ms(calls["ours"]), device_ms(calls["theirs"])
         same = torch.equal(graphs["ours"][2], graphs["theirs"][2])
         names = []
         for side in ("ours", "theirs"):

@@ -46,24 +46,16 @@ import pathlib
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-FAMILIES = ("gemm", "sdpa_prefill", "decode", "gdn_op")
+sys.path.insert(0, str(ROOT / "bench"))  # tests/gpu loads this file by its path
+from runner import select  # noqa: E402
+from timing import Stopwatch  # noqa: E402
+
+# What each family declares (full size, then --small for the GPU test): bench/cases.py.
+SHAPES = {case.name: (case.params["full"], case.params["small"]) for case in select("cold_start")}
+FAMILIES = tuple(SHAPES)
 GOAL_MS = 50.0
-# What each family declares (full size, then --small for the GPU test).
-SHAPES = {
-    "gemm": ({"M": 4096, "N": 4096, "K": 4096}, {"M": 256, "N": 384, "K": 512}),
-    "sdpa_prefill": ({"b": 2, "h": 16, "s": 2048, "d": 128}, {"b": 1, "h": 2, "s": 128, "d": 64}),
-    "decode": (
-        {"b": 8, "hq": 32, "hkv": 8, "kv": 1024, "page": 16, "d": 128},
-        {"b": 2, "hq": 4, "hkv": 2, "kv": 100, "page": 16, "d": 64},
-    ),
-    "gdn_op": (
-        {"seqs": 2, "len": 1024, "h": 16, "dim": 128},
-        {"seqs": 2, "len": 64, "h": 2, "dim": 128},
-    ),
-}
 
 
 # ---------------------------------------------------------------- the child
@@ -134,11 +126,11 @@ class _Where:
 
         def timed(*args, **kwargs):
             key = label(*args, **kwargs) if callable(label) else label
-            t0 = time.perf_counter()
+            clock = Stopwatch()
             try:
                 return original(*args, **kwargs)
             finally:
-                self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
+                self.seconds[key] = self.seconds.get(key, 0.0) + clock.s
                 self.calls[key] = self.calls.get(key, 0) + 1
 
         setattr(owner, name, timed)
@@ -205,11 +197,11 @@ def _clocked(cudnn, torch, family, s, where, profile):
         cu = torch.arange(0, total + 1, s["len"], dtype=torch.int32, device="cuda")
         torch.cuda.synchronize()
         prof = _profiler(profile)
-        t0 = time.perf_counter()
+        clock = Stopwatch()
         out, _ = ops.gated_delta_net(q, k, v, g, beta, cu_seqlens=cu,
                                      use_qk_l2norm_in_kernel=True)  # fmt: skip
         torch.cuda.synchronize()
-        steps = {"first call": time.perf_counter() - t0}
+        steps = {"first call": clock.s}
         _report_profile(prof)
         steps["of which graph"] = where.seconds.pop("op: graph plan + build", 0.0)
         where.calls.pop("op: graph plan + build", None)
@@ -217,18 +209,18 @@ def _clocked(cudnn, torch, family, s, where, profile):
     graph, pack, out_t = _graph_case(cudnn, torch, family, s)
     torch.cuda.synchronize()
     prof = _profiler(profile)
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     graph.create_execution_plans([cudnn.heur_mode.A])
-    t1 = time.perf_counter()
+    t1 = clock.s
     graph.build_plans()
-    t2 = time.perf_counter()
+    t2 = clock.s
     size = graph.get_workspace_size()
     ws = torch.empty(max(1, size), dtype=torch.uint8, device="cuda")
     graph.execute(pack, ws)
     torch.cuda.synchronize()
-    t3 = time.perf_counter()
+    t3 = clock.s
     _report_profile(prof)
-    steps = {"plan": t1 - t0, "build": t2 - t1, "execute": t3 - t2}
+    steps = {"plan": t1, "build": t2 - t1, "execute": t3 - t2}
     return steps, graph.get_plan_name_at_index(0), pack[out_t]
 
 

@@ -8,7 +8,7 @@ keyed by uid with bare addresses; keyed by our IR Tensors with torch CPU tensors
 classic spelling); the selected plan's closure called directly; the pack alone. And a
 BackendPlan whose backend raw call is a stand-in C builtin taking the same five integers
 (`max`), against the floor: that stand-in called with a precomputed pointer array, as
-bench/backend.py's floor calls the real one. Min over 15 rounds of 5k calls, µs per call.
+bench/backend.py's floor calls the real one. Median of 15 bursts of 5k calls, µs per call.
 No GPU needed (the device descriptor is constructed; nothing launches).
 """
 
@@ -16,10 +16,10 @@ import argparse
 import datetime
 import platform
 import sys
-import time
 import types
 
 import torch
+from timing import host_us
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph.backend import adapter
@@ -75,16 +75,9 @@ def _graph():
     return g, (a, b, c)
 
 
-def _us(call, n=5000, rounds=15):
-    for _ in range(1000):
-        call()
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            call()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-    return best
+def _us(call):
+    """µs per call: the median of 15 bursts of 5k calls after 1k warm ones (bench/timing.py)."""
+    return host_us(call, calls=5000, reps=15, warmup=1000)
 
 
 class _StandInBackend:
@@ -196,7 +189,7 @@ def main():
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.processor() or platform.machine()}, "
         f"Python {platform.python_version()}, torch {torch.__version__}. "
         "Command: `PYTHONPATH=src python bench/execute_path_cpu.py --out bench/results/execute_path_cpu.md`. "
-        "3 operands (a 128x256x128 matmul declaration), min over 15 rounds of 5k calls.",
+        "3 operands (a 128x256x128 matmul declaration), median of 15 bursts of 5k calls.",
         "",
         "| path | µs per call | over the floor |",
         "|---|---:|---:|",

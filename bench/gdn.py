@@ -38,11 +38,11 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import statistics
 import sys
 
 import torch
-from timing import device_ms, kernel_table, launcher_compiles, use_compiled_cache
+from runner import first, select
+from timing import device_ms, host_us, kernel_table, launcher_compiles, use_compiled_cache
 
 from cudnn_pygraph.engines.linear_attention.kernels.chain import (
     chain_backward,
@@ -62,16 +62,6 @@ DIM = 128
 REPS = 20
 WARMUP = 3
 REPS_HOST = 200
-
-
-def shapes():
-    gen = torch.Generator().manual_seed(0)
-    mixed = torch.randint(64, 2049, (64,), generator=gen).tolist()
-    return {
-        "(a) 8 x 4096": [4096] * 8,
-        "(b) 1 x 32768": [32768],
-        "(c) 64 mixed 64..2048": mixed,
-    }
 
 
 def make_inputs(seqlens, with_state):
@@ -223,9 +213,8 @@ def saved_rows(only):
           "| fwd+bwd saved ms (after) | after / before | torch op fwd+bwd ms | saved MB "
           "| grads max rel diff |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
-    for name, seqlens in shapes().items():
-        if only and not any(o in name for o in only.split(",")):
-            continue
+    for case in select("la", only):
+        name, seqlens = case.name, case.params["seqlens"]
         for with_state in (False, True):
             torch.manual_seed(1)
             x, cu, init = make_inputs(seqlens, with_state)
@@ -294,7 +283,8 @@ def fla_forward_backward(x, cu, init):
 
 def profile_kernels(only):
     """Per-kernel CUDA time of our forward and backward (torch.profiler), one shape."""
-    name, seqlens = next((n, s) for n, s in shapes().items() if not only or only in n)
+    case = first("la", only)
+    name, seqlens = case.name, case.params["seqlens"]
     x, cu, init = make_inputs(seqlens, with_state=False)
     ours = Ours(x, cu, init)
     print(f"{name}: 5 x (forward + backward)")
@@ -326,10 +316,8 @@ def sweep_configs(only, entries=None):
     """Time our forward and forward+backward under each named config on the shapes whose name
     holds one of the comma-separated `only` substrings, with the largest relative difference
     of O and of every gradient from the picked config's."""
-    wanted = only.split(",") if only else [""]
-    for name, seqlens in shapes().items():
-        if not any(w in name for w in wanted):
-            continue
+    for case in select("la", only):
+        name, seqlens = case.name, case.params["seqlens"]
         torch.manual_seed(1)
         x, cu, init = make_inputs(seqlens, with_state=True)
         print(f"{name}: | config | fwd ms | fwd+bwd ms | max rel diff vs picked (O, grads) |")
@@ -349,18 +337,17 @@ def sweep_configs(only, entries=None):
 
 def host_time(only):
     """Host microseconds per forward call with a drained queue (synchronize before each
-    call, perf_counter around the call alone), median of REPS_HOST: the torch op
-    (gated_delta_net: graph cache, then the plan's replay of its recorded launches), our
+    call, the wall around the call alone: bench/timing.py host_us), median of REPS_HOST: the
+    torch op (gated_delta_net: graph cache, then the plan's replay of its recorded launches), our
     launcher (gdn_forward with a given workspace: validation, carving, Triton's JIT per
     launch), the same kernels launched bare through the JIT (each recorded launch replayed
     with its recorded arguments), and launched raw (runtime/launch_replay.py over this
     call's buffers: Triton's C launcher alone, the floor)."""
-    import time
-
     from cudnn_pygraph.linear_attention.ops import gated_delta_net
     from cudnn_pygraph.runtime.launch_replay import build_replay, record_launches
 
-    name, seqlens = next((n, s) for n, s in shapes().items() if not only or only in n)
+    case = first("la", only)
+    name, seqlens = case.name, case.params["seqlens"]
     x, cu, init = make_inputs(seqlens, with_state=False)
     ours = Ours(x, cu, init)
 
@@ -386,25 +373,16 @@ def host_time(only):
     def raw():
         replay(ptrs, stream)
 
-    def host_us(fn):
-        for _ in range(WARMUP):
-            fn()
-        times = []
-        for _ in range(REPS_HOST):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        torch.cuda.synchronize()
-        return statistics.median(times) * 1e6
+    def us(fn):
+        return host_us(fn, calls=1, reps=REPS_HOST, warmup=WARMUP, drain=torch.cuda.synchronize)
 
     o_launcher = ours.o.clone()
     ours.o.fill_(float("nan"))
     raw()
     torch.cuda.synchronize()
     assert torch.equal(ours.o, o_launcher), "raw replay differs from the launcher"
-    op_us, launcher_us = host_us(op), host_us(ours.forward)
-    bare_us, raw_us = host_us(bare), host_us(raw)
+    op_us, launcher_us = us(op), us(ours.forward)
+    bare_us, raw_us = us(bare), us(raw)
     print(f"{name}: host us per forward call (drained queue), {len(record.jit_calls)} launches")
     print("| torch op | launcher (gdn_forward) | bare JIT launches | raw launches (replay) "
           "| op / bare JIT | op / raw |")  # fmt: skip
@@ -413,9 +391,6 @@ def host_time(only):
         f"| {op_us:.1f} | {launcher_us:.1f} | {bare_us:.1f} | {raw_us:.1f} | "
         f"{op_us / bare_us:.2f}x | {op_us / raw_us:.2f}x |"
     )
-
-
-CHAIN_SHAPE = ("(d) 1 x 131072", [131072])
 
 
 def chain_rows(no_fla):
@@ -427,7 +402,8 @@ def chain_rows(no_fla):
         choose_pieces,
     )
 
-    name, seqlens = CHAIN_SHAPE
+    case = first("la.chain")
+    name, seqlens = case.name, case.params["seqlens"]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     pieces = min(sms // H, MAX_PIECES)
     rule = {"dim_v": DIM, "batch_invariant": False}
@@ -527,9 +503,8 @@ def main():
         "fwd) | fla fwd+bwd ms | check |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
-    for name, seqlens in shapes().items():
-        if args.only and args.only not in name:
-            continue
+    for case in select("la", args.only):
+        name, seqlens = case.name, case.params["seqlens"]
         tokens = sum(seqlens)
         for with_state in (False, True):
             torch.manual_seed(1)

@@ -11,34 +11,29 @@ implementation alone. Median of 5000 calls after 200 warm-ups, µs per call.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
-import statistics
-import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # plans build on a CPU-only machine
 
 import torch  # noqa: E402
+from timing import host_us  # noqa: E402
 
 from cudnn_pygraph.linear_attention import ops  # noqa: E402
+from cudnn_pygraph.ops.linear_attention import gdn, graphs  # noqa: E402
 
 T, H, D = 256, 4, 64
 REPS, WARMUP = 5000, 200
 
 
 def median_us(fn):
-    for _ in range(WARMUP):
-        fn()
-    times = []
-    for _ in range(REPS):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    return host_us(fn, calls=1, reps=REPS, warmup=WARMUP)
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, T, H, D, generator=gen) for _ in range(3))
     g = -0.5 * torch.rand(1, T, H, generator=gen)
@@ -49,18 +44,18 @@ def main():
         ops.gated_delta_net(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
 
     call()  # builds the graph once (the interpreter runs the kernels this one time)
-    for built in ops._GRAPHS.values():
-        built._launch_tensors = lambda tensors, workspace: None  # the launch, stubbed
+    for built in graphs._GRAPHS.values():
+        built.bound._launch_tensors = lambda tensors, workspace: None  # the launch, stubbed
     eager = median_us(call)
-    real_eager = ops._eager
-    ops._eager = lambda *tensors: False
+    real_eager = gdn.runs_eagerly
+    gdn.runs_eagerly = lambda *tensors: False
     try:
         dispatched = median_us(call)
     finally:
-        ops._eager = real_eager
+        gdn.runs_eagerly = real_eager
     args = (q[0], k[0], v[0], g[0], beta[0], cu, None, None, None, D**-0.5, False, True,
-            False, False, False, "log", False)  # fmt: skip
-    impl = median_us(lambda: ops._gdn_fwd_impl(*args))
+            False, False, False, "log", False, False, False)  # fmt: skip
+    impl = median_us(lambda: gdn.GDN.fwd_impl(*args))
     print(
         f"{datetime.date.today()}, {platform.processor() or platform.machine()}, "
         f"torch {torch.__version__}, T={T} H={H} D={D}, launches stubbed, median µs per call"

@@ -1,6 +1,6 @@
 """The WY backward kernel alone (kernels/wy.py): its CUDA time per launch under each
-bench/gdn.py SWEEP entry whose label holds one of --entries (torch.profiler over 5 forward +
-backward calls of the shape), with the largest relative difference of dk, dv, dg, dbeta
+bench/gdn.py SWEEP entry whose label holds one of --entries (torch.profiler, the median of 5
+forward + backward calls of the shape: bench/timing.py), with the largest relative difference of dk, dv, dg, dbeta
 from the shipped config. The float64 check of each config is tests/gpu/test_gdn_gpu.py's.
 
   PYTHONPATH=src python bench/gdn_wy_bwd.py --only "(a)" --entries "s4 wy_bwd"
@@ -14,23 +14,15 @@ from __future__ import annotations
 import argparse
 
 import torch
-from gdn import make_inputs, max_rel_diff, shapes, sweep_entries
+from gdn import make_inputs, max_rel_diff, sweep_entries
+from runner import select
+from timing import device_kernels_ms
 
 
 def wy_bwd_ms(ours) -> float:
-    ours.forward_backward()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            ours.forward_backward()
-        torch.cuda.synchronize()
-    total_us, launches = 0.0, 0
-    for evt in prof.key_averages():
-        if evt.key.startswith("wy_bwd"):
-            total = getattr(evt, "device_time_total", None)
-            total_us += evt.cuda_time_total if total is None else total
-            launches += evt.count
-    return total_us / max(launches, 1) / 1000.0
+    """Device ms per launch of the WY backward kernel (bench/timing.py device_kernels_ms)."""
+    per_launch = device_kernels_ms(ours.forward_backward, reps=5, per_launch=True)
+    return next((ms for name, ms in per_launch.items() if name.startswith("wy_bwd")), float("nan"))
 
 
 def main():
@@ -40,10 +32,8 @@ def main():
     parser.add_argument("--warm", action="store_true", help="compile only, no timing")
     args = parser.parse_args()
     wanted = args.entries.split(",")
-    rows = {"warm 8 x 128": [128] * 8} if args.warm else shapes()
-    for name, seqlens in rows.items():
-        if not args.warm and not any(w in name for w in args.only.split(",")):
-            continue
+    for case in select("la.warm") if args.warm else select("la", args.only):
+        name, seqlens = case.name, case.params["seqlens"]
         torch.manual_seed(1)
         x, cu, init = make_inputs(seqlens, with_state=True)
         print(f"\n{name}\n\n| wy_bwd config | wy_bwd ms per launch | max rel diff vs shipped |")

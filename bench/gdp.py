@@ -20,7 +20,8 @@ import argparse
 import sys
 
 import torch
-from gdn import quick_fla_autotune, rel, shapes
+from gdn import quick_fla_autotune, rel
+from runner import select
 from timing import device_ms
 
 from cudnn_pygraph.linear_attention.gdp import gated_delta_product
@@ -124,9 +125,8 @@ def main():
         "fla fwd ms | fla fwd+bwd ms | fla / ours fwd | fla / ours fwd+bwd | check |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
-    for name, seqlens in shapes().items():
-        if args.only and args.only not in name:
-            continue
+    for case in select("la", args.only):
+        name, seqlens = case.name, case.params["seqlens"]
         for n in (int(s) for s in args.n.split(",")):
             for with_state in (False, True):
                 torch.manual_seed(1)

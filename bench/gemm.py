@@ -6,9 +6,9 @@ nvidia-cudnn-frontend importable; without it they read "-"):
     PYTHONPATH=src python3 bench/gemm.py [--out DIR]
     PYTHONPATH=src python3 bench/gemm.py --check-rule DIR/gemm_candidates.json   (no GPU)
 Installs nothing. Checks every timed output against a float64 reference first. Kernel
-times: CUDA events around a run of back-to-back calls (so a small kernel is not timed with
-the host's launch gaps), per-call time, median over 7 runs. Host times: perf_counter
-around a burst of calls from a drained queue, min / median of 25 bursts. Prints Markdown
+times: CUDA events, each call queued behind a GPU sleep (so a small kernel is not timed with
+the host's launch gaps), median of 20 (bench/timing.py device_ms). Host times: the wall
+around a burst of calls from a drained queue, median of 25 bursts (timing.host_us). Prints Markdown
 tables last (DIR/gemm.md) and writes every candidate's time to DIR/gemm_candidates.json.
 
 --check-rule re-reads a candidates file and prints, per shape, the config the CURRENT
@@ -23,19 +23,18 @@ import dataclasses
 import datetime
 import json
 import os
-import statistics
 import sys
-import time
 
+import timing
 import torch
+from runner import select
+from timing import Stopwatch, device_ms
 
 from cudnn_pygraph.engines.gemm.kernels.chain import step
 from cudnn_pygraph.engines.gemm.kernels.configs import recommend_configs
 from cudnn_pygraph.engines.gemm.kernels.knobs import GemmKnobs
 
-SQUARE = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192)]
-LLM = [(m, n, k) for m in (16, 128, 4096) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336))]
-SHAPES = SQUARE + [s for s in LLM if s not in SQUARE]
+SHAPES = [case.params["mnk"] for case in select("gemm.bf16")]
 # Beyond the listed configs, for the split-K rule: the small-M tiles at every slice count.
 EXPLORE_SMALL_M = [
     GemmKnobs(64, 64, 128, 5, 4, 8),
@@ -45,7 +44,7 @@ EXPLORE_SMALL_M = [
 ]
 SPLITS = (1, 2, 3, 4, 6, 8)
 FUSED_KNOBS = [GemmKnobs(128, 256, 64, 3, 8, 8), GemmKnobs(256, 128, 64, 3, 8, 8)]
-FP8_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
+FP8_SHAPES = [case.params["mnk"] for case in select("gemm.fp8")]
 FP8_KNOBS = [
     GemmKnobs(128, 256, 128, 3, 8, 8),
     GemmKnobs(128, 256, 64, 4, 8, 8),
@@ -73,35 +72,15 @@ def explore(M: int) -> list:
     return [dataclasses.replace(k, SPLIT_K=s) for k in EXPLORE_SMALL_M for s in SPLITS]
 
 
-def kernel_ms(fn, flop: float, reps: int = 7) -> float:
-    """Per-call ms: CUDA events around `calls` back-to-back calls, median over reps."""
-    calls = max(3, min(50, int(5e12 / flop)))
-    for _ in range(3):
-        fn()
-    per_call = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        per_call.append(start.elapsed_time(end) / calls)
-    return statistics.median(per_call)
+def kernel_ms(fn) -> float:
+    """Per-call device ms (bench/timing.py device_ms: CUDA events, each call queued behind a
+    GPU sleep so a small kernel is not timed with the host's launch gaps; median of 20)."""
+    return device_ms(fn)
 
 
-def host_us(fn, burst: int, reps: int = 25):
-    for _ in range(5):
-        fn()
-    per_call = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(burst):
-            fn()
-        per_call.append((time.perf_counter() - t0) / burst * 1e6)
-    torch.cuda.synchronize()
-    return min(per_call), statistics.median(per_call)
+def host_us(fn, burst: int) -> float:
+    """µs per call of a burst from a drained queue, median of 25 (bench/timing.py host_us)."""
+    return timing.host_us(fn, calls=burst, reps=25, warmup=5, drain=torch.cuda.synchronize)
 
 
 def tflops(flop: float, ms: float) -> float:
@@ -214,10 +193,10 @@ def section_bf16(get_plan, plain, num_sms, stream, raw):
             if not err < 1e-2:
                 print(f"WRONG {M}x{N}x{K} {knobs.short()}: rel err {err}", flush=True)
                 continue
-            times[knobs.short()] = kernel_ms(p, flop)
-        t_torch = kernel_ms(lambda: torch.matmul(a, b, out=c), flop)
+            times[knobs.short()] = kernel_ms(p)
+        t_torch = kernel_ms(lambda: torch.matmul(a, b, out=c))
         bname, bfn = backend_plan(M, N, K, {"A": a, "B": b}, c, ref)
-        t_backend = kernel_ms(bfn, flop) if bfn else None
+        t_backend = kernel_ms(bfn) if bfn else None
         key = f"{M}x{N}x{K}"
         raw[key] = {"torch_ms": t_torch, "backend_ms": t_backend, "backend_plan": bname,
                     "listed": [k.short() for k in listed], "ours": times}  # fmt: skip
@@ -232,7 +211,6 @@ def section_fused(get_plan, stream, raw):
     from cudnn_pygraph.engines.gemm.kernels.torch_gemm import describe
 
     M = N = K = 4096
-    flop = 2.0 * M * N * K
     a = torch.randn(M, K, device="cuda", dtype=BF16)
     b = torch.randn(K, N, device="cuda", dtype=BF16)
     bias = torch.randn(N, device="cuda", dtype=BF16)
@@ -251,12 +229,12 @@ def section_fused(get_plan, stream, raw):
         p()
         err = rel_err(c, ref)
         if err < 1e-2:
-            times[knobs.short()] = (kernel_ms(p, flop), err)
+            times[knobs.short()] = (kernel_ms(p), err)
 
     def torch_unfused():
         return torch.nn.functional.gelu(torch.matmul(a, b) + bias, approximate="tanh")
 
-    t_unfused = kernel_ms(torch_unfused, flop)
+    t_unfused = kernel_ms(torch_unfused)
     raw["fused_4096"] = {"torch_unfused_ms": t_unfused, "ours": times}
     print(f"fused: {times}; torch unfused {t_unfused:.4f}", flush=True)
     return times, t_unfused
@@ -291,7 +269,7 @@ def section_fp8(get_plan, num_sms, stream, raw):
             if not err < 1e-2:
                 print(f"WRONG fp8 {M}x{N}x{K} {knobs.short()}: rel err {err}", flush=True)
                 continue
-            times[knobs.short()] = kernel_ms(p, flop)
+            times[knobs.short()] = kernel_ms(p)
         t_torch = None
         try:
 
@@ -299,12 +277,12 @@ def section_fp8(get_plan, num_sms, stream, raw):
                 return torch._scaled_mm(a[0], b[0], scale_a=sa, scale_b=sb, out_dtype=BF16)
 
             if rel_err(scaled_mm().unsqueeze(0), ref) < 1e-2:
-                t_torch = kernel_ms(scaled_mm, flop)
+                t_torch = kernel_ms(scaled_mm)
         except Exception as exc:  # torch's fp8 entry may refuse; the row says so
             print(f"torch._scaled_mm: {type(exc).__name__}: {exc}", flush=True)
         feeds = {"A": a, "B": b, "sa": sa.reshape(1, 1, 1), "sb": sb.reshape(1, 1, 1)}
         bname, bfn = backend_plan(M, N, K, feeds, c, ref, "fp8e4m3", "col")
-        t_backend = kernel_ms(bfn, flop) if bfn else None
+        t_backend = kernel_ms(bfn) if bfn else None
         raw[f"fp8e4m3 {M}x{N}x{K}"] = {"torch_scaled_mm_ms": t_torch, "backend_ms": t_backend,
                                         "backend_plan": bname, "first": first.short(),
                                         "ours": times}  # fmt: skip
@@ -474,14 +452,14 @@ def report(args, bf16_rows, fused, fp8_rows, host, num_sms):
     if not by_label:
         return "\n".join(L)
     L.append(f"## host us per call, {'x'.join(map(str, HOST_SHAPE))} bf16, plan {name} "
-             "(min / median of 25 bursts, drained queue)")  # fmt: skip
+             "(median of 25 bursts, drained queue)")  # fmt: skip
     L.append("")
-    L.append("| path | burst 1 | burst 8 | burst 64 | / bare launch (min, burst 8) |")
+    L.append("| path | burst 1 | burst 8 | burst 64 | / bare launch (burst 8) |")
     L.append("|---|---|---|---|---|")
-    bare = by_label["compiled launch closure (bare launch)"][8][0]
+    bare = by_label["compiled launch closure (bare launch)"][8]
     for label, d in by_label.items():
-        cells = " | ".join(f"{mn:.1f} / {md:.1f}" for mn, md in d.values())
-        L.append(f"| {label} | {cells} | {d[8][0] / bare:.2f} |")
+        cells = " | ".join(f"{us:.1f}" for us in d.values())
+        L.append(f"| {label} | {cells} | {d[8] / bare:.2f} |")
     return "\n".join(L)
 
 
@@ -496,7 +474,7 @@ def main():
     from cudnn_pygraph.engines.gemm.kernels.spec import GemmSpec
 
     torch.manual_seed(0)
-    t_start = time.time()
+    clock = Stopwatch()
     dev = torch.device("cuda")
     stream = torch.cuda.current_stream().cuda_stream
     num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -513,7 +491,7 @@ def main():
         jobs.add((fp8, recommend_configs(M, N, K, 1, ("fp8e4m3", "bf16"), 0, num_sms)[0]))
     jobs |= {(fp8, k) for k in FP8_KNOBS}
     errors = precompile(sorted(jobs, key=str), workers=min(16, os.cpu_count() or 4))
-    print(f"precompiled {len(jobs)} kernels in {time.time() - t_start:.1f}s; errors: {errors}",
+    print(f"precompiled {len(jobs)} kernels in {clock.s:.1f}s; errors: {errors}",
           flush=True)  # fmt: skip
     plans = {}
 
@@ -544,12 +522,12 @@ def main():
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "gemm_candidates.json"), "w") as f:
             json.dump(raw, f, indent=1)
-        print(f"[{time.time() - t_start:.0f}s] section {name} done", flush=True)
+        print(f"[{clock.s:.0f}s] section {name} done", flush=True)
     text = report(args, out.get("bf16", []), out.get("fused", ({}, float("nan"))),
                   out.get("fp8", []), out.get("host", ("-", {})), num_sms)  # fmt: skip
     with open(os.path.join(args.out, "gemm.md"), "w") as f:
         f.write(text + "\n")
-    print(f"total {time.time() - t_start:.1f}s")
+    print(f"total {clock.s:.1f}s")
     print(text)
 
 

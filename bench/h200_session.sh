@@ -30,7 +30,7 @@
 #   laptop       issue 33: on a GPU machine the interpreter is never chosen; a clean exit
 #   kda | gdn2 | gdp | chain    issues 18 / 19: each family's suite and its bench row (a)
 #                (kda also: its per-kernel profile and row (a) under "wide-unfused")
-#   la-localize  bench/la_localize.py on the cases those suites failed, side by side with the
+#   la-localize  tools/la_localize.py on the cases those suites failed, side by side with the
 #                other suites: the kernel that faults or first writes NaN, and whether a
 #                repeated backward is bitwise the same
 #   cp           (nvidia-h200-x2) the summary / context-parallel suites (all four families), bench/cp.py on 2 ranks
@@ -135,11 +135,11 @@ tests_la_warm() {
 tests_la_bench() { :; }
 # Diagnostics, not timings: the localizations run side by side with the other suites.
 tests_la_localize() {
-  step la_gdn2 300 python3 bench/la_localize.py gdn2 --config wide &
-  step la_kda_weak 300 python3 bench/la_localize.py kda --seqlens 12000,0,3000 --gate weak \
+  step la_gdn2 300 python3 tools/la_localize.py gdn2 --config wide &
+  step la_kda_weak 300 python3 tools/la_localize.py kda --seqlens 12000,0,3000 --gate weak \
     --config few --repeat 1 &
-  step la_gdn_long 240 python3 bench/la_localize.py gdn --seqlens 16384 --config few --repeat 2 &
-  step la_kda 300 python3 bench/la_localize.py kda --config wide &
+  step la_gdn_long 240 python3 tools/la_localize.py gdn --seqlens 16384 --config few --repeat 2 &
+  step la_kda 300 python3 tools/la_localize.py kda --config wide &
   wait
 }
 
@@ -160,7 +160,7 @@ bench_parity() {
     step "samples_seed$seed" 90 python3 tools/classic_samples.py .nv/samples/python --jobs 12 \
       --timeout 80 --seed "$seed" --out "$LOG/classic_samples_seed$seed.md"
   done
-  step differential 175 python3 bench/classic_differential.py --graphs 2300 --budget-s 150 \
+  step differential 175 python3 tools/classic_differential.py --graphs 2300 --budget-s 150 \
     --workers 14 --out "$LOG/classic_differential.md"
 }
 bench_serving() {
@@ -174,7 +174,7 @@ bench_sdpa_bwd() {
 bench_sdpa_op() { step sdpa_op_host 150 python3 bench/sdpa_op_host.py --out "$LOG/sdpa_op_host.md"; }
 bench_cold_start() { step cold_start 280 python3 bench/cold_start.py --out "$LOG/cold_start.md"; }
 bench_reliability() {
-  step reliability 220 env OUT= PER_RUN=${RELIABILITY_PER_RUN:-45} RESULTS="$LOG/reliability.md" bash bench/reliability_gpu.sh
+  step reliability 220 env OUT= PER_RUN=${RELIABILITY_PER_RUN:-45} RESULTS="$LOG/reliability.md" bash tools/reliability_gpu.sh
   step doctor 30 python3 -m cudnn_pygraph doctor
 }
 bench_kda() {  # the short steps first: the peers' row (fla autotunes) may take the rest

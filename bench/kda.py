@@ -30,7 +30,8 @@ import argparse
 import sys
 
 import torch
-from gdn import quick_fla_autotune, rel, shapes
+from gdn import quick_fla_autotune, rel
+from runner import first, select
 from timing import device_ms, kernel_ms, kernel_table, launcher_compiles, use_compiled_cache
 
 from cudnn_pygraph.engines.linear_attention.kernels.configs import kernel_configs
@@ -192,9 +193,8 @@ def gdn2_rows(only):
         "GDN fwd+bwd ms | GDN-2 / GDN fwd | GDN-2 / GDN fwd+bwd | check |"
     )
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
-    for name, seqlens in shapes().items():
-        if only and only not in name:
-            continue
+    for case in select("la", only):
+        name, seqlens = case.name, case.params["seqlens"]
         for with_state in (False, True):
             torch.manual_seed(1)
             x, cu, init = make_inputs(seqlens, with_state)
@@ -222,7 +222,8 @@ def gdn2_rows(only):
 
 def profile_kernels(only, config):
     """Per-kernel CUDA time of our kda forward and backward (torch.profiler), one shape."""
-    name, seqlens = next((n, s) for n, s in shapes().items() if not only or only in n)
+    case = first("la", only)
+    name, seqlens = case.name, case.params["seqlens"]
     x, cu, init = make_inputs(seqlens, with_state=False)
     ours = Ours(x, cu, init, config)
     print(f"{name}, config {config or 'picked'}: 5 x (forward + backward)")
@@ -255,7 +256,8 @@ SWEEP = {
 def sweep(only):
     """Each SWEEP candidate's kda forward + backward at one shape: ms by CUDA events, the
     largest relative difference of any output from the base run's, and per-kernel ms."""
-    name, seqlens = next((n, s) for n, s in shapes().items() if not only or only in n)
+    case = first("la", only)
+    name, seqlens = case.name, case.params["seqlens"]
     base = kernel_configs(SWEEP_BASE, gate_per_key=True)
     torch.manual_seed(1)
     x, cu, init = make_inputs(seqlens, with_state=False)
@@ -322,9 +324,8 @@ def main():
         "fla / ours fwd+bwd | check |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
-    for name, seqlens in shapes().items():
-        if args.only and args.only not in name:
-            continue
+    for case in select("la", args.only):
+        name, seqlens = case.name, case.params["seqlens"]
         for with_state in (False, True):
             torch.manual_seed(1)
             x, cu, init = make_inputs(seqlens, with_state)

@@ -20,6 +20,7 @@ import sys
 
 import torch
 from gdn import quick_fla_autotune, rel
+from runner import first
 from timing import device_ms
 
 import cudnn_pygraph as cudnn
@@ -28,7 +29,7 @@ from cudnn_pygraph.engines.linear_attention.kernels import splitting
 
 H = 16
 DIM = 128
-TOKENS = 131072
+(TOKENS,) = first("la.chain").params["seqlens"]  # one sequence (bench/cases.py)
 SCALE = DIM**-0.5
 REPS = 10
 WARMUP = 2

@@ -4,7 +4,7 @@ our torch op (what a model calls: cudnn_pygraph.linear_attention), fla-core's ch
 NVIDIA's op where one runs on Hopper, each a callable doing the forward (no autograd) or
 the forward and backward (autograd, dO given).
 
-Problems follow bench/gdn.py's rows: bf16, H = HV = 16, K = V = 128, l2norm on, a
+Problems follow bench/cases.py's "la" rows: bf16, H = HV = 16, K = V = 128, l2norm on, a
 log-space decay; kda's decay per key channel (fp32, as Kimi's gate produces it), gdn2's
 erase gate per key channel and write gate per value channel, gdp with n = 2 Householder
 rows per token (k / v / beta at T * n rows). States are K-major [N, H, K, V] for every op

@@ -290,7 +290,7 @@ def profile_side(side, problem, backward):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", default="gdn,kda,gdn2,gdp")
-    parser.add_argument("--only", default="(a)", help="substring of a shape name (bench/gdn.py)")
+    parser.add_argument("--only", default="(a)", help="substring of a row name (bench/cases.py)")
     parser.add_argument("--no-fla", action="store_true")
     parser.add_argument("--cache-dir", default=None, help="the compiled-plan cache to use")
     parser.add_argument("--out", default=None, help="also write the markdown here")
@@ -299,12 +299,14 @@ def main(argv=None):
 
     use_compiled_cache(args.cache_dir)
     import torch
-    from gdn import quick_fla_autotune, shapes
+    from gdn import quick_fla_autotune
     from la_families import Problem
+    from runner import first
 
     if not args.no_fla:
         quick_fla_autotune()
-    name, seqlens = next((n, s) for n, s in shapes().items() if args.only in n)
+    case = first("la", args.only)
+    name, seqlens = case.name, case.params["seqlens"]
     out = [
         f"# Stage table: ours vs fla-core per stage, {name}, H16, K = V = 128, bf16, l2norm",
         "",

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
+
+from runner import run
+from timing import Stopwatch
 
 REPS = 20
 WARMUP = 3
@@ -97,12 +99,11 @@ def row(family, shape, seqlens, with_state, sides):
 def plan(families, only):
     """(family, shape, seqlens, with_state) in the order the table runs them: row (a)
     without state for every family first (the issue's headline), then the rest."""
-    from gdn import shapes
+    from runner import select
 
     cases = [
-        (f, name, s, st)
-        for name, s in shapes().items()
-        if not only or only in name
+        (f, case.name, case.params["seqlens"], st)
+        for case in select("la", only)
         for st in STATES
         for f in families
     ]
@@ -116,11 +117,11 @@ def warm(families, sides):
     import torch
     from la_families import SIDES, Problem
 
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     for family, shape, seqlens, with_state in plan(families, None):
         problem = Problem(family, seqlens, with_state)
         for side in sides:
-            t1 = time.perf_counter()
+            step = Stopwatch()
             for backward in (False, True):
                 try:
                     SIDES[side](problem, backward)()
@@ -129,11 +130,11 @@ def warm(families, sides):
                           file=sys.stderr)  # fmt: skip
             torch.cuda.synchronize()
             print(f"warm {family} {side} {shape} state={with_state}: "
-                  f"{time.perf_counter() - t1:.1f} s", flush=True)  # fmt: skip
+                  f"{step.s:.1f} s", flush=True)  # fmt: skip
         del problem
     if "ours" in sides:
         _warm_launchers()
-    print(f"warm: {time.perf_counter() - t0:.0f} s in all")
+    print(f"warm: {clock.s:.0f} s in all")
 
 
 def _warm_launchers():
@@ -157,10 +158,10 @@ def _warm_launchers():
     }
     for gating, xs in inputs.items():
         for name in CONFIG_NAMES:
-            t1 = time.perf_counter()
+            step = Stopwatch()
             Ours(xs, cu, init, name).forward_backward()
             torch.cuda.synchronize()
-            print(f"warm launchers {gating} {name}: {time.perf_counter() - t1:.1f} s", flush=True)
+            print(f"warm launchers {gating} {name}: {step.s:.1f} s", flush=True)
 
 
 def main(argv=None):
@@ -190,29 +191,25 @@ def main(argv=None):
     if args.warm:
         warm(families, sides)
         return
-    t0 = time.perf_counter()
-    out = [
+    header = [
         "# Linear-attention training: ours vs fla-core 0.6.0 vs NVIDIA, H16, K = V = 128, bf16",
         "",
         f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}; "
         "`python3 bench/la_training.py`. Cells: kernel ms (CUDA events, call queued behind a "
-        "GPU sleep) / per-call ms back to back (5 bursts of "
+        "GPU sleep) / per-call ms back to back (the median of 5 bursts of "
         f"{BURST}). gdp: n = 2. Ratios: peer kernel time / ours.",
         "",
         HEADER,
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    print("\n".join(out), flush=True)
-    for family, shape, seqlens, with_state in plan(families, args.only):
-        if time.perf_counter() - t0 > args.budget_s:
-            line = f"| {family} | {shape} | {'yes' if with_state else 'no'} | skipped: budget |"
-        else:
-            line = row(family, shape, seqlens, with_state, sides)
-        print(line, flush=True)
-        out.append(line)
-        if args.out:  # a capped step still leaves every finished row
-            with open(args.out, "w") as f:
-                f.write("\n".join(out) + "\n")
+    run(
+        plan(families, args.only),
+        lambda c: row(*c, sides),
+        header,
+        budget_s=args.budget_s,
+        skipped=lambda c: f"| {c[0]} | {c[1]} | {'yes' if c[3] else 'no'} | skipped: budget |",
+        out_path=args.out,  # a capped step still leaves every finished row
+    )
 
 
 if __name__ == "__main__":

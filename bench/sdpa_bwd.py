@@ -21,7 +21,6 @@ import datetime
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 if "--dry" in sys.argv:
@@ -33,8 +32,10 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "sdpa"))
+from runner import select  # noqa: E402
 from sdpa_bwd_cases import BwdCase, declare  # noqa: E402  (the GPU suite's declarations)
 from sdpa_reference import rel_err  # noqa: E402
+from timing import Stopwatch, back_to_back_ms, device_ms, host_us  # noqa: E402
 
 import cudnn_pygraph as cudnn  # noqa: E402
 from cudnn_pygraph import ops  # noqa: E402
@@ -47,9 +48,7 @@ DEV = "cpu" if DRY else "cuda"
 DTYPE = torch.float16 if DRY else torch.bfloat16
 IO = cudnn.data_type.HALF if DRY else cudnn.data_type.BFLOAT16
 TOL = 2e-2  # bf16 gradients vs the backend's: rounding is ~1e-2 relative; a wrong one >> 1e-1
-START = time.time()
-THD_LENS = (256, 8192, 512, 4096, 1024, 2048, 384, 6144, 768, 3072, 1536, 5120, 320, 7168,
-            640, 2560)  # fmt: skip
+CLOCK = Stopwatch()  # the run's, for --budget-s
 PREFIX = "triton_sdpa_backward"
 
 
@@ -61,12 +60,8 @@ def sync():
 def timed(fn, reps):
     """(device ms, back-to-back ms per call); the dry run times one call by the wall."""
     if DRY:
-        t0 = time.perf_counter()
-        fn()
-        ms = (time.perf_counter() - t0) * 1e3
+        ms = host_us(fn, calls=1, reps=1, warmup=0) / 1e3
         return ms, ms
-    from timing import back_to_back_ms, device_ms
-
     return device_ms(fn, reps=reps), back_to_back_ms(fn, calls=max(5, reps))
 
 
@@ -127,7 +122,7 @@ def plan_row(label, case, inputs, flops, reps, budget_s, backend_entries=2):
     theirs = [i for i, n in enumerate(names) if not n.startswith(PREFIX)][:backend_entries]
     timed_ms, reference = {}, None
     for i in theirs + ours:  # the backend first: its output is the reference
-        if time.time() - START > budget_s and timed_ms:
+        if CLOCK.over(budget_s) and timed_ms:
             PLANS.append((label, names[i], None, None, None, "skipped: budget"))
             continue
         try:
@@ -291,9 +286,8 @@ def main():
     parser.add_argument("--dry", action="store_true")
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)
-    dense = [(2, 16, 8192, 128, True), (2, 16, 8192, 128, False), (8, 16, 2048, 64, True)]
-    for b, h, s, d, causal in dense:
-        label = f"B{b} H{h} S{s} D{d} {'causal' if causal else 'non-causal'}"
+    for dense in select("sdpa_bwd.dense"):
+        label, (b, h, s, d, causal) = dense.name, dense.params["shape"]
         if DRY:
             b, h, s = 1, 2, 48
         inputs = dense_inputs(b, h, h, s, d, causal, gen)
@@ -307,9 +301,10 @@ def main():
             except Exception as exc:  # noqa: BLE001
                 print(f"  torch flash: {exc!r:.120}")
         op_steps(label, inputs, causal, args.reps)
-    lens = [max(16, n // 128) for n in THD_LENS[:3]] if DRY else list(THD_LENS)
-    hq, hk, d = 32, 8, 128
-    label = f"THD {len(THD_LENS)} seqs {min(THD_LENS)}..{max(THD_LENS)} GQA {hq}/{hk} D{d} causal"
+    (thd,) = select("sdpa_bwd.thd")
+    label, full = thd.name, thd.params["lens"]
+    lens = [max(16, n // 128) for n in full[:3]] if DRY else list(full)
+    hq, hk, d = (thd.params[k] for k in ("hq", "hk", "d"))
     inputs = thd_inputs(lens, hq, hk, d, gen)
     flops = backward_flops(hq, d, lens, lens, AttnMask.causal())
     case = BwdCase(tuple(lens), tuple(lens), hq, hk, d, "causal-tl", "thd")

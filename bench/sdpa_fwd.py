@@ -1,8 +1,9 @@
 """SDPA forward on the GPU: our Triton prefill / paged decode vs torch flash vs the cuDNN backend.
 
 Checks every config against a float64 reference (a slice of heads / requests), times kernels
-with CUDA events (median of reps, queue pre-filled so host launch time is hidden) and prints
-Markdown tables: the side by side first, then every config timed. Installs nothing; the
+with CUDA events (bench/timing.py device_ms: median of reps, each call queued behind a GPU
+sleep so host launch time is hidden) and prints Markdown tables: the side by side first,
+then every config timed. Installs nothing; the
 backend column needs NVIDIA's nvidia-cudnn-frontend on the path (else "n/a").
 
     PYTHONPATH=src python bench/sdpa_fwd.py [--budget-s 150] [--out results.md]
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,14 +36,16 @@ from cudnn_pygraph.engines.sdpa.kernels import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "sdpa"))
+from runner import select  # noqa: E402
 from sdpa_reference import attention_one, rel_err  # noqa: E402  (float64, tests only)
+from timing import Stopwatch, device_ms, host_us  # noqa: E402
 
 # --dry: a CPU smoke run of every code path (TRITON_INTERPRET=1, tiny shapes, fp16, wall time).
 DRY = "--dry" in sys.argv
 DEV = "cpu" if DRY else "cuda"
 DT = torch.float16 if DRY else torch.bfloat16
 TOL_OUT = 1.5e-2  # bf16 output rounding is ~4e-3 relative; a wrong kernel is >> 1e-1
-START = time.time()
+CLOCK = Stopwatch()  # the run's, for --budget-s
 
 
 def sync():
@@ -56,22 +58,11 @@ def small(n: int) -> int:
 
 
 def median_ms(fn, reps: int) -> float:
-    fn()
-    sync()
+    """Device ms per call (bench/timing.py device_ms); the dry run's interpreter has no
+    events: one call by the wall, after a warm one."""
     if DRY:
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    pairs = []
-    torch.cuda._sleep(20_000_000)  # fill the queue: events then time the device, not the host
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        pairs.append((s, e))
-    sync()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+        return host_us(fn, calls=1, reps=1, warmup=1) / 1e3
+    return device_ms(fn, reps=reps, warmup=1)
 
 
 def K(m, n, st, w, pack=False, tma=False, lazy=False, regs=None):
@@ -299,7 +290,7 @@ def time_or_none(factory, reps):
 
 
 def over_budget(budget_s):
-    return time.time() - START > budget_s
+    return CLOCK.over(budget_s)
 
 
 def try_configs(shape, configs, launch, check, reps, budget_s):
@@ -322,7 +313,7 @@ def try_configs(shape, configs, launch, check, reps, budget_s):
         ok = err <= TOL_OUT
         TIMINGS.append((shape, name(kn), ms, f"{err:.1e}" + ("" if ok else " WRONG")))
         print(
-            f"  {shape} {name(kn)}: {ms:.3f} ms err {err:.1e} t={time.time() - START:.0f}s",
+            f"  {shape} {name(kn)}: {ms:.3f} ms err {err:.1e} t={CLOCK.s:.0f}s",
             flush=True,
         )
         if ok:
@@ -330,8 +321,8 @@ def try_configs(shape, configs, launch, check, reps, budget_s):
     return results
 
 
-def dense_row(b, h, s, d, causal, candidates, budget_s, reps=10):
-    shape = f"B{b} H{h} S{s} D{d} {'causal' if causal else 'non-causal'}"
+def dense_row(case, candidates, budget_s, reps=10):
+    shape, (b, h, s, d, causal) = case.name, case.params["shape"]
     b, h, s = (small(x) for x in (b, h, s))
     scale = 1.0 / math.sqrt(d)
     q, k, v = (torch.randn(b, h, s, d, device=DEV, dtype=DT) for _ in range(3))
@@ -371,27 +362,9 @@ def dense_row(b, h, s, d, causal, candidates, budget_s, reps=10):
     return sorted(results, key=results.get)
 
 
-def thd_row(candidates, budget_s, reps=10):
-    lens = [
-        256,
-        8192,
-        512,
-        4096,
-        1024,
-        2048,
-        384,
-        6144,
-        768,
-        3072,
-        1536,
-        5120,
-        320,
-        7168,
-        640,
-        2560,
-    ]
-    hq, hkv, d = 32, 8, 128
-    shape = f"THD 16 seqs {min(lens)}..{max(lens)} (sum {sum(lens)}) GQA {hq}/{hkv} D{d} causal"
+def thd_row(case, candidates, budget_s, reps=10):
+    shape, lens = case.name, list(case.params["lens"])
+    hq, hkv, d = (case.params[k] for k in ("hq", "hkv", "d"))
     lens = [small(n // 64) for n in lens] if DRY else lens
     scale = 1.0 / math.sqrt(d)
     total = sum(lens)
@@ -471,9 +444,9 @@ def thd_row(candidates, budget_s, reps=10):
     )
 
 
-def decode_row(page, candidates, budget_s, reps=20):
-    b, hq, hkv, d, L = 64, 32, 8, 128, 4096
-    shape = f"decode {b} req x 1 q, {L} paged kv (page {page}), GQA {hq}/{hkv} D{d}"
+def decode_row(case, candidates, budget_s, reps=20):
+    shape = case.name
+    b, hq, hkv, d, L, page = (case.params[k] for k in ("b", "hq", "hkv", "d", "kv", "page"))
     if DRY:
         b, L = 6, 192
     scale = 1.0 / math.sqrt(d)
@@ -605,20 +578,19 @@ def main():
         K(64, 64, 3, 4),
         K(128, 64, 2, 8),
     ]
-    ranked = dense_row(2, 16, 8192, 128, True, d128, budget * 0.3)
-    dense_row(2, 16, 8192, 128, False, d128, budget * 0.5)
-    dense_row(
-        8,
-        16,
-        2048,
-        64,
-        True,
-        [K(128, 64, 3, 4), K(128, 64, 3, 8), K(64, 64, 3, 4), K(64, 64, 2, 4), K(128, 32, 4, 4)],
-        budget * 0.62,
-    )
+    d64 = [K(128, 64, 3, 4), K(128, 64, 3, 8), K(64, 64, 3, 4), K(64, 64, 2, 4), K(128, 32, 4, 4)]
+    # Each row stops at its share of --budget-s (cases.py "budget": the run's clock, not the
+    # row's own); the THD row takes the first dense row's two fastest configs.
+    ranked = [
+        dense_row(
+            case, {128: d128, 64: d64}[case.params["shape"][3]], budget * case.params["budget"]
+        )
+        for case in select("sdpa_fwd.dense")
+    ][0]
     top = ranked[:2] or d128[:2]
-    thd = top + [SdpaFwdKnobs(**{**top[0].__dict__, "PACK_GQA": True})]
-    thd_row(dedup(thd), budget * 0.8)
+    packed = top + [SdpaFwdKnobs(**{**top[0].__dict__, "PACK_GQA": True})]
+    for case in select("sdpa_fwd.thd"):
+        thd_row(case, dedup(packed), budget * case.params["budget"])
     # Run 1: page 16 split1 255 us / split2 263 / split4 270 / n128split2w8 267; page 64
     # split1 305 / split2 262 / split4 273 / n128split2w8 265.
     # Run 2: s4 ties s3 (263 / 264 us), n32split2s4w2 is 20% behind: two configs per page.
@@ -626,8 +598,8 @@ def main():
         SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=1, NUM_STAGES=3, NUM_WARPS=4),
         SdpaDecodeKnobs(TILE_N=64, SPLIT_KV=2, NUM_STAGES=3, NUM_WARPS=4),
     ]
-    decode_row(16, dec, budget * 0.9)
-    decode_row(64, dec, budget)
+    for case in select("sdpa.decode"):
+        decode_row(case, dec, budget * case.params["budget"])
     text = report()
     print(text)
     if args.out:

@@ -5,7 +5,7 @@ layer, and what a new batch size costs (issue 17: graphs per layout class, not p
    device time (device_ms) at B8 H16 S2048 D64 causal bf16, ours and torch's SDPA: where
    back to back exceeds device time, the host is the bound.
 2. Host µs per call of each layer at a serving shape (B1 H8 S128 D64 causal: the device
-   is nearly idle), a burst of calls timed by the wall, min of 5, against torch's SDPA on
+   is nearly idle), a burst of calls timed by the wall, median of 5, against torch's SDPA on
    the same tensors (issue 34: the op within 1.2x of torch's host cost): the public op
    forward + backward, the op forward alone, the custom op, its implementation (layout
    keys, `_serving`, `BoundPlan.run`), `BoundPlan.run` alone and the plan's
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 DRY = "--dry" in sys.argv
@@ -33,6 +32,7 @@ if DRY:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
+from timing import Stopwatch, back_to_back_ms, device_ms, host_us  # noqa: E402
 
 from cudnn_pygraph import ops  # noqa: E402
 from cudnn_pygraph.ops import attention  # noqa: E402
@@ -55,23 +55,13 @@ def _sync():
 
 
 def _host_us(fn, calls=200):
-    """µs per call: bursts of `calls` by the wall (no synchronize inside), min of 5."""
-    fn()
-    _sync()
-    best = float("inf")
+    """µs per call: bursts of `calls` by the wall (no synchronize inside), median of 5
+    (bench/timing.py host_us)."""
     calls, reps = (1, 1) if DRY else (calls, 5)
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-        _sync()
-    return best
+    return host_us(fn, calls=calls, reps=reps, warmup=1, drain=_sync)
 
 
 def steps(lines):
-    from timing import back_to_back_ms, device_ms
-
     q, k, v, g = _inputs(8, 16, 2048, 64)
     lines += ["## Step: forward + backward, B8 H16 S2048 D64 causal", "",
               "| path | device ms | back-to-back ms/step |", "|---|---|---|"]  # fmt: skip
@@ -151,10 +141,10 @@ def batches(lines):
             times = []
             for _ in range(2):
                 _sync()
-                t0 = time.perf_counter()
+                clock = Stopwatch()
                 ops.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.1).backward(g)
                 _sync()
-                times.append((time.perf_counter() - t0) * 1e3)
+                times.append(clock.ms)
             lines.append(f"| {b} | {times[0]:.1f} | {times[1]:.1f} | {len(ranked)} |")
     finally:
         attention._rank = real

@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
+
+from runner import select
+from timing import Stopwatch
 
 if "--dry" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
@@ -37,24 +39,6 @@ IO = DT.HALF if DRY else DT.BFLOAT16
 TORCH_IO = torch.float16 if DRY else torch.bfloat16
 I32 = {"data_type": DT.INT32}
 GOAL = 0.03
-THD_LENS = [
-    256,
-    8192,
-    512,
-    4096,
-    1024,
-    2048,
-    384,
-    6144,
-    768,
-    3072,
-    1536,
-    5120,
-    320,
-    7168,
-    640,
-    2560,
-]  # fmt: skip (bench/sdpa_fwd.py's THD row)
 
 
 def _graph():
@@ -124,20 +108,11 @@ def paged(b, hq, hkv, d, page, n):
 
 
 def cases():
-    """(label, make) of the graphs, at the issue's sizes (tiny under --dry)."""
-    if DRY:
-        return [
-            ("dense B1 H2 S32 D64 causal", lambda: dense(1, 2, 32, 64, True)),
-            ("THD 3 seqs GQA 4/2 D64", lambda: thd([5, 17, 9], 4, 2, 64)),
-            ("decode 2 x 64 keys GQA 4/2 D64 page 16", lambda: paged(2, 4, 2, 64, 16, 64)),
-        ]
+    """(label, make) of the graphs (bench/cases.py), at the issue's sizes (tiny under --dry)."""
+    build = {"dense": dense, "thd": thd, "paged": paged}
     return [
-        ("B2 H16 S8192 D128 causal", lambda: dense(2, 16, 8192, 128, True)),
-        ("B2 H16 S8192 D128 non-causal", lambda: dense(2, 16, 8192, 128, False)),
-        ("B8 H16 S2048 D64 causal", lambda: dense(8, 16, 2048, 64, True)),
-        ("THD 16 seqs GQA 32/8 D128 causal", lambda: thd(THD_LENS, 32, 8, 128)),
-        ("decode 64 x 4096 keys GQA 32/8 D128 page 16", lambda: paged(64, 32, 8, 128, 16, 4096)),
-        ("decode 64 x 4096 keys GQA 32/8 D128 page 64", lambda: paged(64, 32, 8, 128, 64, 4096)),
+        (c.name, lambda c=c: build[c.params["graph"]](*c.params["args"]))
+        for c in select("sdpa_ranked.dry" if DRY else "sdpa_ranked")
     ]
 
 
@@ -165,12 +140,12 @@ def ranked_rows(lines, reps=5, out=None):
     lines.append("| graph | cell | first listed | fastest | gap | within 3% | plans timed |")
     lines.append("|---|---|---|---|---:|---|---:|")
     for label, make in cases():
-        t0 = time.time()
+        clock = Stopwatch()
         try:
             lines.append(row(label, make, reps))
         except Exception as exc:  # noqa: BLE001 -- one row's failure is reported, not fatal
             lines.append(f"| {label} | failed: {type(exc).__name__}: {str(exc)[:200]} | | | | | |")
-        print(lines[-1], f"({time.time() - t0:.0f} s)", flush=True)
+        print(lines[-1], f"({clock.s:.0f} s)", flush=True)
         if out:  # row by row: a step cut short by its time cap keeps what it measured
             Path(out).write_text("\n".join(lines) + "\n")
 

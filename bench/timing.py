@@ -1,20 +1,40 @@
-"""Kernel time by CUDA events, with the host's launch time kept out of the figure.
+"""The bench harness's one clock: every figure a bench script reports comes from here.
 
-Each repetition first queues a GPU sleep long enough for the host to enqueue the whole call
-behind it, so the start event fires with the call's kernels already queued and the pair of
-events measures the device alone. Without it, a call whose host side is slower than its
-kernels (fla's forward: ~8 Triton launches through the JIT, ~50 us each on the H200's host)
-is timed as host latency: bench/gdn.py's runs 1-6 timed fla's forward of row (a) at
-2.1-2.4 ms that way, against the 0.924 ms BRIEF.md records for the same shape.
+Three measurements, one statistic: each is the MEDIAN over its repeats (never the min, never
+a mean), so two tables of the project read the same way.
+
+  device_ms        a call's device time in ms, by CUDA events with the host's launch time
+                   kept out (below)
+  back_to_back_ms  ms per call of a burst issued back to back from a drained queue, end to
+                   end: host and device overlapping, as a serving or training loop runs
+  host_us          the host's own µs per call (a burst by the wall, the queue drained before
+                   it and not waited for inside it): what our Python and the launch cost
+
+device_kernels_ms splits a call's device time by kernel (torch.profiler, each call profiled
+alone, the same median); kernel_table is that profile as a table to read, not a figure.
+And `Stopwatch`, the wall clock for what happens once (a cold start, a budget, a progress
+line), never repeated into a statistic. tests/test_bench_harness.py fails on any other
+timer in bench/.
+
+device_ms: each repetition first queues a GPU sleep long enough for the host to enqueue the
+whole call behind it, so the start event fires with the call's kernels already queued and
+the pair of events measures the device alone. Without it, a call whose host side is slower
+than its kernels (fla's forward: ~8 Triton launches through the JIT, ~50 us each on the
+H200's host) is timed as host latency (bench/results/gdn.md has the runs that were).
 A call that synchronizes with the host inside (a .item(), a .tolist()) still waits out the
 sleep and is then timed with its host latency; such a call is named in the table's notes.
+
+torch is imported where a measurement needs it, so the host-only scripts and the CPU smoke
+test import this module without touching CUDA.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 
-import torch
+# The one statistic of every figure (see the module docstring).
+STATISTIC = statistics.median
 
 # ~5 ms at the H200's 1.98 GHz: more than any measured host enqueue of one call.
 SLEEP_CYCLES = 10_000_000
@@ -22,6 +42,8 @@ SLEEP_CYCLES = 10_000_000
 
 def device_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     """Median over `reps` of one call's device time in ms (see the module docstring)."""
+    import torch
+
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -34,7 +56,7 @@ def device_ms(fn, reps: int = 20, warmup: int = 3) -> float:
         end.record()
         pairs.append((start, end))
         torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+    return STATISTIC([s.elapsed_time(e) for s, e in pairs])
 
 
 def back_to_back_ms(fn, calls: int = 50, warmup: int = 3) -> float:
@@ -42,16 +64,60 @@ def back_to_back_ms(fn, calls: int = 50, warmup: int = 3) -> float:
     5 bursts: the measurement autotune ranks plans by (planning/autotune.back_to_back_ms).
     Host and device overlap as in a serving loop, so it reads the device rate when the host
     keeps up and the host's when it does not (what `device_ms` keeps out)."""
+    import torch
+
     from cudnn_pygraph.planning import autotune
 
     times = autotune.back_to_back_ms(
         lambda _: fn(), warmup, 5, burst=calls, drain=torch.cuda.synchronize
     )
-    return statistics.median(times)
+    return STATISTIC(times)
 
 
-def _profiled(fn, reps):
-    fn()
+def host_us(fn, calls: int = 1, reps: int = 25, warmup: int = 10, drain=None) -> float:
+    """The host's µs per call: the median over `reps` bursts of `calls` calls, each burst by
+    the wall divided by `calls`. `drain` (torch.cuda.synchronize on the GPU, None for work
+    that never queues any) empties the queue before each burst, outside the clock, and is
+    not waited for inside it: the figure is what issuing costs, not what running costs."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(reps):
+        if drain is not None:
+            drain()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    if drain is not None:
+        drain()
+    return STATISTIC(samples)
+
+
+class Stopwatch:
+    """Wall seconds since it was made: for what happens once, a cold start, a run's budget,
+    a progress line; a repeated figure is one of the three above."""
+
+    def __init__(self):
+        self._t0 = time.perf_counter()
+
+    @property
+    def s(self) -> float:
+        return time.perf_counter() - self._t0
+
+    @property
+    def ms(self) -> float:
+        return self.s * 1e3
+
+    def over(self, budget_s: float) -> bool:
+        return self.s > budget_s
+
+
+def _profiled(fn, reps, warm=True):
+    import torch
+
+    if warm:
+        fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
@@ -62,23 +128,26 @@ def _profiled(fn, reps):
 
 def kernel_table(fn, reps: int = 5) -> str:
     """Per-kernel device time of `reps` calls after one warm call (torch.profiler's table,
-    heaviest kernel first): where a call's time goes, not a timing to report as one."""
-    return _profiled(fn, reps).table(sort_by="cuda_time_total", row_limit=20)
+    heaviest kernel first): where a call's time goes, to read, not a figure to report."""
+    return _profiled(fn, reps).table(sort_by="device_time_total", row_limit=20)
 
 
-def device_kernels_ms(fn, reps: int = 5) -> dict:
-    """{kernel name: device ms per call} of the same profile, every kernel the call ran
-    (torch's own and copies included)."""
-    out = {}
-    for event in _profiled(fn, reps):
-        # torch >= 2.4 names it device_time_total (0 for a host-only event); older torch
-        # only has cuda_time_total
-        total = getattr(event, "device_time_total", None)
-        if total is None:
-            total = event.cuda_time_total
-        if total:
-            out[event.key] = total / 1000 / reps
-    return out
+def device_kernels_ms(fn, reps: int = 5, per_launch: bool = False) -> dict:
+    """{kernel name: device ms per call} of every kernel the call ran (torch's own and
+    copies included), the median over `reps` calls each profiled alone after a warm one;
+    `per_launch`: ms per launch of the kernel instead (a call may launch one several times)."""
+    samples = {}
+    for rep in range(reps):
+        for event in _profiled(fn, 1, warm=rep == 0):
+            # torch >= 2.4 names it device_time_total (0 for a host-only event); older
+            # torch only has cuda_time_total
+            total = getattr(event, "device_time_total", None)
+            if total is None:
+                total = event.cuda_time_total
+            if total:
+                ms = total / 1000 / (event.count if per_launch else 1)
+                samples.setdefault(event.key, [0.0] * reps)[rep] = ms
+    return {name: STATISTIC(ms) for name, ms in samples.items()}
 
 
 def kernel_ms(fn, reps: int = 5) -> dict:

@@ -6,7 +6,7 @@ Times `VariantPack.from_objects` (the whole one-crossing read of a 3-operand pac
 check, producer reads, the rule, the pointer array) for the bindings execute sees,
 `VariantPack.from_mapping` (the same from execute's {uid or tensor: object} argument), and
 the per-call reads an engine does afterwards. Each case is checked for the right pointers and
-classification before it is timed. Reported: min and median over REPEATS of the mean of a
+classification before it is timed. Reported: the median over REPEATS of the mean of a
 LOOP-call burst, in ns per call and per operand. No GPU; needs the extension built
 (tests/runtime/build_variant_pack.py or the package build).
 
@@ -14,21 +14,21 @@ The "python attribute walk" row is not an implementation: it is what reading the
 facts off a torch tensor in Python costs, the baseline the exchange table is there to beat.
 """
 
+import argparse
 import datetime
 import os
 import platform
-import statistics
 import sys
-import time
 
 import numpy as np
 import torch
+from timing import host_us
 
 from cudnn_pygraph._types import ELEMENT_BITS, data_type
 from cudnn_pygraph.runtime.variant_pack import DeclaredLayout, VariantPack
 
 LOOP = 5_000
-REPEATS = 41  # short bursts, many: the min finds the quiet windows of a shared host
+REPEATS = 41  # short bursts, many: the median steadies on a shared host
 M, N, K = 128, 256, 128  # the issue's matmul: A [1, M, K], B [1, K, N], C [1, M, N]
 BF16 = data_type.BFLOAT16
 
@@ -43,16 +43,8 @@ def matmul_layout():
 
 
 def time_per_call(fn):
-    """(min, median) ns per call over REPEATS bursts of LOOP calls."""
-    for _ in range(LOOP):  # warm: caches, allocator free lists
-        fn()
-    samples = []
-    for _ in range(REPEATS):
-        start = time.perf_counter_ns()
-        for _ in range(LOOP):
-            fn()
-        samples.append((time.perf_counter_ns() - start) / LOOP)
-    return min(samples), statistics.median(samples)
+    """ns per call: the median over REPEATS bursts of LOOP calls (bench/timing.py host_us)."""
+    return host_us(fn, calls=LOOP, reps=REPEATS, warmup=LOOP) * 1e3
 
 
 def cpu_name():
@@ -67,6 +59,7 @@ def cpu_name():
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     layout = matmul_layout()
     a = torch.randn(1, M, K).to(torch.bfloat16)
     b = torch.randn(1, K, N).to(torch.bfloat16)
@@ -97,8 +90,9 @@ def main():
         held = [buf.ptr for buf in pack.operands([0, 1, 2])]
         assert held == pointers, (name, held, pointers)
         assert pack.graph_described == graph_described, (name, pack.graph_described)
-        best, median = time_per_call(lambda: from_objects(layout, objects))
-        rows.append((f"from_objects: {name}", best, median, 3))
+        rows.append(
+            (f"from_objects: {name}", time_per_call(lambda: from_objects(layout, objects)), 3)
+        )
 
     class Port:  # a graph tensor as execute's caller keys the map
         def __init__(self, uid):
@@ -112,26 +106,26 @@ def main():
     ]:
         pack = from_mapping(layout, mapping, required=required)
         assert [buf.ptr for buf in pack.operands(required)] == addresses, name
-        best, median = time_per_call(lambda: from_mapping(layout, mapping, required=required))
-        rows.append((f"from_mapping: {name}, required checked", best, median, 3))
+        ns = time_per_call(lambda: from_mapping(layout, mapping, required=required))
+        rows.append((f"from_mapping: {name}, required checked", ns, 3))
 
     pack = from_objects(layout, tensors)
     positions = [pack.index_of(uid) for uid in (1, 2, 3)]
     rows.append(
         (
             "pack.operands(3 positions) -> OperandBuffers",
-            *time_per_call(lambda: pack.operands(positions)),
+            time_per_call(lambda: pack.operands(positions)),
             3,
         )
     )
-    rows.append(("pack.address", *time_per_call(lambda: pack.address), 1))
+    rows.append(("pack.address", time_per_call(lambda: pack.address), 1))
 
     def attribute_walk():
         for t in tensors:
             (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
 
     rows.append(
-        ("reference: python attribute walk of 3 torch tensors", *time_per_call(attribute_walk), 3)
+        ("reference: python attribute walk of 3 torch tensors", time_per_call(attribute_walk), 3)
     )
 
     command = "PYTHONPATH=src python bench/variant_pack_cpu.py"
@@ -145,20 +139,17 @@ def main():
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"- host load average at the end: {load:.2f} on {os.cpu_count()} CPUs "
-        "(medians move with it; the min is the number to watch)"
+        "(the medians move with it)"
     )
     print(
-        f"- method: min / median over {REPEATS} bursts of {LOOP} calls; pack of 3 operands "
+        f"- method: median over {REPEATS} bursts of {LOOP} calls; pack of 3 operands "
         f"(bf16 matmul A [1,{M},{K}], B [1,{K},{N}], C [1,{M},{N}]); every case checked "
         "for pointers and graph_described before timing\n"
     )
-    print("| case | min ns/call | median ns/call | min ns/operand | median ns/operand |")
-    print("|---|---:|---:|---:|---:|")
-    for name, best, median, operands in rows:
-        print(
-            f"| {name} | {best:.0f} | {median:.0f} | {best / operands:.0f} "
-            f"| {median / operands:.0f} |"
-        )
+    print("| case | median ns/call | median ns/operand |")
+    print("|---|---:|---:|")
+    for name, median, operands in rows:
+        print(f"| {name} | {median:.0f} | {median / operands:.0f} |")
     return 0
 
 

@@ -6,7 +6,7 @@ The ops come from the OpSpec tables (graph/ops: every op, no hand list); each ca
 its tensors from a pool declared with zero extents, zero / negative / overlapping strides
 and every data type, and each attribute either from its declared domain (enum members,
 choices, the default's type) or from anything at all. After the builders: validate(),
-printing, and the JSON round trip. CI runs 1,000 graphs, derandomized; bench/fuzz.py runs
+printing, and the JSON round trip. CI runs 1,000 graphs, derandomized; tools/fuzz.py runs
 the same strategy 100,000 times and records the count in bench/results/reliability.md.
 """
 
@@ -212,7 +212,7 @@ def test_any_graph_works_or_raises_a_classic_error(recipe):
     run_one(recipe)
 
 
-# Found by this fuzzing (bench/fuzz.py at volume): the exact calls, kept as regressions.
+# Found by this fuzzing (tools/fuzz.py at volume): the exact calls, kept as regressions.
 def test_a_zero_head_count_in_an_sdpa_builder_is_a_classic_error():
     """sdpa's shape rule computes q_heads % k_heads: a ZeroDivisionError at a zero."""
     g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF)
@@ -240,14 +240,14 @@ def test_a_refused_tensor_call_leaves_no_half_built_tensor(kwargs):
 
 
 def test_an_enum_attribute_past_any_int_range_is_a_classic_error():
-    """bench/fuzz.py at 50,000 graphs: an enum attribute of 2**70 raised OverflowError."""
+    """tools/fuzz.py at 50,000 graphs: an enum attribute of 2**70 raised OverflowError."""
     g = cudnn.pygraph()
     with pytest.raises(ValueError, match="mode"):
         g.reduction(input=g.tensor([2, 2]), mode=2**70)
 
 
 def test_the_recipe_that_crashed_the_backend_now_validates_or_is_refused():
-    """bench/fuzz.py --seed 2 at volume: slices of an undimensioned tensor next to a
+    """tools/fuzz.py --seed 2 at volume: slices of an undimensioned tensor next to a
     batchnorm_backward crashed the process inside the backend's validate(). Run in a
     subprocess, so a crash fails this test instead of ending the suite."""
     program = f"""

@@ -9,7 +9,7 @@ that reads it ("#0<EPSILON"), a ragged offset by the tensor it offsets ("#0<Q~ra
 and a ragged_offset_name field holds that role. uids are compared as a field of their own, so a renumbering shows as one
 difference, not as every tensor differing. Each difference has a signature without
 values or names ("SDPA.generate_stats", "tensor.data_type"): signatures group graphs into
-causes (tests/backend/test_classic_differential_cpu.py, bench/classic_differential.py).
+causes (tests/backend/test_classic_differential_cpu.py, tools/classic_differential.py).
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ def compare(desc):
 
 # ---------------------------------------------------------------- the open disagreement classes
 # The classes of disagreement still open, found by this differential (the CI test xfails
-# each until it is gone; bench/classic_differential.py groups its findings by them).
+# each until it is gone; tools/classic_differential.py groups its findings by them).
 # id -> (family pattern, finding pattern, reason). A finding is one line of
 # classic_diff.Result.findings(): "verdict ours=... nvidia=... | <ours> | <nvidia>" or
 # "lowered <signature>".

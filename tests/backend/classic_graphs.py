@@ -11,10 +11,10 @@ one of that family. Families cover what the backend serves: pointwise chains wit
 every norm in every phase, matmul with mixed precision and epilogues, conv fprop / dgrad /
 wgrad with groups, reductions, slice / concatenate / reshape / transpose, SDPA forward and
 backward with masks, bias, dropout, paged caches, ragged (THD) layouts, GQA and score_mod.
-Shapes come from small sets: the GPU differential (bench/classic_differential.py) then
+Shapes come from small sets: the GPU differential (tools/classic_differential.py) then
 reuses compiled kernels across graphs.
 
-Used by tests/backend/test_classic_differential_cpu.py and bench/classic_differential.py;
+Used by tests/backend/test_classic_differential_cpu.py and tools/classic_differential.py;
 not part of the package.
 """
 

@@ -9,7 +9,7 @@ is an xfail (strict) that turns into a failure the day it is fixed, so the entry
 deleted and the family held to full agreement. A new disagreement fails
 test_family_agrees_but_for_known_classes with the graph's calls and both outcomes.
 The GPU half (plans, bitwise outputs, python plans vs the backend) is
-bench/classic_differential.py.
+tools/classic_differential.py.
 """
 
 import collections

@@ -297,7 +297,7 @@ def test_a_slice_of_a_node_output_lowers_without_crashing_the_backend(producer):
 
 
 def test_a_node_reading_a_virtual_adalayernorm_dbias_is_refused_without_a_crash():
-    """bench/fuzz.py --seed 2: the backend dimensions adalayernorm_backward's DBIAS only
+    """tools/fuzz.py --seed 2: the backend dimensions adalayernorm_backward's DBIAS only
     when it is a graph output, and instancenorm_backward reading the virtual DBIAS crashed
     the process in validate(). Ours pushes the IR's dims first: a classic refusal, in a
     process that survives."""
@@ -326,7 +326,7 @@ def test_a_node_reading_a_virtual_adalayernorm_dbias_is_refused_without_a_crash(
 
 @pytest.mark.parametrize("n_slices", [0, 1])
 def test_a_slice_short_of_the_input_rank_is_refused_before_a_reader_crashes(n_slices):
-    """bench/fuzz.py --seed 2: the backend gives a slice's output one dim per slice (none
+    """tools/fuzz.py --seed 2: the backend gives a slice's output one dim per slice (none
     for an empty list) and one stride per input axis; adalayernorm reading that output
     crashed the process in validate(). The classic refuses such an output; ours refuses the
     slice at validate, naming the attribute, in a process that survives."""
@@ -354,7 +354,7 @@ def test_a_slice_short_of_the_input_rank_is_refused_before_a_reader_crashes(n_sl
 
 
 def test_sdpa_mxfp8_backward_returns_and_lowers_the_six_outputs_of_the_classic():
-    """bench/fuzz.py --seed 2: the backend's sdpa_mxfp8_backward returns dQ, dK, dV and
+    """tools/fuzz.py --seed 2: the backend's sdpa_mxfp8_backward returns dQ, dK, dV and
     their three amax scalars; the OpSpec declared three, and lowering raised a bare
     RuntimeError. A classic program unpacks six."""
     dt = cudnn.data_type

@@ -10,7 +10,7 @@ allocation between guard bytes and starts as NaN bytes; the interpreter's masked
 stores are logged lane by lane with the program that made them. The interpreter runs a
 program's statements in order and its programs one after another, so a race that the GPU's
 threads or programs would run into shows here only through these checks; what they cannot
-see (the compiler's code, bf16) bench/la_localize.py looks at on the GPU.
+see (the compiler's code, bf16) tools/la_localize.py looks at on the GPU.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ dense and THD, the linear-attention families and their in-place forms) with rand
 operands, index tables (any values and dtypes) and attributes either returns or raises one
 of the classic error types (`cudnn_pygraph._types.CLASSIC_ERRORS`), never another
 exception and never a crash. CI runs a small derandomized slice under the interpreter;
-`bench/fuzz.py --ops N` runs N cases and tallies what is not classic.
+`tools/fuzz.py --ops N` runs N cases and tallies what is not classic.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int
           torch.complex64)  # fmt: skip
 TABLE_DTYPES = (torch.int32, torch.int64, torch.int16, torch.float32, torch.uint8)
 LAYOUTS = ("dense", "transposed", "expanded", "sliced")
-# The GPU where one serves the ops (bench/fuzz.py --ops on the GPU machine), else the CPU
+# The GPU where one serves the ops (tools/fuzz.py --ops on the GPU machine), else the CPU
 # under the Triton interpreter (CI: tests/conftest.py sets it).
 DEVICE = (
     "cpu" if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available() else "cuda"

@@ -7,8 +7,8 @@ does not stop at the first failure: it counts every case that raised anything el
 signature (exception type and the innermost frame of ours), and appends the tally to
 bench/results/reliability.md. A crash ends the run: --trace names the case that did it.
 
-    PYTHONPATH=$PWD/src:$PWD/tests python bench/fuzz.py [--graphs N] [--seed S]
-    PYTHONPATH=$PWD/src:$PWD/tests TRITON_INTERPRET=1 python bench/fuzz.py --ops 100000
+    PYTHONPATH=$PWD/src:$PWD/tests python tools/fuzz.py [--graphs N] [--seed S]
+    PYTHONPATH=$PWD/src:$PWD/tests TRITON_INTERPRET=1 python tools/fuzz.py --ops 100000
 """
 
 import argparse
@@ -110,7 +110,7 @@ def main():
     flag = f"--ops {args.ops}" if args.ops else f"--graphs {args.graphs}"
     interpreted = "TRITON_INTERPRET=1 " if os.environ.get("TRITON_INTERPRET") == "1" else ""
     summary = (
-        f"`PYTHONPATH=$PWD/src:$PWD/tests {interpreted}python bench/fuzz.py {flag} "
+        f"`PYTHONPATH=$PWD/src:$PWD/tests {interpreted}python tools/fuzz.py {flag} "
         f"--seed {args.seed}{budget}`: {count} {what} in {seconds:.0f} s; "
         f"{count - failed} worked or raised a classic error, {failed} raised anything else.\n"
     )

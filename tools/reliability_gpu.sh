@@ -3,7 +3,7 @@
 # compute-sanitizer's memcheck and racecheck over a small subset of tests/gpu (every python
 # engine once, small shapes). Appends what it saw to bench/results/reliability.md.
 #
-#   bash bench/reliability_gpu.sh        (from the repository root, on the GPU machine)
+#   bash tools/reliability_gpu.sh        (from the repository root, on the GPU machine)
 #
 # memcheck runs with PYTORCH_NO_CUDA_MEMORY_CACHING=1, so every tensor is its own
 # allocation and a read past one is reported rather than landing in the caching pool.
@@ -47,7 +47,7 @@ versions=$(python3 -c 'import torch, triton; print(f"torch {torch.__version__}, 
   echo
   echo "## GPU reliability ($(date -u +%Y-%m-%d), ${gpu:-no nvidia-smi}, ${versions})"
   echo
-  echo "\`bash bench/reliability_gpu.sh\`"
+  echo "\`bash tools/reliability_gpu.sh\`"
   echo
 } >>"$RESULTS"
 

@@ -12,8 +12,8 @@ The CPU suites cannot see these faults: they run the kernels under the Triton in
 where every enabled load / store lane is checked against the live tensors
 (tests/linear_attention/test_kernel_bounds.py) and bf16 is not modelled.
 
-  PYTHONPATH=src:tests python bench/la_localize.py gdn2 --config wide
-  PYTHONPATH=src:tests python bench/la_localize.py kda --seqlens 12000,0,3000 --gate weak \
+  PYTHONPATH=src:tests python tools/la_localize.py gdn2 --config wide
+  PYTHONPATH=src:tests python tools/la_localize.py kda --seqlens 12000,0,3000 --gate weak \
       --config few --repeat 1
 
 --set KERNEL.KEY=VALUE overrides one entry of the named config (wy_bwd.num_stages=1), to
