@@ -92,24 +92,12 @@ def subchunk_apply(
     sub = r // 16
     first = sub * 16
     kc = tl.arange(0, D)
-    y, g = _partner_rows(y_ptr, stride_y, col_y, g_ptr, stride_g, col_g, m_ptr, stride_m,
-                         col_m, t0, r, valid, D, TRANS, MUL)  # fmt: skip
+    g = _tile(g_ptr, t0, r, valid, stride_g, col_g, D, TRANS)
 
-    # Across sub-chunks: one product per output sub-chunk through its reference row.
-    if LOWER:
-        ref = first
-    else:
-        ref = first + 16
-    ref_ok = row_ok & (ref < valid)
-    g_ref = _tile(g_ptr, t0, ref, valid, stride_g, col_g, D, TRANS)
-    if LOWER:
-        d_out = g - g_ref
-    else:
-        d_out = g_ref - g
-    keep_out = _per_row(ref_ok, TRANS)
-    f_out = tl.where(keep_out, tl.exp(tl.where(keep_out, d_out, 0.0)), 0.0)
-    across = tl.zeros_like(y)
-    for a in tl.static_range(3):
+    # Across sub-chunks: one product per output sub-chunk through its reference row. y is
+    # read per product (L1-hot) rather than held: one [64, D] tile fewer live.
+    across = tl.zeros_like(g)
+    for a in range(3):
         R = 16 * (a + 1)
         gr = tl.load(g_ptr + (t0 + R).to(tl.int64) * stride_g + col_g + kc,
                      mask=(kc < D) & (R < valid), other=0.0)  # fmt: skip
@@ -122,6 +110,9 @@ def subchunk_apply(
             par_ok = (r >= R) & row_ok
             d_par = g - _per_channel(gr, TRANS)
         keep_par = _per_row(par_ok, TRANS)
+        y = _tile(y_ptr, t0, r, valid, stride_y, col_y, D, TRANS)
+        if MUL:
+            y = y * _tile(m_ptr, t0, r, valid, stride_m, col_m, D, TRANS)
         ys = tl.where(keep_par, y * tl.exp(tl.where(keep_par, d_par, 0.0)), 0.0)
         if TRANS:  # ds[j, r]: the output rows are its columns
             dss = tl.where((sub == S)[None, :], ds, 0.0)
@@ -129,6 +120,19 @@ def subchunk_apply(
         else:
             dss = tl.where((sub == S)[:, None], ds, 0.0)
             across += tl.dot(dss, ys, input_precision=PREC)
+    # The output rows' factor, once the partner rows' tiles are dead.
+    if LOWER:
+        ref = first
+    else:
+        ref = first + 16
+    ref_ok = row_ok & (ref < valid)
+    g_ref = _tile(g_ptr, t0, ref, valid, stride_g, col_g, D, TRANS)
+    if LOWER:
+        d_out = g - g_ref
+    else:
+        d_out = g_ref - g
+    keep_out = _per_row(ref_ok, TRANS)
+    f_out = tl.where(keep_out, tl.exp(tl.where(keep_out, d_out, 0.0)), 0.0)
     out = f_out * across
 
     # Inside a sub-chunk: exact, partner first + jj of every output row at once.
@@ -144,6 +148,10 @@ def subchunk_apply(
             dsp = tl.sum(tl.where(r[None, :] == p[:, None], ds, 0.0), 1)
         yp, gp = _partner_rows(y_ptr, stride_y, col_y, g_ptr, stride_g, col_g, m_ptr,
                                stride_m, col_m, t0, p, valid, D, TRANS, MUL)  # fmt: skip
+        if TRANS:
+            # dqk's dk side, at its register cap: G read again (L1-hot) rather than held
+            # through the loop (ptxas, sm_90, K = 256: 2400 vs 2472 B of spills).
+            g = _tile(g_ptr, t0, r, valid, stride_g, col_g, D, TRANS)
         if LOWER:
             d = g - gp
         else:
