@@ -249,6 +249,8 @@ SWEEP = {
     "dqk without its register cap": {"dqk": {"maxnreg": None}},
     "state_bwd 4 warps": {"state_bwd": {"num_warps": 4}},
     "BG 64": {k: {"BG": 64} for k in ("wy_solve", "output_fwd", "dv_local", "dqk")},
+    # The config wide-subchunk-bwd: the backward's gated products on the sub-chunk form.
+    "backward products sub-chunk": {k: {"SUBCHUNK_BWD": True} for k in ("dqk", "wy_bwd")},
 }
 
 
