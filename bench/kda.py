@@ -250,6 +250,13 @@ SWEEP = {
     "dqk without its register cap": {"dqk": {"maxnreg": None}},
     "state_bwd 4 warps": {"state_bwd": {"num_warps": 4}},
     "BG 64": {k: {"BG": 64} for k in ("wy_solve", "output_fwd", "dv_local", "dqk")},
+    # The config wide-subchunk-bwd: the backward's gated products on the sub-chunk form.
+    "backward products sub-chunk": {k: {"SUBCHUNK_BWD": True} for k in ("dqk", "wy_bwd")},
+    # ptxas (sm_90, K = 128): wy_bwd's spills 160 -> 116 B (kda), shared memory 88 -> 32 KB.
+    "backward products sub-chunk, wy_bwd 1 stage": {
+        "dqk": {"SUBCHUNK_BWD": True},
+        "wy_bwd": {"SUBCHUNK_BWD": True, "num_stages": 1},
+    },
 }
 
 

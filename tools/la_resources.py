@@ -62,7 +62,9 @@ BLOCKS = ("BK", "BV", "BA", "BG", "PART")
 # above what the kernel spills now, so the allowances only come down, to none.
 ALLOWED_SPILLS = {
     "compose": 13840,  # chain, K = 256 (BV = 256)
-    "dqk": 2408,
+    # kda / gdn2 at K = 256 with checkpoints, the sub-chunk backward configs (the tree's:
+    # 2344)
+    "dqk": 2400,
     "dv_local": 192,
     "output_fwd": 836,
     "pick": 9672,  # chain, K = 256 (BV = 256)
@@ -70,9 +72,9 @@ ALLOWED_SPILLS = {
     "state_fwd": 3624,
     "transition": 128,
     "wy_bwd": 268,
-    # gdn2 at K = 256 under the sub-chunk configs; the tree configs' worst is 4644 (gdn2,
-    # K = 256): the sub-chunk form made this program worse
-    "wy_solve": 7948,
+    # gdn2 at K = 256 under the tree configs; the sub-chunk configs' worst is 1148 (gdn2,
+    # K = 256)
+    "wy_solve": 5636,
 }
 
 

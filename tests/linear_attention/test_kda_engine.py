@@ -160,7 +160,15 @@ def test_plans_list_the_kernel_configs_as_knobs():
     # then the whole table.
     assert [k[cudnn.knob_type.KERNEL_CFG] for _, k in listed] == [
         CONFIG_NAMES.index(n)
-        for n in ("few-subchunk", "wide", "few", "wide-unfused", "wide-subchunk")
+        for n in (
+            "few-subchunk",
+            "wide",
+            "few",
+            "wide-unfused",
+            "wide-subchunk",
+            "wide-subchunk-bwd",
+            "few-subchunk-bwd",
+        )
     ]
     assert "triton_kda" in g.get_plan_name_at_index(0)
 

@@ -79,6 +79,14 @@ _WIDE_STATE_BWD_GATED = {**_WIDE_STATE_BWD, "num_warps": 8}
 # channels per pass; at BK 64 and 4 warps ptxas (sm_90) gives it no spills
 # (bench/results/kda.md has the candidates bench/kda.py --sweep times).
 _SUBCHUNK = {"scores": {"BK": 64, "num_warps": 4}}
+# The backward's gated products on the sub-chunk form too (kernels/subchunk_bwd.py: dqk's
+# dq / dk products and wy_bwd's products of dM), in place of gated.py's tree; the tile
+# configs are the tree's (their entries under the per-key gate), with the form's flag.
+_SUBCHUNK_BWD = {
+    **_SUBCHUNK,
+    "dqk_gated": {**_SHARED["dqk"], "SUBCHUNK_BWD": True},
+    "wy_bwd_gated": {**_SHARED["wy_bwd_gated"], "SUBCHUNK_BWD": True},
+}
 
 # (name, {kernel: config}); a plan's CONFIG knob is the index. Append only: a recorded
 # plan's index must keep naming the same kernels.
@@ -135,6 +143,29 @@ CONFIGS = (
             "state_fwd": {"BV": 16, "BG": 32, "num_warps": 4},
             "state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 2},
             **_SUBCHUNK,
+        }),
+    ),
+    (
+        # "wide-subchunk" / "few-subchunk" with the backward's gated products on the
+        # sub-chunk form as well (_SUBCHUNK_BWD); the tree's configs stay selectable until
+        # the GPU suites prove these (tests/gpu/test_kda_subchunk_bwd_gpu.py).
+        "wide-subchunk-bwd",
+        _frozen({
+            **_SHARED,
+            "state_fwd": {"BV": 64, "BG": 32, "num_warps": 4, "num_stages": 2,
+                          "V_FASTEST": True},
+            "state_bwd": _WIDE_STATE_BWD,
+            "state_bwd_gated": _WIDE_STATE_BWD_GATED,
+            **_SUBCHUNK_BWD,
+        }),
+    ),
+    (
+        "few-subchunk-bwd",
+        _frozen({
+            **_SHARED,
+            "state_fwd": {"BV": 16, "BG": 32, "num_warps": 4},
+            "state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 2},
+            **_SUBCHUNK_BWD,
         }),
     ),
 )  # fmt: skip

@@ -26,6 +26,7 @@ import triton.language as tl
 from .chunk_index import locate_chunk
 from .gated import gated_apply, gated_scores
 from .normalize import inv_norm, l2norm_rows, l2norm_rows_bwd
+from .subchunk_bwd import subchunk_apply
 from .tiles import (
     decay_mask,
     load_rows,
@@ -239,6 +240,7 @@ def dqk_kernel(
     EPS: tl.constexpr,
     GATE_K: tl.constexpr = False,
     BG: tl.constexpr = 32,
+    SUBCHUNK_BWD: tl.constexpr = False,
 ):
     """Writes dq (final if FINAL_DQ, else fp32 per output head), and fp32 partials dk, dw,
     dG [T, HO] ([T, HO, K] under GATE_K) that the WY backward completes.
@@ -254,7 +256,8 @@ def dqk_kernel(
     Two launches of lighter programs, each recomputing dP: PART 1 (the dq side: dq and dG's
     query terms), then PART 2 (the dk side: dk, dw, and dG's key terms added to what PART 1
     stored). (One launch computing both: (a) fwd+bwd 5.68 vs 5.49 ms, H200.) BG: the column
-    slice of the gated products (GATE_K, _dqk_gated_tail)."""
+    slice of the gated products (GATE_K, _dqk_gated_tail); SUBCHUNK_BWD: those products on
+    the sub-chunk form (subchunk_bwd.py) instead of gated.py's tree."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -318,12 +321,12 @@ def dqk_kernel(
         if PART == 1:
             _dqk_gated_tail(
                 q_ptr, k_ptr, gc_ptr, dq_ptr, dk_ptr, dg_ptr, dp, dq_inter, dp, dp, t0, valid,
-                scale, HO, H, HK, h, hq, hk, K, L2NORM, FINAL_DQ, PART, EPS, PREC, BG,
+                scale, HO, H, HK, h, hq, hk, K, L2NORM, FINAL_DQ, PART, EPS, PREC, BG, SUBCHUNK_BWD,
             )  # fmt: skip
         if PART == 2:
             _dqk_gated_tail(
                 q_ptr, k_ptr, gc_ptr, dq_ptr, dk_ptr, dg_ptr, dp, dp, dkt_state, s_dot, t0,
-                valid, scale, HO, H, HK, h, hq, hk, K, L2NORM, FINAL_DQ, PART, EPS, PREC, BG,
+                valid, scale, HO, H, HK, h, hq, hk, K, L2NORM, FINAL_DQ, PART, EPS, PREC, BG, SUBCHUNK_BWD,
             )  # fmt: skip
     else:
         # In an order that ends each [64, K] tile's life early (ptxas holds the peak here).
@@ -371,6 +374,7 @@ def _dqk_gated_tail(
     q_ptr, k_ptr, gc_ptr, dq_ptr, dk_ptr, dg_ptr, dp, dq_inter, dkt_state, s_dot, t0, valid,
     scale, HO, H, HK, h, hq, hk, K: tl.constexpr, L2NORM: tl.constexpr, FINAL_DQ: tl.constexpr,
     PART: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, BG: tl.constexpr,
+    SUBCHUNK_BWD: tl.constexpr,
 ):  # fmt: skip
     """dqk_kernel's finish under a per-key-channel decay (GATE_K), from the V loop's sums:
     dp = dO E^T, dq_inter = dO S_0^T (PART 1), dkt_state = (E dS_C^T)^T and s_dot =
@@ -394,10 +398,17 @@ def _dqk_gated_tail(
         tl.debug_barrier()
         for ic in range(K // BG):
             c = ic * BG
-            dq = load_rows(dg_ptr, t0, r, valid, HO * K, h * K + c, BG) + gated_apply(
-                ds, k_ptr, HK * K, hk * K + c, gc_ptr, HO * K, h * K + c, t0, valid, BG, True,
-                False, PREC, k_ptr, 0, 0, False,
-            )  # fmt: skip
+            if SUBCHUNK_BWD:
+                prod = subchunk_apply(
+                    ds, k_ptr, HK * K, hk * K + c, gc_ptr, HO * K, h * K + c, t0, valid, BG,
+                    True, False, PREC, k_ptr, 0, 0, False,
+                )  # fmt: skip
+            else:
+                prod = gated_apply(
+                    ds, k_ptr, HK * K, hk * K + c, gc_ptr, HO * K, h * K + c, t0, valid, BG,
+                    True, False, PREC, k_ptr, 0, 0, False,
+                )  # fmt: skip
+            dq = load_rows(dg_ptr, t0, r, valid, HO * K, h * K + c, BG) + prod
             tl.debug_barrier()  # every thread has read the slice before it is overwritten
             store_rows(dg_ptr, dq, t0, r, valid, HO * K, h * K + c, BG)
         tl.debug_barrier()
@@ -432,10 +443,17 @@ def _dqk_gated_tail(
         tl.debug_barrier()
         for ic in range(K // BG):
             c = ic * BG
-            dkt = load_rows_t(dk_ptr, t0, r, valid, HO * K, h * K + c, BG) + gated_apply(
-                ds, q_ptr, H * K, hq * K + c, gc_ptr, HO * K, h * K + c, t0, valid, BG, False,
-                True, PREC, q_ptr, 0, 0, False,
-            )  # fmt: skip
+            if SUBCHUNK_BWD:
+                prod = subchunk_apply(
+                    ds, q_ptr, H * K, hq * K + c, gc_ptr, HO * K, h * K + c, t0, valid, BG,
+                    False, True, PREC, q_ptr, 0, 0, False,
+                )  # fmt: skip
+            else:
+                prod = gated_apply(
+                    ds, q_ptr, H * K, hq * K + c, gc_ptr, HO * K, h * K + c, t0, valid, BG,
+                    False, True, PREC, q_ptr, 0, 0, False,
+                )  # fmt: skip
+            dkt = load_rows_t(dk_ptr, t0, r, valid, HO * K, h * K + c, BG) + prod
             tl.debug_barrier()  # every thread has read the slice before it is overwritten
             _store_rows_t(dk_ptr, dkt, t0, r, valid, HO * K, h * K + c, BG)
         tl.debug_barrier()

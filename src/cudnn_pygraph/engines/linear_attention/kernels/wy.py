@@ -19,6 +19,7 @@ from .chunk_index import locate_chunk
 from .gated import gated_apply, gated_scores
 from .gates import effective_beta_bwd, log_decay_bwd, reverse_cumsum
 from .normalize import l2norm_rows_bwd
+from .subchunk_bwd import subchunk_apply
 from .tiles import load_rows, load_rows_t, load_vec, store_rows
 
 
@@ -131,6 +132,7 @@ def wy_bwd_kernel(
     HAS_LB: tl.constexpr = False,
     BETA_K: tl.constexpr = False,
     SCORES: tl.constexpr = False,
+    SUBCHUNK_BWD: tl.constexpr = False,
 ):
     """dk, dv, dbeta and dG in BV / BK column slices, so that only the [64, 64] matrices
     (A^T, dA, the key Gram) stay whole: a dozen whole [64, 128] fp32 tiles would need more
@@ -153,6 +155,8 @@ def wy_bwd_kernel(
     GATE_K (kda: a decay per key channel, G [T, HO, K]): the V pass is the same; the key side
     is _wy_bwd_gated_keys. SCORES (with GATE_K: the sub-chunk configs): kda's gated key Gram
     is read from Akk (akk_ptr, subchunk.py: the backward's recompute formed it).
+    SUBCHUNK_BWD (with GATE_K): the gated products of dM on the sub-chunk form
+    (subchunk_bwd.py) instead of gated.py's tree.
 
     BETA_K (gdn2, with GATE_K: u = A (wg * V), beta [T, HO, K] per key channel): the V pass
     gives dv = wg * A^T dU and the write gate's gradient dwg = V * A^T dU (dwg_ptr, like
@@ -211,7 +215,7 @@ def wy_bwd_kernel(
             dg_part_ptr, dk_ptr, dg_ptr, dbeta_ptr, da_tok_ptr, ddt_tok_ptr, at, da, dbeta, b,
             rk, t0, valid, HO, HK, h, hk, lower_bound, K, BK, L2NORM, LINEAR, SAFE, HAS_A,
             HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, FINAL_DK, PREC, beff_ptr, BETA_K, akk_ptr,
-            SCORES,
+            SCORES, SUBCHUNK_BWD,
         )  # fmt: skip
     else:
         g = load_vec(gc_ptr, t0, r, valid, HO, h)
@@ -308,7 +312,7 @@ def _wy_bwd_gated_keys(
     L2NORM: tl.constexpr, LINEAR: tl.constexpr, SAFE: tl.constexpr, HAS_A: tl.constexpr,
     HAS_DT: tl.constexpr, HAS_LB: tl.constexpr, SIGMOID: tl.constexpr,
     NEG_EIGVAL: tl.constexpr, FINAL_DK: tl.constexpr, PREC: tl.constexpr, beff_ptr,
-    BETA_K: tl.constexpr, akk_ptr, SCORES: tl.constexpr,
+    BETA_K: tl.constexpr, akk_ptr, SCORES: tl.constexpr, SUBCHUNK_BWD: tl.constexpr,
 ):  # fmt: skip
     """wy_bwd_kernel's key side under a per-key-channel decay (G, dG and dt_bias per
     channel), given A^T, the V pass's dA and dbeta. With W_raw = beta D * k_hat (D = exp(G)
@@ -326,7 +330,7 @@ def _wy_bwd_gated_keys(
     forms no Gram; in pass 2 the row products of dM (before beta) give dbeta per channel,
     k_hat * (D A^T dW + rows), and beta * rows; the column products read beta k (gated.py's
     MUL); dbeta is stored per slice. SCORES: kda's Gram read from Akk (akk_ptr) instead of
-    formed in pass 1."""
+    formed in pass 1. SUBCHUNK_BWD: pass 2's gated products on the sub-chunk form."""
     r = tl.arange(0, 64)
     row_ok = r < valid
     ty = k_ptr.dtype.element_ty
@@ -381,14 +385,24 @@ def _wy_bwd_gated_keys(
         gk = load_rows(gc_ptr, t0, r, valid, HO * K, h * K + col, BK)
         dw = (load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK)).to(ty)
         at_dw = tl.dot(at, dw, input_precision=PREC)
-        rows = gated_apply(
-            dm * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col, t0,
-            valid, BK, True, False, PREC, k_ptr, 0, 0, False,
-        )  # fmt: skip
-        colm = gated_apply(
-            dmt * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col, t0,
-            valid, BK, False, False, PREC, beff_ptr, HO * K, h * K + col, BETA_K,
-        )  # fmt: skip
+        if SUBCHUNK_BWD:
+            rows = subchunk_apply(
+                dm * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col, t0,
+                valid, BK, True, False, PREC, k_ptr, 0, 0, False,
+            )  # fmt: skip
+            colm = subchunk_apply(
+                dmt * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col, t0,
+                valid, BK, False, False, PREC, beff_ptr, HO * K, h * K + col, BETA_K,
+            )  # fmt: skip
+        else:
+            rows = gated_apply(
+                dm * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col, t0,
+                valid, BK, True, False, PREC, k_ptr, 0, 0, False,
+            )  # fmt: skip
+            colm = gated_apply(
+                dmt * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col, t0,
+                valid, BK, False, False, PREC, beff_ptr, HO * K, h * K + col, BETA_K,
+            )  # fmt: skip
         if BETA_K:
             bs = load_rows(beff_ptr, t0, r, valid, HO * K, h * K + col, BK)
             eg = tl.where(row_ok[:, None], tl.exp(gk), 0.0)

@@ -75,11 +75,17 @@ def _inv_norms(kk_ii, L2NORM: tl.constexpr, EPS: tl.constexpr):
 
 
 @triton.jit
-def _row_inv_norms(k_ptr, t0, rows, valid, stride_k, col_k, K: tl.constexpr, EPS: tl.constexpr):
+def _row_inv_norms(k_ptr, t0, rows, valid, stride_k, col_k, K: tl.constexpr, BK: tl.constexpr,
+                   EPS: tl.constexpr):  # fmt: skip
     """1 / sqrt(||k_i||^2 + eps) of the raw key rows: the l2norm's factor where the Gram's
-    diagonal does not hold the squared norms (BETA_K weighs it by the erase gate)."""
-    x = load_rows(k_ptr, t0, rows, valid, stride_k, col_k, K).to(tl.float32)
-    return 1.0 / tl.sqrt(tl.sum(x * x, 1) + EPS)
+    diagonal does not hold the squared norms (BETA_K weighs it by the erase gate). Summed
+    BK channels at a time: a whole [16, K] fp32 tile at K = 256 is 128 registers a thread
+    at one warp (ptxas, sm_90: gdn2's wy_solve spilled 7948 B with it)."""
+    ss = tl.zeros([16], dtype=tl.float32)
+    for ic in range(K // BK):
+        x = load_rows(k_ptr, t0, rows, valid, stride_k, col_k + ic * BK, BK).to(tl.float32)
+        ss += tl.sum(x * x, 1)
+    return 1.0 / tl.sqrt(ss + EPS)
 
 
 @triton.jit
@@ -472,10 +478,10 @@ def wy_solve_kernel(
         d2 = g2
         d3 = g3
     if BETA_K and L2NORM:
-        n0 = _row_inv_norms(k_ptr, t0, r, valid, HK * K, hk * K, K, EPS)
-        n1 = _row_inv_norms(k_ptr, t0, r + 16, valid, HK * K, hk * K, K, EPS)
-        n2 = _row_inv_norms(k_ptr, t0, r + 32, valid, HK * K, hk * K, K, EPS)
-        n3 = _row_inv_norms(k_ptr, t0, r + 48, valid, HK * K, hk * K, K, EPS)
+        n0 = _row_inv_norms(k_ptr, t0, r, valid, HK * K, hk * K, K, BK, EPS)
+        n1 = _row_inv_norms(k_ptr, t0, r + 16, valid, HK * K, hk * K, K, BK, EPS)
+        n2 = _row_inv_norms(k_ptr, t0, r + 32, valid, HK * K, hk * K, K, BK, EPS)
+        n3 = _row_inv_norms(k_ptr, t0, r + 48, valid, HK * K, hk * K, K, BK, EPS)
         m0 = n0
         m1 = n1
         m2 = n2
