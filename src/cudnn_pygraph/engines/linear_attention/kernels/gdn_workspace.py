@@ -197,8 +197,8 @@ def gdn_workspace_bytes(
 
 # The last carving: (workspace identity, rows) -> views. A caller that passes the same
 # workspace for the same shapes (the graph engine, the benches) gets the views back instead
-# of 3 tensor ops per buffer (measured: _carve was ~45% of the launcher's ~190 us of Python,
-# CI CPU). Holding the views keeps that one workspace alive until the next carving. One
+# of 3 tensor ops per buffer (carving is about half of the launcher's Python time).
+# Holding the views keeps that one workspace alive until the next carving. One
 # slot holding one (key, views) tuple: a single assignment, so concurrent callers never pair
 # one key with another's views.
 _LAST_CARVE: list = [None]
@@ -221,9 +221,9 @@ def _carve(rows, workspace, device):
             f"{workspace.dtype} with {workspace.numel()} elements"
         )
     elif workspace.data_ptr() % WORKSPACE_ALIGN:
-        # Measured on the H200 (session 3, tests/gpu/test_launch_replay_gpu.py): a workspace
-        # at an address = 8 mod 16 gave O off by 8.4x its norm (kernels JIT-compiled
-        # without the 16-byte pointer assumption); refused here, before any launch.
+        # The kernels are compiled for 16-byte-aligned pointers: a workspace at an address
+        # = 8 mod 16 gives wrong outputs (tests/gpu/test_launch_replay_gpu.py), so it is
+        # refused here, before any launch.
         raise ValueError(
             f"workspace: its address must be {WORKSPACE_ALIGN}-byte aligned "
             f"(this one is {workspace.data_ptr() % WORKSPACE_ALIGN} bytes past a boundary)"

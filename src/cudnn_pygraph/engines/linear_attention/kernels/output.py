@@ -90,9 +90,9 @@ def output_fwd_kernel(
     products and no fp32 copy of a [64, K] tile is held.
 
     state.py's state_fwd_kernel repeats these products under FUSE_OUTPUT. They stay two
-    copies: one jit helper for both reorders the compiled code (ptxas, sm_90, offline,
-    session 4: output_fwd 64 -> 80 KB of shared memory, the fused state_fwd 105 -> 113 KB)
-    and was not timed; change both together. BG: the column slice of the gated scores
+    copies because one jit helper for both reorders the compiled code and raises both
+    kernels' shared memory (ptxas, sm_90: output_fwd 64 -> 80 KB, the fused state_fwd
+    105 -> 113 KB); change both together. BG: the column slice of the gated scores
     (GATE_K, gated.py). SCORES (with GATE_K): the gated scores are read from Aqk
     (subchunk.py, aqk_ptr [T, HO, 64]) instead of formed here."""
     c = tl.program_id(0)

@@ -5,9 +5,9 @@ w = A (beta * d * K), u = A (beta * V)).
 Given dw, du and the fp32 A the forward kernels stored, wy_bwd_kernel returns dk, dv, dbeta
 and the gate gradient; it runs after the output/state backward (which fill dw, du = dE and
 partial dk / dG), and finishes the per-token gradients: reverse cumsum of dG, the gate and
-beta transforms and the l2norm Jacobian. (A variant with the key side as whole [64, K]
-tiles, reading k, dW and the partial dk once, measured slower at every config: session 4,
-bench/results/gdn.md.)
+beta transforms and the l2norm Jacobian. The key side runs in K slices rather than whole
+[64, K] tiles: whole tiles read k, dW and the partial dk once but are slower at every
+config (bench/results/gdn.md).
 """
 
 from __future__ import annotations

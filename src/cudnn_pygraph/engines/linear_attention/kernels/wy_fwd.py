@@ -30,12 +30,8 @@ The solve, per chunk:
   once to the inputs' 16-bit type, so the raw 16-bit rows go straight into 16-bit
   tensor-core products (as fla does with its bf16 A); fp32 inputs keep A and the rows fp32
   (ieee products: the accuracy reference).
-H200, (a) 8 x 4096 bf16, the kernel alone: 0.315 ms (forward substitution instead of the
-doubling 0.339, an fp32 A with tf32 products 0.382, a two-term 16-bit A 0.399, tf32x3
-doubling 0.733: its operand splits spill). w / u vs float64 2.3e-3 / 1.7e-3 (an fp32 A:
-1.7e-3 / 1.7e-3; fla 0.6.0: 3.0e-3 / 2.3e-3).
-Tried and dropped: one warp per 16-row block (4 warps, [4, 16, *] batched tiles, earlier
-blocks shared through the A buffer): 0.62-0.91 ms; 255 registers per thread even so.
+Why this form (forward substitution, a 16-bit A for 16-bit inputs) and not the others
+timed beside it: bench/results/gdn.md.
 """
 
 from __future__ import annotations

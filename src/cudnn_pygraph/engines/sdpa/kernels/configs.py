@@ -40,15 +40,13 @@ def recommend_prefill(
     the GQA group into the tile.
     """
     if head_dim <= 64:
-        # B8 H16 S2048 D64 causal, ms (16:31 run): m64n64s3w4 0.204, m128n64s3w8 0.212,
-        # m64n64s2w4 0.217, m128n64s3w4 0.221 (the earlier winner; +tma 0.233 at 14:43).
+        # Ranked by the H200's times at B8 H16 S2048 D64 causal (bench/results/sdpa_fwd.md).
         # The 64-row tile compiles to 128 registers, so four programs share an SM.
         ranked = [_k(64, 64, 3, 4), _k(128, 64, 3, 8), _k(64, 64, 2, 4), _k(128, 64, 3, 4)]
     elif head_dim <= 128:
-        # B2 H16 S8192 D128, ms causal / non-causal (16:31 run): m128n64s3w8 1.152 / 2.121,
-        # m64n64s3w4 1.181 / 2.256, m128n64s2w8 capped at 128 registers 1.226 / 2.186
-        # (earlier: +tma 1.285 / 2.401, m128n128s2w8 1.307 / 2.343). THD GQA 32/8 causal
-        # (16 seqs 256..8192): m128n64s3w8 3.876, m64n64s3w4 3.953, +pack 3.955.
+        # Ranked by the H200's times at B2 H16 S8192 D128, causal and not, and THD GQA
+        # 32/8 causal (bench/results/sdpa_fwd.md); non-causal prefers the register-capped
+        # 128-row tile to the 64-row one.
         base, half, capped = _k(128, 64, 3, 8), _k(64, 64, 3, 4), _k(128, 64, 2, 8, regs=128)
         ranked = [base, half, capped] if causal else [base, capped, half]
     else:
@@ -56,7 +54,7 @@ def recommend_prefill(
         ranked = [_k(64, 64, 2, 4), _k(64, 32, 2, 4), _k(64, 64, 1, 8)]
     if group > 1 and max_seqlen_q is not None and max_seqlen_q * group <= ranked[0].TILE_M:
         # Untimed: with fewer query rows than one tile per head, packing the group fills
-        # the tile (long prefills measured no gain from packing: 3.971 vs 3.919 ms above).
+        # the tile (long prefills gain nothing from packing, so they do not pack).
         ranked = [replace(r, PACK_GQA=True) for r in ranked] + ranked
     return ranked
 
