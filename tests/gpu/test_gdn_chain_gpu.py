@@ -220,3 +220,42 @@ def test_a_one_piece_chain_plan_is_the_uncut_plan_bitwise():
     for name, uncut in runs[0].items():
         assert torch.equal(runs[1][name], uncut), name
         assert rel_err(runs[3][name], uncut) <= 1e-4, name
+
+
+def test_the_graph_hook_cuts_one_long_sequence_and_its_knob_replays():
+    # Through the graph API in fp32 (tests/linear_attention/test_gdn_chain.py plans the same
+    # graph on the CPU): one head of V = 64 over 768 tokens (12 chunks) takes
+    # P = min(SMs // 4, 16, 12 // 4) = 3 pieces; the plan's knob rebuilt gives its numbers
+    # bitwise, and the uncut plan the same within rounding.
+    import test_gdn_chain as cpu
+    from test_gdn_engine import inputs, with_gdn_engine
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    want = splitting.choose_pieces(1, 1, 768, sms, dim_v=64, backward=False,
+                                   batch_invariant=False)  # fmt: skip
+    assert want >= splitting.FORWARD_MIN_PIECES
+    x = inputs(seqlens=(768,), heads=1, seed=4)
+    with with_gdn_engine():
+        o, final, plan = cpu.forward(x)
+        assert plan[1][cpu.KT.SEQ_PIECES] == want
+        o_again, final_again, _ = cpu.forward(x, plan)
+        o_uncut, final_uncut, _ = cpu.forward(x, (plan[0], {**plan[1], cpu.KT.SEQ_PIECES: 0}))
+    assert torch.equal(o_again, o) and torch.equal(final_again, final)
+    assert rel_err(o, o_uncut) <= cpu.CHAIN_TOL and rel_err(final, final_uncut) <= cpu.CHAIN_TOL
+
+
+def test_graph_batch_invariant_chain_alone_equals_inside_batch(monkeypatch):
+    # The CPU suite's batch (test_gdn_chain.py batch_and_alone), one piece per 64 tokens:
+    # the 150-token sequence is 3 pieces alone and 3 of the batch's 5 slots, with the same
+    # numbers bitwise.
+    import test_gdn_chain as cpu
+    from test_gdn_engine import with_gdn_engine
+
+    monkeypatch.setattr(splitting, "BATCH_INVARIANT_PIECE_TOKENS", 64)
+    batch, alone = cpu.batch_and_alone()
+    cu = batch["cu_seqlens"].tolist()
+    with with_gdn_engine():
+        o_b, f_b, plan_b = cpu.forward(batch, batch_invariant=True)
+        o_a, f_a, plan_a = cpu.forward(alone, batch_invariant=True)
+    assert (plan_b[1][cpu.KT.SEQ_PIECES], plan_a[1][cpu.KT.SEQ_PIECES]) == (5, 3)
+    assert torch.equal(o_a, o_b[cu[1] : cu[2]]) and torch.equal(f_a[0], f_b[1])

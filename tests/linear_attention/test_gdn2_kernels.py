@@ -159,6 +159,9 @@ def errors_against_reference(x, cu, attrs, **kw):
 
 # id -> (make_inputs options, op attributes, config): every gate form, both beta forms
 # (allow_neg_eigval included), the l2norm on and off, grouped heads, and each shipped config.
+# The ragged batch SEQLENS runs once under each config; the other features on ONE_SEQ, one
+# sequence across a chunk boundary.
+ONE_SEQ = {"seqlens": (70,)}
 CASES = {
     # one head: two output heads are the grouped cases' (and test_kernel_bounds' gdn2-wide)
     "log-l2norm-wide": ({"heads": (1, 1, 1)}, {"use_qk_l2norm": True}, "wide"),
@@ -169,12 +172,12 @@ CASES = {
         "wide-subchunk",
     ),
     "beta-sigmoid": (
-        {"beta_logits": True, "unit_keys": True, "heads": (1, 1, 1)},
+        {"beta_logits": True, "unit_keys": True, "heads": (1, 1, 1), **ONE_SEQ},
         {"use_beta_sigmoid": True},
         "wide",
     ),
     "safe-gate-softplus-alog-dtbias": (
-        {"gate": "raw", "has_a_log": True, "has_dt_bias": True, "heads": (1, 1, 1)},
+        {"gate": "raw", "has_a_log": True, "has_dt_bias": True, "heads": (1, 1, 1), **ONE_SEQ},
         {"use_qk_l2norm": True, "safe_gate": True},
         "wide-subchunk",
     ),
@@ -184,17 +187,17 @@ CASES = {
         "few",
     ),
     "linear-gate": (
-        {"gate": "linear", "heads": (1, 1, 1)},
+        {"gate": "linear", "heads": (1, 1, 1), **ONE_SEQ},
         {"use_qk_l2norm": True, "gate_domain": "linear"},
         "few-subchunk",
     ),
     "no-state": (
-        {"with_state": False, "heads": (1, 1, 1)},
+        {"with_state": False, "heads": (1, 1, 1), **ONE_SEQ},
         {"use_qk_l2norm": True},
         "wide-subchunk",
     ),
-    "group-q1-k1-v2": ({"heads": (1, 1, 2)}, {"use_qk_l2norm": True}, "wide"),
-    "group-q2-k2-v1": ({"heads": (2, 2, 1)}, {"use_qk_l2norm": True}, "wide-subchunk"),
+    "group-q1-k1-v2": ({"heads": (1, 1, 2), **ONE_SEQ}, {"use_qk_l2norm": True}, "wide"),
+    "group-q2-k2-v1": ({"heads": (2, 2, 1), **ONE_SEQ}, {"use_qk_l2norm": True}, "wide-subchunk"),
     "K128-V64-two-chunks": (
         {"dim_k": 128, "heads": (1, 1, 1), "seqlens": (70, 3)},
         {"use_qk_l2norm": True},

@@ -1,10 +1,10 @@
 """Sequence splitting through the graph API: a gdn / gdn_bwd plan whose SEQ_PIECES knob
 cuts every sequence into a chain of pieces (kernels/chain.py) gives the uncut plan's
-outputs and gradients; the family hook records its choice as a knob that replays;
-batch_invariant cuts a sequence by its own length. CPU: the Triton interpreter, pieces
-forced through the knob on small shapes. A one-piece chain equal to the uncut plan bitwise
-(the same plans, built from the knob SEQ_PIECES=1) is tests/gpu/test_gdn_chain_gpu.py's
-test_a_one_piece_chain_plan_is_the_uncut_plan_bitwise."""
+outputs and gradients; the family hook records its choice as a knob; batch_invariant cuts
+a sequence by its own length. CPU: the Triton interpreter, pieces forced through the knob
+on small shapes. The hook's own cuts are only planned here; the GPU runs them
+(tests/gpu/test_gdn_chain_gpu.py: the knob replayed bitwise, a sequence alone bitwise its
+batch numbers, and a one-piece chain plan bitwise the uncut plan)."""
 
 from __future__ import annotations
 
@@ -131,34 +131,52 @@ def test_a_chain_backward_gives_the_uncut_gradients():
         assert rel_err(chain[name], uncut[name]) <= CHAIN_TOL, name
 
 
-def test_the_hook_cuts_one_long_sequence_and_its_knob_replays(monkeypatch):
+def planned(x, **attrs):
+    """The hook's first plan for a gdn graph over `x` ((engine_id, knobs)): planning alone,
+    nothing built or launched."""
+    g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
+    t = declare(g, x)
+    o, final, _ = g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
+                        initial_state=t["initial_state"], output_final_state=True,
+                        **ATTRS, **attrs)  # fmt: skip
+    o.set_output(True)
+    final.set_output(True)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    return g.get_engine_and_knobs_at_index(0)
+
+
+def test_the_hook_records_its_cut_of_one_long_sequence_as_a_knob(monkeypatch):
     # A device of 12 SMs, one head of V = 64 (four 16-wide V blocks uncut):
-    # P = min(12 // 4, 16, 12 chunks // 4) = 3.
+    # P = min(12 // 4, 16, 12 chunks // 4) = 3. That plan built and run, its knob replayed
+    # bitwise and the chain against the uncut plan: tests/gpu/test_gdn_chain_gpu.py's
+    # test_the_graph_hook_cuts_one_long_sequence_and_its_knob_replays.
     monkeypatch.setattr(heuristics, "INTERPRETER_SMS", 12)
-    x = inputs(seqlens=(768,), heads=1, seed=4)
     with with_gdn_engine():
-        o, final, plan = forward(x)
-        assert plan[1][KT.SEQ_PIECES] == 3
-        o_again, final_again, _ = forward(x, plan)
-        o_uncut, final_uncut, _ = forward(x, (plan[0], {**plan[1], KT.SEQ_PIECES: 0}))
-    assert torch.equal(o_again, o) and torch.equal(final_again, final)
-    assert rel_err(o, o_uncut) <= CHAIN_TOL and rel_err(final, final_uncut) <= CHAIN_TOL
+        plan = planned(inputs(seqlens=(768,), heads=1, seed=4))
+    assert plan[1][KT.SEQ_PIECES] == 3
 
 
 def test_batch_invariant_cuts_a_sequence_by_its_own_length(monkeypatch):
     # One piece per 64 tokens: the 150-token sequence is 3 pieces alone (P = 3) and in a
-    # batch of 280 tokens (P = 5 slots, of which it fills 3), with the same numbers.
+    # batch of 280 tokens (P = 5 slots, of which it fills 3). Its numbers alone and in the
+    # batch, bitwise: tests/gpu/test_gdn_chain_gpu.py's
+    # test_graph_batch_invariant_chain_alone_equals_inside_batch.
     monkeypatch.setattr(splitting, "BATCH_INVARIANT_PIECE_TOKENS", 64)
+    batch, alone = batch_and_alone()
+    with with_gdn_engine():
+        plan_b = planned(batch, batch_invariant=True)
+        plan_a = planned(alone, batch_invariant=True)
+    assert (plan_b[1][KT.SEQ_PIECES], plan_a[1][KT.SEQ_PIECES]) == (5, 3)
+
+
+def batch_and_alone():
+    """Three sequences (40, 150, 90 tokens) and the middle one alone, with its own state."""
     batch = inputs(seqlens=(40, 150, 90), seed=5)
     cu = batch["cu_seqlens"].tolist()
     alone = {n: t[cu[1] : cu[2]] for n, t in batch.items() if n not in ("cu_seqlens",)}
     alone["initial_state"] = batch["initial_state"][1:2]
     alone["cu_seqlens"] = torch.tensor([0, 150], dtype=torch.int32, device=DEVICE)
-    with with_gdn_engine():
-        o_b, f_b, plan_b = forward(batch, batch_invariant=True)
-        o_a, f_a, plan_a = forward(alone, batch_invariant=True)
-    assert (plan_b[1][KT.SEQ_PIECES], plan_a[1][KT.SEQ_PIECES]) == (5, 3)
-    assert torch.equal(o_a, o_b[cu[1] : cu[2]]) and torch.equal(f_a[0], f_b[1])
+    return batch, alone
 
 
 def test_a_chain_asked_of_a_graph_it_cannot_serve_declines_naming_why():

@@ -47,9 +47,10 @@ CASES = {
         spans=(70, 20), heads=(1, 1, 2), safe_gate=False, batch=1, piece_tokens=64
     ),
     # kda: a decay per key channel under the safe gate's lower-bound form, a rank holding
-    # one token, grouped value heads
+    # one token; one head (the ranks' grouped heads are the case above: cp.py's, whatever
+    # the family; kda's grouped summaries are test_kda_gdp_summary.py's)
     "kda-two-ranks-lower-bound": dict(
-        spans=(33, 1), heads=(1, 1, 2), safe_gate=True, batch=1, piece_tokens=None, family="kda"
+        spans=(33, 1), heads=(1, 1, 1), safe_gate=True, batch=1, piece_tokens=None, family="kda"
     ),
 }
 

@@ -76,29 +76,32 @@ def run_graph(g, pack):
     return g
 
 
-def test_gdn_and_gdn_bwd_graphs_execute_on_the_engine():
-    x = inputs()
+@pytest.fixture(scope="module")
+def forward_of():
+    """seqlens -> (inputs, O, final state, workspace bytes) of the hook's first plan for the
+    forward graph on inputs(seqlens): one interpreted run per shape, shared by the tests
+    that read it."""
+    runs = {}
+
+    def run(seqlens):
+        if seqlens not in runs:
+            x = inputs(seqlens=seqlens)
+            with with_gdn_engine():
+                g, t, o, final = _forward_graph(x)
+                runs[seqlens] = (x, *_execute(g, t, o, final, x), g.get_workspace_size())
+        return runs[seqlens]
+
+    return run
+
+
+def test_gdn_and_gdn_bwd_graphs_execute_on_the_engine(forward_of):
+    # the forward graph's run (forward_of) is the hook's first plan, the engine's
+    x, o_buf, final_buf, _ = forward_of((5, 70, 0, 1))
     attrs = {"scale": 0.125, "use_qk_l2norm": True}
     with with_gdn_engine():
-        g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
-        t = declare(g, x)
-        o, final, _ = g.gdn(
-            t["q"],
-            t["k"],
-            t["v"],
-            t["g"],
-            t["beta"],
-            t["cu_seqlens"],
-            initial_state=t["initial_state"],
-            output_final_state=True,
-            **attrs,
-        )
-        o.set_output(True)
-        final.set_output(True)
-        o_buf = torch.full((76, 2, 64), float("nan"), device=DEVICE)
-        final_buf = torch.full((4, 2, 64, 64), float("nan"), device=DEVICE)
-        run_graph(g, {**{t[n]: x[n] for n in x}, o: o_buf, final: final_buf})
-        assert "triton_gdn" in g.get_plan_name_at_index(g.selected_plan)
+        g = _forward_graph(x)[0]
+        g.create_execution_plans([cudnn.heur_mode.A])
+        assert "triton_gdn" in g.get_plan_name_at_index(0)
 
         gen = torch.Generator().manual_seed(1)
         d_o = torch.randn(76, 2, 64, generator=gen).to(DEVICE)
@@ -144,10 +147,36 @@ def test_gdn_and_gdn_bwd_graphs_execute_on_the_engine():
         assert rel_err(buf, leaves[name].grad) <= FP32_TOL, name
 
 
-def test_checkpoints_flow_from_the_gdn_graph_into_the_gdn_bwd_graph():
+def _backward_graph(x, d_o, extra):
+    """A gdn_bwd graph over `x`, dO and the `extra` ports (checkpoints, saved factors),
+    built and executed: its gradients, NaN-poisoned first, in output order."""
+    gb = cudnn.pygraph(name="gdn_bwd", io_data_type=dt.FLOAT)
+    tb = declare(gb, {**x, "dO": d_o, **extra})
+    outs = gb.gdn_bwd(tb["q"], tb["k"], tb["v"], tb["g"], tb["beta"], tb["cu_seqlens"],
+                      tb["dO"], initial_state=tb["initial_state"],
+                      **{n: tb[n] for n in extra}, scale=0.125, use_qk_l2norm=True)  # fmt: skip
+    bufs = {}
+    for name, port in zip(("q", "k", "v", "g", "beta", "initial_state"), outs):
+        port.set_output(True)
+        bufs[port] = torch.full_like(x[name], float("nan"))
+    run_graph(gb, {**{tb[n]: b for n, b in {**x, "dO": d_o, **extra}.items()}, **bufs})
+    return list(bufs.values())
+
+
+@pytest.fixture(scope="module")
+def recomputing_backward():
+    """(inputs, dO, gradients) of the gdn_bwd graph that recomputes everything, on two
+    sequences (70 and 3 tokens): the baseline both flow tests below compare with."""
+    x = inputs(seqlens=(70, 3))
+    d_o = torch.randn(73, 2, 64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    with with_gdn_engine():
+        return x, d_o, _backward_graph(x, d_o, {})
+
+
+def test_checkpoints_flow_from_the_gdn_graph_into_the_gdn_bwd_graph(recomputing_backward):
     # checkpoint_every_n_tokens=64: the forward graph writes per-chunk states; a backward
     # graph given them reads them instead of recomputing, with the same gradients.
-    x = inputs(seqlens=(70, 3))
+    x, d_o, plain = recomputing_backward
     attrs = {"scale": 0.125, "use_qk_l2norm": True}
     with with_gdn_engine():
         g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
@@ -160,34 +189,19 @@ def test_checkpoints_flow_from_the_gdn_graph_into_the_gdn_bwd_graph():
         ckpt_buf = torch.full(list(ckpt.dim), float("nan"), device=DEVICE)
         o_buf = torch.empty(73, 2, 64, device=DEVICE)
         run_graph(g, {**{t[n]: x[n] for n in x}, o: o_buf, ckpt: ckpt_buf})
-
-        d_o = torch.randn(73, 2, 64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
-        results = []
-        for with_ckpt in (False, True):
-            gb = cudnn.pygraph(name="gdn_bwd", io_data_type=dt.FLOAT)
-            extra = {"dO": d_o, **({"checkpoints": ckpt_buf} if with_ckpt else {})}
-            tb = declare(gb, {**x, **extra})
-            outs = gb.gdn_bwd(tb["q"], tb["k"], tb["v"], tb["g"], tb["beta"], tb["cu_seqlens"],
-                              tb["dO"], initial_state=tb["initial_state"],
-                              checkpoints=tb.get("checkpoints"), **attrs)  # fmt: skip
-            bufs = {}
-            for name, port in zip(("q", "k", "v", "g", "beta", "initial_state"), outs):
-                port.set_output(True)
-                bufs[port] = torch.full_like(x[name], float("nan"))
-            run_graph(gb, {**{tb[n]: b for n, b in {**x, **extra}.items()}, **bufs})
-            results.append(list(bufs.values()))
-    for plain, from_ckpt in zip(*results):
-        assert rel_err(from_ckpt, plain) <= 1e-6
+        from_ckpt = _backward_graph(x, d_o, {"checkpoints": ckpt_buf})
+    for want, got in zip(plain, from_ckpt):
+        assert rel_err(got, want) <= 1e-6
 
 
-def test_saved_factors_flow_from_the_gdn_graph_into_the_gdn_bwd_graph():
+def test_saved_factors_flow_from_the_gdn_graph_into_the_gdn_bwd_graph(recomputing_backward):
     # The forward graph writes the saved factors into the caller's tensors (output-direction
     # ports: its outputs list keeps its length); the backward graph that reads them with the
     # checkpoints gives the gradients of the one that recomputes them.
     from cudnn_pygraph.engines.linear_attention.kernels.gdn_workspace import saved_factors
     from cudnn_pygraph.graph.ops.linear_attention import SAVED_FACTORS
 
-    x = inputs(seqlens=(70, 3))
+    x, d_o, plain = recomputing_backward
     attrs = {"scale": 0.125, "use_qk_l2norm": True}
     want = saved_factors(73, 2, 64, 64, torch.float32)
     saved = {n: torch.full(s, float("nan"), dtype=d, device=DEVICE) for n, (d, s) in want.items()}
@@ -203,24 +217,9 @@ def test_saved_factors_flow_from_the_gdn_graph_into_the_gdn_bwd_graph():
         ckpt_buf = torch.full(list(ckpt.dim), float("nan"), device=DEVICE)
         o_buf = torch.empty(73, 2, 64, device=DEVICE)
         run_graph(g, {**{t[n]: b for n, b in {**x, **saved}.items()}, o: o_buf, ckpt: ckpt_buf})
-
-        d_o = torch.randn(73, 2, 64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
-        results = []
-        for extra in ({}, {"checkpoints": ckpt_buf, **saved}):
-            gb = cudnn.pygraph(name="gdn_bwd", io_data_type=dt.FLOAT)
-            tb = declare(gb, {**x, "dO": d_o, **extra})
-            outs = gb.gdn_bwd(tb["q"], tb["k"], tb["v"], tb["g"], tb["beta"], tb["cu_seqlens"],
-                              tb["dO"], initial_state=tb["initial_state"],
-                              **{n: tb[n] for n in extra}, **attrs)  # fmt: skip
-            bufs = {}
-            for name, port in zip(("q", "k", "v", "g", "beta", "initial_state"), outs):
-                port.set_output(True)
-                bufs[port] = torch.full_like(x[name], float("nan"))
-            feed = {tb[n]: b for n, b in {**x, "dO": d_o, **extra}.items()}
-            run_graph(gb, {**feed, **bufs})
-            results.append(list(bufs.values()))
-    for plain, from_saved in zip(*results):
-        torch.testing.assert_close(from_saved, plain, rtol=0, atol=0)
+        from_saved = _backward_graph(x, d_o, {"checkpoints": ckpt_buf, **saved})
+    for want, got in zip(plain, from_saved):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_saved_factors_are_all_or_none_and_need_the_checkpoints():
@@ -492,31 +491,26 @@ BAD_TABLES = {
 
 
 @pytest.mark.parametrize("case", list(BAD_TABLES), ids=list(BAD_TABLES))
-def test_a_malformed_cu_seqlens_makes_the_graph_outputs_nan(case):
+def test_a_malformed_cu_seqlens_makes_the_graph_outputs_nan(case, forward_of):
     seqlens, table = BAD_TABLES[case]
-    x = inputs(seqlens=seqlens)
+    x, good_o, good_final, _ = forward_of(seqlens)
+    ref_o, ref_final = gdn_reference(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                     x["cu_seqlens"], scale=0.125,
+                                     initial_state=x["initial_state"], use_qk_l2norm=True)  # fmt: skip
+    assert rel_err(good_o, ref_o) <= FP32_TOL and rel_err(good_final, ref_final) <= FP32_TOL
+    bad = dict(x, cu_seqlens=torch.tensor(table, dtype=torch.int32, device=DEVICE))
     with with_gdn_engine():
-        g, t, o, final = _forward_graph(x)
-        good_o, good_final = _execute(g, t, o, final, x)
-        ref_o, ref_final = gdn_reference(x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                         x["cu_seqlens"], scale=0.125,
-                                         initial_state=x["initial_state"], use_qk_l2norm=True)  # fmt: skip
-        assert rel_err(good_o, ref_o) <= FP32_TOL and rel_err(good_final, ref_final) <= FP32_TOL
-        bad = dict(x, cu_seqlens=torch.tensor(table, dtype=torch.int32, device=DEVICE))
         g2, t2, o2, final2 = _forward_graph(bad)
         bad_o, bad_final = _execute(g2, t2, o2, final2, bad)
     assert torch.isnan(bad_o).all() and torch.isnan(bad_final).all()
 
 
-def test_strided_inputs_from_a_fused_projection_are_accepted_and_copied_once():
-    x = inputs()
+def test_strided_inputs_from_a_fused_projection_are_accepted_and_copied_once(forward_of):
+    x, dense_o, dense_final, dense_size = forward_of((5, 70, 0, 1))
     qkv = torch.stack([x["q"], x["k"], x["v"]], dim=1)  # [T, 3, H, D]: one projection
     gb = torch.cat([x["g"], x["beta"]], dim=1)  # [T, 2 HO]
     strided = dict(x, q=qkv[:, 0], k=qkv[:, 1], v=qkv[:, 2], g=gb[:, :2], beta=gb[:, 2:])
     with with_gdn_engine():
-        g, t, o, final = _forward_graph(x)
-        dense_o, dense_final = _execute(g, t, o, final, x)
-        dense_size = g.get_workspace_size()
         g2, t2, o2, final2 = _forward_graph(strided)
         o_s, final_s = _execute(g2, t2, o2, final2, strided)
         # the copies are counted: q, k, v (76 x 2 x 64) and g, beta (76 x 2), fp32

@@ -9,6 +9,7 @@ a table; every output and every gradient is compared with a named tolerance.
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -189,15 +190,18 @@ GRAD_NAMES = {
     "dt_bias": "d_dt_bias",
 }
 
-# id -> (make_inputs options, op attributes). One output head (the interpreter runs each
-# head's programs in turn) except where a per-head parameter or a head grouping is under
-# test. K = V = 256 (the state's V-block narrows past K = 128) runs on the GPU only, at
+# id -> (make_inputs options, op attributes). One sequence of two chunks, the second partial
+# (ONE_SEQ): each feature's arithmetic inside a chunk and across the chunk boundary; the
+# ragged batch (a partial chunk, an empty and a one-token sequence) is the shared run's
+# (test_a_ragged_batch_matches_float64_reference). One output head (the interpreter runs
+# each head's programs in turn) except where a per-head parameter or a head grouping is
+# under test. K = V = 256 (the state's V-block narrows past K = 128) runs on the GPU only, at
 # every config against float64: tests/gpu/test_gdn_gpu.py test_dtype_and_head_dim_at_each_config
 # (fp32-K256, bf16-K256) and test_attributes_bf16[K256-V256].
 ONE = (1, 1, 1)
+ONE_SEQ = (70,)
 CASES = {
     "plain-nol2": ({"use_qk_l2norm": False, "heads": ONE}, {}),
-    "l2norm": ({"heads": ONE}, {"use_qk_l2norm": True}),
     "no-state": ({"with_state": False, "heads": ONE}, {"use_qk_l2norm": True}),
     "beta-sigmoid": (
         {"use_beta_sigmoid": True, "heads": ONE},
@@ -237,7 +241,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_forward_and_backward_match_float64_reference(case):
     opts, attrs = CASES[case]
-    x, cu = make_inputs(**opts)
+    x, cu = make_inputs(**{"seqlens": ONE_SEQ, **opts})
     dim_k = x["q"].shape[2]
     scale = dim_k**-0.5
     total_t, n_out = x["g"].shape
@@ -250,6 +254,44 @@ def test_forward_and_backward_match_float64_reference(case):
     errors = {"o": rel_err(o, ref_o), "final_state": rel_err(final, ref_final)}
     for name, grad in grads.items():
         errors[GRAD_NAMES[name]] = rel_err(grad, ref_grads[name])
+    bad = {n: e for n, e in errors.items() if not e <= FP32_TOL[n]}
+    assert not bad, f"relative errors above tolerance: {bad} (all: {errors})"
+
+
+L2 = {"use_qk_l2norm": True}
+
+
+def shared_run(seqlens=SEQLENS, with_state=True, strength=0.5):
+    """One interpreted forward and backward (two heads, the l2norm, outputs poisoned first)
+    and a second forward that also stores the checkpoints and the saved factors, for the
+    tests that read them. strength: the gates' largest log-decay per token."""
+    x, cu = make_inputs(seqlens=seqlens, with_state=with_state)
+    x["g"] = x["g"] * (strength / 0.5)
+    total_t, n_seqs = x["q"].shape[0], cu.numel() - 1
+    gen = torch.Generator().manual_seed(2)
+    d_o = torch.randn(total_t, 2, 64, generator=gen).to(DEVICE)
+    d_final = torch.randn(n_seqs, 2, 64, 64, generator=gen).to(DEVICE)
+    o, final, grads = run_kernels(x, cu, 0.125, L2, d_o, d_final)
+    ckpt = torch.full((max_chunks(total_t, n_seqs), 2, 64, 64), float("nan"), device=DEVICE)
+    saved = saved_buffers(x)
+    o_saved, final_saved = run_forward(x, cu, 0.125, L2, checkpoints=ckpt, saved=saved)
+    return SimpleNamespace(x=x, cu=cu, d_o=d_o, d_final=d_final, o=o, final=final,
+                           grads=grads, ckpt=ckpt, saved=saved, o_saved=o_saved,
+                           final_saved=final_saved)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ragged():
+    """shared_run of the ragged batch SEQLENS: a partial chunk, two chunks with a tail, an
+    empty and a one-token sequence."""
+    return shared_run()
+
+
+def test_a_ragged_batch_matches_float64_reference(ragged):
+    r = ragged
+    ref_o, ref_final, ref_grads = reference_with_grads(r.x, r.cu, 0.125, L2, r.d_o, r.d_final)
+    errors = {"o": rel_err(r.o, ref_o), "final_state": rel_err(r.final, ref_final)}
+    errors.update((GRAD_NAMES[n], rel_err(g, ref_grads[n])) for n, g in r.grads.items())
     bad = {n: e for n, e in errors.items() if not e <= FP32_TOL[n]}
     assert not bad, f"relative errors above tolerance: {bad} (all: {errors})"
 
@@ -319,33 +361,27 @@ def test_backward_without_d_final_state_and_a_log_only():
     assert all(e <= FP32_TOL[n] for n, e in errors.items()), errors
 
 
-def test_checkpoints_are_chunk_states_and_feed_the_backward():
-    x, cu = make_inputs()
-    attrs = {"use_qk_l2norm": True}
-    total_t = x["q"].shape[0]
-    n_chunks = max_chunks(total_t, cu.numel() - 1)
-    checkpoints = torch.full((n_chunks, 2, 64, 64), float("nan"), device=DEVICE)
-    gen = torch.Generator().manual_seed(2)
-    d_o = torch.randn(total_t, 2, 64, generator=gen).to(DEVICE)
-    d_final = torch.randn(4, 2, 64, 64, generator=gen).to(DEVICE)
-    plain = run_kernels(x, cu, 0.125, attrs, d_o, d_final)
-    with_ckpt = run_kernels(x, cu, 0.125, attrs, d_o, d_final, checkpoints=checkpoints)
+def test_checkpoints_are_chunk_states_and_feed_the_backward(ragged):
+    r = ragged
     # The second chunk of sequence 1 (tokens 5+64..) starts from the state after 64 tokens.
     _, ref_state = gdn_reference(
-        x["q"][5:69],
-        x["k"][5:69],
-        x["v"][5:69],
-        x["g"][5:69],
-        x["beta"][5:69],
+        r.x["q"][5:69],
+        r.x["k"][5:69],
+        r.x["v"][5:69],
+        r.x["g"][5:69],
+        r.x["beta"][5:69],
         torch.tensor([0, 64]),
         scale=0.125,
-        initial_state=x["initial_state"][1:2],
+        initial_state=r.x["initial_state"][1:2],
         use_qk_l2norm=True,
     )
-    assert rel_err(checkpoints[2], ref_state[0]) <= FP32_TOL["final_state"]
-    torch.testing.assert_close(with_ckpt[0], plain[0], rtol=0, atol=0)
-    for name in plain[2]:
-        assert rel_err(with_ckpt[2][name], plain[2][name]) <= 1e-6, name
+    assert rel_err(r.ckpt[2], ref_state[0]) <= FP32_TOL["final_state"]
+    # storing them changes no output; a backward reading them gives the recompute's numbers
+    torch.testing.assert_close(r.o_saved, r.o, rtol=0, atol=0)
+    torch.testing.assert_close(r.final_saved, r.final, rtol=0, atol=0)
+    with_ckpt = run_backward(r.x, r.cu, 0.125, L2, r.d_o, r.d_final, checkpoints=r.ckpt)
+    for name in r.grads:
+        assert rel_err(with_ckpt[name], r.grads[name]) <= 1e-6, name
 
 
 def test_state_indices_with_padded_pool_and_overwrite():
@@ -428,13 +464,9 @@ def test_overwrite_and_k_major_states_equal_distinct_buffers(state_dtype):
     assert torch.equal(shared, final_ref)
 
 
-def test_backward_state_gradient_alias_equals_distinct_buffers():
-    x, cu = make_inputs()
-    gen = torch.Generator().manual_seed(3)
-    d_o = torch.randn(x["q"].shape[0], 2, 64, generator=gen).to(DEVICE)
-    d_final = torch.randn(4, 2, 64, 64, generator=gen).to(DEVICE)
-    _, _, grads = run_kernels(x, cu, 0.125, {"use_qk_l2norm": True}, d_o, d_final)
-    shared = d_final.clone()
+def test_backward_state_gradient_alias_equals_distinct_buffers(ragged):
+    x = ragged.x
+    shared = ragged.d_final.clone()
     dummy = {n: nan_like(x[n]) for n in ("q", "k", "v", "g", "beta")}
     gdn_backward(
         x["q"],
@@ -442,8 +474,8 @@ def test_backward_state_gradient_alias_equals_distinct_buffers():
         x["v"],
         x["g"],
         x["beta"],
-        cu,
-        d_o,
+        ragged.cu,
+        ragged.d_o,
         scale=0.125,
         dq=dummy["q"],
         dk=dummy["k"],
@@ -455,7 +487,7 @@ def test_backward_state_gradient_alias_equals_distinct_buffers():
         d_initial_state=shared,
         use_qk_l2norm=True,
     )
-    assert torch.equal(shared, grads["initial_state"])
+    assert torch.equal(shared, ragged.grads["initial_state"])
 
 
 def test_batch_invariant_pins_the_config_and_a_sequence_alone_equals_it_in_a_batch():
@@ -803,16 +835,20 @@ class NotLaunched:
         raise AssertionError("the output stage was launched")
 
 
-@pytest.mark.parametrize(
-    "case", ["l2norm", "plain-nol2", "no-state", "group-q1-k1-v2", "K128-V64-int64cu"]
-)
+# The ragged batch (SEQLENS, one head), then features on ONE_SEQ as CASES holds them.
+FUSED_CASES = {"ragged-l2norm": ({"heads": ONE}, {"use_qk_l2norm": True})}
+FUSED_CASES.update((c, ({"seqlens": ONE_SEQ, **CASES[c][0]}, CASES[c][1]))
+                   for c in ("plain-nol2", "no-state", "group-q1-k1-v2", "K128-V64-int64cu"))  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(FUSED_CASES), ids=list(FUSED_CASES))
 def test_forward_with_the_output_fused_into_the_state_stage(case, monkeypatch):
     # state_fwd's FUSE_OUTPUT (kernels/state.py, config "wide"): O written by the state
     # programs, no h / E stored, no output launch. Same outputs as the two-stage forward
     # ("wide-unfused": the same state grid), against float64.
     from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
 
-    opts, attrs = CASES[case]
+    opts, attrs = FUSED_CASES[case]
     x, cu = make_inputs(**opts)
     scale = x["q"].shape[2] ** -0.5
     o_two, final_two = run_forward(x, cu, scale, {**attrs, "config": "wide-unfused"})
@@ -960,42 +996,33 @@ def saved_buffers(x, dtype=None):
             for n, (dt, shape) in want.items()}  # fmt: skip
 
 
-# Strong gates (down to -40 per token), a length-1 sequence, an exact chunk multiple, tails.
+# shared_run's arguments. Strong gates (down to -40 per token), a length-1 sequence, an
+# exact chunk multiple, tails; "uneven-with-state" is the module's ragged run.
 SAVED_CASES = {
-    "uneven-with-state": ((5, 70, 0, 1), True, 0.5),
+    "uneven-with-state": None,
     "exact-chunks-no-state": ((64, 128), False, 40.0),
 }
 
 
 @pytest.mark.parametrize("case", list(SAVED_CASES), ids=list(SAVED_CASES))
-def test_backward_from_saved_factors_matches_the_reference_and_the_recompute(case):
+def test_backward_from_saved_factors_matches_the_reference_and_the_recompute(case, request):
     # The forward writes the factors and the checkpoints; the backward that reads them
     # recomputes neither the WY stage nor the state walk and gives the recompute's gradients.
-    seqlens, with_state, strength = SAVED_CASES[case]
-    x, cu = make_inputs(seqlens=seqlens, with_state=with_state)
-    x["g"] = x["g"] * (strength / 0.5)
-    attrs = {"use_qk_l2norm": True}
-    total_t = x["q"].shape[0]
-    n_seqs = cu.numel() - 1
-    gen = torch.Generator().manual_seed(2)
-    d_o = torch.randn(total_t, 2, 64, generator=gen).to(DEVICE)
-    d_final = torch.randn(n_seqs, 2, 64, 64, generator=gen).to(DEVICE)
-    ckpt = torch.full((max_chunks(total_t, n_seqs), 2, 64, 64), float("nan"), device=DEVICE)
-    saved = saved_buffers(x)
-    o, final = run_forward(x, cu, 0.125, attrs, checkpoints=ckpt, saved=saved)
-    grads = run_backward(x, cu, 0.125, attrs, d_o, d_final, checkpoints=ckpt, saved=saved)
-    again = run_backward(x, cu, 0.125, attrs, d_o, d_final, checkpoints=ckpt, saved=saved)
-    recompute = run_backward(x, cu, 0.125, attrs, d_o, d_final)
-    ref_o, ref_final, ref_grads = reference_with_grads(x, cu, 0.125, attrs, d_o, d_final)
-    assert rel_err(o, ref_o) <= FP32_TOL["o"]
-    assert rel_err(final, ref_final) <= FP32_TOL["final_state"]
+    r = request.getfixturevalue("ragged") if case == "uneven-with-state" else None
+    r = r or shared_run(*SAVED_CASES[case])
+    args = (r.x, r.cu, 0.125, L2, r.d_o, r.d_final)
+    grads = run_backward(*args, checkpoints=r.ckpt, saved=r.saved)
+    again = run_backward(*args, checkpoints=r.ckpt, saved=r.saved)
+    ref_o, ref_final, ref_grads = reference_with_grads(*args)
+    assert rel_err(r.o_saved, ref_o) <= FP32_TOL["o"]
+    assert rel_err(r.final_saved, ref_final) <= FP32_TOL["final_state"]
     for name, grad in grads.items():
         assert rel_err(grad, ref_grads[name]) <= FP32_TOL[GRAD_NAMES[name]], name
-        torch.testing.assert_close(grad, recompute[name], rtol=0, atol=0)
+        torch.testing.assert_close(grad, r.grads[name], rtol=0, atol=0)  # the recompute's
         torch.testing.assert_close(again[name], grad, rtol=0, atol=0)  # the factors intact
     # They are read, not recomputed: other corrections E give other gradients.
-    saved["wy_e"].zero_()
-    other = run_backward(x, cu, 0.125, attrs, d_o, d_final, checkpoints=ckpt, saved=saved)
+    other_e = {**r.saved, "wy_e": torch.zeros_like(r.saved["wy_e"])}
+    other = run_backward(*args, checkpoints=r.ckpt, saved=other_e)
     assert rel_err(other["q"], grads["q"]) > 1e-3
 
 
