@@ -38,6 +38,11 @@
 #   la-warm      issue 30: our kernels compiled into $LA_CACHE (default /tmp/la_cache) beside the
 #                suites, then fla's autotuning alone on the GPU; packed into $OUT/la_cache.tgz
 #                (our compiled-plan cache and fla's autotune picks) for the next call to carry
+#   kda-bwd      issue 30: the sub-chunk backward configs (wide-subchunk-bwd, few-subchunk-bwd)
+#                through their suite and the kda / gdn2 suites, then row (a) against the pick
+#   fla          issue 31: the off-tile head dims on the GPU, then fla's own tests as they are
+#                and after accelerate_fla() (tools/fla_suite.py; a fla-org/flash-linear-attention
+#                checkout in .fla/, carried, never committed)
 #   la-bench     issue 30: $LA_CACHE_TGZ (default .whl/la_cache.tgz) unpacked when present; the
 #                resource table's check (tools/la_resources.py --check), la_stages.md and
 #                la_training.md
@@ -133,6 +138,13 @@ tests_la_warm() {
   step la_warm_ours 300 python3 bench/la_training.py --warm --sides ours --cache-dir "$LA_CACHE"
 }
 tests_la_bench() { :; }
+tests_kda_bwd() {
+  gpu_suite kda_subchunk_bwd 300 -s tests/gpu/test_kda_subchunk_bwd_gpu.py &
+  gpu_suite kda_gdn2_subchunk 300 -s tests/gpu/test_kda_gpu.py tests/gpu/test_gdn2_gpu.py \
+    -k "subchunk-bwd or wide-subchunk" &
+  wait
+}
+tests_fla() { gpu_suite head_dims 240 -s tests/gpu/test_head_dims_gpu.py; }
 # Diagnostics, not timings: the localizations run side by side with the other suites.
 tests_la_localize() {
   step la_gdn2 300 python3 tools/la_localize.py gdn2 --config wide &
@@ -211,6 +223,14 @@ bench_la_bench() {
   step la_stages 200 python3 bench/la_stages.py --cache-dir "$LA_CACHE" --out "$LOG/la_stages.md"
   step la_training 330 python3 bench/la_training.py --budget-s 280 --cache-dir "$LA_CACHE" \
     --out "$LOG/la_training.md"
+}
+bench_kda_bwd() {
+  for config in wide-subchunk wide-subchunk-bwd; do
+    step "kda_$config" 150 python3 bench/kda.py --no-fla --no-nvidia --only "(a)" --config "$config"
+  done
+}
+bench_fla() {
+  step fla_suite 500 python3 tools/fla_suite.py --checkout .fla --out "$LOG/fla_suite.md"
 }
 bench_cp() {
   step cp 240 torchrun --nproc-per-node 2 bench/cp.py --out "$LOG/cp.md"
