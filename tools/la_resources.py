@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
+import io
 import os
 import pathlib
 import re
@@ -41,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tokenize
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "src" / "cudnn_pygraph" / "engines" / "linear_attention" / "kernels"
@@ -81,8 +83,9 @@ ALLOWED_SPILLS = {
 
 def digest() -> str:
     """sha256 over the relative path and the code of every .py in the kernels' folder: its
-    syntax tree without docstrings (comments never reach the tree), so a table goes stale
-    when what compiles changes, not when a comment does."""
+    text without comments, docstrings and blank lines, so a table goes stale when what
+    compiles changes, not when a comment does (and reads the same on every Python: a
+    syntax tree's dump does not)."""
     h = hashlib.sha256()
     for path in sorted(KERNELS.glob("*.py")):
         h.update(str(path.relative_to(ROOT)).encode() + b"\0" + _code(path).encode() + b"\0")
@@ -90,8 +93,14 @@ def digest() -> str:
 
 
 def _code(path) -> str:
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
+    text = path.read_text()
+    lines = text.splitlines()
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            row, col = tok.start
+            lines[row - 1] = lines[row - 1][:col]
+    docstrings = set()
+    for node in ast.walk(ast.parse(text)):
         body = getattr(node, "body", None)
         if (
             isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
@@ -99,9 +108,12 @@ def _code(path) -> str:
             and isinstance(body[0], ast.Expr)
             and isinstance(body[0].value, ast.Constant)
             and isinstance(body[0].value.value, str)
+            and not lines[body[0].lineno - 1][: body[0].col_offset].strip()  # alone on its lines
         ):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree)
+            docstrings.update(range(body[0].lineno, body[0].end_lineno + 1))
+    return "\n".join(
+        line.rstrip() for n, line in enumerate(lines, 1) if n not in docstrings and line.strip()
+    )
 
 
 # ------------------------------------------------------------------ the committed table
