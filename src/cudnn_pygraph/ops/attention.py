@@ -290,7 +290,7 @@ class _LayoutClass:
     ranking of the class's first graph said (None until then); `python` the python plans,
     built once at `capacity` batches; `backend` the backend's plans per exact call shape
     (None where no backend plan builds for it); `outgrown` python plans a larger capacity
-    replaced, kept alive: a CUDA graph captured earlier may still use their workspaces."""
+    replaced, kept alive: a CUDA graph captured earlier may still launch their kernels."""
 
     __slots__ = ("backend", "backend_leads", "capacity", "graph", "lock", "outgrown", "python")
 
