@@ -618,6 +618,34 @@ def test_one_workspace_serves_calls_of_different_shapes():
         assert rel_err(o, ref_o) <= FP32_TOL["o"], seqlens
 
 
+def test_a_workspace_the_caller_drops_is_freed():
+    # The torch ops take a workspace per call and drop it after the call: the launcher's
+    # cache of carved views must not keep its memory alive (a model whose shapes vary would
+    # hold a workspace between calls, growing with the shapes it has seen). Its storage is a
+    # numpy buffer here, so its lifetime shows as the buffer's.
+    import gc
+    import weakref
+
+    import numpy as np
+
+    nbytes = gdn_workspace_bytes(33, 1, 2, 2, 2, 64, 64, torch.float32, backward=False)
+    x, cu = make_inputs(seqlens=(33,))
+    buffer = np.empty(nbytes + 16, dtype=np.uint8)
+    alive = weakref.ref(buffer)
+    skew = (-buffer.ctypes.data) % 16
+    workspace = torch.from_numpy(buffer)[skew : skew + nbytes]
+    del buffer
+    o = torch.full((33, 2, 64), float("nan"), device=DEVICE)
+    gdn_forward(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=0.125, o=o, workspace=workspace,
+    )  # fmt: skip
+    assert not torch.isnan(o).any()
+    assert alive() is not None
+    del workspace
+    gc.collect()  # the interpreter's launch closures form reference cycles of their own
+    assert alive() is None
+
+
 BAD_INPUTS = {
     "neg-eigval-without-sigmoid": ({"allow_neg_eigval": True}, "allow_neg_eigval"),
     "a_log-without-safe-gate": ({"a_log": "tensor"}, "a_log"),

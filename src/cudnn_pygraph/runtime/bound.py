@@ -179,9 +179,9 @@ class BoundPlan:
 
         Each call takes its workspace from torch's caching allocator, on the stream it
         enqueues on: two calls in flight never share one (a freed block is reused in that
-        stream's order), a lone caller gets the same block back (an engine finds its carved
-        views cached), and no plan keeps a workspace between calls, so a caller whose shapes
-        vary (a plan per shape) holds one peak's worth, not one per plan it has used."""
+        stream's order), and nothing keeps a workspace between calls (an engine's cached
+        views of it go with it), so a caller whose shapes vary (a plan per shape) holds
+        nothing between calls, not one workspace per plan it has used."""
         device = next(t for t in buffers.values() if t is not None).device
         if device.type == "cuda":
             # The raw cudaStream_t as an int, as torch.cuda.current_stream(device).cuda_stream

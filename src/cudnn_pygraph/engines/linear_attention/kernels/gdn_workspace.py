@@ -6,6 +6,7 @@ query and the carving both read it, so they cannot disagree. Buffers are 256-byt
 
 from __future__ import annotations
 
+import weakref
 from types import MappingProxyType
 
 import torch
@@ -197,11 +198,18 @@ def gdn_workspace_bytes(
 
 # The last carving: (workspace identity, rows) -> views. A caller that passes the same
 # workspace for the same shapes (the graph engine, the benches) gets the views back instead
-# of 3 tensor ops per buffer (carving is about half of the launcher's Python time).
-# Holding the views keeps that one workspace alive until the next carving. One
-# slot holding one (key, views) tuple: a single assignment, so concurrent callers never pair
-# one key with another's views.
+# of a tensor op per buffer (carving is about half of the launcher's Python time). The views
+# are made on the workspace's storage without a reference to the workspace tensor, and the
+# slot is cleared when that tensor dies: a workspace the caller drops (the torch ops take
+# one per call) is freed then, not held until the next carving. One slot holding one
+# (key, views) tuple: a single assignment, so concurrent callers never pair one key with
+# another's views.
 _LAST_CARVE: list = [None]
+
+
+def _forget(entry):
+    if _LAST_CARVE[0] is entry:
+        _LAST_CARVE[0] = None
 
 
 def _carve(rows, workspace, device):
@@ -228,11 +236,16 @@ def _carve(rows, workspace, device):
             f"workspace: its address must be {WORKSPACE_ALIGN}-byte aligned "
             f"(this one is {workspace.data_ptr() % WORKSPACE_ALIGN} bytes past a boundary)"
         )
+    storage, base = workspace.untyped_storage(), workspace.storage_offset()
     out, offset = {}, 0
     for name, dt, shape in rows:
-        nbytes = _nbytes(dt, shape)
-        out[name] = workspace[offset : offset + nbytes].view(dt).view(shape)
-        offset += _aligned(nbytes)
+        # Every row starts WORKSPACE_ALIGN-aligned, so its byte offset is a whole number of
+        # elements of any dtype.
+        view = torch.empty(0, dtype=dt, device=workspace.device)
+        out[name] = view.set_(storage, (base + offset) // view.element_size(), shape)
+        offset += _aligned(_nbytes(dt, shape))
     if key is not None:
-        _LAST_CARVE[0] = (key, out)
+        entry = (key, out)
+        _LAST_CARVE[0] = entry
+        weakref.finalize(workspace, _forget, entry)
     return out
