@@ -27,6 +27,7 @@
 #   cold-start   issue 21: the compiled-plan cache suite and cold_start.md
 #   reliability  the 32-thread, torch-op race and misaligned-operand suites; memcheck (with
 #                the torch ops' hostile tables) and racecheck; doctor
+#   memory       issue 32: the torch ops' held device memory across many shapes
 #   laptop       issue 33: on a GPU machine the interpreter is never chosen; a clean exit
 #   kda | gdn2 | gdp | chain    issues 18 / 19: each family's suite and its bench row (a)
 #                (kda also: its per-kernel profile and row (a) under "wide-unfused")
@@ -40,9 +41,13 @@
 #                (our compiled-plan cache and fla's autotune picks) for the next call to carry
 #   kda-bwd      issue 30: the sub-chunk backward configs (wide-subchunk-bwd, few-subchunk-bwd)
 #                through their suite and the kda / gdn2 suites, then row (a) against the pick
+#   scores       issue 30: the sub-chunk scores kernel: the kda / gdn2 suites at wide-subchunk,
+#                its sweep candidates (bench/kda.py --sweep --variants scores), the kda / gdn2
+#                stage tables
 #   fla          issue 31: the off-tile head dims on the GPU, then fla's own tests as they are
 #                and after accelerate_fla() (tools/fla_suite.py; a fla-org/flash-linear-attention
 #                checkout in .fla/, carried, never committed)
+#   la-stages    issue 30: la_stages.md alone (the carried cache unpacked as for la-bench)
 #   la-bench     issue 30: $LA_CACHE_TGZ (default .whl/la_cache.tgz) unpacked when present; the
 #                resource table's check (tools/la_resources.py --check), la_stages.md and
 #                la_training.md
@@ -111,6 +116,11 @@ tests_laptop() {  # issue 33: on a GPU machine the interpreter is never chosen
 }
 bench_laptop() { :; }
 tests_reliability() { :; }
+tests_memory() {  # issue 32: the device memory the torch ops hold does not grow per shape
+  gpu_suite memory 150 \
+    "tests/gpu/test_op_races_gpu.py::test_memory_held_between_calls_does_not_grow_with_the_shapes_seen"
+}
+bench_memory() { :; }
 # -s: each case prints its errors as it ends, so a suite cut by its cap still shows them.
 tests_kda() { gpu_suite kda 240 -s tests/gpu/test_kda_gpu.py; }
 tests_gdn2() { gpu_suite gdn2 240 -s tests/gpu/test_gdn2_gpu.py; }
@@ -143,6 +153,17 @@ tests_kda_bwd() {
   gpu_suite kda_gdn2_subchunk 300 -s tests/gpu/test_kda_gpu.py tests/gpu/test_gdn2_gpu.py \
     -k "subchunk-bwd or wide-subchunk" &
   wait
+}
+tests_scores() {  # kernels/subchunk.py's scores, through the kda and gdn2 suites at its pick
+  gpu_suite kda_scores 300 -s tests/gpu/test_kda_gpu.py -k "wide-subchunk and not bwd" &
+  gpu_suite gdn2_scores 300 -s tests/gpu/test_gdn2_gpu.py -k "wide-subchunk and not bwd" &
+  wait
+}
+bench_scores() {
+  la_unpack
+  step kda_sweep_scores 150 python3 bench/kda.py --sweep --only "(a)" --variants scores
+  step la_stages_per_key 200 python3 bench/la_stages.py --families kda,gdn2 \
+    --cache-dir "$LA_CACHE" --out "$LOG/la_stages_per_key.md"
 }
 tests_fla() { gpu_suite head_dims 240 -s tests/gpu/test_head_dims_gpu.py; }
 # Diagnostics, not timings: the localizations run side by side with the other suites.
@@ -210,17 +231,27 @@ bench_la_warm() {
   echo "== la_cache.tgz: $(du -h "$OUT/la_cache.tgz" | cut -f1) (carry it as .whl/la_cache.tgz);" \
     "fla's compiled candidates, not packed: $(du -sh "$LA_CACHE/triton" | cut -f1)"
 }
-bench_la_bench() {
+la_unpack() {  # the carried compiled-plan cache and fla's autotune picks, once per call
   local tgz=${LA_CACHE_TGZ:-.whl/la_cache.tgz}
+  [ -f "$LA_CACHE/.unpacked" ] && return
   if [ -f "$tgz" ]; then
     mkdir -p "$LA_CACHE" && tar xzf "$tgz" -C "$LA_CACHE" && chmod -R go-w "$LA_CACHE"
+    touch "$LA_CACHE/.unpacked"
     echo "== $tgz unpacked into $LA_CACHE"
   else
     echo "== no $tgz: everything compiles (and fla autotunes) in this call"
   fi
-  step la_resources 20 python3 tools/la_resources.py --check
+}
+tests_la_stages() { la_unpack; }
+bench_la_stages() {
+  la_unpack
   # fla compiles its picked configs here (its autotune picks come from the carried cache)
-  step la_stages 200 python3 bench/la_stages.py --cache-dir "$LA_CACHE" --out "$LOG/la_stages.md"
+  step la_stages 240 python3 bench/la_stages.py --cache-dir "$LA_CACHE" --out "$LOG/la_stages.md"
+}
+bench_la_bench() {
+  la_unpack
+  step la_resources 20 python3 tools/la_resources.py --check
+  bench_la_stages
   step la_training 330 python3 bench/la_training.py --budget-s 280 --cache-dir "$LA_CACHE" \
     --out "$LOG/la_training.md"
 }
@@ -230,7 +261,8 @@ bench_kda_bwd() {
   done
 }
 bench_fla() {
-  step fla_suite 500 python3 tools/fla_suite.py --checkout .fla --out "$LOG/fla_suite.md"
+  step fla_suite 500 python3 tools/fla_suite.py --checkout .fla --jobs 10 --timeout 420 \
+    --out "$LOG/fla_suite.md"
 }
 bench_cp() {
   step cp 240 torchrun --nproc-per-node 2 bench/cp.py --out "$LOG/cp.md"

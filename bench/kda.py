@@ -238,8 +238,11 @@ SWEEP = {
     "base": {},
     "the tree (no scores kernel)": {"scores": None},
     "scores BK 32": {"scores": {"BK": 32}},
+    "scores BD 8": {"scores": {"BD": 8}},
+    "scores BD 32": {"scores": {"BD": 32}},
     "scores 8 warps": {"scores": {"num_warps": 8}},
     "scores BK 32, 8 warps": {"scores": {"BK": 32, "num_warps": 8}},
+    "scores BK 32, BD 32, 8 warps": {"scores": {"BK": 32, "BD": 32, "num_warps": 8}},
     "output_fwd BV 64": {"output_fwd": {"BV": 64}},
     "wy_solve 2 warps": {"wy_solve": {"num_warps": 2}},
     "wy_solve 4 warps": {"wy_solve": {"num_warps": 4}},
@@ -260,8 +263,9 @@ SWEEP = {
 }
 
 
-def sweep(only):
-    """Each SWEEP candidate's kda forward + backward at one shape: ms by CUDA events, the
+def sweep(only, variants=None):
+    """Each SWEEP candidate's kda forward + backward at one shape (those whose label holds
+    one of `variants`' comma-separated substrings, and the base): ms by CUDA events, the
     largest relative difference of any output from the base run's, and per-kernel ms."""
     case = first("la", only)
     name, seqlens = case.name, case.params["seqlens"]
@@ -273,7 +277,10 @@ def sweep(only):
     print("| variant | fwd ms | fwd+bwd ms | max rel diff vs base | per kernel (ms per fwd+bwd) |")
     print("|---|---|---|---|---|", flush=True)
     ref = None
+    wanted = [v for v in (variants or "").split(",") if v]
     for label, changes in SWEEP.items():
+        if wanted and label != "base" and not any(v in label for v in wanted):
+            continue
         cfgs = {k: dict(v) for k, v in base.items()}
         for kernel, params in changes.items():
             if params is None:
@@ -309,13 +316,15 @@ def main():
     parser.add_argument("--config", default=None, help="our config by name (kernels/configs.py)")
     parser.add_argument("--profile", action="store_true", help="per-kernel times, then exit")
     parser.add_argument("--sweep", action="store_true", help="SWEEP's candidates, then exit")
+    parser.add_argument("--variants", default=None,
+                        help="--sweep: only the candidates whose label holds one of these")  # fmt: skip
     parser.add_argument(
         "--cache-dir", default=None, help="keep compiles here (bench/timing.py use_compiled_cache)"
     )
     args = parser.parse_args()
     use_compiled_cache(args.cache_dir)
     if args.sweep:
-        sweep(args.only)
+        sweep(args.only, args.variants)
         return
     if args.profile:
         profile_kernels(args.only, args.config)

@@ -58,6 +58,7 @@ _RULES = (
     ("dv", r"dv_local|bwd_kernel_dav|bwd_kernel_dv"),
     ("dqk", r"dqk"),
     ("wy_bwd", r"wy_bwd|wy_repr_bwd|bwd_kernel_wy|bwd_kernel_intra"),
+    ("wy", r"subchunk_scores"),
     ("gates", r"cumsum|(^|_)gate_|l2norm|beta_sigmoid|softplus"),
     ("wy", r"wy_solve|kkt|solve_tril|merge_16x16|recompute_w_u|fwd_kernel_intra|inter_solve|"
            r"intra_sub_chunk|intra_token_parallel|fwd_intra"),
@@ -77,13 +78,28 @@ def stage_of(kernel: str) -> str:
 
 
 def by_stage(kernel_ms: dict) -> dict:
-    """{stage: (ms, [kernel names])} of a {kernel: ms per call} profile."""
+    """{stage: (ms, [(kernel name, ms)], slowest first)} of a {kernel: ms per call} profile."""
     out = {s: [0.0, []] for s in STAGE_IDS}
     for name, ms in sorted(kernel_ms.items(), key=lambda kv: -kv[1]):
         cell = out[stage_of(name)]
         cell[0] += ms
-        cell[1].append(name)
+        cell[1].append((name, ms))
     return {s: (ms, names) for s, (ms, names) in out.items()}
+
+
+def short_name(kernel: str) -> str:
+    """A profiled kernel's name without C++ return type, template arguments or parameters
+    (torch's elementwise kernels spell whole functor types)."""
+    name = re.sub(r"^void\s+", "", kernel)
+    for i, ch in enumerate(name):
+        if ch in "<(" and i:
+            name = name[:i]
+            break
+    return name.rsplit("::", 1)[-1].strip()
+
+
+# Kernels named per cell: the slowest, the rest counted.
+SHOWN = 4
 
 
 # ------------------------------------------------------------------ the arithmetic
@@ -198,10 +214,15 @@ def _ms(v):
 
 
 def _kernels(staged, side, stage):
-    """The kernels a side ran in a stage (its fwd+bwd profile, else its forward's)."""
+    """The kernels a side ran in a stage, slowest first with their ms (its fwd+bwd profile,
+    else its forward's)."""
     parts = staged.get(side, {})
     profile = next((parts[p] for p in ("fb", "fwd") if isinstance(parts.get(p), dict)), None)
-    return ", ".join(profile[stage][1]) or "-" if profile else "-"
+    if not profile or not profile[stage][1]:
+        return "-"
+    named = profile[stage][1]
+    text = ", ".join(f"{short_name(n)} {ms:.3f}" for n, ms in named[:SHOWN])
+    return text + (f" (+{len(named) - SHOWN} more)" if len(named) > SHOWN else "")
 
 
 def family_table(family, seqlens, sides: dict) -> list:

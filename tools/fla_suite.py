@@ -1,6 +1,6 @@
 """fla's own tests, run twice: as they are, and after cudnn_pygraph.fla.accelerate_fla().
 
-    python3 tools/fla_suite.py --checkout PATH [--files test_gdn.py ...] [--out FILE]
+    python3 tools/fla_suite.py --checkout PATH [--files test_gdn.py ...] [--jobs N] [--out FILE]
 
 PATH is a checkout of fla-org/flash-linear-attention (fetched for the run, never copied
 into this repository); its tests/ops/<file> run against the installed fla-core. The
@@ -14,6 +14,7 @@ that passes as fla ships it and fails accelerated, with the first line of its fa
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import pathlib
@@ -112,15 +113,19 @@ def main(argv=None):
     parser.add_argument("--files", nargs="*", default=FILES)
     parser.add_argument("--timeout", type=int, default=900, help="seconds per file and mode")
     parser.add_argument("--out", type=pathlib.Path)
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="pytest runs side by side (a correctness run: they share the GPU)")  # fmt: skip
     args = parser.parse_args(argv)
+    paths = {name: args.checkout / "tests" / "ops" / name for name in args.files}
+    runs = [(name, mode) for name, path in paths.items() if path.exists() for mode in (False, True)]
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        done = dict(zip(runs, pool.map(lambda r: run(paths[r[0]], r[1], args.timeout), runs)))
     rows = {}
     for name in args.files:
-        path = args.checkout / "tests" / "ops" / name
-        if not path.exists():
+        if (name, False) not in done:
             rows[name] = None
             continue
-        plain, _ = run(path, False, args.timeout)
-        accelerated, routes = run(path, True, args.timeout)
+        (plain, _), (accelerated, routes) = done[name, False], done[name, True]
         rows[name] = compare(plain, accelerated, routes) if plain and accelerated else None
     text = table(rows)
     print(text)

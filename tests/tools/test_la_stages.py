@@ -64,9 +64,23 @@ def test_each_kernel_is_booked_to_the_stage_it_computes(name, stage):
 def test_by_stage_sums_a_profile_and_names_its_kernels():
     staged = st.by_stage({"wy_solve_kernel": 0.5, "recompute_w_u_fwd_kernel": 0.25, "x": 0.1})
     assert staged["wy"][0] == pytest.approx(0.75)
-    assert staged["wy"][1] == ["wy_solve_kernel", "recompute_w_u_fwd_kernel"]
-    assert staged["other"] == (pytest.approx(0.1), ["x"])
+    assert staged["wy"][1] == [("wy_solve_kernel", 0.5), ("recompute_w_u_fwd_kernel", 0.25)]
+    assert staged["other"] == (pytest.approx(0.1), [("x", 0.1)])
     assert staged["dh"] == (0.0, [])
+
+
+def test_kernel_cells_name_the_slowest_kernels_with_their_time_and_count_the_rest():
+    # torch's kernels spell whole functor types: a cell names the function, not its type
+    copy = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<"
+            "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>(int)")  # fmt: skip
+    profile = {copy: 0.3, "subchunk_scores_kernel": 2.0, "Memcpy DtoD (Device -> Device)": 0.2}
+    profile.update({f"k{i}": 0.01 * i for i in range(1, 5)})
+    staged = {"ours": {"fwd": st.by_stage(profile)}}
+    assert st._kernels(staged, "ours", "wy") == "subchunk_scores_kernel 2.000"
+    cell = st._kernels(staged, "ours", "other")
+    assert cell.startswith("elementwise_kernel 0.300, Memcpy DtoD 0.200, k4 0.040, k3 0.030")
+    assert cell.endswith("(+2 more)")
+    assert st._kernels(staged, "ours", "dh") == "-"
 
 
 def test_stage_arithmetic_counts_every_token_and_head():
