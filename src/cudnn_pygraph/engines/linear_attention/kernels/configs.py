@@ -76,9 +76,9 @@ _SHARED = {
 _WIDE_STATE_BWD = {"BV": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True}
 _WIDE_STATE_BWD_GATED = {**_WIDE_STATE_BWD, "num_warps": 8}
 # The sub-chunk scores kernel (kernels/subchunk.py), in the configs that name it: BK key
-# channels per strip product, BD per diagonal block of exponentials ([16, 16, BD] fp32);
-# ptxas (sm_90) gives it no spills at these (bench/results/la_resources.md).
-_SUBCHUNK = {"scores": {"BK": 64, "BD": 16, "num_warps": 4}}
+# channels per pass; at BK 64 and 4 warps ptxas (sm_90) gives it no spills
+# (bench/results/kda.md has the candidates bench/kda.py --sweep times).
+_SUBCHUNK = {"scores": {"BK": 64, "num_warps": 4}}
 # The backward's gated products on the sub-chunk form too (kernels/subchunk_bwd.py: dqk's
 # dq / dk products and wy_bwd's products of dM), in place of gated.py's tree; the tile
 # configs are the tree's (their entries under the per-key gate), with the form's flag.

@@ -250,8 +250,7 @@ def _run_wy_and_state(
             q, k, g, beta, a_log if a_log is not None else dummy,
             dt_bias if dt_bias is not None else dummy, cu, ws["chunk_offsets"],
             ws["chunk_seq"], n_seqs, gc, beta_eff, ws["akk"], ws["aqk"], n_out,
-            n_q, n_k, lower_bound, K=dim_k, BK=_slice(cfg, "BK", dim_k),
-            BD=_slice(cfg, "BD", dim_k), **flags, PREC=prec,
+            n_q, n_k, lower_bound, K=dim_k, BK=_slice(cfg, "BK", dim_k), **flags, PREC=prec,
             BETA_K=write_gate is not None, **cfg,
         )  # fmt: skip
     if factors_given:

@@ -20,9 +20,8 @@ sub-chunk's whole row strip against the earlier rows is ONE tensor-core product,
 scaled by exp(G - G_r) and the earlier rows by exp(G_r - G). Only the pairs inside a
 sub-chunk (j <= i, both in sub-chunk a) cannot take a shared row: their factor could
 exceed e^88 at steep gates (-40 per token passes it within 3 tokens). They are summed
-exactly per pair: a [16, 16, BD] block of per-channel exponentials at a time (all pairs of
-the sub-chunk, BD key channels), each serving both Akk and Aqk. The strips and the diagonal
-blocks are stored by disjoint masks, so no address is written twice.
+exactly per pair, one column j at a time ([16, BK] exponentials per column), and each
+exponential serves both Akk and Aqk.
 
 One program per (chunk, output head) also runs stage 1 (gates.py gate_rows: G and
 beta_eff, stored for every later stage), so the scores read G back from memory (L1-hot).
@@ -57,71 +56,51 @@ def _store_gates(gc_ptr, beff_ptr, gam, b, t0, rows, valid, HO, h, offset, K: tl
 @triton.jit
 def _strip(
     q_ptr, k_ptr, gc_ptr, beff_ptr, akk_ptr, aqk_ptr, t0, valid, h, hq, hk, HO, H, HK,
-    RA: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
-    BETA_K: tl.constexpr, PREC: tl.constexpr,
+    RA: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BETA_K: tl.constexpr,
+    PREC: tl.constexpr,
 ):  # fmt: skip
     """The [16, 64] row strips of Akk and Aqk for the sub-chunk whose first row is RA."""
     i = RA + tl.arange(0, 16)
     j = tl.arange(0, SCORE_COLS)
     row_ok = i < valid
-    if RA > 0:
-        # The earlier sub-chunks through the reference row RA: one product per strip.
-        kk = tl.zeros([16, SCORE_COLS], dtype=tl.float32)
-        qk = tl.zeros([16, SCORE_COLS], dtype=tl.float32)
-        # (no reference row past the chunk's end: then no row of the strip is valid)
-        early = (j < RA)[None, :] & (RA < valid)
-        for ic in range(K // BK):
-            c = ic * BK
-            kc = tl.arange(0, BK)
-            kx = load_rows(k_ptr, t0, i, valid, HK * K, hk * K + c, BK).to(tl.float32)
-            if BETA_K:
-                kx = kx * load_rows(beff_ptr, t0, i, valid, HO * K, h * K + c, BK)
-            qx = load_rows(q_ptr, t0, i, valid, H * K, hq * K + c, BK).to(tl.float32)
-            gx = load_rows(gc_ptr, t0, i, valid, HO * K, h * K + c, BK)
+    kk = tl.zeros([16, SCORE_COLS], dtype=tl.float32)
+    qk = tl.zeros([16, SCORE_COLS], dtype=tl.float32)
+    for ic in range(K // BK):
+        c = ic * BK
+        kc = tl.arange(0, BK)
+        kx = load_rows(k_ptr, t0, i, valid, HK * K, hk * K + c, BK).to(tl.float32)
+        if BETA_K:
+            kx = kx * load_rows(beff_ptr, t0, i, valid, HO * K, h * K + c, BK)
+        qx = load_rows(q_ptr, t0, i, valid, H * K, hq * K + c, BK).to(tl.float32)
+        gx = load_rows(gc_ptr, t0, i, valid, HO * K, h * K + c, BK)
+        if RA > 0:
+            # The earlier sub-chunks through the reference row RA: one product per strip.
             gr = tl.load(gc_ptr + (t0 + RA).to(tl.int64) * HO * K + h * K + c + kc,
                          mask=(kc < BK) & (RA < valid), other=0.0)  # fmt: skip
             ex = tl.exp(tl.where(row_ok[:, None], gx - gr[None, :], 0.0))
+            # (no reference row past the chunk's end: then no row of the strip is valid)
+            early = (j < RA)[None, :] & (RA < valid)
             kt = load_rows_t(k_ptr, t0, j, valid, HK * K, hk * K + c, BK).to(tl.float32)
             gt = load_rows_t(gc_ptr, t0, j, valid, HO * K, h * K + c, BK)
             yt = tl.where(early, kt * tl.exp(tl.where(early, gr[:, None] - gt, 0.0)), 0.0)
             kk += tl.dot(kx * ex, yt, input_precision=PREC)
             qk += tl.dot(qx * ex, yt, input_precision=PREC)
-        # Columns from RA on are zero here (yt's early mask); the diagonal block is stored
-        # below, so these stores leave its 16 columns alone.
-        col = ((j < RA) | (j >= RA + 16))[None, :] & row_ok[:, None]
-        base = t0.to(tl.int64) * HO * SCORE_COLS + h * SCORE_COLS
-        addr = base + i[:, None] * HO * SCORE_COLS + j[None, :]
-        tl.store(akk_ptr + addr, kk, mask=col)
-        tl.store(aqk_ptr + addr, qk, mask=col)
-    else:
-        # The first sub-chunk has no earlier rows: its strip is zero right of its diagonal
-        # block.
-        zero = tl.zeros([16, SCORE_COLS], dtype=tl.float32)
-        col = (j >= 16)[None, :] & row_ok[:, None]
-        base = t0.to(tl.int64) * HO * SCORE_COLS + h * SCORE_COLS
-        addr = base + i[:, None] * HO * SCORE_COLS + j[None, :]
-        tl.store(akk_ptr + addr, zero, mask=col)
-        tl.store(aqk_ptr + addr, zero, mask=col)
-    # The sub-chunk's own pairs (j <= i, both in it), exact: a [16, 16, BD] block of
-    # per-channel exponentials at a time, every one serving both Akk and Aqk.
-    jd = RA + tl.arange(0, 16)
-    keep = (i[:, None] >= jd[None, :]) & row_ok[:, None]
-    dkk = tl.zeros([16, 16], dtype=tl.float32)
-    dqk = tl.zeros([16, 16], dtype=tl.float32)
-    for ic in range(K // BD):
-        c = ic * BD
-        kr = load_rows(k_ptr, t0, i, valid, HK * K, hk * K + c, BD).to(tl.float32)
-        kb = kr
-        if BETA_K:
-            kb = kr * load_rows(beff_ptr, t0, i, valid, HO * K, h * K + c, BD)
-        qx = load_rows(q_ptr, t0, i, valid, H * K, hq * K + c, BD).to(tl.float32)
-        gx = load_rows(gc_ptr, t0, i, valid, HO * K, h * K + c, BD)
-        e = tl.exp(tl.where(keep[:, :, None], gx[:, None, :] - gx[None, :, :], float("-inf")))
-        ke = kr[None, :, :] * e
-        dkk += tl.sum(kb[:, None, :] * ke, 2)
-        dqk += tl.sum(qx[:, None, :] * ke, 2)
-    store_rows(akk_ptr, dkk, t0, i, valid, HO * SCORE_COLS, h * SCORE_COLS + RA, 16)
-    store_rows(aqk_ptr, dqk, t0, i, valid, HO * SCORE_COLS, h * SCORE_COLS + RA, 16)
+        # The sub-chunk's own pairs, exact: column RA + jj at a time.
+        for jj in range(16):
+            col = RA + jj
+            col_ok = col < valid
+            base = (t0 + col).to(tl.int64)
+            krow = tl.load(k_ptr + base * HK * K + hk * K + c + kc, mask=(kc < BK) & col_ok,
+                           other=0.0).to(tl.float32)  # fmt: skip
+            grow = tl.load(gc_ptr + base * HO * K + h * K + c + kc, mask=(kc < BK) & col_ok,
+                           other=0.0)  # fmt: skip
+            keep = (i >= col) & row_ok
+            ke = krow[None, :] * tl.exp(tl.where(keep[:, None], gx - grow[None, :], 0.0))
+            place = (j == col)[None, :] & keep[:, None]
+            kk += tl.where(place, tl.sum(kx * ke, 1)[:, None], 0.0)
+            qk += tl.where(place, tl.sum(qx * ke, 1)[:, None], 0.0)
+    store_rows(akk_ptr, kk, t0, i, valid, HO * SCORE_COLS, h * SCORE_COLS, SCORE_COLS)
+    store_rows(aqk_ptr, qk, t0, i, valid, HO * SCORE_COLS, h * SCORE_COLS, SCORE_COLS)
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -146,7 +125,6 @@ def subchunk_scores_kernel(
     lower_bound,
     K: tl.constexpr,
     BK: tl.constexpr,
-    BD: tl.constexpr,
     LINEAR: tl.constexpr,
     SAFE: tl.constexpr,
     HAS_A: tl.constexpr,
@@ -184,7 +162,7 @@ def subchunk_scores_kernel(
     for sub in tl.static_range(4):
         _strip(
             q_ptr, k_ptr, gc_ptr, beff_ptr, akk_ptr, aqk_ptr, t0, valid, h, hq, hk, HO, H, HK,
-            16 * sub, K, BK, BD, BETA_K, PREC,
+            16 * sub, K, BK, BETA_K, PREC,
         )  # fmt: skip
 
 
