@@ -40,9 +40,10 @@
 #                (our compiled-plan cache and fla's autotune picks) for the next call to carry
 #   kda-bwd      issue 30: the sub-chunk backward configs (wide-subchunk-bwd, few-subchunk-bwd)
 #                through their suite and the kda / gdn2 suites, then row (a) against the pick
-#   fla          issue 31: the off-tile head dims on the GPU, then fla's own tests as they are
-#                and after accelerate_fla() (tools/fla_suite.py; a fla-org/flash-linear-attention
-#                checkout in .fla/, carried, never committed)
+#   fla          issue 31: the off-tile head dims on the GPU; fla_accel.md (fla's chunk ops
+#                before / after accelerate_fla(), row (a) at K = V = 128 and 100); then fla's own
+#                tests as they are and after accelerate_fla() (tools/fla_suite.py; a
+#                fla-org/flash-linear-attention checkout in .fla/, carried, never committed)
 #   la-bench     issue 30: $LA_CACHE_TGZ (default .whl/la_cache.tgz) unpacked when present; the
 #                resource table's check (tools/la_resources.py --check), la_stages.md and
 #                la_training.md
@@ -210,7 +211,7 @@ bench_la_warm() {
   echo "== la_cache.tgz: $(du -h "$OUT/la_cache.tgz" | cut -f1) (carry it as .whl/la_cache.tgz);" \
     "fla's compiled candidates, not packed: $(du -sh "$LA_CACHE/triton" | cut -f1)"
 }
-bench_la_bench() {
+unpack_la_cache() {  # $LA_CACHE_TGZ (la-warm's la_cache.tgz) into $LA_CACHE, when carried
   local tgz=${LA_CACHE_TGZ:-.whl/la_cache.tgz}
   if [ -f "$tgz" ]; then
     mkdir -p "$LA_CACHE" && tar xzf "$tgz" -C "$LA_CACHE" && chmod -R go-w "$LA_CACHE"
@@ -218,6 +219,9 @@ bench_la_bench() {
   else
     echo "== no $tgz: everything compiles (and fla autotunes) in this call"
   fi
+}
+bench_la_bench() {
+  unpack_la_cache
   step la_resources 20 python3 tools/la_resources.py --check
   # fla compiles its picked configs here (its autotune picks come from the carried cache)
   step la_stages 200 python3 bench/la_stages.py --cache-dir "$LA_CACHE" --out "$LOG/la_stages.md"
@@ -230,6 +234,11 @@ bench_kda_bwd() {
   done
 }
 bench_fla() {
+  # fla's four chunk ops before / after accelerate_fla(), row (a) at K = V = 128 and 100;
+  # rows stop starting at 95 s, each finished row is already in the file
+  unpack_la_cache
+  step fla_accel 120 python3 bench/fla_accel.py --budget-s 95 --cache-dir "$LA_CACHE" \
+    --out "$LOG/fla_accel.md"
   step fla_suite 500 python3 tools/fla_suite.py --checkout .fla --out "$LOG/fla_suite.md"
 }
 bench_cp() {
