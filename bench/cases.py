@@ -42,6 +42,8 @@ CASES = (
     Case("la", "(a) 8 x 4096", {"seqlens": [4096] * 8}),
     Case("la", "(b) 1 x 32768", {"seqlens": [32768]}),
     Case("la", "(c) 64 mixed 64..2048", {"seqlens": _mixed_lengths(64, 64, 2048, seed=0)}),
+    # CPU smoke runs under the interpreter (fla_accel.py --dry): two short sequences.
+    Case("la.dry", "dry 16 + 24", {"seqlens": [16, 24]}),
     # Compile only: row (a)'s kernel binaries on few tokens (gdn_wy_bwd.py --warm).
     Case("la.warm", "warm 8 x 128", {"seqlens": [128] * 8}),
     # One long sequence run as a chain of pieces (gdn.py --chain).

@@ -44,9 +44,10 @@
 #   scores       issue 30: the sub-chunk scores kernel: the kda / gdn2 suites at wide-subchunk,
 #                its sweep candidates (bench/kda.py --sweep --variants scores), the kda / gdn2
 #                stage tables
-#   fla          issue 31: the off-tile head dims on the GPU, then fla's own tests as they are
-#                and after accelerate_fla() (tools/fla_suite.py; a fla-org/flash-linear-attention
-#                checkout in .fla/, carried, never committed)
+#   fla          issue 31: the off-tile head dims on the GPU; fla_accel.md (fla's chunk ops
+#                before / after accelerate_fla(), row (a) at K = V = 128 and 100); then fla's own
+#                tests as they are and after accelerate_fla() (tools/fla_suite.py; a
+#                fla-org/flash-linear-attention checkout in .fla/, carried, never committed)
 #   la-stages    issue 30: la_stages.md alone (the carried cache unpacked as for la-bench)
 #   la-bench     issue 30: $LA_CACHE_TGZ (default .whl/la_cache.tgz) unpacked when present; the
 #                resource table's check (tools/la_resources.py --check), la_stages.md and
@@ -261,6 +262,11 @@ bench_kda_bwd() {
   done
 }
 bench_fla() {
+  # fla's four chunk ops before / after accelerate_fla(), row (a) at K = V = 128 and 100;
+  # rows stop starting at 95 s, each finished row is already in the file
+  la_unpack
+  step fla_accel 120 python3 bench/fla_accel.py --budget-s 95 --cache-dir "$LA_CACHE" \
+    --out "$LOG/fla_accel.md"
   step fla_suite 500 python3 tools/fla_suite.py --checkout .fla --jobs 10 --timeout 420 \
     --out "$LOG/fla_suite.md"
 }

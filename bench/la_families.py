@@ -4,7 +4,8 @@ our torch op (what a model calls: cudnn_pygraph.linear_attention), fla-core's ch
 NVIDIA's op where one runs on Hopper, each a callable doing the forward (no autograd) or
 the forward and backward (autograd, dO given).
 
-Problems follow bench/cases.py's "la" rows: bf16, H = HV = 16, K = V = 128, l2norm on, a
+Problems follow bench/cases.py's "la" rows: bf16, H = HV = 16, K = V = 128 (each a
+keyword of Problem: bench/fla_accel.py times an off-tile head dim), l2norm on, a
 log-space decay; kda's decay per key channel (fp32, as Kimi's gate produces it), gdn2's
 erase gate per key channel and write gate per value channel, gdp with n = 2 Householder
 rows per token (k / v / beta at T * n rows). States are K-major [N, H, K, V] for every op
@@ -18,7 +19,6 @@ import torch
 
 H = 16
 DIM = 128
-SCALE = DIM**-0.5
 GDP_N = 2
 FAMILIES = ("gdn", "kda", "gdn2", "gdp")
 # NVIDIA's python engines decline gdn, gdn2 and gdp on sm_90; its kda forward runs there.
@@ -28,13 +28,15 @@ NVIDIA_FAMILIES = ("kda",)
 class Problem:
     """One family's inputs on one shape: x (name -> leaf tensor, [1, T, ...] or THD as the
     op takes them), cu (int32), cu64 (int64, one tensor per problem: fla caches its chunk
-    indices by the cu_seqlens tensor's identity), init (or None), do."""
+    indices by the cu_seqlens tensor's identity), init (or None), do; heads, dim (K = V)
+    and scale (1 / sqrt(dim))."""
 
-    def __init__(self, family, seqlens, with_state, seed=1, device="cuda"):
+    def __init__(self, family, seqlens, with_state, seed=1, device="cuda", *, heads=H,
+                 dim=DIM, dtype=torch.bfloat16):  # fmt: skip
         if family not in FAMILIES:
             raise ValueError(f"family {family!r}: one of {FAMILIES}")
         gen = torch.Generator(device=device).manual_seed(seed)
-        dev, bf = device, torch.bfloat16
+        dev, bf = device, dtype
         total = sum(seqlens)
         rows = total * (GDP_N if family == "gdp" else 1)
 
@@ -42,25 +44,34 @@ class Problem:
             return torch.randn(*shape, device=dev, generator=gen).to(dtype)
 
         self.family, self.seqlens, self.tokens = family, list(seqlens), total
+        self.heads, self.dim, self.scale = heads, dim, dim**-0.5
         self.rows = rows  # timeline rows of k / v / beta (total * n for gdp)
-        x = {"q": randn(1, total, H, DIM), "k": randn(1, rows, H, DIM), "v": randn(1, rows, H, DIM)}
+        x = {
+            "q": randn(1, total, heads, dim),
+            "k": randn(1, rows, heads, dim),
+            "v": randn(1, rows, heads, dim),
+        }
         per_key = family in ("kda", "gdn2")
-        g = torch.nn.functional.logsigmoid(randn(1, total, H, *((DIM,) if per_key else ()),
+        g = torch.nn.functional.logsigmoid(randn(1, total, heads, *((dim,) if per_key else ()),
                                                  dtype=torch.float32) + 2.0)  # fmt: skip
         x["g"] = g if family != "gdn" else g.to(bf)
-        x["beta"] = torch.rand(1, rows, H, *((DIM,) if family == "gdn2" else ()), device=dev,
+        x["beta"] = torch.rand(1, rows, heads, *((dim,) if family == "gdn2" else ()), device=dev,
                                generator=gen).to(bf)  # fmt: skip
         if family == "gdn2":
-            x["w"] = torch.rand(1, total, H, DIM, device=dev, generator=gen).to(bf)
+            x["w"] = torch.rand(1, total, heads, dim, device=dev, generator=gen).to(bf)
         self.x = x
         offsets = [0, *torch.tensor(seqlens).cumsum(0).tolist()]
         self.cu = torch.tensor(offsets, device=dev, dtype=torch.int32)
         self.cu64 = self.cu.long()
-        init = (0.1 * randn(len(seqlens), H, DIM, DIM, dtype=torch.float32)) if with_state else None
+        init = (
+            (0.1 * randn(len(seqlens), heads, dim, dim, dtype=torch.float32))
+            if with_state
+            else None
+        )
         self.init = init
         # the same state V-major, made once (outside any timed call)
         self.init_v = init.transpose(-1, -2).contiguous() if with_state else None
-        self.do = randn(1, total, H, DIM)
+        self.do = randn(1, total, heads, dim)
 
     def leaves(self, grad):
         return {n: t.detach().requires_grad_(grad) for n, t in self.x.items()}
@@ -83,7 +94,7 @@ def ours(p: Problem, backward: bool):
     from cudnn_pygraph.linear_attention.gdp import gated_delta_product
 
     state = {"initial_state": p.init, "output_final_state": p.init is not None}
-    common = {"scale": SCALE, "use_qk_l2norm_in_kernel": True, **state}
+    common = {"scale": p.scale, "use_qk_l2norm_in_kernel": True, **state}
 
     def call(x):
         if p.family == "gdn":
@@ -109,7 +120,8 @@ def ours(p: Problem, backward: bool):
 def fla(p: Problem, backward: bool):
     """fla-core's chunk op on the problem ([1, T, H, K], K-major state)."""
     state = {"initial_state": p.init, "output_final_state": p.init is not None}
-    common = {"scale": SCALE, "use_qk_l2norm_in_kernel": True, "cu_seqlens": p.cu64, **state}
+    common = {"scale": p.scale, "use_qk_l2norm_in_kernel": True, "cu_seqlens": p.cu64,
+              **state}  # fmt: skip
 
     def call(x):
         q, k, v, g, beta = (x[n] for n in ("q", "k", "v", "g", "beta"))

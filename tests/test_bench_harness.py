@@ -185,3 +185,64 @@ def test_a_row_past_the_budget_is_a_skipped_line_and_the_file_keeps_each_row(
     assert lines == ["| n |", "|---|", "| row 1 | skipped: budget |", "| row 2 | skipped: budget |"]
     assert out.read_text() == "\n".join(lines) + "\n"
     assert capsys.readouterr().out.splitlines() == lines
+
+
+# ---------------------------------------------------------------- bench/fla_accel.py
+
+
+def _table_rows(text):
+    """The data rows of a markdown table: lists of cells, the header and rule left out."""
+    rows = [line.strip("|").split(" | ") for line in text.splitlines() if line.startswith("| ")]
+    return [[c.strip() for c in r] for r in rows[1:]]
+
+
+def test_fla_accel_dry_run_times_fla_before_and_after_the_one_line(tmp_path):
+    pytest.importorskip("fla.ops", reason="fla-core is not installed")
+    out = tmp_path / "fla_accel.md"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "fla_accel.py"), "--dry", "--families", "gdn", "--dims",
+         "60", "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT / "src")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = _table_rows(out.read_text())
+    family, label, fla_fwd, acc_fwd, fla_bwd, acc_bwd, *_, fell_back = row
+    assert (family, label) == ("gdn", "dry 16 + 24, K=V=60")
+    number = re.compile(r"^\d+\.\d{3} / \d+\.\d{3}$")
+    # the accelerated calls ran ours (K=60 padded) and timed; fla's own, on a CPU, runs or
+    # leaves its reason in the cell (fla-core 0.6.0 has no CPU driver)
+    assert number.match(acc_fwd) and number.match(acc_bwd), row
+    assert fell_back == "-", row
+    for cell in (fla_fwd, fla_bwd):
+        assert number.match(cell) or cell.startswith("refused: "), row
+
+
+@pytest.fixture
+def fla_accel(runner):
+    import fla_accel
+
+    yield fla_accel
+    for name in ("fla_accel", "la_families", "la_training"):
+        sys.modules.pop(name, None)
+
+
+def test_a_failing_fla_accel_row_keeps_its_reason_and_fla_restored(fla_accel, monkeypatch):
+    pytest.importorskip("fla.ops", reason="fla-core is not installed")
+    import la_families
+
+    import cudnn_pygraph.fla as cfla
+
+    (case,) = fla_accel.select("la.dry")
+
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory | tried to allocate")
+
+    monkeypatch.setattr(la_families, "Problem", no_memory)
+    line = fla_accel.row(("kda", case, 100), fla_accel._dry_clock, {})
+    assert line.startswith("| kda | dry 16 + 24, K=V=100 | refused: RuntimeError: CUDA out of")
+    assert line.count("|") == 10  # the reason's own "|" does not break the row
+    # a side that raises while fla is rebound: fla's own functions are back afterwards
+    with pytest.raises(RuntimeError, match="out of memory"):
+        fla_accel._accelerated(no_memory, None, fla_accel._dry_clock)
+    assert not cfla.is_accelerated()

@@ -207,3 +207,28 @@ def test_kda_intermediate_states_at_a_padded_head_dim_bf16():
         print(f"[kda h row {row}] {err:.2e}")
         assert err <= BF16_TOL["state"], row
     assert rel_err(h[0, 0], h0[0]) <= 1e-2 and rel_err(h[0, 3], h0[1]) <= 1e-2  # bf16 seeds
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gdn_in_place_pool_at_off_tile_head_dims(state_dtype):
+    # the serving call at K = 100, V = 60: the kernel writes a padded copy of the pool, the
+    # caller's pool gets the indexed rows' final states (one version bump), the rest as is
+    torch.manual_seed(5)
+    T, H, K, V = sum(SEQLENS), 2, 100, 60
+    q, k, v = _qkv(T, H, K, V)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, H, device=DEV) + 2.0)
+    beta = torch.rand(1, T, H, device=DEV)
+    pool = (0.3 * torch.randn(4, H, K, V, device=DEV)).to(state_dtype)
+    before, version = pool.clone(), pool._version
+    idx = torch.tensor([3, 1], dtype=torch.int32, device=DEV)
+    cu = _cu()
+    o = ops.gated_delta_net_overwrite_state(q, k, v, g, beta, pool, cu, state_indices=idx)
+    assert o.shape == (1, T, H, V) and pool._version == version + 1
+    rows = idx.long()
+    ref_o, ref_final = gdn_reference_batched(
+        q[0], k[0], v[0], g[0], beta[0], cu, scale=K**-0.5, initial_state=before[rows].mT
+    )
+    errors = {"o": rel_err(o[0], ref_o), "state": rel_err(pool[rows], ref_final.mT)}
+    print(f"[gdn in place K={K} V={V} {state_dtype}]", errors)
+    assert errors["o"] <= BF16_TOL["o"] and errors["state"] <= BF16_TOL["state"], errors
+    assert torch.equal(pool[[0, 2]], before[[0, 2]])

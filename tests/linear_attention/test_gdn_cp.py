@@ -52,6 +52,17 @@ CASES = {
     "kda-two-ranks-lower-bound": dict(
         spans=(33, 1), heads=(1, 1, 1), safe_gate=True, batch=1, piece_tokens=None, family="kda"
     ),
+    # K = V = 60, off the kernels' tiles: every rank pads to 64 (the per-key gate with its
+    # dt_bias [HV, K] too) before the exchange; outputs and gradients at the caller's 60
+    "kda-two-ranks-head-dim-60": dict(
+        spans=(20, 13),
+        heads=(1, 1, 1),
+        safe_gate=True,
+        batch=1,
+        piece_tokens=None,
+        family="kda",
+        dim=60,
+    ),  # fmt: skip
 }
 
 # On three GPUs only (tests/gpu/test_cp_gpu.py): three ranks of ragged spans, grouped heads,
@@ -182,7 +193,7 @@ def test_context_parallel_ranks_match_one_process(case):
         CASES[case][n] for n in ("spans", "heads", "safe_gate", "batch", "piece_tokens")
     )
     family = CASES[case].get("family", "gdn")
-    x, d = _inputs(spans, heads, safe_gate, batch, family=family)
+    x, d = _inputs(spans, heads, safe_gate, batch, dim=CASES[case].get("dim", 64), family=family)
     expected = _one_process(x, d, safe_gate, family)
     world = len(spans)
     mp.start_processes(
@@ -226,6 +237,10 @@ def _disagreeing_rank(rank, world, port):
             gated_delta_net_cp(*(x[n] for n in TOKEN_INPUTS))
         x, _ = _inputs((8,), (1, 1, 1 + rank), False, batch=1)
         with pytest.raises(ValueError, match=r"ranks disagree on HV \(v heads\): \[1, 2\]"):
+            gated_delta_net_cp(*(x[n] for n in TOKEN_INPUTS))
+        # K 60 and 64 both run at the tile 64: still refused, on the head dims passed
+        x, _ = _inputs((8,), (1, 1, 1), False, batch=1, dim=60 + 4 * rank)
+        with pytest.raises(ValueError, match=r"ranks disagree on K \(head dim\): \[60, 64\]"):
             gated_delta_net_cp(*(x[n] for n in TOKEN_INPUTS))
     finally:
         dist.destroy_process_group()

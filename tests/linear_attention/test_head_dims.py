@@ -230,3 +230,95 @@ def test_a_malformed_call_at_a_padded_head_dim_gets_pythons_own_type_error():
         ops.gated_delta_net(q, q, q)
     with pytest.raises(TypeError, match="'q'"):
         ops.gated_delta_net(q, q, q, q[..., 0], q[..., 0], q=q)
+
+
+# ---------------------------------------------------------------- the in-place state ops
+POOL_CU = torch.tensor([0, 5, 16], dtype=torch.int32)
+POOL_INDICES = torch.tensor([2, 0], dtype=torch.int32)  # pool row 1 untouched
+
+
+def _in_place_inputs(family, K, V, n=2, seed=5):
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen)
+    T = int(POOL_CU[-1])
+    rows = T * n if family == "gdp" else T
+    x = {
+        "q": r(1, T, 1, K),
+        "k": torch.nn.functional.normalize(r(1, rows, 1, K), dim=-1),
+        "v": r(1, rows, 1, V),
+        "g": r(1, T, 1, K) if family == "kda" else -0.5 * torch.rand(1, T, 1, generator=gen),
+        "beta": torch.rand(1, rows, 1, generator=gen),
+    }
+    if family == "kda":  # fla's Kimi gate: raw logits, A_log [HV], a per-key dt_bias [HV, K]
+        x.update(use_gate_in_kernel=True, A_log=0.3 * r(1), dt_bias=0.3 * r(1, K))
+    if family == "gdp":
+        x["num_householder"] = n
+    return x, 0.1 * r(3, 1, K, V)
+
+
+def _overwrite(family, x, state, **kw):
+    op = {
+        "gdn": ops.gated_delta_net_overwrite_state,
+        "kda": ops.kimi_delta_attention_overwrite_state,
+        "gdp": gdp.gated_delta_product_overwrite_state,
+    }[family]
+    return op(**x, state=state, cu_seqlens=POOL_CU, **kw)
+
+
+def _in_place_reference(family, x, seeds, K):
+    q, k, v, g, beta = (x[n][0] for n in ("q", "k", "v", "g", "beta"))
+    kw = dict(scale=K**-0.5, initial_state=seeds.transpose(-1, -2))
+    if family == "gdn":
+        return gdn_reference(q, k, v, g, beta, POOL_CU, **kw)
+    if family == "gdp":
+        return gdp_reference(q, k, v, g, beta, POOL_CU, num_householder=x["num_householder"], **kw)
+    return kda_reference(
+        q, k, v, g, beta, POOL_CU, safe_gate=True, a_log=x["A_log"], dt_bias=x["dt_bias"], **kw
+    )
+
+
+@pytest.mark.parametrize(
+    "family, K, V", [("gdn", 100, 32), ("kda", 60, 60), ("gdp", 32, 60)], ids=["gdn", "kda", "gdp"]
+)
+def test_the_in_place_ops_off_the_tiles_update_the_callers_own_pool(family, K, V):
+    x, pool = _in_place_inputs(family, K, V)
+    before, version = pool.clone(), pool._version
+    o = _overwrite(family, x, pool, state_indices=POOL_INDICES)
+    assert o.shape == (1, 16, 1, V)
+    assert pool._version == version + 1  # one in-place write of the caller's tensor
+    rows = POOL_INDICES.long()
+    ref_o, ref_final = _in_place_reference(family, x, before[rows], K)
+    assert rel(o[0], ref_o) < TOL["o"]
+    assert rel(pool[rows], ref_final.transpose(-1, -2)) < TOL["state"]
+    assert torch.equal(pool[1], before[1])  # a row no sequence names: bit for bit
+    if family == "kda":
+        return
+    # the same call at the tiles, every head-dim axis zero-padded: the same numbers
+    Kp, Vp = head_dims.tile(K), head_dims.tile(V)
+    padded = dict(x)
+    for name, to in (("q", Kp), ("k", Kp), ("v", Vp)):
+        padded[name] = torch.nn.functional.pad(x[name], (0, to - x[name].shape[-1]))
+    tile_pool = torch.nn.functional.pad(before, (0, Vp - V, 0, Kp - K))
+    tile_o = _overwrite(family, padded, tile_pool, state_indices=POOL_INDICES, scale=K**-0.5)
+    assert torch.allclose(o, tile_o[..., :V], rtol=1e-6, atol=1e-6)
+    assert torch.allclose(pool, tile_pool[..., :K, :V], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda", "gdp"])
+def test_the_in_place_ops_off_the_tiles_refuse_what_torch_would_not_write(family):
+    # checked on the caller's own state, not the padded copy (which would pass every rule)
+    K = V = 60
+    x, _ = _in_place_inputs(family, K, V)
+    with pytest.raises(ValueError, match="state: an expanded"):
+        _overwrite(family, x, torch.zeros(2, 1, 1, V).expand(2, 1, K, V))
+    with pytest.raises(ValueError, match="state: requires grad"):
+        _overwrite(family, x, torch.zeros(2, 1, K, V, requires_grad=True))
+    with pytest.raises(ValueError, match=r"state: expected \[N, HO, K, V\] with K=60"):
+        _overwrite(family, x, torch.zeros(2, 1, 64, 60))
+    # a state sharing memory with v: refused, v untouched
+    buffer = torch.zeros(x["v"].numel() + 2 * K * V)
+    x["v"] = buffer[: x["v"].numel()].view_as(x["v"]).copy_(x["v"])
+    before = x["v"].clone()
+    with pytest.raises(ValueError, match="state: overlaps v"):
+        _overwrite(family, x, buffer[x["v"].numel() // 2 :][: 2 * K * V].view(2, 1, K, V))
+    assert torch.equal(x["v"], before)

@@ -31,6 +31,11 @@ convention (summed over the group it is the gradient of the summed loss): each r
 final_state output is the same X_P and its incoming gradients are summed over the group;
 initial_state's gradient is whole on rank 0 and zero elsewhere; A_log's and dt_bias's are
 each rank's share from its own span.
+
+K and V: 1..256. A head dim off the kernels' tiles is zero-padded on every rank before
+anything is exchanged (head_dims.py, the out-of-place ops' rule), so the summaries, the
+collectives and the span's run are all at the tile; the outputs and gradients come back
+at the caller's shapes.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from . import head_dims
 from .call_checks import check_gate_flags, check_head_dims, check_state
 from .family import FAMILIES
 from .gdn import GDN
@@ -279,9 +285,10 @@ def _run(family, q, k, v, g, beta, scale, initial_state, output_final_state, sta
     B, T = q.shape[:2]
     heads = max(q.shape[2], v.shape[2])
     check_state("initial_state", initial_state, B, heads, q.shape[-1], v.shape[-1], state_v_first)
+    K, V = head_dims.caller_dims(q, v)  # a padded call's q and v are at the tiles
     _check_ranks_agree(name, group, q.device, {
         "B (batch)": B, "H (q heads)": q.shape[2], "HK (k heads)": k.shape[2],
-        "HV (v heads)": v.shape[2], "K (head dim)": q.shape[-1], "V (head dim)": v.shape[-1],
+        "HV (v heads)": v.shape[2], "K (head dim)": K, "V (head dim)": V,
         "num_householder": n, "dtype": _DTYPE_CODES.get(q.dtype, -1),
         "initial_state (given or not)": initial_state is not None,
         "state_v_first": bool(state_v_first),
@@ -315,6 +322,7 @@ def _check_shapes(q, v):
     check_head_dims(q, v)
 
 
+@head_dims.pads(head_dims.GDN, reads_caller_dims=True)  # padded before any exchange
 def gated_delta_net_cp(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -365,6 +373,7 @@ def gated_delta_net_cp(
                 state_v_first, flags, A_log, dt_bias, group, piece_tokens)  # fmt: skip
 
 
+@head_dims.pads(head_dims.KDA, reads_caller_dims=True)  # padded before any exchange
 def kimi_delta_attention_cp(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -419,6 +428,7 @@ def kimi_delta_attention_cp(
                 state_v_first, flags, A_log, dt_bias, group, piece_tokens)  # fmt: skip
 
 
+@head_dims.pads(head_dims.GDN2, reads_caller_dims=True)  # padded before any exchange
 def gated_delta_net_v2_cp(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -468,6 +478,7 @@ def gated_delta_net_v2_cp(
                 a_log, dt_bias, group, piece_tokens, w=w)  # fmt: skip
 
 
+@head_dims.pads(head_dims.GDP, reads_caller_dims=True)  # padded before any exchange
 def gated_delta_product_cp(
     q: torch.Tensor,
     k: torch.Tensor,

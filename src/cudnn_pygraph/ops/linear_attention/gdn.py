@@ -141,6 +141,7 @@ def gated_delta_net(
     return o, (ht if output_final_state else None)
 
 
+@head_dims.pads(head_dims.GDN, in_place=True)  # K, V off the tiles: padded
 def gated_delta_net_overwrite_state(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -167,7 +168,9 @@ def gated_delta_net_overwrite_state(
     (a serving stack's padding slot) neither reads nor writes the pool: that sequence runs
     from a zero state. An index outside the pool touches nothing there and makes o and the
     indexed rows NaN (checked on the device, no sync). No autograd.
-    q/k/v/g/beta and the keyword flags as in gated_delta_net, B == 1 (packed tokens).
+    q/k/v/g/beta and the keyword flags as in gated_delta_net, B == 1 (packed tokens); K and
+    V: 1..256 (head_dims.py: off the tiles the kernel writes a padded copy of `state`,
+    whose caller-sized part is then copied into `state`).
     Returns o [1, T, HO, V]."""
     check_packed_q(q)
     check_head_dims(q, v)

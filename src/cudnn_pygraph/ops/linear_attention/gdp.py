@@ -54,6 +54,7 @@ def check_rows(q, k, v, g, beta, n):
         raise ValueError(f"g: expected [B, T, HO] = [{B}, {T}, ...], got {list(g.shape)}")
 
 
+@head_dims.pads(head_dims.GDP, in_place=True)  # K, V off the tiles: padded
 def gated_delta_product_overwrite_state(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -78,8 +79,8 @@ def gated_delta_product_overwrite_state(
     """Inference: run GDP and update `state` IN PLACE (K-major [N or N_pool, HO, K, V], fp32
     or bf16), with ops.gated_delta_net_overwrite_state's pool rules (state_indices int32
     [N]; -1 reads and writes nothing). q [1, T, H, K], g [1, T, HO]; k / v / beta at
-    T * num_householder rows, as in gated_delta_product. No autograd. Returns o
-    [1, T, HO, V]."""
+    T * num_householder rows, as in gated_delta_product. K and V: 1..256, as
+    gated_delta_net_overwrite_state's. No autograd. Returns o [1, T, HO, V]."""
     n = householder_count(num_householder)
     check_packed_q(q)
     check_rows(q, k, v, g, beta, n)

@@ -19,10 +19,21 @@ Each public op is decorated with pads(family): a call whose head dims are tiles 
 straight to the op; another runs the op itself on the padded call, so every check of the
 op then runs there. The wrapper builds that call from the op's parameter names, plain
 dict code torch.compile traces (it cannot trace locals()).
+
+The in-place state ops (pads(family, in_place=True)) run on a padded copy of the caller's
+state, then copy its caller-sized part back into the caller's tensor: one write, so its
+version counter is bumped as the op itself bumps it. Torch's in-place rules (an expanded
+view, a tracked tensor, memory shared with an input) are checked on the caller's own
+tensors first: the padded copy would pass them all.
+
+The context-parallel functions (pads(family, reads_caller_dims=True)) pad on every rank
+before the ranks exchange anything, so every rank runs at the tile; the ranks must still
+agree on the head dims the callers passed, which the padded call reads from caller_dims().
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import inspect
@@ -31,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from ...engines.linear_attention.kernels.configs import SUPPORTED_HEAD_DIMS
+from .call_checks import check_in_place_state
 
 MAX_HEAD_DIM = max(SUPPORTED_HEAD_DIMS)
 _TILES = frozenset(SUPPORTED_HEAD_DIMS)
@@ -38,6 +50,10 @@ _TILES = frozenset(SUPPORTED_HEAD_DIMS)
 # A raw gate logit whose decay is exactly 1 under the in-kernel gate:
 # softplus(-1e4) and sigmoid(-1e4) are 0 in fp32, as are their derivatives; finite in fp16.
 _NO_DECAY_LOGIT = -1.0e4
+
+# (K, V) of the caller's call while an op that asked for it runs padded (caller_dims()). A
+# ContextVar: torch.compile does not trace one, so only the ops that read it set it.
+_CALLER_DIMS: contextvars.ContextVar = contextvars.ContextVar("caller_head_dims", default=None)
 
 
 def served(n: int) -> bool:
@@ -132,28 +148,40 @@ def _state_axes(family, call):
     return ("V", "K") if v_first else ("K", "V")
 
 
-def _pad_state(t, axes, dims, tiles):
+def _pad_state(name, t, axes, dims, tiles):
     if t is None:
         return None
     want = tuple(dims[a] for a in axes)
     if not isinstance(t, torch.Tensor) or t.dim() != 4 or tuple(t.shape[2:]) != want:
         shape = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
         raise ValueError(
-            f"initial_state: expected [N, HO, {', '.join(axes)}] with {axes[0]}={want[0]}, "
+            f"{name}: expected [N, HO, {', '.join(axes)}] with {axes[0]}={want[0]}, "
             f"{axes[1]}={want[1]}, got {shape}"
         )
     return F.pad(t, (0, tiles[axes[1]] - want[1], 0, tiles[axes[0]] - want[0]))
 
 
+def _state_part(t, axes, dims):
+    """The caller-sized part of a padded state (a view)."""
+    return t[..., : dims[axes[0]], : dims[axes[1]]]
+
+
 def _unpad_state(t, axes, dims):
-    if t is None:
-        return None
-    return t[..., : dims[axes[0]], : dims[axes[1]]].contiguous()
+    return None if t is None else _state_part(t, axes, dims).contiguous()
 
 
-def pads(family: Family):
+def caller_dims(q, v) -> tuple[int, int]:
+    """(K, V) as the caller passed them: inside a padded call of an op decorated with
+    pads(..., reads_caller_dims=True) q and v are at their tiles."""
+    dims = _CALLER_DIMS.get()
+    return dims if dims is not None else (q.shape[-1], v.shape[-1])
+
+
+def pads(family: Family, *, in_place: bool = False, reads_caller_dims: bool = False):
     """Decorate a public op (parameters q, k, v, ... by name): calls with head dims off the
-    tiles run padded (run_padded), the rest reach the op unchanged."""
+    tiles run padded (run_padded), the rest reach the op unchanged. in_place: the op updates
+    its `state` argument in place and returns o alone. reads_caller_dims: the op reads the
+    caller's head dims from caller_dims() while it runs padded."""
 
     def decorate(op):
         params = inspect.signature(op).parameters
@@ -173,21 +201,31 @@ def pads(family: Family):
             refused = len(args) > len(names) or any(n in kwargs for n in names[: len(args)])
             if refused or any(n not in call for n in required):
                 return op(*args, **kwargs)  # a call Python refuses: the op's own TypeError
-            return run_padded(op, family, call)
+            if not reads_caller_dims:
+                return run_padded(op, family, call, in_place=in_place)
+            token = _CALLER_DIMS.set((q.shape[-1], v.shape[-1]))
+            try:
+                return run_padded(op, family, call, in_place=in_place)
+            finally:
+                _CALLER_DIMS.reset(token)
 
         return padded_op
 
     return decorate
 
 
-def run_padded(op, family: Family, call: dict):
+def run_padded(op, family: Family, call: dict, *, in_place: bool = False):
     """op(**call) with every head-dim axis padded to its tile; the outputs at the caller's
-    head dims. call: every argument of the op by name."""
+    head dims. call: every argument of the op by name. in_place: the op writes
+    call["state"] and returns o; the caller's state receives the result."""
     call = dict(call)
     q, v = call["q"], call["v"]
     rank = family.q_layout.count(",") + 1
     if q.dim() != rank:
         raise ValueError(f"q: expected {family.q_layout}, got shape {tuple(q.shape)}")
+    if in_place:
+        others = {n: t for n, t in call.items() if n != "state" and isinstance(t, torch.Tensor)}
+        check_in_place_state(call["state"], **others)
     K, V = q.shape[-1], v.shape[-1]
     dims, tiles = {"K": K, "V": V}, {"K": tile(K), "V": tile(V)}
     Kp, Vp = tiles["K"], tiles["V"]
@@ -208,7 +246,15 @@ def run_padded(op, family: Family, call: dict):
         call[name] = _pad_last(name, call[name], "V", V, Vp)
     if family.key_gates and "dt_bias" in call:  # a per-key gate has a per-key dt_bias
         call["dt_bias"] = _pad_dt_bias(call["dt_bias"], K, Kp)
-    call["initial_state"] = _pad_state(call.get("initial_state"), axes, dims, tiles)
+    if in_place:
+        state = call["state"]
+        call["state"] = _pad_state("state", state, axes, dims, tiles)
+        o = op(**call)
+        state.copy_(_state_part(call["state"], axes, dims))
+        return o[..., :V].contiguous()
+    call["initial_state"] = _pad_state(
+        "initial_state", call.get("initial_state"), axes, dims, tiles
+    )
     o, final, *rest = op(**call)
     out = (o[..., :V].contiguous(), _unpad_state(final, axes, dims))
     return out + tuple(_unpad_state(h, axes, dims) for h in rest)

@@ -224,6 +224,7 @@ def kimi_delta_attention(
     return o, (ht if output_final_state else None)
 
 
+@head_dims.pads(head_dims.KDA, in_place=True)  # K, V off the tiles: padded
 def kimi_delta_attention_overwrite_state(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -250,7 +251,8 @@ def kimi_delta_attention_overwrite_state(
     [N]) `state` is a pool whose row state_indices[i] seeds sequence i and receives its
     final state; -1 (a serving stack's padding slot) neither reads nor writes the pool; an
     index outside the pool touches nothing there and makes o and the indexed rows NaN. No
-    autograd. q/k/v/g/beta and the gate keywords as in kimi_delta_attention, B == 1.
+    autograd. q/k/v/g/beta and the gate keywords as in kimi_delta_attention, B == 1; K and
+    V: 1..256, as gated_delta_net_overwrite_state's.
     Returns o [1, T, HO, V]."""
     check_packed_q(q)
     check_head_dims(q, v)
