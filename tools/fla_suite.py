@@ -18,6 +18,7 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import tempfile
@@ -74,10 +75,17 @@ def run(test_file: pathlib.Path, accelerated: bool, timeout: int) -> tuple[dict,
             cmd += ["-p", "fla_suite_plugin"]
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TOOLS), env.get("PYTHONPATH")]))
             env["FLA_SUITE_ROUTES"] = routes
+        proc = subprocess.Popen(cmd, env=env, cwd=test_file.parent.parent.parent)
         try:
-            subprocess.run(cmd, env=env, timeout=timeout, cwd=test_file.parent.parent.parent)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            pass  # what finished is in the JUnit file only if pytest wrote it: see below
+            # An interrupted pytest still writes the JUnit file of the cases that finished.
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         if not os.path.exists(junit):
             return {}, {}
         taken = json.load(open(routes)) if accelerated and os.path.exists(routes) else {}
@@ -116,7 +124,8 @@ def main(argv=None):
     parser.add_argument("--jobs", type=int, default=1,
                         help="pytest runs side by side (a correctness run: they share the GPU)")  # fmt: skip
     args = parser.parse_args(argv)
-    paths = {name: args.checkout / "tests" / "ops" / name for name in args.files}
+    # absolute: each pytest runs from the checkout's root
+    paths = {name: args.checkout.resolve() / "tests" / "ops" / name for name in args.files}
     runs = [(name, mode) for name, path in paths.items() if path.exists() for mode in (False, True)]
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         done = dict(zip(runs, pool.map(lambda r: run(paths[r[0]], r[1], args.timeout), runs)))
