@@ -60,6 +60,7 @@ BETTER = (
     (r"^ours/(torch|backend|fla)\b", "higher"),
     (r"^(torch|backend|fla|theirs)/(ours|first)\b", "higher"),
     (r"^(fla|nvidia)\s*/\s*ours\b", "higher"),
+    (r"^fla\s*/\s*accelerated\b", "higher"),  # fla's own call over it after accelerate_fla
     (r"^gdn-2\s*/\s*gdn\b", "lower"),
     (r"^ours/(theirs|floor)\b", "lower"),
     (r"^op\s*/", "lower"),
