@@ -44,6 +44,8 @@
 #   scores       issue 30: the sub-chunk scores kernel: the kda / gdn2 suites at wide-subchunk,
 #                its sweep candidates (bench/kda.py --sweep --variants scores), the kda / gdn2
 #                stage tables
+#   kda-sweep    issue 30: bench/kda.py --sweep at (a), the candidates named by $SWEEP_VARIANTS
+#                (default: state_bwd's prescaled operands) beside the pick
 #   fla          issue 31: the off-tile head dims on the GPU; fla_accel.md (fla's chunk ops
 #                before / after accelerate_fla(), row (a) at K = V = 128 and 100); then fla's own
 #                tests as they are and after accelerate_fla() (tools/fla_suite.py; a
@@ -165,6 +167,11 @@ bench_scores() {
   step kda_sweep_scores 150 python3 bench/kda.py --sweep --only "(a)" --variants scores
   step la_stages_per_key 200 python3 bench/la_stages.py --families kda,gdn2 \
     --cache-dir "$LA_CACHE" --out "$LOG/la_stages_per_key.md"
+}
+tests_kda_sweep() { la_unpack; }
+bench_kda_sweep() {  # SWEEP_VARIANTS: label substrings of bench/kda.py's SWEEP
+  step kda_sweep 300 python3 bench/kda.py --sweep --only "(a)" \
+    --variants "${SWEEP_VARIANTS:-prescaled}"
 }
 tests_fla() { gpu_suite head_dims 240 -s tests/gpu/test_head_dims_gpu.py; }
 # Diagnostics, not timings: the localizations run side by side with the other suites.

@@ -249,6 +249,14 @@ SWEEP = {
     "dqk 4 warps, no register cap": {"dqk": {"num_warps": 4, "maxnreg": None}},
     "dqk without its register cap": {"dqk": {"maxnreg": None}},
     "state_bwd 4 warps": {"state_bwd": {"num_warps": 4}},
+    # state_bwd's decayed keys and queries formed ahead of its walk (state_bwd_operands):
+    # ptxas (sm_90, K = 128, 8 warps, 2 stages) 153 registers and 118 KB against 244 / 164 KB.
+    "state_bwd prescaled": {"state_bwd": {"PRESCALED": True}},
+    "state_bwd prescaled, 1 stage": {"state_bwd": {"PRESCALED": True, "num_stages": 1}},
+    "state_bwd prescaled, 4 warps": {"state_bwd": {"PRESCALED": True, "num_warps": 4}},
+    "state_bwd prescaled, 4 warps, 1 stage": {
+        "state_bwd": {"PRESCALED": True, "num_warps": 4, "num_stages": 1}
+    },
     "BG 64": {k: {"BG": 64} for k in ("wy_solve", "output_fwd", "dv_local", "dqk")},
     # The config wide-subchunk-bwd: the backward's gated products on the sub-chunk form.
     "backward products sub-chunk": {k: {"SUBCHUNK_BWD": True} for k in ("dqk", "wy_bwd")},

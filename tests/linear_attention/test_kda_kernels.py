@@ -20,6 +20,7 @@ if not torch.cuda.is_available():
 from reference import kda_reference
 
 from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
+from cudnn_pygraph.engines.linear_attention.kernels.configs import kernel_configs
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import kda_backward, kda_forward
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -217,6 +218,34 @@ def test_forward_and_backward_match_float64_reference(case):
     opts, attrs, config = CASES[case]
     x, cu = make_inputs(**opts)
     errors = errors_against_reference(x, cu, attrs, config=config)
+    bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}
+    assert not bad, f"relative errors above {FP32_TOL}: {bad} (all: {errors})"
+
+
+def _prescaled(name):
+    """The named config with state_bwd's PRESCALED form (a candidate bench/kda.py times)."""
+    cfgs = {k: dict(v) for k, v in kernel_configs(name, gate_per_key=True).items()}
+    cfgs["state_bwd"]["PRESCALED"] = True
+    return cfgs
+
+
+# The decayed keys and queries formed ahead of the state walk (state_bwd_operands_kernel):
+# grouped query / key heads (the operands are per output head), the l2norm on and off, a
+# partial chunk after a full one at K = 128, and the steep gates.
+PRESCALED_CASES = {
+    "group-q1-k1-v2": ({"heads": (1, 1, 2), "seqlens": (70, 3)}, {"use_qk_l2norm": True}),
+    "K128-no-l2norm-steep": (
+        {"dim_k": 128, "heads": (1, 1, 1), "seqlens": (64, 9), "gate": "steep"},
+        {},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(PRESCALED_CASES), ids=list(PRESCALED_CASES))
+def test_prescaled_state_walk_matches_float64_reference(case):
+    opts, attrs = PRESCALED_CASES[case]
+    x, cu = make_inputs(**opts)
+    errors = errors_against_reference(x, cu, attrs, config=_prescaled("wide-subchunk"))
     bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}
     assert not bad, f"relative errors above {FP32_TOL}: {bad} (all: {errors})"
 

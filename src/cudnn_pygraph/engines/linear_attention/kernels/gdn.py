@@ -69,7 +69,7 @@ from .gdn_workspace import SAVED_ROWS, _carve, _layout, gdn_workspace_bytes, sav
 from .normalize import L2NORM_EPS
 from .output import dqk_kernel, dv_local_kernel, output_fwd_kernel
 from .poison import poison_dense, poison_states
-from .state import state_bwd_kernel, state_fwd_kernel, state_grid
+from .state import state_bwd_kernel, state_bwd_operands_kernel, state_fwd_kernel, state_grid
 from .subchunk import subchunk_scores_kernel
 from .wy import group_reduce_kernel, wy_bwd_kernel
 from .wy_fwd import wy_solve_kernel
@@ -137,6 +137,10 @@ def _slice(cfg: dict, key: str, dim: int) -> int:
     """A BK / BV column slice (popped from cfg): within [_MIN_SLICE, dim]."""
     return min(max(cfg.pop(key), _MIN_SLICE), dim)
 
+
+# Key channels per pass of state_bwd_operands_kernel (an elementwise pass: [64, 64] fp32
+# tiles keep it far from the register limit at any K).
+_OPERAND_SLICE = 64
 
 # Triton's pipeline depth where a launch names none (its CUDA backend's default).
 _DEFAULT_STAGES = 3
@@ -668,6 +672,18 @@ def gdn_backward(
 
     cfg = dict(kernel_cfgs["state_bwd"])
     bv = _block_v(cfg, dim_v, dim_k)
+    prescaled = cfg.pop("PRESCALED", False) and gate_per_key
+    kg = qg = dummy
+    if prescaled and total_t:
+        # The walk's decayed keys and queries, formed for all chunks at once. They live in
+        # dw's row and the front of dk_part's (the products' dtype, [T, HO, K] each): dqk
+        # writes those only after the walk has read them.
+        kg = ws["dw"]
+        qg = ws["dk_part"].view(-1).view(kg.dtype)[: kg.numel()].view(kg.shape)
+        state_bwd_operands_kernel[(n_chunks, n_out)](
+            q, k, ws["gc"], ws["rk"], *tables, kg, qg, scale, n_out, n_q, n_k, K=dim_k,
+            BK=min(dim_k, _OPERAND_SLICE), L2NORM=use_qk_l2norm, EPS=L2NORM_EPS,
+        )  # fmt: skip
     launch_within_shared_memory(
         state_bwd_kernel,
         state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv),
@@ -678,6 +694,8 @@ def gdn_backward(
         ws["rk"],
         do,
         ws["de"],
+        kg,
+        qg,
         ws["cu_safe"],
         ws["chunk_offsets"],
         ws["seq_order"],
@@ -694,6 +712,7 @@ def gdn_backward(
         BV=bv,
         HAS_DFINAL=d_final_state is not None,
         HAS_DINIT=d_initial_state is not None,
+        PRESCALED=prescaled,
         **common,
         **cfg,
     )

@@ -29,6 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .chunk_index import locate_chunk
 from .gated import gated_scores
 from .normalize import inv_norm
 from .tiles import decay_mask, load_rows, load_rows_t, load_vec, state_block, store_rows
@@ -209,6 +210,8 @@ def state_bwd_kernel(
     rk_ptr,
     do_ptr,
     de_ptr,
+    kg_ptr,
+    qg_ptr,
     cu_ptr,
     off_ptr,
     order_ptr,
@@ -241,8 +244,13 @@ def state_bwd_kernel(
     EPS: tl.constexpr,
     V_FASTEST: tl.constexpr = False,
     GATE_K: tl.constexpr = False,
+    PRESCALED: tl.constexpr = False,
 ):
     """de_ptr holds dE_local on entry (fp32 [T, HO, V]) and dE on exit, in place.
+
+    PRESCALED (GATE_K only): kg_ptr / qg_ptr hold state_bwd_operands_kernel's decayed keys
+    and queries, so the chunk step loads two 16-bit tiles where it would load k, q and two
+    fp32 tiles of G and form [64, K] exponentials between dependent products.
 
     q and k enter the products raw (16-bit): the keys' inverse norms rk (stored by
     wy_solve) and the decay scale the rows of K dS after the product, the queries' inverse
@@ -274,7 +282,22 @@ def state_bwd_kernel(
         base = (c0 + i).to(tl.int64) * sh_c + h * sh_h
         dh_ptrs = state_block(dh_ptr, base, v_idx, K, sh_v, sh_k)
         tl.store(dh_ptrs, ds.to(dh_ptr.dtype.element_ty))
-        if GATE_K:
+        if GATE_K and PRESCALED:
+            kc = tl.arange(0, K)
+            g_last = tl.load(gc_ptr + ((t0 + valid - 1).to(tl.int64) * HO + h) * K + kc)
+            kg = load_rows(kg_ptr, t0, r, valid, HO * K, h * K, K)
+            de = load_rows(de_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
+            de += tl.dot(kg, ds.to(dt), input_precision=PREC)
+            store_rows(de_ptr, de, t0, r, valid, HO * V, h * V + iv * BV, BV)
+            qgt = load_rows_t(qg_ptr, t0, r, valid, HO * K, h * K, K)
+            do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
+            wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
+            ds = (
+                ds * tl.exp(g_last)[:, None]
+                + tl.dot(qgt, do.to(dt), input_precision=PREC)
+                - tl.dot(wt, de.to(dt), input_precision=PREC)
+            )
+        elif GATE_K:
             rk = load_vec(rk_ptr, t0, r, valid, HO, h)
             k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
             de = load_rows(de_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
@@ -320,3 +343,47 @@ def state_bwd_kernel(
     if HAS_DINIT:
         ptrs = state_block(dinit_ptr, n.to(tl.int64) * si_n + h * si_h, v_idx, K, si_v, si_k)
         tl.store(ptrs, ds.to(dinit_ptr.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["N"])
+def state_bwd_operands_kernel(
+    q_ptr, k_ptr, gc_ptr, rk_ptr, cu_ptr, off_ptr, seq_ptr, N, kg_ptr, qg_ptr, scale, HO, H,
+    HK, K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, EPS: tl.constexpr,
+):  # fmt: skip
+    """One program per (chunk, output head), all chunks at once: state_bwd's operands under a
+    decay per key channel (its PRESCALED form), [T, HO, K] in the products' dtype:
+      kg = K * exp(g_last - G) * rk        (rk: the keys' inverse norms, from wy_solve)
+      qg = Q * exp(G) * scale * rq         (rq: the queries' inverse norms)
+    zero in rows past the chunk's end. Both factors are <= 1 (G non-increasing), so nothing
+    overflows. The walk is serial over a sequence's chunks; forming these there puts two
+    [64, K] exponential tiles between each chunk's dependent products."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
+    if valid <= 0:
+        return
+    hq = h // (HO // H)
+    hk = h // (HO // HK)
+    r = tl.arange(0, 64)
+    row_ok = (r < valid)[:, None]
+    rk = load_vec(rk_ptr, t0, r, valid, HO, h)
+    rq = tl.zeros([64], dtype=tl.float32) + scale
+    if L2NORM:  # the queries' norms over all K channels, before any row is scaled
+        sq = tl.zeros([64], dtype=tl.float32)
+        for ic in range(K // BK):
+            qx = load_rows(q_ptr, t0, r, valid, H * K, hq * K + ic * BK, BK).to(tl.float32)
+            sq += tl.sum(qx * qx, 1)
+        rq = scale / tl.sqrt(sq + EPS)
+    last = (t0 + valid - 1).to(tl.int64) * HO + h
+    for ic in range(K // BK):
+        c0 = ic * BK
+        g_last = tl.load(gc_ptr + last * K + c0 + tl.arange(0, BK))
+        gk = load_rows(gc_ptr, t0, r, valid, HO * K, h * K + c0, BK)
+        kx = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + c0, BK).to(tl.float32)
+        k_scale = tl.exp(tl.where(row_ok, g_last[None, :] - gk, 0.0)) * rk[:, None]
+        store_rows(kg_ptr, tl.where(row_ok, kx * k_scale, 0.0), t0, r, valid, HO * K,
+                   h * K + c0, BK)  # fmt: skip
+        qx = load_rows(q_ptr, t0, r, valid, H * K, hq * K + c0, BK).to(tl.float32)
+        q_scale = tl.exp(tl.where(row_ok, gk, 0.0)) * rq[:, None]
+        store_rows(qg_ptr, tl.where(row_ok, qx * q_scale, 0.0), t0, r, valid, HO * K,
+                   h * K + c0, BK)  # fmt: skip

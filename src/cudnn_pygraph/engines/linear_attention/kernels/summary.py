@@ -301,11 +301,14 @@ def gdn_summary_bwd(
                 SCORES=scores, **common, **cfg,
             )  # fmt: skip
         cfg = dict(kernel_cfgs["state_bwd"])
+        # The summary's walk forms its decayed operands in place (it has no dk_part / dw
+        # rows to hold them ahead of it).
+        cfg.pop("PRESCALED", None)
         bv = _block_v(cfg, dim_v, dim_k)
         dh = ws["dh"]
         launch_within_shared_memory(
             state_bwd_kernel, state_grid(cfg.get("V_FASTEST", False), n_seqs, n_out, dim_v // bv),
-            q, k, ws["w"], ws["gc"], ws["rk"], do, ws["de"], ws["cu_safe"],
+            q, k, ws["w"], ws["gc"], ws["rk"], do, ws["de"], ws["gc"], ws["gc"], ws["cu_safe"],
             ws["chunk_offsets"], ws["seq_order"], g_out, g_out, dh, 0, 0, 0, 0,
             *g_out.stride(), *dh.stride(), scale, n_out, n_q, n_k, BV=bv,
             HAS_DFINAL=False, HAS_DINIT=True, **common, **cfg,
