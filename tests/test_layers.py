@@ -3,7 +3,7 @@ function) goes to the importing module's own layer or one below it, and no chain
 comes back to where it started.
 
     vocabulary   _types (the enums and errors), _log (the named loggers), _version, _typing
-    ir           graph/ (tensors, nodes, OpSpecs, builders, validators)
+    ir           graph/ (tensors, nodes, OpSpecs, builders, family validators)
     runtime      runtime/: the variant pack, handles, streams, running a plan
     planning     planning/, the engine contract (planning/engine.py) among it
     peers        each engine family (engines/<family>/) and backend/: found by planning

@@ -61,7 +61,7 @@ FAMILIES = (
         slots=(EngineSlot(0, "triton_gemm", f"{_PKG}.engines.gemm.engine", "GemmTritonEngine"),),
         analyzer=(f"{_PKG}.engines.gemm.analyzer", "analyze"),
         heuristics=(f"{_PKG}.engines.gemm.heuristics", "recommend"),
-        validator=(f"{_PKG}.graph.validators", "validate_gemm"),
+        validator=(f"{_PKG}.graph.family_validators", "validate_gemm"),
     ),
     EngineFamily(
         "sdpa_fwd",
@@ -79,7 +79,7 @@ FAMILIES = (
         analyzer=_SDPA_ANALYZER,
         heuristics=(f"{_PKG}.engines.sdpa.engines", "recommend"),
         shard=(f"{_PKG}.engines.sdpa.engines", "shard"),
-        validator=(f"{_PKG}.graph.validators", "validate_sdpa"),
+        validator=(f"{_PKG}.graph.family_validators", "validate_sdpa"),
     ),
     EngineFamily(
         "sdpa_bwd",
@@ -99,7 +99,7 @@ FAMILIES = (
         ),
         analyzer=_SDPA_ANALYZER,
         heuristics=(f"{_PKG}.engines.sdpa.backward_engine", "recommend"),
-        validator=(f"{_PKG}.graph.validators", "validate_sdpa"),
+        validator=(f"{_PKG}.graph.family_validators", "validate_sdpa"),
     ),
     EngineFamily(
         "gdn",
