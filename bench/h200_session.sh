@@ -254,7 +254,8 @@ tests_la_stages() { la_unpack; }
 bench_la_stages() {
   la_unpack
   # fla compiles its picked configs here (its autotune picks come from the carried cache)
-  step la_stages 240 python3 bench/la_stages.py --cache-dir "$LA_CACHE" --out "$LOG/la_stages.md"
+  step la_stages 240 python3 bench/la_stages.py --sites --cache-dir "$LA_CACHE" \
+    --out "$LOG/la_stages.md"
 }
 bench_la_bench() {
   la_unpack

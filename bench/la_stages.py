@@ -293,6 +293,24 @@ def family_table(family, seqlens, sides: dict) -> list:
     return lines
 
 
+# The kernels of the "other" row that are torch's (copies, fills, elementwise): the ones a
+# line of ours asks for without naming them.
+TORCH_KERNELS = r"Memcpy|Memset|elementwise|Fill|reduce_kernel|CatArray|scatter|index"
+
+
+def site_lines(problem):
+    """Markdown lines: our fwd+bwd's torch kernels by the line of ours that launched them."""
+    from la_families import SIDES
+    from timing import launch_sites
+
+    sites = launch_sites(SIDES["ours"](problem, True), TORCH_KERNELS)
+    lines = ["Torch kernels in ours fwd+bwd, by the line of ours behind them (ms per call):", ""]
+    for kernel, by_site in sorted(sites.items(), key=lambda kv: -sum(kv[1].values())):
+        for site, ms in sorted(by_site.items(), key=lambda kv: -kv[1]):
+            lines.append(f"- {short_name(kernel)}: {ms:.3f} ms, {site}")
+    return lines + [""]
+
+
 def profile_side(side, problem, backward):
     """{kernel: ms per call} of one side's call, "refused" when it raises."""
     from la_families import SIDES
@@ -315,6 +333,8 @@ def main(argv=None):
     parser.add_argument("--no-fla", action="store_true")
     parser.add_argument("--cache-dir", default=None, help="the compiled-plan cache to use")
     parser.add_argument("--out", default=None, help="also write the markdown here")
+    parser.add_argument("--sites", action="store_true",
+                        help="also name the line of ours behind each copy / torch kernel")  # fmt: skip
     args = parser.parse_args(argv)
     from timing import use_compiled_cache
 
@@ -345,6 +365,8 @@ def main(argv=None):
             for part, backward in (("fwd", False), ("fb", True)):
                 sides[side][part] = profile_side(side, problem, backward)
         lines = [f"## {family}", ""] + family_table(family, seqlens, sides) + [""]
+        if args.sites:
+            lines += site_lines(problem)
         print("\n".join(lines), flush=True)
         out += lines
         del problem

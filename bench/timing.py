@@ -150,6 +150,37 @@ def device_kernels_ms(fn, reps: int = 5, per_launch: bool = False) -> dict:
     return {name: STATISTIC(ms) for name, ms in samples.items()}
 
 
+def launch_sites(fn, pattern: str) -> dict:
+    """{kernel name: {call site: device ms}} of one call (after a warm one), for the kernels
+    whose name matches `pattern` (a regular expression): the innermost cudnn_pygraph frame
+    of the host op that launched each (torch's copies and elementwise kernels carry no name
+    of ours; this says which line of ours asked for them)."""
+    import re
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    # verbose: torch 2.11 attaches the Python stack to each op event only in this mode
+    config = torch._C._profiler._ExperimentalConfig(verbose=True)
+    with torch.profiler.profile(
+        activities=activities, with_stack=True, experimental_config=config
+    ) as prof:
+        fn()
+        torch.cuda.synchronize()
+    sites = {}
+    for event in prof.events():
+        for kernel in getattr(event, "kernels", ()):
+            if not re.search(pattern, kernel.name):
+                continue
+            ours = [f for f in (event.stack or ()) if "cudnn_pygraph" in f]
+            site = ours[0] if ours else f"{event.name} (no frame of ours)"
+            by_site = sites.setdefault(kernel.name, {})
+            by_site[site] = by_site.get(site, 0.0) + kernel.duration / 1000
+    return sites
+
+
 def kernel_ms(fn, reps: int = 5) -> dict:
     """{kernel name: device ms per call} of the same profile, Triton kernels only."""
     return {
