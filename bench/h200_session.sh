@@ -45,7 +45,7 @@
 #                its sweep candidates (bench/kda.py --sweep --variants scores), the kda / gdn2
 #                stage tables
 #   kda-sweep    issue 30: bench/kda.py --sweep at (a), the candidates named by $SWEEP_VARIANTS
-#                (default: state_bwd's prescaled operands) beside the pick
+#                (default: state_bwd's prescaled operands, the scores kernel) beside the pick
 #   fla          issue 31: the off-tile head dims on the GPU; fla_accel.md (fla's chunk ops
 #                before / after accelerate_fla(), row (a) at K = V = 128 and 100); then fla's own
 #                tests as they are and after accelerate_fla() (tools/fla_suite.py; a
@@ -171,7 +171,7 @@ bench_scores() {
 tests_kda_sweep() { la_unpack; }
 bench_kda_sweep() {  # SWEEP_VARIANTS: label substrings of bench/kda.py's SWEEP
   step kda_sweep 300 python3 bench/kda.py --sweep --only "(a)" \
-    --variants "${SWEEP_VARIANTS:-prescaled}"
+    --variants "${SWEEP_VARIANTS:-prescaled,scores}"
 }
 tests_fla() { gpu_suite head_dims 240 -s tests/gpu/test_head_dims_gpu.py; }
 # Diagnostics, not timings: the localizations run side by side with the other suites.
