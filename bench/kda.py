@@ -240,6 +240,11 @@ SWEEP = {
     "scores BK 32": {"scores": {"BK": 32}},
     "scores 8 warps": {"scores": {"num_warps": 8}},
     "scores BK 32, 8 warps": {"scores": {"BK": 32, "num_warps": 8}},
+    # The diagonal blocks row-parallel (kernels/subchunk.py subchunk_diag_kernel: one program
+    # per chunk row), the scores kernel forming the strips only.
+    "scores row-parallel diagonal": {"scores_diag": {"BK": 64, "num_warps": 2}},
+    "scores row-parallel diagonal, 1 warp": {"scores_diag": {"BK": 64, "num_warps": 1}},
+    "scores row-parallel diagonal, BK 128, 4 warps": {"scores_diag": {"BK": 128, "num_warps": 4}},
     "output_fwd BV 64": {"output_fwd": {"BV": 64}},
     "wy_solve 2 warps": {"wy_solve": {"num_warps": 2}},
     "wy_solve 4 warps": {"wy_solve": {"num_warps": 4}},
@@ -295,7 +300,7 @@ def sweep(only, variants=None):
                 if value is None:
                     cfgs[kernel].pop(param)
                 else:
-                    cfgs[kernel][param] = value
+                    cfgs.setdefault(kernel, {})[param] = value
         ours = Ours(x, cu, init, cfgs)
         ours.do = do
         ours.forward_backward()

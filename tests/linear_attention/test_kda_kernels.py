@@ -222,17 +222,24 @@ def test_forward_and_backward_match_float64_reference(case):
     assert not bad, f"relative errors above {FP32_TOL}: {bad} (all: {errors})"
 
 
-def _prescaled(name):
-    """The named config with state_bwd's PRESCALED form (a candidate bench/kda.py times)."""
+def _candidate(name, **changes):
+    """The named config with kernel entries changed or added ({kernel: {parameter: value}}):
+    a candidate bench/kda.py --sweep times before it joins the table."""
     cfgs = {k: dict(v) for k, v in kernel_configs(name, gate_per_key=True).items()}
-    cfgs["state_bwd"]["PRESCALED"] = True
+    for kernel, params in changes.items():
+        cfgs.setdefault(kernel, {}).update(params)
     return cfgs
 
 
-# The decayed keys and queries formed ahead of the state walk (state_bwd_operands_kernel):
-# grouped query / key heads (the operands are per output head), the l2norm on and off, a
-# partial chunk after a full one at K = 128, and the steep gates.
-PRESCALED_CASES = {
+# The candidates' forms: state_bwd's decayed keys and queries formed ahead of its walk
+# (state_bwd_operands_kernel), and the scores' diagonal blocks row-parallel
+# (subchunk_diag_kernel); on grouped heads (per-output-head operands, the l2norm on, a
+# partial chunk after a full one) and at K = 128 without the l2norm at steep gates.
+CANDIDATES = {
+    "prescaled": {"state_bwd": {"PRESCALED": True}},
+    "row-parallel-diagonal": {"scores_diag": {"BK": 64, "num_warps": 2}},
+}
+CANDIDATE_CASES = {
     "group-q1-k1-v2": ({"heads": (1, 1, 2), "seqlens": (70, 3)}, {"use_qk_l2norm": True}),
     "K128-no-l2norm-steep": (
         {"dim_k": 128, "heads": (1, 1, 1), "seqlens": (64, 9), "gate": "steep"},
@@ -241,11 +248,13 @@ PRESCALED_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(PRESCALED_CASES), ids=list(PRESCALED_CASES))
-def test_prescaled_state_walk_matches_float64_reference(case):
-    opts, attrs = PRESCALED_CASES[case]
+@pytest.mark.parametrize("case", list(CANDIDATE_CASES))
+@pytest.mark.parametrize("candidate", list(CANDIDATES))
+def test_candidate_forms_match_float64_reference(candidate, case):
+    opts, attrs = CANDIDATE_CASES[case]
     x, cu = make_inputs(**opts)
-    errors = errors_against_reference(x, cu, attrs, config=_prescaled("wide-subchunk"))
+    config = _candidate("wide-subchunk", **CANDIDATES[candidate])
+    errors = errors_against_reference(x, cu, attrs, config=config)
     bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}
     assert not bad, f"relative errors above {FP32_TOL}: {bad} (all: {errors})"
 

@@ -14,7 +14,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from cudnn_pygraph.engines.linear_attention.kernels.configs import forms_scores, recommend_config
+from cudnn_pygraph.engines.linear_attention.kernels.configs import (
+    forms_scores,
+    kernel_configs,
+    recommend_config,
+)
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import gdn2_forward, kda_forward
 from cudnn_pygraph.engines.linear_attention.kernels.gdn_workspace import (
     _carve,
@@ -48,8 +52,17 @@ def _reference_scores(x, gate, seqlens, erase):
     return out
 
 
+def _row_parallel_diagonal(name):
+    """The named config with the diagonal blocks formed row-parallel (subchunk_diag_kernel),
+    the candidate bench/kda.py times as "scores row-parallel diagonal"."""
+    cfgs = {k: dict(v) for k, v in kernel_configs(name, gate_per_key=True).items()}
+    cfgs["scores_diag"] = {"BK": 64, "num_warps": 2}
+    return cfgs
+
+
+@pytest.mark.parametrize("diagonal", ["column-loop", "row-parallel"])
 @pytest.mark.parametrize("family", ["kda", "gdn2"])
-def test_scores_match_float64_pair_sums_at_steep_gates(family):
+def test_scores_match_float64_pair_sums_at_steep_gates(family, diagonal):
     gen = torch.Generator().manual_seed(0)
     total, heads = sum(SEQLENS), 2
     x = {n: torch.randn(total, heads, DIM, generator=gen) for n in ("q", "k", "v")}
@@ -73,6 +86,8 @@ def test_scores_match_float64_pair_sums_at_steep_gates(family):
     for name in ("akk", "aqk"):
         views[name].fill_(float("nan"))
     o = torch.full((total, heads, DIM), float("nan"))
+    if diagonal == "row-parallel":
+        config = _row_parallel_diagonal(config)
     args = dict(scale=DIM**-0.5, o=o, workspace=workspace, config=config)
     if per_key_beta:
         w = torch.rand(total, heads, DIM, generator=gen)

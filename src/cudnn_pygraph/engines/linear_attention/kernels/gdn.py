@@ -70,7 +70,7 @@ from .normalize import L2NORM_EPS
 from .output import dqk_kernel, dv_local_kernel, output_fwd_kernel
 from .poison import poison_dense, poison_states
 from .state import state_bwd_kernel, state_bwd_operands_kernel, state_fwd_kernel, state_grid
-from .subchunk import subchunk_scores_kernel
+from .subchunk import subchunk_diag_kernel, subchunk_scores_kernel
 from .wy import group_reduce_kernel, wy_bwd_kernel
 from .wy_fwd import wy_solve_kernel
 
@@ -250,13 +250,23 @@ def _run_wy_and_state(
         if factors_given:
             gc, beta_eff = torch.empty_like(gc), torch.empty_like(beta_eff)
         cfg = dict(kernel_cfgs["scores"])
+        # A "scores_diag" entry: the diagonal blocks row-parallel (subchunk_diag_kernel), the
+        # scores kernel forming only the strips through the reference rows.
+        diag = kernel_cfgs.get("scores_diag")
         subchunk_scores_kernel[(n_chunks, n_out)](
             q, k, g, beta, a_log if a_log is not None else dummy,
             dt_bias if dt_bias is not None else dummy, cu, ws["chunk_offsets"],
             ws["chunk_seq"], n_seqs, gc, beta_eff, ws["akk"], ws["aqk"], n_out,
             n_q, n_k, lower_bound, K=dim_k, BK=_slice(cfg, "BK", dim_k), **flags, PREC=prec,
-            BETA_K=write_gate is not None, **cfg,
+            BETA_K=write_gate is not None, DIAG=diag is None, **cfg,
         )  # fmt: skip
+        if diag is not None:
+            cfg = dict(diag)
+            subchunk_diag_kernel[(n_chunks * CHUNK, n_out)](
+                q, k, gc, beta_eff, cu, ws["chunk_offsets"], ws["chunk_seq"], n_seqs,
+                ws["akk"], ws["aqk"], n_out, n_q, n_k, K=dim_k,
+                BK=_slice(cfg, "BK", dim_k), BETA_K=write_gate is not None, **cfg,
+            )  # fmt: skip
     if factors_given:
         return
     if total_t:

@@ -25,6 +25,10 @@ exponential serves both Akk and Aqk.
 
 One program per (chunk, output head) also runs stage 1 (gates.py gate_rows: G and
 beta_eff, stored for every later stage), so the scores read G back from memory (L1-hot).
+
+A config with a "scores_diag" entry forms the diagonal blocks row-parallel instead
+(subchunk_diag_kernel, one program per chunk row: the 16 column steps of a sub-chunk are no
+longer a serial walk inside one program), the scores kernel then storing the strips only.
 """
 
 from __future__ import annotations
@@ -57,9 +61,11 @@ def _store_gates(gc_ptr, beff_ptr, gam, b, t0, rows, valid, HO, h, offset, K: tl
 def _strip(
     q_ptr, k_ptr, gc_ptr, beff_ptr, akk_ptr, aqk_ptr, t0, valid, h, hq, hk, HO, H, HK,
     RA: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BETA_K: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, DIAG: tl.constexpr,
 ):  # fmt: skip
-    """The [16, 64] row strips of Akk and Aqk for the sub-chunk whose first row is RA."""
+    """The [16, 64] row strips of Akk and Aqk for the sub-chunk whose first row is RA; with
+    DIAG its own pairs too, else the strip's 16 diagonal-block columns are left to
+    subchunk_diag_kernel (stores under disjoint masks: no address is written twice)."""
     i = RA + tl.arange(0, 16)
     j = tl.arange(0, SCORE_COLS)
     row_ok = i < valid
@@ -86,7 +92,7 @@ def _strip(
             kk += tl.dot(kx * ex, yt, input_precision=PREC)
             qk += tl.dot(qx * ex, yt, input_precision=PREC)
         # The sub-chunk's own pairs, exact: column RA + jj at a time.
-        for jj in range(16):
+        for jj in range(16 if DIAG else 0):
             col = RA + jj
             col_ok = col < valid
             base = (t0 + col).to(tl.int64)
@@ -99,8 +105,14 @@ def _strip(
             place = (j == col)[None, :] & keep[:, None]
             kk += tl.where(place, tl.sum(kx * ke, 1)[:, None], 0.0)
             qk += tl.where(place, tl.sum(qx * ke, 1)[:, None], 0.0)
-    store_rows(akk_ptr, kk, t0, i, valid, HO * SCORE_COLS, h * SCORE_COLS, SCORE_COLS)
-    store_rows(aqk_ptr, qk, t0, i, valid, HO * SCORE_COLS, h * SCORE_COLS, SCORE_COLS)
+    if DIAG:
+        store_rows(akk_ptr, kk, t0, i, valid, HO * SCORE_COLS, h * SCORE_COLS, SCORE_COLS)
+        store_rows(aqk_ptr, qk, t0, i, valid, HO * SCORE_COLS, h * SCORE_COLS, SCORE_COLS)
+    else:
+        cols = ((j < RA) | (j >= RA + 16))[None, :] & row_ok[:, None]
+        addr = (t0.to(tl.int64) + i[:, None]) * HO * SCORE_COLS + h * SCORE_COLS + j[None, :]
+        tl.store(akk_ptr + addr, kk, mask=cols)
+        tl.store(aqk_ptr + addr, qk, mask=cols)
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -135,6 +147,7 @@ def subchunk_scores_kernel(
     HAS_LB: tl.constexpr,
     BETA_K: tl.constexpr,
     PREC: tl.constexpr,
+    DIAG: tl.constexpr = True,
 ):
     """One program per (chunk, output head): stage 1's G [T, HO, K] and beta_eff ([T, HO],
     [T, HO, K] under BETA_K), then Akk and Aqk [T, HO, 64] (module docstring), BK key
@@ -162,8 +175,52 @@ def subchunk_scores_kernel(
     for sub in tl.static_range(4):
         _strip(
             q_ptr, k_ptr, gc_ptr, beff_ptr, akk_ptr, aqk_ptr, t0, valid, h, hq, hk, HO, H, HK,
-            16 * sub, K, BK, BETA_K, PREC,
+            16 * sub, K, BK, BETA_K, PREC, DIAG,
         )  # fmt: skip
+
+
+@triton.jit
+def subchunk_diag_kernel(
+    q_ptr, k_ptr, gc_ptr, beff_ptr, cu_ptr, off_ptr, seq_ptr, N, akk_ptr, aqk_ptr, HO, H, HK,
+    K: tl.constexpr, BK: tl.constexpr, BETA_K: tl.constexpr,
+):  # fmt: skip
+    """The diagonal 16 x 16 blocks of Akk and Aqk, one program per (chunk row, output head):
+    row i against the rows j <= i of its own sub-chunk, exactly per pair,
+      Akk_ij = sum_c b_ic k_ic k_jc exp(G_ic - G_jc),   Aqk_ij = sum_c q_ic k_jc exp(G_ic - G_jc),
+    a [16, BK] tile of exponentials per key slice, each serving both. Row-parallel: no program
+    walks the sub-chunk's columns in turn. Reads G (and gdn2's beta_eff) as the scores kernel
+    stored them; writes only the row's 16 diagonal-block columns (the scores kernel without
+    DIAG writes the rest of the row)."""
+    p = tl.program_id(0)
+    h = tl.program_id(1)
+    _, t0, valid = locate_chunk(p // SCORE_COLS, cu_ptr, off_ptr, seq_ptr, N, 64)
+    r = p % SCORE_COLS
+    if r >= valid:
+        return
+    hq = h // (HO // H)
+    hk = h // (HO // HK)
+    ra = r - r % 16
+    jj = tl.arange(0, 16)
+    keep = ra + jj <= r
+    row = (t0 + r).to(tl.int64)
+    kk = tl.zeros([16], dtype=tl.float32)
+    qk = tl.zeros([16], dtype=tl.float32)
+    for ic in range(K // BK):
+        c = ic * BK + tl.arange(0, BK)
+        gi = tl.load(gc_ptr + (row * HO + h) * K + c)
+        ki = tl.load(k_ptr + (row * HK + hk) * K + c).to(tl.float32)
+        if BETA_K:
+            ki = ki * tl.load(beff_ptr + (row * HO + h) * K + c)
+        qi = tl.load(q_ptr + (row * H + hq) * K + c).to(tl.float32)
+        kj = load_rows(k_ptr, t0, ra + jj, r + 1, HK * K, hk * K + ic * BK, BK).to(tl.float32)
+        gj = load_rows(gc_ptr, t0, ra + jj, r + 1, HO * K, h * K + ic * BK, BK)
+        e = tl.where(keep[:, None], tl.exp(tl.where(keep[:, None], gi[None, :] - gj, 0.0)), 0.0)
+        ke = kj * e
+        kk += tl.sum(ke * ki[None, :], 1)
+        qk += tl.sum(ke * qi[None, :], 1)
+    addr = (row * HO + h) * SCORE_COLS + ra + jj
+    tl.store(akk_ptr + addr, kk)
+    tl.store(aqk_ptr + addr, qk)
 
 
 @triton.jit
