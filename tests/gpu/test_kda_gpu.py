@@ -88,7 +88,7 @@ def _check_fwd_bwd(seqlens, heads, attrs, dim=DIM, saved=False, with_state=True,
     x, cu = make_inputs(seqlens, heads, dim, attrs=attrs, **opts)
     if not with_state:
         x["initial_state"] = None
-    kw = saved_kwargs(x, cu) if saved else {}
+    kw = saved_kwargs(x, cu, attrs["config"]) if saved else {}
     op_attrs = {n: a for n, a in attrs.items() if n != "config"}
     scale = dim**-0.5
     o, final = run_forward(x, cu, scale, attrs, **kw)

@@ -143,7 +143,7 @@ def test_saved_factors_and_bitwise_repeat(family):
     # the same backward again: bitwise the same gradients.
     print(f"[{family} saved]", end=" ")
     x, cu = make_inputs(family, [300, 1, 128, 64])
-    kw = saved_kwargs(x, cu)
+    kw = saved_kwargs(x, cu, "wide-subchunk-bwd")
     d_o, d_final, grads = check_against_reference(x, cu, "wide-subchunk-bwd", **kw)
     dim = x["q"].shape[2]
     nan = lambda t: torch.full_like(t, float("nan"))

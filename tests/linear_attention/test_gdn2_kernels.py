@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from reference import gdn2_reference, gdn2_reference_batched
+from saved_scores import check_backward_reads_the_saved_scores
 
 from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import gdn2_backward, gdn2_forward
@@ -251,13 +252,14 @@ def test_erase_and_write_gates_are_not_kda_scalars():
         assert rel_err(o2, o) > 1e-3, name
 
 
-def test_checkpoints_are_chunk_states_and_feed_the_backward():
+def test_checkpoints_are_chunk_states_and_feed_the_backward(monkeypatch):
     x, cu = make_inputs(seqlens=(70, 5), heads=(1, 1, 1))
     attrs = {"use_qk_l2norm": True}
+    run_attrs = {**attrs, "config": "wide-subchunk-bwd"}  # forms the gated scores
     scale = 64**-0.5
     total, n_out, dim_k = x["g"].shape
     ckpt = torch.full((max_chunks(total, 2), n_out, 64, dim_k), float("nan"), device=DEVICE)
-    run_forward(x, cu, scale, attrs, checkpoints=ckpt)
+    run_forward(x, cu, scale, run_attrs, checkpoints=ckpt)
     assert torch.equal(ckpt[0], x["initial_state"][0])
     assert torch.equal(ckpt[2], x["initial_state"][1])
     head = {n: (t[:64] if n in GATED else t) for n, t in x.items()}
@@ -265,10 +267,13 @@ def test_checkpoints_are_chunk_states_and_feed_the_backward():
     _, after_64 = reference(head, torch.tensor([0, 64]), scale, attrs)
     assert rel_err(ckpt[1], after_64[0]) < FP32_TOL
     d_o, d_final = grad_seeds(x, cu)
-    with_ckpt = run_backward(x, cu, scale, attrs, d_o, d_final, checkpoints=ckpt)
-    without = run_backward(x, cu, scale, attrs, d_o, d_final)
+    with_ckpt = run_backward(x, cu, scale, run_attrs, d_o, d_final, checkpoints=ckpt)
+    without = run_backward(x, cu, scale, run_attrs, d_o, d_final)
     for n in with_ckpt:
         assert rel_err(with_ckpt[n], without[n]) < FP32_TOL, n
+    # With the saved factors (the gated scores among them) the backward forms nothing again.
+    check_backward_reads_the_saved_scores(run_forward, run_backward, x, cu, scale, run_attrs, d_o,
+                                          d_final, without, monkeypatch)  # fmt: skip
 
 
 def test_pool_state_indices_with_padding_slot_and_overwrite():

@@ -173,6 +173,37 @@ def test_plans_list_the_kernel_configs_as_knobs():
     assert "triton_kda" in g.get_plan_name_at_index(0)
 
 
+def test_a_graph_that_saves_its_factors_saves_the_scores_and_lists_the_configs_forming_them():
+    from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES
+    from cudnn_pygraph.engines.linear_attention.kernels.gdn_workspace import saved_factors
+    from cudnn_pygraph.graph.ops.linear_attention import SAVED_FACTORS
+
+    x = inputs(seqlens=(70,))
+    want = saved_factors(70, 1, 64, 64, torch.float32, gate_per_key=True, scores=True)
+    saved = {n: torch.zeros(s, dtype=d) for n, (d, s) in want.items()}
+    for ports in (saved, {n: saved[n] for n in SAVED_FACTORS}):
+        g = cudnn.pygraph(name="kda", io_data_type=dt.FLOAT)
+        t = declare(g, {**x, **ports})
+        g.kda(
+            t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"], a_log=t["a_log"],
+            dt_bias=t["dt_bias"], scale=0.125, checkpoint_every_n_tokens=64, **GATE_ATTRS,
+            **{n: t[n] for n in ports},
+        )  # fmt: skip
+        if ports is not saved:  # a per-key family's saved factors hold the gated scores
+            with pytest.raises(cudnnGraphNotSupportedError, match="scores_kk.*all together"):
+                g.validate()
+            continue
+        g.create_execution_plans([cudnn.heur_mode.A])
+        listed = [g.get_engine_and_knobs_at_index(i) for i in range(g.get_execution_plan_count())]
+        # Only the configs that form the scores the forward saves, the rule's pick first.
+        assert [CONFIG_NAMES[k[cudnn.knob_type.KERNEL_CFG]] for _, k in listed] == [
+            "few-subchunk",
+            "wide-subchunk",
+            "wide-subchunk-bwd",
+            "few-subchunk-bwd",
+        ]
+
+
 def test_a_malformed_cu_seqlens_makes_the_graph_outputs_nan():
     x = inputs(seqlens=(5, 9))
     x["cu_seqlens"] = torch.tensor([0, 9, 5], dtype=torch.int32, device=DEVICE)

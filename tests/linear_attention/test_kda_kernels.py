@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from reference import kda_reference
+from saved_scores import check_backward_reads_the_saved_scores, saved_kwargs
 
 from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
 from cudnn_pygraph.engines.linear_attention.kernels.configs import kernel_configs
@@ -278,13 +279,14 @@ def test_fp16_forward_and_backward_match_reference():
     assert not bad, f"relative errors above {FP16_TOL}: {bad} (all: {errors})"
 
 
-def test_checkpoints_are_chunk_states_and_feed_the_backward():
+def test_checkpoints_are_chunk_states_and_feed_the_backward(monkeypatch):
     x, cu = make_inputs(seqlens=(70, 5), heads=(1, 1, 1))
     attrs = {"use_qk_l2norm": True}
+    run_attrs = {**attrs, "config": "few-subchunk"}  # forms the gated scores
     scale = 64**-0.5
     total, n_out, dim_k = x["g"].shape
     ckpt = torch.full((max_chunks(total, 2), n_out, 64, dim_k), float("nan"), device=DEVICE)
-    run_forward(x, cu, scale, attrs, checkpoints=ckpt)
+    run_forward(x, cu, scale, run_attrs, checkpoints=ckpt)
     # chunk 0 of each sequence is its initial state; chunk 1 of sequence 0 the state after
     # its first 64 tokens (the reference on those tokens alone).
     assert torch.equal(ckpt[0], x["initial_state"][0])
@@ -297,10 +299,42 @@ def test_checkpoints_are_chunk_states_and_feed_the_backward():
     )  # fmt: skip
     assert rel_err(ckpt[1], after_64[0]) < FP32_TOL
     d_o, d_final = grad_seeds(x, cu)
-    with_ckpt = run_backward(x, cu, scale, attrs, d_o, d_final, checkpoints=ckpt)
-    without = run_backward(x, cu, scale, attrs, d_o, d_final)
+    with_ckpt = run_backward(x, cu, scale, run_attrs, d_o, d_final, checkpoints=ckpt)
+    without = run_backward(x, cu, scale, run_attrs, d_o, d_final)
     for n in with_ckpt:
         assert rel_err(with_ckpt[n], without[n]) < FP32_TOL, n
+    # With the saved factors (the gated scores among them) the backward forms nothing again.
+    check_backward_reads_the_saved_scores(run_forward, run_backward, x, cu, scale, run_attrs, d_o,
+                                          d_final, without, monkeypatch)  # fmt: skip
+
+
+def test_saved_scores_are_refused_when_missing_misshaped_or_not_formed():
+    # The saved set follows the config: the gated scores exactly when it forms them. A bad
+    # set is refused naming the port, before anything is launched.
+    x, cu = make_inputs(seqlens=(5,), heads=(1, 1, 1))
+    attrs = {"use_qk_l2norm": True, "config": "few-subchunk"}
+    kw = saved_kwargs(x, cu, "few-subchunk")
+    saved = kw["saved"]
+    cases = (
+        ({n: t for n, t in saved.items() if n != "scores_qk"}, attrs, r"missing \['scores_qk'\]"),
+        (
+            {**saved, "scores_kk": saved["scores_kk"][:, :, :16]},
+            attrs,
+            "scores_kk: must be a contiguous float32",
+        ),
+        (
+            {**saved, "scores_kk": saved["scores_kk"].double()},
+            attrs,
+            "scores_kk: must be a contiguous float32",
+        ),
+        (saved, {**attrs, "config": "few"}, r"not read \['scores_kk', 'scores_qk'\]"),
+    )
+    for bad, call_attrs, match in cases:
+        for run in (run_forward, run_backward):
+            args = () if run is run_forward else grad_seeds(x, cu)
+            with pytest.raises(ValueError, match=match):
+                run(x, cu, 0.125, call_attrs, *args, checkpoints=kw["checkpoints"], saved=bad)
+        assert all(t.isnan().all() for t in bad.values())  # nothing written
 
 
 def test_pool_state_indices_with_padding_slot_and_overwrite():

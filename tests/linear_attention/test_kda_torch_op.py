@@ -6,6 +6,7 @@ the Triton interpreter on CPU (fp32)."""
 import pytest
 import torch
 from reference import kda_reference
+from saved_scores import RECOMPUTE_KERNELS, count_launches
 
 from cudnn_pygraph.linear_attention import ops
 
@@ -50,8 +51,11 @@ def test_forward_in_fla_positional_order_matches_the_reference():
 
 
 @pytest.mark.parametrize("lower_bound", [None, -5.0], ids=["softplus", "lower-bound"])
-def test_autograd_with_the_gate_in_kernel_matches_the_reference(lower_bound):
+def test_autograd_with_the_gate_in_kernel_matches_the_reference(lower_bound, monkeypatch):
     # fla's Kimi call: raw gate logits, A_log [HV] and a flat dt_bias [HV * K] by keyword.
+    # The backward reads what the forward saved, the gated scores among them: it launches
+    # none of the forward's kernels again (saved_scores.py).
+    launches = count_launches(monkeypatch)
     q, k, v, g, beta, cu, h0 = inputs(T=33, H=1, HV=2, raw_gate=True)
     gen = torch.Generator().manual_seed(5)
     A_log, dt_bias = 0.3 * torch.randn(2, generator=gen), 0.3 * torch.randn(2 * K, generator=gen)
@@ -63,7 +67,9 @@ def test_autograd_with_the_gate_in_kernel_matches_the_reference(lower_bound):
     )  # fmt: skip
     gen = torch.Generator().manual_seed(1)
     do, dht = torch.randn(o.shape, generator=gen), torch.randn(ht.shape, generator=gen)
+    assert sorted(launches) == sorted(RECOMPUTE_KERNELS)
     grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), leaves)
+    assert sorted(launches) == sorted(RECOMPUTE_KERNELS)  # none in the backward
     ref_leaves = [t.double().clone().requires_grad_(True) for t in leaves]
     rq, rk, rv, rg, rb, rh0, ra, rdt = ref_leaves
     ref_o, ref_ht = reference(

@@ -18,9 +18,11 @@ the caller's workspace (workspace_size), chunk tables are built on the device: n
 sync, capturable. The saved factors (graph/ops/linear_attention.py SAVED_FACTORS): a
 forward given them writes them beside its checkpoints, a backward given them (with the
 checkpoints) reads them and recomputes neither the WY stage nor the state walk; without
-them the backward recomputes, as the classic graphs do. On CUDA the first call records the launcher's launches and later calls
-replay them as raw launches (runtime/launch_replay.py), skipping the launcher's Python and
-Triton's JIT binding.
+them the backward recomputes, as the classic graphs do. kda's and gdn2's saved factors
+include the gated scores (saved_ports), so their plans that save build only the configs
+that form them (configs.serves). On CUDA the first call records the launcher's launches
+and later calls replay them as raw launches (runtime/launch_replay.py), skipping the
+launcher's Python and Triton's JIT binding.
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ import operator
 from types import MappingProxyType
 
 from ..._types import data_type, knob_type
-from ...graph.ops.linear_attention import SAVED_FACTORS
+from ...graph.ops.linear_attention import SAVED_FACTORS, SAVED_SCORES, saved_ports
 from ...planning.engine import BaseEngine, Capabilities, CompiledPlan, require_module
 from ...planning.facts import facts_for, graph_device
 from .analyzer import analyze
 from .heuristics import GATE_PER_KEY_FAMILIES
-from .kernels.configs import SUPPORTED_HEAD_DIMS, GdnKnobs, fuses_output
+from .kernels.configs import SUPPORTED_HEAD_DIMS, GdnKnobs, fuses_output, serves
 
 IO_DTYPES = frozenset({data_type.HALF, data_type.BFLOAT16, data_type.FLOAT})
 STATE_DTYPES = (data_type.FLOAT, data_type.BFLOAT16)
@@ -198,10 +200,17 @@ class GdnTritonEngine(BaseEngine):
         names = (
             (BACKWARD_INPUTS + BACKWARD_OUTPUTS) if backward else (FORWARD_INPUTS + FORWARD_OUTPUTS)
         )
-        names = tuple(n for n in names + SAVED_FACTORS if n in ports)
+        names = tuple(n for n in names + saved_ports(scores=True) if n in ports)
         from ...runtime.execute import GraphLayout
         from .kernels.gdn import gdn_workspace_bytes
 
+        saves = SAVED_FACTORS[0] in ports
+        per_key = facts.family in GATE_PER_KEY_FAMILIES
+        if per_key and not serves(plan.knobs.name, gate_per_key=True, saves_factors=saves):
+            raise NotImplementedError(
+                f"KERNEL_CFG={plan.knobs.name}: forms no gated scores, and a {facts.family} "
+                f"graph's saved factors hold them ({', '.join(SAVED_SCORES)})"
+            )
         pieces = plan.knobs.PIECES
         if pieces:
             from .kernels.chain import chain_workspace_bytes
@@ -222,7 +231,7 @@ class GdnTritonEngine(BaseEngine):
             "gate_domain": a.get("gate_domain", "log"),
             "batch_invariant": bool(a.get("batch_invariant")),
             "config": plan.knobs.name,
-            "gate_per_key": facts.family in GATE_PER_KEY_FAMILIES,
+            "gate_per_key": per_key,
             "gate_lower_bound": a.get("gate_lower_bound"),
         }
         import torch
@@ -252,7 +261,8 @@ class GdnTritonEngine(BaseEngine):
                 strided=strided,
                 gate_per_key=flags["gate_per_key"],
                 beta_per_key="w" in ports,
-                saved=SAVED_FACTORS[0] in ports,
+                saved=saves,
+                saved_scores=saves and per_key,
             )
         on_cuda = not getattr(device, "is_interpreter", True)
         dev = torch.device("cuda", device.ordinal) if on_cuda else torch.device("cpu")
@@ -444,7 +454,7 @@ class GdnPlan(CompiledPlan):
         if get("w") is not None:  # gdn2: the write gate (and dW in the backward)
             common["write_gate"] = t["w"]
         if get(SAVED_FACTORS[0]) is not None:  # written by the forward, read by the backward
-            common["saved"] = {name: t[name] for name in SAVED_FACTORS}
+            common["saved"] = {name: t[name] for name in saved_ports(self.flags["gate_per_key"])}
         if self.backward:
             self._run(
                 t["q"],

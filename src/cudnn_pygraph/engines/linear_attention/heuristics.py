@@ -5,6 +5,7 @@ its sequence splitting (kernels/splitting.py: uncut or a chain of P pieces), one
 for the whole list (gdp's counted on its expanded timeline, cut on real-token boundaries).
 These graphs have no backend plan: nothing to place."""
 
+from ...graph.ops.linear_attention import SAVED_FACTORS
 from ...planning.engine import PlanConfig
 from .kernels.configs import (
     CONFIG_NAMES,
@@ -55,9 +56,9 @@ def recommend(kind, facts, offered):
         bool(facts.attrs.get("batch_invariant")),
         gate_per_key=per_key,
     )
-    order = [pick] + [
-        name for name in CONFIG_NAMES if name != pick and serves(name, gate_per_key=per_key)
-    ]
+    saves = SAVED_FACTORS[0] in facts.inputs_present
+    order = [pick] + [name for name in CONFIG_NAMES if name != pick]
+    order = [n for n in order if serves(n, gate_per_key=per_key, saves_factors=saves)]
     return [
         PlanConfig(eid, GdnKnobs(CONFIG_NAMES.index(name), pieces))
         for eid in offered

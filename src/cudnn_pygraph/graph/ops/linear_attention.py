@@ -32,6 +32,20 @@ CHUNK = 64  # the chunk cadence checkpoints are counted in
 # forward writes them into caller-made tensors passed under these names (output-direction
 # ports: its outputs list keeps its length); the backward takes all of them or none.
 SAVED_FACTORS = ("gate_cumsum", "beta_eff", "key_inv_norm", "wy_a", "wy_w", "wy_e")
+# A decay per key channel (kda, gdn2) also saves the chunk's gated scores (fp32 [T, HO, 64]
+# each, row t: token t against its chunk's tokens): scores_kk the WY system's Gram
+# sum_c b_ic k_ic k_jc exp(G_ic - G_jc), scores_qk the output's sum_c q_ic k_jc
+# exp(G_ic - G_jc), on the raw keys and queries; the backward reads them instead of forming
+# them again.
+SAVED_SCORES = ("scores_kk", "scores_qk")
+
+
+def saved_ports(scores):
+    """The saved factors' ports, in order: SAVED_FACTORS, then SAVED_SCORES when the
+    scores are saved too (a family with a decay per key channel: scores=gate_per_key).
+    Every layer that names them (the ops' params, the engine, the torch ops, the
+    launchers) takes them from here."""
+    return SAVED_FACTORS + SAVED_SCORES if scores else SAVED_FACTORS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +131,7 @@ def _params(fam, kind):
     params.append(_attr("compute_data_type", data_type.NOT_SET))
     if kind in ("", "_bwd") and not fam.householder:  # last: positional calls keep working
         kind_of = PortKind.OUTPUT_TENSOR if kind == "" else PortKind.OPTIONAL_TENSOR
-        params += [Param(name, kind_of, None) for name in SAVED_FACTORS]
+        params += [Param(name, kind_of, None) for name in saved_ports(fam.gate_per_key)]
     return tuple(params)
 
 
@@ -266,7 +280,7 @@ def _rule(fam, kind):
                 node.fail("overwrite_initial_state", "requires d_final_state in the backward")
         state_dtype = init.data_type if init is not None else F32
         io = inp["v"].data_type if "v" in inp else inp["dO"].data_type
-        _saved_rule(node, kind, (T, HO, K, V), g_dims, b_dims, io)
+        _saved_rule(node, kind, (T, HO, K, V), g_dims, b_dims, io, fam.gate_per_key)
         return _infer_outputs(node, fam, kind, T, n, HO, K, V, nseq, state, state_dtype, io)
 
     return rule
@@ -281,16 +295,17 @@ def checkpoint_rows(rows, n_seqs, every=CHUNK):
     return -(-rows // every) + n_seqs
 
 
-def _saved_rule(node, kind, dims, g_dims, b_dims, io):
-    """SAVED_FACTORS: all or none; the forward writes them only beside chunk-cadence
-    checkpoints, the backward reads them only with its checkpoints input."""
+def _saved_rule(node, kind, dims, g_dims, b_dims, io, gate_per_key):
+    """The saved ports (saved_ports): all or none; the forward writes them only beside
+    chunk-cadence checkpoints, the backward reads them only with its checkpoints input."""
     inp = node.inputs
-    given = [p for p in SAVED_FACTORS if inp.get(p) is not None]
+    ports = saved_ports(gate_per_key)
+    given = [p for p in ports if inp.get(p) is not None]
     if not given:
         return
-    if len(given) != len(SAVED_FACTORS):
-        missing = [p for p in SAVED_FACTORS if p not in given]
-        node.fail(missing[0], f"the saved factors come all together ({', '.join(SAVED_FACTORS)})")
+    if len(given) != len(ports):
+        missing = [p for p in ports if p not in given]
+        node.fail(missing[0], f"the saved factors come all together ({', '.join(ports)})")
     if kind == "" and node.attrs.get("checkpoint_every_n_tokens", 0) != CHUNK:
         node.fail(given[0], f"is saved only with checkpoint_every_n_tokens={CHUNK}")
     if kind == "_bwd" and inp.get("checkpoints") is None:
@@ -303,8 +318,10 @@ def _saved_rule(node, kind, dims, g_dims, b_dims, io):
         "wy_a": ((T, HO, CHUNK), (io,)),
         "wy_w": ((T, HO, K), (io,)),
         "wy_e": ((T, HO, V), (io,)),
+        **dict.fromkeys(SAVED_SCORES, ((T, HO, CHUNK), (F32,))),
     }
-    for port, (dims_want, dtypes) in want.items():
+    for port in ports:
+        dims_want, dtypes = want[port]
         got = rules.require_declared(node, port)
         if tuple(got) != tuple(dims_want):
             node.fail(port, f"dims {list(got)}, expected {list(dims_want)}")
@@ -374,4 +391,13 @@ def _spec(fam, kind):
 
 SPECS = tuple(_spec(fam, kind) for fam in _FAMILIES for kind in KINDS)
 FAMILIES = {fam.name: fam for fam in _FAMILIES}
-__all__ = ["FAMILIES", "KINDS", "REQUIRED", "SAVED_FACTORS", "SPECS", "checkpoint_rows"]
+__all__ = [
+    "FAMILIES",
+    "KINDS",
+    "REQUIRED",
+    "SAVED_FACTORS",
+    "SAVED_SCORES",
+    "SPECS",
+    "checkpoint_rows",
+    "saved_ports",
+]

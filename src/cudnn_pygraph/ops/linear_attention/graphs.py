@@ -14,7 +14,7 @@ import torch
 
 from ...engines.linear_attention.kernels.chunk_index import check_partition
 from ...engines.linear_attention.kernels.poison import poison_states
-from ...graph.ops.linear_attention import CHUNK, SAVED_FACTORS, checkpoint_rows
+from ...graph.ops.linear_attention import CHUNK, checkpoint_rows, saved_ports
 from ...graph.pygraph import pygraph
 from ...graph.tensor import to_data_type
 from .executable import executable
@@ -54,8 +54,8 @@ def _build_fwd(family, q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, att
                saved=None):  # fmt: skip
     """A `family` (gdn | kda | gdn2 | gdp) graph declared over these buffers (idx: state_indices or
     None; ht: the final state buffer or None; w: gdn2's write gate, its port after beta;
-    saved: {"checkpoints": buffer, SAVED_FACTORS: buffers} the forward writes for its
-    backward, with attrs' checkpoint cadence)."""
+    saved: {"checkpoints": buffer, saved ports: buffers} the forward writes for its
+    backward (saved_buffers), with attrs' checkpoint cadence)."""
     gr = pygraph(name=f"{family}_fwd", io_data_type=to_data_type(v.dtype))
     ins = {
         n: declare(gr, t, n)
@@ -71,11 +71,12 @@ def _build_fwd(family, q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, att
             "dt_bias": dt_bias,
             "state_indices": idx,
             "w": w,
-            **{n: saved[n] for n in SAVED_FACTORS if saved is not None},
+            **(saved or {}),
         }.items()
+        if n != "checkpoints"
     }
     write_gate = () if w is None else (ins["w"],)
-    factors = {n: ins[n] for n in SAVED_FACTORS if saved is not None}
+    factors = {n: ins[n] for n in (saved or {}) if n != "checkpoints"}
     O, final, ckpt = getattr(gr, family)(
         ins["q"],
         ins["k"],
@@ -105,7 +106,7 @@ def _build_fwd(family, q, k, v, g, beta, cu, h0, a_log, dt_bias, idx, o, ht, att
 
 def _build_bwd(family, q, k, v, g, beta, cu, do, h0, dht, a_log, dt_bias, attrs, w=None,
                saved=None):  # fmt: skip
-    """saved: {"checkpoints": ..., SAVED_FACTORS: ...} of the forward (read, not recomputed)."""
+    """saved: {"checkpoints": ..., saved ports: ...} of the forward (read, not recomputed)."""
     gr = pygraph(name=f"{family}_bwd", io_data_type=to_data_type(v.dtype))
     ins = {
         n: declare(gr, t, n)
@@ -156,7 +157,8 @@ def saved_buffers(q, k, v, g, beta, n_seqs):
     in the inputs' dtype (16-bit states round to what the backward reads: the same
     gradients) and the saved factors (kernels/gdn_workspace.py saved_factors, which gives
     their sizes: ~73 KB per chunk of 64 tokens and head at K = V = 128 in bf16 for gdn, the
-    16-bit checkpoint 32 KB of it; kda and gdn2 add their per-channel gates)."""
+    16-bit checkpoint 32 KB of it; kda and gdn2 add their per-channel gates and the gated
+    scores, which their graphs that save form on every config they build)."""
     from ...engines.linear_attention.kernels.gdn_workspace import saved_factors
 
     T, HO, V = o_shape(q, v)
@@ -170,8 +172,9 @@ def saved_buffers(q, k, v, g, beta, n_seqs):
     # diagonal.
     ckpt[rows - n_seqs :].zero_()
     out = {"checkpoints": ckpt}
-    factors = saved_factors(T, HO, K, V, v.dtype, gate_per_key=g.dim() == 3,
-                            beta_per_key=beta.dim() == 3)  # fmt: skip
+    per_key = g.dim() == 3
+    factors = saved_factors(T, HO, K, V, v.dtype, gate_per_key=per_key,
+                            beta_per_key=beta.dim() == 3, scores=per_key)  # fmt: skip
     for name, (dtype, shape) in factors.items():
         new = torch.zeros if name == "wy_a" else torch.empty
         out[name] = new(shape, dtype=dtype, device=dev)
@@ -205,7 +208,7 @@ def forward(family, gates, cu_seqlens, initial_state, a_log, dt_bias, attrs, sta
             save=False):  # fmt: skip
     """The forward of any family on the caller's buffers; gates: (q, k, v, g, beta), and
     gdn2's write gate w after them; attrs: the node's attributes (output_final_state among
-    them). Returns [o, ht], and with save the checkpoints and SAVED_FACTORS after them
+    them). Returns [o, ht], and with save the checkpoints and the saved ports after them
     (what backward's `saved` takes)."""
     q, k, v, g, beta, w = _split(gates)
     T, HO, V = o_shape(q, v)
@@ -320,7 +323,7 @@ def backward(family, gates, cu_seqlens, do, initial_state, d_final_state, a_log,
              state_v_first, saved=None):  # fmt: skip
     """The backward of any family: [dQ, dK, dV, dG, dBeta, (gdn2: dW,) d_initial_state,
     d_a_log, d_dt_bias], an absent one as an empty tensor. saved: what forward(save=True)
-    returned after [o, ht] (the checkpoints, then SAVED_FACTORS): the graph reads them
+    returned after [o, ht] (the checkpoints, then saved_ports'): the graph reads them
     instead of recomputing the WY stage and the state walk; None or empty: it recomputes."""
     q, k, v, g, beta, w = _split(gates)
     h0 = state_view(initial_state, state_v_first)
@@ -341,7 +344,10 @@ def backward(family, gates, cu_seqlens, do, initial_state, d_final_state, a_log,
             torch.empty_like(dt_bias) if attrs["safe_gate"] and dt_bias is not None else None
         ),
     }
-    saved = dict(zip(("checkpoints", *SAVED_FACTORS), saved)) if saved else None
+    if saved:
+        saved = dict(zip(("checkpoints", *saved_ports(scores=g.dim() == 3)), saved, strict=True))
+    else:
+        saved = None
     tensors = (q, k, v, g, beta, cu_seqlens, do, h0, dht, a_log, dt_bias, w)
     if saved is not None:
         tensors += tuple(saved.values())

@@ -240,10 +240,15 @@ def forms_scores(name: str) -> bool:
     return "scores" in config(name)
 
 
-def serves(name: str, *, gate_per_key: bool) -> bool:
+def serves(name: str, *, gate_per_key: bool, saves_factors: bool = False) -> bool:
     """Whether a family's plans list the config: the sub-chunk configs only serve a decay
-    per key channel (for gdn they would build "wide-unfused" / "few" again)."""
-    return gate_per_key or not forms_scores(name)
+    per key channel (for gdn they would build "wide-unfused" / "few" again). saves_factors:
+    the graph writes or reads the saved factors; a per-key family's include the gated
+    scores (graph/ops/linear_attention.py saved_ports), so only the configs that form
+    them serve it."""
+    if not gate_per_key:
+        return not forms_scores(name)
+    return forms_scores(name) or not saves_factors
 
 
 def knobs_for(name: str) -> GdnKnobs:

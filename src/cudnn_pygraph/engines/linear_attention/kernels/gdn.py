@@ -18,8 +18,10 @@ Forward:  chunk tables -> wy_solve (stage 1 gates + stage 2's A = (I + L)^-1, w 
 Backward: chunk tables -> wy_solve
           -> state_fwd (h and E; skipped when checkpoints are given, then dqk forms E itself)
              [both skipped when the forward's saved factors are given (saved=, with the
-              checkpoints): G, beta, the key norms, A, w and E as the forward wrote them;
-              gdn_workspace.saved_factors gives their bytes]
+              checkpoints): G, beta, the key norms, A, w and E as the forward wrote them,
+              and under a config that forms the gated scores Akk / Aqk too (then the
+              scores kernel is skipped as well); gdn_workspace.saved_factors gives their
+              bytes]
           -> dv_local (scale P^T dO) -> state_bwd (dE, dh, d_initial_state)
           -> dqk (dq, partial dk / dG, dw) -> wy_bwd (dk, dv, dG, dbeta)
           [-> group_reduce for grouped heads] [-> d_a_log / d_dt_bias sums] [-> NaN]
@@ -241,14 +243,13 @@ def _run_wy_and_state(
     cu = ws["cu_safe"]  # every stage reads the sanitized copy (memory-safe on bad input)
     if n_seqs == 0:
         return
+    if factors_given:
+        # G, beta_eff and (under a config that forms them) the gated scores are among the
+        # saved factors: nothing else the scores kernel writes is read by a backward.
+        return
     scores = _forms_scores(kernel_cfgs, flags["GATE_K"])
     if scores and total_t:
-        # Stage 1 and the gated scores Akk / Aqk, once (subchunk.py). A backward from saved
-        # factors forms the scores again (the backward's dv_local and wy_bwd read them; they
-        # are not among the saved factors) and leaves the saved G and beta as they are.
-        gc, beta_eff = ws["gc"], ws["beta_eff"]
-        if factors_given:
-            gc, beta_eff = torch.empty_like(gc), torch.empty_like(beta_eff)
+        # Stage 1 and the gated scores Akk / Aqk, once (subchunk.py).
         cfg = dict(kernel_cfgs["scores"])
         # A "scores_diag" entry: the diagonal blocks row-parallel (subchunk_diag_kernel), the
         # scores kernel forming only the strips through the reference rows.
@@ -256,19 +257,17 @@ def _run_wy_and_state(
         subchunk_scores_kernel[(n_chunks, n_out)](
             q, k, g, beta, a_log if a_log is not None else dummy,
             dt_bias if dt_bias is not None else dummy, cu, ws["chunk_offsets"],
-            ws["chunk_seq"], n_seqs, gc, beta_eff, ws["akk"], ws["aqk"], n_out,
+            ws["chunk_seq"], n_seqs, ws["gc"], ws["beta_eff"], ws["akk"], ws["aqk"], n_out,
             n_q, n_k, lower_bound, K=dim_k, BK=_slice(cfg, "BK", dim_k), **flags, PREC=prec,
             BETA_K=write_gate is not None, DIAG=diag is None, **cfg,
         )  # fmt: skip
         if diag is not None:
             cfg = dict(diag)
             subchunk_diag_kernel[(n_chunks * CHUNK, n_out)](
-                q, k, gc, beta_eff, cu, ws["chunk_offsets"], ws["chunk_seq"], n_seqs,
-                ws["akk"], ws["aqk"], n_out, n_q, n_k, K=dim_k,
+                q, k, ws["gc"], ws["beta_eff"], cu, ws["chunk_offsets"], ws["chunk_seq"],
+                n_seqs, ws["akk"], ws["aqk"], n_out, n_q, n_k, K=dim_k,
                 BK=_slice(cfg, "BK", dim_k), BETA_K=write_gate is not None, **cfg,
             )  # fmt: skip
-    if factors_given:
-        return
     if total_t:
         # w and u are formed in the program that solves A; A is stored only for a
         # backward's wy_bwd.
@@ -363,10 +362,11 @@ def _prepare_and_recompute(
     them then). With `o` (the forward, when the config fuses the output stage) O is written
     here and h / E are stored only as asked (checkpoints). saved ({port: tensor},
     gdn_workspace.SAVED_ROWS; with checkpoints): the forward writes G, beta, the key norms,
-    A, w and E into them, the backward reads them and recomputes nothing. Returns (ws,
-    h_buf, prec, flags, (q, k, v, g, beta, write_gate) as the stages read them).
-    write_gate: gdn2's (None otherwise)."""
+    A, w and E into them (and the gated scores, under a config that forms them), the
+    backward reads them and recomputes nothing. Returns (ws, h_buf, prec, flags, (q, k, v,
+    g, beta, write_gate) as the stages read them). write_gate: gdn2's (None otherwise)."""
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
+    saved_scores = saved is not None and _forms_scores(kernel_cfgs, gate_per_key)
     inputs = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
     if write_gate is not None:
         inputs["w"] = write_gate
@@ -375,13 +375,14 @@ def _prepare_and_recompute(
         checkpoints is not None, safe_gate, fused_output=o is not None,
         strided=_strided(inputs), gate_per_key=gate_per_key,
         beta_per_key=write_gate is not None, saved=saved is not None,
+        saved_scores=saved_scores,
     )  # fmt: skip
     ws = _carve(rows, workspace, q.device)
     if saved is not None:
         # The saved buffers stand in for their scratch rows (a copy: _carve's dict is cached).
         ws = dict(ws)
-        for port, row in SAVED_ROWS.items():
-            ws[row] = saved[port]
+        for port, t in saved.items():
+            ws[SAVED_ROWS[port]] = t
     q, k, v, g, beta, *rest = _dense_inputs(inputs, ws)
     write_gate = rest[0] if rest else None
     prec = _dot_precision(q.dtype)
@@ -470,14 +471,15 @@ def gdn_forward(
         write_gate,
     )
     total_t, n_seqs, _, _, _, n_out, _, dim_v = dims
-    _check_saved(saved, checkpoints, dims, q.dtype, gate_per_key, write_gate is not None)
+    kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant,
+                                  gate_per_key)  # fmt: skip
+    _check_saved(saved, checkpoints, dims, q.dtype, gate_per_key, write_gate is not None,
+                 _forms_scores(kernel_cfgs, gate_per_key))  # fmt: skip
     _check(
         "o",
         tuple(o.shape) == (total_t, n_out, dim_v) and o.is_contiguous(),
         f"must be contiguous [total_T, HO, V] = {(total_t, n_out, dim_v)}",
     )
-    kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant,
-                                  gate_per_key)  # fmt: skip
     fuse_output = bool(kernel_cfgs["state_fwd"].get("FUSE_OUTPUT"))
     ws, h_buf, prec, _, (q, k, *_) = _prepare_and_recompute(
         q, k, v, g, beta, cu_seqlens, dims,
@@ -603,7 +605,10 @@ def gdn_backward(
         write_gate,
     )
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
-    _check_saved(saved, checkpoints, dims, q.dtype, gate_per_key, write_gate is not None)
+    kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant,
+                                  gate_per_key)  # fmt: skip
+    _check_saved(saved, checkpoints, dims, q.dtype, gate_per_key, write_gate is not None,
+                 _forms_scores(kernel_cfgs, gate_per_key))  # fmt: skip
     _check("dw", (dwrite_gate is None) == (write_gate is None), "is required iff w is given")
     for name, grad, ref in (
         ("dq", dq, q),
@@ -642,8 +647,6 @@ def gdn_backward(
     _check(
         "d_dt_bias", (d_dt_bias is None) == (dt_bias is None), "is required iff dt_bias is given"
     )
-    kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant,
-                                  gate_per_key)  # fmt: skip
     grads = (dq, dk, dv, dg, dbeta, d_a_log, d_dt_bias, dwrite_gate)
     if total_t == 0:
         ws = _carve(_layout(0, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, q.dtype, True,
@@ -819,16 +822,20 @@ def gdn_backward(
     poison_states(ws["cu_error"], d_initial_state)
 
 
-def _check_saved(saved, checkpoints, dims, dtype, gate_per_key, beta_per_key):
+def _check_saved(saved, checkpoints, dims, dtype, gate_per_key, beta_per_key, scores):
     """The saved factors: all of them or none, with the checkpoints, each dense and shaped
-    as saved_factors says."""
+    as saved_factors says (scores: the call's config forms the gated scores, which are
+    then among them)."""
     if saved is None:
         return
     _check("saved", checkpoints is not None, "requires the checkpoints they were saved with")
     total_t, _, _, _, _, n_out, dim_k, dim_v = dims
     want = saved_factors(total_t, n_out, dim_k, dim_v, dtype, gate_per_key=gate_per_key,
-                         beta_per_key=beta_per_key)  # fmt: skip
-    _check("saved", set(saved) == set(want), f"must name exactly {sorted(want)}")
+                         beta_per_key=beta_per_key, scores=scores)  # fmt: skip
+    missing, extra = sorted(set(want) - set(saved)), sorted(set(saved) - set(want))
+    _check("saved", not missing and not extra,
+           f"must name exactly {sorted(want)} under this config (missing {missing}, "
+           f"not read {extra})")  # fmt: skip
     for port, (dt, shape) in want.items():
         t = saved[port]
         _check(

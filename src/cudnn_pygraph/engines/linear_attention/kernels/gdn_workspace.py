@@ -11,6 +11,7 @@ from types import MappingProxyType
 
 import torch
 
+from ....graph.ops.linear_attention import SAVED_SCORES, saved_ports
 from .chunk_index import CHUNK, max_chunks
 
 _ALIGN = 256
@@ -22,42 +23,47 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 # The forward's intermediates a backward reads instead of recomputing them (the gdn_bwd
-# node's optional inputs of these names, graph/ops/linear_attention.py SAVED_FACTORS), by
-# the scratch row each one stands in for: with them (and the checkpoints) the backward runs
-# neither wy_solve nor state_fwd.
-SAVED_ROWS = MappingProxyType({
-    "gate_cumsum": "gc",
-    "beta_eff": "beta_eff",
-    "key_inv_norm": "rk",
-    "wy_a": "a",
-    "wy_w": "w",
-    "wy_e": "vnew",
-})  # fmt: skip
+# node's optional inputs, graph/ops/linear_attention.py saved_ports, which names them), by
+# the scratch row each one stands in for, in saved_ports' order: with them (and the
+# checkpoints) the backward runs neither wy_solve nor state_fwd, and under a config that
+# forms the gated scores (SAVED_SCORES) not the scores kernel either.
+SAVED_ROWS = MappingProxyType(
+    dict(zip(saved_ports(scores=True), ("gc", "beta_eff", "rk", "a", "w", "vnew", "akk", "aqk")))
+)
 
 
-def saved_factors(total_t, n_out, dim_k, dim_v, dtype, *, gate_per_key=False, beta_per_key=False):
+def saved_factors(
+    total_t, n_out, dim_k, dim_v, dtype, *, gate_per_key=False, beta_per_key=False, scores=False,
+):  # fmt: skip
     """{port: (dtype, shape)} of the saved factors: the rows of _layout that SAVED_ROWS
     names, but A in the compute dtype (its one reader, wy_bwd, rounds it to that on load, so
-    the 16-bit copy gives bitwise the same gradients). Bytes per chunk of 64 tokens and per
-    head at K = V = 128, 16-bit inputs: w 16 KB, E 16 KB, A 8 KB, G / beta / key norms
-    768 B (kda's per-key G: 32 KB; gdn2's per-key beta: 32 KB more); with the 16-bit
+    the 16-bit copy gives bitwise the same gradients). scores: the call's config forms the
+    gated scores once (gdn.py _forms_scores: a per-key decay and a "scores" entry): Akk and
+    Aqk are saved too, fp32 as the forward forms them (their backward readers, dv_local and
+    wy_bwd, scale them by the fp32 key / query norms before any rounding, so a 16-bit copy
+    would change the gradients). Bytes per chunk of 64 tokens and per head at K = V = 128,
+    16-bit inputs: w 16 KB, E 16 KB, A 8 KB, G / beta / key norms 768 B (kda's per-key G:
+    32 KB; gdn2's per-key beta: 32 KB more; the scores 16 KB each, 32 KB); with the 16-bit
     checkpoint (32 KB) 72.75 KB for gdn, against 48 KB of q, k and v."""
     cdt = _compute_dtype(dtype)
     f32 = torch.float32
     gate = (total_t, n_out, dim_k) if gate_per_key else (total_t, n_out)
-    return {
+    shapes = {
         "gate_cumsum": (f32, gate),
         "beta_eff": (f32, (total_t, n_out, dim_k) if beta_per_key else (total_t, n_out)),
         "key_inv_norm": (f32, (total_t, n_out)),
         "wy_a": (cdt, (total_t, n_out, CHUNK)),
         "wy_w": (cdt, (total_t, n_out, dim_k)),
         "wy_e": (cdt, (total_t, n_out, dim_v)),
+        **dict.fromkeys(SAVED_SCORES, (f32, (total_t, n_out, CHUNK))),
     }
+    return {port: shapes[port] for port in saved_ports(gate_per_key and scores)}
 
 
 def _layout(
     total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, backward, has_checkpoints, safe_gate,
     fused_output=False, strided=(), gate_per_key=False, beta_per_key=False, saved=False,
+    saved_scores=False,
 ):  # fmt: skip
     """[(name, dtype, shape)] of every scratch buffer, in carving order. fused_output: the
     forward writes O from the state kernel, so it keeps neither h nor E (kernels/configs.py
@@ -68,7 +74,8 @@ def _layout(
     (gdn2): so do beta and beta_eff, and the write gate "w" [T, HO, V] is an input.
     saved: the call reads or writes the saved factors (SAVED_ROWS) and the checkpoints in
     the caller's buffers: their rows are not carved, and a backward carves no u either
-    (only the state recompute reads it)."""
+    (only the state recompute reads it). saved_scores: the saved factors hold the gated
+    scores too (saved_factors(scores=True)): no akk / aqk rows either."""
     cdt = _compute_dtype(dtype)
     f32 = torch.float32
     n_chunks = max_chunks(total_t, n_seqs)
@@ -102,7 +109,8 @@ def _layout(
         ("u", cdt, (total_t, n_out, dim_v)),
     ]
     if saved:
-        dropped = set(SAVED_ROWS.values()) | ({"u"} if backward else set())
+        dropped = {SAVED_ROWS[port] for port in saved_ports(saved_scores)}
+        dropped |= {"u"} if backward else set()
         rows = [row for row in rows if row[0] not in dropped]
     if fused_output and not backward:
         return rows
@@ -165,6 +173,7 @@ def gdn_workspace_bytes(
     gate_per_key: bool = False,
     beta_per_key: bool = False,
     saved: bool = False,
+    saved_scores: bool = False,
 ) -> int:
     """Bytes of scratch the gdn forward (backward=False) or backward launcher carves.
     fused_output: the forward's output stage runs inside the state kernel under the call's
@@ -172,7 +181,8 @@ def gdn_workspace_bytes(
     paths. strided: ((name, dtype), ...) of the non-contiguous inputs (their dense copies
     are carved here too). gate_per_key: kda's [T, HO, K] gate; beta_per_key: gdn2's
     [T, HO, K] erase gate (with gate_per_key). saved: the forward writes, or the backward
-    reads, the saved factors (saved_factors) in the caller's buffers."""
+    reads, the saved factors (saved_factors) in the caller's buffers; saved_scores: with
+    the gated scores among them (saved_factors(scores=True))."""
     n_out = max(n_q_heads, n_v_heads)
     rows = _layout(
         total_t,
@@ -192,6 +202,7 @@ def gdn_workspace_bytes(
         gate_per_key,
         beta_per_key,
         saved,
+        saved_scores,
     )
     return sum(_aligned(_nbytes(dt, shape)) for _, dt, shape in rows)
 
