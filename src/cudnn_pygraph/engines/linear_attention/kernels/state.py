@@ -256,9 +256,8 @@ def state_bwd_kernel(
     wy_solve) and the decay scale the rows of K dS after the product, the queries' inverse
     norms (reduced here, off the chain of dependent steps) and scale * exp(G) scale the rows
     of dO before it. So no fp32 copy of a [64, K] tile is held and no norm is reduced between
-    two dependent products. (The previous kernel normalized fp32 copies of q and k per
-    chunk: 255 registers and 153 KB of shared memory at BV=32 / 8 warps, one program per
-    SM; 1.08 ms per call on (a) 8x4096, H200.)"""
+    two dependent products (normalized fp32 copies cost registers and shared memory enough
+    to leave one program per SM)."""
     n, h, iv = state_program(V_FASTEST, V // BV, HO, order_ptr)
     hq = h // (HO // H)
     hk = h // (HO // HK)
