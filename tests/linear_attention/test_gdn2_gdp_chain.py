@@ -122,10 +122,10 @@ def gdn2_inputs(seqlens, seed=0):
 
 
 def test_a_gdn2_chain_gives_the_uncut_output_state_and_gradients():
-    # 5 chunks over 9 slots: pieces of one chunk, three for the 130 tokens (the last of 2
-    # tokens), an empty slot for the empty sequence, then the 70 tokens' two (a chunk, 6
-    # tokens) and the 3 slots left over, empty.
-    x = gdn2_inputs((130, 0, 70))
+    # 4 chunks over 9 slots: pieces of one chunk, three for the 130 tokens (the last of 2
+    # tokens), an empty slot for the empty sequence, then the one-token sequence's piece
+    # and the slots left over, empty.
+    x = gdn2_inputs((130, 0, 1))
     d_o, d_final = _cotangents(x, x["v"].shape[0], seed=7)
     eid = engine_id(gdn2_graph(x))
     runs = {}

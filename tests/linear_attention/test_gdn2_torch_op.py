@@ -54,11 +54,15 @@ def test_final_state_is_empty_unless_asked():
     assert ht.numel() == 0
 
 
-@pytest.mark.parametrize("safe_gate", [False, True], ids=["log-gate", "safe-gate"])
-def test_autograd_matches_the_reference_with_dw(safe_gate):
-    q, k, v, g, beta, w, cu, h0 = inputs(T=33, H=1, HV=2, raw_gate=safe_gate)
+@pytest.mark.parametrize(
+    "safe_gate, HV", [(False, 1), (True, 2)], ids=["log-gate", "safe-gate-grouped"]
+)
+def test_autograd_matches_the_reference_with_dw(safe_gate, HV):
+    # One q / k head serving two value heads under the safe gate (its parameters'
+    # gradients summed per value head); the log gate on one head.
+    q, k, v, g, beta, w, cu, h0 = inputs(T=33, H=1, HV=HV, raw_gate=safe_gate)
     gen = torch.Generator().manual_seed(5)
-    params = [0.3 * torch.randn(2, generator=gen), 0.3 * torch.randn(2, K, generator=gen)]
+    params = [0.3 * torch.randn(HV, generator=gen), 0.3 * torch.randn(HV, K, generator=gen)]
     logits = torch.randn(beta.shape, generator=gen)  # beta as logits (sigmoid in kernel)
     base = [q, k, v, g, logits, w, h0] + (params if safe_gate else [])
     leaves = [t.clone().requires_grad_(True) for t in base]

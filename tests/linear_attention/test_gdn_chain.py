@@ -98,8 +98,11 @@ def knobs(engine_id, pieces, config="wide"):
 # 12 slots, rounded up): 3 for the first (the last of 2 tokens), an empty slot for the
 # empty sequence, 2 for the third (the last of 6 tokens), then the one-token sequence's
 # piece and the 5 slots left over, empty.
-# tokens), an empty sequence, a short one (its third slot empty) and a one-token one.
 RAGGED = (130, 0, 70, 1)
+# The backward's pieces come from the same tables: a three-piece sequence (the last of 2
+# tokens) before an empty and a one-token one, 4 chunks over 9 slots; the two-piece
+# sequence and the per-slot layout above are the forward's.
+RAGGED_BWD = (130, 0, 1)
 
 
 def cotangents(x, seed=3):
@@ -121,7 +124,7 @@ def test_a_chain_forward_gives_the_uncut_output_and_final_state():
 
 
 def test_a_chain_backward_gives_the_uncut_gradients():
-    x = inputs(seqlens=RAGGED)
+    x = inputs(seqlens=RAGGED_BWD)
     d_o, d_final = cotangents(x)
     eid = engine_id_of(x)
     with with_gdn_engine():
@@ -239,11 +242,11 @@ def test_a_kda_chain_gives_the_uncut_output_and_gradients():
     from test_kda_engine import declare as kda_declare
     from test_kda_engine import inputs as kda_inputs
 
-    # 5 chunks over 9 slots: pieces of one chunk, three for the 130 tokens (the last of 2),
-    # an empty slot for the empty sequence, then the 70 tokens' two (a chunk, 6 tokens) and
-    # the 3 slots left over. One head: the per-head grid of the chain is the gdn tests'
-    # above (two heads), the same kernels.
-    x = kda_inputs(seqlens=(130, 0, 70), heads=1)
+    # 4 chunks over 9 slots: pieces of one chunk, three for the 130 tokens (the last of 2),
+    # an empty slot for the empty sequence, then the one-token sequence's piece and the
+    # slots left over. One head: the per-head grid of the chain is the gdn tests' above
+    # (two heads), the same kernels.
+    x = kda_inputs(seqlens=(130, 0, 1), heads=1)
     # Mild decays (lb * sigmoid(logit - 6) ~ -0.01 a token): a piece's transition does not
     # underflow, so the composed seeds carry the earlier pieces.
     x["g"] = x["g"] - 6.0

@@ -70,9 +70,10 @@ CASES = {
     # and empty spans; one head (two output heads are the grouped case's)
     "l2norm": dict(spans=((64, 21, 65), (0, 40, 30)), heads=(1, 1, 1), gates={}),
     # one q / k head serving two output heads, sigmoid beta with negative eigenvalues,
-    # the safe gate with its parameters
+    # the safe gate with its parameters; spans of one chunk each (a span across a chunk
+    # boundary is the l2norm case's)
     "grouped-safe-gate": dict(
-        spans=((70, 80),),
+        spans=((40, 30),),
         heads=(1, 1, 2),
         gates=dict(use_beta_sigmoid=True, allow_neg_eigval=True, safe_gate=True),
     ),

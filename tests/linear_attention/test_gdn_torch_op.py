@@ -304,8 +304,9 @@ DERIVATIVE_DRAWS = 1
 def autograd_gradients():
     """(inputs, cu_seqlens, [(w_o, w_h, {input: autograd's gradient})] per draw): one
     forward and backward per draw serves every input's test below (the backward computes
-    every gradient whichever inputs require one)."""
-    q, k, v, g, beta, cu, h0 = inputs(T=10, N=2)
+    every gradient whichever inputs require one). One head: the heads' layout is the
+    float64-reference tests' above."""
+    q, k, v, g, beta, cu, h0 = inputs(T=10, N=2, H=1)
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
     x = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
     gen = torch.Generator().manual_seed(7)

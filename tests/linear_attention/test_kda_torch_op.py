@@ -50,15 +50,19 @@ def test_forward_in_fla_positional_order_matches_the_reference():
     assert rel(o, ref_o) < TOL["o"] and rel(ht, ref_ht) < TOL["state"]
 
 
-@pytest.mark.parametrize("lower_bound", [None, -5.0], ids=["softplus", "lower-bound"])
-def test_autograd_with_the_gate_in_kernel_matches_the_reference(lower_bound, monkeypatch):
+@pytest.mark.parametrize(
+    "lower_bound, HV", [(None, 2), (-5.0, 1)], ids=["softplus-grouped", "lower-bound"]
+)
+def test_autograd_with_the_gate_in_kernel_matches_the_reference(lower_bound, HV, monkeypatch):
     # fla's Kimi call: raw gate logits, A_log [HV] and a flat dt_bias [HV * K] by keyword.
-    # The backward reads what the forward saved, the gated scores among them: it launches
-    # none of the forward's kernels again (saved_scores.py).
+    # One q / k head serving two value heads once (the gate parameters' gradients summed
+    # per value head); the lower-bound form on one head. The backward reads what the
+    # forward saved, the gated scores among them: it launches none of the forward's
+    # kernels again (saved_scores.py).
     launches = count_launches(monkeypatch)
-    q, k, v, g, beta, cu, h0 = inputs(T=33, H=1, HV=2, raw_gate=True)
+    q, k, v, g, beta, cu, h0 = inputs(T=33, H=1, HV=HV, raw_gate=True)
     gen = torch.Generator().manual_seed(5)
-    A_log, dt_bias = 0.3 * torch.randn(2, generator=gen), 0.3 * torch.randn(2 * K, generator=gen)
+    A_log, dt_bias = 0.3 * torch.randn(HV, generator=gen), 0.3 * torch.randn(HV * K, generator=gen)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v, g, beta, h0, A_log, dt_bias)]
     o, ht = ops.kimi_delta_attention(
         *leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu,
@@ -74,7 +78,7 @@ def test_autograd_with_the_gate_in_kernel_matches_the_reference(lower_bound, mon
     rq, rk, rv, rg, rb, rh0, ra, rdt = ref_leaves
     ref_o, ref_ht = reference(
         rq, rk, rv, rg, rb, cu, rh0, use_qk_l2norm=True, safe_gate=True, a_log=ra,
-        dt_bias=rdt.view(2, K), gate_lower_bound=lower_bound,
+        dt_bias=rdt.view(HV, K), gate_lower_bound=lower_bound,
     )  # fmt: skip
     assert rel(o, ref_o) < TOL["o"] and rel(ht, ref_ht) < TOL["state"]
     loss = (ref_o * do.double()).sum() + (ref_ht * dht.double()).sum()
