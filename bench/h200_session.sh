@@ -168,7 +168,7 @@ bench_scores() {
   step la_stages_per_key 200 python3 bench/la_stages.py --families kda,gdn2 \
     --cache-dir "$LA_CACHE" --out "$LOG/la_stages_per_key.md"
 }
-tests_kda_sweep() { la_unpack; }
+tests_kda_sweep() { :; }
 bench_kda_sweep() {  # SWEEP_VARIANTS: label substrings of bench/kda.py's SWEEP
   step kda_sweep 300 python3 bench/kda.py --sweep --only "(a)" \
     --variants "${SWEEP_VARIANTS:-prescaled,scores}"
@@ -250,7 +250,7 @@ la_unpack() {  # the carried compiled-plan cache and fla's autotune picks, once 
     echo "== no $tgz: everything compiles (and fla autotunes) in this call"
   fi
 }
-tests_la_stages() { la_unpack; }
+tests_la_stages() { :; }  # la_unpack runs in the bench phase, once
 bench_la_stages() {
   la_unpack
   # fla compiles its picked configs here (its autotune picks come from the carried cache)

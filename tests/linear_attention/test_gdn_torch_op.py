@@ -5,6 +5,7 @@ variant — against the float64 reference, under the Triton interpreter on CPU (
 import pytest
 import torch
 from reference import gdn_reference
+from saved_scores import count_launches
 
 from cudnn_pygraph.linear_attention import ops
 from cudnn_pygraph.ops.linear_attention import family, gdn, graphs
@@ -426,20 +427,7 @@ def test_autograd_backward_reads_the_forward_and_runs_no_second_forward(monkeypa
     # Under autograd the forward keeps the checkpoints and the WY factors; the backward
     # reads them: it launches neither wy_solve nor the state walk, and its gradients are
     # those of a backward that recomputes them (the graph op without the saved ports).
-    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
-
-    launches = []
-
-    class Counting:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            launches.append(self.name)
-            return self.kernel[grid]
-
-    for name in ("wy_solve_kernel", "state_fwd_kernel"):
-        monkeypatch.setattr(gdn_mod, name, Counting(name, getattr(gdn_mod, name)))
+    launches = count_launches(monkeypatch, ("wy_solve_kernel", "state_fwd_kernel"))
     q, k, v, g, beta, cu, h0 = inputs(T=70)
     g = g * 80.0  # gates down to -40 per token
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v, g, beta, h0)]

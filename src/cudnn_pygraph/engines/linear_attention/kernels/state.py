@@ -366,13 +366,8 @@ def state_bwd_operands_kernel(
     r = tl.arange(0, 64)
     row_ok = (r < valid)[:, None]
     rk = load_vec(rk_ptr, t0, r, valid, HO, h)
-    rq = tl.zeros([64], dtype=tl.float32) + scale
-    if L2NORM:  # the queries' norms over all K channels, before any row is scaled
-        sq = tl.zeros([64], dtype=tl.float32)
-        for ic in range(K // BK):
-            qx = load_rows(q_ptr, t0, r, valid, H * K, hq * K + ic * BK, BK).to(tl.float32)
-            sq += tl.sum(qx * qx, 1)
-        rq = scale / tl.sqrt(sq + EPS)
+    # the queries' norms over all K channels, before any row is scaled
+    rq = scale * inv_norm(load_rows(q_ptr, t0, r, valid, H * K, hq * K, K), 1, L2NORM, EPS)
     last = (t0 + valid - 1).to(tl.int64) * HO + h
     for ic in range(K // BK):
         c0 = ic * BK
