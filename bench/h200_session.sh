@@ -51,6 +51,9 @@
 #                tests as they are and after accelerate_fla() (tools/fla_suite.py; a
 #                fla-org/flash-linear-attention checkout in .fla/, carried, never committed)
 #   la-stages    issue 30: la_stages.md alone (the carried cache unpacked as for la-bench)
+#   (any)        FUZZ_PROCS=N beside the topics: the torch-op fuzz (tools/fuzz.py --ops) on N
+#                CPU processes at the lowest priority, the GPU hidden, seeds FUZZ_SEED (default
+#                500) upward; each stops by its budget so its tally comes back
 #   la-bench     issue 30: $LA_CACHE_TGZ (default .whl/la_cache.tgz) unpacked when present; the
 #                resource table's check (tools/la_resources.py --check), la_stages.md and
 #                la_training.md
@@ -284,6 +287,25 @@ bench_cp() {
     --piece-tokens 1024,4096,16384 --out "$LOG/cp_pieces.md"
 }
 
+fuzz_pids=()
+fuzz_start() {  # the op fuzz's processes; their --budget-s ends them before the call does
+  local i seed budget=$((BUDGET_S - SECONDS - 60))
+  for ((i = 0; i < ${FUZZ_PROCS:-0}; i++)); do
+    seed=$((${FUZZ_SEED:-500} + i))
+    CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 nice -n 19 timeout $((budget + 40)) \
+      python3 tools/fuzz.py --ops 100000 --seed "$seed" --budget-s "$budget" \
+      --out "$LOG/fuzz_$seed.md" --trace "$LOG/fuzz_$seed.trace" > "$LOG/fuzz_$seed.log" 2>&1 &
+    fuzz_pids+=($!)
+  done
+}
+fuzz_report() {
+  [ ${#fuzz_pids[@]} -gt 0 ] || return
+  wait "${fuzz_pids[@]}"
+  echo "== op fuzz: $(cat "$LOG"/fuzz_*.md | grep -c '^`PYTHONPATH') of ${#fuzz_pids[@]} reported"
+  grep -h '^`PYTHONPATH' "$LOG"/fuzz_*.md | sed 's/.*`: //'
+  grep -h '^| [0-9]' "$LOG"/fuzz_*.md
+}
+
 suites=(); benches=()
 for arg in "$@"; do
   t=${arg#--}; part=both
@@ -293,8 +315,11 @@ for arg in "$@"; do
   [ "$part" != bench ] && suites+=("tests_$t")
   [ "$part" != tests ] && benches+=("bench_$t")
 done
-for f in "${suites[@]}"; do "$f" & done
-wait
+fuzz_start
+suite_pids=()
+for f in "${suites[@]}"; do "$f" & suite_pids+=($!); done
+[ ${#suite_pids[@]} -gt 0 ] && wait "${suite_pids[@]}"
 for f in "${benches[@]}"; do "$f"; done
+fuzz_report
 for f in "$LOG"/*.md; do [ -e "$f" ] && { echo "---- $(basename "$f")"; tail -n 30 "$f"; }; done
 tar czf "$OUT/session.tgz" -C "$LOG" .
