@@ -48,6 +48,23 @@ def saved_ports(scores):
     return SAVED_FACTORS + SAVED_SCORES if scores else SAVED_FACTORS
 
 
+def saved_layout(rows, heads, dim_k, dim_v, gate_dims, beta_dims):
+    """{port: (dims, "f32" or "io")} of every saved port: the one table the graph's rule
+    checks declarations against and the launchers size their buffers by. "io" is the
+    call's 16-bit dtype (fp32 for an fp32 call): wy_bwd, the one reader of A, w and E,
+    rounds them to it on load. The gates, beta, the key norms and the scores stay fp32:
+    their readers scale by them before any rounding."""
+    return {
+        "gate_cumsum": (tuple(gate_dims), "f32"),
+        "beta_eff": (tuple(beta_dims), "f32"),
+        "key_inv_norm": ((rows, heads), "f32"),
+        "wy_a": ((rows, heads, CHUNK), "io"),
+        "wy_w": ((rows, heads, dim_k), "io"),
+        "wy_e": ((rows, heads, dim_v), "io"),
+        **dict.fromkeys(SAVED_SCORES, ((rows, heads, CHUNK), "f32")),
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
     name: str
@@ -310,22 +327,13 @@ def _saved_rule(node, kind, dims, g_dims, b_dims, io, gate_per_key):
         node.fail(given[0], f"is saved only with checkpoint_every_n_tokens={CHUNK}")
     if kind == "_bwd" and inp.get("checkpoints") is None:
         node.fail(given[0], "is read only with the checkpoints it was saved beside")
-    T, HO, K, V = dims
-    want = {
-        "gate_cumsum": (g_dims, (F32,)),
-        "beta_eff": (b_dims, (F32,)),
-        "key_inv_norm": ((T, HO), (F32,)),
-        "wy_a": ((T, HO, CHUNK), (io,)),
-        "wy_w": ((T, HO, K), (io,)),
-        "wy_e": ((T, HO, V), (io,)),
-        **dict.fromkeys(SAVED_SCORES, ((T, HO, CHUNK), (F32,))),
-    }
+    want = saved_layout(*dims, g_dims, b_dims)
     for port in ports:
-        dims_want, dtypes = want[port]
+        dims_want, precision = want[port]
         got = rules.require_declared(node, port)
-        if tuple(got) != tuple(dims_want):
+        if tuple(got) != dims_want:
             node.fail(port, f"dims {list(got)}, expected {list(dims_want)}")
-        rules.require_dtype(node, port, dtypes)
+        rules.require_dtype(node, port, (F32,) if precision == "f32" else (io,))
 
 
 def _infer_outputs(node, fam, kind, T, n, HO, K, V, nseq, state, state_dtype, io):

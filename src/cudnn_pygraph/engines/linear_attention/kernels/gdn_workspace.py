@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 import torch
 
-from ....graph.ops.linear_attention import SAVED_SCORES, saved_ports
+from ....graph.ops.linear_attention import saved_layout, saved_ports
 from .chunk_index import CHUNK, max_chunks
 
 _ALIGN = 256
@@ -45,19 +45,16 @@ def saved_factors(
     16-bit inputs: w 16 KB, E 16 KB, A 8 KB, G / beta / key norms 768 B (kda's per-key G:
     32 KB; gdn2's per-key beta: 32 KB more; the scores 16 KB each, 32 KB); with the 16-bit
     checkpoint (32 KB) 72.75 KB for gdn, against 48 KB of q, k and v."""
-    cdt = _compute_dtype(dtype)
-    f32 = torch.float32
-    gate = (total_t, n_out, dim_k) if gate_per_key else (total_t, n_out)
-    shapes = {
-        "gate_cumsum": (f32, gate),
-        "beta_eff": (f32, (total_t, n_out, dim_k) if beta_per_key else (total_t, n_out)),
-        "key_inv_norm": (f32, (total_t, n_out)),
-        "wy_a": (cdt, (total_t, n_out, CHUNK)),
-        "wy_w": (cdt, (total_t, n_out, dim_k)),
-        "wy_e": (cdt, (total_t, n_out, dim_v)),
-        **dict.fromkeys(SAVED_SCORES, (f32, (total_t, n_out, CHUNK))),
+    dtypes = {"f32": torch.float32, "io": _compute_dtype(dtype)}
+    per_token = (total_t, n_out, dim_k)
+    layout = saved_layout(
+        total_t, n_out, dim_k, dim_v, per_token if gate_per_key else per_token[:2],
+        per_token if beta_per_key else per_token[:2],
+    )  # fmt: skip
+    return {
+        port: (dtypes[layout[port][1]], layout[port][0])
+        for port in saved_ports(gate_per_key and scores)
     }
-    return {port: shapes[port] for port in saved_ports(gate_per_key and scores)}
 
 
 def _layout(
