@@ -173,7 +173,8 @@ bench_scores() {
 }
 tests_kda_sweep() { :; }
 bench_kda_sweep() {  # SWEEP_VARIANTS: label substrings of bench/kda.py's SWEEP
-  step kda_sweep 300 python3 bench/kda.py --sweep --only "(a)" \
+  la_unpack
+  step kda_sweep 300 python3 bench/kda.py --sweep --only "(a)" --cache-dir "$LA_CACHE" \
     --variants "${SWEEP_VARIANTS:-prescaled,scores}"
 }
 tests_fla() { gpu_suite head_dims 240 -s tests/gpu/test_head_dims_gpu.py; }
