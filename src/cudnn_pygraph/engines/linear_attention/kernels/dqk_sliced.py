@@ -1,0 +1,266 @@
+"""dqk under a per-key-channel decay (kda, gdn2) in BG-wide key-channel slices: what
+output.py's dqk_kernel computes under GATE_K (the same arguments, launches and results),
+with no [64, K] fp32 tile held.
+
+dqk_kernel sums the state terms over V in [64, K] accumulators (dO S_0^T in PART 1;
+-dE S_0^T and (E dS_C^T)^T in PART 2) and then adds the gated products BG columns at a
+time through a [64, K] sum parked in memory. At 8 warps under the config's 128-register cap
+those accumulators and the products' operands do not fit together (ptxas, sm_90, K = 128:
+116 / 176 B of spills). Here only dP = dO E^T [64, 64] is held across the key channels:
+  dP over all of V first (one V loop), then per BG-wide column slice c
+    PART 1: dq_c = scale exp(G_c) (dO S_0^T)_c + gated products of dP with K_c (V loop),
+            dG's query term Q_hat_c * dq_c;
+    PART 2: dw_c = -dE (S_0^T)_c, dk_c^T = decayed (dS_C^T)_c E^T + gated products of dP^T
+            with Q_c, and dG's key terms (V loop).
+Each slice's V loop reads dO, dE and E again (L2-hot: the same chunk's rows); the state
+blocks are read once, a slice at a time. The row norms of the l2norm are summed over the
+slices before the products. Under FINAL_DQ with the l2norm, dq's backward through the norm
+needs <q_hat, dq> over the whole row (the row sum of dG's query term): the slices' dq are
+parked in dG's rows, and a second pass over the slices finishes dq and stores dG there.
+
+When the states came from checkpoints (not HAS_VNEW), E^T = U^T - X_0 W^T is formed in
+dP's V loop; PART 2's slices take dS_C^T E^T as dS_C^T U^T - (dS_C^T X_0) W^T, a [BG, K]
+factor instead of E.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .chunk_index import locate_chunk
+from .gated import gated_apply
+from .subchunk_bwd import subchunk_apply
+from .tiles import (
+    load_rows,
+    load_rows_t,
+    state_block,
+    state_block_t,
+    store_rows,
+    store_rows_t,
+)
+
+
+@triton.jit
+def _inv_norms(ptr, t0, r, valid, stride, col, K: tl.constexpr, BG: tl.constexpr,
+               L2NORM: tl.constexpr, EPS: tl.constexpr):  # fmt: skip
+    """1 / sqrt(||x||^2 + eps) of the chunk's [64, K] rows, summed BG columns at a time
+    (fp32 [64]), or 1 without normalization."""
+    if L2NORM:
+        ss = tl.zeros([64], dtype=tl.float32)
+        for ic in range(K // BG):
+            x = load_rows(ptr, t0, r, valid, stride, col + ic * BG, BG).to(tl.float32)
+            ss += tl.sum(x * x, 1)
+        out = 1.0 / tl.sqrt(ss + EPS)
+    else:
+        out = tl.full([64], 1.0, tl.float32)
+    return out
+
+
+@triton.jit
+def _e_t(vnew_ptr, u_ptr, w_ptr, h_ptr, base, t0, r, valid, HO, h, iv, sh_v, sh_k,
+         K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_VNEW: tl.constexpr,
+         PREC: tl.constexpr):  # fmt: skip
+    """E^T [BV, 64] of V block iv in the products' dtype: read from vnew (HAS_VNEW), else
+    formed as U^T - X_0 W^T (W^T and X_0 read here, L1-hot)."""
+    dt = w_ptr.dtype.element_ty
+    col0 = h * V + iv * BV
+    if HAS_VNEW:
+        et = load_rows_t(vnew_ptr, t0, r, valid, HO * V, col0, BV).to(dt)
+    else:
+        v_idx = iv * BV + tl.arange(0, BV)
+        wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
+        x0 = tl.load(state_block_t(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)  # [BV, K]
+        ut = load_rows_t(u_ptr, t0, r, valid, HO * V, col0, BV).to(tl.float32)
+        et = (ut - tl.dot(x0, wt, input_precision=PREC)).to(dt)
+    return et
+
+
+@triton.jit(do_not_specialize=["N"])
+def dqk_sliced_kernel(
+    q_ptr,
+    k_ptr,
+    w_ptr,
+    u_ptr,
+    vnew_ptr,
+    gc_ptr,
+    h_ptr,
+    dh_ptr,
+    do_ptr,
+    de_ptr,
+    dq_ptr,
+    dk_ptr,
+    dw_ptr,
+    dg_ptr,
+    cu_ptr,
+    off_ptr,
+    seq_ptr,
+    N,
+    sh_c,
+    sh_h,
+    sh_v,
+    sh_k,
+    sd_c,
+    sd_h,
+    sd_v,
+    sd_k,
+    scale,
+    HO,
+    H,
+    HK,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    L2NORM: tl.constexpr,
+    FINAL_DQ: tl.constexpr,
+    HAS_VNEW: tl.constexpr,
+    PART: tl.constexpr,
+    PREC: tl.constexpr,
+    EPS: tl.constexpr,
+    GATE_K: tl.constexpr,
+    BG: tl.constexpr = 32,
+    SUBCHUNK_BWD: tl.constexpr = False,
+):
+    """dqk_kernel's outputs under GATE_K (its docstring), in BG-wide key-channel slices
+    (module docstring). SUBCHUNK_BWD: the gated products on the sub-chunk form
+    (subchunk_bwd.py) instead of gated.py's tree. GATE_K: always set (the launcher's flag;
+    this form exists only under a per-key decay)."""
+    tl.static_assert(GATE_K, "dqk_sliced_kernel serves a per-key-channel decay only")
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
+    if valid <= 0:
+        return
+    dt = w_ptr.dtype.element_ty
+    r = tl.arange(0, 64)
+    row_ok = r < valid
+    hq = h // (HO // H)
+    hk = h // (HO // HK)
+    base = c.to(tl.int64) * sh_c + h * sh_h
+    dbase = c.to(tl.int64) * sd_c + h * sd_h
+
+    dp = tl.zeros([64, 64], dtype=tl.float32)
+    for iv in range(V // BV):
+        et = _e_t(vnew_ptr, u_ptr, w_ptr, h_ptr, base, t0, r, valid, HO, h, iv, sh_v, sh_k,
+                  K, V, BV, HAS_VNEW, PREC)  # fmt: skip
+        do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
+        dp += tl.dot(do, et, input_precision=PREC)
+    dpg = tl.where((r[:, None] >= r[None, :]) & row_ok[:, None], dp * scale, 0.0)
+
+    if PART == 1:
+        rq = _inv_norms(q_ptr, t0, r, valid, H * K, hq * K, K, BG, L2NORM, EPS)
+        rk = _inv_norms(k_ptr, t0, r, valid, HK * K, hk * K, K, BG, L2NORM, EPS)
+        ds = dpg * rk[None, :]
+        PARK: tl.constexpr = FINAL_DQ and L2NORM
+        q_dot = tl.zeros([64], dtype=tl.float32)  # <q_hat, dq> per row (PARK)
+        for ic in range(K // BG):
+            c0 = ic * BG
+            dq = tl.zeros([64, BG], dtype=tl.float32)  # dO S_0^T, this slice
+            for iv in range(V // BV):
+                v_idx = iv * BV + tl.arange(0, BV)
+                x0 = tl.load(state_block_t(h_ptr, base + c0 * sh_k, v_idx, BG, sh_v, sh_k))
+                do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
+                dq += tl.dot(do, x0.to(dt), input_precision=PREC)
+            gq = load_rows(gc_ptr, t0, r, valid, HO * K, h * K + c0, BG)
+            dq = dq * (scale * tl.exp(gq))
+            if SUBCHUNK_BWD:
+                dq += subchunk_apply(
+                    ds, k_ptr, HK * K, hk * K + c0, gc_ptr, HO * K, h * K + c0, t0, valid, BG,
+                    True, False, PREC, k_ptr, 0, 0, False,
+                )  # fmt: skip
+            else:
+                dq += gated_apply(
+                    ds, k_ptr, HK * K, hk * K + c0, gc_ptr, HO * K, h * K + c0, t0, valid, BG,
+                    True, False, PREC, k_ptr, 0, 0, False,
+                )  # fmt: skip
+            q = load_rows(q_ptr, t0, r, valid, H * K, hq * K + c0, BG).to(tl.float32)
+            dg = q * rq[:, None] * dq
+            if PARK:
+                q_dot += tl.sum(dg, 1)
+                store_rows(dg_ptr, dq, t0, r, valid, HO * K, h * K + c0, BG)
+            else:
+                store_rows(dg_ptr, dg, t0, r, valid, HO * K, h * K + c0, BG)
+                if FINAL_DQ:
+                    store_rows(dq_ptr, dq, t0, r, valid, H * K, hq * K + c0, BG)
+                else:
+                    store_rows(dq_ptr, dq, t0, r, valid, HO * K, h * K + c0, BG)
+        if PARK:
+            # dq through the norm, (dq - q_hat <q_hat, dq>) rq, from the parked slices;
+            # then dG's query term in their place.
+            tl.debug_barrier()  # every thread's slices are stored
+            for ic in range(K // BG):
+                c0 = ic * BG
+                dq = load_rows(dg_ptr, t0, r, valid, HO * K, h * K + c0, BG)
+                q_hat = load_rows(q_ptr, t0, r, valid, H * K, hq * K + c0, BG).to(tl.float32)
+                q_hat = q_hat * rq[:, None]
+                store_rows(dq_ptr, (dq - q_hat * q_dot[:, None]) * rq[:, None], t0, r, valid,
+                           H * K, hq * K + c0, BG)  # fmt: skip
+                tl.debug_barrier()  # every thread has read the slice before it is overwritten
+                store_rows(dg_ptr, q_hat * dq, t0, r, valid, HO * K, h * K + c0, BG)
+
+    if PART == 2:
+        rq = _inv_norms(q_ptr, t0, r, valid, H * K, hq * K, K, BG, L2NORM, EPS)
+        rk = _inv_norms(k_ptr, t0, r, valid, HK * K, hk * K, K, BG, L2NORM, EPS)
+        ds = dpg * rq[:, None]
+        last = (r == valid - 1)[None, :]
+        kc = tl.arange(0, BG)
+        g_last_ptr = gc_ptr + ((t0 + valid - 1).to(tl.int64) * HO + h) * K
+        for ic in range(K // BG):
+            c0 = ic * BG
+            # The gated products of dP^T with Q's slice first, while nothing else of the
+            # slice is live.
+            if SUBCHUNK_BWD:
+                prod = subchunk_apply(
+                    ds, q_ptr, H * K, hq * K + c0, gc_ptr, HO * K, h * K + c0, t0, valid, BG,
+                    False, True, PREC, q_ptr, 0, 0, False,
+                )  # fmt: skip
+            else:
+                prod = gated_apply(
+                    ds, q_ptr, H * K, hq * K + c0, gc_ptr, HO * K, h * K + c0, t0, valid, BG,
+                    False, True, PREC, q_ptr, 0, 0, False,
+                )  # fmt: skip
+            dw = tl.zeros([64, BG], dtype=tl.float32)
+            s_dot = tl.zeros([BG], dtype=tl.float32)  # rowsum(S_0 * dS_C) per channel
+            for iv in range(V // BV):
+                v_idx = iv * BV + tl.arange(0, BV)
+                x0 = tl.load(state_block_t(h_ptr, base + c0 * sh_k, v_idx, BG, sh_v, sh_k))
+                x0 = x0.to(dt)  # [BV, BG]
+                dxc = tl.load(state_block_t(dh_ptr, dbase + c0 * sd_k, v_idx, BG, sd_v, sd_k))
+                s_dot += tl.sum(dxc.to(tl.float32) * x0.to(tl.float32), 0)
+                de = load_rows(de_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
+                dw -= tl.dot(de, x0, input_precision=PREC)
+            store_rows(dw_ptr, dw, t0, r, valid, HO * K, h * K + c0, BG)
+            dkt = tl.zeros([BG, 64], dtype=tl.float32)  # (E dS_C^T)^T, before the decay
+            if not HAS_VNEW:
+                # E^T = U^T - X_0 W^T: dS_C^T E^T = dS_C^T U^T - (dS_C^T X_0) W^T, the
+                # [BG, K] factor summed over V and applied once, E never formed here.
+                m = tl.zeros([BG, K], dtype=tl.float32)
+            for iv in range(V // BV):
+                v_idx = iv * BV + tl.arange(0, BV)
+                col0 = h * V + iv * BV
+                dsc = tl.load(state_block(dh_ptr, dbase + c0 * sd_k, v_idx, BG, sd_v, sd_k))
+                dsc = dsc.to(dt)  # [BG, BV]
+                if HAS_VNEW:
+                    et = load_rows_t(vnew_ptr, t0, r, valid, HO * V, col0, BV).to(dt)
+                    dkt += tl.dot(dsc, et, input_precision=PREC)
+                else:
+                    ut = load_rows_t(u_ptr, t0, r, valid, HO * V, col0, BV).to(dt)
+                    dkt += tl.dot(dsc, ut, input_precision=PREC)
+                    x0 = tl.load(state_block_t(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)
+                    m += tl.dot(dsc, x0, input_precision=PREC)
+            if not HAS_VNEW:
+                wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
+                dkt -= tl.dot(m.to(dt), wt, input_precision=PREC)
+            g_last = tl.load(g_last_ptr + c0 + kc)
+            gt = load_rows_t(gc_ptr, t0, r, valid, HO * K, h * K + c0, BG)
+            keep = row_ok[None, :]
+            dkt = tl.where(keep, dkt * tl.exp(tl.where(keep, g_last[:, None] - gt, 0.0)), 0.0)
+            kht = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K + c0, BG).to(tl.float32)
+            kht = kht * rk[None, :]
+            kds = tl.sum(kht * dkt, 1)  # sum_j k_hat_j dk_state_j, per channel
+            dkt += prod
+            store_rows_t(dk_ptr, dkt, t0, r, valid, HO * K, h * K + c0, BG)
+            dgt = load_rows_t(dg_ptr, t0, r, valid, HO * K, h * K + c0, BG)  # PART 1's
+            dgt += tl.where(last, (tl.exp(g_last) * s_dot + kds)[:, None], 0.0) - kht * dkt
+            tl.debug_barrier()  # every thread has read the slice before it is overwritten
+            store_rows_t(dg_ptr, dgt, t0, r, valid, HO * K, h * K + c0, BG)
