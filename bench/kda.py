@@ -279,6 +279,19 @@ SWEEP = {
     "dqk sliced BG 16, 1 stage, 4 warps, no register cap": {
         "dqk": {"SLICED": True, "BG": 16, "num_stages": 1, "num_warps": 4, "maxnreg": None}
     },
+    # wy_bwd's dM / dM^T read per slice (kernels/wy.py DM_RELOAD): ptxas (sm_90, K = 128,
+    # 8 warps) kda 255 registers, 0 B of spills, 80 KB; gdn2 255, 0 B, 88 KB (base: kda
+    # 128 B, 88 KB; gdn2 148 B, 120 KB); no spills at K = 64 / 256 either.
+    "wy_bwd dM reload, BK 32": {"wy_bwd": {"DM_RELOAD": True, "BK": 32}},
+    # The two apart: BK 32 alone 0 B at K = 128 (kda K = 64: 28 B); DM_RELOAD at BK 64
+    # 68 B (kda), 112 B (gdn2).
+    "wy_bwd BK 32": {"wy_bwd": {"BK": 32}},
+    "wy_bwd dM reload": {"wy_bwd": {"DM_RELOAD": True}},
+    # Both backward candidates together.
+    "dqk sliced BG 16, 1 stage + wy_bwd dM reload, BK 32": {
+        "dqk": {"SLICED": True, "BG": 16, "num_stages": 1},
+        "wy_bwd": {"DM_RELOAD": True, "BK": 32},
+    },
 }
 
 

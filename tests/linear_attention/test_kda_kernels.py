@@ -234,13 +234,14 @@ def _candidate(name, **changes):
 
 # The candidates' forms: state_bwd's decayed keys and queries formed ahead of its walk
 # (state_bwd_operands_kernel), the scores' diagonal blocks row-parallel
-# (subchunk_diag_kernel), and dqk in key-channel slices (dqk_sliced_kernel); on grouped
-# heads (per-output-head operands, the l2norm on, a partial chunk after a full one) and at
-# K = 128 without the l2norm at steep gates.
+# (subchunk_diag_kernel), dqk in key-channel slices (dqk_sliced_kernel) and wy_bwd's dM
+# read per slice (DM_RELOAD); on grouped heads (per-output-head operands, the l2norm on, a
+# partial chunk after a full one) and at K = 128 without the l2norm at steep gates.
 CANDIDATES = {
     "prescaled": {"state_bwd": {"PRESCALED": True}},
     "row-parallel-diagonal": {"scores_diag": {"BK": 64, "num_warps": 2}},
     "dqk-sliced": {"dqk": {"SLICED": True, "BG": 16, "num_stages": 1}},
+    "wy-bwd-dm-reload": {"wy_bwd": {"DM_RELOAD": True, "BK": 32}},
 }
 CANDIDATE_CASES = {
     "group-q1-k1-v2": ({"heads": (1, 1, 2), "seqlens": (70, 3)}, {"use_qk_l2norm": True}),
