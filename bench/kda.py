@@ -273,9 +273,9 @@ SWEEP = {
     # dqk in 16-wide key-channel slices (kernels/dqk_sliced.py): ptxas (sm_90, kda, K = 128,
     # 8 warps, cap 128) PART 1 / 2: 0 / 0 B of spills, 24 KB (base 116 / 176 B, 64 KB).
     "dqk sliced BG 16, 1 stage": {"dqk": {"SLICED": True, "BG": 16, "num_stages": 1}},
-    # ptxas: 0 / 44 B of spills, 32 KB (the loads pipelined).
+    # ptxas: 0 / 0 B of spills, 32 KB (the loads pipelined; K = 256: 4 / 0 B).
     "dqk sliced BG 16, 2 stages": {"dqk": {"SLICED": True, "BG": 16}},
-    # ptxas: 4 warps uncapped, 236 / 209 registers, no spills, 16 / 24 KB.
+    # ptxas: 4 warps uncapped, 236 / 213 registers, no spills, 16 / 24 KB.
     "dqk sliced BG 16, 1 stage, 4 warps, no register cap": {
         "dqk": {"SLICED": True, "BG": 16, "num_stages": 1, "num_warps": 4, "maxnreg": None}
     },

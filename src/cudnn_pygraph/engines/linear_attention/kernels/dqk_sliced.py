@@ -10,17 +10,18 @@ those accumulators and the products' operands do not fit together (ptxas, sm_90,
   dP over all of V first (one V loop), then per BG-wide column slice c
     PART 1: dq_c = scale exp(G_c) (dO S_0^T)_c + gated products of dP with K_c (V loop),
             dG's query term Q_hat_c * dq_c;
-    PART 2: dw_c = -dE (S_0^T)_c, dk_c^T = decayed (dS_C^T)_c E^T + gated products of dP^T
-            with Q_c, and dG's key terms (V loop).
-Each slice's V loop reads dO, dE and E again (L2-hot: the same chunk's rows); the state
-blocks are read once, a slice at a time. The row norms of the l2norm are summed over the
+    PART 2: dk_c^T = decayed (dS_C^T)_c E^T + gated products of dP^T with Q_c, and dG's
+            key terms (V loop).
+Each slice's V loop reads dO or E again (L2-hot: the same chunk's rows); the state blocks
+are read once, a slice at a time. The row norms of the l2norm are summed over the
 slices before the products. Under FINAL_DQ with the l2norm, dq's backward through the norm
 needs <q_hat, dq> over the whole row (the row sum of dG's query term): the slices' dq are
 parked in dG's rows, and a second pass over the slices finishes dq and stores dG there.
 
-When the states came from checkpoints (not HAS_VNEW), E^T = U^T - X_0 W^T is formed in
-dP's V loop; PART 2's slices take dS_C^T E^T as dS_C^T U^T - (dS_C^T X_0) W^T, a [BG, K]
-factor instead of E.
+PART 2 forms dw = -dE S_0^T first, in 64-wide slices of its own (no gated product needs
+it). When the states came from checkpoints (not HAS_VNEW), E^T = U^T - X_0 W^T is formed
+in dP's V loop; PART 2's slices take dS_C^T E^T as dS_C^T U^T - (dS_C^T X_0) W^T, a
+[BG, K] factor instead of E.
 """
 
 from __future__ import annotations
@@ -139,6 +140,20 @@ def dqk_sliced_kernel(
     base = c.to(tl.int64) * sh_c + h * sh_h
     dbase = c.to(tl.int64) * sd_c + h * sd_h
 
+    if PART == 2:
+        # dw = -dE S_0^T first, in 64-wide slices of its own (the served K are multiples of
+        # 64): no gated product needs it, so it takes no part in the BG-wide slices and dE
+        # is read K / 64 times rather than K / BG.
+        for iw in range(K // 64):
+            c0 = iw * 64
+            dw = tl.zeros([64, 64], dtype=tl.float32)
+            for iv in range(V // BV):
+                v_idx = iv * BV + tl.arange(0, BV)
+                x0 = tl.load(state_block_t(h_ptr, base + c0 * sh_k, v_idx, 64, sh_v, sh_k))
+                de = load_rows(de_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
+                dw -= tl.dot(de, x0.to(dt), input_precision=PREC)
+            store_rows(dw_ptr, dw, t0, r, valid, HO * K, h * K + c0, 64)
+
     dp = tl.zeros([64, 64], dtype=tl.float32)
     for iv in range(V // BV):
         et = _e_t(vnew_ptr, u_ptr, w_ptr, h_ptr, base, t0, r, valid, HO, h, iv, sh_v, sh_k,
@@ -219,36 +234,28 @@ def dqk_sliced_kernel(
                     ds, q_ptr, H * K, hq * K + c0, gc_ptr, HO * K, h * K + c0, t0, valid, BG,
                     False, True, PREC, q_ptr, 0, 0, False,
                 )  # fmt: skip
-            dw = tl.zeros([64, BG], dtype=tl.float32)
             s_dot = tl.zeros([BG], dtype=tl.float32)  # rowsum(S_0 * dS_C) per channel
+            dkt = tl.zeros([BG, 64], dtype=tl.float32)  # (E dS_C^T)^T, before the decay
             for iv in range(V // BV):
                 v_idx = iv * BV + tl.arange(0, BV)
-                x0 = tl.load(state_block_t(h_ptr, base + c0 * sh_k, v_idx, BG, sh_v, sh_k))
-                x0 = x0.to(dt)  # [BV, BG]
-                dxc = tl.load(state_block_t(dh_ptr, dbase + c0 * sd_k, v_idx, BG, sd_v, sd_k))
-                s_dot += tl.sum(dxc.to(tl.float32) * x0.to(tl.float32), 0)
-                de = load_rows(de_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
-                dw -= tl.dot(de, x0, input_precision=PREC)
-            store_rows(dw_ptr, dw, t0, r, valid, HO * K, h * K + c0, BG)
-            dkt = tl.zeros([BG, 64], dtype=tl.float32)  # (E dS_C^T)^T, before the decay
+                dsc = tl.load(state_block(dh_ptr, dbase + c0 * sd_k, v_idx, BG, sd_v, sd_k))
+                s0 = tl.load(state_block(h_ptr, base + c0 * sh_k, v_idx, BG, sh_v, sh_k))
+                s_dot += tl.sum(dsc.to(tl.float32) * s0.to(dt).to(tl.float32), 1)
+                if HAS_VNEW:
+                    e_ptr = vnew_ptr
+                else:
+                    e_ptr = u_ptr  # U^T's block: the X_0 W^T term follows
+                et = load_rows_t(e_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
+                dkt += tl.dot(dsc.to(dt), et, input_precision=PREC)
             if not HAS_VNEW:
                 # E^T = U^T - X_0 W^T: dS_C^T E^T = dS_C^T U^T - (dS_C^T X_0) W^T, the
-                # [BG, K] factor summed over V and applied once, E never formed here.
+                # [BG, K] factor summed over V in a loop of its own and applied once.
                 m = tl.zeros([BG, K], dtype=tl.float32)
-            for iv in range(V // BV):
-                v_idx = iv * BV + tl.arange(0, BV)
-                col0 = h * V + iv * BV
-                dsc = tl.load(state_block(dh_ptr, dbase + c0 * sd_k, v_idx, BG, sd_v, sd_k))
-                dsc = dsc.to(dt)  # [BG, BV]
-                if HAS_VNEW:
-                    et = load_rows_t(vnew_ptr, t0, r, valid, HO * V, col0, BV).to(dt)
-                    dkt += tl.dot(dsc, et, input_precision=PREC)
-                else:
-                    ut = load_rows_t(u_ptr, t0, r, valid, HO * V, col0, BV).to(dt)
-                    dkt += tl.dot(dsc, ut, input_precision=PREC)
+                for iv in range(V // BV):
+                    v_idx = iv * BV + tl.arange(0, BV)
+                    dsc = tl.load(state_block(dh_ptr, dbase + c0 * sd_k, v_idx, BG, sd_v, sd_k))
                     x0 = tl.load(state_block_t(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)
-                    m += tl.dot(dsc, x0, input_precision=PREC)
-            if not HAS_VNEW:
+                    m += tl.dot(dsc.to(dt), x0, input_precision=PREC)
                 wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
                 dkt -= tl.dot(m.to(dt), wt, input_precision=PREC)
             g_last = tl.load(g_last_ptr + c0 + kc)
