@@ -179,6 +179,18 @@ def dqk_sliced_kernel(
         q_dot = tl.zeros([64], dtype=tl.float32)  # <q_hat, dq> per row (PARK)
         for ic in range(K // BG):
             c0 = ic * BG
+            # The gated products of dP with K's slice first, while nothing else of the
+            # slice is live.
+            if SUBCHUNK_BWD:
+                prod = subchunk_apply(
+                    ds, k_ptr, HK * K, hk * K + c0, gc_ptr, HO * K, h * K + c0, t0, valid, BG,
+                    True, False, PREC, k_ptr, 0, 0, False,
+                )  # fmt: skip
+            else:
+                prod = gated_apply(
+                    ds, k_ptr, HK * K, hk * K + c0, gc_ptr, HO * K, h * K + c0, t0, valid, BG,
+                    True, False, PREC, k_ptr, 0, 0, False,
+                )  # fmt: skip
             dq = tl.zeros([64, BG], dtype=tl.float32)  # dO S_0^T, this slice
             for iv in range(V // BV):
                 v_idx = iv * BV + tl.arange(0, BV)
@@ -186,17 +198,7 @@ def dqk_sliced_kernel(
                 do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
                 dq += tl.dot(do, x0.to(dt), input_precision=PREC)
             gq = load_rows(gc_ptr, t0, r, valid, HO * K, h * K + c0, BG)
-            dq = dq * (scale * tl.exp(gq))
-            if SUBCHUNK_BWD:
-                dq += subchunk_apply(
-                    ds, k_ptr, HK * K, hk * K + c0, gc_ptr, HO * K, h * K + c0, t0, valid, BG,
-                    True, False, PREC, k_ptr, 0, 0, False,
-                )  # fmt: skip
-            else:
-                dq += gated_apply(
-                    ds, k_ptr, HK * K, hk * K + c0, gc_ptr, HO * K, h * K + c0, t0, valid, BG,
-                    True, False, PREC, k_ptr, 0, 0, False,
-                )  # fmt: skip
+            dq = dq * (scale * tl.exp(gq)) + prod
             q = load_rows(q_ptr, t0, r, valid, H * K, hq * K + c0, BG).to(tl.float32)
             dg = q * rq[:, None] * dq
             if PARK:
