@@ -270,6 +270,31 @@ SWEEP = {
         "dqk": {"SUBCHUNK_BWD": True},
         "wy_bwd": {"SUBCHUNK_BWD": True, "num_stages": 1},
     },
+    # dqk in 16-wide key-channel slices (kernels/dqk_sliced.py): ptxas (sm_90, kda, K = 128,
+    # 8 warps, cap 128) PART 1 / 2: 122 / 124 registers, 0 / 0 B of spills, 24 KB (base
+    # 128 / 128, 116 / 176 B, 64 KB).
+    "dqk sliced BG 16, 1 stage": {"dqk": {"SLICED": True, "BG": 16, "num_stages": 1}},
+    # ptxas: 0 / 0 B of spills, 32 KB (the loads pipelined).
+    "dqk sliced BG 16, 2 stages": {"dqk": {"SLICED": True, "BG": 16}},
+    # ptxas: 4 warps uncapped, 213 / 254 registers, no spills, 16 / 24 KB.
+    "dqk sliced BG 16, 1 stage, 4 warps, no register cap": {
+        "dqk": {"SLICED": True, "BG": 16, "num_stages": 1, "num_warps": 4, "maxnreg": None}
+    },
+    # ptxas: 4 / 24 B of spills, 28 KB: half the slices' re-reads of dO and E, at a spill.
+    "dqk sliced BG 32, 1 stage": {"dqk": {"SLICED": True, "BG": 32, "num_stages": 1}},
+    # wy_bwd's dM / dM^T read per slice (kernels/wy.py DM_RELOAD): ptxas (sm_90, K = 128,
+    # 8 warps) kda 255 registers, 0 B of spills, 80 KB; gdn2 255, 0 B, 88 KB (base: kda
+    # 128 B, 88 KB; gdn2 148 B, 120 KB); no spills at K = 64 / 256 either.
+    "wy_bwd dM reload, BK 32": {"wy_bwd": {"DM_RELOAD": True, "BK": 32}},
+    # The two apart: BK 32 alone 0 B at K = 128 (kda K = 64: 28 B); DM_RELOAD at BK 64
+    # 68 B (kda), 112 B (gdn2).
+    "wy_bwd BK 32": {"wy_bwd": {"BK": 32}},
+    "wy_bwd dM reload": {"wy_bwd": {"DM_RELOAD": True}},
+    # Both backward candidates together.
+    "dqk sliced BG 16, 1 stage + wy_bwd dM reload, BK 32": {
+        "dqk": {"SLICED": True, "BG": 16, "num_stages": 1},
+        "wy_bwd": {"DM_RELOAD": True, "BK": 32},
+    },
 }
 
 

@@ -233,12 +233,15 @@ def _candidate(name, **changes):
 
 
 # The candidates' forms: state_bwd's decayed keys and queries formed ahead of its walk
-# (state_bwd_operands_kernel), and the scores' diagonal blocks row-parallel
-# (subchunk_diag_kernel); on grouped heads (per-output-head operands, the l2norm on, a
+# (state_bwd_operands_kernel), the scores' diagonal blocks row-parallel
+# (subchunk_diag_kernel), dqk in key-channel slices (dqk_sliced_kernel) and wy_bwd's dM
+# read per slice (DM_RELOAD); on grouped heads (per-output-head operands, the l2norm on, a
 # partial chunk after a full one) and at K = 128 without the l2norm at steep gates.
 CANDIDATES = {
     "prescaled": {"state_bwd": {"PRESCALED": True}},
     "row-parallel-diagonal": {"scores_diag": {"BK": 64, "num_warps": 2}},
+    "dqk-sliced": {"dqk": {"SLICED": True, "BG": 16, "num_stages": 1}},
+    "wy-bwd-dm-reload": {"wy_bwd": {"DM_RELOAD": True, "BK": 32}},
 }
 CANDIDATE_CASES = {
     "group-q1-k1-v2": ({"heads": (1, 1, 2), "seqlens": (70, 3)}, {"use_qk_l2norm": True}),
@@ -256,6 +259,29 @@ def test_candidate_forms_match_float64_reference(candidate, case):
     x, cu = make_inputs(**opts)
     config = _candidate("wide-subchunk", **CANDIDATES[candidate])
     errors = errors_against_reference(x, cu, attrs, config=config)
+    bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}
+    assert not bad, f"relative errors above {FP32_TOL}: {bad} (all: {errors})"
+
+
+@pytest.mark.parametrize("products", ["tree", "sub-chunk"])
+def test_dqk_sliced_from_checkpoints_with_a_normalized_final_dq(products):
+    # dqk_sliced_kernel's other paths: E taken from the checkpointed states (no stored E),
+    # and dq through the l2norm on undivided query heads (the slices parked in dG's rows,
+    # then finished), with the gated products of either form; K = 128 for two slices (the
+    # interpreter's narrowest is 64, kernels/gdn.py _MIN_SLICE).
+    x, cu = make_inputs(seqlens=(70, 5), heads=(1, 1, 1), dim_k=128)
+    attrs = {"use_qk_l2norm": True}
+    changes = {"dqk": {**CANDIDATES["dqk-sliced"]["dqk"], "SUBCHUNK_BWD": products != "tree"}}
+    config = _candidate("wide-subchunk", **changes)
+    total, n_out, dim_k = x["g"].shape
+    scale = dim_k**-0.5
+    ckpt = torch.full((max_chunks(total, 2), n_out, x["v"].shape[2], dim_k), float("nan"),
+                      device=DEVICE)  # fmt: skip
+    d_o, d_final = grad_seeds(x, cu)
+    _, _, ref = reference_with_grads(x, cu, scale, attrs, d_o, d_final)
+    run_forward(x, cu, scale, attrs, config=config, checkpoints=ckpt)
+    grads = run_backward(x, cu, scale, attrs, d_o, d_final, config=config, checkpoints=ckpt)
+    errors = {n: rel_err(grads[n], ref[n]) for n in grads}
     bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}
     assert not bad, f"relative errors above {FP32_TOL}: {bad} (all: {errors})"
 

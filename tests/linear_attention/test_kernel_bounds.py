@@ -167,8 +167,15 @@ def log(monkeypatch):
     return accesses
 
 
-# (family's CPU suite, config): the few and the wide state grids, both per-channel paths.
-CASES = {"kda-few": (kda_cases, "few"), "gdn2-wide": (gdn2_cases, "wide")}
+# (family's CPU suite, config): the few and the wide state grids, both per-channel paths;
+# the backward candidates bench/kda.py times (test_kda_kernels.py CANDIDATES: dqk's slices
+# and wy_bwd's dM read back, both through scratch and barriers) at their GPU widths.
+BWD_CANDIDATES = {**kda_cases.CANDIDATES["dqk-sliced"], **kda_cases.CANDIDATES["wy-bwd-dm-reload"]}
+CASES = {
+    "kda-few": (kda_cases, "few"),
+    "gdn2-wide": (gdn2_cases, "wide"),
+    "gdn2-bwd-candidates": (gdn2_cases, kda_cases._candidate("wide-subchunk", **BWD_CANDIDATES)),
+}
 
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))

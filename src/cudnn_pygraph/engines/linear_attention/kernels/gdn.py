@@ -66,6 +66,7 @@ from . import configs
 from .chunk_index import CHUNK, build_chunk_tables, max_chunks
 from .configs import INTERPRETER_SMS, recommend_config
 from .dense_copy import dense_copy
+from .dqk_sliced import dqk_sliced_kernel
 from .gdn_checks import SUPPORTED_HEAD_DIMS, _check, _validate
 from .gdn_workspace import SAVED_ROWS, _carve, _layout, gdn_workspace_bytes, saved_factors
 from .normalize import L2NORM_EPS
@@ -734,10 +735,13 @@ def gdn_backward(
     cfg = dict(kernel_cfgs["dqk"])
     bv = _block_v(cfg, dim_v, dim_k)
     cfg["BG"] = _slice(cfg, "BG", dim_k)
+    # SLICED: under a per-key decay, the form that holds no [64, K] fp32 tile
+    # (kernels/dqk_sliced.py); a per-head decay has no such form.
+    dqk = dqk_sliced_kernel if cfg.pop("SLICED", False) and gate_per_key else dqk_kernel
     # The dq side (PART 1), then the dk side (PART 2): two launches of lighter programs,
     # each recomputing dP (kernels/output.py dqk_kernel).
     for part in (1, 2):
-        dqk_kernel[(n_chunks, n_out)](
+        dqk[(n_chunks, n_out)](
             q, k, ws["w"], ws.get("u", dummy), ws.get("vnew", dummy), ws["gc"], h_buf, ws["dh"], do,
             ws["de"], dq if final_dq else ws["dq_group"], ws["dk_part"], ws["dw"],
             ws["dg_part"], *tables, *_state_strides(h_buf), *_state_strides(ws["dh"]), scale,

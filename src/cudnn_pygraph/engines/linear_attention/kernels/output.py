@@ -35,21 +35,9 @@ from .tiles import (
     state_block,
     state_block_t,
     store_rows,
+    store_rows_t,
     store_vec,
 )
-
-
-@triton.jit
-def _store_rows_t(ptr, xt, t0, rows, valid, stride_t, col0, D: tl.constexpr):
-    """Store xt [D, R], a row tile built transposed, to rows t0 + rows (instead of a tl.trans
-    of a computed tile)."""
-    cols = tl.arange(0, D)
-    base = ptr + t0.to(tl.int64) * stride_t + col0
-    tl.store(
-        base + rows[None, :] * stride_t + cols[:, None],
-        xt.to(ptr.dtype.element_ty),
-        mask=(rows < valid)[None, :],
-    )
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -350,7 +338,7 @@ def dqk_kernel(
             dkt_state = dkt_state * decay_out[None, :]
             term = tl.sum(kt.to(tl.float32) * dkt_state, 0) * rkt  # <k_hat, dk_state> per token
             dkt = tl.dot(qt, (dpg * rq[:, None]).to(dt), input_precision=PREC) + dkt_state
-            _store_rows_t(dk_ptr, dkt, t0, r, valid, HO * K, h * K, K)
+            store_rows_t(dk_ptr, dkt, t0, r, valid, HO * K, h * K, K)
             dg_k = tl.where(r == valid - 1, tl.exp(g_last) * s_dot + tl.sum(term, 0), 0.0) - term
             dg = load_vec(dg_ptr, t0, r, valid, HO, h) + dg_k  # PART 1 ran first and stored it
 
@@ -437,7 +425,7 @@ def _dqk_gated_tail(
         # dk^T = the state term + the gated products of dP's columns, formed transposed (no
         # register tile transposed) and summed in dk's rows a BG-wide slice at a time; read
         # back as rows after every thread stored its part.
-        _store_rows_t(dk_ptr, dkt_state, t0, r, valid, HO * K, h * K, K)
+        store_rows_t(dk_ptr, dkt_state, t0, r, valid, HO * K, h * K, K)
         qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
         ds = dpg * inv_norm(qt, 0, L2NORM, EPS)[:, None]
         tl.debug_barrier()
@@ -455,7 +443,7 @@ def _dqk_gated_tail(
                 )  # fmt: skip
             dkt = load_rows_t(dk_ptr, t0, r, valid, HO * K, h * K + c, BG) + prod
             tl.debug_barrier()  # every thread has read the slice before it is overwritten
-            _store_rows_t(dk_ptr, dkt, t0, r, valid, HO * K, h * K + c, BG)
+            store_rows_t(dk_ptr, dkt, t0, r, valid, HO * K, h * K + c, BG)
         tl.debug_barrier()
         dk = load_rows(dk_ptr, t0, r, valid, HO * K, h * K, K)
         k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)

@@ -48,6 +48,19 @@ def store_rows(ptr, x, t0, rows, valid, stride_t, col0, D: tl.constexpr):
 
 
 @triton.jit
+def store_rows_t(ptr, xt, t0, rows, valid, stride_t, col0, D: tl.constexpr):
+    """Store xt [D, R], a row tile built transposed, to rows t0 + rows (instead of a tl.trans
+    of a computed tile)."""
+    cols = tl.arange(0, D)
+    base = ptr + t0.to(tl.int64) * stride_t + col0
+    tl.store(
+        base + rows[None, :] * stride_t + cols[:, None],
+        xt.to(ptr.dtype.element_ty),
+        mask=(rows < valid)[None, :],
+    )
+
+
+@triton.jit
 def load_vec(ptr, t0, rows, valid, stride_t, head):
     """[R] per-token scalars of a [total_T, heads] tensor (fp32, 0 outside)."""
     base = ptr + t0.to(tl.int64) * stride_t + head

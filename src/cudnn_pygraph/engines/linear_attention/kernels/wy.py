@@ -133,6 +133,7 @@ def wy_bwd_kernel(
     BETA_K: tl.constexpr = False,
     SCORES: tl.constexpr = False,
     SUBCHUNK_BWD: tl.constexpr = False,
+    DM_RELOAD: tl.constexpr = False,
 ):
     """dk, dv, dbeta and dG in BV / BK column slices, so that only the [64, 64] matrices
     (A^T, dA, the key Gram) stay whole: a dozen whole [64, 128] fp32 tiles would need more
@@ -156,7 +157,10 @@ def wy_bwd_kernel(
     is _wy_bwd_gated_keys. SCORES (with GATE_K: the sub-chunk configs): kda's gated key Gram
     is read from Akk (akk_ptr, subchunk.py: the backward's recompute formed it).
     SUBCHUNK_BWD (with GATE_K): the gated products of dM on the sub-chunk form
-    (subchunk_bwd.py) instead of gated.py's tree.
+    (subchunk_bwd.py) instead of gated.py's tree. DM_RELOAD (with GATE_K): the key side's
+    pass 2 reads dM and dM^T back from the scratch per slice, each live only through its own
+    products, and forms those before the slice's other operands: neither [64, 64] fp32 tile
+    is held across the slices (ptxas, sm_90, at BK 32 / 8 warps: no spills).
 
     BETA_K (gdn2, with GATE_K: u = A (wg * V), beta [T, HO, K] per key channel): the V pass
     gives dv = wg * A^T dU and the write gate's gradient dwg = V * A^T dU (dwg_ptr, like
@@ -215,7 +219,7 @@ def wy_bwd_kernel(
             dg_part_ptr, dk_ptr, dg_ptr, dbeta_ptr, da_tok_ptr, ddt_tok_ptr, at, da, dbeta, b,
             rk, t0, valid, HO, HK, h, hk, lower_bound, K, BK, L2NORM, LINEAR, SAFE, HAS_A,
             HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, FINAL_DK, PREC, beff_ptr, BETA_K, akk_ptr,
-            SCORES, SUBCHUNK_BWD,
+            SCORES, SUBCHUNK_BWD, DM_RELOAD,
         )  # fmt: skip
     else:
         g = load_vec(gc_ptr, t0, r, valid, HO, h)
@@ -305,6 +309,17 @@ def group_reduce_kernel(
 
 
 @triton.jit
+def _key_slice(k_ptr, gc_ptr, dw_ptr, at, rk, t0, valid, HO, HK, h, hk, col,
+               K: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """_wy_bwd_gated_keys' pass 2 operands of one BK slice: k_hat, G and A^T dW (fp32)."""
+    r = tl.arange(0, 64)
+    k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK).to(tl.float32)
+    gk = load_rows(gc_ptr, t0, r, valid, HO * K, h * K + col, BK)
+    dw = load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK).to(k_ptr.dtype.element_ty)
+    return k * rk[:, None], gk, tl.dot(at, dw, input_precision=PREC)
+
+
+@triton.jit
 def _wy_bwd_gated_keys(
     k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, gc_ptr, dm_ptr, dw_ptr, dk_part_ptr,
     dg_part_ptr, dk_ptr, dg_ptr, dbeta_ptr, da_tok_ptr, ddt_tok_ptr, at, da, dbeta, b, rk, t0,
@@ -313,6 +328,7 @@ def _wy_bwd_gated_keys(
     HAS_DT: tl.constexpr, HAS_LB: tl.constexpr, SIGMOID: tl.constexpr,
     NEG_EIGVAL: tl.constexpr, FINAL_DK: tl.constexpr, PREC: tl.constexpr, beff_ptr,
     BETA_K: tl.constexpr, akk_ptr, SCORES: tl.constexpr, SUBCHUNK_BWD: tl.constexpr,
+    DM_RELOAD: tl.constexpr,
 ):  # fmt: skip
     """wy_bwd_kernel's key side under a per-key-channel decay (G, dG and dt_bias per
     channel), given A^T, the V pass's dA and dbeta. With W_raw = beta D * k_hat (D = exp(G)
@@ -372,7 +388,9 @@ def _wy_bwd_gated_keys(
     tl.debug_barrier()  # every thread has read A before A is overwritten
     tl.store(a_rows + r[:, None] * (HO * 64) + r[None, :], dm, mask=row_ok[:, None])
     tl.debug_barrier()
-    dmt = tl.load(a_rows + r[None, :] * (HO * 64) + r[:, None], mask=row_ok[None, :], other=0.0)
+    if not DM_RELOAD:
+        dmt = tl.load(a_rows + r[None, :] * (HO * 64) + r[:, None], mask=row_ok[None, :],
+                      other=0.0)  # fmt: skip
 
     row_dot = tl.zeros([64], dtype=tl.float32)
     d_a = tl.zeros([64], dtype=tl.float32)
@@ -380,29 +398,44 @@ def _wy_bwd_gated_keys(
     for ik in range(K // BK):
         col = ik * BK
         cols = col + tl.arange(0, BK)
-        k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK).to(tl.float32)
-        k_hat = k * rk[:, None]
-        gk = load_rows(gc_ptr, t0, r, valid, HO * K, h * K + col, BK)
-        dw = (load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK)).to(ty)
-        at_dw = tl.dot(at, dw, input_precision=PREC)
+        if not DM_RELOAD:
+            k_hat, gk, at_dw = _key_slice(k_ptr, gc_ptr, dw_ptr, at, rk, t0, valid, HO, HK, h, hk,
+                                          col, K, BK, PREC)  # fmt: skip
+        if DM_RELOAD:
+            # dM and dM^T read per slice (L1-hot), each live only through its own products,
+            # which run before the slice's other operands are read.
+            dm_s = tl.load(a_rows + r[:, None] * (HO * 64) + r[None, :], mask=row_ok[:, None],
+                           other=0.0)  # fmt: skip
+        else:
+            dm_s = dm
         if SUBCHUNK_BWD:
             rows = subchunk_apply(
-                dm * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col, t0,
-                valid, BK, True, False, PREC, k_ptr, 0, 0, False,
-            )  # fmt: skip
-            colm = subchunk_apply(
-                dmt * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col, t0,
-                valid, BK, False, False, PREC, beff_ptr, HO * K, h * K + col, BETA_K,
+                dm_s * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col,
+                t0, valid, BK, True, False, PREC, k_ptr, 0, 0, False,
             )  # fmt: skip
         else:
             rows = gated_apply(
-                dm * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col, t0,
-                valid, BK, True, False, PREC, k_ptr, 0, 0, False,
+                dm_s * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col,
+                t0, valid, BK, True, False, PREC, k_ptr, 0, 0, False,
             )  # fmt: skip
+        if DM_RELOAD:
+            dmt_s = tl.load(a_rows + r[None, :] * (HO * 64) + r[:, None], mask=row_ok[None, :],
+                            other=0.0)  # fmt: skip
+        else:
+            dmt_s = dmt
+        if SUBCHUNK_BWD:
+            colm = subchunk_apply(
+                dmt_s * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col,
+                t0, valid, BK, False, False, PREC, beff_ptr, HO * K, h * K + col, BETA_K,
+            )  # fmt: skip
+        else:
             colm = gated_apply(
-                dmt * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col, t0,
-                valid, BK, False, False, PREC, beff_ptr, HO * K, h * K + col, BETA_K,
+                dmt_s * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col,
+                t0, valid, BK, False, False, PREC, beff_ptr, HO * K, h * K + col, BETA_K,
             )  # fmt: skip
+        if DM_RELOAD:
+            k_hat, gk, at_dw = _key_slice(k_ptr, gc_ptr, dw_ptr, at, rk, t0, valid, HO, HK, h, hk,
+                                          col, K, BK, PREC)  # fmt: skip
         if BETA_K:
             bs = load_rows(beff_ptr, t0, r, valid, HO * K, h * K + col, BK)
             eg = tl.where(row_ok[:, None], tl.exp(gk), 0.0)

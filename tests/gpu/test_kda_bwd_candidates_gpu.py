@@ -1,0 +1,68 @@
+"""The backward candidates bench/kda.py --sweep times (tests/linear_attention/
+test_kda_kernels.py CANDIDATES: dqk in key-channel slices, kernels/dqk_sliced.py; wy_bwd's
+dM read per slice, kernels/wy.py DM_RELOAD) on the GPU, kda and gdn2: against the float64
+reference in bf16 at real sizes, fp32 and K = 64 / 256, gates down to -40 per token, the
+checkpoint path (E formed from the states), and bitwise repeatability. Triton 3.6 on Hopper
+miscompiles some patterns (BRIEF.md; wy_bwd's 32-wide slices at 4 warps among them): a
+candidate joins the config table only after this passes.
+Run: PYTHONPATH=src:tests python -m pytest tests/gpu/test_kda_bwd_candidates_gpu.py -q -s
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from test_kda_subchunk_bwd_gpu import check_against_reference, make_inputs, run
+
+from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
+from cudnn_pygraph.engines.linear_attention.kernels.configs import kernel_configs
+
+CANDIDATES = {
+    "dqk-sliced": {"dqk": {"SLICED": True, "BG": 16, "num_stages": 1}},
+    "wy-bwd-dm-reload": {"wy_bwd": {"DM_RELOAD": True, "BK": 32}},
+}
+
+
+def candidate(name, base="wide-subchunk"):
+    cfgs = {k: dict(v) for k, v in kernel_configs(base, gate_per_key=True).items()}
+    for kernel, params in CANDIDATES[name].items():
+        cfgs[kernel].update(params)
+    return cfgs
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn2"])
+@pytest.mark.parametrize("name", list(CANDIDATES))
+@pytest.mark.parametrize(
+    "dtype,dim,steep",
+    [(torch.bfloat16, 128, False), (torch.float32, 128, False), (torch.bfloat16, 256, False),
+     (torch.bfloat16, 64, False), (torch.bfloat16, 128, True)],
+    ids=["bf16-K128", "fp32-K128", "bf16-K256", "bf16-K64", "bf16-K128-steep"],
+)  # fmt: skip
+def test_candidate_against_reference(name, family, dtype, dim, steep):
+    # Uneven lengths, a length-1 sequence, a partial last chunk and an exact multiple.
+    print(f"[{family} {name} {dtype} K={dim}{' steep' if steep else ''}]", end=" ")
+    x, cu = make_inputs(family, [300, 129, 1, 128], heads=2, dim=dim, dtype=dtype, steep=steep)
+    check_against_reference(x, cu, candidate(name))
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn2"])
+@pytest.mark.parametrize("name", list(CANDIDATES))
+def test_candidate_from_checkpoints_and_bitwise_repeat(name, family):
+    # The forward keeps the chunk states (checkpoints): the backward forms E from them
+    # instead of re-running the state walk. The same backward twice: bitwise the same.
+    print(f"[{family} {name} checkpoints]", end=" ")
+    x, cu = make_inputs(family, [300, 1, 128, 64], heads=2)
+    dim = x["q"].shape[2]
+    ckpt = torch.empty(max_chunks(x["q"].shape[0], cu.numel() - 1), 2, dim, dim, device="cuda")
+    d_o, d_final, grads = check_against_reference(x, cu, candidate(name), checkpoints=ckpt)
+    _, _, again = run(x, cu, d_o, d_final, candidate(name), checkpoints=ckpt)
+    for n in grads:
+        assert torch.equal(grads[n], again[n]), n
