@@ -295,6 +295,13 @@ SWEEP = {
         "dqk": {"SLICED": True, "BG": 16, "num_stages": 1},
         "wy_bwd": {"DM_RELOAD": True, "BK": 32},
     },
+    # Every candidate that has run correct on a GPU, with the two new backward ones.
+    "together: row-parallel diagonal, prescaled state_bwd, dqk sliced, dM reload": {
+        "scores_diag": {"BK": 64, "num_warps": 1},
+        "state_bwd": {"PRESCALED": True},
+        "dqk": {"SLICED": True, "BG": 16, "num_stages": 1},
+        "wy_bwd": {"DM_RELOAD": True, "BK": 32},
+    },
 }
 
 
