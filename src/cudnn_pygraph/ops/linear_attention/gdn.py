@@ -107,8 +107,9 @@ def gated_delta_net(
         v.shape[-1],
         state_v_first,
     )
-    # [B, T, ...] -> [B * T, ...] (t[0] when B == 1: the cheapest view, ~0.7 us less a call)
-    flat = (lambda t: t[0]) if B == 1 else (lambda t: t.reshape(B * T, *t.shape[2:]))
+    # [B, T, ...] -> [B * T, ...]: a view whose backward is a view too (t[0]'s backward
+    # zero-fills a [1, T, ...] gradient and copies into it, per input)
+    flat = lambda t: t.flatten(0, 1)
     if initial_state is not None and initial_state.dtype not in (torch.float32, torch.bfloat16):
         initial_state = initial_state.float()
     f32 = lambda t: None if t is None else t.float()

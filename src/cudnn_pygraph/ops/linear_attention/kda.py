@@ -189,7 +189,9 @@ def kimi_delta_attention(
             f"sequences, i.e., {n_seq} rather than {initial_state.shape[0]}."
         )
     check_state("initial_state", initial_state, n_seq, heads, K, v.shape[-1], state_v_first)
-    flat = (lambda t: t[0]) if B == 1 else (lambda t: t.reshape(B * T, *t.shape[2:]))
+    # [B, T, ...] -> [B * T, ...]: a view whose backward is a view too (t[0]'s backward
+    # zero-fills a [1, T, ...] gradient and copies into it, per input)
+    flat = lambda t: t.flatten(0, 1)
     if initial_state is not None and initial_state.dtype not in (torch.float32, torch.bfloat16):
         initial_state = initial_state.float()
     scale = float(K**-0.5 if scale is None else scale)
