@@ -104,8 +104,10 @@ def ours(p: Problem, backward: bool):
             o, _ = ops.kimi_delta_attention(x["q"], x["k"], x["v"], x["g"], x["beta"],
                                             cu_seqlens=p.cu, **common)  # fmt: skip
         elif p.family == "gdn2":  # THD, the state V-major (NVIDIA's signature)
+            # flatten, not [0]: a THD caller holds [T, ...] tensors, and select's backward
+            # would add a zero-fill and a copy per input that such a caller never pays
             o, _ = ops.gated_delta_net_v2(
-                *(x[n][0] for n in ("q", "k", "v", "g", "beta", "w")), p.cu,
+                *(x[n].flatten(0, 1) for n in ("q", "k", "v", "g", "beta", "w")), p.cu,
                 **dict(common, initial_state=p.init_v),
             )  # fmt: skip
             o = o[None]
