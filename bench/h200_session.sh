@@ -50,6 +50,8 @@
 #                before / after accelerate_fla(), row (a) at K = V = 128 and 100); then fla's own
 #                tests as they are and after accelerate_fla() (tools/fla_suite.py; a
 #                fla-org/flash-linear-attention checkout in .fla/, carried, never committed)
+#   fla-suite    issue 31: fla's own tests alone (FLA_FILES: some of its files; FLA_JOBS side
+#                by side, default 10: all five files' two modes at once)
 #   la-stages    issue 30: la_stages.md alone (the carried cache unpacked as for la-bench)
 #   (any)        FUZZ_PROCS=N beside the topics: the torch-op fuzz (tools/fuzz.py --ops) on N
 #                CPU processes at the lowest priority, the GPU hidden, seeds FUZZ_SEED (default
@@ -279,8 +281,14 @@ bench_fla() {
   la_unpack
   step fla_accel 120 python3 bench/fla_accel.py --budget-s 95 --cache-dir "$LA_CACHE" \
     --out "$LOG/fla_accel.md"
-  step fla_suite 500 python3 tools/fla_suite.py --checkout .fla --jobs 10 --timeout 420 \
-    --out "$LOG/fla_suite.md"
+  bench_fla_suite
+}
+tests_fla_suite() { :; }
+bench_fla_suite() {  # FLA_FILES: a subset of fla's test files (default: the tool's five)
+  # the tool writes its table only once every run ended: its per-run timeout ends them first
+  local left=$((BUDGET_S - SECONDS - 45))
+  step fla_suite 600 python3 tools/fla_suite.py --checkout .fla --jobs "${FLA_JOBS:-10}" \
+    --timeout "$left" --out "$LOG/fla_suite.md" ${FLA_FILES:+--files $FLA_FILES}
 }
 bench_cp() {
   step cp 240 torchrun --nproc-per-node 2 bench/cp.py --out "$LOG/cp.md"
