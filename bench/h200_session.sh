@@ -46,6 +46,8 @@
 #                stage tables
 #   kda-sweep    issue 30: bench/kda.py --sweep at (a), the candidates named by $SWEEP_VARIANTS
 #                (default: state_bwd's prescaled operands, the scores kernel) beside the pick
+#   la-candidates  issue 30: tests/gpu/test_kda_candidates_gpu.py (every kda / gdn2 candidate
+#                against float64 on the GPU), then the sweep of the candidates together
 #   fla          issue 31: the off-tile head dims on the GPU; fla_accel.md (fla's chunk ops
 #                before / after accelerate_fla(), row (a) at K = V = 128 and 100); then fla's own
 #                tests as they are and after accelerate_fla() (tools/fla_suite.py; a
@@ -178,6 +180,10 @@ bench_kda_sweep() {  # SWEEP_VARIANTS: label substrings of bench/kda.py's SWEEP
   la_unpack
   step kda_sweep 300 python3 bench/kda.py --sweep --only "(a)" --cache-dir "$LA_CACHE" \
     --variants "${SWEEP_VARIANTS:-prescaled,scores}"
+}
+tests_la_candidates() { gpu_suite la_candidates 300 -s tests/gpu/test_kda_candidates_gpu.py; }
+bench_la_candidates() {
+  SWEEP_VARIANTS=${SWEEP_VARIANTS:-stage + wy_bwd,together} bench_kda_sweep
 }
 tests_fla() { gpu_suite head_dims 240 -s tests/gpu/test_head_dims_gpu.py; }
 # Diagnostics, not timings: the localizations run side by side with the other suites.

@@ -1,11 +1,14 @@
-"""The backward candidates bench/kda.py --sweep times (tests/linear_attention/
-test_kda_kernels.py CANDIDATES: dqk in key-channel slices, kernels/dqk_sliced.py; wy_bwd's
-dM read per slice, kernels/wy.py DM_RELOAD) on the GPU, kda and gdn2: against the float64
-reference in bf16 at real sizes, fp32 and K = 64 / 256, gates down to -40 per token, the
-checkpoint path (E formed from the states), and bitwise repeatability. Triton 3.6 on Hopper
-miscompiles some patterns (BRIEF.md; wy_bwd's 32-wide slices at 4 warps among them): a
-candidate joins the config table only after this passes.
-Run: PYTHONPATH=src:tests python -m pytest tests/gpu/test_kda_bwd_candidates_gpu.py -q -s
+"""The kda / gdn2 candidates bench/kda.py --sweep times, on the GPU before any becomes a
+pick: the diagonal blocks of the scores row-parallel (kernels/subchunk.py
+subchunk_diag_kernel), the state walk backward on prescaled operands (kernels/state.py
+PRESCALED), dqk in key-channel slices (kernels/dqk_sliced.py) and wy_bwd's dM read per
+slice (kernels/wy.py DM_RELOAD); on the CPU they are tests/linear_attention/
+test_kda_kernels.py CANDIDATES. Each against the float64 reference in bf16 at real sizes,
+fp32 and K = 64 / 256, gates down to -40 per token, the checkpoint path (E formed from the
+states), and bitwise repeatability. Triton 3.6 on Hopper miscompiles some patterns
+(BRIEF.md; wy_bwd's 32-wide slices at 4 warps, the prescaled walk at one stage among them):
+a candidate joins the config table only after this passes.
+Run: PYTHONPATH=src:tests python -m pytest tests/gpu/test_kda_candidates_gpu.py -q -s
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunk
 from cudnn_pygraph.engines.linear_attention.kernels.configs import kernel_configs
 
 CANDIDATES = {
+    "scores-diag-row-parallel": {"scores_diag": {"BK": 64, "num_warps": 1}},
+    "state-bwd-prescaled": {"state_bwd": {"PRESCALED": True}},
     "dqk-sliced": {"dqk": {"SLICED": True, "BG": 16, "num_stages": 1}},
     "wy-bwd-dm-reload": {"wy_bwd": {"DM_RELOAD": True, "BK": 32}},
 }
@@ -34,7 +39,7 @@ CANDIDATES = {
 def candidate(name, base="wide-subchunk"):
     cfgs = {k: dict(v) for k, v in kernel_configs(base, gate_per_key=True).items()}
     for kernel, params in CANDIDATES[name].items():
-        cfgs[kernel].update(params)
+        cfgs.setdefault(kernel, {}).update(params)
     return cfgs
 
 
