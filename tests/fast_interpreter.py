@@ -1,0 +1,64 @@
+"""Triton 3.6's interpreter, without its repeated re-patching of triton.language.
+
+A launch patches the language modules its kernel sees (every builtin of tl, tl.core,
+tl.math and tl.tensor wrapped for the interpreter) and restores them when its programs
+are done. Every call of a @triton.jit device function inside those programs runs the same
+patching again (`InterpretedFunction.__call__`): inspect.getmembers over each module,
+per call, per program, never restored and changing nothing, since the enclosing launch's
+wrappers are already in place. In the linear-attention kernels, whose loops call small
+device functions per tile, that is about a sixth of the suite's interpreted time.
+
+`engage()` skips the repeat: a device function's patching runs only when its module sees
+a language module the enclosing launch did not patch (then exactly as before). The
+kernels compute the same thing; only the redundant work goes. Test support only: CI's
+time, not the package's behaviour (the package's own interpreter fixes are
+runtime/triton_interpreter.py's).
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+
+_STATE = threading.local()  # .covered: the ids of the language modules patched by this launch
+
+
+def engage() -> None:
+    """Idempotent; a no-op where the interpreter is not Triton 3.6's (compiled kernels)."""
+    import triton
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    if not triton.__version__.startswith("3.6.") or getattr(interpreter, "_fast_nested", False):
+        return
+    patch_lang = interpreter._patch_lang
+    grid_call = interpreter.GridExecutor.__call__
+    langs = (tl, tl.core)
+
+    def seen(fn):
+        return frozenset(
+            id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in langs
+        )
+
+    def patch_lang_once(fn):
+        covered = getattr(_STATE, "covered", None)
+        wanted = seen(fn)
+        if covered is not None and wanted <= covered:
+            return interpreter._LangPatchScope()  # nothing to patch, nothing to restore
+        scope = patch_lang(fn)
+        if covered is not None:
+            _STATE.covered = covered | wanted
+        return scope
+
+    def launch(self, *args, **kwargs):
+        # The launch's own patching (the first _patch_lang inside) fills `covered`.
+        outer = getattr(_STATE, "covered", None)
+        _STATE.covered = frozenset()
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            _STATE.covered = outer
+
+    interpreter._patch_lang = patch_lang_once
+    interpreter.GridExecutor.__call__ = launch
+    interpreter._fast_nested = True
