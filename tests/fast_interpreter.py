@@ -9,8 +9,10 @@ wrappers are already in place. In the linear-attention kernels, whose loops call
 device functions per tile, that is about a sixth of the suite's interpreted time.
 
 `engage()` skips the repeat: a device function's patching runs only when its module sees
-a language module the enclosing launch did not patch (then exactly as before). The
-kernels compute the same thing; only the redundant work goes. Test support only: CI's
+a language module the enclosing launch did not patch (then exactly as before). And it
+memoizes `_get_np_dtype` (which numpy dtype holds a Triton type's values), which builds
+its whole table of numpy dtypes on each of the hundreds of thousands of calls a kernel
+test makes. The kernels compute the same thing; only the redundant work goes. Test support only: CI's
 time, not the package's behaviour (the package's own interpreter fixes are
 runtime/triton_interpreter.py's).
 """
@@ -20,6 +22,9 @@ from __future__ import annotations
 import inspect
 import threading
 
+import numpy as np
+
+POINTER = np.dtype(np.uint64)  # the interpreter's addresses
 _STATE = threading.local()  # .covered: the ids of the language modules patched by this launch
 
 
@@ -59,6 +64,23 @@ def engage() -> None:
         finally:
             _STATE.covered = outer
 
+    get_np_dtype = interpreter._get_np_dtype  # the package's own (bf16 held as float32)
+    held = {}  # scalar Triton type -> numpy dtype
+
+    def get_np_dtype_once(ty):
+        # A block holds its element type's values, a pointer (or a block of them) uint64.
+        scalar = ty.element_ty if isinstance(ty, tl.block_type) else ty
+        if isinstance(scalar, tl.pointer_type):
+            return POINTER
+        try:
+            np_dtype = held.get(scalar)
+        except TypeError:  # an unhashable type: not one a value is held in
+            return get_np_dtype(ty)
+        if np_dtype is None:
+            np_dtype = held[scalar] = get_np_dtype(scalar)
+        return np_dtype
+
+    interpreter._get_np_dtype = get_np_dtype_once
     interpreter._patch_lang = patch_lang_once
     interpreter.GridExecutor.__call__ = launch
     interpreter._fast_nested = True
