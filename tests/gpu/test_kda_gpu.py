@@ -21,7 +21,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "linear_attenti
 from la_dtype_cases import DTYPE_DIM_CASES, FP32_TOL
 from la_saved import check_against_recompute_and_repeat, saved_kwargs
 from reference import kda_reference_batched
-from test_kda_kernels import run_backward, run_forward  # the CPU suite's calls, bf16 here
+from test_kda_kernels import (  # the CPU suite's calls (bf16 here) and candidate check
+    CANDIDATE_CASES,
+    CANDIDATES,
+    check_candidate,
+    run_backward,
+    run_forward,
+)
 
 from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
 from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES, recommend_config
@@ -316,3 +322,11 @@ def test_torch_op_fla_call_forward_and_backward_bf16():
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     for t in leaves:
         assert torch.isfinite(t.grad).all()
+
+
+@pytest.mark.parametrize("case", list(CANDIDATE_CASES))
+@pytest.mark.parametrize("candidate", list(CANDIDATES))
+def test_candidate_forms_fp32_match_float64_reference(candidate, case):
+    # The CPU suite's candidate check (tests/linear_attention/test_kda_kernels.py) on every
+    # candidate x case pair, compiled; the CPU runs one case per candidate.
+    check_candidate(candidate, case)
