@@ -3,8 +3,6 @@ without a GPU (planning/device.py prepare_kernels, run when cudnn_pygraph.engine
 imported); importing it here makes that choice before any test module decorates its own
 @triton.jit kernels. fast_interpreter drops the interpreter's redundant work (CI time)."""
 
-import fast_interpreter
+import fast_interpreter  # noqa: F401 (engages on import)
 
 import cudnn_pygraph.engines  # noqa: F401
-
-fast_interpreter.engage()

@@ -1,20 +1,19 @@
-"""Triton 3.6's interpreter, without its repeated re-patching of triton.language.
+"""Triton 3.6's interpreter without its redundant work (CI time; test support only, not
+the package's behaviour: the package's own interpreter fixes are runtime/triton_interpreter.py's).
 
-A launch patches the language modules its kernel sees (every builtin of tl, tl.core,
-tl.math and tl.tensor wrapped for the interpreter) and restores them when its programs
-are done. Every call of a @triton.jit device function inside those programs runs the same
-patching again (`InterpretedFunction.__call__`): inspect.getmembers over each module,
-per call, per program, never restored and changing nothing, since the enclosing launch's
-wrappers are already in place. In the linear-attention kernels, whose loops call small
-device functions per tile, that is about a sixth of the suite's interpreted time.
+* A launch patches the language modules its kernel sees (every builtin of tl, tl.core,
+  tl.math and tl.tensor wrapped for the interpreter) and restores them when its programs
+  are done. Every call of a @triton.jit device function inside those programs runs the
+  same patching again (`InterpretedFunction.__call__`): inspect.getmembers over each
+  module, per call, per program, changing nothing, since the launch's wrappers are
+  already in place. Here a device function's patching runs only when its module sees a
+  language module the enclosing launch did not patch (then exactly as before).
+* `_get_np_dtype` (which numpy dtype holds a Triton type's values) builds its whole table
+  of numpy dtypes on each of the hundreds of thousands of calls a kernel test makes; here
+  it keeps one answer per scalar type.
 
-`engage()` skips the repeat: a device function's patching runs only when its module sees
-a language module the enclosing launch did not patch (then exactly as before). And it
-memoizes `_get_np_dtype` (which numpy dtype holds a Triton type's values), which builds
-its whole table of numpy dtypes on each of the hundreds of thousands of calls a kernel
-test makes. The kernels compute the same thing; only the redundant work goes. Test support only: CI's
-time, not the package's behaviour (the package's own interpreter fixes are
-runtime/triton_interpreter.py's).
+The kernels compute the same thing. Importing this module engages it: conftest.py
+imports it, and so do the context-parallel tests' fork server preloads, for their ranks.
 """
 
 from __future__ import annotations
@@ -84,3 +83,6 @@ def engage() -> None:
     interpreter._patch_lang = patch_lang_once
     interpreter.GridExecutor.__call__ = launch
     interpreter._fast_nested = True
+
+
+engage()
