@@ -160,9 +160,12 @@ def errors_against_reference(x, cu, attrs, **kw):
 
 # id -> (make_inputs options, op attributes, config): every gate form, both beta forms
 # (allow_neg_eigval included), the l2norm on and off, grouped heads, and each shipped config.
-# The ragged batch SEQLENS runs once under each config; the other features on ONE_SEQ, one
-# sequence across a chunk boundary.
+# The ragged batch SEQLENS runs once under each config; the other features on ONE_CHUNK, one
+# partial chunk (their per-token arithmetic: the interpreter's cost grows with the chunks).
+# Across a chunk boundary: ONE_SEQ under the per-head gate parameters (whose gradients sum
+# over the chunks), K128-V64-two-chunks and the checkpoint test.
 ONE_SEQ = {"seqlens": (70,)}
+ONE_CHUNK = {"seqlens": (40,)}
 CASES = {
     # one head: two output heads are the grouped cases' (and test_kernel_bounds' gdn2-wide)
     "log-l2norm-wide": ({"heads": (1, 1, 1)}, {"use_qk_l2norm": True}, "wide"),
@@ -173,7 +176,7 @@ CASES = {
         "wide-subchunk",
     ),
     "beta-sigmoid": (
-        {"beta_logits": True, "unit_keys": True, "heads": (1, 1, 1), **ONE_SEQ},
+        {"beta_logits": True, "unit_keys": True, "heads": (1, 1, 1), **ONE_CHUNK},
         {"use_beta_sigmoid": True},
         "wide",
     ),
@@ -188,17 +191,17 @@ CASES = {
         "few",
     ),
     "linear-gate": (
-        {"gate": "linear", "heads": (1, 1, 1), **ONE_SEQ},
+        {"gate": "linear", "heads": (1, 1, 1), **ONE_CHUNK},
         {"use_qk_l2norm": True, "gate_domain": "linear"},
         "few-subchunk",
     ),
     "no-state": (
-        {"with_state": False, "heads": (1, 1, 1), **ONE_SEQ},
+        {"with_state": False, "heads": (1, 1, 1), **ONE_CHUNK},
         {"use_qk_l2norm": True},
         "wide-subchunk",
     ),
-    "group-q1-k1-v2": ({"heads": (1, 1, 2), **ONE_SEQ}, {"use_qk_l2norm": True}, "wide"),
-    "group-q2-k2-v1": ({"heads": (2, 2, 1), **ONE_SEQ}, {"use_qk_l2norm": True}, "wide-subchunk"),
+    "group-q1-k1-v2": ({"heads": (1, 1, 2), **ONE_CHUNK}, {"use_qk_l2norm": True}, "wide"),
+    "group-q2-k2-v1": ({"heads": (2, 2, 1), **ONE_CHUNK}, {"use_qk_l2norm": True}, "wide-subchunk"),
     "K128-V64-two-chunks": (
         {"dim_k": 128, "heads": (1, 1, 1), "seqlens": (70, 3)},
         {"use_qk_l2norm": True},

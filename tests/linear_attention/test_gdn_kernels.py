@@ -190,8 +190,10 @@ GRAD_NAMES = {
     "dt_bias": "d_dt_bias",
 }
 
-# id -> (make_inputs options, op attributes). One sequence of two chunks, the second partial
-# (ONE_SEQ): each feature's arithmetic inside a chunk and across the chunk boundary; the
+# id -> (make_inputs options, op attributes). One partial chunk (ONE_CHUNK): each feature's
+# per-token arithmetic (the interpreter's cost grows with the chunks); across a chunk
+# boundary: ONE_SEQ (two chunks, the second partial) under the per-head gate parameters
+# (whose gradients sum over the chunks) and K64-V128, and the ragged batch below. The
 # ragged batch (a partial chunk, an empty and a one-token sequence) is the shared run's
 # (test_a_ragged_batch_matches_float64_reference). One output head (the interpreter runs
 # each head's programs in turn) except where a per-head parameter or a head grouping is
@@ -200,6 +202,7 @@ GRAD_NAMES = {
 # (fp32-K256, bf16-K256) and test_attributes_bf16[K256-V256].
 ONE = (1, 1, 1)
 ONE_SEQ = (70,)
+ONE_CHUNK = (40,)
 CASES = {
     "plain-nol2": ({"use_qk_l2norm": False, "heads": ONE}, {}),
     "no-state": ({"with_state": False, "heads": ONE}, {"use_qk_l2norm": True}),
@@ -216,7 +219,7 @@ CASES = {
         {"use_qk_l2norm": True, "safe_gate": True},
     ),
     "safe-gate-alog-dtbias": (
-        {"safe_gate": True, "has_a_log": True, "has_dt_bias": True},
+        {"safe_gate": True, "has_a_log": True, "has_dt_bias": True, "seqlens": ONE_SEQ},
         {"use_qk_l2norm": True, "safe_gate": True},
     ),
     "safe-gate-dtbias-only": (
@@ -241,7 +244,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_forward_and_backward_match_float64_reference(case):
     opts, attrs = CASES[case]
-    x, cu = make_inputs(**{"seqlens": ONE_SEQ, **opts})
+    x, cu = make_inputs(**{"seqlens": ONE_CHUNK, **opts})
     dim_k = x["q"].shape[2]
     scale = dim_k**-0.5
     total_t, n_out = x["g"].shape

@@ -156,11 +156,14 @@ def errors_against_reference(x, cu, attrs, **kw):
 # the l2norm on and off, grouped heads, and each shipped config at least once. Two output
 # heads where a per-head parameter (a_log, dt_bias) or a head grouping is under test; one
 # elsewhere (the interpreter runs each head's programs in turn).
-# The ragged batch SEQLENS runs once under each config; the other features on ONE_SEQ, one
-# sequence across a chunk boundary.
+# The ragged batch SEQLENS runs once under each config; the other features on ONE_CHUNK, one
+# partial chunk (their per-token arithmetic: the interpreter's cost grows with the chunks).
+# Across a chunk boundary: ONE_SEQ under the per-head gate parameters (whose gradients sum
+# over the chunks), K128-V64-two-chunks and the checkpoint test.
 # K = V = 256 (the state's V-block narrows past K = 128) runs on the GPU only, at every
 # config against float64: tests/gpu/test_kda_gpu.py test_dtype_and_head_dim_at_each_config.
 ONE_SEQ = {"seqlens": (70,)}
+ONE_CHUNK = {"seqlens": (40,)}
 CASES = {
     "log-l2norm-wide": ({"heads": (1, 1, 1)}, {"use_qk_l2norm": True}, "wide"),
     "log-plain-few": ({"unit_keys": True, "heads": (1, 1, 1)}, {}, "few-subchunk"),
@@ -170,7 +173,7 @@ CASES = {
         "wide-subchunk",
     ),
     "beta-sigmoid": (
-        {"beta_logits": True, "unit_keys": True, "heads": (1, 1, 1), **ONE_SEQ},
+        {"beta_logits": True, "unit_keys": True, "heads": (1, 1, 1), **ONE_CHUNK},
         {"use_beta_sigmoid": True},
         "wide",
     ),
@@ -190,22 +193,22 @@ CASES = {
         "wide-unfused",
     ),
     "safe-gate-lower-bound-dtbias-only": (
-        {"gate": "raw", "has_dt_bias": True, "unit_keys": True, "heads": (1, 1, 1), **ONE_SEQ},
+        {"gate": "raw", "has_dt_bias": True, "unit_keys": True, "heads": (1, 1, 1), **ONE_CHUNK},
         {"safe_gate": True, "gate_lower_bound": -2.0},
         "wide-subchunk",
     ),
     "linear-gate": (
-        {"gate": "linear", "heads": (1, 1, 1), **ONE_SEQ},
+        {"gate": "linear", "heads": (1, 1, 1), **ONE_CHUNK},
         {"use_qk_l2norm": True, "gate_domain": "linear"},
         "few-subchunk",
     ),
     "no-state": (
-        {"with_state": False, "heads": (1, 1, 1), **ONE_SEQ},
+        {"with_state": False, "heads": (1, 1, 1), **ONE_CHUNK},
         {"use_qk_l2norm": True},
         "wide-subchunk",
     ),
-    "group-q1-k1-v2": ({"heads": (1, 1, 2), **ONE_SEQ}, {"use_qk_l2norm": True}, "wide"),
-    "group-q2-k2-v1": ({"heads": (2, 2, 1), **ONE_SEQ}, {"use_qk_l2norm": True}, "wide-subchunk"),
+    "group-q1-k1-v2": ({"heads": (1, 1, 2), **ONE_CHUNK}, {"use_qk_l2norm": True}, "wide"),
+    "group-q2-k2-v1": ({"heads": (2, 2, 1), **ONE_CHUNK}, {"use_qk_l2norm": True}, "wide-subchunk"),
     "K128-V64-two-chunks": (
         {"dim_k": 128, "heads": (1, 1, 1), "seqlens": (70, 3)},
         {"use_qk_l2norm": True},
