@@ -22,7 +22,10 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "linear_attention"))
 
+from test_kda_kernels import CANDIDATE_CASES, check_candidate
+from test_kda_kernels import CANDIDATES as CPU_CANDIDATES
 from test_kda_subchunk_bwd_gpu import check_against_reference, make_inputs, run
 
 from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
@@ -71,3 +74,11 @@ def test_candidate_from_checkpoints_and_bitwise_repeat(name, family):
     _, _, again = run(x, cu, d_o, d_final, candidate(name), checkpoints=ckpt)
     for n in grads:
         assert torch.equal(grads[n], again[n]), n
+
+
+@pytest.mark.parametrize("case", list(CANDIDATE_CASES))
+@pytest.mark.parametrize("candidate", list(CPU_CANDIDATES))
+def test_candidate_forms_fp32_match_float64_reference(candidate, case):
+    # The CPU suite's candidate check (tests/linear_attention/test_kda_kernels.py) on every
+    # candidate x case pair, compiled; the CPU runs one case per candidate.
+    check_candidate(candidate, case)

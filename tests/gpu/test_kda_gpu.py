@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "linear_attenti
 from la_dtype_cases import DTYPE_DIM_CASES, FP32_TOL
 from la_saved import check_against_recompute_and_repeat, saved_kwargs
 from reference import kda_reference_batched
-from test_kda_kernels import run_backward, run_forward  # the CPU suite's calls, bf16 here
+from test_kda_kernels import run_backward, run_forward  # the CPU suite's calls (bf16 here)
 
 from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
 from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES, recommend_config

@@ -6,6 +6,7 @@ their rule. CPU: the Triton interpreter."""
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -105,48 +106,56 @@ def backward_graph(x, d_o, d_final, checkpoints=None):
     return g, {n: buf for n, (_, buf) in grads.items()}
 
 
-def test_gdn2_and_gdn2_bwd_graphs_execute_on_the_engine():
-    x = inputs()
-    n_seqs, total = 3, 70
+# A chunk boundary crossed and a one-token sequence.
+SHARED_SEQLENS = (70, 1)
+
+
+@pytest.fixture(scope="module")
+def recomputing():
+    """The forward graph and the backward graph that recomputes everything, over
+    SHARED_SEQLENS, run once: the float64 test and the checkpoint test read them."""
+    x = inputs(seqlens=SHARED_SEQLENS)
+    n_seqs, total = len(SHARED_SEQLENS), sum(SHARED_SEQLENS)
     g, t, o, final, _ = forward_graph(x)
     o_buf = torch.full((total, 1, 64), float("nan"), device=DEVICE)
     final_buf = torch.full((n_seqs, 1, 64, 64), float("nan"), device=DEVICE)
     run_graph(g, {**{t[n]: x[n] for n in x}, o: o_buf, final: final_buf})
-    assert "triton_gdn2" in g.get_plan_name_at_index(g.selected_plan)
-
     gen = torch.Generator().manual_seed(1)
     d_o = torch.randn(total, 1, 64, generator=gen).to(DEVICE)
     d_final = torch.randn(n_seqs, 1, 64, 64, generator=gen).to(DEVICE)
     gb, grads = backward_graph(x, d_o, d_final)
-    assert "triton_gdn2" in gb.get_plan_name_at_index(gb.selected_plan)
+    return SimpleNamespace(x=x, g=g, gb=gb, o=o_buf, final=final_buf, d_o=d_o,
+                           d_final=d_final, grads=grads)  # fmt: skip
 
-    leaves = {n: x[n].double().requires_grad_() for n in grads}
+
+def test_gdn2_and_gdn2_bwd_graphs_execute_on_the_engine(recomputing):
+    r = recomputing
+    assert "triton_gdn2" in r.g.get_plan_name_at_index(r.g.selected_plan)
+    assert "triton_gdn2" in r.gb.get_plan_name_at_index(r.gb.selected_plan)
+    leaves = {n: r.x[n].double().requires_grad_() for n in r.grads}
     ref_o, ref_final = gdn2_reference(
-        *(leaves[n] for n in ("q", "k", "v", "g", "beta")), x["cu_seqlens"], scale=0.125,
+        *(leaves[n] for n in ("q", "k", "v", "g", "beta")), r.x["cu_seqlens"], scale=0.125,
         initial_state=leaves["initial_state"], a_log=leaves["a_log"],
         dt_bias=leaves["dt_bias"], write_gate=leaves["w"], use_qk_l2norm=True, safe_gate=True,
     )  # fmt: skip
-    ((ref_o * d_o.double()).sum() + (ref_final * d_final.double()).sum()).backward()
-    assert rel_err(o_buf, ref_o) <= FP32_TOL
-    assert rel_err(final_buf, ref_final) <= FP32_TOL
-    for name, buf in grads.items():
+    ((ref_o * r.d_o.double()).sum() + (ref_final * r.d_final.double()).sum()).backward()
+    assert rel_err(r.o, ref_o) <= FP32_TOL
+    assert rel_err(r.final, ref_final) <= FP32_TOL
+    for name, buf in r.grads.items():
         assert rel_err(buf, leaves[name].grad) <= FP32_TOL, name
 
 
-def test_checkpoints_flow_from_the_gdn2_graph_into_the_gdn2_bwd_graph():
-    x = inputs(seqlens=(70, 3))
+def test_checkpoints_flow_from_the_gdn2_graph_into_the_gdn2_bwd_graph(recomputing):
+    r = recomputing
+    x, total, n_seqs = r.x, sum(SHARED_SEQLENS), len(SHARED_SEQLENS)
     g, t, o, final, ckpt = forward_graph(x, checkpoint_every_n_tokens=64)
     ckpt_buf = torch.full(list(ckpt.dim), float("nan"), device=DEVICE)
-    o_buf = torch.empty(73, 1, 64, device=DEVICE)
-    final_buf = torch.empty(2, 1, 64, 64, device=DEVICE)
+    o_buf = torch.empty(total, 1, 64, device=DEVICE)
+    final_buf = torch.empty(n_seqs, 1, 64, 64, device=DEVICE)
     run_graph(g, {**{t[n]: x[n] for n in x}, o: o_buf, ckpt: ckpt_buf, final: final_buf})
-    gen = torch.Generator().manual_seed(2)
-    d_o = torch.randn(73, 1, 64, generator=gen).to(DEVICE)
-    d_final = torch.randn(2, 1, 64, 64, generator=gen).to(DEVICE)
-    _, plain = backward_graph(x, d_o, d_final)
-    _, from_ckpt = backward_graph(x, d_o, d_final, checkpoints=ckpt_buf)
-    for name in plain:
-        assert rel_err(from_ckpt[name], plain[name]) <= 1e-6, name
+    _, from_ckpt = backward_graph(x, r.d_o, r.d_final, checkpoints=ckpt_buf)
+    for name in r.grads:
+        assert rel_err(from_ckpt[name], r.grads[name]) <= 1e-6, name
 
 
 def test_plans_list_the_kernel_configs_as_knobs():

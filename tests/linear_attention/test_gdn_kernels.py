@@ -190,8 +190,10 @@ GRAD_NAMES = {
     "dt_bias": "d_dt_bias",
 }
 
-# id -> (make_inputs options, op attributes). One sequence of two chunks, the second partial
-# (ONE_SEQ): each feature's arithmetic inside a chunk and across the chunk boundary; the
+# id -> (make_inputs options, op attributes). One partial chunk (ONE_CHUNK): each feature's
+# per-token arithmetic (the interpreter's cost grows with the chunks); across a chunk
+# boundary: ONE_SEQ (two chunks, the second partial) under the per-head gate parameters
+# (whose gradients sum over the chunks) and K64-V128, and the ragged batch below. The
 # ragged batch (a partial chunk, an empty and a one-token sequence) is the shared run's
 # (test_a_ragged_batch_matches_float64_reference). One output head (the interpreter runs
 # each head's programs in turn) except where a per-head parameter or a head grouping is
@@ -200,6 +202,7 @@ GRAD_NAMES = {
 # (fp32-K256, bf16-K256) and test_attributes_bf16[K256-V256].
 ONE = (1, 1, 1)
 ONE_SEQ = (70,)
+ONE_CHUNK = (40,)
 CASES = {
     "plain-nol2": ({"use_qk_l2norm": False, "heads": ONE}, {}),
     "no-state": ({"with_state": False, "heads": ONE}, {"use_qk_l2norm": True}),
@@ -216,7 +219,7 @@ CASES = {
         {"use_qk_l2norm": True, "safe_gate": True},
     ),
     "safe-gate-alog-dtbias": (
-        {"safe_gate": True, "has_a_log": True, "has_dt_bias": True},
+        {"safe_gate": True, "has_a_log": True, "has_dt_bias": True, "seqlens": ONE_SEQ},
         {"use_qk_l2norm": True, "safe_gate": True},
     ),
     "safe-gate-dtbias-only": (
@@ -241,7 +244,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_forward_and_backward_match_float64_reference(case):
     opts, attrs = CASES[case]
-    x, cu = make_inputs(**{"seqlens": ONE_SEQ, **opts})
+    x, cu = make_inputs(**{"seqlens": ONE_CHUNK, **opts})
     dim_k = x["q"].shape[2]
     scale = dim_k**-0.5
     total_t, n_out = x["g"].shape
@@ -261,18 +264,18 @@ def test_forward_and_backward_match_float64_reference(case):
 L2 = {"use_qk_l2norm": True}
 
 
-def shared_run(seqlens=SEQLENS, with_state=True, strength=0.5):
-    """One interpreted forward and backward (two heads, the l2norm, outputs poisoned first)
-    and a second forward that also stores the checkpoints and the saved factors, for the
-    tests that read them. strength: the gates' largest log-decay per token."""
-    x, cu = make_inputs(seqlens=seqlens, with_state=with_state)
+def shared_run(seqlens=SEQLENS, with_state=True, strength=0.5, heads=2):
+    """One interpreted forward and backward (the l2norm, outputs poisoned first) and a
+    second forward that also stores the checkpoints and the saved factors, for the tests
+    that read them. strength: the gates' largest log-decay per token."""
+    x, cu = make_inputs(seqlens=seqlens, with_state=with_state, heads=(heads,) * 3)
     x["g"] = x["g"] * (strength / 0.5)
     total_t, n_seqs = x["q"].shape[0], cu.numel() - 1
     gen = torch.Generator().manual_seed(2)
-    d_o = torch.randn(total_t, 2, 64, generator=gen).to(DEVICE)
-    d_final = torch.randn(n_seqs, 2, 64, 64, generator=gen).to(DEVICE)
+    d_o = torch.randn(total_t, heads, 64, generator=gen).to(DEVICE)
+    d_final = torch.randn(n_seqs, heads, 64, 64, generator=gen).to(DEVICE)
     o, final, grads = run_kernels(x, cu, 0.125, L2, d_o, d_final)
-    ckpt = torch.full((max_chunks(total_t, n_seqs), 2, 64, 64), float("nan"), device=DEVICE)
+    ckpt = torch.full((max_chunks(total_t, n_seqs), heads, 64, 64), float("nan"), device=DEVICE)
     saved = saved_buffers(x)
     o_saved, final_saved = run_forward(x, cu, 0.125, L2, checkpoints=ckpt, saved=saved)
     return SimpleNamespace(x=x, cu=cu, d_o=d_o, d_final=d_final, o=o, final=final,
@@ -1025,10 +1028,11 @@ def saved_buffers(x, dtype=None):
 
 
 # shared_run's arguments. Strong gates (down to -40 per token), a length-1 sequence, an
-# exact chunk multiple, tails; "uneven-with-state" is the module's ragged run.
+# exact chunk multiple, tails; "uneven-with-state" is the module's ragged run (two heads),
+# "exact-chunks-no-state" runs one.
 SAVED_CASES = {
     "uneven-with-state": None,
-    "exact-chunks-no-state": ((64, 128), False, 40.0),
+    "exact-chunks-no-state": ((64, 128), False, 40.0, 1),
 }
 
 
