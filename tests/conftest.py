@@ -1,8 +1,6 @@
 """Shared test setup. The package chooses Triton's CPU interpreter itself on a machine
 without a GPU (planning/device.py prepare_kernels, run when cudnn_pygraph.engines is
 imported); importing it here makes that choice before any test module decorates its own
-@triton.jit kernels. fast_interpreter drops the interpreter's redundant work (CI time)."""
-
-import fast_interpreter  # noqa: F401 (engages on import)
+@triton.jit kernels."""
 
 import cudnn_pygraph.engines  # noqa: F401

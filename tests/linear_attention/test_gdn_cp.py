@@ -27,12 +27,7 @@ pytestmark = pytest.mark.skipif(
 )
 # The ranks start from a fork server that imported these once (single-threaded, so safe
 # to fork) rather than each importing torch and the kernels afresh.
-FORKSERVER_PRELOAD = [
-    "torch",
-    "torch.distributed",
-    "cudnn_pygraph.linear_attention.cp",
-    "fast_interpreter",
-]
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "cudnn_pygraph.linear_attention.cp"]
 mp.set_forkserver_preload(FORKSERVER_PRELOAD)
 TOL = 1e-4  # ||cp - one process|| / ||one process||, fp32
 TOKEN_INPUTS = ("q", "k", "v", "g", "beta")

@@ -18,6 +18,13 @@ interpreter was chosen (there is no GPU there, so nothing compiled is touched):
   loaded; a load widens the stored bits exactly, a store and a cast to bf16 round to
   nearest even as the GPU does. fp16 (numpy's float16) is right already.
 
+And two costs of triton 3.6's interpreter that change no value (a CPU-mode call spends
+about a quarter of its time in them): every call of a @triton.jit device function inside a
+program patches the language modules again (inspect.getmembers over tl, tl.core, ... per
+call, per program) although the launch has patched them already, and every value's numpy
+dtype is looked up by rebuilding the whole table of dtypes. Here a device function patches
+only the modules its launch has not, and each scalar type's dtype is looked up once.
+
 And numpy's IEEE warnings: exp2 overflowing to inf (a gelu or sigmoid of a large argument:
 x / (1 + inf) is the intended 0) and log2(0) = -inf on a masked lane are defined results
 the GPU computes silently; numpy reports each as a RuntimeWarning that reads like a
@@ -27,6 +34,7 @@ silenced.
 
 from __future__ import annotations
 
+import inspect
 import threading
 
 import numpy as np
@@ -51,6 +59,8 @@ def engage() -> None:
             _hold_bf16_as_float32(interpreter, tl)
         _ieee_without_warnings(interpreter.InterpreterBuilder)
         _index_by_item(interpreter)
+        _patch_language_once_per_launch(interpreter, tl)
+        _np_dtype_once_per_type(interpreter, tl)
         _ENGAGED = True
 
 
@@ -81,6 +91,63 @@ def _index_by_item(interpreter):
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
 
     interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+# The ids of the language modules the launch running on this thread has patched (None
+# outside a launch): a device function called inside it patches only what is not in here.
+_PATCHED = threading.local()
+
+
+def _patch_language_once_per_launch(interpreter, tl):
+    patch_all, grid_call = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    languages = (tl, tl.core)
+
+    def modules_seen(fn):
+        return frozenset(
+            id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in languages
+        )
+
+    def patch_lang(fn):
+        patched = getattr(_PATCHED, "ids", None)
+        wanted = modules_seen(fn)
+        if patched is not None and wanted <= patched:
+            return interpreter._LangPatchScope()  # nothing to patch, nothing to restore
+        scope = patch_all(fn)
+        if patched is not None:
+            _PATCHED.ids = patched | wanted
+        return scope
+
+    def launch(self, *args, **kwargs):
+        outer = getattr(_PATCHED, "ids", None)
+        _PATCHED.ids = frozenset()  # the launch's own first patch_lang fills it
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            _PATCHED.ids = outer
+
+    interpreter._patch_lang = patch_lang
+    interpreter.GridExecutor.__call__ = launch
+
+
+def _np_dtype_once_per_type(interpreter, tl):
+    get_np_dtype = interpreter._get_np_dtype  # bf16 held as float32 by now
+    pointer = np.dtype(np.uint64)  # the interpreter's addresses
+    known = {}
+
+    def np_dtype(ty):
+        # A block holds its element type's values; a pointer (or a block of them) an address.
+        scalar = ty.element_ty if isinstance(ty, tl.block_type) else ty
+        if isinstance(scalar, tl.pointer_type):
+            return pointer
+        try:
+            found = known.get(scalar)
+        except TypeError:  # an unhashable type holds no values
+            return get_np_dtype(ty)
+        if found is None:
+            found = known[scalar] = get_np_dtype(scalar)
+        return found
+
+    interpreter._get_np_dtype = np_dtype
 
 
 def _ieee_without_warnings(builder):
