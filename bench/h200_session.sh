@@ -291,8 +291,9 @@ bench_fla() {
 }
 tests_fla_suite() { :; }
 bench_fla_suite() {  # FLA_FILES: a subset of fla's test files (default: the tool's five)
-  # the tool writes its table only once every run ended: its per-run timeout ends them first
-  local left=$((BUDGET_S - SECONDS - 45))
+  # the tool writes its table only once every run ended: its per-run timeout (and the 60 s
+  # an interrupted pytest gets to write its cases) ends them first
+  local left=$((BUDGET_S - SECONDS - 110))
   step fla_suite 600 python3 tools/fla_suite.py --checkout .fla --jobs "${FLA_JOBS:-10}" \
     --timeout "$left" --out "$LOG/fla_suite.md" ${FLA_FILES:+--files $FLA_FILES}
 }

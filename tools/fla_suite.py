@@ -70,10 +70,11 @@ def run(test_file: pathlib.Path, accelerated: bool, timeout: int) -> tuple[dict,
         junit, routes = os.path.join(tmp, "junit.xml"), os.path.join(tmp, "routes.json")
         cmd = [sys.executable, "-m", "pytest", str(test_file), "-q", "-p", "no:cacheprovider",
                f"--junitxml={junit}"]  # fmt: skip
+        cmd += ["-p", "fla_suite_plugin"]
         env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TOOLS), env.get("PYTHONPATH")]))
+        env.pop("FLA_SUITE_ROUTES", None)
         if accelerated:
-            cmd += ["-p", "fla_suite_plugin"]
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TOOLS), env.get("PYTHONPATH")]))
             env["FLA_SUITE_ROUTES"] = routes
         proc = subprocess.Popen(cmd, env=env, cwd=test_file.parent.parent.parent)
         try:

@@ -1,25 +1,41 @@
-"""A pytest plugin for tools/fla_suite.py's accelerated run: activate every fla target
-before the first test, and write each test's route (its last rebound call: "ours" or
-"fallback:<reason>", None when it called no target) to $FLA_SUITE_ROUTES as JSON."""
+"""A pytest plugin for tools/fla_suite.py's runs. In both modes each test's cached device
+memory goes back to the driver as it ends: the tool runs up to ten pytest processes on one
+GPU, and a process's allocator otherwise keeps its peak for the rest of its file. In the
+accelerated run ($FLA_SUITE_ROUTES set) it activates every fla target before the first test
+and writes each test's route (its last rebound call: "ours" or "fallback:<reason>", None
+when it called no target) there as JSON."""
 
 import json
 import os
 import pathlib
 
-import cudnn_pygraph.fla as cfla
+import torch
 
+_ACCELERATED = bool(os.environ.get("FLA_SUITE_ROUTES"))
 _ROUTES: dict = {}
 
 
 def pytest_configure(config):
-    cfla.accelerate_fla(verbose=False)
+    if _ACCELERATED:
+        import cudnn_pygraph.fla as cfla
+
+        cfla.accelerate_fla(verbose=False)
 
 
 def pytest_runtest_setup(item):
-    cfla._LAST.path = None
+    if _ACCELERATED:
+        import cudnn_pygraph.fla as cfla
+
+        cfla._LAST.path = None
 
 
 def pytest_runtest_teardown(item):
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    if not _ACCELERATED:
+        return
+    import cudnn_pygraph.fla as cfla
+
     # tools/fla_suite.py's case id: the test's module (or class) and its name
     parts = item.nodeid.split("::")
     owner = parts[-2] if len(parts) > 2 else pathlib.Path(parts[0]).stem
