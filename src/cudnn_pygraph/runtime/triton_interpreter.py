@@ -23,7 +23,9 @@ about a quarter of its time in them): every call of a @triton.jit device functio
 program patches the language modules again (inspect.getmembers over tl, tl.core, ... per
 call, per program) although the launch has patched them already, and every value's numpy
 dtype is looked up by rebuilding the whole table of dtypes. Here a device function patches
-only the modules its launch has not, and each scalar type's dtype is looked up once.
+only the modules its launch has not, and each scalar type's dtype is looked up once. And
+every integer +, - and * computes an overflow check that device_assert then drops (the
+interpreter never runs in debug): here it is not computed.
 
 And numpy's IEEE warnings: exp2 overflowing to inf (a gelu or sigmoid of a large argument:
 x / (1 + inf) is the intended 0) and log2(0) = -inf on a masked lane are defined results
@@ -34,6 +36,7 @@ silenced.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import threading
 
@@ -61,6 +64,7 @@ def engage() -> None:
         _index_by_item(interpreter)
         _patch_language_once_per_launch(interpreter, tl)
         _np_dtype_once_per_type(interpreter, tl)
+        _no_overflow_checks_without_debug(interpreter)
         _ENGAGED = True
 
 
@@ -148,6 +152,18 @@ def _np_dtype_once_per_type(interpreter, tl):
         return found
 
     interpreter._get_np_dtype = np_dtype
+
+
+def _no_overflow_checks_without_debug(interpreter):
+    """An int32 +, - or * under the interpreter also computes its overflow check (a cast to
+    int64, the op again, two compares and an and: four to six more ops through the language
+    layer) and hands it to device_assert, which drops it unless the options say debug, as
+    the interpreter's always do not. The check is computed only where it can be asserted."""
+    options = interpreter.interpreter_builder.options
+    if not options.debug:
+        interpreter.interpreter_builder.options = dataclasses.replace(
+            options, sanitize_overflow=False
+        )
 
 
 def _ieee_without_warnings(builder):
