@@ -25,7 +25,8 @@ call, per program) although the launch has patched them already, and every value
 dtype is looked up by rebuilding the whole table of dtypes. Here a device function patches
 only the modules its launch has not, and each scalar type's dtype is looked up once. And
 every integer +, - and * computes an overflow check that device_assert then drops (the
-interpreter never runs in debug): here it is not computed.
+interpreter never runs in debug): here it is not computed. And every op's result builds
+its block type's and its tensor's shape objects anew: here once per shape.
 
 And numpy's IEEE warnings: exp2 overflowing to inf (a gelu or sigmoid of a large argument:
 x / (1 + inf) is the intended 0) and log2(0) = -inf on a masked lane are defined results
@@ -65,6 +66,7 @@ def engage() -> None:
         _patch_language_once_per_launch(interpreter, tl)
         _np_dtype_once_per_type(interpreter, tl)
         _no_overflow_checks_without_debug(interpreter)
+        _one_shape_per_block_shape(tl)
         _ENGAGED = True
 
 
@@ -164,6 +166,57 @@ def _no_overflow_checks_without_debug(interpreter):
         interpreter.interpreter_builder.options = dataclasses.replace(
             options, sanitize_overflow=False
         )
+
+
+def _one_shape_per_block_shape(tl):
+    """Every op's result under the interpreter is a new tl.tensor of a new block_type, and
+    each builds its shape as a tl.tuple (whose tuple_type formats a name from its elements):
+    the block type's shape of ints, the tensor's of constexprs, their numels and the type's
+    name, the same for every block of one shape. Here they are built once per shape and
+    shared (nothing mutates a built type's or tensor's shape): a block_type whose shape is
+    a shared one, or plain ints, and a tensor of such a type, take them from the table;
+    any other shape (constexprs, an error to raise) is built as before."""
+    core = tl.core
+    block_init, tensor_init = core.block_type.__init__, core.tensor.__init__
+    by_dims, by_id = {}, {}  # dims (ints) / id(the shared tl.tuple of them) -> their _Shape
+
+    class _Shape:
+        __slots__ = ("dims", "numel", "text", "of_tensor", "numel_of_tensor")
+
+        def __init__(self, built):  # built: a block_type the original __init__ made
+            self.dims, self.numel, self.text = built.shape, built.numel, str(built.shape)
+            self.of_tensor = core.tuple([core.constexpr(d) for d in built.shape])
+            self.numel_of_tensor = core.constexpr(built.numel)
+
+    def block_type_init(self, element_ty, shape):
+        found = by_id.get(id(shape))
+        if found is None:
+            dims = shape.values if type(shape) is core.tuple else shape
+            dims = tuple(dims) if isinstance(dims, (list, tuple)) else None
+            if not dims or not all(type(d) is int for d in dims):
+                return block_init(self, element_ty, shape)
+            found = by_dims.get(dims)
+            if found is None:
+                block_init(self, element_ty, list(dims))  # raises what it raised
+                found = by_dims[dims] = by_id[id(self.shape)] = _Shape(self)
+        self.element_ty = element_ty
+        self.shape, self.numel = found.dims, found.numel
+        self.name = f"<{found.text}, {element_ty}>"
+
+    scalar = _Shape.__new__(_Shape)
+    scalar.of_tensor, scalar.numel_of_tensor = core.tuple([]), core.constexpr(1)
+
+    def tensor_init_(self, handle, type):
+        found = by_id.get(id(type.shape)) if type.is_block() else scalar
+        if found is None:
+            return tensor_init(self, handle, type)
+        self.handle = handle
+        self.shape, self.numel = found.of_tensor, found.numel_of_tensor
+        self.type = type
+        self.dtype = type.scalar
+
+    core.block_type.__init__ = block_type_init
+    core.tensor.__init__ = tensor_init_
 
 
 def _ieee_without_warnings(builder):
