@@ -67,6 +67,7 @@ def engage() -> None:
         _np_dtype_once_per_type(interpreter, tl)
         _no_overflow_checks_without_debug(interpreter)
         _one_shape_per_block_shape(tl)
+        _shape_compare_without_a_tuple(tl)
         _ENGAGED = True
 
 
@@ -217,6 +218,22 @@ def _one_shape_per_block_shape(tl):
 
     core.block_type.__init__ = block_type_init
     core.tensor.__init__ = tensor_init_
+
+
+def _shape_compare_without_a_tuple(tl):
+    """Every broadcast compares a block's shape with a list of ints (semantic's
+    `lhs_shape != ret_shape`), and tl.tuple.__eq__ first makes the list a tl.tuple (its
+    tuple_type formats a name) only to compare the two lists of values. Against a list of
+    plain ints the lists are compared directly, to the same result."""
+    core = tl.core
+    tuple_eq = core.tuple.__eq__
+
+    def eq(self, other):
+        if type(other) is list and all(type(d) is int for d in other):
+            return core.constexpr(self.values == other)
+        return tuple_eq(self, other)
+
+    core.tuple.__eq__ = eq
 
 
 def _ieee_without_warnings(builder):
