@@ -68,6 +68,7 @@ def engage() -> None:
         _no_overflow_checks_without_debug(interpreter)
         _one_shape_per_block_shape(tl)
         _shape_compare_without_a_tuple(tl)
+        _builtins_take_the_semantic_in_place(interpreter)
         _ENGAGED = True
 
 
@@ -234,6 +235,24 @@ def _shape_compare_without_a_tuple(tl):
         return tuple_eq(self, other)
 
     core.tuple.__eq__ = eq
+
+
+def _builtins_take_the_semantic_in_place(interpreter):
+    """A launch patches each language builtin (every tl.* call and tensor operator in a
+    kernel) with a wrapper that passes `_semantic`; Triton's copies the call's keyword
+    arguments minus `_semantic` into a new dict per call. Setting it in the call's own
+    keyword dict (new per call) passes the same arguments."""
+
+    def patch_attr(obj, name, member, builder, scope):
+        semantic = interpreter.TritonSemantic(builder)
+
+        def patched(*args, **kwargs):
+            kwargs["_semantic"] = semantic
+            return member(*args, **kwargs)
+
+        scope.set_attr(obj, name, patched)
+
+    interpreter._patch_attr = patch_attr
 
 
 def _ieee_without_warnings(builder):
