@@ -18,15 +18,20 @@ interpreter was chosen (there is no GPU there, so nothing compiled is touched):
   loaded; a load widens the stored bits exactly, a store and a cast to bf16 round to
   nearest even as the GPU does. fp16 (numpy's float16) is right already.
 
-And two costs of triton 3.6's interpreter that change no value (a CPU-mode call spends
-about a quarter of its time in them): every call of a @triton.jit device function inside a
-program patches the language modules again (inspect.getmembers over tl, tl.core, ... per
-call, per program) although the launch has patched them already, and every value's numpy
-dtype is looked up by rebuilding the whole table of dtypes. Here a device function patches
-only the modules its launch has not, and each scalar type's dtype is looked up once. And
-every integer +, - and * computes an overflow check that device_assert then drops (the
-interpreter never runs in debug): here it is not computed. And every op's result builds
-its block type's and its tensor's shape objects anew: here once per shape.
+And costs of triton 3.6's interpreter that change no value, paid per op or per call of
+every program (together more than half of a CPU-mode call's time):
+
+* every call of a @triton.jit device function patches the language modules again
+  (inspect.getmembers over tl, tl.core, ...) although its launch has patched them: here
+  a device function patches only the modules its launch has not;
+* every value's numpy dtype is looked up by rebuilding the whole table of dtypes: here
+  once per scalar type;
+* every integer +, - and * computes an overflow check that device_assert then drops (the
+  interpreter never runs in debug): here it is not computed;
+* every op's result builds its block type's and its tensor's shape objects anew, and every
+  broadcast turns a list of ints into one to compare shapes: here once per shape, and
+  compared as lists;
+* every builtin call copies its keyword arguments to pass `_semantic`: here it is set.
 
 And numpy's IEEE warnings: exp2 overflowing to inf (a gelu or sigmoid of a large argument:
 x / (1 + inf) is the intended 0) and log2(0) = -inf on a masked lane are defined results
