@@ -293,3 +293,23 @@ def test_runtime_loop_bounds_run_under_numpys_strict_scalar_rule():
         warnings.simplefilter("error", DeprecationWarning)
         o, _ = gated_delta_net(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
     assert torch.isfinite(o).all()
+
+
+def test_block_shapes_shared_under_the_interpreter_are_still_checked():
+    """Under the interpreter block types of one shape share one shape object
+    (runtime/triton_interpreter.py): a shape Triton refuses (numpy ints, not a power of
+    two) is refused also after equal values were shared, and a bool keeps its own type."""
+    import numpy as np
+    import triton.language as tl
+
+    from cudnn_pygraph.runtime.triton_interpreter import engage
+
+    engage()
+    first = tl.block_type(tl.float32, [16, 2])
+    again = tl.block_type(tl.int32, first.shape)
+    assert (again.shape, again.numel, again.element_ty) == (first.shape, 32, tl.int32)
+    with pytest.raises((TypeError, AttributeError)):  # Triton 3.6's refusal of numpy ints
+        tl.block_type(tl.float32, [np.int64(16), 2])
+    with pytest.raises(ValueError):
+        tl.block_type(tl.float32, [16, 3])
+    assert [type(d) for d in tl.block_type(tl.float32, [True, 2]).shape] == [bool, int]

@@ -18,12 +18,20 @@ interpreter was chosen (there is no GPU there, so nothing compiled is touched):
   loaded; a load widens the stored bits exactly, a store and a cast to bf16 round to
   nearest even as the GPU does. fp16 (numpy's float16) is right already.
 
-And two costs of triton 3.6's interpreter that change no value (a CPU-mode call spends
-about a quarter of its time in them): every call of a @triton.jit device function inside a
-program patches the language modules again (inspect.getmembers over tl, tl.core, ... per
-call, per program) although the launch has patched them already, and every value's numpy
-dtype is looked up by rebuilding the whole table of dtypes. Here a device function patches
-only the modules its launch has not, and each scalar type's dtype is looked up once.
+And costs of triton 3.6's interpreter that change no value, paid per op or per call of
+every program (together more than half of a CPU-mode call's time):
+
+* every call of a @triton.jit device function patches the language modules again
+  (inspect.getmembers over tl, tl.core, ...) although its launch has patched them: here
+  a device function patches only the modules its launch has not;
+* every value's numpy dtype is looked up by rebuilding the whole table of dtypes: here
+  once per scalar type;
+* every integer +, - and * computes an overflow check that device_assert then drops (the
+  interpreter never runs in debug): here it is not computed;
+* every op's result builds its block type's and its tensor's shape objects anew, and every
+  broadcast turns a list of ints into one to compare shapes: here once per shape, and
+  compared as lists;
+* every builtin call copies its keyword arguments to pass `_semantic`: here it is set.
 
 And numpy's IEEE warnings: exp2 overflowing to inf (a gelu or sigmoid of a large argument:
 x / (1 + inf) is the intended 0) and log2(0) = -inf on a masked lane are defined results
@@ -34,6 +42,7 @@ silenced.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import threading
 
@@ -61,6 +70,10 @@ def engage() -> None:
         _index_by_item(interpreter)
         _patch_language_once_per_launch(interpreter, tl)
         _np_dtype_once_per_type(interpreter, tl)
+        _no_overflow_checks_without_debug(interpreter)
+        _one_shape_per_block_shape(tl)
+        _shape_compare_without_a_tuple(tl)
+        _builtins_take_the_semantic_in_place(interpreter)
         _ENGAGED = True
 
 
@@ -148,6 +161,103 @@ def _np_dtype_once_per_type(interpreter, tl):
         return found
 
     interpreter._get_np_dtype = np_dtype
+
+
+def _no_overflow_checks_without_debug(interpreter):
+    """An int32 +, - or * under the interpreter also computes its overflow check (a cast to
+    int64, the op again, two compares and an and: four to six more ops through the language
+    layer) and hands it to device_assert, which drops it unless the options say debug, as
+    the interpreter's always do not. The check is computed only where it can be asserted."""
+    options = interpreter.interpreter_builder.options
+    if not options.debug:
+        interpreter.interpreter_builder.options = dataclasses.replace(
+            options, sanitize_overflow=False
+        )
+
+
+def _one_shape_per_block_shape(tl):
+    """Every op's result under the interpreter is a new tl.tensor of a new block_type, and
+    each builds its shape as a tl.tuple (whose tuple_type formats a name from its elements):
+    the block type's shape of ints, the tensor's of constexprs, their numels and the type's
+    name, the same for every block of one shape. Here they are built once per shape and
+    shared (nothing mutates a built type's or tensor's shape): a block_type whose shape is
+    a shared one, or plain ints, and a tensor of such a type, take them from the table;
+    any other shape (constexprs, an error to raise) is built as before."""
+    core = tl.core
+    block_init, tensor_init = core.block_type.__init__, core.tensor.__init__
+    by_dims, by_id = {}, {}  # dims (ints) / id(the shared tl.tuple of them) -> their _Shape
+
+    class _Shape:
+        __slots__ = ("dims", "numel", "text", "of_tensor", "numel_of_tensor")
+
+        def __init__(self, built):  # built: a block_type the original __init__ made
+            self.dims, self.numel, self.text = built.shape, built.numel, str(built.shape)
+            self.of_tensor = core.tuple([core.constexpr(d) for d in built.shape])
+            self.numel_of_tensor = core.constexpr(built.numel)
+
+    def block_type_init(self, element_ty, shape):
+        found = by_id.get(id(shape))
+        if found is None:
+            dims = shape.values if type(shape) is core.tuple else shape
+            dims = tuple(dims) if isinstance(dims, (list, tuple)) else None
+            if not dims or not all(type(d) is int for d in dims):
+                return block_init(self, element_ty, shape)
+            found = by_dims.get(dims)
+            if found is None:
+                block_init(self, element_ty, list(dims))  # raises what it raised
+                found = by_dims[dims] = by_id[id(self.shape)] = _Shape(self)
+        self.element_ty = element_ty
+        self.shape, self.numel = found.dims, found.numel
+        self.name = f"<{found.text}, {element_ty}>"
+
+    scalar = _Shape.__new__(_Shape)
+    scalar.of_tensor, scalar.numel_of_tensor = core.tuple([]), core.constexpr(1)
+
+    def tensor_init_(self, handle, type):
+        found = by_id.get(id(type.shape)) if type.is_block() else scalar
+        if found is None:
+            return tensor_init(self, handle, type)
+        self.handle = handle
+        self.shape, self.numel = found.of_tensor, found.numel_of_tensor
+        self.type = type
+        self.dtype = type.scalar
+
+    core.block_type.__init__ = block_type_init
+    core.tensor.__init__ = tensor_init_
+
+
+def _shape_compare_without_a_tuple(tl):
+    """Every broadcast compares a block's shape with a list of ints (semantic's
+    `lhs_shape != ret_shape`), and tl.tuple.__eq__ first makes the list a tl.tuple (its
+    tuple_type formats a name) only to compare the two lists of values. Against a list of
+    plain ints the lists are compared directly, to the same result."""
+    core = tl.core
+    tuple_eq = core.tuple.__eq__
+
+    def eq(self, other):
+        if type(other) is list and all(type(d) is int for d in other):
+            return core.constexpr(self.values == other)
+        return tuple_eq(self, other)
+
+    core.tuple.__eq__ = eq
+
+
+def _builtins_take_the_semantic_in_place(interpreter):
+    """A launch patches each language builtin (every tl.* call and tensor operator in a
+    kernel) with a wrapper that passes `_semantic`; Triton's copies the call's keyword
+    arguments minus `_semantic` into a new dict per call. Setting it in the call's own
+    keyword dict (new per call) passes the same arguments."""
+
+    def patch_attr(obj, name, member, builder, scope):
+        semantic = interpreter.TritonSemantic(builder)
+
+        def patched(*args, **kwargs):
+            kwargs["_semantic"] = semantic
+            return member(*args, **kwargs)
+
+        scope.set_attr(obj, name, patched)
+
+    interpreter._patch_attr = patch_attr
 
 
 def _ieee_without_warnings(builder):
