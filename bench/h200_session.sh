@@ -54,6 +54,8 @@
 #                fla-org/flash-linear-attention checkout in .fla/, carried, never committed)
 #   fla-suite    issue 31: fla's own tests alone (FLA_FILES: some of its files; FLA_JOBS side
 #                by side, default 10: all five files' two modes at once)
+#   state-layout issue 31: a V-first state gives bitwise the K-first call's numbers (fla's
+#                test_chunk_state_v_first), each side's selected plans printed
 #   la-stages    issue 30: la_stages.md alone (the carried cache unpacked as for la-bench)
 #   (any)        FUZZ_PROCS=N beside the topics: the torch-op fuzz (tools/fuzz.py --ops) on N
 #                CPU processes at the lowest priority, the GPU hidden, seeds FUZZ_SEED (default
@@ -185,6 +187,8 @@ tests_la_candidates() { gpu_suite la_candidates 300 -s tests/gpu/test_kda_candid
 bench_la_candidates() {
   SWEEP_VARIANTS=${SWEEP_VARIANTS:-stage + wy_bwd,together} bench_kda_sweep
 }
+tests_state_layout() { gpu_suite state_layout 200 -s tests/gpu/test_state_layout_gpu.py; }
+bench_state_layout() { :; }
 tests_fla() { gpu_suite head_dims 240 -s tests/gpu/test_head_dims_gpu.py; }
 # Diagnostics, not timings: the localizations run side by side with the other suites.
 tests_la_localize() {
