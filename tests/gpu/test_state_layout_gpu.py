@@ -62,9 +62,7 @@ def test_v_first_is_the_k_first_call_transposed(family, B, T, H, D):
     graphs._GRAPHS.clear()
     v_first = _call(family, (q, k, v, g, beta), h0, dht, True)
     v_plans = _plans()
-    diffs = {
-        n: (k_first[n].double() - v_first[n].double()).abs().max().item() for n in k_first
-    }
+    diffs = {n: (k_first[n].double() - v_first[n].double()).abs().max().item() for n in k_first}
     print(f"[{family} B{B} T{T} H{H} D{D}] k-first plans {k_plans} v-first plans {v_plans}")
     print("  max |k-first - v-first|:", " ".join(f"{n}={e:.3g}" for n, e in diffs.items()))
     assert not any(diffs.values()), diffs

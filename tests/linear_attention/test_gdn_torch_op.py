@@ -250,6 +250,32 @@ def test_state_v_first_takes_and_returns_the_transposed_state():
     assert rel(o[0], ref_o) < TOL["o"] and rel(ht, ref_ht.transpose(-1, -2)) < TOL["state"]
 
 
+def test_v_first_runs_the_k_first_graph_and_gives_its_numbers_bitwise():
+    # fla's test_chunk_state_v_first holds the two layouts to a ratio of 1e-4: one graph
+    # (one compiled kernel set) must serve both, forward and backward.
+    q, k, v, g, beta, cu, h0 = inputs()
+    d_ht = torch.randn(h0.shape, generator=torch.Generator().manual_seed(5))
+
+    def run(v_first):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, g, beta)]
+        state = (h0.transpose(-1, -2).contiguous() if v_first else h0).clone().requires_grad_()
+        o, ht = ops.gated_delta_net(*leaves, initial_state=state, output_final_state=True,
+                                    cu_seqlens=cu, state_v_first=v_first)  # fmt: skip
+        if v_first:
+            ht = ht.transpose(-1, -2)
+        ((o * o).sum() + (ht * d_ht).sum()).backward()
+        d_h0 = state.grad.transpose(-1, -2) if v_first else state.grad
+        return [o, ht, d_h0, *(t.grad for t in leaves)]
+
+    graphs._GRAPHS.clear()
+    k_first = run(False)
+    built = set(graphs._GRAPHS)
+    v_first = run(True)
+    assert set(graphs._GRAPHS) == built
+    for a, b in zip(k_first, v_first):
+        assert torch.equal(a, b)
+
+
 def test_plain_eager_calls_skip_the_dispatcher_with_the_same_answer(monkeypatch):
     q, k, v, g, beta, cu, h0 = inputs()
     direct = []
