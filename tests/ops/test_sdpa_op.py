@@ -541,3 +541,30 @@ def test_the_gpu_paths_generated_execute_launches_each_calls_batch(prepared):
                 short = torch.empty(need[0] + need[1] * b - 1, dtype=torch.uint8)
                 with pytest.raises(ValueError, match="workspace"):
                     execute(plan.graph, pack, ExecutionContext(None, None, short, None))
+
+
+def test_a_repeated_dense_call_skips_its_checks_and_any_changed_fact_runs_them(monkeypatch):
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 16, 64, generator=gen).half() for _ in range(3))
+    first = ops.scaled_dot_product_attention(q, k, v, is_causal=True)
+    checked = []
+    check = attention._check_arguments
+    monkeypatch.setattr(attention, "_check_arguments", lambda *a: checked.append(1) or check(*a))
+    again = ops.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert checked == [] and torch.equal(first, again)
+    # each of these differs from the first call in one fact the checks read
+    bad_head_stride = torch.randn(1, 2, 64, 16, generator=gen).half().transpose(-1, -2)
+    for call in (
+        lambda: ops.scaled_dot_product_attention(q, k, v),
+        lambda: ops.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5),
+        lambda: ops.scaled_dot_product_attention(q.float(), k.float(), v.float()),
+        lambda: ops.scaled_dot_product_attention(q, bad_head_stride, v, is_causal=True),
+        lambda: ops.scaled_dot_product_attention(q, k, v, is_causal=True, window_left=3),
+    ):
+        n = len(checked)
+        call()
+        assert len(checked) == n + 1
+    with pytest.raises(ValueError, match="causal_alignment"):
+        ops.scaled_dot_product_attention(q, k, v, is_causal=True, causal_alignment="middle")
+    with pytest.raises(ValueError, match="causal_alignment"):
+        ops.scaled_dot_product_attention(q, k, v, is_causal=True, causal_alignment=["top_left"])
