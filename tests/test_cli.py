@@ -517,9 +517,7 @@ def _logged_plans(value):
     return [x for x in proc.stderr.splitlines() if ":cudnn_pygraph" in x]
 
 
-@pytest.mark.parametrize("value", ["info", "1", "true", "DEBUG", "loud"])
-def test_CUDNN_PYGRAPH_LOG_logs_each_decision_once_and_leaves_the_root_logger_alone(value):
-    lines = _logged_plans(value)
+def _assert_each_decision_logged_once(lines):
     declines = [x for x in lines if "declined graph" in x]
     assert declines == [
         (
@@ -538,9 +536,54 @@ def test_CUDNN_PYGRAPH_LOG_logs_each_decision_once_and_leaves_the_root_logger_al
     assert "INFO:cudnn_pygraph:graph 'demo_gdn': 1 plans" in lines
 
 
+# A fresh process per class of value: the variable is read when the package is imported,
+# and the root logger is left as the application had it.
+def test_CUDNN_PYGRAPH_LOG_at_import_logs_each_decision_once_and_leaves_the_root_logger_alone():
+    _assert_each_decision_logged_once(_logged_plans("info"))
+
+
+def test_CUDNN_PYGRAPH_LOG_off_at_import_logs_nothing():
+    assert _logged_plans("0") == []
+
+
+@pytest.fixture
+def package_logger():
+    """The cudnn_pygraph logger, put back as it was after the test (configure_from_env
+    attaches its stderr handler and stops propagation)."""
+    import logging
+
+    log = logging.getLogger("cudnn_pygraph")
+    handlers, level, propagate = list(log.handlers), log.level, log.propagate
+    yield log
+    log.handlers[:] = handlers
+    log.setLevel(level)
+    log.propagate = propagate
+
+
+@pytest.mark.parametrize("value", ["info", "1", "true", "DEBUG", "loud"])
+def test_CUDNN_PYGRAPH_LOG_on_values_log_each_decision_once(
+    value, capsys, monkeypatch, package_logger
+):
+    # each value as the import reads it (_log.configure_from_env), in this process
+    from cudnn_pygraph import _log
+
+    monkeypatch.setenv(_log.LOG_ENV, value)
+    _log.configure_from_env()
+    with manifest.use_families([gdn_family(NeedsNothingHere, TorchDeltaRule)]):
+        rc, _, err = run_cli(capsys, "plans", "--example", "gdn")
+    assert rc == 0
+    _assert_each_decision_logged_once([x for x in err.splitlines() if ":cudnn_pygraph" in x])
+
+
 @pytest.mark.parametrize("value", ["0", "false", "off", ""])
-def test_CUDNN_PYGRAPH_LOG_off_values_log_nothing(value):
-    assert _logged_plans(value) == []
+def test_CUDNN_PYGRAPH_LOG_off_values_log_nothing(value, capsys, monkeypatch, package_logger):
+    from cudnn_pygraph import _log
+
+    monkeypatch.setenv(_log.LOG_ENV, value)
+    _log.configure_from_env()
+    with manifest.use_families([gdn_family(NeedsNothingHere, TorchDeltaRule)]):
+        rc, _, err = run_cli(capsys, "plans", "--example", "gdn")
+    assert rc == 0 and ":cudnn_pygraph" not in err
 
 
 def test_builds_selection_and_autotune_are_logged(caplog, tmp_path, monkeypatch):

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from cudnn_pygraph.planning.device import gpu_driver_present
 
@@ -313,3 +315,46 @@ def test_block_shapes_shared_under_the_interpreter_are_still_checked():
     with pytest.raises(ValueError):
         tl.block_type(tl.float32, [16, 3])
     assert [type(d) for d in tl.block_type(tl.float32, [True, 2]).shape] == [bool, int]
+
+
+@triton.jit
+def _running_max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _running_min(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def _scans(x_ptr, out_ptr, AXIS: tl.constexpr, REVERSE: tl.constexpr, MAX: tl.constexpr):
+    offs = tl.arange(0, 8)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    x = tl.load(x_ptr + offs)
+    if MAX:
+        y = tl.associative_scan(x, AXIS, _running_max, reverse=REVERSE)
+    else:
+        y = tl.associative_scan(x, AXIS, _running_min, reverse=REVERSE)
+    tl.store(out_ptr + offs, y)
+
+
+def test_scans_under_the_interpreter_give_the_sequential_scan():
+    """A scan of integers whose combine is max(a, b) runs as one numpy running max under
+    the interpreter (runtime/triton_interpreter.py); its values, forward and reversed, along
+    either axis, are the element-by-element scan's. Other combines (min, a float max) keep
+    the element-by-element scan."""
+    import numpy as np
+
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.int32, torch.float32):
+        x = torch.randint(-1000, 1000, (8, 32), generator=gen).to(dtype)
+        for axis in (0, 1):
+            for reverse in (False, True):
+                for is_max in (True, False):
+                    out = torch.full_like(x, -7)
+                    _scans[(1,)](x, out, AXIS=axis, REVERSE=reverse, MAX=is_max)
+                    step = np.maximum if is_max else np.minimum
+                    data = np.flip(x.numpy(), axis) if reverse else x.numpy()
+                    want = step.accumulate(data, axis=axis)
+                    want = np.flip(want, axis) if reverse else want
+                    assert np.array_equal(out.numpy(), want), (dtype, axis, reverse, is_max)

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "linear_attention"))
 
-import test_gdn2_engine as gdn2  # noqa: E402
 import test_gdp_engine as gdp  # noqa: E402
+from test_engines import GDN2 as gdn2  # noqa: E402
 from test_gdn2_gdp_chain import (  # noqa: E402
     KT,
     _cotangents,

@@ -16,8 +16,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import test_gdn2_engine as gdn2
 import test_gdp_engine as gdp
+from test_engines import DEVICE, declare
+from test_engines import GDN2 as gdn2
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph import data_type as dt
@@ -25,7 +26,6 @@ from cudnn_pygraph.engines.linear_attention import heuristics
 from cudnn_pygraph.engines.linear_attention.kernels import splitting
 from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES
 
-DEVICE = gdn2.DEVICE
 KT = cudnn.knob_type
 CHAIN_TOL = 1e-5  # ||chain - uncut|| / ||uncut||, fp32 (as test_gdn_chain.py's)
 # The gate parameters' gradients are sums over every token and channel of the sequence,
@@ -69,11 +69,11 @@ GDN2_GRADS = ("q", "k", "v", "g", "beta", "w", "initial_state", "a_log", "dt_bia
 def gdn2_graph(x):
     """A gdn2 graph over `x`: (graph, its input ports by name, O, final state)."""
     g = cudnn.pygraph(name="gdn2", io_data_type=dt.FLOAT)
-    t = gdn2.declare(g, x)
+    t = declare(g, x)
     o, final, _ = g.gdn2(
         t["q"], t["k"], t["v"], t["g"], t["beta"], t["w"], t["cu_seqlens"],
         initial_state=t["initial_state"], a_log=t["a_log"], dt_bias=t["dt_bias"],
-        output_final_state=True, **gdn2.ATTRS,
+        output_final_state=True, **gdn2.attrs,
     )  # fmt: skip
     o.set_output(True)
     final.set_output(True)
@@ -98,11 +98,11 @@ def gdn2_forward(x, knobs):
 def gdn2_backward(x, d_o, d_final, knobs):
     g = cudnn.pygraph(name="gdn2_bwd", io_data_type=dt.FLOAT)
     extra = {"dO": d_o, "d_final_state": d_final}
-    t = gdn2.declare(g, {**x, **extra})
+    t = declare(g, {**x, **extra})
     outs = g.gdn2_bwd(
         t["q"], t["k"], t["v"], t["g"], t["beta"], t["w"], t["cu_seqlens"], t["dO"],
         initial_state=t["initial_state"], d_final_state=t["d_final_state"],
-        a_log=t["a_log"], dt_bias=t["dt_bias"], **gdn2.ATTRS,
+        a_log=t["a_log"], dt_bias=t["dt_bias"], **gdn2.attrs,
     )  # fmt: skip
     pack = {t[n]: b for n, b in {**x, **extra}.items()}
     grads = {}

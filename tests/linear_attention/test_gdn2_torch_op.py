@@ -1,7 +1,8 @@
-"""The GDN-2 torch op (cudnn_pygraph.linear_attention.ops.gated_delta_net_v2): NVIDIA's
-THD signature with V-major states, autograd through the gdn2_bwd graph (dW included) and
-torch.library's opcheck — against the float64 reference, under the Triton interpreter on
-CPU (fp32)."""
+"""The GDN-2 torch op (cudnn_pygraph.linear_attention.ops.gated_delta_net_v2) where it is
+GDN-2's alone: NVIDIA's THD signature with V-major states, autograd through the gdn2_bwd
+graph (dW included) — against the float64 reference, under the Triton interpreter on CPU
+(fp32). What every family's op does (the positional call, views, opcheck):
+test_torch_ops.py."""
 
 import pytest
 import torch
@@ -36,16 +37,6 @@ def reference(q, k, v, g, beta, w, cu, h0, **attrs):
     return gdn2_reference(
         q, k, v, g, beta, cu, scale=K**-0.5, initial_state=h0, write_gate=w, **attrs
     )
-
-
-def test_forward_in_nvidia_positional_order_matches_the_reference():
-    q, k, v, g, beta, w, cu, h0 = inputs()
-    # gated_delta_net_v2(q, k, v, g, beta, w, cu_seqlens, scale, initial_state,
-    #                    output_final_state, use_qk_l2norm_in_kernel)
-    o, ht = ops.gated_delta_net_v2(q, k, v, g, beta, w, cu, None, h0, True, True)
-    ref_o, ref_ht = reference(q, k, v, g, beta, w, cu, h0, use_qk_l2norm=True)
-    assert o.shape == (40, 1, K) and ht.shape == (2, 1, K, K)
-    assert rel(o, ref_o) < TOL["o"] and rel(ht, ref_ht) < TOL["state"]
 
 
 def test_final_state_is_empty_unless_asked():
@@ -88,63 +79,6 @@ def test_autograd_matches_the_reference_with_dw(safe_gate, HV):
     for name, got, want in zip(names, grads, ref_grads):
         assert got.shape == want.shape, name
         assert rel(got, want) < TOL["grad"], name
-
-
-def test_views_of_a_fused_projection_equal_dense_inputs():
-    q, k, v, g, beta, w, cu, h0 = inputs(T=24)
-    cu = torch.tensor([0, 9, 24], dtype=torch.int32)
-    gbw = torch.cat([g, beta, w], dim=-1)  # [T, HO, 3K]: one projection, the gates its views
-    views = (gbw[..., :K], gbw[..., K : 2 * K], gbw[..., 2 * K :])
-    assert not any(t.is_contiguous() for t in views)
-    kw = {"initial_state": h0, "output_final_state": True}
-    o, ht = ops.gated_delta_net_v2(q, k, v, g, beta, w, cu, **kw)
-    o_v, ht_v = ops.gated_delta_net_v2(q, k, v, *views, cu, **kw)
-    assert torch.equal(o_v, o) and torch.equal(ht_v, ht)
-
-
-def test_opcheck_forward_and_backward():
-    q, k, v, g, beta, w, _, h0 = inputs(T=6)
-    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v, g, beta, w, h0)]
-    fwd_flags = (
-        K**-0.5,
-        True,
-        True,
-        False,
-        False,
-        False,
-        "log",
-        False,
-        True,
-    )  # the last: save_for_backward (autograd's path)
-    torch.library.opcheck(
-        torch.ops.cudnn_pygraph.gdn2_fwd.default,
-        (*leaves[:6], cu, leaves[6], None, None, *fwd_flags),
-    )
-    do = torch.randn(6, 1, K, generator=torch.Generator().manual_seed(4))
-    bwd_flags = (K**-0.5, True, False, False, False, "log", False)
-    # gdn2_bwd under AOT dispatch with dynamic shapes: the gdn2_fwd opcheck's
-    # test_aot_dispatch_dynamic above traces and runs it in the backward graph.
-    torch.library.opcheck(
-        torch.ops.cudnn_pygraph.gdn2_bwd.default,
-        (
-            q,
-            k,
-            v,
-            g,
-            beta,
-            w,
-            cu,
-            do,
-            h0,
-            torch.ones_like(h0),
-            None,
-            None,
-            *bwd_flags,
-            [],
-        ),  # saved: none, it recomputes
-        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
-    )
 
 
 BAD_CALLS = {

@@ -238,15 +238,14 @@ def test_the_piece_rule(shape, backward, batch_invariant, pieces):
 def test_a_kda_chain_gives_the_uncut_output_and_gradients():
     # kda through the same engine: the summaries walk the decay per key channel, here
     # through the lower-bound gate (a_log, dt_bias) the kda graphs use.
-    from test_kda_engine import GATE_ATTRS
-    from test_kda_engine import declare as kda_declare
-    from test_kda_engine import inputs as kda_inputs
+    from test_engines import KDA
+    from test_engines import declare as kda_declare
 
     # 4 chunks over 9 slots: pieces of one chunk, three for the 130 tokens (the last of 2),
     # an empty slot for the empty sequence, then the one-token sequence's piece and the
     # slots left over. One head: the per-head grid of the chain is the gdn tests' above
     # (two heads), the same kernels.
-    x = kda_inputs(seqlens=(130, 0, 1), heads=1)
+    x = KDA.inputs(seqlens=(130, 0, 1), heads=1)
     # Mild decays (lb * sigmoid(logit - 6) ~ -0.01 a token): a piece's transition does not
     # underflow, so the composed seeds carry the earlier pieces.
     x["g"] = x["g"] - 6.0
@@ -254,7 +253,7 @@ def test_a_kda_chain_gives_the_uncut_output_and_gradients():
     d_o = torch.randn(tuple(x["v"].shape), generator=gen).to(DEVICE)
     d_final = torch.randn(tuple(x["initial_state"].shape), generator=gen).to(DEVICE)
     grads = ("q", "k", "v", "g", "beta", "initial_state", "a_log", "dt_bias")
-    attrs = {**ATTRS, **GATE_ATTRS}
+    attrs = KDA.attrs  # the chain's ATTRS and the lower-bound gate
     runs = []
     for pieces in (0, 3):
         g = cudnn.pygraph(name="kda", io_data_type=dt.FLOAT)

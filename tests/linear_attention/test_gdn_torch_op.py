@@ -1,6 +1,8 @@
-"""The torch op layer (cudnn_pygraph.linear_attention.ops): the public-GDN signature, the
-K-major state convention, autograd through the gdn_bwd graph, and the in-place pool
-variant — against the float64 reference, under the Triton interpreter on CPU (fp32)."""
+"""The GDN torch op (cudnn_pygraph.linear_attention.ops.gated_delta_net) where it is GDN's
+alone: fla's and vLLM's calls, autograd through the gdn_bwd graph, the in-place pool over
+two slots, the eager path past the dispatcher — against the float64 reference, under the
+Triton interpreter on CPU (fp32). What every family's op does (the positional call, the
+V-first state, the padding slot): test_torch_ops.py."""
 
 import pytest
 import torch
@@ -26,35 +28,6 @@ def inputs(T=40, N=2, H=2, K=64, V=64, seed=0):
     cu = torch.tensor([0, 17, T][: N + 1] if N == 2 else [0, T], dtype=torch.int32)
     h0 = r(N, H, K, V) * 0.1  # K-major, as the public kernels keep it
     return q, k, v, g, beta, cu, h0
-
-
-def test_forward_and_final_state_match_the_reference():
-    q, k, v, g, beta, cu, h0 = inputs()
-    o, ht = ops.gated_delta_net(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        initial_state=h0,
-        output_final_state=True,
-        cu_seqlens=cu,
-        use_qk_l2norm_in_kernel=True,
-    )
-    ref_o, ref_ht = gdn_reference(
-        q[0],
-        k[0],
-        v[0],
-        g[0],
-        beta[0],
-        cu,
-        scale=64**-0.5,
-        initial_state=h0.transpose(-1, -2),
-        use_qk_l2norm=True,
-    )
-    assert o.shape == (1, 40, 2, 64) and ht.shape == (2, 2, 64, 64)
-    assert rel(o[0], ref_o) < TOL["o"]
-    assert rel(ht, ref_ht.transpose(-1, -2)) < TOL["state"]
 
 
 def test_autograd_matches_the_reference_gradients():
@@ -178,27 +151,6 @@ def _reference(q, k, v, g, beta, cu, h0_kmajor, l2norm):
     return ref_o, ref_ht.transpose(-1, -2)
 
 
-def test_fla_positional_order():
-    # chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state,
-    #                        use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
-    #                        allow_neg_eigval, state_v_first, cu_seqlens)
-    q, k, v, g, beta, cu, h0 = inputs()
-    o, ht = ops.gated_delta_net(q, k, v, g, beta, 64**-0.5, h0, True, True, False, False, False, cu)
-    ref_o, ref_ht = _reference(q, k, v, g, beta, cu, h0, True)
-    assert rel(o[0], ref_o) < TOL["o"] and rel(ht, ref_ht) < TOL["state"]
-
-
-def test_vllm_call():
-    # vLLM's GDN layer calls fla's op with these keywords (chunk prefill)
-    q, k, v, g, beta, cu, h0 = inputs()
-    o, ht = ops.gated_delta_net(
-        q=q, k=k, v=v, g=g, beta=beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
-        head_first=False, use_qk_l2norm_in_kernel=True,
-    )  # fmt: skip
-    ref_o, ref_ht = _reference(q, k, v, g, beta, cu, h0, True)
-    assert rel(o[0], ref_o) < TOL["o"] and rel(ht, ref_ht) < TOL["state"]
-
-
 def test_fla_docstring_calls():
     # fla's docstring example, small: equal lengths [B, T, ...] with h0 [B, HV, K, V]; then the
     # same tokens packed as 1 x (B T) with int64 cu_seqlens; GVA (HV = 2 H) both times.
@@ -230,24 +182,6 @@ def test_fla_docstring_calls():
     )
     assert rel(o1[0], ref_o) < TOL["o"] and rel(ht1, ref_ht) < TOL["state"]
     assert rel(o.reshape(1, B * T, HV, V)[0], ref_o) < TOL["o"] and rel(ht, ref_ht) < TOL["state"]
-
-
-def test_state_v_first_takes_and_returns_the_transposed_state():
-    q, k, v, g, beta, cu, h0 = inputs()
-    o, ht = ops.gated_delta_net(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        initial_state=h0.transpose(-1, -2).contiguous(),
-        output_final_state=True,
-        cu_seqlens=cu,
-        state_v_first=True,
-    )
-    ref_o, ref_ht = _reference(q, k, v, g, beta, cu, h0, False)
-    assert ht.shape == (2, 2, 64, 64)
-    assert rel(o[0], ref_o) < TOL["o"] and rel(ht, ref_ht.transpose(-1, -2)) < TOL["state"]
 
 
 def test_v_first_runs_the_k_first_graph_and_gives_its_numbers_bitwise():
@@ -431,22 +365,6 @@ def test_views_of_a_fused_projection_run_forward_and_backward():
     assert rel(o[0], ref_o) < TOL["o"]
     assert rel(d_qkv, torch.cat([t.flatten(2) for t in ref[:3]], dim=2)) < TOL["grad"]
     assert rel(d_gb, torch.cat(ref[3:], dim=2)) < TOL["grad"]
-
-
-def test_pool_slot_minus_one_is_vllms_padding_slot():
-    # state_indices -1: no read, no write of the pool for that sequence; its output is the
-    # one a zero initial state gives.
-    q, k, v, g, beta, cu, _h0 = inputs(seed=9)
-    pool = torch.randn(5, 2, 64, 64) * 0.1
-    before = pool.clone()
-    idx = torch.tensor([-1, 2], dtype=torch.int32)
-    o = ops.gated_delta_net_overwrite_state(q, k, v, g, beta, pool, cu, state_indices=idx)
-    seeds = torch.stack([torch.zeros(2, 64, 64), before[2]])
-    ref_o, ref_ht = gdn_reference(q[0], k[0], v[0], g[0], beta[0], cu, scale=64**-0.5,
-                                  initial_state=seeds.transpose(-1, -2))  # fmt: skip
-    assert rel(o[0], ref_o) < TOL["o"]
-    assert rel(pool[2], ref_ht[1].transpose(-1, -2)) < TOL["state"]
-    assert torch.equal(pool[[0, 1, 3, 4]], before[[0, 1, 3, 4]])
 
 
 def test_autograd_backward_reads_the_forward_and_runs_no_second_forward(monkeypatch):

@@ -1,7 +1,8 @@
 """The Gated DeltaProduct torch op (cudnn_pygraph.linear_attention.gdp.gated_delta_product):
 fla's chunk_gated_delta_product signature (sub-token k / v / beta, real-token q / g), the
-K-major state, autograd through the gdp_bwd graph and torch.library's opcheck — against
-the float64 token-by-token reference, under the Triton interpreter on CPU (fp32)."""
+K-major state, autograd through the gdp_bwd graph — against the float64 token-by-token
+reference, under the Triton interpreter on CPU (fp32). What every family's op does (the
+positional call, the state layouts, the in-place pool, opcheck): test_torch_ops.py."""
 
 import pytest
 import torch
@@ -47,16 +48,20 @@ def reference(q, k, v, g, beta, cu, h0, n, **attrs):
     return o.reshape(B, T, *o.shape[1:]), final.transpose(-1, -2)
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_forward_and_final_state_match_the_reference(n):
-    q, k, v, g, beta, h0 = inputs(n=n)
+def test_three_householder_steps_match_the_reference_and_the_in_place_form():
+    # two steps a token and the indexed pool: test_torch_ops.py's gdp row. The in-place
+    # form without indices updates one state per sequence, as the two-buffer call.
+    q, k, v, g, beta, h0 = inputs(n=3)
     cu = torch.tensor([0, 7, 20], dtype=torch.int32)
     o, ht = gated_delta_product(
-        q, k, v, g, beta, n, initial_state=h0, output_final_state=True, cu_seqlens=cu
+        q, k, v, g, beta, 3, initial_state=h0, output_final_state=True, cu_seqlens=cu
     )
-    ref_o, ref_ht = reference(q, k, v, g, beta, cu, h0, n)
+    ref_o, ref_ht = reference(q, k, v, g, beta, cu, h0, 3)
     assert o.shape == (1, 20, 1, K) and ht.shape == (2, 1, K, K)
     assert rel(o, ref_o) < TOL["o"] and rel(ht, ref_ht) < TOL["state"]
+    state = h0.clone()
+    o2 = gated_delta_product_overwrite_state(q, k, v, g, beta, 3, state, cu)
+    assert torch.equal(o2, o) and torch.equal(state, ht)
 
 
 def test_a_dense_batch_without_cu_seqlens_is_one_sequence_per_row():
@@ -118,56 +123,6 @@ def test_num_householder_1_is_gated_delta_net():
         q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu
     )
     assert torch.equal(o, o2) and torch.equal(ht, ht2)
-
-
-def test_opcheck_forward_and_backward():
-    q, k, v, g, beta, h0 = inputs(T=4, n=2)
-    cu = torch.tensor([0, 1, 4], dtype=torch.int32)
-    flat = [t[0] for t in (q, k, v, g, beta)]
-    h0 = h0.transpose(-1, -2)
-    leaves = [t.clone().requires_grad_(True) for t in (*flat, h0)]
-    fwd_flags = (K**-0.5, True, False, False, False, False, "log", False, True, 2)
-    torch.library.opcheck(
-        torch.ops.cudnn_pygraph.gdp_fwd.default,
-        (*leaves[:5], cu, leaves[5], None, None, *fwd_flags),
-    )
-    do = torch.randn(4, 1, K, generator=torch.Generator().manual_seed(4))
-    bwd_flags = (K**-0.5, False, False, False, False, "log", False, True, 2)
-    # gdp_bwd under AOT dispatch with dynamic shapes: the gdp_fwd opcheck's
-    # test_aot_dispatch_dynamic above traces and runs it in the backward graph.
-    torch.library.opcheck(
-        torch.ops.cudnn_pygraph.gdp_bwd.default,
-        (*flat, cu, do, h0, torch.ones_like(h0), None, None, *bwd_flags),
-        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
-    )
-    pool = torch.zeros(3, 1, K, K)
-    idx = torch.tensor([1, 0], dtype=torch.int32)
-    torch.library.opcheck(
-        torch.ops.cudnn_pygraph.gdp_fwd_overwrite_state.default,
-        (*flat, cu, pool, idx, None, None, K**-0.5, True, False, False, False, "log", False, 2),
-    )
-
-
-def test_pool_state_is_updated_in_place_at_the_indexed_rows():
-    q, k, v, g, beta, h0 = inputs(n=3)
-    cu = torch.tensor([0, 7, 20], dtype=torch.int32)
-    pool = 0.1 * torch.randn(4, 1, K, K, generator=torch.Generator().manual_seed(2))
-    before = pool.clone()
-    idx = torch.tensor([2, -1], dtype=torch.int32)  # -1: a padding slot, from a zero state
-    o = gated_delta_product_overwrite_state(q, k, v, g, beta, 3, pool, cu, idx)
-    seeds = torch.stack([before[2], torch.zeros(1, K, K)])
-    ref_o, ref_ht = reference(q, k, v, g, beta, cu, seeds, 3)
-    assert rel(o, ref_o) < TOL["o"]
-    assert rel(pool[2], ref_ht[0]) < TOL["state"]
-    for row in (0, 1, 3):
-        assert torch.equal(pool[row], before[row]), row
-    # without indices: one state per sequence, updated in place as the two-buffer call
-    state = h0.clone()
-    o2 = gated_delta_product_overwrite_state(q, k, v, g, beta, 3, state, cu)
-    o3, ht3 = gated_delta_product(
-        q, k, v, g, beta, 3, initial_state=h0, output_final_state=True, cu_seqlens=cu
-    )
-    assert torch.equal(o2, o3) and torch.equal(state, ht3)
 
 
 BAD_CALLS = {

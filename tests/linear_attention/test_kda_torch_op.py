@@ -1,7 +1,8 @@
-"""The KDA torch op (cudnn_pygraph.linear_attention.ops.kimi_delta_attention): fla's
-chunk_kda signature, the K-major state convention, autograd through the kda_bwd graph, the
-in-place pool variant and torch.library's opcheck — against the float64 reference, under
-the Triton interpreter on CPU (fp32)."""
+"""The KDA torch op (cudnn_pygraph.linear_attention.ops.kimi_delta_attention) where it is
+KDA's alone: fla's chunk_kda keywords, the gate in the kernel and its parameters' gradients
+through the kda_bwd graph, the dense batch — against the float64 reference, under the
+Triton interpreter on CPU (fp32). What every family's op does (the positional call, the
+state layouts, views, the in-place pool, opcheck): test_torch_ops.py."""
 
 import pytest
 import torch
@@ -38,16 +39,6 @@ def reference(q, k, v, g, beta, cu, h0, **attrs):
         initial_state=h0.transpose(-1, -2) if h0 is not None else None, **attrs,
     )  # fmt: skip
     return o[None], final.transpose(-1, -2)
-
-
-def test_forward_in_fla_positional_order_matches_the_reference():
-    q, k, v, g, beta, cu, h0 = inputs()
-    # chunk_kda(q, k, v, g, beta, scale, initial_state, output_final_state,
-    #           use_qk_l2norm_in_kernel, ...), cu_seqlens by keyword as fla's docstring
-    o, ht = ops.kimi_delta_attention(q, k, v, g, beta, None, h0, True, True, cu_seqlens=cu)
-    ref_o, ref_ht = reference(q, k, v, g, beta, cu, h0, use_qk_l2norm=True)
-    assert o.shape == (1, 40, 1, K) and ht.shape == (2, 1, K, K)
-    assert rel(o, ref_o) < TOL["o"] and rel(ht, ref_ht) < TOL["state"]
 
 
 @pytest.mark.parametrize(
@@ -99,23 +90,6 @@ def test_lower_bound_without_a_log_is_the_unit_amplitude_gate():
     assert rel(o, ref_o) < TOL["o"]
 
 
-def test_state_v_first_and_the_deprecated_alias_take_the_transposed_state():
-    q, k, v, g, beta, cu, h0 = inputs()
-    o, ht = ops.kimi_delta_attention(
-        q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu
-    )
-    vf = h0.transpose(-1, -2).contiguous()
-    o2, ht2 = ops.kimi_delta_attention(
-        q, k, v, g, beta, initial_state=vf, output_final_state=True, cu_seqlens=cu,
-        state_v_first=True,
-    )  # fmt: skip
-    o3, _ = ops.kimi_delta_attention(
-        q, k, v, g, beta, initial_state=vf, cu_seqlens=cu, transpose_state_layout=True
-    )
-    assert torch.equal(o, o2) and torch.equal(o, o3)
-    assert torch.equal(ht, ht2.transpose(-1, -2))
-
-
 def test_a_dense_batch_without_cu_seqlens_equals_the_packed_call():
     q, k, v, g, beta, _, _ = inputs(T=40)
     dense = [t.reshape(2, 20, *t.shape[2:]) for t in (q, k, v, g, beta)]
@@ -123,79 +97,6 @@ def test_a_dense_batch_without_cu_seqlens_equals_the_packed_call():
     cu = torch.tensor([0, 20, 40], dtype=torch.int32)
     o_p, ht_p = ops.kimi_delta_attention(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
     assert torch.equal(o.reshape(1, 40, 1, K), o_p) and torch.equal(ht, ht_p)
-
-
-def test_pool_state_is_updated_in_place_at_the_indexed_rows():
-    q, k, v, g, beta, cu, _ = inputs()
-    pool = 0.1 * torch.randn(4, 1, K, K, generator=torch.Generator().manual_seed(3))
-    before = pool.clone()
-    idx = torch.tensor([2, -1], dtype=torch.int32)
-    o = ops.kimi_delta_attention_overwrite_state(q, k, v, g, beta, pool, cu, idx)
-    seeds = torch.stack([before[2], torch.zeros_like(before[0])])
-    ref_o, ref_ht = reference(q, k, v, g, beta, cu, seeds)
-    assert rel(o, ref_o) < TOL["o"]
-    assert rel(pool[2], ref_ht[0]) < TOL["state"]
-    for row in (0, 1, 3):  # not indexed, and -1 (vLLM's padding slot) writes nothing
-        assert torch.equal(pool[row], before[row]), row
-
-
-def _opcheck_args():
-    q, k, v, g, beta, cu, h0 = inputs(T=6)
-    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
-    flat = [t[0] for t in (q, k, v, g, beta)]
-    return flat, cu, h0.transpose(-1, -2)
-
-
-def test_opcheck_forward_backward_and_in_place_ops():
-    (q, k, v, g, beta), cu, h0 = _opcheck_args()
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v, g, beta, h0)]
-    fwd_flags = (
-        K**-0.5,
-        True,
-        True,
-        False,
-        False,
-        False,
-        None,
-        "log",
-        False,
-        True,
-        True,
-    )  # the last: save_for_backward (autograd's path)
-    torch.library.opcheck(
-        torch.ops.cudnn_pygraph.kda_fwd.default,
-        (*leaves[:5], cu, leaves[5], None, None, *fwd_flags),
-    )
-    do = torch.randn(6, 1, K, generator=torch.Generator().manual_seed(4))
-    bwd_flags = (K**-0.5, True, False, False, False, None, "log", False, True)
-    # kda_bwd under AOT dispatch with dynamic shapes: the kda_fwd opcheck's
-    # test_aot_dispatch_dynamic above traces and runs it in the backward graph.
-    torch.library.opcheck(
-        torch.ops.cudnn_pygraph.kda_bwd.default,
-        (
-            q,
-            k,
-            v,
-            g,
-            beta,
-            cu,
-            do,
-            h0,
-            torch.ones_like(h0),
-            None,
-            None,
-            *bwd_flags,
-            [],
-        ),  # saved: none, it recomputes
-        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
-    )
-    pool = torch.zeros(3, 1, K, K)
-    idx = torch.tensor([1, 0], dtype=torch.int32)
-    torch.library.opcheck(
-        torch.ops.cudnn_pygraph.kda_fwd_overwrite_state.default,
-        (q, k, v, g, beta, cu, pool, idx, None, None, K**-0.5, True, False, False, False, None)
-        + ("log", False),
-    )
 
 
 BAD_CALLS = {
@@ -277,15 +178,3 @@ def test_fla_docstring_call_dense_batch_gate_in_kernel():
     )  # fmt: skip
     assert o.shape == (B, T, H, K) and ht.shape == (B, H, K, K)
     assert rel(o.reshape(1, B * T, H, K), ref_o) < TOL["o"] and rel(ht, ref_ht) < TOL["state"]
-
-
-def test_views_of_a_fused_projection_equal_dense_inputs():
-    q, k, v, g, beta, cu, h0 = inputs(T=24)
-    qkv = torch.cat([q, k, v], dim=-1)  # [1, T, H, 3K]: one projection, q / k / v its views
-    gb = torch.cat([g, beta[..., None].expand(*beta.shape, K)], dim=-1)  # [1, T, H, 2K]
-    views = (qkv[..., :K], qkv[..., K : 2 * K], qkv[..., 2 * K :], gb[..., :K], beta)
-    assert not any(t.is_contiguous() for t in views[:4])
-    kw = {"initial_state": h0, "output_final_state": True, "cu_seqlens": torch.tensor([0, 9, 24])}
-    o, ht = ops.kimi_delta_attention(q, k, v, g, beta, **kw)
-    o_v, ht_v = ops.kimi_delta_attention(*views, **kw)
-    assert torch.equal(o_v, o) and torch.equal(ht_v, ht)

@@ -31,7 +31,11 @@ every program (together more than half of a CPU-mode call's time):
 * every op's result builds its block type's and its tensor's shape objects anew, and every
   broadcast turns a list of ints into one to compare shapes: here once per shape, and
   compared as lists;
-* every builtin call copies its keyword arguments to pass `_semantic`: here it is set.
+* every builtin call copies its keyword arguments to pass `_semantic`: here it is set;
+* a scan whose combine is not the interpreter's own sum or product calls the combine once
+  per element (1024 device-function calls for a running max over a block): a scan of
+  integers whose combine is max(a, b) is np.maximum.accumulate here, the same values
+  (integer max is exact whatever the order).
 
 And numpy's IEEE warnings: exp2 overflowing to inf (a gelu or sigmoid of a large argument:
 x / (1 + inf) is the intended 0) and log2(0) = -inf on a masked lane are defined results
@@ -74,6 +78,7 @@ def engage() -> None:
         _one_shape_per_block_shape(tl)
         _shape_compare_without_a_tuple(tl)
         _builtins_take_the_semantic_in_place(interpreter)
+        _integer_max_scans_at_once(interpreter)
         _ENGAGED = True
 
 
@@ -258,6 +263,51 @@ def _builtins_take_the_semantic_in_place(interpreter):
         scope.set_attr(obj, name, patched)
 
     interpreter._patch_attr = patch_attr
+
+
+def _integer_max_scans_at_once(interpreter):
+    scans = interpreter.ScanOps
+    generic = scans.generic_scan
+
+    def generic_scan(self, input):
+        data = input[0].handle.data
+        if len(input) == 1 and np.issubdtype(data.dtype, np.integer) and _is_max(self.combine_fn):
+            return [self.to_tensor(np.maximum.accumulate(data, axis=self.axis), input[0].dtype)]
+        return generic(self, input)
+
+    scans.generic_scan = generic_scan
+
+
+# id(combine function) -> whether its whole body is `return <module>.maximum(a, b)`
+_MAX_COMBINES: dict = {}
+
+
+def _is_max(combine_fn) -> bool:
+    found = _MAX_COMBINES.get(id(combine_fn))
+    if found is None:
+        found = _MAX_COMBINES[id(combine_fn)] = _returns_max_of_its_arguments(combine_fn)
+    return found
+
+
+def _returns_max_of_its_arguments(combine_fn) -> bool:
+    import ast
+    import textwrap
+
+    try:  # an InterpretedFunction or a JITFunction: the Python function is its .fn
+        (fn,) = ast.parse(textwrap.dedent(inspect.getsource(combine_fn.fn))).body
+    except (AttributeError, OSError, TypeError, SyntaxError, ValueError):
+        return False
+    if not isinstance(fn, ast.FunctionDef) or len(fn.body) != 1 or len(fn.args.args) != 2:
+        return False
+    ret = fn.body[0]
+    call = ret.value if isinstance(ret, ast.Return) else None
+    return (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == "maximum"
+        and not call.keywords
+        and [getattr(a, "id", None) for a in call.args] == [a.arg for a in fn.args.args]
+    )
 
 
 def _ieee_without_warnings(builder):
