@@ -228,7 +228,10 @@ bench_serving() {
 bench_sdpa_bwd() {
   step sdpa_bwd 280 python3 bench/sdpa_bwd.py --budget-s 220 --out "$LOG/sdpa_bwd.md"
 }
-bench_sdpa_op() { step sdpa_op_host 150 python3 bench/sdpa_op_host.py --out "$LOG/sdpa_op_host.md"; }
+bench_sdpa_op() {  # SDPA_OP_ONLY: some of its sections (steps, layers, batches)
+  step sdpa_op_host 150 python3 bench/sdpa_op_host.py --out "$LOG/sdpa_op_host.md" \
+    ${SDPA_OP_ONLY:+--only $SDPA_OP_ONLY}
+}
 bench_cold_start() { step cold_start 280 python3 bench/cold_start.py --out "$LOG/cold_start.md"; }
 bench_reliability() {
   step reliability 220 env OUT= PER_RUN=${RELIABILITY_PER_RUN:-45} RESULTS="$LOG/reliability.md" bash tools/reliability_gpu.sh

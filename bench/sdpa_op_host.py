@@ -155,7 +155,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--dry", action="store_true")
+    parser.add_argument(
+        "--only",
+        default="steps,layers,batches",
+        help="the sections to run, comma-separated (steps, layers, batches)",
+    )
     args = parser.parse_args()
+    only = set(args.only.split(","))
     import datetime
 
     head = "DRY RUN (CPU, Triton interpreter): not a measurement."
@@ -167,10 +173,12 @@ def main():
                 f"triton {triton.__version__}")  # fmt: skip
     lines = ["# SDPA torch op: host cost per step and per new batch size", "", head,
              f"Command: `python bench/sdpa_op_host.py {' '.join(sys.argv[1:])}`", ""]  # fmt: skip
-    if not DRY:
+    if not DRY and "steps" in only:
         steps(lines)
-    layers(lines)
-    batches(lines)
+    if "layers" in only:
+        layers(lines)
+    if "batches" in only:
+        batches(lines)
     text = "\n".join(lines)
     print(text)
     if args.out:
