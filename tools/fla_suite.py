@@ -32,6 +32,8 @@ def outcomes(junit_xml: str) -> dict[str, tuple[str, str]]:
     """{test id: (passed | failed | skipped, first line of the message)} from a JUnit file."""
     result = {}
     for case in ET.parse(junit_xml).getroot().iter("testcase"):
+        if not case.get("name"):  # an interrupted run's entry for the interrupt itself
+            continue
         owner = case.get("classname", "").rpartition(".")[2]  # the module's (or class's) name
         name = f"{owner}::{case.get('name', '')}"
         state, message = "passed", ""
@@ -45,7 +47,9 @@ def outcomes(junit_xml: str) -> dict[str, tuple[str, str]]:
 
 
 def compare(plain: dict, accelerated: dict, routes: dict) -> dict:
-    """Counts per mode, the accelerated cases' routes, and the cases that regress."""
+    """Counts per mode, the accelerated cases' routes, the cases that regress (fla passes
+    them, the accelerated run fails or skips them) and those fla passes that the
+    accelerated run did not reach (a run cut by its time limit)."""
     count = lambda res, s: sum(1 for state, _ in res.values() if state == s)
     return {
         "fla": {s: count(plain, s) for s in ("passed", "failed", "skipped")},
@@ -55,7 +59,10 @@ def compare(plain: dict, accelerated: dict, routes: dict) -> dict:
         "regressions": sorted(
             (name, accelerated[name][1], routes.get(name))
             for name, (state, _) in plain.items()
-            if state == "passed" and accelerated.get(name, ("missing",))[0] != "passed"
+            if state == "passed" and name in accelerated and accelerated[name][0] != "passed"
+        ),
+        "unreached": sum(
+            1 for name, (state, _) in plain.items() if state == "passed" and name not in accelerated
         ),
         "gains": sorted(
             name
@@ -96,19 +103,20 @@ def run(test_file: pathlib.Path, accelerated: bool, timeout: int) -> tuple[dict,
 def table(rows: dict) -> str:
     lines = [
         "| file | fla passed / failed / skipped | accelerated passed / failed / skipped "
-        "| on our plans | fell back | fla passes, accelerated does not |",
-        "|---|---|---|---|---|---|",
+        "| on our plans | fell back | fla passes, accelerated does not | fla passes, accelerated "
+        "did not reach |",
+        "|---|---|---|---|---|---|---|",
     ]
     detail = []
     for name, r in rows.items():
         if r is None:
-            lines.append(f"| {name} | did not finish | | | | |")
+            lines.append(f"| {name} | did not finish | | | | | |")
             continue
         f, a = r["fla"], r["accelerated"]
         lines.append(
             f"| {name} | {f['passed']} / {f['failed']} / {f['skipped']} | {a['passed']} / "
             f"{a['failed']} / {a['skipped']} | {r['ours']} | {r['fallback']} | "
-            f"{len(r['regressions'])} |"
+            f"{len(r['regressions'])} | {r['unreached']} |"
         )
         detail += [f"- {name}: `{case}` ({route}): {why}" for case, why, route in r["regressions"]]
     if detail:
