@@ -462,22 +462,15 @@ def _forward(
     return out, lse
 
 
-def _fwd_op(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cu_q: Tensor | None,
-    cu_k: Tensor | None,
-    max_q: int,
-    max_k: int,
-    scale: float,
-    causal: int,
-    window_left: int,
-) -> tuple[Tensor, Tensor]:
-    return _forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window_left)
-
-
-_fwd = torch.library.custom_op("cudnn_pygraph::sdpa_fwd", _fwd_op, mutates_args=())
+# The schema spelled out: _forward's trailing `keys` (the eager paths' memo, _SEEN) is not
+# one of the op's arguments.
+_FWD_SCHEMA = (
+    "(Tensor q, Tensor k, Tensor v, Tensor? cu_q, Tensor? cu_k, SymInt max_q, SymInt max_k, "
+    "float scale, SymInt causal, SymInt window_left) -> (Tensor, Tensor)"
+)
+_fwd = torch.library.custom_op(
+    "cudnn_pygraph::sdpa_fwd", _forward, mutates_args=(), schema=_FWD_SCHEMA
+)
 
 
 @_fwd.register_fake
