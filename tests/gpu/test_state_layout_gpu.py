@@ -36,6 +36,19 @@ def _call(family, leaves, h0, dht, v_first):
             "dh0": tr(h.grad)}  # fmt: skip
 
 
+def _inputs(family, B, T, H, D):
+    """fla's test inputs at this shape, fp16 (g fp32: per head for gdn, per key for kda)."""
+    gen = torch.Generator(DEV).manual_seed(42)
+    dt = torch.float16
+    q, k, v = (torch.rand(B, T, H, D, device=DEV, generator=gen, dtype=dt) for _ in range(3))
+    beta = torch.rand(B, T, H, device=DEV, generator=gen, dtype=dt).sigmoid()
+    gshape = (B, T, H) if family == "gdn" else (B, T, H, D)
+    g = F.logsigmoid(torch.rand(gshape, device=DEV, generator=gen))
+    h0 = torch.randn(B, H, D, D, device=DEV, generator=gen)
+    dht = torch.randn(B, H, D, D, device=DEV, generator=gen)
+    return q, k, v, g, beta, h0, dht
+
+
 def _plans():
     out = []
     for key, built in graphs._GRAPHS.items():
@@ -48,14 +61,7 @@ def _plans():
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 @pytest.mark.parametrize("B,T,H,D", SHAPES)
 def test_v_first_is_the_k_first_call_transposed(family, B, T, H, D):
-    gen = torch.Generator(DEV).manual_seed(42)
-    dt = torch.float16
-    q, k, v = (torch.rand(B, T, H, D, device=DEV, generator=gen, dtype=dt) for _ in range(3))
-    beta = torch.rand(B, T, H, device=DEV, generator=gen, dtype=dt).sigmoid()
-    gshape = (B, T, H) if family == "gdn" else (B, T, H, D)
-    g = F.logsigmoid(torch.rand(gshape, device=DEV, generator=gen))
-    h0 = torch.randn(B, H, D, D, device=DEV, generator=gen)
-    dht = torch.randn(B, H, D, D, device=DEV, generator=gen)
+    q, k, v, g, beta, h0, dht = _inputs(family, B, T, H, D)
     graphs._GRAPHS.clear()
     k_first = _call(family, (q, k, v, g, beta), h0, dht, False)
     k_plans = _plans()
@@ -82,14 +88,7 @@ def test_a_repeated_call_over_nan_filled_memory_is_bitwise_the_same(family):
     # fla's test_chunk_state_v_first shape, where the two layouts' db differed on the H100
     # after they ran one graph: the same call twice, the second over NaN-filled memory.
     B, T, H, D = 3, 1024, 4, 128
-    gen = torch.Generator(DEV).manual_seed(42)
-    dt = torch.float16
-    q, k, v = (torch.rand(B, T, H, D, device=DEV, generator=gen, dtype=dt) for _ in range(3))
-    beta = torch.rand(B, T, H, device=DEV, generator=gen, dtype=dt).sigmoid()
-    gshape = (B, T, H) if family == "gdn" else (B, T, H, D)
-    g = F.logsigmoid(torch.rand(gshape, device=DEV, generator=gen))
-    h0 = torch.randn(B, H, D, D, device=DEV, generator=gen)
-    dht = torch.randn(B, H, D, D, device=DEV, generator=gen)
+    q, k, v, g, beta, h0, dht = _inputs(family, B, T, H, D)
     first = _call(family, (q, k, v, g, beta), h0, dht, False)
     first = {n: t.clone() for n, t in first.items()}
     torch.cuda.synchronize()
