@@ -55,7 +55,9 @@
 #   fla-suite    issue 31: fla's own tests alone (FLA_FILES: some of its files; FLA_JOBS side
 #                by side, default 10: all five files' two modes at once)
 #   state-layout issue 31: a V-first state gives bitwise the K-first call's numbers (fla's
-#                test_chunk_state_v_first), each side's selected plans printed
+#                test_chunk_state_v_first), each side's selected plans printed; a repeated
+#                call over NaN-filled memory is bitwise the same; tools/la_localize.py on
+#                that fla case's gdn backward (fp16, saved factors), repeated
 #   la-stages    issue 30: la_stages.md alone (the carried cache unpacked as for la-bench)
 #   (any)        FUZZ_PROCS=N beside the topics: the torch-op fuzz (tools/fuzz.py --ops) on N
 #                CPU processes at the lowest priority, the GPU hidden, seeds FUZZ_SEED (default
@@ -187,7 +189,12 @@ tests_la_candidates() { gpu_suite la_candidates 300 -s tests/gpu/test_kda_candid
 bench_la_candidates() {
   SWEEP_VARIANTS=${SWEEP_VARIANTS:-stage + wy_bwd,together} bench_kda_sweep
 }
-tests_state_layout() { gpu_suite state_layout 200 -s tests/gpu/test_state_layout_gpu.py; }
+tests_state_layout() {  # and the gdn backward of fla's failing case, repeated, per launch
+  gpu_suite state_layout 200 -s tests/gpu/test_state_layout_gpu.py &
+  step la_repeat_gdn 240 python3 tools/la_localize.py gdn --seqlens 1024,1024,1024 --heads 4 \
+    --config few --dtype fp16 --saved --repeat 2 &
+  wait
+}
 bench_state_layout() { :; }
 tests_fla() { gpu_suite head_dims 240 -s tests/gpu/test_head_dims_gpu.py; }
 # Diagnostics, not timings: the localizations run side by side with the other suites.

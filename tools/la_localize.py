@@ -15,6 +15,8 @@ where every enabled load / store lane is checked against the live tensors
   PYTHONPATH=src:tests python tools/la_localize.py gdn2 --config wide
   PYTHONPATH=src:tests python tools/la_localize.py kda --seqlens 12000,0,3000 --gate weak \
       --config few --repeat 1
+  PYTHONPATH=src:tests python tools/la_localize.py gdn --seqlens 1024,1024,1024 --heads 4 \
+      --config few --dtype fp16 --saved --repeat 2
 
 --set KERNEL.KEY=VALUE overrides one entry of the named config (wy_bwd.num_stages=1), to
 tell a compiler fault from a kernel bug. --fill none leaves scratch uninitialized (for
@@ -36,6 +38,8 @@ from triton.runtime.jit import JITFunction
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "tests", p) for p in ("linear_attention", "gpu")]
+
+from la_saved import saved_kwargs  # noqa: E402
 
 from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod  # noqa: E402
 
@@ -169,6 +173,11 @@ def main():
     ap.add_argument("--fill", choices=("zero", "none"), default="zero")
     ap.add_argument("--dump", metavar="FILE")
     ap.add_argument("--dump-kernel", default="wy_bwd_kernel")
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    ap.add_argument("--dim", type=int, default=128, help="K = V")
+    ap.add_argument("--saved", action="store_true",
+                    help="the forward keeps the checkpoints and the saved factors and the "
+                    "backward reads them (the torch ops' path when inputs need grad)")  # fmt: skip
     args = ap.parse_args()
     if args.fill == "none":
         FILL[0] = None
@@ -184,20 +193,22 @@ def main():
     seqlens = [int(s) for s in args.seqlens.split(",")]
     attrs = {"use_qk_l2norm": True, "config": args.config}
     heads = (args.heads,) * 3
-    x, cu = mod.make_inputs(seqlens, heads, 128, attrs=attrs)
+    dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
+    x, cu = mod.make_inputs(seqlens, heads, args.dim, attrs=attrs, dtype=dtype)
     if args.gate == "weak" and args.family != "gdn":
         x["g"] = torch.nn.functional.logsigmoid(torch.randn_like(x["g"]) + 4.0)
     scale = x["q"].shape[-1] ** -0.5
     print(f"triton {triton.__version__}, {torch.cuda.get_device_name()}: {args}", flush=True)
-    o, final = mod.run_forward(x, cu, scale, attrs)
+    kept = saved_kwargs(x, cu, args.config) if args.saved else {}
+    o, final = mod.run_forward(x, cu, scale, attrs, **kept)
     d_o = torch.randn_like(o, dtype=torch.float32)
     d_final = torch.randn_like(final)
-    first = mod.run_backward(x, cu, scale, attrs, d_o, d_final)
+    first = mod.run_backward(x, cu, scale, attrs, d_o, d_final, **kept)
     for i in range(args.repeat):
         FILL[0] = (
             None if FILL[0] is None else 0x3C + i
         )  # finite garbage (fp32 ~0.01..0.75): a read of it shows as a diff
-        again = mod.run_backward(x, cu, scale, attrs, d_o, d_final)
+        again = mod.run_backward(x, cu, scale, attrs, d_o, d_final, **kept)
         for name, grad in first.items():
             if not torch.equal(again[name], grad):
                 diff = (again[name].double() - grad.double()).abs()
