@@ -1,6 +1,7 @@
 """fla's own tests, run twice: as they are, and after cudnn_pygraph.fla.accelerate_fla().
 
     python3 tools/fla_suite.py --checkout PATH [--files test_gdn.py ...] [--jobs N] [--out FILE]
+        [--modes fla,accelerated] [--outcomes FILE]
 
 PATH is a checkout of fla-org/flash-linear-attention (fetched for the run, never copied
 into this repository); its tests/ops/<file> run against the installed fla-core. The
@@ -9,6 +10,12 @@ first test and records, per test, the route of its last rebound call (ours, or f
 with the rule that declined it). Writes a markdown table: per file, passed / failed /
 skipped in each mode and how many accelerated cases ran on our plans; then every case
 that passes as fla ships it and fails accelerated, with the first line of its failure.
+
+A whole run (five files, two modes) takes longer than one device call, so a call may run
+some files (--files) in some modes (--modes): --outcomes keeps every case's outcome per file
+and mode as JSON, each run replacing what it ran, and the table is made from the merged
+record. fla's own mode needs running once per fla-core version; the accelerated mode after
+each change of ours.
 """
 
 from __future__ import annotations
@@ -100,6 +107,36 @@ def run(test_file: pathlib.Path, accelerated: bool, timeout: int) -> tuple[dict,
         return outcomes(junit), taken
 
 
+MODES = ("fla", "accelerated")
+
+
+def merged(path, done: dict) -> dict:
+    """{file: {mode: {"cases": outcomes, "routes": routes}}}: the record at `path` (if any)
+    with this run's files and modes replaced (a run that left no results replaces
+    nothing), written back to `path`."""
+    record = json.loads(path.read_text()) if path is not None and path.exists() else {}
+    for (name, accelerated), (cases, routes) in done.items():
+        if cases:
+            record.setdefault(name, {})[MODES[accelerated]] = {"cases": cases, "routes": routes}
+    if path is not None:
+        path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return record
+
+
+def rows_of(record: dict, files) -> dict:
+    """table()'s rows: a file compared where the record holds both of its modes."""
+    rows = {}
+    for name in files:
+        runs = record.get(name, {})
+        if not all(m in runs for m in MODES):
+            rows[name] = None
+            continue
+        plain = {c: tuple(v) for c, v in runs["fla"]["cases"].items()}
+        accelerated = {c: tuple(v) for c, v in runs["accelerated"]["cases"].items()}
+        rows[name] = compare(plain, accelerated, runs["accelerated"]["routes"])
+    return rows
+
+
 def table(rows: dict) -> str:
     lines = [
         "| file | fla passed / failed / skipped | accelerated passed / failed / skipped "
@@ -132,20 +169,19 @@ def main(argv=None):
     parser.add_argument("--out", type=pathlib.Path)
     parser.add_argument("--jobs", type=int, default=1,
                         help="pytest runs side by side (a correctness run: they share the GPU)")  # fmt: skip
+    parser.add_argument("--modes", default="fla,accelerated",
+                        help="which runs of each file: fla (as fla ships it), accelerated")  # fmt: skip
+    parser.add_argument("--outcomes", type=pathlib.Path,
+                        help="JSON record of every case per file and mode, merged across runs")  # fmt: skip
     args = parser.parse_args(argv)
+    modes = [m == "accelerated" for m in MODES if m in args.modes.split(",")]
     # absolute: each pytest runs from the checkout's root
     paths = {name: args.checkout.resolve() / "tests" / "ops" / name for name in args.files}
-    runs = [(name, mode) for name, path in paths.items() if path.exists() for mode in (False, True)]
+    runs = [(name, mode) for name, path in paths.items() if path.exists() for mode in modes]
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         done = dict(zip(runs, pool.map(lambda r: run(paths[r[0]], r[1], args.timeout), runs)))
-    rows = {}
-    for name in args.files:
-        if (name, False) not in done:
-            rows[name] = None
-            continue
-        (plain, _), (accelerated, routes) = done[name, False], done[name, True]
-        rows[name] = compare(plain, accelerated, routes) if plain and accelerated else None
-    text = table(rows)
+    record = merged(args.outcomes, done)
+    text = table(rows_of(record, args.files))
     print(text)
     if args.out:
         args.out.write_text(text)

@@ -43,3 +43,20 @@ def test_a_cut_run_counts_unreached_cases_apart_from_regressions(tmp_path):
     text = fla_suite.table({"test_gdn.py": row, "test_kda.py": None})
     assert "| test_gdn.py | 3 / 1 / 0 | 2 / 1 / 0 | 3 | 0 | 1 | 1 |" in text
     assert "test_gdn::test_b" in text and "| test_kda.py | did not finish |" in text
+
+
+def test_runs_of_separate_calls_merge_into_one_record_and_table(tmp_path):
+    record = tmp_path / "outcomes.json"
+    plain = {"test_gdn::test_a": ("passed", ""), "test_gdn::test_b": ("passed", "")}
+    accelerated = {"test_gdn::test_a": ("passed", ""), "test_gdn::test_b": ("failed", "db")}
+    routes = {"test_gdn::test_a": "ours", "test_gdn::test_b": "ours"}
+    # a first call runs fla's own mode only: no row yet
+    fla_suite.merged(record, {("test_gdn.py", False): (plain, {})})
+    assert fla_suite.rows_of(fla_suite.merged(record, {}), ["test_gdn.py"]) == {"test_gdn.py": None}
+    # a second call runs the accelerated mode; a third that left no results erases nothing
+    fla_suite.merged(record, {("test_gdn.py", True): (accelerated, routes)})
+    rec = fla_suite.merged(record, {("test_gdn.py", True): ({}, {})})
+    row = fla_suite.rows_of(rec, ["test_gdn.py", "test_kda.py"])
+    assert row["test_kda.py"] is None
+    assert row["test_gdn.py"]["regressions"] == [("test_gdn::test_b", "db", "ours")]
+    assert row["test_gdn.py"]["fla"]["passed"] == 2 and row["test_gdn.py"]["ours"] == 2
