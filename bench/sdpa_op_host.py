@@ -9,7 +9,7 @@ layer, and what a new batch size costs (issue 17: graphs per layout class, not p
    the same tensors (issue 34: the op within 1.2x of torch's host cost): the public op
    forward + backward, the op forward alone, the custom op, its implementation (layout
    keys, `_serving`, `BoundPlan.run`), `BoundPlan.run` alone and the plan's
-   graph.execute(pack). The differences say where a step's host time goes: torch.library's
+   graph.execute(pack); then the backward's custom op and its implementation. The differences say where a step's host time goes: torch.library's
    dispatch (which only a traced call takes), the autograd wrapper, the op's own rule, the
    execute path.
 3. First and repeated calls at batches 1, 2, 3, 5, 8 and 11 (a new batch each): wall ms of
@@ -100,12 +100,16 @@ def layers(lines):
          lambda: ops.scaled_dot_product_attention(qd, kd, vd, is_causal=True),
          lambda: sdpa(qd, kd, vd, is_causal=True)),
     ]  # fmt: skip
+    bwd_args = (qd, kd, vd, out, lse, g, None, None, 0, 0, scale, 1, -1)
     rows = [
         ("custom op sdpa_fwd (no grad)", lambda: attention._fwd(*args)),
         ("its implementation (an eager call's path): keys, _serving, BoundPlan.run",
          lambda: attention._forward(*args)),
         ("BoundPlan.run", lambda: bound.run(buffers, uids)),
         ("graph.execute(pack)", lambda: bound.graph.execute(pack)),
+        ("custom op sdpa_bwd", lambda: attention._bwd(*bwd_args)),
+        ("its implementation (the backward of an eager call)",
+         lambda: attention._backward_impl(*bwd_args)),
     ]  # fmt: skip
     side = (
         "backend"
