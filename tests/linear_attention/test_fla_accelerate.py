@@ -172,6 +172,7 @@ def test_gdn2_entry_maps_fla_layout_onto_ours_and_matches_the_reference():
     h0_k_major = 0.1 * r(1, H, K, K)
     o, ht = entries.chunk_gdn2(q, k, v, g, b, w, initial_state=h0_k_major, output_final_state=True)
     assert o.shape == (1, T, H, K) and ht.shape == (1, H, K, K)
+    assert ht.is_contiguous()  # dense K-major, as fla returns it (a caller may .view it)
     cu = torch.tensor([0, T], dtype=torch.int32)
     h0_v_major = h0_k_major.transpose(-1, -2)
     ref_o, ref_ht = gdn2_reference(

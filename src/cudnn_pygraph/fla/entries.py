@@ -187,7 +187,9 @@ def chunk_gdn2(
     if dt_bias is not None and dt_bias.dim() != 2 and dt_bias.numel() == heads * K:
         dt_bias = dt_bias.reshape(heads, K)
     if initial_state is not None and not state_v_first:
-        initial_state = initial_state.transpose(-1, -2)
+        # copied V-major dense, and the final state copied back K-major, as fla returns it:
+        # both layouts then run one graph (ops/linear_attention/family.py _as_k_first)
+        initial_state = initial_state.transpose(-1, -2).contiguous()
     flat = lambda t: t.reshape(B * T, *t.shape[2:])
     o, final, *states = _ops.gated_delta_net_v2(
         flat(q),
@@ -207,7 +209,7 @@ def chunk_gdn2(
         return_intermediate_states=bool(return_intermediate_states),
     )
     o = o.reshape(B, T, *o.shape[1:])
-    final = None if not output_final_state else final if state_v_first else final.mT
+    final = None if not output_final_state else final if state_v_first else final.mT.contiguous()
     if return_intermediate_states:  # fla's h: [B, NT, H, K, V] (V, K with state_v_first)
         return o, final, _chunk_states.as_fla(states[0], B, state_v_first)
     return o, final
