@@ -17,6 +17,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from engine_graphs import DEVICE, declare, rel_err, run_graph
 from reference import gdn_reference
 
 import cudnn_pygraph as cudnn
@@ -24,23 +25,7 @@ from cudnn_pygraph import data_type as dt
 from cudnn_pygraph._types import cudnnGraphNotSupportedError
 from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP32_TOL = 1e-4  # ||out - ref|| / ||ref||, fp32 (the kernel tests measure ~1e-7..6e-6)
-
-
-def rel_err(out, ref):
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-
-
-def declare(g, x):
-    return {
-        n: g.tensor(list(t.shape), list(t.stride()), data_type=_dtype(t), name=n)
-        for n, t in x.items()
-    }
-
-
-def _dtype(t):
-    return {torch.float32: dt.FLOAT, torch.int32: dt.INT32, torch.bfloat16: dt.BFLOAT16}[t.dtype]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,15 +116,6 @@ KDA = Family("kda", {"scale": 0.125, "use_qk_l2norm": True, "safe_gate": True,
 GDN2 = Family("gdn2", {"scale": 0.125, "use_qk_l2norm": True, "safe_gate": True},
               write_gate=True, beta_per_key=True)  # fmt: skip
 FAMILIES = {f.name: f for f in (KDA, GDN2)}
-
-
-def run_graph(g, pack):
-    g.create_execution_plans([cudnn.heur_mode.A])
-    g.build_plans()
-    size = g.get_workspace_size()
-    workspace = torch.empty(size, dtype=torch.uint8, device=DEVICE) if size else None
-    g.execute(pack, workspace)
-    return g
 
 
 # A chunk boundary crossed and a one-token sequence.

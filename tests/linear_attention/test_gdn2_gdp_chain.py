@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import test_gdp_engine as gdp
-from test_engines import DEVICE, declare
+from engine_graphs import DEVICE, declare
 from test_engines import GDN2 as gdn2
 
 import cudnn_pygraph as cudnn

@@ -16,7 +16,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from test_gdn_engine import DEVICE, declare, inputs, with_gdn_engine
+from engine_graphs import DEVICE, declare
+from test_gdn_engine import inputs, with_gdn_engine
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph import data_type as dt
@@ -239,7 +240,6 @@ def test_a_kda_chain_gives_the_uncut_output_and_gradients():
     # kda through the same engine: the summaries walk the decay per key channel, here
     # through the lower-bound gate (a_log, dt_bias) the kda graphs use.
     from test_engines import KDA
-    from test_engines import declare as kda_declare
 
     # 4 chunks over 9 slots: pieces of one chunk, three for the 130 tokens (the last of 2),
     # an empty slot for the empty sequence, then the one-token sequence's piece and the
@@ -257,7 +257,7 @@ def test_a_kda_chain_gives_the_uncut_output_and_gradients():
     runs = []
     for pieces in (0, 3):
         g = cudnn.pygraph(name="kda", io_data_type=dt.FLOAT)
-        t = kda_declare(g, x)
+        t = declare(g, x)
         o, final, _ = g.kda(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
                             initial_state=t["initial_state"], a_log=t["a_log"],
                             dt_bias=t["dt_bias"], output_final_state=True, **attrs)  # fmt: skip
@@ -266,7 +266,7 @@ def test_a_kda_chain_gives_the_uncut_output_and_gradients():
         g.create_execution_plans([cudnn.heur_mode.A])
         eid = g.get_engine_and_knobs_at_index(0)[0]
         g = cudnn.pygraph(name="kda", io_data_type=dt.FLOAT)
-        t = kda_declare(g, x)
+        t = declare(g, x)
         o, final, _ = g.kda(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"],
                             initial_state=t["initial_state"], a_log=t["a_log"],
                             dt_bias=t["dt_bias"], output_final_state=True, **attrs)  # fmt: skip
@@ -279,7 +279,7 @@ def test_a_kda_chain_gives_the_uncut_output_and_gradients():
         g.execute({**{t[n]: x[n] for n in x}, o: out["O"], final: out["final"]}, _workspace(g))
 
         gb = cudnn.pygraph(name="kda_bwd", io_data_type=dt.FLOAT)
-        tb = kda_declare(gb, {**x, "dO": d_o, "d_final_state": d_final})
+        tb = declare(gb, {**x, "dO": d_o, "d_final_state": d_final})
         outs = gb.kda_bwd(tb["q"], tb["k"], tb["v"], tb["g"], tb["beta"], tb["cu_seqlens"],
                           tb["dO"], initial_state=tb["initial_state"],
                           d_final_state=tb["d_final_state"], a_log=tb["a_log"],

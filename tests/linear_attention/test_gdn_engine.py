@@ -13,6 +13,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from engine_graphs import DEVICE, declare, rel_err, run_graph
 from reference import gdn_reference
 
 import cudnn_pygraph as cudnn
@@ -20,7 +21,6 @@ from cudnn_pygraph import data_type as dt
 from cudnn_pygraph._types import cudnnGraphNotSupportedError
 from cudnn_pygraph.planning import manifest
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ENGINE_MODULE = "cudnn_pygraph.engines.linear_attention.gdn_engine"
 FP32_TOL = 1e-4  # ||out - ref|| / ||ref||, fp32 (the kernel tests measure ~1e-7..1e-6)
 
@@ -33,10 +33,6 @@ def with_gdn_engine():
             fam = dataclasses.replace(fam, slots=(slot,))
         families.append(fam)
     return manifest.use_families(families)
-
-
-def rel_err(out, ref):
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def inputs(seqlens=(5, 70, 0, 1), heads=2, dim=64, seed=0):
@@ -54,26 +50,6 @@ def inputs(seqlens=(5, 70, 0, 1), heads=2, dim=64, seed=0):
         ),
     }
     return {n: t.to(DEVICE) for n, t in x.items()}
-
-
-def declare(g, x):
-    return {
-        n: g.tensor(list(t.shape), list(t.stride()), data_type=_dtype(t), name=n)
-        for n, t in x.items()
-    }
-
-
-def _dtype(t):
-    return {torch.float32: dt.FLOAT, torch.int32: dt.INT32, torch.bfloat16: dt.BFLOAT16}[t.dtype]
-
-
-def run_graph(g, pack):
-    g.create_execution_plans([cudnn.heur_mode.A])
-    g.build_plans()
-    size = g.get_workspace_size()
-    workspace = torch.empty(size, dtype=torch.uint8, device=DEVICE) if size else None
-    g.execute(pack, workspace)
-    return g
 
 
 @pytest.fixture(scope="module")

@@ -14,20 +14,16 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from engine_graphs import DEVICE, declare, rel_err, run_graph
 from reference import gdp_reference
 
 import cudnn_pygraph as cudnn
 from cudnn_pygraph import data_type as dt
 from cudnn_pygraph._types import cudnnGraphNotSupportedError
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP32_TOL = 1e-4  # ||out - ref|| / ||ref||, fp32
 SCALE = 0.125
 GRAD_OF = ("q", "k", "v", "g", "beta", "initial_state", "a_log", "dt_bias")
-
-
-def rel_err(out, ref):
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def inputs(seqlens=(5, 1, 0, 3), n=2, heads=1, dim=64, seed=0, gate="log"):
@@ -54,26 +50,6 @@ def inputs(seqlens=(5, 1, 0, 3), n=2, heads=1, dim=64, seed=0, gate="log"):
         x["a_log"] = 0.3 * torch.randn(heads, generator=gen)
         x["dt_bias"] = 0.3 * torch.randn(heads, generator=gen)
     return {name: t.to(DEVICE) for name, t in x.items()}
-
-
-def declare(g, x):
-    return {
-        name: g.tensor(list(t.shape), list(t.stride()), data_type=_dtype(t), name=name)
-        for name, t in x.items()
-    }
-
-
-def _dtype(t):
-    return {torch.float32: dt.FLOAT, torch.int32: dt.INT32, torch.int64: dt.INT64}[t.dtype]
-
-
-def run_graph(g, pack):
-    g.create_execution_plans([cudnn.heur_mode.A])
-    g.build_plans()
-    size = g.get_workspace_size()
-    workspace = torch.empty(size, dtype=torch.uint8, device=DEVICE) if size else None
-    g.execute(pack, workspace)
-    return g
 
 
 def forward(x, op="gdp", **attrs):
