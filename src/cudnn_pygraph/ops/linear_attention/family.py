@@ -212,10 +212,10 @@ def _bwd_impl(fam):
 
 def _as_k_first(args, v_first, *states):
     """args of a state_v_first call as the K-first call's: the V-first states copied
-    K-major. Both layouts then run one graph and give bitwise the same numbers, which fla's
-    test_chunk_state_v_first asks (a ratio of 1e-4): Triton compiles a kernel per stride
-    pattern, and two compiled kernels need not round alike. The V-first caller pays a copy
-    of each state in and out."""
+    K-major. Both layouts then run one graph, so they differ no more than two runs of one
+    call do, which fla's test_chunk_state_v_first asks (a ratio of 1e-4): Triton compiles
+    a kernel per stride pattern, and two compiled kernels need not round alike. The V-first
+    caller pays a copy of each state in and out."""
     args = list(args)
     for i in states:
         args[i] = _transposed(args[i])
