@@ -278,14 +278,15 @@ def _integer_max_scans_at_once(interpreter):
     scans.generic_scan = generic_scan
 
 
-# id(combine function) -> whether its whole body is `return <module>.maximum(a, b)`
+# combine function -> whether its whole body is `return <module>.maximum(a, b)` (keyed by
+# the function itself, not its id: a freed function's id may name a new one)
 _MAX_COMBINES: dict = {}
 
 
 def _is_max(combine_fn) -> bool:
-    found = _MAX_COMBINES.get(id(combine_fn))
+    found = _MAX_COMBINES.get(combine_fn)
     if found is None:
-        found = _MAX_COMBINES[id(combine_fn)] = _returns_max_of_its_arguments(combine_fn)
+        found = _MAX_COMBINES[combine_fn] = _returns_max_of_its_arguments(combine_fn)
     return found
 
 
