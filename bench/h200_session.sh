@@ -53,8 +53,10 @@
 #                tests as they are and after accelerate_fla() (tools/fla_suite.py; a
 #                fla-org/flash-linear-attention checkout in .fla/, carried, never committed)
 #   fla-suite    issue 31: fla's own tests alone (FLA_FILES: some of its files; FLA_MODES: fla,
-#                accelerated or both; FLA_JOBS side by side, default 10), merged with the
-#                committed record of earlier calls (bench/results/fla_suite_outcomes.json)
+#                accelerated or both; FLA_SHARDS pytest processes per file and mode, default 3;
+#                FLA_JOBS side by side, default 10; FLA_MISSING=1: only the cases the record
+#                lacks), merged with the committed record of earlier calls
+#                (bench/results/fla_suite_outcomes.json)
 #   state-layout issue 31: a V-first state gives bitwise the K-first call's numbers (fla's
 #                test_chunk_state_v_first), each side's selected plans printed; a repeated
 #                call over NaN-filled memory is bitwise the same; tools/la_localize.py on
@@ -306,7 +308,7 @@ bench_fla() {
 }
 tests_fla_suite() { :; }
 bench_fla_suite() {  # FLA_FILES: some of fla's test files (default: the tool's five);
-  # FLA_MODES: fla, accelerated or both (default). The committed record of earlier calls
+  # FLA_MODES: fla, accelerated or both (default); FLA_SHARDS, FLA_MISSING. The committed record of earlier calls
   # (bench/results/fla_suite_outcomes.json) is merged with this call's runs into
   # $LOG/fla_suite_outcomes.json, and the table is made from the merged record.
   # The tool writes its table only once every run ended: its per-run timeout (and the 60 s
@@ -316,6 +318,7 @@ bench_fla_suite() {  # FLA_FILES: some of fla's test files (default: the tool's 
     cp bench/results/fla_suite_outcomes.json "$LOG/fla_suite_outcomes.json"
   step fla_suite 600 python3 tools/fla_suite.py --checkout .fla --jobs "${FLA_JOBS:-10}" \
     --timeout "$left" --out "$LOG/fla_suite.md" --outcomes "$LOG/fla_suite_outcomes.json" \
+    --shards "${FLA_SHARDS:-3}" ${FLA_MISSING:+--missing} \
     ${FLA_FILES:+--files $FLA_FILES} ${FLA_MODES:+--modes $FLA_MODES}
 }
 bench_cp() {

@@ -1,7 +1,7 @@
 """fla's own tests, run twice: as they are, and after cudnn_pygraph.fla.accelerate_fla().
 
     python3 tools/fla_suite.py --checkout PATH [--files test_gdn.py ...] [--jobs N] [--out FILE]
-        [--modes fla,accelerated] [--outcomes FILE]
+        [--modes fla,accelerated] [--outcomes FILE] [--shards N] [--missing]
 
 PATH is a checkout of fla-org/flash-linear-attention (fetched for the run, never copied
 into this repository); its tests/ops/<file> run against the installed fla-core. The
@@ -16,6 +16,10 @@ some files (--files) in some modes (--modes): --outcomes keeps every case's outc
 and mode as JSON, each run replacing what it ran, and the table is made from the merged
 record. fla's own mode needs running once per fla-core version; the accelerated mode after
 each change of ours.
+
+A pytest process compiles its kernels on one core, so a file's cases may be split into
+--shards processes (each given its share of the collected case ids); --missing runs only the
+cases the record does not yet hold for that file and mode (a later call finishing a cut one).
 """
 
 from __future__ import annotations
@@ -79,18 +83,44 @@ def compare(plain: dict, accelerated: dict, routes: dict) -> dict:
     }
 
 
-def run(test_file: pathlib.Path, accelerated: bool, timeout: int) -> tuple[dict, dict]:
+def case_id(node_id: str) -> str:
+    """The record's name for a pytest node id: its module (or class) and its name, as
+    outcomes() reads them from JUnit and tools/fla_suite_plugin.py writes its routes."""
+    parts = node_id.split("::")
+    owner = parts[-2] if len(parts) > 2 else pathlib.Path(parts[0]).stem
+    return f"{owner}::{parts[-1]}"
+
+
+def collect(test_file: pathlib.Path) -> list[str]:
+    """The file's pytest node ids, relative to the checkout's root (run()'s rootdir and
+    working directory)."""
+    root = test_file.parent.parent.parent
+    cmd = [sys.executable, "-m", "pytest", str(test_file), "--collect-only", "-q",
+           "-p", "no:cacheprovider", f"--rootdir={root}"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
+    return [line.strip() for line in out.stdout.splitlines() if "::" in line]
+
+
+def shards(node_ids: list[str], n: int) -> list[list[str]]:
+    """node_ids dealt round-robin into at most n non-empty shares (neighbouring cases share
+    their compiles, so each share gets a spread of the file, not one block of it)."""
+    return [share for share in (node_ids[i::n] for i in range(max(1, n))) if share]
+
+
+def run(test_file: pathlib.Path, accelerated: bool, timeout: int,
+        node_ids: list[str] | None = None) -> tuple[dict, dict]:  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         junit, routes = os.path.join(tmp, "junit.xml"), os.path.join(tmp, "routes.json")
-        cmd = [sys.executable, "-m", "pytest", str(test_file), "-q", "-p", "no:cacheprovider",
-               f"--junitxml={junit}"]  # fmt: skip
+        root = test_file.parent.parent.parent
+        cmd = [sys.executable, "-m", "pytest", *(node_ids or [str(test_file)]), "-q",
+               "-p", "no:cacheprovider", f"--junitxml={junit}", f"--rootdir={root}"]  # fmt: skip
         cmd += ["-p", "fla_suite_plugin"]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TOOLS), env.get("PYTHONPATH")]))
         env.pop("FLA_SUITE_ROUTES", None)
         if accelerated:
             env["FLA_SUITE_ROUTES"] = routes
-        proc = subprocess.Popen(cmd, env=env, cwd=test_file.parent.parent.parent)
+        proc = subprocess.Popen(cmd, env=env, cwd=root)
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -110,14 +140,23 @@ def run(test_file: pathlib.Path, accelerated: bool, timeout: int) -> tuple[dict,
 MODES = ("fla", "accelerated")
 
 
-def merged(path, done: dict) -> dict:
+def merged(path, done: dict, replace: bool = True) -> dict:
     """{file: {mode: {"cases": outcomes, "routes": routes}}}: the record at `path` (if any)
     with this run's files and modes replaced (a run that left no results replaces
-    nothing), written back to `path`."""
+    nothing), or with replace=False only the cases this run ran replaced (a run of the
+    missing cases), written back to `path`."""
     record = json.loads(path.read_text()) if path is not None and path.exists() else {}
     for (name, accelerated), (cases, routes) in done.items():
-        if cases:
-            record.setdefault(name, {})[MODES[accelerated]] = {"cases": cases, "routes": routes}
+        if not cases:
+            continue
+        mode = MODES[accelerated]
+        old = record.get(name, {}).get(mode, {"cases": {}, "routes": {}})
+        if replace:
+            old = {"cases": {}, "routes": {}}
+        record.setdefault(name, {})[mode] = {
+            "cases": {**old["cases"], **cases},
+            "routes": {**old["routes"], **routes},
+        }
     if path is not None:
         path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
@@ -173,14 +212,34 @@ def main(argv=None):
                         help="which runs of each file: fla (as fla ships it), accelerated")  # fmt: skip
     parser.add_argument("--outcomes", type=pathlib.Path,
                         help="JSON record of every case per file and mode, merged across runs")  # fmt: skip
+    parser.add_argument("--shards", type=int, default=1,
+                        help="pytest processes per file and mode, each running a share of its cases")  # fmt: skip
+    parser.add_argument("--missing", action="store_true",
+                        help="run only the cases --outcomes does not hold for that file and mode")  # fmt: skip
     args = parser.parse_args(argv)
     modes = [m == "accelerated" for m in MODES if m in args.modes.split(",")]
     # absolute: each pytest runs from the checkout's root
     paths = {name: args.checkout.resolve() / "tests" / "ops" / name for name in args.files}
-    runs = [(name, mode) for name, path in paths.items() if path.exists() for mode in modes]
+    paths = {name: path for name, path in paths.items() if path.exists()}
+    held = merged(args.outcomes, {}) if args.missing else {}
+    runs = []  # (file, mode, the shard's node ids or None for the whole file)
+    for name, path in paths.items():
+        ids = collect(path) if args.shards > 1 or args.missing else None
+        for mode in modes:
+            if ids is None:
+                runs.append((name, mode, None))
+                continue
+            have = held.get(name, {}).get(MODES[mode], {}).get("cases", {})
+            todo = [i for i in ids if case_id(i) not in have]
+            runs += [(name, mode, share) for share in shards(todo, args.shards)]
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        done = dict(zip(runs, pool.map(lambda r: run(paths[r[0]], r[1], args.timeout), runs)))
-    record = merged(args.outcomes, done)
+        results = list(pool.map(lambda r: run(paths[r[0]], r[1], args.timeout, r[2]), runs))
+    done: dict = {}
+    for (name, mode, _), (cases, routes) in zip(runs, results):
+        have = done.setdefault((name, mode), ({}, {}))
+        have[0].update(cases)
+        have[1].update(routes)
+    record = merged(args.outcomes, done, replace=not args.missing)
     text = table(rows_of(record, args.files))
     print(text)
     if args.out:

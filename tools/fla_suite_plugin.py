@@ -7,9 +7,9 @@ when it called no target) there as JSON."""
 
 import json
 import os
-import pathlib
 
 import torch
+from fla_suite import case_id  # tools/ is on the path of the runs that load this plugin
 
 _ACCELERATED = bool(os.environ.get("FLA_SUITE_ROUTES"))
 _ROUTES: dict = {}
@@ -36,10 +36,7 @@ def pytest_runtest_teardown(item):
         return
     import cudnn_pygraph.fla as cfla
 
-    # tools/fla_suite.py's case id: the test's module (or class) and its name
-    parts = item.nodeid.split("::")
-    owner = parts[-2] if len(parts) > 2 else pathlib.Path(parts[0]).stem
-    _ROUTES[f"{owner}::{parts[-1]}"] = cfla.last_path()
+    _ROUTES[case_id(item.nodeid)] = cfla.last_path()
 
 
 def pytest_unconfigure(config):

@@ -60,3 +60,36 @@ def test_runs_of_separate_calls_merge_into_one_record_and_table(tmp_path):
     assert row["test_kda.py"] is None
     assert row["test_gdn.py"]["regressions"] == [("test_gdn::test_b", "db", "ours")]
     assert row["test_gdn.py"]["fla"]["passed"] == 2 and row["test_gdn.py"]["ours"] == 2
+
+
+def test_shards_split_a_file_and_a_run_of_the_missing_cases_merges_case_by_case(tmp_path):
+    ids = [f"tests/ops/test_kda.py::test_varlen[D{d}]" for d in range(7)]
+    parts = fla_suite.shards(ids, 3)
+    assert sorted(sum(parts, [])) == sorted(ids) and len(parts) == 3
+    assert fla_suite.shards(ids[:2], 5) == [[ids[0]], [ids[1]]]
+    assert fla_suite.case_id(ids[0]) == "test_kda::test_varlen[D0]"
+    assert fla_suite.case_id("tests/ops/t.py::TestX::test_y[a]") == "TestX::test_y[a]"
+    record = tmp_path / "outcomes.json"
+    first = {
+        "test_kda::test_varlen[D0]": ("passed", ""),
+        "test_kda::test_varlen[D1]": ("failed", "x"),
+    }
+    fla_suite.merged(
+        record, {("test_kda.py", True): (first, {"test_kda::test_varlen[D0]": "ours"})}
+    )
+    # a later run of the missing cases adds to the record, and one it re-ran replaces its outcome
+    later = {
+        "test_kda::test_varlen[D1]": ("passed", ""),
+        "test_kda::test_varlen[D2]": ("passed", ""),
+    }
+    rec = fla_suite.merged(record, {("test_kda.py", True): (later, {})}, replace=False)
+    cases = rec["test_kda.py"]["accelerated"]["cases"]
+    assert {c: v[0] for c, v in cases.items()} == {
+        "test_kda::test_varlen[D0]": "passed",
+        "test_kda::test_varlen[D1]": "passed",
+        "test_kda::test_varlen[D2]": "passed",
+    }
+    assert rec["test_kda.py"]["accelerated"]["routes"] == {"test_kda::test_varlen[D0]": "ours"}
+    # a whole run (replace) drops what it did not run
+    rec = fla_suite.merged(record, {("test_kda.py", True): (first, {})})
+    assert set(rec["test_kda.py"]["accelerated"]["cases"]) == set(first)
