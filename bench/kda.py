@@ -295,6 +295,27 @@ SWEEP = {
         "dqk": {"SLICED": True, "BG": 16, "num_stages": 1},
         "wy_bwd": {"DM_RELOAD": True, "BK": 32},
     },
+    # dqk's and wy_bwd's fp32 products at Triton's 3-pass tf32 (a config's PREC: fla's kda
+    # varlen dt_bias check, tests/gpu/test_kda_precision_gpu.py). ptxas (sm_90, kda bf16
+    # backward, K = 128 / 64), spill stores PART 1 / PART 2: dqk 248 / 376 B, 64 KB (base
+    # 116 / 176 B, 64 KB); at K = 64 380 / 420 B, 24 / 56 KB (base 140 / 144 B, 24 / 40 KB);
+    # wy_bwd 488 B, 96 KB (base 128 B, 88 KB); at K = 64 236 B, 96 KB (base 24 B, 72 KB).
+    # Registers at their caps throughout (dqk 128, wy_bwd 255).
+    "dqk + wy_bwd tf32x3": {"dqk": {"PREC": "tf32x3"}, "wy_bwd": {"PREC": "tf32x3"}},
+    # dqk's alone (the larger share of the dt_bias error on the CPU): wy_bwd as the base.
+    "dqk tf32x3": {"dqk": {"PREC": "tf32x3"}},
+    # Uncapped: 243 / 238 registers, no spills, 64 KB (K = 64: 255 / 244, 4 / 0 B).
+    "dqk tf32x3, no register cap": {"dqk": {"PREC": "tf32x3", "maxnreg": None}},
+    # The sliced form: 128 registers, 40 / 60 B, 40 KB (K = 64: 232 / 344 B, 16 / 24 KB;
+    # untouched sliced 0 / 0 B at K = 128, 4 / 12 B at K = 64).
+    "dqk sliced BG 16, 1 stage, tf32x3": {
+        "dqk": {"SLICED": True, "BG": 16, "num_stages": 1, "PREC": "tf32x3"}
+    },
+    # wy_bwd's dM read per slice: 24 B, 80 KB (K = 64: 16 B, 64 KB; untouched 0 B).
+    "wy_bwd dM reload, BK 32, tf32x3 + dqk sliced tf32x3": {
+        "dqk": {"SLICED": True, "BG": 16, "num_stages": 1, "PREC": "tf32x3"},
+        "wy_bwd": {"DM_RELOAD": True, "BK": 32, "PREC": "tf32x3"},
+    },
     # Every candidate that has run correct on a GPU, with the two new backward ones.
     "together: row-parallel diagonal, prescaled state_bwd, dqk sliced, dM reload": {
         "scores_diag": {"BK": 64, "num_warps": 1},

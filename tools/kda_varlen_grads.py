@@ -4,15 +4,21 @@ against fla's own fp16 reference (naive_recurrent_kda, what the test compares wi
 bound for dt_bias is 0.005) and against the same reference in float64.
 
     TRITON_INTERPRET=1 PYTHONPATH=src python tools/kda_varlen_grads.py [d60|d100]
+        [--changes '{"dqk": {"PREC": "tf32x3"}}']
     TRITON_INTERPRET=1 PYTHONPATH=src python tools/interpret_tf32.py [--only KERNEL] \\
         tools/kda_varlen_grads.py d60      # the tf32 dots rounded as the GPU's
 
-Same inputs as fla's test (seed 42, its construction); needs fla-core installed.
+--changes: a candidate, {kernel: {parameter: value}} laid over the config our launchers
+pick for each call (bench/kda.py SWEEP's form). Same inputs as fla's test (seed 42, its
+construction, on the CPU or on a GPU); needs fla-core installed.
+tests/gpu/test_kda_precision_gpu.py runs these cases on the GPU.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import contextlib
+import json
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +26,9 @@ from fla.ops.kda.gate import naive_kda_gate
 from fla.ops.kda.naive import naive_recurrent_kda
 from fla.utils import get_err_ratio
 
+from cudnn_pygraph.engines.linear_attention.kernels import gdn
 from cudnn_pygraph.fla import entries
+from cudnn_pygraph.ops.linear_attention import graphs
 
 # name -> (H, D, mask_p, cu_seqlens, chunk_size, disable_recompute), fp16, gate in kernel
 CASES = {
@@ -30,20 +38,45 @@ CASES = {
 NAMES = ("q", "k", "v", "g", "beta", "h0", "A_log", "dt_bias")
 
 
-def inputs(H, D, mask_p, cu):
+def inputs(H, D, mask_p, cu, device="cpu"):
+    """fla's draws in fla's order: the gate parameters, do and dht on `device`, the rest on
+    the CPU (then moved), so a GPU run gets the GPU test's very inputs."""
     torch.manual_seed(42)
     T, N, dtype = cu[-1], len(cu) - 1, torch.float16
     q = torch.randn((1, T, H, D), dtype=dtype)
     k = F.normalize(torch.randn(1, T, H, D, dtype=torch.float32), p=2, dim=-1).to(dtype)
     v = torch.randn((1, T, H, D), dtype=dtype)
     g = torch.randn(1, T, H, D, dtype=dtype)
-    a_log = torch.log(torch.randn(1, 1, H, 1, dtype=torch.float32).uniform_(1, 16))
-    dt_bias = torch.randn(H * D, dtype=torch.float32)
+    a_log = torch.log(torch.randn(1, 1, H, 1, dtype=torch.float32, device=device).uniform_(1, 16))
+    dt_bias = torch.randn(H * D, dtype=torch.float32, device=device)
     mask = torch.rand_like(g) > mask_p
     g = g * mask + (~mask) * (-1000)
     beta = torch.rand(1, T, H, dtype=dtype).sigmoid()
     h0 = torch.randn((N, H, D, D), dtype=torch.float32)
-    return (q, k, v, g, beta, h0, a_log, dt_bias), torch.randn_like(v), torch.rand_like(h0)
+    xs = tuple(x.to(device) for x in (q, k, v, g, beta, h0, a_log, dt_bias))
+    return xs, torch.randn_like(xs[2]), torch.rand_like(xs[5])
+
+
+@contextlib.contextmanager
+def candidate(changes):
+    """Our launchers run `changes` ({kernel: {parameter: value}}) over the config they pick.
+    The op's cached graphs are dropped on the way in and out: on a GPU a graph replays the
+    launches its first call recorded, whatever config is laid over them later."""
+    pick = gdn._resolve_config
+    graphs._GRAPHS.clear()
+
+    def laid_over(config, *args):
+        cfgs = {kernel: dict(params) for kernel, params in pick(config, *args).items()}
+        for kernel, params in changes.items():
+            cfgs.setdefault(kernel, {}).update(params)
+        return pick(cfgs, *args)  # checks the candidate as any mapping is checked
+
+    gdn._resolve_config = laid_over if changes else pick
+    try:
+        yield
+    finally:
+        gdn._resolve_config = pick
+        graphs._GRAPHS.clear()
 
 
 def grads(fn, xs, do, dht, dtype=None):
@@ -53,10 +86,13 @@ def grads(fn, xs, do, dht, dtype=None):
     return dict(zip(NAMES, (x.grad for x in leaves)))
 
 
-def main(name="d60"):
+def ratios(name, *candidates, device="cpu"):
+    """Per candidate (None: our launchers' pick as it is), {gradient: (ours vs fla's fp16
+    reference, ours vs float64, fla's reference vs float64)} (fla's get_err_ratio) for
+    beta, g, A_log and dt_bias in case `name`; the references formed once."""
     H, D, mask_p, cu, chunk, disable = CASES[name]
-    xs, do, dht = inputs(H, D, mask_p, cu)
-    cu_t = torch.tensor(cu)
+    xs, do, dht = inputs(H, D, mask_p, cu, device)
+    cu_t = torch.tensor(cu, device=device)
 
     def ours(q, k, v, g, beta, h0, a_log, dt_bias):
         return entries.chunk_kda(
@@ -77,18 +113,40 @@ def main(name="d60"):
             ))  # fmt: skip
         return torch.cat([o for o, _ in outs], 1), torch.cat([h for _, h in outs], 0)
 
-    got, ref = grads(ours, xs, do, dht), grads(naive, xs, do, dht)
-    exact = grads(naive, xs, do, dht, torch.float64)
-    print(f"case {name}: ratio (fla's get_err_ratio) of each gradient")
-    print(
-        "| gradient | ours vs fla's fp16 reference | ours vs float64 | fla's reference vs float64 |"
-    )
-    print("|---|---|---|---|")
-    for n in ("beta", "g", "A_log", "dt_bias"):
-        print(f"| {n} | {get_err_ratio(ref[n], got[n]):.5f} | "
-              f"{get_err_ratio(exact[n].to(got[n].dtype), got[n]):.5f} | "
-              f"{get_err_ratio(exact[n].to(ref[n].dtype), ref[n]):.5f} |")  # fmt: skip
+    ref, exact = grads(naive, xs, do, dht), grads(naive, xs, do, dht, torch.float64)
+    out = []
+    for changes in candidates or (None,):
+        with candidate(changes):
+            got = grads(ours, xs, do, dht)
+        out.append({
+            n: (get_err_ratio(ref[n], got[n]), get_err_ratio(exact[n].to(got[n].dtype), got[n]),
+                get_err_ratio(exact[n].to(ref[n].dtype), ref[n]))
+            for n in ("beta", "g", "A_log", "dt_bias")
+        })  # fmt: skip
+    return out
+
+
+def table(name, changes=None, device="cpu"):
+    lines = [
+        f"case {name}{f', candidate {json.dumps(changes)}' if changes else ''}: ratio (fla's "
+        "get_err_ratio) of each gradient",
+        "| gradient | ours vs fla's fp16 reference | ours vs float64 | fla's reference vs float64 |",
+        "|---|---|---|---|",
+    ]
+    (rows,) = ratios(name, changes, device=device)
+    for n, r in rows.items():
+        lines.append(f"| {n} | " + " | ".join(f"{x:.5f}" for x in r) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("case", nargs="?", default="d60", choices=list(CASES))
+    parser.add_argument("--changes", type=json.loads, default=None,
+                        help="a candidate: JSON {kernel: {parameter: value}}")  # fmt: skip
+    args = parser.parse_args(argv)
+    print(table(args.case, args.changes))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    main()

@@ -1,11 +1,12 @@
 """The kda / gdn2 candidates bench/kda.py --sweep times, on the GPU before any becomes a
 pick: the diagonal blocks of the scores row-parallel (kernels/subchunk.py
 subchunk_diag_kernel), the state walk backward on prescaled operands (kernels/state.py
-PRESCALED), dqk in key-channel slices (kernels/dqk_sliced.py) and wy_bwd's dM read per
-slice (kernels/wy.py DM_RELOAD); on the CPU they are tests/linear_attention/
-test_kda_kernels.py CANDIDATES. Each against the float64 reference in bf16 at real sizes,
-fp32 and K = 64 / 256, gates down to -40 per token, the checkpoint path (E formed from the
-states), and bitwise repeatability. Triton 3.6 on Hopper miscompiles some patterns
+PRESCALED), dqk in key-channel slices (kernels/dqk_sliced.py), wy_bwd's dM read per
+slice (kernels/wy.py DM_RELOAD) and dqk's / wy_bwd's fp32 products at tf32x3 (a config's
+PREC); on the CPU they are tests/linear_attention/test_kda_kernels.py CANDIDATES (the
+PREC key: its test_config_precision_*). Each against the float64 reference in bf16 at real
+sizes, fp32 and K = 64 / 256, gates down to -40 per token, the checkpoint path (E formed
+from the states), and bitwise repeatability. Triton 3.6 on Hopper miscompiles some patterns
 (BRIEF.md; wy_bwd's 32-wide slices at 4 warps, the prescaled walk at one stage among them):
 a candidate joins the config table only after this passes.
 Run: PYTHONPATH=src:tests python -m pytest tests/gpu/test_kda_candidates_gpu.py -q -s
@@ -36,6 +37,11 @@ CANDIDATES = {
     "state-bwd-prescaled": {"state_bwd": {"PRESCALED": True}},
     "dqk-sliced": {"dqk": {"SLICED": True, "BG": 16, "num_stages": 1}},
     "wy-bwd-dm-reload": {"wy_bwd": {"DM_RELOAD": True, "BK": 32}},
+    # The backward's fp32-operand products at Triton's 3-pass tf32 in 16-bit runs
+    # (kernels/gdn.py _stage_precision), for fla's kda varlen dt_bias check
+    # (tests/gpu/test_kda_precision_gpu.py); dqk's alone gives most of the gain there.
+    "dqk-wy-bwd-tf32x3": {"dqk": {"PREC": "tf32x3"}, "wy_bwd": {"PREC": "tf32x3"}},
+    "dqk-tf32x3": {"dqk": {"PREC": "tf32x3"}},
 }
 
 

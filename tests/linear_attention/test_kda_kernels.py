@@ -323,6 +323,53 @@ def test_fp16_forward_and_backward_match_reference():
     assert not bad, f"relative errors above {FP16_TOL}: {bad} (all: {errors})"
 
 
+# A backward stage's dot precision from its config (kernels/gdn.py _stage_precision):
+# fla's kda varlen test sums dqk's and wy_bwd's fp32 products over every token into
+# dt_bias's gradient, where tf32's truncation shows (bench/results/fla_suite.md).
+STAGE_PRECISION = {"dqk": {"PREC": "tf32x3"}, "wy_bwd": {"PREC": "tf32x3"}}
+
+
+@pytest.mark.parametrize("dtype, launched", [(torch.float16, "tf32x3"), (torch.float32, "ieee")])
+def test_config_precision_reaches_the_backward_launches_of_16_bit_runs(
+    monkeypatch, dtype, launched
+):
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn
+
+    seen = {}
+
+    class Spy:  # records each launch's PREC, then launches
+        def __init__(self, name):
+            self.name, self.kernel = name, getattr(gdn, name)
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.setdefault(self.name, set()).add(kw["PREC"])
+                return self.kernel[grid](*args, **kw)
+
+            return launch
+
+    for name in ("dqk_kernel", "wy_bwd_kernel"):
+        monkeypatch.setattr(gdn, name, Spy(name))
+    x, cu = make_inputs(dtype=dtype, heads=(1, 1, 1), has_dt_bias=True, gate="raw", **ONE_CHUNK)
+    config = _candidate("wide-subchunk", **STAGE_PRECISION)
+    attrs = {"use_qk_l2norm": True, "safe_gate": True}
+    errors = errors_against_reference(x, cu, attrs, config=config)
+    assert seen == {"dqk_kernel": {launched}, "wy_bwd_kernel": {launched}}
+    tol = FP16_TOL if dtype == torch.float16 else FP32_TOL
+    bad = {n: e for n, e in errors.items() if not e <= tol}
+    assert not bad, f"relative errors above {tol}: {bad} (all: {errors})"
+
+
+@pytest.mark.parametrize(
+    "changes", [{"dqk": {"PREC": "tf32x9"}}, {"state_bwd": {"PREC": "tf32x3"}}],
+    ids=["unknown-precision", "kernel-without-prec"],
+)  # fmt: skip
+def test_bad_config_precision_is_refused_before_any_launch(changes):
+    x, cu = make_inputs(heads=(1, 1, 1), **ONE_CHUNK)
+    with pytest.raises(ValueError, match="PREC"):
+        run_forward(x, cu, 0.125, {}, config=_candidate("wide-subchunk", **changes))
+
+
 def test_checkpoints_are_chunk_states_and_feed_the_backward(monkeypatch):
     x, cu = make_inputs(seqlens=(70, 5), heads=(1, 1, 1))
     attrs = {"use_qk_l2norm": True}

@@ -47,6 +47,8 @@ Why these values (H200, bench/results/gdn.md; forward / fwd+bwd ms of (a) 8 x 40
   8 warps 2.25 vs 4 warps 1.99; dqk 4 warps 2.32 vs 8 warps 2.35 (kept), without the
   register cap 3.20; BG 64 slower in every kernel (fwd+bwd 29.51).
 - dv_local: chosen by ptxas (no spills).
+- PREC (dqk, wy_bwd; no shipped config sets it): the tl.dot precision of the kernel's fp32
+  products in 16-bit runs, "tf32" unless set (kernels/gdn.py _stage_precision).
 - BG (wy_solve, state_fwd, output_fwd, dv_local, dqk): the column slice in which kda's and
   gdn2's gated intra-chunk products (kernels/gated.py) read their operands; unused by gdn.
   32 is not timed on the H200 yet: ptxas (sm_90, offline) shows fewer spills and less shared

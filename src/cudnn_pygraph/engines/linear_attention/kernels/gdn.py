@@ -102,6 +102,14 @@ def _resolve_config(config, n_seqs, n_out, dim_v, device, batch_invariant, gate_
     always names one: its knob). A mapping is taken as the call's {kernel: parameters}
     itself: a candidate a bench times before it joins the table (bench/kda.py --sweep)."""
     if isinstance(config, Mapping):
+        for kernel, params in config.items():
+            if "PREC" in params and (
+                kernel not in _PREC_KERNELS or params["PREC"] not in _STAGE_PRECISIONS
+            ):
+                raise ValueError(
+                    f"config[{kernel!r}]['PREC']={params['PREC']!r}: only "
+                    f"{list(_PREC_KERNELS)} take PREC, one of {list(_STAGE_PRECISIONS)}"
+                )
         return config
     if config is None:
         config = recommend_config(n_seqs, n_out, dim_v, _sm_count(device), batch_invariant,
@@ -118,6 +126,21 @@ def _dot_precision(dtype: torch.dtype) -> str:
     # fp32 runs are the accuracy reference: exact fp32 products. 16-bit runs feed 16-bit
     # operands to the big products; the fp32 ones (the WY solves) use tf32.
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+# The backward stages whose config may set "PREC" (_stage_precision), and what it may ask
+# for (Triton's tl.dot input precisions; "tf32x3" is three tf32 products per dot, about
+# fp32's accuracy).
+_PREC_KERNELS = ("dqk", "wy_bwd")
+_STAGE_PRECISIONS = ("tf32", "tf32x3", "ieee")
+
+
+def _stage_precision(cfg: dict, prec: str) -> str:
+    """The launch's dot precision: the config's "PREC" (popped from cfg) in place of a
+    16-bit run's tf32 (a stage whose fp32 products feed a sum over all tokens, as dt_bias's
+    gradient, may ask for more); an fp32 run's exact products stay exact whatever it says."""
+    stage = cfg.pop("PREC", prec)
+    return stage if prec == "tf32" else prec
 
 
 # The configs' V-blocks are sized for K <= 128: a program holds a [K, BV] fp32 state block
@@ -738,6 +761,7 @@ def gdn_backward(
     # SLICED: under a per-key decay, the form that holds no [64, K] fp32 tile
     # (kernels/dqk_sliced.py); a per-head decay has no such form.
     dqk = dqk_sliced_kernel if cfg.pop("SLICED", False) and gate_per_key else dqk_kernel
+    dqk_common = {**common, "PREC": _stage_precision(cfg, prec)}
     # The dq side (PART 1), then the dk side (PART 2): two launches of lighter programs,
     # each recomputing dP (kernels/output.py dqk_kernel).
     for part in (1, 2):
@@ -746,12 +770,13 @@ def gdn_backward(
             ws["de"], dq if final_dq else ws["dq_group"], ws["dk_part"], ws["dw"],
             ws["dg_part"], *tables, *_state_strides(h_buf), *_state_strides(ws["dh"]), scale,
             n_out, n_q, n_k, BV=bv, FINAL_DQ=final_dq, HAS_VNEW="vnew" in ws, PART=part,
-            **common, **cfg,
+            **dqk_common, **cfg,
         )  # fmt: skip
 
     final_dk = n_k == n_out
     final_dv = n_v == n_out
     cfg = dict(kernel_cfgs["wy_bwd"])
+    wy_prec = _stage_precision(cfg, prec)
     outs = (
         dk if final_dk else ws["dk_part"],
         dv if final_dv else ws["dv_group"],
@@ -786,7 +811,7 @@ def gdn_backward(
         L2NORM=use_qk_l2norm,
         **flags,
         **finals,
-        PREC=prec,
+        PREC=wy_prec,
         BETA_K=write_gate is not None,
         SCORES=scores,
         **cfg,
