@@ -57,6 +57,8 @@
 #                FLA_JOBS side by side, default 10; FLA_MISSING=1: only the cases the record
 #                lacks), merged with the committed record of earlier calls
 #                (bench/results/fla_suite_outcomes.json)
+#   prec         issue 31: fla's kda varlen dt_bias check (tests/gpu/test_kda_precision_gpu.py)
+#                at the shipped config and with dqk / wy_bwd at tf32x3
 #   state-layout issue 31: a V-first state gives bitwise the K-first call's numbers (fla's
 #                test_chunk_state_v_first), each side's selected plans printed; a repeated
 #                call over NaN-filled memory is bitwise the same; tools/la_localize.py on
@@ -192,6 +194,10 @@ tests_la_candidates() { gpu_suite la_candidates 300 -s tests/gpu/test_kda_candid
 bench_la_candidates() {
   SWEEP_VARIANTS=${SWEEP_VARIANTS:-stage + wy_bwd,together} bench_kda_sweep
 }
+tests_prec() {  # issue 31: fla's kda varlen dt_bias check at the shipped config and at tf32x3
+  gpu_suite kda_precision 240 -s tests/gpu/test_kda_precision_gpu.py
+}
+bench_prec() { :; }
 tests_state_layout() {  # and the gdn backward of fla's failing case, repeated, per launch
   gpu_suite state_layout 200 -s tests/gpu/test_state_layout_gpu.py &
   step la_repeat_gdn 240 python3 tools/la_localize.py gdn --seqlens 1024,1024,1024 --heads 4 \
