@@ -317,7 +317,7 @@ bench_fla_suite() {  # FLA_FILES: some of fla's test files (default: the tool's 
   # FLA_MODES: fla, accelerated or both (default); FLA_SHARDS, FLA_MISSING. The committed record of earlier calls
   # (bench/results/fla_suite_outcomes.json) is merged with this call's runs into
   # $LOG/fla_suite_outcomes.json, and the table is made from the merged record.
-  # The tool writes its table only once every run ended: its per-run timeout (and the 60 s
+  # The tool writes its table only once every run ended: its --timeout (and the 60 s
   # an interrupted pytest gets to write its cases) ends them first.
   local left=$((BUDGET_S - SECONDS - 110))
   [ -f bench/results/fla_suite_outcomes.json ] &&

@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 
 FILES = ("test_gdn.py", "test_kda.py", "test_gdn2.py", "test_gdp.py", "test_delta_product.py")
@@ -107,8 +108,13 @@ def shards(node_ids: list[str], n: int) -> list[list[str]]:
     return [share for share in (node_ids[i::n] for i in range(max(1, n))) if share]
 
 
-def run(test_file: pathlib.Path, accelerated: bool, timeout: int,
+def run(test_file: pathlib.Path, accelerated: bool, deadline: float,
         node_ids: list[str] | None = None) -> tuple[dict, dict]:  # fmt: skip
+    """One pytest of test_file (or of its node_ids), interrupted at `deadline` (a
+    time.monotonic() value): a run that would start with less than a minute left does not
+    start. Returns (outcomes, routes), empty when it left no results."""
+    if deadline - time.monotonic() < 60:
+        return {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         junit, routes = os.path.join(tmp, "junit.xml"), os.path.join(tmp, "routes.json")
         root = test_file.parent.parent.parent
@@ -122,7 +128,7 @@ def run(test_file: pathlib.Path, accelerated: bool, timeout: int,
             env["FLA_SUITE_ROUTES"] = routes
         proc = subprocess.Popen(cmd, env=env, cwd=root)
         try:
-            proc.wait(timeout=timeout)
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             # An interrupted pytest still writes the JUnit file of the cases that finished.
             proc.send_signal(signal.SIGINT)
@@ -204,7 +210,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkout", required=True, type=pathlib.Path)
     parser.add_argument("--files", nargs="*", default=FILES)
-    parser.add_argument("--timeout", type=int, default=900, help="seconds per file and mode")
+    parser.add_argument("--timeout", type=int, default=900,
+                        help="seconds until every run is interrupted (runs queued past --jobs "
+                        "start later and end by the same time)")  # fmt: skip
     parser.add_argument("--out", type=pathlib.Path)
     parser.add_argument("--jobs", type=int, default=1,
                         help="pytest runs side by side (a correctness run: they share the GPU)")  # fmt: skip
@@ -221,6 +229,7 @@ def main(argv=None):
     # absolute: each pytest runs from the checkout's root
     paths = {name: args.checkout.resolve() / "tests" / "ops" / name for name in args.files}
     paths = {name: path for name, path in paths.items() if path.exists()}
+    deadline = time.monotonic() + args.timeout  # the collection below counts against it
     held = merged(args.outcomes, {}) if args.missing else {}
     runs = []  # (file, mode, the shard's node ids or None for the whole file)
     for name, path in paths.items():
@@ -233,7 +242,7 @@ def main(argv=None):
             todo = [i for i in ids if case_id(i) not in have]
             runs += [(name, mode, share) for share in shards(todo, args.shards)]
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        results = list(pool.map(lambda r: run(paths[r[0]], r[1], args.timeout, r[2]), runs))
+        results = list(pool.map(lambda r: run(paths[r[0]], r[1], deadline, r[2]), runs))
     done: dict = {}
     for (name, mode, _), (cases, routes) in zip(runs, results):
         have = done.setdefault((name, mode), ({}, {}))

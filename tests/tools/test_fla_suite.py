@@ -93,3 +93,13 @@ def test_shards_split_a_file_and_a_run_of_the_missing_cases_merges_case_by_case(
     # a whole run (replace) drops what it did not run
     rec = fla_suite.merged(record, {("test_kda.py", True): (first, {})})
     assert set(rec["test_kda.py"]["accelerated"]["cases"]) == set(first)
+
+
+def test_a_run_queued_past_the_deadline_does_not_start(tmp_path, monkeypatch):
+    # Runs beyond --jobs wait for a slot; one that would start with under a minute left
+    # starts no pytest (the whole call ends by --timeout, whatever the queue).
+    started = []
+    monkeypatch.setattr(fla_suite.subprocess, "Popen", lambda *a, **k: started.append(a))
+    test_file = tmp_path / "tests" / "ops" / "test_gdn.py"
+    assert fla_suite.run(test_file, True, fla_suite.time.monotonic() + 30) == ({}, {})
+    assert started == []
