@@ -329,10 +329,8 @@ def test_fp16_forward_and_backward_match_reference():
 STAGE_PRECISION = {"dqk": {"PREC": "tf32x3"}, "wy_bwd": {"PREC": "tf32x3"}}
 
 
-@pytest.mark.parametrize("dtype, launched", [(torch.float16, "tf32x3"), (torch.float32, "ieee")])
-def test_config_precision_reaches_the_backward_launches_of_16_bit_runs(
-    monkeypatch, dtype, launched
-):
+def _spy_precisions(monkeypatch):
+    """{kernel name: the PREC values its launches got}, filled as dqk / wy_bwd launch."""
     from cudnn_pygraph.engines.linear_attention.kernels import gdn
 
     seen = {}
@@ -350,6 +348,14 @@ def test_config_precision_reaches_the_backward_launches_of_16_bit_runs(
 
     for name in ("dqk_kernel", "wy_bwd_kernel"):
         monkeypatch.setattr(gdn, name, Spy(name))
+    return seen
+
+
+@pytest.mark.parametrize("dtype, launched", [(torch.float16, "tf32x3"), (torch.float32, "ieee")])
+def test_config_precision_reaches_the_backward_launches_of_16_bit_runs(
+    monkeypatch, dtype, launched
+):
+    seen = _spy_precisions(monkeypatch)
     x, cu = make_inputs(dtype=dtype, heads=(1, 1, 1), has_dt_bias=True, gate="raw", **ONE_CHUNK)
     config = _candidate("wide-subchunk", **STAGE_PRECISION)
     attrs = {"use_qk_l2norm": True, "safe_gate": True}
@@ -358,6 +364,21 @@ def test_config_precision_reaches_the_backward_launches_of_16_bit_runs(
     tol = FP16_TOL if dtype == torch.float16 else FP32_TOL
     bad = {n: e for n, e in errors.items() if not e <= tol}
     assert not bad, f"relative errors above {tol}: {bad} (all: {errors})"
+
+
+@pytest.mark.parametrize("in_kernel", [True, False], ids=["gate-in-kernel", "gate-given"])
+def test_a_gate_computed_in_the_kernel_takes_dqk_at_tf32x3(monkeypatch, in_kernel):
+    # The shipped config: dt_bias's gradient sums dqk's gated products over every token, so
+    # a 16-bit run with the gate in the kernel runs dqk at tf32x3; a given gate keeps tf32.
+    seen = _spy_precisions(monkeypatch)
+    gate = {"has_dt_bias": True, "gate": "raw"} if in_kernel else {}
+    x, cu = make_inputs(dtype=torch.float16, heads=(1, 1, 1), **gate, **ONE_CHUNK)
+    attrs = {"use_qk_l2norm": True, "safe_gate": in_kernel}
+    errors = errors_against_reference(x, cu, attrs, config="wide-subchunk")
+    dqk = "tf32x3" if in_kernel else "tf32"
+    assert seen == {"dqk_kernel": {dqk}, "wy_bwd_kernel": {"tf32"}}
+    bad = {n: e for n, e in errors.items() if not e <= FP16_TOL}
+    assert not bad, f"relative errors above {FP16_TOL}: {bad} (all: {errors})"
 
 
 @pytest.mark.parametrize(
