@@ -16,7 +16,7 @@ where every enabled load / store lane is checked against the live tensors
   PYTHONPATH=src:tests python tools/la_localize.py kda --seqlens 12000,0,3000 --gate weak \
       --config few --repeat 1
   PYTHONPATH=src:tests python tools/la_localize.py gdn --seqlens 1024,1024,1024 --heads 4 \
-      --config few --dtype fp16 --saved --repeat 2
+      --config few --dtype fp16 --saved --repeat 2 [--fla-inputs] [--sync none]
 
 --set KERNEL.KEY=VALUE overrides one entry of the named config (wy_bwd.num_stages=1), to
 tell a compiler fault from a kernel bug. --fill none leaves scratch uninitialized (for
@@ -64,6 +64,8 @@ def _checked_run(original):
             saved = {"kernel": kernel, "grid": grid, "args": before, "after": None}
             torch.save(saved, dump)  # kept even if the launch faults
         out = original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        if not SYNC[0]:
+            return out
         consts = {n: v for n, v in named.items() if n.isupper() or n.startswith("num_")}
         try:
             torch.cuda.synchronize()
@@ -84,6 +86,7 @@ def _checked_run(original):
 
 
 FILL = [0]  # the byte fresh scratch starts as: 0, then other finite garbage for repeats
+SYNC = [True]  # --sync none: the launches back to back, as the ops run them
 DUMP: dict = {}
 
 
@@ -115,6 +118,21 @@ def _overridden(original, settings):
         return cfgs
 
     return resolve
+
+
+def _fla_inputs(x):
+    """x's shapes and dtypes filled as fla's test_chunk_state_v_first draws its inputs (the
+    tests/gpu/test_state_layout_gpu.py case where gdn's dg / dbeta were not repeatable)."""
+    gen = torch.Generator("cuda").manual_seed(42)
+    rand = lambda t, dt=None: torch.rand(t.shape, device="cuda", generator=gen, dtype=dt or t.dtype)
+    norm = lambda t: torch.nn.functional.normalize(rand(t).float(), dim=-1).to(t.dtype)
+    out = dict(x, q=norm(x["q"]), k=norm(x["k"]), v=rand(x["v"]))
+    out["beta"] = rand(x["beta"], x["q"].dtype).sigmoid()
+    out["g"] = torch.nn.functional.logsigmoid(rand(x["g"], torch.float32))
+    out["initial_state"] = torch.randn(
+        x["initial_state"].shape, device="cuda", generator=gen, dtype=torch.float32
+    )
+    return out
 
 
 def replay(path):
@@ -175,12 +193,20 @@ def main():
     ap.add_argument("--dump-kernel", default="wy_bwd_kernel")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     ap.add_argument("--dim", type=int, default=128, help="K = V")
+    ap.add_argument("--sync", choices=("launch", "none"), default="launch",
+                    help="none: no synchronize (nor NaN scan) between launches, so a repeat "
+                    "compares the launches as the ops run them, back to back")  # fmt: skip
+    ap.add_argument("--fla-inputs", action="store_true",
+                    help="fla's test_chunk_state_v_first inputs: q, k normalized by the caller "
+                    "(no l2norm in the kernel), uniform v, beta and gate, scale 0.1, an "
+                    "initial state")  # fmt: skip
     ap.add_argument("--saved", action="store_true",
                     help="the forward keeps the checkpoints and the saved factors and the "
                     "backward reads them (the torch ops' path when inputs need grad)")  # fmt: skip
     args = ap.parse_args()
     if args.fill == "none":
         FILL[0] = None
+    SYNC[0] = args.sync == "launch"
     if args.dump:
         DUMP.update(path=args.dump, kernel=args.dump_kernel)
     if args.set:
@@ -198,6 +224,9 @@ def main():
     if args.gate == "weak" and args.family != "gdn":
         x["g"] = torch.nn.functional.logsigmoid(torch.randn_like(x["g"]) + 4.0)
     scale = x["q"].shape[-1] ** -0.5
+    if args.fla_inputs:
+        x, scale = _fla_inputs(x), 0.1
+        attrs["use_qk_l2norm"] = False
     print(f"triton {triton.__version__}, {torch.cuda.get_device_name()}: {args}", flush=True)
     kept = saved_kwargs(x, cu, args.config) if args.saved else {}
     o, final = mod.run_forward(x, cu, scale, attrs, **kept)
