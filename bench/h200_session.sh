@@ -46,8 +46,9 @@
 #                stage tables
 #   kda-sweep    issue 30: bench/kda.py --sweep at (a), the candidates named by $SWEEP_VARIANTS
 #                (default: state_bwd's prescaled operands, the scores kernel) beside the pick
-#   la-candidates  issue 30: tests/gpu/test_kda_candidates_gpu.py (every kda / gdn2 candidate
-#                against float64 on the GPU), then the sweep of the candidates together
+#   la-candidates  issue 30: tests/gpu/test_kda_candidates_gpu.py (every kda / gdn2 candidate,
+#                or those CANDIDATES_K selects, against float64 on the GPU), then the sweep
+#                of the candidates SWEEP_VARIANTS names
 #   fla          issue 31: the off-tile head dims on the GPU; fla_accel.md (fla's chunk ops
 #                before / after accelerate_fla(), row (a) at K = V = 128 and 100); then fla's own
 #                tests as they are and after accelerate_fla() (tools/fla_suite.py; a
@@ -191,7 +192,10 @@ bench_kda_sweep() {  # SWEEP_VARIANTS: label substrings of bench/kda.py's SWEEP
   step kda_sweep 300 python3 bench/kda.py --sweep --only "(a)" --cache-dir "$LA_CACHE" \
     --variants "${SWEEP_VARIANTS:-prescaled,scores}"
 }
-tests_la_candidates() { gpu_suite la_candidates 300 -s tests/gpu/test_kda_candidates_gpu.py; }
+tests_la_candidates() {  # CANDIDATES_K: a pytest -k expression (some candidates)
+  gpu_suite la_candidates 300 -s tests/gpu/test_kda_candidates_gpu.py \
+    ${CANDIDATES_K:+-k "$CANDIDATES_K"}
+}
 bench_la_candidates() {
   SWEEP_VARIANTS=${SWEEP_VARIANTS:-stage + wy_bwd,together} bench_kda_sweep
 }

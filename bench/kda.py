@@ -316,6 +316,12 @@ SWEEP = {
         "dqk": {"SLICED": True, "BG": 16, "num_stages": 1, "PREC": "tf32x3"},
         "wy_bwd": {"DM_RELOAD": True, "BK": 32, "PREC": "tf32x3"},
     },
+    # The three that won the H100 sweep (bench/results/kda.md, session f), together.
+    "winners: row-parallel diagonal, prescaled state_bwd, dM reload (BK 64)": {
+        "scores_diag": {"BK": 64, "num_warps": 1},
+        "state_bwd": {"PRESCALED": True},
+        "wy_bwd": {"DM_RELOAD": True},
+    },
     # Every candidate that has run correct on a GPU, with the two new backward ones.
     "together: row-parallel diagonal, prescaled state_bwd, dqk sliced, dM reload": {
         "scores_diag": {"BK": 64, "num_warps": 1},

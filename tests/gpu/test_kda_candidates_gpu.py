@@ -42,6 +42,15 @@ CANDIDATES = {
     # (tests/gpu/test_kda_precision_gpu.py); dqk's alone gives most of the gain there.
     "dqk-wy-bwd-tf32x3": {"dqk": {"PREC": "tf32x3"}, "wy_bwd": {"PREC": "tf32x3"}},
     "dqk-tf32x3": {"dqk": {"PREC": "tf32x3"}},
+    # dM read per slice at wy_bwd's own BK 64 (the sweep's -0.14 ms; BK 32 lost 0.63 ms).
+    "wy-bwd-dm-reload-bk64": {"wy_bwd": {"DM_RELOAD": True}},
+    # The three that won bench/kda.py --sweep at (a) on an H100 (bench/results/kda.md,
+    # session f), together: the config they would ship as.
+    "winners": {
+        "scores_diag": {"BK": 64, "num_warps": 1},
+        "state_bwd": {"PRESCALED": True},
+        "wy_bwd": {"DM_RELOAD": True},
+    },
 }
 
 
