@@ -38,11 +38,14 @@ PASSING = "dqk-wy-bwd-tf32x3"  # the candidate held to fla's bound here
 
 
 @pytest.mark.parametrize("case", list(tool.CASES))
-def test_dt_bias_gradient_meets_flas_bound_at_tf32x3(case):
+def test_dt_bias_gradient_meets_flas_bound(case):
     names = [n for n in CANDIDATES if "tf32x3" in n]
     rows = tool.ratios(case, None, *(CANDIDATES[n] for n in names), device="cuda")
     for label, row in zip(["shipped", *names], rows):
         print(f"\n[{case} {label}] vs fla's fp16 reference / vs float64: "
               + ", ".join(f"{g} {r[0]:.5f} / {r[1]:.5f}" for g, r in row.items()), end="")  # fmt: skip
-    got = dict(zip(names, rows[1:]))[PASSING]["dt_bias"][0]
-    assert got <= FLA_DBIAS_BOUND, f"{case} {PASSING}: dt_bias ratio {got:.5f}"
+    # what a user gets (the pick: dqk at tf32x3 where the gate is in the kernel), and the
+    # candidate with wy_bwd's products at tf32x3 too
+    for label, row in (("shipped", rows[0]), (PASSING, dict(zip(names, rows[1:]))[PASSING])):
+        got = row["dt_bias"][0]
+        assert got <= FLA_DBIAS_BOUND, f"{case} {label}: dt_bias ratio {got:.5f}"

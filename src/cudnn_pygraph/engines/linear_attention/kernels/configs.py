@@ -48,7 +48,8 @@ Why these values (H200, bench/results/gdn.md; forward / fwd+bwd ms of (a) 8 x 40
   register cap 3.20; BG 64 slower in every kernel (fwd+bwd 29.51).
 - dv_local: chosen by ptxas (no spills).
 - PREC (dqk, wy_bwd; no shipped config sets it): the tl.dot precision of the kernel's fp32
-  products in 16-bit runs, "tf32" unless set (kernels/gdn.py _stage_precision).
+  products in 16-bit runs (kernels/gdn.py _stage_precision). Unset: "tf32", but dqk takes
+  "tf32x3" under a per-key gate computed in the kernel (_dqk_default_precision).
 - BG (wy_solve, state_fwd, output_fwd, dv_local, dqk): the column slice in which kda's and
   gdn2's gated intra-chunk products (kernels/gated.py) read their operands; unused by gdn.
   32 is not timed on the H200 yet: ptxas (sm_90, offline) shows fewer spills and less shared
