@@ -245,6 +245,15 @@ SWEEP = {
     "scores row-parallel diagonal": {"scores_diag": {"BK": 64, "num_warps": 2}},
     "scores row-parallel diagonal, 1 warp": {"scores_diag": {"BK": 64, "num_warps": 1}},
     "scores row-parallel diagonal, BK 128, 4 warps": {"scores_diag": {"BK": 128, "num_warps": 4}},
+    # The diagonal blocks per token row (subchunk_diag_rows_kernel: BH output heads a program,
+    # only the columns up to the diagonal, the whole K = 128 per step). ptxas (sm_90, bf16,
+    # kda / gdn2, K = 128): no spills in any; registers by elements per thread (BH x BK over
+    # 32 x warps): BH 2 at 1 warp 71 / 70, BH 4 at 1 warp 140 / 128, BH 4 at 2 warps 71 / 70,
+    # BH 8 at 4 warps 71 / 70 (today's diagonal at BK 64, 1 warp: 120 / 122).
+    "scores token rows, BH 2, 1 warp": {"scores_diag": {"BK": 128, "BH": 2, "num_warps": 1}},
+    "scores token rows, BH 4, 1 warp": {"scores_diag": {"BK": 128, "BH": 4, "num_warps": 1}},
+    "scores token rows, BH 4, 2 warps": {"scores_diag": {"BK": 128, "BH": 4, "num_warps": 2}},
+    "scores token rows, BH 8, 4 warps": {"scores_diag": {"BK": 128, "BH": 8, "num_warps": 4}},
     "output_fwd BV 64": {"output_fwd": {"BV": 64}},
     "wy_solve 2 warps": {"wy_solve": {"num_warps": 2}},
     "wy_solve 4 warps": {"wy_solve": {"num_warps": 4}},

@@ -1,10 +1,11 @@
 """The kda / gdn2 candidates bench/kda.py --sweep times, on the GPU before any becomes a
 pick: the diagonal blocks of the scores row-parallel (kernels/subchunk.py
-subchunk_diag_kernel), the state walk backward on prescaled operands (kernels/state.py
-PRESCALED), dqk in key-channel slices (kernels/dqk_sliced.py), wy_bwd's dM read per
-slice (kernels/wy.py DM_RELOAD) and dqk's / wy_bwd's fp32 products at tf32x3 (a config's
-PREC); on the CPU they are tests/linear_attention/test_kda_kernels.py CANDIDATES (the
-PREC key: its test_config_precision_*). Each against the float64 reference in bf16 at real
+subchunk_diag_kernel) or per token row (subchunk_diag_rows_kernel), the state walk
+backward on prescaled operands (kernels/state.py PRESCALED), dqk in key-channel slices
+(kernels/dqk_sliced.py), wy_bwd's dM read per slice (kernels/wy.py DM_RELOAD) and dqk's /
+wy_bwd's fp32 products at tf32x3 (a config's PREC); on the CPU they are
+tests/linear_attention/test_kda_kernels.py CANDIDATES (the PREC key: its
+test_config_precision_*). Each against the float64 reference in bf16 at real
 sizes, fp32 and K = 64 / 256, gates down to -40 per token, the checkpoint path (E formed
 from the states), and bitwise repeatability. Triton 3.6 on Hopper miscompiles some patterns
 (BRIEF.md; wy_bwd's 32-wide slices at 4 warps, the prescaled walk at one stage among them):
@@ -34,6 +35,15 @@ from cudnn_pygraph.engines.linear_attention.kernels.configs import kernel_config
 
 CANDIDATES = {
     "scores-diag-row-parallel": {"scores_diag": {"BK": 64, "num_warps": 1}},
+    # The diagonal blocks per token row, BH output heads a program (kernels/subchunk.py
+    # subchunk_diag_rows_kernel): bench/kda.py's "token rows" sweep rows (each BH / warps
+    # pair compiles its own program). 128-wide key slices: the whole K at 64 / 128, two at 256. ptxas (sm_90, bf16,
+    # kda / gdn2) no spills at K = 64 / 128 / 256; registers at K = 128: 71 / 70 (BH 2, 1
+    # warp), 140 / 128 (BH 4, 1 warp), 71 / 70 (BH 4, 2 warps; BH 8, 4 warps).
+    "scores-diag-rows-bh2-w1": {"scores_diag": {"BK": 128, "BH": 2, "num_warps": 1}},
+    "scores-diag-rows-bh4-w1": {"scores_diag": {"BK": 128, "BH": 4, "num_warps": 1}},
+    "scores-diag-rows-bh4-w2": {"scores_diag": {"BK": 128, "BH": 4, "num_warps": 2}},
+    "scores-diag-rows-bh8-w4": {"scores_diag": {"BK": 128, "BH": 8, "num_warps": 4}},
     "state-bwd-prescaled": {"state_bwd": {"PRESCALED": True}},
     "dqk-sliced": {"dqk": {"SLICED": True, "BG": 16, "num_stages": 1}},
     "wy-bwd-dm-reload": {"wy_bwd": {"DM_RELOAD": True, "BK": 32}},

@@ -237,12 +237,14 @@ def _candidate(name, **changes):
 
 # The candidates' forms: state_bwd's decayed keys and queries formed ahead of its walk
 # (state_bwd_operands_kernel), the scores' diagonal blocks row-parallel
-# (subchunk_diag_kernel), dqk in key-channel slices (dqk_sliced_kernel) and wy_bwd's dM
+# (subchunk_diag_kernel) or per token row, BH heads a program (subchunk_diag_rows_kernel), dqk in key-channel slices (dqk_sliced_kernel) and wy_bwd's dM
 # read per slice (DM_RELOAD); on grouped heads (per-output-head operands, the l2norm on, a
 # partial chunk after a full one) and at K = 128 without the l2norm at steep gates.
 CANDIDATES = {
     "prescaled": {"state_bwd": {"PRESCALED": True}},
     "row-parallel-diagonal": {"scores_diag": {"BK": 64, "num_warps": 2}},
+    # (64-wide key slices: K = 128's two; one head in a program of two: the other masked)
+    "token-rows-diagonal": {"scores_diag": {"BK": 64, "BH": 2, "num_warps": 1}},
     "dqk-sliced": {"dqk": {"SLICED": True, "BG": 16, "num_stages": 1}},
     "wy-bwd-dm-reload": {"wy_bwd": {"DM_RELOAD": True, "BK": 32}},
 }
@@ -260,6 +262,7 @@ CANDIDATE_CASES = {
 CANDIDATES_ON_CPU = (
     ("prescaled", "group-q1-k1-v2"),
     ("row-parallel-diagonal", "K128-no-l2norm-steep"),
+    ("token-rows-diagonal", "K128-no-l2norm-steep"),
     ("dqk-sliced", "group-q1-k1-v2"),
     ("wy-bwd-dm-reload", "K128-no-l2norm-steep"),
 )
@@ -388,6 +391,18 @@ def test_a_gate_computed_in_the_kernel_takes_dqk_at_tf32x3(monkeypatch, in_kerne
 def test_bad_config_precision_is_refused_before_any_launch(changes):
     x, cu = make_inputs(heads=(1, 1, 1), **ONE_CHUNK)
     with pytest.raises(ValueError, match="PREC"):
+        run_forward(x, cu, 0.125, {}, config=_candidate("wide-subchunk", **changes))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"scores_diag": {"BK": 64, "BH": 3}}, {"scores_diag": {"BK": 64, "BH": True}},
+     {"scores": {"BH": 2}}],
+    ids=["not-a-power-of-two", "bool", "kernel-without-bh"],
+)  # fmt: skip
+def test_bad_diagonal_heads_per_program_are_refused_before_any_launch(changes):
+    x, cu = make_inputs(heads=(1, 1, 1), **ONE_CHUNK)
+    with pytest.raises(ValueError, match="BH"):
         run_forward(x, cu, 0.125, {}, config=_candidate("wide-subchunk", **changes))
 
 

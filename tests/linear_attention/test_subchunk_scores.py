@@ -33,9 +33,10 @@ DIM = 64
 
 
 def _reference_scores(x, gate, seqlens, erase):
-    """{akk, aqk} [T, H, 64] float64: row t against its chunk's tokens, zero above the
-    diagonal (and in columns past the chunk's end)."""
-    total, heads, _ = x["k"].shape
+    """{akk, aqk} [T, H, 64] float64 (H: the gate's heads; one query / key head serves
+    them all): row t against its chunk's tokens, zero above the diagonal (and in columns
+    past the chunk's end)."""
+    total, heads, _ = gate.shape
     out = {n: torch.zeros(total, heads, 64, dtype=torch.float64) for n in ("akk", "aqk")}
     q, k, b = x["q"].double(), x["k"].double(), erase.double()
     t0 = 0
@@ -52,21 +53,34 @@ def _reference_scores(x, gate, seqlens, erase):
     return out
 
 
-def _row_parallel_diagonal(name):
-    """The named config with the diagonal blocks formed row-parallel (subchunk_diag_kernel),
-    the candidate bench/kda.py times as "scores row-parallel diagonal"."""
+# The diagonal blocks' forms: in the scores kernel's column loop (no "scores_diag" entry),
+# row-parallel (subchunk_diag_kernel, bench/kda.py's "scores row-parallel diagonal") and per
+# token row with BH heads a program (subchunk_diag_rows_kernel, its "token rows" rows).
+DIAGONALS = {
+    "column-loop": None,
+    "row-parallel": {"BK": 64, "num_warps": 2},
+    "token-rows": {"BK": 64, "BH": 2, "num_warps": 1},
+}
+
+
+def _with_diagonal(name, diagonal):
+    """The named config with the diagonal form DIAGONALS[diagonal]."""
     cfgs = {k: dict(v) for k, v in kernel_configs(name, gate_per_key=True).items()}
-    cfgs["scores_diag"] = {"BK": 64, "num_warps": 2}
+    if DIAGONALS[diagonal] is not None:
+        cfgs["scores_diag"] = dict(DIAGONALS[diagonal])
     return cfgs
 
 
-@pytest.mark.parametrize("diagonal", ["column-loop", "row-parallel"])
+@pytest.mark.parametrize("diagonal", list(DIAGONALS))
 @pytest.mark.parametrize("family", ["kda", "gdn2"])
 def test_scores_match_float64_pair_sums_at_steep_gates(family, diagonal):
     gen = torch.Generator().manual_seed(0)
     # One head: the scores are per head (the heads' layout is the kernel tests' grouped rows).
-    total, heads = sum(SEQLENS), 1
-    x = {n: torch.randn(total, heads, DIM, generator=gen) for n in ("q", "k", "v")}
+    # The token-row form takes BH = 2 heads a program: with three output heads on one query /
+    # key head, its second program holds one real head and one masked.
+    total, heads = sum(SEQLENS), 3 if diagonal == "token-rows" else 1
+    x = {n: torch.randn(total, heads if n == "v" else 1, DIM, generator=gen)
+         for n in ("q", "k", "v")}  # fmt: skip
     gate = -40.0 * torch.rand(total, heads, DIM, generator=gen)
     per_key_beta = family == "gdn2"
     beta = (
@@ -77,18 +91,17 @@ def test_scores_match_float64_pair_sums_at_steep_gates(family, diagonal):
     cu = torch.tensor([0, *torch.tensor(SEQLENS).cumsum(0).tolist()], dtype=torch.int32)
     config = recommend_config(len(SEQLENS), heads, DIM, 8, False, gate_per_key=True)
     assert forms_scores(config)  # the families' pick is the sub-chunk form
-    nbytes = gdn_workspace_bytes(total, len(SEQLENS), heads, heads, heads, DIM, DIM,
+    nbytes = gdn_workspace_bytes(total, len(SEQLENS), 1, 1, heads, DIM, DIM,
                                  torch.float32, backward=False, gate_per_key=True,
                                  beta_per_key=per_key_beta)  # fmt: skip
     workspace = torch.empty(nbytes, dtype=torch.uint8)
-    rows = _layout(total, len(SEQLENS), heads, heads, heads, heads, DIM, DIM, torch.float32,
+    rows = _layout(total, len(SEQLENS), heads, 1, 1, heads, DIM, DIM, torch.float32,
                    False, False, False, gate_per_key=True, beta_per_key=per_key_beta)  # fmt: skip
     views = _carve(rows, workspace, workspace.device)
     for name in ("akk", "aqk"):
         views[name].fill_(float("nan"))
     o = torch.full((total, heads, DIM), float("nan"))
-    if diagonal == "row-parallel":
-        config = _row_parallel_diagonal(config)
+    config = _with_diagonal(config, diagonal)
     args = dict(scale=DIM**-0.5, o=o, workspace=workspace, config=config)
     if per_key_beta:
         w = torch.rand(total, heads, DIM, generator=gen)

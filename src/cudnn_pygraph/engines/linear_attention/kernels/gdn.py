@@ -73,7 +73,7 @@ from .normalize import L2NORM_EPS
 from .output import dqk_kernel, dv_local_kernel, output_fwd_kernel
 from .poison import poison_dense, poison_states
 from .state import state_bwd_kernel, state_bwd_operands_kernel, state_fwd_kernel, state_grid
-from .subchunk import subchunk_diag_kernel, subchunk_scores_kernel
+from .subchunk import subchunk_diag_kernel, subchunk_diag_rows_kernel, subchunk_scores_kernel
 from .wy import group_reduce_kernel, wy_bwd_kernel
 from .wy_fwd import wy_solve_kernel
 
@@ -110,6 +110,13 @@ def _resolve_config(config, n_seqs, n_out, dim_v, device, batch_invariant, gate_
                     f"config[{kernel!r}]['PREC']={params['PREC']!r}: only "
                     f"{list(_PREC_KERNELS)} take PREC, one of {list(_STAGE_PRECISIONS)}"
                 )
+            heads = params.get("BH")
+            if "BH" in params and (kernel != "scores_diag" or type(heads) is not int
+                                   or heads not in _DIAG_HEADS):  # fmt: skip
+                raise ValueError(
+                    f"config[{kernel!r}]['BH']={params['BH']!r}: only 'scores_diag' takes BH "
+                    f"(output heads per program of its token-row form), one of {list(_DIAG_HEADS)}"
+                )
         return config
     if config is None:
         config = recommend_config(n_seqs, n_out, dim_v, _sm_count(device), batch_invariant,
@@ -133,6 +140,9 @@ def _dot_precision(dtype: torch.dtype) -> str:
 # fp32's accuracy).
 _PREC_KERNELS = ("dqk", "wy_bwd")
 _STAGE_PRECISIONS = ("tf32", "tf32x3", "ieee")
+# The "scores_diag" entry's BH (heads per program of subchunk_diag_rows_kernel): a tile
+# dimension, so a power of two.
+_DIAG_HEADS = (1, 2, 4, 8, 16)
 
 
 def _stage_precision(cfg: dict, prec: str, default: str | None = None) -> str:
@@ -299,7 +309,13 @@ def _run_wy_and_state(
         )  # fmt: skip
         if diag is not None:
             cfg = dict(diag)
-            subchunk_diag_kernel[(n_chunks * CHUNK, n_out)](
+            # With "BH" (a constexpr of the kernel it picks, so it stays in cfg): per token
+            # row, BH output heads a program (subchunk_diag_rows_kernel).
+            heads = cfg.get("BH")
+            rows, grid = subchunk_diag_kernel, (n_chunks * CHUNK, n_out)
+            if heads is not None:
+                rows, grid = subchunk_diag_rows_kernel, (n_chunks * CHUNK, -(-n_out // heads))
+            rows[grid](
                 q, k, ws["gc"], ws["beta_eff"], cu, ws["chunk_offsets"], ws["chunk_seq"],
                 n_seqs, ws["akk"], ws["aqk"], n_out, n_q, n_k, K=dim_k,
                 BK=_slice(cfg, "BK", dim_k), BETA_K=write_gate is not None, **cfg,

@@ -29,6 +29,10 @@ beta_eff, stored for every later stage), so the scores read G back from memory (
 A config with a "scores_diag" entry forms the diagonal blocks row-parallel instead
 (subchunk_diag_kernel, one program per chunk row: the 16 column steps of a sub-chunk are no
 longer a serial walk inside one program), the scores kernel then storing the strips only.
+With "BH" in that entry the diagonal blocks are formed per token row instead
+(subchunk_diag_rows_kernel): BH output heads a program, each step one column j of the
+row's own sub-chunk up to the diagonal (a row r needs r % 16 + 1 of the 16), so no
+exponential above the diagonal is formed, and each load a contiguous [BH, K] block.
 """
 
 from __future__ import annotations
@@ -221,6 +225,56 @@ def subchunk_diag_kernel(
     addr = (row * HO + h) * SCORE_COLS + ra + jj
     tl.store(akk_ptr + addr, kk)
     tl.store(aqk_ptr + addr, qk)
+
+
+@triton.jit
+def subchunk_diag_rows_kernel(
+    q_ptr, k_ptr, gc_ptr, beff_ptr, cu_ptr, off_ptr, seq_ptr, N, akk_ptr, aqk_ptr, HO, H, HK,
+    K: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, BETA_K: tl.constexpr,
+):  # fmt: skip
+    """The same diagonal 16 x 16 blocks as subchunk_diag_kernel, one program per (chunk row,
+    group of BH output heads): the row's BH heads at once ([BH, BK] tiles, the heads past HO
+    masked), one column j = ra .. r of its sub-chunk per step, so only the pairs j <= i form
+    exponentials. The row's 16 columns gather in a [BH, 16] tile (zero above the diagonal),
+    stored once: the same addresses subchunk_diag_kernel writes, nothing else."""
+    p = tl.program_id(0)
+    _, t0, valid = locate_chunk(p // SCORE_COLS, cu_ptr, off_ptr, seq_ptr, N, 64)
+    r = p % SCORE_COLS
+    if r >= valid:
+        return
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    head_ok = (h < HO)[:, None]
+    hq = h // (HO // H)
+    hk = h // (HO // HK)
+    ra = r - r % 16
+    jj = tl.arange(0, 16)
+    row = (t0 + r).to(tl.int64)
+    kk = tl.zeros([BH, 16], dtype=tl.float32)
+    qk = tl.zeros([BH, 16], dtype=tl.float32)
+    for ic in range(K // BK):
+        c = ic * BK + tl.arange(0, BK)
+        # In-row offsets of the heads' slices in the [T, heads, K] tensors (int32; the
+        # token offset is an int64 scalar on the base, kernels/tiles.py).
+        at_o = (h * K)[:, None] + c[None, :]
+        at_k = (hk * K)[:, None] + c[None, :]
+        gi = tl.load(gc_ptr + row * HO * K + at_o, mask=head_ok, other=0.0)
+        ki = tl.load(k_ptr + row * HK * K + at_k, mask=head_ok, other=0.0).to(tl.float32)
+        if BETA_K:
+            ki = ki * tl.load(beff_ptr + row * HO * K + at_o, mask=head_ok, other=0.0)
+        qi = tl.load(q_ptr + row * H * K + (hq * K)[:, None] + c[None, :], mask=head_ok,
+                     other=0.0).to(tl.float32)  # fmt: skip
+        for j in range(ra, r + 1):
+            col = (t0 + j).to(tl.int64)
+            kj = tl.load(k_ptr + col * HK * K + at_k, mask=head_ok, other=0.0).to(tl.float32)
+            gj = tl.load(gc_ptr + col * HO * K + at_o, mask=head_ok, other=0.0)
+            # j <= r: G_r - G_j <= 0 (G non-increasing), so the exponential is <= 1.
+            ke = kj * tl.exp(gi - gj)
+            place = (jj == j - ra)[None, :]
+            kk += tl.where(place, tl.sum(ki * ke, 1)[:, None], 0.0)
+            qk += tl.where(place, tl.sum(qi * ke, 1)[:, None], 0.0)
+    addr = (h * SCORE_COLS)[:, None] + ra + jj[None, :]
+    tl.store(akk_ptr + row * HO * SCORE_COLS + addr, kk, mask=head_ok)
+    tl.store(aqk_ptr + row * HO * SCORE_COLS + addr, qk, mask=head_ok)
 
 
 @triton.jit
