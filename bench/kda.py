@@ -254,6 +254,27 @@ SWEEP = {
     "scores token rows, BH 4, 1 warp": {"scores_diag": {"BK": 128, "BH": 4, "num_warps": 1}},
     "scores token rows, BH 4, 2 warps": {"scores_diag": {"BK": 128, "BH": 4, "num_warps": 2}},
     "scores token rows, BH 8, 4 warps": {"scores_diag": {"BK": 128, "BH": 8, "num_warps": 4}},
+    # The strips forming only their columns before the diagonal (kernels/subchunk.py STRIPS),
+    # beside the row-parallel diagonal at 1 warp (compare "scores row-parallel diagonal,
+    # 1 warp"). ptxas (sm_90, bf16, 4 warps, kda / gdn2, K = 128), the scores kernel: the
+    # [16, 64] strips at BK 64 180 / 180 registers, 0 B of spills, 85 / 93 KB.
+    # 16-column blocks per earlier sub-chunk: 212 / 232, 0 B, 65 / 73 KB (K = 64: 167 / 168;
+    # K = 256: 212 / 215, no spills).
+    "scores strips blocks, row-parallel diagonal, 1 warp": {
+        "scores": {"STRIPS": "blocks"},
+        "scores_diag": {"BK": 64, "num_warps": 1},
+    },
+    # At BK 32: 176 / 206, 0 B, 33 / 37 KB (K = 64 176 / 186; K = 256 178 / 178).
+    "scores strips blocks BK 32, row-parallel diagonal, 1 warp": {
+        "scores": {"STRIPS": "blocks", "BK": 32},
+        "scores_diag": {"BK": 64, "num_warps": 1},
+    },
+    # One product per strip, 16 / 32 / 64 columns wide, at BK 32: 144 / 154, 0 B, 45 / 49 KB
+    # (K = 64 108 / 128; K = 256 128 / 166). At BK 64: kda 110, 0 B, gdn2 128, 12 B.
+    "scores strips pow2 BK 32, row-parallel diagonal, 1 warp": {
+        "scores": {"STRIPS": "pow2", "BK": 32},
+        "scores_diag": {"BK": 64, "num_warps": 1},
+    },
     "output_fwd BV 64": {"output_fwd": {"BV": 64}},
     "wy_solve 2 warps": {"wy_solve": {"num_warps": 2}},
     "wy_solve 4 warps": {"wy_solve": {"num_warps": 4}},

@@ -1,6 +1,7 @@
 """The kda / gdn2 candidates bench/kda.py --sweep times, on the GPU before any becomes a
 pick: the diagonal blocks of the scores row-parallel (kernels/subchunk.py
-subchunk_diag_kernel) or per token row (subchunk_diag_rows_kernel), the state walk
+subchunk_diag_kernel) or per token row (subchunk_diag_rows_kernel), the strips beside them
+formed only before the diagonal (the "scores" entry's STRIPS), the state walk
 backward on prescaled operands (kernels/state.py PRESCALED), dqk in key-channel slices
 (kernels/dqk_sliced.py), wy_bwd's dM read per slice (kernels/wy.py DM_RELOAD) and dqk's /
 wy_bwd's fp32 products at tf32x3 (a config's PREC); on the CPU they are
@@ -44,6 +45,28 @@ CANDIDATES = {
     "scores-diag-rows-bh4-w1": {"scores_diag": {"BK": 128, "BH": 4, "num_warps": 1}},
     "scores-diag-rows-bh4-w2": {"scores_diag": {"BK": 128, "BH": 4, "num_warps": 2}},
     "scores-diag-rows-bh8-w4": {"scores_diag": {"BK": 128, "BH": 8, "num_warps": 4}},
+    # The strips forming only their columns before the diagonal (kernels/subchunk.py STRIPS:
+    # _strip_blocks, _strip_pow2) beside the row-parallel diagonal at 1 warp or the token-row
+    # one at BH 2: bench/kda.py's "strips" sweep rows. ptxas (sm_90, bf16, kda / gdn2, 4 warps)
+    # at K = 128: blocks BK 64 212 / 232 registers, 0 B of spills, 65 / 73 KB; blocks BK 32
+    # 176 / 206, 0 B, 33 / 37 KB; pow2 BK 32 144 / 154, 0 B, 45 / 49 KB (the [16, 64] strips
+    # at BK 64: 180 / 180, 0 B, 85 / 93 KB); no spills at K = 64 / 256 either.
+    "scores-strips-blocks": {
+        "scores": {"STRIPS": "blocks"},
+        "scores_diag": {"BK": 64, "num_warps": 1},
+    },
+    "scores-strips-blocks-token-rows": {
+        "scores": {"STRIPS": "blocks"},
+        "scores_diag": {"BK": 128, "BH": 2, "num_warps": 1},
+    },
+    "scores-strips-blocks-bk32": {
+        "scores": {"STRIPS": "blocks", "BK": 32},
+        "scores_diag": {"BK": 64, "num_warps": 1},
+    },
+    "scores-strips-pow2-bk32": {
+        "scores": {"STRIPS": "pow2", "BK": 32},
+        "scores_diag": {"BK": 64, "num_warps": 1},
+    },
     "state-bwd-prescaled": {"state_bwd": {"PRESCALED": True}},
     "dqk-sliced": {"dqk": {"SLICED": True, "BG": 16, "num_stages": 1}},
     "wy-bwd-dm-reload": {"wy_bwd": {"DM_RELOAD": True, "BK": 32}},

@@ -245,6 +245,11 @@ CANDIDATES = {
     "row-parallel-diagonal": {"scores_diag": {"BK": 64, "num_warps": 2}},
     # (64-wide key slices: K = 128's two; one head in a program of two: the other masked)
     "token-rows-diagonal": {"scores_diag": {"BK": 64, "BH": 2, "num_warps": 1}},
+    # The strips as 16-column blocks or one power-of-two-wide product (subchunk.py
+    # _strip_blocks, _strip_pow2), beside the diagonal blocks' row-parallel form (two 64-wide
+    # key slices at K = 128).
+    "strips-blocks": {"scores": {"STRIPS": "blocks"}, "scores_diag": {"BK": 64, "num_warps": 2}},
+    "strips-pow2": {"scores": {"STRIPS": "pow2"}, "scores_diag": {"BK": 64, "num_warps": 2}},
     "dqk-sliced": {"dqk": {"SLICED": True, "BG": 16, "num_stages": 1}},
     "wy-bwd-dm-reload": {"wy_bwd": {"DM_RELOAD": True, "BK": 32}},
 }
@@ -263,6 +268,8 @@ CANDIDATES_ON_CPU = (
     ("prescaled", "group-q1-k1-v2"),
     ("row-parallel-diagonal", "K128-no-l2norm-steep"),
     ("token-rows-diagonal", "K128-no-l2norm-steep"),
+    ("strips-blocks", "K128-no-l2norm-steep"),
+    ("strips-pow2", "K128-no-l2norm-steep"),
     ("dqk-sliced", "group-q1-k1-v2"),
     ("wy-bwd-dm-reload", "K128-no-l2norm-steep"),
 )
@@ -403,6 +410,19 @@ def test_bad_config_precision_is_refused_before_any_launch(changes):
 def test_bad_diagonal_heads_per_program_are_refused_before_any_launch(changes):
     x, cu = make_inputs(heads=(1, 1, 1), **ONE_CHUNK)
     with pytest.raises(ValueError, match="BH"):
+        run_forward(x, cu, 0.125, {}, config=_candidate("wide-subchunk", **changes))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"scores": {"STRIPS": "blocks"}},
+     {"scores": {"STRIPS": "full"}, "scores_diag": {"BK": 64}},
+     {"scores_diag": {"BK": 64, "STRIPS": "blocks"}}],
+    ids=["without-scores-diag", "unknown-form", "kernel-without-strips"],
+)  # fmt: skip
+def test_bad_strip_form_is_refused_before_any_launch(changes):
+    x, cu = make_inputs(heads=(1, 1, 1), **ONE_CHUNK)
+    with pytest.raises(ValueError, match="STRIPS"):
         run_forward(x, cu, 0.125, {}, config=_candidate("wide-subchunk", **changes))
 
 

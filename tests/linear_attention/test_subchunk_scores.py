@@ -53,32 +53,40 @@ def _reference_scores(x, gate, seqlens, erase):
     return out
 
 
-# The diagonal blocks' forms: in the scores kernel's column loop (no "scores_diag" entry),
-# row-parallel (subchunk_diag_kernel, bench/kda.py's "scores row-parallel diagonal") and per
-# token row with BH heads a program (subchunk_diag_rows_kernel, its "token rows" rows).
-DIAGONALS = {
-    "column-loop": None,
-    "row-parallel": {"BK": 64, "num_warps": 2},
-    "token-rows": {"BK": 64, "BH": 2, "num_warps": 1},
+# The scores' forms ({kernel: parameters} changed): the diagonal blocks in the scores
+# kernel's column loop (no "scores_diag" entry), row-parallel (subchunk_diag_kernel,
+# bench/kda.py's "scores row-parallel diagonal") and per token row with BH heads a program
+# (subchunk_diag_rows_kernel, its "token rows" rows); beside the row-parallel diagonal, the
+# strips as 16-column blocks or one power-of-two-wide product (_strip_blocks, _strip_pow2,
+# its "strips" rows).
+FORMS = {
+    "column-loop": {},
+    "row-parallel": {"scores_diag": {"BK": 64, "num_warps": 2}},
+    "token-rows": {"scores_diag": {"BK": 64, "BH": 2, "num_warps": 1}},
+    "strips-blocks": {"scores": {"STRIPS": "blocks"}, "scores_diag": {"BK": 64, "num_warps": 2}},
+    "strips-pow2": {"scores": {"STRIPS": "pow2"}, "scores_diag": {"BK": 64, "num_warps": 2}},
 }
+# Output heads per form: one by default (the scores are per head; the heads' layout is the
+# kernel tests' grouped rows). The token-row form takes BH = 2 heads a program: with three
+# output heads on one query / key head, its second program holds one real head and one
+# masked; the strip blocks read the shared query / key head through two output heads (the
+# power-of-two strips load through the same helpers).
+HEADS = {"token-rows": 3, "strips-blocks": 2}
 
 
-def _with_diagonal(name, diagonal):
-    """The named config with the diagonal form DIAGONALS[diagonal]."""
+def _with_form(name, form):
+    """The named config with the scores' form FORMS[form]."""
     cfgs = {k: dict(v) for k, v in kernel_configs(name, gate_per_key=True).items()}
-    if DIAGONALS[diagonal] is not None:
-        cfgs["scores_diag"] = dict(DIAGONALS[diagonal])
+    for kernel, params in FORMS[form].items():
+        cfgs.setdefault(kernel, {}).update(params)
     return cfgs
 
 
-@pytest.mark.parametrize("diagonal", list(DIAGONALS))
+@pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("family", ["kda", "gdn2"])
-def test_scores_match_float64_pair_sums_at_steep_gates(family, diagonal):
+def test_scores_match_float64_pair_sums_at_steep_gates(family, form):
     gen = torch.Generator().manual_seed(0)
-    # One head: the scores are per head (the heads' layout is the kernel tests' grouped rows).
-    # The token-row form takes BH = 2 heads a program: with three output heads on one query /
-    # key head, its second program holds one real head and one masked.
-    total, heads = sum(SEQLENS), 3 if diagonal == "token-rows" else 1
+    total, heads = sum(SEQLENS), HEADS.get(form, 1)
     x = {n: torch.randn(total, heads if n == "v" else 1, DIM, generator=gen)
          for n in ("q", "k", "v")}  # fmt: skip
     gate = -40.0 * torch.rand(total, heads, DIM, generator=gen)
@@ -101,7 +109,7 @@ def test_scores_match_float64_pair_sums_at_steep_gates(family, diagonal):
     for name in ("akk", "aqk"):
         views[name].fill_(float("nan"))
     o = torch.full((total, heads, DIM), float("nan"))
-    config = _with_diagonal(config, diagonal)
+    config = _with_form(config, form)
     args = dict(scale=DIM**-0.5, o=o, workspace=workspace, config=config)
     if per_key_beta:
         w = torch.rand(total, heads, DIM, generator=gen)

@@ -117,6 +117,13 @@ def _resolve_config(config, n_seqs, n_out, dim_v, device, batch_invariant, gate_
                     f"config[{kernel!r}]['BH']={params['BH']!r}: only 'scores_diag' takes BH "
                     f"(output heads per program of its token-row form), one of {list(_DIAG_HEADS)}"
                 )
+            if "STRIPS" in params and (kernel != "scores" or params["STRIPS"] not in _STRIP_FORMS
+                                       or "scores_diag" not in config):  # fmt: skip
+                raise ValueError(
+                    f"config[{kernel!r}]['STRIPS']={params['STRIPS']!r}: only 'scores' takes "
+                    f"STRIPS, one of {list(_STRIP_FORMS)}, and only beside a 'scores_diag' "
+                    "entry (the strips then leave the diagonal blocks to it)"
+                )
         return config
     if config is None:
         config = recommend_config(n_seqs, n_out, dim_v, _sm_count(device), batch_invariant,
@@ -143,6 +150,9 @@ _STAGE_PRECISIONS = ("tf32", "tf32x3", "ieee")
 # The "scores_diag" entry's BH (heads per program of subchunk_diag_rows_kernel): a tile
 # dimension, so a power of two.
 _DIAG_HEADS = (1, 2, 4, 8, 16)
+# The "scores" entry's STRIPS: the strips' form without their diagonal blocks (kernels/
+# subchunk.py _strip_blocks, _strip_pow2; absent: the [16, 64] strips).
+_STRIP_FORMS = ("blocks", "pow2")
 
 
 def _stage_precision(cfg: dict, prec: str, default: str | None = None) -> str:
@@ -298,7 +308,9 @@ def _run_wy_and_state(
         # Stage 1 and the gated scores Akk / Aqk, once (subchunk.py).
         cfg = dict(kernel_cfgs["scores"])
         # A "scores_diag" entry: the diagonal blocks row-parallel (subchunk_diag_kernel), the
-        # scores kernel forming only the strips through the reference rows.
+        # scores kernel forming only the strips through the reference rows (their form: the
+        # entry's "STRIPS", a constexpr of the kernel, so it stays in cfg; _resolve_config
+        # allows it only beside "scores_diag").
         diag = kernel_cfgs.get("scores_diag")
         subchunk_scores_kernel[(n_chunks, n_out)](
             q, k, g, beta, a_log if a_log is not None else dummy,

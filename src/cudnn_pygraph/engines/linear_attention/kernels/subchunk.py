@@ -33,6 +33,10 @@ With "BH" in that entry the diagonal blocks are formed per token row instead
 (subchunk_diag_rows_kernel): BH output heads a program, each step one column j of the
 row's own sub-chunk up to the diagonal (a row r needs r % 16 + 1 of the 16), so no
 exponential above the diagonal is formed, and each load a contiguous [BH, K] block.
+With that entry, "STRIPS" in the "scores" entry forms only the strips' columns before their
+diagonal blocks (sub-chunk a needs its 16 a: 96 of the 192 the [16, 64] strips form over a
+chunk's three): "blocks", one [16, 16] block per earlier sub-chunk (_strip_blocks), or
+"pow2", one product of the power-of-two width from 16 a (_strip_pow2: 112 columns).
 """
 
 from __future__ import annotations
@@ -119,6 +123,134 @@ def _strip(
         tl.store(aqk_ptr + addr, qk, mask=cols)
 
 
+@triton.jit
+def _scaled_rows(
+    q_ptr, k_ptr, gc_ptr, beff_ptr, t0, valid, h, hq, hk, HO, H, HK, c, RA: tl.constexpr,
+    K: tl.constexpr, BK: tl.constexpr, BETA_K: tl.constexpr,
+):  # fmt: skip
+    """Key channels c .. c + BK of the strip's rows RA .. RA + 15: the keys (times gdn2's
+    beta_eff) and the queries scaled by exp(G - G_RA) (<= 1), [16, BK] each, and G_RA."""
+    i = RA + tl.arange(0, 16)
+    row_ok = i < valid
+    kc = tl.arange(0, BK)
+    kx = load_rows(k_ptr, t0, i, valid, HK * K, hk * K + c, BK).to(tl.float32)
+    if BETA_K:
+        kx = kx * load_rows(beff_ptr, t0, i, valid, HO * K, h * K + c, BK)
+    qx = load_rows(q_ptr, t0, i, valid, H * K, hq * K + c, BK).to(tl.float32)
+    gx = load_rows(gc_ptr, t0, i, valid, HO * K, h * K + c, BK)
+    gr = tl.load(gc_ptr + (t0 + RA).to(tl.int64) * HO * K + h * K + c + kc,
+                 mask=(kc < BK) & (RA < valid), other=0.0)  # fmt: skip
+    ex = tl.exp(tl.where(row_ok[:, None], gx - gr[None, :], 0.0))
+    return kx * ex, qx * ex, gr
+
+
+@triton.jit
+def _earlier_cols(k_ptr, gc_ptr, gr, t0, valid, h, hk, HO, HK, c, j, RA: tl.constexpr,
+                  K: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """[BK, len(j)]: the keys of the chunk's rows j, key channels c .. c + BK, scaled by
+    exp(G_RA - G) (<= 1: the reference row is later); zero at j >= RA, and everywhere when
+    the reference row is past the chunk's end (then no row of the strip is valid)."""
+    early = (j < RA)[None, :] & (RA < valid)
+    kt = load_rows_t(k_ptr, t0, j, valid, HK * K, hk * K + c, BK).to(tl.float32)
+    gt = load_rows_t(gc_ptr, t0, j, valid, HO * K, h * K + c, BK)
+    return tl.where(early, kt * tl.exp(tl.where(early, gr[:, None] - gt, 0.0)), 0.0)
+
+
+@triton.jit
+def _zeros_above(akk_ptr, aqk_ptr, t0, valid, h, HO, RA: tl.constexpr):
+    """The strip's columns past its diagonal block: zero in both score buffers."""
+    i = RA + tl.arange(0, 16)
+    j = tl.arange(0, SCORE_COLS)
+    above = (j >= RA + 16)[None, :] & (i < valid)[:, None]
+    addr = (t0.to(tl.int64) + i[:, None]) * HO * SCORE_COLS + h * SCORE_COLS + j[None, :]
+    zero = tl.zeros([16, SCORE_COLS], dtype=tl.float32)
+    tl.store(akk_ptr + addr, zero, mask=above)
+    tl.store(aqk_ptr + addr, zero, mask=above)
+
+
+@triton.jit
+def _strip_blocks(
+    q_ptr, k_ptr, gc_ptr, beff_ptr, akk_ptr, aqk_ptr, t0, valid, h, hq, hk, HO, H, HK,
+    RA: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BETA_K: tl.constexpr,
+    PREC: tl.constexpr,
+):  # fmt: skip
+    """_strip without its diagonal block (STRIPS "blocks"): the columns before RA as one
+    [16, 16] block per earlier sub-chunk, a [16, BK] x [BK, 16] product each, so only the RA
+    columns the strip needs are formed, the rows scaled once per key slice for all blocks.
+    Writes _strip's addresses under DIAG=False: the blocks before the diagonal and zeros
+    past it."""
+    i = RA + tl.arange(0, 16)
+    jb = tl.arange(0, 16)
+    if RA > 0:
+        # One accumulator pair per earlier sub-chunk (those at or past RA stay unused).
+        kk0 = tl.zeros([16, 16], dtype=tl.float32)
+        qk0 = tl.zeros([16, 16], dtype=tl.float32)
+        kk1 = tl.zeros([16, 16], dtype=tl.float32)
+        qk1 = tl.zeros([16, 16], dtype=tl.float32)
+        kk2 = tl.zeros([16, 16], dtype=tl.float32)
+        qk2 = tl.zeros([16, 16], dtype=tl.float32)
+        for ic in range(K // BK):
+            c = ic * BK
+            kx, qx, gr = _scaled_rows(q_ptr, k_ptr, gc_ptr, beff_ptr, t0, valid, h, hq, hk,
+                                      HO, H, HK, c, RA, K, BK, BETA_K)  # fmt: skip
+            y = _earlier_cols(k_ptr, gc_ptr, gr, t0, valid, h, hk, HO, HK, c, jb, RA, K, BK)
+            kk0 += tl.dot(kx, y, input_precision=PREC)
+            qk0 += tl.dot(qx, y, input_precision=PREC)
+            if RA > 16:
+                y = _earlier_cols(k_ptr, gc_ptr, gr, t0, valid, h, hk, HO, HK, c, 16 + jb, RA,
+                                  K, BK)  # fmt: skip
+                kk1 += tl.dot(kx, y, input_precision=PREC)
+                qk1 += tl.dot(qx, y, input_precision=PREC)
+            if RA > 32:
+                y = _earlier_cols(k_ptr, gc_ptr, gr, t0, valid, h, hk, HO, HK, c, 32 + jb, RA,
+                                  K, BK)  # fmt: skip
+                kk2 += tl.dot(kx, y, input_precision=PREC)
+                qk2 += tl.dot(qx, y, input_precision=PREC)
+        stride, col0 = HO * SCORE_COLS, h * SCORE_COLS
+        store_rows(akk_ptr, kk0, t0, i, valid, stride, col0, 16)
+        store_rows(aqk_ptr, qk0, t0, i, valid, stride, col0, 16)
+        if RA > 16:
+            store_rows(akk_ptr, kk1, t0, i, valid, stride, col0 + 16, 16)
+            store_rows(aqk_ptr, qk1, t0, i, valid, stride, col0 + 16, 16)
+        if RA > 32:
+            store_rows(akk_ptr, kk2, t0, i, valid, stride, col0 + 32, 16)
+            store_rows(aqk_ptr, qk2, t0, i, valid, stride, col0 + 32, 16)
+    if RA + 16 < SCORE_COLS:
+        _zeros_above(akk_ptr, aqk_ptr, t0, valid, h, HO, RA)
+
+
+@triton.jit
+def _strip_pow2(
+    q_ptr, k_ptr, gc_ptr, beff_ptr, akk_ptr, aqk_ptr, t0, valid, h, hq, hk, HO, H, HK,
+    RA: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BETA_K: tl.constexpr,
+    PREC: tl.constexpr,
+):  # fmt: skip
+    """_strip without its diagonal block (STRIPS "pow2"): the columns before RA as one
+    product W columns wide, W the power of two from RA (16, 32; 64 for 48), so a strip forms
+    16 / 32 / 64 columns instead of 64 each: one product per key slice, as _strip's. Writes
+    _strip's addresses under DIAG=False: the columns before the diagonal and zeros past
+    it."""
+    i = RA + tl.arange(0, 16)
+    if RA > 0:
+        W: tl.constexpr = 16 if RA == 16 else (32 if RA == 32 else SCORE_COLS)
+        j = tl.arange(0, W)
+        kk = tl.zeros([16, W], dtype=tl.float32)
+        qk = tl.zeros([16, W], dtype=tl.float32)
+        for ic in range(K // BK):
+            c = ic * BK
+            kx, qx, gr = _scaled_rows(q_ptr, k_ptr, gc_ptr, beff_ptr, t0, valid, h, hq, hk,
+                                      HO, H, HK, c, RA, K, BK, BETA_K)  # fmt: skip
+            y = _earlier_cols(k_ptr, gc_ptr, gr, t0, valid, h, hk, HO, HK, c, j, RA, K, BK)
+            kk += tl.dot(kx, y, input_precision=PREC)
+            qk += tl.dot(qx, y, input_precision=PREC)
+        before = (j < RA)[None, :] & (i < valid)[:, None]
+        addr = (t0.to(tl.int64) + i[:, None]) * HO * SCORE_COLS + h * SCORE_COLS + j[None, :]
+        tl.store(akk_ptr + addr, kk, mask=before)
+        tl.store(aqk_ptr + addr, qk, mask=before)
+    if RA + 16 < SCORE_COLS:
+        _zeros_above(akk_ptr, aqk_ptr, t0, valid, h, HO, RA)
+
+
 @triton.jit(do_not_specialize=["N"])
 def subchunk_scores_kernel(
     q_ptr,
@@ -152,11 +284,15 @@ def subchunk_scores_kernel(
     BETA_K: tl.constexpr,
     PREC: tl.constexpr,
     DIAG: tl.constexpr = True,
+    STRIPS: tl.constexpr = "full",
 ):
     """One program per (chunk, output head): stage 1's G [T, HO, K] and beta_eff ([T, HO],
     [T, HO, K] under BETA_K), then Akk and Aqk [T, HO, 64] (module docstring), BK key
-    channels at a time. GATE_K must be set (the form exists for a per-key decay)."""
+    channels at a time. GATE_K must be set (the form exists for a per-key decay).
+    STRIPS: "full" (_strip), else only without DIAG, "blocks" (_strip_blocks) or "pow2"
+    (_strip_pow2): the strips forming only the columns before their diagonal blocks."""
     tl.static_assert(GATE_K, "the sub-chunk scores serve a decay per key channel")
+    tl.static_assert(STRIPS == "full" or not DIAG, "the STRIPS forms leave the diagonal out")
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -177,10 +313,21 @@ def subchunk_scores_kernel(
     # The scores read G (and beta_eff) back: every thread's store first.
     tl.debug_barrier()
     for sub in tl.static_range(4):
-        _strip(
-            q_ptr, k_ptr, gc_ptr, beff_ptr, akk_ptr, aqk_ptr, t0, valid, h, hq, hk, HO, H, HK,
-            16 * sub, K, BK, BETA_K, PREC, DIAG,
-        )  # fmt: skip
+        if STRIPS == "blocks":
+            _strip_blocks(
+                q_ptr, k_ptr, gc_ptr, beff_ptr, akk_ptr, aqk_ptr, t0, valid, h, hq, hk, HO,
+                H, HK, 16 * sub, K, BK, BETA_K, PREC,
+            )  # fmt: skip
+        elif STRIPS == "pow2":
+            _strip_pow2(
+                q_ptr, k_ptr, gc_ptr, beff_ptr, akk_ptr, aqk_ptr, t0, valid, h, hq, hk, HO,
+                H, HK, 16 * sub, K, BK, BETA_K, PREC,
+            )  # fmt: skip
+        else:
+            _strip(
+                q_ptr, k_ptr, gc_ptr, beff_ptr, akk_ptr, aqk_ptr, t0, valid, h, hq, hk, HO,
+                H, HK, 16 * sub, K, BK, BETA_K, PREC, DIAG,
+            )  # fmt: skip
 
 
 @triton.jit
