@@ -392,37 +392,20 @@ def test_a_gate_computed_in_the_kernel_takes_dqk_at_tf32x3(monkeypatch, in_kerne
 
 
 @pytest.mark.parametrize(
-    "changes", [{"dqk": {"PREC": "tf32x9"}}, {"state_bwd": {"PREC": "tf32x3"}}],
-    ids=["unknown-precision", "kernel-without-prec"],
+    "key, changes",
+    [("PREC", {"dqk": {"PREC": "tf32x9"}}), ("PREC", {"state_bwd": {"PREC": "tf32x3"}}),
+     ("BH", {"scores_diag": {"BK": 64, "BH": 3}}), ("BH", {"scores_diag": {"BK": 64, "BH": True}}),
+     ("BH", {"scores": {"BH": 2}}), ("BK", {"scores_diag": {"BH": 2}}),
+     ("STRIPS", {"scores": {"STRIPS": "blocks"}}),
+     ("STRIPS", {"scores": {"STRIPS": "full"}, "scores_diag": {"BK": 64}}),
+     ("STRIPS", {"scores_diag": {"BK": 64, "STRIPS": "blocks"}})],
+    ids=["unknown-precision", "kernel-without-prec", "heads-not-a-power-of-two", "heads-bool",
+         "kernel-without-bh", "diagonal-without-bk", "strips-without-scores-diag",
+         "unknown-strip-form", "kernel-without-strips"],
 )  # fmt: skip
-def test_bad_config_precision_is_refused_before_any_launch(changes):
+def test_a_bad_candidate_key_is_refused_before_any_launch(key, changes):
     x, cu = make_inputs(heads=(1, 1, 1), **ONE_CHUNK)
-    with pytest.raises(ValueError, match="PREC"):
-        run_forward(x, cu, 0.125, {}, config=_candidate("wide-subchunk", **changes))
-
-
-@pytest.mark.parametrize(
-    "changes",
-    [{"scores_diag": {"BK": 64, "BH": 3}}, {"scores_diag": {"BK": 64, "BH": True}},
-     {"scores": {"BH": 2}}],
-    ids=["not-a-power-of-two", "bool", "kernel-without-bh"],
-)  # fmt: skip
-def test_bad_diagonal_heads_per_program_are_refused_before_any_launch(changes):
-    x, cu = make_inputs(heads=(1, 1, 1), **ONE_CHUNK)
-    with pytest.raises(ValueError, match="BH"):
-        run_forward(x, cu, 0.125, {}, config=_candidate("wide-subchunk", **changes))
-
-
-@pytest.mark.parametrize(
-    "changes",
-    [{"scores": {"STRIPS": "blocks"}},
-     {"scores": {"STRIPS": "full"}, "scores_diag": {"BK": 64}},
-     {"scores_diag": {"BK": 64, "STRIPS": "blocks"}}],
-    ids=["without-scores-diag", "unknown-form", "kernel-without-strips"],
-)  # fmt: skip
-def test_bad_strip_form_is_refused_before_any_launch(changes):
-    x, cu = make_inputs(heads=(1, 1, 1), **ONE_CHUNK)
-    with pytest.raises(ValueError, match="STRIPS"):
+    with pytest.raises(ValueError, match=key):
         run_forward(x, cu, 0.125, {}, config=_candidate("wide-subchunk", **changes))
 
 

@@ -102,28 +102,7 @@ def _resolve_config(config, n_seqs, n_out, dim_v, device, batch_invariant, gate_
     always names one: its knob). A mapping is taken as the call's {kernel: parameters}
     itself: a candidate a bench times before it joins the table (bench/kda.py --sweep)."""
     if isinstance(config, Mapping):
-        for kernel, params in config.items():
-            if "PREC" in params and (
-                kernel not in _PREC_KERNELS or params["PREC"] not in _STAGE_PRECISIONS
-            ):
-                raise ValueError(
-                    f"config[{kernel!r}]['PREC']={params['PREC']!r}: only "
-                    f"{list(_PREC_KERNELS)} take PREC, one of {list(_STAGE_PRECISIONS)}"
-                )
-            heads = params.get("BH")
-            if "BH" in params and (kernel != "scores_diag" or type(heads) is not int
-                                   or heads not in _DIAG_HEADS):  # fmt: skip
-                raise ValueError(
-                    f"config[{kernel!r}]['BH']={params['BH']!r}: only 'scores_diag' takes BH "
-                    f"(output heads per program of its token-row form), one of {list(_DIAG_HEADS)}"
-                )
-            if "STRIPS" in params and (kernel != "scores" or params["STRIPS"] not in _STRIP_FORMS
-                                       or "scores_diag" not in config):  # fmt: skip
-                raise ValueError(
-                    f"config[{kernel!r}]['STRIPS']={params['STRIPS']!r}: only 'scores' takes "
-                    f"STRIPS, one of {list(_STRIP_FORMS)}, and only beside a 'scores_diag' "
-                    "entry (the strips then leave the diagonal blocks to it)"
-                )
+        _check_candidate(config)
         return config
     if config is None:
         config = recommend_config(n_seqs, n_out, dim_v, _sm_count(device), batch_invariant,
@@ -153,6 +132,40 @@ _DIAG_HEADS = (1, 2, 4, 8, 16)
 # The "scores" entry's STRIPS: the strips' form without their diagonal blocks (kernels/
 # subchunk.py _strip_blocks, _strip_pow2; absent: the [16, 64] strips).
 _STRIP_FORMS = ("blocks", "pow2")
+
+
+# A candidate config's keys that select a form (kernel entries that take them, the values
+# they take); the "scores" entry's STRIPS only beside a "scores_diag" entry, which itself
+# must name its BK.
+_CANDIDATE_KEYS = {
+    "PREC": (_PREC_KERNELS, _STAGE_PRECISIONS),
+    "BH": (("scores_diag",), _DIAG_HEADS),
+    "STRIPS": (("scores",), _STRIP_FORMS),
+}
+
+
+def _check_candidate(config: Mapping) -> None:
+    """Refuses a bench's candidate config ({kernel: parameters}) whose form keys the kernels
+    do not take, before anything is launched, naming the key."""
+    for kernel, params in config.items():
+        for key, (kernels, values) in _CANDIDATE_KEYS.items():
+            if key not in params:
+                continue
+            value = params[key]
+            if kernel not in kernels or not any(
+                value == v and type(value) is type(v) for v in values
+            ):
+                raise ValueError(
+                    f"config[{kernel!r}][{key!r}]={value!r}: only {list(kernels)} take {key}, "
+                    f"one of {list(values)}"
+                )
+    if "STRIPS" in config.get("scores", {}) and "scores_diag" not in config:
+        raise ValueError(
+            "config['scores']['STRIPS']: only beside a 'scores_diag' entry (the strips then "
+            "leave the diagonal blocks to it)"
+        )
+    if "scores_diag" in config and "BK" not in config["scores_diag"]:
+        raise ValueError("config['scores_diag']: needs its key slice 'BK'")
 
 
 def _stage_precision(cfg: dict, prec: str, default: str | None = None) -> str:
