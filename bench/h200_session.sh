@@ -47,7 +47,8 @@
 #   kda-sweep    issue 30: bench/kda.py --sweep at (a), the candidates named by $SWEEP_VARIANTS
 #                (default: state_bwd's prescaled operands, the scores kernel) beside the pick
 #   la-candidates  issue 30: tests/gpu/test_kda_candidates_gpu.py (every kda / gdn2 candidate,
-#                or those CANDIDATES_K selects, against float64 on the GPU), then the sweep
+#                or those CANDIDATES_K selects, against float64 on the GPU; on
+#                CANDIDATES_SHARDS processes, default 12), then the sweep
 #                of the candidates SWEEP_VARIANTS names
 #   fla          issue 31: the off-tile head dims on the GPU; fla_accel.md (fla's chunk ops
 #                before / after accelerate_fla(), row (a) at K = V = 128 and 100); then fla's own
@@ -99,6 +100,19 @@ step() {  # step NAME CAP_SECONDS COMMAND...   (the cap is clipped to what BUDGE
 gpu_suite() {  # gpu_suite NAME CAP PYTEST-ARGS...
   local name=$1 cap=$2; shift 2
   step "gpu_$name" "$cap" python3 -m pytest -q -p no:cacheprovider -rfEs "$@"
+}
+gpu_suite_sharded() {  # gpu_suite_sharded NAME CAP SHARDS PYTEST-ARGS...
+  # The collected cases dealt round-robin to SHARDS pytest processes side by side: a suite
+  # whose time goes on compiling (CPU work) uses the cores instead of one.
+  local name=$1 cap=$2 shards=$3 ids f; shift 3
+  ids="$LOG/gpu_$name.ids"
+  python3 -m pytest -q -p no:cacheprovider --collect-only "$@" 2> /dev/null | grep '::' > "$ids"
+  echo "== gpu_$name: $(wc -l < "$ids") cases on $shards processes"
+  split -n "r/$shards" -d "$ids" "$ids."
+  for f in "$ids".*; do
+    [ -s "$f" ] && gpu_suite "${name}_${f##*.}" "$cap" -s $(cat "$f") &
+  done
+  wait
 }
 
 # ---------------------------------------------------------------- the GPU suites
@@ -193,8 +207,8 @@ bench_kda_sweep() {  # SWEEP_VARIANTS: label substrings of bench/kda.py's SWEEP
     --variants "${SWEEP_VARIANTS:-prescaled,scores}"
 }
 tests_la_candidates() {  # CANDIDATES_K: a pytest -k expression (some candidates)
-  gpu_suite la_candidates 300 -s tests/gpu/test_kda_candidates_gpu.py \
-    ${CANDIDATES_K:+-k "$CANDIDATES_K"}
+  gpu_suite_sharded la_candidates 300 "${CANDIDATES_SHARDS:-12}" \
+    tests/gpu/test_kda_candidates_gpu.py ${CANDIDATES_K:+-k "$CANDIDATES_K"}
 }
 bench_la_candidates() {
   SWEEP_VARIANTS=${SWEEP_VARIANTS:-stage + wy_bwd,together} bench_kda_sweep
