@@ -65,7 +65,8 @@
 #                test_chunk_state_v_first), each side's selected plans printed; a repeated
 #                call over NaN-filled memory is bitwise the same; tools/la_localize.py on
 #                that fla case's gdn backward (fla's inputs, fp16, saved factors), repeated,
-#                with a synchronize after every launch and without
+#                with a synchronize after every launch (once with every launch's tensors
+#                digested: the first launch whose bits differ) and without
 #   la-stages    issue 30: la_stages.md alone (the carried cache unpacked as for la-bench)
 #   (any)        FUZZ_PROCS=N beside the topics: the torch-op fuzz (tools/fuzz.py --ops) on N
 #                CPU processes at the lowest priority, the GPU hidden, seeds FUZZ_SEED (default
@@ -219,10 +220,14 @@ tests_prec() {  # issue 31: fla's kda varlen dt_bias check at the shipped config
 bench_prec() { :; }
 tests_state_layout() {  # and the gdn backward of fla's failing case, repeated, per launch
   gpu_suite state_layout 200 -s tests/gpu/test_state_layout_gpu.py &
-  local sync
-  for sync in launch none; do  # fla's inputs, launch by launch and back to back
-    step "la_repeat_gdn_$sync" 240 python3 tools/la_localize.py gdn --seqlens 1024,1024,1024 \
-      --heads 4 --config few --dtype fp16 --saved --repeat 2 --fla-inputs --sync "$sync" &
+  local how
+  # fla's inputs: launch by launch over other scratch bytes (a read of unwritten memory),
+  # launch by launch over the same bytes with every launch digested (the first launch whose
+  # bits differ: a race), and back to back as the ops run them
+  for how in "launch" "launch --fill same --trace" "none"; do
+    step "la_repeat_gdn_${how// /_}" 240 python3 tools/la_localize.py gdn \
+      --seqlens 1024,1024,1024 --heads 4 --config few --dtype fp16 --saved --repeat 2 \
+      --fla-inputs --sync $how &
   done
   wait
 }

@@ -46,6 +46,27 @@ from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod  # noq
 REPORTS: list[str] = []
 
 
+def _digest(t):
+    """Two sums over a tensor's bits: launches that wrote different bits differ here."""
+    if not t.numel():
+        return (0, 0)
+    b = t.detach().contiguous().view(-1).view(torch.uint8)
+    b = b[: b.numel() - b.numel() % 4].view(torch.int32).to(torch.int64)
+    return (int(b.sum()), int((b * torch.arange(1, b.numel() + 1, device=b.device) % 65521).sum()))
+
+
+def _first_divergence(runs):
+    """The first launch of a repeated backward whose tensors hold other bits than the first
+    run's at the same launch: the kernel that raced or read what it never wrote."""
+    for i, ((k0, d0), (k1, d1)) in enumerate(zip(runs[0], runs[-1])):
+        if k0 != k1:
+            return f"launch {i}: {k0} against {k1} (the runs launched different kernels)"
+        names = [n for n in d0 if d0[n] != d1.get(n)]
+        if names:
+            return f"launch {i}: {k0} wrote other bits into {', '.join(names)}"
+    return None
+
+
 def _finite(t):
     return bool(torch.isfinite(t).all()) if t.is_floating_point() and t.numel() else True
 
@@ -75,6 +96,8 @@ def _checked_run(original):
         if dump:
             saved["after"] = {n: t.detach().cpu().clone() for n, t in tensors.items()}
             torch.save(saved, dump)
+        if TRACE:  # a backward's launches (the forward's are not compared)
+            TRACE[-1].append((kernel, {n: _digest(t) for n, t in tensors.items()}))
         for n in sorted(clean):
             if not _finite(tensors[n]):
                 line = f"NaN/Inf written by {kernel} into {n} (grid={grid} {consts})"
@@ -86,6 +109,7 @@ def _checked_run(original):
 
 
 FILL = [0]  # the byte fresh scratch starts as: 0, then other finite garbage for repeats
+TRACE = None  # --trace: per backward run, [(kernel, {tensor argument: digest})] per launch
 SYNC = [True]  # --sync none: the launches back to back, as the ops run them
 DUMP: dict = {}
 
@@ -188,7 +212,12 @@ def main():
                     help="weak: logsigmoid(randn + 4), the chain suite's kda gate")  # fmt: skip
     ap.add_argument("--repeat", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], metavar="KERNEL.KEY=VALUE")
-    ap.add_argument("--fill", choices=("zero", "none"), default="zero")
+    ap.add_argument("--fill", choices=("zero", "same", "none"), default="zero",
+                    help="same: every repeat's scratch starts as the first run's (zero), so "
+                    "a difference is a race, not a read of unwritten memory")  # fmt: skip
+    ap.add_argument("--trace", action="store_true",
+                    help="with --repeat and --sync launch: digest every launch's tensors and "
+                    "name the first launch whose bits differ from the first run's")  # fmt: skip
     ap.add_argument("--dump", metavar="FILE")
     ap.add_argument("--dump-kernel", default="wy_bwd_kernel")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
@@ -206,6 +235,9 @@ def main():
     args = ap.parse_args()
     if args.fill == "none":
         FILL[0] = None
+    if args.trace:
+        global TRACE
+        TRACE = []
     SYNC[0] = args.sync == "launch"
     if args.dump:
         DUMP.update(path=args.dump, kernel=args.dump_kernel)
@@ -230,14 +262,23 @@ def main():
     print(f"triton {triton.__version__}, {torch.cuda.get_device_name()}: {args}", flush=True)
     kept = saved_kwargs(x, cu, args.config) if args.saved else {}
     o, final = mod.run_forward(x, cu, scale, attrs, **kept)
-    d_o = torch.randn_like(o, dtype=torch.float32)
+    # the torch ops hand the backward dO in O's dtype
+    d_o = torch.randn_like(o, dtype=o.dtype if args.fla_inputs else torch.float32)
     d_final = torch.randn_like(final)
+    if TRACE is not None:
+        TRACE.append([])
     first = mod.run_backward(x, cu, scale, attrs, d_o, d_final, **kept)
     for i in range(args.repeat):
-        FILL[0] = (
-            None if FILL[0] is None else 0x3C + i
-        )  # finite garbage (fp32 ~0.01..0.75): a read of it shows as a diff
+        if args.fill == "zero":
+            FILL[0] = 0x3C + i  # finite garbage (fp32 ~0.01..0.75): a read of it shows as a diff
+        if TRACE is not None:
+            TRACE.append([])
         again = mod.run_backward(x, cu, scale, attrs, d_o, d_final, **kept)
+        if TRACE is not None:
+            where = _first_divergence([TRACE[0], TRACE[-1]])
+            if where:
+                REPORTS.append(f"repeat {i + 1}: {where}")
+                print(f"repeat {i + 1}: {where}", flush=True)
         for name, grad in first.items():
             if not torch.equal(again[name], grad):
                 diff = (again[name].double() - grad.double()).abs()
