@@ -48,7 +48,8 @@
 #                (default: state_bwd's prescaled operands, the scores kernel) beside the pick
 #   la-candidates  issue 30: tests/gpu/test_kda_candidates_gpu.py (every kda / gdn2 candidate,
 #                or those CANDIDATES_K selects, against float64 on the GPU; on
-#                CANDIDATES_SHARDS processes, default 12), then the sweep
+#                CANDIDATES_SHARDS processes, default 12, each capped at CANDIDATES_CAP
+#                seconds, default 300), then the sweep
 #                of the candidates SWEEP_VARIANTS names
 #   fla          issue 31: the off-tile head dims on the GPU; fla_accel.md (fla's chunk ops
 #                before / after accelerate_fla(), row (a) at K = V = 128 and 100); then fla's own
@@ -208,7 +209,7 @@ bench_kda_sweep() {  # SWEEP_VARIANTS: label substrings of bench/kda.py's SWEEP
     --variants "${SWEEP_VARIANTS:-prescaled,scores}"
 }
 tests_la_candidates() {  # CANDIDATES_K: a pytest -k expression (some candidates)
-  gpu_suite_sharded la_candidates 300 "${CANDIDATES_SHARDS:-12}" \
+  gpu_suite_sharded la_candidates "${CANDIDATES_CAP:-300}" "${CANDIDATES_SHARDS:-12}" \
     tests/gpu/test_kda_candidates_gpu.py ${CANDIDATES_K:+-k "$CANDIDATES_K"}
 }
 bench_la_candidates() {
