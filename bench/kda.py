@@ -14,7 +14,9 @@ it completes. The ratio columns are the peer's time over ours: above 1, ours is 
   PYTHONPATH=src python bench/kda.py --profile --only "(a)"  # per-kernel CUDA time of ours
   PYTHONPATH=src python bench/kda.py --config wide-unfused --no-fla --no-nvidia --only "(a)"
                                                             # ours under a named config
-  PYTHONPATH=src python bench/kda.py --sweep --only "(a)"  # one kernel's config varied at a time
+  PYTHONPATH=src python bench/kda.py --sweep --only "(a)"  # every candidate against the base
+  PYTHONPATH=src python bench/kda.py --sweep --only "(a)" --variants winners,diag-rows
+                                   # the candidates whose id holds one of these (candidates.py)
 
 --gdn2 times GDN-2 (kda's stages with an erase gate per key channel and a write gate per
 value channel: the WY stage's BETA_K) against our GDN at the same shape (a decay and a beta
@@ -34,7 +36,7 @@ from gdn import quick_fla_autotune, rel
 from runner import first, select
 from timing import device_ms, kernel_ms, kernel_table, launcher_compiles, use_compiled_cache
 
-from cudnn_pygraph.engines.linear_attention.kernels.configs import kernel_configs
+from cudnn_pygraph.engines.linear_attention.kernels.candidates import CANDIDATES, with_candidate
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
     gdn_backward,
     gdn_forward,
@@ -230,166 +232,37 @@ def profile_kernels(only, config):
     print(kernel_table(ours.forward_backward))
 
 
-# --sweep: candidates against the config the hook picks for kda at (a), one kernel's
-# parameters changed at a time ({kernel: {parameter: value, None: dropped}}; a kernel
-# mapped to None: its entry dropped, so "scores" -> None runs the reference-row tree).
+# --sweep: the candidates (kernels/candidates.py) against the config the hook picks for kda
+# at (a), untouched (the "base" row).
 SWEEP_BASE = "wide-subchunk"
-SWEEP = {
-    "base": {},
-    "the tree (no scores kernel)": {"scores": None},
-    "scores BK 32": {"scores": {"BK": 32}},
-    "scores 8 warps": {"scores": {"num_warps": 8}},
-    "scores BK 32, 8 warps": {"scores": {"BK": 32, "num_warps": 8}},
-    # The diagonal blocks row-parallel (kernels/subchunk.py subchunk_diag_kernel: one program
-    # per chunk row), the scores kernel forming the strips only.
-    "scores row-parallel diagonal": {"scores_diag": {"BK": 64, "num_warps": 2}},
-    "scores row-parallel diagonal, 1 warp": {"scores_diag": {"BK": 64, "num_warps": 1}},
-    "scores row-parallel diagonal, BK 128, 4 warps": {"scores_diag": {"BK": 128, "num_warps": 4}},
-    # The diagonal blocks per token row (subchunk_diag_rows_kernel: BH output heads a program,
-    # only the columns up to the diagonal, the whole K = 128 per step). ptxas (sm_90, bf16,
-    # kda / gdn2, K = 128): no spills in any; registers by elements per thread (BH x BK over
-    # 32 x warps): BH 2 at 1 warp 71 / 70, BH 4 at 1 warp 140 / 128, BH 4 at 2 warps 71 / 70,
-    # BH 8 at 4 warps 71 / 70 (today's diagonal at BK 64, 1 warp: 120 / 122).
-    "scores token rows, BH 2, 1 warp": {"scores_diag": {"BK": 128, "BH": 2, "num_warps": 1}},
-    "scores token rows, BH 4, 1 warp": {"scores_diag": {"BK": 128, "BH": 4, "num_warps": 1}},
-    "scores token rows, BH 4, 2 warps": {"scores_diag": {"BK": 128, "BH": 4, "num_warps": 2}},
-    "scores token rows, BH 8, 4 warps": {"scores_diag": {"BK": 128, "BH": 8, "num_warps": 4}},
-    # The strips forming only their columns before the diagonal (kernels/subchunk.py STRIPS),
-    # beside the row-parallel diagonal at 1 warp (compare "scores row-parallel diagonal,
-    # 1 warp"). ptxas (sm_90, bf16, 4 warps, kda / gdn2, K = 128), the scores kernel: the
-    # [16, 64] strips at BK 64 180 / 180 registers, 0 B of spills, 85 / 93 KB.
-    # 16-column blocks per earlier sub-chunk: 212 / 232, 0 B, 65 / 73 KB (K = 64: 167 / 168;
-    # K = 256: 212 / 215, no spills).
-    "scores strips blocks, row-parallel diagonal, 1 warp": {
-        "scores": {"STRIPS": "blocks"},
-        "scores_diag": {"BK": 64, "num_warps": 1},
-    },
-    # At BK 32: 176 / 206, 0 B, 33 / 37 KB (K = 64 176 / 186; K = 256 178 / 178).
-    "scores strips blocks BK 32, row-parallel diagonal, 1 warp": {
-        "scores": {"STRIPS": "blocks", "BK": 32},
-        "scores_diag": {"BK": 64, "num_warps": 1},
-    },
-    # One product per strip, 16 / 32 / 64 columns wide, at BK 32: 144 / 154, 0 B, 45 / 49 KB
-    # (K = 64 108 / 128; K = 256 128 / 166). At BK 64: kda 110, 0 B, gdn2 128, 12 B.
-    "scores strips pow2 BK 32, row-parallel diagonal, 1 warp": {
-        "scores": {"STRIPS": "pow2", "BK": 32},
-        "scores_diag": {"BK": 64, "num_warps": 1},
-    },
-    "output_fwd BV 64": {"output_fwd": {"BV": 64}},
-    "wy_solve 2 warps": {"wy_solve": {"num_warps": 2}},
-    "wy_solve 4 warps": {"wy_solve": {"num_warps": 4}},
-    "wy_bwd 4 warps": {"wy_bwd": {"num_warps": 4}},
-    "dv_local 8 warps": {"dv_local": {"num_warps": 8}},
-    "output_fwd 8 warps": {"output_fwd": {"num_warps": 8}},
-    "dqk 4 warps, no register cap": {"dqk": {"num_warps": 4, "maxnreg": None}},
-    "dqk without its register cap": {"dqk": {"maxnreg": None}},
-    "state_bwd 4 warps": {"state_bwd": {"num_warps": 4}},
-    # state_bwd's decayed keys and queries formed ahead of its walk (state_bwd_operands):
-    # ptxas (sm_90, K = 128, 8 warps, 2 stages) 153 registers and 118 KB against 244 / 164 KB.
-    "state_bwd prescaled": {"state_bwd": {"PRESCALED": True}},
-    "state_bwd prescaled, 1 stage": {"state_bwd": {"PRESCALED": True, "num_stages": 1}},
-    "state_bwd prescaled, 4 warps": {"state_bwd": {"PRESCALED": True, "num_warps": 4}},
-    "state_bwd prescaled, 4 warps, 1 stage": {
-        "state_bwd": {"PRESCALED": True, "num_warps": 4, "num_stages": 1}
-    },
-    "BG 64": {k: {"BG": 64} for k in ("wy_solve", "output_fwd", "dv_local", "dqk")},
-    # The config wide-subchunk-bwd: the backward's gated products on the sub-chunk form.
-    "backward products sub-chunk": {k: {"SUBCHUNK_BWD": True} for k in ("dqk", "wy_bwd")},
-    # ptxas (sm_90, K = 128): wy_bwd's spills 160 -> 116 B (kda), shared memory 88 -> 32 KB.
-    "backward products sub-chunk, wy_bwd 1 stage": {
-        "dqk": {"SUBCHUNK_BWD": True},
-        "wy_bwd": {"SUBCHUNK_BWD": True, "num_stages": 1},
-    },
-    # dqk in 16-wide key-channel slices (kernels/dqk_sliced.py): ptxas (sm_90, kda, K = 128,
-    # 8 warps, cap 128) PART 1 / 2: 122 / 124 registers, 0 / 0 B of spills, 24 KB (base
-    # 128 / 128, 116 / 176 B, 64 KB).
-    "dqk sliced BG 16, 1 stage": {"dqk": {"SLICED": True, "BG": 16, "num_stages": 1}},
-    # ptxas: 0 / 0 B of spills, 32 KB (the loads pipelined).
-    "dqk sliced BG 16, 2 stages": {"dqk": {"SLICED": True, "BG": 16}},
-    # ptxas: 4 warps uncapped, 213 / 254 registers, no spills, 16 / 24 KB.
-    "dqk sliced BG 16, 1 stage, 4 warps, no register cap": {
-        "dqk": {"SLICED": True, "BG": 16, "num_stages": 1, "num_warps": 4, "maxnreg": None}
-    },
-    # ptxas: 4 / 24 B of spills, 28 KB: half the slices' re-reads of dO and E, at a spill.
-    "dqk sliced BG 32, 1 stage": {"dqk": {"SLICED": True, "BG": 32, "num_stages": 1}},
-    # wy_bwd's dM / dM^T read per slice (kernels/wy.py DM_RELOAD): ptxas (sm_90, K = 128,
-    # 8 warps) kda 255 registers, 0 B of spills, 80 KB; gdn2 255, 0 B, 88 KB (base: kda
-    # 128 B, 88 KB; gdn2 148 B, 120 KB); no spills at K = 64 / 256 either.
-    "wy_bwd dM reload, BK 32": {"wy_bwd": {"DM_RELOAD": True, "BK": 32}},
-    # The two apart: BK 32 alone 0 B at K = 128 (kda K = 64: 28 B); DM_RELOAD at BK 64
-    # 68 B (kda), 112 B (gdn2).
-    "wy_bwd BK 32": {"wy_bwd": {"BK": 32}},
-    "wy_bwd dM reload": {"wy_bwd": {"DM_RELOAD": True}},
-    # Both backward candidates together.
-    "dqk sliced BG 16, 1 stage + wy_bwd dM reload, BK 32": {
-        "dqk": {"SLICED": True, "BG": 16, "num_stages": 1},
-        "wy_bwd": {"DM_RELOAD": True, "BK": 32},
-    },
-    # dqk's and wy_bwd's fp32 products at Triton's 3-pass tf32 (a config's PREC: fla's kda
-    # varlen dt_bias check, tests/gpu/test_kda_precision_gpu.py). ptxas (sm_90, kda bf16
-    # backward, K = 128 / 64), spill stores PART 1 / PART 2: dqk 248 / 376 B, 64 KB (base
-    # 116 / 176 B, 64 KB); at K = 64 380 / 420 B, 24 / 56 KB (base 140 / 144 B, 24 / 40 KB);
-    # wy_bwd 488 B, 96 KB (base 128 B, 88 KB); at K = 64 236 B, 96 KB (base 24 B, 72 KB).
-    # Registers at their caps throughout (dqk 128, wy_bwd 255).
-    "dqk + wy_bwd tf32x3": {"dqk": {"PREC": "tf32x3"}, "wy_bwd": {"PREC": "tf32x3"}},
-    # dqk's alone (the larger share of the dt_bias error on the CPU): wy_bwd as the base.
-    "dqk tf32x3": {"dqk": {"PREC": "tf32x3"}},
-    # Uncapped: 243 / 238 registers, no spills, 64 KB (K = 64: 255 / 244, 4 / 0 B).
-    "dqk tf32x3, no register cap": {"dqk": {"PREC": "tf32x3", "maxnreg": None}},
-    # The sliced form: 128 registers, 40 / 60 B, 40 KB (K = 64: 232 / 344 B, 16 / 24 KB;
-    # untouched sliced 0 / 0 B at K = 128, 4 / 12 B at K = 64).
-    "dqk sliced BG 16, 1 stage, tf32x3": {
-        "dqk": {"SLICED": True, "BG": 16, "num_stages": 1, "PREC": "tf32x3"}
-    },
-    # wy_bwd's dM read per slice: 24 B, 80 KB (K = 64: 16 B, 64 KB; untouched 0 B).
-    "wy_bwd dM reload, BK 32, tf32x3 + dqk sliced tf32x3": {
-        "dqk": {"SLICED": True, "BG": 16, "num_stages": 1, "PREC": "tf32x3"},
-        "wy_bwd": {"DM_RELOAD": True, "BK": 32, "PREC": "tf32x3"},
-    },
-    # The three that won the H100 sweep (bench/results/kda.md, session f), together.
-    "winners: row-parallel diagonal, prescaled state_bwd, dM reload (BK 64)": {
-        "scores_diag": {"BK": 64, "num_warps": 1},
-        "state_bwd": {"PRESCALED": True},
-        "wy_bwd": {"DM_RELOAD": True},
-    },
-    # Every candidate that has run correct on a GPU, with the two new backward ones.
-    "together: row-parallel diagonal, prescaled state_bwd, dqk sliced, dM reload": {
-        "scores_diag": {"BK": 64, "num_warps": 1},
-        "state_bwd": {"PRESCALED": True},
-        "dqk": {"SLICED": True, "BG": 16, "num_stages": 1},
-        "wy_bwd": {"DM_RELOAD": True, "BK": 32},
-    },
-}
 
 
 def sweep(only, variants=None):
-    """Each SWEEP candidate's kda forward + backward at one shape (those whose label holds
-    one of `variants`' comma-separated substrings, and the base): ms by CUDA events, the
-    largest relative difference of any output from the base run's, and per-kernel ms."""
+    """Each candidate's kda forward + backward at one shape (those whose id holds one of
+    `variants`' comma-separated substrings, and the base): ms by CUDA events, the largest
+    relative difference of any output from the base run's, and per-kernel ms."""
+    wanted = [v for v in (variants or "").split(",") if v]
+    rows = {"base": {}}
+    rows.update(
+        {c: ch for c, ch in CANDIDATES.items() if not wanted or any(v in c for v in wanted)}
+    )
+    if wanted and len(rows) == 1:
+        sys.exit(
+            f"--variants {variants!r}: no candidate id holds one of them (kernels/candidates.py)"
+        )
     case = first("la", only)
     name, seqlens = case.name, case.params["seqlens"]
-    base = kernel_configs(SWEEP_BASE, gate_per_key=True)
     torch.manual_seed(1)
     x, cu, init = make_inputs(seqlens, with_state=False)
     do = torch.randn_like(x["v"])
     print(f"{name}, candidates against {SWEEP_BASE!r} (kda's entries)")
-    print("| variant | fwd ms | fwd+bwd ms | max rel diff vs base | per kernel (ms per fwd+bwd) |")
+    print(
+        "| candidate | fwd ms | fwd+bwd ms | max rel diff vs base | per kernel (ms per fwd+bwd) |"
+    )
     print("|---|---|---|---|---|", flush=True)
     ref = None
-    wanted = [v for v in (variants or "").split(",") if v]
-    for label, changes in SWEEP.items():
-        if wanted and label != "base" and not any(v in label for v in wanted):
-            continue
-        cfgs = {k: dict(v) for k, v in base.items()}
-        for kernel, params in changes.items():
-            if params is None:
-                cfgs.pop(kernel)
-                continue
-            for param, value in params.items():
-                if value is None:
-                    cfgs[kernel].pop(param)
-                else:
-                    cfgs.setdefault(kernel, {})[param] = value
+    for label, changes in rows.items():
+        cfgs = with_candidate(changes, SWEEP_BASE, gate_per_key=True)
         ours = Ours(x, cu, init, cfgs)
         ours.do = do
         ours.forward_backward()
@@ -414,9 +287,12 @@ def main():
     parser.add_argument("--only", default=None, help="substring of a shape name")
     parser.add_argument("--config", default=None, help="our config by name (kernels/configs.py)")
     parser.add_argument("--profile", action="store_true", help="per-kernel times, then exit")
-    parser.add_argument("--sweep", action="store_true", help="SWEEP's candidates, then exit")
-    parser.add_argument("--variants", default=None,
-                        help="--sweep: only the candidates whose label holds one of these")  # fmt: skip
+    parser.add_argument(
+        "--sweep", action="store_true", help="the candidates (kernels/candidates.py), then exit"
+    )
+    parser.add_argument(
+        "--variants", default=None, help="--sweep: only the candidates whose id holds one of these"
+    )
     parser.add_argument(
         "--cache-dir", default=None, help="keep compiles here (bench/timing.py use_compiled_cache)"
     )

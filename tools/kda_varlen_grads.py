@@ -4,12 +4,12 @@ against fla's own fp16 reference (naive_recurrent_kda, what the test compares wi
 bound for dt_bias is 0.005) and against the same reference in float64.
 
     TRITON_INTERPRET=1 PYTHONPATH=src python tools/kda_varlen_grads.py [d60|d100]
-        [--changes '{"dqk": {"PREC": "tf32x3"}}']
+        [--changes dqk-tf32x3 | --changes '{"dqk": {"PREC": "tf32x3"}}']
     TRITON_INTERPRET=1 PYTHONPATH=src python tools/interpret_tf32.py [--only KERNEL] \\
         tools/kda_varlen_grads.py d60      # the tf32 dots rounded as the GPU's
 
---changes: a candidate, {kernel: {parameter: value}} laid over the config our launchers
-pick for each call (bench/kda.py SWEEP's form). Same inputs as fla's test (seed 42, its
+--changes: a candidate (an id of kernels/candidates.py, or its form as JSON: {kernel:
+{parameter: value}}) laid over the config our launchers pick for each call. Same inputs as fla's test (seed 42, its
 construction, on the CPU or on a GPU); needs fla-core installed.
 tests/gpu/test_kda_precision_gpu.py runs these cases on the GPU.
 """
@@ -27,6 +27,7 @@ from fla.ops.kda.naive import naive_recurrent_kda
 from fla.utils import get_err_ratio
 
 from cudnn_pygraph.engines.linear_attention.kernels import gdn
+from cudnn_pygraph.engines.linear_attention.kernels.candidates import with_candidate
 from cudnn_pygraph.fla import entries
 from cudnn_pygraph.ops.linear_attention import graphs
 
@@ -59,17 +60,16 @@ def inputs(H, D, mask_p, cu, device="cpu"):
 
 @contextlib.contextmanager
 def candidate(changes):
-    """Our launchers run `changes` ({kernel: {parameter: value}}) over the config they pick.
-    The op's cached graphs are dropped on the way in and out: on a GPU a graph replays the
-    launches its first call recorded, whatever config is laid over them later."""
+    """Our launchers run `changes` (a candidate's id or {kernel: {parameter: value}},
+    kernels/candidates.py) over the config they pick. The op's cached graphs are dropped on
+    the way in and out: on a GPU a graph replays the launches its first call recorded,
+    whatever config is laid over them later."""
     pick = gdn._resolve_config
     graphs._GRAPHS.clear()
 
     def laid_over(config, *args):
-        cfgs = {kernel: dict(params) for kernel, params in pick(config, *args).items()}
-        for kernel, params in changes.items():
-            cfgs.setdefault(kernel, {}).update(params)
-        return pick(cfgs, *args)  # checks the candidate as any mapping is checked
+        # checks the candidate as any mapping is checked
+        return pick(with_candidate(changes, pick(config, *args)), *args)
 
     gdn._resolve_config = laid_over if changes else pick
     try:
@@ -139,11 +139,15 @@ def table(name, changes=None, device="cpu"):
     return "\n".join(lines)
 
 
+def _changes(text):
+    return json.loads(text) if text.lstrip().startswith("{") else text
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("case", nargs="?", default="d60", choices=list(CASES))
-    parser.add_argument("--changes", type=json.loads, default=None,
-                        help="a candidate: JSON {kernel: {parameter: value}}")  # fmt: skip
+    parser.add_argument("--changes", type=_changes, default=None,
+                        help="a candidate: its id, or JSON {kernel: {parameter: value}}")  # fmt: skip
     args = parser.parse_args(argv)
     print(table(args.case, args.changes))
 

@@ -21,8 +21,8 @@ if not torch.cuda.is_available():
 from reference import gdn2_reference, gdn2_reference_batched
 from saved_scores import check_backward_reads_the_saved_scores
 
+from cudnn_pygraph.engines.linear_attention.kernels.candidates import with_candidate
 from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
-from cudnn_pygraph.engines.linear_attention.kernels.configs import kernel_configs
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import gdn2_backward, gdn2_forward
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -221,12 +221,10 @@ def test_forward_and_backward_match_float64_reference(case):
 
 
 def test_candidate_backward_forms_match_float64_reference():
-    # The candidates bench/kda.py --sweep times (test_kda_kernels.py CANDIDATES) on gdn2's
-    # paths: dqk in key-channel slices, and wy_bwd's dM read per slice with the erase gate
-    # on the column products (its MUL path); two slices at K = 128, the l2norm on.
-    config = {k: dict(v) for k, v in kernel_configs("wide-subchunk", gate_per_key=True).items()}
-    config["dqk"].update(SLICED=True, BG=16, num_stages=1)
-    config["wy_bwd"].update(DM_RELOAD=True, BK=32)
+    # The backward candidates (kernels/candidates.py) on gdn2's paths: dqk in key-channel
+    # slices, and wy_bwd's dM read per slice with the erase gate on the column products
+    # (its MUL path); two slices at K = 128, the l2norm on.
+    config = with_candidate("dqk-sliced-dm-reload-bk32")
     x, cu = make_inputs(dim_k=128, heads=(1, 1, 1), seqlens=(70, 3))
     errors = errors_against_reference(x, cu, {"use_qk_l2norm": True}, config=config)
     bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}

@@ -20,6 +20,7 @@ if not torch.cuda.is_available():
 from reference import kda_reference
 from saved_scores import check_backward_reads_the_saved_scores, saved_kwargs
 
+from cudnn_pygraph.engines.linear_attention.kernels.candidates import CANDIDATES, with_candidate
 from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
 from cudnn_pygraph.engines.linear_attention.kernels.configs import kernel_configs
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import kda_backward, kda_forward
@@ -226,33 +227,11 @@ def test_forward_and_backward_match_float64_reference(case):
     assert not bad, f"relative errors above {FP32_TOL}: {bad} (all: {errors})"
 
 
-def _candidate(name, **changes):
-    """The named config with kernel entries changed or added ({kernel: {parameter: value}}):
-    a candidate bench/kda.py --sweep times before it joins the table."""
-    cfgs = {k: dict(v) for k, v in kernel_configs(name, gate_per_key=True).items()}
-    for kernel, params in changes.items():
-        cfgs.setdefault(kernel, {}).update(params)
-    return cfgs
-
-
-# The candidates' forms: state_bwd's decayed keys and queries formed ahead of its walk
-# (state_bwd_operands_kernel), the scores' diagonal blocks row-parallel
-# (subchunk_diag_kernel) or per token row, BH heads a program (subchunk_diag_rows_kernel), dqk in key-channel slices (dqk_sliced_kernel) and wy_bwd's dM
-# read per slice (DM_RELOAD); on grouped heads (per-output-head operands, the l2norm on, a
+# The candidates' forms (kernels/candidates.py): state_bwd's decayed keys and queries formed
+# ahead of its walk, the scores' diagonal blocks row-parallel or per token row, the strips
+# as 16-column blocks or one power-of-two-wide product, dqk in key-channel slices and
+# wy_bwd's dM read per slice; on grouped heads (per-output-head operands, the l2norm on, a
 # partial chunk after a full one) and at K = 128 without the l2norm at steep gates.
-CANDIDATES = {
-    "prescaled": {"state_bwd": {"PRESCALED": True}},
-    "row-parallel-diagonal": {"scores_diag": {"BK": 64, "num_warps": 2}},
-    # (64-wide key slices: K = 128's two; one head in a program of two: the other masked)
-    "token-rows-diagonal": {"scores_diag": {"BK": 64, "BH": 2, "num_warps": 1}},
-    # The strips as 16-column blocks or one power-of-two-wide product (subchunk.py
-    # _strip_blocks, _strip_pow2), beside the diagonal blocks' row-parallel form (two 64-wide
-    # key slices at K = 128).
-    "strips-blocks": {"scores": {"STRIPS": "blocks"}, "scores_diag": {"BK": 64, "num_warps": 2}},
-    "strips-pow2": {"scores": {"STRIPS": "pow2"}, "scores_diag": {"BK": 64, "num_warps": 2}},
-    "dqk-sliced": {"dqk": {"SLICED": True, "BG": 16, "num_stages": 1}},
-    "wy-bwd-dm-reload": {"wy_bwd": {"DM_RELOAD": True, "BK": 32}},
-}
 CANDIDATE_CASES = {
     "group-q1-k1-v2": ({"heads": (1, 1, 2), "seqlens": (70, 3)}, {"use_qk_l2norm": True}),
     "K128-no-l2norm-steep": (
@@ -260,35 +239,59 @@ CANDIDATE_CASES = {
         {},
     ),
 }
-# Each candidate on the case that exercises its own form here (the prescaled operands are
-# per output head; the diagonal blocks' products meet the steep gates); the whole cross
-# product runs in fp32 on the GPU (tests/gpu/test_kda_gpu.py,
+# candidate id -> the case that exercises its form here (the prescaled operands are per
+# output head; the diagonal blocks' products meet the steep gates), and changes laid over
+# the candidate here: the interpreter's shapes stop at K = 128, where the token rows' BK 128
+# would run K in one slice, leaving their slice loop untested (BK 32 elsewhere runs at 64
+# under the interpreter: kernels/gdn.py _MIN_SLICE). The whole cross product runs compiled
+# in fp32 on the GPU (tests/gpu/test_kda_candidates_gpu.py,
 # test_candidate_forms_fp32_match_float64_reference).
-CANDIDATES_ON_CPU = (
-    ("prescaled", "group-q1-k1-v2"),
-    ("row-parallel-diagonal", "K128-no-l2norm-steep"),
-    ("token-rows-diagonal", "K128-no-l2norm-steep"),
-    ("strips-blocks", "K128-no-l2norm-steep"),
-    ("strips-pow2", "K128-no-l2norm-steep"),
-    ("dqk-sliced", "group-q1-k1-v2"),
-    ("wy-bwd-dm-reload", "K128-no-l2norm-steep"),
-)
+CANDIDATES_ON_CPU = {
+    "state-bwd-prescaled": ("group-q1-k1-v2", {}),
+    "diag-row-parallel": ("K128-no-l2norm-steep", {}),
+    "diag-rows-bh2-w1": ("K128-no-l2norm-steep", {"scores_diag": {"BK": 64}}),
+    "strips-blocks": ("K128-no-l2norm-steep", {}),
+    "strips-pow2-bk32": ("K128-no-l2norm-steep", {}),
+    "dqk-sliced": ("group-q1-k1-v2", {}),
+    "wy-bwd-dm-reload-bk32": ("K128-no-l2norm-steep", {}),
+}
 
 
 def check_candidate(candidate, case):
-    """The candidate's outputs and gradients within FP32_TOL of float64 on the case (fp32,
-    on DEVICE; the GPU suite calls this too)."""
+    """The candidate's outputs and gradients (CANDIDATES_ON_CPU's form of it) within
+    FP32_TOL of float64 on the case (fp32, on DEVICE; the GPU suite calls this too)."""
     opts, attrs = CANDIDATE_CASES[case]
     x, cu = make_inputs(**opts)
-    config = _candidate("wide-subchunk", **CANDIDATES[candidate])
+    config = with_candidate(CANDIDATES_ON_CPU[candidate][1], with_candidate(candidate))
     errors = errors_against_reference(x, cu, attrs, config=config)
     bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}
     assert not bad, f"relative errors above {FP32_TOL}: {bad} (all: {errors})"
 
 
-@pytest.mark.parametrize("candidate, case", CANDIDATES_ON_CPU)
+@pytest.mark.parametrize(
+    "candidate, case", [(c, case) for c, (case, _) in CANDIDATES_ON_CPU.items()]
+)
 def test_candidate_forms_match_float64_reference(candidate, case):
     check_candidate(candidate, case)
+
+
+def test_a_candidate_lays_its_changes_over_the_base_and_none_removes():
+    # bench/kda.py --sweep and the GPU suite build every candidate this way: a None entry or
+    # parameter removes the base's, the rest replaces or adds, the table itself untouched;
+    # every row's form keys are ones the launchers take (checked here, not first on a GPU).
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn
+
+    base = kernel_configs("wide-subchunk", gate_per_key=True)
+    assert "scores" in base and "scores" not in with_candidate("tree-no-scores")
+    uncapped = with_candidate("dqk-w4-uncapped")["dqk"]
+    assert "maxnreg" in base["dqk"] and "maxnreg" not in uncapped
+    assert uncapped == {**{k: v for k, v in base["dqk"].items() if k != "maxnreg"}, "num_warps": 4}
+    assert with_candidate("diag-rows-bh2-w1")["scores_diag"] == {"BK": 128, "BH": 2, "num_warps": 1}
+    assert "scores_diag" not in base and "PRESCALED" not in base["state_bwd"]
+    with pytest.raises(ValueError, match="no-such-candidate"):
+        with_candidate("no-such-candidate")
+    for name in CANDIDATES:
+        gdn._check_candidate(with_candidate(name))
 
 
 @pytest.mark.parametrize("products", ["tree", "sub-chunk"])
@@ -299,8 +302,9 @@ def test_dqk_sliced_from_checkpoints_with_a_normalized_final_dq(products):
     # interpreter's narrowest is 64, kernels/gdn.py _MIN_SLICE).
     x, cu = make_inputs(seqlens=(70, 5), heads=(1, 1, 1), dim_k=128)
     attrs = {"use_qk_l2norm": True}
-    changes = {"dqk": {**CANDIDATES["dqk-sliced"]["dqk"], "SUBCHUNK_BWD": products != "tree"}}
-    config = _candidate("wide-subchunk", **changes)
+    config = with_candidate(
+        {"dqk": {"SUBCHUNK_BWD": products != "tree"}}, with_candidate("dqk-sliced")
+    )
     total, n_out, dim_k = x["g"].shape
     scale = dim_k**-0.5
     ckpt = torch.full((max_chunks(total, 2), n_out, x["v"].shape[2], dim_k), float("nan"),
@@ -333,12 +337,6 @@ def test_fp16_forward_and_backward_match_reference():
     assert not bad, f"relative errors above {FP16_TOL}: {bad} (all: {errors})"
 
 
-# A backward stage's dot precision from its config (kernels/gdn.py _stage_precision):
-# fla's kda varlen test sums dqk's and wy_bwd's fp32 products over every token into
-# dt_bias's gradient, where tf32's truncation shows (bench/results/fla_suite.md).
-STAGE_PRECISION = {"dqk": {"PREC": "tf32x3"}, "wy_bwd": {"PREC": "tf32x3"}}
-
-
 def _spy_precisions(monkeypatch):
     """{kernel name: the PREC values its launches got}, filled as dqk / wy_bwd launch."""
     from cudnn_pygraph.engines.linear_attention.kernels import gdn
@@ -367,7 +365,10 @@ def test_config_precision_reaches_the_backward_launches_of_16_bit_runs(
 ):
     seen = _spy_precisions(monkeypatch)
     x, cu = make_inputs(dtype=dtype, heads=(1, 1, 1), has_dt_bias=True, gate="raw", **ONE_CHUNK)
-    config = _candidate("wide-subchunk", **STAGE_PRECISION)
+    # A backward stage's dot precision from its config (kernels/gdn.py _stage_precision):
+    # fla's kda varlen test sums dqk's and wy_bwd's fp32 products over every token into
+    # dt_bias's gradient, where tf32's truncation shows (bench/results/fla_suite.md).
+    config = with_candidate("dqk-wy-bwd-tf32x3")
     attrs = {"use_qk_l2norm": True, "safe_gate": True}
     errors = errors_against_reference(x, cu, attrs, config=config)
     assert seen == {"dqk_kernel": {launched}, "wy_bwd_kernel": {launched}}
@@ -406,7 +407,7 @@ def test_a_gate_computed_in_the_kernel_takes_dqk_at_tf32x3(monkeypatch, in_kerne
 def test_a_bad_candidate_key_is_refused_before_any_launch(key, changes):
     x, cu = make_inputs(heads=(1, 1, 1), **ONE_CHUNK)
     with pytest.raises(ValueError, match=key):
-        run_forward(x, cu, 0.125, {}, config=_candidate("wide-subchunk", **changes))
+        run_forward(x, cu, 0.125, {}, config=with_candidate(changes))
 
 
 def test_checkpoints_are_chunk_states_and_feed_the_backward(monkeypatch):

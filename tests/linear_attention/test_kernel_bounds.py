@@ -30,6 +30,9 @@ import test_gdn2_kernels as gdn2_cases  # noqa: E402
 import test_kda_kernels as kda_cases  # noqa: E402
 
 from cudnn_pygraph.engines.linear_attention.kernels import gdn, gdn_workspace  # noqa: E402
+from cudnn_pygraph.engines.linear_attention.kernels.candidates import (  # noqa: E402
+    with_candidate,
+)
 
 GUARD = 1024  # bytes either side of each scratch buffer, never a valid address
 
@@ -168,13 +171,12 @@ def log(monkeypatch):
 
 
 # (family's CPU suite, config): the few and the wide state grids, both per-channel paths;
-# the backward candidates bench/kda.py times (test_kda_kernels.py CANDIDATES: dqk's slices
-# and wy_bwd's dM read back, both through scratch and barriers) at their GPU widths.
-BWD_CANDIDATES = {**kda_cases.CANDIDATES["dqk-sliced"], **kda_cases.CANDIDATES["wy-bwd-dm-reload"]}
+# the backward candidates (kernels/candidates.py: dqk's slices and wy_bwd's dM read back,
+# both through scratch and barriers) at their GPU widths.
 CASES = {
     "kda-few": (kda_cases, "few"),
     "gdn2-wide": (gdn2_cases, "wide"),
-    "gdn2-bwd-candidates": (gdn2_cases, kda_cases._candidate("wide-subchunk", **BWD_CANDIDATES)),
+    "gdn2-bwd-candidates": (gdn2_cases, with_candidate("dqk-sliced-dm-reload-bk32")),
 }
 
 

@@ -1,0 +1,166 @@
+"""Candidate kernel configs for the per-key-gate families (kda, gdn2): named changes to a
+shipped config that no plan takes until the GPU has proven and timed them.
+
+A candidate is {kernel: {parameter: value}} laid over a base config's entries as a
+per-key-gate call launches them (configs.kernel_configs(base, gate_per_key=True)) by
+with_candidate(): a parameter's value replaces or adds the base's, a value None removes
+the parameter (the kernel's own default holds), and a kernel mapped to None removes its
+entry ("scores": None runs without the sub-chunk scores kernel, gated.py's tree). The
+launchers take the result as a config mapping (kernels/gdn.py _resolve_config), and
+_check_candidate there refuses form keys (PREC, BH, STRIPS) a kernel does not take.
+
+The ids are short and pytest-friendly: `pytest -k` selects among them in
+tests/gpu/test_kda_candidates_gpu.py (every candidate x kda / gdn2 against float64 on the
+GPU, at bf16 / fp32 and K = 64 / 128 / 256, steep gates, the checkpoint path and bitwise
+repeatability) and `bench/kda.py --sweep --variants` by substrings of them (forward +
+backward ms at one shape, against the untouched base "wide-subchunk");
+tests/linear_attention/test_kda_kernels.py checks the forms under the CPU interpreter.
+
+How one ships: Triton 3.6 on Hopper miscompiles some patterns (BRIEF.md), so a candidate
+becomes a named config appended to configs.CONFIGS (append only: a plan's CONFIG knob is
+its index) only after tests/gpu/test_kda_candidates_gpu.py and the family GPU suites
+(tests/gpu/test_kda_gpu.py, test_gdn2_gpu.py) pass on the GPU at it and bench/kda.py
+--sweep has timed it. What each has measured (ptxas figures, timings) is in
+bench/results/kda.md.
+
+This module imports neither torch nor triton, as configs.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .configs import kernel_configs
+
+# The two backward forms that read their operands again per slice instead of holding them.
+_DQK_SLICED = {"SLICED": True, "BG": 16, "num_stages": 1}
+_DM_RELOAD_BK32 = {"DM_RELOAD": True, "BK": 32}
+# The scores' diagonal blocks one program per chunk row (kernels/subchunk.py
+# subchunk_diag_kernel), the scores kernel forming the strips only.
+_DIAG_ROW_PARALLEL = {"BK": 64, "num_warps": 1}
+
+# id -> {kernel: {parameter: value} | None}
+CANDIDATES = {
+    # The scores kernel: gone (gated.py's tree forms the products), its slices and warps.
+    "tree-no-scores": {"scores": None},
+    "scores-bk32": {"scores": {"BK": 32}},
+    "scores-w8": {"scores": {"num_warps": 8}},
+    "scores-bk32-w8": {"scores": {"BK": 32, "num_warps": 8}},
+    # The diagonal blocks row-parallel (subchunk_diag_kernel).
+    "diag-row-parallel": {"scores_diag": _DIAG_ROW_PARALLEL},
+    "diag-row-parallel-w2": {"scores_diag": {"BK": 64, "num_warps": 2}},
+    "diag-row-parallel-bk128-w4": {"scores_diag": {"BK": 128, "num_warps": 4}},
+    # The diagonal blocks per token row (subchunk_diag_rows_kernel): BH output heads a
+    # program, only the columns up to the diagonal, the whole K = 128 a step; each BH /
+    # warps pair is its own program.
+    "diag-rows-bh2-w1": {"scores_diag": {"BK": 128, "BH": 2, "num_warps": 1}},
+    "diag-rows-bh4-w1": {"scores_diag": {"BK": 128, "BH": 4, "num_warps": 1}},
+    "diag-rows-bh4-w2": {"scores_diag": {"BK": 128, "BH": 4, "num_warps": 2}},
+    "diag-rows-bh8-w4": {"scores_diag": {"BK": 128, "BH": 8, "num_warps": 4}},
+    # The strips forming only their columns before the diagonal (kernels/subchunk.py
+    # STRIPS: 16-column blocks per earlier sub-chunk, or one product per strip 16 / 32 / 64
+    # columns wide), beside a diagonal kernel.
+    "strips-blocks": {"scores": {"STRIPS": "blocks"}, "scores_diag": _DIAG_ROW_PARALLEL},
+    "strips-blocks-bk32": {
+        "scores": {"STRIPS": "blocks", "BK": 32},
+        "scores_diag": _DIAG_ROW_PARALLEL,
+    },
+    "strips-pow2-bk32": {
+        "scores": {"STRIPS": "pow2", "BK": 32},
+        "scores_diag": _DIAG_ROW_PARALLEL,
+    },
+    "strips-blocks-diag-rows": {
+        "scores": {"STRIPS": "blocks"},
+        "scores_diag": {"BK": 128, "BH": 2, "num_warps": 1},
+    },
+    # One kernel's tile config at a time.
+    "output-fwd-bv64": {"output_fwd": {"BV": 64}},
+    "output-fwd-w8": {"output_fwd": {"num_warps": 8}},
+    "wy-solve-w2": {"wy_solve": {"num_warps": 2}},
+    "wy-solve-w4": {"wy_solve": {"num_warps": 4}},
+    "wy-bwd-w4": {"wy_bwd": {"num_warps": 4}},
+    "dv-local-w8": {"dv_local": {"num_warps": 8}},
+    "dqk-w4-uncapped": {"dqk": {"num_warps": 4, "maxnreg": None}},
+    "dqk-uncapped": {"dqk": {"maxnreg": None}},
+    "state-bwd-w4": {"state_bwd": {"num_warps": 4}},
+    "bg64": {k: {"BG": 64} for k in ("wy_solve", "output_fwd", "dv_local", "dqk")},
+    # state_bwd's decayed keys and queries formed ahead of its walk (kernels/state.py
+    # PRESCALED, state_bwd_operands_kernel): fewer registers and less shared memory in the
+    # walk.
+    "state-bwd-prescaled": {"state_bwd": {"PRESCALED": True}},
+    "state-bwd-prescaled-s1": {"state_bwd": {"PRESCALED": True, "num_stages": 1}},
+    "state-bwd-prescaled-w4": {"state_bwd": {"PRESCALED": True, "num_warps": 4}},
+    "state-bwd-prescaled-w4-s1": {
+        "state_bwd": {"PRESCALED": True, "num_warps": 4, "num_stages": 1}
+    },
+    # The backward's gated products on the sub-chunk form (kernels/subchunk_bwd.py), as the
+    # config wide-subchunk-bwd has them.
+    "subchunk-bwd": {k: {"SUBCHUNK_BWD": True} for k in ("dqk", "wy_bwd")},
+    "subchunk-bwd-wy-bwd-s1": {
+        "dqk": {"SUBCHUNK_BWD": True},
+        "wy_bwd": {"SUBCHUNK_BWD": True, "num_stages": 1},
+    },
+    # dqk in 16-wide key-channel slices (kernels/dqk_sliced.py): only the score gradient
+    # held across the key channels, dO and E read again per slice.
+    "dqk-sliced": {"dqk": _DQK_SLICED},
+    "dqk-sliced-s2": {"dqk": {"SLICED": True, "BG": 16}},
+    "dqk-sliced-w4-uncapped": {"dqk": {**_DQK_SLICED, "num_warps": 4, "maxnreg": None}},
+    "dqk-sliced-bg32": {"dqk": {**_DQK_SLICED, "BG": 32}},
+    # wy_bwd's dM / dM^T read back per slice (kernels/wy.py DM_RELOAD), each live only
+    # through its own products; and the narrower slices without it.
+    "wy-bwd-dm-reload-bk32": {"wy_bwd": _DM_RELOAD_BK32},
+    "wy-bwd-dm-reload-bk64": {"wy_bwd": {"DM_RELOAD": True}},
+    "wy-bwd-bk32": {"wy_bwd": {"BK": 32}},
+    "dqk-sliced-dm-reload-bk32": {"dqk": _DQK_SLICED, "wy_bwd": _DM_RELOAD_BK32},
+    # dqk's and wy_bwd's fp32 products at Triton's 3-pass tf32 in 16-bit runs (a config's
+    # PREC, kernels/gdn.py _stage_precision): fla's kda varlen dt_bias check sums them over
+    # every token (tests/gpu/test_kda_precision_gpu.py).
+    "dqk-wy-bwd-tf32x3": {"dqk": {"PREC": "tf32x3"}, "wy_bwd": {"PREC": "tf32x3"}},
+    "dqk-tf32x3": {"dqk": {"PREC": "tf32x3"}},
+    "dqk-tf32x3-uncapped": {"dqk": {"PREC": "tf32x3", "maxnreg": None}},
+    "dqk-sliced-tf32x3": {"dqk": {**_DQK_SLICED, "PREC": "tf32x3"}},
+    "dqk-sliced-dm-reload-bk32-tf32x3": {
+        "dqk": {**_DQK_SLICED, "PREC": "tf32x3"},
+        "wy_bwd": {**_DM_RELOAD_BK32, "PREC": "tf32x3"},
+    },
+    # The forms bench/results/kda.md records as faster at (a), together, as they would ship:
+    # the row-parallel diagonal, the prescaled walk, dM read per slice at wy_bwd's own BK.
+    "winners": {
+        "scores_diag": _DIAG_ROW_PARALLEL,
+        "state_bwd": {"PRESCALED": True},
+        "wy_bwd": {"DM_RELOAD": True},
+    },
+    # Those forms with the two spill-free backward ones (dqk sliced, dM reload at BK 32).
+    "together": {
+        "scores_diag": _DIAG_ROW_PARALLEL,
+        "state_bwd": {"PRESCALED": True},
+        "dqk": _DQK_SLICED,
+        "wy_bwd": _DM_RELOAD_BK32,
+    },
+}
+
+
+def with_candidate(
+    candidate: str | Mapping, base: str | Mapping = "wide-subchunk", *, gate_per_key: bool = True
+) -> dict:
+    """A new {kernel: {parameter: value}} config: `candidate` (an id of CANDIDATES, or the
+    changes themselves) laid over `base` (a config name, taken as
+    kernel_configs(base, gate_per_key=...) gives it, or a config mapping, left untouched)."""
+    if isinstance(candidate, str):
+        if candidate not in CANDIDATES:
+            raise ValueError(f"candidate: {candidate!r} is not one of {list(CANDIDATES)}")
+        candidate = CANDIDATES[candidate]
+    if isinstance(base, str):
+        base = kernel_configs(base, gate_per_key=gate_per_key)
+    cfgs = {kernel: dict(params) for kernel, params in base.items()}
+    for kernel, params in candidate.items():
+        if params is None:
+            cfgs.pop(kernel, None)
+            continue
+        entry = cfgs.setdefault(kernel, {})
+        for param, value in params.items():
+            if value is None:
+                entry.pop(param, None)
+            else:
+                entry[param] = value
+    return cfgs
