@@ -42,12 +42,12 @@
 #   kda-bwd      issue 30: the sub-chunk backward configs (wide-subchunk-bwd, few-subchunk-bwd)
 #                through their suite and the kda / gdn2 suites, then row (a) against the pick
 #   scores       issue 30: the sub-chunk scores kernel: the kda / gdn2 suites at wide-subchunk,
-#                its sweep candidates (bench/kda.py --sweep --variants scores,diag,strips),
+#                its sweep candidates (bench/kda.py --sweep --variants "scores-*,diag-*,strips-*"),
 #                the kda / gdn2 stage tables
 #   kda-sweep    issue 30: bench/kda.py --sweep at (a), the candidates whose ids
-#                (kernels/candidates.py) hold one of $SWEEP_VARIANTS' comma-separated
-#                substrings (default: state_bwd's prescaled operands, the scores kernel's
-#                forms) beside the pick
+#                (kernels/candidates.py) match one of $SWEEP_VARIANTS' comma-separated ids or
+#                shell patterns (default: state_bwd's prescaled operands, the scores
+#                kernel's forms) beside the pick
 #   la-candidates  issue 30: tests/gpu/test_kda_candidates_gpu.py (every kda / gdn2 candidate,
 #                or those CANDIDATES_K selects by id, against float64 on the GPU; on
 #                CANDIDATES_SHARDS processes, default 12, each capped at CANDIDATES_CAP
@@ -201,22 +201,21 @@ tests_scores() {  # kernels/subchunk.py's scores, through the kda and gdn2 suite
 bench_scores() {
   la_unpack
   step kda_sweep_scores 150 python3 bench/kda.py --sweep --only "(a)" \
-    --variants scores,diag,strips
+    --variants "scores-*,diag-*,strips-*"
   step la_stages_per_key 200 python3 bench/la_stages.py --families kda,gdn2 \
     --cache-dir "$LA_CACHE" --out "$LOG/la_stages_per_key.md"
 }
 tests_kda_sweep() { :; }
-bench_kda_sweep() {  # SWEEP_VARIANTS: id substrings of kernels/candidates.py CANDIDATES
+bench_kda_sweep() {  # SWEEP_VARIANTS: ids or shell patterns of kernels/candidates.py CANDIDATES
   la_unpack
   step kda_sweep 300 python3 bench/kda.py --sweep --only "(a)" --cache-dir "$LA_CACHE" \
-    --variants "${SWEEP_VARIANTS:-prescaled,scores,diag,strips}"
+    --variants "${SWEEP_VARIANTS:-state-bwd-prescaled,scores-*,diag-*,strips-*}"
 }
 tests_la_candidates() {  # CANDIDATES_K: a pytest -k expression of candidate ids
   gpu_suite_sharded la_candidates "${CANDIDATES_CAP:-300}" "${CANDIDATES_SHARDS:-12}" \
     tests/gpu/test_kda_candidates_gpu.py ${CANDIDATES_K:+-k "$CANDIDATES_K"}
 }
 bench_la_candidates() {
-  # (ids by substring: the first also takes its tf32x3 form)
   SWEEP_VARIANTS=${SWEEP_VARIANTS:-dqk-sliced-dm-reload-bk32,together} bench_kda_sweep
 }
 tests_prec() {  # issue 31: fla's kda varlen dt_bias check at the shipped config and at tf32x3

@@ -15,8 +15,8 @@ it completes. The ratio columns are the peer's time over ours: above 1, ours is 
   PYTHONPATH=src python bench/kda.py --config wide-unfused --no-fla --no-nvidia --only "(a)"
                                                             # ours under a named config
   PYTHONPATH=src python bench/kda.py --sweep --only "(a)"  # every candidate against the base
-  PYTHONPATH=src python bench/kda.py --sweep --only "(a)" --variants winners,diag-rows
-                                   # the candidates whose id holds one of these (candidates.py)
+  PYTHONPATH=src python bench/kda.py --sweep --only "(a)" --variants "winners,diag-rows-*"
+                                   # the candidates whose id matches one of these (candidates.py)
 
 --gdn2 times GDN-2 (kda's stages with an erase gate per key channel and a write gate per
 value channel: the WY stage's BETA_K) against our GDN at the same shape (a decay and a beta
@@ -29,6 +29,7 @@ run one `--only` row per step to stay inside a device call's time cap.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import sys
 
 import torch
@@ -238,18 +239,22 @@ SWEEP_BASE = "wide-subchunk"
 
 
 def sweep(only, variants=None):
-    """Each candidate's kda forward + backward at one shape (those whose id holds one of
-    `variants`' comma-separated substrings, and the base): ms by CUDA events, the largest
-    relative difference of any output from the base run's, and per-kernel ms."""
+    """Each candidate's kda forward + backward at one shape (those whose id matches one of
+    `variants`' comma-separated ids or shell patterns, and the base): ms by CUDA events, the
+    largest relative difference of any output from the base run's, and per-kernel ms.
+    Patterns rather than substrings: an id that extends another (a faulting "-s1" form
+    beside its parent) is timed only when named."""
     wanted = [v for v in (variants or "").split(",") if v]
     rows = {"base": {}}
     rows.update(
-        {c: ch for c, ch in CANDIDATES.items() if not wanted or any(v in c for v in wanted)}
+        {
+            c: ch
+            for c, ch in CANDIDATES.items()
+            if not wanted or any(fnmatch.fnmatchcase(c, v) for v in wanted)
+        }
     )
     if wanted and len(rows) == 1:
-        sys.exit(
-            f"--variants {variants!r}: no candidate id holds one of them (kernels/candidates.py)"
-        )
+        sys.exit(f"--variants {variants!r}: matches no candidate id (kernels/candidates.py)")
     case = first("la", only)
     name, seqlens = case.name, case.params["seqlens"]
     torch.manual_seed(1)
@@ -291,7 +296,9 @@ def main():
         "--sweep", action="store_true", help="the candidates (kernels/candidates.py), then exit"
     )
     parser.add_argument(
-        "--variants", default=None, help="--sweep: only the candidates whose id holds one of these"
+        "--variants",
+        default=None,
+        help="--sweep: only the candidates whose id matches one of these (ids or shell patterns)",
     )
     parser.add_argument(
         "--cache-dir", default=None, help="keep compiles here (bench/timing.py use_compiled_cache)"
