@@ -8,7 +8,8 @@
 # are correctness gates, not timings); then each topic's benchmarks run one after another,
 # alone on the machine. Every step has its own time cap, clipped so that the whole call ends
 # by BUDGET_S seconds (default 570) and the logs still come back: they are packed into
-# $OUT/session.tgz (the device tool brings back at most 8 files). Topics:
+# $OUT/session.tgz (the device tool brings back at most 8 files), every 20 s and at the end.
+# Topics:
 #   gate         tests/gpu for GDN, CP, replay, SDPA fwd and bwd, GEMM, backend, autotune, then
 #                the demo executing for real
 #   full         gate, then backend.md (host µs per execute vs NVIDIA's pygraph), gdn.md (vs
@@ -91,6 +92,14 @@ python3 setup.py -q build_ext --inplace > "$LOG/build.log" 2>&1 || { cat "$LOG/b
 nvidia-smi -L
 python3 -c "import torch, triton, cudnn; print('torch', torch.__version__, 'triton', triton.__version__, 'frontend', cudnn.__version__, 'libcudnn', cudnn.backend_version())"
 
+pack() {  # the logs so far into $OUT/session.tgz (whole: written aside, then renamed)
+  tar czf "$OUT/.session.$BASHPID.tgz" -C "$LOG" . 2> /dev/null &&
+    mv -f "$OUT/.session.$BASHPID.tgz" "$OUT/session.tgz"
+}
+# Packed every 20 s as well: a call the device tool cuts short (its lease ran out) still
+# brings back every log line written until then.
+( while sleep 20; do pack; done ) &
+packer=$!
 step() {  # step NAME CAP_SECONDS COMMAND...   (the cap is clipped to what BUDGET_S leaves)
   local name=$1 cap=$2; shift 2
   local left=$((BUDGET_S - SECONDS - 15))
@@ -399,4 +408,5 @@ for f in "${suites[@]}"; do "$f" & suite_pids+=($!); done
 for f in "${benches[@]}"; do "$f"; done
 fuzz_report
 for f in "$LOG"/*.md; do [ -e "$f" ] && { echo "---- $(basename "$f")"; tail -n 30 "$f"; }; done
-tar czf "$OUT/session.tgz" -C "$LOG" .
+kill "$packer" 2> /dev/null
+pack
