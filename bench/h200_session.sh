@@ -46,7 +46,7 @@
 #                its sweep candidates (bench/kda.py --sweep --variants "scores-*,diag-*,strips-*"),
 #                the kda / gdn2 stage tables
 #   kda-sweep    issue 30: bench/kda.py --sweep at (a), the candidates whose ids
-#                (kernels/candidates.py) match one of $SWEEP_VARIANTS' comma-separated ids or
+#                (linear_attention/candidates.py) match one of $SWEEP_VARIANTS' comma-separated ids or
 #                shell patterns (default: state_bwd's prescaled operands, the scores
 #                kernel's forms) beside the pick
 #   la-candidates  issue 30: tests/gpu/test_kda_candidates_gpu.py (every kda / gdn2 candidate,
@@ -215,7 +215,7 @@ bench_scores() {
     --cache-dir "$LA_CACHE" --out "$LOG/la_stages_per_key.md"
 }
 tests_kda_sweep() { :; }
-bench_kda_sweep() {  # SWEEP_VARIANTS: ids or shell patterns of kernels/candidates.py CANDIDATES
+bench_kda_sweep() {  # SWEEP_VARIANTS: ids or shell patterns of linear_attention/candidates.py CANDIDATES
   la_unpack
   step kda_sweep 300 python3 bench/kda.py --sweep --only "(a)" --cache-dir "$LA_CACHE" \
     --variants "${SWEEP_VARIANTS:-state-bwd-prescaled,scores-*,diag-*,strips-*}"

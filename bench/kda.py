@@ -37,7 +37,7 @@ from gdn import quick_fla_autotune, rel
 from runner import first, select
 from timing import device_ms, kernel_ms, kernel_table, launcher_compiles, use_compiled_cache
 
-from cudnn_pygraph.engines.linear_attention.kernels.candidates import CANDIDATES, with_candidate
+from cudnn_pygraph.engines.linear_attention.candidates import CANDIDATES, with_candidate
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
     gdn_backward,
     gdn_forward,
@@ -233,7 +233,7 @@ def profile_kernels(only, config):
     print(kernel_table(ours.forward_backward))
 
 
-# --sweep: the candidates (kernels/candidates.py) against the config the hook picks for kda
+# --sweep: the candidates (linear_attention/candidates.py) against the config the hook picks for kda
 # at (a), untouched (the "base" row).
 SWEEP_BASE = "wide-subchunk"
 
@@ -254,7 +254,9 @@ def sweep(only, variants=None):
         }
     )
     if wanted and len(rows) == 1:
-        sys.exit(f"--variants {variants!r}: matches no candidate id (kernels/candidates.py)")
+        sys.exit(
+            f"--variants {variants!r}: matches no candidate id (linear_attention/candidates.py)"
+        )
     case = first("la", only)
     name, seqlens = case.name, case.params["seqlens"]
     torch.manual_seed(1)
@@ -293,7 +295,9 @@ def main():
     parser.add_argument("--config", default=None, help="our config by name (kernels/configs.py)")
     parser.add_argument("--profile", action="store_true", help="per-kernel times, then exit")
     parser.add_argument(
-        "--sweep", action="store_true", help="the candidates (kernels/candidates.py), then exit"
+        "--sweep",
+        action="store_true",
+        help="the candidates (linear_attention/candidates.py), then exit",
     )
     parser.add_argument(
         "--variants",

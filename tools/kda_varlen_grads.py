@@ -8,7 +8,7 @@ bound for dt_bias is 0.005) and against the same reference in float64.
     TRITON_INTERPRET=1 PYTHONPATH=src python tools/interpret_tf32.py [--only KERNEL] \\
         tools/kda_varlen_grads.py d60      # the tf32 dots rounded as the GPU's
 
---changes: a candidate (an id of kernels/candidates.py, or its form as JSON: {kernel:
+--changes: a candidate (an id of linear_attention/candidates.py, or its form as JSON: {kernel:
 {parameter: value}}) laid over the config our launchers pick for each call. Same inputs as fla's test (seed 42, its
 construction, on the CPU or on a GPU); needs fla-core installed.
 tests/gpu/test_kda_precision_gpu.py runs these cases on the GPU.
@@ -26,8 +26,8 @@ from fla.ops.kda.gate import naive_kda_gate
 from fla.ops.kda.naive import naive_recurrent_kda
 from fla.utils import get_err_ratio
 
+from cudnn_pygraph.engines.linear_attention.candidates import with_candidate
 from cudnn_pygraph.engines.linear_attention.kernels import gdn
-from cudnn_pygraph.engines.linear_attention.kernels.candidates import with_candidate
 from cudnn_pygraph.fla import entries
 from cudnn_pygraph.ops.linear_attention import graphs
 
@@ -61,7 +61,7 @@ def inputs(H, D, mask_p, cu, device="cpu"):
 @contextlib.contextmanager
 def candidate(changes):
     """Our launchers run `changes` (a candidate's id or {kernel: {parameter: value}},
-    kernels/candidates.py) over the config they pick. The op's cached graphs are dropped on
+    linear_attention/candidates.py) over the config they pick. The op's cached graphs are dropped on
     the way in and out: on a GPU a graph replays the launches its first call recorded,
     whatever config is laid over them later."""
     pick = gdn._resolve_config

@@ -1,4 +1,4 @@
-"""The kda / gdn2 candidates (kernels/candidates.py CANDIDATES: the diagonal blocks of the
+"""The kda / gdn2 candidates (linear_attention/candidates.py CANDIDATES: the diagonal blocks of the
 scores row-parallel or per token row, the strips formed only before the diagonal, the state
 walk backward on prescaled operands, dqk in key-channel slices, wy_bwd's dM read per slice,
 dqk's / wy_bwd's fp32 products at tf32x3, the tile configs bench/kda.py --sweep varies) on
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "linear_attenti
 from test_kda_kernels import CANDIDATE_CASES, CANDIDATES_ON_CPU, check_candidate
 from test_kda_subchunk_bwd_gpu import check_against_reference, make_inputs, run
 
-from cudnn_pygraph.engines.linear_attention.kernels.candidates import CANDIDATES, with_candidate
+from cudnn_pygraph.engines.linear_attention.candidates import CANDIDATES, with_candidate
 from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
 
 

@@ -3,7 +3,7 @@ D = 60 and D = 100) through our chunk_kda entry on the GPU, its inputs and refer
 (tools/kda_varlen_grads.py: the cases, fla's draws on the GPU): dt_bias's gradient, which
 sums dqk's and wy_bwd's fp32 products over every token, against fla's fp16 reference under
 the config our launchers pick and with the tf32x3 candidates laid over it
-(kernels/candidates.py: dqk's products alone, dqk's and wy_bwd's). fla asks 0.005; tf32's
+(linear_attention/candidates.py: dqk's products alone, dqk's and wy_bwd's). fla asks 0.005; tf32's
 truncated operands gave 0.0055 (D60) and 0.0095 (D100) on an H100
 (bench/results/fla_suite.md).
 Run: PYTHONPATH=src:tests python -m pytest tests/gpu/test_kda_precision_gpu.py -q -s

@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
 from reference import gdn2_reference, gdn2_reference_batched
 from saved_scores import check_backward_reads_the_saved_scores
 
-from cudnn_pygraph.engines.linear_attention.kernels.candidates import with_candidate
+from cudnn_pygraph.engines.linear_attention.candidates import with_candidate
 from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import gdn2_backward, gdn2_forward
 
@@ -221,7 +221,7 @@ def test_forward_and_backward_match_float64_reference(case):
 
 
 def test_candidate_backward_forms_match_float64_reference():
-    # The backward candidates (kernels/candidates.py) on gdn2's paths: dqk in key-channel
+    # The backward candidates (linear_attention/candidates.py) on gdn2's paths: dqk in key-channel
     # slices, and wy_bwd's dM read per slice with the erase gate on the column products
     # (its MUL path); two slices at K = 128, the l2norm on.
     config = with_candidate("dqk-sliced-dm-reload-bk32")

@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
 from reference import kda_reference
 from saved_scores import check_backward_reads_the_saved_scores, saved_kwargs
 
-from cudnn_pygraph.engines.linear_attention.kernels.candidates import CANDIDATES, with_candidate
+from cudnn_pygraph.engines.linear_attention.candidates import CANDIDATES, with_candidate
 from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
 from cudnn_pygraph.engines.linear_attention.kernels.configs import kernel_configs
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import kda_backward, kda_forward
@@ -227,7 +227,7 @@ def test_forward_and_backward_match_float64_reference(case):
     assert not bad, f"relative errors above {FP32_TOL}: {bad} (all: {errors})"
 
 
-# The candidates' forms (kernels/candidates.py): state_bwd's decayed keys and queries formed
+# The candidates' forms (linear_attention/candidates.py): state_bwd's decayed keys and queries formed
 # ahead of its walk, the scores' diagonal blocks row-parallel or per token row, the strips
 # as 16-column blocks or one power-of-two-wide product, dqk in key-channel slices and
 # wy_bwd's dM read per slice; on grouped heads (per-output-head operands, the l2norm on, a

@@ -29,10 +29,10 @@ pytestmark = pytest.mark.skipif(
 import test_gdn2_kernels as gdn2_cases  # noqa: E402
 import test_kda_kernels as kda_cases  # noqa: E402
 
-from cudnn_pygraph.engines.linear_attention.kernels import gdn, gdn_workspace  # noqa: E402
-from cudnn_pygraph.engines.linear_attention.kernels.candidates import (  # noqa: E402
+from cudnn_pygraph.engines.linear_attention.candidates import (  # noqa: E402
     with_candidate,
 )
+from cudnn_pygraph.engines.linear_attention.kernels import gdn, gdn_workspace  # noqa: E402
 
 GUARD = 1024  # bytes either side of each scratch buffer, never a valid address
 
@@ -171,7 +171,7 @@ def log(monkeypatch):
 
 
 # (family's CPU suite, config): the few and the wide state grids, both per-channel paths;
-# the backward candidates (kernels/candidates.py: dqk's slices and wy_bwd's dM read back,
+# the backward candidates (linear_attention/candidates.py: dqk's slices and wy_bwd's dM read back,
 # both through scratch and barriers) at their GPU widths.
 CASES = {
     "kda-few": (kda_cases, "few"),

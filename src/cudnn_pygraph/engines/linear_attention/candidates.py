@@ -23,14 +23,15 @@ its index) only after tests/gpu/test_kda_candidates_gpu.py and the family GPU su
 --sweep has timed it. What each has measured (ptxas figures, timings) is in
 bench/results/kda.md.
 
-This module imports neither torch nor triton, as configs.py.
+This module imports neither torch nor triton, as kernels/configs.py. It lives outside
+kernels/: nothing a shipped plan builds reads it (the resource table digests kernels/).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .configs import kernel_configs
+from .kernels.configs import kernel_configs
 
 # The two backward forms that read their operands again per slice instead of holding them.
 _DQK_SLICED = {"SLICED": True, "BG": 16, "num_stages": 1}
