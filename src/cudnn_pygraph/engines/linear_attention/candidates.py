@@ -131,6 +131,12 @@ CANDIDATES = {
         "state_bwd": {"PRESCALED": True},
         "wy_bwd": {"DM_RELOAD": True},
     },
+    # "winners" with the diagonal blocks per token row (8 heads a program, 4 warps).
+    "winners-diag-rows": {
+        "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
+        "state_bwd": {"PRESCALED": True},
+        "wy_bwd": {"DM_RELOAD": True},
+    },
     # Those forms with the two spill-free backward ones (dqk sliced, dM reload at BK 32).
     "together": {
         "scores_diag": _DIAG_ROW_PARALLEL,

@@ -171,6 +171,26 @@ CONFIGS = (
             **_SUBCHUNK_BWD,
         }),
     ),
+    (
+        # "wide-subchunk" with three forms (engines/linear_attention/candidates.py
+        # "winners-diag-rows"): the scores' diagonal blocks per token row, 8 output
+        # heads a program (subchunk.py subchunk_diag_rows_kernel), while the scores
+        # kernel forms only the strips; the state walk backward on decayed keys and
+        # queries formed ahead of it (state.py PRESCALED); wy_bwd's dM reread per key
+        # slice rather than held (wy.py DM_RELOAD). The per-key families' pick on the
+        # wide grid (its sweep row against "wide-subchunk": bench/results/kda.md).
+        "wide-subchunk-diag",
+        _frozen({
+            **_SHARED,
+            "state_fwd": {"BV": 64, "BG": 32, "num_warps": 4, "num_stages": 2,
+                          "V_FASTEST": True},
+            "state_bwd": _WIDE_STATE_BWD,
+            "state_bwd_gated": {**_WIDE_STATE_BWD_GATED, "PRESCALED": True},
+            "wy_bwd_gated": {**_SHARED["wy_bwd_gated"], "DM_RELOAD": True},
+            **_SUBCHUNK,
+            "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
+        }),
+    ),
 )  # fmt: skip
 CONFIG_NAMES = tuple(name for name, _ in CONFIGS)
 
@@ -275,7 +295,7 @@ def recommend_config(n_seqs, n_out, dim_v, sm_count, batch_invariant, *, gate_pe
     gated intra-chunk scores inside its serial walk once per V block; kda at (a) ran
     7.49 / 28.23 ms fused, 4.56 / 25.33 unfused (bench/results/kda.md). Both grids on the
     sub-chunk scores (kernels/subchunk.py), which replace a reference-row tree per stage."""
-    wide = "wide-subchunk" if gate_per_key else "wide"
+    wide = "wide-subchunk-diag" if gate_per_key else "wide"
     few = "few-subchunk" if gate_per_key else "few"
     if batch_invariant:
         return wide
