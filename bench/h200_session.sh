@@ -54,6 +54,10 @@
 #                CANDIDATES_SHARDS processes, default 12, each capped at CANDIDATES_CAP
 #                seconds, default 300), then the sweep
 #                of the candidates SWEEP_VARIANTS names
+#   la-pick      issue 30: the kda / gdn2 suites (and the summary and gdn2 / gdp chain
+#                suites) at the config recommend_config picks for them: the cases naming
+#                LA_PICK_K's config (default wide-subchunk-diag) and those naming none, on
+#                LA_PICK_SHARDS processes (default 6), each capped at LA_PICK_CAP (300 s)
 #   fla          issue 31: the off-tile head dims on the GPU; fla_accel.md (fla's chunk ops
 #                before / after accelerate_fla(), row (a) at K = V = 128 and 100); then fla's own
 #                tests as they are and after accelerate_fla() (tools/fla_suite.py; a
@@ -220,6 +224,12 @@ bench_kda_sweep() {  # SWEEP_VARIANTS: ids or shell patterns of linear_attention
   step kda_sweep 300 python3 bench/kda.py --sweep --only "(a)" --cache-dir "$LA_CACHE" \
     --variants "${SWEEP_VARIANTS:-state-bwd-prescaled,scores-*,diag-*,strips-*}"
 }
+tests_la_pick() {  # the per-key families' suites at the config their rule picks
+  gpu_suite_sharded la_pick "${LA_PICK_CAP:-300}" "${LA_PICK_SHARDS:-6}" \
+    tests/gpu/test_kda_gpu.py tests/gpu/test_gdn2_gpu.py tests/gpu/test_summary_families_gpu.py \
+    tests/gpu/test_gdn2_gdp_chain_gpu.py -k "${LA_PICK_K:-wide-subchunk-diag or not (few or wide)}"
+}
+bench_la_pick() { :; }
 tests_la_candidates() {  # CANDIDATES_K: a pytest -k expression of candidate ids
   gpu_suite_sharded la_candidates "${CANDIDATES_CAP:-300}" "${CANDIDATES_SHARDS:-12}" \
     tests/gpu/test_kda_candidates_gpu.py ${CANDIDATES_K:+-k "$CANDIDATES_K"}
@@ -237,8 +247,13 @@ tests_state_layout() {  # and the gdn backward of fla's failing case, repeated, 
   # fla's inputs: launch by launch over other scratch bytes (a read of unwritten memory),
   # launch by launch over the same bytes with every launch digested (the first launch whose
   # bits differ: a race), and back to back as the ops run them
-  for how in "launch" "launch --fill same --trace" "none"; do
-    step "la_repeat_gdn_${how// /_}" 240 python3 tools/la_localize.py gdn \
+  # (and the traced repeat with wy_bwd, the launch that races there, at 8 warps and at one
+  # stage: which of its programs' compilations race)
+  for how in "launch" "launch --fill same --trace" "none" \
+    "launch --fill same --trace --set wy_bwd.num_warps=8" \
+    "launch --fill same --trace --set wy_bwd.num_stages=1"; do
+    local name=${how//--/}
+    step "la_repeat_gdn_${name// /_}" 240 python3 tools/la_localize.py gdn \
       --seqlens 1024,1024,1024 --heads 4 --config few --dtype fp16 --saved --repeat 2 \
       --fla-inputs --sync $how &
   done
