@@ -234,12 +234,16 @@ def wy_bwd_kernel(
             kt = (load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K + col, BK)).to(ty)
             dw = (load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK)).to(ty)
             dkp = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
+            # The Gram first: Triton 3.6's pipeliner leaves this accumulating product in
+            # flight past the iteration and gives k's buffer no slot to spare, so the next
+            # prefetch would land in the slot it still reads (dg and dbeta then differ from
+            # run to run). Issued before A^T dW, it is retired by that product's wait.
+            kk += tl.dot(k, kt, input_precision=PREC)
             at_dw = tl.dot(at, dw, input_precision=PREC)
             k_hat = k.to(tl.float32) * rk[:, None]
             kdw += tl.sum(k_hat * at_dw, 1)
             kdp += tl.sum(k_hat * dkp, 1)
             da += tl.dot(dw, kt, input_precision=PREC) * (rk * bd)[None, :]
-            kk += tl.dot(k, kt, input_precision=PREC)
         kk = kk * rk[:, None] * rk[None, :]
 
         dl = tl.dot(at, (da).to(ty), input_precision=PREC)
