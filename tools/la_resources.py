@@ -21,11 +21,16 @@ block may have raises Triton's OutOfResources here as the device's loader would,
 launch_within_shared_memory's fallback to fewer stages happens here too. ptxas -v (Triton's
 own, sm_90a) on each distinct program gives registers and spill bytes.
 
+Each program's TTGIR is also read for one pipelining race (refilled_while_read): an
+asynchronous tensor-core product whose operand slot the loop refills before the product is
+retired, which makes its result change from run to run on the GPU.
+
 The table carries a digest of the kernels' sources (every .py of the kernels' package
 folder: the kernels, their launchers and configs.py): tests/linear_attention/
 test_resource_gate.py fails when the digest is not the sources' (a kernel or config changed
 and the table was not regenerated), when a case failed to compile, when a program needs
-more shared memory than an H200 block may have, or when one spills more than
+more shared memory than an H200 block may have, when one has a product refilled while it
+reads, or when one spills more than
 ALLOWED_SPILLS below lets it.
 """
 
@@ -116,6 +121,51 @@ def _code(path) -> str:
     )
 
 
+# ------------------------------------------------------------------ a pipelining race
+
+_SLOT = re.compile(r"\s*(%[\w#]+) = ttg\.memdesc_index (%[\w#]+)\[")
+_BUFFER = re.compile(r"\s*(%[\w#]+) = ttg\.local_alloc : \(\) -> !ttg\.memdesc<(\d+)x")
+_REFILL = re.compile(r"ttg\.async_copy_global_to_local %[\w#]+, (%[\w#]+)")
+_ASYNC_DOT = re.compile(r"ttng\.warp_group_dot (%[\w#]+), (%[\w#]+), ")
+
+
+def refilled_while_read(ttgir: str) -> list:
+    """The asynchronous tensor-core products (wgmma) of a compiled program whose operand
+    buffer the same loop iteration refills before any wait retires them, in a buffer with
+    no slot to spare beyond how far the loop prefetches: the refill lands in the slot the
+    product is still reading, and its result changes from run to run. Triton 3.6's
+    pipeliner leaves such a product in flight when its result is only accumulated (the
+    product's line numbers in the TTGIR)."""
+    lines = ttgir.splitlines()
+    buffer_of, slots = {}, {}
+    for line in lines:
+        if m := _SLOT.match(line):
+            buffer_of[m.group(1)] = m.group(2)
+        if m := _BUFFER.match(line):
+            slots[m.group(1)] = int(m.group(2))
+    found = []
+    for i, line in enumerate(lines):
+        if "ttng.warp_group_dot " not in line or "isAsync = true" not in line:
+            continue
+        read = {buffer_of[o] for o in _ASYNC_DOT.search(line).groups() if o in buffer_of}
+        loop = [k for k in range(i) if "scf.for" in lines[k]]
+        end = next((k for k in range(i, len(lines)) if "scf.yield" in lines[k]), None)
+        if not read or not loop or end is None:
+            continue
+        body = lines[loop[-1] : end]
+        refilled = {buffer_of.get(m.group(1)) for m in map(_REFILL.search, body) if m}
+        ahead = max((slots[b] for b in refilled if b in slots), default=1) - 1
+        for later in lines[i + 1 : end]:
+            if "ttng.warp_group_dot_wait" in later and "pendings = 0" in later:
+                break
+            m = _REFILL.search(later)
+            buffer = buffer_of.get(m.group(1)) if m else None
+            if buffer in read and slots.get(buffer, 0) <= ahead:
+                found.append(i + 1)
+                break
+    return found
+
+
 # ------------------------------------------------------------------ the committed table
 
 
@@ -140,7 +190,8 @@ def parse_table(text: str) -> dict:
 
 def problems(table: dict, current: str, allowed_spills: dict) -> list:
     """What keeps a parsed table from passing the gate: stale, a failed case, a program over
-    the shared-memory limit, a program that spills more than allowed_spills[kernel] bytes
+    the shared-memory limit, a product refilled while it reads (refilled_while_read), a
+    program that spills more than allowed_spills[kernel] bytes
     (stores), or an allowance above what the kernel spills now (the allowances only
     shrink)."""
     out = []
@@ -157,6 +208,11 @@ def problems(table: dict, current: str, allowed_spills: dict) -> list:
         if shared > MAX_SHARED:
             out.append(f"{kernel} ({row['program']}) needs {shared} bytes of shared memory "
                        f"> {MAX_SHARED}")  # fmt: skip
+        refills = int(row.get("refilled while read", 0))
+        if refills:
+            out.append(f"{kernel} ({row['program']}, {row['used by']}): {refills} tensor-core "
+                       "product(s) whose operand buffer the loop refills while they read it "
+                       "(refilled_while_read): results change from run to run")  # fmt: skip
         stores = int(row["spill stores"])
         worst[kernel] = max(worst.get(kernel, 0), stores)
         if stores > allowed_spills.get(kernel, 0):
@@ -210,6 +266,7 @@ class Recorder:
                 "shared": md.shared,
                 "warps": md.num_warps,
                 "ptx": compiled.asm["ptx"],
+                "refills": len(refilled_while_read(compiled.asm["ttgir"])),
                 "uses": set(),
                 "reduced": set(),
             }
@@ -414,7 +471,7 @@ def render(recorder, seconds, quick=False) -> str:
         lines.append((
             row["kernel"], row["program"] + note, " ".join(gatings), " ".join(configs),
             _span(u[2] for u in uses), _span(u[3] for u in uses), calls, regs, stores, loads,
-            row["shared"], per_sm,
+            row["shared"], per_sm, row["refills"],
         ))  # fmt: skip
     ptxas_s = time.perf_counter() - t0
     lines.sort(key=lambda r: (r[0], r[4], r[5], r[1], r[2]))
@@ -430,14 +487,16 @@ def render(recorder, seconds, quick=False) -> str:
         f"own cache may have held some), ptxas -v {ptxas_s:.0f} s.",
         "One row per distinct compiled program; `used by` lists the launcher calls that build it. "
         "`per SM`: programs that fit on one SM by shared memory (228 KB) and registers (64K). "
+        "`refilled while read`: tensor-core products the loop's prefetch overwrites while "
+        "they read (refilled_while_read; the gate wants none). "
         f"A program over {MAX_SHARED} bytes of shared memory is retried with one stage fewer "
         "by the launcher (kernels/gdn.py launch_within_shared_memory), as on the GPU.",
         "",
         f"{DIGEST_LINE}{digest()}",
         "",
         "| kernel | program | family | configs | dtype | K=V | used by | regs | spill stores "
-        "| spill loads | smem bytes | per SM |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| spill loads | smem bytes | per SM | refilled while read |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in lines]
     if recorder.failed:

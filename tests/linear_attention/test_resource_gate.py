@@ -2,8 +2,9 @@
 kernel, compiled for sm_90 without a GPU, is a row of the committed table
 bench/results/la_resources.md. The table must be current (its digest is the kernels'
 sources': a kernel or config that changed without regenerating it fails here) and no
-program in it may need more shared memory than an H200 block has, fail to compile, or spill
-more than the tool's allowances (which only shrink). Compiling everything takes minutes, so
+program in it may need more shared memory than an H200 block has, fail to compile, have a
+tensor-core product whose operand slot its loop refills while it reads (a race on the GPU),
+or spill more than the tool's allowances (which only shrink). Compiling everything takes minutes, so
 CI checks the committed table; `python3 tools/la_resources.py` regenerates it."""
 
 import importlib.util
@@ -24,13 +25,13 @@ def test_committed_table_is_current_and_within_the_h200s_resources():
 def _table(digest, rows, failed=()):
     head = (
         "| kernel | program | family | configs | dtype | K=V | used by | regs | spill stores "
-        "| spill loads | smem bytes | per SM |"
+        "| spill loads | smem bytes | per SM | refilled while read |"
     )
-    lines = [f"{gate.DIGEST_LINE}{digest}", "", head, "|---" * 12 + "|"]
-    for kernel, stores, smem in rows:
+    lines = [f"{gate.DIGEST_LINE}{digest}", "", head, "|---" * 13 + "|"]
+    for kernel, stores, smem, *refills in rows:
         lines.append(
             f"| {kernel} | BV=64 w4 s2 | kda | wide | bf16 | 128 | fwd | 255 | {stores} "
-            f"| {stores} | {smem} | 1 |"
+            f"| {stores} | {smem} | 1 | {refills[0] if refills else 0} |"
         )
     lines += [f"FAILED: {f}" for f in failed]
     return gate.parse_table("\n".join(lines) + "\n")
@@ -81,3 +82,45 @@ def test_the_digest_follows_every_kernel_source(tmp_path, monkeypatch):
     # what compiles is the same: a comment or a docstring edited, the table stays current
     (kernels / "configs.py").write_text('"""The configs."""\nCONFIGS = ((),)  # why\n')
     assert gate.digest() == added
+
+
+def test_the_gate_fails_a_product_refilled_while_it_reads():
+    current = gate.digest()
+    found = gate.problems(_table(current, [("wy_bwd", 0, 1024, 1)]), current, {})
+    assert len(found) == 1 and "wy_bwd" in found[0] and "refill" in found[0]
+
+
+def _pipelined_loop(gram_first):
+    """A TTGIR loop as Triton 3.6 pipelines wy_bwd's key pass: k in a buffer of 2 slots, kt
+    in one of 3 (prefetching 2 ahead); the Gram k kt^T accumulates asynchronously, A^T dW
+    is waited for, then the next slots are refilled."""
+    gram = "    %g = ttng.warp_group_dot %k1, %kt1, %acc {inputPrecision = 0 : i32, isAsync = true}"
+    body = [
+        "    %k1 = ttg.memdesc_index %k[%i0] : !ttg.memdesc<2x64x64xf16>",
+        "    %kt1 = ttg.memdesc_index %kt[%i1] : !ttg.memdesc<3x64x64xf16>",
+        "    %p = ttng.warp_group_dot %at, %kt1, %zero {inputPrecision = 0 : i32, isAsync = true}",
+        "    %pw:2 = ttng.warp_group_dot_wait %p, %kt1 {pendings = 0 : i32}",
+        "    %k2 = ttg.memdesc_index %k[%i2] : !ttg.memdesc<2x64x64xf16>",
+        "    %c1 = ttg.async_copy_global_to_local %kp, %k2 mask %m other %z",
+        "    %kt2 = ttg.memdesc_index %kt[%i3] : !ttg.memdesc<3x64x64xf16>",
+        "    %c2 = ttg.async_copy_global_to_local %ktp, %kt2 mask %m other %z",
+    ]
+    body.insert(2 if gram_first else 4, gram)
+    return "\n".join([
+        "  %k = ttg.local_alloc : () -> !ttg.memdesc<2x64x64xf16, #shared, #smem, mutable>",
+        "  %kt = ttg.local_alloc : () -> !ttg.memdesc<3x64x64xf16, #shared, #smem, mutable>",
+        "  %r:2 = scf.for %it = %c0 to %c2 step %c1 iter_args(%acc = %zero) -> (tensor) {",
+        *body,
+        "    scf.yield %g",
+        "  }",
+    ])  # fmt: skip
+
+
+def test_a_product_left_in_flight_over_a_refilled_slot_is_found():
+    # The Gram issued after the waited product stays in flight while k's slot (2 slots,
+    # refilled 2 ahead: the same slot) is refilled: found. Issued before it, the wait
+    # retires it first; kt's 3 slots leave the slot being read alone either way.
+    late = _pipelined_loop(gram_first=False)
+    assert gate.refilled_while_read(late) == [late.splitlines().index(next(
+        ln for ln in late.splitlines() if "%g = " in ln)) + 1]  # fmt: skip
+    assert gate.refilled_while_read(_pipelined_loop(gram_first=True)) == []
