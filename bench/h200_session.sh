@@ -247,11 +247,7 @@ tests_state_layout() {  # and the gdn backward of fla's failing case, repeated, 
   # fla's inputs: launch by launch over other scratch bytes (a read of unwritten memory),
   # launch by launch over the same bytes with every launch digested (the first launch whose
   # bits differ: a race), and back to back as the ops run them
-  # (and the traced repeat with wy_bwd, the launch that races there, at 8 warps and at one
-  # stage: which of its programs' compilations race)
-  for how in "launch" "launch --fill same --trace" "none" \
-    "launch --fill same --trace --set wy_bwd.num_warps=8" \
-    "launch --fill same --trace --set wy_bwd.num_stages=1"; do
+  for how in "launch" "launch --fill same --trace" "none"; do
     local name=${how//--/}
     step "la_repeat_gdn_${name// /_}" 240 python3 tools/la_localize.py gdn \
       --seqlens 1024,1024,1024 --heads 4 --config few --dtype fp16 --saved --repeat 2 \
