@@ -12,7 +12,7 @@ _check_candidate there refuses form keys (PREC, BH, STRIPS) a kernel does not ta
 The ids are short and pytest-friendly: `pytest -k` selects among them in
 tests/gpu/test_kda_candidates_gpu.py (every candidate x kda / gdn2 against float64 on the
 GPU, at bf16 / fp32 and K = 64 / 128 / 256, steep gates, the checkpoint path and bitwise
-repeatability) and `bench/kda.py --sweep --variants` by substrings of them (forward +
+repeatability) and `bench/kda.py --sweep --variants` by ids or shell patterns (forward +
 backward ms at one shape, against the untouched base "wide-subchunk");
 tests/linear_attention/test_kda_kernels.py checks the forms under the CPU interpreter.
 
@@ -131,7 +131,8 @@ CANDIDATES = {
         "state_bwd": {"PRESCALED": True},
         "wy_bwd": {"DM_RELOAD": True},
     },
-    # "winners" with the diagonal blocks per token row (8 heads a program, 4 warps).
+    # "winners" with the diagonal blocks per token row (8 heads a program, 4 warps): shipped
+    # as the config "wide-subchunk-diag"; kept here as the base of the next candidates.
     "winners-diag-rows": {
         "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
         "state_bwd": {"PRESCALED": True},
