@@ -17,6 +17,7 @@ where every enabled load / store lane is checked against the live tensors
       --config few --repeat 1
   PYTHONPATH=src:tests python tools/la_localize.py gdn --seqlens 1024,1024,1024 --heads 4 \
       --config few --dtype fp16 --saved --repeat 2 [--fla-inputs] [--sync none]
+      [--fill same --trace]   # the first launch of a repeat whose bits differ: a race
 
 --set KERNEL.KEY=VALUE overrides one entry of the named config (wy_bwd.num_stages=1), to
 tell a compiler fault from a kernel bug. --fill none leaves scratch uninitialized (for
