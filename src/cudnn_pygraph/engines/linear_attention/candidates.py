@@ -138,6 +138,20 @@ CANDIDATES = {
         "state_bwd": {"PRESCALED": True},
         "wy_bwd": {"DM_RELOAD": True},
     },
+    # The shipped forms with the scores kernel forming only the strips' columns before the
+    # diagonal (subchunk.py STRIPS): the scores stage's other 1.5 ms.
+    "winners-diag-rows-strips-blocks": {
+        "scores": {"STRIPS": "blocks"},
+        "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
+        "state_bwd": {"PRESCALED": True},
+        "wy_bwd": {"DM_RELOAD": True},
+    },
+    "winners-diag-rows-strips-pow2": {
+        "scores": {"STRIPS": "pow2", "BK": 32},
+        "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
+        "state_bwd": {"PRESCALED": True},
+        "wy_bwd": {"DM_RELOAD": True},
+    },
     # Those forms with the two spill-free backward ones (dqk sliced, dM reload at BK 32).
     "together": {
         "scores_diag": _DIAG_ROW_PARALLEL,
