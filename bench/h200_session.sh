@@ -45,7 +45,8 @@
 #   scores       issue 30: the sub-chunk scores kernel: the kda / gdn2 suites at wide-subchunk,
 #                its sweep candidates (bench/kda.py --sweep --variants "scores-*,diag-*,strips-*"),
 #                the kda / gdn2 stage tables
-#   kda-sweep    issue 30: bench/kda.py --sweep at (a), the candidates whose ids
+#   kda-sweep    issue 30: bench/kda.py --sweep at $SWEEP_ONLY (default (a)) over the config
+#                $SWEEP_BASE (default wide-subchunk), the candidates whose ids
 #                (linear_attention/candidates.py) match one of $SWEEP_VARIANTS' comma-separated ids or
 #                shell patterns (default: state_bwd's prescaled operands, the scores
 #                kernel's forms) beside the pick
@@ -221,7 +222,8 @@ bench_scores() {
 tests_kda_sweep() { :; }
 bench_kda_sweep() {  # SWEEP_VARIANTS: ids or shell patterns of linear_attention/candidates.py CANDIDATES
   la_unpack
-  step kda_sweep 300 python3 bench/kda.py --sweep --only "(a)" --cache-dir "$LA_CACHE" \
+  step kda_sweep 300 python3 bench/kda.py --sweep --only "${SWEEP_ONLY:-(a)}" \
+    --base "${SWEEP_BASE:-wide-subchunk}" --cache-dir "$LA_CACHE" \
     --variants "${SWEEP_VARIANTS:-state-bwd-prescaled,scores-*,diag-*,strips-*}"
 }
 tests_la_pick() {  # the per-key families' suites at the config their rule picks

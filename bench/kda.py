@@ -233,15 +233,17 @@ def profile_kernels(only, config):
     print(kernel_table(ours.forward_backward))
 
 
-# --sweep: the candidates (linear_attention/candidates.py) against the config the hook picks for kda
-# at (a), untouched (the "base" row).
+# --sweep: the candidates (linear_attention/candidates.py) against a config untouched (the "base"
+# row): by default the one the candidates are written against on the wide grid; --base names
+# another (the few-programs grid's "few-subchunk" for a one-sequence shape).
 SWEEP_BASE = "wide-subchunk"
 
 
-def sweep(only, variants=None):
+def sweep(only, variants=None, base=SWEEP_BASE):
     """Each candidate's kda forward + backward at one shape (those whose id matches one of
-    `variants`' comma-separated ids or shell patterns, and the base): ms by CUDA events, the
-    largest relative difference of any output from the base run's, and per-kernel ms.
+    `variants`' comma-separated ids or shell patterns, and the base), laid over the config
+    `base`: ms by CUDA events, the largest relative difference of any output from the base
+    run's, and per-kernel ms.
     Patterns rather than substrings: an id that extends another (a faulting "-s1" form
     beside its parent) is timed only when named."""
     wanted = [v for v in (variants or "").split(",") if v]
@@ -262,14 +264,14 @@ def sweep(only, variants=None):
     torch.manual_seed(1)
     x, cu, init = make_inputs(seqlens, with_state=False)
     do = torch.randn_like(x["v"])
-    print(f"{name}, candidates against {SWEEP_BASE!r} (kda's entries)")
+    print(f"{name}, candidates against {base!r} (kda's entries)")
     print(
         "| candidate | fwd ms | fwd+bwd ms | max rel diff vs base | per kernel (ms per fwd+bwd) |"
     )
     print("|---|---|---|---|---|", flush=True)
     ref = None
     for label, changes in rows.items():
-        cfgs = with_candidate(changes, SWEEP_BASE, gate_per_key=True)
+        cfgs = with_candidate(changes, base, gate_per_key=True)
         ours = Ours(x, cu, init, cfgs)
         ours.do = do
         ours.forward_backward()
@@ -305,12 +307,15 @@ def main():
         help="--sweep: only the candidates whose id matches one of these (ids or shell patterns)",
     )
     parser.add_argument(
+        "--base", default=SWEEP_BASE, help="--sweep: the config the candidates are laid over"
+    )
+    parser.add_argument(
         "--cache-dir", default=None, help="keep compiles here (bench/timing.py use_compiled_cache)"
     )
     args = parser.parse_args()
     use_compiled_cache(args.cache_dir)
     if args.sweep:
-        sweep(args.only, args.variants)
+        sweep(args.only, args.variants, args.base)
         return
     if args.profile:
         profile_kernels(args.only, args.config)
