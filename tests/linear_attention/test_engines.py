@@ -190,6 +190,7 @@ LISTED = {
         "wide-subchunk-bwd",
         "few-subchunk-bwd",
         "wide-subchunk-diag",
+        "few-subchunk-diag",
     ),  # fmt: skip
     "gdn2": None,  # every config, once
 }
@@ -262,6 +263,7 @@ def test_a_kda_graph_that_saves_its_factors_saves_the_scores_and_lists_the_confi
             "wide-subchunk-bwd",
             "few-subchunk-bwd",
             "wide-subchunk-diag",
+            "few-subchunk-diag",
         ]
 
 

@@ -191,6 +191,21 @@ CONFIGS = (
             "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
         }),
     ),
+    (
+        # "few-subchunk" with wide-subchunk-diag's three forms: each is a per-chunk kernel
+        # (or, for the walk, operands formed ahead of it), so none depends on the grid the
+        # state walk takes. Listed for the GPU suites and the sweep at (b); the rule picks
+        # it once they have passed and timed it.
+        "few-subchunk-diag",
+        _frozen({
+            **_SHARED,
+            "state_fwd": {"BV": 16, "BG": 32, "num_warps": 4},
+            "state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 2, "PRESCALED": True},
+            "wy_bwd_gated": {**_SHARED["wy_bwd_gated"], "DM_RELOAD": True},
+            **_SUBCHUNK,
+            "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
+        }),
+    ),
 )  # fmt: skip
 CONFIG_NAMES = tuple(name for name, _ in CONFIGS)
 
