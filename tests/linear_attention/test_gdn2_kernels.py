@@ -220,11 +220,12 @@ def test_forward_and_backward_match_float64_reference(case):
     assert not bad, f"relative errors above {FP32_TOL}: {bad} (all: {errors})"
 
 
-def test_candidate_backward_forms_match_float64_reference():
+@pytest.mark.parametrize("candidate", ["dqk-sliced-dm-reload-bk32", "dqk-key-split"])
+def test_candidate_backward_forms_match_float64_reference(candidate):
     # The backward candidates (linear_attention/candidates.py) on gdn2's paths: dqk in key-channel
-    # slices, and wy_bwd's dM read per slice with the erase gate on the column products
-    # (its MUL path); two slices at K = 128, the l2norm on.
-    config = with_candidate("dqk-sliced-dm-reload-bk32")
+    # slices (in series, or split across programs), and wy_bwd's dM read per slice with the
+    # erase gate on the column products (its MUL path); two slices at K = 128, the l2norm on.
+    config = with_candidate(candidate)
     x, cu = make_inputs(dim_k=128, heads=(1, 1, 1), seqlens=(70, 3))
     errors = errors_against_reference(x, cu, {"use_qk_l2norm": True}, config=config)
     bad = {n: e for n, e in errors.items() if not e <= FP32_TOL}

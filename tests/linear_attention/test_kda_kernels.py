@@ -253,6 +253,8 @@ CANDIDATES_ON_CPU = {
     "strips-blocks": ("K128-no-l2norm-steep", {}),
     "strips-pow2-bk32": ("K128-no-l2norm-steep", {}),
     "dqk-sliced": ("group-q1-k1-v2", {}),
+    "dqk-key-split": ("group-q1-k1-v2", {}),
+    "dqk-key-split-subchunk": ("K128-no-l2norm-steep", {}),
     "wy-bwd-dm-reload-bk32": ("K128-no-l2norm-steep", {}),
 }
 
@@ -294,17 +296,20 @@ def test_a_candidate_lays_its_changes_over_the_base_and_none_removes():
         gdn._check_candidate(with_candidate(name))
 
 
-@pytest.mark.parametrize("products", ["tree", "sub-chunk"])
-def test_dqk_sliced_from_checkpoints_with_a_normalized_final_dq(products):
+@pytest.mark.parametrize(
+    "form, products",
+    [("dqk-sliced", "tree"), ("dqk-sliced", "sub-chunk"), ("dqk-key-split", "tree")],
+)
+def test_dqk_sliced_from_checkpoints_with_a_normalized_final_dq(form, products):
     # dqk_sliced_kernel's other paths: E taken from the checkpointed states (no stored E),
     # and dq through the l2norm on undivided query heads (the slices parked in dG's rows,
-    # then finished), with the gated products of either form; K = 128 for two slices (the
-    # interpreter's narrowest is 64, kernels/gdn.py _MIN_SLICE).
+    # then finished; split across programs, finished by group_reduce), with the gated
+    # products of either form; K = 128 for two slices (the interpreter's narrowest is 64,
+    # kernels/gdn.py _MIN_SLICE): split, two programs, each of which must still take the
+    # row norms and dq's Jacobian over both.
     x, cu = make_inputs(seqlens=(70, 5), heads=(1, 1, 1), dim_k=128)
     attrs = {"use_qk_l2norm": True}
-    config = with_candidate(
-        {"dqk": {"SUBCHUNK_BWD": products != "tree"}}, with_candidate("dqk-sliced")
-    )
+    config = with_candidate({"dqk": {"SUBCHUNK_BWD": products != "tree"}}, with_candidate(form))
     total, n_out, dim_k = x["g"].shape
     scale = dim_k**-0.5
     ckpt = torch.full((max_chunks(total, 2), n_out, x["v"].shape[2], dim_k), float("nan"),
@@ -399,10 +404,12 @@ def test_a_gate_computed_in_the_kernel_takes_dqk_at_tf32x3(monkeypatch, in_kerne
      ("BH", {"scores": {"BH": 2}}), ("BK", {"scores_diag": {"BH": 2}}),
      ("STRIPS", {"scores": {"STRIPS": "blocks"}}),
      ("STRIPS", {"scores": {"STRIPS": "full"}, "scores_diag": {"BK": 64}}),
-     ("STRIPS", {"scores_diag": {"BK": 64, "STRIPS": "blocks"}})],
+     ("STRIPS", {"scores_diag": {"BK": 64, "STRIPS": "blocks"}}),
+     ("KEY_SPLIT", {"wy_bwd": {"KEY_SPLIT": True}}), ("KEY_SPLIT", {"dqk": {"KEY_SPLIT": 1}})],
     ids=["unknown-precision", "kernel-without-prec", "heads-not-a-power-of-two", "heads-bool",
          "kernel-without-bh", "diagonal-without-bk", "strips-without-scores-diag",
-         "unknown-strip-form", "kernel-without-strips"],
+         "unknown-strip-form", "kernel-without-strips", "kernel-without-key-split",
+         "key-split-not-a-bool"],
 )  # fmt: skip
 def test_a_bad_candidate_key_is_refused_before_any_launch(key, changes):
     x, cu = make_inputs(heads=(1, 1, 1), **ONE_CHUNK)

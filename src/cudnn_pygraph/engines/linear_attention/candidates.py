@@ -7,7 +7,8 @@ with_candidate(): a parameter's value replaces or adds the base's, a value None 
 the parameter (the kernel's own default holds), and a kernel mapped to None removes its
 entry ("scores": None runs without the sub-chunk scores kernel, gated.py's tree). The
 launchers take the result as a config mapping (kernels/gdn.py _resolve_config), and
-_check_candidate there refuses form keys (PREC, BH, STRIPS) a kernel does not take.
+_check_candidate there refuses form keys (PREC, BH, STRIPS, KEY_SPLIT) a kernel does not
+take.
 
 The ids are short and pytest-friendly: `pytest -k` selects among them in
 tests/gpu/test_kda_candidates_gpu.py (every candidate x kda / gdn2 against float64 on the
@@ -160,6 +161,30 @@ CANDIDATES = {
         "wy_bwd": _DM_RELOAD_BK32,
     },
 }
+
+# dqk's key slices across programs (kernels/dqk_sliced.py KEY_SPLIT: grid chunks x K / BG,
+# each program one slice, dP recomputed per program), with the shipped pick's other forms
+# ("winners-diag-rows"), so that a sweep row compares with that one's. One pipeline stage
+# (two refill an operand slot while a product reads it) and 128 registers: 16-wide slices
+# at 4 warps (4 programs an SM by registers), the same at 8 warps (fewer spills on the
+# checkpoint path), 32-wide at 8 warps (half the programs, dP recomputed half as often);
+# ptxas figures in bench/results/kda.md.
+_DQK_KEY_SPLIT = {"KEY_SPLIT": True, "BG": 16, "num_warps": 4, "num_stages": 1, "maxnreg": 128}
+CANDIDATES.update({
+    "dqk-key-split": {**CANDIDATES["winners-diag-rows"], "dqk": _DQK_KEY_SPLIT},
+    "dqk-key-split-subchunk": {
+        **CANDIDATES["winners-diag-rows"],
+        "dqk": {**_DQK_KEY_SPLIT, "SUBCHUNK_BWD": True},
+    },
+    "dqk-key-split-w8": {
+        **CANDIDATES["winners-diag-rows"],
+        "dqk": {**_DQK_KEY_SPLIT, "num_warps": 8},
+    },
+    "dqk-key-split-bg32-w8": {
+        **CANDIDATES["winners-diag-rows"],
+        "dqk": {**_DQK_KEY_SPLIT, "BG": 32, "num_warps": 8},
+    },
+})  # fmt: skip
 
 
 def with_candidate(

@@ -10,11 +10,11 @@ those accumulators and the products' operands do not fit together (ptxas, sm_90,
 channels, and every other tile is a BG-wide slice:
   PART 1: dP = dO E^T (one V loop), then per slice c: dq_c = scale exp(G_c) (dO S_0^T)_c
           (a V loop) + the gated products of dP with K_c; dG's query term Q_hat_c * dq_c.
-  PART 2: dw = -dE S_0^T first, in 64-wide slices of its own (no gated product needs it);
-          dP^T = E dO^T (rows: keys, so that every product has the chunk's 64 rows: a
+  PART 2: dP^T = E dO^T (rows: keys, so that every product has the chunk's 64 rows: a
           BG-row product holds its whole operand in every warp); then per slice c:
           dk_c = the gated products of dP^T with Q_c + decayed (E dS_C^T)_c (a V loop),
-          and dG's key terms.
+          and dG's key terms; last dw = -dE S_0^T, in 64-wide slices of its own (no gated
+          product needs it).
 Each slice's V loop reads dO or E again (L2-hot: the same chunk's rows); the state blocks
 are read once, a slice at a time. The row norms of the l2norm are summed over the slices
 before the products. Under FINAL_DQ with the l2norm, dq's backward through the norm needs
@@ -24,6 +24,14 @@ in dG's rows, and a second pass over the slices finishes dq and stores dG there.
 When the states came from checkpoints (not HAS_VNEW), E's blocks are formed as U - W S_0
 for dP (or dP^T); PART 2's slices take E dS_C^T as U dS_C^T - W (S_0 dS_C^T), the
 [K, BG] factor summed 64 rows at a time, E never formed there.
+
+KEY_SPLIT: the slices across programs rather than in series, one BG slice a program (grid
+(chunks x K / BG, heads); a chunk's slices are neighbours in launch order, so dO, E and the
+chunk's rows are re-read from L2). Each program recomputes dP (one V loop) and the row
+norms (over all K); what stays per channel, it does for its own columns: dq, dk, dG's terms
+(the reverse cumsum over tokens is wy_bwd's) and dw. The one sum over channels left is dq's
+l2norm Jacobian, <q_hat, dq> per row: not taken here (PARK is refused); the launcher has dq
+stored unnormalized as for grouped query heads and group_reduce_kernel (wy.py) finishes it.
 """
 
 from __future__ import annotations
@@ -64,26 +72,34 @@ def _e(vnew_ptr, u_ptr, w_ptr, h_ptr, base, t0, r, valid, HO, h, iv, sh_v, sh_k,
        K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_VNEW: tl.constexpr,
        TRANS: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
     """E's V block iv in the products' dtype, [64, BV] (E^T [BV, 64] if TRANS): read from
-    vnew (HAS_VNEW), else formed as U - W S_0 (W and S_0's block read here, L1-hot)."""
+    vnew (HAS_VNEW), else formed as U - W S_0, summed at most 128 key rows at a time (W and
+    S_0's blocks read here, L1-hot): at K = 256 a whole [64, K] W tile beside the products
+    spills (ptxas, sm_90)."""
     dt = w_ptr.dtype.element_ty
     col0 = h * V + iv * BV
     v_idx = iv * BV + tl.arange(0, BV)
-    if TRANS:
-        if HAS_VNEW:
+    if HAS_VNEW:
+        if TRANS:
             e = load_rows_t(vnew_ptr, t0, r, valid, HO * V, col0, BV).to(dt)
         else:
-            wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
-            x0 = tl.load(state_block_t(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)  # [BV, K]
-            ut = load_rows_t(u_ptr, t0, r, valid, HO * V, col0, BV).to(tl.float32)
-            e = (ut - tl.dot(x0, wt, input_precision=PREC)).to(dt)
-    else:
-        if HAS_VNEW:
             e = load_rows(vnew_ptr, t0, r, valid, HO * V, col0, BV).to(dt)
+    else:
+        if TRANS:
+            e = load_rows_t(u_ptr, t0, r, valid, HO * V, col0, BV).to(tl.float32)
         else:
-            w = load_rows(w_ptr, t0, r, valid, HO * K, h * K, K)
-            s0 = tl.load(state_block(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)  # [K, BV]
-            u = load_rows(u_ptr, t0, r, valid, HO * V, col0, BV).to(tl.float32)
-            e = (u - tl.dot(w, s0, input_precision=PREC)).to(dt)
+            e = load_rows(u_ptr, t0, r, valid, HO * V, col0, BV).to(tl.float32)
+        KE: tl.constexpr = 128 if K > 128 else K
+        for ik in range(K // KE):
+            k0 = ik * KE
+            if TRANS:
+                wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K + k0, KE)
+                x0 = tl.load(state_block_t(h_ptr, base + k0 * sh_k, v_idx, KE, sh_v, sh_k))
+                e -= tl.dot(x0.to(dt), wt, input_precision=PREC)
+            else:
+                w = load_rows(w_ptr, t0, r, valid, HO * K, h * K + k0, KE)
+                s0 = tl.load(state_block(h_ptr, base + k0 * sh_k, v_idx, KE, sh_v, sh_k))
+                e -= tl.dot(w, s0.to(dt), input_precision=PREC)
+        e = e.to(dt)
     return e
 
 
@@ -131,13 +147,24 @@ def dqk_sliced_kernel(
     GATE_K: tl.constexpr,
     BG: tl.constexpr = 32,
     SUBCHUNK_BWD: tl.constexpr = False,
+    KEY_SPLIT: tl.constexpr = False,
 ):
     """dqk_kernel's outputs under GATE_K (its docstring), in BG-wide key-channel slices
     (module docstring). SUBCHUNK_BWD: the gated products on the sub-chunk form
     (subchunk_bwd.py) instead of gated.py's tree. GATE_K: always set (the launcher's flag;
-    this form exists only under a per-key decay)."""
+    this form exists only under a per-key decay). KEY_SPLIT: one BG slice a program, the
+    grid's first axis (chunk, slice) (module docstring)."""
     tl.static_assert(GATE_K, "dqk_sliced_kernel serves a per-key-channel decay only")
-    c = tl.program_id(0)
+    PARK: tl.constexpr = FINAL_DQ and L2NORM
+    tl.static_assert(not (KEY_SPLIT and PARK), "KEY_SPLIT: dq's l2norm Jacobian spans slices")
+    # This program's key channels: col0 .. col0 + NSL * BG, in NSL slices of BG.
+    NSL: tl.constexpr = 1 if KEY_SPLIT else K // BG
+    if KEY_SPLIT:
+        c = tl.program_id(0) // (K // BG)
+        col0 = (tl.program_id(0) % (K // BG)) * BG
+    else:
+        c = tl.program_id(0)
+        col0 = 0
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
     if valid <= 0:
@@ -150,20 +177,6 @@ def dqk_sliced_kernel(
     base = c.to(tl.int64) * sh_c + h * sh_h
     dbase = c.to(tl.int64) * sd_c + h * sd_h
 
-    if PART == 2:
-        # dw = -dE S_0^T first, in 64-wide slices of its own (the served K are multiples of
-        # 64): no gated product needs it, so it takes no part in the BG-wide slices and dE
-        # is read K / 64 times rather than K / BG.
-        for iw in range(K // 64):
-            c0 = iw * 64
-            dw = tl.zeros([64, 64], dtype=tl.float32)
-            for iv in range(V // BV):
-                v_idx = iv * BV + tl.arange(0, BV)
-                x0 = tl.load(state_block_t(h_ptr, base + c0 * sh_k, v_idx, 64, sh_v, sh_k))
-                de = load_rows(de_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
-                dw -= tl.dot(de, x0.to(dt), input_precision=PREC)
-            store_rows(dw_ptr, dw, t0, r, valid, HO * K, h * K + c0, 64)
-
     if PART == 1:
         dp = tl.zeros([64, 64], dtype=tl.float32)  # dO E^T
         for iv in range(V // BV):
@@ -175,10 +188,9 @@ def dqk_sliced_kernel(
         rq = _inv_norms(q_ptr, t0, r, valid, H * K, hq * K, K, BG, L2NORM, EPS)
         rk = _inv_norms(k_ptr, t0, r, valid, HK * K, hk * K, K, BG, L2NORM, EPS)
         ds = dpg * rk[None, :]
-        PARK: tl.constexpr = FINAL_DQ and L2NORM
         q_dot = tl.zeros([64], dtype=tl.float32)  # <q_hat, dq> per row (PARK)
-        for ic in range(K // BG):
-            c0 = ic * BG
+        for ic in range(NSL):
+            c0 = col0 + ic * BG
             # The gated products of dP with K's slice first, while nothing else of the
             # slice is live.
             if SUBCHUNK_BWD:
@@ -240,8 +252,8 @@ def dqk_sliced_kernel(
         last = (r == valid - 1)[:, None]
         kc = tl.arange(0, BG)
         g_last_ptr = gc_ptr + ((t0 + valid - 1).to(tl.int64) * HO + h) * K
-        for ic in range(K // BG):
-            c0 = ic * BG
+        for ic in range(NSL):
+            c0 = col0 + ic * BG
             # The gated products of dP^T with Q's slice first, while nothing else of the
             # slice is live.
             if SUBCHUNK_BWD:
@@ -295,3 +307,20 @@ def dqk_sliced_kernel(
             dg += tl.where(last, (tl.exp(g_last) * s_dot + kds)[None, :], 0.0) - kh * dk
             tl.debug_barrier()  # every thread has read the slice before it is overwritten
             store_rows(dg_ptr, dg, t0, r, valid, HO * K, h * K + c0, BG)
+
+    if PART == 2:
+        # dw = -dE S_0^T last, in 64-wide slices of its own (the served K are multiples of
+        # 64): no gated product needs it, so it takes no part in the BG-wide slices and dE
+        # is read K / 64 times rather than K / BG. Under KEY_SPLIT, the program's own
+        # columns, at most 64 a slice. Last, so that nothing of it is live across the slices'
+        # products (ptxas, sm_90: first, the split form at 4 warps spills).
+        DW: tl.constexpr = BG if KEY_SPLIT and BG < 64 else 64
+        for iw in range(NSL * BG // DW):
+            c0 = col0 + iw * DW
+            dw = tl.zeros([64, DW], dtype=tl.float32)
+            for iv in range(V // BV):
+                v_idx = iv * BV + tl.arange(0, BV)
+                x0 = tl.load(state_block_t(h_ptr, base + c0 * sh_k, v_idx, DW, sh_v, sh_k))
+                de = load_rows(de_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
+                dw -= tl.dot(de, x0.to(dt), input_precision=PREC)
+            store_rows(dw_ptr, dw, t0, r, valid, HO * K, h * K + c0, DW)

@@ -141,6 +141,7 @@ _CANDIDATE_KEYS = {
     "PREC": (_PREC_KERNELS, _STAGE_PRECISIONS),
     "BH": (("scores_diag",), _DIAG_HEADS),
     "STRIPS": (("scores",), _STRIP_FORMS),
+    "KEY_SPLIT": (("dqk",), (True,)),
 }
 
 
@@ -812,20 +813,34 @@ def gdn_backward(
     bv = _block_v(cfg, dim_v, dim_k)
     cfg["BG"] = _slice(cfg, "BG", dim_k)
     # SLICED: under a per-key decay, the form that holds no [64, K] fp32 tile
-    # (kernels/dqk_sliced.py); a per-head decay has no such form.
-    dqk = dqk_sliced_kernel if cfg.pop("SLICED", False) and gate_per_key else dqk_kernel
+    # (kernels/dqk_sliced.py); a per-head decay has no such form. KEY_SPLIT: that form's
+    # slices across programs, one BG slice each.
+    sliced = cfg.pop("SLICED", False)
+    split = cfg.pop("KEY_SPLIT", False) and gate_per_key
+    dqk = dqk_sliced_kernel if (sliced or split) and gate_per_key else dqk_kernel
+    if split:
+        cfg["KEY_SPLIT"] = True
+    # Split, no program sees a whole row of dq, which the l2norm's Jacobian needs: dq is
+    # stored unnormalized as for grouped query heads, in dk_part (free until PART 2 writes
+    # it), and group_reduce finishes it between the parts.
+    park = split and final_dq and use_qk_l2norm
+    dq_out = ws["dk_part"] if park else (dq if final_dq else ws["dq_group"])
+    dqk_grid = (n_chunks * (dim_k // cfg["BG"] if split else 1), n_out)
     dqk_prec = _stage_precision(cfg, prec, _dqk_default_precision(gate_per_key, a_log, dt_bias))
     dqk_common = {**common, "PREC": dqk_prec}
     # The dq side (PART 1), then the dk side (PART 2): two launches of lighter programs,
     # each recomputing dP (kernels/output.py dqk_kernel).
     for part in (1, 2):
-        dqk[(n_chunks, n_out)](
+        dqk[dqk_grid](
             q, k, ws["w"], ws.get("u", dummy), ws.get("vnew", dummy), ws["gc"], h_buf, ws["dh"], do,
-            ws["de"], dq if final_dq else ws["dq_group"], ws["dk_part"], ws["dw"],
-            ws["dg_part"], *tables, *_state_strides(h_buf), *_state_strides(ws["dh"]), scale,
-            n_out, n_q, n_k, BV=bv, FINAL_DQ=final_dq, HAS_VNEW="vnew" in ws, PART=part,
-            **dqk_common, **cfg,
+            ws["de"], dq_out, ws["dk_part"], ws["dw"], ws["dg_part"], *tables,
+            *_state_strides(h_buf), *_state_strides(ws["dh"]), scale, n_out, n_q, n_k, BV=bv,
+            FINAL_DQ=final_dq and not park, HAS_VNEW="vnew" in ws, PART=part, **dqk_common, **cfg,
         )  # fmt: skip
+        if part == 1 and park:
+            group_reduce_kernel[(-(-total_t // CHUNK), n_q)](
+                ws["dk_part"], q, dq, total_t, n_out, n_q, D=dim_k, L2NORM=True, EPS=L2NORM_EPS
+            )
 
     final_dk = n_k == n_out
     final_dv = n_v == n_out
