@@ -230,13 +230,27 @@ def test_forward_and_backward_match_float64_reference(case):
 # The candidates' forms (linear_attention/candidates.py): state_bwd's decayed keys and queries formed
 # ahead of its walk, the scores' diagonal blocks row-parallel or per token row, the strips
 # as 16-column blocks or one power-of-two-wide product, dqk in key-channel slices and
-# wy_bwd's dM read per slice; on grouped heads (per-output-head operands, the l2norm on, a
-# partial chunk after a full one) and at K = 128 without the l2norm at steep gates.
+# wy_bwd's dM read per slice, wy_bwd's key pass 2 one program per key slice; on grouped heads
+# (per-output-head operands, the l2norm on, a partial chunk after a full one), at K = 128
+# without the l2norm at steep gates, and at K = 128 (two slices) on grouped heads with the
+# l2norm and the safe gate's A_log / dt_bias: the sums over all key channels (the l2norm's
+# row dot, d_a_log) that a split key side must take across its slices.
 CANDIDATE_CASES = {
     "group-q1-k1-v2": ({"heads": (1, 1, 2), "seqlens": (70, 3)}, {"use_qk_l2norm": True}),
     "K128-no-l2norm-steep": (
         {"dim_k": 128, "heads": (1, 1, 1), "seqlens": (64, 9), "gate": "steep"},
         {},
+    ),
+    "K128-group-safe-gate": (
+        {
+            "dim_k": 128,
+            "heads": (1, 1, 2),
+            "seqlens": (64, 9),
+            "gate": "raw",
+            "has_a_log": True,
+            "has_dt_bias": True,
+        },
+        {"use_qk_l2norm": True, "safe_gate": True},
     ),
 }
 # candidate id -> the case that exercises its form here (the prescaled operands are per
@@ -254,6 +268,8 @@ CANDIDATES_ON_CPU = {
     "strips-pow2-bk32": ("K128-no-l2norm-steep", {}),
     "dqk-sliced": ("group-q1-k1-v2", {}),
     "wy-bwd-dm-reload-bk32": ("K128-no-l2norm-steep", {}),
+    "wy-key-split": ("K128-group-safe-gate", {}),
+    "wy-key-split-bk32-sub": ("K128-no-l2norm-steep", {}),
 }
 
 
@@ -399,10 +415,13 @@ def test_a_gate_computed_in_the_kernel_takes_dqk_at_tf32x3(monkeypatch, in_kerne
      ("BH", {"scores": {"BH": 2}}), ("BK", {"scores_diag": {"BH": 2}}),
      ("STRIPS", {"scores": {"STRIPS": "blocks"}}),
      ("STRIPS", {"scores": {"STRIPS": "full"}, "scores_diag": {"BK": 64}}),
-     ("STRIPS", {"scores_diag": {"BK": 64, "STRIPS": "blocks"}})],
+     ("STRIPS", {"scores_diag": {"BK": 64, "STRIPS": "blocks"}}),
+     ("BK", {"wy_bwd_keys": {"num_warps": 4}}),
+     ("DM_RELOAD", {"wy_bwd_keys": {"BK": 32, "DM_RELOAD": True}})],
     ids=["unknown-precision", "kernel-without-prec", "heads-not-a-power-of-two", "heads-bool",
          "kernel-without-bh", "diagonal-without-bk", "strips-without-scores-diag",
-         "unknown-strip-form", "kernel-without-strips"],
+         "unknown-strip-form", "kernel-without-strips", "key-slices-without-bk",
+         "key-slices-with-dm-reload"],
 )  # fmt: skip
 def test_a_bad_candidate_key_is_refused_before_any_launch(key, changes):
     x, cu = make_inputs(heads=(1, 1, 1), **ONE_CHUNK)
