@@ -24,6 +24,7 @@ from cudnn_pygraph.engines.linear_attention.candidates import CANDIDATES, with_c
 from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
 from cudnn_pygraph.engines.linear_attention.kernels.configs import kernel_configs
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import kda_backward, kda_forward
+from cudnn_pygraph.engines.linear_attention.kernels.gdn_workspace import saved_factors
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # ||out - ref|| / ||ref||, fp32 inputs (measured ~1e-7..6e-6).
@@ -289,6 +290,33 @@ def check_candidate(candidate, case):
 )
 def test_candidate_forms_match_float64_reference(candidate, case):
     check_candidate(candidate, case)
+
+
+def test_split_key_side_reads_saved_factors_without_writing_them():
+    # With the saved factors the split key side's dM goes to the backward's own "dm" row:
+    # the saved A (read again by every slice, and by any later backward) stays as the
+    # forward wrote it, and the gradients are bitwise those of the backward that recomputes
+    # A (dM then in Akk's scratch row). K = 128: two slices.
+    x, cu = make_inputs(seqlens=(70, 5), heads=(1, 1, 1), dim_k=128)
+    attrs = {"use_qk_l2norm": True}
+    config = with_candidate("wy-key-split")
+    total, n_out, dim_k = x["g"].shape
+    scale = dim_k**-0.5
+    want = saved_factors(total, n_out, dim_k, x["v"].shape[2], x["q"].dtype, gate_per_key=True,
+                         scores=True)  # fmt: skip
+    saved = {n: torch.full(s, float("nan"), dtype=d, device=DEVICE) for n, (d, s) in want.items()}
+    ckpt = torch.full((max_chunks(total, 2), n_out, x["v"].shape[2], dim_k), float("nan"),
+                      device=DEVICE)  # fmt: skip
+    d_o, d_final = grad_seeds(x, cu)
+    recomputed = run_backward(x, cu, scale, attrs, d_o, d_final, config=config)
+    run_forward(x, cu, scale, attrs, config=config, checkpoints=ckpt, saved=saved)
+    written = {n: t.clone() for n, t in saved.items()}
+    grads = run_backward(x, cu, scale, attrs, d_o, d_final, config=config, checkpoints=ckpt,
+                         saved=saved)  # fmt: skip
+    for n, t in saved.items():  # (the saved A's rows are left unwritten above the diagonal)
+        torch.testing.assert_close(t, written[n], rtol=0, atol=0, equal_nan=True, msg=n)
+    for n, grad in grads.items():
+        torch.testing.assert_close(grad, recomputed[n], rtol=0, atol=0, msg=n)
 
 
 def test_a_candidate_lays_its_changes_over_the_base_and_none_removes():
