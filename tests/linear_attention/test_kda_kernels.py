@@ -24,6 +24,7 @@ from cudnn_pygraph.engines.linear_attention.candidates import CANDIDATES, with_c
 from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
 from cudnn_pygraph.engines.linear_attention.kernels.configs import kernel_configs
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import kda_backward, kda_forward
+from cudnn_pygraph.engines.linear_attention.kernels.gdn_workspace import saved_factors
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # ||out - ref|| / ||ref||, fp32 inputs (measured ~1e-7..6e-6).
@@ -230,13 +231,27 @@ def test_forward_and_backward_match_float64_reference(case):
 # The candidates' forms (linear_attention/candidates.py): state_bwd's decayed keys and queries formed
 # ahead of its walk, the scores' diagonal blocks row-parallel or per token row, the strips
 # as 16-column blocks or one power-of-two-wide product, dqk in key-channel slices and
-# wy_bwd's dM read per slice; on grouped heads (per-output-head operands, the l2norm on, a
-# partial chunk after a full one) and at K = 128 without the l2norm at steep gates.
+# wy_bwd's dM read per slice, wy_bwd's key pass 2 one program per key slice; on grouped heads
+# (per-output-head operands, the l2norm on, a partial chunk after a full one), at K = 128
+# without the l2norm at steep gates, and at K = 128 (two slices) on grouped heads with the
+# l2norm and the safe gate's A_log / dt_bias: the sums over all key channels (the l2norm's
+# row dot, d_a_log) that a split key side must take across its slices.
 CANDIDATE_CASES = {
     "group-q1-k1-v2": ({"heads": (1, 1, 2), "seqlens": (70, 3)}, {"use_qk_l2norm": True}),
     "K128-no-l2norm-steep": (
         {"dim_k": 128, "heads": (1, 1, 1), "seqlens": (64, 9), "gate": "steep"},
         {},
+    ),
+    "K128-group-safe-gate": (
+        {
+            "dim_k": 128,
+            "heads": (1, 1, 2),
+            "seqlens": (64, 9),
+            "gate": "raw",
+            "has_a_log": True,
+            "has_dt_bias": True,
+        },
+        {"use_qk_l2norm": True, "safe_gate": True},
     ),
 }
 # candidate id -> the case that exercises its form here (the prescaled operands are per
@@ -256,6 +271,8 @@ CANDIDATES_ON_CPU = {
     "dqk-key-split": ("group-q1-k1-v2", {}),
     "dqk-key-split-subchunk": ("K128-no-l2norm-steep", {}),
     "wy-bwd-dm-reload-bk32": ("K128-no-l2norm-steep", {}),
+    "wy-key-split": ("K128-group-safe-gate", {}),
+    "wy-key-split-bk32-sub": ("K128-no-l2norm-steep", {}),
 }
 
 
@@ -275,6 +292,33 @@ def check_candidate(candidate, case):
 )
 def test_candidate_forms_match_float64_reference(candidate, case):
     check_candidate(candidate, case)
+
+
+def test_split_key_side_reads_saved_factors_without_writing_them():
+    # With the saved factors the split key side's dM goes to the backward's own "dm" row:
+    # the saved A (read again by every slice, and by any later backward) stays as the
+    # forward wrote it, and the gradients are bitwise those of the backward that recomputes
+    # A (dM then in Akk's scratch row). K = 128: two slices.
+    x, cu = make_inputs(seqlens=(70, 5), heads=(1, 1, 1), dim_k=128)
+    attrs = {"use_qk_l2norm": True}
+    config = with_candidate("wy-key-split")
+    total, n_out, dim_k = x["g"].shape
+    scale = dim_k**-0.5
+    want = saved_factors(total, n_out, dim_k, x["v"].shape[2], x["q"].dtype, gate_per_key=True,
+                         scores=True)  # fmt: skip
+    saved = {n: torch.full(s, float("nan"), dtype=d, device=DEVICE) for n, (d, s) in want.items()}
+    ckpt = torch.full((max_chunks(total, 2), n_out, x["v"].shape[2], dim_k), float("nan"),
+                      device=DEVICE)  # fmt: skip
+    d_o, d_final = grad_seeds(x, cu)
+    recomputed = run_backward(x, cu, scale, attrs, d_o, d_final, config=config)
+    run_forward(x, cu, scale, attrs, config=config, checkpoints=ckpt, saved=saved)
+    written = {n: t.clone() for n, t in saved.items()}
+    grads = run_backward(x, cu, scale, attrs, d_o, d_final, config=config, checkpoints=ckpt,
+                         saved=saved)  # fmt: skip
+    for n, t in saved.items():  # (the saved A's rows are left unwritten above the diagonal)
+        torch.testing.assert_close(t, written[n], rtol=0, atol=0, equal_nan=True, msg=n)
+    for n, grad in grads.items():
+        torch.testing.assert_close(grad, recomputed[n], rtol=0, atol=0, msg=n)
 
 
 def test_a_candidate_lays_its_changes_over_the_base_and_none_removes():
@@ -405,11 +449,13 @@ def test_a_gate_computed_in_the_kernel_takes_dqk_at_tf32x3(monkeypatch, in_kerne
      ("STRIPS", {"scores": {"STRIPS": "blocks"}}),
      ("STRIPS", {"scores": {"STRIPS": "full"}, "scores_diag": {"BK": 64}}),
      ("STRIPS", {"scores_diag": {"BK": 64, "STRIPS": "blocks"}}),
-     ("KEY_SPLIT", {"wy_bwd": {"KEY_SPLIT": True}}), ("KEY_SPLIT", {"dqk": {"KEY_SPLIT": 1}})],
+     ("KEY_SPLIT", {"wy_bwd": {"KEY_SPLIT": True}}), ("KEY_SPLIT", {"dqk": {"KEY_SPLIT": 1}}),
+     ("BK", {"wy_bwd_keys": {"num_warps": 4}}),
+     ("DM_RELOAD", {"wy_bwd_keys": {"BK": 32, "DM_RELOAD": True}})],
     ids=["unknown-precision", "kernel-without-prec", "heads-not-a-power-of-two", "heads-bool",
          "kernel-without-bh", "diagonal-without-bk", "strips-without-scores-diag",
          "unknown-strip-form", "kernel-without-strips", "kernel-without-key-split",
-         "key-split-not-a-bool"],
+         "key-split-not-a-bool", "key-slices-without-bk", "key-slices-with-dm-reload"],
 )  # fmt: skip
 def test_a_bad_candidate_key_is_refused_before_any_launch(key, changes):
     x, cu = make_inputs(heads=(1, 1, 1), **ONE_CHUNK)

@@ -7,8 +7,8 @@ with_candidate(): a parameter's value replaces or adds the base's, a value None 
 the parameter (the kernel's own default holds), and a kernel mapped to None removes its
 entry ("scores": None runs without the sub-chunk scores kernel, gated.py's tree). The
 launchers take the result as a config mapping (kernels/gdn.py _resolve_config), and
-_check_candidate there refuses form keys (PREC, BH, STRIPS, KEY_SPLIT) a kernel does not
-take.
+_check_candidate there refuses form keys (PREC, BH, STRIPS, KEY_SPLIT, DM_RELOAD) a kernel
+does not take, and a "scores_diag" or "wy_bwd_keys" entry without its BK.
 
 The ids are short and pytest-friendly: `pytest -k` selects among them in
 tests/gpu/test_kda_candidates_gpu.py (every candidate x kda / gdn2 against float64 on the
@@ -40,6 +40,14 @@ _DM_RELOAD_BK32 = {"DM_RELOAD": True, "BK": 32}
 # The scores' diagonal blocks one program per chunk row (kernels/subchunk.py
 # subchunk_diag_kernel), the scores kernel forming the strips only.
 _DIAG_ROW_PARALLEL = {"BK": 64, "num_warps": 1}
+
+# The shipped per-key pick "wide-subchunk-diag" as changes to the sweep's base
+# "wide-subchunk" (the candidate "winners-diag-rows"), for candidates that change it further.
+_SHIPPED_DIAG = {
+    "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
+    "state_bwd": {"PRESCALED": True},
+    "wy_bwd": {"DM_RELOAD": True},
+}
 
 # id -> {kernel: {parameter: value} | None}
 CANDIDATES = {
@@ -134,11 +142,7 @@ CANDIDATES = {
     },
     # "winners" with the diagonal blocks per token row (8 heads a program, 4 warps): shipped
     # as the config "wide-subchunk-diag"; kept here as the base of the next candidates.
-    "winners-diag-rows": {
-        "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
-        "state_bwd": {"PRESCALED": True},
-        "wy_bwd": {"DM_RELOAD": True},
-    },
+    "winners-diag-rows": _SHIPPED_DIAG,
     # The shipped forms with the scores kernel forming only the strips' columns before the
     # diagonal (subchunk.py STRIPS): the scores stage's other 1.5 ms.
     "winners-diag-rows-strips-blocks": {
@@ -152,6 +156,30 @@ CANDIDATES = {
         "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
         "state_bwd": {"PRESCALED": True},
         "wy_bwd": {"DM_RELOAD": True},
+    },
+    # The shipped forms with wy_bwd's key pass 2 one program per key slice (kernels/
+    # wy_keys.py: a "wy_bwd_keys" entry), wy_bwd itself stopping at dM: the slices at BK 64
+    # uncapped (one program per SM, as wy_bwd), and the forms ptxas (sm_90) compiles
+    # without spills at two or three programs per SM: BK 16 under a register cap at 8 or 4
+    # warps, BK 32 at 8 warps on the sub-chunk form (bench/results/kda.md).
+    "wy-key-split": {**_SHIPPED_DIAG, "wy_bwd_keys": {"BK": 64, "num_warps": 8}},
+    "wy-key-split-bk16": {
+        **_SHIPPED_DIAG,
+        "wy_bwd_keys": {"BK": 16, "num_warps": 8, "num_stages": 1, "maxnreg": 128},
+    },
+    "wy-key-split-bk16-w4": {
+        **_SHIPPED_DIAG,
+        "wy_bwd_keys": {"BK": 16, "num_warps": 4, "num_stages": 1, "maxnreg": 168},
+    },
+    "wy-key-split-bk32-sub": {
+        **_SHIPPED_DIAG,
+        "wy_bwd_keys": {
+            "BK": 32,
+            "num_warps": 8,
+            "num_stages": 2,
+            "maxnreg": 128,
+            "SUBCHUNK_BWD": True,
+        },
     },
     # Those forms with the two spill-free backward ones (dqk sliced, dM reload at BK 32).
     "together": {

@@ -68,7 +68,14 @@ from .configs import INTERPRETER_SMS, recommend_config
 from .dense_copy import dense_copy
 from .dqk_sliced import dqk_sliced_kernel
 from .gdn_checks import SUPPORTED_HEAD_DIMS, _check, _validate
-from .gdn_workspace import SAVED_ROWS, _carve, _layout, gdn_workspace_bytes, saved_factors
+from .gdn_workspace import (
+    MIN_SLICE,
+    SAVED_ROWS,
+    _carve,
+    _layout,
+    gdn_workspace_bytes,
+    saved_factors,
+)
 from .normalize import L2NORM_EPS
 from .output import dqk_kernel, dv_local_kernel, output_fwd_kernel
 from .poison import poison_dense, poison_states
@@ -76,6 +83,7 @@ from .state import state_bwd_kernel, state_bwd_operands_kernel, state_fwd_kernel
 from .subchunk import subchunk_diag_kernel, subchunk_diag_rows_kernel, subchunk_scores_kernel
 from .wy import group_reduce_kernel, wy_bwd_kernel
 from .wy_fwd import wy_solve_kernel
+from .wy_keys import wy_bwd_keys_kernel
 
 __all__ = [
     "SUPPORTED_HEAD_DIMS",
@@ -112,7 +120,7 @@ def _resolve_config(config, n_seqs, n_out, dim_v, device, batch_invariant, gate_
 
 # Under the Triton interpreter (CPU CI) the column slices are at least 64 wide: every loop
 # trip is interpreted Python, and K = 128 cases still run two trips per loop.
-_MIN_SLICE = 64 if os.environ.get("TRITON_INTERPRET") == "1" else 16
+_MIN_SLICE = 64 if os.environ.get("TRITON_INTERPRET") == "1" else MIN_SLICE
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -136,12 +144,13 @@ _STRIP_FORMS = ("blocks", "pow2")
 
 # A candidate config's keys that select a form (kernel entries that take them, the values
 # they take); the "scores" entry's STRIPS only beside a "scores_diag" entry, which itself
-# must name its BK.
+# must name its BK, as a "wy_bwd_keys" entry (the split key side, wy_keys.py) must.
 _CANDIDATE_KEYS = {
     "PREC": (_PREC_KERNELS, _STAGE_PRECISIONS),
     "BH": (("scores_diag",), _DIAG_HEADS),
     "STRIPS": (("scores",), _STRIP_FORMS),
     "KEY_SPLIT": (("dqk",), (True,)),
+    "DM_RELOAD": (("wy_bwd",), (True, False)),
 }
 
 
@@ -165,8 +174,9 @@ def _check_candidate(config: Mapping) -> None:
             "config['scores']['STRIPS']: only beside a 'scores_diag' entry (the strips then "
             "leave the diagonal blocks to it)"
         )
-    if "scores_diag" in config and "BK" not in config["scores_diag"]:
-        raise ValueError("config['scores_diag']: needs its key slice 'BK'")
+    for kernel in ("scores_diag", "wy_bwd_keys"):
+        if kernel in config and "BK" not in config[kernel]:
+            raise ValueError(f"config[{kernel!r}]: needs its key slice 'BK'")
 
 
 def _stage_precision(cfg: dict, prec: str, default: str | None = None) -> str:
@@ -846,8 +856,16 @@ def gdn_backward(
     final_dv = n_v == n_out
     cfg = dict(kernel_cfgs["wy_bwd"])
     wy_prec = _stage_precision(cfg, prec)
+    # A "wy_bwd_keys" entry (a per-key decay only): the key side's pass 2 one program per key
+    # slice (wy_keys.py), after wy_bwd has stored dM. dM then takes a scratch of its own (the
+    # saved factors' "dm" row, else Akk's, which wy_bwd reads before it stores dM and
+    # nothing reads after), so that A stays whole for the slices. Their dk stays unnormalized
+    # in dk_part unless it is final as it is (no head grouping, no l2norm); group_reduce
+    # finishes it.
+    keys_cfg = kernel_cfgs.get("wy_bwd_keys") if gate_per_key else None
+    dk_direct = final_dk and (keys_cfg is None or not use_qk_l2norm)
     outs = (
-        dk if final_dk else ws["dk_part"],
+        dk if dk_direct else ws["dk_part"],
         dv if final_dv else ws["dv_group"],
         dg,
         dbeta,
@@ -858,10 +876,11 @@ def gdn_backward(
     gates = (k, v, g, beta, write_gate if write_gate is not None else dummy)
     gates += (a_log if a_log is not None else dummy,)
     gates += (dt_bias if dt_bias is not None else dummy, ws["gc"], ws["beta_eff"])
-    # dM's scratch: A's own fp32 buffer when this call recomputed it, else its own row.
-    partials = (ws["a"], ws.get("dm", ws["a"]), ws["dw"], ws["de"], ws["dk_part"],
-                ws["dg_part"])  # fmt: skip
-    finals = {"FINAL_DK": final_dk, "FINAL_DV": final_dv}
+    # dM's scratch: A's own fp32 buffer when this call recomputed it (and the key side is
+    # not split), else its own row.
+    dm_scratch = ws.get("dm", ws["akk"] if keys_cfg is not None else ws["a"])
+    partials = (ws["a"], dm_scratch, ws["dw"], ws["de"], ws["dk_part"], ws["dg_part"])
+    finals = {"FINAL_DK": dk_direct, "FINAL_DV": final_dv}
     wy_bwd_kernel[(n_chunks, n_out)](
         *gates,
         ws["rk"],
@@ -883,8 +902,25 @@ def gdn_backward(
         PREC=wy_prec,
         BETA_K=write_gate is not None,
         SCORES=scores,
+        KEY_SPLIT=keys_cfg is not None,
         **cfg,
     )
+    da_part = None  # the split key side's d_a_log partials, [chunks, HO, slices]
+    if keys_cfg is not None:
+        cfg = dict(keys_cfg)
+        bk = _slice(cfg, "BK", dim_k)
+        da_rows = ws["da_part"] if safe_gate else dummy
+        if safe_gate:
+            da_part = da_rows[:, :, : dim_k // bk]
+        a_log_dt_gc_beff = gates[5:]
+        dk_out, ddt_tok = outs[0], outs[6]
+        wy_bwd_keys_kernel[(n_chunks * (dim_k // bk), n_out)](
+            k, g, beta, *a_log_dt_gc_beff, ws["rk"], ws["a"], dm_scratch, ws["dw"],
+            ws["dk_part"], ws["dg_part"], dk_out, dg, dbeta, ddt_tok, da_rows, *tables, n_out,
+            n_k, da_rows.shape[-1], _lower_bound(flags, gate_lower_bound), K=dim_k, BK=bk,
+            **{f: v for f, v in flags.items() if f != "GATE_K"}, FINAL_DK=dk_direct,
+            PREC=wy_prec, BETA_K=write_gate is not None, **cfg,
+        )  # fmt: skip
 
     reduce_grid = lambda heads: (-(-total_t // CHUNK), heads)
     if not final_dq:
@@ -899,7 +935,7 @@ def gdn_backward(
             L2NORM=use_qk_l2norm,
             EPS=L2NORM_EPS,
         )
-    if not final_dk:
+    if not dk_direct:
         group_reduce_kernel[reduce_grid(n_k)](
             ws["dk_part"], k, dk, total_t, n_out, n_k, D=dim_k, L2NORM=use_qk_l2norm, EPS=L2NORM_EPS
         )
@@ -909,9 +945,11 @@ def gdn_backward(
         )
     # The parameter gradients: a fixed-order reduction over tokens (deterministic).
     if d_a_log is not None:
+        # Split key side: per (chunk, head, slice) partials, else per (token, head).
+        da, dims_summed = (ws["da_tok"], (0,)) if da_part is None else (da_part, (0, 2))
         torch.sum(
-            ws["da_tok"], dim=0, out=d_a_log
-        ) if d_a_log.dtype == torch.float32 else d_a_log.copy_(ws["da_tok"].sum(0))
+            da, dim=dims_summed, out=d_a_log
+        ) if d_a_log.dtype == torch.float32 else d_a_log.copy_(da.sum(dims_summed))
     if d_dt_bias is not None:
         torch.sum(
             ws["ddt_tok"], dim=0, out=d_dt_bias

@@ -15,6 +15,9 @@ from ....graph.ops.linear_attention import saved_layout, saved_ports
 from .chunk_index import CHUNK, max_chunks
 
 _ALIGN = 256
+# The narrowest column slice a launcher gives a kernel (a tensor-core tile; kernels/gdn.py
+# _slice): the split key side's d_a_log partials (da_part) are sized for K / MIN_SLICE.
+MIN_SLICE = 16
 WORKSPACE_ALIGN = 16  # the caller's workspace address (every buffer is carved 256-aligned)
 
 
@@ -138,6 +141,12 @@ def _layout(
         rows.append(("dv_group", f32, (total_t, n_out, dim_v)))
     if safe_gate:
         rows += [("da_tok", f32, (total_t, n_out)), ("ddt_tok", f32, gate)]
+        if gate_per_key:
+            # d_a_log per (chunk, head, key slice) when the key side runs one program per
+            # slice (wy_keys.py; a config's "wy_bwd_keys"), for any slice the launchers
+            # give: K / 16 floats per chunk and head (260 KB at 8 x 4096 tokens, H16,
+            # K = 128), summed by the launcher in a fixed order.
+            rows.append(("da_part", f32, (n_chunks, n_out, dim_k // MIN_SLICE)))
     return rows
 
 

@@ -16,27 +16,11 @@ import triton
 import triton.language as tl
 
 from .chunk_index import locate_chunk
-from .gated import gated_apply, gated_scores
+from .gated import gated_scores
 from .gates import effective_beta_bwd, log_decay_bwd, reverse_cumsum
 from .normalize import l2norm_rows_bwd
-from .subchunk_bwd import subchunk_apply
 from .tiles import load_rows, load_rows_t, load_vec, store_rows
-
-
-@triton.jit
-def _load_a(a_ptr, t0, valid, HO, h, TRANSPOSE: tl.constexpr):
-    """The stored fp32 A of a chunk, [64, 64] (or A^T read transposed), zero above the
-    diagonal and outside the chunk."""
-    r = tl.arange(0, 64)
-    if TRANSPOSE:  # element [i, j] = A[j, i]
-        rows = r[None, :]
-        cols = r[:, None]
-    else:
-        rows = r[:, None]
-        cols = r[None, :]
-    keep = (cols <= rows) & (rows < valid)
-    base = a_ptr + (t0.to(tl.int64) * HO + h) * 64
-    return tl.load(base + rows * (HO * 64) + cols, mask=keep, other=0.0)
+from .wy_keys import key_slice_grads, load_a
 
 
 @triton.jit
@@ -134,6 +118,7 @@ def wy_bwd_kernel(
     SCORES: tl.constexpr = False,
     SUBCHUNK_BWD: tl.constexpr = False,
     DM_RELOAD: tl.constexpr = False,
+    KEY_SPLIT: tl.constexpr = False,
 ):
     """dk, dv, dbeta and dG in BV / BK column slices, so that only the [64, 64] matrices
     (A^T, dA, the key Gram) stay whole: a dozen whole [64, 128] fp32 tiles would need more
@@ -160,7 +145,9 @@ def wy_bwd_kernel(
     (subchunk_bwd.py) instead of gated.py's tree. DM_RELOAD (with GATE_K): the key side's
     pass 2 reads dM and dM^T back from the scratch per slice, each live only through its own
     products, and forms those before the slice's other operands: neither [64, 64] fp32 tile
-    is held across the slices (ptxas, sm_90, at BK 32 / 8 warps: no spills).
+    is held across the slices (ptxas, sm_90, at BK 32 / 8 warps: no spills). KEY_SPLIT (with
+    GATE_K): the key side's pass 2 left to wy_keys.py wy_bwd_keys_kernel, one program per
+    slice; dm_ptr is then a scratch of its own (that kernel reads A again).
 
     BETA_K (gdn2, with GATE_K: u = A (wg * V), beta [T, HO, K] per key channel): the V pass
     gives dv = wg * A^T dU and the write gate's gradient dwg = V * A^T dU (dwg_ptr, like
@@ -188,7 +175,7 @@ def wy_bwd_kernel(
         b = load_vec(beff_ptr, t0, r, valid, HO, h)
     rk = load_vec(rk_ptr, t0, r, valid, HO, h)
     ty = k_ptr.dtype.element_ty
-    at = (_load_a(a_ptr, t0, valid, HO, h, True)).to(ty)
+    at = (load_a(a_ptr, t0, valid, HO, h, True)).to(ty)
 
     da = tl.zeros([64, 64], dtype=tl.float32)
     dbeta = tl.zeros([64], dtype=tl.float32)
@@ -219,7 +206,7 @@ def wy_bwd_kernel(
             dg_part_ptr, dk_ptr, dg_ptr, dbeta_ptr, da_tok_ptr, ddt_tok_ptr, at, da, dbeta, b,
             rk, t0, valid, HO, HK, h, hk, lower_bound, K, BK, L2NORM, LINEAR, SAFE, HAS_A,
             HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, FINAL_DK, PREC, beff_ptr, BETA_K, akk_ptr,
-            SCORES, SUBCHUNK_BWD, DM_RELOAD,
+            SCORES, SUBCHUNK_BWD, DM_RELOAD, KEY_SPLIT,
         )  # fmt: skip
     else:
         g = load_vec(gc_ptr, t0, r, valid, HO, h)
@@ -313,17 +300,6 @@ def group_reduce_kernel(
 
 
 @triton.jit
-def _key_slice(k_ptr, gc_ptr, dw_ptr, at, rk, t0, valid, HO, HK, h, hk, col,
-               K: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """_wy_bwd_gated_keys' pass 2 operands of one BK slice: k_hat, G and A^T dW (fp32)."""
-    r = tl.arange(0, 64)
-    k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK).to(tl.float32)
-    gk = load_rows(gc_ptr, t0, r, valid, HO * K, h * K + col, BK)
-    dw = load_rows(dw_ptr, t0, r, valid, HO * K, h * K + col, BK).to(k_ptr.dtype.element_ty)
-    return k * rk[:, None], gk, tl.dot(at, dw, input_precision=PREC)
-
-
-@triton.jit
 def _wy_bwd_gated_keys(
     k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, gc_ptr, dm_ptr, dw_ptr, dk_part_ptr,
     dg_part_ptr, dk_ptr, dg_ptr, dbeta_ptr, da_tok_ptr, ddt_tok_ptr, at, da, dbeta, b, rk, t0,
@@ -332,7 +308,7 @@ def _wy_bwd_gated_keys(
     HAS_DT: tl.constexpr, HAS_LB: tl.constexpr, SIGMOID: tl.constexpr,
     NEG_EIGVAL: tl.constexpr, FINAL_DK: tl.constexpr, PREC: tl.constexpr, beff_ptr,
     BETA_K: tl.constexpr, akk_ptr, SCORES: tl.constexpr, SUBCHUNK_BWD: tl.constexpr,
-    DM_RELOAD: tl.constexpr,
+    DM_RELOAD: tl.constexpr, KEY_SPLIT: tl.constexpr,
 ):  # fmt: skip
     """wy_bwd_kernel's key side under a per-key-channel decay (G, dG and dt_bias per
     channel), given A^T, the V pass's dA and dbeta. With W_raw = beta D * k_hat (D = exp(G)
@@ -350,7 +326,10 @@ def _wy_bwd_gated_keys(
     forms no Gram; in pass 2 the row products of dM (before beta) give dbeta per channel,
     k_hat * (D A^T dW + rows), and beta * rows; the column products read beta k (gated.py's
     MUL); dbeta is stored per slice. SCORES: kda's Gram read from Akk (akk_ptr) instead of
-    formed in pass 1. SUBCHUNK_BWD: pass 2's gated products on the sub-chunk form."""
+    formed in pass 1. SUBCHUNK_BWD: pass 2's gated products on the sub-chunk form.
+    Pass 2's step per slice is wy_keys.py key_slice_grads. KEY_SPLIT: no pass 2 here (nor
+    pass 3, nor d_a_log): the program stops after storing dM (and kda's dbeta), and
+    wy_keys.py wy_bwd_keys_kernel runs each slice's pass 2 as its own program."""
     r = tl.arange(0, 64)
     row_ok = r < valid
     ty = k_ptr.dtype.element_ty
@@ -386,112 +365,44 @@ def _wy_bwd_gated_keys(
     if not BETA_K:
         dbeta += tl.sum(dm * kk, 1)
     dm = dm * b[:, None]
-    # dM^T read back transposed through this chunk's rows of the A buffer (A^T is already in
-    # registers), for the products by columns (wy_bwd_kernel's docstring says why).
+    # dM^T read back transposed through this chunk's rows of the dM scratch (A's own buffer
+    # unless the launcher gives it another; A^T is already in registers), for the products
+    # by columns (wy_bwd_kernel's docstring says why).
     a_rows = dm_ptr + (t0.to(tl.int64) * HO + h) * 64
     tl.debug_barrier()  # every thread has read A before A is overwritten
     tl.store(a_rows + r[:, None] * (HO * 64) + r[None, :], dm, mask=row_ok[:, None])
     tl.debug_barrier()
-    if not DM_RELOAD:
-        dmt = tl.load(a_rows + r[None, :] * (HO * 64) + r[:, None], mask=row_ok[None, :],
-                      other=0.0)  # fmt: skip
-
+    if not KEY_SPLIT:
+        if not DM_RELOAD:
+            dmt = tl.load(a_rows + r[None, :] * (HO * 64) + r[:, None], mask=row_ok[None, :],
+                          other=0.0)  # fmt: skip
+        else:
+            dmt = dm  # not read: each slice reads dM^T back (DM_RELOAD)
     row_dot = tl.zeros([64], dtype=tl.float32)
     d_a = tl.zeros([64], dtype=tl.float32)
     offs = (t0 + r).to(tl.int64) * HO + h
-    for ik in range(K // BK):
-        col = ik * BK
-        cols = col + tl.arange(0, BK)
-        if not DM_RELOAD:
-            k_hat, gk, at_dw = _key_slice(k_ptr, gc_ptr, dw_ptr, at, rk, t0, valid, HO, HK, h, hk,
-                                          col, K, BK, PREC)  # fmt: skip
-        if DM_RELOAD:
-            # dM and dM^T read per slice (L1-hot), each live only through its own products,
-            # which run before the slice's other operands are read.
-            dm_s = tl.load(a_rows + r[:, None] * (HO * 64) + r[None, :], mask=row_ok[:, None],
-                           other=0.0)  # fmt: skip
-        else:
-            dm_s = dm
-        if SUBCHUNK_BWD:
-            rows = subchunk_apply(
-                dm_s * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col,
-                t0, valid, BK, True, False, PREC, k_ptr, 0, 0, False,
-            )  # fmt: skip
-        else:
-            rows = gated_apply(
-                dm_s * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col,
-                t0, valid, BK, True, False, PREC, k_ptr, 0, 0, False,
-            )  # fmt: skip
-        if DM_RELOAD:
-            dmt_s = tl.load(a_rows + r[None, :] * (HO * 64) + r[:, None], mask=row_ok[None, :],
-                            other=0.0)  # fmt: skip
-        else:
-            dmt_s = dmt
-        if SUBCHUNK_BWD:
-            colm = subchunk_apply(
-                dmt_s * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col,
-                t0, valid, BK, False, False, PREC, beff_ptr, HO * K, h * K + col, BETA_K,
-            )  # fmt: skip
-        else:
-            colm = gated_apply(
-                dmt_s * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col,
-                t0, valid, BK, False, False, PREC, beff_ptr, HO * K, h * K + col, BETA_K,
-            )  # fmt: skip
-        if DM_RELOAD:
-            k_hat, gk, at_dw = _key_slice(k_ptr, gc_ptr, dw_ptr, at, rk, t0, valid, HO, HK, h, hk,
-                                          col, K, BK, PREC)  # fmt: skip
-        if BETA_K:
-            bs = load_rows(beff_ptr, t0, r, valid, HO * K, h * K + col, BK)
-            eg = tl.where(row_ok[:, None], tl.exp(gk), 0.0)
-            db_el = k_hat * (eg * at_dw + rows)
-            dk_w = bs * at_dw * eg
-            rows = bs * rows
-            b_raw = tl.load(
-                beta_ptr + offs[:, None] * K + cols[None, :], mask=row_ok[:, None], other=0.0
-            )
-            tl.store(
-                dbeta_ptr + offs[:, None] * K + cols[None, :],
-                effective_beta_bwd(b_raw, db_el, SIGMOID, NEG_EIGVAL).to(
-                    dbeta_ptr.dtype.element_ty
-                ),
-                mask=row_ok[:, None],
-            )
-        else:
-            dk_w = tl.where(row_ok[:, None], at_dw * b[:, None] * tl.exp(gk), 0.0)
-        dk = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK) + dk_w + rows + colm
-        row_dot += tl.sum(k_hat * dk, 1)
-        store_rows(dk_part_ptr, dk, t0, r, valid, HO * K, h * K + col, BK)
-        dg = load_rows(dg_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
-        dg += k_hat * (dk_w + rows - colm)
-        d_gamma = reverse_cumsum(tl.where(row_ok[:, None], dg, 0.0))
-        g_raw = tl.load(g_ptr + offs[:, None] * K + cols[None, :], mask=row_ok[:, None], other=1.0)
-        d_graw, d_a_el, d_dt = log_decay_bwd(
-            g_raw, d_gamma, a_log_ptr, dt_bias_ptr, h, h * K + cols[None, :], lower_bound,
-            LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB,
-        )  # fmt: skip
-        tl.store(
-            dg_ptr + offs[:, None] * K + cols[None, :],
-            d_graw.to(dg_ptr.dtype.element_ty),
-            mask=row_ok[:, None],
-        )
-        if SAFE:
-            d_a += tl.sum(tl.where(row_ok[:, None], d_a_el, 0.0), 1)
-            if HAS_DT:
-                tl.store(
-                    ddt_tok_ptr + offs[:, None] * K + cols[None, :], d_dt, mask=row_ok[:, None]
-                )
-    if SAFE:
-        if HAS_A:
-            tl.store(da_tok_ptr + offs, d_a, mask=row_ok)
-    if FINAL_DK:
-        tl.debug_barrier()  # every slice stored before it is read back
+    if not KEY_SPLIT:
         for ik in range(K // BK):
             col = ik * BK
-            dk = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
-            if L2NORM:
-                k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK).to(tl.float32)
-                dk = (dk - k * rk[:, None] * row_dot[:, None]) * rk[:, None]
-            store_rows(dk_ptr, dk, t0, r, valid, HK * K, hk * K + col, BK)
+            row_dot, d_a = key_slice_grads(
+                row_dot, d_a, dm, dmt, a_rows, at, dm_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr,
+                dt_bias_ptr, gc_ptr, dw_ptr, beff_ptr, dk_part_ptr, dg_part_ptr, dk_ptr, dg_ptr,
+                dbeta_ptr, ddt_tok_ptr, b, rk, offs, t0, valid, HO, HK, h, hk, col, lower_bound,
+                K, BK, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, PREC, BETA_K,
+                SUBCHUNK_BWD, DM_RELOAD, False, False,
+            )  # fmt: skip
+        if SAFE:
+            if HAS_A:
+                tl.store(da_tok_ptr + offs, d_a, mask=row_ok)
+        if FINAL_DK:
+            tl.debug_barrier()  # every slice stored before it is read back
+            for ik in range(K // BK):
+                col = ik * BK
+                dk = load_rows(dk_part_ptr, t0, r, valid, HO * K, h * K + col, BK)
+                if L2NORM:
+                    k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + col, BK).to(tl.float32)
+                    dk = (dk - k * rk[:, None] * row_dot[:, None]) * rk[:, None]
+                store_rows(dk_ptr, dk, t0, r, valid, HK * K, hk * K + col, BK)
     if not BETA_K:
         b_raw = tl.load(beta_ptr + offs, mask=row_ok, other=0.0)
         d_braw = effective_beta_bwd(b_raw, dbeta, SIGMOID, NEG_EIGVAL)
