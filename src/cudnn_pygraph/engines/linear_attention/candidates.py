@@ -212,6 +212,8 @@ CANDIDATES.update({
         **CANDIDATES["winners-diag-rows"],
         "dqk": {**_DQK_KEY_SPLIT, "BG": 32, "num_warps": 8},
     },
+    # Both backward stages split across key slices (each at its form's first pick).
+    "key-split": {**CANDIDATES["wy-key-split-bk16"], "dqk": _DQK_KEY_SPLIT},
 })  # fmt: skip
 
 
