@@ -58,7 +58,7 @@ _RULES = (
     ("dv", r"dv_local|bwd_kernel_dav|bwd_kernel_dv"),
     ("dqk", r"dqk"),
     ("wy_bwd", r"wy_bwd|wy_repr_bwd|bwd_kernel_wy|bwd_kernel_intra"),
-    ("wy", r"subchunk_scores"),
+    ("wy", r"subchunk_scores|subchunk_diag"),
     ("gates", r"cumsum|(^|_)gate_|l2norm|beta_sigmoid|softplus"),
     ("wy", r"wy_solve|kkt|solve_tril|merge_16x16|recompute_w_u|fwd_kernel_intra|inter_solve|"
            r"intra_sub_chunk|intra_token_parallel|fwd_intra"),
