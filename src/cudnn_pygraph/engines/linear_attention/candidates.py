@@ -193,24 +193,20 @@ CANDIDATES = {
 # dqk's key slices across programs (kernels/dqk_sliced.py KEY_SPLIT: grid chunks x K / BG,
 # each program one slice, dP recomputed per program), with the shipped pick's other forms
 # ("winners-diag-rows"), so that a sweep row compares with that one's. One pipeline stage
-# (two refill an operand slot while a product reads it) and 128 registers: 16-wide slices
-# at 4 warps (4 programs an SM by registers), the same at 8 warps (fewer spills on the
-# checkpoint path), 32-wide at 8 warps (half the programs, dP recomputed half as often);
-# ptxas figures in bench/results/kda.md.
-_DQK_KEY_SPLIT = {"KEY_SPLIT": True, "BG": 16, "num_warps": 4, "num_stages": 1, "maxnreg": 128}
+# (two refill an operand slot while a product reads it), 128 registers, 8 warps: 16-wide
+# slices, or 32-wide (half the programs, dP recomputed half as often). At 4 warps Triton 3.6
+# miscompiles the 16-wide form on Hopper (wrong dq / dk / dG in 16-bit runs at K = 64 and
+# 128, illegal addresses under steep gates; bench/results/kda.md). ptxas figures there too.
+_DQK_KEY_SPLIT = {"KEY_SPLIT": True, "BG": 16, "num_warps": 8, "num_stages": 1, "maxnreg": 128}
 CANDIDATES.update({
     "dqk-key-split": {**CANDIDATES["winners-diag-rows"], "dqk": _DQK_KEY_SPLIT},
     "dqk-key-split-subchunk": {
         **CANDIDATES["winners-diag-rows"],
         "dqk": {**_DQK_KEY_SPLIT, "SUBCHUNK_BWD": True},
     },
-    "dqk-key-split-w8": {
+    "dqk-key-split-bg32": {
         **CANDIDATES["winners-diag-rows"],
-        "dqk": {**_DQK_KEY_SPLIT, "num_warps": 8},
-    },
-    "dqk-key-split-bg32-w8": {
-        **CANDIDATES["winners-diag-rows"],
-        "dqk": {**_DQK_KEY_SPLIT, "BG": 32, "num_warps": 8},
+        "dqk": {**_DQK_KEY_SPLIT, "BG": 32},
     },
     # Both backward stages split across key slices (each at its form's first pick).
     "key-split": {**CANDIDATES["wy-key-split-bk16"], "dqk": _DQK_KEY_SPLIT},
