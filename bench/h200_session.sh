@@ -52,9 +52,9 @@
 #                kernel's forms) beside the pick
 #   la-candidates  issue 30: tests/gpu/test_kda_candidates_gpu.py (every kda / gdn2 candidate,
 #                or those CANDIDATES_K selects by id, against float64 on the GPU; on
-#                CANDIDATES_SHARDS processes, default 12, each capped at CANDIDATES_CAP
-#                seconds, default 300), then the sweep
-#                of the candidates SWEEP_VARIANTS names
+#                CANDIDATES_SHARDS processes, default 6 (12 exhaust an 80 GB card's memory
+#                in the float64 reference at K = 256), each capped at CANDIDATES_CAP
+#                seconds, default 300), then the sweep of the candidates SWEEP_VARIANTS names
 #   la-pick      issue 30: the kda / gdn2 suites (and the summary and gdn2 / gdp chain
 #                suites) at the config recommend_config picks for them: the cases naming
 #                LA_PICK_K's config (default wide-subchunk-diag) and those naming none, on
@@ -233,7 +233,7 @@ tests_la_pick() {  # the per-key families' suites at the config their rule picks
 }
 bench_la_pick() { :; }
 tests_la_candidates() {  # CANDIDATES_K: a pytest -k expression of candidate ids
-  gpu_suite_sharded la_candidates "${CANDIDATES_CAP:-300}" "${CANDIDATES_SHARDS:-12}" \
+  gpu_suite_sharded la_candidates "${CANDIDATES_CAP:-300}" "${CANDIDATES_SHARDS:-6}" \
     tests/gpu/test_kda_candidates_gpu.py ${CANDIDATES_K:+-k "$CANDIDATES_K"}
 }
 bench_la_candidates() {
