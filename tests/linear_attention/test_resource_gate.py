@@ -22,6 +22,18 @@ def test_committed_table_is_current_and_within_the_h200s_resources():
     assert gate.problems(table, gate.digest(), gate.ALLOWED_SPILLS) == []
 
 
+def test_the_table_holds_every_call_a_training_step_makes():
+    # The torch ops under autograd run the forward that saves the factors and the backward
+    # that reads them: programs of their own (stores / loads the plain calls lack).
+    table = gate.parse_table(gate.TABLE.read_text())
+    for gating in gate.GATINGS:
+        calls = set()
+        for row in table["rows"]:
+            if gating in row["family"].split():
+                calls.update(c.strip() for c in row["used by"].split(","))
+        assert set(gate.CALLS) <= calls, (gating, set(gate.CALLS) - calls)
+
+
 def _table(digest, rows, failed=()):
     head = (
         "| kernel | program | family | configs | dtype | K=V | used by | regs | spill stores "
