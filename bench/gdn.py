@@ -19,7 +19,7 @@ Markdown table.
                                                 # chain of pieces (kernels/chain.py, the
                                                 # SEQ_PIECES knob the hook picks) vs uncut
                                                 # vs fla; goal chain >= 3x uncut forward
-  PYTHONPATH=src python bench/gdn.py --saved [--only "(a)"]
+  PYTHONPATH=src python bench/gdn.py --saved [--only "(a)"] [--config wide-unfused]
                                                 # the backward from the forward's saved
                                                 # factors vs the recomputing one (before /
                                                 # after), launchers and the torch op's
@@ -200,9 +200,11 @@ class Ours:
             self.use_ckpt = False
 
 
-def saved_rows(only):
+def saved_rows(only, config=None):
     """Before / after of the backward that reads the forward's saved factors: our
-    launchers' forward (plain, and saving the bf16 checkpoints and the factors), forward +
+    launchers' forward under `config` (None: the rule's pick; a name in kernels/configs.py:
+    the saving forward's walk fused or not), plain and saving the bf16 checkpoints and the
+    factors, forward +
     backward recomputing the WY stage and the state walk (before) and reading them (after),
     and the torch op a model calls (gated_delta_net under autograd: it saves and reads),
     with the gradients' largest relative difference between the two backwards and the
@@ -218,7 +220,7 @@ def saved_rows(only):
         for with_state in (False, True):
             torch.manual_seed(1)
             x, cu, init = make_inputs(seqlens, with_state)
-            ours = Ours(x, cu, init)
+            ours = Ours(x, cu, init, config)
             fwd = median_ms(ours.forward)
             before = median_ms(ours.forward_backward)
             base = [t.clone() for t in ours.grads.values()]
@@ -475,10 +477,13 @@ def main():
         "--cache-dir", default=None, help="keep compiles here (bench/timing.py use_compiled_cache)"
     )
     parser.add_argument("--saved", action="store_true", help="saved factors vs recompute")
+    parser.add_argument(
+        "--config", default=None, help="--saved: our launchers' config (kernels/configs.py)"
+    )
     args = parser.parse_args()
     use_compiled_cache(args.cache_dir)
     if args.saved:
-        saved_rows(args.only)
+        saved_rows(args.only, args.config)
         return
     if args.chain:
         if not args.no_fla:
