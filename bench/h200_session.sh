@@ -77,6 +77,9 @@
 #                with a synchronize after every launch (once with every launch's tensors
 #                digested: the first launch whose bits differ) and without
 #   la-stages    issue 30: la_stages.md alone (the carried cache unpacked as for la-bench)
+#   gdn-save     issue 30: gdn's forward that saves for its backward and the backward that
+#                reads, at (a), under the rule's pick ("wide": the walk writes O) and under
+#                "wide-unfused" (bench/gdn.py --saved; gdn.md "The forward that saves")
 #   (any)        FUZZ_PROCS=N beside the topics: the torch-op fuzz (tools/fuzz.py --ops) on N
 #                CPU processes at the lowest priority, the GPU hidden, seeds FUZZ_SEED (default
 #                500) upward; each stops by its budget so its tally comes back
@@ -337,6 +340,13 @@ la_unpack() {  # the carried compiled-plan cache and fla's autotune picks, once 
   else
     echo "== no $tgz: everything compiles (and fla autotunes) in this call"
   fi
+}
+tests_gdn_save() { :; }
+bench_gdn_save() {
+  local config
+  for config in wide wide-unfused; do
+    step "gdn_saved_$config" 120 python3 bench/gdn.py --saved --only "(a)" --config "$config"
+  done
 }
 tests_la_stages() { :; }  # la_unpack runs in the bench phase, once
 bench_la_stages() {
