@@ -169,16 +169,19 @@ def merged(path, done: dict, replace: bool = True) -> dict:
 
 
 def rows_of(record: dict, files) -> dict:
-    """table()'s rows: a file compared where the record holds both of its modes."""
+    """table()'s rows: per file, compare() of the modes the record holds (a mode it lacks
+    counts as no cases, and row["modes"] names those it holds), None where it holds none."""
     rows = {}
     for name in files:
         runs = record.get(name, {})
-        if not all(m in runs for m in MODES):
+        if not any(m in runs for m in MODES):
             rows[name] = None
             continue
-        plain = {c: tuple(v) for c, v in runs["fla"]["cases"].items()}
-        accelerated = {c: tuple(v) for c, v in runs["accelerated"]["cases"].items()}
-        rows[name] = compare(plain, accelerated, runs["accelerated"]["routes"])
+        cases = {m: {c: tuple(v) for c, v in runs.get(m, {}).get("cases", {}).items()}
+                 for m in MODES}  # fmt: skip
+        routes = runs.get("accelerated", {}).get("routes", {})
+        rows[name] = {**compare(cases["fla"], cases["accelerated"], routes),
+                      "modes": [m for m in MODES if m in runs]}  # fmt: skip
     return rows
 
 
@@ -190,16 +193,20 @@ def table(rows: dict) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     detail = []
+    counts = lambda c: f"{c['passed']} / {c['failed']} / {c['skipped']}"  # noqa: E731
     for name, r in rows.items():
         if r is None:
-            lines.append(f"| {name} | did not finish | | | | | |")
+            lines.append(f"| {name} | not run | not run | | | | |")
             continue
-        f, a = r["fla"], r["accelerated"]
-        lines.append(
-            f"| {name} | {f['passed']} / {f['failed']} / {f['skipped']} | {a['passed']} / "
-            f"{a['failed']} / {a['skipped']} | {r['ours']} | {r['fallback']} | "
-            f"{len(r['regressions'])} | {r['unreached']} |"
-        )
+        both = len(r["modes"]) == len(MODES)
+        fla = counts(r["fla"]) if "fla" in r["modes"] else "not run"
+        if "accelerated" in r["modes"]:
+            acc = f"{counts(r['accelerated'])} | {r['ours']} | {r['fallback']}"
+        else:
+            acc = "not run | - | -"
+        # Without both modes nothing is compared: no regression or unreached count.
+        compared = f"{len(r['regressions'])} | {r['unreached']}" if both else "- | -"
+        lines.append(f"| {name} | {fla} | {acc} | {compared} |")
         detail += [f"- {name}: `{case}` ({route}): {why}" for case, why, route in r["regressions"]]
     if detail:
         lines += ["", "Cases fla passes and the accelerated run does not:", *detail]

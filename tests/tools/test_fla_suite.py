@@ -40,9 +40,10 @@ def test_a_cut_run_counts_unreached_cases_apart_from_regressions(tmp_path):
     assert row["regressions"] == [("test_gdn::test_b", "AssertionError: db ratio 0.0059", "ours")]
     assert row["unreached"] == 1 and row["gains"] == ["test_gdn::test_d"]
     assert row["fla"] == {"passed": 3, "failed": 1, "skipped": 0} and row["ours"] == 3
-    text = fla_suite.table({"test_gdn.py": row, "test_kda.py": None})
+    text = fla_suite.table({"test_gdn.py": {**row, "modes": list(fla_suite.MODES)},
+                            "test_kda.py": None})  # fmt: skip
     assert "| test_gdn.py | 3 / 1 / 0 | 2 / 1 / 0 | 3 | 0 | 1 | 1 |" in text
-    assert "test_gdn::test_b" in text and "| test_kda.py | did not finish |" in text
+    assert "test_gdn::test_b" in text and "| test_kda.py | not run | not run |" in text
 
 
 def test_runs_of_separate_calls_merge_into_one_record_and_table(tmp_path):
@@ -50,9 +51,11 @@ def test_runs_of_separate_calls_merge_into_one_record_and_table(tmp_path):
     plain = {"test_gdn::test_a": ("passed", ""), "test_gdn::test_b": ("passed", "")}
     accelerated = {"test_gdn::test_a": ("passed", ""), "test_gdn::test_b": ("failed", "db")}
     routes = {"test_gdn::test_a": "ours", "test_gdn::test_b": "ours"}
-    # a first call runs fla's own mode only: no row yet
+    # a first call runs fla's own mode only: its counts, nothing compared yet
     fla_suite.merged(record, {("test_gdn.py", False): (plain, {})})
-    assert fla_suite.rows_of(fla_suite.merged(record, {}), ["test_gdn.py"]) == {"test_gdn.py": None}
+    first = fla_suite.rows_of(fla_suite.merged(record, {}), ["test_gdn.py", "test_kda.py"])
+    assert first["test_kda.py"] is None and first["test_gdn.py"]["modes"] == ["fla"]
+    assert "| test_gdn.py | 2 / 0 / 0 | not run | - | - | - | - |" in fla_suite.table(first)
     # a second call runs the accelerated mode; a third that left no results erases nothing
     fla_suite.merged(record, {("test_gdn.py", True): (accelerated, routes)})
     rec = fla_suite.merged(record, {("test_gdn.py", True): ({}, {})})
@@ -60,6 +63,10 @@ def test_runs_of_separate_calls_merge_into_one_record_and_table(tmp_path):
     assert row["test_kda.py"] is None
     assert row["test_gdn.py"]["regressions"] == [("test_gdn::test_b", "db", "ours")]
     assert row["test_gdn.py"]["fla"]["passed"] == 2 and row["test_gdn.py"]["ours"] == 2
+    # the accelerated mode alone (a record of another file): its counts, nothing compared
+    fla_suite.merged(record, {("test_kda.py", True): (accelerated, routes)})
+    alone = fla_suite.rows_of(fla_suite.merged(record, {}), ["test_kda.py"])
+    assert "| test_kda.py | not run | 1 / 1 / 0 | 2 | 0 | - | - |" in fla_suite.table(alone)
 
 
 def test_shards_split_a_file_and_a_run_of_the_missing_cases_merges_case_by_case(tmp_path):
