@@ -20,6 +20,32 @@ def _junit(tmp_path, name, cases):
     return str(path)
 
 
+def test_outcomes_reads_pass_fail_skip_with_the_first_message_line(tmp_path):
+    got = fla_suite.outcomes(_junit(tmp_path, "j.xml", [
+        ("tests.ops.test_gdn", "test_a[1]", ""),
+        ("tests.ops.test_gdn", "test_b", "<failure>AssertionError: dq\nmore</failure>"),
+        ("tests.ops.test_gdn", "test_c", '<skipped message="needs sm100"/>'),
+    ]))  # fmt: skip
+    assert got == {
+        "test_gdn::test_a[1]": ("passed", ""),
+        "test_gdn::test_b": ("failed", "AssertionError: dq"),
+        "test_gdn::test_c": ("skipped", "needs sm100"),
+    }
+
+
+def test_compare_names_regressions_and_gains_and_counts_routes():
+    plain = {"m::a": ("passed", ""), "m::b": ("failed", "x"), "m::c": ("passed", "")}
+    accel = {"m::a": ("failed", "boom"), "m::b": ("passed", ""), "m::c": ("passed", "")}
+    routes = {"m::a": "ours", "m::b": "ours", "m::c": "fallback:head dim"}
+    r = fla_suite.compare(plain, accel, routes)
+    assert r["fla"] == {"passed": 2, "failed": 1, "skipped": 0}
+    assert r["accelerated"] == {"passed": 2, "failed": 1, "skipped": 0}
+    assert (r["ours"], r["fallback"]) == (2, 1)
+    assert r["regressions"] == [("m::a", "boom", "ours")] and r["gains"] == ["m::b"]
+    text = fla_suite.table({"test_gdn.py": {**r, "modes": list(fla_suite.MODES)}})
+    assert "`m::a` (ours): boom" in text
+
+
 def test_a_cut_run_counts_unreached_cases_apart_from_regressions(tmp_path):
     fail = '<failure message="AssertionError: db ratio 0.0059">trace</failure>'
     plain = fla_suite.outcomes(_junit(tmp_path, "plain.xml", [
