@@ -451,11 +451,13 @@ def test_a_gate_computed_in_the_kernel_takes_dqk_at_tf32x3(monkeypatch, in_kerne
      ("STRIPS", {"scores_diag": {"BK": 64, "STRIPS": "blocks"}}),
      ("KEY_SPLIT", {"wy_bwd": {"KEY_SPLIT": True}}), ("KEY_SPLIT", {"dqk": {"KEY_SPLIT": 1}}),
      ("BK", {"wy_bwd_keys": {"num_warps": 4}}),
-     ("DM_RELOAD", {"wy_bwd_keys": {"BK": 32, "DM_RELOAD": True}})],
+     ("DM_RELOAD", {"wy_bwd_keys": {"BK": 32, "DM_RELOAD": True}}),
+     ("scores", {"scores": None, "wy_bwd_keys": {"BK": 32}})],
     ids=["unknown-precision", "kernel-without-prec", "heads-not-a-power-of-two", "heads-bool",
          "kernel-without-bh", "diagonal-without-bk", "strips-without-scores-diag",
          "unknown-strip-form", "kernel-without-strips", "kernel-without-key-split",
-         "key-split-not-a-bool", "key-slices-without-bk", "key-slices-with-dm-reload"],
+         "key-split-not-a-bool", "key-slices-without-bk", "key-slices-with-dm-reload",
+         "key-slices-without-scores"],
 )  # fmt: skip
 def test_a_bad_candidate_key_is_refused_before_any_launch(key, changes):
     x, cu = make_inputs(heads=(1, 1, 1), **ONE_CHUNK)

@@ -177,6 +177,13 @@ def _check_candidate(config: Mapping) -> None:
     for kernel in ("scores_diag", "wy_bwd_keys"):
         if kernel in config and "BK" not in config[kernel]:
             raise ValueError(f"config[{kernel!r}]: needs its key slice 'BK'")
+    if "wy_bwd_keys" in config and "scores" not in config:
+        # The split key side stores dM in Akk's rows (A stays whole for the slices), which
+        # only a config that forms the gated scores carves.
+        raise ValueError(
+            "config['wy_bwd_keys']: only beside a 'scores' entry (dM is stored in the gated "
+            "scores' scratch)"
+        )
 
 
 def _stage_precision(cfg: dict, prec: str, default: str | None = None) -> str:
