@@ -14,11 +14,12 @@ from collections.abc import Callable
 import pytest
 import torch
 from reference import gdn2_reference, gdn_reference, gdp_reference, kda_reference
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from cudnn_pygraph.linear_attention import gdp, ops
 from cudnn_pygraph.ops.linear_attention.family import FAMILIES
 
-TOL = {"o": 2e-4, "state": 2e-4}
+TOL = {"o": 2e-4, "state": 2e-4, "grad": 5e-4}
 K = 64
 SCALE = K**-0.5
 
@@ -294,6 +295,67 @@ def test_pool_state_is_updated_in_place_at_the_indexed_rows(name):
     assert rel(pool[2], ref_ht[0]) < TOL["state"]
     for slot in (0, 1, 3):
         assert torch.equal(pool[slot], before[slot]), slot
+
+
+# ---- autograd: the outputs a loss does not reach ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def graphs_kept():
+    return {}
+
+
+def _forward_under_autograd(kept, name):
+    """(float leaves, o, final state) of `name`'s positional call under autograd, its graph
+    kept for more than one backward."""
+    if name not in kept:
+        x = ROWS[name].inputs()
+        leaves = {n: t.clone().requires_grad_(True) for n, t in x.items() if t.is_floating_point()}
+        kept[name] = (leaves, *ROWS[name].positional({**x, **leaves}))
+    return kept[name]
+
+
+class _ZeroFills(TorchDispatchMode):
+    """Counts the zero-filled tensors dispatched while active."""
+
+    FILLS = ("aten.zeros", "aten.zero_", "aten.fill_", "aten.zeros_like", "aten.new_zeros")
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += str(func.overloadpacket) in self.FILLS
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", list(ROWS))
+def test_backward_fills_no_gradient_for_outputs_the_loss_does_not_reach(name, graphs_kept):
+    # the forward that saves for its backward returns its checkpoints and factors as outputs;
+    # a loss on O alone must not cost a zero-filled gradient the size of each of them
+    leaves, o, _ = _forward_under_autograd(graphs_kept, name)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(5))
+    with _ZeroFills() as fills:
+        torch.autograd.grad((o * do).sum(), list(leaves.values()), retain_graph=True)
+    assert fills.count == 0
+
+
+@pytest.mark.parametrize("name", list(ROWS))
+def test_a_loss_on_the_final_state_alone_gets_the_reference_gradients(name, graphs_kept):
+    leaves, _, ht = _forward_under_autograd(graphs_kept, name)
+    dht = torch.randn(ht.shape, generator=torch.Generator().manual_seed(6))
+    grads = torch.autograd.grad((ht * dht).sum(), list(leaves.values()), retain_graph=True)
+    x = ROWS[name].inputs()
+    ref = {n: leaves[n].detach().double().requires_grad_(True) for n in leaves}
+    _, ref_ht = ROWS[name].reference({**x, **ref}, ref["initial_state"])
+    ref_grads = torch.autograd.grad(
+        (ref_ht * dht.double()).sum(), list(ref.values()), allow_unused=True
+    )
+    for n, got, want in zip(leaves, grads, ref_grads):
+        if want is None:  # q reaches O alone
+            assert not got.any(), n
+        else:
+            assert rel(got, want) < TOL["grad"], n
 
 
 # ---- torch.library's view of each family's ops ------------------------------------------

@@ -297,6 +297,9 @@ def _autograd(fam, bwd_impl, bwd_op):
         saved = tuple(output[2:])  # the checkpoints and the saved factors, when asked
         if saved:
             ctx.mark_non_differentiable(*saved)
+        # An output the loss does not reach gets None, not a zero-filled gradient: autograd
+        # would otherwise fill one the size of every saved factor on each backward.
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(*inputs[:n_tensors], *saved)
         ctx.flags = dict(zip(fwd_flags, inputs[n_tensors:]))
 
@@ -306,6 +309,8 @@ def _autograd(fam, bwd_impl, bwd_op):
         d_o, d_ht = grads[0], grads[1]
         tensors = ctx.saved_tensors
         *head, cu, h0, a_log, dt_bias = tensors[:n_tensors]  # head: q, k, v, g, beta[, w]
+        if d_o is None:  # a loss on the final state alone
+            d_o = head[2].new_zeros(graphs.o_shape(head[0], head[2]))
         saved = list(tensors[n_tensors:])
         f = dict(ctx.flags)
         output_final_state = f.pop("output_final_state")
