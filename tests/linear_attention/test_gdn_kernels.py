@@ -957,9 +957,9 @@ def test_a_per_key_gate_takes_the_wide_grid_unfused_on_the_subchunk_scores():
         wide = (64, 16, 128, 132, batch_invariant)
         assert recommend_config(*wide, gate_per_key=False) == "wide"
         assert recommend_config(*wide, gate_per_key=True) == "wide-subchunk-diag"
-    assert recommend_config(1, 16, 128, 132, False, gate_per_key=True) == "few-subchunk"
+    assert recommend_config(1, 16, 128, 132, False, gate_per_key=True) == "few-subchunk-diag"
     assert recommend_config(1, 16, 128, 132, False, gate_per_key=False) == "few"
-    assert forms_scores("wide-subchunk-diag") and forms_scores("few-subchunk")
+    assert forms_scores("wide-subchunk-diag") and forms_scores("few-subchunk-diag")
     assert not forms_scores("wide-unfused") and not forms_scores("few")
 
 

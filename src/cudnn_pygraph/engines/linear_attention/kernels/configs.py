@@ -311,7 +311,7 @@ def recommend_config(n_seqs, n_out, dim_v, sm_count, batch_invariant, *, gate_pe
     7.49 / 28.23 ms fused, 4.56 / 25.33 unfused (bench/results/kda.md). Both grids on the
     sub-chunk scores (kernels/subchunk.py), which replace a reference-row tree per stage."""
     wide = "wide-subchunk-diag" if gate_per_key else "wide"
-    few = "few-subchunk" if gate_per_key else "few"
+    few = "few-subchunk-diag" if gate_per_key else "few"
     if batch_invariant:
         return wide
     bv = min(config("wide")["state_fwd"]["BV"], dim_v)
