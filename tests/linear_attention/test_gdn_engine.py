@@ -198,6 +198,30 @@ def test_saved_factors_flow_from_the_gdn_graph_into_the_gdn_bwd_graph(recomputin
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_a_training_forward_picks_the_unfused_walk_where_the_rule_picks_the_wide_grid():
+    # The forward that saves its factors stores the chunk states and E; fused with the
+    # output, that walk fits one program per SM, so the rule picks the unfused wide grid
+    # for it, and the fused one for the same graph that saves nothing.
+    from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES
+    from cudnn_pygraph.engines.linear_attention.kernels.gdn_workspace import saved_factors
+    from cudnn_pygraph.graph.ops.linear_attention import SAVED_FACTORS
+
+    seqlens = (9, 9, 9, 9)  # 4 sequences x 2 heads x one V block: the interpreter's 8 SMs
+    x = inputs(seqlens=seqlens)
+    want = saved_factors(sum(seqlens), 2, 64, 64, torch.float32)
+    saved = {n: torch.zeros(s, dtype=d) for n, (d, s) in want.items()}
+    first = {}
+    for ports in ({}, saved):
+        g = cudnn.pygraph(name="gdn", io_data_type=dt.FLOAT)
+        t = declare(g, {**x, **ports})
+        g.gdn(t["q"], t["k"], t["v"], t["g"], t["beta"], t["cu_seqlens"], scale=0.125,
+              checkpoint_every_n_tokens=64, **{n: t[n] for n in SAVED_FACTORS if n in ports})  # fmt: skip
+        g.create_execution_plans([cudnn.heur_mode.A])
+        knobs = g.get_engine_and_knobs_at_index(0)[1]
+        first[bool(ports)] = CONFIG_NAMES[knobs[cudnn.knob_type.KERNEL_CFG]]
+    assert first == {False: "wide", True: "wide-unfused"}
+
+
 def test_saved_factors_are_all_or_none_and_need_the_checkpoints():
     from cudnn_pygraph.engines.linear_attention.kernels.gdn_workspace import saved_factors
 

@@ -47,6 +47,7 @@ def pieces_for(facts) -> int:
 def recommend(kind, facts, offered):
     pieces = pieces_for(facts)
     per_key = facts.family in GATE_PER_KEY_FAMILIES
+    saves = SAVED_FACTORS[0] in facts.inputs_present
     pick = recommend_config(
         # a chain's main kernels walk B * P pieces
         facts.num_seqs * max(pieces, 1),
@@ -55,8 +56,8 @@ def recommend(kind, facts, offered):
         sm_count(facts.device),
         bool(facts.attrs.get("batch_invariant")),
         gate_per_key=per_key,
+        saves_factors=saves,
     )
-    saves = SAVED_FACTORS[0] in facts.inputs_present
     order = [pick] + [name for name in CONFIG_NAMES if name != pick]
     order = [n for n in order if serves(n, gate_per_key=per_key, saves_factors=saves)]
     return [

@@ -300,7 +300,9 @@ def fuses_output(name: str) -> bool:
     return bool(config(name)["state_fwd"].get("FUSE_OUTPUT"))
 
 
-def recommend_config(n_seqs, n_out, dim_v, sm_count, batch_invariant, *, gate_per_key) -> str:
+def recommend_config(
+    n_seqs, n_out, dim_v, sm_count, batch_invariant, *, gate_per_key, saves_factors=False
+) -> str:
     """The config a batch of n_seqs sequences of n_out heads of V = dim_v runs best on, from
     shapes alone. batch_invariant pins the wide grid whatever the batch: a config's kernels
     split the work by (sequence, head, V block) and never by the batch, so a sequence's
@@ -309,8 +311,15 @@ def recommend_config(n_seqs, n_out, dim_v, sm_count, batch_invariant, *, gate_pe
     gate_per_key (kda, gdn2): the wide grid unfused. Fused, the state kernel forms the
     gated intra-chunk scores inside its serial walk once per V block; kda at (a) ran
     7.49 / 28.23 ms fused, 4.56 / 25.33 unfused (bench/results/kda.md). Both grids on the
-    sub-chunk scores (kernels/subchunk.py), which replace a reference-row tree per stage."""
-    wide = "wide-subchunk-diag" if gate_per_key else "wide"
+    sub-chunk scores (kernels/subchunk.py), which replace a reference-row tree per stage.
+    saves_factors (gdn / gdp: a forward that writes the factors its backward reads, or that
+    backward): the wide grid unfused. The fused walk that also stores the chunk states and
+    E spills and fits one program per SM (bench/results/gdn.md, "The forward that saves");
+    the backward launches no state walk, so both sides of a training step pick alike."""
+    if gate_per_key:
+        wide = "wide-subchunk-diag"
+    else:
+        wide = "wide-unfused" if saves_factors else "wide"
     few = "few-subchunk-diag" if gate_per_key else "few"
     if batch_invariant:
         return wide

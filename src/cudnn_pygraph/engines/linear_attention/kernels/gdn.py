@@ -104,17 +104,19 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _resolve_config(config, n_seqs, n_out, dim_v, device, batch_invariant, gate_per_key):
+def _resolve_config(
+    config, n_seqs, n_out, dim_v, device, batch_invariant, gate_per_key, saves_factors=False
+):
     """The named config's {kernel: parameters} for this gate (kernels/configs.py
-    kernel_configs); None: the config recommend_config picks for this batch (a graph plan
-    always names one: its knob). A mapping is taken as the call's {kernel: parameters}
+    kernel_configs); None: the config recommend_config picks for this batch and call (a
+    graph plan always names one: its knob). A mapping is taken as the call's {kernel: parameters}
     itself: a candidate a bench times before it joins the table (bench/kda.py --sweep)."""
     if isinstance(config, Mapping):
         _check_candidate(config)
         return config
     if config is None:
         config = recommend_config(n_seqs, n_out, dim_v, _sm_count(device), batch_invariant,
-                                  gate_per_key=gate_per_key)  # fmt: skip
+                                  gate_per_key=gate_per_key, saves_factors=saves_factors)  # fmt: skip
     return configs.kernel_configs(config, gate_per_key=gate_per_key)
 
 
@@ -567,7 +569,7 @@ def gdn_forward(
     )
     total_t, n_seqs, _, _, _, n_out, _, dim_v = dims
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant,
-                                  gate_per_key)  # fmt: skip
+                                  gate_per_key, saved is not None)  # fmt: skip
     _check_saved(saved, checkpoints, dims, q.dtype, gate_per_key, write_gate is not None,
                  _forms_scores(kernel_cfgs, gate_per_key))  # fmt: skip
     _check(
@@ -701,7 +703,7 @@ def gdn_backward(
     )
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant,
-                                  gate_per_key)  # fmt: skip
+                                  gate_per_key, saved is not None)  # fmt: skip
     _check_saved(saved, checkpoints, dims, q.dtype, gate_per_key, write_gate is not None,
                  _forms_scores(kernel_cfgs, gate_per_key))  # fmt: skip
     _check("dw", (dwrite_gate is None) == (write_gate is None), "is required iff w is given")
