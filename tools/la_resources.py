@@ -59,8 +59,13 @@ SM_REGISTERS = 64 * 1024
 ARCH = 90
 H = 16  # heads, as the benchmarks' rows: an int argument's divisibility is specialized on
 DIGEST_LINE = "sources sha256: "
-# The families by how they gate: gdp runs gdn's kernels unchanged (gdp_engine.py).
-GATINGS = ("gdn/gdp", "kda", "gdn2")
+# The families by how they gate and which rows they read: gdp runs gdn's kernels on its
+# timeline of n sub-tokens per token (gdp_engine.py), their SUB = n programs its own; n = 2
+# and 3 (3 does not divide the chunk: its tiles start inside a token).
+GATINGS = ("gdn", "kda", "gdn2", "gdp-n2", "gdp-n3")
+# The calls of a training step with the saved factors: the families whose ops save them
+# (gdp's do not: ops/linear_attention/family.py).
+SAVED_CALLS = ("fwd-save", "bwd-saved")
 BLOCKS = ("BK", "BV", "BA", "BG", "PART")
 
 
@@ -327,23 +332,37 @@ def _ptxas_facts(ptx: str) -> tuple:
 # ------------------------------------------------------------------ the cases
 
 
+def sub_tokens(gating) -> int:
+    """Timeline rows per real token: gdp's n, 1 elsewhere."""
+    return int(gating.removeprefix("gdp-n")) if gating.startswith("gdp-n") else 1
+
+
+def calls_of(gating) -> tuple:
+    """The launcher calls a training step of the family makes (CALLS, less the saved
+    factors' pair where its ops save none)."""
+    return tuple(c for c in CALLS if not (sub_tokens(gating) > 1 and c in SAVED_CALLS))
+
+
 def _inputs(gating, dtype, dim, n_seqs=2, seq=64):
     """CPU tensors of one problem as the benchmarks build it (bench/kda.py, bench/gdn.py):
     bf16 q / k / v; gdn's g and beta bf16 [T, H]; kda's g fp32 [T, H, K]; gdn2's beta
-    [T, H, K] and write gate [T, H, V]; an fp32 call fp32 throughout."""
+    [T, H, K] and write gate [T, H, V]; an fp32 call fp32 throughout. gdp: seq real tokens a
+    sequence, k / v / beta at their n sub-token rows, cu_seqlens on that timeline."""
     import torch
 
+    n = sub_tokens(gating)
     total = n_seqs * seq
     low = dtype
-    x = {n: torch.zeros(total, H, dim, dtype=low) for n in ("q", "k", "v")}
-    if gating == "gdn/gdp":
-        x["g"], x["beta"] = torch.zeros(total, H, dtype=low), torch.zeros(total, H, dtype=low)
+    x = {name: torch.zeros(total * (1 if name == "q" else n), H, dim, dtype=low)
+         for name in ("q", "k", "v")}  # fmt: skip
+    if gating == "gdn" or n > 1:
+        x["g"], x["beta"] = torch.zeros(total, H, dtype=low), torch.zeros(total * n, H, dtype=low)
     else:
         x["g"] = torch.zeros(total, H, dim, dtype=torch.float32)
         x["beta"] = torch.zeros(total, H, *((dim,) if gating == "gdn2" else ()), dtype=low)
     if gating == "gdn2":
         x["w"] = torch.zeros(total, H, dim, dtype=low)
-    cu = torch.arange(0, total + 1, seq, dtype=torch.int32)
+    cu = torch.arange(0, total * n + 1, seq * n, dtype=torch.int32)
     return x, cu
 
 
@@ -357,7 +376,7 @@ def _saved(gating, config, x, n):
     from cudnn_pygraph.engines.linear_attention.kernels.configs import forms_scores, serves
     from cudnn_pygraph.engines.linear_attention.kernels.gdn_workspace import saved_factors
 
-    per_key = gating != "gdn/gdp"
+    per_key = gating in ("kda", "gdn2")
     if not serves(config, gate_per_key=per_key, saves_factors=True):
         return None
     total, dim = x["q"].shape[0], x["q"].shape[2]
@@ -380,15 +399,17 @@ def _run_case(gating, config, dtype, dim, what):
     from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
 
     x, cu = _inputs(gating, dtype, dim)
-    total, n = x["q"].shape[0], cu.numel() - 1
-    per_key, w = gating != "gdn/gdp", x.get("w")
+    total, n = x["k"].shape[0], cu.numel() - 1
+    per_key, w = gating in ("kda", "gdn2"), x.get("w")
     gate = {"gate_per_key": per_key, "write_gate": w}
     state = lambda: torch.zeros(n, H, dim, dim)  # noqa: E731
     ws = torch.empty(256 << 20, dtype=torch.uint8)  # more than any case here carves (untouched)
-    common = {"scale": dim**-0.5, "use_qk_l2norm": True, "workspace": ws, "config": config}
+    common = {"scale": dim**-0.5, "use_qk_l2norm": True, "workspace": ws, "config": config,
+              "sub_tokens": sub_tokens(gating)}  # fmt: skip
     grads = {f"d{k}": torch.empty_like(v) for k, v in x.items() if k != "w"}
+    out = lambda: torch.empty_like(x["q"])  # noqa: E731 - O and dO: q's rows, v's heads
     if what == "fwd":
-        gdn.gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, o=torch.empty_like(x["v"]),
+        gdn.gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, o=out(),
                         initial_state=state(), final_state=state(), **gate, **common)  # fmt: skip
     elif what in ("fwd-save", "bwd-saved"):
         kept = _saved(gating, config, x, n)
@@ -397,18 +418,18 @@ def _run_case(gating, config, dtype, dim, what):
         ckpt, saved = kept
         if what == "fwd-save":
             gdn.gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu,
-                            o=torch.empty_like(x["v"]), initial_state=state(),
+                            o=out(), initial_state=state(),
                             final_state=state(), checkpoints=ckpt, saved=saved, **gate,
                             **common)  # fmt: skip
         else:
             gdn.gdn_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu,
-                             torch.zeros_like(x["v"]), initial_state=state(),
+                             out(), initial_state=state(),
                              d_final_state=state(), d_initial_state=state(), checkpoints=ckpt,
                              saved=saved, dwrite_gate=torch.empty_like(w) if w is not None
                              else None, **grads, **gate, **common)  # fmt: skip
     elif what in ("bwd", "bwd-checkpoints"):
         ckpt = torch.zeros(max_chunks(total, n), H, dim, dim) if what != "bwd" else None
-        gdn.gdn_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, torch.zeros_like(x["v"]),
+        gdn.gdn_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, out(),
                          initial_state=state(), d_final_state=state(), d_initial_state=state(),
                          checkpoints=ckpt, dwrite_gate=torch.empty_like(w) if w is not None
                          else None, **grads, **gate, **common)  # fmt: skip
@@ -417,16 +438,16 @@ def _run_case(gating, config, dtype, dim, what):
         summary.gdn_summary(x["k"], x["v"], x["g"], x["beta"], cu, h_out=state(),
                             m_out=state(), **gate, **common)  # fmt: skip
     elif what == "summary-bwd":
-        summary.gdn_summary_bwd(x["q"], x["k"], x["g"], x["beta"], cu, torch.zeros_like(x["v"]),
+        summary.gdn_summary_bwd(x["q"], x["k"], x["g"], x["beta"], cu, out(),
                                 g_out=state(), transition=state(), gate_per_key=per_key,
                                 beta_per_key=w is not None, **common)  # fmt: skip
     elif what == "chain-fwd":
         chain.chain_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, pieces=2,
-                            o=torch.empty_like(x["v"]), initial_state=state(),
+                            o=out(), initial_state=state(),
                             final_state=state(), **gate, **common)  # fmt: skip
     elif what == "chain-bwd":
         chain.chain_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu,
-                             torch.zeros_like(x["v"]), pieces=2, initial_state=state(),
+                             out(), pieces=2, initial_state=state(),
                              d_final_state=state(), d_initial_state=state(),
                              dwrite_gate=torch.empty_like(w) if w is not None else None,
                              **grads, **gate, **common)  # fmt: skip
@@ -458,7 +479,7 @@ def cases(quick=False, fp32=False):
         for dim in dims:
             for gating in GATINGS:
                 for config in CONFIG_NAMES:
-                    for call in CALLS:
+                    for call in calls_of(gating):
                         yield gating, config, dtype, dim, call
 
 

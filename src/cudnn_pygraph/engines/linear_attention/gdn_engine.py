@@ -46,6 +46,9 @@ CHECKPOINT_CADENCE = 64  # the chunk size: one checkpoint per chunk
 # inputs q / k / v / g / beta may have any (non-negative) strides: copied once (STRIDED_PORTS).
 DENSE_PORTS = ("dO", "O", "dQ", "dK", "dV", "dG", "dBeta", "dW")
 STRIDED_PORTS = ("q", "k", "v", "g", "beta", "w")  # w: gdn2's write gate
+# Ports at timeline rows: gdp's n sub-token rows per real token (the others' rows are real
+# tokens); every row of every port is a real token for the other families (n = 1).
+SUB_TOKEN_PORTS = ("k", "v", "beta", "dK", "dV", "dBeta")
 STATE_PORTS = ("initial_state", "final_state", "d_final_state", "d_initial_state")
 VECTOR_PORTS = ("cu_seqlens", "a_log", "dt_bias", "state_indices", "d_a_log", "d_dt_bias")
 FORWARD_INPUTS = (
@@ -233,6 +236,8 @@ class GdnTritonEngine(BaseEngine):
             "config": plan.knobs.name,
             "gate_per_key": per_key,
             "gate_lower_bound": a.get("gate_lower_bound"),
+            # gdp's n: the kernels run on its timeline of n sub-tokens per real token
+            "sub_tokens": facts.num_householder,
         }
         import torch
 
@@ -241,15 +246,16 @@ class GdnTritonEngine(BaseEngine):
             data_type.BFLOAT16: torch.bfloat16,
             data_type.FLOAT: torch.float32,
         }[data_type(facts.io_dtype)]
-        shape = (facts.total_tokens, facts.num_seqs, facts.heads_q, facts.heads_k,
+        n = facts.num_householder
+        shape = (facts.total_tokens * n, facts.num_seqs, facts.heads_q, facts.heads_k,
                  facts.heads_v, facts.head_dim_k, facts.head_dim_v, io_dtype)  # fmt: skip
-        strided = tuple((n, getattr(torch, dt)) for n, dt in strided_inputs(ports))
+        strided = tuple((p, getattr(torch, dt)) for p, dt in strided_inputs(ports))
         fused = not backward and fuses_output(plan.knobs.name)
         if pieces:
             nbytes = chain_workspace_bytes(
                 shape[0], shape[1], pieces, *shape[2:], backward=backward,
                 safe_gate=flags["safe_gate"], fused_output=fused, strided=strided,
-                gate_per_key=flags["gate_per_key"], beta_per_key="w" in ports,
+                gate_per_key=flags["gate_per_key"], beta_per_key="w" in ports, sub_tokens=n,
             )  # fmt: skip
         else:
             nbytes = gdn_workspace_bytes(
@@ -263,15 +269,22 @@ class GdnTritonEngine(BaseEngine):
                 beta_per_key="w" in ports,
                 saved=saves,
                 saved_scores=saves and per_key,
+                sub_tokens=n,
             )
         on_cuda = not getattr(device, "is_interpreter", True)
         dev = torch.device("cuda", device.ordinal) if on_cuda else torch.device("cpu")
-        built = GdnPlan(
-            backward, names, [position[ports[n].uid] for n in names], flags, nbytes, device,
-            facts.op, pieces=pieces, token_rows=facts.num_householder,
+        built = self._on_timeline(
+            GdnPlan(backward, names, [position[ports[p].uid] for p in names], flags, nbytes,
+                    device, facts.op, pieces=pieces),
+            n, ports,
         )  # fmt: skip
         if built.on_cuda:
-            _compile_by_warm_launch(built, {n: ports[n] for n in names}, dev)
+            _compile_by_warm_launch(built, {p: ports[p] for p in names}, dev, n)
+        return built
+
+    def _on_timeline(self, built, sub_tokens, ports):
+        """The plan the engine returns for `built`, whose launchers run on the timeline of
+        `sub_tokens` rows per real token (gdp_engine.py wraps it); here built itself."""
         return built
 
 
@@ -284,11 +297,12 @@ _TORCH_DTYPES = {
 }
 
 
-def _compile_by_warm_launch(plan, ports, dev):
+def _compile_by_warm_launch(plan, ports, dev, sub_tokens=1):
     """Compile every kernel the plan launches, at build (never at execute): one launch of
     the plan's config on a one-sequence, one-token problem with the declared dtypes, head
-    counts and strides. The kernels do not specialize on N or T, so the real call hits the
-    same binaries when its buffers are 16-byte aligned."""
+    counts and strides (gdp: the token's `sub_tokens` rows in SUB_TOKEN_PORTS, so the
+    launch compiles its SUB programs). The kernels do not specialize on N or T, so the real
+    call hits the same binaries when its buffers are 16-byte aligned."""
     import torch
 
     from .kernels.chunk_index import max_chunks
@@ -300,7 +314,7 @@ def _compile_by_warm_launch(plan, ports, dev):
         dims = list(t.dim)
         if name in STATE_PORTS or name == "checkpoints":
             # A pool (state_indices) or one state per sequence: n_seqs rows either way.
-            dims[0] = max_chunks(1, n_seqs) if name == "checkpoints" else n_seqs
+            dims[0] = max_chunks(sub_tokens, n_seqs) if name == "checkpoints" else n_seqs
             # The declared strides (a padded pool slot, K-major), over enough storage.
             views[name] = torch.empty_strided(dims, t.stride, dtype=dtype, device=dev).zero_()
             continue
@@ -313,7 +327,8 @@ def _compile_by_warm_launch(plan, ports, dev):
         if name == "state_indices":
             views[name] = torch.arange(n_seqs, dtype=dtype, device=dev)
             continue
-        dims[0] = 1  # one token, under the declared strides (a strided input's copy kernel)
+        # one token, under the declared strides (a strided input's copy kernel)
+        dims[0] = sub_tokens if name in SUB_TOKEN_PORTS else 1
         fill = 1.0 if name == "g" and plan.flags["gate_domain"] == "linear" else 0.0
         views[name] = torch.empty_strided(dims, t.stride, dtype=dtype, device=dev).fill_(fill)
     from ...runtime.launch_replay import cached_jit_compiles
@@ -330,7 +345,7 @@ class GdnPlan(CompiledPlan):
     chain_backward) with the caller's workspace."""
 
     def __init__(self, backward, names, positions, flags, workspace_size, device, op=None, *,
-                 pieces=0, token_rows=1):  # fmt: skip
+                 pieces=0):  # fmt: skip
         self.backward = backward
         # The node's op, the replay record's label.
         self.op = op or ("gdn_bwd" if backward else "gdn")
@@ -359,9 +374,7 @@ class GdnPlan(CompiledPlan):
 
             from .kernels.chain import chain_backward, chain_forward
 
-            # token_rows: gdp's n (its plan launches this one on the expanded timeline)
-            self._run = partial(chain_backward if backward else chain_forward, pieces=pieces,
-                                token_rows=token_rows)  # fmt: skip
+            self._run = partial(chain_backward if backward else chain_forward, pieces=pieces)
         self._workspace_address = workspace_address
 
     def execute(self, graph, pack, ctx):

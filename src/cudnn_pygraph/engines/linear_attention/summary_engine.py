@@ -120,6 +120,8 @@ class GdnSummaryEngine(GdnTritonEngine):
             "config": plan.knobs.name,
             "gate_per_key": facts.family in GATE_PER_KEY_FAMILIES,
             "gate_lower_bound": a.get("gate_lower_bound"),  # kda's safe_gate form
+            # gdp's n: the kernels run on its timeline of n sub-tokens per real token
+            "sub_tokens": facts.num_householder,
         }
         # gdn2: beta per key channel (the forward summary reads the write gate w as well)
         beta_per_key = len(ports["beta"].dim) == 3
@@ -128,9 +130,10 @@ class GdnSummaryEngine(GdnTritonEngine):
             scale = a.get("scale")
             flags["scale"] = facts.head_dim_k**-0.5 if scale is None else float(scale)
         io_dtype = getattr(torch, _TORCH_DTYPES[data_type(facts.io_dtype)])
+        n = facts.num_householder
         nbytes = summary_workspace_bytes(
             # the kernels' timeline: gdp's sub-tokens (n = 1 elsewhere)
-            facts.total_tokens * facts.num_householder,
+            facts.total_tokens * n,
             facts.num_seqs,
             facts.heads_q,
             facts.heads_k,
@@ -139,16 +142,21 @@ class GdnSummaryEngine(GdnTritonEngine):
             facts.head_dim_v,
             io_dtype,
             backward=backward,
-            strided=tuple((n, getattr(torch, dt)) for n, dt in strided_inputs(ports)),
+            strided=tuple((p, getattr(torch, dt)) for p, dt in strided_inputs(ports)),
             gate_per_key=flags["gate_per_key"],
             beta_per_key=beta_per_key,
+            sub_tokens=n,
         )
-        built = SummaryPlan(
-            backward, names, [position[ports[n].uid] for n in names], flags, nbytes, device
+        built = self._on_timeline(
+            SummaryPlan(
+                backward, names, [position[ports[p].uid] for p in names], flags, nbytes, device
+            ),
+            n,
+            ports,
         )
         if built.on_cuda:
             dev = torch.device("cuda", device.ordinal)
-            _compile_by_warm_launch(built, {n: ports[n] for n in names}, dev)
+            _compile_by_warm_launch(built, {p: ports[p] for p in names}, dev, n)
         return built
 
 

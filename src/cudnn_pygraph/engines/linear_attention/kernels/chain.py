@@ -4,7 +4,7 @@ write gate, and gdp's on the expanded timeline) over every sequence cut into P p
 
 Forward:  slot_table (sequence b's first slot; the B * P slots flat in sequence order) ->
           piece_table (cu_pieces: sequence b's filled pieces, then its empty slots; a piece
-          spans whole units of splitting.unit_chunks(token_rows) chunks, so gdp's cuts are
+          spans whole units of splitting.unit_chunks(sub_tokens) chunks, so gdp's cuts are
           real-token boundaries)
           -> gdn_summary over the pieces (H from a zero seed, M_buf = M^T; P > 1 only)
           -> compose: X_0 = initial_state, X_{j+1} = X_j @ M_buf_j + H_j, fp32 FMA chain
@@ -225,14 +225,17 @@ def _own_bytes(n_seqs, pieces, n_out, dim_k, dim_v, backward):
 
 def chain_workspace_bytes(total_t, n_seqs, pieces, n_q_heads, n_k_heads, n_v_heads, dim_k,
                           dim_v, dtype, *, backward, safe_gate=False, fused_output=False,
-                          strided=(), gate_per_key=False, beta_per_key=False):  # fmt: skip
+                          strided=(), gate_per_key=False, beta_per_key=False,
+                          sub_tokens=1):  # fmt: skip
     """Bytes chain_forward (backward=False) or chain_backward carves: the piece table and
     the fp32 H / M / X (and dX) slots, then one region the summaries and the main run take
-    in turn (each launcher's own scratch over the B * P pieces). beta_per_key: gdn2."""
+    in turn (each launcher's own scratch over the B * P pieces). beta_per_key: gdn2;
+    sub_tokens: gdp's n (total_t then counts its timeline rows)."""
     n_out = max(n_q_heads, n_v_heads)
     slots = n_seqs * pieces
     shape = (total_t, slots, n_q_heads, n_k_heads, n_v_heads, dim_k, dim_v, dtype)
-    common = {"strided": strided, "gate_per_key": gate_per_key, "beta_per_key": beta_per_key}
+    common = {"strided": strided, "gate_per_key": gate_per_key, "beta_per_key": beta_per_key,
+              "sub_tokens": sub_tokens}  # fmt: skip
     inner = [
         gdn_workspace_bytes(*shape, backward=backward, safe_gate=safe_gate,
                             fused_output=fused_output, **common),
@@ -283,11 +286,11 @@ def _pick(src, ws, dst, *, last):
     )  # fmt: skip
 
 
-def _setup(q, v, cu_seqlens, pieces, backward, workspace, batch_invariant, token_rows):
+def _setup(q, v, cu_seqlens, pieces, backward, workspace, batch_invariant, sub_tokens):
     """(chain scratch by name, the region after it for the inner launchers); the piece table
     written."""
     _check("pieces", isinstance(pieces, int) and pieces >= 1, "must be a count >= 1")
-    _check("token_rows", isinstance(token_rows, int) and token_rows >= 1, "must be a count >= 1")
+    _check("sub_tokens", isinstance(sub_tokens, int) and sub_tokens >= 1, "must be a count >= 1")
     _check("cu_seqlens", cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 2,
            "must hold at least one sequence")  # fmt: skip
     n_seqs = cu_seqlens.numel() - 1
@@ -299,7 +302,7 @@ def _setup(q, v, cu_seqlens, pieces, backward, workspace, batch_invariant, token
         ws, inner = _carve(rows, workspace[:own], q.device), workspace[own:]
     else:
         ws, inner = _carve(rows, None, q.device), None
-    unit = splitting.unit_chunks(token_rows)
+    unit = splitting.unit_chunks(sub_tokens)
     flat = not batch_invariant and pieces > 1
     slot_table_kernel[(1,)](
         cu_seqlens, ws["slots"], n_seqs, pieces, unit * splitting.CHUNK,
@@ -316,7 +319,7 @@ def _setup(q, v, cu_seqlens, pieces, backward, workspace, batch_invariant, token
 def _summary_flags(flags):
     names = ("use_qk_l2norm", "use_beta_sigmoid", "allow_neg_eigval", "safe_gate", "a_log",
              "dt_bias", "gate_domain", "batch_invariant", "config", "gate_per_key",
-             "gate_lower_bound")  # fmt: skip
+             "gate_lower_bound", "sub_tokens")  # fmt: skip
     return {n: flags[n] for n in names if n in flags}
 
 
@@ -335,14 +338,14 @@ def _seeds(k, v, g, beta, ws, inner, initial_state, pieces, flags):
 
 
 def chain_forward(q, k, v, g, beta, cu_seqlens, *, pieces, o, initial_state=None,
-                  final_state=None, workspace=None, token_rows=1, **flags) -> None:  # fmt: skip
+                  final_state=None, workspace=None, **flags) -> None:  # fmt: skip
     """gdn_forward's O and final_state, every sequence run as a chain of `pieces` pieces.
     Arguments as gdn_forward's; workspace: chain_workspace_bytes(backward=False);
-    token_rows: timeline rows per real token (gdp's n on its expanded timeline), every cut
-    a multiple of it."""
+    sub_tokens (gdp's n, gdn_forward's: timeline rows per real token): every cut a multiple
+    of it."""
     _refuse_unchained(flags)
     ws, inner = _setup(q, v, cu_seqlens, pieces, False, workspace,
-                       flags.get("batch_invariant"), token_rows)  # fmt: skip
+                       flags.get("batch_invariant"), flags.get("sub_tokens", 1))  # fmt: skip
     _seeds(k, v, g, beta, ws, inner, initial_state, pieces, flags)
     out_states = ws["h"] if final_state is not None else None
     gdn_forward(q, k, v, g, beta, ws["cu_pieces"], o=o, initial_state=ws["x"],
@@ -353,15 +356,15 @@ def chain_forward(q, k, v, g, beta, cu_seqlens, *, pieces, o, initial_state=None
 
 def chain_backward(q, k, v, g, beta, cu_seqlens, do, *, pieces, dq, dk, dv, dg, dbeta,
                    initial_state=None, d_final_state=None, d_initial_state=None,
-                   workspace=None, token_rows=1, **flags) -> None:  # fmt: skip
+                   workspace=None, **flags) -> None:  # fmt: skip
     """gdn_backward's gradients, every sequence run as a chain of `pieces` pieces.
     Arguments as gdn_backward's; workspace: chain_workspace_bytes(backward=True);
-    token_rows as chain_forward's."""
+    sub_tokens as chain_forward's."""
     _refuse_unchained(flags)
     _check("d_initial_state", d_initial_state is None or initial_state is not None,
            "is only produced when initial_state is given")  # fmt: skip
     ws, inner = _setup(q, v, cu_seqlens, pieces, True, workspace, flags.get("batch_invariant"),
-                       token_rows)  # fmt: skip
+                       flags.get("sub_tokens", 1))  # fmt: skip
     _seeds(k, v, g, beta, ws, inner, initial_state, pieces, flags)
     if pieces > 1:
         gdn_summary_bwd(q, k, g, beta, ws["cu_pieces"], do, scale=flags["scale"],

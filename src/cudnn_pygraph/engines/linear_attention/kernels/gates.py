@@ -22,6 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .tiles import load_vec_sub
+
 
 @triton.jit
 def _softplus(x):
@@ -136,6 +138,20 @@ def effective_beta_bwd(b_raw, d_beta, SIGMOID: tl.constexpr, NEG_EIGVAL: tl.cons
 
 
 @triton.jit
+def identity_gate(LINEAR: tl.constexpr, SAFE: tl.constexpr):
+    """The raw gate whose decay is the identity (gamma = 0) in the gate's domain: log 0,
+    linear 1, safe_gate the logit -inf (softplus(-inf) = 0, and the gate transform's
+    gradients vanish there: no d_a_log / d_dt_bias from it)."""
+    if SAFE:
+        fill = float("-inf")
+    elif LINEAR:
+        fill = 1.0
+    else:
+        fill = 0.0
+    return fill
+
+
+@triton.jit
 def gate_rows(
     g_ptr,
     beta_ptr,
@@ -157,13 +173,25 @@ def gate_rows(
     SIGMOID: tl.constexpr,
     NEG_EIGVAL: tl.constexpr,
     BETA_K: tl.constexpr,
+    SUB: tl.constexpr = 1,
 ):
     """(gamma, beta_eff) of rows t0 + rows, 0 outside the chunk; gamma is [R] (a decay per
     head) or [R, K] (GATE_K: per key channel, g [T, HO, K], dt_bias [HO, K]); beta_eff is
-    [R], or [R, K] under BETA_K (gdn2's erase gate per key channel, beta [T, HO, K])."""
+    [R], or [R, K] under BETA_K (gdn2's erase gate per key channel, beta [T, HO, K]).
+    SUB > 1 (gdp, a decay per head): g holds one row per real token, read at its token's
+    sub-token 0 (tiles.py load_vec_sub); the other sub-tokens read identity_gate, whose
+    gamma is 0 in every domain, as beyond the chunk."""
     m = rows < valid
     offs = (t0 + rows).to(tl.int64) * HO + h
-    if GATE_K:
+    if SUB > 1:
+        tl.static_assert(not GATE_K, "sub-token rows: a decay per head only")
+        g_raw = load_vec_sub(g_ptr, t0, rows, valid, HO, h, SUB, 0, identity_gate(LINEAR, SAFE))
+        gamma = log_decay(
+            g_raw, a_log_ptr, dt_bias_ptr, h, h, lower_bound,
+            LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB,
+        )  # fmt: skip
+        gamma = tl.where(m, gamma, 0.0)
+    elif GATE_K:
         cols = tl.arange(0, K)
         g_raw = tl.load(g_ptr + offs[:, None] * K + cols[None, :], mask=m[:, None], other=1.0)
         gamma = log_decay(

@@ -38,6 +38,14 @@ q / k / v / g / beta may be strided views (q, k and v split from one fused proje
 each non-contiguous one is copied once into a dense buffer carved from the workspace
 (gdn_workspace_bytes counts it; dense_copy.py), and every stage reads the copy.
 
+gdp (Gated DeltaProduct, num_householder = n) runs these kernels on its timeline of n
+sub-tokens per real token: sub_tokens = n, total_T and cu_seqlens counting sub-tokens.
+k / v / beta live at sub-token rows; q, g, O, dO, dQ and dG hold one row per real token,
+and the kernels read and write them there themselves (SUB, tiles.py load_rows_sub: q / dO /
+O / dQ at a token's last sub-token, g / dG at its first; the other sub-tokens read a zero
+query and the identity decay, and nothing is stored for them). Every scratch buffer stays
+on the timeline. A decay per head only (gdp's).
+
 Every launch grid is sized from shapes (total_T, N, heads): no device value is read on the
 host, so the launchers are sync-free and CUDA-graph capturable. Scratch comes from the
 caller's `workspace` (uint8) when given; gdn_workspace_bytes() says how much.
@@ -313,6 +321,8 @@ def _run_wy_and_state(
     write_gate=None,
     store_a=False,
     factors_given=False,
+    sub_tokens=1,
+    form_u=True,
 ):
     """kernel_cfgs: the call's config ({kernel: parameters}, kernels/configs.py). o: the
     forward's output, written by state_fwd itself when the config says FUSE_OUTPUT
@@ -320,7 +330,9 @@ def _run_wy_and_state(
     [T, HO, V] (beta then [T, HO, K]: the WY stage's BETA_K). store_a: wy_solve stores A
     (for a backward: this one's wy_bwd, or a later one reading the saved factors).
     factors_given: the backward reads the forward's saved factors and checkpoints: only
-    the chunk tables are built."""
+    the chunk tables are built. sub_tokens: gdp's n (q, g and o at real-token rows: the
+    kernels' SUB). form_u=False: wy_solve forms no u and reads no v (a caller that reads
+    no u and launches no state_fwd: gdp's backward summary)."""
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
     n_chunks = max_chunks(total_t, n_seqs)
     dummy = ws["gc"]
@@ -379,7 +391,7 @@ def _run_wy_and_state(
             BA=_slice(cfg, "BA", min(dim_k, dim_v)), BG=_slice(cfg, "BG", dim_k), L2NORM=l2norm,
             **flags, PREC=prec,
             STORE_A=store_a, EPS=L2NORM_EPS, BETA_K=write_gate is not None, SCORES=scores,
-            **cfg,
+            SUB=sub_tokens, FORM_U=form_u, **cfg,
         )  # fmt: skip
     cfg = dict(kernel_cfgs["state_fwd"])
     fuse = cfg.pop("FUSE_OUTPUT", False) and o is not None
@@ -426,6 +438,7 @@ def _run_wy_and_state(
         L2NORM=l2norm,
         EPS=L2NORM_EPS,
         GATE_K=flags["GATE_K"],
+        SUB=sub_tokens,
         **cfg,
     )
 
@@ -451,7 +464,7 @@ def _prepare_and_recompute(
     q, k, v, g, beta, cu_seqlens, dims, *, backward, workspace, checkpoints, scale,
     use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, a_log, dt_bias,
     initial_state, final_state, state_indices, kernel_cfgs, gate_per_key, lower_bound, o=None,
-    write_gate=None, saved=None,
+    write_gate=None, saved=None, sub_tokens=1,
 ):  # fmt: skip
     """What the forward runs and the backward recomputes: the call's workspace views, the
     dense copies of strided inputs, the chunk tables (and the error flag), gates, WY (w, u)
@@ -461,7 +474,8 @@ def _prepare_and_recompute(
     gdn_workspace.SAVED_ROWS; with checkpoints): the forward writes G, beta, the key norms,
     A, w and E into them (and the gated scores, under a config that forms them), the
     backward reads them and recomputes nothing. Returns (ws, h_buf, prec, flags, (q, k, v,
-    g, beta, write_gate) as the stages read them). write_gate: gdn2's (None otherwise)."""
+    g, beta, write_gate) as the stages read them). write_gate: gdn2's (None otherwise).
+    sub_tokens: gdp's n (gdn_forward's)."""
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
     saved_scores = saved is not None and _forms_scores(kernel_cfgs, gate_per_key)
     inputs = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
@@ -472,7 +486,7 @@ def _prepare_and_recompute(
         checkpoints is not None, safe_gate, fused_output=o is not None,
         strided=_strided(inputs), gate_per_key=gate_per_key,
         beta_per_key=write_gate is not None, saved=saved is not None,
-        saved_scores=saved_scores,
+        saved_scores=saved_scores, sub_tokens=sub_tokens,
     )  # fmt: skip
     ws = _carve(rows, workspace, q.device)
     if saved is not None:
@@ -502,6 +516,7 @@ def _prepare_and_recompute(
         vnew=vnew, kernel_cfgs=kernel_cfgs,
         lower_bound=_lower_bound(flags, lower_bound), o=o, write_gate=write_gate,
         store_a=backward or saved is not None, factors_given=backward and saved is not None,
+        sub_tokens=sub_tokens,
     )  # fmt: skip
     return ws, h_buf, prec, flags, (q, k, v, g, beta, write_gate)
 
@@ -534,6 +549,7 @@ def gdn_forward(
     gate_per_key=False,
     write_gate=None,
     saved=None,
+    sub_tokens=1,
 ) -> None:
     """O [total_T, HO, V] (and final_state [N|pool, HO, V, K], checkpoints [chunks, HO, V, K]
     fp32 or the compute dtype: the state at each chunk's start) written in place. saved
@@ -541,8 +557,10 @@ def gdn_forward(
     forward also writes the factors a backward then reads instead of recomputing them. config: a name in
     kernels/configs.py (None: recommend_config's pick; a mapping: _resolve_config). gate_per_key: kda (g [T, HO, K],
     dt_bias [HO, K]); gate_lower_bound (safe_gate only): the gate lb * sigmoid(exp(a_log)
-    (g + dt_bias)). write_gate [T, HO, V]: gdn2 (with gate_per_key; beta [T, HO, K]). See
-    the module docstring."""
+    (g + dt_bias)). write_gate [T, HO, V]: gdn2 (with gate_per_key; beta [T, HO, K]).
+    sub_tokens: gdp's n, total_T then counting its timeline of n sub-tokens per real token
+    (cu_seqlens too): k / v / beta at timeline rows, q / g / o at real-token rows (see the
+    module docstring)."""
     dims = _validate(
         q,
         k,
@@ -566,6 +584,7 @@ def gdn_forward(
         a_log,
         dt_bias,
         write_gate,
+        sub_tokens,
     )
     total_t, n_seqs, _, _, _, n_out, _, dim_v = dims
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant,
@@ -574,8 +593,8 @@ def gdn_forward(
                  _forms_scores(kernel_cfgs, gate_per_key))  # fmt: skip
     _check(
         "o",
-        tuple(o.shape) == (total_t, n_out, dim_v) and o.is_contiguous(),
-        f"must be contiguous [total_T, HO, V] = {(total_t, n_out, dim_v)}",
+        tuple(o.shape) == (q.shape[0], n_out, dim_v) and o.is_contiguous(),
+        f"must be contiguous [{_real_rows(sub_tokens)}, HO, V] = {(q.shape[0], n_out, dim_v)}",
     )
     fuse_output = bool(kernel_cfgs["state_fwd"].get("FUSE_OUTPUT"))
     ws, h_buf, prec, _, (q, k, *_) = _prepare_and_recompute(
@@ -586,19 +605,26 @@ def gdn_forward(
         a_log=a_log, dt_bias=dt_bias, initial_state=initial_state, final_state=final_state,
         state_indices=state_indices, kernel_cfgs=kernel_cfgs, gate_per_key=gate_per_key,
         lower_bound=gate_lower_bound, o=o if fuse_output else None, write_gate=write_gate,
-        saved=saved,
+        saved=saved, sub_tokens=sub_tokens,
     )  # fmt: skip
     if not fuse_output and total_t:
         _output_stage(
-            q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, prec, gate_per_key
-        )
+            q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, prec, gate_per_key,
+            sub_tokens,
+        )  # fmt: skip
     err = ws["cu_error"]
     poison_dense(err, o, *(saved.values() if saved is not None else ()))
     poison_states(err, checkpoints)
     poison_states(err, final_state, state_indices)
 
 
-def _output_stage(q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, prec, gate_k):
+def _real_rows(sub_tokens):
+    """The name of q's row count in an error: total_T, or gdp's real tokens."""
+    return "total_T" if sub_tokens == 1 else "total_T / sub_tokens"
+
+
+def _output_stage(q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, prec, gate_k,
+                  sub_tokens):  # fmt: skip
     total_t, n_seqs, n_q, n_k, _, n_out, dim_k, dim_v = dims
     scores = _forms_scores(kernel_cfgs, gate_k)
     cfg = dict(kernel_cfgs["output_fwd"])
@@ -630,6 +656,7 @@ def _output_stage(q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, p
         EPS=L2NORM_EPS,
         GATE_K=gate_k,
         SCORES=scores,
+        SUB=sub_tokens,
         **cfg,
     )
 
@@ -670,13 +697,15 @@ def gdn_backward(
     write_gate=None,
     dwrite_gate=None,
     saved=None,
+    sub_tokens=1,
 ) -> None:
     """Gradients of gdn_forward written in place: dq/dk/dv like q/k/v, dg/dbeta like g/beta
     (w.r.t. what was passed), d_initial_state like initial_state, d_a_log [HO] / d_dt_bias
     like dt_bias; gdn2 (write_gate given): dwrite_gate like write_gate.
     config: as gdn_forward's (the backward runs its recompute under the same config).
     saved: what gdn_forward(saved=...) wrote, with its checkpoints: then neither the WY
-    stage nor the state walk is recomputed."""
+    stage nor the state walk is recomputed. sub_tokens: gdn_forward's; do like o and dq /
+    dg like q / g at real-token rows."""
     dims = _validate(
         q,
         k,
@@ -700,6 +729,7 @@ def gdn_backward(
         a_log,
         dt_bias,
         write_gate,
+        sub_tokens,
     )
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant,
@@ -724,8 +754,8 @@ def gdn_backward(
         )
     _check(
         "do",
-        tuple(do.shape) == (total_t, n_out, dim_v) and do.is_contiguous(),
-        f"must be contiguous [total_T, HO, V] = {(total_t, n_out, dim_v)}",
+        tuple(do.shape) == (q.shape[0], n_out, dim_v) and do.is_contiguous(),
+        f"must be contiguous [{_real_rows(sub_tokens)}, HO, V] = {(q.shape[0], n_out, dim_v)}",
     )
     state_shape = (n_seqs, n_out, dim_v, dim_k)
     for name, t in (("d_final_state", d_final_state), ("d_initial_state", d_initial_state)):
@@ -763,7 +793,7 @@ def gdn_backward(
         allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, gate_domain=gate_domain,
         a_log=a_log, dt_bias=dt_bias, initial_state=initial_state, final_state=None,
         state_indices=None, kernel_cfgs=kernel_cfgs, gate_per_key=gate_per_key,
-        lower_bound=gate_lower_bound, write_gate=write_gate, saved=saved,
+        lower_bound=gate_lower_bound, write_gate=write_gate, saved=saved, sub_tokens=sub_tokens,
     )  # fmt: skip
     n_chunks = max_chunks(total_t, n_seqs)
     tables = (ws["cu_safe"], ws["chunk_offsets"], ws["chunk_seq"], n_seqs)
@@ -777,7 +807,7 @@ def gdn_backward(
     scores = _forms_scores(kernel_cfgs, gate_per_key)
     dv_local_kernel[(n_chunks, n_out, dim_v // bv)](
         q, k, ws["gc"], ws["aqk"] if scores else dummy, do, ws["de"], *tables, scale, n_out,
-        n_q, n_k, BV=bv, SCORES=scores, **common, **cfg,
+        n_q, n_k, BV=bv, SCORES=scores, SUB=sub_tokens, **common, **cfg,
     )  # fmt: skip
 
     cfg = dict(kernel_cfgs["state_bwd"])
@@ -790,7 +820,7 @@ def gdn_backward(
         # writes those only after the walk has read them.
         kg = ws["dw"]
         qg = ws["dk_part"].view(-1).view(kg.dtype)[: kg.numel()].view(kg.shape)
-        state_bwd_operands_kernel[(n_chunks, n_out)](
+        state_bwd_operands_kernel[(n_chunks, n_out)](  # a per-key decay: never sub-token rows
             q, k, ws["gc"], ws["rk"], *tables, kg, qg, scale, n_out, n_q, n_k, K=dim_k,
             BK=min(dim_k, _OPERAND_SLICE), L2NORM=use_qk_l2norm, EPS=L2NORM_EPS,
         )  # fmt: skip
@@ -823,6 +853,7 @@ def gdn_backward(
         HAS_DFINAL=d_final_state is not None,
         HAS_DINIT=d_initial_state is not None,
         PRESCALED=prescaled,
+        SUB=sub_tokens,
         **common,
         **cfg,
     )
@@ -847,6 +878,8 @@ def gdn_backward(
     dqk_grid = (n_chunks * (dim_k // cfg["BG"] if split else 1), n_out)
     dqk_prec = _stage_precision(cfg, prec, _dqk_default_precision(gate_per_key, a_log, dt_bias))
     dqk_common = {**common, "PREC": dqk_prec}
+    if dqk is dqk_kernel:  # the sliced form serves a per-key decay: never sub-token rows
+        dqk_common["SUB"] = sub_tokens
     # The dq side (PART 1), then the dk side (PART 2): two launches of lighter programs,
     # each recomputing dP (kernels/output.py dqk_kernel).
     for part in (1, 2):
@@ -858,8 +891,9 @@ def gdn_backward(
         )  # fmt: skip
         if part == 1 and park:
             group_reduce_kernel[(-(-total_t // CHUNK), n_q)](
-                ws["dk_part"], q, dq, total_t, n_out, n_q, D=dim_k, L2NORM=True, EPS=L2NORM_EPS
-            )
+                ws["dk_part"], q, dq, total_t, n_out, n_q, D=dim_k, L2NORM=True, EPS=L2NORM_EPS,
+                SUB=sub_tokens,
+            )  # fmt: skip
 
     final_dk = n_k == n_out
     final_dv = n_v == n_out
@@ -912,6 +946,7 @@ def gdn_backward(
         BETA_K=write_gate is not None,
         SCORES=scores,
         KEY_SPLIT=keys_cfg is not None,
+        SUB=sub_tokens,
         **cfg,
     )
     da_part = None  # the split key side's d_a_log partials, [chunks, HO, slices]
@@ -943,6 +978,7 @@ def gdn_backward(
             D=dim_k,
             L2NORM=use_qk_l2norm,
             EPS=L2NORM_EPS,
+            SUB=sub_tokens,
         )
     if not dk_direct:
         group_reduce_kernel[reduce_grid(n_k)](

@@ -32,18 +32,56 @@ def _validate(
     a_log,
     dt_bias,
     write_gate=None,
+    sub_tokens=1,
+    real_v=False,
 ):
     """write_gate (gdn2's, [total_T, HO, V]): beta is then an erase gate per key channel
-    [total_T, HO, K] and the decay is per key channel too."""
+    [total_T, HO, K] and the decay is per key channel too. sub_tokens > 1 (gdp's n): total_T
+    counts timeline rows, sub_tokens per real token; k / v / beta are at timeline rows, q and
+    g at real-token rows (total_T / sub_tokens; a decay per head). gdn_summary reads no q and
+    passes k in its place: then q's rows are k's. real_v: v is gdn_summary_bwd's dO standing
+    in for it, at q's rows."""
     use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, gate_per_key, lower_bound = flags
-    _check("q", q.dim() == 3, "must be [total_T, H, K]")
-    total_t, n_q, dim_k = q.shape
     _check(
-        "k",
-        k.dim() == 3 and k.shape[0] == total_t and k.shape[2] == dim_k,
-        "must be [total_T, HK, K] like q",
+        "sub_tokens",
+        isinstance(sub_tokens, int) and sub_tokens >= 1,
+        f"must be a count >= 1, got {sub_tokens!r}",
     )
-    _check("v", v.dim() == 3 and v.shape[0] == total_t, "must be [total_T, HV, V]")
+    _check(
+        "sub_tokens",
+        sub_tokens == 1 or not gate_per_key,
+        "sub-token rows are served for a decay per head only (gdp)",
+    )
+    _check("q", q.dim() == 3, "must be [total_T, H, K]")
+    _check("k", k.dim() == 3, "must be [total_T, HK, K] like q")
+    n_q, dim_k = q.shape[1:]
+    if sub_tokens == 1:
+        total_t = q.shape[0]
+        _check(
+            "k",
+            k.shape[0] == total_t and k.shape[2] == dim_k,
+            "must be [total_T, HK, K] like q",
+        )
+    else:
+        total_t = k.shape[0]
+        _check(
+            "k",
+            total_t % sub_tokens == 0 and k.shape[2] == dim_k,
+            f"must be [total_T, HK, K] with total_T a multiple of sub_tokens={sub_tokens} "
+            f"and K={dim_k} like q, got {tuple(k.shape)}",
+        )
+        if q is not k:
+            _check(
+                "q",
+                q.shape[0] * sub_tokens == total_t,
+                f"must be [total_T / sub_tokens, H, K]: {total_t // sub_tokens} rows "
+                f"(k has total_T={total_t}, sub_tokens={sub_tokens}), got {q.shape[0]}",
+            )
+    real_t = total_t // sub_tokens  # q's and g's rows
+    if real_v:
+        _check("do", v.dim() == 3 and v.shape[0] == real_t, "must be [total_T, HO, V] like q")
+    else:
+        _check("v", v.dim() == 3 and v.shape[0] == total_t, "must be [total_T, HV, V]")
     n_k, n_v, dim_v = k.shape[1], v.shape[1], v.shape[2]
     n_out = max(n_q, n_v)
     _check("q", n_out % n_q == 0, f"H={n_q} must divide HO=max(H, HV)={n_out}")
@@ -68,8 +106,9 @@ def _validate(
             f"must be [total_T, HO, K] = {(total_t, n_out, dim_k)} (a decay per key channel)",
         )
     else:
+        g_rows = "total_T" if sub_tokens == 1 else "total_T / sub_tokens"
         _check(
-            "g", tuple(g.shape) == (total_t, n_out), f"must be [total_T, HO] = {(total_t, n_out)}"
+            "g", tuple(g.shape) == (real_t, n_out), f"must be [{g_rows}, HO] = {(real_t, n_out)}"
         )
     if write_gate is not None:
         _check("g", gate_per_key, "gdn2 needs a decay per key channel (gate_per_key)")

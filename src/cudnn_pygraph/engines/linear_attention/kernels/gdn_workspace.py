@@ -63,7 +63,7 @@ def saved_factors(
 def _layout(
     total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, backward, has_checkpoints, safe_gate,
     fused_output=False, strided=(), gate_per_key=False, beta_per_key=False, saved=False,
-    saved_scores=False,
+    saved_scores=False, sub_tokens=1,
 ):  # fmt: skip
     """[(name, dtype, shape)] of every scratch buffer, in carving order. fused_output: the
     forward writes O from the state kernel, so it keeps neither h nor E (kernels/configs.py
@@ -75,16 +75,19 @@ def _layout(
     saved: the call reads or writes the saved factors (SAVED_ROWS) and the checkpoints in
     the caller's buffers: their rows are not carved, and a backward carves no u either
     (only the state recompute reads it). saved_scores: the saved factors hold the gated
-    scores too (saved_factors(scores=True)): no akk / aqk rows either."""
+    scores too (saved_factors(scores=True)): no akk / aqk rows either. sub_tokens (gdp's n):
+    total_t counts timeline rows and q / g hold total_t / sub_tokens real-token rows (their
+    dense copies are that size); every scratch row stays on the timeline."""
     cdt = _compute_dtype(dtype)
     f32 = torch.float32
     n_chunks = max_chunks(total_t, n_seqs)
     gate = (total_t, n_out, dim_k) if gate_per_key else (total_t, n_out)
+    real_t = total_t // sub_tokens
     input_shapes = {
-        "q": (total_t, n_q, dim_k),
+        "q": (real_t, n_q, dim_k),
         "k": (total_t, n_k, dim_k),
         "v": (total_t, n_v, dim_v),
-        "g": gate,
+        "g": (real_t, *gate[1:]),
         "beta": (total_t, n_out, dim_k) if beta_per_key else (total_t, n_out),
         "w": (total_t, n_out, dim_v),
     }
@@ -180,6 +183,7 @@ def gdn_workspace_bytes(
     beta_per_key: bool = False,
     saved: bool = False,
     saved_scores: bool = False,
+    sub_tokens: int = 1,
 ) -> int:
     """Bytes of scratch the gdn forward (backward=False) or backward launcher carves.
     fused_output: the forward's output stage runs inside the state kernel under the call's
@@ -188,7 +192,8 @@ def gdn_workspace_bytes(
     are carved here too). gate_per_key: kda's [T, HO, K] gate; beta_per_key: gdn2's
     [T, HO, K] erase gate (with gate_per_key). saved: the forward writes, or the backward
     reads, the saved factors (saved_factors) in the caller's buffers; saved_scores: with
-    the gated scores among them (saved_factors(scores=True))."""
+    the gated scores among them (saved_factors(scores=True)). sub_tokens: gdp's n, total_t
+    then counting its timeline rows (_layout)."""
     n_out = max(n_q_heads, n_v_heads)
     rows = _layout(
         total_t,
@@ -209,6 +214,7 @@ def gdn_workspace_bytes(
         beta_per_key,
         saved,
         saved_scores,
+        sub_tokens,
     )
     return sum(_aligned(_nbytes(dt, shape)) for _, dt, shape in rows)
 

@@ -30,11 +30,14 @@ from .subchunk_bwd import subchunk_apply
 from .tiles import (
     decay_mask,
     load_rows,
+    load_rows_sub,
     load_rows_t,
+    load_rows_t_sub,
     load_vec,
     state_block,
     state_block_t,
     store_rows,
+    store_rows_sub,
     store_rows_t,
     store_vec,
 )
@@ -71,6 +74,7 @@ def output_fwd_kernel(
     GATE_K: tl.constexpr = False,
     BG: tl.constexpr = 32,
     SCORES: tl.constexpr = False,
+    SUB: tl.constexpr = 1,
 ):
     """O = scale rq * (exp(G) * (q S_0) + (q k^T * rk_j * decay) E), q and k RAW: the l2norm
     enters as the query's inverse row norm rq (computed here) on O's rows and the keys' rk
@@ -82,7 +86,10 @@ def output_fwd_kernel(
     kernels' shared memory (ptxas, sm_90: output_fwd 64 -> 80 KB, the fused state_fwd
     105 -> 113 KB); change both together. BG: the column slice of the gated scores
     (GATE_K, gated.py). SCORES (with GATE_K): the gated scores are read from Aqk
-    (subchunk.py, aqk_ptr [T, HO, 64]) instead of formed here."""
+    (subchunk.py, aqk_ptr [T, HO, 64]) instead of formed here. SUB (gdp, a decay per
+    head): q and O hold one row per real token, at its last sub-token (tiles.py
+    load_rows_sub)."""
+    tl.static_assert(SUB == 1 or not GATE_K, "sub-token rows: a decay per head only")
     c = tl.program_id(0)
     h = tl.program_id(1)
     iv = tl.program_id(2)
@@ -91,7 +98,7 @@ def output_fwd_kernel(
         return
     dt = vnew_ptr.dtype.element_ty
     r = tl.arange(0, 64)
-    q = load_rows(q_ptr, t0, r, valid, H * K, (h // (HO // H)) * K, K)
+    q = load_rows_sub(q_ptr, t0, r, valid, H * K, (h // (HO // H)) * K, K, SUB, SUB - 1)
     rk = load_vec(rk_ptr, t0, r, valid, HO, h)
     rq = inv_norm(q, 1, L2NORM, EPS)
     v_idx = iv * BV + tl.arange(0, BV)
@@ -118,7 +125,8 @@ def output_fwd_kernel(
         e = load_rows(vnew_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
         o = tl.dot(q, s0.to(q.dtype), input_precision=PREC) * tl.exp(g)[:, None]
     o += tl.dot(p.to(dt), e, input_precision=PREC)
-    store_rows(o_ptr, o * (scale * rq)[:, None], t0, r, valid, HO * V, h * V + iv * BV, BV)
+    store_rows_sub(o_ptr, o * (scale * rq)[:, None], t0, r, valid, HO * V, h * V + iv * BV, BV,
+                   SUB, SUB - 1)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -146,10 +154,14 @@ def dv_local_kernel(
     GATE_K: tl.constexpr = False,
     BG: tl.constexpr = 32,
     SCORES: tl.constexpr = False,
+    SUB: tl.constexpr = 1,
 ):
     """dE_local = scale P^T dO (fp32), the intra-chunk part of the correction gradient.
     BG: the column slice of the gated scores (GATE_K). SCORES (with GATE_K): P^T read
-    transposed from Aqk (subchunk.py, aqk_ptr [T, HO, 64]) instead of formed here."""
+    transposed from Aqk (subchunk.py, aqk_ptr [T, HO, 64]) instead of formed here. SUB
+    (gdp, a decay per head): q and dO hold one row per real token, at its last sub-token
+    (tiles.py load_rows_sub)."""
+    tl.static_assert(SUB == 1 or not GATE_K, "sub-token rows: a decay per head only")
     c = tl.program_id(0)
     h = tl.program_id(1)
     iv = tl.program_id(2)
@@ -174,13 +186,13 @@ def dv_local_kernel(
         pt = pt * inv_norm(k, 1, L2NORM, EPS)[:, None] * inv_norm(qt, 0, L2NORM, EPS)[None, :]
     else:
         k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K).to(tl.float32)
-        qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K).to(tl.float32)
+        qt = load_rows_t_sub(q_ptr, t0, r, valid, H * K, hq * K, K, SUB, SUB - 1).to(tl.float32)
         if L2NORM:
             k = l2norm_rows(k, 1, EPS)
             qt = l2norm_rows(qt, 0, EPS)
         g = load_vec(gc_ptr, t0, r, valid, HO, h)
         pt = tl.dot(k.to(dt), qt.to(dt), input_precision=PREC) * decay_mask(g, g, valid, False)
-    do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
+    do = load_rows_sub(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV, SUB, SUB - 1)
     de = tl.dot(pt.to(dt), do.to(dt), input_precision=PREC) * scale
     store_rows(de_ptr, de, t0, r, valid, HO * V, h * V + iv * BV, BV)
 
@@ -229,6 +241,7 @@ def dqk_kernel(
     GATE_K: tl.constexpr = False,
     BG: tl.constexpr = 32,
     SUBCHUNK_BWD: tl.constexpr = False,
+    SUB: tl.constexpr = 1,
 ):
     """Writes dq (final if FINAL_DQ, else fp32 per output head), and fp32 partials dk, dw,
     dG [T, HO] ([T, HO, K] under GATE_K) that the WY backward completes.
@@ -245,7 +258,11 @@ def dqk_kernel(
     query terms), then PART 2 (the dk side: dk, dw, and dG's key terms added to what PART 1
     stored). (One launch computing both: (a) fwd+bwd 5.68 vs 5.49 ms, H200.) BG: the column
     slice of the gated products (GATE_K, _dqk_gated_tail); SUBCHUNK_BWD: those products on
-    the sub-chunk form (subchunk_bwd.py) instead of gated.py's tree."""
+    the sub-chunk form (subchunk_bwd.py) instead of gated.py's tree. SUB (gdp, a decay per
+    head): q, dO and the final dq hold one row per real token, at its last sub-token
+    (tiles.py load_rows_sub); the per-output-head dq (not FINAL_DQ) stays on the timeline
+    rows, and group_reduce_kernel folds it."""
+    tl.static_assert(SUB == 1 or not GATE_K, "sub-token rows: a decay per head only")
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -297,7 +314,7 @@ def dqk_kernel(
                 x0 = tl.load(state_block_t(h_ptr, base, v_idx, K, sh_v, sh_k)).to(dt)
             ut = load_rows_t(u_ptr, t0, r, valid, HO * V, col0, BV).to(tl.float32)
             et = (ut - tl.dot(x0, wt, input_precision=PREC)).to(dt)
-        do = load_rows(do_ptr, t0, r, valid, HO * V, col0, BV).to(dt)
+        do = load_rows_sub(do_ptr, t0, r, valid, HO * V, col0, BV, SUB, SUB - 1).to(dt)
         dp += tl.dot(do, et, input_precision=PREC)
         if PART == 1:
             dq_inter += tl.dot(do, x0, input_precision=PREC)
@@ -322,7 +339,7 @@ def dqk_kernel(
         g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
         dpg = dp * scale * decay_mask(g, g, valid, True)
         if PART == 1:
-            q = load_rows(q_ptr, t0, r, valid, H * K, hq * K, K)
+            q = load_rows_sub(q_ptr, t0, r, valid, H * K, hq * K, K, SUB, SUB - 1)
             kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
             rq = inv_norm(q, 1, L2NORM, EPS)
             rkt = inv_norm(kt, 0, L2NORM, EPS)  # the keys' inverse norms, along kt's columns
@@ -330,7 +347,7 @@ def dqk_kernel(
             dg = tl.sum(pq, 1) - tl.sum(pq, 0)  # dP * (Q_hat K_hat^T): rows minus columns
 
         if PART == 2:
-            qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
+            qt = load_rows_t_sub(q_ptr, t0, r, valid, H * K, hq * K, K, SUB, SUB - 1)
             kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
             rkt = inv_norm(kt, 0, L2NORM, EPS)
             rq = inv_norm(qt, 0, L2NORM, EPS)
@@ -351,7 +368,7 @@ def dqk_kernel(
             if FINAL_DQ:
                 if L2NORM:
                     dq = l2norm_rows_bwd(q.to(tl.float32), dq, EPS)
-                store_rows(dq_ptr, dq, t0, r, valid, H * K, hq * K, K)
+                store_rows_sub(dq_ptr, dq, t0, r, valid, H * K, hq * K, K, SUB, SUB - 1)
             else:
                 store_rows(dq_ptr, dq, t0, r, valid, HO * K, h * K, K)
         store_vec(dg_ptr, dg, t0, r, valid, HO, h)

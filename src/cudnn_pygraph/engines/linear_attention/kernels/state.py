@@ -32,7 +32,17 @@ import triton.language as tl
 from .chunk_index import locate_chunk
 from .gated import gated_scores
 from .normalize import inv_norm
-from .tiles import decay_mask, load_rows, load_rows_t, load_vec, state_block, store_rows
+from .tiles import (
+    decay_mask,
+    load_rows,
+    load_rows_sub,
+    load_rows_t,
+    load_rows_t_sub,
+    load_vec,
+    state_block,
+    store_rows,
+    store_rows_sub,
+)
 
 
 def state_grid(v_fastest: bool, n_seqs: int, n_out: int, n_vblocks: int) -> tuple:
@@ -110,6 +120,7 @@ def state_fwd_kernel(
     V_FASTEST: tl.constexpr = False,
     GATE_K: tl.constexpr = False,
     BG: tl.constexpr = 32,
+    SUB: tl.constexpr = 1,
 ):
     """rk_ptr: the keys' inverse row norms [T, HO] (1 without the l2norm) from wy_solve, so
     the chain of dependent steps per chunk holds no norm reduction.
@@ -121,8 +132,10 @@ def state_fwd_kernel(
     launches no output stage: the backward recomputes both anyway. Its cost: q [64, K] per
     chunk and program and the chunk's Q K^T per V block (shared through L2 with V_FASTEST).
     q_ptr / o_ptr / scale / H / L2NORM / EPS are read only under it. BG: the column slice
-    of the fused output's gated scores (GATE_K, gated.py)."""
+    of the fused output's gated scores (GATE_K, gated.py). SUB (gdp, a decay per head):
+    q and O hold one row per real token, at its last sub-token (tiles.py load_rows_sub)."""
     n, h, iv = state_program(V_FASTEST, V // BV, HO, order_ptr)
+    tl.static_assert(SUB == 1 or not GATE_K, "sub-token rows: a decay per head only")
     hk = h // (HO // HK)
     dt = w_ptr.dtype.element_ty
     bos = tl.load(cu_ptr + n).to(tl.int32)
@@ -183,7 +196,8 @@ def state_fwd_kernel(
             g = load_vec(gc_ptr, t0, r, valid, HO, h)
             g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
             if FUSE_OUTPUT:
-                q = load_rows(q_ptr, t0, r, valid, H * K, (h // (HO // H)) * K, K)
+                q = load_rows_sub(q_ptr, t0, r, valid, H * K, (h // (HO // H)) * K, K, SUB,
+                                  SUB - 1)  # fmt: skip
                 rq = inv_norm(q, 1, L2NORM, EPS)
                 p = tl.dot(q, kt, input_precision=PREC) * (
                     decay_mask(g, g, valid, True) * rk[None, :]
@@ -191,7 +205,7 @@ def state_fwd_kernel(
                 o = tl.dot(q, s.to(dt), input_precision=PREC) * tl.exp(g)[:, None]
                 o += tl.dot(p.to(dt), e.to(dt), input_precision=PREC)
                 o = o * (scale * rq)[:, None]
-                store_rows(o_ptr, o, t0, r, valid, HO * V, h * V + iv * BV, BV)
+                store_rows_sub(o_ptr, o, t0, r, valid, HO * V, h * V + iv * BV, BV, SUB, SUB - 1)
             # k^T diag(rk * decay) E: the l2norm of k folded into the rows of E.
             row_scale = tl.where(r < valid, tl.exp(g_last - g) * rk, 0.0)
             e = e * row_scale[:, None]
@@ -245,6 +259,7 @@ def state_bwd_kernel(
     V_FASTEST: tl.constexpr = False,
     GATE_K: tl.constexpr = False,
     PRESCALED: tl.constexpr = False,
+    SUB: tl.constexpr = 1,
 ):
     """de_ptr holds dE_local on entry (fp32 [T, HO, V]) and dE on exit, in place.
 
@@ -257,8 +272,12 @@ def state_bwd_kernel(
     norms (reduced here, off the chain of dependent steps) and scale * exp(G) scale the rows
     of dO before it. So no fp32 copy of a [64, K] tile is held and no norm is reduced between
     two dependent products (normalized fp32 copies cost registers and shared memory enough
-    to leave one program per SM)."""
+    to leave one program per SM).
+
+    SUB (gdp, a decay per head): q and dO hold one row per real token, at its last
+    sub-token (tiles.py load_rows_sub)."""
     n, h, iv = state_program(V_FASTEST, V // BV, HO, order_ptr)
+    tl.static_assert(SUB == 1 or not GATE_K, "sub-token rows: a decay per head only")
     hq = h // (HO // H)
     hk = h // (HO // HK)
     dt = w_ptr.dtype.element_ty
@@ -329,10 +348,10 @@ def state_bwd_kernel(
             k_scale = tl.where(r < valid, tl.exp(g_last - g) * rk, 0.0)
             de += tl.dot(k, ds.to(dt), input_precision=PREC) * k_scale[:, None]
             store_rows(de_ptr, de, t0, r, valid, HO * V, h * V + iv * BV, BV)
-            qt = load_rows_t(q_ptr, t0, r, valid, H * K, hq * K, K)
+            qt = load_rows_t_sub(q_ptr, t0, r, valid, H * K, hq * K, K, SUB, SUB - 1)
             rq = inv_norm(qt, 0, L2NORM, EPS)
-            do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(tl.float32)
-            do = do * (scale * tl.exp(g) * rq)[:, None]
+            do = load_rows_sub(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV, SUB, SUB - 1)
+            do = do.to(tl.float32) * (scale * tl.exp(g) * rq)[:, None]
             wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
             ds = (
                 ds * tl.exp(g_last)

@@ -15,7 +15,9 @@ H and G are written by the main op's own state kernels, so a summary's numbers a
 gdn / gdn_bwd run from a zero state. M comes from the same walk with the corrections' u
 term dropped and an identity seed (M = the walk applied to I): one program per (sequence,
 head, block of M's columns), no extra scratch, no product the walk does not already do.
-G does not depend on v: wy_solve forms u from dO in v's place and nothing reads it.
+G does not depend on v: wy_solve forms u from dO in v's place and nothing reads it (gdp,
+whose dO holds real-token rows only: wy_solve forms no u, FORM_U). sub_tokens: gdp's n, as
+gdn.py's.
 
 gate_per_key (kda, gdn2: G per key channel) runs the stages' GATE_K and the walk below
 scales S's rows and the keys per channel, as state.py's does; a write gate (gdn2) is the WY
@@ -39,6 +41,7 @@ from .gdn import (
     _forms_scores,
     _gate_flags,
     _lower_bound,
+    _real_rows,
     _resolve_config,
     _run_wy_and_state,
     _slice,
@@ -115,12 +118,13 @@ def transition_kernel(
 
 
 def _summary_rows(total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, backward, strided,
-                  gate_per_key=False, beta_per_key=False):  # fmt: skip
+                  gate_per_key=False, beta_per_key=False, sub_tokens=1):  # fmt: skip
     """[(name, dtype, shape)] of the scratch: the forward's gates and WY factors (no h, no E:
     nothing reads them), plus dE and dh for the backward summary's state_bwd."""
     rows = _layout(
         total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, False, False, False,
         fused_output=True, strided=strided, gate_per_key=gate_per_key, beta_per_key=beta_per_key,
+        sub_tokens=sub_tokens,
     )  # fmt: skip
     if backward:
         rows += [
@@ -132,15 +136,16 @@ def _summary_rows(total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, dtype, ba
 
 def summary_workspace_bytes(
     total_t, n_seqs, n_q_heads, n_k_heads, n_v_heads, dim_k, dim_v, dtype, *, backward,
-    strided=(), gate_per_key=False, beta_per_key=False,
+    strided=(), gate_per_key=False, beta_per_key=False, sub_tokens=1,
 ):  # fmt: skip
     """Bytes of scratch gdn_summary (backward=False) or gdn_summary_bwd carves. For the
     backward, n_v_heads / dim_v are dO's heads and V. strided: as gdn_workspace_bytes';
-    gate_per_key (kda, gdn2) and beta_per_key (gdn2) as gdn_workspace_bytes'."""
+    gate_per_key (kda, gdn2), beta_per_key (gdn2) and sub_tokens (gdp) as
+    gdn_workspace_bytes'."""
     n_out = max(n_q_heads, n_v_heads)
     rows = _summary_rows(
         total_t, n_seqs, n_out, n_q_heads, n_k_heads, n_v_heads, dim_k, dim_v, dtype, backward,
-        tuple(strided), gate_per_key, beta_per_key,
+        tuple(strided), gate_per_key, beta_per_key, sub_tokens,
     )  # fmt: skip
     return sum(_aligned(_nbytes(dt, shape)) for _, dt, shape in rows)
 
@@ -178,16 +183,18 @@ def _transition(k, ws, dims, out, strides, cfg, prec, gate_per_key):
 
 
 def _prepare(inputs, cu_seqlens, dims, backward, workspace, flags, a_log, dt_bias,
-             use_qk_l2norm, kernel_cfgs, final_state, lower_bound):  # fmt: skip
+             use_qk_l2norm, kernel_cfgs, final_state, lower_bound, sub_tokens,
+             form_u=True):  # fmt: skip
     """Scratch carved, strided inputs copied dense, then the tables, gates and WY factors
     (and H, when final_state is given). inputs: {name: tensor} of q (the backward only),
     k, v, g, beta (and gdn2's write gate w) as the stages read them; returns (ws, prec, the
-    dense inputs by name)."""
+    dense inputs by name). sub_tokens: gdp's n (q and g at real-token rows); form_u:
+    _run_wy_and_state's."""
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
     strided = tuple((n, t.dtype) for n, t in inputs.items() if not t.is_contiguous())
     rows = _summary_rows(
         total_t, n_seqs, n_out, n_q, n_k, n_v, dim_k, dim_v, inputs["k"].dtype, backward,
-        strided, flags["GATE_K"], "w" in inputs,
+        strided, flags["GATE_K"], "w" in inputs, sub_tokens,
     )  # fmt: skip
     ws = _carve(rows, workspace, inputs["k"].device)
     x = dict(zip(inputs, _dense(inputs, ws)))
@@ -198,6 +205,7 @@ def _prepare(inputs, cu_seqlens, dims, backward, workspace, flags, a_log, dt_bia
         initial_state=None, final_state=final_state, state_indices=None, h_buf=None,
         store_h=False, vnew=None, kernel_cfgs=kernel_cfgs,
         lower_bound=_lower_bound(flags, lower_bound), write_gate=x.get("w"),
+        sub_tokens=sub_tokens, form_u=form_u,
     )  # fmt: skip
     return ws, prec, x
 
@@ -206,16 +214,17 @@ def gdn_summary(
     k, v, g, beta, cu_seqlens, *, h_out, m_out, use_qk_l2norm=False, use_beta_sigmoid=False,
     allow_neg_eigval=False, safe_gate=False, a_log=None, dt_bias=None, gate_domain="log",
     workspace=None, batch_invariant=False, config=None, gate_per_key=False, gate_lower_bound=None,
-    write_gate=None,
+    write_gate=None, sub_tokens=1,
 ) -> None:  # fmt: skip
     """Writes H (fp32 [N, HO, V, K], the final state from a zero seed) into h_out and
     M_buf = M^T (fp32 [N, HO, K, K]) into m_out, any strides. k [T, HK, K] with HK = H
     (the summary reads no q); v, g, beta and the flags as gdn_forward's (gate_per_key: kda
-    and gdn2; write_gate: gdn2's w, beta then [T, HO, K])."""
+    and gdn2; write_gate: gdn2's w, beta then [T, HO, K]). sub_tokens: gdp's n, as
+    gdn_forward's (g at real-token rows)."""
     flag_args = (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, gate_per_key,
                  gate_lower_bound)  # fmt: skip
     dims = _validate(k, k, v, g, beta, cu_seqlens, 1.0, flag_args, None, h_out, None, None,
-                     a_log, dt_bias, write_gate)  # fmt: skip
+                     a_log, dt_bias, write_gate, sub_tokens)  # fmt: skip
     total_t, n_seqs, _, _, _, n_out, dim_k, dim_v = dims
     _check_summary("h_out", h_out, (n_seqs, n_out, dim_v, dim_k))
     _check_summary("m_out", m_out, (n_seqs, n_out, dim_k, dim_k))
@@ -235,7 +244,8 @@ def gdn_summary(
     if write_gate is not None:
         inputs["w"] = write_gate
     ws, prec, x = _prepare(inputs, cu_seqlens, dims, False, workspace, flags, a_log, dt_bias,
-                           use_qk_l2norm, kernel_cfgs, h_out, gate_lower_bound)  # fmt: skip
+                           use_qk_l2norm, kernel_cfgs, h_out, gate_lower_bound,
+                           sub_tokens)  # fmt: skip
     if n_seqs:
         _transition(x["k"], ws, dims, m_out, (m_out.stride(2), m_out.stride(3)),
                     kernel_cfgs["state_fwd"], prec, gate_per_key)  # fmt: skip
@@ -247,24 +257,27 @@ def gdn_summary_bwd(
     q, k, g, beta, cu_seqlens, do, *, scale, g_out, transition=None, use_qk_l2norm=False,
     use_beta_sigmoid=False, allow_neg_eigval=False, safe_gate=False, a_log=None,
     dt_bias=None, gate_domain="log", workspace=None, batch_invariant=False, config=None,
-    gate_per_key=False, gate_lower_bound=None, beta_per_key=False,
+    gate_per_key=False, gate_lower_bound=None, beta_per_key=False, sub_tokens=1,
 ) -> None:  # fmt: skip
     """Writes G (fp32 [N, HO, V, K]: the incoming-state gradient from dO alone) into g_out
     and, when given, the transition M (fp32 [N, HO, K, K], = M_buf^T) into `transition`.
     q / k / g / beta / dO and the flags as gdn_backward's; dO [T, HO, V] contiguous.
-    gate_per_key: kda and gdn2; beta_per_key: gdn2 (beta [T, HO, K])."""
+    gate_per_key: kda and gdn2; beta_per_key: gdn2 (beta [T, HO, K]). sub_tokens: gdp's n,
+    as gdn_backward's (q, g and dO at real-token rows)."""
     flag_args = (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, gate_per_key,
                  gate_lower_bound)  # fmt: skip
     # dO stands in for v (HV = HO), and for gdn2's write gate: only wy_solve's u reads them,
-    # and nothing reads u here (G depends on q, k, g and beta only).
+    # and nothing reads u here (G depends on q, k, g and beta only). Under sub_tokens > 1
+    # dO holds real-token rows, fewer than the timeline's: wy_solve then forms no u and
+    # reads no v (form_u).
     stand_in = do if beta_per_key else None
     dims = _validate(q, k, do, g, beta, cu_seqlens, scale, flag_args, None, None, None, None,
-                     a_log, dt_bias, stand_in)  # fmt: skip
+                     a_log, dt_bias, stand_in, sub_tokens, real_v=True)  # fmt: skip
     total_t, n_seqs, n_q, n_k, _, n_out, dim_k, dim_v = dims
     _check(
         "do",
-        tuple(do.shape) == (total_t, n_out, dim_v) and do.is_contiguous(),
-        f"must be contiguous [total_T, HO, V] = {(total_t, n_out, dim_v)}",
+        tuple(do.shape) == (q.shape[0], n_out, dim_v) and do.is_contiguous(),
+        f"must be contiguous [{_real_rows(sub_tokens)}, HO, V] = {(q.shape[0], n_out, dim_v)}",
     )
     _check_summary("g_out", g_out, (n_seqs, n_out, dim_v, dim_k))
     if transition is not None:
@@ -285,7 +298,8 @@ def gdn_summary_bwd(
     if stand_in is not None:
         inputs["w"] = stand_in
     ws, prec, x = _prepare(inputs, cu_seqlens, dims, True, workspace, flags, a_log, dt_bias,
-                           use_qk_l2norm, kernel_cfgs, None, gate_lower_bound)  # fmt: skip
+                           use_qk_l2norm, kernel_cfgs, None, gate_lower_bound, sub_tokens,
+                           form_u=sub_tokens == 1)  # fmt: skip
     q, k = x["q"], x["k"]
     if n_seqs:
         common = {"K": dim_k, "V": dim_v, "L2NORM": use_qk_l2norm, "PREC": prec,
@@ -298,7 +312,7 @@ def gdn_summary_bwd(
             dv_local_kernel[(max_chunks(total_t, n_seqs), n_out, dim_v // bv)](
                 q, k, ws["gc"], ws["aqk"] if scores else ws["gc"], do, ws["de"], ws["cu_safe"],
                 ws["chunk_offsets"], ws["chunk_seq"], n_seqs, scale, n_out, n_q, n_k, BV=bv,
-                SCORES=scores, **common, **cfg,
+                SCORES=scores, SUB=sub_tokens, **common, **cfg,
             )  # fmt: skip
         cfg = dict(kernel_cfgs["state_bwd"])
         # The summary's walk forms its decayed operands in place (it has no dk_part / dw
@@ -311,7 +325,7 @@ def gdn_summary_bwd(
             q, k, ws["w"], ws["gc"], ws["rk"], do, ws["de"], ws["gc"], ws["gc"], ws["cu_safe"],
             ws["chunk_offsets"], ws["seq_order"], g_out, g_out, dh, 0, 0, 0, 0,
             *g_out.stride(), *dh.stride(), scale, n_out, n_q, n_k, BV=bv,
-            HAS_DFINAL=False, HAS_DINIT=True, **common, **cfg,
+            HAS_DFINAL=False, HAS_DINIT=True, SUB=sub_tokens, **common, **cfg,
         )  # fmt: skip
         if transition is not None:
             _transition(k, ws, dims, transition, (transition.stride(3), transition.stride(2)),

@@ -73,6 +73,91 @@ def store_vec(ptr, x, t0, rows, valid, stride_t, head):
     tl.store(base + rows * stride_t, x.to(ptr.dtype.element_ty), mask=rows < valid)
 
 
+# Real-token rows on the sub-token timeline (gdp: num_householder = SUB timeline rows per
+# token). A tile of timeline rows t0 + rows maps to real row (t0 + rows) // SUB of a tensor
+# that holds one row per real token; only the rows of sub-token (t0 + rows) % SUB == PICK
+# are that token's (PICK = SUB - 1 for the query side, q / dO / O / dQ: the readout after
+# the token's last sub-token; PICK = 0 for the raw gate and dG: the decay before its first).
+# The other rows load as `other` and are not stored. t0 % SUB is not 0 in general (64 is
+# not a multiple of SUB = 3), so the tile's first real row is t0 // SUB and the in-tile
+# offsets come from (t0 % SUB) + rows, int32 as the helpers above keep them. SUB == 1 is the
+# helper above itself, resolved at compile time: the gdn / kda / gdn2 programs are unchanged.
+
+
+@triton.jit
+def _sub_rows(t0, rows, valid, SUB: tl.constexpr, PICK: tl.constexpr):
+    """(the tile's first real row, int64; each row's real row relative to it; the rows that
+    are their token's sub-token PICK, within valid)."""
+    t = t0.to(tl.int64)
+    e = (t % SUB).to(tl.int32) + rows
+    return t // SUB, e // SUB, (rows < valid) & (e % SUB == PICK)
+
+
+@triton.jit
+def load_rows_sub(ptr, t0, rows, valid, stride_t, col0, D: tl.constexpr, SUB: tl.constexpr,
+                  PICK: tl.constexpr):  # fmt: skip
+    """load_rows of timeline rows from a real-row tensor (0 off sub-token PICK)."""
+    if SUB == 1:
+        return load_rows(ptr, t0, rows, valid, stride_t, col0, D)
+    else:
+        first, real, keep = _sub_rows(t0, rows, valid, SUB, PICK)
+        cols = tl.arange(0, D)
+        base = ptr + first * stride_t + col0
+        return tl.load(
+            base + real[:, None] * stride_t + cols[None, :], mask=keep[:, None], other=0.0
+        )
+
+
+@triton.jit
+def load_rows_t_sub(ptr, t0, rows, valid, stride_t, col0, D: tl.constexpr, SUB: tl.constexpr,
+                    PICK: tl.constexpr):  # fmt: skip
+    """load_rows_t of timeline rows from a real-row tensor (0 off sub-token PICK)."""
+    if SUB == 1:
+        return load_rows_t(ptr, t0, rows, valid, stride_t, col0, D)
+    else:
+        first, real, keep = _sub_rows(t0, rows, valid, SUB, PICK)
+        cols = tl.arange(0, D)
+        base = ptr + first * stride_t + col0
+        return tl.load(
+            base + real[None, :] * stride_t + cols[:, None], mask=keep[None, :], other=0.0
+        )
+
+
+@triton.jit
+def store_rows_sub(ptr, x, t0, rows, valid, stride_t, col0, D: tl.constexpr,
+                   SUB: tl.constexpr, PICK: tl.constexpr):  # fmt: skip
+    """store_rows of timeline rows into a real-row tensor: sub-token PICK's rows only."""
+    if SUB == 1:
+        store_rows(ptr, x, t0, rows, valid, stride_t, col0, D)
+    else:
+        first, real, keep = _sub_rows(t0, rows, valid, SUB, PICK)
+        cols = tl.arange(0, D)
+        base = ptr + first * stride_t + col0
+        tl.store(
+            base + real[:, None] * stride_t + cols[None, :],
+            x.to(ptr.dtype.element_ty),
+            mask=keep[:, None],
+        )
+
+
+@triton.jit
+def load_vec_sub(ptr, t0, rows, valid, stride_t, head, SUB: tl.constexpr, PICK: tl.constexpr,
+                 other):  # fmt: skip
+    """[R] per-token scalars of a real-row [T, heads] tensor at timeline rows t0 + rows, in
+    the tensor's dtype: `other` off sub-token PICK and outside valid."""
+    first, real, keep = _sub_rows(t0, rows, valid, SUB, PICK)
+    return tl.load(ptr + first * stride_t + head + real * stride_t, mask=keep, other=other)
+
+
+@triton.jit
+def store_vec_sub(ptr, x, t0, rows, valid, stride_t, head, SUB: tl.constexpr,
+                  PICK: tl.constexpr):  # fmt: skip
+    """store_vec into a real-row [T, heads] tensor: sub-token PICK's rows only."""
+    first, real, keep = _sub_rows(t0, rows, valid, SUB, PICK)
+    tl.store(ptr + first * stride_t + head + real * stride_t, x.to(ptr.dtype.element_ty),
+             mask=keep)  # fmt: skip
+
+
 @triton.jit
 def state_block(ptr, base, v_idx, K: tl.constexpr, stride_v, stride_k):
     """Pointers of a state block held K-major in registers, [K, BV] = S (rows: key channel),

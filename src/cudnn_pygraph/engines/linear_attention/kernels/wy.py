@@ -17,9 +17,18 @@ import triton.language as tl
 
 from .chunk_index import locate_chunk
 from .gated import gated_scores
-from .gates import effective_beta_bwd, log_decay_bwd, reverse_cumsum
+from .gates import effective_beta_bwd, identity_gate, log_decay_bwd, reverse_cumsum
 from .normalize import l2norm_rows_bwd
-from .tiles import load_rows, load_rows_t, load_vec, store_rows
+from .tiles import (
+    load_rows,
+    load_rows_sub,
+    load_rows_t,
+    load_vec,
+    load_vec_sub,
+    store_rows,
+    store_rows_sub,
+    store_vec_sub,
+)
 from .wy_keys import key_slice_grads, load_a
 
 
@@ -28,17 +37,22 @@ def _store_gate_and_beta_grads(
     dg, dbeta, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, dg_part_ptr, dg_ptr, dbeta_ptr,
     da_tok_ptr, ddt_tok_ptr, t0, valid, HO, h, lower_bound, LINEAR: tl.constexpr,
     SAFE: tl.constexpr, HAS_A: tl.constexpr, HAS_DT: tl.constexpr, HAS_LB: tl.constexpr,
-    SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr,
+    SIGMOID: tl.constexpr, NEG_EIGVAL: tl.constexpr, SUB: tl.constexpr,
 ):  # fmt: skip
     """A chunk's per-token finish: dG (w.r.t. the cumulative gate, plus the stage-4 partial)
     back through the chunk-local cumsum and the gate transform; dbeta (w.r.t. the effective
-    beta) back through the beta transform."""
+    beta) back through the beta transform. SUB > 1 (gdp): g and dG hold one row per real
+    token, at its sub-token 0 (tiles.py load_vec_sub); the other sub-tokens read the identity
+    gate (gates.py identity_gate), whose d_a_log / d_dt_bias terms are 0."""
     r = tl.arange(0, 64)
     row_ok = r < valid
     dg += load_vec(dg_part_ptr, t0, r, valid, HO, h)
     d_gamma = reverse_cumsum(tl.where(row_ok, dg, 0.0))
     offs = (t0 + r).to(tl.int64) * HO + h
-    g_raw = tl.load(g_ptr + offs, mask=row_ok, other=1.0)
+    if SUB == 1:
+        g_raw = tl.load(g_ptr + offs, mask=row_ok, other=1.0)
+    else:
+        g_raw = load_vec_sub(g_ptr, t0, r, valid, HO, h, SUB, 0, identity_gate(LINEAR, SAFE))
     d_graw, d_a, d_dt = log_decay_bwd(
         g_raw,
         d_gamma,
@@ -53,7 +67,10 @@ def _store_gate_and_beta_grads(
         HAS_DT,
         HAS_LB,
     )
-    tl.store(dg_ptr + offs, d_graw.to(dg_ptr.dtype.element_ty), mask=row_ok)
+    if SUB == 1:
+        tl.store(dg_ptr + offs, d_graw.to(dg_ptr.dtype.element_ty), mask=row_ok)
+    else:
+        store_vec_sub(dg_ptr, d_graw, t0, r, valid, HO, h, SUB, 0)
     if SAFE:
         if HAS_A:
             tl.store(da_tok_ptr + offs, d_a, mask=row_ok)
@@ -119,6 +136,7 @@ def wy_bwd_kernel(
     SUBCHUNK_BWD: tl.constexpr = False,
     DM_RELOAD: tl.constexpr = False,
     KEY_SPLIT: tl.constexpr = False,
+    SUB: tl.constexpr = 1,
 ):
     """dk, dv, dbeta and dG in BV / BK column slices, so that only the [64, 64] matrices
     (A^T, dA, the key Gram) stay whole: a dozen whole [64, 128] fp32 tiles would need more
@@ -159,6 +177,7 @@ def wy_bwd_kernel(
     fp32 results or to the [64, 64] matrices instead of to the key / value tiles, so that
     the raw 16-bit tiles enter the products unrounded (tf32 products instead: (a) 1.329 vs
     1.036 ms per launch, H200, bench/results/gdn.md). fp32 runs: fp32 operands, ieee."""
+    tl.static_assert(SUB == 1 or not GATE_K, "sub-token rows: a decay per head only")
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -267,7 +286,7 @@ def wy_bwd_kernel(
         _store_gate_and_beta_grads(
             dg, dbeta, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, dg_part_ptr, dg_ptr, dbeta_ptr,
             da_tok_ptr, ddt_tok_ptr, t0, valid, HO, h, lower_bound, LINEAR, SAFE, HAS_A, HAS_DT,
-            HAS_LB, SIGMOID, NEG_EIGVAL,
+            HAS_LB, SIGMOID, NEG_EIGVAL, SUB,
         )  # fmt: skip
 
 
@@ -282,9 +301,12 @@ def group_reduce_kernel(
     D: tl.constexpr,
     L2NORM: tl.constexpr,
     EPS: tl.constexpr,
+    SUB: tl.constexpr = 1,
 ):
     """out[t, hs] = sum of src[t, ho] over the HO/HS output heads that head hs serves
-    (fixed order: deterministic), then the l2norm Jacobian against the raw x if asked."""
+    (fixed order: deterministic), then the l2norm Jacobian against the raw x if asked.
+    SUB > 1 (gdp's dq): src stays on the T timeline rows, x (q) and out (dq) hold one row
+    per real token, at its last sub-token (tiles.py load_rows_sub)."""
     t0 = tl.program_id(0) * 64
     hs = tl.program_id(1)
     r = tl.arange(0, 64)
@@ -294,9 +316,9 @@ def group_reduce_kernel(
     for i in range(group):
         acc += load_rows(src_ptr, t0, r, valid, HO * D, (hs * group + i) * D, D)
     if L2NORM:
-        x = load_rows(x_ptr, t0, r, valid, HS * D, hs * D, D).to(tl.float32)
+        x = load_rows_sub(x_ptr, t0, r, valid, HS * D, hs * D, D, SUB, SUB - 1).to(tl.float32)
         acc = l2norm_rows_bwd(x, acc, EPS)
-    store_rows(out_ptr, acc, t0, r, valid, HS * D, hs * D, D)
+    store_rows_sub(out_ptr, acc, t0, r, valid, HS * D, hs * D, D, SUB, SUB - 1)
 
 
 @triton.jit

@@ -363,6 +363,8 @@ def wy_solve_kernel(
     BETA_K: tl.constexpr = False,
     BG: tl.constexpr = 32,
     SCORES: tl.constexpr = False,
+    SUB: tl.constexpr = 1,
+    FORM_U: tl.constexpr = True,
 ):
     """One program per (chunk, output head): writes G, beta_eff, rk (the keys' inverse row
     norms, 1 without the l2norm) as [T, HO] fp32 (G as [T, HO, K] under GATE_K); A =
@@ -382,7 +384,11 @@ def wy_solve_kernel(
 
     SCORES (with GATE_K: a config with a "scores" entry): subchunk.py's kernel ran stage 1
     (G and beta_eff are stored) and stored the gated Gram as Akk [T, HO, 64] (akk_ptr);
-    this program reads its ten blocks instead of forming them."""
+    this program reads its ten blocks instead of forming them.
+
+    SUB (gdp, a decay per head): g holds one row per real token, read at its sub-token 0
+    (gates.py gate_rows). FORM_U=False: no u (v is not read), for a caller that reads none
+    (gdp's backward summary, whose dO does not span the timeline's rows)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
@@ -406,19 +412,19 @@ def wy_solve_kernel(
     else:
         gam0, b0 = gate_rows(
             g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r, valid, h, HO, lower_bound, K, GATE_K,
-            LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K,
+            LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K, SUB,
         )  # fmt: skip
         gam1, b1 = gate_rows(
             g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 16, valid, h, HO, lower_bound, K,
-            GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K,
+            GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K, SUB,
         )  # fmt: skip
         gam2, b2 = gate_rows(
             g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 32, valid, h, HO, lower_bound, K,
-            GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K,
+            GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K, SUB,
         )  # fmt: skip
         gam3, b3 = gate_rows(
             g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, t0, r + 48, valid, h, HO, lower_bound, K,
-            GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K,
+            GATE_K, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, BETA_K, SUB,
         )  # fmt: skip
         s0 = tl.sum(gam0, 0)
         s1 = s0 + tl.sum(gam1, 0)
@@ -570,11 +576,12 @@ def wy_solve_kernel(
         wh32 = _scaled16(a32, e2, DT)
         wh33 = _scaled16(a33, e3, DT)
         hv = h // (HO // HV)
-        _apply_rows16(
-            v_ptr, t0, valid, HV * V, hv * V,
-            uh00, uh10, uh11, uh20, uh21, uh22, uh30, uh31, uh32, uh33,
-            u_ptr, HO * V, h * V, V, BA, gc_ptr, 0, 0, False, wg_ptr, HO * V, h * V, BETA_K,
-        )  # fmt: skip
+        if FORM_U:
+            _apply_rows16(
+                v_ptr, t0, valid, HV * V, hv * V,
+                uh00, uh10, uh11, uh20, uh21, uh22, uh30, uh31, uh32, uh33,
+                u_ptr, HO * V, h * V, V, BA, gc_ptr, 0, 0, False, wg_ptr, HO * V, h * V, BETA_K,
+            )  # fmt: skip
         _apply_rows16(
             k_ptr, t0, valid, HK * K, hk * K,
             wh00, wh10, wh11, wh20, wh21, wh22, wh30, wh31, wh32, wh33,
@@ -583,11 +590,13 @@ def wy_solve_kernel(
         )  # fmt: skip
     else:
         hv = h // (HO // HV)
-        _apply_rows(
-            v_ptr, t0, valid, HV * V, hv * V, c0, c1, c2, c3,
-            a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
-            u_ptr, HO * V, h * V, V, BA, PREC, gc_ptr, 0, 0, False, wg_ptr, HO * V, h * V, BETA_K,
-        )  # fmt: skip
+        if FORM_U:
+            _apply_rows(
+                v_ptr, t0, valid, HV * V, hv * V, c0, c1, c2, c3,
+                a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
+                u_ptr, HO * V, h * V, V, BA, PREC, gc_ptr, 0, 0, False, wg_ptr, HO * V, h * V,
+                BETA_K,
+            )  # fmt: skip
         _apply_rows(
             k_ptr, t0, valid, HK * K, hk * K,
             c0 * tl.exp(d0) * n0, c1 * tl.exp(d1) * n1, c2 * tl.exp(d2) * n2,
