@@ -64,6 +64,7 @@ launcher's pick (configs.recommend_config) ignore the batch.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Mapping
 
@@ -80,6 +81,7 @@ from .gdn_workspace import (
     MIN_SLICE,
     SAVED_ROWS,
     _carve,
+    _compute_dtype,
     _layout,
     gdn_workspace_bytes,
     saved_factors,
@@ -816,10 +818,12 @@ def gdn_backward(
     kg = qg = dummy
     if prescaled and total_t:
         # The walk's decayed keys and queries, formed for all chunks at once. They live in
-        # dw's row and the front of dk_part's (the products' dtype, [T, HO, K] each): dqk
-        # writes those only after the walk has read them.
-        kg = ws["dw"]
-        qg = ws["dk_part"].view(-1).view(kg.dtype)[: kg.numel()].view(kg.shape)
+        # the front of dw's row and of dk_part's, in the products' dtype whatever those rows
+        # hold ([T, HO, K] each): dqk writes those rows only after the walk has read them.
+        shape, cdt = (total_t, n_out, dim_k), _compute_dtype(q.dtype)
+        kg, qg = (
+            ws[row].view(-1).view(cdt)[: math.prod(shape)].view(shape) for row in ("dw", "dk_part")
+        )
         state_bwd_operands_kernel[(n_chunks, n_out)](  # a per-key decay: never sub-token rows
             q, k, ws["gc"], ws["rk"], *tables, kg, qg, scale, n_out, n_q, n_k, K=dim_k,
             BK=min(dim_k, _OPERAND_SLICE), L2NORM=use_qk_l2norm, EPS=L2NORM_EPS,
