@@ -434,8 +434,6 @@ class _CopyCounter:
 
 
 def _in_triton_interpreter():
-    import sys
-
     frame = sys._getframe(2)
     while frame is not None:
         path = frame.f_code.co_filename
