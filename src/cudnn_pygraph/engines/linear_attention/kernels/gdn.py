@@ -76,7 +76,7 @@ from .chunk_index import CHUNK, build_chunk_tables, max_chunks
 from .configs import INTERPRETER_SMS, recommend_config
 from .dense_copy import dense_copy
 from .dqk_sliced import dqk_sliced_kernel
-from .gdn_checks import SUPPORTED_HEAD_DIMS, _check, _validate
+from .gdn_checks import SUPPORTED_HEAD_DIMS, _check, _validate, real_rows
 from .gdn_workspace import (
     MIN_SLICE,
     SAVED_ROWS,
@@ -334,7 +334,7 @@ def _run_wy_and_state(
     factors_given: the backward reads the forward's saved factors and checkpoints: only
     the chunk tables are built. sub_tokens: gdp's n (q, g and o at real-token rows: the
     kernels' SUB). form_u=False: wy_solve forms no u and reads no v (a caller that reads
-    no u and launches no state_fwd: gdp's backward summary)."""
+    no u and launches no state_fwd: the backward summary)."""
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
     n_chunks = max_chunks(total_t, n_seqs)
     dummy = ws["gc"]
@@ -596,7 +596,7 @@ def gdn_forward(
     _check(
         "o",
         tuple(o.shape) == (q.shape[0], n_out, dim_v) and o.is_contiguous(),
-        f"must be contiguous [{_real_rows(sub_tokens)}, HO, V] = {(q.shape[0], n_out, dim_v)}",
+        f"must be contiguous [{real_rows(sub_tokens)}, HO, V] = {(q.shape[0], n_out, dim_v)}",
     )
     fuse_output = bool(kernel_cfgs["state_fwd"].get("FUSE_OUTPUT"))
     ws, h_buf, prec, _, (q, k, *_) = _prepare_and_recompute(
@@ -618,11 +618,6 @@ def gdn_forward(
     poison_dense(err, o, *(saved.values() if saved is not None else ()))
     poison_states(err, checkpoints)
     poison_states(err, final_state, state_indices)
-
-
-def _real_rows(sub_tokens):
-    """The name of q's row count in an error: total_T, or gdp's real tokens."""
-    return "total_T" if sub_tokens == 1 else "total_T / sub_tokens"
 
 
 def _output_stage(q, k, o, ws, h_buf, dims, kernel_cfgs, scale, use_qk_l2norm, prec, gate_k,
@@ -757,7 +752,7 @@ def gdn_backward(
     _check(
         "do",
         tuple(do.shape) == (q.shape[0], n_out, dim_v) and do.is_contiguous(),
-        f"must be contiguous [{_real_rows(sub_tokens)}, HO, V] = {(q.shape[0], n_out, dim_v)}",
+        f"must be contiguous [{real_rows(sub_tokens)}, HO, V] = {(q.shape[0], n_out, dim_v)}",
     )
     state_shape = (n_seqs, n_out, dim_v, dim_k)
     for name, t in (("d_final_state", d_final_state), ("d_initial_state", d_initial_state)):

@@ -16,6 +16,11 @@ def _check(name, cond, rule):
         raise ValueError(f"{name}: {rule}")
 
 
+def real_rows(sub_tokens):
+    """The name of q's row count in an error: total_T, or gdp's real tokens."""
+    return "total_T" if sub_tokens == 1 else "total_T / sub_tokens"
+
+
 def _validate(
     q,
     k,
@@ -106,9 +111,10 @@ def _validate(
             f"must be [total_T, HO, K] = {(total_t, n_out, dim_k)} (a decay per key channel)",
         )
     else:
-        g_rows = "total_T" if sub_tokens == 1 else "total_T / sub_tokens"
         _check(
-            "g", tuple(g.shape) == (real_t, n_out), f"must be [{g_rows}, HO] = {(real_t, n_out)}"
+            "g",
+            tuple(g.shape) == (real_t, n_out),
+            f"must be [{real_rows(sub_tokens)}, HO] = {(real_t, n_out)}",
         )
     if write_gate is not None:
         _check("g", gate_per_key, "gdn2 needs a decay per key channel (gate_per_key)")

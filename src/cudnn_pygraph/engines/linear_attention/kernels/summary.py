@@ -15,9 +15,8 @@ H and G are written by the main op's own state kernels, so a summary's numbers a
 gdn / gdn_bwd run from a zero state. M comes from the same walk with the corrections' u
 term dropped and an identity seed (M = the walk applied to I): one program per (sequence,
 head, block of M's columns), no extra scratch, no product the walk does not already do.
-G does not depend on v: wy_solve forms u from dO in v's place and nothing reads it (gdp,
-whose dO holds real-token rows only: wy_solve forms no u, FORM_U). sub_tokens: gdp's n, as
-gdn.py's.
+G does not depend on v, so wy_solve forms no u there (FORM_U) and dO, which the launch
+takes in v's place, is never read as v. sub_tokens: gdp's n, as gdn.py's.
 
 gate_per_key (kda, gdn2: G per key channel) runs the stages' GATE_K and the walk below
 scales S's rows and the keys per channel, as state.py's does; a write gate (gdn2) is the WY
@@ -41,13 +40,12 @@ from .gdn import (
     _forms_scores,
     _gate_flags,
     _lower_bound,
-    _real_rows,
     _resolve_config,
     _run_wy_and_state,
     _slice,
     launch_within_shared_memory,
 )
-from .gdn_checks import _check, _validate
+from .gdn_checks import _check, _validate, real_rows
 from .gdn_workspace import _aligned, _carve, _compute_dtype, _layout, _nbytes
 from .normalize import L2NORM_EPS
 from .output import dv_local_kernel
@@ -267,9 +265,8 @@ def gdn_summary_bwd(
     flag_args = (use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain, gate_per_key,
                  gate_lower_bound)  # fmt: skip
     # dO stands in for v (HV = HO), and for gdn2's write gate: only wy_solve's u reads them,
-    # and nothing reads u here (G depends on q, k, g and beta only). Under sub_tokens > 1
-    # dO holds real-token rows, fewer than the timeline's: wy_solve then forms no u and
-    # reads no v (form_u).
+    # and nothing reads u here (G depends on q, k, g and beta only), so wy_solve forms none
+    # (form_u) and the stand-ins are never read (gdp's dO has fewer rows than v would).
     stand_in = do if beta_per_key else None
     dims = _validate(q, k, do, g, beta, cu_seqlens, scale, flag_args, None, None, None, None,
                      a_log, dt_bias, stand_in, sub_tokens, real_v=True)  # fmt: skip
@@ -277,7 +274,7 @@ def gdn_summary_bwd(
     _check(
         "do",
         tuple(do.shape) == (q.shape[0], n_out, dim_v) and do.is_contiguous(),
-        f"must be contiguous [{_real_rows(sub_tokens)}, HO, V] = {(q.shape[0], n_out, dim_v)}",
+        f"must be contiguous [{real_rows(sub_tokens)}, HO, V] = {(q.shape[0], n_out, dim_v)}",
     )
     _check_summary("g_out", g_out, (n_seqs, n_out, dim_v, dim_k))
     if transition is not None:
@@ -299,7 +296,7 @@ def gdn_summary_bwd(
         inputs["w"] = stand_in
     ws, prec, x = _prepare(inputs, cu_seqlens, dims, True, workspace, flags, a_log, dt_bias,
                            use_qk_l2norm, kernel_cfgs, None, gate_lower_bound, sub_tokens,
-                           form_u=sub_tokens == 1)  # fmt: skip
+                           form_u=False)  # fmt: skip
     q, k = x["q"], x["k"]
     if n_seqs:
         common = {"K": dim_k, "V": dim_v, "L2NORM": use_qk_l2norm, "PREC": prec,

@@ -388,7 +388,7 @@ def wy_solve_kernel(
 
     SUB (gdp, a decay per head): g holds one row per real token, read at its sub-token 0
     (gates.py gate_rows). FORM_U=False: no u (v is not read), for a caller that reads none
-    (gdp's backward summary, whose dO does not span the timeline's rows)."""
+    (the backward summary: G does not depend on v)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
