@@ -11,49 +11,35 @@ BRIEF.md); add one only with that test, and time it with `bench/gdn.py --sweep`.
 
 This module imports neither torch nor triton: the planner's hook reads it.
 
-Why these values (H200, bench/results/gdn.md; forward / fwd+bwd ms of (a) 8 x 4096,
-(b) 1 x 32768, (c) 64 mixed sequences, H16, K = V = 128, bf16):
+Why these values (the timings behind each are in bench/results/gdn.md, kda.md and
+la_localize.md, made by `bench/gdn.py --sweep` and `bench/kda.py --sweep`):
 - wy_solve (kernels/wy_fwd.py): w and u formed in the program that solves A, the diagonal
-  inversions by block doubling, the doubling / merge products in plain tf32 (MERGE), w and
-  u from A diag(s) rounded to 16 bits, 32-wide apply slices (BA), 1 warp, 3 stages: the
-  kernel alone on (a) 0.315 ms (forward 0.726); BA 32 vs 16: (a) 0.702 / 4.260 vs
-  0.732 / 4.311, bitwise-equal results. 2 warps 1.441 vs 1.147 (forward, older kernel).
+  inversions by block doubling with their products in plain tf32 (MERGE), 32-wide apply
+  slices (BA, bitwise the same results as 16 and faster), 1 warp.
 - state_fwd / state_bwd: one program per (sequence, head, V block) walks all of a
-  sequence's chunks, so how many programs a batch gives decides the best config:
-  "wide" (the batch gives every SM a program): state_fwd writes O itself (FUSE_OUTPUT: no
-  h / E round trips, no output_fwd launch) at BV=64, 4 warps, 2 stages on the V-fastest
-  grid (V_FASTEST, kernels/state.py state_program): (a) 0.845 / 4.849, (c) 1.850 / 10.663;
-  unfused 0.927 / 4.944, 1.850 / 10.839. state_bwd BV=32 at 4 warps / 2 stages V-fastest.
-  "few" (one long sequence: the recurrence's latency): state_fwd BV=16 at 4 warps
-  (b) 1.232 / 6.460 vs the wide config's 3.158; state_bwd BV=16 at 2 stages 6.694.
-  state_bwd at BV=16 / 4 warps / 1 stage gives NaN gradients on the H200 (Triton 3.6):
+  sequence's chunks, so how many programs a batch gives decides the best config: "wide"
+  (every SM gets a program) writes O from the walk itself (FUSE_OUTPUT: no h / E round
+  trips, no output_fwd launch) on the V-fastest grid (kernels/state.py state_program);
+  "few" (one long sequence, bound by the recurrence's latency) walks 16-wide V blocks.
+  state_bwd at BV=16 / 4 warps / 1 stage gives NaN gradients on Hopper (Triton 3.6):
   not a config to use.
-- output_fwd: BV=128 at 4 warps 1.86 / 2.48 vs 8 warps 2.00 / 2.57.
-- dqk (two launches: the dq side, then the dk side) at BV=64, 8 warps, 2 stages,
-  registers capped at 128 (two programs per SM): 5.49 (one launch: 5.68).
+- dqk: two launches (the dq side, then the dk side) of 8 warps with registers capped at
+  128, two programs per SM; one launch holding both sides is slower.
 - wy_bwd (kernels/wy.py: 16-bit product operands, A^T dW formed twice rather than parked):
-  64-wide slices at 4 warps: gdn's backward (a) 4.268 ms vs 4.871 with 32-wide slices at 8
-  warps, kda's 47.1 vs 53.4 (bench/results/la_localize.md). 32-wide slices at 4 warps are
-  miscompiled by Triton 3.6 on Hopper: under a per-key-channel decay the key pass's later
-  slices come out wrong (NaN in kda, an out-of-range shared address in gdn2), and the
-  per-head pass reads bytes it never wrote (gradients that change with the scratch's
-  contents) or faults at 1 or 2 stages.
+  64-wide slices at 4 warps. 32-wide slices at 4 warps are miscompiled by Triton 3.6 on
+  Hopper: under a per-key-channel decay the key pass's later slices come out wrong, and
+  the per-head pass reads bytes it never wrote or faults at 1 or 2 stages.
 - "<kernel>_gated" entries: the kernel under a per-key-channel decay (kda, gdn2), another
   program (gated.py's products) with its own best warps; kernel_configs() puts them in
-  place of the plain entries. kda at (a), wide-unfused, one kernel changed at a time
-  (bench/results/kda.md, `bench/kda.py --sweep`): wy_bwd 8 warps 7.23 ms vs 4 warps 9.33 (fwd+bwd
-  23.10 vs 25.19), dv_local 4 warps 1.52 vs 8 warps 1.99, state_bwd 8 warps 1.62 vs 4
-  warps 2.04; wy_solve 1 warp 2.17 per call vs 2 warps 2.57 and 4 warps 3.60; output_fwd
-  8 warps 2.25 vs 4 warps 1.99; dqk 4 warps 2.32 vs 8 warps 2.35 (kept), without the
-  register cap 3.20; BG 64 slower in every kernel (fwd+bwd 29.51).
+  place of the plain entries.
 - dv_local: chosen by ptxas (no spills).
 - PREC (dqk, wy_bwd; no shipped config sets it): the tl.dot precision of the kernel's fp32
   products in 16-bit runs (kernels/gdn.py _stage_precision). Unset: "tf32", but dqk takes
   "tf32x3" under a per-key gate computed in the kernel (_dqk_default_precision).
 - BG (wy_solve, state_fwd, output_fwd, dv_local, dqk): the column slice in which kda's and
   gdn2's gated intra-chunk products (kernels/gated.py) read their operands; unused by gdn.
-  32 is not timed on the H200 yet: ptxas (sm_90, offline) shows fewer spills and less shared
-  memory than at 64 in each of these kernels, and bench/kda.py --profile times them.
+  At 32 ptxas (sm_90) gives each of these kernels fewer spills and less shared memory
+  than at 64, and 64 was slower in every kernel.
 """
 
 from __future__ import annotations
@@ -114,7 +100,8 @@ CONFIGS = (
     ),
     (
         # The wide grid with the two-stage output (state_fwd stores h and E, output_fwd
-        # reads them): (a) 0.927 ms forward vs 0.845 fused.
+        # reads them): slower than the fused walk for a forward alone, the pick for a
+        # forward that saves its factors (recommend_config).
         "wide-unfused",
         _frozen({
             **_SHARED,
@@ -213,7 +200,7 @@ CONFIG_NAMES = tuple(name for name, _ in CONFIGS)
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 
 # A batch takes "wide" when that config's state grid has at least this many programs per
-# SM, else "few" (the measurements above).
+# SM, else "few" (bench/results/gdn.md: the state walk's grid against the batch).
 STATE_WIDE_MIN_FILL = 1.0
 # The Triton interpreter has no SMs; a notional count makes the CPU suite take both
 # configs (its multi-sequence cases "wide", its one-sequence cases "few").
@@ -308,10 +295,10 @@ def recommend_config(
     split the work by (sequence, head, V block) and never by the batch, so a sequence's
     outputs are then bitwise the same alone or in any batch (spec: "the work split may
     depend on the sequence's own length only, never on the batch").
-    gate_per_key (kda, gdn2): the wide grid unfused. Fused, the state kernel forms the
-    gated intra-chunk scores inside its serial walk once per V block; kda at (a) ran
-    7.49 / 28.23 ms fused, 4.56 / 25.33 unfused (bench/results/kda.md). Both grids on the
-    sub-chunk scores (kernels/subchunk.py), which replace a reference-row tree per stage.
+    gate_per_key (kda, gdn2): the wide grid unfused. Fused, the state kernel would form the
+    gated intra-chunk scores inside its serial walk once per V block, which costs more
+    than the output kernel it saves (bench/results/kda.md). Both grids on the sub-chunk
+    scores (kernels/subchunk.py), which replace a reference-row tree per stage.
     saves_factors (gdn / gdp: a forward that writes the factors its backward reads, or that
     backward): the wide grid unfused. The fused walk that also stores the chunk states and
     E spills and fits one program per SM (bench/results/gdn.md, "The forward that saves");
