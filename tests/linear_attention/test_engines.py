@@ -179,10 +179,10 @@ def test_checkpoints_flow_from_the_forward_graph_into_the_backward_graph(name, r
 
 
 # The plan list for one sequence: kda's rule's pick first (one sequence: the few-programs
-# grid on the sub-chunk scores, their diagonal per token row), then the whole table; gdn2's, the whole table.
+# grid on the sub-chunk scores, their diagonal per token row, wy_bwd's key side split), then the whole table; gdn2's, the whole table.
 LISTED = {
     "kda": (
-        "few-subchunk-diag",
+        "few-subchunk-keys",
         "wide",
         "few",
         "wide-unfused",
@@ -191,6 +191,8 @@ LISTED = {
         "wide-subchunk-bwd",
         "few-subchunk-bwd",
         "wide-subchunk-diag",
+        "few-subchunk-diag",
+        "wide-subchunk-keys",
     ),  # fmt: skip
     "gdn2": None,  # every config, once
 }
@@ -258,12 +260,14 @@ def test_a_kda_graph_that_saves_its_factors_saves_the_scores_and_lists_the_confi
         listed = [g.get_engine_and_knobs_at_index(i) for i in range(g.get_execution_plan_count())]
         # Only the configs that form the scores the forward saves, the rule's pick first.
         assert [CONFIG_NAMES[k[cudnn.knob_type.KERNEL_CFG]] for _, k in listed] == [
-            "few-subchunk-diag",
+            "few-subchunk-keys",
             "wide-subchunk",
             "few-subchunk",
             "wide-subchunk-bwd",
             "few-subchunk-bwd",
             "wide-subchunk-diag",
+            "few-subchunk-diag",
+            "wide-subchunk-keys",
         ]
 
 

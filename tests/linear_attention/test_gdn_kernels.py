@@ -956,15 +956,15 @@ def test_a_per_key_gate_takes_the_wide_grid_unfused_on_the_subchunk_scores():
     for batch_invariant in (False, True):
         wide = (64, 16, 128, 132, batch_invariant)
         assert recommend_config(*wide, gate_per_key=False) == "wide"
-        assert recommend_config(*wide, gate_per_key=True) == "wide-subchunk-diag"
-    assert recommend_config(1, 16, 128, 132, False, gate_per_key=True) == "few-subchunk-diag"
+        assert recommend_config(*wide, gate_per_key=True) == "wide-subchunk-keys"
+    assert recommend_config(1, 16, 128, 132, False, gate_per_key=True) == "few-subchunk-keys"
     assert recommend_config(1, 16, 128, 132, False, gate_per_key=False) == "few"
     # a forward that saves its factors for the backward: the wide grid unfused (gdn / gdp)
     wide = (64, 16, 128, 132, False)
     assert recommend_config(*wide, gate_per_key=False, saves_factors=True) == "wide-unfused"
-    assert recommend_config(*wide, gate_per_key=True, saves_factors=True) == "wide-subchunk-diag"
+    assert recommend_config(*wide, gate_per_key=True, saves_factors=True) == "wide-subchunk-keys"
     assert recommend_config(1, 16, 128, 132, False, gate_per_key=False, saves_factors=True) == "few"
-    assert forms_scores("wide-subchunk-diag") and forms_scores("few-subchunk-diag")
+    assert forms_scores("wide-subchunk-keys") and forms_scores("few-subchunk-keys")
     assert not forms_scores("wide-unfused") and not forms_scores("few")
 
 

@@ -168,7 +168,7 @@ ONE_SEQ = {"seqlens": (70,)}
 ONE_CHUNK = {"seqlens": (40,)}
 CASES = {
     "log-l2norm-wide": ({"heads": (1, 1, 1)}, {"use_qk_l2norm": True}, "wide"),
-    "log-plain-few": ({"unit_keys": True, "heads": (1, 1, 1)}, {}, "few-subchunk-diag"),
+    "log-plain-few": ({"unit_keys": True, "heads": (1, 1, 1)}, {}, "few-subchunk-keys"),
     "beta-sigmoid-neg-eigval": (
         {"beta_logits": True, "heads": (1, 1, 1)},
         {"use_qk_l2norm": True, "use_beta_sigmoid": True, "allow_neg_eigval": True},

@@ -71,6 +71,9 @@ _SUBCHUNK = {"scores": {"BK": 64, "num_warps": 4}}
 # The backward's gated products on the sub-chunk form too (kernels/subchunk_bwd.py: dqk's
 # dq / dk products and wy_bwd's products of dM), in place of gated.py's tree; the tile
 # configs are the tree's (their entries under the per-key gate), with the form's flag.
+# wy_bwd's key side one program per 16-key slice (kernels/wy_keys.py): at 4 warps and 168
+# registers ptxas (sm_90) gives it no spills with two programs per SM.
+_WY_BWD_KEYS = {"BK": 16, "num_warps": 4, "num_stages": 1, "maxnreg": 168}
 _SUBCHUNK_BWD = {
     **_SUBCHUNK,
     "dqk_gated": {**_SHARED["dqk"], "SUBCHUNK_BWD": True},
@@ -193,6 +196,37 @@ CONFIGS = (
             "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
         }),
     ),
+    (
+        # "wide-subchunk-diag" with wy_bwd's key side split: its pass 2 one program per
+        # 16-key slice (wy_keys.py wy_bwd_keys_kernel), so more programs share the SMs and
+        # each holds a 16-wide slice of dM's products rather than a 64-wide one. The
+        # per-key families' pick on the wide grid.
+        "wide-subchunk-keys",
+        _frozen({
+            **_SHARED,
+            "state_fwd": {"BV": 64, "BG": 32, "num_warps": 4, "num_stages": 2,
+                          "V_FASTEST": True},
+            "state_bwd": _WIDE_STATE_BWD,
+            "state_bwd_gated": {**_WIDE_STATE_BWD_GATED, "PRESCALED": True},
+            "wy_bwd_gated": {**_SHARED["wy_bwd_gated"], "DM_RELOAD": True},
+            **_SUBCHUNK,
+            "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
+            "wy_bwd_keys": _WY_BWD_KEYS,
+        }),
+    ),
+    (
+        # "few-subchunk-diag" with the same split key side; the pick on the few grid.
+        "few-subchunk-keys",
+        _frozen({
+            **_SHARED,
+            "state_fwd": {"BV": 16, "BG": 32, "num_warps": 4},
+            "state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 2, "PRESCALED": True},
+            "wy_bwd_gated": {**_SHARED["wy_bwd_gated"], "DM_RELOAD": True},
+            **_SUBCHUNK,
+            "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
+            "wy_bwd_keys": _WY_BWD_KEYS,
+        }),
+    ),
 )  # fmt: skip
 CONFIG_NAMES = tuple(name for name, _ in CONFIGS)
 
@@ -304,10 +338,10 @@ def recommend_config(
     E spills and fits one program per SM (bench/results/gdn.md, "The forward that saves");
     the backward launches no state walk, so both sides of a training step pick alike."""
     if gate_per_key:
-        wide = "wide-subchunk-diag"
+        wide = "wide-subchunk-keys"
     else:
         wide = "wide-unfused" if saves_factors else "wide"
-    few = "few-subchunk-diag" if gate_per_key else "few"
+    few = "few-subchunk-keys" if gate_per_key else "few"
     if batch_invariant:
         return wide
     bv = min(config("wide")["state_fwd"]["BV"], dim_v)
