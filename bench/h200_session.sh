@@ -38,7 +38,7 @@
 #   cp           (nvidia-h200-x2) the summary / context-parallel suites (all four families), bench/cp.py on 2 ranks
 #   la-tests     issue 30: the linear-attention GPU suites (gdn, kda, gdn2, gdp, chain, summaries)
 #   la-warm      issue 30: our kernels compiled into $LA_CACHE (default /tmp/la_cache) beside the
-#                suites, then fla's autotuning alone on the GPU; packed into $OUT/la_cache.tgz
+#                suites, then fla's autotuning alone on the GPU; packed into $OUT/la_cache.tgz.NN
 #                (our compiled-plan cache and fla's autotune picks) for the next call to carry
 #   kda-bwd      issue 30: the sub-chunk backward configs (wide-subchunk-bwd, few-subchunk-bwd)
 #                through their suite and the kda / gdn2 suites, then row (a) against the pick
@@ -83,7 +83,7 @@
 #   (any)        FUZZ_PROCS=N beside the topics: the torch-op fuzz (tools/fuzz.py --ops) on N
 #                CPU processes at the lowest priority, the GPU hidden, seeds FUZZ_SEED (default
 #                500) upward; each stops by its budget so its tally comes back
-#   la-bench     issue 30: $LA_CACHE_TGZ (default .whl/la_cache.tgz) unpacked when present; the
+#   la-bench     issue 30: la-warm's parts $LA_CACHE_TGZ.NN (default .whl/la_cache.tgz.NN) unpacked; the
 #                resource table's check (tools/la_resources.py --check), la_stages.md and
 #                la_training.md
 set -u
@@ -325,20 +325,24 @@ bench_la_tests() { :; }
 bench_la_warm() {
   step la_warm_peers 400 python3 bench/la_training.py --warm --sides fla,NVIDIA \
     --cache-dir "$LA_CACHE"
+  # In parts of 15 MiB: the device tool brings back no file over 16 MiB (a whole cache of
+  # the four families is ~25 MB).
+  rm -f "$OUT"/la_cache.tgz.*
   (cd "$LA_CACHE" && { [ -d plans ] && echo plans; find triton -name '*.autotune.json'; } \
-    | tar czf "$OUT/la_cache.tgz" -T -)
-  echo "== la_cache.tgz: $(du -h "$OUT/la_cache.tgz" | cut -f1) (carry it as .whl/la_cache.tgz);" \
+    | tar cz -T - | split -b 15M -d - "$OUT/la_cache.tgz.")
+  echo "== la_cache.tgz.*: $(cat "$OUT"/la_cache.tgz.* | wc -c) bytes in" \
+    "$(ls "$OUT"/la_cache.tgz.* | wc -l) parts (carry them in .whl/);" \
     "fla's compiled candidates, not packed: $(du -sh "$LA_CACHE/triton" | cut -f1)"
 }
 la_unpack() {  # the carried compiled-plan cache and fla's autotune picks, once per call
-  local tgz=${LA_CACHE_TGZ:-.whl/la_cache.tgz}
+  local parts=${LA_CACHE_TGZ:-.whl/la_cache.tgz}  # la-warm's parts: $parts.00, $parts.01, ...
   [ -f "$LA_CACHE/.unpacked" ] && return
-  if [ -f "$tgz" ]; then
-    mkdir -p "$LA_CACHE" && tar xzf "$tgz" -C "$LA_CACHE" && chmod -R go-w "$LA_CACHE"
+  if compgen -G "$parts.[0-9]*" > /dev/null; then
+    mkdir -p "$LA_CACHE" && cat "$parts".[0-9]* | tar xz -C "$LA_CACHE" && chmod -R go-w "$LA_CACHE"
     touch "$LA_CACHE/.unpacked"
-    echo "== $tgz unpacked into $LA_CACHE"
+    echo "== $parts.* unpacked into $LA_CACHE"
   else
-    echo "== no $tgz: everything compiles (and fla autotunes) in this call"
+    echo "== no $parts.*: everything compiles (and fla autotunes) in this call"
   fi
 }
 tests_gdn_save() { :; }
