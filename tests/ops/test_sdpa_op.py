@@ -224,6 +224,34 @@ def test_eager_calls_skip_torch_library_and_traced_calls_take_the_custom_op(monk
     assert torch.equal(traced, out.detach())
 
 
+def test_a_backward_fills_no_gradient_for_the_softmax_statistics():
+    # lse is saved for the backward and never differentiated: autograd must not zero-fill a
+    # [B, H, S] gradient for it on every step.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Fills(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += str(func.overloadpacket) in ("aten.zeros", "aten.zeros_like", "aten.fill_",
+                                                       "aten.zero_", "aten.new_zeros")  # fmt: skip
+            return func(*args, **(kwargs or {}))
+
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 2, 32, 64, generator=gen).half().requires_grad_() for _ in range(3))
+    out = ops.scaled_dot_product_attention(q, k, v, is_causal=True)
+    g = torch.randn(out.shape, generator=gen).half()
+    with Fills() as fills:
+        grads = torch.autograd.grad(out, (q, k, v), g)
+    assert fills.count == 0
+    ref = _reference(q, k, v, g, is_causal=True, alignment="top_left", window_left=None,
+                     scale=None, enable_gqa=False)  # fmt: skip
+    for got, want in zip(grads, ref[1:]):
+        assert _rel(got, want) <= TOL
+
+
 def test_an_expanded_or_transposed_gradient_is_served():
     gen = torch.Generator().manual_seed(9)
     q, k, v = (torch.randn(1, 2, 32, 64, generator=gen).half().requires_grad_() for _ in range(3))

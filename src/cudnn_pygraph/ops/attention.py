@@ -562,6 +562,9 @@ class _Eager(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
         ctx.args = (max_q, max_k, scale, causal, window_left)
         ctx.mark_non_differentiable(lse)
+        # lse is never differentiated: no zero-filled [B, H, S] gradient for it per backward
+        # (the backward runs only when out has a gradient, so d_out is never None).
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
