@@ -110,6 +110,40 @@ def test_op_forward_and_backward_replay_equals_the_launcher_bitwise():
         assert torch.equal(a, b), name
 
 
+def test_gdp_op_replays_its_scaled_table_and_equals_the_launcher_bitwise():
+    # gdp's plan scales cu_seqlens to the sub-token timeline with a launch of its own
+    # (chunk_index.scale_offsets), so it records and replays like gdn's; a replay with
+    # another table of the same shape must read that table, not the recorded one.
+    graphs._GRAPHS.clear()
+    n = 2
+    x = op_inputs(4)
+    total = x["q"].shape[1]
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    x["k"] = torch.randn(1, total * n, H, K, generator=gen, device=DEV).bfloat16()
+    x["v"] = torch.randn(1, total * n, H, V, generator=gen, device=DEV).bfloat16()
+    x["beta"] = torch.rand(1, total * n, H, generator=gen, device=DEV).bfloat16()
+    x = {name: t.requires_grad_() for name, t in x.items()}
+
+    def run(cu):
+        o, ht = ops.gated_delta_product(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], n, initial_state=x["initial_state"],
+            output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+        )  # fmt: skip
+        return (o, ht, *torch.autograd.grad(o.float().sum() + ht.sum(), list(x.values())))
+
+    run(cu_seqlens())  # the first call records
+    plans = gdn_plans()
+    for plan in plans.values():
+        assert plan.replay_refused is None and plan._replay is not None, plan.replay_refused
+    other = torch.tensor([0, 1, 300, 814, 943], dtype=torch.int32, device=DEV)
+    replayed = run(other)
+    with launcher_only(plans["gdn"]), launcher_only(plans["gdn_bwd"]):
+        launched = run(other)
+    assert torch.isfinite(replayed[0].float()).all()
+    for a, b in zip(replayed, launched):
+        assert torch.equal(a, b)
+
+
 def _forward_graph(x, cu):
     g = cudnn.pygraph(name="gdn", io_data_type=dt.BFLOAT16)
     flat = {n: t.detach() if n == "initial_state" else t.detach()[0] for n, t in x.items()}

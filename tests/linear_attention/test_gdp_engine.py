@@ -260,18 +260,24 @@ def test_pool_state_reads_and_writes_the_indexed_rows_only():
     assert rel_err(final[idx.long()], ref_final) <= FP32_TOL
 
 
+# (table, its dtype, num_householder). The "wraps" tables hold an entry whose product with
+# n wraps around its dtype into a valid-looking sub-token offset (3 * 1431655766 = 2**32 + 2,
+# 3 * 6148914691236517206 = 2**64 + 2): a table scaled as it is would pass as a partition.
 BAD_TABLES = {
-    "decreasing": [0, 6, 4],
-    "past-total": [0, 4, 11],
-    "not-from-0": [2, 4, 10],
+    "decreasing": ([0, 6, 4], torch.int32, 2),
+    "past-total": ([0, 4, 11], torch.int32, 2),
+    "not-from-0": ([2, 4, 10], torch.int32, 2),
+    "wraps-int32": ([0, 1431655766, 10], torch.int32, 3),
+    "wraps-int64": ([0, 6148914691236517206, 10], torch.int64, 3),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD_TABLES), ids=list(BAD_TABLES))
 def test_a_malformed_cu_seqlens_makes_the_outputs_nan(case):
-    x = inputs(seqlens=(4, 6), n=2)
-    x["cu_seqlens"] = torch.tensor(BAD_TABLES[case], dtype=torch.int32, device=DEVICE)
-    o, final, _, _ = forward(x, num_householder=2)
+    table, dtype, n = BAD_TABLES[case]
+    x = inputs(seqlens=(4, 6), n=n)
+    x["cu_seqlens"] = torch.tensor(table, dtype=dtype, device=DEVICE)
+    o, final, _, _ = forward(x, num_householder=n)
     assert torch.isnan(o).all() and torch.isnan(final).all()
 
 

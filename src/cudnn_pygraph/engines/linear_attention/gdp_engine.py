@@ -13,9 +13,10 @@ query and the identity decay of the gate's domain, and store nothing). The summa
 M_buf, G, transition) are per sequence: the timeline's are the real sequence's.
 
 cu_seqlens counts real tokens; the launchers take it on the timeline, so GdpPlan scales it
-by n into the front of the workspace (a torch op between the launches: the plan never
-records and replays its launches, gdn_engine.py) and launches the inner plan with the
-scaled table (the kernels validate it: a malformed one still poisons every output).
+by n into the front of the workspace (kernels/chunk_index.py scale_offsets: one Triton
+launch, recorded and replayed with the inner plan's, gdn_engine.py) and launches the inner
+plan with the scaled table (the kernels validate it: a malformed one, an entry whose
+product with n would wrap included, still poisons every output).
 
 checkpoint_every_n_tokens counts sub-tokens; the shape rule requires a multiple of
 lcm(64, n) (a checkpoint on a real-token boundary) and the kernels serve the chunk cadence
@@ -71,17 +72,16 @@ class GdpPlan(GdnPlan):
         self._cu_bytes = _aligned(_nbytes(cu_dtype, cu_dims))
         self.workspace_size = self._cu_bytes + inner.workspace_size
 
-    def _first_or_launch(self, t, workspace, bufs):
-        # The scaling is torch work between the launches: a recorded replay would skip it.
-        self._launch(t, workspace)
-
     def _launch(self, t, workspace):
         import torch
 
+        from .kernels.chunk_index import scale_offsets
+
         cu = t["cu_seqlens"]
         if workspace is None:
-            self._inner_launch(dict(t, cu_seqlens=cu * self.n), None)
-            return
-        scaled = workspace[: cu.numel() * cu.element_size()].view(cu.dtype)
-        torch.mul(cu, self.n, out=scaled)
-        self._inner_launch(dict(t, cu_seqlens=scaled), workspace[self._cu_bytes :])
+            scaled, rest = torch.empty_like(cu), None
+        else:
+            scaled = workspace[: cu.numel() * cu.element_size()].view(cu.dtype)
+            rest = workspace[self._cu_bytes :]
+        scale_offsets(cu, scaled, t["k"].shape[0] // self.n, self.n)
+        self._inner_launch(dict(t, cu_seqlens=scaled), rest)

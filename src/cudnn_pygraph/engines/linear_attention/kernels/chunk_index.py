@@ -134,6 +134,28 @@ def _seq_order_kernel(safe_ptr, order_ptr, idx_ptr, err_ptr, N, BLOCK: tl.conste
         tl.store(err_ptr, 1)
 
 
+@triton.jit(do_not_specialize=["count", "limit"])
+def _scale_offsets_kernel(cu_ptr, out_ptr, count, limit, SCALE: tl.constexpr,
+                          BLOCK: tl.constexpr):  # fmt: skip
+    # An entry outside [0, limit] becomes -1, which no partition holds: its product with
+    # SCALE could wrap around the dtype into a valid-looking offset.
+    for start in range(0, count, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        valid = idx < count
+        raw = tl.load(cu_ptr + idx, mask=valid, other=0)
+        scaled = tl.where((raw >= 0) & (raw <= limit), raw * SCALE, -1)
+        tl.store(out_ptr + idx, scaled.to(raw.dtype), mask=valid)
+
+
+def scale_offsets(cu_seqlens, out, limit: int, scale: int) -> None:
+    """out = cu_seqlens * scale (same dtype and length) for offsets counted in units of
+    `scale` rows (gdp's sub-tokens); an entry outside [0, limit] becomes -1, so the
+    partition check (check_partition) flags the table instead of taking a wrapped product
+    for an offset. One Triton launch: a plan that records its launches replays it."""
+    _scale_offsets_kernel[(1,)](cu_seqlens, out, cu_seqlens.shape[0], limit, SCALE=scale,
+                                BLOCK=1024)  # fmt: skip
+
+
 def check_cu_seqlens(name, table, device) -> None:
     """The host-visible rules of a cu_seqlens table (`name`: the caller's argument name):
     a 1-D int32 or int64 tensor of N + 1 >= 1 offsets on `device`. Shapes and dtypes only,
