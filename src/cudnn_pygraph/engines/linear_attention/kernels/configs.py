@@ -80,6 +80,32 @@ _SUBCHUNK_BWD = {
     "wy_bwd_gated": {**_SHARED["wy_bwd_gated"], "SUBCHUNK_BWD": True},
 }
 
+# "wide-subchunk" with three forms (engines/linear_attention/candidates.py
+# "winners-diag-rows"): the scores' diagonal blocks per token row, 8 output heads a program
+# (subchunk.py subchunk_diag_rows_kernel), while the scores kernel forms only the strips;
+# the state walk backward on decayed keys and queries formed ahead of it (state.py
+# PRESCALED); wy_bwd's dM reread per key slice rather than held (wy.py DM_RELOAD)
+# (its sweep row against "wide-subchunk": bench/results/kda.md).
+_WIDE_DIAG = {
+    **_SHARED,
+    "state_fwd": {"BV": 64, "BG": 32, "num_warps": 4, "num_stages": 2, "V_FASTEST": True},
+    "state_bwd": _WIDE_STATE_BWD,
+    "state_bwd_gated": {**_WIDE_STATE_BWD_GATED, "PRESCALED": True},
+    "wy_bwd_gated": {**_SHARED["wy_bwd_gated"], "DM_RELOAD": True},
+    **_SUBCHUNK,
+    "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
+}
+# The same three forms on the few grid: each is a per-chunk kernel (or, for the walk,
+# operands formed ahead of it), so none depends on the grid the state walk takes.
+_FEW_DIAG = {
+    **_SHARED,
+    "state_fwd": {"BV": 16, "BG": 32, "num_warps": 4},
+    "state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 2, "PRESCALED": True},
+    "wy_bwd_gated": {**_SHARED["wy_bwd_gated"], "DM_RELOAD": True},
+    **_SUBCHUNK,
+    "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
+}
+
 # (name, {kernel: config}); a plan's CONFIG knob is the index. Append only: a recorded
 # plan's index must keep naming the same kernels.
 CONFIGS = (
@@ -162,39 +188,14 @@ CONFIGS = (
         }),
     ),
     (
-        # "wide-subchunk" with three forms (engines/linear_attention/candidates.py
-        # "winners-diag-rows"): the scores' diagonal blocks per token row, 8 output
-        # heads a program (subchunk.py subchunk_diag_rows_kernel), while the scores
-        # kernel forms only the strips; the state walk backward on decayed keys and
-        # queries formed ahead of it (state.py PRESCALED); wy_bwd's dM reread per key
-        # slice rather than held (wy.py DM_RELOAD). The per-key families' pick on the
-        # wide grid (its sweep row against "wide-subchunk": bench/results/kda.md).
+        # "wide-subchunk" with three forms: _WIDE_DIAG.
         "wide-subchunk-diag",
-        _frozen({
-            **_SHARED,
-            "state_fwd": {"BV": 64, "BG": 32, "num_warps": 4, "num_stages": 2,
-                          "V_FASTEST": True},
-            "state_bwd": _WIDE_STATE_BWD,
-            "state_bwd_gated": {**_WIDE_STATE_BWD_GATED, "PRESCALED": True},
-            "wy_bwd_gated": {**_SHARED["wy_bwd_gated"], "DM_RELOAD": True},
-            **_SUBCHUNK,
-            "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
-        }),
+        _frozen(_WIDE_DIAG),
     ),
     (
-        # "few-subchunk" with wide-subchunk-diag's three forms: each is a per-chunk kernel
-        # (or, for the walk, operands formed ahead of it), so none depends on the grid the
-        # state walk takes. Listed for the GPU suites and the sweep at (b); the rule picks
-        # it once they have passed and timed it.
+        # "few-subchunk" with the same three forms: _FEW_DIAG.
         "few-subchunk-diag",
-        _frozen({
-            **_SHARED,
-            "state_fwd": {"BV": 16, "BG": 32, "num_warps": 4},
-            "state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 2, "PRESCALED": True},
-            "wy_bwd_gated": {**_SHARED["wy_bwd_gated"], "DM_RELOAD": True},
-            **_SUBCHUNK,
-            "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
-        }),
+        _frozen(_FEW_DIAG),
     ),
     (
         # "wide-subchunk-diag" with wy_bwd's key side split: its pass 2 one program per
@@ -202,30 +203,12 @@ CONFIGS = (
         # each holds a 16-wide slice of dM's products rather than a 64-wide one. The
         # per-key families' pick on the wide grid.
         "wide-subchunk-keys",
-        _frozen({
-            **_SHARED,
-            "state_fwd": {"BV": 64, "BG": 32, "num_warps": 4, "num_stages": 2,
-                          "V_FASTEST": True},
-            "state_bwd": _WIDE_STATE_BWD,
-            "state_bwd_gated": {**_WIDE_STATE_BWD_GATED, "PRESCALED": True},
-            "wy_bwd_gated": {**_SHARED["wy_bwd_gated"], "DM_RELOAD": True},
-            **_SUBCHUNK,
-            "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
-            "wy_bwd_keys": _WY_BWD_KEYS,
-        }),
+        _frozen({**_WIDE_DIAG, "wy_bwd_keys": _WY_BWD_KEYS}),
     ),
     (
         # "few-subchunk-diag" with the same split key side; the pick on the few grid.
         "few-subchunk-keys",
-        _frozen({
-            **_SHARED,
-            "state_fwd": {"BV": 16, "BG": 32, "num_warps": 4},
-            "state_bwd": {"BV": 16, "num_warps": 4, "num_stages": 2, "PRESCALED": True},
-            "wy_bwd_gated": {**_SHARED["wy_bwd_gated"], "DM_RELOAD": True},
-            **_SUBCHUNK,
-            "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
-            "wy_bwd_keys": _WY_BWD_KEYS,
-        }),
+        _frozen({**_FEW_DIAG, "wy_bwd_keys": _WY_BWD_KEYS}),
     ),
 )  # fmt: skip
 CONFIG_NAMES = tuple(name for name, _ in CONFIGS)
