@@ -212,6 +212,24 @@ CANDIDATES.update({
     "key-split": {**CANDIDATES["wy-key-split-bk16"], "dqk": _DQK_KEY_SPLIT},
 })  # fmt: skip
 
+# The shipped pick ("wide-subchunk-keys": the diag forms and wy_bwd's split key side) with
+# the prescaled state walk backward at one pipeline stage. At two stages it holds 118 KB of
+# shared memory, one program per SM; at one, 37 KB: two programs per SM at 4 warps (228
+# registers), one at 8 (171); no spills either way (ptxas, sm_90, K = V = 128; kda.md).
+# One stage at BV 16 / 4 warps gave NaN gradients on Hopper in gdn's walk (configs.py):
+# the GPU cases decide.
+_STATE_BWD_ONE_STAGE = {"PRESCALED": True, "num_stages": 1}
+CANDIDATES.update({
+    "state-bwd-s1-w4": {
+        **CANDIDATES["wy-key-split-bk16-w4"],
+        "state_bwd": {**_STATE_BWD_ONE_STAGE, "num_warps": 4},
+    },
+    "state-bwd-s1-w8": {
+        **CANDIDATES["wy-key-split-bk16-w4"],
+        "state_bwd": {**_STATE_BWD_ONE_STAGE, "num_warps": 8},
+    },
+})  # fmt: skip
+
 
 def with_candidate(
     candidate: str | Mapping, base: str | Mapping = "wide-subchunk", *, gate_per_key: bool = True
