@@ -183,15 +183,8 @@ def gate_rows(
     gamma is 0 in every domain, as beyond the chunk."""
     m = rows < valid
     offs = (t0 + rows).to(tl.int64) * HO + h
-    if SUB > 1:
-        tl.static_assert(not GATE_K, "sub-token rows: a decay per head only")
-        g_raw = load_vec_sub(g_ptr, t0, rows, valid, HO, h, SUB, 0, identity_gate(LINEAR, SAFE))
-        gamma = log_decay(
-            g_raw, a_log_ptr, dt_bias_ptr, h, h, lower_bound,
-            LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB,
-        )  # fmt: skip
-        gamma = tl.where(m, gamma, 0.0)
-    elif GATE_K:
+    tl.static_assert(SUB == 1 or not GATE_K, "sub-token rows: a decay per head only")
+    if GATE_K:
         cols = tl.arange(0, K)
         g_raw = tl.load(g_ptr + offs[:, None] * K + cols[None, :], mask=m[:, None], other=1.0)
         gamma = log_decay(
@@ -200,7 +193,11 @@ def gate_rows(
         )  # fmt: skip
         gamma = tl.where(m[:, None], gamma, 0.0)
     else:
-        g_raw = tl.load(g_ptr + offs, mask=m, other=1.0)
+        if SUB > 1:
+            g_raw = load_vec_sub(g_ptr, t0, rows, valid, HO, h, SUB, 0,
+                                 identity_gate(LINEAR, SAFE))  # fmt: skip
+        else:
+            g_raw = tl.load(g_ptr + offs, mask=m, other=1.0)
         gamma = log_decay(
             g_raw, a_log_ptr, dt_bias_ptr, h, h, lower_bound,
             LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB,
