@@ -36,7 +36,8 @@
 #                other suites: the kernel that faults or first writes NaN, and whether a
 #                repeated backward is bitwise the same
 #   cp           (nvidia-h200-x2) the summary / context-parallel suites (all four families), bench/cp.py on 2 ranks
-#   la-tests     issue 30: the linear-attention GPU suites (gdn, kda, gdn2, gdp, chain, summaries)
+#   la-tests     issue 30: the linear-attention GPU suites (gdn, kda, gdn2, gdp, chain, summaries,
+#                launch replay)
 #   la-warm      issue 30: our kernels compiled into $LA_CACHE (default /tmp/la_cache) beside the
 #                suites, then fla's autotuning alone on the GPU; packed into $OUT/la_cache.tgz.NN
 #                (our compiled-plan cache and fla's autotune picks) for the next call to carry
@@ -63,6 +64,7 @@
 #                before / after accelerate_fla(), row (a) at K = V = 128 and 100); then fla's own
 #                tests as they are and after accelerate_fla() (tools/fla_suite.py; a
 #                fla-org/flash-linear-attention checkout in .fla/, carried, never committed)
+#   fla-accel    issue 31: fla_accel.md alone (FLA_ACCEL_S: seconds after which no row starts)
 #   fla-suite    issue 31: fla's own tests alone (FLA_FILES: some of its files; FLA_MODES: fla,
 #                accelerated or both; FLA_SHARDS pytest processes per file and mode, default 3;
 #                FLA_JOBS side by side, default 10; FLA_MISSING=1: only the cases the record
@@ -195,6 +197,7 @@ tests_la_tests() {
   gpu_suite gdp 240 tests/gpu/test_gdp_gpu.py &
   gpu_suite chain 240 tests/gpu/test_gdn_chain_gpu.py tests/gpu/test_gdn2_gdp_chain_gpu.py &
   gpu_suite summary 240 tests/gpu/test_summary_families_gpu.py &
+  gpu_suite replay 120 tests/gpu/test_launch_replay_gpu.py &
   wait
 }
 # Our kernels compile beside the suites (compiling is CPU work); fla autotunes in the bench
@@ -371,13 +374,15 @@ bench_kda_bwd() {
     step "kda_$config" 150 python3 bench/kda.py --no-fla --no-nvidia --only "(a)" --config "$config"
   done
 }
-bench_fla() {
+bench_fla() { bench_fla_accel; bench_fla_suite; }
+tests_fla_accel() { :; }
+bench_fla_accel() {
   # fla's four chunk ops before / after accelerate_fla(), row (a) at K = V = 128 and 100;
-  # rows stop starting at 95 s, each finished row is already in the file
+  # rows stop starting at FLA_ACCEL_S (default 95) seconds, each finished row is already in
+  # the file
   la_unpack
-  step fla_accel 120 python3 bench/fla_accel.py --budget-s 95 --cache-dir "$LA_CACHE" \
-    --out "$LOG/fla_accel.md"
-  bench_fla_suite
+  step fla_accel $((${FLA_ACCEL_S:-95} + 25)) python3 bench/fla_accel.py \
+    --budget-s "${FLA_ACCEL_S:-95}" --cache-dir "$LA_CACHE" --out "$LOG/fla_accel.md"
 }
 tests_fla_suite() { :; }
 bench_fla_suite() {  # FLA_FILES: some of fla's test files (default: the tool's five);

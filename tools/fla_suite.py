@@ -224,7 +224,8 @@ def main(argv=None):
     parser.add_argument("--jobs", type=int, default=1,
                         help="pytest runs side by side (a correctness run: they share the GPU)")  # fmt: skip
     parser.add_argument("--modes", default="fla,accelerated",
-                        help="which runs of each file: fla (as fla ships it), accelerated")  # fmt: skip
+                        help="which runs of each file, in the order they start: fla (as fla "
+                        "ships it), accelerated")  # fmt: skip
     parser.add_argument("--outcomes", type=pathlib.Path,
                         help="JSON record of every case per file and mode, merged across runs")  # fmt: skip
     parser.add_argument("--shards", type=int, default=1,
@@ -232,21 +233,23 @@ def main(argv=None):
     parser.add_argument("--missing", action="store_true",
                         help="run only the cases --outcomes does not hold for that file and mode")  # fmt: skip
     args = parser.parse_args(argv)
-    modes = [m == "accelerated" for m in MODES if m in args.modes.split(",")]
+    # in the order given: runs queued past --jobs start in that order
+    modes = [m == "accelerated" for m in args.modes.split(",") if m in MODES]
     # absolute: each pytest runs from the checkout's root
     paths = {name: args.checkout.resolve() / "tests" / "ops" / name for name in args.files}
     paths = {name: path for name, path in paths.items() if path.exists()}
     deadline = time.monotonic() + args.timeout  # the collection below counts against it
     held = merged(args.outcomes, {}) if args.missing else {}
+    listed = args.shards > 1 or args.missing
+    ids = {name: collect(path) if listed else None for name, path in paths.items()}
     runs = []  # (file, mode, the shard's node ids or None for the whole file)
-    for name, path in paths.items():
-        ids = collect(path) if args.shards > 1 or args.missing else None
-        for mode in modes:
-            if ids is None:
+    for mode in modes:
+        for name in paths:
+            if ids[name] is None:
                 runs.append((name, mode, None))
                 continue
             have = held.get(name, {}).get(MODES[mode], {}).get("cases", {})
-            todo = [i for i in ids if case_id(i) not in have]
+            todo = [i for i in ids[name] if case_id(i) not in have]
             runs += [(name, mode, share) for share in shards(todo, args.shards)]
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         results = list(pool.map(lambda r: run(paths[r[0]], r[1], deadline, r[2]), runs))
