@@ -74,13 +74,11 @@ BLOCKS = ("BK", "BV", "BA", "BG", "PART")
 # each program). The gate fails on a spill above its kernel's allowance and on an allowance
 # above what the kernel spills now, so the allowances only come down, to none.
 ALLOWED_SPILLS = {
-    "compose": 13840,  # chain, K = 256 (BV = 256)
     # kda / gdn2 at K = 256 with checkpoints, the sub-chunk backward configs (the tree's:
     # 2344)
     "dqk": 2400,
     "dv_local": 192,
     "output_fwd": 836,
-    "pick": 9672,  # chain, K = 256 (BV = 256)
     "state_bwd": 1688,
     "state_fwd": 3624,
     "transition": 128,

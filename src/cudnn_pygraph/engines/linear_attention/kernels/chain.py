@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from . import splitting
-from .gdn import gdn_backward, gdn_forward
+from .gdn import INTERPRETED, gdn_backward, gdn_forward
 from .gdn_checks import _check
 from .gdn_workspace import _aligned, _carve, _nbytes, gdn_workspace_bytes
 from .summary import gdn_summary, gdn_summary_bwd, summary_workspace_bytes
@@ -261,15 +261,15 @@ def chain_workspace_bytes(total_t, n_seqs, pieces, n_q_heads, n_k_heads, n_v_hea
     return _own_bytes(n_seqs, pieces, n_out, dim_k, dim_v, backward) + max(inner)
 
 
-def _state_grid(n_seqs, n_out, dim_v, device):
+def _state_grid(n_seqs, n_out, dim_v):
     # Under the interpreter a program per whole state: every block is interpreted Python.
-    bv = min(dim_v, 16) if device.type == "cuda" else dim_v
+    bv = dim_v if INTERPRETED else min(dim_v, 16)
     return (n_seqs, n_out, dim_v // bv), bv
 
 
 def _compose(seed, add, m, out, slots, pieces, *, reverse):
     n_seqs, n_out, dim_v, dim_k = out.shape[0] // pieces, *out.shape[1:]
-    grid, bv = _state_grid(n_seqs, n_out, dim_v, out.device)
+    grid, bv = _state_grid(n_seqs, n_out, dim_v)
     strides = tuple(seed.stride()) if seed is not None else (0, 0, 0, 0)
     compose_kernel[grid](
         seed if seed is not None else out, add, m, out, slots, n_out, *strides, V=dim_v,
@@ -279,7 +279,7 @@ def _compose(seed, add, m, out, slots, pieces, *, reverse):
 
 def _pick(src, ws, dst, *, last):
     n_seqs, n_out, dim_v, dim_k = dst.shape
-    grid, bv = _state_grid(n_seqs, n_out, dim_v, src.device)
+    grid, bv = _state_grid(n_seqs, n_out, dim_v)
     pick_kernel[grid](
         src, ws["cu_pieces"], ws["slots"], dst, n_out, *dst.stride(), V=dim_v, K=dim_k, BV=bv,
         BLOCK=triton.next_power_of_2(splitting.MAX_PIECES), LAST=last,

@@ -130,9 +130,13 @@ def _resolve_config(
     return configs.kernel_configs(config, gate_per_key=gate_per_key)
 
 
-# Under the Triton interpreter (CPU CI) the column slices are at least 64 wide: every loop
-# trip is interpreted Python, and K = 128 cases still run two trips per loop.
-_MIN_SLICE = 64 if os.environ.get("TRITON_INTERPRET") == "1" else MIN_SLICE
+# Whether our kernels run under Triton's CPU interpreter (CPU CI), read as Triton reads it
+# when it decorates them. The launchers widen some blocks there, every loop trip and every
+# program being interpreted Python; anything else, tools/la_resources.py included, gets the
+# blocks the GPU runs.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# There the column slices are at least 64 wide: K = 128 cases still run two trips per loop.
+_MIN_SLICE = 64 if INTERPRETED else MIN_SLICE
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
