@@ -36,8 +36,8 @@
 #                other suites: the kernel that faults or first writes NaN, and whether a
 #                repeated backward is bitwise the same
 #   cp           (nvidia-h200-x2) the summary / context-parallel suites (all four families), bench/cp.py on 2 ranks
-#   la-tests     issue 30: the linear-attention GPU suites (gdn, kda, gdn2, gdp, chain, summaries,
-#                launch replay)
+#   la-tests     issue 30: the linear-attention GPU suites (gdn, kda, gdn2, gdp, chain, summary,
+#                replay; LA_SUITES: some of them by name)
 #   la-warm      issue 30: our kernels compiled into $LA_CACHE (default /tmp/la_cache) beside the
 #                suites, then fla's autotuning alone on the GPU; packed into $OUT/la_cache.tgz.NN
 #                (our compiled-plan cache and fla's autotune picks) for the next call to carry
@@ -190,14 +190,17 @@ tests_cp() {
   gpu_suite cp 240 tests/gpu/test_cp_gpu.py tests/gpu/test_summary_families_gpu.py \
     tests/gpu/test_cp_families_gpu.py
 }
-tests_la_tests() {
-  gpu_suite gdn 300 tests/gpu/test_gdn_gpu.py &
-  gpu_suite kda 300 -s tests/gpu/test_kda_gpu.py &
-  gpu_suite gdn2 300 -s tests/gpu/test_gdn2_gpu.py &
-  gpu_suite gdp 240 tests/gpu/test_gdp_gpu.py &
-  gpu_suite chain 240 tests/gpu/test_gdn_chain_gpu.py tests/gpu/test_gdn2_gdp_chain_gpu.py &
-  gpu_suite summary 240 tests/gpu/test_summary_families_gpu.py &
-  gpu_suite replay 120 tests/gpu/test_launch_replay_gpu.py &
+tests_la_tests() {  # LA_SUITES: some of the suites below, by name (default: all)
+  la_suite() {  # la_suite NAME CAP PYTEST-ARGS...: run where LA_SUITES names it
+    [[ " ${LA_SUITES:-gdn kda gdn2 gdp chain summary replay} " == *" $1 "* ]] && gpu_suite "$@"
+  }
+  la_suite gdn 300 tests/gpu/test_gdn_gpu.py &
+  la_suite kda 300 -s tests/gpu/test_kda_gpu.py &
+  la_suite gdn2 300 -s tests/gpu/test_gdn2_gpu.py &
+  la_suite gdp 240 tests/gpu/test_gdp_gpu.py &
+  la_suite chain 240 tests/gpu/test_gdn_chain_gpu.py tests/gpu/test_gdn2_gdp_chain_gpu.py &
+  la_suite summary 240 tests/gpu/test_summary_families_gpu.py &
+  la_suite replay 120 tests/gpu/test_launch_replay_gpu.py &
   wait
 }
 # Our kernels compile beside the suites (compiling is CPU work); fla autotunes in the bench
