@@ -130,10 +130,10 @@ def _cells(line):
 
 def _is_ratio_column(h, cells):
     """A ratio against someone else: `ours/theirs`, `x/ours`, `speedup`, `vs ...`, or any
-    `a/b` header whose cells read `1.23x`. Not a unit (`ns/call`) and not a ratio against
-    our own other number (`fwd+bwd / own fwd`)."""
+    `a/b` header whose cells read `1.23x`. Not a unit (`ns/call`), not a ratio against
+    our own other number (`fwd+bwd / own fwd`) and not an error (`max rel diff vs base`)."""
     h = h.lower()
-    if "own" in h:
+    if "own" in h or re.search(r"\b(diff|err|error)\b", h):
         return False
     named = (
         re.search(r"\bours\s*/|/\s*ours\b", h)
