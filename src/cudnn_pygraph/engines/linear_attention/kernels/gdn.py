@@ -65,10 +65,10 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from collections.abc import Mapping
 
 import torch
+from triton import knobs
 from triton.runtime.errors import OutOfResources
 
 from . import configs
@@ -130,11 +130,11 @@ def _resolve_config(
     return configs.kernel_configs(config, gate_per_key=gate_per_key)
 
 
-# Whether our kernels run under Triton's CPU interpreter (CPU CI), read as Triton reads it
-# when it decorates them. The launchers widen some blocks there, every loop trip and every
-# program being interpreted Python; anything else, tools/la_resources.py included, gets the
-# blocks the GPU runs.
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# Whether our kernels run under Triton's CPU interpreter (CPU CI): Triton's own reading of
+# TRITON_INTERPRET, taken when our kernels are decorated, as Triton takes it. The launchers
+# widen some blocks there, every loop trip and every program being interpreted Python;
+# anything else, tools/la_resources.py included, gets the blocks the GPU runs.
+INTERPRETED = knobs.runtime.interpret
 # There the column slices are at least 64 wide: K = 128 cases still run two trips per loop.
 _MIN_SLICE = 64 if INTERPRETED else MIN_SLICE
 
