@@ -136,3 +136,24 @@ def test_a_run_queued_past_the_deadline_does_not_start(tmp_path, monkeypatch):
     test_file = tmp_path / "tests" / "ops" / "test_gdn.py"
     assert fla_suite.run(test_file, True, fla_suite.time.monotonic() + 30) == ({}, {})
     assert started == []
+
+
+def test_runs_start_in_the_order_modes_names_them(tmp_path, monkeypatch):
+    # A call cut short has run what started first: an accelerated-first call reaches the
+    # acceptance cases of every file before fla's own mode of any.
+    ops = tmp_path / "tests" / "ops"
+    ops.mkdir(parents=True)
+    for name in ("test_gdn.py", "test_kda.py"):
+        (ops / name).write_text("")
+    started = []
+    monkeypatch.setattr(fla_suite, "collect", lambda path: [f"tests/ops/{path.name}::t"])
+    monkeypatch.setattr(
+        fla_suite, "run",
+        lambda path, accelerated, deadline, ids=None: started.append((path.name, accelerated))
+        or ({}, {}),
+    )  # fmt: skip
+    fla_suite.main(["--checkout", str(tmp_path), "--files", "test_gdn.py", "test_kda.py",
+                    "--modes", "accelerated,fla", "--shards", "2"])  # fmt: skip
+    assert started == [
+        ("test_gdn.py", True), ("test_kda.py", True), ("test_gdn.py", False), ("test_kda.py", False),
+    ]  # fmt: skip
