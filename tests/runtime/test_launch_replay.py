@@ -120,7 +120,10 @@ def test_recording_flags_a_torch_op_that_computes_but_not_a_view():
     x = torch.randn(64)
     with record_launches() as record:
         x[8:16].view(2, 4)  # workspace carving: views only
+        # gdn_workspace's typed carving: a zero-size tensor set onto the workspace's storage
+        carved = torch.empty(0, dtype=torch.int32).set_(x.untyped_storage(), 4, (2, 3))
     assert record.refusals == []
+    assert carved.data_ptr() == x.data_ptr() + 16
     with record_launches() as record:
         torch.add(x, 1.0)
     assert len(record.refusals) == 1 and "aten.add" in record.refusals[0]
