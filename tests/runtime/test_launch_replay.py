@@ -132,6 +132,21 @@ def test_recording_flags_a_torch_op_that_computes_but_not_a_view():
     assert JITFunction.run is original  # restored, on success and on error
 
 
+def test_recording_accepts_the_gdn_workspace_carving():
+    # Every GDN-family launcher carves its scratch this way inside the recording; a watch
+    # that counted the carving as device work refused every such plan's replay on CUDA.
+    from cudnn_pygraph.engines.linear_attention.kernels import gdn_workspace
+
+    rows = [("a", torch.float32, (3, 5)), ("b", torch.bfloat16, (7,)), ("c", torch.int32, (2,))]
+    workspace = torch.zeros(4096, dtype=torch.uint8)
+    with record_launches() as record:
+        views = gdn_workspace._carve(rows, workspace, workspace.device)
+    assert record.refusals == []
+    base = workspace.data_ptr()
+    assert all(base <= v.data_ptr() < base + workspace.numel() for v in views.values())
+    assert [tuple(v.shape) for v in views.values()] == [(3, 5), (7,), (2,)]
+
+
 _RECORD_IN_A_FRESH_PROCESS = """
 import sys, torch
 from cudnn_pygraph.runtime.launch_replay import record_launches
