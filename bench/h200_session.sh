@@ -64,7 +64,8 @@
 #                before / after accelerate_fla(), row (a) at K = V = 128 and 100); then fla's own
 #                tests as they are and after accelerate_fla() (tools/fla_suite.py; a
 #                fla-org/flash-linear-attention checkout in .fla/, carried, never committed)
-#   fla-accel    issue 31: fla_accel.md alone (FLA_ACCEL_S: seconds after which no row starts)
+#   fla-accel    issue 31: fla_accel.md alone (FLA_ACCEL_S: seconds after which no row starts;
+#                FLA_ACCEL_FAMILIES, FLA_ACCEL_DIMS: some of its rows)
 #   fla-suite    issue 31: fla's own tests alone (FLA_FILES: some of its files; FLA_MODES: fla,
 #                accelerated or both; FLA_SHARDS pytest processes per file and mode, default 3;
 #                FLA_JOBS side by side, default 10; FLA_MISSING=1: only the cases the record
@@ -386,10 +387,12 @@ tests_fla_accel() { :; }
 bench_fla_accel() {
   # fla's four chunk ops before / after accelerate_fla(), row (a) at K = V = 128 and 100;
   # rows stop starting at FLA_ACCEL_S (default 95) seconds, each finished row is already in
-  # the file
+  # the file. FLA_ACCEL_FAMILIES / FLA_ACCEL_DIMS: some of its rows (a call finishing the
+  # rows an earlier one did not reach)
   la_unpack
   step fla_accel $((${FLA_ACCEL_S:-95} + 25)) python3 bench/fla_accel.py \
-    --budget-s "${FLA_ACCEL_S:-95}" --cache-dir "$LA_CACHE" --out "$LOG/fla_accel.md"
+    --budget-s "${FLA_ACCEL_S:-95}" --cache-dir "$LA_CACHE" --out "$LOG/fla_accel.md" \
+    ${FLA_ACCEL_FAMILIES:+--families $FLA_ACCEL_FAMILIES} ${FLA_ACCEL_DIMS:+--dims $FLA_ACCEL_DIMS}
 }
 tests_fla_suite() { :; }
 bench_fla_suite() {  # FLA_FILES: some of fla's test files (default: the tool's five);
