@@ -102,6 +102,10 @@ export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests
 python3 setup.py -q build_ext --inplace > "$LOG/build.log" 2>&1 || { cat "$LOG/build.log"; exit 1; }
 nvidia-smi -L
 python3 -c "import torch, triton, cudnn; print('torch', torch.__version__, 'triton', triton.__version__, 'frontend', cudnn.__version__, 'libcudnn', cudnn.backend_version())"
+# The digest of Triton's own cache key prefix (its version, compiler sources, libtriton) and
+# its ptxas: where they equal a CPU machine's, programs compiled there for sm_90 are the
+# ones this machine would compile.
+python3 -c "import hashlib; from triton.runtime.cache import triton_key; from triton.backends.nvidia.compiler import get_ptxas_version as v; print('triton key', hashlib.sha256(triton_key().encode()).hexdigest()[:16], 'ptxas', v().split()[-1])" 2>&1 | tail -1
 
 pack() {  # the logs so far into $OUT/session.tgz (whole: written aside, then renamed)
   tar czf "$OUT/.session.$BASHPID.tgz" -C "$LOG" . 2> /dev/null &&
