@@ -38,9 +38,10 @@
 #   cp           (nvidia-h200-x2) the summary / context-parallel suites (all four families), bench/cp.py on 2 ranks
 #   la-tests     issue 30: the linear-attention GPU suites (gdn, kda, gdn2, gdp, chain, summary,
 #                replay; LA_SUITES: some of them by name; LA_SHARDS processes each, default 2)
-#   la-warm      issue 30: our kernels compiled into $LA_CACHE (default /tmp/la_cache) beside the
-#                suites, then fla's autotuning alone on the GPU; packed into $OUT/la_cache.tgz.NN
-#                (our compiled-plan cache and fla's autotune picks) for the next call to carry
+#   la-warm      issue 30: our kernels compiled into $LA_CACHE (default /tmp/la_cache), one
+#                process per family, beside the suites, then fla's autotuning alone on the
+#                GPU; packed into $OUT/la_cache.tgz.NN (our compiled-plan cache and fla's
+#                autotune picks) for the next call to carry
 #   kda-bwd      issue 30: the sub-chunk backward configs (wide-subchunk-bwd, few-subchunk-bwd)
 #                through their suite and the kda / gdn2 suites, then row (a) against the pick
 #   scores       issue 30: the sub-chunk scores kernel: the kda / gdn2 suites at wide-subchunk,
@@ -215,8 +216,13 @@ tests_la_tests() {  # LA_SUITES: some of the suites below, by name (default: all
 # Our kernels compile beside the suites (compiling is CPU work); fla autotunes in the bench
 # phase, alone on the GPU, so its picks are not skewed by the suites' kernels.
 LA_CACHE=${LA_CACHE:-/tmp/la_cache}
-tests_la_warm() {
-  step la_warm_ours 300 python3 bench/la_training.py --warm --sides ours --cache-dir "$LA_CACHE"
+tests_la_warm() {  # one process per family: compiling is CPU work, one core a process
+  local family
+  for family in gdn kda gdn2 gdp; do
+    step "la_warm_ours_$family" 300 python3 bench/la_training.py --warm --sides ours \
+      --families "$family" --cache-dir "$LA_CACHE" &
+  done
+  wait
 }
 tests_la_bench() { :; }
 tests_kda_bwd() {

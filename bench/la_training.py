@@ -133,12 +133,13 @@ def warm(families, sides):
                   f"{step.s:.1f} s", flush=True)  # fmt: skip
         del problem
     if "ours" in sides:
-        _warm_launchers()
+        _warm_launchers(families)
     print(f"warm: {clock.s:.0f} s in all")
 
 
-def _warm_launchers():
-    """Our launchers under every named config, for each gating (what a sweep starts from)."""
+def _warm_launchers(families):
+    """Our launchers under every named config, for each gating among `families` (what a
+    sweep starts from; gdp's are its op's, warmed above)."""
     import torch
     from kda import Ours, make_inputs
     from la_families import DIM, H
@@ -157,6 +158,8 @@ def _warm_launchers():
         ),
     }
     for gating, xs in inputs.items():
+        if gating not in families:
+            continue
         for name in CONFIG_NAMES:
             step = Stopwatch()
             Ours(xs, cu, init, name).forward_backward()
