@@ -460,6 +460,26 @@ def quick_fla_autotune():
     autotuner.Autotuner.do_bench = property(lambda self: quick)
 
 
+def compile_only_fla_autotune():
+    """fla's autotuner compiling every candidate config and timing none: each candidate runs
+    once (that compiles it into Triton's cache), the first is taken, and no pick is written
+    to the autotuning cache. Several such processes side by side (one core each) fill
+    Triton's cache, so that the process that then autotunes for real (quick_fla_autotune,
+    alone on the GPU) spends its time timing candidates, not compiling them."""
+    from triton.runtime import autotuner
+
+    def run_once(kernel_call, quantiles):
+        kernel_call()
+        return [1.0] * len(quantiles)
+
+    def no_pick_kept(self, tuning_key, configs, bench_fn):
+        bench_fn()
+        return False
+
+    autotuner.Autotuner.do_bench = property(lambda self: run_once)
+    autotuner.Autotuner.check_disk_cache = no_pick_kept
+
+
 def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 

@@ -39,8 +39,8 @@
 #   la-tests     issue 30: the linear-attention GPU suites (gdn, kda, gdn2, gdp, chain, summary,
 #                replay; LA_SUITES: some of them by name; LA_SHARDS processes each, default 2)
 #   la-warm      issue 30: our kernels compiled into $LA_CACHE (default /tmp/la_cache), one
-#                process per family, beside the suites, then fla's autotuning alone on the
-#                GPU; packed into $OUT/la_cache.tgz.NN (our compiled-plan cache and fla's
+#                process per family, beside the suites, then fla's candidates compiled one
+#                process per family, then fla's autotuning alone on the GPU; packed into $OUT/la_cache.tgz.NN (our compiled-plan cache and fla's
 #                autotune picks) for the next call to carry
 #   kda-bwd      issue 30: the sub-chunk backward configs (wide-subchunk-bwd, few-subchunk-bwd)
 #                through their suite and the kda / gdn2 suites, then row (a) against the pick
@@ -344,6 +344,14 @@ bench_chain() {
 bench_la_localize() { :; }
 bench_la_tests() { :; }
 bench_la_warm() {
+  # fla's candidates compiled first by one process per family (one core each; nothing
+  # timed, no pick kept), then its autotuning alone on the GPU, timing what is compiled
+  local family
+  for family in gdn kda gdn2 gdp; do
+    step "la_warm_fla_compile_$family" 240 python3 bench/la_training.py --warm --sides fla \
+      --compile-only --families "$family" --cache-dir "$LA_CACHE" &
+  done
+  wait
   step la_warm_peers 400 python3 bench/la_training.py --warm --sides fla,NVIDIA \
     --cache-dir "$LA_CACHE"
   # In parts of 15 MiB: the device tool brings back no file over 16 MiB (a whole cache of

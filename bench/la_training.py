@@ -176,6 +176,9 @@ def main(argv=None):
                         help="start no row after this many seconds")  # fmt: skip
     parser.add_argument("--cache-dir", default=None, help="the compile cache to use / fill")
     parser.add_argument("--warm", action="store_true", help="compile everything, time nothing")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="with --warm: fla's autotuner compiles its candidates, times none "
+                        "and keeps no pick (processes side by side, before the real warm)")  # fmt: skip
     parser.add_argument("--out", default=None, help="also write the markdown here")
     args = parser.parse_args(argv)
     from timing import use_compiled_cache
@@ -183,13 +186,17 @@ def main(argv=None):
     use_compiled_cache(args.cache_dir)
     import torch
     import triton
-    from gdn import quick_fla_autotune
+    from gdn import compile_only_fla_autotune, quick_fla_autotune
 
     families = args.families.split(",")
     sides = args.sides.split(",")
     if not set(sides) <= {"ours", "fla", "NVIDIA"} or (not args.warm and "ours" not in sides):
         parser.error(f"--sides {args.sides}: ours, fla, NVIDIA (ours always, unless --warm)")
-    if "fla" in sides:
+    if args.compile_only and not args.warm:
+        parser.error("--compile-only goes with --warm")
+    if "fla" in sides and args.compile_only:
+        compile_only_fla_autotune()
+    elif "fla" in sides:
         quick_fla_autotune()
     if args.warm:
         warm(families, sides)
