@@ -51,7 +51,7 @@
 #                $SWEEP_BASE (default wide-subchunk), the candidates whose ids
 #                (linear_attention/candidates.py) match one of $SWEEP_VARIANTS' comma-separated ids or
 #                shell patterns (default: state_bwd's prescaled operands, the scores
-#                kernel's forms) beside the pick
+#                kernel's forms) beside the pick; SWEEP_FAMILIES: kda (default), gdn2 or both
 #   la-candidates  issue 30: tests/gpu/test_kda_candidates_gpu.py (every kda / gdn2 candidate,
 #                or those CANDIDATES_K selects by id, against float64 on the GPU; on
 #                CANDIDATES_SHARDS processes, default 6 (12 exhaust an 80 GB card's memory
@@ -245,10 +245,15 @@ bench_scores() {
 }
 tests_kda_sweep() { :; }
 bench_kda_sweep() {  # SWEEP_VARIANTS: ids or shell patterns of linear_attention/candidates.py CANDIDATES
+  # SWEEP_FAMILIES: kda (default), gdn2 or both, each its own sweep
   la_unpack
-  step kda_sweep 300 python3 bench/kda.py --sweep --only "${SWEEP_ONLY:-(a)}" \
-    --base "${SWEEP_BASE:-wide-subchunk}" --cache-dir "$LA_CACHE" \
-    --variants "${SWEEP_VARIANTS:-state-bwd-prescaled,scores-*,diag-*,strips-*}"
+  local family
+  for family in ${SWEEP_FAMILIES:-kda}; do
+    step "${family}_sweep" 300 python3 bench/kda.py --sweep --only "${SWEEP_ONLY:-(a)}" \
+      --base "${SWEEP_BASE:-wide-subchunk}" --cache-dir "$LA_CACHE" \
+      --variants "${SWEEP_VARIANTS:-state-bwd-prescaled,scores-*,diag-*,strips-*}" \
+      $([ "$family" = gdn2 ] && echo --gdn2)
+  done
 }
 tests_la_pick() {  # the per-key families' suites at the config their rule picks
   gpu_suite_sharded la_pick "${LA_PICK_CAP:-300}" "${LA_PICK_SHARDS:-6}" \

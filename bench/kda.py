@@ -189,6 +189,17 @@ def peer(name, call, ours, x, cu, init):
     return f"{fwd:.3f}", fb, f"{name}: {note}"
 
 
+def gdn2_inputs(x):
+    """kda's inputs as GDN-2 takes them: an erase gate (beta) per key channel and a write gate
+    per value channel, fresh uniform draws."""
+    total = x["q"].shape[0]
+    return dict(
+        x,
+        beta=torch.rand(total, H, DIM, device="cuda").to(torch.bfloat16),
+        w=torch.rand(total, H, DIM, device="cuda").to(torch.bfloat16),
+    )
+
+
 def gdn2_rows(only):
     """GDN-2 vs our GDN at each shape (goal: GDN-2 <= 1.3x GDN's time, which does less)."""
     print(
@@ -201,12 +212,7 @@ def gdn2_rows(only):
         for with_state in (False, True):
             torch.manual_seed(1)
             x, cu, init = make_inputs(seqlens, with_state)
-            total = x["q"].shape[0]
-            x2 = dict(
-                x,
-                beta=torch.rand(total, H, DIM, device="cuda").to(torch.bfloat16),
-                w=torch.rand(total, H, DIM, device="cuda").to(torch.bfloat16),
-            )
+            x2 = gdn2_inputs(x)
             x1 = dict(x, g=x["g"][..., 0].contiguous())  # GDN: one decay per head
             times, notes = [], []
             for label, inputs in (("GDN-2", x2), ("GDN", x1)):
@@ -239,11 +245,11 @@ def profile_kernels(only, config):
 SWEEP_BASE = "wide-subchunk"
 
 
-def sweep(only, variants=None, base=SWEEP_BASE):
-    """Each candidate's kda forward + backward at one shape (those whose id matches one of
-    `variants`' comma-separated ids or shell patterns, and the base), laid over the config
-    `base`: ms by CUDA events, the largest relative difference of any output from the base
-    run's, and per-kernel ms.
+def sweep(only, variants=None, base=SWEEP_BASE, gdn2=False):
+    """Each candidate's kda (gdn2: GDN-2's) forward + backward at one shape (those whose id
+    matches one of `variants`' comma-separated ids or shell patterns, and the base), laid
+    over the config `base`: ms by CUDA events, the largest relative difference of any
+    output from the base run's, and per-kernel ms.
     Patterns rather than substrings: an id that extends another (a faulting "-s1" form
     beside its parent) is timed only when named."""
     wanted = [v for v in (variants or "").split(",") if v]
@@ -263,8 +269,11 @@ def sweep(only, variants=None, base=SWEEP_BASE):
     name, seqlens = case.name, case.params["seqlens"]
     torch.manual_seed(1)
     x, cu, init = make_inputs(seqlens, with_state=False)
+    if gdn2:
+        x = gdn2_inputs(x)
     do = torch.randn_like(x["v"])
-    print(f"{name}, candidates against {base!r} (kda's entries)")
+    print(f"{name}, {'GDN-2' if gdn2 else 'kda'}: candidates against {base!r} "
+          "(the per-key families' entries)")  # fmt: skip
     print(
         "| candidate | fwd ms | fwd+bwd ms | max rel diff vs base | per kernel (ms per fwd+bwd) |"
     )
@@ -292,7 +301,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--no-fla", action="store_true")
     parser.add_argument("--no-nvidia", action="store_true")
-    parser.add_argument("--gdn2", action="store_true", help="GDN-2 vs our GDN instead")
+    parser.add_argument("--gdn2", action="store_true",
+                        help="GDN-2 vs our GDN instead (with --sweep: GDN-2's sweep)")  # fmt: skip
     parser.add_argument("--only", default=None, help="substring of a shape name")
     parser.add_argument("--config", default=None, help="our config by name (kernels/configs.py)")
     parser.add_argument("--profile", action="store_true", help="per-kernel times, then exit")
@@ -315,7 +325,7 @@ def main():
     args = parser.parse_args()
     use_compiled_cache(args.cache_dir)
     if args.sweep:
-        sweep(args.only, args.variants, args.base)
+        sweep(args.only, args.variants, args.base, gdn2=args.gdn2)
         return
     if args.profile:
         profile_kernels(args.only, args.config)

@@ -141,21 +141,15 @@ def _warm_launchers(families):
     """Our launchers under every named config, for each gating among `families` (what a
     sweep starts from; gdp's are its op's, warmed above)."""
     import torch
-    from kda import Ours, make_inputs
-    from la_families import DIM, H
+    from kda import Ours, gdn2_inputs, make_inputs
 
     from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES
 
     x, cu, init = make_inputs([4096, 4096], with_state=True)
-    total = x["q"].shape[0]
     inputs = {
         "gdn": dict(x, g=x["g"][..., 0].to(torch.bfloat16)),
         "kda": x,
-        "gdn2": dict(
-            x,
-            beta=torch.rand(total, H, DIM, device="cuda").to(torch.bfloat16),
-            w=torch.rand(total, H, DIM, device="cuda").to(torch.bfloat16),
-        ),
+        "gdn2": gdn2_inputs(x),
     }
     for gating, xs in inputs.items():
         if gating not in families:
