@@ -38,6 +38,12 @@ def inv_norm(x, AXIS: tl.constexpr, L2NORM: tl.constexpr, EPS: tl.constexpr):
 @triton.jit
 def l2norm_rows_bwd(x, dy, EPS: tl.constexpr):
     """dx from the raw rows x [R, D] and dy = dL/d(normalized x) [R, D], fp32."""
-    rnorm = 1.0 / tl.sqrt(tl.sum(x * x, 1) + EPS)
-    y = x * rnorm[:, None]
-    return (dy - y * tl.sum(y * dy, 1)[:, None]) * rnorm[:, None]
+    return l2norm_rows_bwd_by(x, dy, 1.0 / tl.sqrt(tl.sum(x * x, 1) + EPS))
+
+
+@triton.jit
+def l2norm_rows_bwd_by(x, dy, rnorm):
+    """l2norm_rows_bwd given the rows' inverse norms (inv_norm(x, 1, ...), which a kernel
+    already holds): (dy - y <y, dy>) / ||x|| with y = x / ||x||, formed as
+    (dy - x <x, dy> / ||x||^2) / ||x|| so that no normalized [R, D] tile is held."""
+    return (dy - x * (tl.sum(x * dy, 1) * rnorm * rnorm)[:, None]) * rnorm[:, None]

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .chunk_index import locate_chunk
 from .gated import gated_apply, gated_scores
-from .normalize import inv_norm, l2norm_rows, l2norm_rows_bwd
+from .normalize import inv_norm, l2norm_rows, l2norm_rows_bwd_by
 from .subchunk_bwd import subchunk_apply
 from .tiles import (
     decay_mask,
@@ -343,8 +343,12 @@ def dqk_kernel(
             kt = load_rows_t(k_ptr, t0, r, valid, HK * K, hk * K, K)
             rq = inv_norm(q, 1, L2NORM, EPS)
             rkt = inv_norm(kt, 0, L2NORM, EPS)  # the keys' inverse norms, along kt's columns
+            dq_inter = dq_inter * (scale * tl.exp(g))[:, None]
+            dg = tl.sum(dq_inter * q.to(tl.float32), 1) * rq
+            dq = tl.dot((dpg * rkt[None, :]).to(dt), tl.trans(kt), acc=dq_inter,
+                        input_precision=PREC)  # fmt: skip
             pq = dpg * (tl.dot(q, kt, input_precision=PREC) * (rq[:, None] * rkt[None, :]))
-            dg = tl.sum(pq, 1) - tl.sum(pq, 0)  # dP * (Q_hat K_hat^T): rows minus columns
+            dg += tl.sum(pq, 1) - tl.sum(pq, 0)  # dP * (Q_hat K_hat^T): rows minus columns
 
         if PART == 2:
             qt = load_rows_t_sub(q_ptr, t0, r, valid, H * K, hq * K, K, SUB, SUB - 1)
@@ -360,14 +364,9 @@ def dqk_kernel(
             dg = load_vec(dg_ptr, t0, r, valid, HO, h) + dg_k  # PART 1 ran first and stored it
 
         if PART == 1:
-            k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
-            rk = inv_norm(k, 1, L2NORM, EPS)
-            dq_inter = dq_inter * (scale * tl.exp(g))[:, None]
-            dq = dq_inter + tl.dot((dpg * rk[None, :]).to(dt), k, input_precision=PREC)
-            dg += tl.sum(dq_inter * q.to(tl.float32), 1) * rq
             if FINAL_DQ:
                 if L2NORM:
-                    dq = l2norm_rows_bwd(q.to(tl.float32), dq, EPS)
+                    dq = l2norm_rows_bwd_by(q.to(tl.float32), dq, rq)
                 store_rows_sub(dq_ptr, dq, t0, r, valid, H * K, hq * K, K, SUB, SUB - 1)
             else:
                 store_rows(dq_ptr, dq, t0, r, valid, HO * K, h * K, K)
@@ -419,10 +418,11 @@ def _dqk_gated_tail(
         tl.debug_barrier()
         dq = load_rows(dg_ptr, t0, r, valid, HO * K, h * K, K)
         q = load_rows(q_ptr, t0, r, valid, H * K, hq * K, K)
-        dg = q.to(tl.float32) * inv_norm(q, 1, L2NORM, EPS)[:, None] * dq
+        rq = inv_norm(q, 1, L2NORM, EPS)
+        dg = q.to(tl.float32) * rq[:, None] * dq
         if FINAL_DQ:
             if L2NORM:
-                dq = l2norm_rows_bwd(q.to(tl.float32), dq, EPS)
+                dq = l2norm_rows_bwd_by(q.to(tl.float32), dq, rq)
             store_rows(dq_ptr, dq, t0, r, valid, H * K, hq * K, K)
         else:
             store_rows(dq_ptr, dq, t0, r, valid, HO * K, h * K, K)
