@@ -37,7 +37,7 @@
 #                repeated backward is bitwise the same
 #   cp           (nvidia-h200-x2) the summary / context-parallel suites (all four families), bench/cp.py on 2 ranks
 #   la-tests     issue 30: the linear-attention GPU suites (gdn, kda, gdn2, gdp, chain, summary,
-#                replay; LA_SUITES: some of them by name; LA_SHARDS processes each, default 2)
+#                replay; LA_SUITES: some of them by name; LA_SHARDS processes each, default 1)
 #   la-warm      issue 30: our kernels compiled into $LA_CACHE (default /tmp/la_cache), one
 #                process per family, beside the suites, then fla's candidates compiled one
 #                process per family, then fla's autotuning alone on the GPU; packed into $OUT/la_cache.tgz.NN (our compiled-plan cache and fla's
@@ -197,12 +197,13 @@ tests_cp() {
     tests/gpu/test_cp_families_gpu.py
 }
 tests_la_tests() {  # LA_SUITES: some of the suites below, by name (default: all);
-  # LA_SHARDS: pytest processes per suite (default 2: their time goes on compiling, and
-  # seven suites on one process each leave most of the 16 cores idle)
+  # LA_SHARDS: pytest processes per suite (default 1; their time goes on compiling, so 2
+  # uses more of the 16 cores, but the kda / gdn2 suites' float64 references share one
+  # GPU's memory: ask for it with a few suites)
   la_suite() {  # la_suite NAME CAP PYTEST-ARGS...: run where LA_SUITES names it
     local name=$1 cap=$2; shift 2
     [[ " ${LA_SUITES:-gdn kda gdn2 gdp chain summary replay} " == *" $name "* ]] &&
-      gpu_suite_sharded "$name" "$cap" "${LA_SHARDS:-2}" "$@"
+      gpu_suite_sharded "$name" "$cap" "${LA_SHARDS:-1}" "$@"
   }
   la_suite gdn 300 tests/gpu/test_gdn_gpu.py &
   la_suite kda 300 -s tests/gpu/test_kda_gpu.py &
