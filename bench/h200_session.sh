@@ -39,9 +39,10 @@
 #   la-tests     issue 30: the linear-attention GPU suites (gdn, kda, gdn2, gdp, chain, summary,
 #                replay; LA_SUITES: some of them by name; LA_SHARDS processes each, default 1)
 #   la-warm      issue 30: our kernels compiled into $LA_CACHE (default /tmp/la_cache), one
-#                process per family, beside the suites, then fla's candidates compiled one
-#                process per family, then fla's autotuning alone on the GPU; packed into $OUT/la_cache.tgz.NN (our compiled-plan cache and fla's
-#                autotune picks) for the next call to carry
+#                process per family, beside the suites; then fla's candidates compiled, one
+#                process per family, then fla's autotuning alone on the GPU; packed into
+#                $OUT/la_cache.tgz.NN (our compiled-plan cache and fla's autotune picks) for
+#                the next call to carry
 #   kda-bwd      issue 30: the sub-chunk backward configs (wide-subchunk-bwd, few-subchunk-bwd)
 #                through their suite and the kda / gdn2 suites, then row (a) against the pick
 #   scores       issue 30: the sub-chunk scores kernel: the kda / gdn2 suites at wide-subchunk,
