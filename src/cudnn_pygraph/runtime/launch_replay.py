@@ -54,6 +54,9 @@ class LaunchRecord:
 
 
 _WATCH = []
+# Ops that launch nothing: an uninitialized allocation and a set_ onto a storage
+# (gdn_workspace's typed carving of its workspace). An allocation whose address a kernel
+# then takes is still refused, by build_replay: it lies outside the roots.
 _LAUNCH_FREE = frozenset(
     ("aten.empty.memory_format", "aten.empty_strided.default",
      "aten.set_.source_Storage_storage_offset")
@@ -74,10 +77,6 @@ def _compute_watch():
                 super().__init__()
                 self.record = record
 
-            # A view (a workspace slice), an uninitialized allocation and a set_ onto a
-            # root's storage (gdn_workspace's typed carving) launch nothing; anything else
-            # runs on the device and a replay would skip it. An allocation whose address a
-            # kernel then takes is still refused, by build_replay: it lies outside the roots.
             @classmethod
             def _should_skip_dynamo(cls):
                 # Else TorchDispatchMode wraps __torch_dispatch__ in torch._dynamo.disable,
@@ -88,6 +87,8 @@ def _compute_watch():
                 return False
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                # A view (a workspace slice) and the _LAUNCH_FREE ops launch nothing;
+                # anything else runs on the device and a replay would skip it.
                 if not func.is_view and str(func) not in _LAUNCH_FREE:
                     self.record.refusals.append(f"torch op {func} runs on the device")
                 return func(*args, **(kwargs or {}))
