@@ -86,6 +86,7 @@ CANDIDATES = {
     # One kernel's tile config at a time.
     "output-fwd-bv64": {"output_fwd": {"BV": 64}},
     "output-fwd-w8": {"output_fwd": {"num_warps": 8}},
+    "state-fwd-bv32": {"state_fwd": {"BV": 32}},
     "wy-solve-w2": {"wy_solve": {"num_warps": 2}},
     "wy-solve-w4": {"wy_solve": {"num_warps": 4}},
     "wy-bwd-w4": {"wy_bwd": {"num_warps": 4}},
@@ -255,3 +256,15 @@ def with_candidate(
             else:
                 entry[param] = value
     return cfgs
+
+
+# The forward's kernels at the configs ptxas (sm_90, K = V = 128, bf16) compiles without
+# spills under a per-key gate, two programs per SM each: the state walk on 32-wide V
+# blocks (241 registers), the output on 64-wide ones (184), wy_solve at 4 warps (kda 215,
+# gdn2 252 registers). The shipped ones spill 24-32 B (walk, output) and 208 / 1012 B
+# (wy_solve, kda / gdn2); each is swept alone too (bench/results/kda.md).
+CANDIDATES["forward-spill-free"] = {
+    "state_fwd": {"BV": 32},
+    "output_fwd": {"BV": 64},
+    "wy_solve": {"num_warps": 4},
+}
