@@ -123,7 +123,7 @@ def test_a_call_outside_the_contract_runs_fla_with_the_callers_arguments(change,
     assert cfla.last_path().startswith(f"fallback:{reason}")
 
 
-def test_cp_context_and_intermediate_states_and_gdn2_lower_bound_fall_back():
+def test_cp_context_and_intermediate_states_fall_back():
     fn, _ = _replacement("gated_delta_rule")
     assert fn(*_gdn_args(), cp_context=object()) == "fla's own"
     assert cfla.last_path().startswith("fallback:cp_context")
@@ -137,9 +137,6 @@ def test_cp_context_and_intermediate_states_and_gdn2_lower_bound_fall_back():
             "fla's own"
         )
     assert cfla.last_path() == "fallback:return_intermediate_states at chunk_size 32"
-    fn, _ = _replacement("gdn2")
-    assert fn(q, k, v, q, q, v, lower_bound=-5.0, use_gate_in_kernel=True) == "fla's own"
-    assert cfla.last_path() == "fallback:lower_bound"
 
 
 def test_a_call_fla_itself_refuses_reaches_fla():
@@ -186,6 +183,41 @@ def test_gdn2_entry_maps_fla_layout_onto_ours_and_matches_the_reference():
     assert torch.equal(o2, o) and torch.equal(ht2, ht.transpose(-1, -2))
 
 
+@pytest.mark.parametrize("with_a_log", [True, False], ids=["A_log", "no-A_log"])
+def test_gdn2_bounded_gate_in_the_kernel_is_ours_and_matches_the_reference(with_a_log):
+    # fla's chunk_gdn2(use_gate_in_kernel=True, safe_gate=True, lower_bound=lb): the log-decay
+    # lb * sigmoid(exp(A_log) * (g + dt_bias)) per key channel (A_log may be absent then),
+    # gradients included; steep raw logits, so the bound is what holds the decay
+    gen = torch.Generator().manual_seed(4)
+    T, H, lb = 40, 2, -5.0
+    r = lambda *s: torch.randn(*s, generator=gen)
+    q, k, v = r(1, T, H, K), r(1, T, H, K) / K**0.5, r(1, T, H, K)
+    g = 4.0 * r(1, T, H, K)
+    b, w = torch.rand(1, T, H, K, generator=gen), torch.rand(1, T, H, K, generator=gen)
+    a_log = (0.3 * r(1, 1, H, 1)) if with_a_log else None  # fla's varlen test's shape
+    dt_bias = 0.3 * r(H * K)
+    leaves = [t.requires_grad_() for t in (q, k, v, g, b, w, dt_bias)]
+    if with_a_log:
+        leaves.append(a_log.requires_grad_())
+    gate = dict(A_log=a_log) if with_a_log else {}
+    fn, calls = _replacement("gdn2")
+    o, _ = fn(q, k, v, g, b, w, use_gate_in_kernel=True, safe_gate=True, lower_bound=lb,
+              dt_bias=dt_bias, **gate)  # fmt: skip
+    assert not calls and cfla.last_path() == "ours"
+    cu = torch.tensor([0, T], dtype=torch.int32)
+    ref_o, _ = gdn2_reference(
+        q[0], k[0], v[0], g[0], b[0], cu, scale=K**-0.5, write_gate=w[0], safe_gate=True,
+        a_log=a_log.reshape(H) if with_a_log else None, dt_bias=dt_bias.reshape(H, K),
+        gate_lower_bound=lb,
+    )  # fmt: skip
+    assert rel(o[0], ref_o) < 2e-4
+    d_o = r(*o.shape)
+    ours = torch.autograd.grad(o, leaves, d_o)
+    want = torch.autograd.grad(ref_o, leaves, d_o[0].double())
+    for name, a, e in zip(("q", "k", "v", "g", "b", "w", "dt_bias", "A_log"), ours, want):
+        assert rel(a, e) < 2e-3, name
+
+
 def test_gdp_takes_flas_positional_order_and_g_none_is_the_ungated_product():
     gen = torch.Generator().manual_seed(2)
     T, n = 8, 2
@@ -209,7 +241,7 @@ def test_gdp_takes_flas_positional_order_and_g_none_is_the_ungated_product():
     "keywords, reason",
     [
         (dict(chunk_size=32), "chunk_size"),
-        (dict(use_gate_in_kernel=True), "use_gate_in_kernel without A_log"),
+        (dict(use_gate_in_kernel=True), "use_gate_in_kernel without A_log or lower_bound"),
         (dict(use_gate_in_kernel=True, safe_gate=True, A_log=torch.zeros(2)), "safe_gate"),
     ],
 )

@@ -34,6 +34,11 @@ CASES = {
     # two ranks, the safe gate with both parameters; rank 0's span of 70 tokens summarized
     # in two pieces of 64
     "gdn2-safe-gate": dict(family="gdn2", spans=(70, 20), batch=1, piece_tokens=64),
+    # the bounded gate lb * sigmoid(exp(a_log) (g + dt_bias)) (fla's chunk_gdn2 lower_bound)
+    # through the summaries and their backward
+    "gdn2-bounded-gate": dict(
+        family="gdn2", spans=(40, 30), batch=1, piece_tokens=None, gate_lower_bound=-5.0
+    ),  # fmt: skip
     # two ranks of a three-sub-token product (every span whole tokens), the l2norm
     "gdp-n3": dict(family="gdp", spans=(40, 25), batch=1, piece_tokens=None, n=3),
     # the gdp safe gate, a rank holding one token, pieces of 64 tokens (128 sub-tokens)
@@ -85,7 +90,8 @@ def _token_inputs(case):
 
 def _flags(case):
     if case["family"] == "gdn2":
-        return {"safe_gate": True, "use_qk_l2norm_in_kernel": True}
+        bound = {"gate_lower_bound": case["gate_lower_bound"]} if "gate_lower_bound" in case else {}
+        return {"safe_gate": True, "use_qk_l2norm_in_kernel": True, **bound}
     if case.get("safe_gate"):
         return {"use_gate_in_kernel": True}
     return {"use_qk_l2norm_in_kernel": True}

@@ -87,6 +87,14 @@ BAD_CALLS = {
         "allow_neg_eigval: requires use_beta_sigmoid_in_kernel",
     ),
     "a-log-without-safe-gate": ({"a_log": torch.zeros(1)}, "a_log / dt_bias"),
+    "lower-bound-without-safe-gate": (
+        {"gate_lower_bound": -5.0},
+        "gate_lower_bound: only read under safe_gate",
+    ),
+    "lower-bound-not-negative": (
+        {"gate_lower_bound": 0.0, "safe_gate": True},
+        "gate_lower_bound: must be a finite negative",
+    ),
     "per-head-beta": ({"beta": torch.rand(40, 1)}, "beta: expected \\[total_T, HO, K\\]"),
     "write-gate-per-key": ({"w": torch.rand(40, 1, 32)}, "w: expected \\[total_T, HO, V\\]"),
     "k-major-state-count": (
@@ -105,6 +113,12 @@ def test_bad_calls_are_refused_before_any_launch(case):
     w = kwargs.pop("w", w)
     with pytest.raises(ValueError, match=match):
         ops.gated_delta_net_v2(q, k, v, g, beta, w, cu, **kwargs)
+
+
+def test_a_lower_bound_that_is_not_a_number_is_refused_naming_it():
+    q, k, v, g, beta, w, cu, _ = inputs()
+    with pytest.raises(TypeError, match="gate_lower_bound: expected a float, got str"):
+        ops.gated_delta_net_v2(q, k, v, g, beta, w, cu, safe_gate=True, gate_lower_bound="-5")
 
 
 def test_head_dim_outside_the_served_set_is_refused_naming_the_dim():

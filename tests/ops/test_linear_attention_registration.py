@@ -17,16 +17,16 @@ FWD = "Tensor? initial_state, Tensor? a_log, Tensor? dt_bias, float scale, bool 
 BWD = "Tensor do, Tensor? initial_state, Tensor? d_final_state, Tensor? a_log, Tensor? dt_bias, float scale"  # fmt: skip
 POOL = "Tensor(a6!) state, Tensor? state_indices, Tensor? a_log, Tensor? dt_bias, float scale"
 QKVGB = "Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta"
-KDA_FLAGS = f"{FLAGS}, float? gate_lower_bound"
+BOUNDED_FLAGS = f"{FLAGS}, float? gate_lower_bound"  # kda, gdn2
 SCHEMAS = {
     "gdn_fwd": f"({QKVGB}, Tensor cu_seqlens, {FWD}, {FLAGS}, {TAIL}, bool state_v_first, bool save_for_backward) -> Tensor[]",  # fmt: skip
     "gdn_bwd": f"({QKVGB}, Tensor cu_seqlens, {BWD}, {FLAGS}, {TAIL}, bool state_v_first, Tensor[] saved) -> Tensor[]",  # fmt: skip
     "gdn_fwd_overwrite_state": f"({QKVGB}, Tensor cu_seqlens, {POOL}, {FLAGS}, {TAIL}) -> Tensor",
-    "kda_fwd": f"({QKVGB}, Tensor cu_seqlens, {FWD}, {KDA_FLAGS}, {TAIL}, bool state_v_first, bool save_for_backward) -> Tensor[]",  # fmt: skip
-    "kda_bwd": f"({QKVGB}, Tensor cu_seqlens, {BWD}, {KDA_FLAGS}, {TAIL}, bool state_v_first, Tensor[] saved) -> Tensor[]",  # fmt: skip
-    "kda_fwd_overwrite_state": f"({QKVGB}, Tensor cu_seqlens, {POOL}, {KDA_FLAGS}, {TAIL}) -> Tensor",  # fmt: skip
-    "gdn2_fwd": f"({QKVGB}, Tensor w, Tensor cu_seqlens, {FWD}, {FLAGS}, {TAIL}, bool save_for_backward) -> Tensor[]",  # fmt: skip
-    "gdn2_bwd": f"({QKVGB}, Tensor w, Tensor cu_seqlens, {BWD}, {FLAGS}, {TAIL}, Tensor[] saved) -> Tensor[]",  # fmt: skip
+    "kda_fwd": f"({QKVGB}, Tensor cu_seqlens, {FWD}, {BOUNDED_FLAGS}, {TAIL}, bool state_v_first, bool save_for_backward) -> Tensor[]",  # fmt: skip
+    "kda_bwd": f"({QKVGB}, Tensor cu_seqlens, {BWD}, {BOUNDED_FLAGS}, {TAIL}, bool state_v_first, Tensor[] saved) -> Tensor[]",  # fmt: skip
+    "kda_fwd_overwrite_state": f"({QKVGB}, Tensor cu_seqlens, {POOL}, {BOUNDED_FLAGS}, {TAIL}) -> Tensor",  # fmt: skip
+    "gdn2_fwd": f"({QKVGB}, Tensor w, Tensor cu_seqlens, {FWD}, {BOUNDED_FLAGS}, {TAIL}, bool save_for_backward) -> Tensor[]",  # fmt: skip
+    "gdn2_bwd": f"({QKVGB}, Tensor w, Tensor cu_seqlens, {BWD}, {BOUNDED_FLAGS}, {TAIL}, Tensor[] saved) -> Tensor[]",  # fmt: skip
     "gdp_fwd": f"({QKVGB}, Tensor cu_seqlens, {FWD}, {FLAGS}, {TAIL}, bool state_v_first, SymInt num_householder) -> (Tensor, Tensor)",  # fmt: skip
     "gdp_bwd": f"({QKVGB}, Tensor cu_seqlens, {BWD}, {FLAGS}, {TAIL}, bool state_v_first, SymInt num_householder) -> Tensor[]",  # fmt: skip
     "gdp_fwd_overwrite_state": f"({QKVGB}, Tensor cu_seqlens, {POOL}, {FLAGS}, {TAIL}, SymInt num_householder) -> Tensor",  # fmt: skip
@@ -49,16 +49,17 @@ def test_the_fakes_give_each_familys_shapes():
     importlib.import_module(f"{NEW}.gdp")
     ops = torch.ops.cudnn_pygraph
     flags = (True, False, False, False, "log", False)
+    bounded = (*flags[:4], None, *flags[4:])  # gdn2's gate_lower_bound after safe_gate
     with FakeTensorMode():
         T, H, K, V, n = 5, 2, 64, 128, 2
         q, k, v = torch.empty(T, H, K), torch.empty(T, H, K), torch.empty(T, H, V)
         gk, bk, w = torch.empty(T, H, K), torch.empty(T, H, K), torch.empty(T, H, V)
         cu = torch.empty(3, dtype=torch.int32)
         h0 = torch.empty(2, H, V, K, dtype=torch.bfloat16)
-        o, ht = ops.gdn2_fwd(q, k, v, gk, bk, w, cu, h0, None, None, 0.1, True, *flags, False)
+        o, ht = ops.gdn2_fwd(q, k, v, gk, bk, w, cu, h0, None, None, 0.1, True, *bounded, False)
         assert o.shape == (T, H, V) and ht.shape == (2, H, V, K) and ht.dtype == torch.bfloat16
         do = torch.empty(T, H, V)
-        grads = ops.gdn2_bwd(q, k, v, gk, bk, w, cu, do, h0, None, None, None, 0.1, *flags, [])
+        grads = ops.gdn2_bwd(q, k, v, gk, bk, w, cu, do, h0, None, None, None, 0.1, *bounded, [])
         want = [(T, H, K), (T, H, K), (T, H, V), (T, H, K), (T, H, K), (T, H, V), (2, H, V, K)]
         assert [tuple(t.shape) for t in grads[:7]] == want
         assert [t.numel() for t in grads[7:]] == [0, 0]  # no safe_gate: no d_a_log, d_dt_bias

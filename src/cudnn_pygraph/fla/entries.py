@@ -17,6 +17,7 @@ import torch
 from ..linear_attention import gdp as _gdp
 from ..linear_attention import ops as _ops
 from ..ops.linear_attention import chunk_states as _chunk_states
+from ..ops.linear_attention.kda import gate_args
 
 # The keywords each fla function reads out of **kwargs (and that our ops take too); any
 # other keyword is dropped, as fla drops it.
@@ -169,8 +170,9 @@ def chunk_gdn2(
     """fla's chunk_gdn2 ([B, T, H, *], the state K-major unless state_v_first) over our
     THD gated_delta_net_v2 (V-major state): b is the erase gate per key channel (our
     beta), w the write gate per value channel. use_gate_in_kernel is our safe_gate gate
-    (-exp(A_log) * softplus(g + dt_bias)); fla's safe_gate flag is a kernel choice that
-    does not change the result, as in chunk_kda."""
+    (-exp(A_log) * softplus(g + dt_bias), or with lower_bound our gate_lower_bound form
+    lower_bound * sigmoid(exp(A_log) * (g + dt_bias))); fla's safe_gate flag is a kernel
+    choice that does not change the result, as in chunk_kda (whose gate rules these are)."""
     kwargs = _known(kwargs, GDN2_KWARGS)
     state_v_first = _state_v_first(state_v_first, kwargs)
     B, T, H, K = q.shape
@@ -182,10 +184,11 @@ def chunk_gdn2(
             f"The batch size is expected to be 1 rather than {B} when using `cu_seqlens`. "
             "Please flatten variable-length inputs before processing."
         )
-    a_log = flat_head_param(kwargs.get("A_log"), heads)
-    dt_bias = kwargs.get("dt_bias")
-    if dt_bias is not None and dt_bias.dim() != 2 and dt_bias.numel() == heads * K:
-        dt_bias = dt_bias.reshape(heads, K)
+    gate, lb, a_log, dt_bias = gate_args(
+        use_gate_in_kernel, safe_gate, lower_bound,
+        flat_head_param(kwargs.get("A_log"), heads) if use_gate_in_kernel else None,
+        kwargs.get("dt_bias") if use_gate_in_kernel else None, heads, K,
+    )  # fmt: skip
     if initial_state is not None and not state_v_first:
         # copied V-major dense, and the final state copied back K-major, as fla returns it:
         # both layouts then run one graph (ops/linear_attention/family.py _as_k_first)
@@ -203,10 +206,11 @@ def chunk_gdn2(
         initial_state,
         output_final_state,
         use_qk_l2norm_in_kernel,
-        safe_gate=bool(use_gate_in_kernel),
-        a_log=a_log if use_gate_in_kernel else None,
-        dt_bias=dt_bias if use_gate_in_kernel else None,
+        safe_gate=gate,
+        a_log=a_log,
+        dt_bias=dt_bias,
         return_intermediate_states=bool(return_intermediate_states),
+        gate_lower_bound=lb,
     )
     o = o.reshape(B, T, *o.shape[1:])
     final = None if not output_final_state else final if state_v_first else final.mT.contiguous()

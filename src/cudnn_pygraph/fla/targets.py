@@ -136,17 +136,23 @@ TARGETS = {
             entries.chunk_gdn2,
             (
                 *INTERMEDIATE_STATES,
-                # the bounded gate lb * sigmoid(.) is kda's attribute; gdn2's op has none
-                ("lower_bound", lambda c: c.get("lower_bound") is not None),
                 # calls fla's chunk_gdn2 refuses: its own error says why
                 ("chunk_size (fla serves 64 only)", lambda c: keyword(c, "chunk_size", 64) != 64),
                 (
-                    "use_gate_in_kernel without A_log (fla refuses)",
-                    lambda c: c.get("use_gate_in_kernel") and keyword(c, "A_log") is None,
+                    "use_gate_in_kernel without A_log or lower_bound (fla refuses)",
+                    lambda c: (
+                        c.get("use_gate_in_kernel")
+                        and keyword(c, "A_log") is None
+                        and c.get("lower_bound") is None
+                    ),
                 ),
                 (
                     "safe_gate with use_gate_in_kernel and no lower_bound (fla refuses)",
-                    lambda c: c.get("safe_gate") and c.get("use_gate_in_kernel"),
+                    lambda c: (
+                        c.get("safe_gate")
+                        and c.get("use_gate_in_kernel")
+                        and c.get("lower_bound") is None
+                    ),
                 ),
             ),
         ),

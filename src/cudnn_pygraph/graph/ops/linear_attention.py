@@ -86,7 +86,14 @@ _FAMILIES = (
         householder=False,
         gate_lower_bound=True,
     ),
-    Family("gdn2", gate_per_key=True, beta_per_key=True, write_gate=True, householder=False),
+    Family(
+        "gdn2",
+        gate_per_key=True,
+        beta_per_key=True,
+        write_gate=True,
+        householder=False,
+        gate_lower_bound=True,
+    ),
     Family("gdp", gate_per_key=False, beta_per_key=False, write_gate=False, householder=True),
 )
 

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from . import head_dims
-from .call_checks import check_gate_flags, check_head_dims, check_state
+from .call_checks import check_gate_flags, check_head_dims, check_lower_bound, check_state
 from .family import FAMILIES
 from .gdn import GDN
 from .gdn2 import GATE_NAMES as GDN2_GATE_NAMES
@@ -448,6 +448,7 @@ def gated_delta_net_v2_cp(
     a_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     *,
+    gate_lower_bound: float | None = None,
     group: dist.ProcessGroup | None = None,
     piece_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -463,6 +464,7 @@ def gated_delta_net_v2_cp(
     _check_shapes(q, v)
     check_gate_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel, safe_gate, a_log, dt_bias,
                       names=GDN2_GATE_NAMES)  # fmt: skip
+    lb = check_lower_bound(gate_lower_bound, safe_gate)
     B, T, _, K = q.shape
     check_gdn2_gates(g, beta, w, (B, T), ("B", "T"), max(q.shape[2], v.shape[2]), K,
                       v.shape[3])  # fmt: skip
@@ -471,6 +473,7 @@ def gated_delta_net_v2_cp(
         "use_beta_sigmoid": bool(use_beta_sigmoid_in_kernel),
         "allow_neg_eigval": bool(allow_neg_eigval),
         "safe_gate": bool(safe_gate),
+        "gate_lower_bound": lb,
         "gate_domain": str(gate_domain),
         "batch_invariant": bool(batch_invariant),
     }

@@ -76,12 +76,17 @@ class Family:
         return f"({params}) -> {returns.get(op, 'Tensor')}"
 
 
+# A decay per key channel may be bounded (kda, gdn2): gate_lower_bound after safe_gate.
+_BOUNDED_ATTRS = _ATTRS[:4] + (("gate_lower_bound", "float?"),) + _ATTRS[4:]
+
 FAMILIES = {
     "gdn": Family("gdn"),
-    # kda's decay per key channel may be bounded: gate_lower_bound after safe_gate
-    "kda": Family("kda", attrs=_ATTRS[:4] + (("gate_lower_bound", "float?"),) + _ATTRS[4:]),
-    # GDN-2 follows NVIDIA's gated_delta_net_v2: V-major states, no in-place form
-    "gdn2": Family("gdn2", write_gate=True, state_v_first=False, in_place=False),
+    "kda": Family("kda", attrs=_BOUNDED_ATTRS),
+    # GDN-2 follows NVIDIA's gated_delta_net_v2: V-major states, no in-place form; its decay
+    # per key channel may be bounded as kda's (fla's chunk_gdn2 lower_bound)
+    "gdn2": Family(
+        "gdn2", attrs=_BOUNDED_ATTRS, write_gate=True, state_v_first=False, in_place=False
+    ),
     "gdp": Family("gdp", tail=(("num_householder", "SymInt"),), saves=False),
 }
 

@@ -10,7 +10,7 @@ import torch
 
 from ...engines.linear_attention.kernels.chunk_index import check_cu_seqlens
 from . import chunk_states, head_dims
-from .call_checks import check_gate_flags, check_head_dims, check_state
+from .call_checks import check_gate_flags, check_head_dims, check_lower_bound, check_state
 from .family import grad_needed, register_family, runs_eagerly
 
 GDN2 = register_family("gdn2")
@@ -50,6 +50,7 @@ def gated_delta_net_v2(
     dt_bias: torch.Tensor | None = None,
     *,
     return_intermediate_states: bool = False,
+    gate_lower_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated DeltaNet v2 (GDN-2), called as NVIDIA's cudnn.gated_delta_net_v2 (same
     positional order and keyword names, for the attributes the gdn2 op carries):
@@ -63,7 +64,9 @@ def gated_delta_net_v2(
     use_beta_sigmoid_in_kernel: beta holds logits (beta = sigmoid, 2 sigmoid with
     allow_neg_eigval). safe_gate: g holds raw logits and the log-decay is
     -exp(a_log) * softplus(g + dt_bias) (a_log [HO], dt_bias [HO, K], each optional).
-    gate_domain "linear": g holds the decay itself. Gradients (autograd): dq, dk, dv, dg,
+    gate_lower_bound (safe_gate only; fla's chunk_gdn2 lower_bound): the log-decay is
+    gate_lower_bound * sigmoid(exp(a_log) * (g + dt_bias)) instead, each bounded below by
+    it (kda's form). gate_domain "linear": g holds the decay itself. Gradients (autograd): dq, dk, dv, dg,
     dbeta, dw, d_initial_state, d_a_log, d_dt_bias, with respect to what was passed.
     q / k / v / g / beta / w may be strided views; cu_seqlens is checked on the device (no
     sync): a malformed table makes every output NaN.
@@ -78,6 +81,7 @@ def gated_delta_net_v2(
         raise ValueError(f"q: expected THD [total_T, H, K], got shape {tuple(q.shape)}")
     check_gate_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel, safe_gate, a_log, dt_bias,
                       names=GATE_NAMES)  # fmt: skip
+    lb = check_lower_bound(gate_lower_bound, safe_gate)
     check_head_dims(q, v)
     check_cu_seqlens("cu_seqlens", cu_seqlens, q.device)
     T, H, K = q.shape
@@ -112,6 +116,7 @@ def gated_delta_net_v2(
         bool(use_beta_sigmoid_in_kernel),
         bool(allow_neg_eigval),
         bool(safe_gate),
+        lb,
         str(gate_domain),
         bool(batch_invariant),
         (not eager and grad_needed(*tensors)) or bool(return_intermediate_states),

@@ -154,13 +154,15 @@ def gdn2_summary(
     allow_neg_eigval: bool = False,
     safe_gate: bool = False,
     gate_domain: str = "log",
+    gate_lower_bound: float | None = None,
     batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """gdn_summary for GDN-2: g / beta [T, HO, K], the write gate w [T, HO, V], dt_bias
-    [HO, K]."""
+    [HO, K]; gate_lower_bound as kda_summary's."""
     tensors = {"k": k, "v": v, "g": g, "beta": beta, "w": w, "cu_seqlens": cu_seqlens}
     attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
                    batch_invariant)  # fmt: skip
+    attrs["gate_lower_bound"] = None if gate_lower_bound is None else float(gate_lower_bound)
     return _forward_summary("gdn2_summary", tensors, a_log, dt_bias, attrs)
 
 
@@ -181,13 +183,16 @@ def gdn2_summary_bwd(
     allow_neg_eigval: bool = False,
     safe_gate: bool = False,
     gate_domain: str = "log",
+    gate_lower_bound: float | None = None,
     batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """gdn_summary_bwd for GDN-2 (G does not depend on the write gate: no w)."""
+    attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
+                   batch_invariant)  # fmt: skip
+    attrs["gate_lower_bound"] = None if gate_lower_bound is None else float(gate_lower_bound)
     return _backward_summary(
         "gdn2_summary_bwd", q, k, g, beta, cu_seqlens, do, scale, output_transition, a_log,
-        dt_bias, _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate,
-                        gate_domain, batch_invariant),
+        dt_bias, attrs,
     )  # fmt: skip
 
 
