@@ -143,6 +143,11 @@ ATTRIBUTE_CASES = {
         {"use_qk_l2norm": True, "safe_gate": True, "use_beta_sigmoid": True},
         {"has_a_log": True, "has_dt_bias": True},
     ),
+    # fla's chunk_gdn2 lower_bound: the decay lb * sigmoid(exp(a_log) (g + dt_bias))
+    "safe-gate-lower-bound": (
+        {"use_qk_l2norm": True, "safe_gate": True, "gate_lower_bound": -5.0},
+        {"has_a_log": True, "has_dt_bias": True},
+    ),
     "neg-eigval": ({"use_qk_l2norm": True, "use_beta_sigmoid": True, "allow_neg_eigval": True}, {}),
     "linear-gate": ({"use_qk_l2norm": True, "gate_domain": "linear"}, {}),
     "group-q2-v4-K64": ({"use_qk_l2norm": True}, {"heads": (2, 2, 4), "dim": 64}),

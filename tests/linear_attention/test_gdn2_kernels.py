@@ -186,6 +186,12 @@ CASES = {
         {"use_qk_l2norm": True, "safe_gate": True},
         "wide-subchunk",
     ),
+    # fla's chunk_gdn2 lower_bound: lb * sigmoid(exp(a_log) (g + dt_bias)), at the pick
+    "safe-gate-lower-bound": (
+        {"gate": "raw", "has_a_log": True, "has_dt_bias": True, "heads": (1, 1, 1), **ONE_CHUNK},
+        {"use_qk_l2norm": True, "safe_gate": True, "gate_lower_bound": -5.0},
+        "wide-subchunk-keys",
+    ),
     "safe-gate-softplus-unit": (
         {"gate": "raw", "unit_keys": True, "heads": (1, 1, 1)},
         {"safe_gate": True},
