@@ -116,6 +116,11 @@ BAD_CALLS = {
         ValueError,
         "safe range \\[-5, 0\\)",
     ),
+    "positive-lower-bound-without-safe-gate": (
+        {"use_gate_in_kernel": True, "lower_bound": 1.0},
+        ValueError,
+        "lower_bound: must be a finite negative log-decay floor",
+    ),
     "gate-in-kernel-without-a-log": (
         {"use_gate_in_kernel": True},
         ValueError,

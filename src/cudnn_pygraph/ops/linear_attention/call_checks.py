@@ -49,20 +49,19 @@ def check_gate_flags(allow_neg_eigval, use_beta_sigmoid_in_kernel, use_gate_in_k
         raise ValueError(f"{names[1]}: only read under {names[0]}=True")
 
 
-def check_lower_bound(gate_lower_bound, safe_gate):
-    """A bounded gate's floor (the node's gate_lower_bound, kda's and gdn2's): read only under
-    safe_gate, a finite negative log-decay; returned as a float (None: unbounded)."""
-    if gate_lower_bound is None:
+def check_lower_bound(value, safe_gate, name="gate_lower_bound"):
+    """A bounded gate's floor (the node's gate_lower_bound, kda's and gdn2's; fla's entries
+    call it lower_bound, `name`): read only under safe_gate, a finite negative log-decay;
+    returned as a float (None: unbounded)."""
+    if value is None:
         return None
-    if isinstance(gate_lower_bound, bool) or not isinstance(gate_lower_bound, (int, float)):
-        raise TypeError(
-            f"gate_lower_bound: expected a float, got {type(gate_lower_bound).__name__}"
-        )
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
     if not safe_gate:
-        raise ValueError("gate_lower_bound: only read under safe_gate=True")
-    lb = float(gate_lower_bound)
+        raise ValueError(f"{name}: only read under safe_gate=True")
+    lb = float(value)
     if not (float("-inf") < lb < 0):
-        raise ValueError(f"gate_lower_bound: must be a finite negative log-decay floor, got {lb}")
+        raise ValueError(f"{name}: must be a finite negative log-decay floor, got {lb}")
     return lb
 
 

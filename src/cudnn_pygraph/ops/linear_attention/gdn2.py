@@ -65,9 +65,10 @@ def gated_delta_net_v2(
     allow_neg_eigval). safe_gate: g holds raw logits and the log-decay is
     -exp(a_log) * softplus(g + dt_bias) (a_log [HO], dt_bias [HO, K], each optional).
     gate_lower_bound (safe_gate only; fla's chunk_gdn2 lower_bound): the log-decay is
-    gate_lower_bound * sigmoid(exp(a_log) * (g + dt_bias)) instead, each bounded below by
-    it (kda's form). gate_domain "linear": g holds the decay itself. Gradients (autograd): dq, dk, dv, dg,
-    dbeta, dw, d_initial_state, d_a_log, d_dt_bias, with respect to what was passed.
+    gate_lower_bound * sigmoid(exp(a_log) * (g + dt_bias)) instead, bounded below by it
+    (kda's form). gate_domain "linear": g holds the decay itself. Gradients (autograd): dq,
+    dk, dv, dg, dbeta, dw, d_initial_state, d_a_log, d_dt_bias, with respect to what was
+    passed.
     q / k / v / g / beta / w may be strided views; cu_seqlens is checked on the device (no
     sync): a malformed table makes every output NaN.
 

@@ -14,6 +14,7 @@ from . import chunk_states, head_dims
 from .call_checks import (
     check_head_dims,
     check_in_place_state,
+    check_lower_bound,
     check_packed_q,
     check_pool,
     check_state,
@@ -58,10 +59,7 @@ def gate_args(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias, heads,
         raise ValueError(
             "`A_log` must be provided when `use_gate_in_kernel=True` and `lower_bound` is not set."
         )
-    if lower_bound is not None and not (float("-inf") < lower_bound < 0):
-        raise ValueError(
-            f"lower_bound: must be a finite negative log-decay floor, got {lower_bound}"
-        )
+    lb = check_lower_bound(lower_bound, True, name="lower_bound")
     if A_log is not None and tuple(A_log.shape) != (heads,):
         raise ValueError(f"A_log: expected [HV] = [{heads}], got {list(A_log.shape)}")
     if dt_bias is not None:
@@ -71,7 +69,6 @@ def gate_args(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias, heads,
             )
         dt_bias = dt_bias.reshape(heads, K)
     f32 = lambda t: None if t is None else t.float().contiguous()
-    lb = None if lower_bound is None else float(lower_bound)
     return True, lb, f32(A_log), f32(dt_bias)
 
 
