@@ -189,3 +189,20 @@ def test_the_summary_ops_go_to_the_family_summary_engine(family):
         g.create_execution_plans([cudnn.heur_mode.A])
         names = [g.get_plan_name_at_index(i) for i in range(g.get_execution_plan_count())]
         assert names and all(f"triton_{family}_summary" in name for name in names), names
+
+
+@pytest.mark.parametrize("op", ["kda_summary", "kda_summary_bwd"])
+@pytest.mark.parametrize(
+    "bound, safe_gate",
+    [("-5", True), (torch.tensor(-5.0), True), (True, True), (float("nan"), True),
+     (0.0, True), (-5.0, False)],
+)  # fmt: skip
+def test_a_bad_gate_lower_bound_is_named_before_any_launch(op, bound, safe_gate):
+    x = inputs("kda", 5, (1, 1, 1), torch.float32, {}, 1)
+    span_cu = cu([5]).to(DEVICE)
+    if op.endswith("_bwd"):
+        args, extra = (x["q"], x["k"], x["g"], x["beta"], span_cu, x["dO"]), {"scale": SCALE}
+    else:
+        args, extra = (x["k"], x["v"], x["g"], x["beta"], span_cu), {}
+    with pytest.raises((TypeError, ValueError), match="gate_lower_bound"):
+        getattr(summary, op)(*args, safe_gate=safe_gate, gate_lower_bound=bound, **extra)

@@ -22,6 +22,7 @@ import torch
 
 from ...graph.pygraph import pygraph
 from ...graph.tensor import to_data_type
+from .call_checks import check_lower_bound
 from .executable import executable
 from .gdp import householder_count
 from .graphs import cached, declare
@@ -162,7 +163,7 @@ def gdn2_summary(
     tensors = {"k": k, "v": v, "g": g, "beta": beta, "w": w, "cu_seqlens": cu_seqlens}
     attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
                    batch_invariant)  # fmt: skip
-    attrs["gate_lower_bound"] = None if gate_lower_bound is None else float(gate_lower_bound)
+    attrs["gate_lower_bound"] = check_lower_bound(gate_lower_bound, safe_gate)
     return _forward_summary("gdn2_summary", tensors, a_log, dt_bias, attrs)
 
 
@@ -189,7 +190,7 @@ def gdn2_summary_bwd(
     """gdn_summary_bwd for GDN-2 (G does not depend on the write gate: no w)."""
     attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
                    batch_invariant)  # fmt: skip
-    attrs["gate_lower_bound"] = None if gate_lower_bound is None else float(gate_lower_bound)
+    attrs["gate_lower_bound"] = check_lower_bound(gate_lower_bound, safe_gate)
     return _backward_summary(
         "gdn2_summary_bwd", q, k, g, beta, cu_seqlens, do, scale, output_transition, a_log,
         dt_bias, attrs,
@@ -218,7 +219,7 @@ def kda_summary(
     tensors = {"k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu_seqlens}
     attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
                    batch_invariant)  # fmt: skip
-    attrs["gate_lower_bound"] = None if gate_lower_bound is None else float(gate_lower_bound)
+    attrs["gate_lower_bound"] = check_lower_bound(gate_lower_bound, safe_gate)
     return _forward_summary("kda_summary", tensors, a_log, dt_bias, attrs)
 
 
@@ -245,7 +246,7 @@ def kda_summary_bwd(
     """gdn_summary_bwd for kda (gates as kda_summary's)."""
     attrs = _flags(use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, safe_gate, gate_domain,
                    batch_invariant)  # fmt: skip
-    attrs["gate_lower_bound"] = None if gate_lower_bound is None else float(gate_lower_bound)
+    attrs["gate_lower_bound"] = check_lower_bound(gate_lower_bound, safe_gate)
     return _backward_summary(
         "kda_summary_bwd", q, k, g, beta, cu_seqlens, do, scale, output_transition, a_log,
         dt_bias, attrs,
