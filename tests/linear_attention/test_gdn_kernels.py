@@ -877,6 +877,16 @@ FUSED_CASES.update((c, ({"seqlens": ONE_SEQ, **CASES[c][0]}, CASES[c][1]))
                    for c in ("plain-nol2", "no-state", "group-q1-k1-v2", "K128-V64-int64cu"))  # fmt: skip
 
 
+def assert_forward_matches_reference(x, cu, scale, attrs, o, final):
+    """O and the final state within the fp32 tolerances of the float64 reference."""
+    ref_o, ref_final = gdn_reference(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=scale,
+        initial_state=x["initial_state"], **attrs,
+    )  # fmt: skip
+    assert rel_err(o, ref_o) <= FP32_TOL["o"]
+    assert rel_err(final, ref_final) <= FP32_TOL["final_state"]
+
+
 @pytest.mark.parametrize("case", list(FUSED_CASES), ids=list(FUSED_CASES))
 def test_forward_with_the_output_fused_into_the_state_stage(case, monkeypatch):
     # state_fwd's FUSE_OUTPUT (kernels/state.py, config "wide"): O written by the state
@@ -890,12 +900,7 @@ def test_forward_with_the_output_fused_into_the_state_stage(case, monkeypatch):
     o_two, final_two = run_forward(x, cu, scale, {**attrs, "config": "wide-unfused"})
     monkeypatch.setattr(gdn_mod, "output_fwd_kernel", NotLaunched())
     o, final = run_forward(x, cu, scale, {**attrs, "config": "wide"})
-    ref_o, ref_final = gdn_reference(
-        x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=scale,
-        initial_state=x["initial_state"], **attrs,
-    )  # fmt: skip
-    assert rel_err(o, ref_o) <= FP32_TOL["o"]
-    assert rel_err(final, ref_final) <= FP32_TOL["final_state"]
+    assert_forward_matches_reference(x, cu, scale, attrs, o, final)
     assert rel_err(o, o_two) <= 1e-6 and torch.equal(final, final_two)
 
 
@@ -929,12 +934,7 @@ def test_head_candidates_give_the_fused_forward(case, candidate, monkeypatch):
     config = with_candidate(change, HEAD_CANDIDATES_BASE, gate_per_key=False)
     o, final = run_forward(x, cu, scale, {**attrs, "config": config})
     assert bool(scores.grids) == ("head_scores" in change)
-    ref_o, ref_final = gdn_reference(
-        x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=scale,
-        initial_state=x["initial_state"], **attrs,
-    )  # fmt: skip
-    assert rel_err(o, ref_o) <= FP32_TOL["o"]
-    assert rel_err(final, ref_final) <= FP32_TOL["final_state"]
+    assert_forward_matches_reference(x, cu, scale, attrs, o, final)
     assert rel_err(o, o_wide) <= 1e-6 and rel_err(final, final_wide) <= 1e-6
 
 
