@@ -259,6 +259,13 @@ def with_candidate(
     return cfgs
 
 
+# The prescaled state walk backward on 64-wide V blocks: half the programs of the shipped
+# 32-wide ones (on (a) 256, two waves of one program per SM instead of four), each step's
+# products twice as wide, the decayed key and query tiles read by two programs instead of
+# four. ptxas (sm_90, K = V = 128, bf16): 200 registers, no spills, 139 KB of shared
+# memory at 8 warps and 2 stages; at 4 warps it spills 76 B.
+CANDIDATES["state-bwd-bv64"] = {"state_bwd": {"PRESCALED": True, "BV": 64}}
+
 # The forward's kernels at the configs ptxas (sm_90, K = V = 128, bf16) compiles without
 # spills under a per-key gate, two programs per SM each: the state walk on 32-wide V
 # blocks (241 registers), the output on 64-wide ones (184), wy_solve at 4 warps (kda 215,
