@@ -193,6 +193,8 @@ LISTED = {
         "wide-subchunk-diag",
         "few-subchunk-diag",
         "wide-subchunk-keys",
+        "wide-subchunk-walk64",
+        "wide-subchunk-walk64-solve4",
     ),  # fmt: skip
     "gdn2": None,  # every config, once
 }
@@ -268,6 +270,8 @@ def test_a_kda_graph_that_saves_its_factors_saves_the_scores_and_lists_the_confi
             "wide-subchunk-diag",
             "few-subchunk-diag",
             "wide-subchunk-keys",
+            "wide-subchunk-walk64",
+            "wide-subchunk-walk64-solve4",
         ]
 
 

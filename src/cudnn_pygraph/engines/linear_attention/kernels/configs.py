@@ -106,6 +106,14 @@ _FEW_DIAG = {
     "scores_diag": {"BK": 128, "BH": 8, "num_warps": 4},
 }
 
+# The prescaled walk backward on 64-wide V blocks: half the programs of the 32-wide form
+# (on 8 x 4096 tokens of 16 heads, two waves of one program per SM rather than four), each
+# step's products twice as wide; ptxas (sm_90) gives it no spills at 8 warps and 2 stages.
+# wy_solve at 4 warps: faster under gdn2's per-key beta, slower under kda's.
+# (candidates.py "state-bwd-bv64" and "wy-solve-w4"; their sweep rows: bench/results/kda.md.)
+_WIDE_STATE_BWD_64 = {**_WIDE_STATE_BWD_GATED, "PRESCALED": True, "BV": 64}
+_WY_SOLVE_4 = {**_SHARED["wy_solve"], "num_warps": 4}
+
 # (name, {kernel: config}); a plan's CONFIG knob is the index. Append only: a recorded
 # plan's index must keep naming the same kernels.
 CONFIGS = (
@@ -210,6 +218,20 @@ CONFIGS = (
         "few-subchunk-keys",
         _frozen({**_FEW_DIAG, "wy_bwd_keys": _WY_BWD_KEYS}),
     ),
+    (
+        # "wide-subchunk-keys" with the prescaled state walk backward on 64-wide V blocks
+        # (_WIDE_STATE_BWD_64): kda's pick on the wide grid.
+        "wide-subchunk-walk64",
+        _frozen({**_WIDE_DIAG, "wy_bwd_keys": _WY_BWD_KEYS,
+                 "state_bwd_gated": _WIDE_STATE_BWD_64}),
+    ),
+    (
+        # "wide-subchunk-walk64" with wy_solve at 4 warps under the per-key gate
+        # (_WY_SOLVE_4): gdn2's pick on the wide grid.
+        "wide-subchunk-walk64-solve4",
+        _frozen({**_WIDE_DIAG, "wy_bwd_keys": _WY_BWD_KEYS,
+                 "state_bwd_gated": _WIDE_STATE_BWD_64, "wy_solve_gated": _WY_SOLVE_4}),
+    ),
 )  # fmt: skip
 CONFIG_NAMES = tuple(name for name, _ in CONFIGS)
 
@@ -305,8 +327,9 @@ def fuses_output(name: str) -> bool:
 
 
 def recommend_config(
-    n_seqs, n_out, dim_v, sm_count, batch_invariant, *, gate_per_key, saves_factors=False
-) -> str:
+    n_seqs, n_out, dim_v, sm_count, batch_invariant, *, gate_per_key, saves_factors=False,
+    beta_per_key=False,
+) -> str:  # fmt: skip
     """The config a batch of n_seqs sequences of n_out heads of V = dim_v runs best on, from
     shapes alone. batch_invariant pins the wide grid whatever the batch: a config's kernels
     split the work by (sequence, head, V block) and never by the batch, so a sequence's
@@ -319,9 +342,10 @@ def recommend_config(
     saves_factors (gdn / gdp: a forward that writes the factors its backward reads, or that
     backward): the wide grid unfused. The fused walk that also stores the chunk states and
     E spills and fits one program per SM (bench/results/gdn.md, "The forward that saves");
-    the backward launches no state walk, so both sides of a training step pick alike."""
+    the backward launches no state walk, so both sides of a training step pick alike.
+    beta_per_key (gdn2): its wy_solve runs faster at 4 warps, kda's slower."""
     if gate_per_key:
-        wide = "wide-subchunk-keys"
+        wide = "wide-subchunk-walk64-solve4" if beta_per_key else "wide-subchunk-walk64"
     else:
         wide = "wide-unfused" if saves_factors else "wide"
     few = "few-subchunk-keys" if gate_per_key else "few"
