@@ -9,7 +9,7 @@ Markdown table.
   PYTHONPATH=src python bench/gdn.py            # needs fla-core 0.6.0 importable
   PYTHONPATH=src python bench/gdn.py --no-fla --profile --only "(a)"
                                                 # per-kernel CUDA time of ours (torch.profiler)
-  PYTHONPATH=src python bench/gdn.py --no-fla --sweep --only "(a),(b)" [--entries few,wide,walk-]
+  PYTHONPATH=src python bench/gdn.py --no-fla --sweep --only "(a),(b)" [--entries few,wide]
                                                 # every named config of kernels/configs.py
                                                 # (a plan's KERNEL_CFG knob): time +
                                                 # agreement; a new entry goes into that
@@ -296,26 +296,13 @@ def profile_kernels(only):
 def sweep_entries(x, cu, init, entries):
     """(label, Ours) for the config the hook picks for this batch and each named config of
     kernels/configs.py whose name holds one of `entries` (every one when None), selected by
-    name as a plan's knob selects it, then each per-head candidate
-    (linear_attention/candidates.py HEAD_CANDIDATES, laid over its base) whose id holds one
-    of `entries` (none when None). Every Ours gets the same dO and d_final (ones), so
+    name as a plan's knob selects it. Every Ours gets the same dO and d_final (ones), so
     entries compare output for output."""
-    from cudnn_pygraph.engines.linear_attention.candidates import (
-        HEAD_CANDIDATES,
-        HEAD_CANDIDATES_BASE,
-        with_candidate,
-    )
     from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES
 
-    held = lambda name: not entries or any(e in name for e in entries)  # noqa: E731
-    configs = [(None, None)] + [(n, n) for n in CONFIG_NAMES if held(n)]
-    configs += [
-        (c, with_candidate(change, HEAD_CANDIDATES_BASE, gate_per_key=False))
-        for c, change in HEAD_CANDIDATES.items()
-        if entries and held(c)
-    ]
-    for name, config in configs:
-        ours = Ours(x, cu, init, config=config)
+    names = [None] + [n for n in CONFIG_NAMES if not entries or any(e in n for e in entries)]
+    for name in names:
+        ours = Ours(x, cu, init, config=name)
         ours.do = torch.ones_like(ours.do)
         ours.dfinal = torch.ones_like(ours.dfinal)
         yield name or "picked", ours

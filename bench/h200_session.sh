@@ -88,10 +88,6 @@
 #   (any)        FUZZ_PROCS=N beside the topics: the torch-op fuzz (tools/fuzz.py --ops) on N
 #                CPU processes at the lowest priority, the GPU hidden, seeds FUZZ_SEED (default
 #                500) upward; each stops by its budget so its tally comes back
-#   head-candidates  issue 30: the per-head candidates (linear_attention/candidates.py
-#                HEAD_CANDIDATES: gdn / gdp's fused walk reading scores formed ahead of it,
-#                its V blocks) against float64 (tests/gpu/test_gdn_gpu.py -k head_candidates),
-#                then bench/gdn.py --sweep at (a) beside the pick ("wide") and "wide-unfused"
 #   la-bench     issue 30: la-warm's parts $LA_CACHE_TGZ.NN (default .whl/la_cache.tgz.NN) unpacked; the
 #                resource table's check (tools/la_resources.py --check), la_stages.md and
 #                la_training.md
@@ -391,12 +387,6 @@ bench_gdn_save() {
   for config in wide wide-unfused; do
     step "gdn_saved_$config" 120 python3 bench/gdn.py --saved --only "(a)" --config "$config"
   done
-}
-tests_head_candidates() {
-  gpu_suite head_candidates 300 -s tests/gpu/test_gdn_gpu.py -k head_candidates
-}
-bench_head_candidates() {
-  step gdn_head_sweep 300 python3 bench/gdn.py --no-fla --sweep --only "(a)" --entries "wide-unfused,walk-"
 }
 tests_la_stages() { :; }  # la_unpack runs in the bench phase, once
 bench_la_stages() {

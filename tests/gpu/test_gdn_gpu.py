@@ -22,11 +22,6 @@ from la_saved import check_against_recompute_and_repeat, saved_kwargs
 from reference import gdn_reference_batched
 from test_gdn_kernels import run_backward, run_forward  # the CPU suite's calls, in bf16 here
 
-from cudnn_pygraph.engines.linear_attention.candidates import (
-    HEAD_CANDIDATES,
-    HEAD_CANDIDATES_BASE,
-    with_candidate,
-)
 from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
 from cudnn_pygraph.engines.linear_attention.kernels.configs import CONFIG_NAMES, recommend_config
 from cudnn_pygraph.linear_attention import ops
@@ -137,26 +132,6 @@ def test_dtype_and_head_dim_at_each_config(case, config):
     print(f"[{case} {config}]", end=" ")
     _check_fwd_bwd([300, 129, 1], (2, 2, 2), dim, {"use_qk_l2norm": True, "config": config},
                    dtype=dtype)  # fmt: skip
-
-
-# The candidates' cases: the timed shape's (bf16, K = 128) and DTYPE_DIM_CASES.
-CANDIDATE_CASES = {"bf16-K128": (torch.bfloat16, 128), **DTYPE_DIM_CASES}
-
-
-@pytest.mark.parametrize("candidate", list(HEAD_CANDIDATES))
-@pytest.mark.parametrize("case", list(CANDIDATE_CASES), ids=list(CANDIDATE_CASES))
-def test_head_candidates_match_float64(case, candidate):
-    # candidates.py HEAD_CANDIDATES over "wide" (the forward's walk writes O): proven here
-    # before bench/gdn.py --sweep times them; the forward twice over poisoned outputs is
-    # bitwise the same.
-    dtype, dim = CANDIDATE_CASES[case]
-    config = with_candidate(HEAD_CANDIDATES[candidate], HEAD_CANDIDATES_BASE, gate_per_key=False)
-    attrs = {"use_qk_l2norm": True, "config": config}
-    print(f"[{case} {candidate}]", end=" ")
-    _check_fwd_bwd([300, 129, 1], (2, 2, 2), dim, attrs, dtype=dtype)
-    x, cu = make_inputs([300, 129, 1], (2, 2, 2), dim, attrs=attrs, dtype=dtype)
-    first, again = (run_forward(x, cu, dim**-0.5, attrs) for _ in range(2))
-    assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
 ATTRIBUTE_CASES = {

@@ -20,11 +20,6 @@ if not torch.cuda.is_available():
 from reference import gdn_reference
 from triton.runtime.errors import OutOfResources
 
-from cudnn_pygraph.engines.linear_attention.candidates import (
-    HEAD_CANDIDATES,
-    HEAD_CANDIDATES_BASE,
-    with_candidate,
-)
 from cudnn_pygraph.engines.linear_attention.kernels import configs
 from cudnn_pygraph.engines.linear_attention.kernels.chunk_index import max_chunks
 from cudnn_pygraph.engines.linear_attention.kernels.gdn import (
@@ -902,56 +897,6 @@ def test_forward_with_the_output_fused_into_the_state_stage(case, monkeypatch):
     o, final = run_forward(x, cu, scale, {**attrs, "config": "wide"})
     assert_forward_matches_reference(x, cu, scale, attrs, o, final)
     assert rel_err(o, o_two) <= 1e-6 and torch.equal(final, final_two)
-
-
-class Counted:
-    """A kernel stand-in that counts its launches and runs the kernel."""
-
-    def __init__(self, kernel):
-        self.kernel, self.grids = kernel, []
-
-    def __getitem__(self, grid):
-        self.grids.append(grid)
-        return self.kernel[grid]
-
-
-@pytest.mark.parametrize("candidate", list(HEAD_CANDIDATES))
-@pytest.mark.parametrize("case", list(FUSED_CASES), ids=list(FUSED_CASES))
-def test_head_candidates_give_the_fused_forward(case, candidate, monkeypatch):
-    # candidates.py HEAD_CANDIDATES over "wide": the walk on 32-wide V blocks and / or
-    # reading the scores P that head_scores_kernel formed ahead of it (state.py SCORES_IN,
-    # held in A's row). Against float64, and the same outputs as the shipped fused walk.
-    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
-
-    opts, attrs = FUSED_CASES[case]
-    x, cu = make_inputs(**opts)
-    scale = x["q"].shape[2] ** -0.5
-    o_wide, final_wide = run_forward(x, cu, scale, {**attrs, "config": "wide"})
-    scores = Counted(gdn_mod.head_scores_kernel)
-    monkeypatch.setattr(gdn_mod, "head_scores_kernel", scores)
-    monkeypatch.setattr(gdn_mod, "output_fwd_kernel", NotLaunched())
-    change = HEAD_CANDIDATES[candidate]
-    config = with_candidate(change, HEAD_CANDIDATES_BASE, gate_per_key=False)
-    o, final = run_forward(x, cu, scale, {**attrs, "config": config})
-    assert bool(scores.grids) == ("head_scores" in change)
-    assert_forward_matches_reference(x, cu, scale, attrs, o, final)
-    assert rel_err(o, o_wide) <= 1e-6 and rel_err(final, final_wide) <= 1e-6
-
-
-def test_a_forward_that_saves_forms_its_scores_in_the_walk(monkeypatch):
-    # A's row holds the saved A then, so the candidate's scores kernel stands aside.
-    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
-
-    x, cu = make_inputs(seqlens=(70, 1, 33))
-    monkeypatch.setattr(gdn_mod, "head_scores_kernel", NotLaunched())
-    config = with_candidate(
-        HEAD_CANDIDATES["walk-scores"], HEAD_CANDIDATES_BASE, gate_per_key=False
-    )
-    ckpt = torch.full((max_chunks(104, 3), 2, 64, 64), float("nan"))
-    o, _ = run_forward(x, cu, 0.125, {**L2, "config": config}, checkpoints=ckpt,
-                       saved=saved_buffers(x))  # fmt: skip
-    o_wide, _ = run_forward(x, cu, 0.125, {**L2, "config": "wide"})
-    assert rel_err(o, o_wide) <= 1e-6
 
 
 def test_fused_output_forward_still_stores_requested_checkpoints():

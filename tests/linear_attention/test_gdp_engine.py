@@ -504,38 +504,3 @@ def test_the_launchers_refuse_real_row_operands_of_the_wrong_size():
         g = torch.zeros(10, 1, 64, device=DEVICE)
         gdn_forward(x["q"], x["k"], x["v"], g, x["beta"], cu, scale=SCALE, o=o, sub_tokens=2,
                     gate_per_key=True)  # fmt: skip
-
-
-@pytest.mark.parametrize("n", [2, 3])
-def test_the_walk_reading_scores_formed_ahead_at_sub_token_rows(n, monkeypatch):
-    # candidates.py "walk-scores-bv32" on gdp's timeline: head_scores_kernel reads q at
-    # the real-token rows (SUB) as the fused walk does, so O and the final state are the
-    # shipped fused walk's ("wide"), under gates down to -40 per token.
-    from cudnn_pygraph.engines.linear_attention.candidates import (
-        HEAD_CANDIDATES,
-        HEAD_CANDIDATES_BASE,
-        with_candidate,
-    )
-    from cudnn_pygraph.engines.linear_attention.kernels import gdn as gdn_mod
-
-    x = strong_gates(inputs(seqlens=ROW_SEQLENS[n], n=n), "log")
-    cu = x["cu_seqlens"] * n
-
-    def run(config):
-        o = torch.full((x["q"].shape[0], 1, 64), float("nan"), device=DEVICE)
-        final = torch.full_like(x["initial_state"], float("nan"))
-        gdn_mod.gdn_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, scale=SCALE, o=o,
-                            initial_state=x["initial_state"], final_state=final,
-                            use_qk_l2norm=True, config=config, sub_tokens=n)  # fmt: skip
-        return o, final
-
-    o_wide, final_wide = run("wide")
-    launched, real = [], gdn_mod.head_scores_kernel
-    counted = type(
-        "Counted", (), {"__getitem__": lambda _, grid: launched.append(grid) or real[grid]}
-    )
-    monkeypatch.setattr(gdn_mod, "head_scores_kernel", counted())
-    change = HEAD_CANDIDATES["walk-scores-bv32"]
-    o, final = run(with_candidate(change, HEAD_CANDIDATES_BASE, gate_per_key=False))
-    assert launched and torch.isfinite(o).all()
-    assert rel_err(o, o_wide) <= 1e-6 and rel_err(final, final_wide) <= 1e-6

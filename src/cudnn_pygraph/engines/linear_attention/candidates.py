@@ -1,6 +1,5 @@
-"""Candidate kernel configs for the per-key-gate families (kda, gdn2), and at the end for
-the per-head ones (gdn, gdp: HEAD_CANDIDATES): named changes to a shipped config that no
-plan takes until the GPU has proven and timed them.
+"""Candidate kernel configs for the per-key-gate families (kda, gdn2): named changes to a
+shipped config that no plan takes until the GPU has proven and timed them.
 
 A candidate is {kernel: {parameter: value}} laid over a base config's entries as a
 per-key-gate call launches them (configs.kernel_configs(base, gate_per_key=True)) by
@@ -275,18 +274,4 @@ CANDIDATES["forward-spill-free"] = {
     "state_fwd": {"BV": 32},
     "output_fwd": {"BV": 64},
     "wy_solve": {"num_warps": 4},
-}
-
-# The per-head families' (gdn, gdp) candidates, laid over "wide" with gate_per_key=False
-# (its forward writes O from the state walk, FUSE_OUTPUT). "head_scores": the walk reads
-# the scores P formed ahead of it in the products' dtype (kernels/state.py
-# head_scores_kernel, SCORES_IN) instead of forming Q K^T itself; ptxas (sm_90, K = V =
-# 128, bf16) then gives the walk no spills at 32-wide V blocks, two programs per SM
-# (bench/results/gdn.md, "Session n"). Timed by `bench/gdn.py --sweep --entries
-# wide-unfused,walk-`, proven by tests/gpu/test_gdn_gpu.py test_head_candidates_match_float64.
-HEAD_CANDIDATES_BASE = "wide"
-HEAD_CANDIDATES = {
-    "walk-scores": {"head_scores": {"num_warps": 4}},
-    "walk-scores-bv32": {"head_scores": {"num_warps": 4}, "state_fwd": {"BV": 32}},
-    "walk-bv32": {"state_fwd": {"BV": 32}},
 }

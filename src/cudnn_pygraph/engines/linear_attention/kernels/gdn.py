@@ -89,13 +89,7 @@ from .gdn_workspace import (
 from .normalize import L2NORM_EPS
 from .output import dqk_kernel, dv_local_kernel, output_fwd_kernel
 from .poison import poison_dense, poison_states
-from .state import (
-    head_scores_kernel,
-    state_bwd_kernel,
-    state_bwd_operands_kernel,
-    state_fwd_kernel,
-    state_grid,
-)
+from .state import state_bwd_kernel, state_bwd_operands_kernel, state_fwd_kernel, state_grid
 from .subchunk import subchunk_diag_kernel, subchunk_diag_rows_kernel, subchunk_scores_kernel
 from .wy import group_reduce_kernel, wy_bwd_kernel
 from .wy_fwd import wy_solve_kernel
@@ -411,18 +405,6 @@ def _run_wy_and_state(
     fuse = cfg.pop("FUSE_OUTPUT", False) and o is not None
     if not store_h and final_state is None and not fuse:
         return
-    # A "head_scores" entry: the fused output's scores formed ahead of the walk
-    # (state.py head_scores_kernel), held in the bytes of A's row, which a call that stores
-    # no A leaves unwritten (a forward that saves keeps forming them in the walk).
-    p_buf = None
-    if fuse and "head_scores" in kernel_cfgs and not flags["GATE_K"] and not store_a and "a" in ws:
-        p_buf = _scores_rows(ws["a"], ws["w"].dtype)
-        if total_t:
-            head_scores_kernel[(n_chunks, n_out)](
-                q, k, ws["gc"], ws["rk"], cu, ws["chunk_offsets"], ws["chunk_seq"], n_seqs,
-                p_buf, n_out, n_q, n_k, K=dim_k, PREC=prec, SUB=sub_tokens,
-                **kernel_cfgs["head_scores"],
-            )  # fmt: skip
     bv = _block_v(cfg, dim_v, dim_k)
     cfg["BG"] = _slice(cfg, "BG", dim_k)
     launch_within_shared_memory(
@@ -443,7 +425,6 @@ def _run_wy_and_state(
         vnew if vnew is not None else dummy,
         q if fuse else dummy,
         o if fuse else dummy,
-        p_buf if p_buf is not None else dummy,
         *_state_strides(initial_state),
         *_state_strides(final_state),
         *_state_strides(h_buf),
@@ -466,15 +447,8 @@ def _run_wy_and_state(
         EPS=L2NORM_EPS,
         GATE_K=flags["GATE_K"],
         SUB=sub_tokens,
-        SCORES_IN=p_buf is not None,
         **cfg,
     )
-
-
-def _scores_rows(a_rows, dtype):
-    """[T, HO, 64] of `dtype` over the first bytes of A's fp32 [T, HO, 64] row."""
-    n = a_rows.numel()
-    return a_rows.view(-1).view(torch.uint8)[: n * dtype.itemsize].view(dtype).view(a_rows.shape)
 
 
 def _dense_inputs(inputs, ws):

@@ -72,35 +72,6 @@ def state_program(V_FASTEST: tl.constexpr, NV: tl.constexpr, HO, order_ptr):
 
 
 @triton.jit
-def head_scores(q, kt, g, rk, valid, PREC: tl.constexpr):
-    """The fused output's intra-chunk scores under a decay per head, [64, 64] fp32:
-    P = (Q K^T) * exp(G_i - G_j) (j <= i) * rk_j, the keys' l2norm folded into P's columns
-    (the queries' is applied to O's rows)."""
-    return tl.dot(q, kt, input_precision=PREC) * (decay_mask(g, g, valid, True) * rk[None, :])
-
-
-@triton.jit(do_not_specialize=["N"])
-def head_scores_kernel(
-    q_ptr, k_ptr, gc_ptr, rk_ptr, cu_ptr, off_ptr, seq_ptr, N, p_ptr, HO, H, HK,
-    K: tl.constexpr, PREC: tl.constexpr, SUB: tl.constexpr = 1,
-):  # fmt: skip
-    """One program per (chunk, output head), all chunks at once: head_scores of the chunk,
-    stored in p_ptr's dtype ([T, HO, 64], zero in rows past the chunk's end) for
-    state_fwd_kernel's SCORES_IN. Reads G and rk as wy_solve stored them."""
-    c = tl.program_id(0)
-    h = tl.program_id(1)
-    _, t0, valid = locate_chunk(c, cu_ptr, off_ptr, seq_ptr, N, 64)
-    if valid <= 0:
-        return
-    r = tl.arange(0, 64)
-    q = load_rows_sub(q_ptr, t0, r, valid, H * K, (h // (HO // H)) * K, K, SUB, SUB - 1)
-    kt = load_rows_t(k_ptr, t0, r, valid, HK * K, (h // (HO // HK)) * K, K)
-    g = load_vec(gc_ptr, t0, r, valid, HO, h)
-    rk = load_vec(rk_ptr, t0, r, valid, HO, h)
-    store_rows(p_ptr, head_scores(q, kt, g, rk, valid, PREC), t0, r, valid, HO * 64, h * 64, 64)
-
-
-@triton.jit
 def state_fwd_kernel(
     k_ptr,
     w_ptr,
@@ -117,7 +88,6 @@ def state_fwd_kernel(
     vnew_ptr,
     q_ptr,
     o_ptr,
-    p_ptr,
     si_n,
     si_h,
     si_v,
@@ -151,7 +121,6 @@ def state_fwd_kernel(
     GATE_K: tl.constexpr = False,
     BG: tl.constexpr = 32,
     SUB: tl.constexpr = 1,
-    SCORES_IN: tl.constexpr = False,
 ):
     """rk_ptr: the keys' inverse row norms [T, HO] (1 without the l2norm) from wy_solve, so
     the chain of dependent steps per chunk holds no norm reduction.
@@ -164,15 +133,9 @@ def state_fwd_kernel(
     chunk and program and the chunk's Q K^T per V block (shared through L2 with V_FASTEST).
     q_ptr / o_ptr / scale / H / L2NORM / EPS are read only under it. BG: the column slice
     of the fused output's gated scores (GATE_K, gated.py). SUB (gdp, a decay per head):
-    q and O hold one row per real token, at its last sub-token (tiles.py load_rows_sub).
-    SCORES_IN (FUSE_OUTPUT under a decay per head): the fused output reads the chunk's
-    scores P [T, HO, 64] from p_ptr, in the products' dtype (head_scores_kernel), instead of
-    forming Q K^T in the walk, where that product beside O, E and the state is what spills
-    its registers (bench/results/gdn.md, "Session n")."""
+    q and O hold one row per real token, at its last sub-token (tiles.py load_rows_sub)."""
     n, h, iv = state_program(V_FASTEST, V // BV, HO, order_ptr)
     tl.static_assert(SUB == 1 or not GATE_K, "sub-token rows: a decay per head only")
-    tl.static_assert(not SCORES_IN or (FUSE_OUTPUT and not GATE_K),
-                     "P read in: the fused output under a decay per head")  # fmt: skip
     hk = h // (HO // HK)
     dt = w_ptr.dtype.element_ty
     bos = tl.load(cu_ptr + n).to(tl.int32)
@@ -236,10 +199,9 @@ def state_fwd_kernel(
                 q = load_rows_sub(q_ptr, t0, r, valid, H * K, (h // (HO // H)) * K, K, SUB,
                                   SUB - 1)  # fmt: skip
                 rq = inv_norm(q, 1, L2NORM, EPS)
-                if SCORES_IN:
-                    p = load_rows(p_ptr, t0, r, valid, HO * 64, h * 64, 64)
-                else:
-                    p = head_scores(q, kt, g, rk, valid, PREC)
+                p = tl.dot(q, kt, input_precision=PREC) * (
+                    decay_mask(g, g, valid, True) * rk[None, :]
+                )
                 o = tl.dot(q, s.to(dt), input_precision=PREC) * tl.exp(g)[:, None]
                 o += tl.dot(p.to(dt), e.to(dt), input_precision=PREC)
                 o = o * (scale * rq)[:, None]
