@@ -264,6 +264,19 @@ def with_candidate(
 # four. ptxas (sm_90, K = V = 128, bf16): 200 registers, no spills, 139 KB of shared
 # memory at 8 warps and 2 stages; at 4 warps it spills 76 B.
 CANDIDATES["state-bwd-bv64"] = {"state_bwd": {"PRESCALED": True, "BV": 64}}
+# The same walk forming its decayed keys and queries itself (no state_bwd_operands_kernel,
+# no [T, HO, K] round trip of both): with two programs per (sequence, head) instead of
+# four, the exponentials it repeats per V block are half as many as at BV 32. ptxas: 255
+# registers, no spills, 181 KB (2 stages) or 41 KB (1 stage), one program per SM at 8
+# warps.
+CANDIDATES["state-bwd-bv64-inline"] = {"state_bwd": {"PRESCALED": None, "BV": 64}}
+CANDIDATES["state-bwd-bv64-inline-s1"] = {
+    "state_bwd": {"PRESCALED": None, "BV": 64, "num_stages": 1}
+}
+# gdn2's wy_solve beside its pick's 4 warps (ptxas, K = 128: 252 registers, no spills, two
+# programs per SM): 8 warps (232, one per SM), 4 warps on 32-wide key slices (234, two).
+CANDIDATES["wy-solve-w8"] = {"wy_solve": {"num_warps": 8}}
+CANDIDATES["wy-solve-w4-bk32"] = {"wy_solve": {"num_warps": 4, "BK": 32}}
 
 # The forward's kernels at the configs ptxas (sm_90, K = V = 128, bf16) compiles without
 # spills under a per-key gate, two programs per SM each: the state walk on 32-wide V
