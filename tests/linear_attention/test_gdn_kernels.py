@@ -952,7 +952,8 @@ def test_dw_stored_in_16_bits_gives_bitwise_the_fp32_dw_gradients(per_key, monke
 def test_a_per_key_gate_takes_the_wide_grid_unfused_on_the_subchunk_scores():
     # kda / gdn2 form gated intra-chunk scores: fused into the state walk they are formed
     # once per V block inside its serial loop, so their wide grid runs unfused; both grids
-    # form them once (kernels/subchunk.py), and gdn never takes those configs.
+    # form them once (kernels/subchunk.py), and gdn never takes those configs. gdn2 (a
+    # per-key beta) takes its own wide pick: wy_solve at 4 warps.
     from cudnn_pygraph.engines.linear_attention.kernels.configs import (
         forms_scores,
         recommend_config,
@@ -961,15 +962,22 @@ def test_a_per_key_gate_takes_the_wide_grid_unfused_on_the_subchunk_scores():
     for batch_invariant in (False, True):
         wide = (64, 16, 128, 132, batch_invariant)
         assert recommend_config(*wide, gate_per_key=False) == "wide"
-        assert recommend_config(*wide, gate_per_key=True) == "wide-subchunk-keys"
+        assert recommend_config(*wide, gate_per_key=True) == "wide-subchunk-walk64"
+        assert (
+            recommend_config(*wide, gate_per_key=True, beta_per_key=True)
+            == "wide-subchunk-walk64-solve4"
+        )
     assert recommend_config(1, 16, 128, 132, False, gate_per_key=True) == "few-subchunk-keys"
     assert recommend_config(1, 16, 128, 132, False, gate_per_key=False) == "few"
     # a forward that saves its factors for the backward: the wide grid unfused (gdn / gdp)
     wide = (64, 16, 128, 132, False)
     assert recommend_config(*wide, gate_per_key=False, saves_factors=True) == "wide-unfused"
-    assert recommend_config(*wide, gate_per_key=True, saves_factors=True) == "wide-subchunk-keys"
+    assert recommend_config(*wide, gate_per_key=True, saves_factors=True) == "wide-subchunk-walk64"
     assert recommend_config(1, 16, 128, 132, False, gate_per_key=False, saves_factors=True) == "few"
-    assert forms_scores("wide-subchunk-keys") and forms_scores("few-subchunk-keys")
+    assert all(
+        forms_scores(n)
+        for n in ("wide-subchunk-walk64", "wide-subchunk-walk64-solve4", "few-subchunk-keys")
+    )
     assert not forms_scores("wide-unfused") and not forms_scores("few")
 
 

@@ -57,6 +57,7 @@ def recommend(kind, facts, offered):
         bool(facts.attrs.get("batch_invariant")),
         gate_per_key=per_key,
         saves_factors=saves,
+        beta_per_key=facts.family == "gdn2",
     )
     order = [pick] + [name for name in CONFIG_NAMES if name != pick]
     order = [n for n in order if serves(n, gate_per_key=per_key, saves_factors=saves)]

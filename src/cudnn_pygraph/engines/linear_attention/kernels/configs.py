@@ -220,15 +220,14 @@ CONFIGS = (
     ),
     (
         # "wide-subchunk-keys" with the prescaled state walk backward on 64-wide V blocks
-        # (_WIDE_STATE_BWD_64): faster for kda on the wide grid; no rule picks it until
-        # the family GPU suites pass at it (tests/gpu/test_kda_gpu.py, test_gdn2_gpu.py).
+        # (_WIDE_STATE_BWD_64): kda's pick on the wide grid.
         "wide-subchunk-walk64",
         _frozen({**_WIDE_DIAG, "wy_bwd_keys": _WY_BWD_KEYS,
                  "state_bwd_gated": _WIDE_STATE_BWD_64}),
     ),
     (
         # "wide-subchunk-walk64" with wy_solve at 4 warps under the per-key gate
-        # (_WY_SOLVE_4): faster for gdn2 on the wide grid; picked by no rule yet, as above.
+        # (_WY_SOLVE_4): gdn2's pick on the wide grid.
         "wide-subchunk-walk64-solve4",
         _frozen({**_WIDE_DIAG, "wy_bwd_keys": _WY_BWD_KEYS,
                  "state_bwd_gated": _WIDE_STATE_BWD_64, "wy_solve_gated": _WY_SOLVE_4}),
@@ -328,8 +327,9 @@ def fuses_output(name: str) -> bool:
 
 
 def recommend_config(
-    n_seqs, n_out, dim_v, sm_count, batch_invariant, *, gate_per_key, saves_factors=False
-) -> str:
+    n_seqs, n_out, dim_v, sm_count, batch_invariant, *, gate_per_key, saves_factors=False,
+    beta_per_key=False,
+) -> str:  # fmt: skip
     """The config a batch of n_seqs sequences of n_out heads of V = dim_v runs best on, from
     shapes alone. batch_invariant pins the wide grid whatever the batch: a config's kernels
     split the work by (sequence, head, V block) and never by the batch, so a sequence's
@@ -342,9 +342,10 @@ def recommend_config(
     saves_factors (gdn / gdp: a forward that writes the factors its backward reads, or that
     backward): the wide grid unfused. The fused walk that also stores the chunk states and
     E spills and fits one program per SM (bench/results/gdn.md, "The forward that saves");
-    the backward launches no state walk, so both sides of a training step pick alike."""
+    the backward launches no state walk, so both sides of a training step pick alike.
+    beta_per_key (gdn2): its wy_solve runs faster at 4 warps, kda's slower."""
     if gate_per_key:
-        wide = "wide-subchunk-keys"
+        wide = "wide-subchunk-walk64-solve4" if beta_per_key else "wide-subchunk-walk64"
     else:
         wide = "wide-unfused" if saves_factors else "wide"
     few = "few-subchunk-keys" if gate_per_key else "few"

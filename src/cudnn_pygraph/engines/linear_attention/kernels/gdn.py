@@ -115,8 +115,9 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _resolve_config(
-    config, n_seqs, n_out, dim_v, device, batch_invariant, gate_per_key, saves_factors=False
-):
+    config, n_seqs, n_out, dim_v, device, batch_invariant, gate_per_key, saves_factors=False,
+    beta_per_key=False,
+):  # fmt: skip
     """The named config's {kernel: parameters} for this gate (kernels/configs.py
     kernel_configs); None: the config recommend_config picks for this batch and call (a
     graph plan always names one: its knob). A mapping is taken as the call's {kernel: parameters}
@@ -126,7 +127,8 @@ def _resolve_config(
         return config
     if config is None:
         config = recommend_config(n_seqs, n_out, dim_v, _sm_count(device), batch_invariant,
-                                  gate_per_key=gate_per_key, saves_factors=saves_factors)  # fmt: skip
+                                  gate_per_key=gate_per_key, saves_factors=saves_factors,
+                                  beta_per_key=beta_per_key)  # fmt: skip
     return configs.kernel_configs(config, gate_per_key=gate_per_key)
 
 
@@ -594,7 +596,8 @@ def gdn_forward(
     )
     total_t, n_seqs, _, _, _, n_out, _, dim_v = dims
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant,
-                                  gate_per_key, saved is not None)  # fmt: skip
+                                  gate_per_key, saved is not None,
+                                  write_gate is not None)  # fmt: skip
     _check_saved(saved, checkpoints, dims, q.dtype, gate_per_key, write_gate is not None,
                  _forms_scores(kernel_cfgs, gate_per_key))  # fmt: skip
     _check(
@@ -734,7 +737,8 @@ def gdn_backward(
     )
     total_t, n_seqs, n_q, n_k, n_v, n_out, dim_k, dim_v = dims
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant,
-                                  gate_per_key, saved is not None)  # fmt: skip
+                                  gate_per_key, saved is not None,
+                                  write_gate is not None)  # fmt: skip
     _check_saved(saved, checkpoints, dims, q.dtype, gate_per_key, write_gate is not None,
                  _forms_scores(kernel_cfgs, gate_per_key))  # fmt: skip
     _check("dw", (dwrite_gate is None) == (write_gate is None), "is required iff w is given")

@@ -227,7 +227,7 @@ def gdn_summary(
     _check_summary("h_out", h_out, (n_seqs, n_out, dim_v, dim_k))
     _check_summary("m_out", m_out, (n_seqs, n_out, dim_k, dim_k))
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, k.device, batch_invariant,
-                                  gate_per_key)  # fmt: skip
+                                  gate_per_key, beta_per_key=write_gate is not None)  # fmt: skip
     flags = _gate_flags(
         gate_domain,
         safe_gate,
@@ -280,7 +280,7 @@ def gdn_summary_bwd(
     if transition is not None:
         _check_summary("transition", transition, (n_seqs, n_out, dim_k, dim_k))
     kernel_cfgs = _resolve_config(config, n_seqs, n_out, dim_v, q.device, batch_invariant,
-                                  gate_per_key)  # fmt: skip
+                                  gate_per_key, beta_per_key=beta_per_key)  # fmt: skip
     flags = _gate_flags(
         gate_domain,
         safe_gate,
