@@ -133,11 +133,15 @@ gpu_suite() {  # gpu_suite NAME CAP PYTEST-ARGS...
 }
 gpu_suite_sharded() {  # gpu_suite_sharded NAME CAP SHARDS PYTEST-ARGS...
   # The collected cases dealt round-robin to SHARDS pytest processes side by side: a suite
-  # whose time goes on compiling (CPU work) uses the cores instead of one.
+  # whose time goes on compiling (CPU work) uses the cores instead of one. A linear-attention
+  # suite's process holds up to ~8.5 GB of the GPU: on an 80 GB card keep the shards of all
+  # the suites that run side by side to 8 in all.
   local name=$1 cap=$2 shards=$3 ids f; shift 3
   ids="$LOG/gpu_$name.ids"
   python3 -m pytest -q -p no:cacheprovider --collect-only "$@" 2> /dev/null | grep '::' > "$ids"
   echo "== gpu_$name: $(wc -l < "$ids") cases on $shards processes"
+  # A warm machine keeps $LOG: an earlier call's extra shards would run again.
+  rm -f "$ids".[0-9]* "$LOG/gpu_${name}"_[0-9]*.log
   split -n "r/$shards" -d "$ids" "$ids."
   for f in "$ids".*; do
     [ -s "$f" ] && gpu_suite "${name}_${f##*.}" "$cap" -s $(cat "$f") &
