@@ -239,6 +239,19 @@ def test_engine_declines_naming_the_rule(case, name):
 # ---- one family alone ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "name, pick", [("kda", "wide-subchunk-walk64"), ("gdn2", "wide-subchunk-walk64-solve4")]
+)
+def test_the_wide_grid_lists_the_familys_own_pick_first(name, pick):
+    # The graph's family decides it: gdn2's per-key beta makes its wy_solve faster at 4
+    # warps and kda's slower (bench/results/kda.md); batch_invariant pins the wide grid.
+    fam = FAMILIES[name]
+    g, *_ = fam.forward_graph(fam.inputs(seqlens=(70,)), batch_invariant=True)
+    g.create_execution_plans([cudnn.heur_mode.A])
+    first = g.get_engine_and_knobs_at_index(0)[1][cudnn.knob_type.KERNEL_CFG]
+    assert CONFIG_NAMES[first] == pick
+
+
 def test_a_kda_graph_that_saves_its_factors_saves_the_scores_and_lists_the_configs_forming_them():
     from cudnn_pygraph.engines.linear_attention.kernels.gdn_workspace import saved_factors
     from cudnn_pygraph.graph.ops.linear_attention import SAVED_FACTORS
