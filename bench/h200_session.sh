@@ -60,7 +60,7 @@
 #                seconds, default 300), then the sweep of the candidates SWEEP_VARIANTS names
 #   la-pick      issue 30: the kda / gdn2 suites (and the summary and gdn2 / gdp chain
 #                suites) at the config recommend_config picks for them: the cases naming
-#                LA_PICK_K's config (default wide-subchunk-diag) and those naming none, on
+#                LA_PICK_K's configs (default walk64: both picks) and those naming none, on
 #                LA_PICK_SHARDS processes (default 6), each capped at LA_PICK_CAP (300 s)
 #   fla          issue 31: the off-tile head dims on the GPU; fla_accel.md (fla's chunk ops
 #                before / after accelerate_fla(), row (a) at K = V = 128 and 100); then fla's own
@@ -264,7 +264,7 @@ bench_kda_sweep() {  # SWEEP_VARIANTS: ids or shell patterns of linear_attention
 tests_la_pick() {  # the per-key families' suites at the config their rule picks
   gpu_suite_sharded la_pick "${LA_PICK_CAP:-300}" "${LA_PICK_SHARDS:-6}" \
     tests/gpu/test_kda_gpu.py tests/gpu/test_gdn2_gpu.py tests/gpu/test_summary_families_gpu.py \
-    tests/gpu/test_gdn2_gdp_chain_gpu.py -k "${LA_PICK_K:-wide-subchunk-diag or not (few or wide)}"
+    tests/gpu/test_gdn2_gdp_chain_gpu.py -k "${LA_PICK_K:-walk64 or not (few or wide)}"
 }
 bench_la_pick() { :; }
 tests_la_candidates() {  # CANDIDATES_K: a pytest -k expression of candidate ids
