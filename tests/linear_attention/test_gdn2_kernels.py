@@ -190,7 +190,7 @@ CASES = {
     "safe-gate-lower-bound": (
         {"gate": "raw", "has_a_log": True, "has_dt_bias": True, "heads": (1, 1, 1), **ONE_CHUNK},
         {"use_qk_l2norm": True, "safe_gate": True, "gate_lower_bound": -5.0},
-        "wide-subchunk-keys",
+        "wide-subchunk-walk64-solve4",
     ),
     "safe-gate-softplus-unit": (
         {"gate": "raw", "unit_keys": True, "heads": (1, 1, 1)},

@@ -213,9 +213,9 @@ CANDIDATES.update({
     "key-split": {**CANDIDATES["wy-key-split-bk16"], "dqk": _DQK_KEY_SPLIT},
 })  # fmt: skip
 
-# The shipped pick ("wide-subchunk-keys": the diag forms and wy_bwd's split key side) with
-# the prescaled state walk backward at one pipeline stage. At two stages it holds 118 KB of
-# shared memory, one program per SM; at one, 37 KB: two programs per SM at 4 warps (228
+# "wide-subchunk-keys" (the diag forms and wy_bwd's split key side) with the prescaled
+# state walk backward at one pipeline stage. At two stages it holds 118 KB of shared
+# memory, one program per SM; at one, 37 KB: two programs per SM at 4 warps (228
 # registers), one at 8 (171); no spills either way (ptxas, sm_90, K = V = 128; kda.md).
 # One stage at BV 16 / 4 warps gave NaN gradients on Hopper in gdn's walk (configs.py):
 # the GPU cases decide.

@@ -208,8 +208,7 @@ CONFIGS = (
     (
         # "wide-subchunk-diag" with wy_bwd's key side split: its pass 2 one program per
         # 16-key slice (wy_keys.py wy_bwd_keys_kernel), so more programs share the SMs and
-        # each holds a 16-wide slice of dM's products rather than a 64-wide one. The
-        # per-key families' pick on the wide grid.
+        # each holds a 16-wide slice of dM's products rather than a 64-wide one.
         "wide-subchunk-keys",
         _frozen({**_WIDE_DIAG, "wy_bwd_keys": _WY_BWD_KEYS}),
     ),
