@@ -274,7 +274,8 @@ CANDIDATES["state-bwd-bv64-inline-s1"] = {
     "state_bwd": {"PRESCALED": None, "BV": 64, "num_stages": 1}
 }
 # The prescaled BV 64 walk at 4 warps and 1 stage: two programs per SM (255 registers,
-# 20 B of spills, 41 KB), where 8 warps' registers or 2 stages' shared memory allow one, so the 256 programs of (a) run in one wave on an H100's 132 SMs instead of two. At
+# 20 B of spills, 41 KB), where 8 warps' registers or 2 stages' shared memory allow one,
+# so the 256 programs of (a) run in one wave on an H100's 132 SMs instead of two. At
 # K = 256 (BV 32 there) it spills 408 B.
 CANDIDATES["state-bwd-bv64-w4-s1"] = {
     "state_bwd": {"PRESCALED": True, "BV": 64, "num_warps": 4, "num_stages": 1}
