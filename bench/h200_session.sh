@@ -55,13 +55,14 @@
 #                kernel's forms) beside the pick; SWEEP_FAMILIES: kda (default), gdn2 or both
 #   la-candidates  issue 30: tests/gpu/test_kda_candidates_gpu.py (every kda / gdn2 candidate,
 #                or those CANDIDATES_K selects by id, against float64 on the GPU; on
-#                CANDIDATES_SHARDS processes, default 6 (12 exhaust an 80 GB card's memory
+#                CANDIDATES_SHARDS processes, default 4 (12 exhaust an 80 GB card's memory
 #                in the float64 reference at K = 256), each capped at CANDIDATES_CAP
 #                seconds, default 300), then the sweep of the candidates SWEEP_VARIANTS names
 #   la-pick      issue 30: the kda / gdn2 suites (and the summary and gdn2 / gdp chain
 #                suites) at the config recommend_config picks for them: the cases naming
 #                LA_PICK_K's configs (default walk64: both picks) and those naming none, on
-#                LA_PICK_SHARDS processes (default 6), each capped at LA_PICK_CAP (300 s)
+#                LA_PICK_SHARDS processes (default 4: beside la-candidates, 8 in all), each
+#                capped at LA_PICK_CAP (300 s)
 #   fla          issue 31: the off-tile head dims on the GPU; fla_accel.md (fla's chunk ops
 #                before / after accelerate_fla(), row (a) at K = V = 128 and 100); then fla's own
 #                tests as they are and after accelerate_fla() (tools/fla_suite.py; a
@@ -262,13 +263,13 @@ bench_kda_sweep() {  # SWEEP_VARIANTS: ids or shell patterns of linear_attention
   done
 }
 tests_la_pick() {  # the per-key families' suites at the config their rule picks
-  gpu_suite_sharded la_pick "${LA_PICK_CAP:-300}" "${LA_PICK_SHARDS:-6}" \
+  gpu_suite_sharded la_pick "${LA_PICK_CAP:-300}" "${LA_PICK_SHARDS:-4}" \
     tests/gpu/test_kda_gpu.py tests/gpu/test_gdn2_gpu.py tests/gpu/test_summary_families_gpu.py \
     tests/gpu/test_gdn2_gdp_chain_gpu.py -k "${LA_PICK_K:-walk64 or not (few or wide)}"
 }
 bench_la_pick() { :; }
 tests_la_candidates() {  # CANDIDATES_K: a pytest -k expression of candidate ids
-  gpu_suite_sharded la_candidates "${CANDIDATES_CAP:-300}" "${CANDIDATES_SHARDS:-6}" \
+  gpu_suite_sharded la_candidates "${CANDIDATES_CAP:-300}" "${CANDIDATES_SHARDS:-4}" \
     tests/gpu/test_kda_candidates_gpu.py ${CANDIDATES_K:+-k "$CANDIDATES_K"}
 }
 bench_la_candidates() {
