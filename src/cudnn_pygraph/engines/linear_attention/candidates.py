@@ -274,11 +274,19 @@ CANDIDATES["state-bwd-bv64-inline-s1"] = {
     "state_bwd": {"PRESCALED": None, "BV": 64, "num_stages": 1}
 }
 # The prescaled BV 64 walk at 4 warps and 1 stage: two programs per SM (255 registers,
-# 20 B of spills, 41 KB), where 8 warps' registers or 2 stages' shared memory allow one,
+# 48 B of spills, 48 KB), where 8 warps' registers or 2 stages' shared memory allow one,
 # so the 256 programs of (a) run in one wave on an H100's 132 SMs instead of two. At
 # K = 256 (BV 32 there) it spills 408 B.
 CANDIDATES["state-bwd-bv64-w4-s1"] = {
     "state_bwd": {"PRESCALED": True, "BV": 64, "num_warps": 4, "num_stages": 1}
+}
+# The walk backward accumulating both of a step's products into dS (kernels/state.py
+# walk_back_step, DS_ACC): on the picks' BV 64 walk and on its 4-warp, 1-stage form
+# (ptxas, sm_90, K = V = 128, bf16: 202 -> 188 registers at 8 warps; at 4 warps and 1
+# stage 48 -> 20 B of spills).
+CANDIDATES["walk-acc"] = {"state_bwd": {"DS_ACC": True}}
+CANDIDATES["state-bwd-bv64-w4-s1-acc"] = {
+    "state_bwd": {**CANDIDATES["state-bwd-bv64-w4-s1"]["state_bwd"], "DS_ACC": True}
 }
 # gdn2's wy_solve beside its pick's 4 warps (ptxas, K = 128: 252 registers, no spills, two
 # programs per SM): 8 warps (232, one per SM), 4 warps on 32-wide key slices (234, two).
