@@ -274,6 +274,7 @@ CANDIDATES_ON_CPU = {
     "wy-key-split": ("K128-group-safe-gate", {}),
     "wy-key-split-bk32-sub": ("K128-no-l2norm-steep", {}),
     "walk-acc": ("group-q1-k1-v2", {}),
+    "wy-keys-paired": ("K128-no-l2norm-steep", {}),
     "state-bwd-bv64-w4-s1-acc": ("group-q1-k1-v2", {}),
 }
 

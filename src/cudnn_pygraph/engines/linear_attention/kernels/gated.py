@@ -64,6 +64,13 @@ def _decayed(v, g, g_ref, ok, LATER: tl.constexpr):
 
 
 @triton.jit
+def _level_exp(g, gr, ok_l, ok_e):
+    """exp(G - G_r) on a level's later rows (ok_l), exp(G_r - G) on its earlier ones (ok_e),
+    1 elsewhere: one exponential serves both sides of a level, their rows being disjoint."""
+    return tl.exp(tl.where(ok_l, g - gr, tl.where(ok_e, gr - g, 0.0)))
+
+
+@triton.jit
 def _rows(y_ptr, t0, r, valid, stride_y, col_y, D: tl.constexpr, m_ptr, stride_m, col_m,
           MUL: tl.constexpr):  # fmt: skip
     """y's [64, D] rows in fp32, times m's (MUL)."""
@@ -190,14 +197,49 @@ def gated_apply(
         dsl = tl.where(blk[:, None] == blk[None, :], ds, 0.0)
         if TRANS:
             gr = load_rows_t(g_ptr, t0, ref, valid, stride_g, col_g, D)
-            d = tl.where(ok_l[None, :], g - gr, tl.where(ok_e[None, :], gr - g, 0.0))
-            e = tl.exp(d)  # one exponential serves both sides: their rows are disjoint
+            e = _level_exp(g, gr, ok_l[None, :], ok_e[None, :])
             ys = tl.where(ok_par[None, :], y * e, 0.0)
             out += tl.where(ok_out[None, :], e, 0.0) * tl.dot(ys, dsl, input_precision=PREC)
         else:
             gr = load_rows(g_ptr, t0, ref, valid, stride_g, col_g, D)
-            d = tl.where(ok_l[:, None], g - gr, tl.where(ok_e[:, None], gr - g, 0.0))
-            e = tl.exp(d)
+            e = _level_exp(g, gr, ok_l[:, None], ok_e[:, None])
             ys = tl.where(ok_par[:, None], y * e, 0.0)
             out += tl.where(ok_out[:, None], e, 0.0) * tl.dot(dsl, ys, input_precision=PREC)
     return out
+
+
+@triton.jit
+def gated_apply_pair(
+    ds, dst, y_ptr, stride_y, col_y, g_ptr, stride_g, col_g, t0, valid, D: tl.constexpr,
+    PREC: tl.constexpr, m_ptr, stride_m, col_m, MUL: tl.constexpr,
+):  # fmt: skip
+    """(lower, upper): gated_apply's LOWER product of ds and its upper product of dst
+    (TRANS False both) with the same [64, D] rows of y, in one walk of the levels. Per
+    level the two take the same exponential (_level_exp: the lower product's partner rows
+    are the level's earlier rows and its output rows the later ones, the upper product's
+    the other way round) and issue two independent tensor-core products.
+    MUL: y's rows are scaled per channel by m's rows for the upper product only (gdn2's
+    erase gate on dM^T's side, wy_keys.py)."""
+    r = tl.arange(0, 64)
+    eye = r[:, None] == r[None, :]
+    row_ok = r < valid
+    y = _rows(y_ptr, t0, r, valid, stride_y, col_y, D, m_ptr, stride_m, col_m, False)
+    if MUL:
+        ym = y * load_rows(m_ptr, t0, r, valid, stride_m, col_m, D)
+    else:
+        ym = y
+    g = load_rows(g_ptr, t0, r, valid, stride_g, col_g, D)
+    lower = y * tl.where(row_ok, tl.sum(tl.where(eye, ds, 0.0), 1), 0.0)[:, None]
+    upper = ym * tl.where(row_ok, tl.sum(tl.where(eye, dst, 0.0), 1), 0.0)[:, None]
+    for s in range(6):
+        later, blk, ref = _level(r, s)
+        ok_l = (later & row_ok)[:, None]
+        ok_e = ((later == 0) & (ref < valid))[:, None]
+        same = blk[:, None] == blk[None, :]
+        gr = load_rows(g_ptr, t0, ref, valid, stride_g, col_g, D)
+        e = _level_exp(g, gr, ok_l, ok_e)
+        lo = tl.dot(tl.where(same, ds, 0.0), tl.where(ok_e, y * e, 0.0), input_precision=PREC)
+        up = tl.dot(tl.where(same, dst, 0.0), tl.where(ok_l, ym * e, 0.0), input_precision=PREC)
+        lower += tl.where(ok_l, e, 0.0) * lo
+        upper += tl.where(ok_e, e, 0.0) * up
+    return lower, upper
