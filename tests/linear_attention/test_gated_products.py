@@ -17,6 +17,7 @@ import triton.language as tl  # noqa: E402
 
 from cudnn_pygraph.engines.linear_attention.kernels.gated import (  # noqa: E402
     gated_apply,
+    gated_apply_pair,
     gated_scores,
 )
 
@@ -51,6 +52,19 @@ def _apply_kernel(ds_ptr, y_ptr, g_ptr, m_ptr, out_ptr, t0, valid, D: tl.constex
         tl.store(out_ptr + c[:, None] * 64 + r[None, :], out)
     else:
         tl.store(out_ptr + r[:, None] * D + c[None, :], out)
+
+
+@triton.jit
+def _pair_kernel(ds_ptr, dst_ptr, y_ptr, g_ptr, m_ptr, lo_ptr, up_ptr, t0, valid,
+                 D: tl.constexpr, MUL: tl.constexpr):  # fmt: skip
+    r = tl.arange(0, 64)
+    ds = tl.load(ds_ptr + r[:, None] * 64 + r[None, :])
+    dst = tl.load(dst_ptr + r[:, None] * 64 + r[None, :])
+    lo, up = gated_apply_pair(ds, dst, y_ptr, D, 0, g_ptr, D, 0, t0, valid, D, "ieee", m_ptr, D,
+                              0, MUL)  # fmt: skip
+    c = tl.arange(0, D)
+    tl.store(lo_ptr + r[:, None] * D + c[None, :], lo)
+    tl.store(up_ptr + r[:, None] * D + c[None, :], up)
 
 
 def _chunk(valid, seed):
@@ -109,3 +123,31 @@ def test_apply_equals_the_pairwise_sum(lower, trans, valid):
     got = out.T if trans else out
     assert torch.isfinite(got[:valid]).all()
     torch.testing.assert_close(got[:valid].double(), ref[:valid], rtol=1e-5, atol=1e-6)
+
+
+def _pairwise_apply(ds, y, g, valid, lower):
+    """gated_apply's product (TRANS False) as a float64 sum over pairs."""
+    n = torch.arange(64)
+    ok = (n[:, None] < valid) & (n[None, :] < valid)
+    ok &= (n[:, None] >= n[None, :]) if lower else (n[:, None] <= n[None, :])
+    dec = _decay(g, n, n) if lower else _decay(g, n, n).transpose(0, 1)
+    dec = torch.where(ok[..., None], torch.nan_to_num(dec), 0.0)  # [r, j, D]
+    return (ds.double()[..., None] * torch.nan_to_num(y).double()[None] * dec).sum(1)
+
+
+@pytest.mark.parametrize("mul", [False, True], ids=["plain", "erase-gate"])
+@pytest.mark.parametrize("valid", [64, 23])
+def test_pair_equals_the_two_pairwise_sums(valid, mul):
+    # The lower product of ds and the upper product of another matrix, both with y's rows
+    # (m's scale on the upper one's only, as wy_keys.py takes gdn2's erase gate), each the
+    # float64 sum over its pairs.
+    x, y, m, g = _chunk(valid, seed=valid + 7)
+    gen = torch.Generator().manual_seed(2)
+    ds, dst = torch.randn(2, 64, 64, generator=gen)
+    lo, up = torch.empty(2, 64, D)
+    _pair_kernel[(1,)](ds, dst, y, g, m, lo, up, 0, valid, D, mul)
+    want_lo = _pairwise_apply(ds, y, g, valid, True)
+    want_up = _pairwise_apply(dst, y * m if mul else y, g, valid, False)
+    for got, want in ((lo, want_lo), (up, want_up)):
+        assert torch.isfinite(got[:valid]).all()
+        torch.testing.assert_close(got[:valid].double(), want[:valid], rtol=1e-5, atol=1e-6)
