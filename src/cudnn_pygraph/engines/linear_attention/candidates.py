@@ -291,16 +291,15 @@ CANDIDATES["state-bwd-bv64-w4-s1-acc"] = {
 # The split key side's products of dM by rows and of dM^T by columns in one walk of the
 # tree's levels (kernels/wy_keys.py PAIRED, gated.py gated_apply_pair): each level's
 # exponential and reference row serve both, and its two tensor-core products are
-# independent, where the shipped form walks the levels twice. dM and dM^T are then live
-# together: under the shipped 168-register cap it spills 180 B (ptxas, sm_90, kda, K = V
-# = 128, bf16), so uncapped: 4 warps 255 registers, no spills (gdn2 4 B; K = 256 none),
-# two programs per SM where the shipped form fits three; 8 warps 190, one per SM.
-_KEYS_PAIRED = {**CANDIDATES["wy-key-split-bk16-w4"]["wy_bwd_keys"], "PAIRED": True,
-                "maxnreg": None}  # fmt: skip
+# independent, where the shipped form walks the levels twice. dM is read per level, masked
+# to the level's pairs, so it fits the shipped entry's 168-register cap: no spills, three
+# programs per SM as the shipped form (ptxas, sm_90, bf16: kda K = 128 and 256, gdn2);
+# at 8 warps uncapped 116 registers, two per SM.
+_KEYS_PAIRED = {**CANDIDATES["wy-key-split-bk16-w4"]["wy_bwd_keys"], "PAIRED": True}
 CANDIDATES["wy-keys-paired"] = {**CANDIDATES["wy-key-split-bk16-w4"], "wy_bwd_keys": _KEYS_PAIRED}
 CANDIDATES["wy-keys-paired-w8"] = {
     **CANDIDATES["wy-key-split-bk16-w4"],
-    "wy_bwd_keys": {**_KEYS_PAIRED, "num_warps": 8},
+    "wy_bwd_keys": {**_KEYS_PAIRED, "num_warps": 8, "maxnreg": None},
 }
 # gdn2's wy_solve beside its pick's 4 warps (ptxas, K = 128: 252 registers, no spills, two
 # programs per SM): 8 warps (232, one per SM), 4 warps on 32-wide key slices (234, two).

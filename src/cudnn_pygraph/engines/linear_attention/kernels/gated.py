@@ -210,36 +210,48 @@ def gated_apply(
 
 @triton.jit
 def gated_apply_pair(
-    ds, dst, y_ptr, stride_y, col_y, g_ptr, stride_g, col_g, t0, valid, D: tl.constexpr,
-    PREC: tl.constexpr, m_ptr, stride_m, col_m, MUL: tl.constexpr,
+    ds_rows, stride_ds, col_scale, y_ptr, stride_y, col_y, g_ptr, stride_g, col_g, t0, valid,
+    D: tl.constexpr, PREC: tl.constexpr, m_ptr, stride_m, col_m, MUL: tl.constexpr,
 ):  # fmt: skip
-    """(lower, upper): gated_apply's LOWER product of ds and its upper product of dst
-    (TRANS False both) with the same [64, D] rows of y, in one walk of the levels. Per
-    level the two take the same exponential (_level_exp: the lower product's partner rows
-    are the level's earlier rows and its output rows the later ones, the upper product's
-    the other way round) and issue two independent tensor-core products.
+    """(lower, upper) for a [64, 64] fp32 matrix M held in memory (row i of the chunk at
+    ds_rows + i * stride_ds, rows past valid not read) and the chunk's [64, D] rows of y:
+    gated_apply's LOWER product with ds = M * col_scale[None, :] and its upper product
+    with ds = M^T * col_scale[None, :] (TRANS False both), in one walk of the levels.
+    Per level both take the same exponential (_level_exp: the lower product's partner
+    rows are the level's earlier rows and its output rows the later ones, the upper
+    product's the other way round) and issue two independent tensor-core products. M is
+    read per level, masked to the level's blocks (L1-hot), rather than held: two [64, 64]
+    tiles live across the levels would not fit the register budget beside the rest
+    (wy_keys.py); col_scale is applied to y's rows instead of M's columns.
     MUL: y's rows are scaled per channel by m's rows for the upper product only (gdn2's
     erase gate on dM^T's side, wy_keys.py)."""
     r = tl.arange(0, 64)
-    eye = r[:, None] == r[None, :]
     row_ok = r < valid
     y = _rows(y_ptr, t0, r, valid, stride_y, col_y, D, m_ptr, stride_m, col_m, False)
+    y = y * col_scale[:, None]
     if MUL:
         ym = y * load_rows(m_ptr, t0, r, valid, stride_m, col_m, D)
     else:
         ym = y
     g = load_rows(g_ptr, t0, r, valid, stride_g, col_g, D)
-    lower = y * tl.where(row_ok, tl.sum(tl.where(eye, ds, 0.0), 1), 0.0)[:, None]
-    upper = ym * tl.where(row_ok, tl.sum(tl.where(eye, dst, 0.0), 1), 0.0)[:, None]
+    diag = tl.load(ds_rows + r * stride_ds + r, mask=row_ok, other=0.0)
+    lower = y * diag[:, None]
+    upper = ym * diag[:, None]
     for s in range(6):
         later, blk, ref = _level(r, s)
-        ok_l = (later & row_ok)[:, None]
-        ok_e = ((later == 0) & (ref < valid))[:, None]
+        ok_l = later & row_ok
+        ok_e = (later == 0) & (ref < valid)
         same = blk[:, None] == blk[None, :]
         gr = load_rows(g_ptr, t0, ref, valid, stride_g, col_g, D)
-        e = _level_exp(g, gr, ok_l, ok_e)
-        lo = tl.dot(tl.where(same, ds, 0.0), tl.where(ok_e, y * e, 0.0), input_precision=PREC)
-        up = tl.dot(tl.where(same, dst, 0.0), tl.where(ok_l, ym * e, 0.0), input_precision=PREC)
-        lower += tl.where(ok_l, e, 0.0) * lo
-        upper += tl.where(ok_e, e, 0.0) * up
+        e = _level_exp(g, gr, ok_l[:, None], ok_e[:, None])
+        # The level's pairs only: output rows on one side, partners on the other, so no
+        # entry of M outside the chunk's valid rows is read.
+        m_lo = tl.load(ds_rows + r[:, None] * stride_ds + r[None, :],
+                       mask=same & ok_l[:, None] & ok_e[None, :], other=0.0)  # fmt: skip
+        lo = tl.dot(m_lo, tl.where(ok_e[:, None], y * e, 0.0), input_precision=PREC)
+        m_up = tl.load(ds_rows + r[None, :] * stride_ds + r[:, None],
+                       mask=same & ok_e[:, None] & ok_l[None, :], other=0.0)  # fmt: skip
+        up = tl.dot(m_up, tl.where(ok_l[:, None], ym * e, 0.0), input_precision=PREC)
+        lower += tl.where(ok_l[:, None], e, 0.0) * lo
+        upper += tl.where(ok_e[:, None], e, 0.0) * up
     return lower, upper

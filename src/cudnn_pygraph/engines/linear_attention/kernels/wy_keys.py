@@ -105,31 +105,28 @@ def key_slice_grads(
     dm / dmt: dM and dM^T held by the caller; DM_RELOAD: read per slice from dm_rows (the
     chunk's rows of the dM scratch), each live only through its own products, which then
     run before the slice's other operands are read. A_RELOAD (with DM_RELOAD): A^T read
-    from a_ptr for the slice's one product instead of held (at). PAIRED (the tree form):
-    the products by rows and by columns in one walk of the tree's levels
-    (gated.py gated_apply_pair), dM and dM^T then live together."""
-    tl.static_assert(not (PAIRED and SUBCHUNK_BWD), "PAIRED: gated.py's tree form only")
+    from a_ptr for the slice's one product instead of held (at). PAIRED (with DM_RELOAD,
+    the tree form): the products by rows and by columns in one walk of the tree's levels,
+    dM read per level (gated.py gated_apply_pair)."""
+    tl.static_assert(not PAIRED or (DM_RELOAD and not SUBCHUNK_BWD),
+                     "PAIRED: dM in memory, gated.py's tree form")  # fmt: skip
     r = tl.arange(0, 64)
     row_ok = r < valid
     cols = col + tl.arange(0, BK)
     if not DM_RELOAD:
         k_hat, gk, at_dw = _key_slice(k_ptr, gc_ptr, dw_ptr, at, rk, t0, valid, HO, HK, h, hk,
                                       col, K, BK, PREC)  # fmt: skip
-    if DM_RELOAD:
-        dm_s = tl.load(dm_rows + r[:, None] * (HO * 64) + r[None, :], mask=row_ok[:, None],
-                       other=0.0)  # fmt: skip
-    else:
-        dm_s = dm
     if PAIRED:
-        if DM_RELOAD:
-            dmt_s = _dm_t(dm_rows, HO, valid)
-        else:
-            dmt_s = dmt
         rows, colm = gated_apply_pair(
-            dm_s * rk[None, :], dmt_s * rk[None, :], k_ptr, HK * K, hk * K + col, gc_ptr,
-            HO * K, h * K + col, t0, valid, BK, PREC, beff_ptr, HO * K, h * K + col, BETA_K,
+            dm_rows, HO * 64, rk, k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col, t0,
+            valid, BK, PREC, beff_ptr, HO * K, h * K + col, BETA_K,
         )  # fmt: skip
     else:
+        if DM_RELOAD:
+            dm_s = tl.load(dm_rows + r[:, None] * (HO * 64) + r[None, :], mask=row_ok[:, None],
+                           other=0.0)  # fmt: skip
+        else:
+            dm_s = dm
         rows = _dm_apply(dm_s * rk[None, :], k_ptr, HK, hk, gc_ptr, HO, h, col, t0, valid, K,
                          BK, True, PREC, k_ptr, False, SUBCHUNK_BWD)  # fmt: skip
         if DM_RELOAD:
