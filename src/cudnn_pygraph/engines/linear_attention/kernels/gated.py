@@ -22,7 +22,8 @@ the diagonal pairs i = j take exp(0) = 1. So a [64, 64] product is six masked [6
 tensor-core products plus the diagonal's, with [64, K] exponentials per level instead of
 one per pair and channel: two in gated_scores (x's rows and y's, in the two orientations
 a product takes them), one in gated_apply (its output rows and partner rows are one tile's
-rows: a row is on one side of each level only). The forms with x or the output holding
+rows: a row is on one side of each level only), and one in gated_apply_pair for the lower
+and the upper product of one matrix with the same rows. The forms with x or the output holding
 the EARLIER token use the same reference row: x's rows take exp(G_r - G) and the later
 partner's exp(G - G_r), again both <= 1.
 
