@@ -326,6 +326,3 @@ CANDIDATES["forward-spill-free"] = {
 _DQK_PAIRED = {"PAIRED": True, "BG": 16, "num_warps": 8, "num_stages": 1, "maxnreg": 128}
 CANDIDATES["dqk-paired"] = {"dqk": _DQK_PAIRED}
 CANDIDATES["dqk-paired-r168"] = {"dqk": {**_DQK_PAIRED, "maxnreg": 168}}
-# Both paired forms at once (dqk's and the split key side's), for the sweep row that shows
-# what they give together.
-CANDIDATES["dqk-paired-keys-paired"] = {**CANDIDATES["wy-keys-paired"], "dqk": _DQK_PAIRED}
