@@ -276,7 +276,6 @@ CANDIDATES_ON_CPU = {
     "walk-acc": ("group-q1-k1-v2", {}),
     "wy-keys-paired": ("K128-no-l2norm-steep", {}),
     "state-bwd-bv64-w4-s1-acc": ("group-q1-k1-v2", {}),
-    "dqk-paired": ("group-q1-k1-v2", {}),
 }
 
 
@@ -346,9 +345,8 @@ def test_a_candidate_lays_its_changes_over_the_base_and_none_removes():
 
 @pytest.mark.parametrize(
     "form, products",
-    [("dqk-sliced", "tree"), ("dqk-sliced", "sub-chunk"), ("dqk-key-split", "tree"),
-     ("dqk-paired", "tree")],
-)  # fmt: skip
+    [("dqk-sliced", "tree"), ("dqk-sliced", "sub-chunk"), ("dqk-key-split", "tree")],
+)
 def test_dqk_sliced_from_checkpoints_with_a_normalized_final_dq(form, products):
     # dqk_sliced_kernel's other paths: E taken from the checkpointed states (no stored E),
     # and dq through the l2norm on undivided query heads (the slices parked in dG's rows,

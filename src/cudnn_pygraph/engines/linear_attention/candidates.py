@@ -316,13 +316,3 @@ CANDIDATES["forward-spill-free"] = {
     "output_fwd": {"BV": 64},
     "wy_solve": {"num_warps": 4},
 }
-# dqk's two sides in one program (kernels/dqk_sliced.py PART 0): dP formed once instead of
-# once per side, and its gated products by rows (dq's, with K) and by columns (dk's, with
-# Q) in one walk of the tree's levels per key slice (gated.py gated_apply_pair with Z),
-# each level's exponential and reference row serving both. ptxas (sm_90, bf16, 16-wide
-# slices, 1 stage): at 8 warps and the shipped 128-register cap 20 B of spills (kda and
-# gdn2 K = 128; 36 B at K = 256) where the shipped two launches spill 116 and 176 B, two
-# programs per SM; at a 168 cap none, one per SM. 32-wide slices spill 160 B.
-_DQK_PAIRED = {"PAIRED": True, "BG": 16, "num_warps": 8, "num_stages": 1, "maxnreg": 128}
-CANDIDATES["dqk-paired"] = {"dqk": _DQK_PAIRED}
-CANDIDATES["dqk-paired-r168"] = {"dqk": {**_DQK_PAIRED, "maxnreg": 168}}

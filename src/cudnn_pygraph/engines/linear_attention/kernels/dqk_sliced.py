@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from .chunk_index import locate_chunk
-from .gated import gated_apply, gated_apply_pair
+from .gated import gated_apply
 from .subchunk_bwd import subchunk_apply
 from .tiles import (
     load_rows,
@@ -103,75 +103,6 @@ def _e(vnew_ptr, u_ptr, w_ptr, h_ptr, base, t0, r, valid, HO, h, iv, sh_v, sh_k,
     return e
 
 
-@triton.jit
-def _dq_slice(prod, h_ptr, do_ptr, gc_ptr, base, t0, r, valid, HO, h, c0, sh_v, sh_k, scale,
-              K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BG: tl.constexpr,
-              PREC: tl.constexpr):  # fmt: skip
-    """dq's BG-wide slice at channel c0: scale exp(G) (dO S_0^T) (a V loop over the state's
-    blocks) plus prod, the gated products of dP with the slice's keys."""
-    dt = do_ptr.dtype.element_ty
-    dq = tl.zeros([64, BG], dtype=tl.float32)
-    for iv in range(V // BV):
-        v_idx = iv * BV + tl.arange(0, BV)
-        x0 = tl.load(state_block_t(h_ptr, base + c0 * sh_k, v_idx, BG, sh_v, sh_k))
-        do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
-        dq += tl.dot(do, x0.to(dt), input_precision=PREC)
-    gq = load_rows(gc_ptr, t0, r, valid, HO * K, h * K + c0, BG)
-    return dq * (scale * tl.exp(gq)) + prod
-
-
-@triton.jit
-def _dk_slice(prod, k_ptr, w_ptr, u_ptr, vnew_ptr, gc_ptr, h_ptr, dh_ptr, base, dbase, t0, r,
-              valid, HO, HK, h, hk, c0, rk, sh_v, sh_k, sd_v, sd_k, K: tl.constexpr,
-              V: tl.constexpr, BV: tl.constexpr, BG: tl.constexpr, HAS_VNEW: tl.constexpr,
-              PREC: tl.constexpr):  # fmt: skip
-    """(dk, dG's key terms) of the BG-wide slice at channel c0: dk = prod (the gated
-    products of dP^T with the slice's queries) + the decayed state term E dS_C^T (a V
-    loop; under checkpoints U dS_C^T - W (S_0 dS_C^T), module docstring), and dG's key
-    terms -k_hat dk plus, on the chunk's last row, exp(G_last) <S_0, dS_C> + <k_hat,
-    the state term> per channel."""
-    dt = w_ptr.dtype.element_ty
-    row_ok = r < valid
-    s_dot = tl.zeros([BG], dtype=tl.float32)  # rowsum(S_0 * dS_C) per channel
-    dks = tl.zeros([64, BG], dtype=tl.float32)  # E dS_C^T, before the decay
-    for iv in range(V // BV):
-        v_idx = iv * BV + tl.arange(0, BV)
-        dxc = tl.load(state_block_t(dh_ptr, dbase + c0 * sd_k, v_idx, BG, sd_v, sd_k))
-        x0 = tl.load(state_block_t(h_ptr, base + c0 * sh_k, v_idx, BG, sh_v, sh_k))
-        s_dot += tl.sum(dxc.to(tl.float32) * x0.to(dt).to(tl.float32), 0)
-        if HAS_VNEW:
-            e_ptr = vnew_ptr
-        else:
-            e_ptr = u_ptr  # U's block: the W S_0 term follows
-        e = load_rows(e_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
-        dks += tl.dot(e, dxc.to(dt), input_precision=PREC)
-    if not HAS_VNEW:
-        # E = U - W S_0: E dS_C^T = U dS_C^T - W (S_0 dS_C^T), the [K, BG] factor summed
-        # over V and applied 64 of its rows at a time.
-        for ik in range(K // 64):
-            k0 = ik * 64
-            m = tl.zeros([64, BG], dtype=tl.float32)
-            for iv in range(V // BV):
-                v_idx = iv * BV + tl.arange(0, BV)
-                s0 = tl.load(state_block(h_ptr, base + k0 * sh_k, v_idx, 64, sh_v, sh_k))
-                dxc = tl.load(state_block_t(dh_ptr, dbase + c0 * sd_k, v_idx, BG, sd_v, sd_k))
-                m += tl.dot(s0.to(dt), dxc.to(dt), input_precision=PREC)
-            w = load_rows(w_ptr, t0, r, valid, HO * K, h * K + k0, 64)
-            dks -= tl.dot(w, m.to(dt), input_precision=PREC)
-    g_last_ptr = gc_ptr + ((t0 + valid - 1).to(tl.int64) * HO + h) * K
-    g_last = tl.load(g_last_ptr + c0 + tl.arange(0, BG))
-    g = load_rows(gc_ptr, t0, r, valid, HO * K, h * K + c0, BG)
-    ok = row_ok[:, None]
-    dks = tl.where(ok, dks * tl.exp(tl.where(ok, g_last[None, :] - g, 0.0)), 0.0)
-    kh = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + c0, BG).to(tl.float32)
-    kh = kh * rk[:, None]
-    kds = tl.sum(kh * dks, 0)  # sum_j k_hat_j dk_state_j, per channel
-    dk = dks + prod
-    last = (r == valid - 1)[:, None]
-    dg = tl.where(last, (tl.exp(g_last) * s_dot + kds)[None, :], 0.0) - kh * dk
-    return dk, dg
-
-
 @triton.jit(do_not_specialize=["N"])
 def dqk_sliced_kernel(
     q_ptr,
@@ -188,7 +119,6 @@ def dqk_sliced_kernel(
     dk_ptr,
     dw_ptr,
     dg_ptr,
-    dp_ptr,
     cu_ptr,
     off_ptr,
     seq_ptr,
@@ -223,14 +153,10 @@ def dqk_sliced_kernel(
     (module docstring). SUBCHUNK_BWD: the gated products on the sub-chunk form
     (subchunk_bwd.py) instead of gated.py's tree. GATE_K: always set (the launcher's flag;
     this form exists only under a per-key decay). KEY_SPLIT: one BG slice a program, the
-    grid's first axis (chunk, slice) (module docstring). PART 0: both sides in one
-    program, dP's two gated products paired (module docstring), dP parked in dp_ptr's rows
-    ([T, HO, 64] fp32, free while dqk runs; unused by PART 1 and 2)."""
+    grid's first axis (chunk, slice) (module docstring)."""
     tl.static_assert(GATE_K, "dqk_sliced_kernel serves a per-key-channel decay only")
     PARK: tl.constexpr = FINAL_DQ and L2NORM
     tl.static_assert(not (KEY_SPLIT and PARK), "KEY_SPLIT: dq's l2norm Jacobian spans slices")
-    tl.static_assert(PART != 0 or not (KEY_SPLIT or SUBCHUNK_BWD),
-                     "PART 0: one program per chunk, gated.py's tree form")  # fmt: skip
     # This program's key channels: col0 .. col0 + NSL * BG, in NSL slices of BG.
     NSL: tl.constexpr = 1 if KEY_SPLIT else K // BG
     if KEY_SPLIT:
@@ -250,68 +176,6 @@ def dqk_sliced_kernel(
     hk = h // (HO // HK)
     base = c.to(tl.int64) * sh_c + h * sh_h
     dbase = c.to(tl.int64) * sd_c + h * sd_h
-
-    if PART == 0:
-        dp = tl.zeros([64, 64], dtype=tl.float32)  # dO E^T
-        for iv in range(V // BV):
-            et = _e(vnew_ptr, u_ptr, w_ptr, h_ptr, base, t0, r, valid, HO, h, iv, sh_v, sh_k,
-                    K, V, BV, HAS_VNEW, True, PREC)  # fmt: skip
-            do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
-            dp += tl.dot(do, et, input_precision=PREC)
-        dp_rows = dp_ptr + (t0.to(tl.int64) * HO + h) * 64
-        dpg = tl.where((r[:, None] >= r[None, :]) & row_ok[:, None], dp * scale, 0.0)
-        tl.store(dp_rows + r[:, None] * (HO * 64) + r[None, :], dpg, mask=row_ok[:, None])
-        rq = _inv_norms(q_ptr, t0, r, valid, H * K, hq * K, K, BG, L2NORM, EPS)
-        rk = _inv_norms(k_ptr, t0, r, valid, HK * K, hk * K, K, BG, L2NORM, EPS)
-        tl.debug_barrier()  # every thread's rows of dP are stored
-        q_dot = tl.zeros([64], dtype=tl.float32)  # <q_hat, dq> per row (PARK)
-        for ic in range(K // BG):
-            c0 = ic * BG
-            # dq's products (dP by rows with K) and dk's (dP by columns with Q) in one walk.
-            prod_q, prod_k = gated_apply_pair(
-                dp_rows, HO * 64, rk, k_ptr, HK * K, hk * K + c0, gc_ptr, HO * K, h * K + c0,
-                t0, valid, BG, PREC, k_ptr, 0, 0, False, q_ptr, H * K, hq * K + c0, rq, True,
-            )  # fmt: skip
-            dq = _dq_slice(prod_q, h_ptr, do_ptr, gc_ptr, base, t0, r, valid, HO, h, c0, sh_v,
-                           sh_k, scale, K, V, BV, BG, PREC)  # fmt: skip
-            q = load_rows(q_ptr, t0, r, valid, H * K, hq * K + c0, BG).to(tl.float32)
-            dg = q * rq[:, None] * dq
-            if PARK:
-                # dq waits for the row dot in dG's rows, dk's products in dk's.
-                q_dot += tl.sum(dg, 1)
-                store_rows(dg_ptr, dq, t0, r, valid, HO * K, h * K + c0, BG)
-                store_rows(dk_ptr, prod_k, t0, r, valid, HO * K, h * K + c0, BG)
-            else:
-                if FINAL_DQ:
-                    store_rows(dq_ptr, dq, t0, r, valid, H * K, hq * K + c0, BG)
-                else:
-                    store_rows(dq_ptr, dq, t0, r, valid, HO * K, h * K + c0, BG)
-                dk, dg_k = _dk_slice(
-                    prod_k, k_ptr, w_ptr, u_ptr, vnew_ptr, gc_ptr, h_ptr, dh_ptr, base, dbase, t0,
-                    r, valid, HO, HK, h, hk, c0, rk, sh_v, sh_k, sd_v, sd_k, K, V, BV, BG,
-                    HAS_VNEW, PREC,
-                )  # fmt: skip
-                store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K + c0, BG)
-                store_rows(dg_ptr, dg + dg_k, t0, r, valid, HO * K, h * K + c0, BG)
-        if PARK:
-            # dq through the norm from the parked slices, then each slice's dk side.
-            tl.debug_barrier()  # every thread's slices are stored
-            for ic in range(K // BG):
-                c0 = ic * BG
-                dq = load_rows(dg_ptr, t0, r, valid, HO * K, h * K + c0, BG)
-                q_hat = load_rows(q_ptr, t0, r, valid, H * K, hq * K + c0, BG).to(tl.float32)
-                q_hat = q_hat * rq[:, None]
-                store_rows(dq_ptr, (dq - q_hat * q_dot[:, None]) * rq[:, None], t0, r, valid,
-                           H * K, hq * K + c0, BG)  # fmt: skip
-                prod_k = load_rows(dk_ptr, t0, r, valid, HO * K, h * K + c0, BG)
-                dk, dg_k = _dk_slice(
-                    prod_k, k_ptr, w_ptr, u_ptr, vnew_ptr, gc_ptr, h_ptr, dh_ptr, base, dbase, t0,
-                    r, valid, HO, HK, h, hk, c0, rk, sh_v, sh_k, sd_v, sd_k, K, V, BV, BG,
-                    HAS_VNEW, PREC,
-                )  # fmt: skip
-                tl.debug_barrier()  # every thread has read the slice before it is overwritten
-                store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K + c0, BG)
-                store_rows(dg_ptr, q_hat * dq + dg_k, t0, r, valid, HO * K, h * K + c0, BG)
 
     if PART == 1:
         dp = tl.zeros([64, 64], dtype=tl.float32)  # dO E^T
@@ -339,8 +203,14 @@ def dqk_sliced_kernel(
                     ds, k_ptr, HK * K, hk * K + c0, gc_ptr, HO * K, h * K + c0, t0, valid, BG,
                     True, False, PREC, k_ptr, 0, 0, False,
                 )  # fmt: skip
-            dq = _dq_slice(prod, h_ptr, do_ptr, gc_ptr, base, t0, r, valid, HO, h, c0, sh_v,
-                           sh_k, scale, K, V, BV, BG, PREC)  # fmt: skip
+            dq = tl.zeros([64, BG], dtype=tl.float32)  # dO S_0^T, this slice
+            for iv in range(V // BV):
+                v_idx = iv * BV + tl.arange(0, BV)
+                x0 = tl.load(state_block_t(h_ptr, base + c0 * sh_k, v_idx, BG, sh_v, sh_k))
+                do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
+                dq += tl.dot(do, x0.to(dt), input_precision=PREC)
+            gq = load_rows(gc_ptr, t0, r, valid, HO * K, h * K + c0, BG)
+            dq = dq * (scale * tl.exp(gq)) + prod
             q = load_rows(q_ptr, t0, r, valid, H * K, hq * K + c0, BG).to(tl.float32)
             dg = q * rq[:, None] * dq
             if PARK:
@@ -379,6 +249,9 @@ def dqk_sliced_kernel(
         rk = _inv_norms(k_ptr, t0, r, valid, HK * K, hk * K, K, BG, L2NORM, EPS)
         keep = (r[:, None] <= r[None, :]) & row_ok[None, :]
         ds = tl.where(keep, dpt * scale, 0.0) * rq[None, :]
+        last = (r == valid - 1)[:, None]
+        kc = tl.arange(0, BG)
+        g_last_ptr = gc_ptr + ((t0 + valid - 1).to(tl.int64) * HO + h) * K
         for ic in range(NSL):
             c0 = col0 + ic * BG
             # The gated products of dP^T with Q's slice first, while nothing else of the
@@ -393,16 +266,49 @@ def dqk_sliced_kernel(
                     ds, q_ptr, H * K, hq * K + c0, gc_ptr, HO * K, h * K + c0, t0, valid, BG,
                     False, False, PREC, q_ptr, 0, 0, False,
                 )  # fmt: skip
-            dk, dg_k = _dk_slice(
-                prod, k_ptr, w_ptr, u_ptr, vnew_ptr, gc_ptr, h_ptr, dh_ptr, base, dbase, t0, r,
-                valid, HO, HK, h, hk, c0, rk, sh_v, sh_k, sd_v, sd_k, K, V, BV, BG, HAS_VNEW, PREC,
-            )  # fmt: skip
+            s_dot = tl.zeros([BG], dtype=tl.float32)  # rowsum(S_0 * dS_C) per channel
+            dks = tl.zeros([64, BG], dtype=tl.float32)  # E dS_C^T, before the decay
+            for iv in range(V // BV):
+                v_idx = iv * BV + tl.arange(0, BV)
+                dxc = tl.load(state_block_t(dh_ptr, dbase + c0 * sd_k, v_idx, BG, sd_v, sd_k))
+                x0 = tl.load(state_block_t(h_ptr, base + c0 * sh_k, v_idx, BG, sh_v, sh_k))
+                s_dot += tl.sum(dxc.to(tl.float32) * x0.to(dt).to(tl.float32), 0)
+                if HAS_VNEW:
+                    e_ptr = vnew_ptr
+                else:
+                    e_ptr = u_ptr  # U's block: the W S_0 term follows
+                e = load_rows(e_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV).to(dt)
+                dks += tl.dot(e, dxc.to(dt), input_precision=PREC)
+            if not HAS_VNEW:
+                # E = U - W S_0: E dS_C^T = U dS_C^T - W (S_0 dS_C^T), the [K, BG] factor
+                # summed over V and applied 64 of its rows at a time.
+                for ik in range(K // 64):
+                    k0 = ik * 64
+                    m = tl.zeros([64, BG], dtype=tl.float32)
+                    for iv in range(V // BV):
+                        v_idx = iv * BV + tl.arange(0, BV)
+                        s0 = tl.load(state_block(h_ptr, base + k0 * sh_k, v_idx, 64, sh_v, sh_k))
+                        dxc = tl.load(
+                            state_block_t(dh_ptr, dbase + c0 * sd_k, v_idx, BG, sd_v, sd_k)
+                        )
+                        m += tl.dot(s0.to(dt), dxc.to(dt), input_precision=PREC)
+                    w = load_rows(w_ptr, t0, r, valid, HO * K, h * K + k0, 64)
+                    dks -= tl.dot(w, m.to(dt), input_precision=PREC)
+            g_last = tl.load(g_last_ptr + c0 + kc)
+            g = load_rows(gc_ptr, t0, r, valid, HO * K, h * K + c0, BG)
+            ok = row_ok[:, None]
+            dks = tl.where(ok, dks * tl.exp(tl.where(ok, g_last[None, :] - g, 0.0)), 0.0)
+            kh = load_rows(k_ptr, t0, r, valid, HK * K, hk * K + c0, BG).to(tl.float32)
+            kh = kh * rk[:, None]
+            kds = tl.sum(kh * dks, 0)  # sum_j k_hat_j dk_state_j, per channel
+            dk = dks + prod
             store_rows(dk_ptr, dk, t0, r, valid, HO * K, h * K + c0, BG)
-            dg = load_rows(dg_ptr, t0, r, valid, HO * K, h * K + c0, BG) + dg_k  # PART 1's
+            dg = load_rows(dg_ptr, t0, r, valid, HO * K, h * K + c0, BG)  # PART 1's
+            dg += tl.where(last, (tl.exp(g_last) * s_dot + kds)[None, :], 0.0) - kh * dk
             tl.debug_barrier()  # every thread has read the slice before it is overwritten
             store_rows(dg_ptr, dg, t0, r, valid, HO * K, h * K + c0, BG)
 
-    if PART != 1:
+    if PART == 2:
         # dw = -dE S_0^T last, in 64-wide slices of its own (the served K are multiples of
         # 64): no gated product needs it, so it takes no part in the BG-wide slices and dE
         # is read K / 64 times rather than K / BG. Under KEY_SPLIT, the program's own

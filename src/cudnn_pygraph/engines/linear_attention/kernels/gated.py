@@ -213,7 +213,6 @@ def gated_apply(
 def gated_apply_pair(
     ds_rows, stride_ds, col_scale, y_ptr, stride_y, col_y, g_ptr, stride_g, col_g, t0, valid,
     D: tl.constexpr, PREC: tl.constexpr, m_ptr, stride_m, col_m, MUL: tl.constexpr,
-    z_ptr=None, stride_z=0, col_z=0, z_scale=None, Z: tl.constexpr = False,
 ):  # fmt: skip
     """(lower, upper) for a [64, 64] fp32 matrix M held in memory (row i of the chunk at
     ds_rows + i * stride_ds, rows past valid not read) and the chunk's [64, D] rows of y:
@@ -226,18 +225,12 @@ def gated_apply_pair(
     tiles live across the levels would not fit the register budget beside the rest
     (wy_keys.py); col_scale is applied to y's rows instead of M's columns.
     MUL: y's rows are scaled per channel by m's rows for the upper product only (gdn2's
-    erase gate on dM^T's side, wy_keys.py).
-    Z: the upper product's partner is z's rows scaled by z_scale instead (ds = M^T *
-    z_scale[None, :]; MUL then scales z's): dP's two products in dqk, K's rows by rows and
-    Q's by columns (dqk_sliced.py)."""
+    erase gate on dM^T's side, wy_keys.py)."""
     r = tl.arange(0, 64)
     row_ok = r < valid
     y = _rows(y_ptr, t0, r, valid, stride_y, col_y, D, m_ptr, stride_m, col_m, False)
     y = y * col_scale[:, None]
-    if Z:
-        ym = _rows(z_ptr, t0, r, valid, stride_z, col_z, D, m_ptr, stride_m, col_m, MUL)
-        ym = ym * z_scale[:, None]
-    elif MUL:
+    if MUL:
         ym = y * load_rows(m_ptr, t0, r, valid, stride_m, col_m, D)
     else:
         ym = y

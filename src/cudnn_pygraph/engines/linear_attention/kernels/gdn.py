@@ -169,7 +169,7 @@ _CANDIDATE_KEYS = {
     "STRIPS": (("scores",), _STRIP_FORMS),
     "KEY_SPLIT": (("dqk",), (True,)),
     "DM_RELOAD": (("wy_bwd",), (True, False)),
-    "PAIRED": (("wy_bwd_keys", "dqk"), (True, False)),
+    "PAIRED": (("wy_bwd_keys",), (True, False)),
 }
 
 
@@ -196,14 +196,11 @@ def _check_candidate(config: Mapping) -> None:
     for kernel in ("scores_diag", "wy_bwd_keys"):
         if kernel in config and "BK" not in config[kernel]:
             raise ValueError(f"config[{kernel!r}]: needs its key slice 'BK'")
-    for kernel in ("wy_bwd_keys", "dqk"):
-        params = config.get(kernel, {})
-        if params.get("PAIRED") and params.get("SUBCHUNK_BWD"):
-            raise ValueError(
-                f"config[{kernel!r}]['PAIRED']: gated.py's tree form only, not with SUBCHUNK_BWD"
-            )
-    if config.get("dqk", {}).get("PAIRED") and config["dqk"].get("KEY_SPLIT"):
-        raise ValueError("config['dqk']['PAIRED']: one program per chunk, not with KEY_SPLIT")
+    keys = config.get("wy_bwd_keys", {})
+    if keys.get("PAIRED") and keys.get("SUBCHUNK_BWD"):
+        raise ValueError(
+            "config['wy_bwd_keys']['PAIRED']: gated.py's tree form only, not with SUBCHUNK_BWD"
+        )
     if "wy_bwd_keys" in config and "scores" not in config:
         # The split key side stores dM in Akk's rows (A stays whole for the slices), which
         # only a config that forms the gated scores carves.
@@ -881,13 +878,9 @@ def gdn_backward(
     # SLICED: under a per-key decay, the form that holds no [64, K] fp32 tile
     # (kernels/dqk_sliced.py); a per-head decay has no such form. KEY_SPLIT: that form's
     # slices across programs, one BG slice each.
-    # PAIRED: that form's two sides in one program, dP's products by rows and by columns in
-    # one walk (PART 0), dP parked in a [T, HO, 64] row free while dqk runs: the backward's
-    # "dm" (written by wy_bwd after dqk), else Aqk's (last read by dv_local above).
     sliced = cfg.pop("SLICED", False)
     split = cfg.pop("KEY_SPLIT", False) and gate_per_key
-    paired = cfg.pop("PAIRED", False) and gate_per_key
-    dqk = dqk_sliced_kernel if (sliced or split or paired) and gate_per_key else dqk_kernel
+    dqk = dqk_sliced_kernel if (sliced or split) and gate_per_key else dqk_kernel
     if split:
         cfg["KEY_SPLIT"] = True
     # Split, no program sees a whole row of dq, which the l2norm's Jacobian needs: dq is
@@ -898,17 +891,14 @@ def gdn_backward(
     dqk_grid = (n_chunks * (dim_k // cfg["BG"] if split else 1), n_out)
     dqk_prec = _stage_precision(cfg, prec, _dqk_default_precision(gate_per_key, a_log, dt_bias))
     dqk_common = {**common, "PREC": dqk_prec}
-    dp_scratch = ()
     if dqk is dqk_kernel:  # the sliced form serves a per-key decay: never sub-token rows
         dqk_common["SUB"] = sub_tokens
-    else:
-        dp_scratch = ((ws["dm"] if "dm" in ws else ws["aqk"]) if paired else dummy,)
     # The dq side (PART 1), then the dk side (PART 2): two launches of lighter programs,
-    # each recomputing dP (kernels/output.py dqk_kernel); or both in one (PAIRED).
-    for part in (0,) if paired else (1, 2):
+    # each recomputing dP (kernels/output.py dqk_kernel).
+    for part in (1, 2):
         dqk[dqk_grid](
             q, k, ws["w"], ws.get("u", dummy), ws.get("vnew", dummy), ws["gc"], h_buf, ws["dh"], do,
-            ws["de"], dq_out, ws["dk_part"], ws["dw"], ws["dg_part"], *dp_scratch, *tables,
+            ws["de"], dq_out, ws["dk_part"], ws["dw"], ws["dg_part"], *tables,
             *_state_strides(h_buf), *_state_strides(ws["dh"]), scale, n_out, n_q, n_k, BV=bv,
             FINAL_DQ=final_dq and not park, HAS_VNEW="vnew" in ws, PART=part, **dqk_common, **cfg,
         )  # fmt: skip
