@@ -17,7 +17,6 @@ import triton.language as tl  # noqa: E402
 
 from cudnn_pygraph.engines.linear_attention.kernels.gated import (  # noqa: E402
     gated_apply,
-    gated_apply_pair,
     gated_scores,
 )
 
@@ -52,18 +51,6 @@ def _apply_kernel(ds_ptr, y_ptr, g_ptr, m_ptr, out_ptr, t0, valid, D: tl.constex
         tl.store(out_ptr + c[:, None] * 64 + r[None, :], out)
     else:
         tl.store(out_ptr + r[:, None] * D + c[None, :], out)
-
-
-@triton.jit
-def _pair_kernel(m_rows, scale_ptr, y_ptr, g_ptr, w_ptr, lo_ptr, up_ptr, t0, valid,
-                 D: tl.constexpr, MUL: tl.constexpr):  # fmt: skip
-    r = tl.arange(0, 64)
-    col_scale = tl.load(scale_ptr + r)
-    lo, up = gated_apply_pair(m_rows, 64, col_scale, y_ptr, D, 0, g_ptr, D, 0, t0, valid, D,
-                              "ieee", w_ptr, D, 0, MUL)  # fmt: skip
-    c = tl.arange(0, D)
-    tl.store(lo_ptr + r[:, None] * D + c[None, :], lo)
-    tl.store(up_ptr + r[:, None] * D + c[None, :], up)
 
 
 def _chunk(valid, seed):
@@ -122,35 +109,3 @@ def test_apply_equals_the_pairwise_sum(lower, trans, valid):
     got = out.T if trans else out
     assert torch.isfinite(got[:valid]).all()
     torch.testing.assert_close(got[:valid].double(), ref[:valid], rtol=1e-5, atol=1e-6)
-
-
-def _pairwise_apply(ds, y, g, valid, lower):
-    """gated_apply's product (TRANS False) as a float64 sum over pairs."""
-    n = torch.arange(64)
-    ok = (n[:, None] < valid) & (n[None, :] < valid)
-    ok &= (n[:, None] >= n[None, :]) if lower else (n[:, None] <= n[None, :])
-    dec = _decay(g, n, n) if lower else _decay(g, n, n).transpose(0, 1)
-    dec = torch.where(ok[..., None], torch.nan_to_num(dec), 0.0)  # [r, j, D]
-    return (ds.double()[..., None] * torch.nan_to_num(y).double()[None] * dec).sum(1)
-
-
-@pytest.mark.parametrize("mul", [False, True], ids=["plain", "erase-gate"])
-@pytest.mark.parametrize("valid", [64, 23])
-def test_pair_equals_the_two_pairwise_sums(valid, mul):
-    # M read from memory (its rows past the chunk NaN: never read), its lower product as ds
-    # = M * s[None, :] and its upper product as ds = M^T * s[None, :] with y's rows (m's
-    # scale on the upper one's only, as wy_keys.py takes gdn2's erase gate), each the
-    # float64 sum over its pairs.
-    x, y, m, g = _chunk(valid, seed=valid + 7)
-    gen = torch.Generator().manual_seed(2)
-    mat = torch.randn(64, 64, generator=gen)
-    mat[valid:] = float("nan")
-    col_scale = torch.rand(64, generator=gen) + 0.5
-    lo, up = torch.empty(2, 64, D)
-    _pair_kernel[(1,)](mat, col_scale, y, g, m, lo, up, 0, valid, D, mul)
-    clean = torch.nan_to_num(mat)
-    want_lo = _pairwise_apply(clean * col_scale[None, :], y, g, valid, True)
-    want_up = _pairwise_apply(clean.T * col_scale[None, :], y * m if mul else y, g, valid, False)
-    for got, want in ((lo, want_lo), (up, want_up)):
-        assert torch.isfinite(got[:valid]).all()
-        torch.testing.assert_close(got[:valid].double(), want[:valid], rtol=1e-5, atol=1e-6)

@@ -233,18 +233,15 @@ def test_forward_and_backward_match_float64_reference(case):
         ("dqk-key-split", {}, {}),
         ("wy-key-split", {"gate": "raw", "has_a_log": True, "has_dt_bias": True,
                           "beta_logits": True}, {"safe_gate": True, "use_beta_sigmoid": True}),
-        ("wy-keys-paired", {"gate": "raw", "has_a_log": True, "has_dt_bias": True,
-                            "beta_logits": True}, {"safe_gate": True, "use_beta_sigmoid": True}),
     ],
-    ids=["dqk-sliced-dm-reload-bk32", "dqk-key-split", "wy-key-split", "wy-keys-paired"],
+    ids=["dqk-sliced-dm-reload-bk32", "dqk-key-split", "wy-key-split"],
 )  # fmt: skip
 def test_candidate_backward_forms_match_float64_reference(candidate, opts, attrs):
     # The backward candidates (linear_attention/candidates.py) on gdn2's paths: dqk in key-channel
     # slices (in series, or split across programs), and wy_bwd's dM read per slice with the
     # erase gate on the column products (its MUL path); wy_bwd's key pass 2 one program per
     # slice (kernels/wy_keys.py), with the erase gate's gradient per channel formed there and
-    # d_a_log summed across the slices, and its two products in one walk of the levels
-    # (PAIRED: the erase gate on one side only); two slices at K = 128, the l2norm on.
+    # d_a_log summed across the slices; two slices at K = 128, the l2norm on.
     config = with_candidate(candidate)
     x, cu = make_inputs(dim_k=128, heads=(1, 1, 1), seqlens=(70, 3), **opts)
     errors = errors_against_reference(x, cu, {"use_qk_l2norm": True, **attrs}, config=config)

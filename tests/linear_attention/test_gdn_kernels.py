@@ -1034,24 +1034,6 @@ def test_a_config_given_as_its_mapping_runs_as_the_named_config():
         assert torch.equal(a, b)
 
 
-def test_the_accumulating_walk_backward_matches_float64_reference():
-    # kernels/state.py walk_back_step's DS_ACC form on the per-head walk (gdn's), laid over
-    # a named config as a bench lays a candidate; two chunks with a tail, grouped heads.
-    x, cu = make_inputs(seqlens=SEQLENS, heads=(1, 1, 2))
-    cfg = dict(configs.kernel_configs("wide", gate_per_key=False))
-    cfg["state_bwd"] = {**cfg["state_bwd"], "DS_ACC": True}
-    attrs = {"use_qk_l2norm": True, "config": cfg}
-    total_t, n_out = x["g"].shape
-    gen = torch.Generator().manual_seed(3)
-    d_o = torch.randn(total_t, n_out, x["v"].shape[2], generator=gen).to(DEVICE)
-    d_final = torch.randn(cu.numel() - 1, n_out, 64, 64, generator=gen).to(DEVICE)
-    _, _, ref_grads = reference_with_grads(x, cu, 0.125, L2, d_o, d_final)
-    grads = run_backward(x, cu, 0.125, attrs, d_o, d_final)
-    errors = {GRAD_NAMES[n]: rel_err(g, ref_grads[n]) for n, g in grads.items()}
-    bad = {n: e for n, e in errors.items() if not e <= FP32_TOL[n]}
-    assert not bad, f"relative errors above tolerance: {bad} (all: {errors})"
-
-
 def saved_buffers(x, dtype=None):
     """NaN-poisoned buffers for the saved factors of x's forward (saved_factors)."""
     total_t, _, dim_k = x["q"].shape

@@ -273,9 +273,6 @@ CANDIDATES_ON_CPU = {
     "wy-bwd-dm-reload-bk32": ("K128-no-l2norm-steep", {}),
     "wy-key-split": ("K128-group-safe-gate", {}),
     "wy-key-split-bk32-sub": ("K128-no-l2norm-steep", {}),
-    "walk-acc": ("group-q1-k1-v2", {}),
-    "wy-keys-paired": ("K128-no-l2norm-steep", {}),
-    "state-bwd-bv64-w4-s1-acc": ("group-q1-k1-v2", {}),
 }
 
 

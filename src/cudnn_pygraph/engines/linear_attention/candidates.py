@@ -280,27 +280,6 @@ CANDIDATES["state-bwd-bv64-inline-s1"] = {
 CANDIDATES["state-bwd-bv64-w4-s1"] = {
     "state_bwd": {"PRESCALED": True, "BV": 64, "num_warps": 4, "num_stages": 1}
 }
-# The walk backward accumulating both of a step's products into dS (kernels/state.py
-# walk_back_step, DS_ACC): on the picks' BV 64 walk and on its 4-warp, 1-stage form
-# (ptxas, sm_90, K = V = 128, bf16: 202 -> 188 registers at 8 warps; at 4 warps and 1
-# stage 48 -> 20 B of spills).
-CANDIDATES["walk-acc"] = {"state_bwd": {"DS_ACC": True}}
-CANDIDATES["state-bwd-bv64-w4-s1-acc"] = {
-    "state_bwd": {**CANDIDATES["state-bwd-bv64-w4-s1"]["state_bwd"], "DS_ACC": True}
-}
-# The split key side's products of dM by rows and of dM^T by columns in one walk of the
-# tree's levels (kernels/wy_keys.py PAIRED, gated.py gated_apply_pair): each level's
-# exponential and reference row serve both, and its two tensor-core products are
-# independent, where the shipped form walks the levels twice. dM is read per level, masked
-# to the level's pairs, so it fits the shipped entry's 168-register cap: no spills, three
-# programs per SM as the shipped form (ptxas, sm_90, bf16: kda K = 128 and 256, gdn2);
-# at 8 warps uncapped 116 registers, two per SM.
-_KEYS_PAIRED = {**CANDIDATES["wy-key-split-bk16-w4"]["wy_bwd_keys"], "PAIRED": True}
-CANDIDATES["wy-keys-paired"] = {**CANDIDATES["wy-key-split-bk16-w4"], "wy_bwd_keys": _KEYS_PAIRED}
-CANDIDATES["wy-keys-paired-w8"] = {
-    **CANDIDATES["wy-key-split-bk16-w4"],
-    "wy_bwd_keys": {**_KEYS_PAIRED, "num_warps": 8, "maxnreg": None},
-}
 # gdn2's wy_solve beside its pick's 4 warps (ptxas, K = 128: 252 registers, no spills, two
 # programs per SM): 8 warps (232, one per SM), 4 warps on 32-wide key slices (234, two).
 CANDIDATES["wy-solve-w8"] = {"wy_solve": {"num_warps": 8}}

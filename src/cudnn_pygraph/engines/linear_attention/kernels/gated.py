@@ -22,8 +22,7 @@ the diagonal pairs i = j take exp(0) = 1. So a [64, 64] product is six masked [6
 tensor-core products plus the diagonal's, with [64, K] exponentials per level instead of
 one per pair and channel: two in gated_scores (x's rows and y's, in the two orientations
 a product takes them), one in gated_apply (its output rows and partner rows are one tile's
-rows: a row is on one side of each level only), and one in gated_apply_pair for the lower
-and the upper product of one matrix with the same rows. The forms with x or the output holding
+rows: a row is on one side of each level only). The forms with x or the output holding
 the EARLIER token use the same reference row: x's rows take exp(G_r - G) and the later
 partner's exp(G - G_r), again both <= 1.
 
@@ -62,13 +61,6 @@ def _decayed(v, g, g_ref, ok, LATER: tl.constexpr):
     else:
         d = g_ref - g
     return tl.where(ok, v * tl.exp(tl.where(ok, d, 0.0)), 0.0)
-
-
-@triton.jit
-def _level_exp(g, gr, ok_l, ok_e):
-    """exp(G - G_r) on a level's later rows (ok_l), exp(G_r - G) on its earlier ones (ok_e),
-    1 elsewhere: one exponential serves both sides of a level, their rows being disjoint."""
-    return tl.exp(tl.where(ok_l, g - gr, tl.where(ok_e, gr - g, 0.0)))
 
 
 @triton.jit
@@ -198,61 +190,14 @@ def gated_apply(
         dsl = tl.where(blk[:, None] == blk[None, :], ds, 0.0)
         if TRANS:
             gr = load_rows_t(g_ptr, t0, ref, valid, stride_g, col_g, D)
-            e = _level_exp(g, gr, ok_l[None, :], ok_e[None, :])
+            d = tl.where(ok_l[None, :], g - gr, tl.where(ok_e[None, :], gr - g, 0.0))
+            e = tl.exp(d)  # one exponential serves both sides: their rows are disjoint
             ys = tl.where(ok_par[None, :], y * e, 0.0)
             out += tl.where(ok_out[None, :], e, 0.0) * tl.dot(ys, dsl, input_precision=PREC)
         else:
             gr = load_rows(g_ptr, t0, ref, valid, stride_g, col_g, D)
-            e = _level_exp(g, gr, ok_l[:, None], ok_e[:, None])
+            d = tl.where(ok_l[:, None], g - gr, tl.where(ok_e[:, None], gr - g, 0.0))
+            e = tl.exp(d)
             ys = tl.where(ok_par[:, None], y * e, 0.0)
             out += tl.where(ok_out[:, None], e, 0.0) * tl.dot(dsl, ys, input_precision=PREC)
     return out
-
-
-@triton.jit
-def gated_apply_pair(
-    ds_rows, stride_ds, col_scale, y_ptr, stride_y, col_y, g_ptr, stride_g, col_g, t0, valid,
-    D: tl.constexpr, PREC: tl.constexpr, m_ptr, stride_m, col_m, MUL: tl.constexpr,
-):  # fmt: skip
-    """(lower, upper) for a [64, 64] fp32 matrix M held in memory (row i of the chunk at
-    ds_rows + i * stride_ds, rows past valid not read) and the chunk's [64, D] rows of y:
-    gated_apply's LOWER product with ds = M * col_scale[None, :] and its upper product
-    with ds = M^T * col_scale[None, :] (TRANS False both), in one walk of the levels.
-    Per level both take the same exponential (_level_exp: the lower product's partner
-    rows are the level's earlier rows and its output rows the later ones, the upper
-    product's the other way round) and issue two independent tensor-core products. M is
-    read per level, masked to the level's blocks (L1-hot), rather than held: two [64, 64]
-    tiles live across the levels would not fit the register budget beside the rest
-    (wy_keys.py); col_scale is applied to y's rows instead of M's columns.
-    MUL: y's rows are scaled per channel by m's rows for the upper product only (gdn2's
-    erase gate on dM^T's side, wy_keys.py)."""
-    r = tl.arange(0, 64)
-    row_ok = r < valid
-    y = _rows(y_ptr, t0, r, valid, stride_y, col_y, D, m_ptr, stride_m, col_m, False)
-    y = y * col_scale[:, None]
-    if MUL:
-        ym = y * load_rows(m_ptr, t0, r, valid, stride_m, col_m, D)
-    else:
-        ym = y
-    g = load_rows(g_ptr, t0, r, valid, stride_g, col_g, D)
-    diag = tl.load(ds_rows + r * stride_ds + r, mask=row_ok, other=0.0)
-    lower = y * diag[:, None]
-    upper = ym * diag[:, None]
-    for s in range(6):
-        later, blk, ref = _level(r, s)
-        ok_l = later & row_ok
-        ok_e = (later == 0) & (ref < valid)
-        same = blk[:, None] == blk[None, :]
-        gr = load_rows(g_ptr, t0, ref, valid, stride_g, col_g, D)
-        e = _level_exp(g, gr, ok_l[:, None], ok_e[:, None])
-        # The level's pairs only: output rows on one side, partners on the other, so no
-        # entry of M outside the chunk's valid rows is read.
-        m_lo = tl.load(ds_rows + r[:, None] * stride_ds + r[None, :],
-                       mask=same & ok_l[:, None] & ok_e[None, :], other=0.0)  # fmt: skip
-        lo = tl.dot(m_lo, tl.where(ok_e[:, None], y * e, 0.0), input_precision=PREC)
-        m_up = tl.load(ds_rows + r[None, :] * stride_ds + r[:, None],
-                       mask=same & ok_e[:, None] & ok_l[None, :], other=0.0)  # fmt: skip
-        up = tl.dot(m_up, tl.where(ok_l[:, None], ym * e, 0.0), input_precision=PREC)
-        lower += tl.where(ok_l[:, None], e, 0.0) * lo
-        upper += tl.where(ok_e[:, None], e, 0.0) * up
-    return lower, upper

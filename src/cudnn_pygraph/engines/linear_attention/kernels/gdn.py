@@ -169,7 +169,6 @@ _CANDIDATE_KEYS = {
     "STRIPS": (("scores",), _STRIP_FORMS),
     "KEY_SPLIT": (("dqk",), (True,)),
     "DM_RELOAD": (("wy_bwd",), (True, False)),
-    "PAIRED": (("wy_bwd_keys",), (True, False)),
 }
 
 
@@ -196,11 +195,6 @@ def _check_candidate(config: Mapping) -> None:
     for kernel in ("scores_diag", "wy_bwd_keys"):
         if kernel in config and "BK" not in config[kernel]:
             raise ValueError(f"config[{kernel!r}]: needs its key slice 'BK'")
-    keys = config.get("wy_bwd_keys", {})
-    if keys.get("PAIRED") and keys.get("SUBCHUNK_BWD"):
-        raise ValueError(
-            "config['wy_bwd_keys']['PAIRED']: gated.py's tree form only, not with SUBCHUNK_BWD"
-        )
     if "wy_bwd_keys" in config and "scores" not in config:
         # The split key side stores dM in Akk's rows (A stays whole for the slices), which
         # only a config that forms the gated scores carves.

@@ -216,24 +216,15 @@ def state_fwd_kernel(
 
 
 @triton.jit
-def walk_back_step(ds, decay, qt, do, wt, de, PREC: tl.constexpr, ACC: tl.constexpr):
+def walk_back_step(ds, decay, qt, do, wt, de, PREC: tl.constexpr):
     """One chunk of the walk backward: ds * decay + qt do - wt de, the products on wt's
-    16-bit dtype (qt and do, de converted here, in the order the sum form has them).
-
-    ACC accumulates both products into the decayed ds (tl.dot's acc), the second taking
-    -de, so no second [K, BV] fp32 tile is live beside ds (ptxas: fewer registers and
-    spills on the per-key walk, bench/results/kda.md); the sum form adds two product tiles."""
+    16-bit dtype (qt and do, de converted here)."""
     dt = wt.dtype
-    if ACC:
-        ds = tl.dot(qt.to(dt), do.to(dt), acc=ds * decay, input_precision=PREC)
-        ds = tl.dot(wt, (-de).to(dt), acc=ds, input_precision=PREC)
-    else:
-        ds = (
-            ds * decay
-            + tl.dot(qt.to(dt), do.to(dt), input_precision=PREC)
-            - tl.dot(wt, de.to(dt), input_precision=PREC)
-        )
-    return ds
+    return (
+        ds * decay
+        + tl.dot(qt.to(dt), do.to(dt), input_precision=PREC)
+        - tl.dot(wt, de.to(dt), input_precision=PREC)
+    )
 
 
 @triton.jit
@@ -281,7 +272,6 @@ def state_bwd_kernel(
     GATE_K: tl.constexpr = False,
     PRESCALED: tl.constexpr = False,
     SUB: tl.constexpr = 1,
-    DS_ACC: tl.constexpr = False,
 ):
     """de_ptr holds dE_local on entry (fp32 [T, HO, V]) and dE on exit, in place.
 
@@ -297,7 +287,7 @@ def state_bwd_kernel(
     to leave one program per SM).
 
     SUB (gdp, a decay per head): q and dO hold one row per real token, at its last
-    sub-token (tiles.py load_rows_sub). DS_ACC: walk_back_step's accumulating form."""
+    sub-token (tiles.py load_rows_sub)."""
     n, h, iv = state_program(V_FASTEST, V // BV, HO, order_ptr)
     tl.static_assert(SUB == 1 or not GATE_K, "sub-token rows: a decay per head only")
     hq = h // (HO // H)
@@ -332,7 +322,7 @@ def state_bwd_kernel(
             qgt = load_rows_t(qg_ptr, t0, r, valid, HO * K, h * K, K)
             do = load_rows(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV)
             wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
-            ds = walk_back_step(ds, tl.exp(g_last)[:, None], qgt, do, wt, de, PREC, DS_ACC)
+            ds = walk_back_step(ds, tl.exp(g_last)[:, None], qgt, do, wt, de, PREC)
         elif GATE_K:
             rk = load_vec(rk_ptr, t0, r, valid, HO, h)
             k = load_rows(k_ptr, t0, r, valid, HK * K, hk * K, K)
@@ -352,7 +342,7 @@ def state_bwd_kernel(
             gt = load_rows_t(gc_ptr, t0, r, valid, HO * K, h * K, K)
             qg = tl.where((r < valid)[None, :], qt.to(tl.float32) * tl.exp(gt), 0.0)
             do = do * (scale * rq)[:, None]
-            ds = walk_back_step(ds, tl.exp(g_last)[:, None], qg, do, wt, de, PREC, DS_ACC)
+            ds = walk_back_step(ds, tl.exp(g_last)[:, None], qg, do, wt, de, PREC)
         else:
             g = load_vec(gc_ptr, t0, r, valid, HO, h)
             g_last = tl.load(gc_ptr + (t0 + valid - 1).to(tl.int64) * HO + h)
@@ -367,7 +357,7 @@ def state_bwd_kernel(
             do = load_rows_sub(do_ptr, t0, r, valid, HO * V, h * V + iv * BV, BV, SUB, SUB - 1)
             do = do.to(tl.float32) * (scale * tl.exp(g) * rq)[:, None]
             wt = load_rows_t(w_ptr, t0, r, valid, HO * K, h * K, K)
-            ds = walk_back_step(ds, tl.exp(g_last), qt, do, wt, de, PREC, DS_ACC)
+            ds = walk_back_step(ds, tl.exp(g_last), qt, do, wt, de, PREC)
     if HAS_DINIT:
         ptrs = state_block(dinit_ptr, n.to(tl.int64) * si_n + h * si_h, v_idx, K, si_v, si_k)
         tl.store(ptrs, ds.to(dinit_ptr.dtype.element_ty))

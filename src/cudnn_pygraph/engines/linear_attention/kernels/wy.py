@@ -411,7 +411,7 @@ def _wy_bwd_gated_keys(
                 dt_bias_ptr, gc_ptr, dw_ptr, beff_ptr, dk_part_ptr, dg_part_ptr, dk_ptr, dg_ptr,
                 dbeta_ptr, ddt_tok_ptr, b, rk, offs, t0, valid, HO, HK, h, hk, col, lower_bound,
                 K, BK, LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, PREC, BETA_K,
-                SUBCHUNK_BWD, DM_RELOAD, False, False, False,
+                SUBCHUNK_BWD, DM_RELOAD, False, False,
             )  # fmt: skip
         if SAFE:
             if HAS_A:

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .chunk_index import locate_chunk
-from .gated import gated_apply, gated_apply_pair
+from .gated import gated_apply
 from .gates import effective_beta_bwd, log_decay_bwd, reverse_cumsum
 from .subchunk_bwd import subchunk_apply
 from .tiles import load_rows, load_vec, store_rows
@@ -76,14 +76,6 @@ def _dm_apply(ds, k_ptr, HK, hk, gc_ptr, HO, h, col, t0, valid, K: tl.constexpr,
 
 
 @triton.jit
-def _dm_t(dm_rows, HO, valid):
-    """dM^T of a chunk read back from its rows of the dM scratch (fp32 [64, 64])."""
-    r = tl.arange(0, 64)
-    return tl.load(dm_rows + r[None, :] * (HO * 64) + r[:, None], mask=(r < valid)[None, :],
-                   other=0.0)  # fmt: skip
-
-
-@triton.jit
 def key_slice_grads(
     row_dot, d_a, dm, dmt, dm_rows, at, a_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr,
     dt_bias_ptr, gc_ptr, dw_ptr, beff_ptr, dk_part_ptr, dg_part_ptr, dk_ptr, dg_ptr,
@@ -92,7 +84,7 @@ def key_slice_grads(
     HAS_A: tl.constexpr, HAS_DT: tl.constexpr, HAS_LB: tl.constexpr, SIGMOID: tl.constexpr,
     NEG_EIGVAL: tl.constexpr, PREC: tl.constexpr, BETA_K: tl.constexpr,
     SUBCHUNK_BWD: tl.constexpr, DM_RELOAD: tl.constexpr, A_RELOAD: tl.constexpr,
-    FINAL_DK: tl.constexpr, PAIRED: tl.constexpr,
+    FINAL_DK: tl.constexpr,
 ):  # fmt: skip
     """Pass 2 of the key slice at column col (wy.py _wy_bwd_gated_keys' docstring has the
     math): dk_hat = parked + beta D A^T dW + the gated products of dM by rows and of dM^T by
@@ -105,36 +97,27 @@ def key_slice_grads(
     dm / dmt: dM and dM^T held by the caller; DM_RELOAD: read per slice from dm_rows (the
     chunk's rows of the dM scratch), each live only through its own products, which then
     run before the slice's other operands are read. A_RELOAD (with DM_RELOAD): A^T read
-    from a_ptr for the slice's one product instead of held (at). PAIRED (with DM_RELOAD,
-    the tree form): the products by rows and by columns in one walk of the tree's levels,
-    dM read per level (gated.py gated_apply_pair)."""
-    tl.static_assert(not PAIRED or (DM_RELOAD and not SUBCHUNK_BWD),
-                     "PAIRED: dM in memory, gated.py's tree form")  # fmt: skip
+    from a_ptr for the slice's one product instead of held (at)."""
     r = tl.arange(0, 64)
     row_ok = r < valid
     cols = col + tl.arange(0, BK)
     if not DM_RELOAD:
         k_hat, gk, at_dw = _key_slice(k_ptr, gc_ptr, dw_ptr, at, rk, t0, valid, HO, HK, h, hk,
                                       col, K, BK, PREC)  # fmt: skip
-    if PAIRED:
-        rows, colm = gated_apply_pair(
-            dm_rows, HO * 64, rk, k_ptr, HK * K, hk * K + col, gc_ptr, HO * K, h * K + col, t0,
-            valid, BK, PREC, beff_ptr, HO * K, h * K + col, BETA_K,
-        )  # fmt: skip
+    if DM_RELOAD:
+        dm_s = tl.load(dm_rows + r[:, None] * (HO * 64) + r[None, :], mask=row_ok[:, None],
+                       other=0.0)  # fmt: skip
     else:
-        if DM_RELOAD:
-            dm_s = tl.load(dm_rows + r[:, None] * (HO * 64) + r[None, :], mask=row_ok[:, None],
-                           other=0.0)  # fmt: skip
-        else:
-            dm_s = dm
-        rows = _dm_apply(dm_s * rk[None, :], k_ptr, HK, hk, gc_ptr, HO, h, col, t0, valid, K,
-                         BK, True, PREC, k_ptr, False, SUBCHUNK_BWD)  # fmt: skip
-        if DM_RELOAD:
-            dmt_s = _dm_t(dm_rows, HO, valid)
-        else:
-            dmt_s = dmt
-        colm = _dm_apply(dmt_s * rk[None, :], k_ptr, HK, hk, gc_ptr, HO, h, col, t0, valid, K,
-                         BK, False, PREC, beff_ptr, BETA_K, SUBCHUNK_BWD)  # fmt: skip
+        dm_s = dm
+    rows = _dm_apply(dm_s * rk[None, :], k_ptr, HK, hk, gc_ptr, HO, h, col, t0, valid, K, BK,
+                     True, PREC, k_ptr, False, SUBCHUNK_BWD)  # fmt: skip
+    if DM_RELOAD:
+        dmt_s = tl.load(dm_rows + r[None, :] * (HO * 64) + r[:, None], mask=row_ok[None, :],
+                        other=0.0)  # fmt: skip
+    else:
+        dmt_s = dmt
+    colm = _dm_apply(dmt_s * rk[None, :], k_ptr, HK, hk, gc_ptr, HO, h, col, t0, valid, K, BK,
+                     False, PREC, beff_ptr, BETA_K, SUBCHUNK_BWD)  # fmt: skip
     if DM_RELOAD:
         if A_RELOAD:
             at = load_a(a_ptr, t0, valid, HO, h, True).to(k_ptr.dtype.element_ty)
@@ -223,7 +206,6 @@ def wy_bwd_keys_kernel(
     HAS_LB: tl.constexpr = False,
     BETA_K: tl.constexpr = False,
     SUBCHUNK_BWD: tl.constexpr = False,
-    PAIRED: tl.constexpr = False,
 ):
     """Program (chunk * K / BK + slice, head): key_slice_grads for key channels slice * BK ..
     + BK - 1 of the chunk's rows, after wy_bwd_kernel (KEY_SPLIT) stored the chunk's dM
@@ -262,7 +244,7 @@ def wy_bwd_keys_kernel(
         dt_bias_ptr, gc_ptr, dw_ptr, beff_ptr, dk_part_ptr, dg_part_ptr, dk_ptr, dg_ptr,
         dbeta_ptr, ddt_tok_ptr, b, rk, offs, t0, valid, HO, HK, h, hk, col, lower_bound, K, BK,
         LINEAR, SAFE, HAS_A, HAS_DT, HAS_LB, SIGMOID, NEG_EIGVAL, PREC, BETA_K, SUBCHUNK_BWD,
-        True, True, FINAL_DK, PAIRED,
+        True, True, FINAL_DK,
     )  # fmt: skip
     if SAFE and HAS_A:
         tl.store(da_slot, tl.sum(d_a, 0))
