@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import subprocess
 import sys
+import traceback
 
 import torch
 from gdn import quick_fla_autotune, rel
@@ -245,13 +247,16 @@ def profile_kernels(only, config):
 SWEEP_BASE = "wide-subchunk"
 
 
-def sweep(only, variants=None, base=SWEEP_BASE, gdn2=False):
+def sweep(only, variants=None, base=SWEEP_BASE, gdn2=False, cache_dir=None):
     """Each candidate's kda (gdn2: GDN-2's) forward + backward at one shape (those whose id
     matches one of `variants`' comma-separated ids or shell patterns, and the base), laid
     over the config `base`: ms by CUDA events, the largest relative difference of any
     output from the base run's, and per-kernel ms.
     Patterns rather than substrings: an id that extends another (a faulting "-s1" form
-    beside its parent) is timed only when named."""
+    beside its parent) is timed only when named.
+    A candidate that fails (a fault leaves the process's CUDA context unusable) gets a row
+    saying so, and the candidates after it run in a new process (_sweep_on), which times
+    the base again first: one faulting form does not cost the rest of the sweep."""
     wanted = [v for v in (variants or "").split(",") if v]
     rows = {"base": {}}
     rows.update(
@@ -279,22 +284,49 @@ def sweep(only, variants=None, base=SWEEP_BASE, gdn2=False):
     )
     print("|---|---|---|---|---|", flush=True)
     ref = None
-    for label, changes in rows.items():
-        cfgs = with_candidate(changes, base, gate_per_key=True)
-        ours = Ours(x, cu, init, cfgs)
-        ours.do = do
-        ours.forward_backward()
-        outs = {
-            "o": ours.o.float().clone(),
-            **{n: g.float().clone() for n, g in ours.grads.items()},
-        }
-        if ref is None:
-            ref = outs
-        diff = max(rel(outs[n], ref[n]) for n in ref)
-        kernels = sorted(kernel_ms(ours.forward_backward).items(), key=lambda kv: -kv[1])
+    labels = list(rows)
+    for i, label in enumerate(labels):
+        try:
+            cfgs = with_candidate(rows[label], base, gate_per_key=True)
+            ours = Ours(x, cu, init, cfgs)
+            ours.do = do
+            ours.forward_backward()
+            outs = {
+                "o": ours.o.float().clone(),
+                **{n: g.float().clone() for n, g in ours.grads.items()},
+            }
+            if ref is None:
+                ref = outs
+            diff = max(rel(outs[n], ref[n]) for n in ref)
+            kernels = sorted(kernel_ms(ours.forward_backward).items(), key=lambda kv: -kv[1])
+            fwd, fwd_bwd = median_ms(ours.forward), median_ms(ours.forward_backward)
+        except Exception as exc:
+            if label == "base":
+                raise
+            traceback.print_exc()
+            reason = (str(exc).splitlines() or [""])[0].replace("|", "/")
+            print(f"| {label} | failed | failed | - | {type(exc).__name__}: {reason} |",
+                  flush=True)  # fmt: skip
+            _sweep_on(labels[i + 1 :], only, base, gdn2, cache_dir)
+            return
         per_kernel = ", ".join(f"{k} {t:.2f}" for k, t in kernels if t > 0.05)
-        print(f"| {label} | {median_ms(ours.forward):.3f} | {median_ms(ours.forward_backward):.3f} "
-              f"| {diff:.1e} | {per_kernel} |", flush=True)  # fmt: skip
+        print(f"| {label} | {fwd:.3f} | {fwd_bwd:.3f} | {diff:.1e} | {per_kernel} |",
+              flush=True)  # fmt: skip
+
+
+def _sweep_on(labels, only, base, gdn2, cache_dir):
+    """The sweep of the candidates `labels` (exact ids) in a new process (this one's CUDA
+    context a failed candidate may have left unusable), which prints to the same streams;
+    this process then exits with its status."""
+    if not labels:
+        return
+    argv = [sys.executable, __file__, "--sweep", "--variants", ",".join(labels), "--base", base]
+    argv += ["--only", only] if only else []
+    argv += ["--gdn2"] if gdn2 else []
+    argv += ["--cache-dir", cache_dir] if cache_dir else []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(subprocess.call(argv))
 
 
 def main():
@@ -325,7 +357,7 @@ def main():
     args = parser.parse_args()
     use_compiled_cache(args.cache_dir)
     if args.sweep:
-        sweep(args.only, args.variants, args.base, gdn2=args.gdn2)
+        sweep(args.only, args.variants, args.base, gdn2=args.gdn2, cache_dir=args.cache_dir)
         return
     if args.profile:
         profile_kernels(args.only, args.config)

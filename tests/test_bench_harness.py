@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -246,3 +247,51 @@ def test_a_failing_fla_accel_row_keeps_its_reason_and_fla_restored(fla_accel, mo
     with pytest.raises(RuntimeError, match="out of memory"):
         fla_accel._accelerated(no_memory, None, fla_accel._dry_clock)
     assert not cfla.is_accelerated()
+
+
+# ---------------------------------------------------------------- bench/kda.py --sweep
+
+
+def test_a_faulting_sweep_candidate_gets_its_row_and_the_rest_run_anew(runner, monkeypatch, capsys):
+    # A candidate that faults leaves the process's CUDA context unusable: its row says so,
+    # and the candidates after it run in a new process (which times the base again), so
+    # one faulting form does not cost the rest of a device call's sweep.
+    import kda
+
+    ids = ["tree-no-scores", "scores-bk32", "scores-w8", "scores-bk32-w8"]  # the table's order
+
+    class FakeOurs:  # scores-w8's config faults; the others run
+        def __init__(self, x, cu, init, cfgs):
+            scores = cfgs.get("scores", {})
+            self.faults = scores.get("num_warps") == 8 and scores.get("BK") != 32
+            self.o, self.grads = x["v"], {"q": x["q"]}
+
+        def forward(self):
+            pass
+
+        def forward_backward(self):
+            if self.faults:
+                raise RuntimeError("CUDA error: an illegal memory access | was encountered")
+
+    def inputs(seqlens, with_state):
+        x = {n: torch.ones(4, 2, 8) for n in ("q", "k", "v")}
+        return x, None, None
+
+    calls = []
+    monkeypatch.setattr(kda, "make_inputs", inputs)
+    monkeypatch.setattr(kda, "Ours", FakeOurs)
+    monkeypatch.setattr(kda, "median_ms", lambda fn: 1.0)
+    monkeypatch.setattr(kda, "kernel_ms", lambda fn: {"dqk": 1.0})
+    monkeypatch.setattr(kda.subprocess, "call", lambda argv: calls.append(argv) or 0)
+    with pytest.raises(SystemExit) as stop:
+        kda.sweep("(a)", ",".join(ids), "wide-subchunk", cache_dir="/tmp/c")
+    assert stop.value.code == 0  # the new process's status
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [r.split(" | ")[0] for r in rows[1:]] == [
+        "| base", "| tree-no-scores", "| scores-bk32", "| scores-w8"
+    ]  # fmt: skip
+    assert rows[4].startswith("| scores-w8 | failed | failed | - | RuntimeError: CUDA error")
+    assert rows[4].count("|") == 6  # the reason's own "|" does not break the row
+    (argv,) = calls
+    assert argv[1:] == [kda.__file__, "--sweep", "--variants", "scores-bk32-w8", "--base",
+                        "wide-subchunk", "--only", "(a)", "--cache-dir", "/tmp/c"]  # fmt: skip
