@@ -252,12 +252,19 @@ def test_a_failing_fla_accel_row_keeps_its_reason_and_fla_restored(fla_accel, mo
 # ---------------------------------------------------------------- bench/kda.py --sweep
 
 
-def test_a_faulting_sweep_candidate_gets_its_row_and_the_rest_run_anew(runner, monkeypatch, capsys):
+@pytest.fixture
+def kda(runner):
+    import kda
+
+    yield kda
+    for name in ("kda", "gdn"):
+        sys.modules.pop(name, None)
+
+
+def test_a_faulting_sweep_candidate_gets_its_row_and_the_rest_run_anew(kda, monkeypatch, capsys):
     # A candidate that faults leaves the process's CUDA context unusable: its row says so,
     # and the candidates after it run in a new process (which times the base again), so
     # one faulting form does not cost the rest of a device call's sweep.
-    import kda
-
     ids = ["tree-no-scores", "scores-bk32", "scores-w8", "scores-bk32-w8"]  # the table's order
 
     class FakeOurs:  # scores-w8's config faults; the others run
